@@ -1,0 +1,50 @@
+"""Pure functions on tensors: the voting operator and everything built from it.
+
+No parameters live here; the modules in :mod:`torchvote.nn` own them.
+"""
+
+from torchvote.functional.attention import (
+    attend,
+    check_attention_mask,
+    is_causal_mask,
+    scaled_dot_product_attention,
+    self_attention,
+)
+from torchvote.functional.nonlinearities import squash
+from torchvote.functional.scores import (
+    additive_score,
+    concat_score,
+    dot_score,
+    general_score,
+    scaled_dot_score,
+)
+from torchvote.functional.voting import (
+    DotProductScores,
+    PairwiseVotes,
+    SharedVotes,
+    VoteResult,
+    VotingState,
+    masked_softmax,
+    vote,
+)
+
+__all__ = [
+    "DotProductScores",
+    "PairwiseVotes",
+    "SharedVotes",
+    "VoteResult",
+    "VotingState",
+    "additive_score",
+    "attend",
+    "check_attention_mask",
+    "concat_score",
+    "dot_score",
+    "general_score",
+    "is_causal_mask",
+    "masked_softmax",
+    "scaled_dot_product_attention",
+    "scaled_dot_score",
+    "self_attention",
+    "squash",
+    "vote",
+]

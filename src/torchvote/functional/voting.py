@@ -1,0 +1,487 @@
+"""The voting operator: attention and capsule routing as one loop.
+
+Every method in torchvote is weighted voting that reaches a consensus:
+
+1. senders cast **votes** (projections of their inputs),
+2. the votes are **scored** for agreement, giving logits,
+3. the logits are **normalised** into weights,
+4. the weighted votes are **aggregated** (summed or averaged) per receiver,
+5. the result optionally goes through a **nonlinearity** (squash, layer norm, a GRU, ...),
+6. and the loop may run again, the agreement of each vote with the new outputs updating the
+   logits (one pass: attention; r passes: dynamic routing, EM routing, slot attention).
+
+Index legend, used by every einsum in torchvote::
+
+    b  batch                 h  heads (or capsule-type groups)
+    i  receivers             (queries, output capsules, slots)
+    j  senders               (keys, input capsules, pixels)
+    d  features              (value / pose dimensions)
+
+Weights always have shape ``(..., i, j)``. **The one axis choice that separates attention from
+routing:** ``normalize_over="senders"`` applies the softmax over ``j`` (every receiver distributes
+one unit of attention over the senders: attention, top-down); ``normalize_over="receivers"``
+applies it over ``i`` (every sender distributes one unit of vote over the receivers: capsule
+routing, bottom-up). See docs/voting.md for the mapping of every method onto this operator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from torchvote.functional.nonlinearities import squash
+
+__all__ = [
+    "NormalizeOver",
+    "Votes",
+    "SharedVotes",
+    "PairwiseVotes",
+    "DotProductScores",
+    "VotingState",
+    "VoteResult",
+    "masked_softmax",
+    "vote",
+]
+
+NormalizeOver = Literal["senders", "receivers"]
+
+
+class Votes(Protocol):
+    """What the voting loop needs from a set of votes.
+
+    A vote representation only has to know how to form the weighted sum of its votes and how to
+    score its votes against the receivers' outputs. This is what lets attention (one value per
+    sender, shared by every receiver) and routing (one vote per sender-receiver pair) run through
+    the same loop, and what lets a capsule layer avoid materialising its votes at all.
+    """
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        """``(..., i, j)`` weights -> ``(..., i, d)`` sum over senders of weight * vote."""
+        ...
+
+    def dot(self, outputs: Tensor) -> Tensor:
+        """``(..., i, d)`` outputs -> ``(..., i, j)`` dot product of every vote with its receiver."""
+        ...
+
+    def squared_norm(self) -> Tensor:
+        """Squared length of every vote, broadcastable to ``(..., i, j)``."""
+        ...
+
+    def detach(self) -> Votes:
+        """The same votes cut from the autograd graph."""
+        ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
+@dataclass(frozen=True)
+class SharedVotes:
+    """Votes that every receiver sees alike: attention's values.
+
+    Args:
+        values: ``(..., j, d)``: sender ``j`` proposes ``values[..., j, :]`` to every receiver.
+    """
+
+    values: Tensor
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        return torch.einsum("...ij,...jd->...id", weights, self.values)
+
+    def dot(self, outputs: Tensor) -> Tensor:
+        return torch.einsum("...jd,...id->...ij", self.values, outputs)
+
+    def squared_norm(self) -> Tensor:
+        return self.values.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, j)
+
+    def detach(self) -> SharedVotes:
+        return SharedVotes(self.values.detach())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+
+@dataclass(frozen=True)
+class PairwiseVotes:
+    """One vote per (receiver, sender) pair: capsule routing's predictions u_hat_{j|i}.
+
+    Args:
+        votes: ``(..., i, j, d)``: sender ``j``'s prediction for receiver ``i``. (Capsule papers
+            index inputs by ``i`` and outputs by ``j``; here ``i`` is always the receiver.)
+    """
+
+    votes: Tensor
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        return torch.einsum("...ij,...ijd->...id", weights, self.votes)
+
+    def dot(self, outputs: Tensor) -> Tensor:
+        return torch.einsum("...ijd,...id->...ij", self.votes, outputs)
+
+    def squared_norm(self) -> Tensor:
+        return self.votes.pow(2).sum(-1)
+
+    def detach(self) -> PairwiseVotes:
+        return PairwiseVotes(self.votes.detach())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.votes.dtype
+
+
+@dataclass(frozen=True)
+class DotProductScores:
+    """Lazy attention logits ``scale * q k^T``, kept factored so a fused kernel can take them.
+
+    Args:
+        queries: ``(..., i, e)``.
+        keys: ``(..., j, e)``.
+        scale: multiplies the dot products; ``None`` means ``1 / sqrt(e)`` (Vaswani et al. 2017,
+            eq. 1).
+    """
+
+    queries: Tensor
+    keys: Tensor
+    scale: float | None = None
+
+    @property
+    def effective_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.queries.shape[-1])
+
+    def materialize(self) -> Tensor:
+        """The ``(..., i, j)`` logits, computed in at least float32 so half inputs cannot overflow."""
+        q, k = _upcast(self.queries), _upcast(self.keys)
+        return torch.einsum("...ie,...je->...ij", q, k) * self.effective_scale
+
+
+Logits = Tensor | DotProductScores
+
+
+@dataclass
+class VotingState:
+    """What an agreement function sees after each pass of the loop.
+
+    Attributes:
+        votes: the votes (possibly detached, see ``detach_votes``).
+        outputs: ``(..., i, d)`` receivers' outputs after the nonlinearity.
+        aggregated: ``(..., i, d)`` receivers' outputs before the nonlinearity.
+        weights: ``(..., i, j)`` the normalised weights of this pass.
+        vote_weights: ``(..., i, j)`` the weights the votes were aggregated with (``weights``
+            times the sender weights, if any).
+        logits: ``(..., i, j)`` the logits of this pass.
+        initial_logits: ``(..., i, j)`` the logits the loop started from (a prior).
+        iteration: 0-based index of this pass.
+    """
+
+    votes: Votes
+    outputs: Tensor
+    aggregated: Tensor
+    weights: Tensor
+    vote_weights: Tensor
+    logits: Tensor
+    initial_logits: Tensor
+    iteration: int
+
+
+AgreementFn = Callable[[VotingState], Tensor]
+NonlinearityFn = Callable[[Tensor, Tensor | None], Tensor]
+
+
+@dataclass
+class VoteResult:
+    """The consensus and, on request, how it was reached.
+
+    Attributes:
+        outputs: ``(..., i, d)``.
+        weights: per pass, the ``(..., i, j)`` normalised weights (empty unless recorded).
+        logits: per pass, the ``(..., i, j)`` logits before normalisation (empty unless recorded).
+    """
+
+    outputs: Tensor
+    weights: list[Tensor] = field(default_factory=list)
+    logits: list[Tensor] = field(default_factory=list)
+
+
+def _upcast(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tensor:
+    """Softmax that gives all-zero weights (and finite gradients) where nothing may vote.
+
+    Computed in at least float32 and returned in that dtype, so float16 and bfloat16 logits
+    cannot overflow.
+
+    Args:
+        logits: any shape; ``-inf`` entries take no weight.
+        dim: the axis to normalise over.
+        mask: boolean, broadcastable to ``logits``; ``True`` marks entries that may take weight.
+
+    Returns:
+        Weights of the shape of ``logits`` (broadcast with ``mask``) summing to 1 over ``dim``,
+        or to 0 where every entry along ``dim`` is masked or ``-inf``.
+    """
+    logits = _upcast(logits)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    peak = logits.amax(dim=dim, keepdim=True).detach()
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    exp = torch.exp(logits - peak)  # -inf -> 0
+    total = exp.sum(dim=dim, keepdim=True)
+    return exp / total.clamp_min(torch.finfo(exp.dtype).tiny)
+
+
+_NONLINEARITIES: dict[str, NonlinearityFn] = {
+    "identity": lambda aggregated, previous: aggregated,
+    "squash": lambda aggregated, previous: squash(aggregated, dim=-1),
+    "layer_norm": lambda aggregated, previous: F.layer_norm(aggregated, aggregated.shape[-1:]),
+}
+
+
+def _dot_agreement(state: VotingState) -> Tensor:
+    return state.votes.dot(state.outputs)
+
+
+def _distance_agreement(state: VotingState) -> Tensor:
+    """Negative squared Euclidean distance ``-||u - v||^2 = 2 u.v - ||u||^2 - ||v||^2``."""
+    out_sq = state.outputs.pow(2).sum(-1).unsqueeze(-1)  # (..., i, 1)
+    return 2 * state.votes.dot(state.outputs) - state.votes.squared_norm() - out_sq
+
+
+_AGREEMENTS: dict[str, AgreementFn] = {
+    "dot": _dot_agreement,
+    "distance": _distance_agreement,
+}
+
+
+def _resolve(name_or_fn, table: dict, argument: str):
+    if callable(name_or_fn):
+        return name_or_fn
+    if name_or_fn in table:
+        return table[name_or_fn]
+    raise ValueError(f"{argument} must be one of {sorted(table)} or a callable, got {name_or_fn!r}")
+
+
+def _can_fuse(
+    votes: Votes,
+    logits: Logits,
+    normalize_over: str,
+    aggregation: str,
+    nonlinearity,
+    iterations: int,
+    sender_weights: Tensor | None,
+    record: bool,
+    bias: Tensor | None,
+) -> bool:
+    """True when the configuration is exactly softmax attention, one pass: the fused kernel's."""
+    return (
+        isinstance(votes, SharedVotes)
+        and isinstance(logits, DotProductScores)
+        and normalize_over == "senders"
+        and aggregation == "sum"
+        and nonlinearity == "identity"
+        and iterations == 1
+        and sender_weights is None
+        and bias is None
+        and not record
+    )
+
+
+def vote(
+    votes: Votes | Tensor,
+    logits: Logits | None = None,
+    *,
+    normalize_over: NormalizeOver,
+    iterations: int = 1,
+    agreement: str | AgreementFn = "dot",
+    accumulate: bool = True,
+    aggregation: Literal["sum", "mean"] = "sum",
+    nonlinearity: str | NonlinearityFn = "identity",
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    sender_weights: Tensor | None = None,
+    bias: Tensor | None = None,
+    initial_outputs: Tensor | None = None,
+    detach_votes: bool = False,
+    dropout_p: float = 0.0,
+    record: bool = False,
+) -> VoteResult:
+    """Weighted voting that reaches a consensus: the operator behind every layer in torchvote.
+
+    One pass (``t = 0 .. iterations - 1``)::
+
+        w      = softmax(logits, over j if normalize_over == "senders" else over i)   (masked)
+        w_eff  = w * sender_weights[..., None, j]                     (if sender weights are given)
+        s_i    = sum_j w_eff_ij u_ij   (aggregation "sum")  or  that / sum_j w_eff_ij  ("mean")
+        out_i  = nonlinearity(s_i + bias_i, previous out_i)
+        logits = logits + agreement(u, out)       if accumulate (dynamic routing)
+                 initial_logits + agreement(...)  otherwise      (EM, inverted attention, slots)
+
+    The agreement is not computed after the last pass. When the configuration is exactly one pass
+    of softmax attention over dot-product scores (``SharedVotes``, ``DotProductScores``,
+    ``normalize_over="senders"``, sum, identity, no sender weights, bias or recording) it runs on
+    ``F.scaled_dot_product_attention`` and never forms the ``(i, j)`` matrix.
+
+    Args:
+        votes: a :class:`SharedVotes` (attention's values, ``(..., j, d)``), a
+            :class:`PairwiseVotes` (routing's predictions, ``(..., i, j, d)``), any object
+            following the :class:`Votes` protocol, or a tensor of either shape (a 5-or-more-D
+            tensor is not guessed: wrap it).
+        logits: initial agreement logits ``(..., i, j)``, a :class:`DotProductScores`, or
+            ``None`` for zeros (uniform weights: routing's ``b_ij = 0``). A tensor ``votes``
+            of shape ``(..., j, d)`` needs logits, since the receiver count comes from them.
+        normalize_over: ``"senders"`` (softmax over ``j``: attention) or ``"receivers"``
+            (softmax over ``i``: routing).
+        iterations: number of passes, at least 1.
+        agreement: ``"dot"`` (u . out), ``"distance"`` (-||u - out||^2), or a callable taking a
+            :class:`VotingState` and returning ``(..., i, j)`` agreement.
+        accumulate: add the agreement to the running logits (True) or to the initial logits.
+        aggregation: ``"sum"`` (weighted sum) or ``"mean"`` (weighted mean, weights
+            renormalised over senders).
+        nonlinearity: ``"identity"``, ``"squash"``, ``"layer_norm"``, or a callable
+            ``f(aggregated, previous_outputs)`` (``previous_outputs`` is ``initial_outputs`` in
+            the first pass).
+        mask: boolean ``(..., i, j)`` (broadcastable), True where a sender may vote for a receiver;
+            or a float tensor added to the logits (``-inf`` forbids).
+        is_causal: receivers ``i`` may only hear senders ``j <= i`` (attention; top-left
+            aligned, as in ``F.scaled_dot_product_attention``).
+        sender_weights: ``(..., j)`` non-negative activations multiplying each sender's weights
+            after normalisation (EM routing's ``a_i``).
+        bias: ``(..., i, d)`` added to the aggregate before the nonlinearity.
+        initial_outputs: ``(..., i, d)`` passed to a callable nonlinearity as the previous
+            outputs in the first pass (slot attention's initial slots).
+        detach_votes: use votes cut from the graph in every pass but the last (a common speed-up
+            for dynamic routing; the paper back-propagates through every pass).
+        dropout_p: dropout on the weights (only during attention-style use; pass 0 in eval).
+        record: keep every pass's weights and logits in the result.
+
+    Returns:
+        A :class:`VoteResult` with ``outputs`` ``(..., i, d)`` and, if recorded, per-pass weights
+        and logits.
+
+    Raises:
+        ValueError: bad ``normalize_over``, ``iterations``, ``aggregation``, names, or shapes.
+        TypeError: a non-boolean, non-floating mask.
+    """
+    if normalize_over not in ("senders", "receivers"):
+        raise ValueError(f"normalize_over must be 'senders' or 'receivers', got {normalize_over!r}")
+    if not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+    if aggregation not in ("sum", "mean"):
+        raise ValueError(f"aggregation must be 'sum' or 'mean', got {aggregation!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    votes = _as_votes(votes, logits)
+    update_fn = _resolve(nonlinearity, _NONLINEARITIES, "nonlinearity")
+    agreement_fn = _resolve(agreement, _AGREEMENTS, "agreement")
+
+    if _can_fuse(votes, logits, normalize_over, aggregation, nonlinearity, iterations,
+                 sender_weights, record, bias):
+        assert isinstance(logits, DotProductScores) and isinstance(votes, SharedVotes)
+        if mask is not None and is_causal:  # the kernel takes one or the other
+            causal = _causal_mask(logits.queries.shape[-2], logits.keys.shape[-2], mask.device)
+            mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(
+                ~causal, float("-inf"))
+            is_causal = False
+        outputs = F.scaled_dot_product_attention(
+            logits.queries, logits.keys, votes.values, attn_mask=mask,
+            dropout_p=dropout_p, is_causal=is_causal, scale=logits.effective_scale,
+        )
+        return VoteResult(outputs)
+
+    initial = _initial_logits(votes, logits)
+    bool_mask = _combine_masks(mask, is_causal, initial)
+    if mask is not None and mask.is_floating_point():
+        initial = initial + _upcast(mask)
+    if bool_mask is not None:
+        initial = initial.masked_fill(~bool_mask, float("-inf"))
+    axis = -1 if normalize_over == "senders" else -2
+
+    result = VoteResult(outputs=initial.new_empty(0))
+    current = initial
+    previous = initial_outputs
+    for t in range(iterations):
+        last = t == iterations - 1
+        cast = votes if (last or not detach_votes) else votes.detach()
+        weights = masked_softmax(current, axis).to(votes.dtype)
+        vote_weights = weights
+        if sender_weights is not None:
+            vote_weights = vote_weights * sender_weights.unsqueeze(-2)
+        if dropout_p > 0.0:
+            vote_weights = F.dropout(vote_weights, p=dropout_p)
+        aggregated = cast.weighted_sum(vote_weights)  # (..., i, d)
+        if aggregation == "mean":
+            total = vote_weights.sum(-1, keepdim=True)  # (..., i, 1)
+            aggregated = aggregated / total.clamp_min(torch.finfo(aggregated.dtype).eps)
+        if bias is not None:
+            aggregated = aggregated + bias
+        outputs = update_fn(aggregated, previous)
+        if record:
+            result.weights.append(weights)
+            result.logits.append(current)
+        if not last:
+            state = VotingState(cast, outputs, aggregated, weights, vote_weights, current,
+                                initial, t)
+            base = current if accumulate else initial
+            current = base + _upcast(agreement_fn(state))
+            if bool_mask is not None:
+                current = current.masked_fill(~bool_mask, float("-inf"))
+        previous = outputs
+    result.outputs = outputs
+    return result
+
+
+def _as_votes(votes: Votes | Tensor, logits: Logits | None) -> Votes:
+    if not isinstance(votes, Tensor):
+        return votes
+    if logits is None:
+        raise ValueError(
+            "a plain tensor of votes is ambiguous without logits: wrap it in SharedVotes "
+            "((..., j, d), attention) or PairwiseVotes ((..., i, j, d), routing)"
+        )
+    logit_rank = logits.queries.dim() if isinstance(logits, DotProductScores) else logits.dim()
+    if votes.dim() == logit_rank:
+        return SharedVotes(votes)
+    if votes.dim() == logit_rank + 1:
+        return PairwiseVotes(votes)
+    raise ValueError(
+        f"votes must have rank {logit_rank} ((..., j, d)) or {logit_rank + 1} ((..., i, j, d)) "
+        f"to match logits, got shape {tuple(votes.shape)}"
+    )
+
+
+def _initial_logits(votes: Votes, logits: Logits | None) -> Tensor:
+    if isinstance(logits, DotProductScores):
+        return logits.materialize()
+    if logits is not None:
+        return _upcast(logits)
+    if isinstance(votes, PairwiseVotes):
+        v = votes.votes
+        return v.new_zeros(v.shape[:-1], dtype=_upcast(v).dtype)
+    raise ValueError("logits=None (uniform start) needs PairwiseVotes; shared votes need logits")
+
+
+def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:
+    """The boolean mask (True = may vote) from a boolean mask and/or causality, or None."""
+    bool_mask = None
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            bool_mask = mask
+        elif not mask.is_floating_point():
+            raise TypeError(f"mask must be boolean or floating point, got dtype {mask.dtype}")
+    if is_causal:
+        causal = _causal_mask(logits.shape[-2], logits.shape[-1], logits.device)
+        bool_mask = causal if bool_mask is None else bool_mask & causal
+    return bool_mask
+
+
+def _causal_mask(receivers: int, senders: int, device: torch.device) -> Tensor:
+    """``(i, j)`` boolean, True where ``j <= i`` (top-left aligned, as the fused kernel)."""
+    return torch.ones(receivers, senders, dtype=torch.bool, device=device).tril()
