@@ -1,0 +1,297 @@
+"""The voting operator against plain loops written from its definition, and its properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchvote.functional import (
+    DotProductScores,
+    PairwiseVotes,
+    SharedVotes,
+    masked_softmax,
+    squash,
+    vote,
+)
+
+
+def loop_vote(votes, logits, *, over, iterations, agreement, accumulate, aggregation, nonlinearity):
+    """A literal loop over receivers i and senders j for one batch element.
+
+    votes: (i, j, d) pairwise; logits: (i, j). Returns the outputs (i, d) and per-pass weights.
+    """
+    receivers, senders, _ = votes.shape
+    current = logits.clone()
+    history = []
+    for t in range(iterations):
+        weights = torch.zeros(receivers, senders, dtype=votes.dtype)
+        if over == "senders":
+            for i in range(receivers):
+                exps = [math.exp(current[i, j]) for j in range(senders)]
+                for j in range(senders):
+                    weights[i, j] = exps[j] / sum(exps)
+        else:
+            for j in range(senders):
+                exps = [math.exp(current[i, j]) for i in range(receivers)]
+                for i in range(receivers):
+                    weights[i, j] = exps[i] / sum(exps)
+        history.append(weights)
+        outputs = []
+        for i in range(receivers):
+            s = sum(weights[i, j] * votes[i, j] for j in range(senders))
+            if aggregation == "mean":
+                s = s / sum(weights[i, j] for j in range(senders))
+            if nonlinearity == "squash":
+                # Sabour et al. eq. 1 with torchvote's eps = 1e-8 under the root (tested apart).
+                n2 = float((s * s).sum())
+                s = s * (n2 / (1 + n2)) / math.sqrt(n2 + 1e-8)
+            outputs.append(s)
+        outputs = torch.stack(outputs)
+        if t < iterations - 1:
+            new = torch.zeros_like(current)
+            for i in range(receivers):
+                for j in range(senders):
+                    if agreement == "dot":
+                        a = float(votes[i, j] @ outputs[i])
+                    else:
+                        a = -float(((votes[i, j] - outputs[i]) ** 2).sum())
+                    new[i, j] = (current[i, j] if accumulate else logits[i, j]) + a
+            current = new
+    return outputs, history
+
+
+@pytest.mark.parametrize("over", ["senders", "receivers"])
+@pytest.mark.parametrize("agreement", ["dot", "distance"])
+@pytest.mark.parametrize("accumulate", [True, False])
+@pytest.mark.parametrize("aggregation", ["sum", "mean"])
+@pytest.mark.parametrize("nonlinearity", ["identity", "squash"])
+def test_vote_matches_plain_loop(over, agreement, accumulate, aggregation, nonlinearity):
+    torch.manual_seed(0)
+    votes = torch.randn(2, 4, 5, 3, dtype=torch.float64) * 0.7  # (b, i, j, d)
+    logits = torch.randn(2, 4, 5, dtype=torch.float64)
+    result = vote(PairwiseVotes(votes), logits, normalize_over=over, iterations=3,
+                  agreement=agreement, accumulate=accumulate, aggregation=aggregation,
+                  nonlinearity=nonlinearity, record=True)
+    tol = {"rtol": 1e-10, "atol": 1e-12}
+    for b in range(2):
+        expected, history = loop_vote(votes[b], logits[b], over=over, iterations=3,
+                                      agreement=agreement, accumulate=accumulate,
+                                      aggregation=aggregation, nonlinearity=nonlinearity)
+        torch.testing.assert_close(result.outputs[b], expected, **tol)
+        for got, want in zip(result.weights, history, strict=True):
+            torch.testing.assert_close(got[b], want, **tol)
+
+
+def test_weights_sum_to_one_over_the_chosen_axis():
+    votes = PairwiseVotes(torch.randn(3, 6, 7, 4))
+    logits = torch.randn(3, 6, 7)
+    attention = vote(votes, logits, normalize_over="senders", iterations=2, record=True)
+    routing = vote(votes, logits, normalize_over="receivers", iterations=2, record=True)
+    for w in attention.weights:
+        torch.testing.assert_close(w.sum(-1), torch.ones(3, 6))
+    for w in routing.weights:
+        torch.testing.assert_close(w.sum(-2), torch.ones(3, 7))
+
+
+def test_shared_votes_equal_pairwise_votes_repeated_over_receivers():
+    values = torch.randn(2, 5, 3, dtype=torch.float64)  # (b, j, d)
+    logits = torch.randn(2, 4, 5, dtype=torch.float64)
+    pairwise = values.unsqueeze(1).expand(2, 4, 5, 3)
+    for over in ("senders", "receivers"):
+        a = vote(SharedVotes(values), logits, normalize_over=over, iterations=3, agreement="distance")
+        b = vote(PairwiseVotes(pairwise), logits, normalize_over=over, iterations=3,
+                 agreement="distance")
+        torch.testing.assert_close(a.outputs, b.outputs)
+
+
+def test_fused_path_equals_the_voting_loop_and_sdpa():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 3, n, 8, dtype=torch.float64) for n in (5, 6, 6))
+    fused = vote(SharedVotes(v), DotProductScores(q, k), normalize_over="senders")
+    looped = vote(SharedVotes(v), DotProductScores(q, k), normalize_over="senders", record=True)
+    reference = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(fused.outputs, reference)
+    torch.testing.assert_close(looped.outputs, reference)
+    assert fused.weights == [] and len(looped.weights) == 1
+
+
+def test_fused_path_never_materialises_the_score_matrix(monkeypatch):
+    calls = []
+    original = DotProductScores.materialize
+    monkeypatch.setattr(DotProductScores, "materialize",
+                        lambda self: calls.append(1) or original(self))
+    q = torch.randn(1, 2, 16, 4)
+    vote(SharedVotes(q), DotProductScores(q, q), normalize_over="senders", is_causal=True)
+    assert calls == []
+    vote(SharedVotes(q), DotProductScores(q, q), normalize_over="senders", record=True)
+    assert calls == [1]
+
+
+def test_sender_weights_scale_each_senders_contribution():
+    votes = torch.randn(1, 3, 4, 2, dtype=torch.float64)
+    activations = torch.tensor([[1.0, 0.0, 0.5, 2.0]], dtype=torch.float64)
+    result = vote(PairwiseVotes(votes), None, normalize_over="receivers",
+                  sender_weights=activations, record=True)
+    weights = result.weights[0]  # uniform 1/3 over receivers
+    expected = torch.einsum("bij,bj,bijd->bid", weights, activations, votes)
+    torch.testing.assert_close(result.outputs, expected)
+    torch.testing.assert_close(weights, torch.full_like(weights, 1 / 3))
+
+
+def test_bias_is_added_before_the_nonlinearity():
+    votes = torch.randn(2, 3, 4, 5)
+    bias = torch.randn(3, 5)
+    got = vote(PairwiseVotes(votes), None, normalize_over="receivers", bias=bias,
+               nonlinearity="squash").outputs
+    expected = squash(votes.mean(-2) * 4 / 3 + bias)  # uniform weights 1/3 over receivers
+    torch.testing.assert_close(got, expected)
+
+
+def test_callable_nonlinearity_sees_the_previous_outputs():
+    seen = []
+
+    def update(aggregated, previous):
+        seen.append(previous)
+        return aggregated
+
+    start = torch.randn(1, 2, 3)
+    votes = torch.randn(1, 2, 4, 3)
+    result = vote(PairwiseVotes(votes), None, normalize_over="receivers", iterations=3,
+                  nonlinearity=update, initial_outputs=start)
+    assert seen[0] is start
+    assert seen[2] is not None and seen[2].shape == (1, 2, 3)
+    assert result.outputs.shape == (1, 2, 3)
+
+
+def test_detach_votes_cuts_gradients_of_all_but_the_last_pass():
+    torch.manual_seed(2)
+    raw = torch.randn(1, 3, 4, 2, dtype=torch.float64, requires_grad=True)
+
+    def grad(detach):
+        out = vote(PairwiseVotes(raw), None, normalize_over="receivers", iterations=3,
+                   nonlinearity="squash", detach_votes=detach).outputs
+        (g,) = torch.autograd.grad(out.pow(2).sum(), raw)
+        return g
+
+    full, cut = grad(False), grad(True)
+    assert not torch.allclose(full, cut)
+    # With the earlier passes detached, the couplings are constants for autograd.
+    with torch.no_grad():
+        couplings = vote(PairwiseVotes(raw), None, normalize_over="receivers", iterations=3,
+                         nonlinearity="squash", record=True).weights[-1]
+    s = torch.einsum("bij,bijd->bid", couplings, raw)
+    (expected,) = torch.autograd.grad(squash(s).pow(2).sum(), raw)
+    torch.testing.assert_close(cut, expected)
+
+
+def test_gradcheck_through_three_routing_passes():
+    votes = torch.randn(1, 3, 4, 2, dtype=torch.float64, requires_grad=True)
+    logits = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
+
+    def fn(v, lg):
+        return vote(PairwiseVotes(v), lg, normalize_over="receivers", iterations=3,
+                    nonlinearity="squash", agreement="distance").outputs
+
+    assert torch.autograd.gradcheck(fn, (votes, logits))
+
+
+def test_gradcheck_attention_weights_path_with_mask():
+    q = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 5, 2, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(4, 5) > 0.4
+    mask[0] = False
+
+    def fn(q, k, v):
+        return vote(SharedVotes(v), DotProductScores(q, k), normalize_over="senders", mask=mask,
+                    record=True).outputs
+
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_masked_softmax_rows_with_nothing_to_weigh_are_zero_with_finite_gradients():
+    logits = torch.randn(3, 4, requires_grad=True)
+    mask = torch.tensor([[True, False, True, False], [False] * 4, [True] * 4])
+    weights = masked_softmax(logits, -1, mask)
+    torch.testing.assert_close(weights[1], torch.zeros(4))
+    torch.testing.assert_close(weights.sum(-1), torch.tensor([1.0, 0.0, 1.0]))
+    weights.pow(2).sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_logits_do_not_overflow(dtype):
+    q = (torch.randn(1, 4, 16) * 60).to(dtype)  # q.k reaches ~1e4 * 16: beyond float16's range
+    v = torch.randn(1, 4, 16).to(dtype)
+    result = vote(SharedVotes(v), DotProductScores(q, q, scale=1.0), normalize_over="senders",
+                  record=True)
+    assert torch.isfinite(result.outputs).all() and result.outputs.dtype == dtype
+    reference = vote(SharedVotes(v.float()), DotProductScores(q.float(), q.float(), scale=1.0),
+                     normalize_over="senders").outputs
+    torch.testing.assert_close(result.outputs.float(), reference, atol=2e-2, rtol=2e-2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    receivers=st.integers(1, 5),
+    senders=st.integers(1, 5),
+    dim=st.integers(1, 4),
+    iterations=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_routing_outputs_do_not_depend_on_sender_order(receivers, senders, dim, iterations, seed):
+    generator = torch.Generator().manual_seed(seed)
+    votes = torch.randn(2, receivers, senders, dim, generator=generator, dtype=torch.float64)
+    perm = torch.randperm(senders, generator=generator)
+    a = vote(PairwiseVotes(votes), None, normalize_over="receivers", iterations=iterations,
+             nonlinearity="squash").outputs
+    b = vote(PairwiseVotes(votes[:, :, perm]), None, normalize_over="receivers",
+             iterations=iterations, nonlinearity="squash").outputs
+    torch.testing.assert_close(a, b)
+    assert (a.norm(dim=-1) < 1).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"normalize_over": "rows"}, ValueError, "normalize_over"),
+        ({"normalize_over": "receivers", "iterations": 0}, ValueError, "iterations"),
+        ({"normalize_over": "receivers", "aggregation": "max"}, ValueError, "aggregation"),
+        ({"normalize_over": "receivers", "nonlinearity": "relu"}, ValueError, "nonlinearity"),
+        ({"normalize_over": "receivers", "agreement": "cosine"}, ValueError, "agreement"),
+        ({"normalize_over": "receivers", "dropout_p": 1.0}, ValueError, "dropout_p"),
+        ({"normalize_over": "receivers", "mask": torch.ones(3, 4, dtype=torch.int64)},
+         TypeError, "mask"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        vote(PairwiseVotes(torch.randn(1, 3, 4, 2)), None, **kwargs)
+
+
+def test_plain_tensor_votes_are_read_from_their_rank_or_refused():
+    logits = torch.randn(2, 3, 4)
+    shared = torch.randn(2, 4, 5)
+    pairwise = torch.randn(2, 3, 4, 5)
+    assert vote(shared, logits, normalize_over="senders").outputs.shape == (2, 3, 5)
+    assert vote(pairwise, logits, normalize_over="receivers").outputs.shape == (2, 3, 5)
+    with pytest.raises(ValueError, match="wrap it"):
+        vote(pairwise, None, normalize_over="receivers")
+    with pytest.raises(ValueError, match="votes must have rank"):
+        vote(torch.randn(4, 5), logits, normalize_over="senders")
+
+
+def test_squash_is_the_papers_formula_and_safe_at_zero():
+    s = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1e-3, 0.0]], dtype=torch.float64, requires_grad=True)
+    v = squash(s)
+    # eq. 1: |v| = |s|^2 / (1 + |s|^2) along s's direction; |s| = 5 gives 25 / 26.
+    torch.testing.assert_close(v[0], torch.tensor([0.6, 0.8], dtype=torch.float64) * 25 / 26)
+    torch.testing.assert_close(v[1], torch.zeros(2, dtype=torch.float64))
+    v.sum().backward()
+    assert torch.isfinite(s.grad).all()
+    assert (squash(torch.randn(100, 8) * 50).norm(dim=-1) < 1).all()
