@@ -1,0 +1,59 @@
+"""Plots draw exactly the recorded weights, and refuse what they cannot draw."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("matplotlib", reason="plots are an optional extra")
+
+from torchvote import plots  # noqa: E402
+from torchvote.functional import PairwiseVotes, vote  # noqa: E402
+
+
+def test_attention_map_shows_the_weights_it_was_given(tmp_path):
+    weights = torch.softmax(torch.randn(4, 6), dim=-1)
+    figure = plots.plot_attention(weights, receivers=list("abcd"), senders=list("uvwxyz"))
+    image = figure.axes[0].images[0]
+    torch.testing.assert_close(torch.as_tensor(image.get_array()), weights)
+    assert [t.get_text() for t in figure.axes[0].get_xticklabels()] == list("uvwxyz")
+    path = plots.save(figure, tmp_path / "sub" / "attention.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_routing_plot_has_one_map_per_pass_and_the_received_totals():
+    result = vote(PairwiseVotes(torch.randn(1, 3, 5, 2)), None, normalize_over="receivers",
+                  iterations=3, nonlinearity="squash", record=True)
+    passes = [w[0] for w in result.weights]
+    figure = plots.plot_routing(passes, receivers=["x", "y", "z"])
+    maps = [ax for ax in figure.axes if ax.images]
+    assert len(maps) == 3
+    for ax, w in zip(maps, passes, strict=True):
+        torch.testing.assert_close(torch.as_tensor(ax.images[0].get_array()), w)
+    totals = figure.axes[-1].lines
+    assert len(totals) == 3
+    torch.testing.assert_close(torch.as_tensor(totals[0].get_ydata()).float(),
+                               torch.stack([w[0].sum() for w in passes]))
+
+
+def test_heads_and_metrics(tmp_path):
+    figure = plots.plot_heads(torch.softmax(torch.randn(5, 3, 3), -1))
+    assert sum(1 for ax in figure.axes if ax.images) == 5
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps({"step": s, "loss": 1.0 / (s + 1), "split": "train"})
+                                 for s in range(5)))
+    figure = plots.plot_metrics(metrics)
+    assert [ax.get_title() for ax in figure.axes] == ["loss"]
+    with pytest.raises(ValueError, match="not in"):
+        plots.plot_metrics(metrics, keys=["accuracy"])
+
+
+def test_bad_input_is_refused_with_the_argument_named():
+    with pytest.raises(ValueError, match="weights must be 2-D"):
+        plots.plot_attention(torch.rand(2, 3, 4))
+    with pytest.raises(ValueError, match="expected 3 labels"):
+        plots.plot_attention(torch.rand(3, 3), receivers=["a"])
+    with pytest.raises(ValueError, match="at least one pass"):
+        plots.plot_routing([])
