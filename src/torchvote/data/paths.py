@@ -1,0 +1,48 @@
+"""Where torchvote keeps data on disk.
+
+One rule for every data set: files live in ``<data root>/<data set name>/``, where the data root
+is ``$TORCHVOTE_DATA`` when that variable is set and non-empty, else the user cache directory
+``$XDG_CACHE_HOME/torchvote`` (``~/.cache/torchvote`` when ``XDG_CACHE_HOME`` is unset). Nothing
+is created at import time; directories are made only by the functions that write into them.
+"""
+
+from __future__ import annotations
+
+import os
+from os import PathLike
+from pathlib import Path
+
+__all__ = ["DATA_ENV_VAR", "data_root", "dataset_dir"]
+
+DATA_ENV_VAR = "TORCHVOTE_DATA"
+
+
+def data_root() -> Path:
+    """Return the directory that holds one sub-directory per data set.
+
+    Returns:
+        ``Path($TORCHVOTE_DATA)`` if set, else ``$XDG_CACHE_HOME/torchvote`` or
+        ``~/.cache/torchvote``. The directory may not exist yet.
+    """
+    env = os.environ.get(DATA_ENV_VAR, "").strip()
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache"
+    return base / "torchvote"
+
+
+def dataset_dir(name: str, root: str | PathLike[str] | None = None) -> Path:
+    """Return the directory for one data set.
+
+    Args:
+        name: Data set folder name, e.g. ``"mnist"``.
+        root: An explicit directory; when given it is returned as is (the user named the folder
+            that holds the files).
+
+    Returns:
+        ``Path(root)`` if ``root`` is given, else ``data_root() / name``.
+    """
+    if root is not None:
+        return Path(root).expanduser()
+    return data_root() / name

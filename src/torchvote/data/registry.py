@@ -1,0 +1,162 @@
+"""A name -> data set table: one place to list and build every data set torchvote knows.
+
+``get_dataset(name, split, **kwargs)`` returns what the underlying function returns for that
+split (see each entry's description); keyword arguments go to that function. Train and test
+splits of generated sets use different default seeds (0 and 1), and the image sets are built
+from the MNIST split of the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchvote.data.affnist import make_affnist_style, pad_and_translate_train
+from torchvote.data.digits import load_small_digits
+from torchvote.data.mnist import load_mnist, validate_split
+from torchvote.data.multimnist import make_multimnist
+from torchvote.data.sequences import SEQUENCE_TASKS, make_sequence_task
+from torchvote.data.text import CharVocab, load_shakespeare, train_val_split
+
+__all__ = ["DatasetEntry", "get_dataset", "list_datasets"]
+
+_DEFAULT_SEED = {"train": 0, "test": 1}
+_MNIST_KEYS = ("source", "root", "limit")
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One registered data set.
+
+    Attributes:
+        name: Registry name.
+        description: One line shown by :func:`list_datasets`.
+        splits: Allowed split names.
+        build: ``build(split, **kwargs)`` returning the data.
+    """
+
+    name: str
+    description: str
+    splits: tuple[str, ...]
+    build: Callable[..., Any]
+
+
+def _split_kwargs(kwargs: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: kwargs.pop(k) for k in keys if k in kwargs}
+
+
+def _multimnist(split: str, **kwargs: Any) -> Any:
+    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
+    kwargs.setdefault("num_pairs", len(images))
+    kwargs.setdefault("seed", _DEFAULT_SEED[split])
+    return make_multimnist(images, labels, **kwargs)
+
+
+def _affnist(split: str, **kwargs: Any) -> Any:
+    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
+    seed = kwargs.pop("seed", _DEFAULT_SEED[split])
+    if split == "test":
+        warped, labels, _ = make_affnist_style(images, labels, seed=seed, **kwargs)
+        return warped, labels
+    generator = torch.Generator().manual_seed(seed)
+    return pad_and_translate_train(images, generator=generator, **kwargs), labels
+
+
+def _shakespeare(split: str, *, val_fraction: float = 0.1, root: str | None = None, **kwargs: Any) -> Any:
+    if root is not None:  # like the image sets, ``root`` names the folder of the data file
+        kwargs.setdefault("archive", root)
+    text = load_shakespeare(**kwargs)
+    vocab = CharVocab.from_text(text)
+    train, val = train_val_split(vocab.encode(text), val_fraction)
+    return (train if split == "train" else val), vocab
+
+
+def _sequence(task: str) -> Callable[..., Any]:
+    def build(split: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("num_samples", 10_000 if split == "train" else 1_000)
+        kwargs.setdefault("seed", _DEFAULT_SEED[split])
+        return make_sequence_task(task, **kwargs)  # type: ignore[arg-type]
+
+    return build
+
+
+_IMAGE_SPLITS = ("train", "test")
+_REGISTRY: dict[str, DatasetEntry] = {
+    entry.name: entry
+    for entry in [
+        DatasetEntry(
+            "mnist",
+            "MNIST 28x28 digits, 60k train / 10k test -> (images, labels)",
+            _IMAGE_SPLITS,
+            lambda split, **kw: load_mnist(split, **kw),
+        ),
+        DatasetEntry(
+            "small-digits",
+            "class-balanced MNIST subset, 2000 train / 500 test -> (images, labels)",
+            _IMAGE_SPLITS,
+            lambda split, **kw: load_small_digits(split, **kw),
+        ),
+        DatasetEntry(
+            "multimnist",
+            "two overlapping MNIST digits of different classes on 36x36 (Sabour et al. 2017) "
+            "-> (images, labels (N, 2), digits)",
+            _IMAGE_SPLITS,
+            _multimnist,
+        ),
+        DatasetEntry(
+            "affnist",
+            "40x40 MNIST: train randomly placed, test under affNIST-range affine warps -> (images, labels)",
+            _IMAGE_SPLITS,
+            _affnist,
+        ),
+        DatasetEntry(
+            "shakespeare",
+            "character-level Shakespeare (42 Gutenberg texts), 90/10 split -> (ids, CharVocab)",
+            ("train", "val"),
+            _shakespeare,
+        ),
+        *[
+            DatasetEntry(
+                task,
+                f"generated {task} task over digit strings -> (src, tgt) padded ids",
+                _IMAGE_SPLITS,
+                _sequence(task),
+            )
+            for task in SEQUENCE_TASKS
+        ],
+    ]
+}
+
+
+def list_datasets() -> dict[str, str]:
+    """Return ``{name: one-line description}`` of every registered data set, sorted by name."""
+    return {name: _REGISTRY[name].description for name in sorted(_REGISTRY)}
+
+
+def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
+    """Build a registered data set.
+
+    Args:
+        name: A name from :func:`list_datasets`.
+        split: One of the data set's splits (``"train"``/``"test"``; Shakespeare has
+            ``"train"``/``"val"``).
+        **kwargs: Passed to the underlying loader or generator (e.g. ``limit=``, ``seed=``,
+            ``num_pairs=``, ``max_len=``). Image sets derived from MNIST also accept MNIST's
+            ``source``, ``root`` and ``limit``; Shakespeare takes ``archive`` or ``root`` (the
+            folder holding the archive) and ``val_fraction``.
+
+    Returns:
+        The data, as described in :func:`list_datasets`.
+
+    Raises:
+        ValueError: If ``name`` is unknown (the message lists the known names) or ``split`` is
+            not one of the data set's splits.
+    """
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"name: unknown data set {name!r}; known: {sorted(_REGISTRY)}")
+    validate_split(split, entry.splits)
+    return entry.build(split, **kwargs)

