@@ -99,6 +99,12 @@ def test_an_explicit_causal_mask_runs_as_is_causal(monkeypatch):
     assert seen["is_causal"] is True and seen["attn_mask"] is None
 
 
+def test_a_one_by_one_mask_broadcasts_and_is_not_taken_for_causal():
+    q, k, v = qkv(length=1, source=3)
+    out, _ = scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(1, 1, dtype=torch.bool))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+
+
 def test_is_causal_mask_recognises_bool_and_float_forms_only():
     lower = torch.ones(4, 4, dtype=torch.bool).tril()
     additive = torch.zeros(4, 4).masked_fill(~lower, -math.inf)

@@ -130,7 +130,9 @@ def scaled_dot_product_attention(
     target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]),
               query.shape[-2], key.shape[-2])
     check_attention_mask(attn_mask, target, "attn_mask")
-    if attn_mask is not None and is_causal_mask(attn_mask):
+    # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask
+    # broadcasts to "all allowed", not to a causal pattern.
+    if attn_mask is not None and tuple(attn_mask.shape) == target[-2:] and is_causal_mask(attn_mask):
         attn_mask, is_causal = None, True
     result = vote(
         SharedVotes(value),
