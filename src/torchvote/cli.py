@@ -1,2 +1,373 @@
-def main(argv=None):
-    raise SystemExit("not yet")
+"""The ``torchvote`` command line.
+
+::
+
+    torchvote main [key=value ...]                      # the README's main job
+    torchvote train PRESET [key=value ...]              # PRESET: a shipped name or a .yaml path
+    torchvote train --resume RUN_DIR [key=value ...]    # continue a stopped run
+    torchvote evaluate CHECKPOINT --on mnist --on affnist
+    torchvote list [models|routers|presets|datasets]
+    torchvote data [list|mnist|shakespeare] [--download] [--verify]
+    torchvote bench attention|routing|training [args ...]
+
+The same ``train`` command runs on N processes with
+``torchrun --nproc_per_node=N -m torchvote.cli train PRESET ...`` (``batch_size`` is global).
+
+A bad name, key or value prints one line saying what exists and exits with status 2; missing data
+prints where it was looked for and the command that provides it (status 1); a run stopped with
+Ctrl-C saves a checkpoint and exits with status 130. ``TORCHVOTE_DEBUG=1`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+EXIT_USAGE = 2
+EXIT_MISSING_DATA = 1
+EXIT_INTERRUPTED = 130
+LIST_WHAT = ("models", "routers", "presets", "datasets")
+BENCHMARKS = ("attention", "routing", "training")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="torchvote", description="Train and evaluate attention and capsule models.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    main_job = commands.add_parser("main", help="train the default preset, evaluate it, print the results")
+    main_job.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the main preset")
+    main_job.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:<index>")
+
+    train = commands.add_parser("train", help="train from a preset with key=value overrides")
+    train.add_argument(
+        "args",
+        nargs="*",
+        metavar="PRESET [key=value ...]",
+        help="a shipped preset (torchvote list presets) or a .yaml file, then overrides "
+        "such as epochs=3 optim.lr=3e-4 model.dropout=0.2",
+    )
+    train.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:<index>")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint"
+    )
+
+    evaluate = commands.add_parser("evaluate", help="evaluate a checkpoint on test sets")
+    evaluate.add_argument("checkpoint", help="a run folder, its checkpoints folder or a .safetensors file")
+    evaluate.add_argument(
+        "--on",
+        action="append",
+        metavar="DATASET",
+        help="data set to evaluate on (repeat or comma-separate; torchvote list datasets)",
+    )
+    evaluate.add_argument("--limit", type=int, help="evaluate on the first N examples only")
+    evaluate.add_argument("--batch-size", type=int, default=500)
+    evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
+    evaluate.add_argument("--bf16", action="store_true", help="evaluate under bfloat16 autocast")
+    evaluate.add_argument("--root", help="folder of the data files (MNIST IDX files ...)")
+    evaluate.add_argument(
+        "--data-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument of the data sets, e.g. max_len=6 (repeatable)",
+    )
+
+    listing = commands.add_parser("list", help="list models, routers, presets or data sets")
+    listing.add_argument("what", nargs="?", choices=LIST_WHAT, help="what to list (default: everything)")
+
+    data = commands.add_parser("data", help="prepare and verify the offline data")
+    data.add_argument("dataset", nargs="?", default="list", choices=("list", "mnist", "shakespeare"))
+    data.add_argument("--download", action="store_true", help="download the files (needs the internet)")
+    data.add_argument("--verify", action="store_true", help="load the data and check its size and contents")
+    data.add_argument("--root", help="folder of the MNIST IDX files")
+    data.add_argument("--dir", help="folder of the Shakespeare archive")
+
+    bench = commands.add_parser("bench", help="run a benchmark script from benchmarks/")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the benchmark script")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides after an option (train PRESET --resume DIR epochs=3) are still overrides
+        target = {"train": "args", "main": "overrides"}.get(args.command)
+        if target is None or any(item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        setattr(args, target, [*getattr(args, target), *extra])
+    if args.command in ("train", "main") and args.device:  # --device X is the override device=X
+        target = "args" if args.command == "train" else "overrides"
+        setattr(args, target, [*getattr(args, target), f"device={args.device}"])
+    handlers = {
+        "main": _main_job,
+        "train": _train,
+        "evaluate": _evaluate,
+        "list": _list,
+        "data": _data,
+        "bench": _bench,
+    }
+    from torchvote.data.errors import DataNotFoundError
+
+    try:
+        return handlers[args.command](args)
+    except DataNotFoundError as err:
+        if os.environ.get("TORCHVOTE_DEBUG"):
+            raise
+        print(f"torchvote: {err}", file=sys.stderr)
+        return EXIT_MISSING_DATA
+    except (ValueError, FileNotFoundError) as err:
+        if os.environ.get("TORCHVOTE_DEBUG"):
+            raise
+        message = " ".join(str(err).split())  # one line
+        print(f"torchvote {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+# --- train / main ---------------------------------------------------------------------------------
+
+
+def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
+    from torchvote.config import ConfigError
+
+    preset = None
+    overrides = []
+    for index, value in enumerate(values):
+        if "=" in value:
+            overrides.append(value)
+        elif index == 0:
+            preset = value
+        else:
+            raise ConfigError(f"expected key=value after the preset, got {value!r}")
+    return preset, overrides
+
+
+def _run_training(config, resume: str | None) -> int:
+    """Train; on rank 0, say where the checkpoint, metrics and plots went."""
+    from torchvote.training import train
+
+    result = train(config, resume=resume)
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    if result.checkpoint is not None:
+        data = config.data.eval_name or config.data.name
+        print(f"\ncheckpoint: {result.checkpoint.weights}")
+        print(f"metrics:    {result.metrics_path}")
+        if result.plots:
+            print(f"plots:      {', '.join(str(p) for p in result.plots)}")
+        print(f"evaluate:   torchvote evaluate {result.run_dir} --on {data}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from torchvote.config import ConfigError, load_config
+    from torchvote.training import load_run_config
+
+    preset, overrides = _split_train_args(args.args)
+    if args.resume is None:
+        if preset is None:
+            raise ConfigError("name a preset (torchvote list presets) or --resume RUN_DIR")
+        return _run_training(load_config(preset, overrides), None)
+    config = load_run_config(args.resume, overrides)
+    if preset is not None and load_config(preset).preset != config.preset:
+        raise ConfigError(
+            f"run {args.resume} was started from preset {config.preset!r}, not {preset!r}; "
+            "omit the preset to resume it"
+        )
+    return _run_training(config, args.resume)
+
+
+def _main_job(args: argparse.Namespace) -> int:
+    from torchvote.config import load_config
+
+    config = load_config("main", args.overrides)
+    return _run_training(config, None)
+
+
+# --- evaluate ---------------------------------------------------------------------------------------
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from torchvote.training.evaluate import checkpoint_summary, evaluate_checkpoint
+    from torchvote.training.metrics import format_table
+
+    datasets = [name.strip() for value in (args.on or []) for name in value.split(",") if name.strip()]
+    if not datasets:
+        from torchvote.data import list_datasets
+
+        raise ValueError(f"name the data sets with --on; data sets: {', '.join(list_datasets())}")
+    print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
+    from torchvote.config import coerce_value, parse_override
+
+    options = {}
+    for text in args.data_option:
+        key, value = parse_override(text)
+        options[".".join(key)] = coerce_value(value, Any, "--data-option " + ".".join(key))
+    rows = evaluate_checkpoint(
+        args.checkpoint,
+        datasets,
+        batch_size=args.batch_size,
+        limit=args.limit,
+        device=args.device,
+        bf16=args.bf16,
+        root=args.root,
+        options=options,
+    )
+    print(format_table(rows))
+    return 0
+
+
+# --- list ---------------------------------------------------------------------------------------------
+
+
+def _list(args: argparse.Namespace) -> int:
+    sections = [args.what] if args.what else list(LIST_WHAT)
+    for index, what in enumerate(sections):
+        if len(sections) > 1:
+            print(f"{'' if index == 0 else chr(10)}{what}:")
+        for line in _LISTERS[what]():
+            print(("  " if len(sections) > 1 else "") + line)
+    return 0
+
+
+def _list_models() -> list[str]:
+    from torchvote.models import get_model_spec, list_models
+
+    lines = []
+    for name in list_models():
+        spec = get_model_spec(name)
+        presets = ", ".join(spec.presets) or "-"
+        lines.append(f"{name:24s} {spec.task:22s} loss={spec.loss:14s} presets: {presets}")
+    return lines
+
+
+def _list_routers() -> list[str]:
+    try:
+        from torchvote.functional.routing import list_routers
+    except ImportError:
+        return ["(no router registry yet: torchvote.functional.routing.list_routers does not exist)"]
+    routers = list_routers()
+    if isinstance(routers, dict):
+        return [f"{name:24s} {description}" for name, description in routers.items()]
+    return [str(name) for name in routers]
+
+
+def _list_presets() -> list[str]:
+    from torchvote.config import list_presets
+
+    return [f"{name:24s} {description}" for name, description in list_presets().items()]
+
+
+def _list_datasets() -> list[str]:
+    from torchvote.data import list_datasets
+
+    return [f"{name:24s} {description}" for name, description in list_datasets().items()]
+
+
+_LISTERS = {
+    "models": _list_models,
+    "routers": _list_routers,
+    "presets": _list_presets,
+    "datasets": _list_datasets,
+}
+
+
+# --- data ------------------------------------------------------------------------------------------------
+
+
+def _data(args: argparse.Namespace) -> int:
+    from torchvote.data.command import main as data_main
+
+    argv = [args.dataset]
+    if args.dataset == "mnist":
+        argv += ["--download"] if args.download else []
+        argv += ["--root", args.root] if args.root else []
+    elif args.dataset == "shakespeare":
+        argv += ["--download"] if args.download else []
+        argv += ["--dir", args.dir] if args.dir else []
+    elif args.download or args.verify:
+        raise ValueError("name the data set to download or verify: mnist or shakespeare")
+    status = data_main(argv)
+    if status != 0 or not args.verify:
+        return status
+    return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.dir)
+
+
+def _verify_mnist(root: str | None) -> int:
+    import torch
+
+    from torchvote.data import load_mnist
+
+    expected = {"train": 60_000, "test": 10_000}
+    problems = []
+    for split, count in expected.items():
+        images, labels = load_mnist(split, root=root)
+        counts = torch.bincount(labels, minlength=10)
+        print(
+            f"{split}: {len(images)} images {tuple(images.shape[1:])}, pixel range "
+            f"[{float(images.min()):.2f}, {float(images.max()):.2f}], per class {counts.tolist()}"
+        )
+        if len(images) != count or tuple(images.shape[1:]) != (1, 28, 28):
+            problems.append(
+                f"{split} has {len(images)} images of {tuple(images.shape[1:])}, "
+                f"expected {count} of (1, 28, 28)"
+            )
+        if labels.min() < 0 or labels.max() > 9 or bool((counts == 0).any()):
+            problems.append(f"{split} labels are not the digits 0-9")
+    for problem in problems:
+        print(f"verify failed: {problem}", file=sys.stderr)
+    print("MNIST verified" if not problems else "MNIST verification FAILED")
+    return 0 if not problems else 1
+
+
+def _verify_shakespeare(directory: str | None) -> int:
+    from torchvote.data import CharVocab, load_shakespeare, shakespeare_titles
+
+    titles = shakespeare_titles(directory)
+    text = load_shakespeare(directory)
+    vocab = CharVocab.from_text(text)
+    print(f"{len(titles)} texts, {len(text):,} characters, {len(vocab)} distinct characters")
+    ok = len(titles) == 42 and len(text) > 1_000_000
+    print(
+        "Shakespeare verified"
+        if ok
+        else "Shakespeare verification FAILED (expected 42 texts, > 1M characters)"
+    )
+    return 0 if ok else 1
+
+
+# --- bench ------------------------------------------------------------------------------------------
+
+
+def _benchmarks_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    script = _benchmarks_dir() / f"{args.name}.py"
+    if not script.is_file():
+        present = sorted(p.stem for p in _benchmarks_dir().glob("*.py")) if _benchmarks_dir().is_dir() else []
+        raise FileNotFoundError(
+            f"benchmark script {script} not found (benchmarks run from a source checkout); "
+            f"present: {', '.join(present) or 'none'}"
+        )
+    return subprocess.call([sys.executable, str(script), *args.args])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

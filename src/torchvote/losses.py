@@ -1,0 +1,150 @@
+"""The losses of the capsule and attention papers, as plain functions of tensors.
+
+Every loss returns the mean over the batch of a per-example loss, so that it does not change with
+the batch size (or with the number of data-parallel processes sharing one global batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "SpreadMarginSchedule",
+    "cross_entropy",
+    "margin_loss",
+    "one_hot_targets",
+    "reconstruction_loss",
+    "spread_loss",
+]
+
+
+def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Class indices ``(b,)`` -> one-hot ``(b, num_classes)``; a ``(b, num_classes)`` tensor is taken
+    as already (multi-)hot, e.g. the two digits of a MultiMNIST image.
+
+    Raises:
+        ValueError: targets of another shape, or class indices out of range.
+    """
+    if targets.dim() == 1:
+        if targets.numel() and (targets.min() < 0 or targets.max() >= num_classes):
+            raise ValueError(f"class indices must be in [0, {num_classes}), got {targets.tolist()}")
+        return F.one_hot(targets.long(), num_classes).to(dtype)
+    if targets.dim() == 2 and targets.shape[1] == num_classes:
+        return targets.to(dtype)
+    raise ValueError(
+        f"targets must be class indices (b,) or multi-hot (b, {num_classes}), got {tuple(targets.shape)}"
+    )
+
+
+def margin_loss(
+    lengths: Tensor,
+    targets: Tensor,
+    *,
+    positive_margin: float = 0.9,
+    negative_margin: float = 0.1,
+    down_weight: float = 0.5,
+) -> Tensor:
+    """The margin loss of Sabour et al. 2017, eq. 4, summed over classes and averaged over the batch.
+
+    ``L_k = T_k max(0, m+ - ||v_k||)^2 + lambda (1 - T_k) max(0, ||v_k|| - m-)^2``
+
+    Args:
+        lengths: ``(b, num_classes)`` lengths of the class capsules, in [0, 1].
+        targets: ``(b,)`` class indices or ``(b, num_classes)`` multi-hot (several digits present).
+        positive_margin: ``m+``, the length a present class must reach.
+        negative_margin: ``m-``, the length an absent class must stay under.
+        down_weight: ``lambda``, which stops the absent classes from shrinking every length early on.
+
+    Returns:
+        the scalar loss.
+    """
+    present = one_hot_targets(targets, lengths.shape[-1], lengths.dtype)  # (b, k)
+    loss_present = present * F.relu(positive_margin - lengths).square()
+    loss_absent = down_weight * (1.0 - present) * F.relu(lengths - negative_margin).square()
+    return (loss_present + loss_absent).sum(dim=-1).mean()
+
+
+def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: float = 0.0005) -> Tensor:
+    """Sum of squared differences per image, scaled by ``weight``, averaged over the batch.
+
+    Sabour et al. 2017, sec. 4.1: the scale 0.0005 keeps the reconstruction from dominating the
+    margin loss. ``reconstructions`` may be flat ``(b, c*h*w)`` or shaped like ``images``.
+
+    Raises:
+        ValueError: the two do not have the same number of values per image.
+    """
+    flat_reconstructions = reconstructions.flatten(1)  # (b, c*h*w)
+    flat_images = images.flatten(1).to(flat_reconstructions.dtype)  # (b, c*h*w)
+    if flat_reconstructions.shape != flat_images.shape:
+        raise ValueError(
+            f"reconstructions {tuple(reconstructions.shape)} do not match images {tuple(images.shape)}"
+        )
+    return weight * (flat_reconstructions - flat_images).square().sum(dim=1).mean()
+
+
+def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tensor:
+    """The spread loss of Hinton, Sabour and Frosst 2018 (matrix capsules with EM routing), sec. 3.1.
+
+    ``L = sum_{i != t} max(0, m - (a_t - a_i))^2``: every wrong class must trail the target class
+    ``t`` by at least the margin ``m``. Averaged over the batch.
+
+    Args:
+        activations: ``(b, num_classes)`` class activations.
+        targets: ``(b,)`` class indices.
+        margin: ``m``; see :class:`SpreadMarginSchedule` for the paper's 0.2 -> 0.9 schedule.
+
+    Raises:
+        ValueError: targets that are not ``(b,)`` class indices.
+    """
+    if targets.dim() != 1:
+        raise ValueError(f"spread loss takes (b,) class indices, got targets of shape {tuple(targets.shape)}")
+    is_target = one_hot_targets(targets, activations.shape[-1], torch.bool)  # (b, k)
+    target_activation = activations.gather(1, targets.long()[:, None])  # (b, 1)
+    per_class = F.relu(margin - (target_activation - activations)).square()  # (b, k)
+    return per_class.masked_fill(is_target, 0.0).sum(dim=-1).mean()
+
+
+@dataclass(frozen=True)
+class SpreadMarginSchedule:
+    """The spread-loss margin, raised linearly from ``start`` to ``end`` over ``steps`` steps.
+
+    Hinton et al. 2018: "starting with a small margin of 0.2 and linearly increasing it during
+    training to 0.9 avoids dead capsules in the earlier layers". After ``steps`` the margin stays at
+    ``end``.
+    """
+
+    steps: int
+    start: float = 0.2
+    end: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+    def __call__(self, step: int) -> float:
+        fraction = min(max(step, 0), self.steps) / self.steps
+        return self.start + (self.end - self.start) * fraction
+
+
+def cross_entropy(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+) -> Tensor:
+    """``F.cross_entropy`` with label smoothing, for ``(b, k)`` or sequence ``(b, t, k)`` logits.
+
+    Targets are ``(b,)`` or ``(b, t)`` class indices; positions equal to ``ignore_index`` (padding)
+    do not count. The result is the mean over the counted positions.
+    """
+    if logits.dim() == targets.dim() + 1 and logits.dim() > 2:
+        logits = logits.flatten(0, -2)  # (b*t, k)
+        targets = targets.flatten()  # (b*t,)
+    return F.cross_entropy(
+        logits.float(), targets.long(), label_smoothing=label_smoothing, ignore_index=ignore_index
+    )

@@ -1,0 +1,129 @@
+"""The CNN baseline of the CapsNet paper (Sabour, Frosst and Hinton 2017, sec. 5).
+
+"The baseline is a standard CNN with three convolutional layers of 256, 256, 128 channels. Each
+has 5x5 kernels and stride of 1. The last convolutional layers are followed by two fully connected
+layers of size 328, 192. The last fully connected layer is connected with dropout to a 10 class
+softmax layer with cross entropy loss." The paper gives 35.4M parameters for it, which is what
+"same" padding and no pooling give on 28x28 inputs; the defaults below reproduce that count.
+
+The ``small`` preset (narrow convolutions, two 2x2 max-pools) is the CPU-sized variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from torchvote.models.registry import ClassifierOutput, register_model
+
+__all__ = ["CNNBaseline", "CNNBaselineConfig"]
+
+
+@dataclass
+class CNNBaselineConfig:
+    """Sizes of the CNN baseline; the defaults are the paper's.
+
+    Args:
+        image_size: side of the square input images.
+        in_channels: channels of the input images.
+        num_classes: number of output classes.
+        channels: output channels of each 5x5 convolution.
+        kernel_size: side of every convolution kernel (stride 1, "same" padding).
+        pool_after: indices of the convolutions followed by a 2x2 max-pool (none in the paper).
+        hidden: widths of the fully connected layers after the convolutions.
+        dropout: dropout probability before the classifier (the paper does not give it).
+    """
+
+    image_size: int = 28
+    in_channels: int = 1
+    num_classes: int = 10
+    channels: tuple[int, ...] = (256, 256, 128)
+    kernel_size: int = 5
+    pool_after: tuple[int, ...] = ()
+    hidden: tuple[int, ...] = (328, 192)
+    dropout: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.channels = tuple(self.channels)
+        self.pool_after = tuple(self.pool_after)
+        self.hidden = tuple(self.hidden)
+        if self.image_size < 1 or self.in_channels < 1 or self.num_classes < 2:
+            raise ValueError(
+                f"image_size, in_channels must be >= 1 and num_classes >= 2, got "
+                f"{self.image_size}, {self.in_channels}, {self.num_classes}"
+            )
+        if not self.channels or any(c < 1 for c in self.channels):
+            raise ValueError(f"channels must be a non-empty tuple of positive ints, got {self.channels}")
+        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be odd and positive ('same' padding), got {self.kernel_size}")
+        bad = [i for i in self.pool_after if not 0 <= i < len(self.channels)]
+        if bad:
+            raise ValueError(f"pool_after indices {bad} are not convolutions 0..{len(self.channels) - 1}")
+        if self.image_size // 2 ** len(set(self.pool_after)) < 1:
+            raise ValueError(
+                f"{len(set(self.pool_after))} pools shrink {self.image_size}x{self.image_size} to nothing"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def feature_size(self) -> int:
+        """Side of the feature map after the convolutions (each 2x2 pool floors the side by 2)."""
+        side = self.image_size
+        for _ in sorted(set(self.pool_after)):
+            side //= 2
+        return side
+
+
+@register_model(
+    "cnn-baseline",
+    config=CNNBaselineConfig,
+    presets={
+        "paper": {},
+        "small": {"channels": (32, 64, 64), "pool_after": (0, 1), "hidden": (328, 192), "dropout": 0.3},
+        "tiny": {"channels": (8, 16), "pool_after": (0, 1), "hidden": (32,), "dropout": 0.0},
+    },
+    task="image-classification",
+    loss="cross-entropy",
+)
+class CNNBaseline(nn.Module):
+    """Three 5x5 convolutions, two fully connected layers, dropout and a softmax classifier."""
+
+    def __init__(self, config: CNNBaselineConfig) -> None:
+        super().__init__()
+        self.config = config
+        layers: list[nn.Module] = []
+        in_channels = config.in_channels
+        for index, out_channels in enumerate(config.channels):
+            layers += [
+                nn.Conv2d(in_channels, out_channels, config.kernel_size, padding=config.kernel_size // 2),
+                nn.ReLU(inplace=True),
+            ]
+            if index in config.pool_after:
+                layers.append(nn.MaxPool2d(2))
+            in_channels = out_channels
+        self.features = nn.Sequential(*layers)
+
+        fully_connected: list[nn.Module] = [nn.Flatten()]
+        width = in_channels * config.feature_size**2
+        for hidden in config.hidden:
+            fully_connected += [nn.Linear(width, hidden), nn.ReLU(inplace=True)]
+            width = hidden
+        self.fully_connected = nn.Sequential(*fully_connected)
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(width, config.num_classes)
+
+    def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
+        """``(b, c, h, w)`` images -> :class:`ClassifierOutput` with ``(b, num_classes)`` logits.
+
+        ``targets`` is accepted for the common classifier signature and not used.
+        """
+        expected = (self.config.in_channels, self.config.image_size, self.config.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+            raise ValueError(
+                f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
+            )
+        features = self.features(images)  # (b, channels[-1], s, s)
+        hidden = self.fully_connected(features)  # (b, hidden[-1])
+        return ClassifierOutput(scores=self.classifier(self.dropout(hidden)))

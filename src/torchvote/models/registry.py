@@ -1,0 +1,294 @@
+"""The model registry: every model is created by name, from a dataclass config and named presets.
+
+A model is one file in ``torchvote/models/`` that registers itself::
+
+    @dataclass
+    class MyNetConfig:
+        image_size: int = 28
+        in_channels: int = 1
+        num_classes: int = 10
+        width: int = 64
+
+    @register_model(
+        "my-net",
+        config=MyNetConfig,
+        presets={"small": {"width": 16}},
+        task="image-classification",
+        loss="cross-entropy",
+    )
+    class MyNet(nn.Module):
+        def __init__(self, config: MyNetConfig) -> None: ...
+        def forward(self, images, targets=None) -> ClassifierOutput: ...
+
+Every module in this package is imported the first time the registry is queried, so adding the
+file is all it takes; ``list_models()`` then returns it and the registry sweep test covers it.
+
+**What the training loop expects of each task** (the conventions that keep the loop generic):
+
+``image-classification``
+    config fields ``image_size`` (square side), ``in_channels`` and ``num_classes``, filled from the
+    data set when training; ``forward(images (b, c, h, w), targets)`` returns a
+    :class:`ClassifierOutput`. ``targets`` are ``(b,)`` class indices, or ``(b, k)`` the ``k``
+    classes present in each image (MultiMNIST), during training, and ``None`` at evaluation: only
+    models that mask a decoder with the true class use them. With ``loss="margin"`` the
+    ``reconstructions`` (``(b, c, h, w)``, or ``(b, k, c, h, w)`` against MultiMNIST's separate
+    digits) add the reconstruction loss.
+``language-model``
+    config fields ``vocab_size`` and ``context_length``; ``forward(tokens (b, t))`` returns a
+    :class:`SequenceOutput` with next-token logits ``(b, t, vocab_size)``.
+``seq2seq``
+    config fields ``src_vocab_size``, ``tgt_vocab_size`` and ``max_len``; ``forward(source (b, s),
+    target_input (b, t))`` returns a :class:`SequenceOutput` with logits ``(b, t, tgt_vocab_size)``.
+    Token id ``pad_id`` (config field, 0 when absent) is padding in both sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from torch import Tensor, nn
+
+__all__ = [
+    "TASKS",
+    "ClassifierOutput",
+    "ModelSpec",
+    "SequenceOutput",
+    "Task",
+    "build_config",
+    "create_model",
+    "get_model_spec",
+    "list_models",
+    "model_config",
+    "register_model",
+    "registered_name",
+]
+
+Task = Literal["image-classification", "seq2seq", "language-model"]
+TASKS: tuple[str, ...] = get_args(Task)
+LOSSES: tuple[str, ...] = ("cross-entropy", "margin", "spread")
+
+
+@dataclass
+class ClassifierOutput:
+    """What an image classifier returns.
+
+    Args:
+        scores: ``(b, num_classes)`` class scores whose argmax is the prediction: logits for a CNN,
+            capsule lengths (margin loss) or activations (spread loss) for a capsule network.
+        reconstructions: ``(b, c, h, w)`` decoder output, for the reconstruction loss.
+        poses: ``(b, num_classes, d)`` class capsules, when the model has them.
+        couplings: ``(b, i, j)`` routing / attention weights of the last voting layer.
+        intermediates: anything else a plot may want (per-iteration weights, ...).
+    """
+
+    scores: Tensor
+    reconstructions: Tensor | None = None
+    poses: Tensor | None = None
+    couplings: Tensor | None = None
+    intermediates: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class SequenceOutput:
+    """What a language model or a sequence-to-sequence model returns.
+
+    Args:
+        logits: ``(b, t, vocab)`` next-token logits.
+        attention: attention / routing weights per layer, when recorded.
+        intermediates: anything else a plot may want.
+    """
+
+    logits: Tensor
+    attention: list[Tensor] | None = None
+    intermediates: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registered model: how to build it and what the training loop does with it."""
+
+    name: str
+    model_cls: type[nn.Module]
+    config_cls: type
+    presets: Mapping[str, Mapping[str, Any]]
+    task: str
+    loss: str
+    default_preset: str | None
+    description: str
+
+    def config_fields(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self.config_cls)]
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+_LOADED = False
+
+
+def register_model(
+    name: str,
+    *,
+    config: type,
+    presets: Mapping[str, Mapping[str, Any] | Any] | None = None,
+    task: Task = "image-classification",
+    loss: str | None = None,
+    default_preset: str | None = None,
+) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """Class decorator that registers an ``nn.Module`` built as ``Model(config)``.
+
+    Args:
+        name: the registry name (lower case, dashes), e.g. ``"cnn-baseline"``.
+        config: the model's ``@dataclass`` config; its defaults are the paper's sizes.
+        presets: named sizes, each a mapping of config fields to values (or a config instance).
+        task: ``"image-classification"``, ``"seq2seq"`` or ``"language-model"``.
+        loss: the loss the training loop uses by default: ``"cross-entropy"`` (default),
+            ``"margin"`` (plus the reconstruction loss if the model returns reconstructions) or
+            ``"spread"``.
+        default_preset: the preset used when none is named (default: the config's defaults).
+
+    Raises:
+        ValueError: a duplicate name, an unknown task or loss, a config that is not a dataclass,
+            or a preset naming a field the config does not have.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+    loss = loss or "cross-entropy"
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; losses: {', '.join(LOSSES)}")
+    if not dataclasses.is_dataclass(config):
+        raise ValueError(f"config of model {name!r} must be a @dataclass, got {config!r}")
+    field_names = {f.name for f in dataclasses.fields(config)}
+    checked: dict[str, dict[str, Any]] = {}
+    for preset_name, values in (presets or {}).items():
+        values = dataclasses.asdict(values) if dataclasses.is_dataclass(values) else dict(values)
+        unknown = sorted(set(values) - field_names)
+        if unknown:
+            raise ValueError(
+                f"preset {preset_name!r} of model {name!r} sets unknown fields {unknown}; "
+                f"fields: {', '.join(sorted(field_names))}"
+            )
+        checked[preset_name] = values
+    if default_preset is not None and default_preset not in checked:
+        raise ValueError(f"default_preset {default_preset!r} of model {name!r} is not a preset")
+
+    def decorator(model_cls: type[nn.Module]) -> type[nn.Module]:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.model_cls.__qualname__ != model_cls.__qualname__:
+            raise ValueError(f"model {name!r} is already registered by {existing.model_cls!r}")
+        doc = (model_cls.__doc__ or "").strip().splitlines()
+        _REGISTRY[name] = ModelSpec(
+            name=name,
+            model_cls=model_cls,
+            config_cls=config,
+            presets=checked,
+            task=task,
+            loss=loss,
+            default_preset=default_preset,
+            description=doc[0] if doc else "",
+        )
+        return model_cls
+
+    return decorator
+
+
+def _load_all() -> None:
+    """Import every module of ``torchvote.models`` once, so that each registers its models.
+
+    A model file that fails to import is an error naming that file: a registry that silently
+    lacks a model would be worse.
+    """
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True  # set first: a model module may query the registry while it is imported
+    package = importlib.import_module("torchvote.models")
+    try:
+        for module in pkgutil.iter_modules(package.__path__):
+            if module.name.startswith("_") or module.name == "registry":
+                continue
+            name = f"torchvote.models.{module.name}"
+            try:
+                importlib.import_module(name)
+            except Exception as err:
+                raise ImportError(f"model module {name} failed to import: {err}") from err
+    except BaseException:
+        _LOADED = False  # try again (and fail loudly again) on the next query
+        raise
+
+
+def list_models(task: str | None = None) -> list[str]:
+    """Sorted names of the registered models (of one task if given)."""
+    _load_all()
+    return sorted(name for name, spec in _REGISTRY.items() if task is None or spec.task == task)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` of a registered model.
+
+    Raises:
+        ValueError: an unknown name; the message lists the registered models.
+    """
+    _load_all()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; models: {', '.join(list_models())}") from None
+
+
+def build_config(name: str, preset: str | None = None, **overrides: Any) -> Any:
+    """The config of model ``name``: its defaults, then the preset, then ``overrides``.
+
+    Raises:
+        ValueError: an unknown model, preset or config field (the message lists what exists).
+    """
+    spec = get_model_spec(name)
+    preset = preset if preset is not None else spec.default_preset
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in spec.presets:
+            choices = ", ".join(sorted(spec.presets)) or "(none)"
+            raise ValueError(f"unknown preset {preset!r} for model {name!r}; presets: {choices}")
+        values.update(spec.presets[preset])
+    unknown = sorted(set(overrides) - set(spec.config_fields()))
+    if unknown:
+        raise ValueError(
+            f"unknown config field(s) {', '.join(unknown)} for model {name!r}; "
+            f"fields: {', '.join(spec.config_fields())}"
+        )
+    values.update(overrides)
+    return spec.config_cls(**values)
+
+
+def create_model(name: str, preset: str | None = None, **overrides: Any) -> nn.Module:
+    """Build model ``name`` from its config defaults, a named preset and keyword overrides.
+
+    Example::
+
+        model = create_model("cnn-baseline", preset="small", dropout=0.2)
+
+    Raises:
+        ValueError: an unknown model, preset or config field (the message lists what exists).
+    """
+    spec = get_model_spec(name)
+    return spec.model_cls(build_config(name, preset, **overrides))
+
+
+def model_config(model: nn.Module) -> Any:
+    """The config a registered model was built with (``model.config``)."""
+    config = getattr(model, "config", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        raise ValueError(f"{type(model).__name__} has no dataclass `config` attribute")
+    return config
+
+
+def registered_name(model: nn.Module) -> str:
+    """The registry name of a model instance."""
+    _load_all()
+    for name, spec in _REGISTRY.items():
+        if type(model) is spec.model_cls:
+            return name
+    raise ValueError(f"{type(model).__name__} is not a registered model")

@@ -1,0 +1,48 @@
+"""Training and evaluation: one plain PyTorch loop for every registered model.
+
+* :func:`train` -- run a :class:`~torchvote.config.TrainConfig` (resume, Ctrl-C, ``torchrun``).
+* :func:`evaluate` -- metrics of a model on a data split; :func:`evaluate_checkpoint` from a file.
+* :func:`save_checkpoint` / :func:`load_model_weights` / :func:`load_model_from_checkpoint` --
+  safetensors weights plus a ``weights_only`` training state, written atomically.
+"""
+
+from torchvote.training.checkpoint import (
+    CheckpointError,
+    CheckpointPaths,
+    find_checkpoint,
+    load_model_weights,
+    load_training_state,
+    save_checkpoint,
+)
+from torchvote.training.data import BatchPlan, TaskData
+from torchvote.training.distributed import DistributedContext, setup_distributed
+from torchvote.training.evaluate import evaluate, evaluate_checkpoint, load_data, load_model_from_checkpoint
+from torchvote.training.loop import StepInfo, TrainResult, load_run_config, train
+from torchvote.training.metrics import MetricsWriter, format_table, read_metrics
+from torchvote.training.tasks import get_task_handler, make_objective
+
+__all__ = [
+    "BatchPlan",
+    "CheckpointError",
+    "CheckpointPaths",
+    "DistributedContext",
+    "MetricsWriter",
+    "StepInfo",
+    "TaskData",
+    "TrainResult",
+    "evaluate",
+    "evaluate_checkpoint",
+    "find_checkpoint",
+    "format_table",
+    "get_task_handler",
+    "load_data",
+    "load_model_from_checkpoint",
+    "load_model_weights",
+    "load_run_config",
+    "load_training_state",
+    "make_objective",
+    "read_metrics",
+    "save_checkpoint",
+    "setup_distributed",
+    "train",
+]

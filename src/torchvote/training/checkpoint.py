@@ -1,0 +1,347 @@
+"""Checkpoints: model weights in safetensors, training state in a ``weights_only`` torch file.
+
+A checkpoint named ``step-00001200`` in ``<run>/checkpoints/`` is two files:
+
+* ``step-00001200.safetensors``: the model's tensors, plus metadata naming the registered model
+  and its config (JSON), so ``torchvote evaluate`` can rebuild the model from this file alone.
+  Tensors shared between parameters (tied weights) are stored once, their other names listed in
+  the metadata.
+* ``step-00001200.state.pt``: optimiser and scheduler state, step, epoch, the data-order state,
+  the RNG states of torch, numpy and python, and the run config, all plain containers and tensors
+  so that ``torch.load(..., weights_only=True)`` reads it without running any code.
+
+Both are written atomically (temporary file in the same directory, fsync, ``os.replace``); the
+``latest`` pointer file is replaced last, so a crash mid-write leaves the previous checkpoint and
+pointer intact. Loading checks every tensor name, shape and dtype first, and raises
+:class:`CheckpointError` naming the ones that do not fit: never a silent partial load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointError",
+    "CheckpointPaths",
+    "atomic_write_bytes",
+    "capture_rng_state",
+    "find_checkpoint",
+    "load_model_weights",
+    "load_training_state",
+    "read_model_metadata",
+    "restore_rng_state",
+    "save_checkpoint",
+]
+
+CHECKPOINT_FORMAT = "torchvote-checkpoint-1"
+LATEST = "latest"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt or does not fit the model; the message says which
+    file or tensor."""
+
+
+@dataclass(frozen=True)
+class CheckpointPaths:
+    """The two files of one checkpoint."""
+
+    weights: Path
+    state: Path
+
+    @property
+    def name(self) -> str:
+        return self.weights.name[: -len(".safetensors")]
+
+    @classmethod
+    def of(cls, directory: Path, name: str) -> CheckpointPaths:
+        return cls(directory / f"{name}.safetensors", directory / f"{name}.state.pt")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one.
+
+    The bytes go to a temporary file in the same directory (same file system), are flushed and
+    fsynced, then ``os.replace`` swaps the name; the directory is fsynced so the rename survives
+    a power loss.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory descriptors
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(descriptor)
+
+
+# --- RNG state ---------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The RNG states of torch (CPU and CUDA), numpy and python, as ``weights_only``-safe values."""
+    bit_generator, keys, position, has_gauss, cached_gaussian = np.random.get_state()  # noqa: NPY002 (the global state)
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "bit_generator": str(bit_generator),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    numpy_state = state["numpy"]
+    np.random.set_state(  # noqa: NPY002 (the global state)
+        (
+            numpy_state["bit_generator"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["position"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
+    python_state = state["python"]
+    random.setstate((python_state["version"], tuple(python_state["internal"]), python_state["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- model weights -----------------------------------------------------------------------------
+
+
+def _storage_key(tensor: Tensor) -> tuple[Any, ...]:
+    return (
+        tensor.device,
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
+def _weights_bytes(model: nn.Module, metadata: Mapping[str, str]) -> bytes:
+    from safetensors.torch import save
+
+    tensors: dict[str, Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    for name, tensor in model.state_dict().items():
+        key = _storage_key(tensor)
+        if key in seen:  # tied weights: store once, remember the other name
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = tensor.detach().to("cpu").contiguous()
+    meta = {**metadata, "format": CHECKPOINT_FORMAT, "aliases": json.dumps(aliases)}
+    return save(tensors, metadata=meta)
+
+
+def read_model_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The metadata of a weights file (``model``, ``model_config`` JSON, ``format``, ...).
+
+    Raises:
+        CheckpointError: the file is missing or not a safetensors file.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint weights {path} do not exist")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return dict(handle.metadata() or {})
+    except Exception as err:  # safetensors raises its own error types for corrupt headers
+        raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from None
+
+
+def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
+    """Load a weights file into ``model``, strictly.
+
+    Raises:
+        CheckpointError: the file is corrupt, or a tensor is missing, unexpected, or of another
+            shape or dtype; the message names every such tensor and nothing is loaded.
+    """
+    from safetensors.torch import load
+
+    path = Path(path)
+    try:
+        loaded = load(path.read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint weights {path} do not exist") from None
+    except Exception as err:
+        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({err})") from None
+    metadata = read_model_metadata(path)
+    for alias, target in json.loads(metadata.get("aliases", "{}")).items():
+        if target in loaded:
+            loaded[alias] = loaded[target]
+
+    expected = model.state_dict()
+    problems: list[str] = []
+    missing = [name for name in expected if name not in loaded]
+    unexpected = sorted(name for name in loaded if name not in expected)
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    for name, tensor in expected.items():
+        if name not in loaded:
+            continue
+        found = loaded[name]
+        if found.shape != tensor.shape:
+            problems.append(
+                f"tensor {name!r} has shape {tuple(found.shape)} in the checkpoint, "
+                f"the model expects {tuple(tensor.shape)}"
+            )
+        elif found.dtype != tensor.dtype:
+            problems.append(
+                f"tensor {name!r} has dtype {found.dtype} in the checkpoint, the model expects {tensor.dtype}"
+            )
+    if problems:
+        raise CheckpointError(f"{path} does not fit {type(model).__name__}: " + "; ".join(problems))
+    model.load_state_dict(loaded, strict=True)
+
+
+# --- whole checkpoints ---------------------------------------------------------------------------
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    step: int,
+    model: nn.Module,
+    model_metadata: Mapping[str, str],
+    state: Mapping[str, Any],
+    keep: int | None = None,
+) -> CheckpointPaths:
+    """Write one checkpoint and then point ``latest`` at it.
+
+    Args:
+        directory: the run's checkpoint folder.
+        step: the optimiser step the checkpoint holds (its name).
+        model: the model (not a DDP wrapper).
+        model_metadata: strings stored with the weights (``model``, ``model_config`` ...).
+        state: the training state (``weights_only``-safe containers and tensors).
+        keep: delete all but the newest ``keep`` checkpoints after the pointer moved.
+
+    Returns:
+        the paths written.
+    """
+    import io
+
+    directory = Path(directory)
+    paths = CheckpointPaths.of(directory, checkpoint_name(step))
+    atomic_write_bytes(paths.weights, _weights_bytes(model, model_metadata))
+    buffer = io.BytesIO()
+    torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
+    atomic_write_bytes(paths.state, buffer.getvalue())
+    atomic_write_bytes(directory / LATEST, (paths.name + "\n").encode())
+    if keep is not None:
+        _prune(directory, keep, current=paths.name)
+    return paths
+
+
+def _prune(directory: Path, keep: int, current: str) -> None:
+    names = sorted({p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")})
+    for name in names[: max(0, len(names) - keep)]:
+        if name == current:
+            continue
+        paths = CheckpointPaths.of(directory, name)
+        paths.weights.unlink(missing_ok=True)
+        paths.state.unlink(missing_ok=True)
+
+
+def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
+    """Resolve a run folder, a checkpoint folder, a ``.safetensors`` / ``.state.pt`` file or a
+    checkpoint stem to the two files of one checkpoint (the ``latest`` one for a folder).
+
+    Raises:
+        CheckpointError: nothing there; the message says what was looked for.
+    """
+    location = Path(location)
+    if location.is_dir():
+        for directory in (location / "checkpoints", location):
+            pointer = directory / LATEST
+            if pointer.is_file():
+                name = pointer.read_text().strip()
+                paths = CheckpointPaths.of(directory, name)
+                if not paths.weights.is_file():
+                    raise CheckpointError(f"{pointer} points at {name}, but {paths.weights} does not exist")
+                return paths
+        raise CheckpointError(
+            f"no checkpoint in {location}: looked for {location / 'checkpoints' / LATEST} "
+            f"and {location / LATEST}"
+        )
+    text = str(location)
+    for suffix in (".safetensors", ".state.pt"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+    paths = CheckpointPaths(Path(text + ".safetensors"), Path(text + ".state.pt"))
+    if not paths.weights.is_file():
+        raise CheckpointError(f"no checkpoint at {location}: {paths.weights} does not exist")
+    return paths
+
+
+def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a ``.state.pt`` file with ``torch.load(weights_only=True)`` (no code runs).
+
+    Raises:
+        CheckpointError: missing, corrupt, or not a torchvote training state.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"training state {path} does not exist (a weights-only checkpoint cannot be resumed)"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{path} is corrupt or not a training state ({err})") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} training state")
+    return state

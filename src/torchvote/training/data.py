@@ -1,0 +1,208 @@
+"""From a data set name to deterministic, shardable batches.
+
+Every data set becomes a :class:`TaskData`: a few tensors aligned along their first axis
+(``images``/``targets``, ``tokens``, ``source``/``target``) plus the fields a model config takes
+from the data (``image_size``, ``num_classes``, ``vocab_size`` ...). The order of the examples is
+a function of ``(seed, epoch)`` alone and every augmentation a function of ``(seed, epoch,
+step)``, so:
+
+* a resumed run continues exactly where the killed one stopped (the "sampler state" is just
+  ``(seed, epoch, position)``), and
+* N data-parallel processes see the same global batches as one process: each builds the global
+  batch and keeps its contiguous ``1 / N`` slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "BatchPlan",
+    "TaskData",
+    "derive_seed",
+    "iterate_batches",
+    "load_raw_dataset",
+    "prepare_images",
+]
+
+# Tags that keep the seeds of different random streams apart.
+ORDER_STREAM, AUGMENT_STREAM, STEP_STREAM = 1, 2, 3
+
+
+def derive_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed from ``seed`` and integers (epoch, step, rank ...), well mixed (numpy's
+    ``SeedSequence``), so neighbouring steps get unrelated random streams."""
+    words = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, *parts]).generate_state(2, np.uint32)
+    return int(words[0]) | (int(words[1] & 0x7FFFFFFF) << 32)
+
+
+@dataclass
+class TaskData:
+    """One split, ready for batching.
+
+    Attributes:
+        name: the data set's registry name.
+        split: the split.
+        tensors: tensors aligned along the first axis.
+        fields: values the model config takes from the data (``image_size`` ...).
+        extras: other things the data set came with (a ``CharVocab`` ...).
+    """
+
+    name: str
+    split: str
+    tensors: dict[str, Tensor]
+    fields: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def select(self, indices: Tensor) -> dict[str, Tensor]:
+        return {key: tensor[indices] for key, tensor in self.tensors.items()}
+
+
+def load_raw_dataset(
+    name: str, split: str | None, *, options: dict[str, Any], root: str | None
+) -> tuple[str, Any]:
+    """Call ``torchvote.data.get_dataset``; ``split=None`` picks ``test``, else ``val``.
+
+    Returns:
+        ``(split, data)``: the split used and what the data set returned.
+
+    Raises:
+        ValueError: unknown data set or split (the message lists what exists), or an option the
+            data set does not take.
+    """
+    from torchvote.data import get_dataset
+
+    kwargs = dict(options)
+    if root is not None:
+        kwargs["root"] = root
+    splits = [split] if split is not None else ["test", "val"]
+    for index, candidate in enumerate(splits):
+        try:
+            return candidate, get_dataset(name, candidate, **kwargs)
+        except ValueError as err:
+            if index + 1 < len(splits) and "split" in str(err):
+                continue
+            raise
+        except TypeError as err:  # an option the loader does not take
+            raise ValueError(
+                f"data set {name!r} does not accept the options {sorted(kwargs)}: {err}"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def prepare_images(images: Tensor, image_size: int) -> Tensor:
+    """Centre ``(n, c, h, w)`` images on a black ``image_size`` square (the model's input).
+
+    Raises:
+        ValueError: images larger than the model's input.
+    """
+    height, width = images.shape[-2:]
+    if height == width == image_size:
+        return images
+    if height > image_size or width > image_size:
+        raise ValueError(
+            f"the model takes {image_size}x{image_size} images, the data has {height}x{width}; "
+            f"train with data.canvas={max(height, width)} (or a model with image_size={max(height, width)})"
+        )
+    from torchvote.data import pad_to
+
+    return pad_to(images, image_size)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which examples form each global batch, and which slice of it this process takes.
+
+    The last incomplete batch of an epoch is dropped, so every step has exactly ``global_batch``
+    examples and every process ``global_batch / world_size``.
+    """
+
+    num_examples: int
+    global_batch: int
+    seed: int
+    world_size: int = 1
+    rank: int = 0
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.global_batch % self.world_size:
+            raise ValueError(
+                f"batch_size={self.global_batch} is not divisible by the {self.world_size} processes; "
+                "the global batch is split evenly between them"
+            )
+        if self.steps_per_epoch < 1:
+            raise ValueError(
+                f"batch_size={self.global_batch} is larger than the {self.num_examples} training examples"
+            )
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_examples // self.global_batch
+
+    def epoch_order(self, epoch: int) -> Tensor:
+        """The permutation of the examples in ``epoch`` (identity without shuffling)."""
+        if not self.shuffle:
+            return torch.arange(self.num_examples)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, ORDER_STREAM, epoch))
+        return torch.randperm(self.num_examples, generator=generator)
+
+    def global_indices(self, order: Tensor, position: int) -> Tensor:
+        return order[position * self.global_batch : (position + 1) * self.global_batch]
+
+    def local_slice(self) -> slice:
+        return slice(self.rank * self.local_batch, (self.rank + 1) * self.local_batch)
+
+
+class _EpochBatches(torch.utils.data.Dataset):
+    """Map-style view of one epoch: item ``position`` is this process's part of that batch."""
+
+    def __init__(self, data: TaskData, plan: BatchPlan, epoch: int, augment: Any) -> None:
+        self.data, self.plan, self.epoch, self.augment = data, plan, epoch, augment
+        self.order = plan.epoch_order(epoch)
+
+    def __len__(self) -> int:
+        return self.plan.steps_per_epoch
+
+    def __getitem__(self, position: int) -> dict[str, Tensor]:
+        batch = self.data.select(self.plan.global_indices(self.order, position))
+        if self.augment is not None:
+            generator = torch.Generator().manual_seed(
+                derive_seed(self.plan.seed, AUGMENT_STREAM, self.epoch, position)
+            )
+            batch = self.augment(batch, generator)  # on the whole global batch: same on 1 or N
+        local = self.plan.local_slice()
+        return {key: tensor[local] for key, tensor in batch.items()}
+
+
+def iterate_batches(
+    data: TaskData, plan: BatchPlan, epoch: int, start: int = 0, *, augment: Any = None, num_workers: int = 0
+) -> Iterator[dict[str, Tensor]]:
+    """This process's batches of ``epoch`` from position ``start`` on, in order.
+
+    ``augment(batch, generator)`` transforms a global batch; its generator is seeded from
+    ``(seed, epoch, position)``. With ``num_workers > 0`` batches are assembled in worker
+    processes; the result is the same.
+    """
+    epoch_batches = _EpochBatches(data, plan, epoch, augment)
+    positions = range(start, plan.steps_per_epoch)
+    if num_workers == 0:
+        for position in positions:
+            yield epoch_batches[position]
+        return
+    loader = torch.utils.data.DataLoader(
+        epoch_batches, batch_size=None, sampler=list(positions), num_workers=num_workers
+    )
+    yield from loader

@@ -1,0 +1,213 @@
+"""Evaluation: a metrics dict for a model on a data split, and models rebuilt from checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchvote.config import ConfigError, coerce_value
+from torchvote.models.registry import ModelSpec, get_model_spec
+from torchvote.training.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_model_weights,
+    read_model_metadata,
+)
+from torchvote.training.data import TaskData, load_raw_dataset
+from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
+from torchvote.training.tasks import Objective, TaskHandler, get_task_handler
+
+__all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_model_from_checkpoint"]
+
+
+def autocast(device: torch.device, enabled: bool) -> Any:
+    """``torch.autocast`` to bfloat16 on the device's type, or a no-op."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    data: TaskData,
+    handler: TaskHandler,
+    *,
+    objective: Objective | None = None,
+    batch_size: int = 500,
+    device: torch.device | None = None,
+    context: DistributedContext | None = None,
+    bf16: bool = False,
+    step: int = 0,
+) -> dict[str, float]:
+    """Evaluate ``model`` on all of ``data``.
+
+    Under data parallelism every process takes every ``world_size``-th example and the sums are
+    added up, so the result is the same on 1 or N processes.
+
+    Args:
+        model: the model (not a DDP wrapper); it is put in eval mode and back.
+        data: a finalised :class:`TaskData` (its images fit the model).
+        handler: the task's handler.
+        objective: also report the mean ``loss`` under this objective.
+        batch_size: examples per forward pass (per process).
+        device: where to compute (default: the model's device).
+        context: the data-parallel context (default: single process).
+        bf16: evaluate under bfloat16 autocast.
+        step: passed to the objective (the spread-loss margin depends on it).
+
+    Returns:
+        ``{"accuracy": ..., "loss": ..., "count": ..., "examples": ...}`` (``count``: the images or
+        tokens the accuracy counts; plus task extras such as
+        ``sequence_accuracy``).
+    """
+    context = context or DistributedContext()
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    indices = torch.arange(context.rank, len(data), context.world_size)
+    totals: dict[str, torch.Tensor] = {}
+    try:
+        for start in range(0, len(indices), batch_size):
+            batch = {k: v.to(device) for k, v in data.select(indices[start : start + batch_size]).items()}
+            with autocast(device, bf16):
+                output = handler.forward(model, batch)
+                sums = handler.metric_sums(output, batch)
+                if objective is not None:
+                    loss, _ = objective(output, batch, step)
+                    count = (
+                        sums["count"]
+                        if "count" in sums
+                        else torch.tensor(float(len(next(iter(batch.values())))))
+                    )
+                    sums = {**sums, "loss_sum": loss.float() * count, "loss_count": count}
+            for key, value in sums.items():
+                totals[key] = totals.get(key, torch.zeros((), device=device)) + value.float()
+    finally:
+        model.train(was_training)
+    keys = sorted(totals)
+    stacked = all_reduce_sum(
+        torch.stack([totals[k] for k in keys]) if keys else torch.zeros(0, device=device), context
+    )
+    return handler.summarize({k: float(v) for k, v in zip(keys, stacked.tolist(), strict=True)})
+
+
+def load_data(
+    handler: TaskHandler,
+    name: str,
+    split: str | None,
+    *,
+    options: dict[str, Any] | None = None,
+    root: str | None = None,
+    limit: int | None = None,
+) -> TaskData:
+    """Load a data set split through ``torchvote.data`` as a :class:`TaskData` of ``handler``'s task
+    (``limit`` keeps the first examples)."""
+    split, raw = load_raw_dataset(name, split, options=options or {}, root=root)
+    data = handler.build(name, split, raw)
+    if limit is not None:
+        data = TaskData(
+            data.name, data.split, {k: v[:limit] for k, v in data.tensors.items()}, data.fields, data.extras
+        )
+    return data
+
+
+def model_config_from_metadata(spec: ModelSpec, metadata: dict[str, str], source: str) -> Any:
+    """Rebuild a model config from the JSON stored with the weights (type-checked)."""
+    try:
+        values = json.loads(metadata["model_config"])
+    except (KeyError, json.JSONDecodeError):
+        raise CheckpointError(f"{source} has no readable model config in its metadata") from None
+    import typing
+
+    hints = typing.get_type_hints(spec.config_cls)
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise CheckpointError(
+            f"{source}: model config fields {unknown} do not exist in {spec.config_cls.__name__}"
+        )
+    try:
+        kwargs = {k: coerce_value(v, hints[k], f"model.{k}") for k, v in values.items()}
+        return spec.config_cls(**kwargs)
+    except (ConfigError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"{source}: stored model config does not fit {spec.config_cls.__name__}: {err}"
+        ) from None
+
+
+def load_model_from_checkpoint(
+    location: str | os.PathLike[str], device: torch.device | str = "cpu"
+) -> tuple[nn.Module, ModelSpec, dict[str, str]]:
+    """Rebuild the model of a checkpoint (run folder, checkpoint folder or ``.safetensors`` file).
+
+    Returns:
+        ``(model, spec, metadata)``: the model in eval mode on ``device``.
+
+    Raises:
+        CheckpointError: nothing there, corrupt, or not fitting the registered model.
+    """
+    paths = find_checkpoint(location)
+    metadata = read_model_metadata(paths.weights)
+    if "model" not in metadata:
+        raise CheckpointError(
+            f"{paths.weights} names no model in its metadata; it is not a torchvote checkpoint"
+        )
+    try:
+        spec = get_model_spec(metadata["model"])
+    except ValueError as err:
+        raise CheckpointError(f"{paths.weights}: {err}") from None
+    model = spec.model_cls(model_config_from_metadata(spec, metadata, str(paths.weights)))
+    load_model_weights(model, paths.weights)
+    return model.to(device).eval(), spec, {**metadata, "path": str(paths.weights)}
+
+
+def evaluate_checkpoint(
+    location: str | os.PathLike[str],
+    datasets: Sequence[str],
+    *,
+    batch_size: int = 500,
+    limit: int | None = None,
+    device: str = "auto",
+    bf16: bool = False,
+    root: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate a checkpoint on the test split of each data set; one result row per data set.
+
+    ``options`` are keyword arguments of the data sets (``max_len=``, ``num_pairs=`` ...).
+
+    Raises:
+        CheckpointError: the checkpoint cannot be loaded.
+        ValueError: an unknown data set, or one whose images do not fit the model.
+    """
+    torch_device = resolve_device(device)
+    model, spec, metadata = load_model_from_checkpoint(location, torch_device)
+    handler = get_task_handler(spec.task)
+    rows = []
+    for name in datasets:
+        data = load_data(handler, name, None, options=options, root=root, limit=limit)
+        data = handler.finalize(data, model.config)
+        metrics = evaluate(model, data, handler, batch_size=batch_size, device=torch_device, bf16=bf16)
+        rows.append({"data": f"{name}/{data.split}", **result_row(metrics)})
+    return rows
+
+
+def result_row(metrics: dict[str, float]) -> dict[str, Any]:
+    """Metrics -> a result-table row: the metrics, then the number of examples."""
+    row: dict[str, Any] = {key: value for key, value in metrics.items() if key not in ("count", "examples")}
+    row["examples"] = int(metrics.get("examples", 0))
+    return row
+
+
+def checkpoint_summary(location: str | os.PathLike[str]) -> str:
+    """One line naming the model and step of a checkpoint."""
+    paths = find_checkpoint(location)
+    metadata = read_model_metadata(paths.weights)
+    return f"{metadata.get('model', '?')} at step {metadata.get('step', '?')} ({Path(paths.weights)})"

@@ -1,0 +1,118 @@
+"""Metrics out of a run: JSON lines, TensorBoard when installed, and the plain-text result table."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsWriter", "format_table", "read_metrics"]
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to ``<run>/metrics.jsonl`` (and TensorBoard scalars).
+
+    Each line has an ``event`` (``train``, ``eval``, ``final``), the ``step`` and ``epoch``, a wall
+    clock ``time`` and the metrics. A resumed run appends to the same file. TensorBoard events go to
+    ``<run>/tensorboard`` when ``tensorboard=True`` and the ``tensorboard`` package is importable.
+    """
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = False) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        self.tensorboard_dir: Path | None = None
+        self._writer: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional
+                pass
+            else:
+                self.tensorboard_dir = Path(run_dir) / "tensorboard"
+                self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
+
+    def write(self, event: str, step: int, metrics: Mapping[str, Any], **context: Any) -> None:
+        record = {"event": event, "step": step, **context, "time": round(time.time(), 3)}
+        record.update({key: _plain(value) for key, value in metrics.items()})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._writer is not None:
+            prefix = f"{event}/{context['dataset']}" if "dataset" in context else event
+            for key, value in metrics.items():
+                value = _plain(value)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(f"{prefix}/{key}", value, step)
+            self._writer.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float):
+        return round(value, 6) if math.isfinite(value) else str(value)
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file, in order (a torn last line is skipped)."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A plain-text table: one row per mapping, one column per key (first row's order).
+
+    Floats in [0, 1] named ``*accuracy`` print as percentages; other floats with 4 decimals.
+    """
+    if not rows:
+        return "(no results)"
+    if columns is None:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+
+    def cell(key: str, value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            if key.endswith("accuracy"):
+                return f"{100 * value:.2f}%"
+            if value.is_integer() and abs(value) < 1e15:
+                return str(int(value))
+            return f"{value:.4f}"
+        return str(value)
+
+    body = [[cell(key, row.get(key)) for key in columns] for row in rows]
+    widths = [max(len(key), *(len(line[i]) for line in body)) for i, key in enumerate(columns)]
+    numeric = [all(_is_number(row.get(key)) for row in rows) for key in columns]
+
+    def render(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric, strict=True)
+        ).rstrip()
+
+    lines = [render(list(columns)), "  ".join("-" * w for w in widths)]
+    lines += [render(line) for line in body]
+    return "\n".join(lines)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,66 @@
+"""Optimisers and learning-rate schedules from an :class:`~torchvote.config.OptimConfig`.
+
+Every schedule is stepped once per optimiser step. The multiplicative schedules are
+``LambdaLR`` with closures (their state dict holds only numbers, so it loads with
+``weights_only=True``); ``onecycle`` is PyTorch's ``OneCycleLR``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
+
+from torchvote.config import OptimConfig
+
+__all__ = ["build_optimizer", "build_scheduler", "lr_multiplier"]
+
+
+def build_optimizer(parameters: Iterable[nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:
+    """Adam, AdamW or SGD with momentum, as configured."""
+    parameters = [p for p in parameters if p.requires_grad]
+    if config.name == "adam":
+        return torch.optim.Adam(
+            parameters, lr=config.lr, betas=(config.beta1, config.beta2), weight_decay=config.weight_decay
+        )
+    if config.name == "adamw":
+        return torch.optim.AdamW(
+            parameters, lr=config.lr, betas=(config.beta1, config.beta2), weight_decay=config.weight_decay
+        )
+    if config.name == "sgd":
+        return torch.optim.SGD(
+            parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        )
+    raise ValueError(f"unknown optimiser {config.name!r}; optimisers: adam, adamw, sgd")
+
+
+def lr_multiplier(config: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """The learning rate at a step, relative to ``config.lr`` (constant / exponential / cosine),
+    with the linear warm-up in front."""
+    warmup = config.warmup_steps
+
+    def multiplier(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if config.schedule == "constant":
+            return 1.0
+        if config.schedule == "exponential":
+            return config.decay_rate ** ((step - warmup) / config.decay_steps)
+        if config.schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+            return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        raise ValueError(f"schedule {config.schedule!r} has no multiplier")
+
+    return multiplier
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> LRScheduler:
+    """The configured schedule over ``total_steps`` optimiser steps."""
+    if config.schedule == "onecycle":
+        return OneCycleLR(
+            optimizer, max_lr=config.lr, total_steps=max(total_steps, 1), cycle_momentum=config.name == "sgd"
+        )
+    return LambdaLR(optimizer, lr_multiplier(config, total_steps))

@@ -1,0 +1,449 @@
+"""What the training loop does differently per task: batches in, loss and metrics out.
+
+One :class:`TaskHandler` per registered task (``image-classification``, ``language-model``,
+``seq2seq``). The loop only calls these methods, so a new model of an existing task trains
+without any change here; see :mod:`torchvote.models.registry` for the conventions a model
+follows (config field names, ``forward`` signature, output record).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from torchvote import losses
+from torchvote.config import LossConfig
+from torchvote.models.registry import ClassifierOutput, ModelSpec, SequenceOutput
+from torchvote.training.data import TaskData, prepare_images
+
+__all__ = [
+    "ClassificationHandler",
+    "LanguageModelHandler",
+    "Objective",
+    "Seq2SeqHandler",
+    "TaskHandler",
+    "get_task_handler",
+    "make_objective",
+]
+
+#: ``objective(output, batch, step) -> (loss, {name: value})``.
+Objective = Callable[[Any, dict[str, Tensor], int], tuple[Tensor, dict[str, Tensor]]]
+
+
+def _check_output(output: Any, expected: type, model: nn.Module) -> None:
+    if not isinstance(output, expected):
+        raise TypeError(
+            f"{type(model).__name__}.forward returned {type(output).__name__}; "
+            f"models of this task return torchvote.models.{expected.__name__}"
+        )
+
+
+class TaskHandler:
+    """Base class: the per-task parts of the training loop."""
+
+    task: str = ""
+    unit: str = "items"  # what "per second" counts
+
+    def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
+        """Turn what ``torchvote.data.get_dataset`` returned into a :class:`TaskData`."""
+        raise NotImplementedError
+
+    def finalize(self, data: TaskData, model_config: Any) -> TaskData:
+        """Fit the data to the model once its config is known (pad images, cut token windows)."""
+        return data
+
+    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> Any:
+        raise NotImplementedError
+
+    def metric_sums(self, output: Any, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Sums over the batch (``correct``, ``count`` ...), added up over batches and processes."""
+        raise NotImplementedError
+
+    def items(self, batch: dict[str, Tensor]) -> int:
+        """How many images / tokens the batch holds (for the throughput)."""
+        raise NotImplementedError
+
+    def augment(
+        self, data_config: Any, data: TaskData
+    ) -> Callable[[dict[str, Tensor], torch.Generator], dict[str, Tensor]] | None:
+        """The random augmentation of training batches, or ``None``."""
+        return None
+
+    def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """A random batch that fits a model config (for the registry sweep and benchmarks)."""
+        raise NotImplementedError
+
+    def check_loss(self, loss_name: str) -> None:
+        if loss_name != "cross-entropy":
+            raise ValueError(f"loss {loss_name!r} does not apply to {self.task}; use cross-entropy")
+
+    @staticmethod
+    def summarize(sums: dict[str, float]) -> dict[str, float]:
+        """Metric sums -> reported metrics (``accuracy`` = ``correct / count``, ...)."""
+        count = max(sums.get("count", 0.0), 1.0)
+        metrics = {"accuracy": sums.get("correct", 0.0) / count}
+        if "loss_sum" in sums:
+            metrics["loss"] = sums["loss_sum"] / max(sums.get("loss_count", 1.0), 1.0)
+        for key, value in sums.items():
+            if key.endswith("_correct"):
+                metrics[key[: -len("_correct")] + "_accuracy"] = value / max(
+                    sums.get(key[:-8] + "_count", 1.0), 1.0
+                )
+        metrics["count"] = sums.get("count", 0.0)  # what the accuracy counts: images or tokens
+        metrics["examples"] = sums.get("examples", metrics["count"])  # images or sequences
+        return metrics
+
+
+class ClassificationHandler(TaskHandler):
+    """Images in, class scores out. Single labels ``(n,)`` or several per image ``(n, k)``
+    (MultiMNIST: two distinct digits; accuracy counts an image as right when the top-k classes
+    are exactly its labels). A data set that also gives each digit alone, ``(n, k, c, h, w)``
+    (MultiMNIST), passes them on as ``batch["digits"]``: the reconstruction targets."""
+
+    task = "image-classification"
+    unit = "img"
+
+    def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
+        images = raw[0] if isinstance(raw, tuple) and len(raw) >= 2 else None
+        if not isinstance(images, Tensor) or images.dim() != 4:
+            shape = f" (it gives {tuple(images.shape)})" if isinstance(images, Tensor) else ""
+            raise ValueError(
+                f"data set {name!r} does not give (images (n, c, h, w), labels){shape}; "
+                "image classifiers need an image data set"
+            )
+        labels = raw[1]
+        tensors = {"images": images.float(), "targets": labels.long()}
+        if len(raw) >= 3 and isinstance(raw[2], Tensor) and raw[2].dim() == 5:
+            tensors["digits"] = raw[2].float()
+        # Digit sets have 10 classes even when a small subset happens to miss the last ones.
+        num_classes = max(int(labels.max()) + 1 if labels.numel() else 0, 10)
+        height, width = images.shape[-2:]
+        fields = {
+            "image_size": max(height, width),
+            "in_channels": images.shape[1],
+            "num_classes": num_classes,
+        }
+        return TaskData(name, split, tensors, fields)
+
+    def finalize(self, data: TaskData, model_config: Any) -> TaskData:
+        tensors = dict(data.tensors)
+        tensors["images"] = prepare_images(tensors["images"], model_config.image_size)
+        if "digits" in tensors:  # (n, k, c, h, w): centred like the images
+            digits = tensors["digits"]
+            padded = prepare_images(digits.flatten(0, 1), model_config.image_size)
+            tensors["digits"] = padded.unflatten(0, digits.shape[:2])
+        if tensors["images"].shape[1] != model_config.in_channels:
+            raise ValueError(
+                f"the model takes {model_config.in_channels}-channel images, {data.name} has "
+                f"{tensors['images'].shape[1]}"
+            )
+        if int(tensors["targets"].max()) >= model_config.num_classes:
+            raise ValueError(
+                f"{data.name} has labels up to {int(tensors['targets'].max())}, "
+                f"the model has {model_config.num_classes} classes"
+            )
+        return TaskData(data.name, data.split, tensors, data.fields, data.extras)
+
+    def augment(
+        self, data_config: Any, data: TaskData
+    ) -> Callable[[dict[str, Tensor], torch.Generator], dict[str, Tensor]] | None:
+        """Random whole-pixel shifts: up to ``data.shift`` pixels (the CapsNet augmentation), plus,
+        with ``data.canvas``, a random placement on the canvas (the affNIST training recipe). The
+        images arrive centred on the model's input, so a placement anywhere on a canvas ``c``
+        for a ``s``-pixel digit is a shift of up to ``(c - s) // 2`` pixels."""
+        max_shift = data_config.shift
+        if data_config.canvas is not None:
+            max_shift += (data_config.canvas - data.fields["image_size"]) // 2
+        if max_shift == 0:
+            return None
+        from torchvote.data import sample_shifts, shift_images
+
+        def transform(batch: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
+            images = batch["images"]
+            shifts = sample_shifts(len(images), max_shift, generator=generator)  # (b, 2)
+            shifted = {**batch, "images": shift_images(images, shifts)}
+            if "digits" in batch:  # each digit moves with its image
+                digits = batch["digits"]
+                per_digit = shifts.repeat_interleave(digits.shape[1], dim=0)  # (b * k, 2)
+                shifted["digits"] = shift_images(digits.flatten(0, 1), per_digit).unflatten(
+                    0, digits.shape[:2]
+                )
+            return shifted
+
+        return transform
+
+    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> ClassifierOutput:
+        output = model(batch["images"], batch["targets"] if model.training else None)
+        _check_output(output, ClassifierOutput, model)
+        return output
+
+    def metric_sums(self, output: ClassifierOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        targets = batch["targets"]
+        scores = output.scores.detach()
+        if targets.dim() == 1:
+            correct = (scores.argmax(dim=-1) == targets).sum()
+        else:  # several labels per image: the top-k classes must be exactly the labels
+            k = targets.shape[1]
+            predicted = scores.topk(k, dim=-1).indices.sort(dim=-1).values
+            correct = (predicted == targets.sort(dim=-1).values).all(dim=-1).sum()
+        return {"correct": correct.float(), "count": torch.tensor(float(len(targets)), device=scores.device)}
+
+    def items(self, batch: dict[str, Tensor]) -> int:
+        return len(batch["images"])
+
+    def check_loss(self, loss_name: str) -> None:
+        return None
+
+    def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
+        images = torch.rand(
+            batch_size, config.in_channels, config.image_size, config.image_size, generator=generator
+        )
+        targets = torch.randint(config.num_classes, (batch_size,), generator=generator)
+        return {"images": images, "targets": targets}
+
+
+class LanguageModelHandler(TaskHandler):
+    """A token stream cut into windows of ``context_length + 1``; predict every next token."""
+
+    task = "language-model"
+    unit = "tok"
+
+    def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
+        if not isinstance(raw, tuple) or len(raw) != 2 or not isinstance(raw[0], Tensor) or raw[0].dim() != 1:
+            raise ValueError(
+                f"data set {name!r} does not give (token ids, vocabulary); it is not a text data set"
+            )
+        tokens, vocab = raw
+        return TaskData(name, split, {"stream": tokens.long()}, {"vocab_size": len(vocab)}, {"vocab": vocab})
+
+    def finalize(self, data: TaskData, model_config: Any) -> TaskData:
+        stream = data.tensors.get("stream")
+        if stream is None:
+            return data
+        if int(stream.max()) >= model_config.vocab_size:
+            raise ValueError(
+                f"{data.name} has token ids up to {int(stream.max())}, the model's vocabulary has "
+                f"{model_config.vocab_size}"
+            )
+        length = model_config.context_length
+        count = (len(stream) - 1) // length
+        if count < 1:
+            raise ValueError(
+                f"{data.name} ({data.split}) has {len(stream)} tokens, fewer than one window of {length + 1}"
+            )
+        # Consecutive windows share one token, so every token after the first is a target once.
+        starts = torch.arange(count) * length
+        windows = stream[starts[:, None] + torch.arange(length + 1)]  # (n, t + 1)
+        return TaskData(data.name, data.split, {"tokens": windows}, data.fields, data.extras)
+
+    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> SequenceOutput:
+        output = model(batch["tokens"][:, :-1])
+        _check_output(output, SequenceOutput, model)
+        return output
+
+    def metric_sums(self, output: SequenceOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        targets = batch["tokens"][:, 1:]
+        correct = (output.logits.detach().argmax(dim=-1) == targets).sum().float()
+        return {
+            "correct": correct,
+            "count": torch.tensor(float(targets.numel()), device=targets.device),
+            "examples": torch.tensor(float(len(targets)), device=targets.device),
+        }
+
+    def items(self, batch: dict[str, Tensor]) -> int:
+        return batch["tokens"][:, 1:].numel()
+
+    def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
+        tokens = torch.randint(
+            config.vocab_size, (batch_size, config.context_length + 1), generator=generator
+        )
+        return {"tokens": tokens}
+
+
+class Seq2SeqHandler(TaskHandler):
+    """Padded ``(source, target)`` pairs; the decoder reads ``target[:, :-1]`` and predicts
+    ``target[:, 1:]``. Padding (``pad_id``) counts neither in the loss nor in the accuracy;
+    ``sequence_accuracy`` counts targets predicted entirely right."""
+
+    task = "seq2seq"
+    unit = "tok"
+
+    def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
+        if (
+            not isinstance(raw, tuple)
+            or len(raw) != 2
+            or not all(isinstance(t, Tensor) and t.dim() == 2 for t in raw)
+        ):
+            raise ValueError(f"data set {name!r} does not give padded (source, target) ids")
+        source, target = raw
+        vocab = int(max(source.max(), target.max())) + 1
+        try:
+            from torchvote.data import PAD, SEQ_SYMBOLS
+
+            vocab, pad_id = max(vocab, len(SEQ_SYMBOLS)), PAD
+        except ImportError:  # pragma: no cover
+            pad_id = 0
+        fields = {
+            "src_vocab_size": vocab,
+            "tgt_vocab_size": vocab,
+            "pad_id": pad_id,
+            "max_len": max(source.shape[1], target.shape[1]),
+        }
+        return TaskData(name, split, {"source": source.long(), "target": target.long()}, fields)
+
+    def finalize(self, data: TaskData, model_config: Any) -> TaskData:
+        max_len = getattr(model_config, "max_len", None)
+        widths = (data.tensors["source"].shape[1], data.tensors["target"].shape[1])
+        if max_len is not None and max(widths) > max_len:
+            raise ValueError(
+                f"{data.name} has sequences of {max(widths)} tokens, the model takes at most "
+                f"max_len={max_len}; generate shorter ones (e.g. data.options.max_len)"
+            )
+        for key, field in (("source", "src_vocab_size"), ("target", "tgt_vocab_size")):
+            largest = int(data.tensors[key].max())
+            if largest >= getattr(model_config, field):
+                raise ValueError(
+                    f"{data.name} has {key} token ids up to {largest}, the model's {field} is "
+                    f"{getattr(model_config, field)}"
+                )
+        return data
+
+    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> SequenceOutput:
+        output = model(batch["source"], batch["target"][:, :-1])
+        _check_output(output, SequenceOutput, model)
+        return output
+
+    @staticmethod
+    def _pad_id(batch: dict[str, Tensor]) -> int:
+        return int(batch["pad_id"]) if "pad_id" in batch else 0
+
+    def metric_sums(self, output: SequenceOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        targets = batch["target"][:, 1:]
+        real = targets != self._pad_id(batch)
+        right = (output.logits.detach().argmax(dim=-1) == targets) & real
+        return {
+            "correct": right.sum().float(),
+            "count": real.sum().float(),
+            "sequence_correct": (right | ~real).all(dim=-1).sum().float(),
+            "sequence_count": torch.tensor(float(len(targets)), device=targets.device),
+            "examples": torch.tensor(float(len(targets)), device=targets.device),
+        }
+
+    def items(self, batch: dict[str, Tensor]) -> int:
+        return int((batch["target"][:, 1:] != self._pad_id(batch)).sum())
+
+    def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
+        length = min(getattr(config, "max_len", 8), 8)
+        pad = getattr(config, "pad_id", 0)
+        source = torch.randint(pad + 1, config.src_vocab_size, (batch_size, length), generator=generator)
+        target = torch.randint(pad + 1, config.tgt_vocab_size, (batch_size, length), generator=generator)
+        return {"source": source, "target": target}
+
+
+_HANDLERS: dict[str, TaskHandler] = {
+    handler.task: handler for handler in (ClassificationHandler(), LanguageModelHandler(), Seq2SeqHandler())
+}
+
+
+def get_task_handler(task: str) -> TaskHandler:
+    try:
+        return _HANDLERS[task]
+    except KeyError:
+        raise ValueError(f"no training support for task {task!r}; tasks: {', '.join(_HANDLERS)}") from None
+
+
+# --- losses --------------------------------------------------------------------------------------
+
+
+def make_objective(
+    loss: LossConfig, spec: ModelSpec, total_steps: int, pad_id: int | None = None
+) -> Objective:
+    """The training objective of a run: the configured loss (or the model's registered one).
+
+    Returns:
+        ``objective(output, batch, step) -> (loss, parts)``; ``parts`` holds the terms of the
+        loss (``margin``, ``reconstruction`` ...) and, for the spread loss, the current margin.
+
+    Raises:
+        ValueError: a loss that does not apply to the model's task.
+    """
+    name = spec.loss if loss.name == "auto" else loss.name
+    get_task_handler(spec.task).check_loss(name)
+    ignore_index = pad_id if pad_id is not None and spec.task == "seq2seq" else -100
+
+    if name == "cross-entropy":
+
+        def cross_entropy(
+            output: Any, batch: dict[str, Tensor], step: int
+        ) -> tuple[Tensor, dict[str, Tensor]]:
+            if spec.task == "image-classification":
+                if batch["targets"].dim() != 1:
+                    raise ValueError(
+                        "cross-entropy takes one label per image; use loss.name=margin for MultiMNIST"
+                    )
+                logits, targets = output.scores, batch["targets"]
+            elif spec.task == "language-model":
+                logits, targets = output.logits, batch["tokens"][:, 1:]
+            else:
+                logits, targets = output.logits, batch["target"][:, 1:]
+            value = losses.cross_entropy(
+                logits, targets, label_smoothing=loss.label_smoothing, ignore_index=ignore_index
+            )
+            return value, {"cross_entropy": value.detach()}
+
+        return cross_entropy
+
+    if name == "margin":
+
+        def margin(
+            output: ClassifierOutput, batch: dict[str, Tensor], step: int
+        ) -> tuple[Tensor, dict[str, Tensor]]:
+            targets = _multi_hot(batch["targets"], output.scores.shape[-1])
+            value = losses.margin_loss(
+                output.scores.float(),
+                targets,
+                positive_margin=loss.positive_margin,
+                negative_margin=loss.negative_margin,
+                down_weight=loss.down_weight,
+            )
+            parts = {"margin": value.detach()}
+            if output.reconstructions is not None and loss.reconstruction_weight > 0:
+                reference = (
+                    batch["digits"]
+                    if "digits" in batch and output.reconstructions.dim() == 5
+                    else batch["images"]
+                )
+                term = losses.reconstruction_loss(
+                    output.reconstructions.float(), reference, weight=loss.reconstruction_weight
+                )
+                parts["reconstruction"] = term.detach()
+                value = value + term
+            return value, parts
+
+        return margin
+
+    schedule = losses.SpreadMarginSchedule(
+        steps=loss.spread_ramp_steps or max(total_steps, 1),
+        start=loss.spread_margin_start,
+        end=loss.spread_margin_end,
+    )
+
+    def spread(
+        output: ClassifierOutput, batch: dict[str, Tensor], step: int
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        margin_now = schedule(step)
+        value = losses.spread_loss(output.scores.float(), batch["targets"], margin=margin_now)
+        return value, {"spread": value.detach(), "spread_margin": torch.tensor(margin_now)}
+
+    return spread
+
+
+def _multi_hot(targets: Tensor, num_classes: int) -> Tensor:
+    """``(b,)`` indices stay as they are; ``(b, k)`` label sets (MultiMNIST) become multi-hot."""
+    if targets.dim() == 1:
+        return targets
+    hot = torch.zeros(len(targets), num_classes, device=targets.device)
+    return hot.scatter_(1, targets.long(), 1.0)

@@ -1,0 +1,167 @@
+"""The model registry: lookups, errors that list what exists, and a sweep over every model.
+
+The sweep is parametrised by ``list_models()``, so a model file added later is covered without
+editing this file: each model, at its smallest preset, must give outputs of the right shapes,
+without NaN, and a backward pass that reaches every parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from torchvote.models import (
+    ClassifierOutput,
+    SequenceOutput,
+    build_config,
+    create_model,
+    get_model_spec,
+    list_models,
+    register_model,
+)
+from torchvote.models import registry as registry_module
+from torchvote.training.tasks import get_task_handler
+
+
+def _smallest_preset(name: str) -> str | None:
+    """The preset with the fewest parameters (the sweep must stay fast)."""
+    spec = get_model_spec(name)
+    if not spec.presets:
+        return None
+    sizes = {}
+    for preset in spec.presets:
+        try:
+            with torch.device("meta"):  # no memory for the paper-size presets
+                model = create_model(name, preset)
+        except Exception:  # a model whose constructor computes on its tensors
+            model = create_model(name, preset)
+        sizes[preset] = sum(p.numel() for p in model.parameters())
+    return min(sizes, key=sizes.get)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_registered_model_runs_forward_and_backward(name):
+    spec = get_model_spec(name)
+    torch.manual_seed(0)
+    model = create_model(name, _smallest_preset(name))
+    assert model.config.__class__ is spec.config_cls
+    handler = get_task_handler(spec.task)
+    batch = handler.example_batch(model.config, 3, torch.Generator().manual_seed(0))
+    model.train()
+    output = handler.forward(model, batch)
+
+    if spec.task == "image-classification":
+        assert isinstance(output, ClassifierOutput)
+        assert output.scores.shape == (3, model.config.num_classes)
+        main = output.scores
+        if output.reconstructions is not None:
+            assert output.reconstructions[0].numel() == batch["images"][0].numel()
+    else:
+        assert isinstance(output, SequenceOutput)
+        vocab = model.config.vocab_size if spec.task == "language-model" else model.config.tgt_vocab_size
+        targets = batch["tokens"][:, 1:] if spec.task == "language-model" else batch["target"][:, 1:]
+        assert output.logits.shape == (*targets.shape, vocab)
+        main = output.logits
+    assert torch.isfinite(main).all(), f"{name} gives non-finite outputs"
+
+    from torchvote.config import LossConfig
+    from torchvote.training.tasks import make_objective
+
+    loss, _ = make_objective(LossConfig(), spec, total_steps=10)(output, batch, 0)
+    assert torch.isfinite(loss)
+    loss.backward()
+    unreached = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unreached, f"{name}: no gradient reaches {unreached}"
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+    model.eval()
+    with torch.no_grad():
+        again = handler.forward(model, batch)
+    assert torch.isfinite(again.scores if spec.task == "image-classification" else again.logits).all()
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_model_has_a_dataclass_config_and_valid_presets(name):
+    spec = get_model_spec(name)
+    assert dataclasses.is_dataclass(spec.config_cls)
+    assert spec.task in registry_module.TASKS
+    for preset in spec.presets:
+        assert dataclasses.is_dataclass(build_config(name, preset))
+
+
+def test_unknown_model_lists_the_registered_ones():
+    with pytest.raises(ValueError, match="unknown model 'nope'; models: .*cnn-baseline"):
+        create_model("nope")
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ValueError, match="unknown preset 'huge' for model 'cnn-baseline'; presets: .*small"):
+        create_model("cnn-baseline", "huge")
+
+
+def test_unknown_override_lists_the_fields():
+    with pytest.raises(ValueError, match="unknown config field.*widht.*fields: .*image_size"):
+        create_model("cnn-baseline", widht=3)
+
+
+def test_overrides_win_over_the_preset():
+    model = create_model("cnn-baseline", "small", dropout=0.1, num_classes=7)
+    assert model.config.dropout == 0.1 and model.config.num_classes == 7
+    assert model.config.channels == get_model_spec("cnn-baseline").presets["small"]["channels"]
+
+
+@pytest.fixture
+def scratch_registry():
+    """Registrations made in a test are removed afterwards."""
+    before = dict(registry_module._REGISTRY)
+    yield
+    registry_module._REGISTRY.clear()
+    registry_module._REGISTRY.update(before)
+
+
+@dataclasses.dataclass
+class _ToyConfig:
+    image_size: int = 4
+    in_channels: int = 1
+    num_classes: int = 3
+
+
+def test_register_model_adds_a_model(scratch_registry):
+    @register_model("toy-net", config=_ToyConfig, presets={"wide": {"num_classes": 5}})
+    class ToyNet(nn.Module):
+        """A linear classifier."""
+
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.linear = nn.Linear(config.image_size**2, config.num_classes)
+
+        def forward(self, images, targets=None):
+            return ClassifierOutput(scores=self.linear(images.flatten(1)))
+
+    assert "toy-net" in list_models()
+    assert "toy-net" in list_models(task="image-classification")
+    assert "toy-net" not in list_models(task="seq2seq")
+    spec = get_model_spec("toy-net")
+    assert spec.loss == "cross-entropy" and spec.description == "A linear classifier."
+    assert create_model("toy-net", "wide").linear.out_features == 5
+
+
+def test_register_model_rejects_bad_registrations(scratch_registry):
+    with pytest.raises(ValueError, match="unknown task"):
+        register_model("x", config=_ToyConfig, task="detection")
+    with pytest.raises(ValueError, match="unknown loss"):
+        register_model("x", config=_ToyConfig, loss="hinge")
+    with pytest.raises(ValueError, match="must be a @dataclass"):
+        register_model("x", config=dict)
+    with pytest.raises(ValueError, match="unknown fields \\['depth'\\]"):
+        register_model("x", config=_ToyConfig, presets={"deep": {"depth": 3}})
+
+    class Other(nn.Module):
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_model("cnn-baseline", config=_ToyConfig)(Other)

@@ -1,0 +1,159 @@
+"""The ``torchvote`` command line, called in-process through its entry function."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchvote import cli
+
+FAST = ["progress=false", "tensorboard=false"]
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_then_evaluate_end_to_end(tmp_path, capsys):
+    run_dir = tmp_path / "smoke"
+    code, out, err = run(capsys, "train", "smoke", "data.limit=400", "epochs=1", f"run_dir={run_dir}", *FAST)
+    assert code == 0, err
+    assert "small-digits/test" in out and "accuracy" in out
+    assert f"checkpoint: {run_dir}/checkpoints/step-00000004.safetensors" in out
+    assert f"metrics:    {run_dir}/metrics.jsonl" in out
+
+    code, out, err = run(capsys, "evaluate", str(run_dir), "--on", "small-digits,mnist", "--limit", "200")
+    assert code == 0, err
+    assert "cnn-baseline at step 4" in out
+    lines = out.splitlines()
+    assert lines[1].split() == ["data", "accuracy", "examples"]
+    assert any(line.startswith("small-digits/test") for line in lines)
+    assert any(line.startswith("mnist/test") and line.endswith("200") for line in lines)
+
+    # --resume continues (here: a longer run); the preset may be named again.
+    code, out, err = run(capsys, "train", "smoke", "--resume", str(run_dir), "epochs=2", *FAST)
+    assert code == 0, err
+    assert "step-00000008.safetensors" in out
+    code, out, err = run(capsys, "train", "mnist-cnn", "--resume", str(run_dir))
+    assert code == 2 and "was started from preset 'smoke', not 'mnist-cnn'" in err
+
+
+def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
+    code, out, err = run(
+        capsys,
+        "main",
+        "model.preset=tiny",
+        "model.channels=4,8",
+        "data.limit=256",
+        "data.eval_limit=50",
+        f"run_dir={tmp_path / 'main'}",
+        *FAST,
+    )
+    assert code == 0, err
+    assert "mnist/test" in out and "affnist/test" in out
+    for label in ("checkpoint:", "metrics:", "plots:"):
+        assert label in out
+    assert (tmp_path / "main" / "plots" / "training_curves.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "nope"], "unknown preset 'nope'; presets: "),
+        (
+            ["train", "smoke", "model.name=transformer-xyz"],
+            "unknown model 'transformer-xyz'; models: ",
+        ),
+        (["train", "smoke", "model.preset=huge"], "presets: paper, small, tiny"),
+        (["train", "smoke", "optim.lrr=1"], "unknown key 'optim.lrr'; valid keys: optim.name, optim.lr"),
+        (["train", "smoke", "epochs=many"], "epochs: expected int, got 'many'"),
+        (["train", "smoke", "optim.name=lion"], "'lion' is not one of: adam, adamw, sgd"),
+        (["train", "smoke", "model.routers=3"], "valid keys: model.name, model.preset, model.image_size"),
+        (["train", "smoke", "data.name=cifar"], "unknown data set 'cifar'; known: ["),
+        (["train", "smoke", "stray"], "expected key=value after the preset, got 'stray'"),
+        (["train"], "name a preset (torchvote list presets) or --resume RUN_DIR"),
+        (["train", "--resume", "/nonexistent/run"], "no checkpoint at /nonexistent/run"),
+        (["evaluate", "/nonexistent/run", "--on", "mnist"], "no checkpoint at /nonexistent/run"),
+        (["evaluate", "/nonexistent/run"], "name the data sets with --on; data sets: addition, affnist"),
+    ],
+)
+def test_bad_input_is_one_line_listing_what_exists(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["list", "gadgets"], ["bench", "everything"], ["frobnicate"], ["evaluate"], ["data", "cifar"]],
+)
+def test_usage_errors_exit_with_status_2_in_one_line(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "error:" in err
+
+
+def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist", "--limit", "10")
+    assert code == 2 and "the model takes 28x28 images, the data has 40x40; train with data.canvas=40" in err
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "copy", "--limit", "10")
+    assert code == 2 and "does not give (images (n, c, h, w), labels)" in err
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
+    weights = next((run_dir / "checkpoints").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "mnist")
+    assert code == 2 and "not a readable safetensors file" in err
+
+
+@pytest.mark.parametrize(
+    ("what", "expected"),
+    [("models", "cnn-baseline"), ("presets", "main"), ("datasets", "small-digits"), ("routers", "")],
+)
+def test_list(capsys, what, expected):
+    code, out, _ = run(capsys, "list", what)
+    assert code == 0 and expected in out and out.strip()
+
+
+def test_list_everything(capsys):
+    code, out, _ = run(capsys, "list")
+    assert code == 0
+    for header in ("models:", "routers:", "presets:", "datasets:"):
+        assert header in out
+
+
+def test_data_verify_checks_the_real_mnist(capsys):
+    code, out, err = run(capsys, "data", "mnist", "--verify")
+    assert code == 0, err
+    assert "train: 60000 images (1, 28, 28)" in out and "test: 10000 images" in out
+    assert "MNIST verified" in out
+
+
+def test_data_without_a_name_lists_and_rejects_download(capsys):
+    code, out, _ = run(capsys, "data")
+    assert code == 0 and "mnist" in out and "shakespeare" in out
+    code, _, err = run(capsys, "data", "--download")
+    assert code == 2 and "name the data set to download or verify" in err
+
+
+def test_bench_without_the_script_says_what_is_there(tmp_path, capsys, monkeypatch):
+    (tmp_path / "attention.py").write_text("")
+    monkeypatch.setattr(cli, "_benchmarks_dir", lambda: tmp_path)
+    code, _, err = run(capsys, "bench", "routing")
+    assert code == 2 and "present: attention" in err
+
+
+def test_bench_runs_the_script_with_its_arguments(tmp_path, capsys, monkeypatch):
+    (tmp_path / "training.py").write_text("import sys\nraise SystemExit(len(sys.argv) - 1)\n")
+    monkeypatch.setattr(cli, "_benchmarks_dir", lambda: tmp_path)
+    assert cli.main(["bench", "training", "--models", "cnn-baseline", "--steps", "2"]) == 4

@@ -1,0 +1,166 @@
+"""Each loss against a plain per-example loop written from the paper's formula."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchvote.losses import (
+    SpreadMarginSchedule,
+    cross_entropy,
+    margin_loss,
+    one_hot_targets,
+    reconstruction_loss,
+    spread_loss,
+)
+
+
+def margin_loss_loop(lengths, present, m_plus=0.9, m_minus=0.1, lam=0.5):
+    """Sabour et al. 2017, eq. 4, one example and one class at a time."""
+    total = 0.0
+    for b in range(lengths.shape[0]):
+        for k in range(lengths.shape[1]):
+            v = float(lengths[b, k])
+            t = float(present[b, k])
+            total += t * max(0.0, m_plus - v) ** 2 + lam * (1 - t) * max(0.0, v - m_minus) ** 2
+    return total / lengths.shape[0]
+
+
+def test_margin_loss_matches_loop_for_class_indices():
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.rand(6, 10, generator=generator, dtype=torch.float64)
+    targets = torch.randint(10, (6,), generator=generator)
+    expected = margin_loss_loop(lengths, F.one_hot(targets, 10))
+    assert margin_loss(lengths, targets).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_margin_loss_multi_hot_and_custom_margins():
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.rand(4, 10, generator=generator, dtype=torch.float64)
+    present = torch.zeros(4, 10)
+    present[torch.arange(4), torch.tensor([1, 2, 3, 4])] = 1
+    present[torch.arange(4), torch.tensor([5, 6, 7, 8])] = 1  # two digits per image (MultiMNIST)
+    expected = margin_loss_loop(lengths, present, 0.95, 0.05, 0.25)
+    actual = margin_loss(lengths, present, positive_margin=0.95, negative_margin=0.05, down_weight=0.25)
+    assert actual.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_margin_loss_hand_computed_case():
+    # One image of class 0: ||v_0|| = 0.5 -> (0.9 - 0.5)^2 = 0.16;
+    # ||v_1|| = 0.3 -> 0.5 * (0.3 - 0.1)^2 = 0.02; ||v_2|| = 0.05 is under m- -> 0.
+    lengths = torch.tensor([[0.5, 0.3, 0.05]])
+    assert margin_loss(lengths, torch.tensor([0])).item() == pytest.approx(0.18)
+
+
+def test_margin_loss_zero_when_confident_and_has_gradient():
+    lengths = torch.tensor([[0.95, 0.05, 0.0]], requires_grad=True)
+    assert margin_loss(lengths, torch.tensor([0])).item() == 0.0
+    wrong = torch.tensor([[0.2, 0.8, 0.0]], requires_grad=True)
+    margin_loss(wrong, torch.tensor([0])).backward()
+    assert wrong.grad[0, 0] < 0 and wrong.grad[0, 1] > 0
+
+
+def test_reconstruction_loss_matches_loop():
+    generator = torch.Generator().manual_seed(2)
+    images = torch.rand(3, 1, 28, 28, generator=generator, dtype=torch.float64)
+    reconstructions = torch.rand(3, 784, generator=generator, dtype=torch.float64)
+    expected = 0.0
+    for b in range(3):
+        flat = images[b].flatten()
+        expected += 0.0005 * sum((float(reconstructions[b, i]) - float(flat[i])) ** 2 for i in range(784))
+    expected /= 3
+    assert reconstruction_loss(reconstructions, images).item() == pytest.approx(expected, rel=1e-10)
+    same_shape = reconstruction_loss(reconstructions.view(3, 1, 28, 28), images, weight=1.0)
+    assert same_shape.item() == pytest.approx(expected / 0.0005, rel=1e-10)
+
+
+def test_reconstruction_loss_rejects_mismatched_sizes():
+    with pytest.raises(ValueError, match="do not match"):
+        reconstruction_loss(torch.zeros(2, 100), torch.zeros(2, 1, 28, 28))
+
+
+def spread_loss_loop(activations, targets, margin):
+    """Hinton et al. 2018, sec. 3.1: sum over wrong classes of max(0, m - (a_t - a_i))^2."""
+    total = 0.0
+    for b in range(activations.shape[0]):
+        t = int(targets[b])
+        for i in range(activations.shape[1]):
+            if i != t:
+                total += max(0.0, margin - (float(activations[b, t]) - float(activations[b, i]))) ** 2
+    return total / activations.shape[0]
+
+
+@pytest.mark.parametrize("margin", [0.2, 0.55, 0.9])
+def test_spread_loss_matches_loop(margin):
+    generator = torch.Generator().manual_seed(3)
+    activations = torch.rand(5, 10, generator=generator, dtype=torch.float64)
+    targets = torch.randint(10, (5,), generator=generator)
+    expected = spread_loss_loop(activations, targets, margin)
+    assert spread_loss(activations, targets, margin=margin).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_spread_loss_hand_computed_case():
+    # Target 0 at 0.6; class 1 at 0.5 trails by 0.1 < 0.2 -> (0.2 - 0.1)^2 = 0.01; class 2 at 0.1 -> 0.
+    activations = torch.tensor([[0.6, 0.5, 0.1]])
+    assert spread_loss(activations, torch.tensor([0]), margin=0.2).item() == pytest.approx(0.01)
+
+
+def test_spread_loss_needs_class_indices():
+    with pytest.raises(ValueError, match="class indices"):
+        spread_loss(torch.rand(2, 10), torch.zeros(2, 10), margin=0.2)
+
+
+def test_spread_margin_schedule_goes_linearly_from_0_2_to_0_9():
+    schedule = SpreadMarginSchedule(steps=100)
+    assert schedule(0) == pytest.approx(0.2)
+    assert schedule(50) == pytest.approx(0.55)
+    assert schedule(100) == pytest.approx(0.9)
+    assert schedule(1000) == pytest.approx(0.9)
+    assert schedule(-5) == pytest.approx(0.2)
+    with pytest.raises(ValueError):
+        SpreadMarginSchedule(steps=0)
+
+
+def cross_entropy_loop(logits, targets, smoothing, ignore_index=-100):
+    """-(1 - e) log p_y - e / K sum_k log p_k, averaged over the counted positions."""
+    total, count = 0.0, 0
+    num_classes = logits.shape[-1]
+    for row, target in zip(logits.reshape(-1, num_classes), targets.reshape(-1), strict=True):
+        if int(target) == ignore_index:
+            continue
+        log_probs = [float(x) - math.log(sum(math.exp(float(v)) for v in row)) for x in row]
+        total += -(1 - smoothing) * log_probs[int(target)] - smoothing / num_classes * sum(log_probs)
+        count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_matches_loop(smoothing):
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 5, generator=generator, dtype=torch.float64)
+    targets = torch.randint(5, (6,), generator=generator)
+    expected = cross_entropy_loop(logits, targets, smoothing)
+    assert cross_entropy(logits, targets, label_smoothing=smoothing).item() == pytest.approx(
+        expected, rel=1e-6
+    )
+
+
+def test_cross_entropy_on_sequences_ignores_padding():
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 4, 7, generator=generator)
+    targets = torch.randint(1, 7, (2, 4), generator=generator)
+    targets[0, 3] = targets[1, 2] = 0  # padding
+    expected = cross_entropy_loop(logits, targets, 0.1, ignore_index=0)
+    actual = cross_entropy(logits, targets, label_smoothing=0.1, ignore_index=0)
+    assert actual.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_one_hot_targets_checks_range_and_shape():
+    assert one_hot_targets(torch.tensor([2]), 3).tolist() == [[0.0, 0.0, 1.0]]
+    with pytest.raises(ValueError, match="class indices"):
+        one_hot_targets(torch.tensor([3]), 3)
+    with pytest.raises(ValueError, match="targets must be"):
+        one_hot_targets(torch.zeros(2, 4), 3)

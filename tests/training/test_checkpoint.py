@@ -1,0 +1,235 @@
+"""Checkpoints: atomic writes, strict loads whose errors name the tensor, weights_only state."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from torchvote.models import create_model
+from torchvote.training import checkpoint as checkpoint_module
+from torchvote.training.checkpoint import (
+    CheckpointError,
+    atomic_write_bytes,
+    capture_rng_state,
+    find_checkpoint,
+    load_model_weights,
+    load_training_state,
+    read_model_metadata,
+    restore_rng_state,
+    save_checkpoint,
+)
+
+
+def _save(directory, step, model, **kw):
+    state = {"step": step, "tensor": torch.arange(3), "nested": {"a": [1, 2.5, None]}}
+    return save_checkpoint(
+        directory, step=step, model=model, model_metadata={"model": "cnn-baseline"}, state=state, **kw
+    )
+
+
+def _tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return create_model("cnn-baseline", "tiny", **overrides)
+
+
+def _weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_round_trip_of_weights_state_and_metadata(tmp_path):
+    model = _tiny_model(0)
+    paths = _save(tmp_path, 7, model)
+    assert paths.name == "step-00000007"
+    assert (tmp_path / "latest").read_text().strip() == paths.name
+    assert read_model_metadata(paths.weights)["model"] == "cnn-baseline"
+    state = load_training_state(paths.state)
+    assert state["step"] == 7 and torch.equal(state["tensor"], torch.arange(3))
+    assert state["nested"] == {"a": [1, 2.5, None]}
+    other = _tiny_model(1)
+    load_model_weights(other, paths.weights)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(other.state_dict()[name], tensor)
+
+
+def test_find_checkpoint_accepts_every_way_of_naming_one(tmp_path):
+    run = tmp_path / "run"
+    _save(run / "checkpoints", 1, _tiny_model())
+    latest = _save(run / "checkpoints", 2, _tiny_model())
+    for location in (
+        run,
+        run / "checkpoints",
+        latest.weights,
+        latest.state,
+        str(latest.weights)[: -len(".safetensors")],
+    ):
+        assert find_checkpoint(location) == latest
+    first = find_checkpoint(run / "checkpoints" / "step-00000001.safetensors")
+    assert first.name == "step-00000001"
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        find_checkpoint(tmp_path)
+    (run / "checkpoints" / "latest").write_text("step-00000099\n")
+    with pytest.raises(CheckpointError, match="points at step-00000099"):
+        find_checkpoint(run)
+
+
+def test_a_failure_mid_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    first_model = _tiny_model(0)
+    first = _save(tmp_path, 1, first_model)
+    before = {p: p.read_bytes() for p in (first.weights, first.state, tmp_path / "latest")}
+
+    calls = {"n": 0}
+    real_fsync = os.fsync
+
+    def failing_fsync(fd):
+        calls["n"] += 1
+        if calls["n"] == 3:  # weights file, its directory, then the state file: the disk fills up
+            raise OSError(28, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(checkpoint_module.os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="No space left"):
+        _save(tmp_path, 2, _tiny_model(1))
+    monkeypatch.undo()
+
+    # The pointer and the first checkpoint are untouched; no temporary file is left behind.
+    assert {p: p.read_bytes() for p in before} == before
+    assert find_checkpoint(tmp_path) == first
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+    assert not (tmp_path / "step-00000002.state.pt").exists()
+    restored = _tiny_model(5)
+    load_model_weights(restored, find_checkpoint(tmp_path).weights)
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in first_model.state_dict().items())
+
+
+def test_atomic_write_replaces_whole_files_only(tmp_path, monkeypatch):
+    target = tmp_path / "file.bin"
+    atomic_write_bytes(target, b"old contents")
+
+    def failing_replace(src, dst):
+        raise OSError("power cut before the rename")
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="power cut"):
+        atomic_write_bytes(target, b"new contents that never land")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"old contents"
+    assert [p.name for p in tmp_path.iterdir()] == ["file.bin"]
+
+
+def test_keep_prunes_old_checkpoints_after_the_pointer_moved(tmp_path):
+    model = _tiny_model()
+    for step in range(1, 5):
+        _save(tmp_path, step, model, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [
+        "step-00000003.safetensors",
+        "step-00000004.safetensors",
+    ]
+    assert sorted(p.name for p in tmp_path.glob("*.state.pt")) == [
+        "step-00000003.state.pt",
+        "step-00000004.state.pt",
+    ]
+
+
+def test_shape_mismatch_names_the_tensor_and_loads_nothing(tmp_path):
+    paths = _save(tmp_path, 1, _tiny_model(0))
+    wider = _tiny_model(1, num_classes=7)
+    before = _weights(wider)
+    with pytest.raises(CheckpointError) as error:
+        load_model_weights(wider, paths.weights)
+    message = str(error.value)
+    assert (
+        "tensor 'classifier.weight' has shape (10, 32) in the checkpoint, the model expects (7, 32)"
+        in message
+    )
+    assert "'classifier.bias' has shape (10,)" in message
+    assert all(torch.equal(wider.state_dict()[k], v) for k, v in before.items()), "a partial load happened"
+
+
+def test_missing_and_unexpected_tensors_are_named(tmp_path):
+    paths = _save(tmp_path, 1, _tiny_model(0))
+    deeper = _tiny_model(0, channels=(8, 16, 16), pool_after=(0, 1))
+    with pytest.raises(CheckpointError, match=r"missing tensors: features\.6\.weight, features\.6\.bias"):
+        load_model_weights(deeper, paths.weights)
+    shallower = _tiny_model(0, channels=(8,), pool_after=(0,))
+    with pytest.raises(CheckpointError, match=r"unexpected tensors: features\.3\.bias, features\.3\.weight"):
+        load_model_weights(shallower, paths.weights)
+
+
+def test_dtype_mismatch_is_named(tmp_path):
+    paths = _save(tmp_path, 1, _tiny_model(0).double())
+    with pytest.raises(
+        CheckpointError, match="has dtype torch.float64 in the checkpoint, the model expects torch.float32"
+    ):
+        load_model_weights(_tiny_model(0), paths.weights)
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.99])
+def test_a_truncated_weights_file_is_reported_as_corrupt(tmp_path, cut):
+    paths = _save(tmp_path, 1, _tiny_model(0))
+    data = paths.weights.read_bytes()
+    paths.weights.write_bytes(data[: int(len(data) * cut)])
+    with pytest.raises(CheckpointError, match="corrupt or not a safetensors file"):
+        load_model_weights(_tiny_model(0), paths.weights)
+
+
+def test_garbage_state_file_is_an_error_not_code(tmp_path):
+    paths = _save(tmp_path, 1, _tiny_model(0))
+    paths.state.write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="corrupt or not a training state"):
+        load_training_state(paths.state)
+
+
+class _Payload:
+    """An object torch.save pickles by class: weights_only loading must refuse it."""
+
+    def __reduce__(self):
+        return (print, ("this code must never run",))
+
+
+def test_state_files_are_loaded_with_weights_only(tmp_path, capsys):
+    path = tmp_path / "evil.state.pt"
+    torch.save({"format": checkpoint_module.CHECKPOINT_FORMAT, "payload": _Payload()}, path)
+    with pytest.raises(CheckpointError, match="corrupt or not a training state"):
+        load_training_state(path)
+    assert "this code must never run" not in capsys.readouterr().out
+
+
+def test_tied_weights_are_stored_once_and_restored(tmp_path):
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(5, 3)
+            self.out = nn.Linear(3, 5, bias=False)
+            self.out.weight = self.embed.weight
+
+    model = Tied()
+    paths = save_checkpoint(tmp_path, step=1, model=model, model_metadata={}, state={})
+    from safetensors import safe_open
+
+    with safe_open(str(paths.weights), framework="pt") as handle:
+        assert sorted(handle.keys()) == ["embed.weight"]
+    other = Tied()
+    load_model_weights(other, paths.weights)
+    assert torch.equal(other.out.weight, model.embed.weight)
+    assert other.out.weight.data_ptr() == other.embed.weight.data_ptr()
+
+
+def test_rng_states_round_trip():
+    torch.manual_seed(1)
+    np.random.seed(1)  # noqa: NPY002 (the global state is what is saved)
+    random.seed(1)
+    state = capture_rng_state()
+    first = (torch.rand(3), np.random.rand(3), random.random())  # noqa: NPY002
+    torch.manual_seed(99)
+    np.random.seed(99)  # noqa: NPY002
+    random.seed(99)
+    restore_rng_state(state)
+    second = (torch.rand(3), np.random.rand(3), random.random())  # noqa: NPY002
+    assert torch.equal(first[0], second[0])
+    assert np.array_equal(first[1], second[1])
+    assert first[2] == second[2]

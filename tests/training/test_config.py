@@ -1,0 +1,190 @@
+"""Configs: presets, dotted overrides checked against the dataclass field types, clear errors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+import yaml
+
+from torchvote.config import (
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    coerce_value,
+    config_diff,
+    config_from_dict,
+    config_to_dict,
+    list_presets,
+    load_config,
+    load_preset,
+    parse_override,
+)
+
+
+def test_defaults_build_a_valid_config():
+    config = load_config()
+    assert isinstance(config, TrainConfig)
+    assert config.model.name == "cnn-baseline" and config.optim.name == "adam"
+
+
+@pytest.mark.parametrize("name", sorted(list_presets()))
+def test_every_shipped_preset_loads_and_has_a_description(name):
+    config = load_config(name)
+    assert config.description
+    assert config_from_dict(config_to_dict(config)) == config
+
+
+def test_main_preset_exists():
+    assert "main" in list_presets()
+
+
+def test_overrides_of_every_kind_are_typed():
+    config = apply_overrides(
+        load_config(),
+        [
+            "epochs=3",
+            "optim.lr=3e-4",
+            "bf16=true",
+            "progress=off",
+            "optim.name=sgd",
+            "max_steps=none",
+            "optim.grad_clip=1.5",
+            "data.name=mnist",
+            "eval_on=affnist,multimnist",
+            "model.preset=small",
+            "model.dropout=0.25",
+            "model.channels=8,16",
+            "model.pool_after=[0]",
+            "data.options.size=300",
+            "data.options.source=idx",
+            "batch_size=1_024",
+        ],
+    )
+    assert config.epochs == 3 and config.optim.lr == pytest.approx(3e-4) and config.bf16 is True
+    assert config.progress is False and config.optim.name == "sgd" and config.max_steps is None
+    assert config.optim.grad_clip == 1.5 and config.eval_on == ("affnist", "multimnist")
+    assert config.model.preset == "small" and config.batch_size == 1024
+    assert config.model.overrides == {"dropout": 0.25, "channels": (8, 16), "pool_after": (0,)}
+    assert config.data.options == {"size": 300, "source": "idx"}
+
+
+def test_model_name_can_come_after_model_overrides():
+    config = apply_overrides(load_config(), ["model.dropout=0.1", "model.name=cnn-baseline"])
+    assert config.model.overrides == {"dropout": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lrr=1", "unknown key 'optim.lrr'; valid keys: optim.name, optim.lr,"),
+        (
+            "epoch=2",
+            "unknown key 'epoch'; valid keys: description, preset, model, data, optim, loss, batch_size",
+        ),
+        ("epochs=two", "epochs: expected int, got 'two'"),
+        ("epochs=2.5", "epochs: expected int, got '2.5'"),
+        ("optim.lr=fast", "optim.lr: expected float, got 'fast'"),
+        ("bf16=maybe", "bf16: expected bool, got 'maybe'"),
+        ("optim.name=rmsprop", "optim.name: 'rmsprop' is not one of: adam, adamw, sgd"),
+        (
+            "optim.schedule=linear",
+            "optim.schedule: 'linear' is not one of: constant, exponential, cosine, onecycle",
+        ),
+        ("max_steps=many", "max_steps: expected int | none, got 'many'"),
+        (
+            "model.widht=3",
+            "unknown key 'model.widht' for model 'cnn-baseline'; valid keys: model.name, model.preset,",
+        ),
+        ("model.dropout=high", "model.dropout: expected float, got 'high'"),
+        ("model.channels=8,x", "model.channels[1]: expected int, got 'x'"),
+        ("model.name=capsnet9", "model.name: unknown model 'capsnet9'; models: "),
+        ("model.preset=huge", "unknown preset 'huge' for model 'cnn-baseline'; presets: paper, small, tiny"),
+        ("model.dropout=1.5", "dropout must be in [0, 1), got 1.5"),
+        ("optim=adam", "optim is a section; set one of its keys: optim.name, optim.lr"),
+        ("epochs.x=1", "epochs is not a section; cannot set epochs.x"),
+        ("epochs", "expected key=value (e.g. optim.lr=3e-4), got 'epochs'"),
+        ("=3", "expected key=value"),
+        ("batch_size=0", "batch_size must be positive, got 0"),
+        ("device=tpu", "device must be auto, cpu, cuda or cuda:<index>, got 'tpu'"),
+        ("loss.label_smoothing=1", "loss.label_smoothing must be in [0, 1)"),
+    ],
+)
+def test_bad_overrides_say_what_is_valid(override, message):
+    with pytest.raises(ConfigError) as error:
+        apply_overrides(load_config(), [override])
+    assert message in str(error.value)
+
+
+def test_parse_override_splits_the_dotted_key():
+    assert parse_override("model.num_routing=2") == (["model", "num_routing"], "2")
+    assert parse_override(" optim.lr = 1e-3 ") == (["optim", "lr"], "1e-3")
+
+
+@pytest.mark.parametrize(
+    ("value", "annotation", "expected"),
+    [
+        ("3", int, 3),
+        (3, int, 3),
+        ("1e-3", float, 1e-3),
+        (2, float, 2.0),
+        ("yes", bool, True),
+        ("0", bool, False),
+        (True, bool, True),
+        ("a", Literal["a", "b"], "a"),
+        ("null", int | None, None),
+        (None, str | None, None),
+        ("7", int | None, 7),
+        ([1, 2], tuple[int, ...], (1, 2)),
+        ("(1, 2)", tuple[int, ...], (1, 2)),
+        ("1,x", tuple[int, str], (1, "x")),
+    ],
+)
+def test_coerce_value_accepts_strings_and_yaml_values(value, annotation, expected):
+    assert coerce_value(value, annotation, "key") == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "annotation"),
+    [
+        (True, int),
+        (1.5, int),
+        ("2", bool),
+        (3, str),
+        ("c", Literal["a", "b"]),
+        ([1, "x"], tuple[int, ...]),
+        ("1,2,3", tuple[int, int]),
+    ],
+)
+def test_coerce_value_rejects_wrong_types(value, annotation):
+    with pytest.raises(ConfigError, match="key"):
+        coerce_value(value, annotation, "key")
+
+
+def test_yaml_files_are_checked_like_overrides(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"model": {"name": "cnn-baseline", "dropout": "high"}}))
+    with pytest.raises(ConfigError, match="model.dropout: expected float, got 'high'"):
+        load_config(str(path))
+    path.write_text(yaml.safe_dump({"optim": {"nam": "adam"}}))
+    with pytest.raises(ConfigError, match="unknown key 'optim.nam'"):
+        load_config(str(path))
+    path.write_text("- a list\n- not a mapping\n")
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        load_config(str(path))
+    path.write_text(yaml.safe_dump({"epochs": 4, "model": {"preset": "tiny", "hidden": [16]}}))
+    config = load_config(str(path), ["epochs=5"])
+    assert config.epochs == 5 and config.model.overrides == {"hidden": (16,)}
+
+
+def test_unknown_preset_lists_the_shipped_ones(tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; presets: .*main.*smoke"):
+        load_preset("nope")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_preset(str(tmp_path / "missing.yaml"))
+
+
+def test_config_diff_names_the_changed_keys():
+    a = load_config()
+    b = apply_overrides(a, ["optim.lr=0.5", "model.dropout=0.1"])
+    assert config_diff(a, b) == {"model.dropout": (None, 0.1), "optim.lr": (0.001, 0.5)}

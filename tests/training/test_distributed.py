@@ -1,0 +1,76 @@
+"""Data parallelism: two torchrun processes take the same steps as one process (same global batch)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from torchvote.config import config_from_dict
+from torchvote.training import BatchPlan, load_model_from_checkpoint, read_metrics, train
+from torchvote.training.data import TaskData, iterate_batches
+
+
+def test_processes_split_every_global_batch_exactly():
+    data = TaskData("toy", "train", {"x": torch.arange(50)})
+    single = BatchPlan(50, global_batch=8, seed=5)
+    halves = [BatchPlan(50, global_batch=8, seed=5, world_size=2, rank=rank) for rank in (0, 1)]
+    for epoch in (0, 1):
+        whole = [b["x"] for b in iterate_batches(data, single, epoch)]
+        parts = [[b["x"] for b in iterate_batches(data, plan, epoch)] for plan in halves]
+        assert len(whole) == 50 // 8
+        for step, batch in enumerate(whole):
+            assert torch.equal(torch.cat([parts[0][step], parts[1][step]]), batch)
+    assert not torch.equal(single.epoch_order(0), single.epoch_order(1))
+    with pytest.raises(ValueError, match="not divisible by the 3 processes"):
+        BatchPlan(50, global_batch=8, seed=0, world_size=3)
+
+
+def test_resuming_mid_epoch_continues_the_same_order():
+    data = TaskData("toy", "train", {"x": torch.arange(30)})
+    plan = BatchPlan(30, global_batch=4, seed=1)
+    whole = [b["x"] for b in iterate_batches(data, plan, 2)]
+    rest = [b["x"] for b in iterate_batches(data, plan, 2, start=3)]
+    assert all(torch.equal(a, b) for a, b in zip(whole[3:], rest, strict=True))
+
+
+@pytest.mark.slow  # two fresh Python processes importing torch: ~10-25 s on 2 cores
+def test_two_torchrun_processes_match_one_process(tiny_values, tmp_path):
+    values = tiny_values(tmp_path / "two", epochs=2)
+    values["model"]["dropout"] = 0.0  # dropout masks differ per process by design
+    preset = tmp_path / "ddp.yaml"
+    preset.write_text(yaml.safe_dump(values))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--standalone",
+        "-m",
+        "torchvote.cli",
+        "train",
+        str(preset),
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    one = train(config_from_dict({**values, "run_dir": str(tmp_path / "one")}), verbose=False)
+    two, _, metadata = load_model_from_checkpoint(tmp_path / "two")
+    assert int(metadata["step"]) == one.step == 2 * (240 // 40)
+    for name, expected in one.model.state_dict().items():
+        torch.testing.assert_close(two.state_dict()[name], expected, rtol=1e-4, atol=1e-5, msg=name)
+
+    # Only rank 0 wrote: the same records as the single process, and one table on stdout.
+    events_two = [(r["event"], r["step"]) for r in read_metrics(tmp_path / "two" / "metrics.jsonl")]
+    events_one = [(r["event"], r["step"]) for r in read_metrics(one.metrics_path)]
+    assert events_two == events_one
+    assert completed.stdout.count("mnist/test") == 1  # one result table, from rank 0
+    assert completed.stdout.count("checkpoint:") == 1
+    final_two = [r for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if r["event"] == "final"][0]
+    assert final_two["accuracy"] == pytest.approx(one.results["mnist/test"]["accuracy"], abs=1 / 60)
+    assert final_two["count"] == 60  # the evaluation shards cover the test set once

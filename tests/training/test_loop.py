@@ -1,0 +1,275 @@
+"""The training loop: a tiny run end to end, kill-and-resume, Ctrl-C, bf16, workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+import yaml
+
+from torchvote.config import ConfigError, config_to_dict
+from torchvote.training import (
+    CheckpointError,
+    StepInfo,
+    evaluate,
+    find_checkpoint,
+    get_task_handler,
+    load_data,
+    load_model_from_checkpoint,
+    load_run_config,
+    read_metrics,
+    train,
+)
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def _assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"tensors differ: {different}"
+
+
+def test_tiny_run_trains_evaluates_and_writes_everything(tiny_config):
+    config = tiny_config("run", "epochs=3")
+    result = train(config, verbose=False)
+    assert not result.interrupted
+    assert result.step == 3 * (240 // 40)
+    accuracy = result.results["mnist/test"]["accuracy"]
+    assert accuracy > 0.3, "three epochs on 240 digits should beat chance clearly"
+    # Checkpoint files, the pointer, the config, metrics and the plot.
+    assert (
+        result.checkpoint is not None
+        and result.checkpoint.weights.is_file()
+        and result.checkpoint.state.is_file()
+    )
+    assert (result.run_dir / "checkpoints" / "latest").read_text().strip() == result.checkpoint.name
+    assert len(list((result.run_dir / "checkpoints").glob("*.safetensors"))) == config.keep_checkpoints
+    assert yaml.safe_load((result.run_dir / "config.yaml").read_text()) == config_to_dict(config)
+    records = read_metrics(result.metrics_path)
+    events = [r["event"] for r in records]
+    assert events.count("eval") == 3 and events.count("final") == 1 and "train" in events
+    train_record = next(r for r in records if r["event"] == "train")
+    assert {"loss", "accuracy", "lr", "img_per_second", "step", "epoch"} <= train_record.keys()
+    assert result.plots and result.plots[0].stat().st_size > 0
+    assert "mnist/test" in result.table() and "accuracy" in result.table()
+    # The saved model evaluates to the same accuracy.
+    model, spec, metadata = load_model_from_checkpoint(result.run_dir)
+    assert spec.name == "cnn-baseline" and metadata["step"] == str(result.step)
+    handler = get_task_handler(spec.task)
+    data = load_data(handler, "mnist", "test", options={"source": "idx"}, root=config.data.root)
+    assert evaluate(model, data, handler)["accuracy"] == pytest.approx(accuracy)
+
+
+def test_training_is_deterministic_given_the_seed(tiny_config):
+    first = _weights(train(tiny_config("a", "epochs=1"), verbose=False).model)
+    second = _weights(train(tiny_config("b", "epochs=1"), verbose=False).model)
+    _assert_same_weights(first, second)
+    third = train(tiny_config("c", "epochs=1", "seed=4"), verbose=False).model
+    assert not torch.equal(first["classifier.weight"], third.state_dict()["classifier.weight"])
+
+
+class _StopAfter:
+    """A callback that simulates a kill: KeyboardInterrupt once ``step`` steps are done."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def __call__(self, info: StepInfo) -> None:
+        if info.step == self.step:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("stop_at", "extra"),
+    [(4, ()), (6, ()), (9, ("checkpoint_every=4",)), (5, ("optim.schedule=onecycle", "optim.name=sgd"))],
+    ids=["mid-epoch", "epoch-end", "after-periodic-checkpoint", "onecycle-sgd"],
+)
+def test_kill_and_resume_reaches_bit_identical_weights(tiny_config, stop_at, extra, capsys):
+    unbroken = train(tiny_config("unbroken", *extra), verbose=False)
+    assert unbroken.step == 12
+
+    killed = train(tiny_config("killed", *extra), callbacks=[_StopAfter(stop_at)], verbose=False)
+    assert killed.interrupted and killed.step == stop_at
+    assert killed.checkpoint is not None and killed.checkpoint.name == f"step-{stop_at:08d}"
+    message = capsys.readouterr().err
+    assert f"torchvote train --resume {killed.run_dir}" in message
+
+    resumed = train(load_run_config(killed.run_dir), resume=killed.run_dir, verbose=False)
+    assert not resumed.interrupted and resumed.step == 12
+    _assert_same_weights(_weights(unbroken.model), _weights(resumed.model))
+    assert resumed.results["mnist/test"] == unbroken.results["mnist/test"]
+    # The resumed run appended to the same metrics file: one final record.
+    assert [r["event"] for r in read_metrics(resumed.metrics_path)].count("final") == 1
+
+
+def test_resume_may_extend_but_not_change_the_run(tiny_config):
+    first = train(tiny_config("run", "epochs=1"), verbose=False)
+    with pytest.raises(ConfigError, match=r"optim.lr \(run: 0.003, now: 0.1\)"):
+        load_run_config(first.run_dir, ["optim.lr=0.1"])
+    with pytest.raises(ConfigError, match="cannot resume with a different config"):
+        train(tiny_config("run", "epochs=2", "batch_size=20"), resume=first.run_dir, verbose=False)
+    longer = train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
+    assert longer.step == 12
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        load_run_config(tmp_path)
+
+
+def test_a_fresh_run_never_overwrites_another_run(tiny_config):
+    config = tiny_config("run", "max_steps=1", "eval_every=0")
+    train(config, verbose=False)
+    with pytest.raises(
+        ConfigError, match=f"run folder {config.run_dir} already holds a run; continue it with"
+    ):
+        train(config, verbose=False)
+    # Automatic names never collide.
+    auto = tiny_config("ignored", "max_steps=1", "eval_every=0")
+    auto.run_dir, auto.preset = None, "tiny"
+    auto.out_dir = str(config.run_dir) + "-auto"
+    a = train(auto, verbose=False)
+    b = train(auto, verbose=False)
+    assert a.run_dir != b.run_dir and a.run_dir.parent == b.run_dir.parent
+    assert a.run_dir.name.startswith("tiny-")
+
+
+def test_onecycle_cannot_be_stretched_on_resume(tiny_config):
+    first = train(tiny_config("run", "epochs=1", "optim.schedule=onecycle"), verbose=False)
+    with pytest.raises(ConfigError, match="onecycle schedule of this run was set for 6 steps"):
+        train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
+
+
+def test_max_steps_stops_mid_epoch_and_saves(tiny_config):
+    result = train(tiny_config("run", "max_steps=5", "epochs=10"), verbose=False)
+    assert result.step == 5 and result.checkpoint.name == "step-00000005"
+
+
+def test_bf16_autocast_trains(tiny_config):
+    result = train(tiny_config("run", "bf16=true", "epochs=1"), verbose=False)
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    assert result.results["mnist/test"]["loss"] == result.results["mnist/test"]["loss"]  # not NaN
+
+
+def test_worker_processes_give_the_same_batches(tiny_config):
+    in_process = train(tiny_config("zero", "epochs=1"), verbose=False)
+    with_workers = train(tiny_config("two", "epochs=1", "num_workers=1"), verbose=False)
+    _assert_same_weights(_weights(in_process.model), _weights(with_workers.model))
+
+
+def test_data_that_does_not_fit_the_model_is_a_clear_error(tiny_config):
+    with pytest.raises(
+        ConfigError, match="model.num_classes=5 does not fit the data set, which needs num_classes=10 or more"
+    ):
+        train(tiny_config("run", "model.num_classes=5"), verbose=False)
+    with pytest.raises(
+        ConfigError, match="model.in_channels=3 does not fit the data set, which needs in_channels=1$"
+    ):
+        train(tiny_config("run", "model.in_channels=3"), verbose=False)
+    with pytest.raises(ConfigError, match="model.image_size=20 does not fit the data set"):
+        train(tiny_config("run", "model.image_size=20"), verbose=False)
+    bigger = train(
+        tiny_config("big", "model.image_size=32", "model.num_classes=12", "max_steps=1"), verbose=False
+    )
+    assert bigger.model.config.image_size == 32 and bigger.model.config.num_classes == 12
+    with pytest.raises(ValueError, match="larger than the 240 training examples"):
+        train(tiny_config("run", "batch_size=400"), verbose=False)
+
+
+def test_margin_and_spread_losses_train_a_classifier(tiny_config):
+    for loss in ("margin", "spread"):
+        result = train(tiny_config(loss, f"loss.name={loss}", "epochs=1"), verbose=False)
+        assert result.results["mnist/test"]["loss"] >= 0
+
+
+def test_canvas_trains_on_40x40_and_evaluates_on_affnist(tiny_config):
+    config = tiny_config("run", "data.canvas=40", "epochs=1", "data.eval_limit=30")
+    config.eval_on = ("affnist",)
+    config.data.options = {"source": "idx"}
+    result = train(config, verbose=False)
+    assert result.model.config.image_size == 40
+    assert {"mnist/test", "affnist/test"} <= result.results.keys()
+    assert result.results["affnist/test"]["count"] == 30
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow  # a fresh Python process importing torch, then a reference run
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_signal_saves_a_consistent_checkpoint_and_exits_cleanly(tiny_values, tmp_path, signum):
+    run_dir = tmp_path / "signalled"
+    values = tiny_values(run_dir, epochs=1000, log_every=1)
+    values["optim"] = {"name": "adam", "lr": 0.003}  # constant: the schedule ignores the run length
+    preset = tmp_path / "long.yaml"
+    preset.write_text(yaml.safe_dump(values))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchvote.cli", "train", str(preset)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        assert _wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 3, 60)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert f"resume with: torchvote train --resume {run_dir}" in err
+    paths = find_checkpoint(run_dir)
+    stopped_at = int(paths.name.split("-")[1])
+    assert stopped_at >= 3
+    # The saved weights are exactly those of an unbroken run of that many steps: not torn.
+    from torchvote.config import config_from_dict
+
+    reference = config_from_dict({**values, "run_dir": str(tmp_path / "reference"), "max_steps": stopped_at})
+    expected = train(reference, verbose=False).model
+    saved, _, _ = load_model_from_checkpoint(run_dir)
+    _assert_same_weights(_weights(expected), _weights(saved))
+
+
+def test_multimnist_batches_carry_the_digits_and_shift_them_with_the_image(tiny_config):
+    import torchvote.data as data_package
+    from torchvote.training.data import BatchPlan, iterate_batches
+
+    handler = get_task_handler("image-classification")
+    images, labels = data_package.load_small_digits("test", size=40)
+    raw = tuple(data_package.make_multimnist(images, labels, num_pairs=8, seed=0))
+    data = handler.build("multimnist", "train", raw)
+    assert data.tensors["digits"].shape == (8, 2, 1, 36, 36) and data.fields["image_size"] == 36
+    config = tiny_config("run", "data.shift=2")
+
+    @dataclass
+    class Config:
+        image_size: int = 40
+        in_channels: int = 1
+        num_classes: int = 10
+
+    data = handler.finalize(data, Config())
+    assert data.tensors["digits"].shape == (8, 2, 1, 40, 40)
+    augment = handler.augment(config.data, data)
+    batch = next(iterate_batches(data, BatchPlan(8, 8, seed=0), 0, augment=augment))
+    overlay = batch["digits"].sum(dim=1).clamp(max=1.0)
+    torch.testing.assert_close(overlay, batch["images"])  # digits and image moved together
+    assert not torch.equal(batch["images"], data.tensors["images"][BatchPlan(8, 8, seed=0).epoch_order(0)])

@@ -1,0 +1,95 @@
+"""Metrics: JSON lines, TensorBoard when importable, the result table, the benchmark script."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from torchvote.training.metrics import MetricsWriter, format_table, read_metrics
+
+
+def test_metrics_are_json_lines_and_a_torn_last_line_is_skipped(tmp_path):
+    with MetricsWriter(tmp_path) as writer:
+        writer.write("train", 5, {"loss": 0.5, "accuracy": 0.75}, epoch=0)
+        writer.write("eval", 5, {"loss": float("nan")}, dataset="mnist/test")
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"event": "train", "st')  # a crash mid-line
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["event"] for r in records] == ["train", "eval"]
+    assert records[0]["loss"] == 0.5 and records[0]["epoch"] == 0 and "time" in records[0]
+    assert records[1]["loss"] == "nan" and records[1]["dataset"] == "mnist/test"
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_tensorboard_scalars_when_the_package_is_importable(tmp_path, monkeypatch):
+    scalars = []
+
+    class FakeWriter:
+        def __init__(self, log_dir):
+            self.log_dir = log_dir
+
+        def add_scalar(self, tag, value, step):
+            scalars.append((tag, value, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    with MetricsWriter(tmp_path, tensorboard=True) as writer:
+        writer.write("train", 3, {"loss": 0.25, "lr": 0.001}, epoch=0)
+        writer.write("eval", 3, {"accuracy": 0.5, "loss": float("inf")}, dataset="mnist/test")
+    assert writer.tensorboard_dir == tmp_path / "tensorboard"
+    assert scalars == [("train/loss", 0.25, 3), ("train/lr", 0.001, 3), ("eval/mnist/test/accuracy", 0.5, 3)]
+
+
+def test_tensorboard_is_optional(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    with MetricsWriter(tmp_path, tensorboard=True) as writer:
+        writer.write("train", 1, {"loss": 1.0})
+    assert writer.tensorboard_dir is None
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 1.0
+
+
+def test_format_table_aligns_and_formats():
+    table = format_table(
+        [
+            {"data": "mnist/test", "accuracy": 0.99123, "loss": 0.031234, "examples": 10000},
+            {"data": "affnist/test", "accuracy": 0.5, "loss": None, "examples": 10000},
+        ]
+    )
+    lines = table.splitlines()
+    assert lines[0].split() == ["data", "accuracy", "loss", "examples"]
+    assert set(lines[1]) <= {"-", " "}
+    assert lines[2].split() == ["mnist/test", "99.12%", "0.0312", "10000"]
+    assert lines[3].split() == ["affnist/test", "50.00%", "-", "10000"]
+    assert len({len(line) for line in lines[:2]}) == 1
+    assert format_table([]) == "(no results)"
+
+
+def _load_benchmark(monkeypatch):
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "training.py"
+    spec = importlib.util.spec_from_file_location("benchmark_training", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_benchmark_runs_every_pair_quickly(capsys, monkeypatch):
+    benchmark = _load_benchmark(monkeypatch)
+    assert next(iter(benchmark.PAIRS)) == "cnn-baseline"
+    assert benchmark.main(["--quick", "--preset", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "ours img/s" in out and "baseline img/s" in out and "speed-up" in out
+    with pytest.raises(SystemExit):
+        benchmark.main(["--models", "nothing"])

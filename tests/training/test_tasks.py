@@ -1,0 +1,186 @@
+"""The loop is generic over tasks: a toy language model and a toy seq2seq model train through it.
+
+The toy models are registered only for the duration of each test, the way a model file registers
+itself; they stand in for the Transformer models that other files add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from torchvote.config import config_from_dict
+from torchvote.models import SequenceOutput, register_model
+from torchvote.models import registry as registry_module
+from torchvote.training import (
+    evaluate_checkpoint,
+    get_task_handler,
+    load_run_config,
+    read_metrics,
+    train,
+)
+from torchvote.training.data import TaskData
+
+
+@pytest.fixture
+def toy_models():
+    before = dict(registry_module._REGISTRY)
+
+    @dataclass
+    class ToyLMConfig:
+        vocab_size: int = 16
+        context_length: int = 8
+        width: int = 16
+
+    @register_model("toy-lm", config=ToyLMConfig, presets={"tiny": {"width": 8}}, task="language-model")
+    class ToyLM(nn.Module):
+        """Embedding, one hidden layer, logits: each position sees only its own token."""
+
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.embed = nn.Embedding(config.vocab_size, config.width)
+            self.head = nn.Linear(config.width, config.vocab_size)
+
+        def forward(self, tokens):
+            return SequenceOutput(logits=self.head(torch.tanh(self.embed(tokens))))
+
+    @dataclass
+    class ToySeq2SeqConfig:
+        src_vocab_size: int = 15
+        tgt_vocab_size: int = 15
+        max_len: int = 10
+        pad_id: int = 0
+        width: int = 16
+
+    @register_model("toy-seq2seq", config=ToySeq2SeqConfig, task="seq2seq")
+    class ToySeq2Seq(nn.Module):
+        """Decoder position t reads source position t and the previous target token."""
+
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.source = nn.Embedding(config.src_vocab_size, config.width, padding_idx=config.pad_id)
+            self.target = nn.Embedding(config.tgt_vocab_size, config.width)
+            self.position = nn.Embedding(config.max_len, config.width)
+            self.head = nn.Linear(config.width, config.tgt_vocab_size)
+
+        def forward(self, source, target_input):
+            length = target_input.shape[1]
+            aligned = nn.functional.pad(source, (0, max(0, length - source.shape[1])))[:, :length]
+            positions = self.position(torch.arange(length))
+            hidden = self.source(aligned) + self.target(target_input) + positions  # (b, t, d)
+            return SequenceOutput(logits=self.head(torch.relu(hidden)))
+
+    yield
+    registry_module._REGISTRY.clear()
+    registry_module._REGISTRY.update(before)
+
+
+@pytest.fixture
+def fake_text(monkeypatch):
+    """A ``shakespeare`` data set that needs no archive: a repetitive text, split 90/10."""
+    import torchvote.data as data_package
+    from torchvote.data import CharVocab
+
+    real_get_dataset = data_package.get_dataset
+    text = "to be or not to be, that is the question. " * 40
+
+    def get_dataset(name, split="train", **kwargs):
+        if name != "shakespeare":
+            return real_get_dataset(name, split, **kwargs)
+        if split not in ("train", "val"):
+            raise ValueError(f"split: expected one of ('train', 'val'), got {split!r}")
+        vocab = CharVocab.from_text(text)
+        tokens = vocab.encode(text)
+        cut = int(len(tokens) * 0.9)
+        return (tokens[:cut] if split == "train" else tokens[cut:]), vocab
+
+    monkeypatch.setattr(data_package, "get_dataset", get_dataset)
+
+
+def _config(tmp_path, name, model, data, **extra):
+    values = {
+        "model": model if isinstance(model, dict) else {"name": model},
+        "data": data if isinstance(data, dict) else {"name": data},
+        "optim": {"lr": 0.03},
+        "batch_size": 16,
+        "epochs": 2,
+        "log_every": 4,
+        "progress": False,
+        "tensorboard": False,
+        "run_dir": str(tmp_path / name),
+    }
+    values.update(extra)
+    return config_from_dict(values)
+
+
+def test_language_model_trains_on_token_windows(toy_models, fake_text, tmp_path):
+    config = _config(tmp_path, "lm", {"name": "toy-lm", "preset": "tiny"}, "shakespeare", epochs=5)
+    result = train(config, verbose=False)
+    assert result.model.config.vocab_size == len(set("to be or not to be, that is the question. "))
+    assert "shakespeare/val" in result.results  # no test split: the validation split is used
+    accuracy = result.results["shakespeare/val"]["accuracy"]
+    assert accuracy > 0.3, "next-character bigrams of a repeated sentence are easy"
+    train_records = [r for r in read_metrics(result.metrics_path) if r["event"] == "train"]
+    assert "tok_per_second" in train_records[0]
+
+
+def test_seq2seq_trains_on_the_copy_task_and_resumes_exactly(toy_models, tmp_path):
+    options = {"num_samples": 320, "max_len": 6}
+    data = {"name": "copy", "options": options}
+    config = _config(tmp_path, "s2s", "toy-seq2seq", data)
+    unbroken = train(config, verbose=False)
+    metrics = unbroken.results["copy/test"]
+    assert metrics["accuracy"] > 0.5 and 0.0 <= metrics["sequence_accuracy"] <= 1.0
+    assert unbroken.model.config.max_len == 8  # (src, tgt) widths 7 and 8 for max_len 6
+
+    def stop(info):
+        if info.step == 7:
+            raise KeyboardInterrupt
+
+    killed = train(_config(tmp_path, "killed", "toy-seq2seq", data), callbacks=[stop], verbose=False)
+    assert killed.interrupted
+    resumed = train(load_run_config(killed.run_dir), resume=killed.run_dir, verbose=False)
+    for name, tensor in unbroken.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], tensor), name
+
+    rows = evaluate_checkpoint(unbroken.run_dir, ["copy"], options={"max_len": 6, "num_samples": 50})
+    assert rows[0]["data"] == "copy/test" and rows[0]["examples"] == 50
+    assert set(rows[0]) == {"data", "accuracy", "sequence_accuracy", "examples"}
+    with pytest.raises(ValueError, match="the model takes at most max_len=8"):
+        evaluate_checkpoint(unbroken.run_dir, ["copy"])
+
+
+def test_example_batches_fit_the_conventions(toy_models):
+    from torchvote.models import create_model
+
+    for name, key in (("toy-lm", "tokens"), ("toy-seq2seq", "target")):
+        model = create_model(name)
+        handler = get_task_handler(registry_module.get_model_spec(name).task)
+        batch = handler.example_batch(model.config, 2, torch.Generator().manual_seed(0))
+        output = handler.forward(model, batch)
+        assert output.logits.shape[:2] == batch[key][:, 1:].shape
+
+
+def test_language_model_handler_cuts_overlapping_windows():
+    handler = get_task_handler("language-model")
+
+    @dataclass
+    class Config:
+        context_length: int = 3
+        vocab_size: int = 10
+
+    data = TaskData("text", "train", {"stream": torch.arange(10)})
+    windows = handler.finalize(data, Config()).tensors["tokens"]
+    assert windows.tolist() == [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
+    with pytest.raises(ValueError, match="token ids up to 9, the model's vocabulary has 5"):
+        handler.finalize(data, Config(vocab_size=5))
+
+
+def test_unknown_task_is_an_error():
+    with pytest.raises(ValueError, match="no training support for task 'detection'"):
+        get_task_handler("detection")
