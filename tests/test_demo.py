@@ -40,3 +40,12 @@ def test_run_demo_end_to_end(tmp_path, capsys):
     assert report.retrieval_accuracy > 0.8  # kernel regression on real MNIST, far above chance
     assert len(report.purity_per_pass) == 3
     assert all(p.exists() for p in report.plots)
+
+
+def test_demo_command_runs_from_the_cli(monkeypatch, tmp_path):
+    from torchvote import cli, demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda **kw: seen.update(kw))
+    assert cli.main(["demo", "--output-dir", str(tmp_path), "--no-plots"]) == 0
+    assert seen == {"output_dir": str(tmp_path), "make_plots": False}

@@ -3,6 +3,7 @@
 ::
 
     torchvote main [key=value ...]                      # the README's main job
+    torchvote demo                                      # the operator as attention and routing
     torchvote train PRESET [key=value ...]              # PRESET: a shipped name or a .yaml path
     torchvote train --resume RUN_DIR [key=value ...]    # continue a stopped run
     torchvote evaluate CHECKPOINT --on mnist --on affnist
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     main_job = commands.add_parser("main", help="train the default preset, evaluate it, print the results")
     main_job.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the main preset")
     main_job.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:<index>")
+
+    demo = commands.add_parser("demo", help="the voting operator as attention and as routing on MNIST")
+    demo.add_argument("--output-dir", default="runs/demo", help="where the plots go")
+    demo.add_argument("--no-plots", action="store_true", help="print only")
 
     train = commands.add_parser("train", help="train from a preset with key=value overrides")
     train.add_argument(
@@ -102,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from torchvote.demo import run_demo
+
+    run_demo(output_dir=args.output_dir, make_plots=not args.no_plots)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
@@ -116,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setattr(args, target, [*getattr(args, target), f"device={args.device}"])
     handlers = {
         "main": _main_job,
+        "demo": _demo,
         "train": _train,
         "evaluate": _evaluate,
         "list": _list,
