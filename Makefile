@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint clean bench
+.PHONY: run test demo clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,13 @@ test: $(STAMP_DEV)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
+demo: $(STAMP_RUN)
+	$(BIN)/torchvote demo
+
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/attention.py
 	$(BIN)/python benchmarks/routing.py
+	$(BIN)/python benchmarks/training.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
