@@ -129,10 +129,174 @@ def cnn_baseline_reference(batch_size: int, preset: str | None) -> tuple[Callabl
     return step, batch_size
 
 
+def _popular_squash(s: Tensor, dim: int = -1) -> Tensor:
+    squared_norm = (s**2).sum(dim=dim, keepdim=True)
+    return squared_norm * s / ((1.0 + squared_norm) * torch.sqrt(squared_norm + 1e-8))
+
+
+class _PopularCapsNet(nn.Module):
+    """CapsNet as the most used PyTorch repositories write it (sizes from our config):
+
+    primary capsules as a ``ModuleList`` of ``primary_dim`` convolutions of ``primary_types``
+    channels each, stacked; digit capsules that repeat ``W`` over the batch (``torch.cat([W] *
+    batch)``) and the inputs over the classes, ``u_hat = torch.matmul(W, x)``, a Python loop of
+    routing iterations with the softmax over the classes (the correct axis) and per-example
+    logits; lengths, an identity-matrix mask, the same decoder; margin loss and a summed MSE.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        c = config
+        self.num_classes, self.iterations, self.in_caps = c.num_classes, c.iterations, c.num_primary_caps
+        self.conv1 = nn.Conv2d(c.in_channels, c.conv_channels, c.conv_kernel)
+        self.capsules = nn.ModuleList(
+            [
+                nn.Conv2d(c.conv_channels, c.primary_types, c.primary_kernel, stride=c.primary_stride)
+                for _ in range(c.primary_dim)
+            ]
+        )
+        self.W = nn.Parameter(0.01 * torch.randn(1, self.in_caps, c.num_classes, c.class_dim, c.primary_dim))
+        layers: list[nn.Module] = []
+        width = c.num_classes * c.class_dim
+        for units in c.decoder_hidden:
+            layers += [nn.Linear(width, units), nn.ReLU(inplace=True)]
+            width = units
+        layers += [nn.Linear(width, c.in_channels * c.image_size**2), nn.Sigmoid()]
+        self.decoder = nn.Sequential(*layers)
+
+    def forward(self, images: Tensor, labels_one_hot: Tensor) -> tuple[Tensor, Tensor]:
+        batch = images.size(0)
+        x = F.relu(self.conv1(images))
+        u = torch.stack([capsule(x) for capsule in self.capsules], dim=1)  # (b, 8, 32, 6, 6)
+        u = _popular_squash(u.view(batch, len(self.capsules), -1).transpose(1, 2))  # (b, 1152, 8)
+        x = torch.stack([u] * self.num_classes, dim=2).unsqueeze(4)  # (b, 1152, 10, 8, 1)
+        W = torch.cat([self.W] * batch, dim=0)  # (b, 1152, 10, 16, 8)
+        u_hat = torch.matmul(W, x)  # (b, 1152, 10, 16, 1)
+        b_ij = torch.zeros(batch, self.in_caps, self.num_classes, 1)
+        for iteration in range(self.iterations):
+            c_ij = F.softmax(b_ij, dim=2).unsqueeze(4)  # (b, 1152, 10, 1, 1): over the classes
+            s_j = (c_ij * u_hat).sum(dim=1, keepdim=True)  # (b, 1, 10, 16, 1)
+            v_j = _popular_squash(s_j, dim=3)
+            if iteration < self.iterations - 1:
+                a_ij = torch.matmul(u_hat.transpose(3, 4), torch.cat([v_j] * self.in_caps, dim=1))
+                b_ij = b_ij + a_ij.squeeze(4)
+        v = v_j.squeeze(1).squeeze(-1)  # (b, 10, 16)
+        lengths = (v**2).sum(dim=-1) ** 0.5
+        reconstructions = self.decoder((v * labels_one_hot[:, :, None]).view(batch, -1))
+        return lengths, reconstructions
+
+
+def _popular_capsule_loss(lengths: Tensor, labels: Tensor, images: Tensor, reconstructions: Tensor) -> Tensor:
+    left = F.relu(0.9 - lengths) ** 2
+    right = F.relu(lengths - 0.1) ** 2
+    margin = (labels * left + 0.5 * (1.0 - labels) * right).sum()
+    reconstruction = F.mse_loss(reconstructions, images.view(images.size(0), -1), reduction="sum")
+    return (margin + 0.0005 * reconstruction) / images.size(0)
+
+
+def _popular_step(model: nn.Module, batch_size: int, image_size: int) -> Callable[[], None]:
+    images = torch.rand(batch_size, 1, image_size, image_size)
+    labels = torch.eye(10).index_select(dim=0, index=torch.randint(10, (batch_size,)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        lengths, reconstructions = model(images, labels)
+        loss = _popular_capsule_loss(lengths, labels, images, reconstructions)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def capsnet_reference(batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+    config = create_model("capsnet", preset).config
+    torch.manual_seed(0)
+    return _popular_step(_PopularCapsNet(config), batch_size, config.image_size), batch_size
+
+
+class _PopularEfficientCapsNet(nn.Module):
+    """Efficient-CapsNet as the PyTorch ports of the authors' Keras code write it: the same
+    convolutions and batch norms (NCHW), the depthwise primary capsules as a grouped
+    ``nn.Conv2d``, the efficient squash ``(1 - 1 / (exp(n) + eps)) x / (n + eps)``, the class
+    layer's votes from ``W`` repeated over the batch and ``torch.matmul``, self-attention routing
+    ``softmax(u u^T row sums / sqrt(d))`` over the classes plus the log prior, the same decoder."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        c = config
+        layers: list[nn.Module] = []
+        in_channels = c.in_channels
+        for channels, kernel, stride in zip(c.conv_channels, c.conv_kernels, c.conv_strides, strict=True):
+            layers += [
+                nn.Conv2d(in_channels, channels, kernel, stride=stride),
+                nn.ReLU(),
+                nn.BatchNorm2d(channels),
+            ]
+            in_channels = channels
+        self.convs = nn.Sequential(*layers)
+        self.depthwise = nn.Conv2d(in_channels, in_channels, c.depthwise_kernel, groups=in_channels)
+        self.primary_types, self.primary_dim, self.class_dim = c.primary_types, c.primary_dim, c.class_dim
+        self.in_caps, self.num_classes = c.num_primary_caps, c.num_classes
+        self.W = nn.Parameter(0.04 * torch.randn(1, c.num_classes, self.in_caps, c.class_dim, c.primary_dim))
+        self.b = nn.Parameter(torch.zeros(c.num_classes, self.in_caps, 1))
+        layers = []
+        width = c.num_classes * c.class_dim
+        for units in c.decoder_hidden:
+            layers += [nn.Linear(width, units), nn.ReLU(inplace=True)]
+            width = units
+        layers += [nn.Linear(width, c.in_channels * c.image_size**2), nn.Sigmoid()]
+        self.decoder = nn.Sequential(*layers)
+
+    @staticmethod
+    def squash(x: Tensor, eps: float = 1e-21) -> Tensor:
+        n = torch.norm(x, dim=-1, keepdim=True)
+        return (1 - 1 / (torch.exp(n) + eps)) * (x / (n + eps))
+
+    def forward(self, images: Tensor, labels_one_hot: Tensor) -> tuple[Tensor, Tensor]:
+        batch = images.size(0)
+        x = self.depthwise(self.convs(images))  # (b, 128, 1, 1)
+        u = self.squash(x.view(batch, self.primary_types, self.primary_dim))  # (b, 16, 8)
+        x = torch.stack([u] * self.num_classes, dim=1).unsqueeze(4)  # (b, 10, 16, 8, 1)
+        W = torch.cat([self.W] * batch, dim=0)  # (b, 10, 16, 16, 8)
+        u_hat = torch.matmul(W, x).squeeze(4)  # (b, 10, 16, 16)
+        c = torch.einsum("...ij,...kj->...i", u_hat, u_hat)[..., None] / self.class_dim**0.5  # (b, 10, 16, 1)
+        c = F.softmax(c, dim=1) + self.b
+        v = self.squash((u_hat * c).sum(dim=-2))  # (b, 10, 16)
+        lengths = torch.sqrt((v**2).sum(dim=-1) + 1e-8)
+        reconstructions = self.decoder((v * labels_one_hot[:, :, None]).view(batch, -1))
+        return lengths, reconstructions
+
+
+def efficient_capsnet_reference(batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+    config = create_model("efficient-capsnet", preset).config
+    torch.manual_seed(0)
+    return _popular_step(_PopularEfficientCapsNet(config), batch_size, config.image_size), batch_size
+
+
 #: The benchmark lines; add one per model (capsnet, efficient-capsnet ... by their engineers).
 PAIRS: dict[str, StepPair] = {
     "cnn-baseline": StepPair(
         "cnn-baseline", "small", cnn_baseline_reference, note="same network; shows the loop's overhead"
+    ),
+    "capsnet": StepPair(
+        "capsnet",
+        "paper",
+        capsnet_reference,
+        note="baseline: 8 primary convs, W repeated over the batch, matmul votes, loop",
+    ),
+    "capsnet-small": StepPair(
+        "capsnet",
+        "small",
+        capsnet_reference,
+        note="CPU preset; same baseline style",
+    ),
+    "efficient-capsnet": StepPair(
+        "efficient-capsnet",
+        "paper",
+        efficient_capsnet_reference,
+        note="baseline: grouped depthwise conv, NCHW, W repeated over the batch",
     ),
 }
 

@@ -10,7 +10,20 @@ from torchvote.functional.attention import (
     scaled_dot_product_attention,
     self_attention,
 )
+from torchvote.functional.em import default_inverse_temperature, em_routing
 from torchvote.functional.nonlinearities import squash
+from torchvote.functional.routing import (
+    as_routing_votes,
+    dynamic_routing,
+    efficient_squash,
+    inverted_dot_product_routing,
+    list_routers,
+    self_attention_routing,
+    slot_attention,
+    slot_routing,
+    uniform_routing,
+)
+from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.functional.scores import (
     additive_score,
     concat_score,
@@ -30,6 +43,19 @@ from torchvote.functional.voting import (
 
 __all__ = [
     "DotProductScores",
+    "LinearVotes",
+    "SharedLinearVotes",
+    "as_routing_votes",
+    "default_inverse_temperature",
+    "dynamic_routing",
+    "efficient_squash",
+    "em_routing",
+    "inverted_dot_product_routing",
+    "list_routers",
+    "self_attention_routing",
+    "slot_attention",
+    "slot_routing",
+    "uniform_routing",
     "PairwiseVotes",
     "SharedVotes",
     "VoteResult",

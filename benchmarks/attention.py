@@ -1,0 +1,260 @@
+"""Benchmark: torchvote's MultiHeadAttention vs raw SDPA with the same projections vs torch's MHA.
+
+Three implementations of one multi-head self-attention layer (embed 512, 8 heads of 64), sharing
+the same weights:
+
+- ``ours``: ``torchvote.nn.MultiHeadAttention``, causal given as ``is_causal=True``;
+- ``sdpa``: the fewest lines that do the job: a packed qkv ``Linear``,
+  ``F.scaled_dot_product_attention`` and the output ``Linear`` (the bar ours must meet);
+- ``mha``: ``torch.nn.MultiheadAttention(need_weights=False)``, given the causal mask as
+  ``attn_mask`` (``nn.Transformer.generate_square_subsequent_mask``), as its users pass it.
+
+Modes: ``infer`` (eval mode under ``torch.inference_mode``) and ``train`` (forward + backward of
+``output.sum()`` to the input and the parameters, train mode, dropout 0).
+
+Time: all in this one process; after one warm-up call each, the three implementations are run in
+turn (interleaved) ``--repeats`` times and the median is reported.
+
+Memory: the peak resident-set growth during one call, measured in a fresh process per
+(configuration, implementation) started with multiprocessing's ``spawn``: after the module and
+inputs are built, ``/proc/self/clear_refs`` resets the kernel's high-water mark (``VmHWM``), one
+call runs, and ``VmHWM - VmRSS_before`` is reported (a warm-up call on 8 tokens first takes
+the one-time costs: lazy imports, kernel initialisation). This sees every allocation torch makes
+(tracemalloc would not). The child's address space is capped at ~``--mha-limit-gb`` above its
+baseline, so an ``nn.MultiheadAttention`` that needs more fails cleanly in the child (reported
+as skipped, and not timed) instead of driving the machine out of memory.
+
+Run: ``python benchmarks/attention.py`` (full; ~20-40 min on 2 CPU cores) or ``--quick`` (tiny
+smoke run, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torchvote.nn import MultiHeadAttention
+
+IMPLEMENTATIONS = ("ours", "sdpa", "mha")
+
+
+class RawSDPA(nn.Module):
+    """Packed qkv projection, F.scaled_dot_product_attention, output projection; nothing else."""
+
+    def __init__(self, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
+        self.out = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x: Tensor, is_causal: bool) -> Tensor:
+        batch, length, embed_dim = x.shape
+        q, k, v = self.qkv(x).split(embed_dim, dim=2)
+        q, k, v = (t.view(batch, length, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)  # (b, h, T, d)
+        return self.out(y.transpose(1, 2).reshape(batch, length, embed_dim))
+
+
+@dataclass(frozen=True)
+class Config:
+    batch: int
+    length: int
+    causal: bool
+    mode: str  # "infer" or "train"
+
+
+def build(impl: str, config: Config, embed_dim: int, num_heads: int, seed: int = 0):
+    """The module and a zero-argument callable running one measured call (same weights for all)."""
+    torch.manual_seed(seed)
+    reference = nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)
+    if impl == "mha":
+        module: nn.Module = reference
+    elif impl == "ours":
+        module = MultiHeadAttention.from_torch(reference)
+    else:
+        module = RawSDPA(embed_dim, num_heads)
+        with torch.no_grad():
+            module.qkv.weight.copy_(reference.in_proj_weight)
+            module.qkv.bias.copy_(reference.in_proj_bias)
+            module.out.load_state_dict(reference.out_proj.state_dict())
+    module.train(config.mode == "train")
+    x = torch.randn(config.batch, config.length, embed_dim, generator=torch.Generator().manual_seed(1))
+    mask = (nn.Transformer.generate_square_subsequent_mask(config.length)
+            if config.causal and impl == "mha" else None)
+
+    def forward(inputs: Tensor) -> Tensor:
+        if impl == "mha":
+            return module(inputs, inputs, inputs, attn_mask=mask, need_weights=False)[0]
+        if impl == "ours":
+            return module(inputs, is_causal=config.causal)[0]
+        return module(inputs, config.causal)
+
+    if config.mode == "infer":
+        def call() -> None:
+            with torch.inference_mode():
+                forward(x)
+    else:
+        x.requires_grad_(True)
+
+        def call() -> None:
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+            forward(x).sum().backward()
+
+    return module, call
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _memory_child(impl: str, config: Config, embed_dim: int, num_heads: int,
+                  limit_gb: float | None, queue) -> None:
+    try:
+        # One-time costs are not the call's: lazy imports (einops' first torch call imports
+        # torch._dynamo, ~40 MB) and kernel initialisation happen in a warm-up on 8 tokens.
+        build(impl, Config(config.batch, 8, config.causal, config.mode), embed_dim, num_heads)[1]()
+        _, call = build(impl, config, embed_dim, num_heads)
+        if limit_gb is not None:
+            limit = _status_kb("VmSize") * 1024 + int(limit_gb * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset VmHWM to the current RSS
+        before = _status_kb("VmRSS")
+        call()
+        queue.put(("ok", (_status_kb("VmHWM") - before) / 1024))
+    except (MemoryError, RuntimeError) as error:
+        queue.put(("oom", str(error).splitlines()[0][:120]))
+
+
+def peak_memory_mb(impl: str, config: Config, embed_dim: int, num_heads: int,
+                   limit_gb: float | None) -> tuple[str, float | str]:
+    """("ok", peak RSS growth in MB) or ("oom", message), from a fresh spawned process."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_memory_child,
+                              args=(impl, config, embed_dim, num_heads, limit_gb, queue))
+    process.start()
+    process.join()
+    if queue.empty():
+        return "oom", f"child exited with code {process.exitcode}"
+    return queue.get()
+
+
+def time_interleaved(calls: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median seconds per call; the implementations take turns so drift hits all alike."""
+    for call in calls.values():
+        call()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f}" if seconds < 10 else f"{seconds * 1e3:.0f}"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--slow-repeats", type=int, default=3,
+                        help="repeats when one call takes more than --slow-seconds")
+    parser.add_argument("--slow-seconds", type=float, default=2.0)
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory children")
+    parser.add_argument("--mha-limit-gb", type=float, default=12.0,
+                        help="memory above which nn.MultiheadAttention is skipped")
+    parser.add_argument("--embed-dim", type=int, default=512)
+    parser.add_argument("--num-heads", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.lengths, args.repeats = [1], [128], 3
+        args.embed_dim, args.num_heads = 64, 4
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; embed {args.embed_dim}, "
+          f"{args.num_heads} heads; median of {args.repeats} interleaved repeats "
+          f"({args.slow_repeats} when a call exceeds {args.slow_seconds:g} s); memory = peak RSS growth "
+          f"during one call in a fresh spawned process (VmHWM after /proc/self/clear_refs)")
+    header = (f"{'batch':>5} {'T':>5} {'causal':>6} {'mode':>5} | {'ours ms':>8} {'sdpa ms':>8} "
+              f"{'mha ms':>8} | {'ours/sdpa':>9} {'mha/ours':>8} | {'ours MB':>8} {'sdpa MB':>8} "
+              f"{'mha MB':>8} {'ours/sdpa':>9}")
+    print(header)
+    print("-" * len(header))
+    notes = []
+    for batch in args.batches:
+        for length in args.lengths:
+            for causal in (False, True):
+                for mode in ("infer", "train"):
+                    config = Config(batch, length, causal, mode)
+                    memory: dict[str, float | None] = dict.fromkeys(IMPLEMENTATIONS)
+                    skip_mha = False
+                    if not args.no_memory:
+                        for impl in IMPLEMENTATIONS:
+                            limit = args.mha_limit_gb if impl == "mha" else None
+                            status, value = peak_memory_mb(impl, config, args.embed_dim,
+                                                           args.num_heads, limit)
+                            if status == "ok":
+                                memory[impl] = value
+                            elif impl == "mha":
+                                skip_mha = True
+                                notes.append(f"b={batch} T={length} causal={causal} {mode}: "
+                                             f"nn.MultiheadAttention skipped, needs > "
+                                             f"{args.mha_limit_gb:g} GB ({value})")
+                            else:
+                                raise RuntimeError(f"{impl} failed for {config}: {value}")
+                    calls = {}
+                    for impl in IMPLEMENTATIONS:
+                        if impl == "mha" and skip_mha:
+                            continue
+                        calls[impl] = build(impl, config, args.embed_dim, args.num_heads)[1]
+                    start = time.perf_counter()
+                    calls["ours"]()
+                    repeats = (args.slow_repeats if time.perf_counter() - start > args.slow_seconds
+                               else args.repeats)
+                    times: dict[str, float | None] = dict.fromkeys(IMPLEMENTATIONS)
+                    times.update(time_interleaved(calls, repeats))
+                    del calls
+                    ours, sdpa, mha = times["ours"], times["sdpa"], times["mha"]
+                    mem_ratio = (memory["ours"] / memory["sdpa"]
+                                 if memory["ours"] is not None and memory["sdpa"] else None)
+                    print(f"{batch:>5} {length:>5} {str(causal):>6} {mode:>5} | "
+                          f"{_fmt_time(ours):>8} {_fmt_time(sdpa):>8} "
+                          f"{_fmt_time(mha) if not skip_mha else 'skipped':>8} | "
+                          f"{ours / sdpa:>9.3f} {_fmt(mha / ours if mha else None, '.2f'):>8} | "
+                          f"{_fmt(memory['ours'], '.0f'):>8} {_fmt(memory['sdpa'], '.0f'):>8} "
+                          f"{_fmt(memory['mha'], '.0f') if not skip_mha else 'skipped':>8} "
+                          f"{_fmt(mem_ratio, '.2f'):>9}", flush=True)
+    for note in notes:
+        print("note:", note)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

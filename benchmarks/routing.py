@@ -1,0 +1,381 @@
+"""Routing speed and memory: torchvote's capsule layers beside the way popular repositories write them.
+
+Cases (all paper-exact: gradients through every routing iteration, no stop-gradient):
+
+- ``dynamic``: CapsNet's digit capsules (Sabour et al. 2017), 1152 x 8-D -> 10 x 16-D, 3 iterations,
+  ``torchvote.nn.CapsuleLinear`` (unmaterialised ``LinearVotes``) beside a baseline written as the
+  popular repositories do it: the weights repeated over the batch (``torch.cat([W] * batch)``), the
+  inputs stacked over the outputs, one ``torch.matmul`` for the votes, a Python loop of iterations.
+- ``em-conv1`` / ``em-conv2`` / ``em-class``: the small smallNORB model of Hinton et al. 2018
+  (A=64, B=8, C=D=16, 32x32 input: 14x14 primary capsules, ConvCaps1 K=3 stride 2 -> 6x6,
+  ConvCaps2 K=3 stride 1 -> 4x4, class capsules with coordinate addition -> 5),
+  ``torchvote.nn.ConvMatrixCapsules`` / ``ClassMatrixCapsules`` beside a baseline that unfolds the
+  patches, repeats the weights over batch and positions (and the poses over the output types),
+  and runs EM per patch with the usual broadcast tensors.
+
+Timing runs every implementation in this one process, interleaved (ours, baseline, ours, ...), and
+reports medians. Peak memory is measured honestly: each (case, implementation, batch, mode) runs
+once in a fresh spawned subprocess, which first warms the libraries up on a tiny batch, then
+builds its inputs and module, resets the kernel's resident-set high-water mark
+(``/proc/self/clear_refs``), runs one forward (and backward), and reports the high-water mark
+(``VmHWM``) minus the resident set before the step: the extra resident memory the step needed at
+its peak (RSS, so it counts every allocation, not only tensors; ``ru_maxrss`` growth where
+``/proc`` is missing).
+
+Usage::
+
+    python benchmarks/routing.py                  # the full table
+    python benchmarks/routing.py --quick          # smoke run: small batches, few repeats
+    python benchmarks/routing.py --cases dynamic --batches 128 --repeats 7
+    python benchmarks/routing.py --passive-threads   # on a machine shared with other jobs
+
+``--passive-threads`` re-runs the script with ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads
+sleep instead of spinning. On a machine whose cores are oversubscribed by other processes a
+spinning worker takes the core the main thread needs, and every one of the many small operations
+of a routing loop then waits a scheduler time slice; both implementations run under the same
+setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torchvote.functional.em import default_inverse_temperature
+from torchvote.nn.capsules import CapsuleLinear
+from torchvote.nn.em_capsules import ClassMatrixCapsules, ConvMatrixCapsules, MatrixCapsules
+
+# --- baselines, written the way the popular repositories write them ---------------------------------
+
+
+def _baseline_squash(s: Tensor, dim: int) -> Tensor:
+    squared_norm = (s**2).sum(dim, keepdim=True)
+    return squared_norm * s / ((1.0 + squared_norm) * torch.sqrt(squared_norm + 1e-8))
+
+
+class BaselineDigitCaps(nn.Module):
+    """Dynamic routing as in the most used PyTorch CapsNet layers (softmax over the outputs)."""
+
+    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, iterations: int) -> None:
+        super().__init__()
+        self.in_caps, self.out_caps, self.iterations = in_caps, out_caps, iterations
+        self.W = nn.Parameter(0.01 * torch.randn(1, in_caps, out_caps, out_dim, in_dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch = x.size(0)
+        x = torch.stack([x] * self.out_caps, dim=2).unsqueeze(4)  # (b, in, out, in_dim, 1)
+        W = torch.cat([self.W] * batch, dim=0)  # (b, in, out, out_dim, in_dim)
+        u_hat = torch.matmul(W, x)  # (b, in, out, out_dim, 1)
+        b_ij = torch.zeros(batch, self.in_caps, self.out_caps, 1, device=x.device, dtype=x.dtype)
+        for iteration in range(self.iterations):
+            c_ij = F.softmax(b_ij, dim=2).unsqueeze(4)  # (b, in, out, 1, 1)
+            s_j = (c_ij * u_hat).sum(dim=1, keepdim=True)  # (b, 1, out, out_dim, 1)
+            v_j = _baseline_squash(s_j, dim=3)
+            if iteration < self.iterations - 1:
+                a_ij = torch.matmul(u_hat.transpose(3, 4), torch.cat([v_j] * self.in_caps, dim=1))
+                b_ij = b_ij + a_ij.squeeze(4)
+        return v_j.squeeze(1).squeeze(-1)  # (b, out, out_dim)
+
+
+class BaselineEM(nn.Module):
+    """EM routing per patch with repeated weights, in the style of the popular EM repository.
+
+    Paper-exact (Procedure 1's cost, the same lambda schedule, no renormalisation over the outputs):
+    only the implementation style differs from torchvote's.
+    """
+
+    def __init__(self, in_types: int, out_types: int, *, kernel_size: int, stride: int,
+                 iterations: int = 3, class_caps: bool = False, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.B, self.C, self.K, self.stride = in_types, out_types, kernel_size, stride
+        self.iterations, self.class_caps, self.eps = iterations, class_caps, eps
+        in_caps = in_types if class_caps else kernel_size * kernel_size * in_types
+        self.weights = nn.Parameter(torch.eye(4) + 0.1 * torch.randn(1, in_caps, out_types, 4, 4))
+        self.beta_u = nn.Parameter(torch.zeros(out_types))
+        self.beta_a = nn.Parameter(torch.zeros(out_types))
+        self.ln_2pi = math.log(2 * math.pi)
+
+    def m_step(self, a_in, r, v, iteration):
+        b, n, C, psize = v.shape
+        r = r * a_in  # (b, n, C)
+        r_sum = r.sum(dim=1, keepdim=True)  # (b, 1, C)
+        coeff = (r / r_sum.clamp_min(self.eps)).view(b, n, C, 1)
+        mu = torch.sum(coeff * v, dim=1, keepdim=True)  # (b, 1, C, psize)
+        sigma_sq = torch.sum(coeff * (v - mu) ** 2, dim=1, keepdim=True) + self.eps
+        cost_h = (self.beta_u.view(C, 1) + torch.log(sigma_sq.sqrt()).view(b, C, psize)) * r_sum.view(b, C, 1)
+        lam = default_inverse_temperature(iteration)
+        a_out = torch.sigmoid(lam * (self.beta_a - cost_h.sum(dim=2)))  # (b, C)
+        return a_out, mu, sigma_sq
+
+    def e_step(self, mu, sigma_sq, a_out, v):
+        ln_p = -1.0 * (v - mu) ** 2 / (2 * sigma_sq) - torch.log(sigma_sq.sqrt()) - 0.5 * self.ln_2pi
+        ln_ap = ln_p.sum(dim=3) + torch.log(a_out.unsqueeze(1))
+        return F.softmax(ln_ap, dim=2)
+
+    def route(self, v, a_in):
+        b, n, C, _ = v.shape
+        r = torch.ones(b, n, C, dtype=v.dtype) / C
+        for iteration in range(self.iterations):
+            a_out, mu, sigma_sq = self.m_step(a_in, r, v, iteration)
+            if iteration < self.iterations - 1:
+                r = self.e_step(mu, sigma_sq, a_out, v)
+        return mu.squeeze(1), a_out
+
+    def forward(self, poses: Tensor, activations: Tensor) -> tuple[Tensor, Tensor]:
+        b, h, w, B = activations.shape
+        if self.class_caps:
+            n = h * w * B
+            x = poses.reshape(b, h * w, B, 1, 4, 4).repeat(1, 1, 1, self.C, 1, 1)
+            W = self.weights.view(1, 1, B, self.C, 4, 4).repeat(b, h * w, 1, 1, 1, 1)
+            v = torch.matmul(x, W).view(b, h, w, B, self.C, 16)
+            coords = torch.zeros(h, w, 16, dtype=v.dtype)
+            coords[..., 3] = ((torch.arange(h, dtype=v.dtype) + 0.5) / h)[:, None]
+            coords[..., 7] = ((torch.arange(w, dtype=v.dtype) + 0.5) / w)[None, :]
+            v = (v + coords.view(h, w, 1, 1, 16)).view(b, n, self.C, 16)
+            mu, a_out = self.route(v, activations.reshape(b, n, 1))
+            return mu, a_out
+        K, s = self.K, self.stride
+        pose_patches = poses.unfold(1, K, s).unfold(2, K, s)  # (b, oh, ow, B, 4, 4, K, K)
+        oh, ow = pose_patches.shape[1:3]
+        pose_patches = pose_patches.permute(0, 1, 2, 6, 7, 3, 4, 5).reshape(b * oh * ow, K * K * B, 1, 4, 4)
+        act_patches = activations.unfold(1, K, s).unfold(2, K, s)  # (b, oh, ow, B, K, K)
+        act_patches = act_patches.permute(0, 1, 2, 4, 5, 3).reshape(b * oh * ow, K * K * B, 1)
+        x = pose_patches.repeat(1, 1, self.C, 1, 1)  # (b*L, KKB, C, 4, 4)
+        W = self.weights.repeat(b * oh * ow, 1, 1, 1, 1)  # weights over batch and positions
+        v = torch.matmul(x, W).view(b * oh * ow, K * K * B, self.C, 16)
+        mu, a_out = self.route(v, act_patches)
+        return mu.view(b, oh, ow, self.C, 4, 4), a_out.view(b, oh, ow, self.C)
+
+
+# --- cases ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    description: str
+    build: Callable[[str, int, int], tuple[Callable[[], Tensor], list[Tensor]]]
+
+
+def _build_dynamic(impl: str, batch: int, seed: int):
+    torch.manual_seed(seed)
+    x = torch.randn(batch, 1152, 8) * 0.5
+    if impl == "torchvote":
+        layer = CapsuleLinear(1152, 8, 10, 16, routing="dynamic", iterations=3)
+        return (lambda: layer(x)), list(layer.parameters())
+    layer = BaselineDigitCaps(1152, 8, 10, 16, 3)
+    return (lambda: layer(x)), list(layer.parameters())
+
+
+def _grid(batch: int, rows: int, types: int) -> MatrixCapsules:
+    poses = torch.randn(batch, rows, rows, types, 4, 4)
+    activations = torch.sigmoid(torch.randn(batch, rows, rows, types))
+    return MatrixCapsules(poses, activations)
+
+
+def _build_em(rows: int, in_types: int, out_types: int, kernel: int, stride: int, class_caps: bool):
+    def build(impl: str, batch: int, seed: int):
+        torch.manual_seed(seed)
+        capsules = _grid(batch, rows, in_types)
+        if impl == "torchvote":
+            if class_caps:
+                layer = ClassMatrixCapsules(in_types, out_types)
+            else:
+                layer = ConvMatrixCapsules(in_types, out_types, kernel_size=kernel, stride=stride)
+
+            def run() -> Tensor:
+                out = layer(capsules)
+                return out.poses.sum() + out.activations.sum()
+        else:
+            layer = BaselineEM(in_types, out_types, kernel_size=kernel, stride=stride, class_caps=class_caps)
+
+            def run() -> Tensor:
+                mu, a_out = layer(capsules.poses, capsules.activations)
+                return mu.sum() + a_out.sum()
+        return run, list(layer.parameters())
+    return build
+
+
+CASES = {
+    "dynamic": Case("dynamic", "dynamic routing 1152x8 -> 10x16, 3 iterations", _build_dynamic),
+    "em-conv1": Case("em-conv1", "EM ConvCaps1 14x14x8 -> 6x6x16, K=3 s=2, 3 iterations",
+                     _build_em(14, 8, 16, 3, 2, False)),
+    "em-conv2": Case("em-conv2", "EM ConvCaps2 6x6x16 -> 4x4x16, K=3 s=1, 3 iterations",
+                     _build_em(6, 16, 16, 3, 1, False)),
+    "em-class": Case("em-class", "EM class capsules 4x4x16 -> 5, coordinate addition",
+                     _build_em(4, 16, 5, 1, 1, True)),
+}
+
+
+def _step(run: Callable[[], Tensor], params: list[Tensor], mode: str) -> None:
+    if mode == "fwd":
+        with torch.no_grad():
+            run()
+        return
+    out = run()
+    loss = out.pow(2).sum() if out.dim() else out
+    loss.backward()
+    for p in params:
+        p.grad = None
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, queue) -> None:
+    torch.set_num_threads(threads)
+    run, params = CASES[case].build(impl, 2, 0)  # warm the libraries up on a tiny batch
+    _step(run, params, mode)
+    del run, params
+    run, params = CASES[case].build(impl, batch, 0)
+    try:  # reset the high-water mark to the current RSS (Linux >= 4.0), then read VmHWM
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        before = _status_kib("VmRSS")
+        _step(run, params, mode)
+        peak = _status_kib("VmHWM")
+    except OSError:  # no /proc: ru_maxrss, which only counts growth above the process's old peak
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        _step(run, params, mode)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put((peak - before) / 1024.0)  # KiB -> MiB
+
+
+def peak_memory_mib(case: str, impl: str, batch: int, mode: str, threads: int) -> float:
+    """Extra peak RSS of one step, measured in a fresh spawned process."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_peak_worker, args=(case, impl, batch, mode, threads, queue))
+    process.start()
+    value = queue.get()
+    process.join()
+    return value
+
+
+def time_pair(case: str, batch: int, mode: str, repeats: int) -> dict[str, list[float]]:
+    """Interleaved timings (seconds) of torchvote and the baseline."""
+    runs = {impl: CASES[case].build(impl, batch, 0) for impl in ("torchvote", "baseline")}
+    for run, params in runs.values():  # warm-up
+        _step(run, params, mode)
+    times: dict[str, list[float]] = {impl: [] for impl in runs}
+    for _ in range(repeats):
+        for impl, (run, params) in runs.items():
+            start = time.perf_counter()
+            _step(run, params, mode)
+            times[impl].append(time.perf_counter() - start)
+    return times
+
+
+def check_agreement(batch: int = 4) -> None:
+    """The baselines compute what torchvote computes (same seeds give the same weights' role)."""
+    torch.manual_seed(0)
+    ours = CapsuleLinear(1152, 8, 10, 16, iterations=3)
+    theirs = BaselineDigitCaps(1152, 8, 10, 16, 3)
+    with torch.no_grad():
+        theirs.W.copy_(ours.weight.permute(1, 0, 2, 3).unsqueeze(0))
+    x = torch.randn(batch, 1152, 8) * 0.5
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-4, atol=1e-5)
+    capsules = _grid(batch, 6, 16)
+    layer = ConvMatrixCapsules(16, 16, kernel_size=3, stride=1)
+    base = BaselineEM(16, 16, kernel_size=3, stride=1)
+    with torch.no_grad():
+        base.weights.copy_(layer.weight.unsqueeze(0))
+    out = layer(capsules)
+    mu, a_out = base(capsules.poses, capsules.activations)
+    torch.testing.assert_close(out.poses, mu, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(out.activations, a_out, rtol=1e-3, atol=1e-5)
+    classes = ClassMatrixCapsules(16, 5)
+    base = BaselineEM(16, 5, kernel_size=1, stride=1, class_caps=True)
+    with torch.no_grad():
+        base.weights.copy_(classes.weight.unsqueeze(0))
+    grid = _grid(batch, 4, 16)
+    out = classes(grid)
+    mu, a_out = base(grid.poses, grid.activations)
+    torch.testing.assert_close(out.poses.flatten(-2), mu, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(out.activations, a_out, rtol=1e-3, atol=1e-5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small batches, 2 repeats")
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--batches", nargs="+", type=int, default=None,
+                        help="batch sizes (default: 32 128 for dynamic, 32 for EM)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 5)")
+    parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"], default=["fwd", "fwd+bwd"])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--passive-threads", action="store_true",
+                        help="re-run with OMP_WAIT_POLICY=PASSIVE (for a machine shared with other jobs)")
+    args = parser.parse_args(argv)
+    if args.passive_threads and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when OpenMP starts: re-run the script
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    torch.set_num_threads(args.threads)
+    repeats = args.repeats or (2 if args.quick else 5)
+
+    check_agreement()
+    policy = os.environ.get("OMP_WAIT_POLICY", "default")
+    print(f"torch {torch.__version__}, {args.threads} threads, OMP_WAIT_POLICY={policy}; times are "
+          f"medians of {repeats} interleaved runs; memory is the extra peak RSS of one step in a fresh "
+          "process\n")
+    print("| case | batch | mode | torchvote | baseline | speed-up | torchvote peak | baseline peak "
+          "| memory ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for case in args.cases:
+        if args.batches:
+            batches = args.batches
+        elif args.quick:
+            batches = [8]
+        else:
+            batches = [32, 128] if case == "dynamic" else [32]
+        for batch in batches:
+            for mode in args.modes:
+                times = time_pair(case, batch, mode, repeats)
+                ours, theirs = statistics.median(times["torchvote"]), statistics.median(times["baseline"])
+                if args.no_memory:
+                    mem_ours = mem_theirs = float("nan")
+                else:
+                    mem_ours = peak_memory_mib(case, "torchvote", batch, mode, args.threads)
+                    mem_theirs = peak_memory_mib(case, "baseline", batch, mode, args.threads)
+                ratio = mem_ours / mem_theirs if mem_theirs > 0 else float("nan")
+                summary[(case, batch, mode)] = (theirs / ours, ratio)
+                print(f"| {case} | {batch} | {mode} | {ours * 1e3:.1f} ms | {theirs * 1e3:.1f} ms | "
+                      f"{theirs / ours:.1f}x | {mem_ours:.0f} MiB | {mem_theirs:.0f} MiB | {ratio:.2f} |",
+                      flush=True)
+    print()
+    targets = [
+        (("dynamic", 128, "fwd+bwd"), "dynamic routing fwd+bwd, batch 128: >= 8x faster, <= 1/4 memory",
+         lambda speed, mem: speed >= 8 and (mem <= 0.25 or math.isnan(mem))),
+        (("em-conv1", 32, "fwd+bwd"), "EM conv capsules (ConvCaps1) fwd+bwd, batch 32: >= 10x faster",
+         lambda speed, mem: speed >= 10),
+        (("em-conv2", 32, "fwd+bwd"), "EM conv capsules (ConvCaps2) fwd+bwd, batch 32: >= 10x faster",
+         lambda speed, mem: speed >= 10),
+    ]
+    for key, text, ok in targets:
+        if key in summary:
+            speed, mem = summary[key]
+            print(f"target {text}: {'met' if ok(speed, mem) else 'MISSED'} ({speed:.1f}x, memory {mem:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,568 @@
+"""Capsule routing as configurations of the voting operator.
+
+Every router here is one call of :func:`torchvote.functional.vote` with the softmax taken over the
+**receivers** (``normalize_over="receivers"``): each input capsule splits one unit of vote among
+the output capsules (bottom-up), where attention lets each query split one unit among the keys
+(top-down). What else differs between the methods is where the logits start, how agreement is
+scored, whether it accumulates, and the nonlinearity:
+
+=========================  ================  ============  ==========  ==================
+router                     start logits      agreement     accumulate  nonlinearity
+=========================  ================  ============  ==========  ==================
+dynamic (Sabour 2017)      0                 u . v (or     yes         squash
+                                             -||u - v||^2)
+uniform (control)          0                 (one pass)    -           squash
+inverted dot-product       0                 u . v         no          layer norm
+(Tsai 2020)
+self-attention             u_j . sum_k u_k   (one pass)    -           Efficient-CapsNet
+(Mazzia 2021)              / sqrt(d)                                   squash, + log prior
+EM (Hinton 2018)           0                 Gaussian      no          (M-step, see
+                                             log-lik.                  ``em_routing``)
+=========================  ================  ============  ==========  ==================
+
+Slot attention (Locatello 2020) is the same loop with shared votes (the values), a weighted mean
+and a GRU as the nonlinearity: :func:`slot_attention`.
+
+**Layouts.** The public functions take votes in the capsule papers' layout,
+``(batch, in_caps, out_caps, dim)`` (input capsule first, as ``u_hat_{j|i}`` is indexed by
+``(i, j)`` in the papers), and return couplings in that layout, ``(batch, in_caps, out_caps)``.
+Inside, torchvote's legend holds: ``i`` receivers (output capsules), ``j`` senders (input
+capsules), so the votes are rearranged to ``(batch, out_caps, in_caps, dim)``. Instead of a tensor
+the functions also accept any :class:`~torchvote.functional.voting.Votes` object already in the
+receivers-first layout, such as :class:`~torchvote.functional.routing_votes.LinearVotes`, which
+never materialises the votes.
+
+Index legend: ``b`` batch, ``i`` receivers (output capsules), ``j`` senders (input capsules),
+``d`` features.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from torchvote.functional.voting import (
+    AgreementFn,
+    NonlinearityFn,
+    PairwiseVotes,
+    SharedVotes,
+    VoteResult,
+    Votes,
+    VotingState,
+    vote,
+)
+
+__all__ = [
+    "as_routing_votes",
+    "dynamic_routing",
+    "efficient_squash",
+    "inverted_dot_product_routing",
+    "list_routers",
+    "self_attention_routing",
+    "slot_attention",
+    "slot_routing",
+    "uniform_routing",
+]
+
+RoutingVotes = Tensor | Votes
+
+
+def list_routers() -> dict[str, str]:
+    """Every routing method torchvote has, by the name ``CapsuleLinear(routing=...)`` takes.
+
+    Returns:
+        ``{name: one-line description}``.
+    """
+    return {
+        "dynamic": "dynamic routing by agreement (Sabour, Frosst & Hinton 2017, Procedure 1)",
+        "em": "EM routing of matrix capsules (Hinton, Sabour & Frosst 2018, Procedure 1)",
+        "inverted_dot_product": "inverted dot-product attention routing (Tsai et al. 2020, Procedure 1)",
+        "self_attention": "Efficient-CapsNet self-attention routing (Mazzia et al. 2021, eqs. 3-6)",
+        "slot": "slot attention over output capsules (Locatello et al. 2020, Algorithm 1)",
+        "uniform": "uniform couplings, no routing: the control (one pass, c_ij = 1 / out_caps)",
+    }
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def check_iterations(iterations: int, argument: str = "iterations") -> None:
+    """Raise ``ValueError`` unless ``iterations`` is an integer >= 1."""
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"{argument} must be an integer >= 1, got {iterations!r}")
+
+
+def as_routing_votes(votes: RoutingVotes, argument: str = "votes") -> Votes:
+    """Votes in the receivers-first layout the voting loop takes.
+
+    Args:
+        votes: a tensor ``(..., in_caps, out_caps, dim)`` in the capsule papers' layout, or a
+            :class:`~torchvote.functional.voting.Votes` object, returned as is.
+        argument: the argument's name, for error messages.
+
+    Returns:
+        A :class:`PairwiseVotes` over ``(..., out_caps, in_caps, dim)`` (a view, no copy), or
+        ``votes`` itself.
+
+    Raises:
+        ValueError: if a tensor has fewer than 3 dimensions or is not floating point.
+    """
+    if not isinstance(votes, Tensor):
+        return votes
+    if votes.dim() < 3:
+        raise ValueError(
+            f"{argument} must have shape (..., in_caps, out_caps, dim), got {tuple(votes.shape)}"
+        )
+    if not votes.is_floating_point():
+        raise ValueError(f"{argument} must be floating point, got dtype {votes.dtype}")
+    return PairwiseVotes(rearrange(votes, "... j i d -> ... i j d"))
+
+
+def _zero_logits(votes: Votes) -> Tensor:
+    """Routing's ``b_ij = 0``: ``(..., i, j)`` zeros for a votes object."""
+    if isinstance(votes, PairwiseVotes):
+        return votes.votes.new_zeros(votes.votes.shape[:-1])
+    if hasattr(votes, "zero_logits"):
+        return votes.zero_logits()
+    raise TypeError(
+        f"cannot start routing from zero logits for {type(votes).__name__}: pass PairwiseVotes, a "
+        "tensor, or a votes object with a zero_logits() method"
+    )
+
+
+def _papers_layout(weights: Tensor) -> Tensor:
+    return rearrange(weights, "... i j -> ... j i")  # (..., in_caps, out_caps)
+
+
+def _couplings(result: VoteResult, all_passes: bool) -> Tensor:
+    if all_passes:
+        return torch.stack([_papers_layout(w) for w in result.weights])  # (passes, ..., j, i)
+    return _papers_layout(result.weights[-1])
+
+
+def _bias_for(bias: Tensor | None) -> Tensor | None:
+    if bias is not None and bias.dim() < 2:
+        raise ValueError(f"bias must have shape (..., out_caps, dim), got {tuple(bias.shape)}")
+    return bias
+
+
+# --- nonlinearities ---------------------------------------------------------------------------------
+
+
+def efficient_squash(inputs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tensor:
+    """Efficient-CapsNet's squash: ``(1 - exp(-||s||)) s / ||s||``.
+
+    Mazzia, Salvetti & Chiaberge 2021, "Efficient-CapsNet: capsule network with self-attention
+    routing", eq. 6. Computed with ``||s|| = sqrt(sum s^2 + eps)`` so a zero vector gives zero with
+    a finite gradient; lengths lie in ``[0, 1)``.
+
+    Args:
+        inputs: any shape; vectors along ``dim``.
+        dim: the vector axis.
+        eps: added under the square root; positive.
+
+    Returns:
+        A tensor of the shape and dtype of ``inputs``.
+
+    Raises:
+        ValueError: if ``eps`` is not positive.
+    """
+    if eps <= 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
+    norm = torch.sqrt(inputs.pow(2).sum(dim=dim, keepdim=True) + eps)
+    return inputs * (-torch.expm1(-norm) / norm)
+
+
+def _as_update(fn: str | Callable[[Tensor], Tensor] | NonlinearityFn, argument: str):
+    """A one-argument normalisation as vote's ``f(aggregated, previous)`` (strings pass through)."""
+    if isinstance(fn, str):
+        if fn == "efficient_squash":
+            return lambda aggregated, previous: efficient_squash(aggregated)
+        return fn
+    if not callable(fn):
+        raise ValueError(f"{argument} must be a name or a callable, got {fn!r}")
+    return lambda aggregated, previous: fn(aggregated)
+
+
+# --- dynamic routing --------------------------------------------------------------------------------
+
+
+def dynamic_routing(
+    votes: RoutingVotes,
+    *,
+    iterations: int = 3,
+    agreement: str | AgreementFn = "dot",
+    detach_votes: bool = False,
+    bias: Tensor | None = None,
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Routing by agreement: Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules".
+
+    Procedure 1 (eqs. 1-3), with the papers' ``i`` (input) and ``j`` (output)::
+
+        b_ij = 0
+        repeat r times:
+            c_i  = softmax(b_i)                over the OUTPUT capsules j
+            s_j  = sum_i c_ij u_hat_j|i  (+ bias_j)
+            v_j  = squash(s_j)                 (eq. 1)
+            b_ij = b_ij + u_hat_j|i . v_j      (not after the last pass)
+
+    As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
+    accumulate=True, nonlinearity="squash")``. The default is paper-exact, with gradients through
+    every iteration.
+
+    Args:
+        votes: ``(batch..., in_caps, out_caps, out_dim)`` predictions ``u_hat_{j|i} = W_ij u_i``,
+            or a receivers-first :class:`~torchvote.functional.voting.Votes` object such as
+            :class:`~torchvote.functional.routing_votes.LinearVotes`.
+        iterations: routing iterations ``r`` (the paper uses 3); at least 1.
+        agreement: ``"dot"`` (``u_hat . v``, the paper) or ``"distance"`` (``-||u_hat - v||^2``,
+            the negative squared Euclidean distance the weighted-voting article names as the
+            alternative), or a callable on the :class:`~torchvote.functional.voting.VotingState`.
+        detach_votes: stop the gradient through the votes in every iteration but the last (a
+            common speed-up of public implementations; not the paper's).
+        bias: ``(batch..., out_caps, out_dim)`` (or broadcastable, e.g. ``(out_caps, out_dim)``)
+            added to ``s_j`` before the squash in every iteration, as in the authors' released
+            code.
+        all_passes: return the couplings of every iteration stacked on a new leading axis.
+
+    Returns:
+        ``(outputs, couplings)``: ``v`` of shape ``(batch..., out_caps, out_dim)`` (lengths below
+        1) and the couplings ``c`` that formed it, ``(batch..., in_caps, out_caps)``, summing to 1
+        over ``out_caps`` (with ``all_passes``: ``(iterations, batch..., in_caps, out_caps)``).
+
+    Raises:
+        ValueError: ``iterations`` < 1, votes of fewer than 3 dimensions, an unknown agreement.
+    """
+    check_iterations(iterations)
+    routed = as_routing_votes(votes)
+    result = vote(
+        routed,
+        _zero_logits(routed),
+        normalize_over="receivers",
+        iterations=iterations,
+        agreement=agreement,
+        accumulate=True,
+        aggregation="sum",
+        nonlinearity="squash",
+        bias=_bias_for(bias),
+        detach_votes=detach_votes,
+        record=True,
+    )
+    return result.outputs, _couplings(result, all_passes)
+
+
+def uniform_routing(
+    votes: RoutingVotes,
+    *,
+    nonlinearity: str | Callable[[Tensor], Tensor] = "squash",
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """No routing: every input capsule splits its vote equally, ``c_ij = 1 / out_caps``.
+
+    The control of the "does routing help?" studies (e.g. Paik, Kwon & Kim 2019, "Capsule networks
+    need an improved routing algorithm"; Gu & Tresp 2020, "Improving the robustness of capsule
+    networks to image affine transformations", which drops routing for uniform couplings).
+    As voting: one pass from zero logits normalised over the receivers, so identical to
+    ``dynamic_routing(votes, iterations=1)`` with the default squash::
+
+        v_j = squash(sum_i u_hat_j|i / out_caps)
+
+    Args:
+        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
+        nonlinearity: ``"squash"`` (default), ``"identity"``, ``"layer_norm"``,
+            ``"efficient_squash"`` or a callable on the ``(batch..., out_caps, out_dim)`` sums.
+        bias: added to the sums before the nonlinearity, ``(..., out_caps, out_dim)``.
+
+    Returns:
+        ``(outputs, couplings)``: ``(batch..., out_caps, out_dim)`` and the constant
+        ``(batch..., in_caps, out_caps)`` couplings.
+
+    Raises:
+        ValueError: bad votes or nonlinearity.
+    """
+    routed = as_routing_votes(votes)
+    result = vote(
+        routed,
+        _zero_logits(routed),
+        normalize_over="receivers",
+        iterations=1,
+        nonlinearity=_as_update(nonlinearity, "nonlinearity"),
+        bias=_bias_for(bias),
+        record=True,
+    )
+    return result.outputs, _couplings(result, False)
+
+
+# --- descendants ------------------------------------------------------------------------------------
+
+
+def inverted_dot_product_routing(
+    votes: RoutingVotes,
+    *,
+    iterations: int = 3,
+    normalization: str | Callable[[Tensor], Tensor] = "layer_norm",
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Inverted dot-product attention routing: Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020.
+
+    "Capsules with Inverted Dot-Product Attention Routing", Procedure 1, with the papers' ``i``
+    (input) and ``j`` (output)::
+
+        p_j = 0                                       (so the first pass is uniform)
+        repeat r times:
+            a_ij = p_j . v_ij                         (agreement with the CURRENT poses only)
+            r_ij = softmax(a_i)                       over the OUTPUT capsules j
+            p_j  = LayerNorm(sum_i r_ij v_ij)
+
+    As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
+    accumulate=False, nonlinearity="layer_norm")``. Unlike dynamic routing the logits are replaced,
+    not accumulated, and layer normalisation replaces the squash. Unlike attention the softmax runs
+    over the output capsules (the receivers), i.e. the "inverted" direction.
+
+    Args:
+        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
+        iterations: passes ``r`` (the first is the uniform one); at least 1.
+        normalization: ``"layer_norm"`` (no affine parameters; the module passes its own
+            ``nn.LayerNorm``) or a callable on ``(batch..., out_caps, out_dim)``.
+        all_passes: return the couplings of every pass stacked on a new leading axis.
+
+    Returns:
+        ``(poses, couplings)``: ``(batch..., out_caps, out_dim)`` and
+        ``(batch..., in_caps, out_caps)``.
+
+    Raises:
+        ValueError: ``iterations`` < 1, bad votes or normalisation.
+    """
+    check_iterations(iterations)
+    routed = as_routing_votes(votes)
+    result = vote(
+        routed,
+        _zero_logits(routed),
+        normalize_over="receivers",
+        iterations=iterations,
+        agreement="dot",
+        accumulate=False,
+        nonlinearity=_as_update(normalization, "normalization"),
+        record=True,
+    )
+    return result.outputs, _couplings(result, all_passes)
+
+
+def self_attention_routing(
+    votes: RoutingVotes,
+    *,
+    log_prior: Tensor | None = None,
+    nonlinearity: str | Callable[[Tensor], Tensor] = "efficient_squash",
+) -> tuple[Tensor, Tensor]:
+    """Efficient-CapsNet's self-attention routing: Mazzia, Salvetti & Chiaberge 2021, eqs. 3-6.
+
+    For every output capsule ``n`` the votes of all input capsules ``l`` attend to each other,
+    ``A_n = U_n U_n^T / sqrt(d)``, and each vote's logit is its row sum::
+
+        c_ln = softmax_n( sum_k u_ln . u_kn / sqrt(d) )     over the OUTPUT capsules n
+        s_n  = sum_l u_ln (c_ln + b_ln)                     (b: the learned log prior)
+        v_n  = squash_eff(s_n)
+
+    As voting: one pass, ``vote(votes, logits, normalize_over="receivers", bias=sum_l b_ln u_ln,
+    nonlinearity=efficient_squash)`` with ``logits = votes.dot(votes.weighted_sum(1)) / sqrt(d)``
+    (agreement of each vote with the sum of its column: the self-attention matrix's row sums,
+    without forming the ``(in_caps, in_caps)`` matrix). The prior is added after the softmax, as in
+    the authors' code, so it enters as a bias ``sum_l b_ln u_ln`` on the aggregate. What differs
+    from attention: the softmax runs over the receivers and the agreement needs no queries.
+
+    Args:
+        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
+        log_prior: ``(in_caps, out_caps)`` (or broadcastable with a batch), the ``b_ln``; ``None``
+            for none.
+        nonlinearity: ``"efficient_squash"`` (eq. 6, default), ``"squash"``, ``"identity"``, or a
+            callable on ``(batch..., out_caps, out_dim)``.
+
+    Returns:
+        ``(outputs, couplings)``: ``(batch..., out_caps, out_dim)`` and the softmax couplings
+        ``(batch..., in_caps, out_caps)`` (without the prior).
+
+    Raises:
+        ValueError: a ``log_prior`` that is not ``(..., in_caps, out_caps)``.
+    """
+    routed = as_routing_votes(votes)
+    zeros = _zero_logits(routed)  # (..., i, j)
+    column_sums = routed.weighted_sum(torch.ones_like(zeros))  # sum_k u_ik: (..., i, d)
+    logits = routed.dot(column_sums) / math.sqrt(column_sums.shape[-1])  # (..., i, j)
+    bias = None
+    if log_prior is not None:
+        if log_prior.dim() < 2 or log_prior.shape[-2:] != zeros.shape[-1:] + zeros.shape[-2:-1]:
+            raise ValueError(
+                f"log_prior must have shape (..., in_caps={zeros.shape[-1]}, "
+                f"out_caps={zeros.shape[-2]}), got {tuple(log_prior.shape)}"
+            )
+        prior = rearrange(log_prior, "... j i -> ... i j").expand_as(zeros)
+        bias = routed.weighted_sum(prior)  # sum_j b_ij u_ij: (..., i, d)
+    result = vote(
+        routed,
+        logits,
+        normalize_over="receivers",
+        iterations=1,
+        nonlinearity=_as_update(nonlinearity, "nonlinearity"),
+        bias=bias,
+        record=True,
+    )
+    return result.outputs, _couplings(result, False)
+
+
+def slot_attention(
+    keys: Tensor,
+    values: Tensor,
+    slots: Tensor,
+    *,
+    query: Callable[[Tensor], Tensor],
+    update: Callable[[Tensor, Tensor], Tensor],
+    iterations: int = 3,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Slot attention: Locatello et al. 2020, "Object-Centric Learning with Slot Attention", Alg. 1.
+
+    With inputs ``j`` (senders) and slots ``i`` (receivers)::
+
+        repeat T times:
+            attn_ij  = softmax_i( q(slots_i) . k_j / sqrt(D) )     over the SLOTS (receivers)
+            update_i = sum_j attn_ij v_j / sum_j attn_ij           (weighted mean over inputs)
+            slots_i  = update(update_i, slots_i)                   (GRU, then + MLP(LN(.)))
+
+    As voting: ``vote(SharedVotes(values), logits_0, normalize_over="receivers", iterations=T,
+    aggregation="mean", nonlinearity=update, agreement=q(slots) . k / sqrt(D),
+    accumulate=False)``: routing's axis (inputs compete for slots) with attention's shared values
+    and queries. The logits are re-scored from the new slots in every pass (``accumulate=False``
+    adds the agreement to the initial logits, so the agreement returns the fresh scores minus the
+    first pass's). The paper adds ``eps = 1e-8`` to every weight before the mean; here the
+    denominator is clamped instead (the same where any input votes).
+
+    Args:
+        keys: ``(batch..., inputs, key_dim)``: ``k(LayerNorm(inputs))``.
+        values: ``(batch..., inputs, value_dim)``: ``v(LayerNorm(inputs))``.
+        slots: ``(batch..., num_slots, slot_dim)``: the initial slots.
+        query: ``slots -> (batch..., num_slots, key_dim)``, e.g. ``q(LayerNorm(slots))``.
+        update: ``(updates, previous slots) -> new slots``, e.g. a GRU cell and a residual MLP.
+        iterations: ``T``; at least 1.
+        scale: multiplies the scores; default ``1 / sqrt(key_dim)``.
+        mask: boolean ``(batch..., inputs)``, ``True`` for real inputs (padding takes no part).
+        all_passes: return the attention of every pass stacked on a new leading axis.
+
+    Returns:
+        ``(slots, attention)``: ``(batch..., num_slots, slot_dim)`` and the last pass's
+        ``(batch..., num_slots, inputs)`` attention (each input's column sums to 1 over the slots).
+
+    Raises:
+        ValueError: ``iterations`` < 1 or mismatched shapes.
+    """
+    check_iterations(iterations)
+    if keys.shape[:-1] != values.shape[:-1]:
+        raise ValueError(
+            f"keys and values must have the same (batch..., inputs), got {tuple(keys.shape)} and "
+            f"{tuple(values.shape)}"
+        )
+    scale = 1.0 / math.sqrt(keys.shape[-1]) if scale is None else scale
+
+    def scores(current_slots: Tensor) -> Tensor:
+        queries = query(current_slots)  # (..., i, key_dim)
+        if queries.shape[-1] != keys.shape[-1]:
+            raise ValueError(
+                f"query(slots) must have key_dim={keys.shape[-1]} features, got {tuple(queries.shape)}"
+            )
+        return torch.einsum("...ie,...je->...ij", queries, keys) * scale
+
+    first = scores(slots)  # (..., i, j)
+
+    def rescore(state: VotingState) -> Tensor:
+        return scores(state.outputs) - first  # accumulate=False adds this to the first logits
+
+    bool_mask = None
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.shape != keys.shape[:-1]:
+            raise ValueError(
+                f"mask must be boolean of shape {tuple(keys.shape[:-1])} (batch..., inputs), got "
+                f"{mask.dtype} {tuple(mask.shape)}"
+            )
+        bool_mask = mask.unsqueeze(-2)  # (..., 1, j)
+    result = vote(
+        SharedVotes(values),
+        first,
+        normalize_over="receivers",
+        iterations=iterations,
+        agreement=rescore,
+        accumulate=False,
+        aggregation="mean",
+        nonlinearity=update,
+        initial_outputs=slots,
+        mask=bool_mask,
+        record=True,
+    )
+    attention = torch.stack(result.weights) if all_passes else result.weights[-1]
+    return result.outputs, attention
+
+
+def slot_routing(
+    votes: RoutingVotes,
+    slots: Tensor,
+    *,
+    query: Callable[[Tensor], Tensor],
+    update: Callable[[Tensor, Tensor], Tensor],
+    iterations: int = 3,
+    scale: float | None = None,
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Slot attention's loop as a capsule router: the output capsules are the slots.
+
+    :func:`slot_attention` with the layer's per-pair votes ``u_hat_ij`` as both keys and values
+    (a capsule layer has already projected every input once per output), and one learned initial
+    slot per output capsule instead of sampled exchangeable slots (output capsules are distinct
+    entities)::
+
+        repeat T times:
+            c_ij  = softmax_i( q(slot_i) . u_hat_ij * scale )     over the OUTPUT capsules
+            m_i   = sum_j c_ij u_hat_ij / sum_j c_ij              (weighted mean)
+            slot_i = update(m_i, slot_i)
+
+    Args:
+        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
+        slots: ``(batch..., out_caps, out_dim)`` initial slots (broadcastable).
+        query: ``slots -> (batch..., out_caps, out_dim)``.
+        update: ``(means, previous slots) -> slots``.
+        iterations: ``T``; at least 1.
+        scale: multiplies the scores; default ``1 / sqrt(out_dim)``.
+        all_passes: return the couplings of every pass stacked on a new leading axis.
+
+    Returns:
+        ``(slots, couplings)``: ``(batch..., out_caps, out_dim)`` and
+        ``(batch..., in_caps, out_caps)``.
+
+    Raises:
+        ValueError: ``iterations`` < 1, bad votes.
+    """
+    check_iterations(iterations)
+    routed = as_routing_votes(votes)
+    scale = 1.0 / math.sqrt(slots.shape[-1]) if scale is None else scale
+    first = routed.dot(query(slots)) * scale  # (..., i, j)
+
+    def rescore(state: VotingState) -> Tensor:
+        return routed.dot(query(state.outputs)) * scale - first  # accumulate=False adds `first`
+
+    result = vote(
+        routed,
+        first,
+        normalize_over="receivers",
+        iterations=iterations,
+        agreement=rescore,
+        accumulate=False,
+        aggregation="mean",
+        nonlinearity=update,
+        initial_outputs=slots,
+        record=True,
+    )
+    return result.outputs, _couplings(result, all_passes)

@@ -1,0 +1,304 @@
+"""Capsule votes that are never materialised: ``u_hat_{j|i} = W_ij u_i`` kept as ``(W, u)``.
+
+A capsule layer's votes are a linear map of its inputs, one matrix per (output, input) pair. The
+voting loop only ever needs two things from them (see :class:`torchvote.functional.voting.Votes`):
+
+- the weighted sum ``s_i = sum_j c_ij W_ij u_j``, which is ``W`` contracted with the
+  coupling-scaled inputs ``c_ij u_j``, one matrix product per receiver;
+- the agreement ``u_hat_ij . v_i = u_j . (W_ij^T v_i)``, which is ``W`` contracted with the
+  outputs, again one matrix product per receiver.
+
+Neither needs the ``(batch, out_caps, in_caps, out_dim)`` tensor of votes. At the CapsNet shapes
+(1152 x 8 -> 10 x 16, batch 128) that tensor is 94 MB, its gradient another 94 MB per pass, and
+every pass of the routing loop reads and writes it: the layer is memory-bound. Here each pass
+streams the 4.7 MB of inputs once per receiver through cache-sized blocks (``_BLOCK_ELEMENTS``)
+and the backward pass recomputes its blocks instead of saving them, so the memory a forward pass
+keeps for backward is a few ``(batch, out_caps, in_caps)`` coupling tensors (see
+``benchmarks/routing.py`` for the measured time and peak memory against materialised votes).
+
+Index legend (as everywhere in torchvote): ``b`` batch, ``i`` receivers (output capsules),
+``j`` senders (input capsules), ``d`` output (vote) features, ``e`` input features.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+__all__ = ["LinearVotes", "SharedLinearVotes"]
+
+# Elements of one block of coupling-scaled inputs (4 MB in float32): small enough to stay in cache
+# between being written and being read by the matrix product, large enough for a good GEMM.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+def _blocks(batch: int, receivers: int, per_row: int) -> tuple[int, int]:
+    """``(receivers per block, batch rows per block)`` so one block holds about _BLOCK_ELEMENTS."""
+    per_row = max(per_row, 1)
+    if batch * per_row >= _BLOCK_ELEMENTS:
+        pieces = math.ceil(batch * per_row / _BLOCK_ELEMENTS)
+        return 1, max(1, math.ceil(batch / pieces))
+    return max(1, min(receivers, _BLOCK_ELEMENTS // max(batch * per_row, 1))), batch
+
+
+def _ranges(total: int, step: int):
+    for start in range(0, total, step):
+        yield start, min(total, start + step)
+
+
+class _LinearWeightedSum(torch.autograd.Function):
+    """``s[i, b, d] = sum_{e, j} c[i, b, j] x[b, e, j] w[i, (e j), d]`` without forming votes."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
+        # couplings (i, b, j), inputs (b, e, j), weight (i, e*j, d) -> (i, b, d)
+        receivers, batch, senders = couplings.shape
+        features = inputs.shape[1]
+        out = inputs.new_empty(receivers, batch, weight.shape[-1])
+        group, rows = _blocks(batch, receivers, features * senders)
+        scratch = inputs.new_empty(group * rows * features * senders)
+        for r0, r1 in _ranges(receivers, group):
+            for b0, b1 in _ranges(batch, rows):
+                g, n = r1 - r0, b1 - b0
+                scaled = scratch[: g * n * features * senders].view(g, n, features, senders)
+                torch.mul(couplings[r0:r1, b0:b1].unsqueeze(2), inputs[b0:b1], out=scaled)
+                torch.bmm(scaled.view(g, n, features * senders), weight[r0:r1], out=out[r0:r1, b0:b1])
+        ctx.save_for_backward(couplings, inputs, weight)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        couplings, inputs, weight = ctx.saved_tensors
+        need_c, need_x, need_w = ctx.needs_input_grad
+        receivers, batch, senders = couplings.shape
+        features = inputs.shape[1]
+        grad = grad.contiguous()  # (i, b, d)
+        grad_c = torch.empty_like(couplings) if need_c else None
+        grad_x = torch.zeros_like(inputs) if need_x else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        group, rows = _blocks(batch, receivers, features * senders)
+        size = group * rows * features * senders
+        scaled_buf, back_buf = inputs.new_empty(size), inputs.new_empty(size)
+        for r0, r1 in _ranges(receivers, group):
+            for b0, b1 in _ranges(batch, rows):
+                g, n = r1 - r0, b1 - b0
+                c_blk, x_blk, g_blk = couplings[r0:r1, b0:b1], inputs[b0:b1], grad[r0:r1, b0:b1]
+                if need_w:
+                    scaled = scaled_buf[: g * n * features * senders].view(g, n, features, senders)
+                    torch.mul(c_blk.unsqueeze(2), x_blk, out=scaled)
+                    flat = scaled.view(g, n, features * senders)
+                    grad_w[r0:r1].baddbmm_(flat.transpose(1, 2), g_blk)  # (g, e*j, d)
+                if need_c or need_x:
+                    back = back_buf[: g * n * features * senders].view(g, n, features * senders)
+                    torch.bmm(g_blk, weight[r0:r1].transpose(1, 2), out=back)  # W^T grad: (g, n, e*j)
+                    back = back.view(g, n, features, senders)
+                    if need_x:
+                        for k in range(g):
+                            grad_x[b0:b1].addcmul_(c_blk[k].unsqueeze(1), back[k])
+                    if need_c:
+                        torch.sum(back.mul_(x_blk), dim=2, out=grad_c[r0:r1, b0:b1])
+        return grad_c, grad_x, grad_w
+
+
+class _LinearDot(torch.autograd.Function):
+    """``a[i, b, j] = sum_e x[b, e, j] sum_d w[i, (e j), d] v[i, b, d]`` without forming votes."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, inputs: Tensor, weight: Tensor, outputs: Tensor) -> Tensor:
+        # inputs (b, e, j), weight (i, e*j, d), outputs (i, b, d) -> (i, b, j)
+        batch, features, senders = inputs.shape
+        receivers = weight.shape[0]
+        agreement = inputs.new_empty(receivers, batch, senders)
+        group, rows = _blocks(batch, receivers, features * senders)
+        scratch = inputs.new_empty(group * rows * features * senders)
+        for r0, r1 in _ranges(receivers, group):
+            for b0, b1 in _ranges(batch, rows):
+                g, n = r1 - r0, b1 - b0
+                back = scratch[: g * n * features * senders].view(g, n, features * senders)
+                torch.bmm(outputs[r0:r1, b0:b1], weight[r0:r1].transpose(1, 2), out=back)
+                back = back.view(g, n, features, senders).mul_(inputs[b0:b1])
+                torch.sum(back, dim=2, out=agreement[r0:r1, b0:b1])
+        ctx.save_for_backward(inputs, weight, outputs)
+        return agreement
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        inputs, weight, outputs = ctx.saved_tensors
+        need_x, need_w, need_v = ctx.needs_input_grad
+        batch, features, senders = inputs.shape
+        receivers = weight.shape[0]
+        grad = grad.contiguous()  # (i, b, j)
+        grad_x = torch.zeros_like(inputs) if need_x else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_v = torch.empty_like(outputs) if need_v else None
+        group, rows = _blocks(batch, receivers, features * senders)
+        size = group * rows * features * senders
+        scaled_buf, back_buf = inputs.new_empty(size), inputs.new_empty(size)
+        for r0, r1 in _ranges(receivers, group):
+            for b0, b1 in _ranges(batch, rows):
+                g, n = r1 - r0, b1 - b0
+                g_blk, x_blk, v_blk = grad[r0:r1, b0:b1], inputs[b0:b1], outputs[r0:r1, b0:b1]
+                if need_w or need_v:
+                    scaled = scaled_buf[: g * n * features * senders].view(g, n, features, senders)
+                    torch.mul(g_blk.unsqueeze(2), x_blk, out=scaled)
+                    flat = scaled.view(g, n, features * senders)
+                    if need_v:
+                        torch.bmm(flat, weight[r0:r1], out=grad_v[r0:r1, b0:b1])  # (g, n, d)
+                    if need_w:
+                        grad_w[r0:r1].baddbmm_(flat.transpose(1, 2), v_blk)  # (g, e*j, d)
+                if need_x:
+                    back = back_buf[: g * n * features * senders].view(g, n, features * senders)
+                    torch.bmm(v_blk, weight[r0:r1].transpose(1, 2), out=back)
+                    back = back.view(g, n, features, senders)
+                    for k in range(g):
+                        grad_x[b0:b1].addcmul_(g_blk[k].unsqueeze(1), back[k])
+        return grad_x, grad_w, grad_v
+
+
+class LinearVotes:
+    """The votes ``u_hat[..., i, j, :] = weight[i, j] @ inputs[..., j, :]``, never materialised.
+
+    The :class:`~torchvote.functional.voting.Votes` of a capsule layer with one transformation
+    matrix per (output, input) pair (Sabour, Frosst & Hinton 2017, eq. 2:
+    ``u_hat_{j|i} = W_ij u_i``; in torchvote's legend the output capsule is the receiver ``i`` and
+    the input capsule the sender ``j``). :meth:`weighted_sum` and :meth:`dot` are computed from
+    ``weight`` and ``inputs`` directly, each a batched matrix product per receiver over
+    cache-sized blocks, with hand-written first-order gradients that recompute rather than store
+    (double backward is not supported; use :meth:`materialize` and
+    :class:`~torchvote.functional.voting.PairwiseVotes` for that).
+
+    Args:
+        weight: ``(i, j, d, e)``: the matrix taking input capsule ``j`` (``e`` features) to its
+            vote for output capsule ``i`` (``d`` features).
+        inputs: ``(..., j, e)``: the input capsules.
+
+    Raises:
+        ValueError: if ``weight`` is not 4-D or its ``(j, e)`` do not match ``inputs``.
+    """
+
+    def __init__(self, weight: Tensor, inputs: Tensor) -> None:
+        if weight.dim() != 4:
+            raise ValueError(
+                f"weight must have shape (out_caps, in_caps, out_dim, in_dim), got {tuple(weight.shape)}"
+            )
+        receivers, senders, out_dim, in_dim = weight.shape
+        if inputs.dim() < 2 or inputs.shape[-2:] != (senders, in_dim):
+            raise ValueError(
+                f"inputs must have shape (..., in_caps={senders}, in_dim={in_dim}) to match weight "
+                f"{tuple(weight.shape)}, got {tuple(inputs.shape)}"
+            )
+        self.weight = weight
+        self.inputs = inputs
+        self.batch_shape = tuple(inputs.shape[:-2])
+        self.receivers, self.senders, self.out_dim, self.in_dim = receivers, senders, out_dim, in_dim
+        # GEMM layouts, made once per forward (autograd flows back through these small copies):
+        self._x = inputs.reshape(-1, senders, in_dim).transpose(1, 2).contiguous()  # (b, e, j)
+        self._w = weight.permute(0, 3, 1, 2).reshape(receivers, in_dim * senders, out_dim)  # (i, e*j, d)
+        self._squared_norm: Tensor | None = None
+
+    def _flat(self, t: Tensor, last: int) -> Tensor:
+        """``(..., i, last)`` -> ``(i, b, last)`` contiguous."""
+        return t.reshape(-1, self.receivers, last).transpose(0, 1).contiguous()
+
+    def _unflat(self, t: Tensor) -> Tensor:
+        """``(i, b, k)`` -> ``(..., i, k)``."""
+        return t.transpose(0, 1).reshape(*self.batch_shape, self.receivers, t.shape[-1])
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        """``(..., i, j)`` weights -> ``(..., i, d)``: ``sum_j w_ij W_ij u_j``."""
+        weights = weights.expand(*self.batch_shape, self.receivers, self.senders)
+        sums = _LinearWeightedSum.apply(self._flat(weights, self.senders), self._x, self._w)
+        return self._unflat(sums)
+
+    def dot(self, outputs: Tensor) -> Tensor:
+        """``(..., i, d)`` outputs -> ``(..., i, j)``: ``(W_ij u_j) . v_i``."""
+        outputs = outputs.expand(*self.batch_shape, self.receivers, self.out_dim)
+        agreement = _LinearDot.apply(self._x, self._w, self._flat(outputs, self.out_dim))
+        return self._unflat(agreement)
+
+    def squared_norm(self) -> Tensor:
+        """``(..., i, j)``: ``||W_ij u_j||^2 = u_j^T (W_ij^T W_ij) u_j``, computed once and kept."""
+        if self._squared_norm is None:
+            gram = torch.einsum("ijde,ijdf->ijef", self.weight, self.weight)  # (i, j, e, e)
+            x = self.inputs.reshape(-1, self.senders, self.in_dim)
+            outer = torch.einsum("bje,bjf->bjef", x, x).flatten(-2)  # (b, j, e*e)
+            norms = torch.einsum("bjk,ijk->bij", outer, gram.flatten(-2))
+            self._squared_norm = norms.reshape(*self.batch_shape, self.receivers, self.senders)
+        return self._squared_norm
+
+    def materialize(self) -> Tensor:
+        """The votes as a tensor ``(..., i, j, d)`` (for routers that need them elementwise)."""
+        return torch.einsum("ijde,...je->...ijd", self.weight, self.inputs)
+
+    def detach(self) -> LinearVotes:
+        return LinearVotes(self.weight.detach(), self.inputs.detach())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inputs.dtype
+
+    def zero_logits(self) -> Tensor:
+        """``(..., i, j)`` zeros: routing's ``b_ij = 0`` start, in the votes' device and dtype."""
+        return self.inputs.new_zeros(*self.batch_shape, self.receivers, self.senders)
+
+
+class SharedLinearVotes:
+    """Votes with one matrix per output capsule, shared by every input: ``u_hat_ij = W_i u_j``.
+
+    The weighted-voting article's parameter-sharing option (every input capsule is projected by
+    the same matrix, as attention projects every token by the same ``W_V``). Sharing makes both
+    contractions cheap: ``s_i = W_i (sum_j c_ij u_j)`` and ``u_hat_ij . v_i = u_j . (W_i^T v_i)``,
+    so nothing of size ``(b, i, j, d)`` is formed.
+
+    Args:
+        weight: ``(i, d, e)``.
+        inputs: ``(..., j, e)``.
+
+    Raises:
+        ValueError: if ``weight`` is not 3-D or its ``e`` does not match ``inputs``.
+    """
+
+    def __init__(self, weight: Tensor, inputs: Tensor) -> None:
+        if weight.dim() != 3:
+            raise ValueError(f"weight must have shape (out_caps, out_dim, in_dim), got {tuple(weight.shape)}")
+        if inputs.dim() < 2 or inputs.shape[-1] != weight.shape[-1]:
+            raise ValueError(
+                f"inputs must have shape (..., in_caps, in_dim={weight.shape[-1]}), got {tuple(inputs.shape)}"
+            )
+        self.weight = weight
+        self.inputs = inputs
+        self.receivers, self.out_dim, self.in_dim = weight.shape
+        self.senders = inputs.shape[-2]
+        self.batch_shape = tuple(inputs.shape[:-2])
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        pooled = torch.einsum("...ij,...je->...ie", weights, self.inputs)  # (..., i, e)
+        return torch.einsum("ide,...ie->...id", self.weight, pooled)
+
+    def dot(self, outputs: Tensor) -> Tensor:
+        pulled = torch.einsum("ide,...id->...ie", self.weight, outputs)  # W_i^T v_i: (..., i, e)
+        return torch.einsum("...je,...ie->...ij", self.inputs, pulled)
+
+    def squared_norm(self) -> Tensor:
+        gram = torch.einsum("ide,idf->ief", self.weight, self.weight)  # (i, e, e)
+        return torch.einsum("...je,ief,...jf->...ij", self.inputs, gram, self.inputs)
+
+    def materialize(self) -> Tensor:
+        """The votes as a tensor ``(..., i, j, d)``."""
+        return torch.einsum("ide,...je->...ijd", self.weight, self.inputs)
+
+    def detach(self) -> SharedLinearVotes:
+        return SharedLinearVotes(self.weight.detach(), self.inputs.detach())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inputs.dtype
+
+    def zero_logits(self) -> Tensor:
+        """``(..., i, j)`` zeros in the votes' device and dtype."""
+        return self.inputs.new_zeros(*self.batch_shape, self.receivers, self.senders)

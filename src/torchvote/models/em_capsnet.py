@@ -1,0 +1,284 @@
+"""Matrix capsules with EM routing: Hinton, Sabour & Frosst 2018 (ICLR), the small network.
+
+Sec. 4 and Fig. 1 of "Matrix capsules with EM routing", the smaller smallNORB network (``A = 64,
+B = 8, C = D = 16``), every size from :class:`EMCapsNetConfig`:
+
+1. ``ReLU Conv1``: ``A`` maps from a 5x5 convolution of stride 2;
+2. ``PrimaryCaps``: :class:`~torchvote.nn.em_capsules.PrimaryMatrixCapsules`, ``B`` types of
+   4x4 pose matrices and sigmoid activations from 1x1 convolutions;
+3. ``ConvCaps1`` / ``ConvCaps2``: :class:`~torchvote.nn.em_capsules.ConvMatrixCapsules`, ``C``
+   and ``D`` types, 3x3 kernels of stride 2 and 1, routed by EM (Procedure 1, 3 iterations);
+4. ``Class Capsules``: one matrix per (input type, class) shared across positions with
+   coordinate addition (:class:`~torchvote.nn.em_capsules.ClassMatrixCapsules`' votes), routed by
+   ``router`` (EM by default);
+5. the class scores are the class capsules' activations, trained with the spread loss (sec. 3.1,
+   ``loss="spread"``; the margin schedule 0.2 -> 0.9 is ``LossConfig.spread_margin_*``).
+
+The paper's input is 32x32 smallNORB (14x14 -> 6x6 -> 4x4 grids); the geometry here follows
+``image_size``: 28x28 MNIST gives 12x12 primary capsules, 5x5 and 3x3 convolutional capsule
+grids; 40x40 (affNIST-style canvases) gives 18x18, 8x8 and 6x6.
+
+**Routers.** ``router`` routes the class capsule layer and may be any name of
+:func:`~torchvote.functional.routing.list_routers`: with ``"em"`` the votes and the input
+activations go to EM routing and the scores are EM's output activations; every other router
+(``dynamic``, ``inverted_dot_product``, ``self_attention``, ``slot``, ``uniform``) takes vectors
+without activations, so each vote is scaled by its capsule's activation (an absent part casts a
+weaker vote) and the scores are the lengths of the routed class capsules (bounded by 1 for the
+squashing routers). The convolutional capsule layers always route by EM (each output position
+routes its own patch, which only :class:`~torchvote.nn.em_capsules.ConvMatrixCapsules` does).
+
+Parameters on 28x28 with 10 classes (the ``paper`` preset, the defaults): 68,444 (conv 1,664;
+primary capsules 8,840; ConvCaps1 18,432 + 32; ConvCaps2 36,864 + 32; class capsules 2,560 + 20),
+the paper's "68K" network (with its 5 classes: 67,154).
+
+Index legend: ``b`` batch, ``i`` classes (receivers), ``j`` input capsules (senders),
+``h w`` grid rows and columns, ``t`` capsule types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from torchvote.models.capsnet import check_images, check_positive, check_router, class_scores
+from torchvote.models.registry import ClassifierOutput, register_model
+from torchvote.nn.em_capsules import (
+    ClassMatrixCapsules,
+    ConvMatrixCapsules,
+    MatrixCapsules,
+    PrimaryMatrixCapsules,
+    pose_side,
+)
+from torchvote.nn.routing_modules import make_router
+
+__all__ = ["ClassCapsuleVotes", "EMCapsNet", "EMCapsNetConfig"]
+
+
+@dataclass
+class EMCapsNetConfig:
+    """Every size of the matrix-capsule network; the defaults are the paper's small network.
+
+    Args:
+        image_size: side of the square input images (filled from the data set when training).
+        in_channels: channels of the input images (filled from the data set).
+        num_classes: class capsules (filled from the data set).
+        conv_channels: ``A``, maps of the first convolution (64).
+        conv_kernel: its kernel side (5).
+        conv_stride: its stride (2).
+        primary_types: ``B``, primary capsule types (8).
+        conv_caps_types: ``(C, D)``: types of each convolutional capsule layer (16, 16).
+        conv_caps_kernels: their kernel sides (3, 3).
+        conv_caps_strides: their strides (2, 1).
+        pose_dim: entries of a pose matrix, a perfect square (16: 4x4).
+        iterations: EM iterations of every layer (3); also the class router's iterations.
+        coordinate_addition: add the scaled grid coordinates to the class votes.
+        router: the class layer's routing, a name of ``list_routers()`` (``"em"``).
+        router_options: keyword arguments of that router.
+
+    Raises:
+        ValueError: a bad field, naming it (a grid the layers shrink to nothing names
+            ``image_size``).
+    """
+
+    image_size: int = 28
+    in_channels: int = 1
+    num_classes: int = 10
+    conv_channels: int = 64
+    conv_kernel: int = 5
+    conv_stride: int = 2
+    primary_types: int = 8
+    conv_caps_types: tuple[int, ...] = (16, 16)
+    conv_caps_kernels: tuple[int, ...] = (3, 3)
+    conv_caps_strides: tuple[int, ...] = (2, 1)
+    pose_dim: int = 16
+    iterations: int = 3
+    coordinate_addition: bool = True
+    router: str = "em"
+    router_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.conv_caps_types = tuple(self.conv_caps_types)
+        self.conv_caps_kernels = tuple(self.conv_caps_kernels)
+        self.conv_caps_strides = tuple(self.conv_caps_strides)
+        check_positive(
+            self,
+            (
+                "image_size",
+                "in_channels",
+                "num_classes",
+                "conv_channels",
+                "conv_kernel",
+                "conv_stride",
+                "primary_types",
+                "iterations",
+            ),
+        )
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
+        side = pose_side(self.pose_dim)
+        if self.coordinate_addition and side < 2:
+            raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={self.pose_dim}")
+        check_router(self.router, self.router_options)
+        for name in ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"):
+            values = getattr(self, name)
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"{name} must hold positive integers, got {values}")
+        if not len(self.conv_caps_types) == len(self.conv_caps_kernels) == len(self.conv_caps_strides):
+            raise ValueError(
+                "conv_caps_types, conv_caps_kernels and conv_caps_strides must have one entry per layer, "
+                f"got {len(self.conv_caps_types)}, {len(self.conv_caps_kernels)} and "
+                f"{len(self.conv_caps_strides)}"
+            )
+        if min(self.grids) < 1:
+            raise ValueError(
+                f"image_size={self.image_size} is too small: the layers shrink it to the grids {self.grids} "
+                f"(conv {self.conv_kernel}/{self.conv_stride}, capsule kernels {self.conv_caps_kernels}, "
+                f"strides {self.conv_caps_strides})"
+            )
+
+    @property
+    def grids(self) -> tuple[int, ...]:
+        """Sides of the primary capsule grid and of each convolutional capsule layer's output
+        (12, 5, 3 on 28x28); a non-positive side means the layers do not fit."""
+        side = (self.image_size - self.conv_kernel) // self.conv_stride + 1
+        if self.image_size < self.conv_kernel:
+            side = 0
+        sides = [side]
+        for kernel, stride in zip(self.conv_caps_kernels, self.conv_caps_strides, strict=True):
+            side = (side - kernel) // stride + 1 if side >= kernel else 0
+            sides.append(side)
+        return tuple(sides)
+
+    @property
+    def class_in_caps(self) -> int:
+        """Capsules voting for the classes: the last grid's positions times its types (144)."""
+        last_types = self.conv_caps_types[-1] if self.conv_caps_types else self.primary_types
+        return self.grids[-1] ** 2 * last_types
+
+
+class ClassCapsuleVotes(ClassMatrixCapsules):
+    """The class layer's votes (shared transforms plus coordinate addition) without its routing.
+
+    :class:`~torchvote.nn.em_capsules.ClassMatrixCapsules` routes by its own EM; here the model's
+    ``router`` routes instead, so the layer's EM offsets (which would never get a gradient) are
+    removed and ``forward`` returns the votes.
+    """
+
+    def __init__(self, in_types: int, num_classes: int, *, pose_dim: int, coordinate_addition: bool) -> None:
+        super().__init__(in_types, num_classes, pose_dim=pose_dim, coordinate_addition=coordinate_addition)
+        del self.routing
+
+    def forward(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        """A grid of capsules -> votes ``(b, h*w*t, num_classes, P*P)`` and activations ``(b, h*w*t)``."""
+        return self.votes(capsules)
+
+
+@register_model(
+    "em-capsnet",
+    config=EMCapsNetConfig,
+    presets={
+        "paper": {},
+        "tiny": {
+            "conv_channels": 16,
+            "primary_types": 4,
+            "conv_caps_types": (4, 4),
+            "iterations": 2,
+        },
+    },
+    task="image-classification",
+    loss="spread",
+)
+class EMCapsNet(nn.Module):
+    """Matrix capsules with EM routing (Hinton et al. 2018), the small A=64, B=8, C=D=16 network.
+
+    Args:
+        config: the sizes; see :class:`EMCapsNetConfig`.
+
+    Raises:
+        ValueError: ``router_options`` the router does not take.
+    """
+
+    def __init__(self, config: EMCapsNetConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.conv = nn.Conv2d(
+            config.in_channels, config.conv_channels, config.conv_kernel, stride=config.conv_stride
+        )
+        self.primary = PrimaryMatrixCapsules(
+            config.conv_channels, config.primary_types, pose_dim=config.pose_dim
+        )
+        layers = []
+        in_types = config.primary_types
+        for types, kernel, stride in zip(
+            config.conv_caps_types, config.conv_caps_kernels, config.conv_caps_strides, strict=True
+        ):
+            layers.append(
+                ConvMatrixCapsules(
+                    in_types,
+                    types,
+                    kernel_size=kernel,
+                    stride=stride,
+                    pose_dim=config.pose_dim,
+                    iterations=config.iterations,
+                )
+            )
+            in_types = types
+        self.conv_capsules = nn.ModuleList(layers)
+        self.class_votes = ClassCapsuleVotes(
+            in_types,
+            config.num_classes,
+            pose_dim=config.pose_dim,
+            coordinate_addition=config.coordinate_addition,
+        )
+        try:
+            self.router = make_router(
+                config.router,
+                in_caps=config.class_in_caps,
+                out_caps=config.num_classes,
+                out_dim=config.pose_dim,
+                iterations=config.iterations,
+                **dict(config.router_options),
+            )
+        except ValueError as err:
+            raise ValueError(
+                f"router_options={dict(config.router_options)!r} do not fit router={config.router!r}: {err}"
+            ) from None
+        self.uses_activations = config.router == "em"
+
+    def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
+        """Classify a batch of images.
+
+        Args:
+            images: ``(b, in_channels, image_size, image_size)``.
+            targets: accepted for the common classifier signature; not used (no decoder).
+
+        Returns:
+            :class:`~torchvote.models.registry.ClassifierOutput`: ``scores`` ``(b, num_classes)``
+            (EM activations; capsule lengths with the other routers), ``poses`` ``(b,
+            num_classes, pose_dim)``, ``couplings`` ``(b, num_classes, class_in_caps)``
+            (receivers first; EM's assignments), and ``intermediates["primary_activations"]``
+            ``(b, h, w, primary_types)``.
+
+        Raises:
+            ValueError: images of the wrong shape.
+        """
+        check_images(images, self.config)
+        features = F.relu(self.conv(images))  # (b, A, h, w)
+        capsules = primary = self.primary(features)  # poses (b, h, w, B, P, P), activations (b, h, w, B)
+        for layer in self.conv_capsules:
+            capsules = layer(capsules)  # (b, h', w', types, P, P), (b, h', w', types)
+        votes, activations = self.class_votes(capsules)  # (b, j, i, P*P), (b, j)
+        if self.uses_activations:
+            routed = self.router(votes, activations=activations)
+        else:  # vector routers take no activations: an absent part casts a weaker vote
+            routed = self.router(votes * activations[..., None, None])
+        return ClassifierOutput(
+            scores=class_scores(routed),  # (b, i)
+            poses=routed.outputs,  # (b, i, P*P)
+            couplings=rearrange(routed.couplings, "b j i -> b i j"),  # (receivers, senders)
+            intermediates={"primary_activations": primary.activations},
+        )

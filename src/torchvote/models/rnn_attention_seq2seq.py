@@ -1,0 +1,374 @@
+"""A GRU encoder-decoder with attention: Bahdanau (additive) or Luong (dot, general, concat).
+
+Attention began here, before Transformers: at every output step the decoder weighs the encoder's
+states by how well each agrees with its own state and reads their weighted sum (one pass of
+weighted voting, normalised over the source positions). Two decoders, following the two papers:
+
+``attention="additive"`` -- Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly
+Learning to Align and Translate" (RNNsearch). The previous decoder state ``s_{i-1}`` is the query
+(:class:`~torchvote.nn.AdditiveAttention`, ``e_ij = v^T tanh(W s_{i-1} + U h_j)``, app. A.1.2); the
+context ``c_i`` enters the recurrence, ``s_i = GRU([E y_{i-1}; c_i], s_{i-1})``; and a deep
+output layer (app. A.2.2, with tanh in place of the maxout) reads ``[s_i; c_i; E y_{i-1}]``.
+The encoder is bidirectional and the decoder starts from ``tanh(W_s h)`` of its final states.
+
+``attention="dot" | "general" | "concat"`` -- Luong, Pham & Manning 2015, "Effective Approaches to
+Attention-based Neural Machine Translation" (global attention). The current state ``h_t`` is the
+query (:class:`~torchvote.nn.LuongAttention`, eq. 8); the attentional state
+``h~_t = tanh(W_c [c_t; h_t])`` (eq. 5) gives the logits (eq. 6) and is fed to the next step
+(input feeding, sec. 3.3). Luong et al. use LSTMs; here both decoders are GRUs.
+
+``forward`` is teacher-forced (the decoder reads the true previous tokens); ``generate`` decodes
+greedily. The source is packed, so padding (``pad_id``, after the tokens) changes nothing.
+
+The defaults are RNNsearch's sizes (620-dimensional embeddings, 1000 hidden units, 30000-word
+vocabularies, sentences up to 50 words); ``luong`` is Luong et al.'s (4 layers of 1000 units,
+50000 words, dropout 0.2, unidirectional, general score); ``small`` and ``tiny`` are CPU and test
+sizes for the generated sequence tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from torchvote.models.registry import SequenceOutput, register_model
+from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
+
+__all__ = ["RNNAttentionSeq2Seq", "RNNAttentionSeq2SeqConfig"]
+
+RNNAttention = Literal["additive", "dot", "general", "concat"]
+_ATTENTIONS: tuple[str, ...] = ("additive", "dot", "general", "concat")
+
+# One decoder step: (logits (b, 1, vocab), hidden (layers, b, H), feed (b, 1, H) | None,
+# weights (b, 1, s)).
+_Step = tuple[Tensor, Tensor, Tensor | None, Tensor]
+
+
+@dataclass
+class RNNAttentionSeq2SeqConfig:
+    """Sizes and choices of the GRU encoder-decoder with attention; the defaults are RNNsearch's.
+
+    Args:
+        src_vocab_size: source token ids (filled from the data set when training).
+        tgt_vocab_size: target token ids (filled from the data set when training).
+        max_len: longest source or target sequence (``generate``'s default length).
+        pad_id: the padding id of both sequences.
+        bos_id: the id that starts every target (the decoder's first input in ``generate``).
+        eos_id: the id that ends every target (``generate`` stops after it).
+        embed_dim: size of the token embeddings.
+        hidden_size: size ``H`` of the GRU states (per direction in the encoder).
+        num_layers: GRU layers of the encoder and of the decoder.
+        bidirectional: bidirectional encoder (its states have ``2 H`` features).
+        attention: ``"additive"`` (Bahdanau) or Luong's ``"dot"``, ``"general"``, ``"concat"``.
+        attention_dim: hidden size of the additive and concat scores; ``None`` for ``hidden_size``.
+        dropout: on the embeddings, between GRU layers and before the output layer.
+
+    Raises:
+        ValueError: a field out of range or inconsistent, naming it.
+    """
+
+    src_vocab_size: int = 30000
+    tgt_vocab_size: int = 30000
+    max_len: int = 50
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    embed_dim: int = 620
+    hidden_size: int = 1000
+    num_layers: int = 1
+    bidirectional: bool = True
+    attention: RNNAttention = "additive"
+    attention_dim: int | None = None
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "max_len", "embed_dim", "hidden_size", "num_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_len < 2:
+            raise ValueError(f"max_len must be at least 2 (<bos> and one token), got {self.max_len}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not 0 <= value < self.tgt_vocab_size:
+                raise ValueError(
+                    f"{name} must be a target id in [0, tgt_vocab_size={self.tgt_vocab_size}), got {value}"
+                )
+        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
+            raise ValueError(
+                f"pad_id, bos_id and eos_id must differ, got {self.pad_id}, {self.bos_id}, {self.eos_id}"
+            )
+        if self.pad_id >= self.src_vocab_size:
+            raise ValueError(
+                f"pad_id ({self.pad_id}) must be a source id too, < src_vocab_size={self.src_vocab_size}"
+            )
+        if self.attention not in _ATTENTIONS:
+            raise ValueError(f"attention must be one of {_ATTENTIONS}, got {self.attention!r}")
+        if self.attention == "dot" and self.bidirectional:
+            raise ValueError(
+                "attention='dot' compares the decoder state (hidden_size features) with the "
+                "encoder states (2 * hidden_size with bidirectional=True): set bidirectional=False "
+                "or use attention='general'"
+            )
+        if self.attention_dim is not None:
+            if self.attention not in ("additive", "concat"):
+                raise ValueError(
+                    f"attention_dim only applies to attention='additive' or 'concat', got "
+                    f"attention={self.attention!r}"
+                )
+            if self.attention_dim < 1:
+                raise ValueError(f"attention_dim must be positive or None, got {self.attention_dim}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+
+@register_model(
+    "rnn-attention-seq2seq",
+    config=RNNAttentionSeq2SeqConfig,
+    presets={
+        "bahdanau": {},
+        "luong": {
+            "src_vocab_size": 50000,
+            "tgt_vocab_size": 50000,
+            "embed_dim": 1000,
+            "hidden_size": 1000,
+            "num_layers": 4,
+            "bidirectional": False,
+            "attention": "general",
+            "dropout": 0.2,
+        },
+        # Small and tiny: the 15 symbols of the sequence tasks (torchvote.data.SEQ_SYMBOLS); a
+        # training run takes the vocabulary sizes and max_len from its data set anyway.
+        "small": {
+            "src_vocab_size": 15,
+            "tgt_vocab_size": 15,
+            "max_len": 64,
+            "embed_dim": 64,
+            "hidden_size": 128,
+            "dropout": 0.1,
+        },
+        "tiny": {
+            "src_vocab_size": 15,
+            "tgt_vocab_size": 15,
+            "max_len": 32,
+            "embed_dim": 16,
+            "hidden_size": 32,
+        },
+    },
+    task="seq2seq",
+    loss="cross-entropy",
+)
+class RNNAttentionSeq2Seq(nn.Module):
+    """GRU encoder-decoder with Bahdanau (additive) or Luong (dot, general, concat) attention.
+
+    Args:
+        config: a :class:`RNNAttentionSeq2SeqConfig`.
+    """
+
+    def __init__(self, config: RNNAttentionSeq2SeqConfig) -> None:
+        super().__init__()
+        self.config = config
+        directions = 2 if config.bidirectional else 1
+        memory_dim = directions * config.hidden_size
+        between_layers = config.dropout if config.num_layers > 1 else 0.0
+        self.source_embedding = nn.Embedding(config.src_vocab_size, config.embed_dim)
+        self.target_embedding = nn.Embedding(config.tgt_vocab_size, config.embed_dim)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = nn.GRU(
+            config.embed_dim,
+            config.hidden_size,
+            config.num_layers,
+            batch_first=True,
+            bidirectional=config.bidirectional,
+            dropout=between_layers,
+        )
+        self.bridge = nn.Linear(memory_dim, config.hidden_size)  # s_0 = tanh(W_s h_final)
+        self.output = nn.Linear(config.hidden_size, config.tgt_vocab_size)
+        self.attention: nn.Module
+        if config.attention == "additive":
+            self.attention = AdditiveAttention(
+                config.hidden_size, memory_dim, config.attention_dim or config.hidden_size
+            )
+            self.decoder = nn.GRU(
+                config.embed_dim + memory_dim,
+                config.hidden_size,
+                config.num_layers,
+                batch_first=True,
+                dropout=between_layers,
+            )
+            # Deep output (Bahdanau et al. 2015, app. A.2.2): [s_i; c_i; E y_{i-1}] -> hidden.
+            self.readout = nn.Linear(config.hidden_size + memory_dim + config.embed_dim, config.hidden_size)
+            self._step = self._bahdanau_step
+        else:
+            hidden_dim = config.attention_dim if config.attention == "concat" else None
+            self.attention = LuongAttention(
+                config.hidden_size, memory_dim, score=config.attention, hidden_dim=hidden_dim
+            )
+            # Input feeding (Luong et al. 2015, sec. 3.3): the previous h~ joins the input.
+            self.decoder = nn.GRU(
+                config.embed_dim + config.hidden_size,
+                config.hidden_size,
+                config.num_layers,
+                batch_first=True,
+                dropout=between_layers,
+            )
+            self.combine = nn.Linear(memory_dim + config.hidden_size, config.hidden_size)  # W_c
+            self._step = self._luong_step
+
+    # --- encoder ---------------------------------------------------------------------------------
+
+    def encode(self, source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Run the encoder over the (packed) source.
+
+        Args:
+            source: ``(b, s)`` integer ids, padding (``pad_id``) only after the tokens.
+
+        Returns:
+            ``(memory, source_mask, hidden)``: the encoder states ``(b, s, directions * H)`` (zero
+            at padding), boolean ``(b, s)`` True for real tokens, and the decoder's initial state
+            ``(num_layers, b, H)``.
+
+        Raises:
+            ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token.
+        """
+        _check_ids(source, "source")
+        source_mask = source != self.config.pad_id  # (b, s)
+        if bool((source_mask[:, 1:] & ~source_mask[:, :-1]).any()):
+            raise ValueError("source has padding (pad_id) before a real token; pad only at the end")
+        lengths = source_mask.sum(dim=1).clamp_min(1).cpu()  # (b,); an all-padding row reads one
+        embedded = self.dropout(self.source_embedding(source))  # (b, s, E)
+        packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
+        states, final = self.encoder(packed)  # final: (layers * directions, b, H)
+        memory, _ = pad_packed_sequence(
+            states, batch_first=True, total_length=source.shape[1]
+        )  # (b, s, directions * H)
+        final = rearrange(
+            final, "(l d) b h -> l b (d h)", d=2 if self.config.bidirectional else 1
+        )  # (layers, b, directions * H)
+        hidden = torch.tanh(self.bridge(final))  # (layers, b, H)
+        return memory, source_mask, hidden
+
+    # --- one decoder step, chosen once in __init__ ------------------------------------------------
+
+    def _bahdanau_step(
+        self, embedded: Tensor, hidden: Tensor, feed: Tensor | None, memory: Tensor, source_mask: Tensor
+    ) -> _Step:
+        """Attend with ``s_{i-1}``, then ``s_i = GRU([E y_{i-1}; c_i], s_{i-1})``, then read out."""
+        query = rearrange(hidden[-1], "b h -> b 1 h")  # s_{i-1} of the top layer: (b, 1, H)
+        context, weights = self.attention(query, memory, key_mask=source_mask)  # (b, 1, M), (b, 1, s)
+        state, hidden = self.decoder(torch.cat([embedded, context], dim=-1), hidden)  # (b, 1, H)
+        readout = torch.tanh(self.readout(torch.cat([state, context, embedded], dim=-1)))
+        return self.output(self.dropout(readout)), hidden, None, weights
+
+    def _luong_step(
+        self, embedded: Tensor, hidden: Tensor, feed: Tensor | None, memory: Tensor, source_mask: Tensor
+    ) -> _Step:
+        """``h_t = GRU([E y_{t-1}; h~_{t-1}])``, attend with ``h_t``, ``h~_t = tanh(W_c [c_t; h_t])``."""
+        if feed is None:  # h~_0 = 0
+            feed = embedded.new_zeros(embedded.shape[0], 1, self.config.hidden_size)  # (b, 1, H)
+        state, hidden = self.decoder(torch.cat([embedded, feed], dim=-1), hidden)  # (b, 1, H)
+        context, weights = self.attention(state, memory, key_mask=source_mask)  # (b, 1, M), (b, 1, s)
+        attentional = torch.tanh(self.combine(torch.cat([context, state], dim=-1)))  # (b, 1, H)
+        return self.output(self.dropout(attentional)), hidden, attentional, weights
+
+    # --- teacher forcing and greedy decoding -------------------------------------------------------
+
+    def forward(self, source: Tensor, target_input: Tensor, *, need_weights: bool = False) -> SequenceOutput:
+        """Teacher-forced logits: step ``t`` reads the true token ``target_input[:, t]``.
+
+        Args:
+            source: ``(b, s)`` integer ids, padded with ``pad_id`` after the tokens.
+            target_input: ``(b, t)`` integer ids (``target[:, :-1]``: ``<bos> y_1 ... y_{t-1}``).
+            need_weights: return the attention weights.
+
+        Returns:
+            A :class:`~torchvote.models.SequenceOutput` with ``logits`` ``(b, t, tgt_vocab_size)``;
+            with ``need_weights``, ``attention`` is ``[weights]`` with the ``(b, t, s)`` weights
+            of every step over the source, also in ``intermediates["attention"]``.
+
+        Raises:
+            ValueError: inputs of the wrong rank or dtype, batch sizes that differ, or padding
+                before a source token.
+        """
+        _check_ids(source, "source")
+        _check_ids(target_input, "target_input")
+        if source.shape[0] != target_input.shape[0]:
+            raise ValueError(
+                f"source and target_input must have the same batch size, got {source.shape[0]} "
+                f"and {target_input.shape[0]}"
+            )
+        memory, source_mask, hidden = self.encode(source)
+        embedded = self.dropout(self.target_embedding(target_input))  # (b, t, E)
+        feed: Tensor | None = None
+        logits, weights = [], []
+        for t in range(target_input.shape[1]):
+            step_logits, hidden, feed, step_weights = self._step(
+                embedded[:, t : t + 1], hidden, feed, memory, source_mask
+            )  # (b, 1, vocab), (b, 1, s)
+            logits.append(step_logits)
+            weights.append(step_weights)
+        all_logits = torch.cat(logits, dim=1)  # (b, t, vocab)
+        if not need_weights:
+            return SequenceOutput(logits=all_logits)
+        all_weights = torch.cat(weights, dim=1)  # (b, t, s)
+        return SequenceOutput(
+            logits=all_logits, attention=[all_weights], intermediates={"attention": all_weights}
+        )
+
+    @torch.no_grad()
+    def generate(self, source: Tensor, *, max_new_tokens: int | None = None) -> Tensor:
+        """Greedy decoding: from ``<bos>``, feed back the most likely token until ``<eos>``.
+
+        Runs in evaluation mode (no dropout) and returns the model to its previous mode.
+
+        Args:
+            source: ``(b, s)`` integer ids, padded with ``pad_id`` after the tokens.
+            max_new_tokens: most tokens to generate after ``<bos>``; default ``max_len - 1``.
+
+        Returns:
+            ``(b, 1 + n)`` ids laid out as the targets, ``<bos> y_1 ... <eos>`` then ``pad_id``
+            after each sequence's end; ``n <= max_new_tokens`` (decoding stops once every
+            sequence has produced ``<eos>``).
+
+        Raises:
+            ValueError: a bad ``source`` or a negative ``max_new_tokens``.
+        """
+        config = self.config
+        limit = config.max_len - 1 if max_new_tokens is None else max_new_tokens
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        was_training = self.training
+        self.eval()
+        try:
+            memory, source_mask, hidden = self.encode(source)
+            batch = source.shape[0]
+            tokens = torch.full((batch, 1), config.bos_id, dtype=torch.long, device=source.device)
+            finished = torch.zeros(batch, dtype=torch.bool, device=source.device)
+            feed: Tensor | None = None
+            for _ in range(limit):
+                embedded = self.target_embedding(tokens[:, -1:])  # (b, 1, E)
+                logits, hidden, feed, _ = self._step(embedded, hidden, feed, memory, source_mask)
+                next_token = logits[:, -1].argmax(dim=-1).masked_fill(finished, config.pad_id)  # (b,)
+                tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (b, t + 1)
+                finished |= next_token == config.eos_id
+                if bool(finished.all()):
+                    break
+            return tokens
+        finally:
+            self.train(was_training)
+
+
+def _check_ids(tokens: Tensor, argument: str) -> None:
+    """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.shape[1] < 1:
+        raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")

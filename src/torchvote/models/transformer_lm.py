@@ -1,0 +1,242 @@
+"""A decoder-only, character-level Transformer language model (GPT-style) with swappable attention.
+
+Tokens are embedded, positions added, and a stack of pre-norm Transformer layers (Vaswani et al.
+2017, "Attention Is All You Need", sec. 3; pre-norm as in GPT-2 and Xiong et al. 2020) runs with
+a causal mask, so position ``t`` hears only positions ``<= t``; a linear head, sharing its weights
+with the token embedding (Press & Wolf 2017, as Vaswani et al. sec. 3.4), gives next-token logits.
+
+``attention="softmax"`` uses :class:`~torchvote.nn.MultiHeadAttention`; ``attention="routing"``
+uses :class:`~torchvote.nn.routing_attention.RoutingAttention`, ``routing_iterations`` passes of
+the voting operator with agreement updates (normalised over the senders in every pass, which keeps
+the model causal). Everything else is identical, so the two can be trained and compared through
+the same command::
+
+    torchvote train lm-shakespeare model.attention=routing model.routing_iterations=3
+
+The defaults are the character-level Shakespeare configuration of Karpathy's nanoGPT
+(``shakespeare_char``: 6 layers, 6 heads, 384 features, 256 characters of context, dropout 0.2);
+there is no paper size for this task. ``small`` is the CPU-sized preset, ``tiny`` the test one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from torchvote.models.registry import SequenceOutput, register_model
+from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from torchvote.nn.routing_attention import ATTENTION_KINDS, AttentionRecorder, attention_factory
+from torchvote.nn.transformer import TransformerConfig, TransformerEncoder
+
+__all__ = ["TransformerLM", "TransformerLMConfig"]
+
+
+@dataclass
+class TransformerLMConfig:
+    """Sizes and choices of the character-level Transformer language model.
+
+    Args:
+        vocab_size: number of token ids (filled from the data set when training).
+        context_length: longest input sequence (the positions the model knows).
+        d_model: feature size ``E``.
+        num_heads: attention heads; must divide ``d_model``.
+        num_layers: Transformer layers.
+        dim_feedforward: hidden size of the feed-forward networks; ``None`` for ``4 * d_model``.
+        dropout: on the embeddings, the attention weights and every sublayer's output.
+        activation: ``"relu"`` or ``"gelu"``.
+        positional: ``"learned"`` (one vector per position, GPT-2) or ``"sinusoidal"`` (Vaswani
+            et al. 2017, sec. 3.5).
+        tie_weights: the output head shares the token embedding's weights.
+        attention: ``"softmax"`` (multi-head attention) or ``"routing"`` (iterative
+            routing-style attention).
+        routing_iterations: voting passes of the routing attention (1 equals softmax).
+
+    Raises:
+        ValueError: a field out of range, naming it.
+    """
+
+    vocab_size: int = 65
+    context_length: int = 256
+    d_model: int = 384
+    num_heads: int = 6
+    num_layers: int = 6
+    dim_feedforward: int | None = None
+    dropout: float = 0.2
+    activation: Literal["relu", "gelu"] = "gelu"
+    positional: Literal["learned", "sinusoidal"] = "learned"
+    tie_weights: bool = True
+    attention: Literal["softmax", "routing"] = "softmax"
+    routing_iterations: int = 3
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "context_length",
+            "d_model",
+            "num_heads",
+            "num_layers",
+            "routing_iterations",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if self.dim_feedforward is not None and self.dim_feedforward < 1:
+            raise ValueError(f"dim_feedforward must be positive or None, got {self.dim_feedforward}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.positional not in ("learned", "sinusoidal"):
+            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {self.positional!r}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+
+
+@register_model(
+    "transformer-lm",
+    config=TransformerLMConfig,
+    presets={
+        "nanogpt-char": {},
+        "small": {"context_length": 128, "d_model": 128, "num_heads": 4, "num_layers": 4, "dropout": 0.1},
+        "tiny": {"context_length": 32, "d_model": 32, "num_heads": 2, "num_layers": 2, "dropout": 0.0},
+    },
+    task="language-model",
+    loss="cross-entropy",
+)
+class TransformerLM(nn.Module):
+    """Decoder-only causal Transformer language model over characters, softmax or routing attention.
+
+    Args:
+        config: a :class:`TransformerLMConfig`.
+    """
+
+    def __init__(self, config: TransformerLMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        nn.init.normal_(self.token_embedding.weight, std=0.02)  # GPT-2's initialisation
+        self.positions: nn.Module
+        if config.positional == "learned":
+            self.positions = LearnedPositionalEmbedding(config.context_length, config.d_model)
+        else:
+            self.positions = SinusoidalPositionalEncoding(config.d_model, max_len=config.context_length)
+        self.dropout = nn.Dropout(config.dropout)
+        layer = TransformerConfig(
+            d_model=config.d_model,
+            num_heads=config.num_heads,
+            dim_feedforward=config.dim_feedforward,
+            dropout=config.dropout,
+            activation=config.activation,
+            norm_first=True,
+            attention=attention_factory(config.attention, iterations=config.routing_iterations),
+        )
+        # Self-attention layers run with a causal mask: a decoder without cross-attention. Being
+        # pre-norm, the stack ends in one more layer norm (GPT-2).
+        self.decoder = TransformerEncoder(layer, config.num_layers)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.head.weight = self.token_embedding.weight
+
+    def forward(self, tokens: Tensor, *, need_weights: bool = False) -> SequenceOutput:
+        """Next-token logits for every position.
+
+        Args:
+            tokens: ``(b, t)`` integer ids, ``1 <= t <= context_length``.
+            need_weights: record every layer's attention weights (averaged over the heads).
+
+        Returns:
+            A :class:`~torchvote.models.SequenceOutput` with ``logits`` ``(b, t, vocab_size)``;
+            with ``need_weights``, ``attention`` holds one ``(b, t, t)`` tensor per layer and
+            ``intermediates`` the same under the modules' names.
+
+        Raises:
+            ValueError: ``tokens`` of the wrong rank, dtype or length.
+        """
+        _check_tokens(tokens, "tokens", self.config.context_length)
+        x = self.dropout(self.positions(self.token_embedding(tokens)))  # (b, t, E)
+        recorder = AttentionRecorder(self.decoder) if need_weights else None
+        with recorder if recorder is not None else contextlib.nullcontext():
+            hidden = self.decoder(x, is_causal=True)  # (b, t, E)
+        logits = self.head(hidden)  # (b, t, vocab)
+        if recorder is None:
+            return SequenceOutput(logits=logits)
+        return SequenceOutput(
+            logits=logits, attention=[w for _, w in recorder.calls], intermediates=recorder.weights
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue ``prompt`` by sampling one token at a time.
+
+        The model reads at most the last ``context_length`` tokens. It runs in evaluation mode
+        (no dropout) and is returned to its previous mode afterwards.
+
+        Args:
+            prompt: ``(b, t)`` or ``(t,)`` integer ids, ``t >= 1``.
+            max_new_tokens: tokens to append, ``>= 0``.
+            temperature: divides the logits; ``0`` takes the most likely token (greedy).
+            top_k: sample only among the ``top_k`` most likely tokens; ``None`` for all.
+            generator: the random generator of the sampling.
+
+        Returns:
+            ``(b, t + max_new_tokens)`` (or ``(t + max_new_tokens,)``): the prompt and its
+            continuation.
+
+        Raises:
+            ValueError: a bad ``prompt``, ``max_new_tokens``, ``temperature`` or ``top_k``.
+        """
+        unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
+        tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
+        _check_tokens(tokens, "prompt", None)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                window = tokens[:, -self.config.context_length :]  # (b, <= context_length)
+                logits = self(window).logits[:, -1].float()  # (b, vocab)
+                if temperature == 0.0:
+                    next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None and top_k < logits.shape[-1]:
+                        threshold = logits.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
+                        logits = logits.masked_fill(logits < threshold, float("-inf"))
+                    probabilities = torch.softmax(logits, dim=-1)
+                    next_token = torch.multinomial(probabilities, 1, generator=generator)  # (b, 1)
+                tokens = torch.cat([tokens, next_token.to(tokens.dtype)], dim=1)  # (b, t + 1)
+        finally:
+            self.train(was_training)
+        return tokens.squeeze(0) if unbatched else tokens
+
+
+def _check_tokens(tokens: Tensor, argument: str, max_length: int | None) -> None:
+    """Raise a ValueError naming ``argument`` unless it is a ``(b, t)`` integer tensor that fits."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.shape[1] < 1:
+        raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")
+    if max_length is not None and tokens.shape[1] > max_length:
+        raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than context_length={max_length}")

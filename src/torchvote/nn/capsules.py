@@ -1,0 +1,212 @@
+"""Vector capsule layers: primary capsules and a routed fully connected capsule layer.
+
+Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules", sec. 4: a convolution whose
+channels at each position are grouped into capsules (``PrimaryCapsules``), then a layer where every
+input capsule ``j`` votes ``u_hat_ij = W_ij u_j`` for every output capsule ``i`` and a router
+reaches the consensus (``CapsuleLinear``).
+
+Index legend: ``b`` batch, ``i`` receivers (output capsules), ``j`` senders (input capsules),
+``d`` output capsule features, ``e`` input capsule features, ``t`` capsule types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from torchvote.functional.nonlinearities import squash
+from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
+from torchvote.nn.routing_modules import Router, RoutingResult, make_router
+
+__all__ = ["CapsuleLinear", "PrimaryCapsules"]
+
+
+def _check_positive(**sizes: int) -> None:
+    for argument, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{argument} must be a positive integer, got {value!r}")
+
+
+class PrimaryCapsules(nn.Module):
+    """A convolution whose output channels at each position are grouped into squashed capsules.
+
+    Sabour et al. 2017, sec. 4 ("PrimaryCapsules"): 32 types of 8-D capsules from a 9x9, stride 2
+    convolution. The ``num_types * caps_dim`` channels split as ``(type, feature)``: a capsule is
+    ``caps_dim`` channels *at one position*, never neighbouring pixels of one channel (what
+    ``out.view(batch, -1, caps_dim)`` on an NCHW tensor gives, a bug of one popular repository).
+    Capsules are ordered type-major: ``(type, row, column)``.
+
+    Args:
+        in_channels: input feature maps.
+        num_types: capsule types (channels of capsules), 32 in the paper.
+        caps_dim: features per capsule, 8 in the paper.
+        kernel_size: convolution kernel, 9 in the paper.
+        stride: 2 in the paper.
+        padding: 0 in the paper.
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_types: int,
+        caps_dim: int,
+        *,
+        kernel_size: int = 9,
+        stride: int = 2,
+        padding: int = 0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        _check_positive(
+            in_channels=in_channels,
+            num_types=num_types,
+            caps_dim=caps_dim,
+            kernel_size=kernel_size,
+            stride=stride,
+        )
+        self.num_types = num_types
+        self.caps_dim = caps_dim
+        self.conv = nn.Conv2d(
+            in_channels,
+            num_types * caps_dim,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            device=device,
+            dtype=dtype,
+        )
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """The ``(rows, columns)`` of the capsule grid for an input of ``height x width``."""
+        (kh, kw), (sh, sw), (ph, pw) = self.conv.kernel_size, self.conv.stride, self.conv.padding
+        return (height + 2 * ph - kh) // sh + 1, (width + 2 * pw - kw) // sw + 1
+
+    def num_capsules(self, height: int, width: int) -> int:
+        """Capsules produced from an input of ``height x width`` (the next layer's ``in_caps``)."""
+        rows, columns = self.output_size(height, width)
+        return self.num_types * rows * columns
+
+    def forward(self, features: Tensor) -> Tensor:
+        """``(b, in_channels, h, w)`` -> ``(b, num_types * h' * w', caps_dim)`` squashed capsules."""
+        maps = self.conv(features)  # (b, t*d, h', w')
+        capsules = rearrange(maps, "b (t d) h w -> b (t h w) d", t=self.num_types)  # channels at a position
+        return squash(capsules, dim=-1)
+
+
+class CapsuleLinear(nn.Module):
+    """A fully connected capsule layer: votes ``u_hat_ij = W_ij u_j``, then a router.
+
+    Sabour et al. 2017, eq. 2 for the votes; the router is any method of
+    ``torchvote.functional.list_routers()`` (dynamic routing by default). The votes are handed to
+    the router as :class:`~torchvote.functional.routing_votes.LinearVotes` (or
+    :class:`~torchvote.functional.routing_votes.SharedLinearVotes`), which never materialise the
+    ``(batch, out_caps, in_caps, out_dim)`` tensor; EM routing, which needs the votes elementwise,
+    materialises them.
+
+    Args:
+        in_caps: input capsules ``j``.
+        in_dim: input capsule size.
+        out_caps: output capsules ``i``.
+        out_dim: output capsule size.
+        routing: a router name (``"dynamic"``, ``"em"``, ``"inverted_dot_product"``,
+            ``"self_attention"``, ``"slot"``, ``"uniform"``) or a :class:`Router` module.
+        iterations: routing iterations (for the iterative routers).
+        shared_weights: one matrix ``W_i`` per output capsule shared by all inputs (the
+            weighted-voting article's parameter sharing) instead of one per pair.
+        router_options: extra keyword arguments for the router (e.g. ``{"agreement":
+            "distance"}``, ``{"detach_votes": True}``, ``{"bias": True}``).
+        init_std: standard deviation of the normal initialisation of ``W``.
+
+    Raises:
+        ValueError: non-positive sizes, an unknown router or option.
+    """
+
+    def __init__(
+        self,
+        in_caps: int,
+        in_dim: int,
+        out_caps: int,
+        out_dim: int,
+        *,
+        routing: str | Router = "dynamic",
+        iterations: int = 3,
+        shared_weights: bool = False,
+        router_options: Mapping[str, Any] | None = None,
+        init_std: float = 0.01,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        _check_positive(in_caps=in_caps, in_dim=in_dim, out_caps=out_caps, out_dim=out_dim)
+        factory = {"device": device, "dtype": dtype}
+        self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
+        self.shared_weights = shared_weights
+        shape = (out_caps, out_dim, in_dim) if shared_weights else (out_caps, in_caps, out_dim, in_dim)
+        self.weight = nn.Parameter(torch.randn(shape, **factory) * init_std)
+        if isinstance(routing, Router):
+            if router_options:
+                raise ValueError("router_options only apply when routing is given by name")
+            self.router = routing
+        else:
+            self.router = make_router(
+                routing,
+                in_caps=in_caps,
+                out_caps=out_caps,
+                out_dim=out_dim,
+                iterations=iterations,
+                **factory,
+                **dict(router_options or {}),
+            )
+
+    def votes(self, inputs: Tensor) -> LinearVotes | SharedLinearVotes:
+        """The votes of ``inputs`` ``(batch..., in_caps, in_dim)``, unmaterialised.
+
+        Raises:
+            ValueError: if ``inputs`` does not have ``in_caps`` capsules of ``in_dim`` features.
+        """
+        if inputs.dim() < 2 or inputs.shape[-2] != self.in_caps:
+            raise ValueError(
+                f"inputs must have in_caps={self.in_caps} capsules, shape (batch..., {self.in_caps}, "
+                f"{self.in_dim}), got {tuple(inputs.shape)}"
+            )
+        if inputs.shape[-1] != self.in_dim:
+            raise ValueError(
+                f"inputs must have in_dim={self.in_dim} features per capsule, got {tuple(inputs.shape)}"
+            )
+        if self.shared_weights:
+            return SharedLinearVotes(self.weight, inputs)
+        return LinearVotes(self.weight, inputs)
+
+    def forward(
+        self, inputs: Tensor, *, activations: Tensor | None = None, return_routing: bool = False
+    ) -> Tensor | RoutingResult:
+        """Route the input capsules to the output capsules.
+
+        Args:
+            inputs: ``(batch..., in_caps, in_dim)``.
+            activations: ``(batch..., in_caps)`` input activations, for EM routing (default ones).
+            return_routing: return the whole :class:`RoutingResult` (outputs, couplings
+                ``(batch..., in_caps, out_caps)``, and EM's activations) instead of the outputs.
+
+        Returns:
+            ``(batch..., out_caps, out_dim)``, or the :class:`RoutingResult`.
+
+        Raises:
+            ValueError: if ``inputs`` does not match ``in_caps`` and ``in_dim``.
+        """
+        result = self.router(self.votes(inputs), activations=activations)
+        return result if return_routing else result.outputs
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_caps={self.in_caps}, in_dim={self.in_dim}, out_caps={self.out_caps}, "
+            f"out_dim={self.out_dim}, shared_weights={self.shared_weights}"
+        )

@@ -1,0 +1,388 @@
+"""Matrix capsule layers with EM routing: Hinton, Sabour & Frosst 2018, "Matrix capsules with EM
+routing", sec. 4 (the architecture) and Procedure 1 (the routing).
+
+A matrix capsule is a pose (a ``P x P`` matrix, 4 x 4 in the paper) and an activation. They travel
+together as :class:`MatrixCapsules` (two tensors, never packed into one). Layers:
+
+- :class:`PrimaryMatrixCapsules`: 1x1 convolutions to poses and sigmoid activations;
+- :class:`ConvMatrixCapsules`: each output position routes from a ``K x K`` patch of the input
+  grid; votes ``V = M_i W_ij`` with one matrix per (kernel position, input type, output type),
+  shared across positions; patches gathered with ``F.unfold``, never a Python loop over positions;
+- :class:`ClassMatrixCapsules`: one matrix per (input type, class) shared across positions, plus
+  coordinate addition.
+
+Routing is :func:`torchvote.functional.em`; each output position of a convolutional layer
+routes its own patch (its input capsules' assignments are normalised over the output capsules of
+that position, the per-patch form the public implementations use).
+
+Index legend: ``b`` batch, ``l`` output positions, ``j`` input capsules of a patch, ``i`` output
+capsule types, ``t`` input capsule types, ``p q r`` pose matrix rows/columns.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from torchvote.functional.em import (
+    InverseTemperature,
+    default_inverse_temperature,
+    em_routing,
+)
+from torchvote.functional.routing import check_iterations
+
+__all__ = [
+    "ClassMatrixCapsules",
+    "ConvMatrixCapsules",
+    "MatrixCapsules",
+    "PrimaryMatrixCapsules",
+    "pose_side",
+]
+
+
+class MatrixCapsules(NamedTuple):
+    """Poses and activations of a layer of matrix capsules, kept as two tensors.
+
+    Attributes:
+        poses: ``(batch, rows, cols, types, P, P)`` on a grid, or ``(batch, caps, P, P)``.
+        activations: ``(batch, rows, cols, types)`` or ``(batch, caps)``, in ``[0, 1]``.
+    """
+
+    poses: Tensor
+    activations: Tensor
+
+
+def pose_side(pose_dim: int, argument: str = "pose_dim") -> int:
+    """The side ``P`` of a ``P x P`` pose with ``pose_dim`` entries.
+
+    Raises:
+        ValueError: if ``pose_dim`` is not a positive perfect square.
+    """
+    if isinstance(pose_dim, bool) or not isinstance(pose_dim, int) or pose_dim < 1:
+        raise ValueError(f"{argument} must be a positive integer, got {pose_dim!r}")
+    side = math.isqrt(pose_dim)
+    if side * side != pose_dim:
+        raise ValueError(f"{argument} must be a perfect square (P x P poses, e.g. 16), got {pose_dim}")
+    return side
+
+
+def _check_positive(**sizes: int) -> None:
+    for argument, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{argument} must be a positive integer, got {value!r}")
+
+
+def _check_grid(capsules: MatrixCapsules, types: int, side: int, argument: str = "capsules") -> None:
+    poses, activations = capsules
+    if poses.dim() != 6 or poses.shape[-3:] != (types, side, side):
+        raise ValueError(
+            f"{argument}.poses must have shape (batch, rows, cols, types={types}, {side}, {side}), "
+            f"got {tuple(poses.shape)}"
+        )
+    if activations.shape != poses.shape[:4]:
+        raise ValueError(
+            f"{argument}.activations must have shape {tuple(poses.shape[:4])} (batch, rows, cols, "
+            f"types), got {tuple(activations.shape)}"
+        )
+
+
+class _BatchedByInput(torch.autograd.Function):
+    """``out[n, j] = left[j, n] @ right[j]``: a batched matrix product over ``j`` whose result is
+    written ``n``-major (the routing reads it per patch ``n``) without a transposing copy."""
+
+    @staticmethod
+    def forward(ctx, left: Tensor, right: Tensor) -> Tensor:  # (j, n, k), (j, k, c) -> (n, j, c)
+        out = left.new_empty(left.shape[1], left.shape[0], right.shape[-1])
+        torch.bmm(left, right, out=out.transpose(0, 1))
+        ctx.save_for_backward(left, right)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        left, right = ctx.saved_tensors
+        per_input = grad.transpose(0, 1)  # (j, n, c)
+        grad_left = torch.bmm(per_input, right.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        grad_right = torch.bmm(left.transpose(1, 2), per_input) if ctx.needs_input_grad[1] else None
+        return grad_left, grad_right
+
+
+class PrimaryMatrixCapsules(nn.Module):
+    """Primary capsules: a ``P x P`` pose and a sigmoid activation per type and position.
+
+    Hinton et al. 2018, sec. 4: "the pose of each primary capsule is a learned linear transform
+    of the output of all the lower-layer ReLUs centred at that location"; the activation is the
+    sigmoid of a weighted sum of the same. Both are 1x1 convolutions by default.
+
+    Args:
+        in_channels: input feature maps (``A``).
+        num_types: capsule types (``B``).
+        pose_dim: entries of a pose, a perfect square (16: 4x4 poses).
+        kernel_size: 1 in the paper.
+        stride: 1 in the paper.
+
+    Raises:
+        ValueError: non-positive sizes, a ``pose_dim`` that is not a square.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_types: int,
+        *,
+        pose_dim: int = 16,
+        kernel_size: int = 1,
+        stride: int = 1,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.side = pose_side(pose_dim)
+        _check_positive(in_channels=in_channels, num_types=num_types, kernel_size=kernel_size, stride=stride)
+        factory = {"device": device, "dtype": dtype}
+        self.num_types = num_types
+        self.pose = nn.Conv2d(in_channels, num_types * pose_dim, kernel_size, stride=stride, **factory)
+        self.activation = nn.Conv2d(in_channels, num_types, kernel_size, stride=stride, **factory)
+
+    def forward(self, features: Tensor) -> MatrixCapsules:
+        """``(b, in_channels, h, w)`` -> poses ``(b, h', w', types, P, P)`` and activations
+        ``(b, h', w', types)``."""
+        poses = rearrange(self.pose(features), "b (t p q) h w -> b h w t p q", t=self.num_types, p=self.side)
+        activations = rearrange(torch.sigmoid(self.activation(features)), "b t h w -> b h w t")
+        return MatrixCapsules(poses, activations)
+
+
+class _EMRouting(nn.Module):
+    """EM routing's learned offsets and options, shared by the convolutional and class layers."""
+
+    def __init__(
+        self,
+        out_types: int,
+        iterations: int,
+        inverse_temperature: InverseTemperature,
+        eps: float,
+        factory: dict,
+    ) -> None:
+        super().__init__()
+        check_iterations(iterations)
+        self.iterations = iterations
+        self.inverse_temperature = inverse_temperature
+        self.eps = eps
+        self.beta_u = nn.Parameter(torch.zeros(out_types, **factory))
+        self.beta_a = nn.Parameter(torch.zeros(out_types, **factory))
+
+    def forward(self, votes: Tensor, activations: Tensor) -> tuple[Tensor, Tensor]:
+        return em_routing(
+            votes,
+            activations,
+            self.beta_u,
+            self.beta_a,
+            iterations=self.iterations,
+            inverse_temperature=self.inverse_temperature,
+            eps=self.eps,
+        )
+
+
+class ConvMatrixCapsules(nn.Module):
+    """A convolutional layer of matrix capsules routed by EM (Hinton et al. 2018, sec. 4).
+
+    Every output position routes the ``K * K * in_types`` input capsules of its patch to
+    ``out_types`` output capsules. The vote of input capsule ``j`` (kernel position ``(kh, kw)``,
+    type ``t``) for output type ``i`` is ``V_ij = M_j W_(kh, kw, t), i``: the transformation
+    matrices are shared across positions, as a convolution's kernel. Patches come from one
+    ``F.unfold`` of the poses and one of the activations, and the votes from one einsum with the
+    weights (not repeated over the batch or the positions).
+
+    Args:
+        in_types: input capsule types (``B`` or ``C``).
+        out_types: output capsule types (``C`` or ``D``).
+        kernel_size: ``K`` (3 in the paper).
+        stride: 2 for ConvCaps1, 1 for ConvCaps2 in the paper.
+        pose_dim: entries of a pose, a perfect square (16).
+        iterations: EM iterations (3).
+        inverse_temperature: the ``lambda_t`` schedule (default ``0.01 (1 - 0.95^(t+1))``).
+        eps: variance floor.
+
+    Raises:
+        ValueError: non-positive sizes, a ``pose_dim`` that is not a square.
+    """
+
+    def __init__(
+        self,
+        in_types: int,
+        out_types: int,
+        *,
+        kernel_size: int = 3,
+        stride: int = 1,
+        pose_dim: int = 16,
+        iterations: int = 3,
+        inverse_temperature: InverseTemperature = default_inverse_temperature,
+        eps: float = 1e-6,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.side = pose_side(pose_dim)
+        _check_positive(in_types=in_types, out_types=out_types, kernel_size=kernel_size, stride=stride)
+        factory = {"device": device, "dtype": dtype}
+        self.in_types, self.out_types = in_types, out_types
+        self.kernel_size, self.stride = kernel_size, stride
+        in_caps = kernel_size * kernel_size * in_types
+        # (kernel position and input type, output type, P, P), near the identity so poses pass on.
+        eye = torch.eye(self.side, **factory)
+        self.weight = nn.Parameter(
+            eye + 0.1 * torch.randn(in_caps, out_types, self.side, self.side, **factory)
+        )
+        self.routing = _EMRouting(out_types, iterations, inverse_temperature, eps, factory)
+
+    def output_size(self, rows: int, cols: int) -> tuple[int, int]:
+        """The output grid for an input grid of ``rows x cols``."""
+        return (rows - self.kernel_size) // self.stride + 1, (cols - self.kernel_size) // self.stride + 1
+
+    def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """Gather the patches and cast the votes.
+
+        Returns:
+            ``(votes, activations, (rows', cols'))``: votes ``(b, L, K*K*in_types, out_types,
+            P*P)`` and patch activations ``(b, L, K*K*in_types)`` for the ``L = rows' * cols'``
+            output positions.
+
+        Raises:
+            ValueError: a grid of the wrong types or pose size, or smaller than the kernel.
+        """
+        _check_grid(capsules, self.in_types, self.side)
+        poses, activations = capsules
+        rows, cols = poses.shape[1:3]
+        if rows < self.kernel_size or cols < self.kernel_size:
+            raise ValueError(f"the capsule grid {rows}x{cols} is smaller than kernel_size={self.kernel_size}")
+        k, side = self.kernel_size, self.side
+        pose_maps = rearrange(poses, "b h w t p q -> b (t p q) h w")
+        pose_patches = F.unfold(pose_maps, k, stride=self.stride)  # (b, t*P*P*k*k, L)
+        pose_patches = rearrange(
+            pose_patches,
+            "b (t p q kh kw) l -> b l (kh kw t) p q",
+            t=self.in_types,
+            p=side,
+            q=side,
+            kh=k,
+            kw=k,
+        )  # (b, L, j, P, P)
+        act_maps = rearrange(activations, "b h w t -> b t h w")
+        act_patches = F.unfold(act_maps, k, stride=self.stride)  # (b, t*k*k, L)
+        act_patches = rearrange(act_patches, "b (t kh kw) l -> b l (kh kw t)", t=self.in_types, kh=k, kw=k)
+        batch, positions = pose_patches.shape[:2]
+        # V = M W as one matrix product per input capsule j on the flattened pose, with the
+        # block-diagonal (I kron W_ji): 4x the multiply-adds of 4x4 products (still small), but
+        # each vote's 16 entries come out adjacent; written (b L, j, i P*P) so that a block of
+        # patches is one contiguous piece of memory for the routing.
+        left = rearrange(pose_patches, "b l j p q -> j (b l) (p q)")
+        eye = torch.eye(side, dtype=self.weight.dtype, device=self.weight.device)
+        right = torch.einsum("ps,jiqr->jsqipr", eye, self.weight).reshape(
+            -1, side * side, self.out_types * side * side)  # (j, P*P, i*P*P)
+        votes = _BatchedByInput.apply(left, right)  # (b*L, j, i*P*P)
+        votes = votes.view(batch, positions, -1, self.out_types, side * side)  # (b, L, j, i, P*P)
+        return votes, act_patches, self.output_size(rows, cols)
+
+    def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
+        """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
+        the same on the ``(h', w')`` output grid with ``out_types`` types."""
+        votes, activations, (rows, cols) = self.votes(capsules)
+        poses, out_activations = self.routing(votes, activations)  # (b, L, i, P*P), (b, L, i)
+        poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)
+        out_activations = rearrange(out_activations, "b (h w) i -> b h w i", h=rows)
+        return MatrixCapsules(poses, out_activations)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, pose={self.side}x{self.side}"
+        )
+
+
+class ClassMatrixCapsules(nn.Module):
+    """Class capsules: every capsule of the grid votes for every class, with coordinate addition.
+
+    Hinton et al. 2018, sec. 4: the transformation matrices are shared across positions (one per
+    input type and class), and "the scaled coordinate (row, column) of the centre of the receptive
+    field of each capsule" is added to the first two entries of the right-hand column of its vote
+    matrix. The coordinates are the grid cell centres scaled to ``[0, 1]``, ``(row + 0.5) / rows``
+    and ``(col + 0.5) / cols``, computed from the input grid at call time.
+
+    Args:
+        in_types: input capsule types (``D``).
+        num_classes: output capsules (``E``).
+        pose_dim: entries of a pose, a perfect square (16).
+        iterations: EM iterations (3).
+        coordinate_addition: add the scaled coordinates to the votes.
+        inverse_temperature: the ``lambda_t`` schedule.
+        eps: variance floor.
+
+    Raises:
+        ValueError: non-positive sizes, a ``pose_dim`` that is not a square, or a pose smaller
+            than 2x2 with coordinate addition.
+    """
+
+    def __init__(
+        self,
+        in_types: int,
+        num_classes: int,
+        *,
+        pose_dim: int = 16,
+        iterations: int = 3,
+        coordinate_addition: bool = True,
+        inverse_temperature: InverseTemperature = default_inverse_temperature,
+        eps: float = 1e-6,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.side = pose_side(pose_dim)
+        _check_positive(in_types=in_types, num_classes=num_classes)
+        if coordinate_addition and self.side < 2:
+            raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={pose_dim}")
+        factory = {"device": device, "dtype": dtype}
+        self.in_types, self.num_classes = in_types, num_classes
+        self.coordinate_addition = coordinate_addition
+        eye = torch.eye(self.side, **factory)
+        self.weight = nn.Parameter(
+            eye + 0.1 * torch.randn(in_types, num_classes, self.side, self.side, **factory)
+        )
+        self.routing = _EMRouting(num_classes, iterations, inverse_temperature, eps, factory)
+
+    def coordinates(self, rows: int, cols: int, *, like: Tensor) -> Tensor:
+        """``(rows, cols, P*P)``: the offsets coordinate addition adds to each position's votes."""
+        side = self.side
+        row = (torch.arange(rows, device=like.device, dtype=like.dtype) + 0.5) / rows  # (h,)
+        col = (torch.arange(cols, device=like.device, dtype=like.dtype) + 0.5) / cols  # (w,)
+        offsets = like.new_zeros(rows, cols, side, side)
+        offsets[..., 0, side - 1] = row[:, None]  # first row, right-hand column: the row coordinate
+        offsets[..., 1, side - 1] = col[None, :]  # second row, right-hand column: the column
+        return offsets.flatten(-2)
+
+    def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor]:
+        """``(votes (b, h*w*in_types, num_classes, P*P), activations (b, h*w*in_types))``."""
+        _check_grid(capsules, self.in_types, self.side)
+        poses, activations = capsules
+        rows, cols = poses.shape[1:3]
+        votes = torch.einsum("bhwtpq,tiqr->bhwtipr", poses, self.weight).flatten(-2)  # (b, h, w, t, i, P*P)
+        if self.coordinate_addition:
+            votes = votes + self.coordinates(rows, cols, like=votes)[:, :, None, None, :]
+        votes = rearrange(votes, "b h w t i d -> b (h w t) i d")
+        return votes, rearrange(activations, "b h w t -> b (h w t)")
+
+    def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
+        """A grid of capsules -> poses ``(b, num_classes, P, P)`` and activations ``(b, num_classes)``."""
+        votes, activations = self.votes(capsules)
+        poses, out_activations = self.routing(votes, activations)
+        poses = rearrange(poses, "b i (p q) -> b i p q", p=self.side)
+        return MatrixCapsules(poses, out_activations)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_types={self.in_types}, num_classes={self.num_classes}, "
+            f"coordinate_addition={self.coordinate_addition}"
+        )

@@ -1,0 +1,118 @@
+"""Nadaraya-Watson kernel regression: attention pooling before attention had a name.
+
+Nadaraya 1964 ("On Estimating Regression") and Watson 1964 ("Smooth Regression Analysis") predict
+``f(x) = sum_i K(x - x_i) y_i / sum_k K(x - x_k)``. With the Gaussian kernel
+``K(u) = exp(-||u||^2 / (2 h^2))`` the normalised kernel is a softmax, so this is attention with
+the query ``x``, keys ``x_i``, values ``y_i`` and scores ``-||x - x_i||^2 / (2 h^2)`` (see d2l.ai,
+"Attention Pooling by Similarity"): one pass of weighted voting, normalised over the senders.
+
+Index legend: ``b`` batch, ``i`` receivers (queries, ``L``), ``j`` senders (training points,
+``S``), ``d`` features.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from torchvote.functional import attend
+from torchvote.nn.attention import _merge_masks
+
+__all__ = ["NadarayaWatson"]
+
+
+class NadarayaWatson(nn.Module):
+    """Gaussian-kernel Nadaraya-Watson regression as attention pooling.
+
+    ``f(x) = sum_j softmax_j(-||x - x_j||^2 / (2 h^2)) y_j``.
+
+    Args:
+        bandwidth: the kernel width ``h`` (> 0). Small ``h``: the nearest points dominate;
+            large ``h``: the prediction tends to the mean of the values.
+        learnable: learn ``h`` (stored as ``log_bandwidth``, so it stays positive; the
+            parametric variant of d2l's section learns ``w = 1 / h`` in the same role).
+
+    Raises:
+        ValueError: ``bandwidth`` is not a positive finite number.
+    """
+
+    def __init__(self, *, bandwidth: float = 1.0, learnable: bool = False) -> None:
+        super().__init__()
+        if not (isinstance(bandwidth, int | float) and math.isfinite(bandwidth) and bandwidth > 0):
+            raise ValueError(f"bandwidth must be a positive finite number, got {bandwidth!r}")
+        self.learnable = learnable
+        # A fixed width stays a Python float, exact in every dtype (a float32 buffer would round
+        # h and put a 1e-8 relative error into float64 regressions).
+        self._fixed_bandwidth = float(bandwidth)
+        self.log_bandwidth = nn.Parameter(torch.tensor(math.log(bandwidth))) if learnable else None
+
+    @property
+    def bandwidth(self) -> float:
+        """The current kernel width ``h`` (a plain number, for display and logging)."""
+        if self.log_bandwidth is None:
+            return self._fixed_bandwidth
+        return float(self.log_bandwidth.detach().exp())
+
+    def extra_repr(self) -> str:
+        return f"bandwidth={self.bandwidth:.4g}, learnable={self.learnable}"
+
+    def forward(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Predict at ``queries`` from the pairs ``(keys, values)``.
+
+        Args:
+            queries: ``(b, L)`` scalar inputs or ``(b, L, D)`` vectors.
+            keys: ``(b, S)`` or ``(b, S, D)``, the same rank as ``queries``.
+            values: ``(b, S)`` scalar targets or ``(b, S, Dv)``.
+            key_mask: boolean ``(b, S)``, True for a real data point, False for padding.
+
+        Returns:
+            ``(predictions, weights)``: predictions ``(b, L)`` for 2-D ``values``, else
+            ``(b, L, Dv)``; weights ``(b, L, S)``.
+
+        Raises:
+            ValueError: mismatched ranks, batch sizes, lengths or features; a bad ``key_mask``.
+        """
+        for name, t in (("queries", queries), ("keys", keys), ("values", values)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+            if t.dim() not in (2, 3):
+                raise ValueError(f"{name} must have shape (b, n) or (b, n, features), got {tuple(t.shape)}")
+        if keys.dim() != queries.dim() or (queries.dim() == 3 and keys.shape[-1] != queries.shape[-1]):
+            raise ValueError(
+                f"keys must have the rank and feature size of queries {tuple(queries.shape)}, got "
+                f"{tuple(keys.shape)}"
+            )
+        if keys.shape[0] != queries.shape[0] or values.shape[:2] != keys.shape[:2]:
+            raise ValueError(
+                f"queries, keys and values must share the batch size and keys and values the "
+                f"length, got queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, values "
+                f"{tuple(values.shape)}"
+            )
+        if queries.dim() == 2:
+            queries, keys = queries.unsqueeze(-1), keys.unsqueeze(-1)  # (b, i, 1), (b, j, 1)
+        scalar_values = values.dim() == 2
+        if scalar_values:
+            values = values.unsqueeze(-1)  # (b, j, 1)
+        mask = _merge_masks(None, key_mask, (queries.shape[0], queries.shape[1], keys.shape[1]))
+
+        # Differences rather than ||x||^2 + ||x_j||^2 - 2 x.x_j: exact when points nearly coincide.
+        differences = queries.unsqueeze(-2) - keys.unsqueeze(-3)  # (b, i, j, d)
+        squared_distances = differences.pow(2).sum(-1)  # (b, i, j)
+        if self.log_bandwidth is None:
+            scores = squared_distances * (-0.5 / self._fixed_bandwidth**2)  # (b, i, j)
+        else:  # -d^2 / (2 h^2) = -d^2 * exp(-2 log h) / 2
+            inverse_variance = torch.exp(-2 * self.log_bandwidth).to(squared_distances.dtype)
+            scores = squared_distances * (-0.5 * inverse_variance)  # (b, i, j)
+        predictions, weights = attend(scores, values, attn_mask=mask)  # (b, i, d), (b, i, j)
+        if scalar_values:
+            predictions = predictions.squeeze(-1)  # (b, i)
+        return predictions, weights

@@ -1,0 +1,220 @@
+"""Attention with learned score functions: Bahdanau (additive) and Luong (dot, general, concat).
+
+The score function (:mod:`torchvote.functional.scores`) says how much each query (receiver ``i``)
+agrees with each key (sender ``j``); :func:`torchvote.functional.attend` turns the scores into
+weights, normalised over the senders, and sums the values with them: one pass of weighted voting.
+These modules only own the score functions' parameters.
+
+Index legend: ``b`` batch, ``i`` receivers (queries, length ``L``), ``j`` senders (keys, length
+``S``), ``d`` features. Masks: True = may attend; ``key_mask`` True = real key, False = padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score
+from torchvote.nn.attention import _merge_masks
+
+__all__ = ["AdditiveAttention", "LuongAttention"]
+
+
+def _check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, query_dim: int, key_dim: int) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have shape (batch, length, features), got {tuple(t.shape)}")
+    if query.shape[-1] != query_dim:
+        raise ValueError(f"query must have shape (batch, L, {query_dim}), got {tuple(query.shape)}")
+    if key.shape[-1] != key_dim:
+        raise ValueError(f"key must have shape (batch, S, {key_dim}), got {tuple(key.shape)}")
+    if key.shape[0] != query.shape[0] or value.shape[:2] != key.shape[:2]:
+        raise ValueError(
+            f"value must have shape (batch, S, features) = ({key.shape[0]}, {key.shape[1]}, ...) "
+            f"and key must share query's batch size {query.shape[0]}; got query "
+            f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+
+
+class AdditiveAttention(nn.Module):
+    """Bahdanau attention: ``score(q, k) = v^T tanh(W_q q + W_k k)``.
+
+    Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly Learning to Align and
+    Translate", appendix A.1.2 (``e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)``). The tanh does not
+    factor, so the scores cost ``(b, L, S, hidden_dim)`` memory.
+
+    Args:
+        query_dim: query feature size ``Eq``.
+        key_dim: key feature size ``Ek``.
+        hidden_dim: size ``H`` of the hidden layer of the score.
+        dropout: dropout on the attention weights, in training mode only.
+
+    Raises:
+        ValueError: a non-positive size or ``dropout`` outside ``[0, 1)``.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int, *, dropout: float = 0.0) -> None:
+        super().__init__()
+        if min(query_dim, key_dim, hidden_dim) <= 0:
+            raise ValueError(
+                f"query_dim, key_dim and hidden_dim must be positive, got {query_dim}, {key_dim}, "
+                f"{hidden_dim}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.query_dim, self.key_dim, self.hidden_dim = query_dim, key_dim, hidden_dim
+        self.dropout = dropout
+        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False)  # W_a
+        self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False)  # U_a
+        self.vector = nn.Parameter(torch.empty(hidden_dim))  # v_a
+        bound = 1.0 / hidden_dim**0.5  # as an nn.Linear(hidden_dim, 1) would be initialised
+        nn.init.uniform_(self.vector, -bound, bound)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor | None = None,
+        *,
+        key_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Attend from every query to the keys.
+
+        Args:
+            query: ``(b, L, Eq)``.
+            key: ``(b, S, Ek)``.
+            value: ``(b, S, Ev)``; default ``key``.
+            key_mask: boolean ``(b, S)``, True for a real key.
+            attn_mask: boolean (True = may attend) or float (added), broadcastable to
+                ``(b, L, S)``.
+
+        Returns:
+            ``(context, weights)``: ``(b, L, Ev)`` and ``(b, L, S)``.
+
+        Raises:
+            ValueError, TypeError: bad shapes or masks, naming the argument.
+        """
+        value = key if value is None else value
+        _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
+        mask = _merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
+        scores = additive_score(
+            query, key, self.query_proj.weight, self.key_proj.weight, self.vector
+        )  # (b, i, j)
+        return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+
+
+LuongScore = Literal["dot", "general", "concat"]
+
+
+class LuongAttention(nn.Module):
+    """Luong attention with the ``dot``, ``general`` or ``concat`` score.
+
+    Luong, Pham & Manning 2015, "Effective Approaches to Attention-based Neural Machine
+    Translation", eq. 8::
+
+        dot:      score(q, k) = q^T k                     (needs query_dim == key_dim)
+        general:  score(q, k) = q^T W_a k                 W_a: (query_dim, key_dim)
+        concat:   score(q, k) = v_a^T tanh(W_a [q; k])    W_a: (hidden_dim, query_dim + key_dim)
+
+    None is scaled by ``1 / sqrt(d)`` (that is Vaswani's change). The score function is chosen
+    once, here.
+
+    Args:
+        query_dim: query feature size ``Eq``.
+        key_dim: key feature size ``Ek``.
+        score: ``"dot"``, ``"general"`` or ``"concat"``.
+        hidden_dim: hidden size of the ``concat`` score; default ``query_dim``. Only for concat.
+        dropout: dropout on the attention weights, in training mode only.
+
+    Raises:
+        ValueError: an unknown ``score``, ``dot`` with ``query_dim != key_dim``, ``hidden_dim``
+            given for a score other than concat, or a non-positive size.
+    """
+
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int,
+        *,
+        score: LuongScore = "dot",
+        hidden_dim: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if score not in ("dot", "general", "concat"):
+            raise ValueError(f"score must be 'dot', 'general' or 'concat', got {score!r}")
+        if query_dim <= 0 or key_dim <= 0:
+            raise ValueError(f"query_dim and key_dim must be positive, got {query_dim}, {key_dim}")
+        if score == "dot" and query_dim != key_dim:
+            raise ValueError(
+                f"score='dot' needs query_dim == key_dim, got {query_dim} and {key_dim}; "
+                f"use score='general' to relate different sizes"
+            )
+        if hidden_dim is not None and score != "concat":
+            raise ValueError(f"hidden_dim only applies to score='concat', got score={score!r}")
+        if hidden_dim is not None and hidden_dim <= 0:
+            raise ValueError(f"hidden_dim must be positive, got {hidden_dim}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.query_dim, self.key_dim, self.score = query_dim, key_dim, score
+        self.dropout = dropout
+        self.score_fn: Callable[[Tensor, Tensor], Tensor]
+        if score == "dot":
+            self.score_fn = dot_score
+        elif score == "general":
+            self.weight = nn.Parameter(torch.empty(query_dim, key_dim))
+            nn.init.xavier_uniform_(self.weight)
+            self.score_fn = self._general
+        else:
+            self.hidden_dim = query_dim if hidden_dim is None else hidden_dim
+            self.concat_proj = nn.Linear(query_dim + key_dim, self.hidden_dim, bias=False)
+            self.vector = nn.Parameter(torch.empty(self.hidden_dim))
+            bound = 1.0 / self.hidden_dim**0.5
+            nn.init.uniform_(self.vector, -bound, bound)
+            self.score_fn = self._concat
+
+    def _general(self, query: Tensor, key: Tensor) -> Tensor:
+        return general_score(query, key, self.weight)
+
+    def _concat(self, query: Tensor, key: Tensor) -> Tensor:
+        return concat_score(query, key, self.concat_proj.weight, self.vector)
+
+    def extra_repr(self) -> str:
+        return f"query_dim={self.query_dim}, key_dim={self.key_dim}, score={self.score!r}"
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor | None = None,
+        *,
+        key_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Attend from every query to the keys.
+
+        Args:
+            query: ``(b, L, Eq)``.
+            key: ``(b, S, Ek)``.
+            value: ``(b, S, Ev)``; default ``key``.
+            key_mask: boolean ``(b, S)``, True for a real key.
+            attn_mask: boolean (True = may attend) or float (added), broadcastable to
+                ``(b, L, S)``.
+
+        Returns:
+            ``(context, weights)``: ``(b, L, Ev)`` and ``(b, L, S)``.
+
+        Raises:
+            ValueError, TypeError: bad shapes or masks, naming the argument.
+        """
+        value = key if value is None else value
+        _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
+        mask = _merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
+        scores = self.score_fn(query, key)  # (b, i, j)
+        return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)

@@ -1,0 +1,216 @@
+"""EM routing against a literal transcription of Hinton, Sabour & Frosst 2018, Procedure 1.
+
+The reference works in the paper's own (not log) space, with the papers' indices: ``i`` input
+capsule, ``j`` output capsule, ``h`` pose entry, votes ``V[i, j, h]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torchvote.functional.em as em_module
+from torchvote.functional.em import default_inverse_temperature, em_routing
+
+DOUBLE = torch.float64
+EPS = 1e-6
+
+
+def procedure1(V, a, beta_u, beta_a, iterations, schedule=default_inverse_temperature, eps=EPS):
+    """EM-routing(a, V) for one example. Returns poses (out, h), activations (out,), R (in, out)."""
+    n_in, n_out, n_h = V.shape
+    R = [[torch.tensor(1.0 / n_out, dtype=V.dtype) for _ in range(n_out)] for _ in range(n_in)]
+    for t in range(iterations):
+        lam = schedule(t)
+        mu, sigma2, a_out, R_used = [], [], [], [row[:] for row in R]
+        for j in range(n_out):  # M-step
+            Rj = [R[i][j] * a[i] for i in range(n_in)]  # R_ij <- R_ij * a_i, not renormalised
+            total = sum(Rj)
+            mu_j = [sum(Rj[i] * V[i, j, h] for i in range(n_in)) / total for h in range(n_h)]
+            s2_j = [sum(Rj[i] * (V[i, j, h] - mu_j[h]) ** 2 for i in range(n_in)) / total + eps
+                    for h in range(n_h)]
+            cost = [(beta_u[j] + torch.log(torch.sqrt(s2_j[h]))) * total for h in range(n_h)]
+            a_out.append(torch.sigmoid(lam * (beta_a[j] - sum(cost))))
+            mu.append(torch.stack(mu_j))
+            sigma2.append(torch.stack(s2_j))
+        if t < iterations - 1:
+            for i in range(n_in):  # E-step
+                p = []
+                for j in range(n_out):
+                    density = 1.0 / torch.sqrt(torch.prod(2 * math.pi * sigma2[j]))
+                    p.append(density * torch.exp(-(((V[i, j] - mu[j]) ** 2) / (2 * sigma2[j])).sum()))
+                total = sum(a_out[k] * p[k] for k in range(n_out))
+                R[i] = [a_out[j] * p[j] / total for j in range(n_out)]
+    assignments = torch.stack([torch.stack(row) for row in R_used])
+    return torch.stack(mu), torch.stack(a_out), assignments
+
+
+def reference(V, a, beta_u, beta_a, iterations, **kwargs):
+    results = [procedure1(V[n], a[n], beta_u, beta_a, iterations, **kwargs) for n in range(V.shape[0])]
+    return tuple(torch.stack(parts) for parts in zip(*results, strict=True))
+
+
+def sample(seed, batch=2, n_in=5, n_out=3, n_h=4):
+    generator = torch.Generator().manual_seed(seed)
+    V = torch.randn(batch, n_in, n_out, n_h, generator=generator, dtype=DOUBLE)
+    a = torch.rand(batch, n_in, generator=generator, dtype=DOUBLE) * 0.9 + 0.1
+    beta_u = torch.randn(n_out, generator=generator, dtype=DOUBLE)
+    beta_a = torch.randn(n_out, generator=generator, dtype=DOUBLE)
+    return [t.requires_grad_(True) for t in (V, a, beta_u, beta_a)]
+
+
+def steep(t):
+    return 0.5 * (t + 1)  # a schedule that makes the activations vary in a small test
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+@pytest.mark.parametrize("schedule", [default_inverse_temperature, steep])
+def test_em_routing_matches_procedure1(iterations, schedule):
+    V, a, beta_u, beta_a = sample(iterations)
+    poses, activations, assignments = em_routing(V, a, beta_u, beta_a, iterations=iterations,
+                                                 inverse_temperature=schedule, return_assignments=True)
+    ref_poses, ref_act, ref_R = reference(V, a, beta_u, beta_a, iterations, schedule=schedule)
+    torch.testing.assert_close(poses, ref_poses, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(activations, ref_act, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(assignments, ref_R, rtol=1e-10, atol=1e-12)
+    probe_p, probe_a = torch.randn_like(poses), torch.randn_like(activations)
+    leaves = [V, a, beta_u, beta_a]
+    grads = torch.autograd.grad((poses * probe_p).sum() + (activations * probe_a).sum(), leaves)
+    ref_grads = torch.autograd.grad((ref_poses * probe_p).sum() + (ref_act * probe_a).sum(), leaves)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
+
+
+def test_em_routing_in_blocks_matches_one_block(monkeypatch):
+    V, a, beta_u, beta_a = sample(4, batch=5)
+    whole = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
+    monkeypatch.setattr(em_module, "_BLOCK_ELEMENTS", 2 * 5 * 3 * 9)  # blocks of two examples
+    blocked = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
+    for x, y in zip(whole, blocked, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+    g_whole = torch.autograd.grad(whole[0].sum() + whole[1].sum(), [V, a])
+    g_blocked = torch.autograd.grad(blocked[0].sum() + blocked[1].sum(), [V, a])
+    for x, y in zip(g_whole, g_blocked, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
+def test_extra_batch_dimensions_and_all_passes():
+    V = torch.randn(2, 3, 6, 4, 16)
+    a = torch.rand(2, 3, 6)
+    poses, activations, assignments = em_routing(V, a, 0.0, 0.0, return_assignments=True, all_passes=True)
+    assert poses.shape == (2, 3, 4, 16) and activations.shape == (2, 3, 4)
+    assert assignments.shape == (3, 2, 3, 6, 4)
+    torch.testing.assert_close(assignments[0], torch.full((2, 3, 6, 4), 0.25))
+    torch.testing.assert_close(assignments.sum(-1), torch.ones(3, 2, 3, 6))
+
+
+def test_input_activations_are_not_renormalised_away():
+    """Renormalising R_ij a_i over the outputs would make the result independent of a."""
+    V, a, beta_u, beta_a = sample(5)
+    poses, activations = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep)
+    half, half_act = em_routing(V, a * 0.5, beta_u, beta_a, inverse_temperature=steep)
+    assert not torch.allclose(activations, half_act)
+    silenced = a.detach().clone()
+    silenced[:, 0] = 0.0  # an absent input capsule takes no part
+    poses_0, act_0 = em_routing(V, silenced, beta_u, beta_a, inverse_temperature=steep)
+    poses_1, act_1 = em_routing(V[:, 1:], silenced[:, 1:], beta_u, beta_a, inverse_temperature=steep)
+    torch.testing.assert_close(poses_0, poses_1)
+    torch.testing.assert_close(act_0, act_1)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), n_in=st.integers(2, 7), n_out=st.integers(1, 4))
+def test_permuting_input_capsules_leaves_em_outputs_unchanged(seed, n_in, n_out):
+    V, a, beta_u, beta_a = sample(seed, n_in=n_in, n_out=n_out)
+    order = torch.randperm(n_in, generator=torch.Generator().manual_seed(seed))
+    poses, act, R = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
+    poses_p, act_p, R_p = em_routing(V[:, order], a[:, order], beta_u, beta_a, inverse_temperature=steep,
+                                     return_assignments=True)
+    torch.testing.assert_close(poses_p, poses)
+    torch.testing.assert_close(act_p, act)
+    torch.testing.assert_close(R_p, R[:, order])
+    torch.testing.assert_close(R.sum(-1), torch.ones(2, n_in, dtype=DOUBLE))
+
+
+def test_log_space_survives_identical_votes_and_far_outliers():
+    """Identical votes (zero variance) and votes far from every mean underflow p in the paper's
+    space; in log space everything stays finite."""
+    V = torch.ones(2, 6, 3, 16).requires_grad_(True)
+    a = torch.ones(2, 6)
+    poses, activations = em_routing(V, a, 1.0, 1.0, inverse_temperature=steep)
+    (poses.sum() + activations.sum()).backward()
+    torch.testing.assert_close(poses, torch.ones(2, 3, 16))
+    assert torch.isfinite(activations).all() and torch.isfinite(V.grad).all()
+    far = torch.randn(2, 6, 3, 16) * 1e3
+    far[:, 0] = 0.0
+    far.requires_grad_(True)
+    poses, activations, R = em_routing(far, a, 1.0, 1.0, inverse_temperature=steep, return_assignments=True)
+    (poses.sum() + activations.sum()).backward()
+    assert torch.isfinite(poses).all() and torch.isfinite(R).all() and torch.isfinite(far.grad).all()
+    torch.testing.assert_close(R.sum(-1), torch.ones(2, 6))
+
+
+def test_zero_votes_and_zero_activations_give_zeros_and_finite_gradients():
+    V = torch.zeros(2, 5, 3, 16, requires_grad=True)
+    a = torch.zeros(2, 5, requires_grad=True)
+    poses, activations = em_routing(V, a, 0.5, 0.5)
+    assert torch.equal(poses, torch.zeros(2, 3, 16))
+    (poses.sum() + activations.sum()).backward()
+    assert torch.isfinite(V.grad).all() and torch.isfinite(a.grad).all()
+    torch.testing.assert_close(activations, torch.full((2, 3), 0.5 + 0.0), rtol=0, atol=1e-2)
+
+
+def test_float32_matches_float64():
+    torch.manual_seed(6)
+    V = torch.randn(4, 20, 5, 16, dtype=DOUBLE) * 0.3 + 2.0  # far from 0: moments must not cancel
+    a = torch.rand(4, 20, dtype=DOUBLE)
+    exact = em_routing(V, a, 0.1, 0.2, inverse_temperature=steep, return_assignments=True)
+    single = em_routing(V.float(), a.float(), 0.1, 0.2, inverse_temperature=steep, return_assignments=True)
+    for x, y in zip(single, exact, strict=True):
+        torch.testing.assert_close(x.double(), y, rtol=1e-4, atol=1e-5)
+
+
+def test_default_schedule():
+    assert default_inverse_temperature(0) == pytest.approx(0.01 * 0.05)
+    assert default_inverse_temperature(2) == pytest.approx(0.01 * (1 - 0.95**3))
+    V, a, beta_u, beta_a = sample(7)
+    default = em_routing(V, a, beta_u, beta_a)
+    explicit = em_routing(V, a, beta_u, beta_a, inverse_temperature=[default_inverse_temperature(t)
+                                                                      for t in range(3)])
+    for x, y in zip(default, explicit, strict=True):
+        torch.testing.assert_close(x, y)
+
+
+def test_em_routing_gradcheck():
+    V, a, beta_u, beta_a = sample(8, n_in=4, n_out=2, n_h=3)
+    assert torch.autograd.gradcheck(
+        lambda *args: em_routing(*args, inverse_temperature=steep, return_assignments=True),
+        (V, a, beta_u, beta_a),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"iterations": 0}, "iterations"),
+        ({"eps": 0.0}, "eps"),
+        ({"inverse_temperature": [0.1, 0.2]}, "inverse_temperature"),
+        ({"inverse_temperature": -1.0}, "inverse_temperature"),
+    ],
+)
+def test_bad_options_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        em_routing(torch.randn(2, 5, 3, 4), torch.rand(2, 5), 0.0, 0.0, **kwargs)
+
+
+def test_bad_shapes_are_rejected():
+    with pytest.raises(ValueError, match="activations"):
+        em_routing(torch.randn(2, 5, 3, 4), torch.rand(2, 4), 0.0, 0.0)
+    with pytest.raises(ValueError, match="votes"):
+        em_routing(torch.randn(5, 3), torch.rand(5), 0.0, 0.0)
+    with pytest.raises(ValueError, match="beta_u"):
+        em_routing(torch.randn(2, 5, 3, 4), torch.rand(2, 5), torch.zeros(4), 0.0)

@@ -1,0 +1,304 @@
+"""Dynamic routing and the unmaterialised capsule votes against loops written from the paper.
+
+References here are literal transcriptions of Sabour, Frosst & Hinton 2017, Procedure 1, in the
+papers' indices: ``i`` input capsule, ``j`` output capsule, votes ``u_hat[i, j]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torchvote.functional.routing_votes as routing_votes_module
+from torchvote.functional.routing import as_routing_votes, dynamic_routing, uniform_routing
+from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
+from torchvote.functional.voting import PairwiseVotes
+
+DOUBLE = torch.float64
+
+
+def paper_squash(s: torch.Tensor) -> torch.Tensor:
+    """Eq. 1, ``||s||^2 / (1 + ||s||^2) s / ||s||``, with torchvote's 1e-8 under the root."""
+    n2 = (s * s).sum()
+    return s * (n2 / (1 + n2)) / torch.sqrt(n2 + 1e-8)
+
+
+def procedure1(u_hat, iterations, *, agreement="dot", bias=None, detach=False):
+    """Procedure 1 for one example. u_hat: (in, out, d). Returns v (out, d) and c (in, out)."""
+    n_in, n_out, _ = u_hat.shape
+    b = [[torch.zeros((), dtype=u_hat.dtype) for _ in range(n_out)] for _ in range(n_in)]
+    for r in range(iterations):
+        last = r == iterations - 1
+        u = u_hat if (last or not detach) else u_hat.detach()
+        c = []
+        for i in range(n_in):  # c_i = softmax(b_i) over the outputs
+            exps = [torch.exp(b[i][j]) for j in range(n_out)]
+            total = sum(exps)
+            c.append([exps[j] / total for j in range(n_out)])
+        v = []
+        for j in range(n_out):
+            s = sum(c[i][j] * u[i, j] for i in range(n_in))
+            if bias is not None:
+                s = s + bias[j]
+            v.append(paper_squash(s))
+        if not last:
+            for i in range(n_in):
+                for j in range(n_out):
+                    if agreement == "dot":
+                        b[i][j] = b[i][j] + (u[i, j] * v[j]).sum()
+                    else:
+                        b[i][j] = b[i][j] - ((u[i, j] - v[j]) ** 2).sum()
+    couplings = torch.stack([torch.stack(row) for row in c])
+    return torch.stack(v), couplings
+
+
+def reference_batch(votes, iterations, **options):
+    outs, cs = zip(*(procedure1(votes[n], iterations, **options) for n in range(votes.shape[0])),
+                   strict=True)
+    return torch.stack(outs), torch.stack(cs)
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+@pytest.mark.parametrize("agreement", ["dot", "distance"])
+@pytest.mark.parametrize("detach", [False, True])
+def test_dynamic_routing_matches_procedure1(iterations, agreement, detach):
+    torch.manual_seed(iterations)
+    votes = (torch.randn(2, 5, 3, 4, dtype=DOUBLE) * 0.6).requires_grad_(True)
+    outputs, couplings = dynamic_routing(votes, iterations=iterations, agreement=agreement,
+                                         detach_votes=detach)
+    ref_out, ref_c = reference_batch(votes, iterations, agreement=agreement, detach=detach)
+    torch.testing.assert_close(outputs, ref_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(couplings, ref_c, rtol=1e-10, atol=1e-12)
+    weights = torch.randn_like(outputs)
+    (grad,) = torch.autograd.grad((outputs * weights).sum(), votes)
+    (ref_grad,) = torch.autograd.grad((ref_out * weights).sum(), votes)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_detach_changes_the_gradient_but_not_the_outputs():
+    torch.manual_seed(0)
+    votes = torch.randn(2, 6, 3, 4, dtype=DOUBLE, requires_grad=True)
+    exact, _ = dynamic_routing(votes, iterations=3)
+    fast, _ = dynamic_routing(votes, iterations=3, detach_votes=True)
+    torch.testing.assert_close(exact, fast, rtol=0, atol=0)
+    g_exact = torch.autograd.grad(exact.sum(), votes)[0]
+    g_fast = torch.autograd.grad(fast.sum(), votes)[0]
+    assert not torch.allclose(g_exact, g_fast)
+
+
+def test_bias_is_added_before_the_squash_every_iteration():
+    torch.manual_seed(1)
+    votes = torch.randn(2, 5, 3, 4, dtype=DOUBLE, requires_grad=True)
+    bias = torch.randn(3, 4, dtype=DOUBLE, requires_grad=True)
+    outputs, couplings = dynamic_routing(votes, iterations=3, bias=bias)
+    ref_out, ref_c = reference_batch(votes, 3, bias=bias)
+    torch.testing.assert_close(outputs, ref_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(couplings, ref_c, rtol=1e-10, atol=1e-12)
+    grads = torch.autograd.grad(outputs.sum(), [votes, bias])
+    ref_grads = torch.autograd.grad(ref_out.sum(), [votes, bias])
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-12)
+
+
+def test_couplings_sum_to_one_over_the_outputs_and_squash_norms_below_one():
+    torch.manual_seed(2)
+    votes = torch.randn(4, 7, 3, 5) * 3
+    outputs, couplings = dynamic_routing(votes, iterations=3)
+    assert couplings.shape == (4, 7, 3)  # (batch, in_caps, out_caps)
+    torch.testing.assert_close(couplings.sum(-1), torch.ones(4, 7))
+    assert not torch.allclose(couplings.sum(-2), torch.ones(4, 3))  # not over the inputs
+    assert bool((outputs.norm(dim=-1) < 1).all())
+
+
+def test_all_passes_stacks_every_iteration():
+    votes = torch.randn(2, 5, 3, 4)
+    _, couplings = dynamic_routing(votes, iterations=3, all_passes=True)
+    assert couplings.shape == (3, 2, 5, 3)
+    torch.testing.assert_close(couplings[0], torch.full((2, 5, 3), 1 / 3))
+
+
+def test_one_iteration_is_the_uniform_average_squashed():
+    torch.manual_seed(3)
+    votes = torch.randn(3, 6, 4, 5, dtype=DOUBLE, requires_grad=True)
+    outputs, couplings = dynamic_routing(votes, iterations=1)
+    expected = torch.stack([
+        torch.stack([paper_squash(votes[n, :, j].sum(0) / 4) for j in range(4)]) for n in range(3)
+    ])
+    torch.testing.assert_close(outputs, expected)
+    torch.testing.assert_close(couplings, torch.full_like(couplings, 1 / 4))
+    uniform, uniform_c = uniform_routing(votes)
+    torch.testing.assert_close(uniform, expected)
+    torch.testing.assert_close(uniform_c, couplings)
+    grad = torch.autograd.grad(uniform.pow(2).sum(), votes)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(expected.pow(2).sum(), votes)[0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), in_caps=st.integers(1, 8), out_caps=st.integers(1, 5),
+       iterations=st.integers(1, 4), agreement=st.sampled_from(["dot", "distance"]))
+def test_permuting_input_capsules_leaves_outputs_unchanged(seed, in_caps, out_caps, iterations, agreement):
+    generator = torch.Generator().manual_seed(seed)
+    votes = torch.randn(2, in_caps, out_caps, 3, generator=generator, dtype=DOUBLE)
+    order = torch.randperm(in_caps, generator=generator)
+    outputs, couplings = dynamic_routing(votes, iterations=iterations, agreement=agreement)
+    permuted, permuted_c = dynamic_routing(votes[:, order], iterations=iterations, agreement=agreement)
+    torch.testing.assert_close(permuted, outputs)
+    torch.testing.assert_close(permuted_c, couplings[:, order])
+    torch.testing.assert_close(couplings.sum(-1), torch.ones(2, in_caps, dtype=DOUBLE))
+    assert bool((outputs.norm(dim=-1) < 1).all())
+
+
+def test_zero_votes_give_zeros_and_finite_gradients():
+    votes = torch.zeros(2, 5, 3, 4, requires_grad=True)
+    outputs, couplings = dynamic_routing(votes, iterations=3)
+    assert torch.equal(outputs, torch.zeros(2, 3, 4))
+    outputs.sum().backward()
+    assert torch.isfinite(votes.grad).all()
+    torch.testing.assert_close(couplings, torch.full((2, 5, 3), 1 / 3))
+
+
+def test_zero_capsules_give_zeros_and_finite_gradients():
+    weight = torch.randn(3, 5, 4, 2, requires_grad=True)
+    inputs = torch.zeros(2, 5, 2, requires_grad=True)
+    outputs, _ = dynamic_routing(LinearVotes(weight, inputs), iterations=3)
+    assert torch.equal(outputs, torch.zeros(2, 3, 4))
+    outputs.sum().backward()
+    assert torch.isfinite(weight.grad).all() and torch.isfinite(inputs.grad).all()
+
+
+@pytest.mark.parametrize("iterations", [0, -1, 1.5, True])
+def test_bad_iterations_are_rejected(iterations):
+    with pytest.raises(ValueError, match="iterations"):
+        dynamic_routing(torch.randn(1, 2, 3, 4), iterations=iterations)
+
+
+def test_bad_votes_are_rejected():
+    with pytest.raises(ValueError, match="votes"):
+        dynamic_routing(torch.randn(3, 4))
+    with pytest.raises(ValueError, match="agreement"):
+        dynamic_routing(torch.randn(1, 2, 3, 4), agreement="cosine")
+
+
+def test_as_routing_votes_is_a_view_in_receivers_first_layout():
+    votes = torch.randn(2, 5, 3, 4)
+    routed = as_routing_votes(votes)
+    assert isinstance(routed, PairwiseVotes)
+    assert routed.votes.shape == (2, 3, 5, 4)
+    assert routed.votes.data_ptr() == votes.data_ptr()
+
+
+def test_dynamic_routing_gradcheck():
+    torch.manual_seed(4)
+    votes = torch.randn(1, 4, 3, 2, dtype=DOUBLE, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: dynamic_routing(v, iterations=3), (votes,))
+
+
+# --- unmaterialised votes ----------------------------------------------------------------------------
+
+
+def materialised(weight, inputs):
+    """u_hat[..., i, j, :] = weight[i, j] @ inputs[..., j, :] by loops (receivers first)."""
+    out_caps, in_caps = weight.shape[:2]
+    rows = []
+    for i in range(out_caps):
+        rows.append(torch.stack([inputs[..., j, :] @ weight[i, j].T for j in range(in_caps)], dim=-2))
+    return torch.stack(rows, dim=-3)
+
+
+@pytest.mark.parametrize("block", [None, 16, 200])
+@pytest.mark.parametrize("batch_shape", [(3,), (2, 2), ()])
+def test_linear_votes_match_materialised_votes(block, batch_shape, monkeypatch):
+    if block is not None:  # force receiver groups and batch-row splits
+        monkeypatch.setattr(routing_votes_module, "_BLOCK_ELEMENTS", block)
+    torch.manual_seed(5)
+    weight = torch.randn(4, 6, 3, 2, dtype=DOUBLE, requires_grad=True)
+    inputs = torch.randn(*batch_shape, 6, 2, dtype=DOUBLE, requires_grad=True)
+    weights = torch.rand(*batch_shape, 4, 6, dtype=DOUBLE, requires_grad=True)
+    outputs = torch.randn(*batch_shape, 4, 3, dtype=DOUBLE, requires_grad=True)
+    fast, slow = LinearVotes(weight, inputs), PairwiseVotes(materialised(weight, inputs))
+    for name in ("weighted_sum", "dot", "squared_norm", "materialize"):
+        if name == "weighted_sum":
+            got, want = fast.weighted_sum(weights), slow.weighted_sum(weights)
+        elif name == "dot":
+            got, want = fast.dot(outputs), slow.dot(outputs)
+        elif name == "squared_norm":
+            got, want = fast.squared_norm(), slow.squared_norm()
+        else:
+            got, want = fast.materialize(), slow.votes
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        probe = torch.randn_like(got)
+        leaves = [weight, inputs, weights, outputs]
+        g_got = torch.autograd.grad(got, leaves, probe, allow_unused=True, retain_graph=True)
+        g_want = torch.autograd.grad(want, leaves, probe, allow_unused=True, retain_graph=True)
+        for a, b in zip(g_got, g_want, strict=True):
+            if b is None:
+                assert a is None or torch.count_nonzero(a) == 0
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_linear_votes_gradcheck(monkeypatch):
+    monkeypatch.setattr(routing_votes_module, "_BLOCK_ELEMENTS", 8)
+    torch.manual_seed(6)
+    weight = torch.randn(3, 4, 2, 2, dtype=DOUBLE, requires_grad=True)
+    inputs = torch.randn(3, 4, 2, dtype=DOUBLE, requires_grad=True)
+    weights = torch.rand(3, 3, 4, dtype=DOUBLE, requires_grad=True)
+    outputs = torch.randn(3, 3, 2, dtype=DOUBLE, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda w, x, c: LinearVotes(w, x).weighted_sum(c),
+                                    (weight, inputs, weights))
+    assert torch.autograd.gradcheck(lambda w, x, v: LinearVotes(w, x).dot(v), (weight, inputs, outputs))
+
+
+def test_shared_linear_votes_match_materialised_votes():
+    torch.manual_seed(7)
+    shared = torch.randn(4, 3, 2, dtype=DOUBLE, requires_grad=True)
+    inputs = torch.randn(2, 6, 2, dtype=DOUBLE, requires_grad=True)
+    weights = torch.rand(2, 4, 6, dtype=DOUBLE)
+    outputs = torch.randn(2, 4, 3, dtype=DOUBLE)
+    full = shared.unsqueeze(1).expand(4, 6, 3, 2)
+    fast, slow = SharedLinearVotes(shared, inputs), PairwiseVotes(materialised(full, inputs))
+    torch.testing.assert_close(fast.weighted_sum(weights), slow.weighted_sum(weights))
+    torch.testing.assert_close(fast.dot(outputs), slow.dot(outputs))
+    torch.testing.assert_close(fast.squared_norm(), slow.squared_norm())
+    torch.testing.assert_close(fast.materialize(), slow.votes)
+
+
+@pytest.mark.parametrize("agreement", ["dot", "distance"])
+@pytest.mark.parametrize("detach", [False, True])
+def test_dynamic_routing_on_linear_votes_matches_the_reference(agreement, detach):
+    torch.manual_seed(8)
+    weight = (torch.randn(3, 5, 4, 2, dtype=DOUBLE) * 0.7).requires_grad_(True)
+    inputs = torch.randn(2, 5, 2, dtype=DOUBLE, requires_grad=True)
+    outputs, couplings = dynamic_routing(LinearVotes(weight, inputs), iterations=3, agreement=agreement,
+                                         detach_votes=detach)
+    votes = materialised(weight, inputs).transpose(-3, -2)  # (b, in, out, d): the papers' layout
+    ref_out, ref_c = reference_batch(votes, 3, agreement=agreement, detach=detach)
+    torch.testing.assert_close(outputs, ref_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(couplings, ref_c, rtol=1e-10, atol=1e-12)
+    grads = torch.autograd.grad(outputs.pow(2).sum(), [weight, inputs])
+    ref_grads = torch.autograd.grad(ref_out.pow(2).sum(), [weight, inputs])
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-12)
+
+
+def test_linear_votes_reject_mismatched_shapes():
+    with pytest.raises(ValueError, match="in_caps"):
+        LinearVotes(torch.randn(3, 5, 4, 2), torch.randn(2, 6, 2))
+    with pytest.raises(ValueError, match="weight"):
+        LinearVotes(torch.randn(3, 5, 4), torch.randn(2, 5, 2))
+    with pytest.raises(ValueError, match="in_dim"):
+        SharedLinearVotes(torch.randn(3, 4, 2), torch.randn(2, 5, 3))
+
+
+def test_linear_votes_in_float32_match_float64():
+    torch.manual_seed(9)
+    weight = torch.randn(10, 40, 16, 8, dtype=DOUBLE) * 0.1
+    inputs = torch.randn(4, 40, 8, dtype=DOUBLE)
+    exact, _ = dynamic_routing(LinearVotes(weight, inputs), iterations=3)
+    single, _ = dynamic_routing(LinearVotes(weight.float(), inputs.float()), iterations=3)
+    torch.testing.assert_close(single.double(), exact, rtol=1e-4, atol=1e-5)
+    assert math.isfinite(float(single.sum()))

@@ -1,0 +1,170 @@
+"""Matrix capsules with EM routing (Hinton et al. 2018), the small A=64, B=8, C=D=16 network:
+parameter counts by hand, geometry on 28x28 and 40x40, every router on the class layer, finite
+outputs on blank images, and a tiny spread-loss training run through ``torchvote.training.train``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchvote.config import LossConfig, load_config, model_config_from
+from torchvote.functional.routing import list_routers
+from torchvote.models import create_model, get_model_spec
+from torchvote.models.em_capsnet import EMCapsNetConfig
+from torchvote.nn.routing_modules import EMRouter
+from torchvote.training import make_objective, train
+
+ROUTERS = sorted(list_routers())
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Two shared cores: one thread avoids oversubscription stalls and keeps the suite fast."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize(("num_classes", "total"), [(10, 68_444), (5, 67_154)])
+def test_paper_configuration_parameter_counts_by_hand(num_classes, total):
+    # Hinton et al. 2018, sec. 4: ReLU Conv1 A=64 5x5; PrimaryCaps B=8 (a 4x4 pose from a 1x1
+    # convolution, 16 weights + bias per type and A input, and a sigmoid activation); ConvCaps1
+    # C=16 and ConvCaps2 D=16 with one 4x4 matrix per (kernel position, input type, output type);
+    # class capsules one matrix per (input type, class); beta_u and beta_a per output type. The
+    # paper's "68K" network (smallNORB has 5 classes).
+    with torch.device("meta"):
+        model = create_model("em-capsnet", "paper", num_classes=num_classes)
+    assert count(model.conv) == 5 * 5 * 1 * 64 + 64 == 1_664
+    assert count(model.primary) == (64 * 8 * 16 + 8 * 16) + (64 * 8 + 8) == 8_840
+    caps1, caps2 = model.conv_capsules
+    assert caps1.weight.numel() == 3 * 3 * 8 * 16 * 16 and count(caps1) == 18_432 + 2 * 16
+    assert caps2.weight.numel() == 3 * 3 * 16 * 16 * 16 and count(caps2) == 36_864 + 2 * 16
+    assert count(model.class_votes) == 16 * num_classes * 16
+    assert isinstance(model.router, EMRouter) and count(model.router) == 2 * num_classes
+    assert sum(p.numel() for p in model.parameters()) == total
+    assert (caps1.stride, caps2.stride, caps1.kernel_size, caps2.kernel_size) == (2, 1, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("preset", "image_size", "grids", "class_in_caps"),
+    [("paper", 28, (12, 5, 3), 9 * 16), ("tiny", 28, (12, 5, 3), 9 * 4), ("tiny", 40, (18, 8, 6), 36 * 4)],
+)
+def test_geometry_follows_the_image_size(preset, image_size, grids, class_in_caps):
+    torch.manual_seed(0)
+    model = create_model("em-capsnet", preset, image_size=image_size)
+    assert model.config.grids == grids and model.config.class_in_caps == class_in_caps
+    output = model(torch.rand(2, 1, image_size, image_size))
+    assert output.scores.shape == (2, 10)
+    assert ((output.scores >= 0) & (output.scores <= 1)).all()  # EM activations
+    assert output.poses.shape == (2, 10, 16)
+    assert output.couplings.shape == (2, 10, class_in_caps)
+    torch.testing.assert_close(output.couplings.sum(dim=1), torch.ones(2, class_in_caps))
+    assert output.reconstructions is None
+    primary = output.intermediates["primary_activations"]
+    assert primary.shape == (2, grids[0], grids[0], model.config.primary_types)
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_every_router_routes_the_class_layer(router):
+    torch.manual_seed(0)
+    model = create_model("em-capsnet", "tiny", router=router)
+    images = torch.rand(3, 1, 28, 28)
+    targets = torch.tensor([0, 4, 9])
+    model.train()
+    output = model(images, targets)
+    assert output.scores.shape == (3, 10) and torch.isfinite(output.scores).all()
+    assert output.couplings.shape == (3, 10, 36)
+    loss, parts = make_objective(LossConfig(), get_model_spec("em-capsnet"), total_steps=10)(
+        output, {"images": images, "targets": targets}, 0
+    )
+    assert "spread" in parts and torch.isfinite(loss)
+    loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing, f"router {router}: no gradient reaches {missing}"
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_vector_routers_weigh_each_vote_by_its_activation():
+    # With a vector router, a capsule whose activation is zero casts no vote: turning every
+    # activation of the last convolutional capsule layer to zero leaves zero class capsules.
+    torch.manual_seed(0)
+    model = create_model("em-capsnet", "tiny", router="uniform", router_options={"nonlinearity": "identity"})
+    images = torch.rand(2, 1, 28, 28)
+    with torch.no_grad():
+        model.conv_capsules[-1].routing.beta_a.fill_(-1e6)  # activations -> 0
+        output = model(images)
+    assert output.poses.abs().max() < 1e-6 and output.scores.max() < 1e-6
+
+
+def test_zero_images_give_finite_outputs_and_gradients():
+    torch.manual_seed(0)
+    model = create_model("em-capsnet", "tiny")
+    images = torch.zeros(2, 1, 28, 28, requires_grad=True)
+    output = model(images)
+    assert torch.isfinite(output.scores).all() and torch.isfinite(output.poses).all()
+    output.scores.sum().backward()
+    assert torch.isfinite(images.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"router": "routing"}, r"router must be one of \['dynamic', 'em', 'inverted_dot_product'"),
+        ({"router_options": {"agreement": "dot"}}, "router_options=.*router='em'"),
+        ({"router_options": {"iterations": 5}}, r"router_options must not set \['iterations'\]"),
+        ({"image_size": 12}, "image_size=12 is too small"),
+        ({"pose_dim": 15}, "pose_dim must be a perfect square"),
+        ({"pose_dim": 1}, "coordinate_addition needs poses of at least 2x2"),
+        ({"conv_caps_types": (16,)}, "conv_caps_types, conv_caps_kernels and conv_caps_strides"),
+        ({"conv_caps_strides": (2, 0)}, "conv_caps_strides must hold positive integers"),
+        ({"primary_types": 0}, "primary_types must be a positive integer"),
+        ({"iterations": 0}, "iterations must be a positive integer"),
+    ],
+)
+def test_bad_configs_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        create_model("em-capsnet", "tiny", **overrides)
+
+
+def test_shipped_preset_loads():
+    config = load_config("em-capsnet-mnist")
+    assert config.loss.name == "spread" and get_model_spec("em-capsnet").loss == "spread"
+    model_config = model_config_from(config, image_size=28, in_channels=1, num_classes=10)
+    assert isinstance(model_config, EMCapsNetConfig) and model_config.grids == (12, 5, 3)
+
+
+def test_tiny_training_run_lowers_the_spread_loss(tmp_path):
+    # A constant margin, so that the loss values of the run are comparable.
+    losses: list[float] = []
+    config = load_config(
+        "em-capsnet-mnist",
+        [
+            "model.preset=tiny",
+            "data.name=small-digits",
+            "data.limit=320",
+            "data.eval_limit=100",
+            "optim.lr=0.003",
+            "optim.schedule=constant",
+            "optim.warmup_steps=0",
+            "loss.spread_margin_start=0.5",
+            "loss.spread_margin_end=0.5",
+            "batch_size=16",
+            "eval_batch_size=100",
+            "max_steps=30",
+            "eval_every=0",
+            "progress=false",
+            "tensorboard=false",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
+    result = train(config, callbacks=[lambda info: losses.append(info.loss)], verbose=False)
+    assert len(losses) == 30
+    start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert end < 0.9 * start, f"loss went from {start:.3f} to {end:.3f}"
+    assert result.results["small-digits/test"]["accuracy"] > 0.15

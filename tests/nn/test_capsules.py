@@ -1,0 +1,139 @@
+"""PrimaryCapsules and CapsuleLinear against loops and the functional routers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchvote.functional import squash
+from torchvote.functional.em import em_routing
+from torchvote.functional.routing import (
+    dynamic_routing,
+    inverted_dot_product_routing,
+    list_routers,
+    self_attention_routing,
+    slot_routing,
+    uniform_routing,
+)
+from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules
+from torchvote.nn.routing_modules import DynamicRouter
+
+DOUBLE = torch.float64
+
+
+def test_primary_capsules_group_channels_at_one_position():
+    torch.manual_seed(0)
+    layer = PrimaryCapsules(3, num_types=4, caps_dim=5, kernel_size=3, stride=2).double()
+    images = torch.randn(2, 3, 11, 9, dtype=DOUBLE)
+    capsules = layer(images)
+    rows, cols = layer.output_size(11, 9)
+    assert capsules.shape == (2, layer.num_capsules(11, 9), 5) == (2, 4 * rows * cols, 5)
+    maps = layer.conv(images)  # (b, types * dim, rows, cols)
+    for b in range(2):
+        for t in range(4):
+            for r in range(rows):
+                for c in range(cols):
+                    vector = maps[b, t * 5 : (t + 1) * 5, r, c]  # the channels of one position
+                    index = (t * rows + r) * cols + c
+                    torch.testing.assert_close(capsules[b, index], squash(vector))
+    assert bool((capsules.norm(dim=-1) < 1).all())
+
+
+def test_primary_capsules_derive_their_count_from_the_input():
+    layer = PrimaryCapsules(256, 32, 8)  # Sabour et al.: 9x9, stride 2 on 20x20 -> 32 x 6 x 6
+    assert layer.num_capsules(20, 20) == 1152
+    with pytest.raises(ValueError, match="caps_dim"):
+        PrimaryCapsules(3, 4, 0)
+
+
+def votes_of(layer: CapsuleLinear, inputs: torch.Tensor) -> torch.Tensor:
+    """The layer's votes by einsum, in the papers' layout (batch, in_caps, out_caps, out_dim)."""
+    if layer.shared_weights:
+        return torch.einsum("ide,bje->bjid", layer.weight, inputs)
+    return torch.einsum("ijde,bje->bjid", layer.weight, inputs)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("routing", sorted(list_routers()))
+def test_capsule_linear_equals_its_router_on_materialised_votes(routing, shared):
+    torch.manual_seed(1)
+    layer = CapsuleLinear(6, 3, 4, 5, routing=routing, iterations=3, shared_weights=shared,
+                          init_std=0.5).double()
+    inputs = torch.randn(2, 6, 3, dtype=DOUBLE)
+    result = layer(inputs, return_routing=True)
+    votes = votes_of(layer, inputs)
+    router = layer.router
+    if routing == "dynamic":
+        expected = dynamic_routing(votes, iterations=3)
+    elif routing == "uniform":
+        expected = uniform_routing(votes)
+    elif routing == "inverted_dot_product":
+        expected = inverted_dot_product_routing(votes, iterations=3, normalization=router.norm)
+    elif routing == "self_attention":
+        expected = self_attention_routing(votes, log_prior=router.log_prior)
+    elif routing == "slot":
+        expected = slot_routing(votes, router.initial_slots,
+                                query=lambda s: router.to_query(router.norm(s)), update=router.update)
+    else:
+        poses, activations, assignments = em_routing(votes, torch.ones(2, 6, dtype=DOUBLE), router.beta_u,
+                                                     router.beta_a, return_assignments=True)
+        expected = (poses, assignments)
+        torch.testing.assert_close(result.activations, activations)
+    torch.testing.assert_close(result.outputs, expected[0])
+    torch.testing.assert_close(result.couplings, expected[1])
+    assert result.outputs.shape == (2, 4, 5) and result.couplings.shape == (2, 6, 4)
+    torch.testing.assert_close(result.couplings.sum(-1), torch.ones(2, 6, dtype=DOUBLE))
+    (result.outputs.sum() + (0 if result.activations is None else result.activations.sum())).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all()
+               for p in layer.parameters() if p.requires_grad and p.grad is not None)
+    assert layer.weight.grad is not None
+
+
+def test_capsule_linear_returns_outputs_by_default_and_takes_extra_batch_dims():
+    layer = CapsuleLinear(5, 2, 3, 4)
+    assert layer(torch.randn(7, 5, 2)).shape == (7, 3, 4)
+    assert layer(torch.randn(2, 3, 5, 2)).shape == (2, 3, 3, 4)
+
+
+def test_capsule_linear_router_options_and_instances():
+    layer = CapsuleLinear(5, 2, 3, 4, router_options={"agreement": "distance", "bias": True})
+    assert layer.router.agreement == "distance" and layer.router.bias.shape == (3, 4)
+    custom = DynamicRouter(iterations=2, detach_votes=True)
+    assert CapsuleLinear(5, 2, 3, 4, routing=custom).router is custom
+    with pytest.raises(ValueError, match="routing"):
+        CapsuleLinear(5, 2, 3, 4, routing="kmeans")
+    with pytest.raises(ValueError, match="option"):
+        CapsuleLinear(5, 2, 3, 4, router_options={"temperature": 2.0})
+    with pytest.raises(ValueError, match="router_options"):
+        CapsuleLinear(5, 2, 3, 4, routing=custom, router_options={"bias": True})
+
+
+def test_capsule_linear_rejects_mismatched_inputs():
+    layer = CapsuleLinear(5, 2, 3, 4)
+    with pytest.raises(ValueError, match="in_caps=5"):
+        layer(torch.randn(2, 6, 2))
+    with pytest.raises(ValueError, match="in_dim=2"):
+        layer(torch.randn(2, 5, 3))
+    with pytest.raises(ValueError, match="out_caps"):
+        CapsuleLinear(5, 2, 0, 4)
+    with pytest.raises(ValueError, match="iterations"):
+        CapsuleLinear(5, 2, 3, 4, iterations=0)
+
+
+def test_capsule_linear_zero_capsules_give_zeros_and_finite_gradients():
+    for routing in sorted(list_routers()):
+        layer = CapsuleLinear(5, 2, 3, 4, routing=routing)
+        inputs = torch.zeros(2, 5, 2, requires_grad=True)
+        out = layer(inputs, return_routing=True)
+        if routing in ("dynamic", "uniform", "em", "self_attention"):
+            assert torch.equal(out.outputs, torch.zeros(2, 3, 4)), routing
+        loss = out.outputs.sum() + (0 if out.activations is None else out.activations.sum())
+        loss.backward()
+        assert torch.isfinite(inputs.grad).all(), routing
+        assert torch.isfinite(layer.weight.grad).all(), routing
+
+
+def test_capsule_linear_follows_the_inputs_dtype():
+    layer = CapsuleLinear(5, 2, 3, 4, dtype=DOUBLE)
+    assert layer(torch.randn(2, 5, 2, dtype=DOUBLE)).dtype == DOUBLE
+

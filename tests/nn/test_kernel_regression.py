@@ -1,0 +1,104 @@
+"""Nadaraya-Watson regression against the estimator written as a loop, and its limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchvote.nn import NadarayaWatson
+
+F64 = torch.float64
+
+
+def _loop_estimate(queries, keys, values, bandwidth):
+    """f(x) = sum_i K(x - x_i) y_i / sum_k K(x - x_k), Gaussian K(u) = exp(-||u||^2 / (2 h^2))."""
+    batch, target_len = queries.shape[0], queries.shape[1]
+    predictions = torch.zeros(batch, target_len, *values.shape[2:], dtype=F64)
+    for b in range(batch):
+        for i in range(target_len):
+            kernels = [math.exp(-float(((queries[b, i] - keys[b, j]) ** 2).sum()) / (2 * bandwidth**2))
+                       for j in range(keys.shape[1])]
+            total = sum(kernels)
+            for j, kernel in enumerate(kernels):
+                predictions[b, i] += kernel / total * values[b, j]
+    return predictions
+
+
+def _d2l_data(seed=0):
+    """d2l's toy problem: y = 2 sin(x) + x^0.8 + noise on sorted x in [0, 5)."""
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.sort(torch.rand(2, 20, generator=generator, dtype=F64) * 5).values
+    values = 2 * torch.sin(keys) + keys**0.8 + 0.5 * torch.randn(2, 20, generator=generator, dtype=F64)
+    queries = torch.arange(0, 5, 0.5, dtype=F64).expand(2, -1)
+    return queries, keys, values
+
+
+@pytest.mark.parametrize("bandwidth", [0.3, 1.0, 2.5])
+def test_scalar_regression_matches_loop(bandwidth):
+    queries, keys, values = _d2l_data()
+    predictions, weights = NadarayaWatson(bandwidth=bandwidth)(queries, keys, values)
+    assert predictions.shape == (2, 10) and weights.shape == (2, 10, 20)
+    torch.testing.assert_close(predictions, _loop_estimate(queries, keys, values, bandwidth),
+                               rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 10, dtype=F64))
+
+
+def test_vector_inputs_and_outputs_match_loop():
+    generator = torch.Generator().manual_seed(1)
+    queries = torch.randn(2, 4, 3, generator=generator, dtype=F64)
+    keys = torch.randn(2, 6, 3, generator=generator, dtype=F64)
+    values = torch.randn(2, 6, 5, generator=generator, dtype=F64)
+    predictions, _ = NadarayaWatson(bandwidth=0.8)(queries, keys, values)
+    assert predictions.shape == (2, 4, 5)
+    torch.testing.assert_close(predictions, _loop_estimate(queries, keys, values, 0.8),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_bandwidth_limits_nearest_neighbour_and_mean():
+    queries, keys, values = _d2l_data()
+    narrow, _ = NadarayaWatson(bandwidth=1e-3)(queries, keys, values)
+    nearest = (queries.unsqueeze(-1) - keys.unsqueeze(-2)).abs().argmin(-1)
+    torch.testing.assert_close(narrow, values.gather(1, nearest))
+    wide, _ = NadarayaWatson(bandwidth=1e4)(queries, keys, values)
+    torch.testing.assert_close(wide, values.mean(-1, keepdim=True).expand(-1, 10))
+
+
+def test_key_mask_equals_dropping_the_points():
+    queries, keys, values = _d2l_data()
+    key_mask = torch.ones(2, 20, dtype=torch.bool)
+    key_mask[:, 12:] = False
+    module = NadarayaWatson(bandwidth=0.7)
+    masked, weights = module(queries, keys, values, key_mask=key_mask)
+    truncated, _ = module(queries, keys[:, :12], values[:, :12])
+    torch.testing.assert_close(masked, truncated)
+    assert torch.all(weights[..., 12:] == 0)
+
+
+def test_learnable_bandwidth_gets_a_gradient_and_fixed_does_not():
+    queries, keys, values = _d2l_data()
+    learnable = NadarayaWatson(bandwidth=0.5, learnable=True)
+    assert [name for name, _ in learnable.named_parameters()] == ["log_bandwidth"]
+    learnable(queries.float(), keys.float(), values.float())[0].pow(2).sum().backward()
+    assert learnable.log_bandwidth.grad is not None and learnable.log_bandwidth.grad != 0
+    fixed = NadarayaWatson(bandwidth=0.5)
+    assert list(fixed.parameters()) == [] and fixed.bandwidth == 0.5
+    assert learnable.bandwidth == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("bandwidth", [0.0, -1.0, float("inf"), float("nan")])
+def test_bad_bandwidth(bandwidth):
+    with pytest.raises(ValueError, match="bandwidth must be a positive finite number"):
+        NadarayaWatson(bandwidth=bandwidth)
+
+
+@pytest.mark.parametrize(("shapes", "match"), [
+    (((2, 5), (2, 6, 1), (2, 6)), "keys must have the rank"),
+    (((2, 5, 3), (2, 6, 2), (2, 6)), "keys must have the rank and feature size"),
+    (((2, 5), (2, 6), (2, 7)), "share the batch size"),
+    (((5,), (6,), (6,)), r"queries must have shape \(b, n\)"),
+])
+def test_shape_errors(shapes, match):
+    with pytest.raises(ValueError, match=match):
+        NadarayaWatson()(*(torch.zeros(shape) for shape in shapes))

@@ -1,0 +1,384 @@
+"""RoutingAttention against MultiHeadAttention (one pass) and a plain loop (several passes).
+
+The reference below writes the iterative routing-style attention out the way the papers state it:
+scaled dot-product logits (Vaswani et al. 2017, eq. 1), then for every pass a softmax per receiver
+(or per sender), a weighted sum per receiver, and the dynamic-routing update ``b_ij += v_j . out_i``
+(Sabour et al. 2017, Procedure 1), here scaled by ``1 / sqrt(d)``, one head and one query at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from torchvote.nn import MultiHeadAttention, TransformerEncoderLayer
+from torchvote.nn.routing_attention import (
+    AttentionRecorder,
+    RoutingAttention,
+    attention_factory,
+)
+
+F64 = torch.float64
+EMBED, HEADS = 8, 2
+
+
+def _pair(iterations: int, **kwargs) -> tuple[MultiHeadAttention, RoutingAttention]:
+    torch.manual_seed(0)
+    softmax = MultiHeadAttention(EMBED, HEADS, **kwargs).double()
+    with torch.no_grad():  # random biases, so a mis-used bias shows
+        for parameter in softmax.parameters():
+            if parameter.dim() == 1:
+                parameter.normal_()
+    routing = RoutingAttention(EMBED, HEADS, iterations=iterations, **kwargs).double()
+    routing.load_state_dict(softmax.state_dict())
+    return softmax.eval(), routing.eval()
+
+
+def _padding_mask(batch: int, length: int) -> Tensor:
+    key_mask = torch.ones(batch, length, dtype=torch.bool)
+    key_mask[1, -2:] = False
+    return key_mask
+
+
+def _projections(module: RoutingAttention, query: Tensor, key: Tensor, value: Tensor):
+    weight, bias = module.in_proj.weight, module.in_proj.bias
+    q = query @ weight[:EMBED].T + bias[:EMBED]
+    k = key @ weight[EMBED : 2 * EMBED].T + bias[EMBED : 2 * EMBED]
+    v = value @ weight[2 * EMBED :].T + bias[2 * EMBED :]
+    return q, k, v
+
+
+def _softmax_or_zeros(logits: list[float], allowed: list[bool]) -> list[float]:
+    """Softmax over the allowed entries; all zeros if none is allowed."""
+    if not any(allowed):
+        return [0.0] * len(logits)
+    peak = max(x for x, a in zip(logits, allowed, strict=True) if a)
+    exps = [math.exp(x - peak) if a else 0.0 for x, a in zip(logits, allowed, strict=True)]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+@torch.no_grad()
+def reference_routing_attention(
+    module: RoutingAttention,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    key_mask: Tensor | None = None,
+    is_causal: bool = False,
+    mask_receivers: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Output ``(b, L, E)`` and the last pass's normalised weights ``(b, h, L, S)`` (before the
+    renormalisation of ``aggregation="mean"``), one head and query at a time."""
+    q, k, v = _projections(module, query, key, value)
+    batch, target_len, source_len = query.shape[0], query.shape[1], key.shape[1]
+    head_dim = EMBED // HEADS
+    scale = 1.0 / math.sqrt(head_dim)
+    heads_out = torch.zeros(batch, target_len, EMBED, dtype=F64)
+    last_weights = torch.zeros(batch, HEADS, target_len, source_len, dtype=F64)
+    for n in range(batch):
+        for h in range(HEADS):
+            cols = slice(h * head_dim, (h + 1) * head_dim)
+            qh, kh, vh = q[n, :, cols], k[n, :, cols], v[n, :, cols]
+            allowed = [[True] * source_len for _ in range(target_len)]
+            for i in range(target_len):
+                for j in range(source_len):
+                    if key_mask is not None and not key_mask[n, j]:
+                        allowed[i][j] = False
+                    if mask_receivers and key_mask is not None and not key_mask[n, i]:
+                        allowed[i][j] = False
+                    if is_causal and j > i:
+                        allowed[i][j] = False
+            logits = [[float(qh[i] @ kh[j]) * scale for j in range(source_len)] for i in range(target_len)]
+            for t in range(module.iterations):
+                weights = [[0.0] * source_len for _ in range(target_len)]
+                if module.normalize_over == "senders":
+                    for i in range(target_len):
+                        weights[i] = _softmax_or_zeros(logits[i], allowed[i])
+                else:
+                    for j in range(source_len):
+                        column = _softmax_or_zeros(
+                            [logits[i][j] for i in range(target_len)],
+                            [allowed[i][j] for i in range(target_len)],
+                        )
+                        for i in range(target_len):
+                            weights[i][j] = column[i]
+                used = [row[:] for row in weights]  # the weights the votes are summed with
+                if module.aggregation == "mean":
+                    for i in range(target_len):
+                        total = sum(used[i])
+                        if total > 0:
+                            used[i] = [w / total for w in used[i]]
+                outputs = [
+                    sum((used[i][j] * vh[j] for j in range(source_len)), torch.zeros(head_dim, dtype=F64))
+                    for i in range(target_len)
+                ]
+                if t < module.iterations - 1:
+                    for i in range(target_len):
+                        for j in range(source_len):
+                            if allowed[i][j]:
+                                logits[i][j] += float(vh[j] @ outputs[i]) * scale
+            for i in range(target_len):
+                heads_out[n, i, cols] = outputs[i]
+                last_weights[n, h, i] = torch.tensor(weights[i], dtype=F64)
+    output = heads_out @ module.out_proj.weight.T + module.out_proj.bias
+    return output, last_weights
+
+
+# --- one pass is multi-head attention, exactly ---------------------------------------------------
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("case", ["self", "key_mask", "causal", "causal_and_key_mask", "cross", "float_mask"])
+def test_one_iteration_equals_multi_head_attention_exactly(case, need_weights):
+    softmax, routing = _pair(1)
+    torch.manual_seed(1)
+    x = torch.randn(2, 5, EMBED, dtype=F64)
+    memory = torch.randn(2, 7, EMBED, dtype=F64)
+    kwargs: dict = {"need_weights": need_weights}
+    inputs: tuple = (x,)
+    if case == "key_mask":
+        kwargs["key_mask"] = _padding_mask(2, 5)
+    elif case == "causal":
+        kwargs["is_causal"] = True
+    elif case == "causal_and_key_mask":
+        kwargs |= {"is_causal": True, "key_mask": _padding_mask(2, 5)}
+    elif case == "cross":
+        inputs = (x, memory, memory)
+        kwargs["key_mask"] = _padding_mask(2, 7)
+    elif case == "float_mask":
+        kwargs["attn_mask"] = torch.randn(5, 5, dtype=F64)
+    expected, expected_weights = softmax(*inputs, **kwargs)
+    output, weights = routing(*inputs, **kwargs)
+    assert torch.equal(output, expected)
+    if need_weights:
+        assert torch.equal(weights, expected_weights)
+    else:
+        assert weights is None and expected_weights is None
+
+
+@pytest.mark.parametrize(
+    "options", [{"shared_qkv": True}, {"kdim": 6, "vdim": 3}, {"batch_first": False}, {"bias": False}]
+)
+def test_one_iteration_equals_multi_head_attention_for_every_projection(options):
+    softmax, routing = _pair(1, **options)
+    torch.manual_seed(2)
+    x = torch.randn(3, 2, EMBED, dtype=F64)
+    key = torch.randn(3, 2, options.get("kdim", EMBED), dtype=F64)
+    value = torch.randn(3, 2, options.get("vdim", EMBED), dtype=F64)
+    expected, _ = softmax(x, key, value)
+    output, _ = routing(x, key, value)
+    assert torch.equal(output, expected)
+
+
+def test_state_dicts_are_interchangeable_both_ways():
+    softmax, routing = _pair(3)
+    assert softmax.state_dict().keys() == routing.state_dict().keys()
+    softmax.load_state_dict(routing.state_dict())
+
+
+# --- several passes against the plain loop -------------------------------------------------------
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+@pytest.mark.parametrize("masking", ["none", "key_mask", "causal", "causal_and_key_mask"])
+def test_senders_match_the_plain_loop(iterations, masking):
+    _, routing = _pair(iterations)
+    torch.manual_seed(3)
+    x = torch.randn(2, 5, EMBED, dtype=F64)
+    key_mask = _padding_mask(2, 5) if "key_mask" in masking else None
+    is_causal = "causal" in masking
+    output, weights = routing(
+        x, key_mask=key_mask, is_causal=is_causal, need_weights=True, average_weights=False
+    )
+    expected, expected_weights = reference_routing_attention(
+        routing, x, x, x, key_mask=key_mask, is_causal=is_causal
+    )
+    torch.testing.assert_close(output, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("aggregation", ["sum", "mean"])
+@pytest.mark.parametrize("iterations", [1, 3])
+@pytest.mark.parametrize("padded", [False, True])
+def test_receivers_match_the_plain_loop(iterations, aggregation, padded):
+    torch.manual_seed(0)
+    routing = (
+        RoutingAttention(
+            EMBED, HEADS, iterations=iterations, normalize_over="receivers", aggregation=aggregation
+        )
+        .double()
+        .eval()
+    )
+    torch.manual_seed(4)
+    x = torch.randn(2, 5, EMBED, dtype=F64)
+    key_mask = _padding_mask(2, 5) if padded else None
+    output, weights = routing(x, key_mask=key_mask, need_weights=True, average_weights=False)
+    expected, expected_weights = reference_routing_attention(
+        routing, x, x, x, key_mask=key_mask, mask_receivers=True
+    )
+    torch.testing.assert_close(output, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-10)
+
+
+def test_cross_attention_matches_the_plain_loop():
+    _, routing = _pair(3)
+    torch.manual_seed(5)
+    x, memory = torch.randn(2, 3, EMBED, dtype=F64), torch.randn(2, 6, EMBED, dtype=F64)
+    key_mask = _padding_mask(2, 6)
+    output, _ = routing(x, memory, memory, key_mask=key_mask)
+    expected, _ = reference_routing_attention(routing, x, memory, memory, key_mask=key_mask)
+    torch.testing.assert_close(output, expected, rtol=1e-10, atol=1e-10)
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+
+def test_more_iterations_give_a_different_consensus():
+    softmax, routing = _pair(3)
+    x = torch.randn(2, 5, EMBED, dtype=F64)
+    assert not torch.allclose(routing(x)[0], softmax(x)[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("iterations", [2, 4])
+def test_causal_routing_never_hears_the_future(iterations):
+    _, routing = _pair(iterations)
+    x = torch.randn(2, 6, EMBED, dtype=F64)
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(2, 2, EMBED, dtype=F64)
+    before, after = routing(x, is_causal=True)[0], routing(changed, is_causal=True)[0]
+    torch.testing.assert_close(after[:, :4], before[:, :4], rtol=0, atol=1e-12)
+    assert not torch.allclose(after[:, 4:], before[:, 4:])
+
+
+@pytest.mark.parametrize("normalize_over", ["senders", "receivers"])
+def test_appended_padding_changes_no_real_output(normalize_over):
+    torch.manual_seed(0)
+    routing = RoutingAttention(EMBED, HEADS, iterations=3, normalize_over=normalize_over).double().eval()
+    x = torch.randn(2, 4, EMBED, dtype=F64)
+    padded = torch.cat([x, torch.randn(2, 3, EMBED, dtype=F64)], dim=1)  # (2, 7, E)
+    key_mask = torch.ones(2, 7, dtype=torch.bool)
+    key_mask[:, 4:] = False
+    torch.testing.assert_close(
+        routing(padded, key_mask=key_mask)[0][:, :4], routing(x)[0], rtol=1e-10, atol=1e-10
+    )
+
+
+def test_weights_of_the_last_pass_sum_to_one_over_the_allowed_senders():
+    _, routing = _pair(3)
+    x = torch.randn(2, 5, EMBED, dtype=F64)
+    key_mask = _padding_mask(2, 5)
+    _, per_head = routing(x, key_mask=key_mask, is_causal=True, need_weights=True, average_weights=False)
+    _, averaged = routing(x, key_mask=key_mask, is_causal=True, need_weights=True)
+    assert per_head.shape == (2, HEADS, 5, 5) and averaged.shape == (2, 5, 5)
+    torch.testing.assert_close(averaged, per_head.mean(dim=1))
+    torch.testing.assert_close(per_head.sum(-1), torch.ones(2, HEADS, 5, dtype=F64))
+    assert (per_head.triu(1) == 0).all() and (per_head[1, ..., -2:] == 0).all()
+
+
+def test_unbatched_inputs_lose_the_batch_axis_again():
+    _, routing = _pair(2)
+    x = torch.randn(5, EMBED, dtype=F64)
+    output, weights = routing(x, key_mask=torch.tensor([True] * 4 + [False]), need_weights=True)
+    batched, batched_weights = routing(
+        x[None], key_mask=torch.tensor([[True] * 4 + [False]]), need_weights=True
+    )
+    assert output.shape == (5, EMBED) and weights.shape == (5, 5)
+    torch.testing.assert_close(output, batched[0])
+    torch.testing.assert_close(weights, batched_weights[0])
+
+
+def test_gradients_are_finite_when_a_query_hears_nobody():
+    _, routing = _pair(3)
+    x = torch.randn(1, 3, EMBED, dtype=F64, requires_grad=True)
+    attn_mask = torch.tensor([[False, False, False], [True, True, False], [True, True, True]])
+    output, _ = routing(x, attn_mask=attn_mask)
+    output.pow(2).sum().backward()
+    assert torch.isfinite(output).all() and torch.isfinite(x.grad).all()
+    torch.testing.assert_close(output[0, 0], routing.out_proj.bias)  # nobody to hear: the bias
+
+
+def test_dropout_acts_in_training_mode_only():
+    torch.manual_seed(0)
+    routing = RoutingAttention(EMBED, HEADS, iterations=2, dropout=0.5).double()
+    x = torch.randn(2, 5, EMBED, dtype=F64)
+    assert not torch.equal(routing(x)[0], routing(x)[0])
+    routing.eval()
+    assert torch.equal(routing(x)[0], routing(x)[0])
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"iterations": 0}, "iterations"),
+        ({"iterations": 2.0}, "iterations"),
+        ({"iterations": True}, "iterations"),
+        ({"normalize_over": "keys"}, "normalize_over"),
+        ({"aggregation": "max"}, "aggregation"),
+        ({"dropout": 1.0}, "dropout"),
+    ],
+)
+def test_bad_arguments_raise_value_errors_naming_them(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        RoutingAttention(EMBED, HEADS, **kwargs)
+    with pytest.raises(ValueError, match="divisible"):
+        RoutingAttention(EMBED, 3)
+
+
+def test_receivers_refuse_causal_attention():
+    routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
+    with pytest.raises(ValueError, match="normalize_over='senders'"):
+        routing(torch.randn(1, 3, EMBED), is_causal=True)
+
+
+def test_bad_inputs_are_reported_as_by_multi_head_attention():
+    routing = RoutingAttention(EMBED, HEADS)
+    with pytest.raises(ValueError, match="key_mask must have shape"):
+        routing(torch.randn(2, 3, EMBED), key_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="features"):
+        routing(torch.randn(2, 3, EMBED + 1))
+
+
+# --- the transformer hook and the recorder --------------------------------------------------------
+
+
+def test_attention_factory_builds_either_kind_for_the_transformer_layers():
+    softmax_layer = TransformerEncoderLayer(EMBED, HEADS, attention=attention_factory("softmax"))
+    routing_layer = TransformerEncoderLayer(
+        EMBED, HEADS, attention=attention_factory("routing", iterations=4)
+    )
+    assert type(softmax_layer.self_attention) is MultiHeadAttention
+    assert isinstance(routing_layer.self_attention, RoutingAttention)
+    assert routing_layer.self_attention.iterations == 4
+    assert softmax_layer.state_dict().keys() == routing_layer.state_dict().keys()
+    x = torch.randn(2, 5, EMBED)
+    assert routing_layer(x, is_causal=True).shape == (2, 5, EMBED)
+    with pytest.raises(ValueError, match="kind"):
+        attention_factory("linear")
+    with pytest.raises(ValueError, match="iterations"):
+        attention_factory("routing", iterations=0)
+
+
+def test_recorder_collects_every_attention_and_removes_its_hooks():
+    torch.manual_seed(0)
+    stack = nn.Sequential(
+        TransformerEncoderLayer(EMBED, HEADS, dropout=0.0, attention=attention_factory("routing")),
+        TransformerEncoderLayer(EMBED, HEADS, dropout=0.0),
+    )
+    x = torch.randn(2, 5, EMBED)
+    with AttentionRecorder(stack) as recorder:
+        recorded_output = stack(x)
+    assert [name for name, _ in recorder.calls] == ["0.self_attention", "1.self_attention"]
+    assert all(w.shape == (2, 5, 5) for w in recorder.weights.values())
+    torch.testing.assert_close(recorded_output, stack(x))  # recording changes no number
+    attention = stack[0].self_attention
+    assert not attention._forward_hooks and not attention._forward_pre_hooks
+    expected = attention(stack[0].attention_norm(x) if stack[0].norm_first else x, need_weights=True)[1]
+    torch.testing.assert_close(recorder.weights["0.self_attention"], expected)

@@ -1,0 +1,146 @@
+"""Bahdanau and Luong attention modules against the papers' formulas written as plain loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchvote.nn import AdditiveAttention, LuongAttention
+
+F64 = torch.float64
+
+
+@torch.no_grad()
+def _loop_attention(query, key, value, score, allowed=None):
+    """context_i = sum_j softmax_j(score(q_i, k_j)) v_j, one (batch, query) at a time."""
+    batch, target_len, source_len = query.shape[0], query.shape[1], key.shape[1]
+    contexts = torch.zeros(batch, target_len, value.shape[-1], dtype=value.dtype)
+    weights = torch.zeros(batch, target_len, source_len, dtype=value.dtype)
+    for b in range(batch):
+        for i in range(target_len):
+            keys = [j for j in range(source_len) if allowed is None or allowed[b, i, j]]
+            scores = {j: score(query[b, i], key[b, j]) for j in keys}
+            total = sum(math.exp(s) for s in scores.values())
+            for j in keys:
+                weights[b, i, j] = math.exp(scores[j]) / total
+                contexts[b, i] += weights[b, i, j] * value[b, j]
+    return contexts, weights
+
+
+def _inputs(query_dim=5, key_dim=3, value_dim=4, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 3, query_dim, generator=generator, dtype=F64),
+            torch.randn(2, 4, key_dim, generator=generator, dtype=F64),
+            torch.randn(2, 4, value_dim, generator=generator, dtype=F64))
+
+
+def test_additive_matches_bahdanau_formula():
+    query, key, value = _inputs()
+    module = AdditiveAttention(5, 3, 6).double()
+    w_q, w_k, v = module.query_proj.weight, module.key_proj.weight, module.vector
+
+    def score(q, k):  # e = v^T tanh(W q + U k)
+        return float(sum(v[h] * math.tanh(float(w_q[h] @ q + w_k[h] @ k)) for h in range(6)))
+
+    context, weights = module(query, key, value)
+    expected_context, expected_weights = _loop_attention(query, key, value, score)
+    torch.testing.assert_close(context, expected_context, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("score_name", ["dot", "general", "concat"])
+def test_luong_matches_formula(score_name):
+    key_dim = 5 if score_name == "dot" else 3
+    query, key, value = _inputs(key_dim=key_dim)
+    module = LuongAttention(5, key_dim, score=score_name, **(
+        {"hidden_dim": 7} if score_name == "concat" else {})).double()
+    if score_name == "dot":
+        def score(q, k):
+            return float(q @ k)
+    elif score_name == "general":
+        def score(q, k):
+            return float(q @ module.weight @ k)
+    else:
+        w, v = module.concat_proj.weight, module.vector
+
+        def score(q, k):  # v^T tanh(W [q; k])
+            concatenated = torch.cat([q, k])
+            return float(sum(v[h] * math.tanh(float(w[h] @ concatenated)) for h in range(7)))
+
+    context, weights = module(query, key, value)
+    expected_context, expected_weights = _loop_attention(query, key, value, score)
+    torch.testing.assert_close(context, expected_context, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-12)
+
+
+def _additive_score(module):
+    w_q, w_k, v = module.query_proj.weight, module.key_proj.weight, module.vector
+    return lambda q, k: float(v @ torch.tanh(w_q @ q + w_k @ k))
+
+
+def _general_score(module):
+    return lambda q, k: float(q @ module.weight @ k)
+
+
+@pytest.mark.parametrize(("module", "score_of"), [
+    (AdditiveAttention(5, 5, 4), _additive_score),
+    (LuongAttention(5, 5, score="general"), _general_score),
+], ids=["additive", "general"])
+def test_masks_exclude_keys(module, score_of):
+    module = module.double()
+    query, key, value = _inputs(key_dim=5)
+    key_mask = torch.tensor([[True, True, False, True], [True, False, False, True]])
+    attn_mask = torch.ones(3, 4, dtype=torch.bool)
+    attn_mask[1, 0] = False
+    context, weights = module(query, key, value, key_mask=key_mask, attn_mask=attn_mask)
+    allowed = key_mask[:, None, :] & attn_mask  # (b, L, S)
+    expected_context, expected_weights = _loop_attention(query, key, value, score_of(module), allowed)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(context, expected_context, rtol=1e-10, atol=1e-12)
+
+
+def test_value_defaults_to_key():
+    query, key, _ = _inputs(key_dim=5)
+    module = LuongAttention(5, 5).double()
+    torch.testing.assert_close(module(query, key)[0], module(query, key, key)[0])
+
+
+def test_additive_dropout_only_in_training():
+    torch.manual_seed(0)
+    module = AdditiveAttention(5, 3, 4, dropout=0.5).double()
+    query, key, value = _inputs()
+    module.eval()
+    first = module(query, key, value)[0]
+    torch.testing.assert_close(module(query, key, value)[0], first)
+    module.train()
+    assert not torch.allclose(module(query, key, value)[0], first)
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: LuongAttention(4, 3, score="dot"), "query_dim == key_dim"),
+    (lambda: LuongAttention(4, 4, score="cosine"), "score must be"),
+    (lambda: LuongAttention(4, 4, score="general", hidden_dim=3), "hidden_dim only applies"),
+    (lambda: AdditiveAttention(4, 4, 0), "hidden_dim"),
+    (lambda: AdditiveAttention(4, 4, 3, dropout=-0.1), "dropout"),
+])
+def test_constructor_errors(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize(("args", "kwargs", "match"), [
+    ((torch.randn(2, 3, 4), torch.randn(2, 5, 3)), {}, r"key must have shape \(batch, S, 4\)"),
+    ((torch.randn(2, 3, 5), torch.randn(2, 5, 4)), {}, r"query must have shape \(batch, L, 4\)"),
+    ((torch.randn(3, 4), torch.randn(2, 5, 4)), {}, "query must have shape"),
+    ((torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 6, 4)), {}, "value must have shape"),
+    ((torch.randn(2, 3, 4), torch.randn(2, 5, 4)), {"key_mask": torch.ones(2, 4, dtype=torch.bool)},
+     "key_mask must have shape"),
+    ((torch.randn(2, 3, 4), torch.randn(2, 5, 4)), {"attn_mask": torch.ones(4, 5, dtype=torch.bool)},
+     "attn_mask of shape"),
+])
+def test_forward_errors(args, kwargs, match):
+    module = LuongAttention(4, 4)
+    with pytest.raises(ValueError, match=match):
+        module(*args, **kwargs)

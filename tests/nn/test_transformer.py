@@ -1,0 +1,212 @@
+"""Transformer layers and stacks against torch.nn's with copied weights (eval mode, float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from torchvote.nn import (
+    MultiHeadAttention,
+    TransformerConfig,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
+
+F64 = torch.float64
+D_MODEL, HEADS, FEEDFORWARD = 16, 4, 24
+
+
+def _randomise(module: nn.Module) -> None:
+    """Random biases and norm affines, so a mis-copied parameter shows."""
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() == 1:
+                parameter.normal_()
+
+
+def _copy_feedforward_and_norms(ours, theirs, pairs):
+    ours.feedforward.expand.load_state_dict(theirs.linear1.state_dict())
+    ours.feedforward.contract.load_state_dict(theirs.linear2.state_dict())
+    for mine, reference in pairs:
+        mine.load_state_dict(reference.state_dict())
+
+
+def _encoder_pair(norm_first, activation="relu"):
+    torch.manual_seed(0)
+    theirs = nn.TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
+                                        activation=activation, norm_first=norm_first,
+                                        batch_first=True, dtype=F64)
+    _randomise(theirs)
+    ours = TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
+                                   activation=activation, norm_first=norm_first).double()
+    ours.self_attention = MultiHeadAttention.from_torch(theirs.self_attn)
+    _copy_feedforward_and_norms(ours, theirs, [(ours.attention_norm, theirs.norm1),
+                                               (ours.feedforward_norm, theirs.norm2)])
+    return ours.eval(), theirs.eval()
+
+
+def _decoder_pair(norm_first, activation="relu"):
+    torch.manual_seed(0)
+    theirs = nn.TransformerDecoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
+                                        activation=activation, norm_first=norm_first,
+                                        batch_first=True, dtype=F64)
+    _randomise(theirs)
+    ours = TransformerDecoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
+                                   activation=activation, norm_first=norm_first).double()
+    ours.self_attention = MultiHeadAttention.from_torch(theirs.self_attn)
+    ours.cross_attention = MultiHeadAttention.from_torch(theirs.multihead_attn)
+    _copy_feedforward_and_norms(ours, theirs, [(ours.self_attention_norm, theirs.norm1),
+                                               (ours.cross_attention_norm, theirs.norm2),
+                                               (ours.feedforward_norm, theirs.norm3)])
+    return ours.eval(), theirs.eval()
+
+
+def _padding(batch, length):
+    padding = torch.zeros(batch, length, dtype=torch.bool)
+    padding[1, -2:] = True
+    return padding
+
+
+def _assert_same_with_grads(ours_fn, theirs_fn, inputs):
+    ours_inputs = [t.clone().requires_grad_() for t in inputs]
+    their_inputs = [t.clone().requires_grad_() for t in inputs]
+    ours_out, their_out = ours_fn(*ours_inputs), theirs_fn(*their_inputs)
+    torch.testing.assert_close(ours_out, their_out, rtol=1e-10, atol=1e-10)
+    ours_out.pow(2).sum().backward()
+    their_out.pow(2).sum().backward()
+    for mine, reference in zip(ours_inputs, their_inputs, strict=True):
+        torch.testing.assert_close(mine.grad, reference.grad, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_encoder_layer_matches_torch(norm_first, activation):
+    ours, theirs = _encoder_pair(norm_first, activation)
+    inputs = torch.randn(2, 6, D_MODEL, dtype=F64)
+    padding = _padding(2, 6)
+    _assert_same_with_grads(lambda x: ours(x), lambda x: theirs(x), [inputs])
+    _assert_same_with_grads(lambda x: ours(x, key_mask=~padding),
+                            lambda x: theirs(x, src_key_padding_mask=padding), [inputs])
+    causal = nn.Transformer.generate_square_subsequent_mask(6, dtype=F64)
+    _assert_same_with_grads(lambda x: ours(x, is_causal=True),
+                            lambda x: theirs(x, src_mask=causal), [inputs])
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_decoder_layer_matches_torch(norm_first):
+    ours, theirs = _decoder_pair(norm_first)
+    target, memory = torch.randn(2, 5, D_MODEL, dtype=F64), torch.randn(2, 7, D_MODEL, dtype=F64)
+    causal = nn.Transformer.generate_square_subsequent_mask(5, dtype=F64)
+    target_padding, memory_padding = _padding(2, 5), _padding(2, 7)
+    _assert_same_with_grads(lambda t, m: ours(t, m),
+                            lambda t, m: theirs(t, m, tgt_mask=causal), [target, memory])
+    _assert_same_with_grads(
+        lambda t, m: ours(t, m, target_key_mask=~target_padding, memory_key_mask=~memory_padding),
+        lambda t, m: theirs(t, m, tgt_mask=causal,
+                            tgt_key_padding_mask=torch.zeros(2, 5, dtype=F64).masked_fill(
+                                target_padding, float("-inf")),
+                            memory_key_padding_mask=memory_padding),
+        [target, memory])
+    _assert_same_with_grads(lambda t, m: ours(t, m, is_causal=False),
+                            lambda t, m: theirs(t, m), [target, memory])
+
+
+def test_stacks_match_torch_with_final_norm_for_pre_norm():
+    torch.manual_seed(0)
+    layers = [_encoder_pair(True) for _ in range(2)]
+    theirs = nn.TransformerEncoder(layers[0][1], 2, norm=nn.LayerNorm(D_MODEL, dtype=F64),
+                                   enable_nested_tensor=False)
+    theirs.layers = nn.ModuleList(pair[1] for pair in layers)
+    _randomise(theirs.norm)
+    prepared = iter(pair[0] for pair in layers)  # the factory hands out the copied layers
+    ours = TransformerEncoder(lambda: next(prepared), 2).double()
+    assert isinstance(ours.norm, nn.LayerNorm)
+    ours.norm.load_state_dict(theirs.norm.state_dict())
+    inputs = torch.randn(2, 6, D_MODEL, dtype=F64)
+    _assert_same_with_grads(lambda x: ours(x), lambda x: theirs.eval()(x), [inputs])
+
+    decoder_layers = [_decoder_pair(False) for _ in range(2)]
+    their_decoder = nn.TransformerDecoder(decoder_layers[0][1], 2)
+    their_decoder.layers = nn.ModuleList(pair[1] for pair in decoder_layers)
+    prepared_decoders = iter(pair[0] for pair in decoder_layers)
+    our_decoder = TransformerDecoder(lambda: next(prepared_decoders), 2)
+    assert isinstance(our_decoder.norm, nn.Identity)  # post-norm layers end in a norm already
+    memory = torch.randn(2, 4, D_MODEL, dtype=F64)
+    causal = nn.Transformer.generate_square_subsequent_mask(6, dtype=F64)
+    _assert_same_with_grads(lambda t, m: our_decoder(t, m),
+                            lambda t, m: their_decoder.eval()(t, m, tgt_mask=causal),
+                            [inputs, memory])
+
+
+def test_config_builds_fresh_layers():
+    config = TransformerConfig(d_model=8, num_heads=2, norm_first=True, shared_qkv=True, dropout=0.0)
+    encoder = TransformerEncoder(config, 3)
+    assert len(encoder.layers) == 3 and isinstance(encoder.norm, nn.LayerNorm)
+    assert encoder.layers[0].self_attention.shared_qkv
+    assert encoder.layers[0].feedforward.expand.out_features == 32  # 4 * d_model
+    assert encoder.layers[0].self_attention.in_proj is not encoder.layers[1].self_attention.in_proj
+    decoder = TransformerDecoder(config, 2, final_norm=False)
+    assert isinstance(decoder.norm, nn.Identity)
+    output = decoder(torch.randn(2, 5, 8), encoder(torch.randn(2, 3, 8)))
+    assert output.shape == (2, 5, 8)
+
+
+def test_decoder_is_causal_by_default():
+    torch.manual_seed(0)
+    layer = TransformerDecoderLayer(8, 2, dropout=0.0).eval()
+    target, memory = torch.randn(1, 5, 8), torch.randn(1, 3, 8)
+    changed = target.clone()
+    changed[:, 3:] += 1.0  # a change in the future must not reach the past
+    torch.testing.assert_close(layer(target, memory)[:, :3], layer(changed, memory)[:, :3])
+    assert not torch.allclose(layer(target, memory, is_causal=False)[:, :3],
+                              layer(changed, memory, is_causal=False)[:, :3])
+
+
+class _Recording(nn.Module):
+    """Stands in for a routing-style attention: records its calls, returns the query."""
+
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float) -> None:
+        super().__init__()
+        self.settings = (embed_dim, num_heads, dropout)
+        self.calls: list[dict] = []
+
+    def forward(self, query, key, value, *, attn_mask=None, key_mask=None, is_causal=False,
+                need_weights=False):
+        self.calls.append({"same": key is value, "key_mask": key_mask, "is_causal": is_causal})
+        return query * 2, None
+
+
+def test_attention_hook_replaces_both_attentions():
+    layer = TransformerDecoderLayer(8, 2, dropout=0.0, attention=_Recording, norm_first=True)
+    assert layer.self_attention.settings == (8, 2, 0.0)
+    memory_key_mask = torch.ones(1, 3, dtype=torch.bool)
+    layer(torch.randn(1, 4, 8), torch.randn(1, 3, 8), memory_key_mask=memory_key_mask)
+    assert layer.self_attention.calls == [{"same": True, "key_mask": None, "is_causal": True}]
+    assert layer.cross_attention.calls[0]["key_mask"] is memory_key_mask
+    assert not layer.cross_attention.calls[0]["is_causal"]
+    encoder_layer = TransformerEncoderLayer(8, 2, attention=_Recording)
+    encoder_layer(torch.randn(1, 4, 8))
+    assert len(encoder_layer.self_attention.calls) == 1
+
+
+@pytest.mark.parametrize(("make", "error", "match"), [
+    (lambda: TransformerEncoderLayer(8, 2, attention=_Recording, shared_qkv=True), ValueError,
+     "shared_qkv"),
+    (lambda: TransformerEncoderLayer(8, 2, activation="tanh"), ValueError, "activation"),
+    (lambda: TransformerEncoderLayer(8, 3), ValueError, "divisible by num_heads"),
+    (lambda: TransformerDecoderLayer(8, 2, dropout=1.5), ValueError, "dropout"),
+    (lambda: TransformerEncoder(TransformerConfig(8, 2), 0), ValueError, "num_layers"),
+    (lambda: TransformerEncoder("layer", 2), TypeError, "layer must be a TransformerConfig"),
+])
+def test_constructor_errors(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_factory_returning_one_module_twice_is_rejected():
+    layer = TransformerEncoderLayer(8, 2)
+    with pytest.raises(ValueError, match="same module twice"):
+        TransformerEncoder(lambda: layer, 2)
