@@ -44,7 +44,6 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         capsys,
         "main",
         "model.preset=tiny",
-        "model.channels=4,8",
         "data.limit=256",
         "data.eval_limit=50",
         f"run_dir={tmp_path / 'main'}",

@@ -93,3 +93,15 @@ def test_training_benchmark_runs_every_pair_quickly(capsys, monkeypatch):
     assert "ours img/s" in out and "baseline img/s" in out and "speed-up" in out
     with pytest.raises(SystemExit):
         benchmark.main(["--models", "nothing"])
+
+
+def test_eval_on_entries_carry_data_set_options():
+    from torchvote.training.evaluate import parse_eval_entry
+
+    assert parse_eval_entry("affnist") == ("affnist", {})
+    assert parse_eval_entry("affnist:canvas=28, seed=3") == ("affnist", {"canvas": 28, "seed": 3})
+    assert parse_eval_entry("multimnist:split=test") == ("multimnist", {"split": "test"})
+    import pytest
+
+    with pytest.raises(ValueError, match="key=value"):
+        parse_eval_entry("affnist:canvas")

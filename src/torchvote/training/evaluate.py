@@ -98,6 +98,28 @@ def evaluate(
     return handler.summarize({k: float(v) for k, v in zip(keys, stacked.tolist(), strict=True)})
 
 
+def parse_eval_entry(entry: str) -> tuple[str, dict[str, Any]]:
+    """Split an ``eval_on`` entry ``"name"`` or ``"name:key=value,key=value"`` into the data set's
+    name and its options (values read as Python literals, else kept as strings).
+
+    Raises:
+        ValueError: if an option is not ``key=value``.
+    """
+    import ast
+
+    name, _, rest = entry.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"eval_on entry {entry!r}: options must be key=value, got {item!r}")
+        try:
+            options[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[key.strip()] = value.strip()
+    return name.strip(), options
+
+
 def load_data(
     handler: TaskHandler,
     name: str,

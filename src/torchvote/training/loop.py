@@ -61,7 +61,7 @@ from torchvote.training.checkpoint import (
 )
 from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_seed, iterate_batches
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, any_process, setup_distributed
-from torchvote.training.evaluate import autocast, evaluate, load_data, result_row
+from torchvote.training.evaluate import autocast, evaluate, load_data, parse_eval_entry, result_row
 from torchvote.training.metrics import MetricsWriter, format_table
 from torchvote.training.optim import build_optimizer, build_scheduler
 from torchvote.training.tasks import get_task_handler, make_objective
@@ -577,9 +577,15 @@ class _Run:
 
     def _final_evaluation(self) -> dict[str, dict[str, float]]:
         results = {f"{self.eval_data.name}/{self.eval_data.split}": self._evaluate(self.eval_data)}
-        for name in self.config.eval_on:
+        for entry in self.config.eval_on:
+            name, options = parse_eval_entry(entry)
             data = load_data(
-                self.handler, name, None, root=self.config.data.root, limit=self.config.data.eval_limit
+                self.handler,
+                name,
+                None,
+                options=options,
+                root=self.config.data.root,
+                limit=self.config.data.eval_limit,
             )
             results[f"{data.name}/{data.split}"] = self._evaluate(
                 self.handler.finalize(data, self.model_config)
