@@ -144,15 +144,23 @@ class _PopularCapsNet(nn.Module):
     logits; lengths, an identity-matrix mask, the same decoder; margin loss and a summed MSE.
     """
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, *, one_primary_conv: bool = False) -> None:
         super().__init__()
         c = config
         self.num_classes, self.iterations, self.in_caps = c.num_classes, c.iterations, c.num_primary_caps
         self.conv1 = nn.Conv2d(c.in_channels, c.conv_channels, c.conv_kernel)
+        # The popular repositories: one convolution per capsule dimension. With one_primary_conv,
+        # a single convolution of all the channels instead (as ours), to isolate the capsule layer.
+        self.primary_dim = c.primary_dim
         self.capsules = nn.ModuleList(
             [
-                nn.Conv2d(c.conv_channels, c.primary_types, c.primary_kernel, stride=c.primary_stride)
-                for _ in range(c.primary_dim)
+                nn.Conv2d(
+                    c.conv_channels,
+                    c.primary_types * (c.primary_dim if one_primary_conv else 1),
+                    c.primary_kernel,
+                    stride=c.primary_stride,
+                )
+                for _ in range(1 if one_primary_conv else c.primary_dim)
             ]
         )
         self.W = nn.Parameter(0.01 * torch.randn(1, self.in_caps, c.num_classes, c.class_dim, c.primary_dim))
@@ -167,8 +175,8 @@ class _PopularCapsNet(nn.Module):
     def forward(self, images: Tensor, labels_one_hot: Tensor) -> tuple[Tensor, Tensor]:
         batch = images.size(0)
         x = F.relu(self.conv1(images))
-        u = torch.stack([capsule(x) for capsule in self.capsules], dim=1)  # (b, 8, 32, 6, 6)
-        u = _popular_squash(u.view(batch, len(self.capsules), -1).transpose(1, 2))  # (b, 1152, 8)
+        u = torch.cat([capsule(x) for capsule in self.capsules], dim=1)  # (b, 8*32, 6, 6)
+        u = _popular_squash(u.view(batch, self.primary_dim, -1).transpose(1, 2))  # (b, 1152, 8)
         x = torch.stack([u] * self.num_classes, dim=2).unsqueeze(4)  # (b, 1152, 10, 8, 1)
         W = torch.cat([self.W] * batch, dim=0)  # (b, 1152, 10, 16, 8)
         u_hat = torch.matmul(W, x)  # (b, 1152, 10, 16, 1)
@@ -214,6 +222,13 @@ def capsnet_reference(batch_size: int, preset: str | None) -> tuple[Callable[[],
     config = create_model("capsnet", preset).config
     torch.manual_seed(0)
     return _popular_step(_PopularCapsNet(config), batch_size, config.image_size), batch_size
+
+
+def capsnet_one_conv_reference(batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+    config = create_model("capsnet", preset).config
+    torch.manual_seed(0)
+    model = _PopularCapsNet(config, one_primary_conv=True)
+    return _popular_step(model, batch_size, config.image_size), batch_size
 
 
 class _PopularEfficientCapsNet(nn.Module):
@@ -285,6 +300,12 @@ PAIRS: dict[str, StepPair] = {
         "paper",
         capsnet_reference,
         note="baseline: 8 primary convs, W repeated over the batch, matmul votes, loop",
+    ),
+    "capsnet-one-conv": StepPair(
+        "capsnet",
+        "paper",
+        capsnet_one_conv_reference,
+        note="the same baseline with one primary conv: the capsule layer's share",
     ),
     "capsnet-small": StepPair(
         "capsnet",

@@ -116,6 +116,29 @@ def test_every_router_trains_a_step(router):
         assert torch.isfinite(model(images).scores).all()
 
 
+def test_em_router_learns_with_the_spread_loss():
+    # EM's class activations are trained with the spread loss (Hinton et al. 2018); the margin
+    # loss's absolute targets drive them all to zero (see the module docstring).
+    from torchvote.data import load_small_digits
+
+    images, labels = load_small_digits("train", size=320)
+    torch.manual_seed(0)
+    model = create_model("capsnet", "tiny", router="em")
+    spread = LossConfig(name="spread", spread_margin_start=0.5, spread_margin_end=0.5)
+    objective = make_objective(spread, get_model_spec("capsnet"), total_steps=40)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    losses = []
+    for step in range(40):
+        rows = torch.arange(step * 32, step * 32 + 32) % len(images)
+        batch = {"images": images[rows], "targets": labels[rows]}
+        loss, _ = objective(model(batch["images"], batch["targets"]), batch, step)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
 def _hand_decode(model: CapsNet, poses: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
     """Zero every class capsule but ``classes[b]``, flatten, run the decoder's layers."""
     masked = torch.zeros_like(poses)
@@ -267,3 +290,27 @@ def test_tiny_training_run_lowers_the_loss(tmp_path):
     start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert end < 0.75 * start, f"loss went from {start:.3f} to {end:.3f}"
     assert result.results["small-digits/test"]["accuracy"] > 0.2
+
+
+def test_multimnist_preset_trains_through_the_loop(tmp_path):
+    # Two digits per 36x36 image: (b, 2) targets, one reconstruction per digit against the
+    # digits alone (the loop's batch["digits"]); a few steps to check the whole path.
+    losses: list[float] = []
+    config = load_config(
+        "capsnet-multimnist",
+        [
+            "model.preset=tiny",
+            "data.options.num_pairs=64",
+            "data.options.limit=600",
+            "batch_size=32",
+            "eval_batch_size=64",
+            "max_steps=2",
+            "progress=false",
+            "tensorboard=false",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
+    result = train(config, callbacks=[lambda info: losses.append(info.loss)], verbose=False)
+    assert len(losses) == 2 and all(loss == loss for loss in losses)  # finite, not NaN
+    assert result.model.config.image_size == 36
+    assert 0.0 <= result.results["multimnist/test"]["accuracy"] <= 1.0

@@ -211,7 +211,7 @@ class EMCapsNet(nn.Module):
         self.primary = PrimaryMatrixCapsules(
             config.conv_channels, config.primary_types, pose_dim=config.pose_dim
         )
-        layers = []
+        layers: list[nn.Module] = []
         in_types = config.primary_types
         for types, kernel, stride in zip(
             config.conv_caps_types, config.conv_caps_kernels, config.conv_caps_strides, strict=True

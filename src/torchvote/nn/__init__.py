@@ -13,7 +13,14 @@ from torchvote.nn.em_capsules import (
 )
 from torchvote.nn.kernel_regression import NadarayaWatson
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from torchvote.nn.routing_attention import RoutingAttention
+from torchvote.nn.routing_attention import (
+    ATTENTION_KINDS,
+    AttentionKind,
+    AttentionRecorder,
+    RoutingAttention,
+    ScaledDotAgreement,
+    attention_factory,
+)
 from torchvote.nn.routing_modules import (
     DynamicRouter,
     EMRouter,
@@ -37,7 +44,12 @@ from torchvote.nn.transformer import (
 )
 
 __all__ = [
+    "ATTENTION_KINDS",
     "AdditiveAttention",
+    "AttentionKind",
+    "AttentionRecorder",
+    "ScaledDotAgreement",
+    "attention_factory",
     "AttentionFactory",
     "CapsuleLinear",
     "ClassMatrixCapsules",
