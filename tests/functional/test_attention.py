@@ -208,3 +208,15 @@ def test_attend_with_additive_scores_and_padding():
     torch.testing.assert_close(out, expected_w @ k)
     with pytest.raises(ValueError, match="value must have shape"):
         attend(scores, k[:, :4])
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.float64, torch.float16])
+def test_a_float_mask_of_another_dtype_works_on_both_paths(mask_dtype):
+    q, k, v = (t.float() for t in qkv(source=5))
+    mask = torch.zeros(5, 5, dtype=mask_dtype)
+    mask[:, 3] = -math.inf
+    fused, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    looped, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.float())
+    torch.testing.assert_close(fused, expected)
+    torch.testing.assert_close(looped, expected)

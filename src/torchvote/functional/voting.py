@@ -390,6 +390,8 @@ def vote(
             mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(
                 ~causal, float("-inf"))
             is_causal = False
+        if mask is not None and mask.is_floating_point() and mask.dtype != logits.queries.dtype:
+            mask = mask.to(logits.queries.dtype)  # the kernel takes float masks in the query's dtype
         outputs = F.scaled_dot_product_attention(
             logits.queries, logits.keys, votes.values, attn_mask=mask,
             dropout_p=dropout_p, is_causal=is_causal, scale=logits.effective_scale,
