@@ -1,0 +1,44 @@
+"""The shared argument checks: accepted values pass through, the rest name the argument."""
+
+import math
+
+import pytest
+
+from torchvote.validation import check_choice, check_positive_float, check_positive_int, check_probability
+
+
+@pytest.mark.parametrize("value", [1, 7])
+def test_positive_int_accepts(value):
+    assert check_positive_int(value, "n") == value
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.0, True, "3", None])
+def test_positive_int_rejects_naming_the_argument(value):
+    with pytest.raises(ValueError, match=r"iterations must be a positive integer, got"):
+        check_positive_int(value, "iterations")
+
+
+def test_positive_int_minimum():
+    assert check_positive_int(0, "padding", minimum=0) == 0
+    with pytest.raises(ValueError, match=r"padding must be an integer >= 0, got -1"):
+        check_positive_int(-1, "padding", minimum=0)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.inf, math.nan, True, "1"])
+def test_positive_float_rejects(value):
+    with pytest.raises(ValueError, match="eps must be a positive finite number"):
+        check_positive_float(value, "eps")
+
+
+def test_probability():
+    assert check_probability(0, "dropout") == 0.0
+    assert check_probability(0.5, "dropout") == 0.5
+    for bad in (1.0, -0.1, math.nan, True):
+        with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+            check_probability(bad, "dropout")
+
+
+def test_choice_lists_the_choices():
+    assert check_choice("sum", ("sum", "mean"), "aggregation") == "sum"
+    with pytest.raises(ValueError, match=r"aggregation must be one of 'sum', 'mean', got 'max'"):
+        check_choice("max", ("sum", "mean"), "aggregation")
