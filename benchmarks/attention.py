@@ -24,6 +24,11 @@ the one-time costs: lazy imports, kernel initialisation). This sees every alloca
 baseline, so an ``nn.MultiheadAttention`` that needs more fails cleanly in the child (reported
 as skipped, and not timed) instead of driving the machine out of memory.
 
+``--weights`` asks ``ours`` and ``mha`` for the head-averaged attention weights
+(``need_weights=True``): what a user pays to see the votes. ``--device cuda`` runs everything on
+the GPU (time with ``torch.cuda.synchronize``; memory = ``torch.cuda.max_memory_allocated``
+growth during one call, in this process); ``--dtype bfloat16`` casts modules and inputs.
+
 Run: ``python benchmarks/attention.py`` (full; ~20-40 min on 2 CPU cores) or ``--quick`` (tiny
 smoke run, seconds).
 """
@@ -72,6 +77,9 @@ class Config:
     length: int
     causal: bool
     mode: str  # "infer" or "train"
+    weights: bool = False  # ours and mha return the head-averaged weights
+    device: str = "cpu"
+    dtype: str = "float32"
 
 
 def build(impl: str, config: Config, embed_dim: int, num_heads: int, seed: int = 0):
@@ -88,17 +96,22 @@ def build(impl: str, config: Config, embed_dim: int, num_heads: int, seed: int =
             module.qkv.weight.copy_(reference.in_proj_weight)
             module.qkv.bias.copy_(reference.in_proj_bias)
             module.out.load_state_dict(reference.out_proj.state_dict())
-    module.train(config.mode == "train")
-    x = torch.randn(config.batch, config.length, embed_dim, generator=torch.Generator().manual_seed(1))
-    mask = (nn.Transformer.generate_square_subsequent_mask(config.length)
+    dtype = getattr(torch, config.dtype)
+    module.to(device=config.device, dtype=dtype).train(config.mode == "train")
+    x = torch.randn(config.batch, config.length, embed_dim,
+                    generator=torch.Generator().manual_seed(1)).to(config.device, dtype)
+    mask = (nn.Transformer.generate_square_subsequent_mask(config.length, device=config.device,
+                                                           dtype=dtype)
             if config.causal and impl == "mha" else None)
 
     def forward(inputs: Tensor) -> Tensor:
         if impl == "mha":
-            return module(inputs, inputs, inputs, attn_mask=mask, need_weights=False)[0]
-        if impl == "ours":
-            return module(inputs, is_causal=config.causal)[0]
-        return module(inputs, config.causal)
+            out, weights = module(inputs, inputs, inputs, attn_mask=mask, need_weights=config.weights)
+        elif impl == "ours":
+            out, weights = module(inputs, is_causal=config.causal, need_weights=config.weights)
+        else:
+            return module(inputs, config.causal)
+        return out if weights is None else out + 0 * weights.sum()  # the weights are used
 
     if config.mode == "infer":
         def call() -> None:
@@ -123,12 +136,31 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def cuda_peak_memory_mb(impl: str, config: Config, embed_dim: int, num_heads: int) -> float:
+    """Growth of ``torch.cuda.max_memory_allocated`` during one call, in this process."""
+    _, call = build(impl, config, embed_dim, num_heads)
+    call()  # warm-up: workspace and autograd buffers
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
 def _memory_child(impl: str, config: Config, embed_dim: int, num_heads: int,
                   limit_gb: float | None, queue) -> None:
     try:
         # One-time costs are not the call's: lazy imports (einops' first torch call imports
         # torch._dynamo, ~40 MB) and kernel initialisation happen in a warm-up on 8 tokens.
-        build(impl, Config(config.batch, 8, config.causal, config.mode), embed_dim, num_heads)[1]()
+        warm = Config(config.batch, 8, config.causal, config.mode, config.weights, config.device,
+                      config.dtype)
+        build(impl, warm, embed_dim, num_heads)[1]()
         _, call = build(impl, config, embed_dim, num_heads)
         if limit_gb is not None:
             limit = _status_kb("VmSize") * 1024 + int(limit_gb * 2**30)
@@ -156,15 +188,18 @@ def peak_memory_mb(impl: str, config: Config, embed_dim: int, num_heads: int,
     return queue.get()
 
 
-def time_interleaved(calls: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+def time_interleaved(calls: dict[str, Callable[[], None]], repeats: int,
+                     device: str = "cpu") -> dict[str, float]:
     """Median seconds per call; the implementations take turns so drift hits all alike."""
     for call in calls.values():
         call()  # warm-up
+    _synchronize(device)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
             start = time.perf_counter()
             call()
+            _synchronize(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
@@ -193,15 +228,26 @@ def main(argv: list[str] | None = None) -> None:
                         help="memory above which nn.MultiheadAttention is skipped")
     parser.add_argument("--embed-dim", type=int, default=512)
     parser.add_argument("--num-heads", type=int, default=8)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--weights", action="store_true",
+                        help="ours and nn.MultiheadAttention return the head-averaged weights")
+    parser.add_argument("--modes", nargs="+", choices=["infer", "train"], default=["infer", "train"])
+    parser.add_argument("--causal", nargs="+", choices=["no", "yes"], default=["no", "yes"])
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
     if args.quick:
         args.batches, args.lengths, args.repeats = [1], [128], 3
         args.embed_dim, args.num_heads = 64, 4
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; embed {args.embed_dim}, "
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {args.device} ({where}), {args.dtype}, weights "
+          f"{'requested' if args.weights else 'not requested'}; embed {args.embed_dim}, "
           f"{args.num_heads} heads; median of {args.repeats} interleaved repeats "
-          f"({args.slow_repeats} when a call exceeds {args.slow_seconds:g} s); memory = peak RSS growth "
-          f"during one call in a fresh spawned process (VmHWM after /proc/self/clear_refs)")
+          f"({args.slow_repeats} when a call exceeds {args.slow_seconds:g} s); memory = "
+          + ("torch.cuda.max_memory_allocated growth during one call" if args.device == "cuda" else
+             "peak RSS growth during one call in a fresh spawned process (VmHWM after clear_refs)"))
     header = (f"{'batch':>5} {'T':>5} {'causal':>6} {'mode':>5} | {'ours ms':>8} {'sdpa ms':>8} "
               f"{'mha ms':>8} | {'ours/sdpa':>9} {'mha/ours':>8} | {'ours MB':>8} {'sdpa MB':>8} "
               f"{'mha MB':>8} {'ours/sdpa':>9}")
@@ -210,12 +256,23 @@ def main(argv: list[str] | None = None) -> None:
     notes = []
     for batch in args.batches:
         for length in args.lengths:
-            for causal in (False, True):
-                for mode in ("infer", "train"):
-                    config = Config(batch, length, causal, mode)
+            for causal in (c == "yes" for c in args.causal):
+                for mode in args.modes:
+                    config = Config(batch, length, causal, mode, args.weights, args.device, args.dtype)
                     memory: dict[str, float | None] = dict.fromkeys(IMPLEMENTATIONS)
                     skip_mha = False
-                    if not args.no_memory:
+                    if not args.no_memory and args.device == "cuda":
+                        for impl in IMPLEMENTATIONS:
+                            try:
+                                memory[impl] = cuda_peak_memory_mb(impl, config, args.embed_dim,
+                                                                   args.num_heads)
+                            except torch.OutOfMemoryError:
+                                if impl != "mha":
+                                    raise
+                                skip_mha = True
+                                notes.append(f"b={batch} T={length}: nn.MultiheadAttention out of memory")
+                            torch.cuda.empty_cache()
+                    elif not args.no_memory:
                         for impl in IMPLEMENTATIONS:
                             limit = args.mha_limit_gb if impl == "mha" else None
                             status, value = peak_memory_mb(impl, config, args.embed_dim,
@@ -236,10 +293,11 @@ def main(argv: list[str] | None = None) -> None:
                         calls[impl] = build(impl, config, args.embed_dim, args.num_heads)[1]
                     start = time.perf_counter()
                     calls["ours"]()
+                    _synchronize(args.device)
                     repeats = (args.slow_repeats if time.perf_counter() - start > args.slow_seconds
                                else args.repeats)
                     times: dict[str, float | None] = dict.fromkeys(IMPLEMENTATIONS)
-                    times.update(time_interleaved(calls, repeats))
+                    times.update(time_interleaved(calls, repeats, args.device))
                     del calls
                     ours, sdpa, mha = times["ours"], times["sdpa"], times["mha"]
                     mem_ratio = (memory["ours"] / memory["sdpa"]
