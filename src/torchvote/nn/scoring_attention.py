@@ -17,8 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score
-from torchvote.nn.attention import _merge_masks
+from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score, merge_masks
 
 __all__ = ["AdditiveAttention", "LuongAttention"]
 
@@ -102,7 +101,7 @@ class AdditiveAttention(nn.Module):
         """
         value = key if value is None else value
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
-        mask = _merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
+        mask = merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
         scores = additive_score(
             query, key, self.query_proj.weight, self.key_proj.weight, self.vector
         )  # (b, i, j)
@@ -215,6 +214,6 @@ class LuongAttention(nn.Module):
         """
         value = key if value is None else value
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
-        mask = _merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
+        mask = merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
         scores = self.score_fn(query, key)  # (b, i, j)
         return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
