@@ -33,7 +33,7 @@ from torchvote.nn.routing_modules import (
     UniformRouter,
     make_router,
 )
-from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
+from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention, ScoredAttention
 from torchvote.nn.transformer import (
     AttentionFactory,
     TransformerConfig,
@@ -63,6 +63,7 @@ __all__ = [
     "Router",
     "RoutingAttention",
     "RoutingResult",
+    "ScoredAttention",
     "SelfAttentionRouter",
     "SlotAttention",
     "SlotRouter",
