@@ -36,12 +36,12 @@ from torchvote.nn.routing_modules import (
 from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention, ScoredAttention
 from torchvote.nn.transformer import (
     AttentionFactory,
+    AttentionIntermediates,
     TransformerConfig,
-    TransformerDecoder,
     TransformerDecoderLayer,
-    TransformerEncoder,
     TransformerEncoderLayer,
 )
+from torchvote.nn.transformer_stack import TransformerDecoder, TransformerEncoder
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -51,6 +51,7 @@ __all__ = [
     "ScaledDotAgreement",
     "attention_factory",
     "AttentionFactory",
+    "AttentionIntermediates",
     "CapsuleLinear",
     "ClassMatrixCapsules",
     "ConvMatrixCapsules",
