@@ -12,11 +12,10 @@ import math
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from torchvote.nn import MultiHeadAttention, TransformerEncoderLayer
+from torchvote.nn import MultiHeadAttention, TransformerEncoder, TransformerEncoderLayer
 from torchvote.nn.routing_attention import (
-    AttentionRecorder,
     RoutingAttention,
     attention_factory,
 )
@@ -346,7 +345,7 @@ def test_bad_inputs_are_reported_as_by_multi_head_attention():
         routing(torch.randn(2, 3, EMBED + 1))
 
 
-# --- the transformer hook and the recorder --------------------------------------------------------
+# --- the transformer hook and the returned record --------------------------------------------------------
 
 
 def test_attention_factory_builds_either_kind_for_the_transformer_layers():
@@ -366,19 +365,20 @@ def test_attention_factory_builds_either_kind_for_the_transformer_layers():
         attention_factory("routing", iterations=0)
 
 
-def test_recorder_collects_every_attention_and_removes_its_hooks():
+def test_returned_record_collects_every_attention_without_hooks():
     torch.manual_seed(0)
-    stack = nn.Sequential(
+    layers = iter([
         TransformerEncoderLayer(EMBED, HEADS, dropout=0.0, attention=attention_factory("routing")),
         TransformerEncoderLayer(EMBED, HEADS, dropout=0.0),
-    )
+    ])
+    stack = TransformerEncoder(lambda: next(layers), 2, final_norm=False)
     x = torch.randn(2, 5, EMBED)
-    with AttentionRecorder(stack) as recorder:
-        recorded_output = stack(x)
-    assert [name for name, _ in recorder.calls] == ["0.self_attention", "1.self_attention"]
-    assert all(w.shape == (2, 5, 5) for w in recorder.weights.values())
+    recorded_output, record = stack(x, return_intermediates=True)
+    assert list(record.weights) == ["layers.0.self_attention", "layers.1.self_attention"]
+    assert all(w.shape == (2, 5, 5) for w in record.weights.values())
     torch.testing.assert_close(recorded_output, stack(x))  # recording changes no number
-    attention = stack[0].self_attention
+    first = stack.layers[0]
+    attention = first.self_attention
     assert not attention._forward_hooks and not attention._forward_pre_hooks
-    expected = attention(stack[0].attention_norm(x) if stack[0].norm_first else x, need_weights=True)[1]
-    torch.testing.assert_close(recorder.weights["0.self_attention"], expected)
+    expected = attention(first.attention_norm(x) if first.norm_first else x, need_weights=True)[1]
+    torch.testing.assert_close(record.weights["layers.0.self_attention"], expected)

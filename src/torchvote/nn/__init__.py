@@ -16,7 +16,6 @@ from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositi
 from torchvote.nn.routing_attention import (
     ATTENTION_KINDS,
     AttentionKind,
-    AttentionRecorder,
     RoutingAttention,
     ScaledDotAgreement,
     attention_factory,
@@ -47,7 +46,6 @@ __all__ = [
     "ATTENTION_KINDS",
     "AdditiveAttention",
     "AttentionKind",
-    "AttentionRecorder",
     "ScaledDotAgreement",
     "attention_factory",
     "AttentionFactory",

@@ -24,20 +24,19 @@ Index legend: ``b`` batch, ``h`` heads, ``i`` receivers (queries, length ``L``),
 key, False = padding. Masks hold in every pass.
 
 This module also provides :func:`attention_factory`, the ``attention=`` hook of the transformer
-layers that picks softmax or routing attention by name, and :class:`AttentionRecorder`, which
-collects the weights of every attention module of a model during one forward pass (the layers
-themselves ask their attention for no weights).
+layers that picks softmax or routing attention by name. The weights of every attention of a
+model come back as a returned record (``return_intermediates=True`` on the transformer layers and
+stacks, :class:`~torchvote.nn.AttentionIntermediates`), not through hooks.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
+from torch import Tensor
 
 from torchvote.functional import DotProductScores, SharedVotes, VotingState, vote
 from torchvote.nn.attention import MultiHeadAttention
@@ -47,7 +46,6 @@ from torchvote.validation import check_choice, check_positive_int
 __all__ = [
     "ATTENTION_KINDS",
     "AttentionKind",
-    "AttentionRecorder",
     "RoutingAttention",
     "ScaledDotAgreement",
     "attention_factory",
@@ -230,64 +228,3 @@ def attention_factory(kind: AttentionKind = "softmax", *, iterations: int = 3) -
     if kind == "softmax":
         return functools.partial(MultiHeadAttention, batch_first=True)
     return functools.partial(RoutingAttention, iterations=iterations, batch_first=True)
-
-
-class AttentionRecorder:
-    """Collects the weights of every attention module of a model during the forward passes.
-
-    The transformer layers ask their attention for no weights (the fused kernel never forms
-    them); inside ``with AttentionRecorder(model) as recorder:`` every
-    :class:`~torchvote.nn.MultiHeadAttention` (and :class:`RoutingAttention`) below ``model``
-    is called with ``need_weights=True`` instead and its weights (averaged over the heads) are
-    kept, in call order, under the module's name. The hooks are removed on exit.
-
-    Example::
-
-        with AttentionRecorder(model) as recorder:
-            model(tokens)
-        recorder.weights  # {"encoder.layers.0.self_attention": (b, L, S), ...}
-
-    Args:
-        module: the model (or any module) whose attention modules are recorded.
-        average_weights: average the weights over the heads (``(b, L, S)``) or keep them
-            (``(b, h, L, S)``).
-
-    Attributes:
-        weights: module name -> the weights of its last call.
-        calls: ``(name, weights)`` of every call, in order.
-    """
-
-    def __init__(self, module: nn.Module, *, average_weights: bool = True) -> None:
-        self.module = module
-        self.average_weights = average_weights
-        self.calls: list[tuple[str, Tensor]] = []
-        self._handles: list[RemovableHandle] = []
-
-    @property
-    def weights(self) -> dict[str, Tensor]:
-        return dict(self.calls)
-
-    def __enter__(self) -> AttentionRecorder:
-        self.calls = []
-        for name, child in self.module.named_modules():
-            if isinstance(child, MultiHeadAttention):
-                self._handles.append(child.register_forward_pre_hook(self._ask_for_weights, with_kwargs=True))
-                self._handles.append(child.register_forward_hook(functools.partial(self._keep, name)))
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def _ask_for_weights(
-        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return args, {**kwargs, "need_weights": True, "average_weights": self.average_weights}
-
-    def _keep(
-        self, name: str, module: nn.Module, args: tuple[Any, ...], output: tuple[Tensor, Tensor | None]
-    ) -> None:
-        weights = output[1]
-        assert weights is not None, "the pre-hook asked for the weights"
-        self.calls.append((name, weights))
