@@ -19,6 +19,7 @@ real key and ``False`` for padding, the opposite of ``torch.nn.MultiheadAttentio
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -345,15 +346,34 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(attended, weights)``: ``(b, h, i, d)`` and ``(b, h, i, j)`` or None.
         """
+        return self._vote(q, k, v, mask, is_causal, need_weights)  # one pass: the fused kernel
+
+    def _vote(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+        **options: Any,
+    ) -> tuple[Tensor, Tensor | None]:
+        """:func:`~torchvote.functional.vote` on the heads' scaled dot products, with this
+        module's dropout; ``options`` (``normalize_over``, ``iterations``, ...) pass through.
+
+        Returns:
+            ``(attended, weights)``: ``(b, h, i, d)`` and the last pass's ``(b, h, i, j)`` or None.
+        """
+        options.setdefault("normalize_over", "senders")
         result = vote(
             SharedVotes(v),
             DotProductScores(q, k, scale=self.scale),
-            normalize_over="senders",
             mask=mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             record=need_weights,
-        )  # one pass: runs on F.scaled_dot_product_attention when no weights are asked for
+            **options,
+        )
         return result.outputs, (result.weights[-1] if need_weights else None)
 
     @classmethod

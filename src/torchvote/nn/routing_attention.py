@@ -38,7 +38,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from torchvote.functional import DotProductScores, SharedVotes, VotingState, vote
+from torchvote.functional import VotingState
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
 from torchvote.validation import check_choice, check_positive_int
@@ -181,32 +181,18 @@ class RoutingAttention(MultiHeadAttention):
     ) -> tuple[Tensor, Tensor | None]:
         """``iterations`` passes of voting with the scaled agreement update.
 
-        Args:
-            q: ``(b, h, i, d)`` queries.
-            k: ``(b, h, j, d)`` keys.
-            v: ``(b, h, j, d)`` values, the votes.
-            mask: broadcastable to ``(b, h, i, j)``, or None; holds in every pass.
-            is_causal: receiver ``i`` hears only senders ``j <= i`` in every pass.
-            need_weights: also return the last pass's ``(b, h, i, j)`` weights (the softmax,
-                before the renormalisation of ``aggregation="mean"``).
-
-        Returns:
-            ``(attended, weights)``: ``(b, h, i, d)`` and ``(b, h, i, j)`` or None.
+        Arguments and shapes as :meth:`MultiHeadAttention._attend`; the mask and the causality
+        hold in every pass, and the weights returned are the last pass's softmax (before the
+        renormalisation of ``aggregation="mean"``).
         """
-        result = vote(
-            SharedVotes(v),
-            DotProductScores(q, k, scale=self.scale),
+        return self._vote(
+            q, k, v, mask, is_causal, need_weights,
             normalize_over=self.normalize_over,
             iterations=self.iterations,
             agreement=self.agreement,
             accumulate=True,
             aggregation=self.aggregation,
-            mask=mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            record=need_weights,
-        )  # (b, h, i, d); one pass without weights runs on the fused kernel
-        return result.outputs, (result.weights[-1] if need_weights else None)
+        )  # (b, h, i, d), (b, h, i, j) | None; one pass without weights runs on the fused kernel
 
 
 def attention_factory(kind: AttentionKind = "softmax", *, iterations: int = 3) -> AttentionFactory:

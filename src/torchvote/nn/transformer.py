@@ -152,12 +152,13 @@ class _TransformerLayer(nn.Module):
         d_model: int,
         num_heads: int,
         *,
-        dim_feedforward: int | None,
-        dropout: float,
-        activation: Activation,
-        norm_first: bool,
-        shared_qkv: bool,
-        attention: AttentionFactory | None,
+        dim_feedforward: int | None = None,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        shared_qkv: bool = False,
+        layer_norm_eps: float = 1e-5,
+        attention: AttentionFactory | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(d_model, "d_model")
@@ -169,8 +170,15 @@ class _TransformerLayer(nn.Module):
         check_choice(activation, sorted(_ACTIVATIONS), "activation")
         self.make_attention = _attention_factory(attention, shared_qkv)
         self.d_model, self.norm_first = d_model, norm_first
+        # Attentions before the feed-forward network: the order the parameters draw their
+        # initial values in (and so a seeded model's numbers) stays as it was.
+        self._build_sublayers(num_heads, dropout, layer_norm_eps)
         self.feedforward = _FeedForward(d_model, dim_feedforward, activation, dropout)
         self.dropout = nn.Dropout(dropout)
+
+    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
+        """Create the attentions and the norms (named after their sublayers)."""
+        raise NotImplementedError
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> _TransformerLayer:
@@ -228,32 +236,10 @@ class TransformerEncoderLayer(_TransformerLayer):
             ``attention``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        *,
-        dim_feedforward: int | None = None,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        shared_qkv: bool = False,
-        layer_norm_eps: float = 1e-5,
-        attention: AttentionFactory | None = None,
-    ) -> None:
-        super().__init__(
-            d_model,
-            num_heads,
-            dim_feedforward=dim_feedforward,
-            dropout=dropout,
-            activation=activation,
-            norm_first=norm_first,
-            shared_qkv=shared_qkv,
-            attention=attention,
-        )
-        self.self_attention = self.make_attention(d_model, num_heads, dropout=dropout)
-        self.attention_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.feedforward_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
+        self.self_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
+        self.attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
 
     def forward(
         self,
@@ -320,34 +306,12 @@ class TransformerDecoderLayer(_TransformerLayer):
             ``attention``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        *,
-        dim_feedforward: int | None = None,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        shared_qkv: bool = False,
-        layer_norm_eps: float = 1e-5,
-        attention: AttentionFactory | None = None,
-    ) -> None:
-        super().__init__(
-            d_model,
-            num_heads,
-            dim_feedforward=dim_feedforward,
-            dropout=dropout,
-            activation=activation,
-            norm_first=norm_first,
-            shared_qkv=shared_qkv,
-            attention=attention,
-        )
-        self.self_attention = self.make_attention(d_model, num_heads, dropout=dropout)
-        self.cross_attention = self.make_attention(d_model, num_heads, dropout=dropout)
-        self.self_attention_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.cross_attention_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.feedforward_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
+        self.self_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
+        self.cross_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
+        self.self_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+        self.cross_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
 
     def forward(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -73,9 +74,22 @@ class _TransformerStack(nn.Module):
         self.layers = _build_layers(layer, num_layers, self.layer_class)
         self.norm = _final_norm(self.layers, final_norm, layer_norm_eps)
 
-    def _run(
-        self, x: Tensor, *args: Tensor, return_intermediates: bool, **options
+    def forward(
+        self, x: Tensor, *args: Tensor, return_intermediates: bool = False, **options: Any
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+        """Run ``x`` ``(b, T, E)`` (and any further inputs, e.g. the memory) through every layer.
+
+        Args:
+            x: ``(b, T, E)``.
+            *args: further positional inputs of every layer (the decoder's ``memory``).
+            return_intermediates: also return every layer's attention weights.
+            **options: the masks and ``is_causal``, passed to every layer as its ``forward``
+                names them.
+
+        Returns:
+            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)``, the record
+            holding each layer's weights under ``"layers.{n}."`` + the layer's names.
+        """
         record = AttentionIntermediates()
         if return_intermediates:  # only then: a custom layer need not know the argument
             options["return_intermediates"] = True
@@ -100,33 +114,15 @@ class TransformerEncoder(_TransformerStack):
             layers end in a norm already).
         layer_norm_eps: the final norm's epsilon.
 
+    ``forward(inputs, *, attn_mask, key_mask, is_causal, return_intermediates)`` takes the masks
+    of :meth:`TransformerEncoderLayer.forward`; the record names ``"layers.{n}.self_attention"``.
+
     Raises:
         ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
         TypeError: ``layer`` is neither a config nor a callable.
     """
 
     layer_class = TransformerEncoderLayer
-
-    def forward(
-        self,
-        inputs: Tensor,
-        *,
-        attn_mask: Tensor | None = None,
-        key_mask: Tensor | None = None,
-        is_causal: bool = False,
-        return_intermediates: bool = False,
-    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
-        """Encode ``inputs`` ``(b, T, E)`` through every layer; masks as in
-        :meth:`TransformerEncoderLayer.forward`.
-
-        Returns:
-            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)``, the record holding
-            every layer's weights as ``"layers.{n}.self_attention"``.
-        """
-        return self._run(
-            inputs, attn_mask=attn_mask, key_mask=key_mask, is_causal=is_causal,
-            return_intermediates=return_intermediates,
-        )
 
 
 class TransformerDecoder(_TransformerStack):
@@ -139,39 +135,14 @@ class TransformerDecoder(_TransformerStack):
         final_norm: end with a layer norm; default: when the layers are pre-norm.
         layer_norm_eps: the final norm's epsilon.
 
+    ``forward(target, memory, *, target_mask, target_key_mask, memory_mask, memory_key_mask,
+    is_causal, return_intermediates)`` takes the masks of :meth:`TransformerDecoderLayer.forward`
+    (causal by default); the record names ``"layers.{n}.self_attention"`` and
+    ``"layers.{n}.cross_attention"`` in call order.
+
     Raises:
         ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
         TypeError: ``layer`` is neither a config nor a callable.
     """
 
     layer_class = TransformerDecoderLayer
-
-    def forward(
-        self,
-        target: Tensor,
-        memory: Tensor,
-        *,
-        target_mask: Tensor | None = None,
-        target_key_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        memory_key_mask: Tensor | None = None,
-        is_causal: bool = True,
-        return_intermediates: bool = False,
-    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
-        """Decode ``target`` ``(b, T, E)`` against ``memory`` ``(b, S, E)`` through every layer;
-        masks as in :meth:`TransformerDecoderLayer.forward`.
-
-        Returns:
-            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)``, the record holding
-            ``"layers.{n}.self_attention"`` and ``"layers.{n}.cross_attention"`` in call order.
-        """
-        return self._run(
-            target,
-            memory,
-            target_mask=target_mask,
-            target_key_mask=target_key_mask,
-            memory_mask=memory_mask,
-            memory_key_mask=memory_key_mask,
-            is_causal=is_causal,
-            return_intermediates=return_intermediates,
-        )
