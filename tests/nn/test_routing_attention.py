@@ -12,11 +12,10 @@ import math
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from torchvote.nn import MultiHeadAttention, TransformerEncoderLayer
+from torchvote.nn import MultiHeadAttention, TransformerEncoder, TransformerEncoderLayer
 from torchvote.nn.routing_attention import (
-    AttentionRecorder,
     RoutingAttention,
     attention_factory,
 )
@@ -179,6 +178,121 @@ def test_state_dicts_are_interchangeable_both_ways():
     softmax, routing = _pair(3)
     assert softmax.state_dict().keys() == routing.state_dict().keys()
     softmax.load_state_dict(routing.state_dict())
+
+
+# --- regression (issue 7): one pass equals MultiHeadAttention for every mask form ----------------
+# The forward once copied into RoutingAttention took a broadcast (1, 1) mask (all True, or a zero
+# float mask) for a causal one and differed by up to 1.0. Both modules accept the same masks; with
+# the same weights and one pass they agree on outputs and weights for every form.
+
+BATCH, LENGTH, SOURCE = 2, 5, 7
+
+
+def _causal(length: int) -> Tensor:
+    return torch.ones(length, length, dtype=torch.bool).tril()
+
+
+def _mask_cases(length: int, source: int) -> dict[str, dict]:
+    """Every mask form the two modules accept, as forward keyword arguments."""
+    generator = torch.Generator().manual_seed(5)
+    random_bool = torch.rand(length, source, generator=generator) > 0.3
+    random_bool[:, 0] = True  # every query hears someone
+    causal = _causal(length) if length == source else None
+    cases: dict[str, dict] = {
+        "none": {},
+        "bool_LS": {"attn_mask": random_bool},
+        "float_LS": {"attn_mask": torch.randn(length, source, generator=generator, dtype=F64)},
+        "broadcast_true_bool_11": {"attn_mask": torch.ones(1, 1, dtype=torch.bool)},
+        "broadcast_zero_float_11": {"attn_mask": torch.zeros(1, 1, dtype=F64)},
+        "bool_bhLS": {
+            "attn_mask": torch.rand(BATCH, HEADS, length, source, generator=generator) > 0.2
+        },
+        "float_b1LS": {"attn_mask": torch.randn(BATCH, 1, length, source, generator=generator, dtype=F64)},
+        "key_mask": {"key_mask": _padding_mask(BATCH, source)},
+        "bool_LS_and_key_mask": {"attn_mask": random_bool, "key_mask": _padding_mask(BATCH, source)},
+        "float_LS_and_key_mask": {
+            "attn_mask": torch.randn(length, source, generator=generator, dtype=F64),
+            "key_mask": _padding_mask(BATCH, source),
+        },
+        "broadcast_11_and_key_mask": {
+            "attn_mask": torch.ones(1, 1, dtype=torch.bool),
+            "key_mask": _padding_mask(BATCH, source),
+        },
+    }
+    if causal is not None:
+        additive = torch.zeros(length, length, dtype=F64).masked_fill(~causal, float("-inf"))
+        cases |= {
+            "causal_bool_LS": {"attn_mask": causal},
+            "causal_float_LS": {"attn_mask": additive},
+            "is_causal": {"is_causal": True},
+            "is_causal_and_key_mask": {"is_causal": True, "key_mask": _padding_mask(BATCH, source)},
+            "is_causal_and_bool_LS": {"is_causal": True, "attn_mask": random_bool},
+            "is_causal_and_broadcast_11": {"is_causal": True, "attn_mask": torch.zeros(1, 1, dtype=F64)},
+            "causal_bool_and_key_mask": {"attn_mask": causal, "key_mask": _padding_mask(BATCH, source)},
+        }
+    return cases
+
+
+SELF_CASES = sorted(_mask_cases(LENGTH, LENGTH))
+CROSS_CASES = sorted(_mask_cases(LENGTH, SOURCE))
+
+
+def _compare(softmax, routing, inputs, kwargs, need_weights: bool, average_weights: bool = True) -> None:
+    options = {**kwargs, "need_weights": need_weights, "average_weights": average_weights}
+    expected, expected_weights = softmax(*inputs, **options)
+    output, weights = routing(*inputs, **options)
+    torch.testing.assert_close(output, expected, rtol=1e-12, atol=1e-12)
+    if need_weights:
+        torch.testing.assert_close(weights, expected_weights, rtol=1e-12, atol=1e-12)
+    else:
+        assert weights is None and expected_weights is None
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("case", SELF_CASES)
+def test_self_attention_agrees_for_every_mask_form(case, need_weights):
+    softmax, routing = _pair(1)
+    x = torch.randn(BATCH, LENGTH, EMBED, dtype=F64, generator=torch.Generator().manual_seed(1))
+    _compare(softmax, routing, (x,), _mask_cases(LENGTH, LENGTH)[case], need_weights)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("case", CROSS_CASES)
+def test_cross_attention_agrees_for_every_mask_form(case, need_weights):
+    softmax, routing = _pair(1)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(BATCH, LENGTH, EMBED, dtype=F64, generator=generator)
+    memory = torch.randn(BATCH, SOURCE, EMBED, dtype=F64, generator=generator)
+    _compare(softmax, routing, (x, memory, memory), _mask_cases(LENGTH, SOURCE)[case], need_weights)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize(
+    "case", ["none", "broadcast_true_bool_11", "causal_float_LS", "is_causal_and_key_mask"]
+)
+def test_batch_first_false_agrees(case, need_weights):
+    softmax, routing = _pair(1, batch_first=False)
+    x = torch.randn(LENGTH, BATCH, EMBED, dtype=F64, generator=torch.Generator().manual_seed(3))
+    _compare(softmax, routing, (x,), _mask_cases(LENGTH, LENGTH)[case], need_weights, average_weights=False)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"attn_mask": torch.ones(1, 1, dtype=torch.bool)},
+        {"attn_mask": torch.zeros(1, 1, dtype=F64)},
+        {"attn_mask": _causal(LENGTH)},
+        {"is_causal": True},
+        {"key_mask": torch.tensor([True, True, True, False, False])},
+    ],
+    ids=["none", "bool_11", "float_11", "causal_bool", "is_causal", "key_mask"],
+)
+def test_unbatched_input_agrees(kwargs, need_weights):
+    softmax, routing = _pair(1)
+    x = torch.randn(LENGTH, EMBED, dtype=F64, generator=torch.Generator().manual_seed(4))
+    _compare(softmax, routing, (x,), kwargs, need_weights)
 
 
 # --- several passes against the plain loop -------------------------------------------------------
@@ -346,7 +460,7 @@ def test_bad_inputs_are_reported_as_by_multi_head_attention():
         routing(torch.randn(2, 3, EMBED + 1))
 
 
-# --- the transformer hook and the recorder --------------------------------------------------------
+# --- the transformer hook and the returned record --------------------------------------------------------
 
 
 def test_attention_factory_builds_either_kind_for_the_transformer_layers():
@@ -366,19 +480,20 @@ def test_attention_factory_builds_either_kind_for_the_transformer_layers():
         attention_factory("routing", iterations=0)
 
 
-def test_recorder_collects_every_attention_and_removes_its_hooks():
+def test_returned_record_collects_every_attention_without_hooks():
     torch.manual_seed(0)
-    stack = nn.Sequential(
+    layers = iter([
         TransformerEncoderLayer(EMBED, HEADS, dropout=0.0, attention=attention_factory("routing")),
         TransformerEncoderLayer(EMBED, HEADS, dropout=0.0),
-    )
+    ])
+    stack = TransformerEncoder(lambda: next(layers), 2, final_norm=False)
     x = torch.randn(2, 5, EMBED)
-    with AttentionRecorder(stack) as recorder:
-        recorded_output = stack(x)
-    assert [name for name, _ in recorder.calls] == ["0.self_attention", "1.self_attention"]
-    assert all(w.shape == (2, 5, 5) for w in recorder.weights.values())
+    recorded_output, record = stack(x, return_intermediates=True)
+    assert list(record.weights) == ["layers.0.self_attention", "layers.1.self_attention"]
+    assert all(w.shape == (2, 5, 5) for w in record.weights.values())
     torch.testing.assert_close(recorded_output, stack(x))  # recording changes no number
-    attention = stack[0].self_attention
+    first = stack.layers[0]
+    attention = first.self_attention
     assert not attention._forward_hooks and not attention._forward_pre_hooks
-    expected = attention(stack[0].attention_norm(x) if stack[0].norm_first else x, need_weights=True)[1]
-    torch.testing.assert_close(recorder.weights["0.self_attention"], expected)
+    expected = attention(first.attention_norm(x) if first.norm_first else x, need_weights=True)[1]
+    torch.testing.assert_close(record.weights["layers.0.self_attention"], expected)

@@ -5,12 +5,16 @@ No parameters live here; the modules in :mod:`torchvote.nn` own them.
 
 from torchvote.functional.attention import (
     attend,
-    check_attention_mask,
-    is_causal_mask,
     scaled_dot_product_attention,
     self_attention,
 )
 from torchvote.functional.em import default_inverse_temperature, em_routing
+from torchvote.functional.masks import (
+    check_attention_mask,
+    is_causal_mask,
+    merge_masks,
+    prepare_attention_mask,
+)
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing import (
     as_routing_votes,
@@ -68,6 +72,8 @@ __all__ = [
     "general_score",
     "is_causal_mask",
     "masked_softmax",
+    "merge_masks",
+    "prepare_attention_mask",
     "scaled_dot_product_attention",
     "scaled_dot_score",
     "self_attention",

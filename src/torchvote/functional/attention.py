@@ -2,7 +2,9 @@
 
 Every function here ends in :func:`torchvote.functional.vote`; the dot-product forms hand their
 scores over unexpanded (:class:`DotProductScores`) so that, when no weights are requested, the
-work runs on ``F.scaled_dot_product_attention`` and no ``(L, S)`` matrix is formed.
+work runs on ``F.scaled_dot_product_attention`` and no ``(L, S)`` matrix is formed. Masks are
+prepared by :mod:`torchvote.functional.masks` (``check_attention_mask`` and ``is_causal_mask``
+live there and are re-exported here).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from torchvote.functional.masks import check_attention_mask, is_causal_mask, prepare_attention_mask
 from torchvote.functional.voting import DotProductScores, SharedVotes, vote
 
 __all__ = [
@@ -19,56 +22,6 @@ __all__ = [
     "check_attention_mask",
     "is_causal_mask",
 ]
-
-
-def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument: str) -> None:
-    """Raise a clear error unless ``mask`` is a usable attention mask for logits of ``target`` shape.
-
-    Args:
-        mask: ``None``, a boolean tensor (True = may attend) or a float tensor added to the logits.
-        target: the ``(..., L, S)`` shape of the logits the mask applies to.
-        argument: the argument's name, for the message.
-
-    Raises:
-        TypeError: if the mask is neither boolean nor floating point.
-        ValueError: if it does not broadcast to ``target`` or a float mask holds NaN.
-    """
-    if mask is None:
-        return
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{argument} must be a tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise TypeError(
-            f"{argument} must be boolean (True = may attend) or floating point (added to the "
-            f"logits), got dtype {mask.dtype}"
-        )
-    try:
-        broadcast = torch.broadcast_shapes(tuple(mask.shape), target)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != tuple(target):
-        raise ValueError(
-            f"{argument} of shape {tuple(mask.shape)} does not broadcast to the attention logits' "
-            f"shape {tuple(target)} (batch..., L, S)"
-        )
-    if mask.is_floating_point() and bool(torch.isnan(mask).any()):
-        raise ValueError(f"{argument} contains NaN; use -inf to forbid a position")
-
-
-def is_causal_mask(mask: Tensor) -> bool:
-    """True if ``mask`` is a 2-D square causal mask (bool lower triangle, or 0 / -inf float).
-
-    Such a mask is replaced by ``is_causal=True``, which the fused kernel runs about twice as fast
-    on CPU as the same mask given explicitly.
-    """
-    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
-        return False
-    lower = torch.ones(mask.shape, dtype=torch.bool, device=mask.device).tril()
-    if mask.dtype == torch.bool:
-        return bool(torch.equal(mask, lower))
-    allowed = mask == 0
-    forbidden = torch.isneginf(mask)
-    return bool(torch.equal(allowed, lower) and torch.equal(forbidden, ~lower))
 
 
 def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
@@ -129,11 +82,7 @@ def scaled_dot_product_attention(
     _check_qkv(query, key, value)
     target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]),
               query.shape[-2], key.shape[-2])
-    check_attention_mask(attn_mask, target, "attn_mask")
-    # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask
-    # broadcasts to "all allowed", not to a causal pattern.
-    if attn_mask is not None and tuple(attn_mask.shape) == target[-2:] and is_causal_mask(attn_mask):
-        attn_mask, is_causal = None, True
+    attn_mask, is_causal = prepare_attention_mask(attn_mask, None, target, is_causal=is_causal)
     result = vote(
         SharedVotes(value),
         DotProductScores(query, key, scale),

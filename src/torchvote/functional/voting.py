@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchvote.functional.masks import fused_kernel_mask, voting_mask
 from torchvote.functional.nonlinearities import squash
 
 __all__ = [
@@ -385,13 +386,8 @@ def vote(
     if _can_fuse(votes, logits, normalize_over, aggregation, nonlinearity, iterations,
                  sender_weights, record, bias):
         assert isinstance(logits, DotProductScores) and isinstance(votes, SharedVotes)
-        if mask is not None and is_causal:  # the kernel takes one or the other
-            causal = _causal_mask(logits.queries.shape[-2], logits.keys.shape[-2], mask.device)
-            mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(
-                ~causal, float("-inf"))
-            is_causal = False
-        if mask is not None and mask.is_floating_point() and mask.dtype != logits.queries.dtype:
-            mask = mask.to(logits.queries.dtype)  # the kernel takes float masks in the query's dtype
+        mask, is_causal = fused_kernel_mask(mask, is_causal, logits.queries.shape[-2],
+                                            logits.keys.shape[-2], logits.queries.dtype)
         outputs = F.scaled_dot_product_attention(
             logits.queries, logits.keys, votes.values, attn_mask=mask,
             dropout_p=dropout_p, is_causal=is_causal, scale=logits.effective_scale,
@@ -472,18 +468,4 @@ def _initial_logits(votes: Votes, logits: Logits | None) -> Tensor:
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:
     """The boolean mask (True = may vote) from a boolean mask and/or causality, or None."""
-    bool_mask = None
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            bool_mask = mask
-        elif not mask.is_floating_point():
-            raise TypeError(f"mask must be boolean or floating point, got dtype {mask.dtype}")
-    if is_causal:
-        causal = _causal_mask(logits.shape[-2], logits.shape[-1], logits.device)
-        bool_mask = causal if bool_mask is None else bool_mask & causal
-    return bool_mask
-
-
-def _causal_mask(receivers: int, senders: int, device: torch.device) -> Tensor:
-    """``(i, j)`` boolean, True where ``j <= i`` (top-left aligned, as the fused kernel)."""
-    return torch.ones(receivers, senders, dtype=torch.bool, device=device).tril()
+    return voting_mask(mask, is_causal, logits.shape[-2], logits.shape[-1], logits.device)

@@ -37,7 +37,15 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from torchvote.models.registry import SequenceOutput, register_model
+from torchvote.models.transformer_backbone import (
+    check_config_ints,
+    check_special_ids,
+    check_token_ids,
+    evaluating,
+    greedy_decode,
+)
 from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
+from torchvote.validation import check_choice, check_positive_int, check_probability
 
 __all__ = ["RNNAttentionSeq2Seq", "RNNAttentionSeq2SeqConfig"]
 
@@ -87,28 +95,13 @@ class RNNAttentionSeq2SeqConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "max_len", "embed_dim", "hidden_size", "num_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_config_ints(
+            self, ("src_vocab_size", "tgt_vocab_size", "max_len", "embed_dim", "hidden_size", "num_layers")
+        )
         if self.max_len < 2:
             raise ValueError(f"max_len must be at least 2 (<bos> and one token), got {self.max_len}")
-        for name in ("pad_id", "bos_id", "eos_id"):
-            value = getattr(self, name)
-            if not 0 <= value < self.tgt_vocab_size:
-                raise ValueError(
-                    f"{name} must be a target id in [0, tgt_vocab_size={self.tgt_vocab_size}), got {value}"
-                )
-        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
-            raise ValueError(
-                f"pad_id, bos_id and eos_id must differ, got {self.pad_id}, {self.bos_id}, {self.eos_id}"
-            )
-        if self.pad_id >= self.src_vocab_size:
-            raise ValueError(
-                f"pad_id ({self.pad_id}) must be a source id too, < src_vocab_size={self.src_vocab_size}"
-            )
-        if self.attention not in _ATTENTIONS:
-            raise ValueError(f"attention must be one of {_ATTENTIONS}, got {self.attention!r}")
+        check_special_ids(self)
+        check_choice(self.attention, _ATTENTIONS, "attention")
         if self.attention == "dot" and self.bidirectional:
             raise ValueError(
                 "attention='dot' compares the decoder state (hidden_size features) with the "
@@ -121,10 +114,8 @@ class RNNAttentionSeq2SeqConfig:
                     f"attention_dim only applies to attention='additive' or 'concat', got "
                     f"attention={self.attention!r}"
                 )
-            if self.attention_dim < 1:
-                raise ValueError(f"attention_dim must be positive or None, got {self.attention_dim}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+            check_positive_int(self.attention_dim, "attention_dim")
+        check_probability(self.dropout, "dropout")
 
 
 @register_model(
@@ -236,7 +227,7 @@ class RNNAttentionSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token.
         """
-        _check_ids(source, "source")
+        check_token_ids(source, "source")
         source_mask = source != self.config.pad_id  # (b, s)
         if bool((source_mask[:, 1:] & ~source_mask[:, :-1]).any()):
             raise ValueError("source has padding (pad_id) before a real token; pad only at the end")
@@ -295,8 +286,8 @@ class RNNAttentionSeq2Seq(nn.Module):
             ValueError: inputs of the wrong rank or dtype, batch sizes that differ, or padding
                 before a source token.
         """
-        _check_ids(source, "source")
-        _check_ids(target_input, "target_input")
+        check_token_ids(source, "source")
+        check_token_ids(target_input, "target_input")
         if source.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target_input must have the same batch size, got {source.shape[0]} "
@@ -340,35 +331,23 @@ class RNNAttentionSeq2Seq(nn.Module):
         """
         config = self.config
         limit = config.max_len - 1 if max_new_tokens is None else max_new_tokens
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        was_training = self.training
-        self.eval()
-        try:
+        check_positive_int(limit, "max_new_tokens", minimum=0)
+        with evaluating(self):
             memory, source_mask, hidden = self.encode(source)
-            batch = source.shape[0]
-            tokens = torch.full((batch, 1), config.bos_id, dtype=torch.long, device=source.device)
-            finished = torch.zeros(batch, dtype=torch.bool, device=source.device)
             feed: Tensor | None = None
-            for _ in range(limit):
+
+            def next_logits(tokens: Tensor) -> Tensor:
+                nonlocal hidden, feed
                 embedded = self.target_embedding(tokens[:, -1:])  # (b, 1, E)
                 logits, hidden, feed, _ = self._step(embedded, hidden, feed, memory, source_mask)
-                next_token = logits[:, -1].argmax(dim=-1).masked_fill(finished, config.pad_id)  # (b,)
-                tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (b, t + 1)
-                finished |= next_token == config.eos_id
-                if bool(finished.all()):
-                    break
-            return tokens
-        finally:
-            self.train(was_training)
+                return logits[:, -1]  # (b, vocab)
 
-
-def _check_ids(tokens: Tensor, argument: str) -> None:
-    """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor."""
-    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
-    if tokens.shape[1] < 1:
-        raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")
+            return greedy_decode(
+                next_logits,
+                source.shape[0],
+                limit,
+                bos_id=config.bos_id,
+                eos_id=config.eos_id,
+                pad_id=config.pad_id,
+                device=source.device,
+            )

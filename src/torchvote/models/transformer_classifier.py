@@ -19,7 +19,6 @@ RGB images with 1000 classes; the ``small`` and ``tiny`` presets are for 28x28 M
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,15 +27,15 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.models.registry import ClassifierOutput, register_model
-from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from torchvote.nn.routing_attention import ATTENTION_KINDS, AttentionRecorder, attention_factory
-from torchvote.nn.transformer import TransformerConfig, TransformerEncoder
+from torchvote.models.transformer_backbone import TransformerBackboneFields, run_stack
+from torchvote.nn.transformer_stack import TransformerEncoder
+from torchvote.validation import check_choice
 
 __all__ = ["TransformerClassifier", "TransformerClassifierConfig"]
 
 
 @dataclass
-class TransformerClassifierConfig:
+class TransformerClassifierConfig(TransformerBackboneFields):
     """Sizes and choices of the Vision Transformer; the defaults are ViT-Base/16.
 
     Args:
@@ -76,37 +75,12 @@ class TransformerClassifierConfig:
     routing_iterations: int = 3
 
     def __post_init__(self) -> None:
-        for name in (
-            "image_size",
-            "in_channels",
-            "num_classes",
-            "patch_size",
-            "d_model",
-            "num_heads",
-            "num_layers",
-            "routing_iterations",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.check_backbone("image_size", "in_channels", "num_classes", "patch_size", "num_layers")
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
         if self.image_size % self.patch_size:
             raise ValueError(f"patch_size ({self.patch_size}) must divide image_size ({self.image_size})")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if self.dim_feedforward is not None and self.dim_feedforward < 1:
-            raise ValueError(f"dim_feedforward must be positive or None, got {self.dim_feedforward}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
-        if self.pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
-        if self.positional not in ("learned", "sinusoidal"):
-            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {self.positional!r}")
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        check_choice(self.pooling, ("cls", "mean"), "pooling")
 
     @property
     def num_patches(self) -> int:
@@ -168,21 +142,9 @@ class TransformerClassifier(nn.Module):
         if config.pooling == "cls":
             self.class_token = nn.Parameter(torch.zeros(1, 1, config.d_model))
             nn.init.normal_(self.class_token, std=0.02)
-        self.positions: nn.Module
-        if config.positional == "learned":
-            self.positions = LearnedPositionalEmbedding(config.num_tokens, config.d_model)
-        else:
-            self.positions = SinusoidalPositionalEncoding(config.d_model, max_len=config.num_tokens)
+        self.positions = config.make_positions(config.num_tokens)
         self.dropout = nn.Dropout(config.dropout)
-        layer = TransformerConfig(
-            d_model=config.d_model,
-            num_heads=config.num_heads,
-            dim_feedforward=config.dim_feedforward,
-            dropout=config.dropout,
-            activation=config.activation,
-            norm_first=True,
-            attention=attention_factory(config.attention, iterations=config.routing_iterations),
-        )
+        layer = config.layer_config(norm_first=True)
         self.encoder = TransformerEncoder(layer, config.num_layers)  # ends in a layer norm (eq. 4)
         self.head = nn.Linear(config.d_model, config.num_classes)
 
@@ -216,13 +178,9 @@ class TransformerClassifier(nn.Module):
             class_token = self.class_token.expand(len(images), -1, -1)  # (b, 1, E)
             tokens = torch.cat([class_token, tokens], dim=1)  # (b, 1 + N, E)
         x = self.dropout(self.positions(tokens))  # (b, T, E)
-        recorder = AttentionRecorder(self.encoder) if need_weights else None
-        with recorder if recorder is not None else contextlib.nullcontext():
-            hidden = self.encoder(x)  # (b, T, E)
+        hidden, record = run_stack(self.encoder, x, need_weights=need_weights)  # (b, T, E)
         pooled = hidden[:, 0] if self.class_token is not None else hidden.mean(dim=1)  # (b, E)
         scores = self.head(pooled)  # (b, num_classes)
-        if recorder is None:
+        if record is None:
             return ClassifierOutput(scores=scores)
-        return ClassifierOutput(
-            scores=scores, couplings=recorder.calls[-1][1], intermediates=recorder.weights
-        )
+        return ClassifierOutput(scores=scores, couplings=record.last, intermediates=record.weights)

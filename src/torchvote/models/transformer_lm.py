@@ -20,7 +20,6 @@ there is no paper size for this task. ``small`` is the CPU-sized preset, ``tiny`
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,15 +27,20 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.models.registry import SequenceOutput, register_model
-from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from torchvote.nn.routing_attention import ATTENTION_KINDS, AttentionRecorder, attention_factory
-from torchvote.nn.transformer import TransformerConfig, TransformerEncoder
+from torchvote.models.transformer_backbone import (
+    TransformerBackboneFields,
+    check_token_ids,
+    evaluating,
+    run_stack,
+)
+from torchvote.nn.transformer_stack import TransformerEncoder
+from torchvote.validation import check_positive_int
 
 __all__ = ["TransformerLM", "TransformerLMConfig"]
 
 
 @dataclass
-class TransformerLMConfig:
+class TransformerLMConfig(TransformerBackboneFields):
     """Sizes and choices of the character-level Transformer language model.
 
     Args:
@@ -73,29 +77,7 @@ class TransformerLMConfig:
     routing_iterations: int = 3
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "context_length",
-            "d_model",
-            "num_heads",
-            "num_layers",
-            "routing_iterations",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if self.dim_feedforward is not None and self.dim_feedforward < 1:
-            raise ValueError(f"dim_feedforward must be positive or None, got {self.dim_feedforward}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
-        if self.positional not in ("learned", "sinusoidal"):
-            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {self.positional!r}")
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        self.check_backbone("vocab_size", "context_length", "num_layers")
 
 
 @register_model(
@@ -121,21 +103,9 @@ class TransformerLM(nn.Module):
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         nn.init.normal_(self.token_embedding.weight, std=0.02)  # GPT-2's initialisation
-        self.positions: nn.Module
-        if config.positional == "learned":
-            self.positions = LearnedPositionalEmbedding(config.context_length, config.d_model)
-        else:
-            self.positions = SinusoidalPositionalEncoding(config.d_model, max_len=config.context_length)
+        self.positions = config.make_positions(config.context_length)
         self.dropout = nn.Dropout(config.dropout)
-        layer = TransformerConfig(
-            d_model=config.d_model,
-            num_heads=config.num_heads,
-            dim_feedforward=config.dim_feedforward,
-            dropout=config.dropout,
-            activation=config.activation,
-            norm_first=True,
-            attention=attention_factory(config.attention, iterations=config.routing_iterations),
-        )
+        layer = config.layer_config(norm_first=True)
         # Self-attention layers run with a causal mask: a decoder without cross-attention. Being
         # pre-norm, the stack ends in one more layer norm (GPT-2).
         self.decoder = TransformerEncoder(layer, config.num_layers)
@@ -158,16 +128,14 @@ class TransformerLM(nn.Module):
         Raises:
             ValueError: ``tokens`` of the wrong rank, dtype or length.
         """
-        _check_tokens(tokens, "tokens", self.config.context_length)
+        check_token_ids(tokens, "tokens", self.config.context_length, length_name="context_length")
         x = self.dropout(self.positions(self.token_embedding(tokens)))  # (b, t, E)
-        recorder = AttentionRecorder(self.decoder) if need_weights else None
-        with recorder if recorder is not None else contextlib.nullcontext():
-            hidden = self.decoder(x, is_causal=True)  # (b, t, E)
+        hidden, record = run_stack(self.decoder, x, is_causal=True, need_weights=need_weights)  # (b, t, E)
         logits = self.head(hidden)  # (b, t, vocab)
-        if recorder is None:
+        if record is None:
             return SequenceOutput(logits=logits)
         return SequenceOutput(
-            logits=logits, attention=[w for _, w in recorder.calls], intermediates=recorder.weights
+            logits=logits, attention=list(record.weights.values()), intermediates=record.weights
         )
 
     @torch.no_grad()
@@ -201,16 +169,13 @@ class TransformerLM(nn.Module):
         """
         unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
         tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
-        _check_tokens(tokens, "prompt", None)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        check_token_ids(tokens, "prompt")
+        check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
         if not temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-        was_training = self.training
-        self.eval()
-        try:
+        with evaluating(self):
             for _ in range(max_new_tokens):
                 window = tokens[:, -self.config.context_length :]  # (b, <= context_length)
                 logits = self(window).logits[:, -1].float()  # (b, vocab)
@@ -224,19 +189,4 @@ class TransformerLM(nn.Module):
                     probabilities = torch.softmax(logits, dim=-1)
                     next_token = torch.multinomial(probabilities, 1, generator=generator)  # (b, 1)
                 tokens = torch.cat([tokens, next_token.to(tokens.dtype)], dim=1)  # (b, t + 1)
-        finally:
-            self.train(was_training)
         return tokens.squeeze(0) if unbatched else tokens
-
-
-def _check_tokens(tokens: Tensor, argument: str, max_length: int | None) -> None:
-    """Raise a ValueError naming ``argument`` unless it is a ``(b, t)`` integer tensor that fits."""
-    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
-    if tokens.shape[1] < 1:
-        raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")
-    if max_length is not None and tokens.shape[1] > max_length:
-        raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than context_length={max_length}")

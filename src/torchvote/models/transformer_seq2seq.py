@@ -21,7 +21,6 @@ follows the real tokens, and the causal mask already hides later positions from 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -30,15 +29,22 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.models.registry import SequenceOutput, register_model
-from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from torchvote.nn.routing_attention import ATTENTION_KINDS, AttentionRecorder, attention_factory
-from torchvote.nn.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder
+from torchvote.models.transformer_backbone import (
+    TransformerBackboneFields,
+    check_special_ids,
+    check_token_ids,
+    evaluating,
+    greedy_decode,
+    run_stack,
+)
+from torchvote.nn.transformer import AttentionIntermediates
+from torchvote.nn.transformer_stack import TransformerDecoder, TransformerEncoder
 
 __all__ = ["TransformerSeq2Seq", "TransformerSeq2SeqConfig"]
 
 
 @dataclass
-class TransformerSeq2SeqConfig:
+class TransformerSeq2SeqConfig(TransformerBackboneFields):
     """Sizes and choices of the Transformer encoder-decoder; the defaults are Vaswani et al.'s base.
 
     Args:
@@ -89,52 +95,17 @@ class TransformerSeq2SeqConfig:
     routing_iterations: int = 3
 
     def __post_init__(self) -> None:
-        for name in (
-            "src_vocab_size",
-            "tgt_vocab_size",
-            "max_len",
-            "d_model",
-            "num_heads",
-            "num_encoder_layers",
-            "num_decoder_layers",
-            "routing_iterations",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.check_backbone(
+            "src_vocab_size", "tgt_vocab_size", "max_len", "num_encoder_layers", "num_decoder_layers"
+        )
         if self.max_len < 2:
             raise ValueError(f"max_len must be at least 2 (<bos> and one token), got {self.max_len}")
-        for name in ("pad_id", "bos_id", "eos_id"):
-            value = getattr(self, name)
-            if not 0 <= value < self.tgt_vocab_size:
-                raise ValueError(
-                    f"{name} must be a target id in [0, tgt_vocab_size={self.tgt_vocab_size}), got {value}"
-                )
-        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
-            raise ValueError(
-                f"pad_id, bos_id and eos_id must differ, got {self.pad_id}, {self.bos_id}, {self.eos_id}"
-            )
-        if self.pad_id >= self.src_vocab_size:
-            raise ValueError(
-                f"pad_id ({self.pad_id}) must be a source id too, < src_vocab_size={self.src_vocab_size}"
-            )
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if self.dim_feedforward is not None and self.dim_feedforward < 1:
-            raise ValueError(f"dim_feedforward must be positive or None, got {self.dim_feedforward}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
-        if self.positional not in ("learned", "sinusoidal"):
-            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {self.positional!r}")
+        check_special_ids(self)
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 f"share_embeddings=True needs src_vocab_size == tgt_vocab_size, got "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}"
             )
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
 
 
 @register_model(
@@ -190,21 +161,9 @@ class TransformerSeq2Seq(nn.Module):
         else:
             self.source_embedding = nn.Embedding(config.src_vocab_size, config.d_model)
             nn.init.normal_(self.source_embedding.weight, std=config.d_model**-0.5)
-        self.positions: nn.Module
-        if config.positional == "sinusoidal":
-            self.positions = SinusoidalPositionalEncoding(config.d_model, max_len=config.max_len)
-        else:
-            self.positions = LearnedPositionalEmbedding(config.max_len, config.d_model)
+        self.positions = config.make_positions(config.max_len)
         self.dropout = nn.Dropout(config.dropout)  # on the sums of embeddings and positions (sec. 5.4)
-        layer = TransformerConfig(
-            d_model=config.d_model,
-            num_heads=config.num_heads,
-            dim_feedforward=config.dim_feedforward,
-            dropout=config.dropout,
-            activation=config.activation,
-            norm_first=config.norm_first,
-            attention=attention_factory(config.attention, iterations=config.routing_iterations),
-        )
+        layer = config.layer_config(norm_first=config.norm_first)
         self.encoder = TransformerEncoder(layer, config.num_encoder_layers)
         self.decoder = TransformerDecoder(layer, config.num_decoder_layers)
         self.output = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
@@ -227,10 +186,19 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``source`` of the wrong rank, dtype or length.
         """
-        _check_ids(source, "source", self.config.max_len)
-        source_mask = source != self.config.pad_id  # (b, s)
-        memory = self.encoder(self._embed(self.source_embedding, source), key_mask=source_mask)
+        memory, source_mask, _ = self._encode(source, need_weights=False)
         return memory, source_mask
+
+    def _encode(
+        self, source: Tensor, *, need_weights: bool
+    ) -> tuple[Tensor, Tensor, AttentionIntermediates | None]:
+        check_token_ids(source, "source", self.config.max_len)
+        source_mask = source != self.config.pad_id  # (b, s)
+        memory, record = run_stack(
+            self.encoder, self._embed(self.source_embedding, source), key_mask=source_mask,
+            need_weights=need_weights,
+        )  # (b, s, E)
+        return memory, source_mask, record
 
     def decode(self, target_input: Tensor, memory: Tensor, source_mask: Tensor) -> Tensor:
         """Next-token logits of every target position, attending to an encoded source.
@@ -246,10 +214,18 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``target_input`` of the wrong rank, dtype or length.
         """
-        _check_ids(target_input, "target_input", self.config.max_len)
+        return self._decode(target_input, memory, source_mask, need_weights=False)[0]
+
+    def _decode(
+        self, target_input: Tensor, memory: Tensor, source_mask: Tensor, *, need_weights: bool
+    ) -> tuple[Tensor, AttentionIntermediates | None]:
+        check_token_ids(target_input, "target_input", self.config.max_len)
         target = self._embed(self.target_embedding, target_input)  # (b, t, E)
-        hidden = self.decoder(target, memory, memory_key_mask=source_mask, is_causal=True)
-        return self.output(hidden)  # (b, t, vocab)
+        hidden, record = run_stack(
+            self.decoder, target, memory, memory_key_mask=source_mask, is_causal=True,
+            need_weights=need_weights,
+        )  # (b, t, E)
+        return self.output(hidden), record  # (b, t, vocab)
 
     def forward(self, source: Tensor, target_input: Tensor, *, need_weights: bool = False) -> SequenceOutput:
         """Teacher-forced logits: the decoder reads ``target_input`` and predicts its next tokens.
@@ -268,21 +244,22 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: inputs of the wrong rank, dtype, length, or batch sizes that differ.
         """
-        _check_ids(source, "source", self.config.max_len)
-        _check_ids(target_input, "target_input", self.config.max_len)
+        check_token_ids(source, "source", self.config.max_len)
+        check_token_ids(target_input, "target_input", self.config.max_len)
         if source.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target_input must have the same batch size, got {source.shape[0]} "
                 f"and {target_input.shape[0]}"
             )
-        recorder = AttentionRecorder(self) if need_weights else None
-        with recorder if recorder is not None else contextlib.nullcontext():
-            memory, source_mask = self.encode(source)
-            logits = self.decode(target_input, memory, source_mask)
-        if recorder is None:
+        memory, source_mask, encoder_record = self._encode(source, need_weights=need_weights)
+        logits, decoder_record = self._decode(target_input, memory, source_mask, need_weights=need_weights)
+        if encoder_record is None or decoder_record is None:
             return SequenceOutput(logits=logits)
+        record = AttentionIntermediates()
+        record.add("encoder", encoder_record)
+        record.add("decoder", decoder_record)
         return SequenceOutput(
-            logits=logits, attention=[w for _, w in recorder.calls], intermediates=recorder.weights
+            logits=logits, attention=list(record.weights.values()), intermediates=record.weights
         )
 
     @torch.no_grad()
@@ -309,47 +286,14 @@ class TransformerSeq2Seq(nn.Module):
                 f"max_new_tokens must be an integer in [0, max_len - 1 = {self.config.max_len - 1}], "
                 f"got {max_new_tokens!r}"
             )
-        was_training = self.training
-        self.eval()
-        try:
+        with evaluating(self):
             memory, source_mask = self.encode(source)
-            return _greedy(
+            return greedy_decode(
                 lambda tokens: self.decode(tokens, memory, source_mask)[:, -1],
                 source.shape[0],
                 limit,
-                self.config.bos_id,
-                self.config.eos_id,
-                self.config.pad_id,
-                source.device,
+                bos_id=self.config.bos_id,
+                eos_id=self.config.eos_id,
+                pad_id=self.config.pad_id,
+                device=source.device,
             )
-        finally:
-            self.train(was_training)
-
-
-def _greedy(
-    next_logits, batch: int, limit: int, bos_id: int, eos_id: int, pad_id: int, device: torch.device
-) -> Tensor:
-    """Greedy decoding loop; ``next_logits(tokens (b, t)) -> (b, vocab)``."""
-    tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)  # (b, 1)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    for _ in range(limit):
-        next_token = next_logits(tokens).argmax(dim=-1)  # (b,)
-        next_token = next_token.masked_fill(finished, pad_id)
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (b, t + 1)
-        finished |= next_token == eos_id
-        if bool(finished.all()):
-            break
-    return tokens
-
-
-def _check_ids(tokens: Tensor, argument: str, max_len: int) -> None:
-    """Raise a ValueError naming ``argument`` unless it is a ``(b, t)`` integer tensor that fits."""
-    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
-    if not 1 <= tokens.shape[1] <= max_len:
-        raise ValueError(
-            f"{argument} must hold 1 to max_len={max_len} tokens, got shape {tuple(tokens.shape)}"
-        )

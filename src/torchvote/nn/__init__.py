@@ -16,7 +16,6 @@ from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositi
 from torchvote.nn.routing_attention import (
     ATTENTION_KINDS,
     AttentionKind,
-    AttentionRecorder,
     RoutingAttention,
     ScaledDotAgreement,
     attention_factory,
@@ -33,24 +32,24 @@ from torchvote.nn.routing_modules import (
     UniformRouter,
     make_router,
 )
-from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
+from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention, ScoredAttention
 from torchvote.nn.transformer import (
     AttentionFactory,
+    AttentionIntermediates,
     TransformerConfig,
-    TransformerDecoder,
     TransformerDecoderLayer,
-    TransformerEncoder,
     TransformerEncoderLayer,
 )
+from torchvote.nn.transformer_stack import TransformerDecoder, TransformerEncoder
 
 __all__ = [
     "ATTENTION_KINDS",
     "AdditiveAttention",
     "AttentionKind",
-    "AttentionRecorder",
     "ScaledDotAgreement",
     "attention_factory",
     "AttentionFactory",
+    "AttentionIntermediates",
     "CapsuleLinear",
     "ClassMatrixCapsules",
     "ConvMatrixCapsules",
@@ -63,6 +62,7 @@ __all__ = [
     "Router",
     "RoutingAttention",
     "RoutingResult",
+    "ScoredAttention",
     "SelfAttentionRouter",
     "SlotAttention",
     "SlotRouter",

@@ -1,9 +1,12 @@
 """Multi-head attention: projections and heads around one pass of weighted voting.
 
-The math lives in :func:`torchvote.functional.scaled_dot_product_attention` (one pass of
-:func:`torchvote.functional.vote`, normalised over the senders); this module owns the parameters:
-the input projections that turn tokens into queries, keys and values (the votes), and the output
-projection that mixes the heads.
+The math is one pass of :func:`torchvote.functional.vote`, normalised over the senders; this
+module owns the parameters: the input projections that turn tokens into queries, keys and values
+(the votes), and the output projection that mixes the heads. As in x-transformers' split of
+``Attend`` from ``Attention``, :meth:`MultiHeadAttention.forward` checks the inputs, prepares the
+masks (:func:`torchvote.functional.prepare_attention_mask`), projects and splits the heads, and
+hands ``q, k, v`` ``(b, h, i, d)`` to one overridable step, :meth:`MultiHeadAttention._attend`. A
+variant (e.g. :class:`~torchvote.nn.RoutingAttention`) overrides that step, never ``forward``.
 
 Index legend: ``b`` batch, ``h`` heads, ``i`` receivers (queries, length ``L``), ``j`` senders
 (keys, length ``S``), ``d`` features per head.
@@ -16,92 +19,23 @@ real key and ``False`` for padding, the opposite of ``torch.nn.MultiheadAttentio
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional import check_attention_mask, scaled_dot_product_attention
+from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
+from torchvote.nn.attention_projections import (
+    _check_inputs,
+    _PackedProjection,
+    _same_map,
+    _SeparateProjections,
+    _SharedProjection,
+)
+from torchvote.validation import check_positive_int, check_probability
 
 __all__ = ["MultiHeadAttention"]
-
-
-class _PackedProjection(nn.Module):
-    """Q, K and V from one ``(3E, E)`` matrix, so self-attention projects with a single matmul.
-
-    Laid out as ``torch.nn.MultiheadAttention``'s ``in_proj_weight``: rows ``[0, E)`` make the
-    queries, ``[E, 2E)`` the keys, ``[2E, 3E)`` the values.
-    """
-
-    def __init__(self, embed_dim: int, *, bias: bool, device=None, dtype=None) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.embed_dim = embed_dim
-        self.weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
-        self.bias = nn.Parameter(torch.zeros(3 * embed_dim, **factory)) if bias else None
-        nn.init.xavier_uniform_(self.weight)
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if key is query and value is query:  # self-attention: one (E -> 3E) matmul
-            q, k, v = F.linear(query, self.weight, self.bias).chunk(3, dim=-1)  # 3 x (b, L, E)
-            return q, k, v
-        weights = self.weight.chunk(3)
-        biases = self.bias.chunk(3) if self.bias is not None else (None, None, None)
-        q = F.linear(query, weights[0], biases[0])  # (b, L, E)
-        if value is key:  # keys and values from one memory: one (E -> 2E) matmul
-            kv_bias = self.bias[self.embed_dim :] if self.bias is not None else None
-            k, v = F.linear(key, self.weight[self.embed_dim :], kv_bias).chunk(2, dim=-1)
-            return q, k, v  # (b, L, E), 2 x (b, S, E)
-        k = F.linear(key, weights[1], biases[1])  # (b, S, E)
-        v = F.linear(value, weights[2], biases[2])  # (b, S, E)
-        return q, k, v
-
-
-class _SeparateProjections(nn.Module):
-    """Q, K and V from three matrices, needed when keys or values have their own feature size."""
-
-    def __init__(self, embed_dim: int, kdim: int, vdim: int, *, bias: bool, device=None, dtype=None) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.query = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.key = nn.Linear(kdim, embed_dim, bias=bias, **factory)
-        self.value = nn.Linear(vdim, embed_dim, bias=bias, **factory)
-        for linear in (self.query, self.key, self.value):
-            nn.init.xavier_uniform_(linear.weight)
-            if linear.bias is not None:
-                nn.init.zeros_(linear.bias)
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.query(query), self.key(key), self.value(value)
-
-
-class _SharedProjection(nn.Module):
-    """One ``(E, E)`` matrix makes queries, keys and values alike (``shared_qkv=True``).
-
-    The parameter sharing proposed in "Self-Attention is fundamentally a Weighted Voting" (Mr.
-    For Example, 2023): like a capsule layer whose capsules share one prediction matrix, every
-    input is projected once and that one projection is query, key and value at the same time.
-    Each input tensor is projected once, however many of the three roles it plays.
-    """
-
-    def __init__(self, embed_dim: int, *, bias: bool, device=None, dtype=None) -> None:
-        super().__init__()
-        self.shared = nn.Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
-        nn.init.xavier_uniform_(self.shared.weight)
-        if self.shared.bias is not None:
-            nn.init.zeros_(self.shared.bias)
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q = self.shared(query)  # (b, L, E)
-        k = q if key is query else self.shared(key)  # (b, S, E)
-        if value is key:
-            v = k
-        elif value is query:
-            v = q
-        else:
-            v = self.shared(value)  # (b, S, E)
-        return q, k, v
 
 
 class MultiHeadAttention(nn.Module):
@@ -171,18 +105,13 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(
-                f"embed_dim and num_heads must be positive, got embed_dim={embed_dim}, num_heads={num_heads}"
-            )
+        check_positive_int(embed_dim, "embed_dim")
+        check_positive_int(num_heads, "num_heads")
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        kdim = embed_dim if kdim is None else kdim
-        vdim = embed_dim if vdim is None else vdim
-        if kdim <= 0 or vdim <= 0:
-            raise ValueError(f"kdim and vdim must be positive, got kdim={kdim}, vdim={vdim}")
+        check_probability(dropout, "dropout")
+        kdim = check_positive_int(embed_dim if kdim is None else kdim, "kdim")
+        vdim = check_positive_int(embed_dim if vdim is None else vdim, "vdim")
         if shared_qkv and (kdim != embed_dim or vdim != embed_dim):
             raise ValueError(
                 f"shared_qkv=True projects queries, keys and values with one (embed_dim, "
@@ -266,10 +195,11 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
+        self_attention = key is query
         unbatched = _check_inputs(query, key, value, self.embed_dim, self.kdim, self.vdim)
         if unbatched:
             query, key, value = _same_map(lambda t: t.unsqueeze(0), query, key, value)
-            if key_mask is not None and isinstance(key_mask, Tensor):
+            if isinstance(key_mask, Tensor):
                 key_mask = key_mask.unsqueeze(0)
         elif not self.batch_first:
             query, key, value = _same_map(lambda t: rearrange(t, "l b e -> b l e"), query, key, value)
@@ -280,26 +210,21 @@ class MultiHeadAttention(nn.Module):
                 f"{key.shape[0]} (batch_first={self.batch_first})"
             )
         batch, target_len, source_len = query.shape[0], query.shape[1], key.shape[1]
-        logits_shape = (batch, self.num_heads, target_len, source_len)
-        mask = _merge_masks(attn_mask, key_mask, logits_shape)
+        receiver_mask = self._receiver_mask(key_mask, is_causal=is_causal, self_attention=self_attention)
+        mask, is_causal = prepare_attention_mask(
+            attn_mask,
+            key_mask,
+            (batch, self.num_heads, target_len, source_len),
+            is_causal=is_causal,
+            receiver_mask=receiver_mask,
+            dtype=query.dtype,
+        )  # broadcastable to (b, h, i, j), or None
 
         q, k, v = self.in_proj(query, key, value)  # (b, L, E), (b, S, E), (b, S, E)
-        if mask is not None and mask.is_floating_point():
-            # The fused kernel takes a float mask only in float32 or the queries' dtype.
-            mask = mask.to(torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype)
         q = rearrange(q, "b i (h d) -> b h i d", h=self.num_heads)
         k = rearrange(k, "b j (h d) -> b h j d", h=self.num_heads)
         v = rearrange(v, "b j (h d) -> b h j d", h=self.num_heads)
-        attended, weights = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            scale=1.0 / math.sqrt(self.head_dim),
-            need_weights=need_weights,
-        )  # (b, h, i, d), (b, h, i, j) | None
+        attended, weights = self._attend(q, k, v, mask, is_causal, need_weights)  # (b, h, i, d)
         output = self.out_proj(rearrange(attended, "b h i d -> b i (h d)"))  # (b, L, E)
 
         if weights is not None and average_weights:
@@ -310,6 +235,75 @@ class MultiHeadAttention(nn.Module):
         elif not self.batch_first:
             output = rearrange(output, "b l e -> l b e")
         return output, weights
+
+    @property
+    def scale(self) -> float:
+        """``1 / sqrt(head_dim)``, the scale of the dot products (Vaswani et al. 2017, eq. 1)."""
+        return 1.0 / math.sqrt(self.head_dim)
+
+    def _receiver_mask(
+        self, key_mask: Tensor | None, *, is_causal: bool, self_attention: bool
+    ) -> Tensor | None:
+        """Hook: refuse a call a variant cannot run, and name the receivers that take no votes.
+
+        Softmax attention takes every call and needs no receiver mask; a variant that normalises
+        over the receivers overrides this (see :class:`~torchvote.nn.RoutingAttention`).
+
+        Args:
+            key_mask: the batched ``(b, S)`` key mask, or None.
+            is_causal: the call's causality.
+            self_attention: the keys are the queries.
+
+        Returns:
+            ``None``, or a boolean ``(b, L)`` mask, False for a receiver that takes no vote.
+        """
+        return None
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The voting itself, after projections and head split: the one step a variant overrides.
+
+        Args:
+            q: ``(b, h, i, d)`` queries.
+            k: ``(b, h, j, d)`` keys.
+            v: ``(b, h, j, d)`` values.
+            mask: as :func:`~torchvote.functional.prepare_attention_mask` returns it, or None.
+            is_causal: receiver ``i`` hears only senders ``j <= i``.
+            need_weights: also return the ``(b, h, i, j)`` weights.
+
+        Returns:
+            ``(attended, weights)``: ``(b, h, i, d)`` and ``(b, h, i, j)`` or None.
+        """
+        return self._vote(q, k, v, mask, is_causal, need_weights)  # one pass: the fused kernel
+
+    def _vote(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        need_weights: bool,
+        **options: Any,
+    ) -> tuple[Tensor, Tensor | None]:
+        """:func:`~torchvote.functional.vote` on the heads' scaled dot products, with this
+        module's dropout; ``options`` (``normalize_over``, ``iterations``, ...) pass through.
+
+        Returns:
+            ``(attended, weights)``: ``(b, h, i, d)`` and the last pass's ``(b, h, i, j)`` or None.
+        """
+        options.setdefault("normalize_over", "senders")
+        result = vote(
+            SharedVotes(v),
+            DotProductScores(q, k, scale=self.scale),
+            mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            record=need_weights,
+            **options,
+        )
+        return result.outputs, (result.weights[-1] if need_weights else None)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -366,106 +360,3 @@ class MultiHeadAttention(nn.Module):
             if module.out_proj.bias is not None:
                 ours.out_proj.bias.copy_(module.out_proj.bias)
         return ours.train(module.training)
-
-
-def _same_map(fn, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Apply ``fn`` to each input, keeping identical inputs identical (self-attention detection)."""
-    new_query = fn(query)
-    new_key = new_query if key is query else fn(key)
-    if value is key:
-        new_value = new_key
-    elif value is query:
-        new_value = new_query
-    else:
-        new_value = fn(value)
-    return new_query, new_key, new_value
-
-
-def _check_inputs(query: Tensor, key: Tensor, value: Tensor, embed_dim: int, kdim: int, vdim: int) -> bool:
-    """Validate ranks and sizes; return True for unbatched (2-D) inputs."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
-    if query.dim() not in (2, 3):
-        raise ValueError(
-            f"query must have shape (batch, L, {embed_dim}) (or (L, batch, {embed_dim}) with "
-            f"batch_first=False, or unbatched (L, {embed_dim})), got {tuple(query.shape)}"
-        )
-    for name, t, features in (("query", query, embed_dim), ("key", key, kdim), ("value", value, vdim)):
-        if t.dim() != query.dim():
-            raise ValueError(
-                f"{name} must have the rank of query ({query.dim()}), got shape {tuple(t.shape)}"
-            )
-        if t.shape[-1] != features:
-            raise ValueError(f"{name} must have {features} features (last axis), got shape {tuple(t.shape)}")
-    if query.dim() == 3:
-        # The batch axis is 0 or 1 (batch_first); either way the non-feature axes of key and value
-        # must agree, and query must share the batch axis with them.
-        if key.shape[:-1] != value.shape[:-1]:
-            raise ValueError(
-                f"key and value must agree in batch and length, got shapes {tuple(key.shape)} "
-                f"and {tuple(value.shape)}"
-            )
-    elif key.shape[0] != value.shape[0]:
-        raise ValueError(
-            f"key and value must have the same length, got shapes {tuple(key.shape)} and {tuple(value.shape)}"
-        )
-    return query.dim() == 2
-
-
-def _merge_masks(
-    attn_mask: Tensor | None, key_mask: Tensor | None, logits_shape: tuple[int, ...]
-) -> Tensor | None:
-    """One mask (True / finite = may attend) from ``attn_mask`` and ``key_mask``, or None.
-
-    The result is only as large as the broadcast of the two: ``(b, 1, ..., 1, S)`` for a key mask
-    alone, ``(b, 1, L, S)`` for a key mask with an ``(L, S)`` mask; nothing is expanded over the
-    heads.
-
-    Args:
-        attn_mask: boolean or float, broadcastable to ``logits_shape``.
-        key_mask: boolean ``(b, S)``.
-        logits_shape: ``(b, ..., L, S)``, the shape of the logits the mask applies to.
-
-    Returns:
-        A boolean mask, a float mask (``attn_mask`` float: padding set to ``-inf``), or None.
-
-    Raises:
-        TypeError, ValueError: as :func:`torchvote.functional.check_attention_mask`, and for a
-            ``key_mask`` that is not boolean ``(b, S)``.
-    """
-    batch, source_len = logits_shape[0], logits_shape[-1]
-    if (
-        attn_mask is not None
-        and isinstance(attn_mask, Tensor)
-        and attn_mask.dim() == 3
-        and len(logits_shape) == 4
-        and batch > 1
-        and attn_mask.shape[0] == batch * logits_shape[1]
-    ):
-        raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} looks like torch's (batch * heads, L, "
-            f"S) layout; pass it as (batch, heads, L, S) = {logits_shape}, e.g. "
-            f"mask.view({', '.join(map(str, logits_shape))})"
-        )
-    check_attention_mask(attn_mask, logits_shape, "attn_mask")
-    if key_mask is None:
-        return attn_mask
-    if not isinstance(key_mask, Tensor):
-        raise TypeError(f"key_mask must be a tensor, got {type(key_mask).__name__}")
-    if key_mask.dtype != torch.bool:
-        raise TypeError(
-            f"key_mask must be boolean (True = real key, False = padding), got dtype {key_mask.dtype}"
-        )
-    if tuple(key_mask.shape) != (batch, source_len):
-        raise ValueError(
-            f"key_mask must have shape (batch, S) = {(batch, source_len)}, got {tuple(key_mask.shape)}"
-        )
-    padding = key_mask.view(batch, *([1] * (len(logits_shape) - 2)), source_len)  # (b, 1.., 1, j)
-    if attn_mask is None:
-        return padding
-    if attn_mask.dtype == torch.bool:
-        return attn_mask & padding  # (b, .., i, j)
-    return attn_mask.masked_fill(~padding, float("-inf"))  # (b, .., i, j)

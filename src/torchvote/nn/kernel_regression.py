@@ -17,8 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from torchvote.functional import attend
-from torchvote.nn.attention import _merge_masks
+from torchvote.functional import attend, merge_masks
 
 __all__ = ["NadarayaWatson"]
 
@@ -102,7 +101,7 @@ class NadarayaWatson(nn.Module):
         scalar_values = values.dim() == 2
         if scalar_values:
             values = values.unsqueeze(-1)  # (b, j, 1)
-        mask = _merge_masks(None, key_mask, (queries.shape[0], queries.shape[1], keys.shape[1]))
+        mask = merge_masks(None, key_mask, (queries.shape[0], queries.shape[1], keys.shape[1]))
 
         # Differences rather than ||x||^2 + ||x_j||^2 - 2 x.x_j: exact when points nearly coincide.
         differences = queries.unsqueeze(-2) - keys.unsqueeze(-3)  # (b, i, j, d)

@@ -5,9 +5,10 @@ raising the logit of every vote that agrees with the consensus it helped form ("
 fundamentally a Weighted Voting", Mr. For Example, 2023; Sabour, Frosst & Hinton 2017, "Dynamic
 Routing Between Capsules", Procedure 1, line 7: ``b_ij <- b_ij + u_hat_j|i . v_j``).
 :class:`RoutingAttention` makes that claim testable inside a Transformer: it has exactly the
-projections and the ``forward`` of :class:`~torchvote.nn.MultiHeadAttention` (so one can replace
-the other through the transformer layers' ``attention=`` hook, and their state dicts are
-interchangeable), and with ``iterations=1`` it *is* multi-head attention.
+projections and the ``forward`` of :class:`~torchvote.nn.MultiHeadAttention` (it inherits them and
+overrides only the voting step ``_attend``, so one can replace the other through the transformer
+layers' ``attention=`` hook, and their state dicts are interchangeable), and with
+``iterations=1`` it *is* multi-head attention.
 
 Per head, with ``q = x W_Q``, ``k = x W_K``, ``v = x W_V`` and ``d`` the head size::
 
@@ -23,37 +24,28 @@ Index legend: ``b`` batch, ``h`` heads, ``i`` receivers (queries, length ``L``),
 key, False = padding. Masks hold in every pass.
 
 This module also provides :func:`attention_factory`, the ``attention=`` hook of the transformer
-layers that picks softmax or routing attention by name, and :class:`AttentionRecorder`, which
-collects the weights of every attention module of a model during one forward pass (the layers
-themselves ask their attention for no weights).
+layers that picks softmax or routing attention by name. The weights of every attention of a
+model come back as a returned record (``return_intermediates=True`` on the transformer layers and
+stacks, :class:`~torchvote.nn.AttentionIntermediates`), not through hooks.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from einops import rearrange
-from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
+from torch import Tensor
 
-from torchvote.functional import (
-    DotProductScores,
-    SharedVotes,
-    VotingState,
-    is_causal_mask,
-    vote,
-)
-from torchvote.nn.attention import MultiHeadAttention, _check_inputs, _merge_masks, _same_map
+from torchvote.functional import VotingState
+from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
+from torchvote.validation import check_choice, check_positive_int
 
 __all__ = [
     "ATTENTION_KINDS",
     "AttentionKind",
-    "AttentionRecorder",
     "RoutingAttention",
     "ScaledDotAgreement",
     "attention_factory",
@@ -141,12 +133,9 @@ class RoutingAttention(MultiHeadAttention):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-        if normalize_over not in ("senders", "receivers"):
-            raise ValueError(f"normalize_over must be 'senders' or 'receivers', got {normalize_over!r}")
-        if aggregation not in ("sum", "mean"):
-            raise ValueError(f"aggregation must be 'sum' or 'mean', got {aggregation!r}")
+        check_positive_int(iterations, "iterations")
+        check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
+        check_choice(aggregation, ("sum", "mean"), "aggregation")
         super().__init__(
             embed_dim,
             num_heads,
@@ -162,7 +151,7 @@ class RoutingAttention(MultiHeadAttention):
         self.iterations = iterations
         self.normalize_over = normalize_over
         self.aggregation = aggregation
-        self.agreement = ScaledDotAgreement(1.0 / math.sqrt(self.head_dim))
+        self.agreement = ScaledDotAgreement(self.scale)
 
     def extra_repr(self) -> str:
         return (
@@ -170,108 +159,40 @@ class RoutingAttention(MultiHeadAttention):
             f"normalize_over={self.normalize_over!r}, aggregation={self.aggregation!r}"
         )
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        attn_mask: Tensor | None = None,
-        key_mask: Tensor | None = None,
-        is_causal: bool = False,
-        need_weights: bool = False,
-        average_weights: bool = True,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` to ``key``/``value`` in ``iterations`` passes.
-
-        Shapes are for ``batch_first=True``; with ``batch_first=False`` swap ``b`` and the length
-        in ``query``, ``key``, ``value`` and the output (masks and weights keep batch first).
-
-        Args:
-            query: ``(b, L, E)`` (or unbatched ``(L, E)``).
-            key: ``(b, S, kdim)``; default ``query`` (self-attention).
-            value: ``(b, S, vdim)``; default ``key``.
-            attn_mask: boolean (True = may attend) or float (added to the logits, ``-inf``
-                forbids), ``(L, S)`` or broadcastable to ``(b, h, L, S)``; holds in every pass.
-            key_mask: boolean ``(b, S)``, True for a real key, False for padding.
-            is_causal: query ``l`` hears only keys ``s <= l`` in every pass.
-            need_weights: also return the weights of the last pass.
-            average_weights: average the weights over the heads.
-
-        Returns:
-            ``(output, weights)``: output ``(b, L, E)``; the last pass's normalised weights (the
-            softmax, before the renormalisation of ``aggregation="mean"``) ``(b, L, S)`` if
-            ``average_weights`` else ``(b, h, L, S)``, or ``None`` without ``need_weights``.
+    def _receiver_mask(
+        self, key_mask: Tensor | None, *, is_causal: bool, self_attention: bool
+    ) -> Tensor | None:
+        """Refuse causality over the receivers; in self-attention, padded queries take no votes.
 
         Raises:
-            ValueError: wrong shapes or masks (as :class:`~torchvote.nn.MultiHeadAttention`), or
-                ``is_causal`` with ``normalize_over="receivers"``.
-            TypeError: non-tensor or non-floating inputs, masks of the wrong dtype.
+            ValueError: ``is_causal`` with ``normalize_over="receivers"``.
         """
-        if is_causal and self.normalize_over == "receivers":
+        if self.normalize_over != "receivers":
+            return None
+        if is_causal:
             raise ValueError(
                 "is_causal=True needs normalize_over='senders': a softmax over the receivers sums "
                 "over later queries, so later tokens would change earlier outputs"
             )
-        key = query if key is None else key
-        value = key if value is None else value
-        self_attention = key is query
-        unbatched = _check_inputs(query, key, value, self.embed_dim, self.kdim, self.vdim)
-        if unbatched:
-            query, key, value = _same_map(lambda t: t.unsqueeze(0), query, key, value)
-            if isinstance(key_mask, Tensor):
-                key_mask = key_mask.unsqueeze(0)
-        elif not self.batch_first:
-            query, key, value = _same_map(lambda t: rearrange(t, "l b e -> b l e"), query, key, value)
-        if query.shape[0] != key.shape[0]:
-            raise ValueError(
-                f"query and key must have the same batch size, got {query.shape[0]} and "
-                f"{key.shape[0]} (batch_first={self.batch_first})"
-            )
-        batch, target_len, source_len = query.shape[0], query.shape[1], key.shape[1]
-        logits_shape = (batch, self.num_heads, target_len, source_len)
-        mask = _merge_masks(attn_mask, key_mask, logits_shape)
-        if self.normalize_over == "receivers" and self_attention and key_mask is not None:
-            receivers = key_mask.view(batch, 1, target_len, 1)  # padded queries take no votes
-            if mask is None:
-                mask = receivers
-            elif mask.dtype == torch.bool:
-                mask = mask & receivers  # (b, .., i, j)
-            else:
-                mask = mask.masked_fill(~receivers, float("-inf"))  # (b, .., i, j)
-        if mask is not None and mask.dim() == 2 and is_causal_mask(mask):
-            mask, is_causal = None, True  # as the one-pass module: the fused kernel's fast path
+        return key_mask if self_attention else None  # (b, L) | None
 
-        q, k, v = self.in_proj(query, key, value)  # (b, L, E), (b, S, E), (b, S, E)
-        if mask is not None and mask.is_floating_point():
-            mask = mask.to(torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype)
-        q = rearrange(q, "b i (h d) -> b h i d", h=self.num_heads)
-        k = rearrange(k, "b j (h d) -> b h j d", h=self.num_heads)
-        v = rearrange(v, "b j (h d) -> b h j d", h=self.num_heads)
-        result = vote(
-            SharedVotes(v),
-            DotProductScores(q, k, scale=1.0 / math.sqrt(self.head_dim)),
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``iterations`` passes of voting with the scaled agreement update.
+
+        Arguments and shapes as :meth:`MultiHeadAttention._attend`; the mask and the causality
+        hold in every pass, and the weights returned are the last pass's softmax (before the
+        renormalisation of ``aggregation="mean"``).
+        """
+        return self._vote(
+            q, k, v, mask, is_causal, need_weights,
             normalize_over=self.normalize_over,
             iterations=self.iterations,
             agreement=self.agreement,
             accumulate=True,
             aggregation=self.aggregation,
-            mask=mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            record=need_weights,
-        )
-        output = self.out_proj(rearrange(result.outputs, "b h i d -> b i (h d)"))  # (b, L, E)
-
-        weights = result.weights[-1] if need_weights else None  # (b, h, i, j)
-        if weights is not None and average_weights:
-            weights = weights.mean(dim=1)  # (b, i, j)
-        if unbatched:
-            output = output.squeeze(0)  # (L, E)
-            weights = weights.squeeze(0) if weights is not None else None
-        elif not self.batch_first:
-            output = rearrange(output, "b l e -> l b e")
-        return output, weights
+        )  # (b, h, i, d), (b, h, i, j) | None; one pass without weights runs on the fused kernel
 
 
 def attention_factory(kind: AttentionKind = "softmax", *, iterations: int = 3) -> AttentionFactory:
@@ -288,71 +209,8 @@ def attention_factory(kind: AttentionKind = "softmax", *, iterations: int = 3) -
     Raises:
         ValueError: an unknown ``kind`` or ``iterations < 1``.
     """
-    if kind not in ATTENTION_KINDS:
-        raise ValueError(f"kind must be one of {ATTENTION_KINDS}, got {kind!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+    check_choice(kind, ATTENTION_KINDS, "kind")
+    check_positive_int(iterations, "iterations")
     if kind == "softmax":
         return functools.partial(MultiHeadAttention, batch_first=True)
     return functools.partial(RoutingAttention, iterations=iterations, batch_first=True)
-
-
-class AttentionRecorder:
-    """Collects the weights of every attention module of a model during the forward passes.
-
-    The transformer layers ask their attention for no weights (the fused kernel never forms
-    them); inside ``with AttentionRecorder(model) as recorder:`` every
-    :class:`~torchvote.nn.MultiHeadAttention` (and :class:`RoutingAttention`) below ``model``
-    is called with ``need_weights=True`` instead and its weights (averaged over the heads) are
-    kept, in call order, under the module's name. The hooks are removed on exit.
-
-    Example::
-
-        with AttentionRecorder(model) as recorder:
-            model(tokens)
-        recorder.weights  # {"encoder.layers.0.self_attention": (b, L, S), ...}
-
-    Args:
-        module: the model (or any module) whose attention modules are recorded.
-        average_weights: average the weights over the heads (``(b, L, S)``) or keep them
-            (``(b, h, L, S)``).
-
-    Attributes:
-        weights: module name -> the weights of its last call.
-        calls: ``(name, weights)`` of every call, in order.
-    """
-
-    def __init__(self, module: nn.Module, *, average_weights: bool = True) -> None:
-        self.module = module
-        self.average_weights = average_weights
-        self.calls: list[tuple[str, Tensor]] = []
-        self._handles: list[RemovableHandle] = []
-
-    @property
-    def weights(self) -> dict[str, Tensor]:
-        return dict(self.calls)
-
-    def __enter__(self) -> AttentionRecorder:
-        self.calls = []
-        for name, child in self.module.named_modules():
-            if isinstance(child, MultiHeadAttention):
-                self._handles.append(child.register_forward_pre_hook(self._ask_for_weights, with_kwargs=True))
-                self._handles.append(child.register_forward_hook(functools.partial(self._keep, name)))
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def _ask_for_weights(
-        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return args, {**kwargs, "need_weights": True, "average_weights": self.average_weights}
-
-    def _keep(
-        self, name: str, module: nn.Module, args: tuple[Any, ...], output: tuple[Tensor, Tensor | None]
-    ) -> None:
-        weights = output[1]
-        assert weights is not None, "the pre-hook asked for the weights"
-        self.calls.append((name, weights))

@@ -11,16 +11,17 @@ Index legend: ``b`` batch, ``i`` receivers (queries, length ``L``), ``j`` sender
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score
-from torchvote.nn.attention import _merge_masks
+from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score, merge_masks
+from torchvote.validation import check_choice, check_positive_int, check_probability
 
-__all__ = ["AdditiveAttention", "LuongAttention"]
+__all__ = ["AdditiveAttention", "LuongAttention", "ScoredAttention"]
 
 
 def _check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, query_dim: int, key_dim: int) -> None:
@@ -41,39 +42,30 @@ def _check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, query_dim
         )
 
 
-class AdditiveAttention(nn.Module):
-    """Bahdanau attention: ``score(q, k) = v^T tanh(W_q q + W_k k)``.
+class ScoredAttention(nn.Module, abc.ABC):
+    """Base of the attentions with a learned score: one pass of voting on ``score(query, key)``.
 
-    Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly Learning to Align and
-    Translate", appendix A.1.2 (``e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)``). The tanh does not
-    factor, so the scores cost ``(b, L, S, hidden_dim)`` memory.
+    Subclasses set their parameters and implement :meth:`score`; the checks, masks, dropout and
+    the voting are written here once.
 
     Args:
         query_dim: query feature size ``Eq``.
         key_dim: key feature size ``Ek``.
-        hidden_dim: size ``H`` of the hidden layer of the score.
         dropout: dropout on the attention weights, in training mode only.
 
     Raises:
-        ValueError: a non-positive size or ``dropout`` outside ``[0, 1)``.
+        ValueError: a non-positive size or ``dropout`` outside ``[0, 1)``, naming it.
     """
 
-    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int, *, dropout: float = 0.0) -> None:
+    def __init__(self, query_dim: int, key_dim: int, *, dropout: float = 0.0) -> None:
         super().__init__()
-        if min(query_dim, key_dim, hidden_dim) <= 0:
-            raise ValueError(
-                f"query_dim, key_dim and hidden_dim must be positive, got {query_dim}, {key_dim}, "
-                f"{hidden_dim}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.query_dim, self.key_dim, self.hidden_dim = query_dim, key_dim, hidden_dim
-        self.dropout = dropout
-        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False)  # W_a
-        self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False)  # U_a
-        self.vector = nn.Parameter(torch.empty(hidden_dim))  # v_a
-        bound = 1.0 / hidden_dim**0.5  # as an nn.Linear(hidden_dim, 1) would be initialised
-        nn.init.uniform_(self.vector, -bound, bound)
+        self.query_dim = check_positive_int(query_dim, "query_dim")
+        self.key_dim = check_positive_int(key_dim, "key_dim")
+        self.dropout = check_probability(dropout, "dropout")
+
+    @abc.abstractmethod
+    def score(self, query: Tensor, key: Tensor) -> Tensor:
+        """``(b, i, j)`` logits from ``query`` ``(b, L, Eq)`` and ``key`` ``(b, S, Ek)``."""
 
     def forward(
         self,
@@ -102,17 +94,46 @@ class AdditiveAttention(nn.Module):
         """
         value = key if value is None else value
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
-        mask = _merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
-        scores = additive_score(
-            query, key, self.query_proj.weight, self.key_proj.weight, self.vector
-        )  # (b, i, j)
+        mask = merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
+        scores = self.score(query, key)  # (b, i, j)
         return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+
+
+class AdditiveAttention(ScoredAttention):
+    """Bahdanau attention: ``score(q, k) = v^T tanh(W_q q + W_k k)``.
+
+    Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly Learning to Align and
+    Translate", appendix A.1.2 (``e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)``). The tanh does not
+    factor, so the scores cost ``(b, L, S, hidden_dim)`` memory.
+
+    Args:
+        query_dim: query feature size ``Eq``.
+        key_dim: key feature size ``Ek``.
+        hidden_dim: size ``H`` of the hidden layer of the score.
+        dropout: dropout on the attention weights, in training mode only.
+
+    Raises:
+        ValueError: a non-positive size or ``dropout`` outside ``[0, 1)``.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int, *, dropout: float = 0.0) -> None:
+        super().__init__(query_dim, key_dim, dropout=dropout)
+        self.hidden_dim = check_positive_int(hidden_dim, "hidden_dim")
+        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False)  # W_a
+        self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False)  # U_a
+        self.vector = nn.Parameter(torch.empty(hidden_dim))  # v_a
+        bound = 1.0 / hidden_dim**0.5  # as an nn.Linear(hidden_dim, 1) would be initialised
+        nn.init.uniform_(self.vector, -bound, bound)
+
+    def score(self, query: Tensor, key: Tensor) -> Tensor:
+        """``v_a^T tanh(W_a q_i + U_a k_j)``: ``(b, i, j)`` from ``(b, L, Eq)`` and ``(b, S, Ek)``."""
+        return additive_score(query, key, self.query_proj.weight, self.key_proj.weight, self.vector)
 
 
 LuongScore = Literal["dot", "general", "concat"]
 
 
-class LuongAttention(nn.Module):
+class LuongAttention(ScoredAttention):
     """Luong attention with the ``dot``, ``general`` or ``concat`` score.
 
     Luong, Pham & Manning 2015, "Effective Approaches to Attention-based Neural Machine
@@ -146,11 +167,8 @@ class LuongAttention(nn.Module):
         hidden_dim: int | None = None,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
-        if score not in ("dot", "general", "concat"):
-            raise ValueError(f"score must be 'dot', 'general' or 'concat', got {score!r}")
-        if query_dim <= 0 or key_dim <= 0:
-            raise ValueError(f"query_dim and key_dim must be positive, got {query_dim}, {key_dim}")
+        super().__init__(query_dim, key_dim, dropout=dropout)
+        check_choice(score, ("dot", "general", "concat"), "score")
         if score == "dot" and query_dim != key_dim:
             raise ValueError(
                 f"score='dot' needs query_dim == key_dim, got {query_dim} and {key_dim}; "
@@ -158,12 +176,9 @@ class LuongAttention(nn.Module):
             )
         if hidden_dim is not None and score != "concat":
             raise ValueError(f"hidden_dim only applies to score='concat', got score={score!r}")
-        if hidden_dim is not None and hidden_dim <= 0:
-            raise ValueError(f"hidden_dim must be positive, got {hidden_dim}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.query_dim, self.key_dim, self.score = query_dim, key_dim, score
-        self.dropout = dropout
+        if hidden_dim is not None:
+            check_positive_int(hidden_dim, "hidden_dim")
+        self.score_name = score
         self.score_fn: Callable[[Tensor, Tensor], Tensor]
         if score == "dot":
             self.score_fn = dot_score
@@ -186,35 +201,8 @@ class LuongAttention(nn.Module):
         return concat_score(query, key, self.concat_proj.weight, self.vector)
 
     def extra_repr(self) -> str:
-        return f"query_dim={self.query_dim}, key_dim={self.key_dim}, score={self.score!r}"
+        return f"query_dim={self.query_dim}, key_dim={self.key_dim}, score={self.score_name!r}"
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor | None = None,
-        *,
-        key_mask: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """Attend from every query to the keys.
-
-        Args:
-            query: ``(b, L, Eq)``.
-            key: ``(b, S, Ek)``.
-            value: ``(b, S, Ev)``; default ``key``.
-            key_mask: boolean ``(b, S)``, True for a real key.
-            attn_mask: boolean (True = may attend) or float (added), broadcastable to
-                ``(b, L, S)``.
-
-        Returns:
-            ``(context, weights)``: ``(b, L, Ev)`` and ``(b, L, S)``.
-
-        Raises:
-            ValueError, TypeError: bad shapes or masks, naming the argument.
-        """
-        value = key if value is None else value
-        _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
-        mask = _merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
-        scores = self.score_fn(query, key)  # (b, i, j)
-        return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+    def score(self, query: Tensor, key: Tensor) -> Tensor:
+        """The chosen Luong score: ``(b, i, j)`` from ``(b, L, Eq)`` and ``(b, S, Ek)``."""
+        return self.score_fn(query, key)

@@ -12,28 +12,29 @@ weights)``, batch first). It replaces softmax attention with any other voting, e
 routing-style attention. By default it is :class:`~torchvote.nn.MultiHeadAttention`.
 
 All inputs are batch first ``(b, T, E)``. Masks follow torchvote's convention: True = may attend;
-``key_mask`` True = real token, False = padding.
+``key_mask`` True = real token, False = padding. The stacks of these layers are in
+:mod:`torchvote.nn.transformer_stack`.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.nn.attention import MultiHeadAttention
+from torchvote.validation import check_choice, check_positive_int, check_probability
 
 __all__ = [
     "AttentionFactory",
+    "AttentionIntermediates",
     "TransformerConfig",
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",
-    "TransformerEncoder",
-    "TransformerDecoder",
 ]
 
 Activation = Literal["relu", "gelu"]
@@ -92,8 +93,6 @@ class _FeedForward(nn.Module):
 
     def __init__(self, d_model: int, dim_feedforward: int, activation: Activation, dropout: float) -> None:
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
         self.expand = nn.Linear(d_model, dim_feedforward)
         self.contract = nn.Linear(dim_feedforward, d_model)
         self.activation = _ACTIVATIONS[activation]
@@ -103,18 +102,114 @@ class _FeedForward(nn.Module):
         return self.contract(self.dropout(self.activation(self.expand(inputs))))
 
 
-def _check_layer_sizes(d_model: int, num_heads: int, dim_feedforward: int | None, dropout: float) -> int:
-    if d_model <= 0 or num_heads <= 0:
-        raise ValueError(f"d_model and num_heads must be positive, got {d_model}, {num_heads}")
-    dim_feedforward = 4 * d_model if dim_feedforward is None else dim_feedforward
-    if dim_feedforward <= 0:
-        raise ValueError(f"dim_feedforward must be positive, got {dim_feedforward}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-    return dim_feedforward
+@dataclass
+class AttentionIntermediates:
+    """Attention weights a forward pass returned, by module name, in call order.
+
+    The record a layer or stack returns with ``return_intermediates=True`` (as x-transformers'
+    ``Intermediates``); plots and models read it instead of hooking the attention modules.
+
+    Attributes:
+        weights: module name (relative to the module that returned the record, e.g.
+            ``"layers.0.self_attention"``) -> ``(b, L, S)`` weights averaged over the heads (or
+            whatever the attention module returns for ``need_weights=True``).
+    """
+
+    weights: dict[str, Tensor] = field(default_factory=dict)
+
+    def add(self, prefix: str, other: AttentionIntermediates) -> None:
+        """Append ``other``'s weights under ``prefix.`` + their names, keeping the call order."""
+        for name, weights in other.weights.items():
+            self.weights[f"{prefix}.{name}"] = weights
+
+    @property
+    def last(self) -> Tensor:
+        """The weights of the last attention call.
+
+        Raises:
+            ValueError: nothing was recorded.
+        """
+        if not self.weights:
+            raise ValueError("no attention weights were recorded")
+        return next(reversed(self.weights.values()))
 
 
-class TransformerEncoderLayer(nn.Module):
+class _TransformerLayer(nn.Module):
+    """What the encoder and decoder layers share: sizes, feed-forward network, residual sublayer.
+
+    Every sublayer (attention or feed-forward) runs through :meth:`_residual`, the one place that
+    knows pre- and post-norm::
+
+        post-norm:  x = norm(x + dropout(sublayer(x)))           (Vaswani et al. 2017)
+        pre-norm:   x = x + dropout(sublayer(norm(x)))           (Xiong et al. 2020)
+
+    The norms stay attributes of the concrete layers, so the state-dict keys name the sublayer
+    they belong to (``attention_norm``, ``feedforward_norm``, ...).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        dim_feedforward: int | None = None,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        shared_qkv: bool = False,
+        layer_norm_eps: float = 1e-5,
+        attention: AttentionFactory | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(d_model, "d_model")
+        check_positive_int(num_heads, "num_heads")
+        dim_feedforward = check_positive_int(
+            4 * d_model if dim_feedforward is None else dim_feedforward, "dim_feedforward"
+        )
+        check_probability(dropout, "dropout")
+        check_choice(activation, sorted(_ACTIVATIONS), "activation")
+        self.make_attention = _attention_factory(attention, shared_qkv)
+        self.d_model, self.norm_first = d_model, norm_first
+        # Attentions before the feed-forward network: the order the parameters draw their
+        # initial values in (and so a seeded model's numbers) stays as it was.
+        self._build_sublayers(num_heads, dropout, layer_norm_eps)
+        self.feedforward = _FeedForward(d_model, dim_feedforward, activation, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
+        """Create the attentions and the norms (named after their sublayers)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig) -> _TransformerLayer:
+        """Build a layer from a :class:`TransformerConfig`."""
+        return cls(
+            config.d_model,
+            config.num_heads,
+            dim_feedforward=config.dim_feedforward,
+            dropout=config.dropout,
+            activation=config.activation,
+            norm_first=config.norm_first,
+            shared_qkv=config.shared_qkv,
+            layer_norm_eps=config.layer_norm_eps,
+            attention=config.attention,
+        )
+
+    def _residual(
+        self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], tuple[Tensor, Tensor | None]]
+    ) -> tuple[Tensor, Tensor | None]:
+        """One residual sublayer: ``(b, T, E) -> (b, T, E)`` and the sublayer's weights, if any."""
+        if self.norm_first:
+            out, weights = sublayer(norm(x))
+            return x + self.dropout(out), weights
+        out, weights = sublayer(x)
+        return norm(x + self.dropout(out)), weights
+
+    def _feedforward(self, x: Tensor) -> tuple[Tensor, None]:
+        return self.feedforward(x), None
+
+
+class TransformerEncoderLayer(_TransformerLayer):
     """Self-attention and a feed-forward network, each in a residual block with layer norm.
 
     Post-norm (``norm_first=False``)::
@@ -133,73 +228,18 @@ class TransformerEncoderLayer(nn.Module):
     ``feedforward_norm``).
 
     Args:
-        d_model: feature size ``E``.
-        num_heads: attention heads.
-        dim_feedforward: feed-forward hidden size; default ``4 * d_model``.
-        dropout: see :class:`TransformerConfig`.
-        activation: ``"relu"`` or ``"gelu"``.
-        norm_first: pre-norm instead of post-norm.
-        shared_qkv: one matrix for Q, K and V in the default attention.
-        layer_norm_eps: the layer norms' epsilon.
-        attention: an attention factory (module docstring); ``None`` for
-            :class:`~torchvote.nn.MultiHeadAttention`.
+        d_model, num_heads, dim_feedforward, dropout, activation, norm_first, shared_qkv,
+            layer_norm_eps, attention: as the fields of :class:`TransformerConfig`.
 
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
             ``attention``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        *,
-        dim_feedforward: int | None = None,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        shared_qkv: bool = False,
-        layer_norm_eps: float = 1e-5,
-        attention: AttentionFactory | None = None,
-    ) -> None:
-        super().__init__()
-        dim_feedforward = _check_layer_sizes(d_model, num_heads, dim_feedforward, dropout)
-        make_attention = _attention_factory(attention, shared_qkv)
-        self.d_model, self.norm_first = d_model, norm_first
-        self.self_attention = make_attention(d_model, num_heads, dropout=dropout)
-        self.feedforward = _FeedForward(d_model, dim_feedforward, activation, dropout)
-        self.attention_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.feedforward_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(dropout)
-
-    @classmethod
-    def from_config(cls, config: TransformerConfig) -> TransformerEncoderLayer:
-        """Build a layer from a :class:`TransformerConfig`."""
-        return cls(
-            config.d_model,
-            config.num_heads,
-            dim_feedforward=config.dim_feedforward,
-            dropout=config.dropout,
-            activation=config.activation,
-            norm_first=config.norm_first,
-            shared_qkv=config.shared_qkv,
-            layer_norm_eps=config.layer_norm_eps,
-            attention=config.attention,
-        )
-
-    def _attend(
-        self, inputs: Tensor, attn_mask: Tensor | None, key_mask: Tensor | None, is_causal: bool
-    ) -> Tensor:
-        attended, _ = self.self_attention(
-            inputs,
-            inputs,
-            inputs,
-            attn_mask=attn_mask,
-            key_mask=key_mask,
-            is_causal=is_causal,
-            need_weights=False,
-        )
-        return self.dropout(attended)
+    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
+        self.self_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
+        self.attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
 
     def forward(
         self,
@@ -208,7 +248,8 @@ class TransformerEncoderLayer(nn.Module):
         attn_mask: Tensor | None = None,
         key_mask: Tensor | None = None,
         is_causal: bool = False,
-    ) -> Tensor:
+        return_intermediates: bool = False,
+    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Encode ``inputs``.
 
         Args:
@@ -217,21 +258,28 @@ class TransformerEncoderLayer(nn.Module):
                 ``(b, h, T, T)``.
             key_mask: boolean ``(b, T)``, True for a real token, False for padding.
             is_causal: token ``t`` attends only to tokens ``<= t``.
+            return_intermediates: also return the attention weights (the attention is then
+                asked for them, which forms the ``(b, h, T, T)`` matrix).
 
         Returns:
-            ``(b, T, E)``.
+            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
+            ``weights["self_attention"]``.
         """
-        x = inputs
-        if self.norm_first:
-            x = x + self._attend(self.attention_norm(x), attn_mask, key_mask, is_causal)
-            x = x + self.dropout(self.feedforward(self.feedforward_norm(x)))
-        else:
-            x = self.attention_norm(x + self._attend(x, attn_mask, key_mask, is_causal))
-            x = self.feedforward_norm(x + self.dropout(self.feedforward(x)))
-        return x
+
+        def attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
+            return self.self_attention(
+                x, x, x, attn_mask=attn_mask, key_mask=key_mask, is_causal=is_causal,
+                need_weights=return_intermediates,
+            )
+
+        x, weights = self._residual(inputs, self.attention_norm, attend)  # (b, T, E)
+        x, _ = self._residual(x, self.feedforward_norm, self._feedforward)  # (b, T, E)
+        if not return_intermediates:
+            return x
+        return x, AttentionIntermediates({"self_attention": weights})
 
 
-class TransformerDecoderLayer(nn.Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """Causal self-attention, cross-attention to the encoder's memory, and a feed-forward network.
 
     Post-norm (``norm_first=False``)::
@@ -248,77 +296,22 @@ class TransformerDecoderLayer(nn.Module):
     causal ``tgt_mask``.
 
     Args:
-        d_model: feature size ``E`` of the target and the memory.
-        num_heads: attention heads (both attentions).
-        dim_feedforward: feed-forward hidden size; default ``4 * d_model``.
-        dropout: see :class:`TransformerConfig`.
-        activation: ``"relu"`` or ``"gelu"``.
-        norm_first: pre-norm instead of post-norm.
-        shared_qkv: one matrix for Q, K and V in both default attentions (in cross-attention it
-            projects the target and the memory alike).
-        layer_norm_eps: the layer norms' epsilon.
-        attention: an attention factory (module docstring), used for both attentions.
+        d_model, num_heads, dim_feedforward, dropout, activation, norm_first, shared_qkv,
+            layer_norm_eps, attention: as the fields of :class:`TransformerConfig`; the
+            attention factory (and ``shared_qkv``, which in cross-attention projects the target
+            and the memory alike) serves both attentions.
 
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
             ``attention``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        *,
-        dim_feedforward: int | None = None,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        norm_first: bool = False,
-        shared_qkv: bool = False,
-        layer_norm_eps: float = 1e-5,
-        attention: AttentionFactory | None = None,
-    ) -> None:
-        super().__init__()
-        dim_feedforward = _check_layer_sizes(d_model, num_heads, dim_feedforward, dropout)
-        make_attention = _attention_factory(attention, shared_qkv)
-        self.d_model, self.norm_first = d_model, norm_first
-        self.self_attention = make_attention(d_model, num_heads, dropout=dropout)
-        self.cross_attention = make_attention(d_model, num_heads, dropout=dropout)
-        self.feedforward = _FeedForward(d_model, dim_feedforward, activation, dropout)
-        self.self_attention_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.cross_attention_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.feedforward_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(dropout)
-
-    @classmethod
-    def from_config(cls, config: TransformerConfig) -> TransformerDecoderLayer:
-        """Build a layer from a :class:`TransformerConfig`."""
-        return cls(
-            config.d_model,
-            config.num_heads,
-            dim_feedforward=config.dim_feedforward,
-            dropout=config.dropout,
-            activation=config.activation,
-            norm_first=config.norm_first,
-            shared_qkv=config.shared_qkv,
-            layer_norm_eps=config.layer_norm_eps,
-            attention=config.attention,
-        )
-
-    def _self_attend(
-        self, x: Tensor, mask: Tensor | None, key_mask: Tensor | None, is_causal: bool
-    ) -> Tensor:
-        attended, _ = self.self_attention(
-            x, x, x, attn_mask=mask, key_mask=key_mask, is_causal=is_causal, need_weights=False
-        )
-        return self.dropout(attended)
-
-    def _cross_attend(
-        self, x: Tensor, memory: Tensor, mask: Tensor | None, key_mask: Tensor | None
-    ) -> Tensor:
-        attended, _ = self.cross_attention(
-            x, memory, memory, attn_mask=mask, key_mask=key_mask, is_causal=False, need_weights=False
-        )
-        return self.dropout(attended)
+    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
+        self.self_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
+        self.cross_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
+        self.self_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+        self.cross_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
 
     def forward(
         self,
@@ -330,7 +323,8 @@ class TransformerDecoderLayer(nn.Module):
         memory_mask: Tensor | None = None,
         memory_key_mask: Tensor | None = None,
         is_causal: bool = True,
-    ) -> Tensor:
+        return_intermediates: bool = False,
+    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Decode ``target`` attending to ``memory``.
 
         Args:
@@ -342,148 +336,29 @@ class TransformerDecoderLayer(nn.Module):
             memory_mask: cross-attention mask, ``(T, S)`` or broadcastable to ``(b, h, T, S)``.
             memory_key_mask: boolean ``(b, S)``, True for a real memory token.
             is_causal: target token ``t`` attends only to target tokens ``<= t`` (default).
+            return_intermediates: also return both attentions' weights.
 
         Returns:
-            ``(b, T, E)``.
+            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
+            ``weights["self_attention"]`` ``(b, T, T)`` and ``weights["cross_attention"]``
+            ``(b, T, S)``.
         """
-        x = target
-        if self.norm_first:
-            x = x + self._self_attend(self.self_attention_norm(x), target_mask, target_key_mask, is_causal)
-            x = x + self._cross_attend(self.cross_attention_norm(x), memory, memory_mask, memory_key_mask)
-            x = x + self.dropout(self.feedforward(self.feedforward_norm(x)))
-        else:
-            x = self.self_attention_norm(x + self._self_attend(x, target_mask, target_key_mask, is_causal))
-            x = self.cross_attention_norm(x + self._cross_attend(x, memory, memory_mask, memory_key_mask))
-            x = self.feedforward_norm(x + self.dropout(self.feedforward(x)))
-        return x
 
-
-def _build_layers(
-    layer: TransformerConfig | Callable[[], nn.Module], num_layers: int, layer_class: type
-) -> nn.ModuleList:
-    if not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
-    if isinstance(layer, TransformerConfig):
-        factory = functools.partial(layer_class.from_config, layer)
-    elif callable(layer):
-        factory = layer
-    else:
-        raise TypeError(
-            f"layer must be a TransformerConfig or a zero-argument callable returning a layer, got {layer!r}"
-        )
-    layers = nn.ModuleList(factory() for _ in range(num_layers))
-    if len({id(m) for m in layers}) != num_layers:
-        raise ValueError(
-            "the layer factory returned the same module twice; it must build a new layer on every call"
-        )
-    return layers
-
-
-def _final_norm(layers: nn.ModuleList, final_norm: bool | None, layer_norm_eps: float) -> nn.Module:
-    first = layers[0]
-    if final_norm is None:
-        final_norm = bool(getattr(first, "norm_first", False))
-    if not final_norm:
-        return nn.Identity()
-    if not hasattr(first, "d_model"):
-        raise ValueError("final_norm needs the layers to expose d_model")
-    return nn.LayerNorm(first.d_model, eps=layer_norm_eps)
-
-
-class TransformerEncoder(nn.Module):
-    """A stack of encoder layers, with a final layer norm for pre-norm layers.
-
-    Args:
-        layer: a :class:`TransformerConfig` (every layer built from it) or a zero-argument
-            callable returning a new layer on every call (e.g.
-            ``lambda: TransformerEncoderLayer(512, 8, norm_first=True)``).
-        num_layers: number of layers.
-        final_norm: end with a layer norm; default: when the layers are pre-norm (post-norm
-            layers end in a norm already).
-        layer_norm_eps: the final norm's epsilon.
-
-    Raises:
-        ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
-        TypeError: ``layer`` is neither a config nor a callable.
-    """
-
-    def __init__(
-        self,
-        layer: TransformerConfig | Callable[[], nn.Module],
-        num_layers: int,
-        *,
-        final_norm: bool | None = None,
-        layer_norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__()
-        self.layers = _build_layers(layer, num_layers, TransformerEncoderLayer)
-        self.norm = _final_norm(self.layers, final_norm, layer_norm_eps)
-
-    def forward(
-        self,
-        inputs: Tensor,
-        *,
-        attn_mask: Tensor | None = None,
-        key_mask: Tensor | None = None,
-        is_causal: bool = False,
-    ) -> Tensor:
-        """Encode ``inputs`` ``(b, T, E)`` through every layer; masks as in
-        :meth:`TransformerEncoderLayer.forward`. Returns ``(b, T, E)``."""
-        x = inputs
-        for layer in self.layers:
-            x = layer(x, attn_mask=attn_mask, key_mask=key_mask, is_causal=is_causal)
-        return self.norm(x)
-
-
-class TransformerDecoder(nn.Module):
-    """A stack of decoder layers, with a final layer norm for pre-norm layers.
-
-    Args:
-        layer: a :class:`TransformerConfig` or a zero-argument callable returning a new
-            decoder layer on every call.
-        num_layers: number of layers.
-        final_norm: end with a layer norm; default: when the layers are pre-norm.
-        layer_norm_eps: the final norm's epsilon.
-
-    Raises:
-        ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
-        TypeError: ``layer`` is neither a config nor a callable.
-    """
-
-    def __init__(
-        self,
-        layer: TransformerConfig | Callable[[], nn.Module],
-        num_layers: int,
-        *,
-        final_norm: bool | None = None,
-        layer_norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__()
-        self.layers = _build_layers(layer, num_layers, TransformerDecoderLayer)
-        self.norm = _final_norm(self.layers, final_norm, layer_norm_eps)
-
-    def forward(
-        self,
-        target: Tensor,
-        memory: Tensor,
-        *,
-        target_mask: Tensor | None = None,
-        target_key_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        memory_key_mask: Tensor | None = None,
-        is_causal: bool = True,
-    ) -> Tensor:
-        """Decode ``target`` ``(b, T, E)`` against ``memory`` ``(b, S, E)`` through every layer;
-        masks as in :meth:`TransformerDecoderLayer.forward`. Returns ``(b, T, E)``."""
-        x = target
-        for layer in self.layers:
-            x = layer(
-                x,
-                memory,
-                target_mask=target_mask,
-                target_key_mask=target_key_mask,
-                memory_mask=memory_mask,
-                memory_key_mask=memory_key_mask,
-                is_causal=is_causal,
+        def self_attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
+            return self.self_attention(
+                x, x, x, attn_mask=target_mask, key_mask=target_key_mask, is_causal=is_causal,
+                need_weights=return_intermediates,
             )
-        return self.norm(x)
+
+        def cross_attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
+            return self.cross_attention(
+                x, memory, memory, attn_mask=memory_mask, key_mask=memory_key_mask,
+                is_causal=False, need_weights=return_intermediates,
+            )
+
+        x, self_weights = self._residual(target, self.self_attention_norm, self_attend)  # (b, T, E)
+        x, cross_weights = self._residual(x, self.cross_attention_norm, cross_attend)  # (b, T, E)
+        x, _ = self._residual(x, self.feedforward_norm, self._feedforward)  # (b, T, E)
+        if not return_intermediates:
+            return x
+        return x, AttentionIntermediates({"self_attention": self_weights, "cross_attention": cross_weights})

@@ -1,0 +1,244 @@
+"""Attention masks, prepared in one place for the fused kernel and the voting loop.
+
+Convention (all of torchvote): a boolean mask is ``True`` where a receiver (query ``i``) may hear
+a sender (key ``j``); a float mask is added to the logits (``-inf`` forbids). ``key_mask`` is
+``True`` for a real key and ``False`` for padding, the opposite of torch's ``key_padding_mask``.
+
+Index legend: ``b`` batch, ``h`` heads, ``i`` receivers (length ``L``), ``j`` senders (length
+``S``).
+
+:func:`prepare_attention_mask` is the one entry point of the modules: attention mask + key mask
+(+ an optional receiver mask) + causality -> the ``(mask, is_causal)`` pair that
+:func:`torchvote.functional.vote` takes. Only a mask of the logits' full ``(L, S)`` size may turn
+into ``is_causal=True`` (a broadcast ``(1, 1)`` mask means "all allowed", not a causal pattern).
+:func:`fused_kernel_mask` and :func:`voting_mask` are the last step inside ``vote``: the form the
+fused kernel (one of mask or causality, floats in the query's dtype) and the voting loop (one
+boolean mask) take.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "causal_mask",
+    "check_attention_mask",
+    "fused_kernel_mask",
+    "is_causal_mask",
+    "kernel_float_dtype",
+    "merge_masks",
+    "prepare_attention_mask",
+    "restrict_mask",
+    "voting_mask",
+]
+
+
+def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument: str) -> None:
+    """Raise a clear error unless ``mask`` is a usable attention mask for logits of ``target`` shape.
+
+    Args:
+        mask: ``None``, a boolean tensor (True = may attend) or a float tensor added to the logits.
+        target: the ``(..., L, S)`` shape of the logits the mask applies to.
+        argument: the argument's name, for the message.
+
+    Raises:
+        TypeError: if the mask is neither boolean nor floating point.
+        ValueError: if it does not broadcast to ``target`` or a float mask holds NaN.
+    """
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{argument} must be a tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{argument} must be boolean (True = may attend) or floating point (added to the "
+            f"logits), got dtype {mask.dtype}"
+        )
+    try:
+        broadcast = torch.broadcast_shapes(tuple(mask.shape), target)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != tuple(target):
+        raise ValueError(
+            f"{argument} of shape {tuple(mask.shape)} does not broadcast to the attention logits' "
+            f"shape {tuple(target)} (batch..., L, S)"
+        )
+    if mask.is_floating_point() and bool(torch.isnan(mask).any()):
+        raise ValueError(f"{argument} contains NaN; use -inf to forbid a position")
+
+
+def is_causal_mask(mask: Tensor) -> bool:
+    """True if ``mask`` is a 2-D square causal mask (bool lower triangle, or 0 / -inf float).
+
+    Such a mask is replaced by ``is_causal=True``, which the fused kernel runs about twice as fast
+    on CPU as the same mask given explicitly.
+    """
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        return False
+    lower = torch.ones(mask.shape, dtype=torch.bool, device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        return bool(torch.equal(mask, lower))
+    allowed = mask == 0
+    forbidden = torch.isneginf(mask)
+    return bool(torch.equal(allowed, lower) and torch.equal(forbidden, ~lower))
+
+
+def causal_mask(receivers: int, senders: int, device: torch.device | None = None) -> Tensor:
+    """``(i, j)`` boolean, True where ``j <= i`` (top-left aligned, as the fused kernel)."""
+    return torch.ones(receivers, senders, dtype=torch.bool, device=device).tril()
+
+
+def restrict_mask(mask: Tensor | None, allowed: Tensor) -> Tensor:
+    """``mask`` further limited to the ``True`` entries of the boolean ``allowed``.
+
+    Args:
+        mask: ``None``, boolean (True = may attend) or float (added to the logits).
+        allowed: boolean, broadcastable with ``mask``.
+
+    Returns:
+        ``allowed`` (no mask), ``mask & allowed`` (boolean) or ``mask`` with ``-inf`` where
+        ``allowed`` is False (float); the broadcast of the two shapes.
+    """
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def merge_masks(
+    attn_mask: Tensor | None, key_mask: Tensor | None, logits_shape: tuple[int, ...]
+) -> Tensor | None:
+    """One mask (True / finite = may attend) from ``attn_mask`` and ``key_mask``, or None.
+
+    The result is only as large as the broadcast of the two: ``(b, 1, ..., 1, S)`` for a key mask
+    alone, ``(b, 1, L, S)`` for a key mask with an ``(L, S)`` mask; nothing is expanded over the
+    heads.
+
+    Args:
+        attn_mask: boolean or float, broadcastable to ``logits_shape``.
+        key_mask: boolean ``(b, S)``.
+        logits_shape: ``(b, ..., L, S)``, the shape of the logits the mask applies to.
+
+    Returns:
+        A boolean mask, a float mask (``attn_mask`` float: padding set to ``-inf``), or None.
+
+    Raises:
+        TypeError, ValueError: as :func:`check_attention_mask`, for torch's ``(b * h, L, S)``
+            layout, and for a ``key_mask`` that is not boolean ``(b, S)``.
+    """
+    batch, source_len = logits_shape[0], logits_shape[-1]
+    if (
+        isinstance(attn_mask, Tensor)
+        and attn_mask.dim() == 3
+        and len(logits_shape) == 4
+        and batch > 1
+        and attn_mask.shape[0] == batch * logits_shape[1]
+    ):
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} looks like torch's (batch * heads, L, "
+            f"S) layout; pass it as (batch, heads, L, S) = {logits_shape}, e.g. "
+            f"mask.view({', '.join(map(str, logits_shape))})"
+        )
+    check_attention_mask(attn_mask, logits_shape, "attn_mask")
+    if key_mask is None:
+        return attn_mask
+    if not isinstance(key_mask, Tensor):
+        raise TypeError(f"key_mask must be a tensor, got {type(key_mask).__name__}")
+    if key_mask.dtype != torch.bool:
+        raise TypeError(
+            f"key_mask must be boolean (True = real key, False = padding), got dtype {key_mask.dtype}"
+        )
+    if tuple(key_mask.shape) != (batch, source_len):
+        raise ValueError(
+            f"key_mask must have shape (batch, S) = {(batch, source_len)}, got {tuple(key_mask.shape)}"
+        )
+    padding = key_mask.view(batch, *([1] * (len(logits_shape) - 2)), source_len)  # (b, 1.., 1, j)
+    return restrict_mask(attn_mask, padding)  # (b, .., i, j)
+
+
+def kernel_float_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a float mask takes for queries of ``dtype``: float32 for half types (the fused
+    kernel takes that or the queries' dtype; the voting loop keeps the precision), else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def prepare_attention_mask(
+    attn_mask: Tensor | None,
+    key_mask: Tensor | None,
+    logits_shape: tuple[int, ...],
+    *,
+    is_causal: bool = False,
+    receiver_mask: Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[Tensor | None, bool]:
+    """The ``(mask, is_causal)`` that :func:`~torchvote.functional.vote` takes, from every mask form.
+
+    Args:
+        attn_mask: boolean (True = may attend) or float (added to the logits), ``(L, S)`` or
+            broadcastable to ``logits_shape``.
+        key_mask: boolean ``(b, S)``, True for a real key, False for padding.
+        logits_shape: ``(b, ..., L, S)``, the logits the mask applies to.
+        is_causal: receiver ``i`` hears only senders ``j <= i`` (top-left aligned).
+        receiver_mask: boolean ``(b, L)``, False for receivers that may take no vote (padded
+            queries in routing normalised over the receivers).
+        dtype: the queries' dtype; a float mask is cast to it (float32 for half types).
+
+    Returns:
+        ``(mask, is_causal)``: the merged mask (boolean, float, or None) and the causality. A
+        mask of exactly the ``(L, S)`` size that is causal becomes ``(None, True)``, the fused
+        kernel's fast path; a broadcast mask never does.
+
+    Raises:
+        TypeError, ValueError: as :func:`merge_masks`.
+    """
+    mask = merge_masks(attn_mask, key_mask, logits_shape)
+    if receiver_mask is not None:
+        batch, target_len = logits_shape[0], logits_shape[-2]
+        receivers = receiver_mask.view(batch, *([1] * (len(logits_shape) - 3)), target_len, 1)
+        mask = restrict_mask(mask, receivers)  # (b, .., i, j)
+    # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask
+    # broadcasts to "all allowed", not to a causal pattern.
+    if mask is not None and tuple(mask.shape) == tuple(logits_shape[-2:]) and is_causal_mask(mask):
+        mask, is_causal = None, True
+    if mask is not None and mask.is_floating_point() and dtype is not None:
+        mask = mask.to(kernel_float_dtype(dtype))
+    return mask, is_causal
+
+
+def fused_kernel_mask(
+    mask: Tensor | None, is_causal: bool, receivers: int, senders: int, dtype: torch.dtype
+) -> tuple[Tensor | None, bool]:
+    """``(mask, is_causal)`` as ``F.scaled_dot_product_attention`` takes them.
+
+    The kernel takes a mask or causality, not both, so causality is folded into a given mask; a
+    float mask is cast to the queries' ``dtype``.
+    """
+    if mask is not None and is_causal:
+        mask = restrict_mask(mask, causal_mask(receivers, senders, mask.device))  # (.., i, j)
+        is_causal = False
+    if mask is not None and mask.is_floating_point() and mask.dtype != dtype:
+        mask = mask.to(dtype)
+    return mask, is_causal
+
+
+def voting_mask(
+    mask: Tensor | None, is_causal: bool, receivers: int, senders: int, device: torch.device
+) -> Tensor | None:
+    """The boolean mask (True = may vote) of the voting loop from a boolean mask and/or causality.
+
+    A float mask is added to the logits by the loop and contributes nothing here.
+
+    Raises:
+        TypeError: a mask that is neither boolean nor floating point.
+    """
+    bool_mask = None
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            bool_mask = mask
+        elif not mask.is_floating_point():
+            raise TypeError(f"mask must be boolean or floating point, got dtype {mask.dtype}")
+    if is_causal:
+        bool_mask = restrict_mask(bool_mask, causal_mask(receivers, senders, device))
+    return bool_mask

@@ -1,0 +1,214 @@
+"""What the sequence and Transformer models share: config checks, set-up, token checks, decoding.
+
+Four models are built from the same parts: the Vision Transformer classifier, the language model,
+the Transformer encoder-decoder and the GRU encoder-decoder with attention. This module holds
+those parts once:
+
+* :class:`TransformerBackboneFields`, a mixin of the model configs that carry the Transformer
+  fields (``d_model``, ``num_heads``, ``dim_feedforward``, ``dropout``, ``activation``,
+  ``positional``, ``attention``, ``routing_iterations``): their checks, the layer config
+  (:class:`~torchvote.nn.TransformerConfig` with the softmax or routing attention) and the
+  positional encoding. The fields stay declared on each config (each model has its own
+  defaults), so config and preset names are unchanged.
+* :func:`check_special_ids`: ``pad_id``, ``bos_id``, ``eos_id`` against the vocabularies.
+* :func:`check_token_ids`: a ``(b, t)`` tensor of integer ids that fits.
+* :func:`run_stack`: a Transformer stack with or without its attention record.
+* :func:`greedy_decode` and :func:`evaluating`: the greedy loop and evaluation mode of
+  ``generate``.
+
+The modules keep their own attribute names (``token_embedding``, ``positions``, ``encoder``,
+...), so state-dict keys of presets and checkpoints do not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
+from torchvote.nn.transformer import AttentionIntermediates, TransformerConfig
+from torchvote.validation import check_choice, check_positive_int, check_probability
+
+__all__ = [
+    "TransformerBackboneFields",
+    "check_config_ints",
+    "check_special_ids",
+    "check_token_ids",
+    "evaluating",
+    "greedy_decode",
+    "run_stack",
+]
+
+_BACKBONE_INTS = ("d_model", "num_heads", "routing_iterations")
+
+
+def check_config_ints(config: Any, names: Sequence[str]) -> None:
+    """Raise a ValueError naming the first of ``names`` that is not a positive integer on ``config``."""
+    for name in names:
+        check_positive_int(getattr(config, name), name)
+
+
+class TransformerBackboneFields:
+    """Checks and builders for a model config that carries the Transformer fields.
+
+    A mixin of the model configs (dataclasses); it declares no fields itself. The config calls
+    :meth:`check_backbone` from its ``__post_init__``; the model calls :meth:`layer_config` and
+    :meth:`make_positions`.
+    """
+
+    d_model: int
+    num_heads: int
+    dim_feedforward: int | None
+    dropout: float
+    activation: str
+    positional: str
+    attention: str
+    routing_iterations: int
+
+    def check_backbone(self, *more_ints: str) -> None:
+        """Check the Transformer fields, and ``more_ints`` as positive integers.
+
+        Raises:
+            ValueError: a field out of range or inconsistent, naming it.
+        """
+        check_config_ints(self, (*_BACKBONE_INTS, *more_ints))
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if self.dim_feedforward is not None:
+            check_positive_int(self.dim_feedforward, "dim_feedforward")
+        check_probability(self.dropout, "dropout")
+        check_choice(self.activation, ("relu", "gelu"), "activation")
+        check_choice(self.positional, ("learned", "sinusoidal"), "positional")
+        check_choice(self.attention, ATTENTION_KINDS, "attention")
+
+    def layer_config(self, *, norm_first: bool) -> TransformerConfig:
+        """The config of every Transformer layer, with the configured attention."""
+        return TransformerConfig(
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            dim_feedforward=self.dim_feedforward,
+            dropout=self.dropout,
+            activation=self.activation,  # type: ignore[arg-type]
+            norm_first=norm_first,
+            attention=attention_factory(self.attention, iterations=self.routing_iterations),  # type: ignore[arg-type]
+        )
+
+    def make_positions(self, max_len: int) -> nn.Module:
+        """Learned or sinusoidal positions for sequences of up to ``max_len`` tokens."""
+        if self.positional == "learned":
+            return LearnedPositionalEmbedding(max_len, self.d_model)
+        return SinusoidalPositionalEncoding(self.d_model, max_len=max_len)
+
+
+def check_special_ids(config: Any) -> None:
+    """Check ``pad_id``, ``bos_id``, ``eos_id`` of a sequence-to-sequence config.
+
+    Raises:
+        ValueError: an id outside the target vocabulary, ids that coincide, or a ``pad_id``
+            outside the source vocabulary, naming the field.
+    """
+    for name in ("pad_id", "bos_id", "eos_id"):
+        value = getattr(config, name)
+        if not 0 <= value < config.tgt_vocab_size:
+            raise ValueError(
+                f"{name} must be a target id in [0, tgt_vocab_size={config.tgt_vocab_size}), got {value}"
+            )
+    if len({config.pad_id, config.bos_id, config.eos_id}) != 3:
+        raise ValueError(
+            f"pad_id, bos_id and eos_id must differ, got {config.pad_id}, {config.bos_id}, {config.eos_id}"
+        )
+    if config.pad_id >= config.src_vocab_size:
+        raise ValueError(
+            f"pad_id ({config.pad_id}) must be a source id too, < src_vocab_size={config.src_vocab_size}"
+        )
+
+
+def check_token_ids(
+    tokens: Tensor, argument: str, max_length: int | None = None, *, length_name: str = "max_len"
+) -> None:
+    """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor.
+
+    Args:
+        tokens: the ids to check.
+        argument: the argument's name, for the message.
+        max_length: the most tokens allowed; ``None`` for no limit.
+        length_name: the config field ``max_length`` comes from, for the message.
+
+    Raises:
+        ValueError: not a ``(b, t)`` tensor, not integer ids, no token, or too many.
+    """
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.shape[1] < 1:
+        raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")
+    if max_length is not None and tokens.shape[1] > max_length:
+        raise ValueError(
+            f"{argument} has {tokens.shape[1]} tokens, more than {length_name}={max_length}"
+        )
+
+
+def run_stack(
+    stack: nn.Module, *args: Tensor, need_weights: bool, **kwargs: Any
+) -> tuple[Tensor, AttentionIntermediates | None]:
+    """Run a Transformer stack; with ``need_weights``, also return its attention record.
+
+    Returns:
+        ``(hidden, record)``: the stack's output and its
+        :class:`~torchvote.nn.AttentionIntermediates`, or ``None`` without ``need_weights``.
+    """
+    if not need_weights:
+        return stack(*args, **kwargs), None
+    return stack(*args, return_intermediates=True, **kwargs)
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """Evaluation mode (no dropout) inside the block; the previous mode afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def greedy_decode(
+    next_logits: Callable[[Tensor], Tensor],
+    batch: int,
+    limit: int,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    device: torch.device,
+) -> Tensor:
+    """From ``<bos>``, append the most likely token until every sequence has produced ``<eos>``.
+
+    Args:
+        next_logits: ``tokens (b, t) -> (b, vocab)``, the logits of the next token.
+        batch: sequences decoded at once.
+        limit: most tokens to append.
+        bos_id, eos_id, pad_id: the start, end and padding ids (padding after a sequence ends).
+        device: where the ids live.
+
+    Returns:
+        ``(b, 1 + n)`` ids, ``<bos> y_1 ... <eos>`` then ``pad_id``; ``n <= limit``.
+    """
+    tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)  # (b, 1)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (b,)
+    for _ in range(limit):
+        next_token = next_logits(tokens).argmax(dim=-1)  # (b,)
+        next_token = next_token.masked_fill(finished, pad_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (b, t + 1)
+        finished |= next_token == eos_id
+        if bool(finished.all()):
+            break
+    return tokens

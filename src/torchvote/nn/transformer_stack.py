@@ -1,0 +1,148 @@
+"""Stacks of Transformer layers (Vaswani et al. 2017, sec. 3.1), with a final norm for pre-norm.
+
+A stack runs its layers in turn and, with ``return_intermediates=True``, returns every layer's
+attention weights in one :class:`~torchvote.nn.transformer.AttentionIntermediates` record, named
+``"layers.{n}.self_attention"`` (and ``"layers.{n}.cross_attention"`` in the decoder).
+
+All inputs are batch first ``(b, T, E)``; masks as in :mod:`torchvote.nn.transformer`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+from torchvote.nn.transformer import (
+    AttentionIntermediates,
+    TransformerConfig,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+)
+from torchvote.validation import check_positive_int
+
+__all__ = ["TransformerDecoder", "TransformerEncoder"]
+
+
+def _build_layers(
+    layer: TransformerConfig | Callable[[], nn.Module], num_layers: int, layer_class: type
+) -> nn.ModuleList:
+    check_positive_int(num_layers, "num_layers")
+    if isinstance(layer, TransformerConfig):
+        factory = functools.partial(layer_class.from_config, layer)
+    elif callable(layer):
+        factory = layer
+    else:
+        raise TypeError(
+            f"layer must be a TransformerConfig or a zero-argument callable returning a layer, got {layer!r}"
+        )
+    layers = nn.ModuleList(factory() for _ in range(num_layers))
+    if len({id(m) for m in layers}) != num_layers:
+        raise ValueError(
+            "the layer factory returned the same module twice; it must build a new layer on every call"
+        )
+    return layers
+
+
+def _final_norm(layers: nn.ModuleList, final_norm: bool | None, layer_norm_eps: float) -> nn.Module:
+    first = layers[0]
+    if final_norm is None:
+        final_norm = bool(getattr(first, "norm_first", False))
+    if not final_norm:
+        return nn.Identity()
+    if not hasattr(first, "d_model"):
+        raise ValueError("final_norm needs the layers to expose d_model")
+    return nn.LayerNorm(first.d_model, eps=layer_norm_eps)
+
+
+class _TransformerStack(nn.Module):
+    """Layers built from a config or factory, run in turn, then the final norm (if any)."""
+
+    layer_class: type
+
+    def __init__(
+        self,
+        layer: TransformerConfig | Callable[[], nn.Module],
+        num_layers: int,
+        *,
+        final_norm: bool | None = None,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.layers = _build_layers(layer, num_layers, self.layer_class)
+        self.norm = _final_norm(self.layers, final_norm, layer_norm_eps)
+
+    def forward(
+        self, x: Tensor, *args: Tensor, return_intermediates: bool = False, **options: Any
+    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+        """Run ``x`` ``(b, T, E)`` (and any further inputs, e.g. the memory) through every layer.
+
+        Args:
+            x: ``(b, T, E)``.
+            *args: further positional inputs of every layer (the decoder's ``memory``).
+            return_intermediates: also return every layer's attention weights.
+            **options: the masks and ``is_causal``, passed to every layer as its ``forward``
+                names them.
+
+        Returns:
+            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)``, the record
+            holding each layer's weights under ``"layers.{n}."`` + the layer's names.
+        """
+        record = AttentionIntermediates()
+        if return_intermediates:  # only then: a custom layer need not know the argument
+            options["return_intermediates"] = True
+        for index, layer in enumerate(self.layers):
+            x = layer(x, *args, **options)
+            if return_intermediates:
+                x, layer_record = x
+                record.add(f"layers.{index}", layer_record)
+        x = self.norm(x)  # (b, T, E)
+        return (x, record) if return_intermediates else x
+
+
+class TransformerEncoder(_TransformerStack):
+    """A stack of encoder layers, with a final layer norm for pre-norm layers.
+
+    Args:
+        layer: a :class:`TransformerConfig` (every layer built from it) or a zero-argument
+            callable returning a new layer on every call (e.g.
+            ``lambda: TransformerEncoderLayer(512, 8, norm_first=True)``).
+        num_layers: number of layers.
+        final_norm: end with a layer norm; default: when the layers are pre-norm (post-norm
+            layers end in a norm already).
+        layer_norm_eps: the final norm's epsilon.
+
+    ``forward(inputs, *, attn_mask, key_mask, is_causal, return_intermediates)`` takes the masks
+    of :meth:`TransformerEncoderLayer.forward`; the record names ``"layers.{n}.self_attention"``.
+
+    Raises:
+        ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
+        TypeError: ``layer`` is neither a config nor a callable.
+    """
+
+    layer_class = TransformerEncoderLayer
+
+
+class TransformerDecoder(_TransformerStack):
+    """A stack of decoder layers, with a final layer norm for pre-norm layers.
+
+    Args:
+        layer: a :class:`TransformerConfig` or a zero-argument callable returning a new
+            decoder layer on every call.
+        num_layers: number of layers.
+        final_norm: end with a layer norm; default: when the layers are pre-norm.
+        layer_norm_eps: the final norm's epsilon.
+
+    ``forward(target, memory, *, target_mask, target_key_mask, memory_mask, memory_key_mask,
+    is_causal, return_intermediates)`` takes the masks of :meth:`TransformerDecoderLayer.forward`
+    (causal by default); the record names ``"layers.{n}.self_attention"`` and
+    ``"layers.{n}.cross_attention"`` in call order.
+
+    Raises:
+        ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
+        TypeError: ``layer`` is neither a config nor a callable.
+    """
+
+    layer_class = TransformerDecoderLayer
