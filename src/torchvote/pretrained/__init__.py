@@ -6,8 +6,21 @@
 voting with the same weights.
 """
 
-from torchvote.pretrained.bert import BertConfig, BertEmbeddings, BertEncoder, BertLayer, EncoderOutput, mean_pool
-from torchvote.pretrained.loading import PRETRAINED, bert_state_dict, list_pretrained, load_pretrained, model_files
+from torchvote.pretrained.bert import (
+    BertConfig,
+    BertEmbeddings,
+    BertEncoder,
+    BertLayer,
+    EncoderOutput,
+    mean_pool,
+)
+from torchvote.pretrained.loading import (
+    PRETRAINED,
+    bert_state_dict,
+    list_pretrained,
+    load_pretrained,
+    model_files,
+)
 from torchvote.pretrained.tokenizer import TokenBatch, WordPieceTokenizer, check_sentences
 
 __all__ = [
