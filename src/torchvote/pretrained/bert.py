@@ -69,7 +69,8 @@ class BertConfig:
             raise ValueError(f"config hidden_act must be 'gelu', got {values['hidden_act']!r}")
         if values.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(
-                f"config position_embedding_type must be 'absolute', got {values['position_embedding_type']!r}"
+                "config position_embedding_type must be 'absolute', got "
+                f"{values['position_embedding_type']!r}"
             )
         names = cls.__dataclass_fields__
         return cls(**{key: value for key, value in values.items() if key in names})
@@ -224,7 +225,9 @@ class BertEncoder(nn.Module):
 
     def _require_tokenizer(self):
         if self.tokenizer is None:
-            raise ValueError("this encoder has no tokenizer; build it with torchvote.pretrained.load_pretrained")
+            raise ValueError(
+                "this encoder has no tokenizer; build it with torchvote.pretrained.load_pretrained"
+            )
         return self.tokenizer
 
     @torch.no_grad()

@@ -132,7 +132,9 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
         mapped[f"layers.{index}.attention.in_proj.{kind}"] = torch.cat([parts[p] for p in _QKV], dim=0)
     for name, tensor in mapped.items():
         if name not in expected:
-            raise ValueError(f"checkpoint maps to {name!r}, which this encoder does not have (too many layers?)")
+            raise ValueError(
+                f"checkpoint maps to {name!r}, which this encoder does not have (too many layers?)"
+            )
         if tensor.shape != expected[name].shape:
             raise ValueError(
                 f"checkpoint tensor for {name!r} has shape {tuple(tensor.shape)}, expected "
@@ -179,8 +181,10 @@ def load_pretrained(
         raise ValueError(f"{name}: only mean pooling is implemented, pooling config is {pooling}")
     if max_length is None:
         max_length = config.max_position_embeddings
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 3 <= max_length <= (
-        config.max_position_embeddings
+    if (
+        isinstance(max_length, bool)
+        or not isinstance(max_length, int)
+        or not 3 <= max_length <= (config.max_position_embeddings)
     ):
         raise ValueError(
             f"max_length must be an integer in [3, {config.max_position_embeddings}], got {max_length!r}"
