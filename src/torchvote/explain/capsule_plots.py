@@ -184,9 +184,12 @@ def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str 
 def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
     """Decoder outputs for perturbed poses, one row per dimension (Sabour et al. 2017, Fig. 4).
 
+    Drawn as one mosaic image (fast for 16 x 11 tiles) with a 1-pixel gap between tiles.
+
     Args:
-        images: ``(d, s, H, W)`` reconstructions of :func:`~torchvote.explain.statistics.perturbation_poses`
-            (16 dimensions x 11 steps in the paper).
+        images: ``(d, s, H, W)`` reconstructions of
+            :func:`~torchvote.explain.statistics.perturbation_poses` (16 dimensions x 11 steps in
+            the paper), values in ``[0, 1]``.
         span: the largest perturbation (for the column labels).
         title: figure title.
 
@@ -194,20 +197,23 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
         The Figure.
     """
     images = _images(images, "images", (4,))
-    dims, steps = images.shape[:2]
-    figure, axes = new_figure(dims, steps, size=(0.8 + 0.55 * steps, 0.4 + 0.55 * dims))
-    deltas = torch.linspace(-span, span, steps)
+    dims, steps, height, width = images.shape
+    mosaic = torch.ones(dims * (height + 1) - 1, steps * (width + 1) - 1)  # white gaps
     for k in range(dims):
         for s in range(steps):
-            ax = axes[k, s]
-            ax.imshow(images[k, s].numpy(), cmap="gray", vmin=0.0, vmax=1.0)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if k == 0:
-                ax.set_title(f"{float(deltas[s]):+.2f}", fontsize=6)
-        axes[k, 0].set_ylabel(f"dim {k}", fontsize=6, rotation=0, ha="right", va="center")
+            mosaic[k * (height + 1) : k * (height + 1) + height, s * (width + 1) : s * (width + 1) + width] = images[k, s]
+    figure, axes = new_figure(size=(1.2 + 0.5 * steps, 0.6 + 0.5 * dims))
+    ax = axes[0, 0]
+    ax.imshow(mosaic.numpy(), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+    deltas = torch.linspace(-span, span, steps)
+    ax.set_xticks([s * (width + 1) + width / 2 - 0.5 for s in range(steps)], [f"{round(float(v), 6) + 0.0:+.2f}" for v in deltas],
+                  fontsize=7)
+    ax.set_yticks([k * (height + 1) + height / 2 - 0.5 for k in range(dims)], [f"dim {k}" for k in range(dims)],
+                  fontsize=7)
+    ax.set_xlabel("perturbation added to the dimension")
+    ax.tick_params(length=0)
     if title:
-        figure.suptitle(title, fontsize=9)
+        ax.set_title(title, fontsize=9)
     return figure
 
 
