@@ -22,7 +22,9 @@ def _matrix(weights, name: str, dims: tuple[int, ...]) -> Tensor:
     if not isinstance(weights, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(weights).__name__}")
     if weights.dim() not in dims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(weights.shape)}")
+        raise ValueError(
+            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(weights.shape)}"
+        )
     return weights.detach().float().cpu()
 
 
@@ -74,8 +76,15 @@ def attention_heatmap(
         for i in range(weights.shape[0]):
             for j in range(weights.shape[1]):
                 value = float(weights[i, j])
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if value > threshold else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if value > threshold else "black",
+                )
     figure.colorbar(image, ax=ax, shrink=0.8, label="weight")
     return figure
 
@@ -159,14 +168,35 @@ def token_attention_lines(
     ax = axes[0, 0]
     top = max(len(left), len(right)) - 1
     for i, token in enumerate(left):
-        ax.text(0.0, top - i, token, ha="right", va="center", fontsize=10,
-                fontweight="bold" if i == query else "normal", color="black" if i == query else "0.55")
+        ax.text(
+            0.0,
+            top - i,
+            token,
+            ha="right",
+            va="center",
+            fontsize=10,
+            fontweight="bold" if i == query else "normal",
+            color="black" if i == query else "0.55",
+        )
     for j, token in enumerate(right):
         share = float(row[j]) / strongest
-        ax.text(1.0, top - j, f"{token}  {float(row[j]):.2f}", ha="left", va="center", fontsize=10,
-                color=(0.05, 0.2 + 0.2 * (1 - share), 0.5 + 0.3 * share) if share > 0.2 else "0.45")
-        ax.plot([0.04, 0.96], [top - query, top - j], color="tab:blue", alpha=0.15 + 0.85 * share,
-                linewidth=0.5 + 7.0 * share, solid_capstyle="round")
+        ax.text(
+            1.0,
+            top - j,
+            f"{token}  {float(row[j]):.2f}",
+            ha="left",
+            va="center",
+            fontsize=10,
+            color=(0.05, 0.2 + 0.2 * (1 - share), 0.5 + 0.3 * share) if share > 0.2 else "0.45",
+        )
+        ax.plot(
+            [0.04, 0.96],
+            [top - query, top - j],
+            color="tab:blue",
+            alpha=0.15 + 0.85 * share,
+            linewidth=0.5 + 7.0 * share,
+            solid_capstyle="round",
+        )
     ax.set_xlim(-0.9, 1.9)
     ax.set_ylim(-0.7, top + 0.7)
     ax.axis("off")

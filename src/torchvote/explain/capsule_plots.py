@@ -30,7 +30,9 @@ def _images(value, name: str, dims: tuple[int, ...]) -> Tensor:
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
     if value.dim() not in dims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(value.shape)}")
+        raise ValueError(
+            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(value.shape)}"
+        )
     return value.detach().float().cpu()
 
 
@@ -58,8 +60,9 @@ def coupling_passes(couplings: Tensor, *, title: str = "", input_labels=None, ou
     vmax = max(float(couplings.max()), 1e-6)
     for t in range(passes):
         ax = axes[0, t]
-        image = ax.imshow(couplings[t].numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto",
-                          interpolation="nearest")
+        image = ax.imshow(
+            couplings[t].numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest"
+        )
         ax.set_title(f"pass {t + 1}", fontsize=9)
         ax.set_xlabel("input capsule j")
         if output_labels is not None:
@@ -93,7 +96,9 @@ def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, titl
     if agreement is not None:
         agreement = _images(agreement, "agreement", (1,))
         if agreement.shape != entropy.shape:
-            raise ValueError(f"agreement must have entropy's shape {tuple(entropy.shape)}, got {tuple(agreement.shape)}")
+            raise ValueError(
+                f"agreement must have entropy's shape {tuple(entropy.shape)}, got {tuple(agreement.shape)}"
+            )
         axes[0, 1].plot(passes, agreement.numpy(), marker="o", color="tab:green")
         axes[0, 1].set_title("mean agreement u_hat . v", fontsize=9)
     for ax in axes[0]:
@@ -134,10 +139,26 @@ def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str
     scale = 400.0 / max(float(weights.max()), 1e-6)
     for t in range(passes):
         ax = axes[0, t]
-        ax.scatter(points[:, 0], points[:, 1], s=4 + scale * weights[t].numpy(), alpha=0.45, color="tab:blue",
-                   edgecolors="none", label="votes (size = coupling)")
-        ax.scatter(centres[t, 0], centres[t, 1], marker="*", s=260, color="tab:red", edgecolors="black",
-                   linewidths=0.6, label="consensus", zorder=3)
+        ax.scatter(
+            points[:, 0],
+            points[:, 1],
+            s=4 + scale * weights[t].numpy(),
+            alpha=0.45,
+            color="tab:blue",
+            edgecolors="none",
+            label="votes (size = coupling)",
+        )
+        ax.scatter(
+            centres[t, 0],
+            centres[t, 1],
+            marker="*",
+            s=260,
+            color="tab:red",
+            edgecolors="black",
+            linewidths=0.6,
+            label="consensus",
+            zorder=3,
+        )
         ax.set_title(f"pass {t + 1}", fontsize=9)
         ax.set_xlabel(f"PC1 ({100 * float(explained[0]):.0f}%)")
         ax.grid(alpha=0.3)
@@ -201,15 +222,23 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
     mosaic = torch.ones(dims * (height + 1) - 1, steps * (width + 1) - 1)  # white gaps
     for k in range(dims):
         for s in range(steps):
-            mosaic[k * (height + 1) : k * (height + 1) + height, s * (width + 1) : s * (width + 1) + width] = images[k, s]
+            mosaic[
+                k * (height + 1) : k * (height + 1) + height, s * (width + 1) : s * (width + 1) + width
+            ] = images[k, s]
     figure, axes = new_figure(size=(1.2 + 0.5 * steps, 0.6 + 0.5 * dims))
     ax = axes[0, 0]
     ax.imshow(mosaic.numpy(), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
     deltas = torch.linspace(-span, span, steps)
-    ax.set_xticks([s * (width + 1) + width / 2 - 0.5 for s in range(steps)], [f"{round(float(v), 6) + 0.0:+.2f}" for v in deltas],
-                  fontsize=7)
-    ax.set_yticks([k * (height + 1) + height / 2 - 0.5 for k in range(dims)], [f"dim {k}" for k in range(dims)],
-                  fontsize=7)
+    ax.set_xticks(
+        [s * (width + 1) + width / 2 - 0.5 for s in range(steps)],
+        [f"{round(float(v), 6) + 0.0:+.2f}" for v in deltas],
+        fontsize=7,
+    )
+    ax.set_yticks(
+        [k * (height + 1) + height / 2 - 0.5 for k in range(dims)],
+        [f"dim {k}" for k in range(dims)],
+        fontsize=7,
+    )
     ax.set_xlabel("perturbation added to the dimension")
     ax.tick_params(length=0)
     if title:
@@ -217,7 +246,9 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
     return figure
 
 
-def multimnist_reconstructions(inputs: Tensor, first: Tensor, second: Tensor, *, labels=None, title: str = ""):
+def multimnist_reconstructions(
+    inputs: Tensor, first: Tensor, second: Tensor, *, labels=None, title: str = ""
+):
     """MultiMNIST inputs above both digits' reconstructions overlaid in two colours.
 
     The first digit's reconstruction goes in red, the second's in green (overlap shows yellow),
@@ -240,7 +271,9 @@ def multimnist_reconstructions(inputs: Tensor, first: Tensor, second: Tensor, *,
     count = inputs.shape[0]
     figure, axes = new_figure(2, count, size=(0.4 + 1.2 * count, 2.9))
     for n in range(count):
-        colour = torch.stack([first[n], second[n], torch.zeros_like(first[n])], dim=-1).clamp(0, 1)  # (H, W, 3)
+        colour = torch.stack([first[n], second[n], torch.zeros_like(first[n])], dim=-1).clamp(
+            0, 1
+        )  # (H, W, 3)
         axes[0, n].imshow(inputs[n].numpy(), cmap="gray", vmin=0.0, vmax=1.0)
         axes[1, n].imshow(colour.numpy())
         for ax in axes[:, n]:

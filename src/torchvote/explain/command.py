@@ -27,16 +27,36 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     Returns:
         ``parser``.
     """
-    parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
-                        help="sentences to explain (default: the reference articles' examples)")
-    parser.add_argument("--out", type=Path, default=Path("runs/explain"), metavar="DIR",
-                        help="folder for index.html and the PNG/SVG files (default: runs/explain)")
-    parser.add_argument("--checkpoint", type=Path, default=None, metavar="RUN",
-                        help="a record of a trained capsule model's tensors (.safetensors/.pt) or a run folder "
-                        "holding explain_record.safetensors: adds routing, reconstruction and perturbation pictures")
+    parser.add_argument(
+        "sentences",
+        nargs="*",
+        metavar="SENTENCE",
+        help="sentences to explain (default: the reference articles' examples)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/explain"),
+        metavar="DIR",
+        help="folder for index.html and the PNG/SVG files (default: runs/explain)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        metavar="RUN",
+        help="a record of a trained capsule model's tensors (.safetensors/.pt) or a run folder "
+        "holding explain_record.safetensors: adds routing, reconstruction and perturbation pictures",
+    )
     parser.add_argument("--layer", type=int, default=2, help="layer shown in the heatmaps and made to route")
-    parser.add_argument("--iterations", type=int, nargs="+", default=[2, 3, 5], metavar="R",
-                        help="passes of voting for the routing variant (default: 2 3 5)")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        nargs="+",
+        default=[2, 3, 5],
+        metavar="R",
+        help="passes of voting for the routing variant (default: 2 3 5)",
+    )
     return parser
 
 
@@ -62,8 +82,13 @@ def run_explain(args: argparse.Namespace) -> int:
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            explain_sentences(args.sentences or None, args.out, layer=args.layer,
-                              iterations=tuple(args.iterations), report=report)
+            explain_sentences(
+                args.sentences or None,
+                args.out,
+                layer=args.layer,
+                iterations=tuple(args.iterations),
+                report=report,
+            )
         for warning in caught:
             print(f"torchvote explain: notice: {warning.message}", file=sys.stderr)
         if record is not None:

@@ -36,7 +36,9 @@ def new_figure(rows: int = 1, cols: int = 1, *, size: tuple[float, float], **kwa
     return plt.subplots(rows, cols, figsize=size, layout="constrained", squeeze=False, **kwargs)
 
 
-def save_figure(figure, stem: str | Path, *, formats: Sequence[str] = ("png", "svg"), dpi: int = 120) -> list[Path]:
+def save_figure(
+    figure, stem: str | Path, *, formats: Sequence[str] = ("png", "svg"), dpi: int = 120
+) -> list[Path]:
     """Save ``figure`` as ``stem.png`` and ``stem.svg`` (folders created), then close it.
 
     Args:

@@ -121,50 +121,82 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
         couplings = record["couplings"].float()
         if couplings.dim() != 4:
             raise ValueError(f"record 'couplings' must be (t, b, i, j), got {tuple(couplings.shape)}")
-        report.figure(plots.coupling_passes(couplings[:, 0], title="couplings of input 0"), "couplings",
-                      caption="Couplings c_ij of input 0 after each pass (rows: output capsules).")
+        report.figure(
+            plots.coupling_passes(couplings[:, 0], title="couplings of input 0"),
+            "couplings",
+            caption="Couplings c_ij of input 0 after each pass (rows: output capsules).",
+        )
         entropy = coupling_entropy(couplings)  # (t,)
         agreement = routing_agreement(record["votes"], record["outputs"]) if has("votes", "outputs") else None
-        rows = [[t + 1, float(entropy[t]), "" if agreement is None else float(agreement[t])]
-                for t in range(entropy.shape[0])]
-        report.figure(plots.routing_statistics(entropy, agreement), "routing-statistics",
-                      caption=f"Mean over {couplings.shape[1]} inputs, per pass.",
-                      table=(["pass", "coupling entropy (nats)", "agreement u_hat . v"], rows))
+        rows = [
+            [t + 1, float(entropy[t]), "" if agreement is None else float(agreement[t])]
+            for t in range(entropy.shape[0])
+        ]
+        report.figure(
+            plots.routing_statistics(entropy, agreement),
+            "routing-statistics",
+            caption=f"Mean over {couplings.shape[1]} inputs, per pass.",
+            table=(["pass", "coupling entropy (nats)", "agreement u_hat . v"], rows),
+        )
         if "votes" in record and "outputs" in record:
             votes, outputs = record["votes"].float(), record["outputs"].float()  # (b, i, j, d), (t, b, i, d)
             winner = int(outputs[-1, 0].norm(dim=-1).argmax())  # the longest output capsule
             report.figure(
-                plots.vote_passes(votes[0, winner], couplings[:, 0, winner], outputs[:, 0, winner],
-                                  title=f"votes for output capsule {winner}"),
+                plots.vote_passes(
+                    votes[0, winner],
+                    couplings[:, 0, winner],
+                    outputs[:, 0, winner],
+                    title=f"votes for output capsule {winner}",
+                ),
                 "votes-2d",
                 caption=f"Input 0's votes for capsule {winner} (PCA); marker size = coupling; star = output.",
-                table=(["pass", "output length"], [[t + 1, float(outputs[t, 0, winner].norm())]
-                                                   for t in range(outputs.shape[0])]),
+                table=(
+                    ["pass", "output length"],
+                    [[t + 1, float(outputs[t, 0, winner].norm())] for t in range(outputs.shape[0])],
+                ),
             )
     if has("inputs", "reconstructions"):
         inputs, outputs = record["inputs"][:10].float(), record["reconstructions"][:10].float()
         errors = (inputs - outputs).flatten(1).square().mean(1)  # (N,)
-        report.figure(plots.reconstructions(inputs, outputs), "reconstructions",
-                      caption="Inputs (top) and the decoder's reconstructions from the winning capsule.",
-                      table=(["input", "mean squared error"], [[n, float(e)] for n, e in enumerate(errors)]))
+        report.figure(
+            plots.reconstructions(inputs, outputs),
+            "reconstructions",
+            caption="Inputs (top) and the decoder's reconstructions from the winning capsule.",
+            table=(["input", "mean squared error"], [[n, float(e)] for n, e in enumerate(errors)]),
+        )
     if has("perturbations"):
         grid = record["perturbations"].float()
-        report.figure(plots.perturbation_grid(grid), "perturbations",
-                      caption="Each row tweaks one capsule dimension in [-0.25, 0.25] (Sabour et al. 2017, Fig. 4).",
-                      table=(["dimension", "mean |change| vs centre"],
-                             [[k, float((grid[k] - grid[k, grid.shape[1] // 2]).abs().mean())]
-                              for k in range(grid.shape[0])]))
+        report.figure(
+            plots.perturbation_grid(grid),
+            "perturbations",
+            caption="Each row tweaks one capsule dimension in [-0.25, 0.25] (Sabour et al. 2017, Fig. 4).",
+            table=(
+                ["dimension", "mean |change| vs centre"],
+                [
+                    [k, float((grid[k] - grid[k, grid.shape[1] // 2]).abs().mean())]
+                    for k in range(grid.shape[0])
+                ],
+            ),
+        )
     if has("multimnist_inputs", "multimnist_first", "multimnist_second"):
         report.figure(
-            plots.multimnist_reconstructions(record["multimnist_inputs"][:8], record["multimnist_first"][:8],
-                                             record["multimnist_second"][:8]),
-            "multimnist", caption="MultiMNIST inputs; first digit's reconstruction red, second's green.")
+            plots.multimnist_reconstructions(
+                record["multimnist_inputs"][:8],
+                record["multimnist_first"][:8],
+                record["multimnist_second"][:8],
+            ),
+            "multimnist",
+            caption="MultiMNIST inputs; first digit's reconstruction red, second's green.",
+        )
     if has("patch_image", "patch_attention", "patch_grid"):
         grid = tuple(int(v) for v in record["patch_grid"].tolist())
         weights = record["patch_attention"].float()
-        report.figure(plots.patch_attention_overlay(record["patch_image"], weights, grid), "patch-attention",
-                      caption="A ViT's attention from [CLS] to the image patches.",
-                      table=(["patch", "weight"], [[p, float(w)] for p, w in enumerate(weights)]))
+        report.figure(
+            plots.patch_attention_overlay(record["patch_image"], weights, grid),
+            "patch-attention",
+            caption="A ViT's attention from [CLS] to the image patches.",
+            table=(["patch", "weight"], [[p, float(w)] for p, w in enumerate(weights)]),
+        )
     notices = [f"Picture skipped: the record {need}; {_HOW}." for need in dict.fromkeys(missing)]
     for notice in notices:
         report.text(notice, notice=True)

@@ -23,7 +23,8 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width:
 h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-top: 1rem; }
 h3 { font-size: 1.05rem; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
-figcaption { font-size: 0.9rem; color: #444; } .files { font-family: monospace; font-size: 0.8rem; color: #666; }
+figcaption { font-size: 0.9rem; color: #444; }
+.files { font-family: monospace; font-size: 0.8rem; color: #666; }
 table { border-collapse: collapse; margin: 0.6rem 0 1.2rem; font-size: 0.85rem; }
 th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: left; } th { background: #f3f3f3; }
 .notice { background: #fff4d6; border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; }
@@ -64,7 +65,7 @@ class HtmlReport:
         if level == 2:
             anchor = f"s{len(self._sections)}"
             self._sections.append((anchor, text))
-        self._parts.append(f'<h{level}{f" id={anchor!r}" if anchor else ""}>{html.escape(text)}</h{level}>')
+        self._parts.append(f"<h{level}{f' id={anchor!r}' if anchor else ''}>{html.escape(text)}</h{level}>")
 
     def text(self, text: str, *, notice: bool = False) -> None:
         """Add a paragraph (escaped); ``notice`` highlights it (truncation, missing inputs)."""
@@ -131,7 +132,9 @@ class HtmlReport:
             "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             '<meta name=viewport content="width=device-width, initial-scale=1">'
             f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head><body>"
-            f"<h1>{html.escape(self.title)}</h1><nav>{toc}</nav>" + "\n".join(self._parts) + "</body></html>\n"
+            f"<h1>{html.escape(self.title)}</h1><nav>{toc}</nav>"
+            + "\n".join(self._parts)
+            + "</body></html>\n"
         )
 
     def write(self, name: str = "index.html") -> Path:

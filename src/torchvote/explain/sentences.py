@@ -146,11 +146,16 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
         )
     shown = min(length, SHOWN_TOKENS)
     if shown < length:
-        report.text(f"Pictures show the first {shown} of {length} tokens; tables use all of them.", notice=True)
+        report.text(
+            f"Pictures show the first {shown} of {length} tokens; tables use all of them.", notice=True
+        )
     labels = tokens[:shown]
     averaged = weights[layer].mean(dim=0)  # (i, j)
     stem = f"s{number + 1}"
-    rows = [[tokens[i], *(f"{t} {w:.3f}" for t, w in top_attended(averaged, tokens, i, k=3)[0])] for i in range(length)]
+    rows = [
+        [tokens[i], *(f"{t} {w:.3f}" for t, w in top_attended(averaged, tokens, i, k=3)[0])]
+        for i in range(length)
+    ]
     report.figure(
         attention_heatmap(averaged[:shown, :shown], labels, title=f"layer {layer}, mean of heads"),
         f"{stem}-heatmap-layer{layer}",
@@ -173,10 +178,15 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
     ]
     if focus < shown:
         report.figure(
-            token_attention_lines(averaged[:shown, :shown], labels, focus,
-                                  title=f"{tokens[focus]!r} in layer {layer} (mean of heads)"),
+            token_attention_lines(
+                averaged[:shown, :shown],
+                labels,
+                focus,
+                title=f"{tokens[focus]!r} in layer {layer} (mean of heads)",
+            ),
             f"{stem}-lines-layer{layer}",
-            caption=f"Where {tokens[focus]!r} looks in layer {layer}: line width and opacity follow the weight.",
+            caption=f"Where {tokens[focus]!r} looks in layer {layer}: line width and opacity follow the "
+            "weight.",
             table=(["head", "top 1", "top 2", "top 3"], head_rows),
         )
     rollout = attention_rollout(weights)  # (i, j)
@@ -185,7 +195,10 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
         f"{stem}-rollout",
         caption="Attention rollout (Abnar & Zuidema 2020): 0.5 W + 0.5 I per layer, rows renormalised, "
         "multiplied through all layers.",
-        table=(["key", f"rollout from {tokens[focus]!r}"], [[t, float(rollout[focus, j])] for j, t in enumerate(tokens)]),
+        table=(
+            ["key", f"rollout from {tokens[focus]!r}"],
+            [[t, float(rollout[focus, j])] for j, t in enumerate(tokens)],
+        ),
     )
 
 
@@ -197,9 +210,9 @@ def attention_rollout_figure(rollout, tokens):
 def _routing_section(report: HtmlReport, model, record, examples, layer: int, iterations) -> None:
     report.heading(f"Layer {layer} as r passes of voting")
     report.text(
-        f"Layer {layer}'s attention replaced by torchvote.nn.RoutingAttention with the same weights: pass 1 is "
-        "the pretrained attention; each later pass adds the agreement v_j . out_i / sqrt(d) to the logits "
-        "(dynamic routing's update, Sabour et al. 2017). 'senders' keeps the softmax over keys (attention); "
+        f"Layer {layer}'s attention replaced by torchvote.nn.RoutingAttention with the same weights: "
+        "pass 1 is the pretrained attention; each later pass adds the agreement v_j . out_i / sqrt(d) "
+        "to the logits (dynamic routing's update, Sabour et al. 2017). 'senders' keeps the softmax over keys (attention); "
         "'receivers' normalises over queries (capsule routing). Nothing is retrained."
     )
     texts = [example.sentence for example in examples]
@@ -225,8 +238,10 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     for normalize_over, style in (("senders", "-o"), ("receivers", "--s")):
         for n, example in enumerate(examples):
             values = [1.0] + [similarities[normalize_over][k][n] for k in range(len(iterations))]
-            ax.plot([1, *iterations], values, style, label=f"{normalize_over}: {example.sentence[:28]}", alpha=0.8)
-    ax.set_xlabel("passes of voting in layer %d" % layer)
+            ax.plot(
+                [1, *iterations], values, style, label=f"{normalize_over}: {example.sentence[:28]}", alpha=0.8
+            )
+    ax.set_xlabel(f"passes of voting in layer {layer}")
     ax.set_ylabel("cosine to softmax embedding")
     ax.set_xticks([1, *iterations])
     ax.grid(alpha=0.3)
@@ -244,20 +259,22 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
         table=(["sentence", "normalize over", "passes", "cosine similarity"], rows),
     )
     r = max(iterations)
-    for n, example in enumerate(examples[:4]):
+    for n in range(min(len(examples), 4)):
         tokens = record.tokens[n][:SHOWN_TOKENS]
         length = len(tokens)
         routed = routed_records[("senders", r)].attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
         before = record.attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
+        changed = (routed - before).abs().argmax(dim=-1).tolist()  # (i,): the key that moved most
         report.figure(
             attention_heatmap(routed, tokens, title=f"layer {layer} after {r} passes (senders)"),
             f"s{n + 1}-routing-layer{layer}-r{r}",
             caption=f"Sentence {n + 1}: layer {layer}'s last-pass weights after {r} passes, mean of heads.",
             table=(
                 ["query", "largest change", "weight before", "weight after"],
-                [[tokens[i], tokens[int((routed[i] - before[i]).abs().argmax())],
-                  float(before[i, int((routed[i] - before[i]).abs().argmax())]),
-                  float(routed[i, int((routed[i] - before[i]).abs().argmax())])] for i in range(length)],
+                [
+                    [tokens[i], tokens[j], float(before[i, j]), float(routed[i, j])]
+                    for i, j in enumerate(changed)
+                ],
             ),
         )
 

@@ -30,7 +30,9 @@ def _tensor(value, name: str, *, dims: Sequence[int]) -> Tensor:
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
     if value.dim() not in dims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(value.shape)}")
+        raise ValueError(
+            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(value.shape)}"
+        )
     return value.detach().float().cpu()
 
 
@@ -65,16 +67,22 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
         if weights.dim() == 3:
             weights = weights.mean(dim=0)  # (i, j): average the heads
         if weights.shape[0] != weights.shape[1]:
-            raise ValueError(f"attentions[{index}] must be square (self-attention), got {tuple(weights.shape)}")
+            raise ValueError(
+                f"attentions[{index}] must be square (self-attention), got {tuple(weights.shape)}"
+            )
         mixed = residual * torch.eye(weights.shape[0]) + (1.0 - residual) * weights  # (i, j)
         mixed = mixed / mixed.sum(dim=-1, keepdim=True).clamp(min=1e-12)
         if rollout is not None and rollout.shape != mixed.shape:
-            raise ValueError(f"attentions[{index}] has shape {tuple(weights.shape)}, unlike the layers before")
+            raise ValueError(
+                f"attentions[{index}] has shape {tuple(weights.shape)}, unlike the layers before"
+            )
         rollout = mixed if rollout is None else mixed @ rollout  # later layers act on the left
     return rollout
 
 
-def top_attended(weights: Tensor, tokens: Sequence[str], query: int, *, k: int = 3) -> list[list[tuple[str, float]]]:
+def top_attended(
+    weights: Tensor, tokens: Sequence[str], query: int, *, k: int = 3
+) -> list[list[tuple[str, float]]]:
     """The ``k`` keys each head weighs most for one query token.
 
     Args:
@@ -159,7 +167,8 @@ def routing_agreement(votes: Tensor, outputs: Tensor, *, cosine: bool = False) -
         outputs = outputs.unsqueeze(1)  # (t, 1, i, d)
     if outputs.shape[1:] != (votes.shape[0], votes.shape[1], votes.shape[3]):
         raise ValueError(
-            f"outputs (t, b, i, d) must match votes (b, i, j, d) = {tuple(votes.shape)}, got {tuple(outputs.shape)}"
+            f"outputs (t, b, i, d) must match votes (b, i, j, d) = {tuple(votes.shape)}, got "
+            f"{tuple(outputs.shape)}"
         )
     if cosine:
         votes, outputs = F.normalize(votes, dim=-1), F.normalize(outputs, dim=-1)
