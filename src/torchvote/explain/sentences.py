@@ -212,8 +212,8 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     report.text(
         f"Layer {layer}'s attention replaced by torchvote.nn.RoutingAttention with the same weights: "
         "pass 1 is the pretrained attention; each later pass adds the agreement v_j . out_i / sqrt(d) "
-        "to the logits (dynamic routing's update, Sabour et al. 2017). 'senders' keeps the softmax over keys (attention); "
-        "'receivers' normalises over queries (capsule routing). Nothing is retrained."
+        "to the logits (dynamic routing's update, Sabour et al. 2017). 'senders' keeps the softmax "
+        "over keys (attention); 'receivers' normalises over queries (capsule routing). Nothing is retrained."
     )
     texts = [example.sentence for example in examples]
     with torch.no_grad():
