@@ -28,8 +28,10 @@ CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-st
 def _browser() -> str:
     found = os.environ.get("TORCHVOTE_CHROMIUM") or next(filter(None, map(shutil.which, CANDIDATES)), None)
     if not found:
-        pytest.skip(f"no Chromium found (looked for {', '.join(CANDIDATES)} and TORCHVOTE_CHROMIUM); "
-                    "run .ci/install-browser.sh")
+        pytest.skip(
+            f"no Chromium found (looked for {', '.join(CANDIDATES)} and TORCHVOTE_CHROMIUM); "
+            "run .ci/install-browser.sh"
+        )
     return found
 
 
@@ -40,7 +42,7 @@ def report_page(tmp_path_factory) -> Path:
     report = HtmlReport("torchvote explain (browser test)", out)
     report.heading("Attention")
     weights = torch.softmax(torch.randn(7, 7, generator=torch.Generator().manual_seed(0)), dim=-1)
-    tokens = "the train left the station on time".split()
+    tokens = ["the", "train", "left", "the", "station", "on", "time"]
     report.figure(attention_heatmap(weights, tokens, title="random weights"), "heatmap", caption="heatmap")
     explain_record(synthetic_record(), report)
     try:
@@ -51,21 +53,24 @@ def report_page(tmp_path_factory) -> Path:
     except ModuleNotFoundError:
         model = None  # the capsule pictures alone still exercise the page
     if model is not None:
-        explain_sentences(["Alice wrote a note and gave it to Bob"], out, model=model, iterations=(3,),
-                          report=report)
+        explain_sentences(
+            ["Alice wrote a note and gave it to Bob"], out, model=model, iterations=(3,), report=report
+        )
     return report.write()
 
 
 def test_report_renders_offline_in_chromium(report_page, tmp_path):
     executable = _browser()
     sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="needs Playwright's Python package (pip install playwright; no browser download)"
+        "playwright.sync_api",
+        reason="needs Playwright's Python package (pip install playwright; no browser download)",
     )
     assert offline_problems(report_page.read_text()) == []
     requests: list[str] = []
     with sync_api.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=executable, headless=True,
-                                         args=["--no-sandbox", "--disable-gpu"])
+        browser = driver.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1600})
             page.on("request", lambda request: requests.append(request.url))
@@ -93,7 +98,11 @@ def test_report_renders_offline_in_chromium(report_page, tmp_path):
             browser.close()
     assert title.startswith("torchvote explain")
     assert len(images) >= 8, images
-    broken = [image["alt"] for image in images if not (image["complete"] and image["width"] > 0 and image["height"] > 0)]
+    broken = [
+        image["alt"]
+        for image in images
+        if not (image["complete"] and image["width"] > 0 and image["height"] > 0)
+    ]
     assert broken == [], f"images that did not load: {broken}"
     assert all(width > 0 and height > 0 for width, height in svgs), svgs
     outside = [url for url in requests if not url.startswith(("file:", "data:"))]
