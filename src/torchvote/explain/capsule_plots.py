@@ -1,0 +1,316 @@
+"""Capsule and vision pictures drawn from recorded tensors (never by re-running a model).
+
+Routing couplings pass by pass, coupling entropy and agreement per pass, one output capsule's
+votes in 2-D, reconstructions, the perturbation grid of Sabour et al. 2017 (Fig. 4), MultiMNIST
+reconstructions in two colours (Sabour et al. 2017, sec. 6) and a ViT's attention over patches
+(Dosovitskiy et al. 2021). Each returns a matplotlib Figure. Index legend: ``t`` passes, ``b``
+batch, ``i`` output capsules (receivers), ``j`` input capsules (senders), ``d`` pose features.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from torchvote.explain.figures import new_figure
+from torchvote.explain.statistics import patch_attention_map, project_votes
+
+__all__ = [
+    "coupling_passes",
+    "multimnist_reconstructions",
+    "patch_attention_overlay",
+    "perturbation_grid",
+    "reconstructions",
+    "routing_statistics",
+    "vote_passes",
+]
+
+
+def _images(value, name: str, dims: tuple[int, ...]) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if value.dim() not in dims:
+        raise ValueError(
+            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(value.shape)}"
+        )
+    return value.detach().float().cpu()
+
+
+def _gray(image: Tensor) -> Tensor:
+    """``(1, H, W)`` or ``(H, W)`` -> ``(H, W)``; ``(3, H, W)`` -> ``(H, W, 3)`` for imshow."""
+    if image.dim() == 3:
+        return image[0] if image.shape[0] == 1 else image.permute(1, 2, 0).clamp(0, 1)
+    return image
+
+
+def coupling_passes(couplings: Tensor, *, title: str = "", input_labels=None, output_labels=None):
+    """Routing couplings of one input, one heatmap per pass (outputs down, inputs across).
+
+    Args:
+        couplings: ``(t, i, j)``: pass ``t``'s coupling of input capsule ``j`` to output ``i``.
+        title: figure title.
+        input_labels: optional ``j`` labels; output_labels: optional ``i`` labels.
+
+    Returns:
+        The Figure.
+    """
+    couplings = _images(couplings, "couplings", (3,))
+    passes = couplings.shape[0]
+    figure, axes = new_figure(1, passes, size=(0.6 + 3.0 * passes, 3.2), sharey=True)
+    vmax = max(float(couplings.max()), 1e-6)
+    for t in range(passes):
+        ax = axes[0, t]
+        image = ax.imshow(
+            couplings[t].numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest"
+        )
+        ax.set_title(f"pass {t + 1}", fontsize=9)
+        ax.set_xlabel("input capsule j")
+        if output_labels is not None:
+            ax.set_yticks(range(len(output_labels)), list(output_labels), fontsize=7)
+        if input_labels is not None and len(input_labels) <= 20:
+            ax.set_xticks(range(len(input_labels)), list(input_labels), fontsize=7, rotation=90)
+    axes[0, 0].set_ylabel("output capsule i")
+    figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label="coupling c_ij")
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, title: str = ""):
+    """Coupling entropy (and agreement) per pass, averaged over a set, as two line plots.
+
+    Args:
+        entropy: ``(t,)`` from :func:`torchvote.explain.statistics.coupling_entropy`.
+        agreement: ``(t,)`` from :func:`torchvote.explain.statistics.routing_agreement`, or None.
+        title: figure title.
+
+    Returns:
+        The Figure.
+    """
+    entropy = _images(entropy, "entropy", (1,))
+    panels = 1 if agreement is None else 2
+    figure, axes = new_figure(1, panels, size=(3.6 * panels, 3.0))
+    passes = range(1, entropy.shape[0] + 1)
+    axes[0, 0].plot(passes, entropy.numpy(), marker="o", color="tab:purple")
+    axes[0, 0].set_title("mean coupling entropy (nats)", fontsize=9)
+    if agreement is not None:
+        agreement = _images(agreement, "agreement", (1,))
+        if agreement.shape != entropy.shape:
+            raise ValueError(
+                f"agreement must have entropy's shape {tuple(entropy.shape)}, got {tuple(agreement.shape)}"
+            )
+        axes[0, 1].plot(passes, agreement.numpy(), marker="o", color="tab:green")
+        axes[0, 1].set_title("mean agreement u_hat . v", fontsize=9)
+    for ax in axes[0]:
+        ax.set_xlabel("pass")
+        ax.set_xticks(list(passes))
+        ax.grid(alpha=0.3)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str = ""):
+    """One output capsule's votes in 2-D (PCA), sized by their weight, consensus marked, per pass.
+
+    Args:
+        votes: ``(j, d)`` the input capsules' votes ``u_hat_{j|i}`` for one output ``i``.
+        weights: ``(t, j)`` each vote's coupling to that output in each pass.
+        consensus: ``(t, d)`` the output capsule after each pass.
+        title: figure title.
+
+    Returns:
+        The Figure (the projection is :func:`torchvote.explain.statistics.project_votes`).
+
+    Raises:
+        ValueError: shapes that do not line up.
+    """
+    votes = _images(votes, "votes", (2,))
+    weights = _images(weights, "weights", (2,))
+    consensus = _images(consensus, "consensus", (2,))
+    if weights.shape[1] != votes.shape[0] or consensus.shape[0] != weights.shape[0]:
+        raise ValueError(
+            f"weights (t, j) and consensus (t, d) must match votes (j, d) = {tuple(votes.shape)}, got "
+            f"{tuple(weights.shape)} and {tuple(consensus.shape)}"
+        )
+    points, centres, explained = project_votes(votes, consensus)  # (j, 2), (t, 2), (2,)
+    passes = weights.shape[0]
+    figure, axes = new_figure(1, passes, size=(0.4 + 3.1 * passes, 3.3), sharex=True, sharey=True)
+    scale = 400.0 / max(float(weights.max()), 1e-6)
+    for t in range(passes):
+        ax = axes[0, t]
+        ax.scatter(
+            points[:, 0],
+            points[:, 1],
+            s=4 + scale * weights[t].numpy(),
+            alpha=0.45,
+            color="tab:blue",
+            edgecolors="none",
+            label="votes (size = coupling)",
+        )
+        ax.scatter(
+            centres[t, 0],
+            centres[t, 1],
+            marker="*",
+            s=260,
+            color="tab:red",
+            edgecolors="black",
+            linewidths=0.6,
+            label="consensus",
+            zorder=3,
+        )
+        ax.set_title(f"pass {t + 1}", fontsize=9)
+        ax.set_xlabel(f"PC1 ({100 * float(explained[0]):.0f}%)")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel(f"PC2 ({100 * float(explained[1]):.0f}%)")
+    axes[0, 0].legend(fontsize=7, loc="best")
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str = ""):
+    """Inputs (top row) beside their reconstructions (bottom row).
+
+    Args:
+        inputs: ``(N, H, W)`` or ``(N, C, H, W)`` images in ``[0, 1]``.
+        outputs: reconstructions of the same shape.
+        labels: optional ``N`` captions (e.g. predicted classes).
+        title: figure title.
+
+    Returns:
+        The Figure.
+    """
+    inputs = _images(inputs, "inputs", (3, 4))
+    outputs = _images(outputs, "outputs", (3, 4))
+    if inputs.shape != outputs.shape:
+        raise ValueError(f"outputs must have inputs' shape {tuple(inputs.shape)}, got {tuple(outputs.shape)}")
+    count = inputs.shape[0]
+    figure, axes = new_figure(2, count, size=(0.4 + 1.2 * count, 2.9))
+    for n in range(count):
+        for row, images in enumerate((inputs, outputs)):
+            ax = axes[row, n]
+            ax.imshow(_gray(images[n]).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        if labels is not None:
+            axes[0, n].set_title(str(labels[n]), fontsize=8)
+    axes[0, 0].set_ylabel("input", fontsize=8)
+    axes[1, 0].set_ylabel("reconstruction", fontsize=8)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
+    """Decoder outputs for perturbed poses, one row per dimension (Sabour et al. 2017, Fig. 4).
+
+    Drawn as one mosaic image (fast for 16 x 11 tiles) with a 1-pixel gap between tiles.
+
+    Args:
+        images: ``(d, s, H, W)`` reconstructions of
+            :func:`~torchvote.explain.statistics.perturbation_poses` (16 dimensions x 11 steps in
+            the paper), values in ``[0, 1]``.
+        span: the largest perturbation (for the column labels).
+        title: figure title.
+
+    Returns:
+        The Figure.
+    """
+    images = _images(images, "images", (4,))
+    dims, steps, height, width = images.shape
+    mosaic = torch.ones(dims * (height + 1) - 1, steps * (width + 1) - 1)  # white gaps
+    for k in range(dims):
+        for s in range(steps):
+            mosaic[
+                k * (height + 1) : k * (height + 1) + height, s * (width + 1) : s * (width + 1) + width
+            ] = images[k, s]
+    figure, axes = new_figure(size=(1.2 + 0.5 * steps, 0.6 + 0.5 * dims))
+    ax = axes[0, 0]
+    ax.imshow(mosaic.numpy(), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+    deltas = torch.linspace(-span, span, steps)
+    ax.set_xticks(
+        [s * (width + 1) + width / 2 - 0.5 for s in range(steps)],
+        [f"{round(float(v), 6) + 0.0:+.2f}" for v in deltas],
+        fontsize=7,
+    )
+    ax.set_yticks(
+        [k * (height + 1) + height / 2 - 0.5 for k in range(dims)],
+        [f"dim {k}" for k in range(dims)],
+        fontsize=7,
+    )
+    ax.set_xlabel("perturbation added to the dimension")
+    ax.tick_params(length=0)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return figure
+
+
+def multimnist_reconstructions(
+    inputs: Tensor, first: Tensor, second: Tensor, *, labels=None, title: str = ""
+):
+    """MultiMNIST inputs above both digits' reconstructions overlaid in two colours.
+
+    The first digit's reconstruction goes in red, the second's in green (overlap shows yellow),
+    as in Sabour et al. 2017, Fig. 5.
+
+    Args:
+        inputs: ``(N, H, W)`` overlapping-digit images in ``[0, 1]``.
+        first: ``(N, H, W)`` reconstruction from the first digit's capsule.
+        second: ``(N, H, W)`` reconstruction from the second digit's capsule.
+        labels: optional ``N`` captions such as ``"3+7"``.
+        title: figure title.
+
+    Returns:
+        The Figure.
+    """
+    inputs = _images(inputs, "inputs", (3,))
+    first, second = _images(first, "first", (3,)), _images(second, "second", (3,))
+    if first.shape != inputs.shape or second.shape != inputs.shape:
+        raise ValueError(f"first and second must have inputs' shape {tuple(inputs.shape)}")
+    count = inputs.shape[0]
+    figure, axes = new_figure(2, count, size=(0.4 + 1.2 * count, 2.9))
+    for n in range(count):
+        colour = torch.stack([first[n], second[n], torch.zeros_like(first[n])], dim=-1).clamp(
+            0, 1
+        )  # (H, W, 3)
+        axes[0, n].imshow(inputs[n].numpy(), cmap="gray", vmin=0.0, vmax=1.0)
+        axes[1, n].imshow(colour.numpy())
+        for ax in axes[:, n]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        if labels is not None:
+            axes[0, n].set_title(str(labels[n]), fontsize=8)
+    axes[0, 0].set_ylabel("input", fontsize=8)
+    axes[1, 0].set_ylabel("red / green", fontsize=8)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def patch_attention_overlay(image: Tensor, weights: Tensor, grid: tuple[int, int], *, title: str = ""):
+    """A ViT's attention over image patches as a translucent overlay on the image.
+
+    Args:
+        image: ``(H, W)`` or ``(C, H, W)`` in ``[0, 1]``.
+        weights: ``(patches,)`` attention from one token (e.g. [CLS]) to the patches, row-major.
+        grid: ``(rows, cols)`` of patches.
+        title: axes title.
+
+    Returns:
+        The Figure (the map is :func:`torchvote.explain.statistics.patch_attention_map`).
+    """
+    image = _images(image, "image", (2, 3))
+    height, width = image.shape[-2:]
+    heat = patch_attention_map(weights, grid, (height, width))  # (H, W)
+    figure, axes = new_figure(1, 2, size=(6.0, 3.0))
+    axes[0, 0].imshow(_gray(image).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
+    axes[0, 0].set_title("input", fontsize=9)
+    axes[0, 1].imshow(_gray(image).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
+    overlay = axes[0, 1].imshow(heat.numpy(), cmap="inferno", alpha=0.55, interpolation="nearest")
+    axes[0, 1].set_title(title or "attention over patches", fontsize=9)
+    for ax in axes[0]:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    figure.colorbar(overlay, ax=axes[0, 1], shrink=0.8, label="weight")
+    return figure

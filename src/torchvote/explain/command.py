@@ -1,0 +1,117 @@
+"""``torchvote explain [SENTENCE ...] [--out DIR] [--checkpoint RUN]``: the report from the command line.
+
+Wire into ``torchvote.cli`` with::
+
+    from torchvote.explain.command import add_explain_arguments, run_explain
+    explain = subparsers.add_parser("explain", help="write an offline HTML report of attention and routing")
+    add_explain_arguments(explain)
+    explain.set_defaults(handler=run_explain)   # handler(args) -> exit code
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+__all__ = ["add_explain_arguments", "run_explain"]
+
+
+def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``explain`` arguments to ``parser`` and return it.
+
+    Args:
+        parser: an (sub)parser.
+
+    Returns:
+        ``parser``.
+    """
+    parser.add_argument(
+        "sentences",
+        nargs="*",
+        metavar="SENTENCE",
+        help="sentences to explain (default: the reference articles' examples)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/explain"),
+        metavar="DIR",
+        help="folder for index.html and the PNG/SVG files (default: runs/explain)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        metavar="RUN",
+        help="a record of a trained capsule model's tensors (.safetensors/.pt) or a run folder "
+        "holding explain_record.safetensors: adds routing, reconstruction and perturbation pictures",
+    )
+    parser.add_argument("--layer", type=int, default=2, help="layer shown in the heatmaps and made to route")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        nargs="+",
+        default=[2, 3, 5],
+        metavar="R",
+        help="passes of voting for the routing variant (default: 2 3 5)",
+    )
+    return parser
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    """Write the report; print its path. Returns 0, or 2 on bad input or a missing dependency.
+
+    Args:
+        args: parsed by :func:`add_explain_arguments`.
+
+    Returns:
+        The exit code.
+    """
+    from torchvote.explain.report import HtmlReport
+
+    try:
+        report = HtmlReport("torchvote explain: attention as weighted voting", Path(args.out))
+        record = None
+        if args.checkpoint is not None:
+            from torchvote.explain.record import load_record
+
+            record = load_record(args.checkpoint)  # fail before the slow part
+        from torchvote.explain.sentences import explain_sentences
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            explain_sentences(
+                args.sentences or None,
+                args.out,
+                layer=args.layer,
+                iterations=tuple(args.iterations),
+                report=report,
+            )
+        for warning in caught:
+            print(f"torchvote explain: notice: {warning.message}", file=sys.stderr)
+        if record is not None:
+            from torchvote.explain.record import explain_record
+
+            for notice in explain_record(record, report):
+                print(f"torchvote explain: {notice}", file=sys.stderr)
+        path = report.write()
+    except ModuleNotFoundError as error:
+        print(f"torchvote explain: missing optional dependency: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"torchvote explain: error: {error}", file=sys.stderr)
+        return 2
+    print(f"report: {path.resolve()}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchvote.explain.command`` until the subcommand is wired into ``torchvote.cli``."""
+    parser = add_explain_arguments(argparse.ArgumentParser(prog="torchvote explain", description=__doc__))
+    return run_explain(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

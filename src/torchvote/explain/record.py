@@ -1,0 +1,203 @@
+"""Capsule and vision pictures from a *record*: named tensors saved from a trained model.
+
+``torchvote explain --checkpoint RUN`` reads ``RUN`` as a record file (``.safetensors`` or a
+``torch.save`` dict of tensors), or a run folder holding ``explain_record.safetensors``. A
+training run's checkpoint holds weights, not the intermediates these pictures need; turning a
+checkpoint into a record needs the training stack (model factory, data). That step is the hook
+:data:`RECORD_FROM_CHECKPOINT`: ``None`` until it is wired, and then a callable
+``(run_dir: Path) -> dict[str, Tensor]`` that loads the run's model, runs it on test data with
+``record=True`` and returns the keys below.
+
+Record keys (any subset; each picture names what it lacks):
+
+==========================  =======================  ===========================================
+key                         shape                    picture
+==========================  =======================  ===========================================
+``couplings``               ``(t, b, i, j)``         couplings pass by pass (input 0); entropy
+``votes``, ``outputs``      ``(b, i, j, d)``,        agreement per pass; input 0's winning
+                            ``(t, b, i, d)``         capsule's votes in 2-D, pass by pass
+``inputs``,                 ``(N, H, W)`` each       inputs beside reconstructions
+``reconstructions``
+``perturbations``           ``(d, s, H, W)``         perturbation grid (Sabour et al. 2017 Fig. 4)
+``multimnist_inputs``,      ``(N, H, W)`` each       MultiMNIST with both reconstructions
+``multimnist_first``,
+``multimnist_second``
+``patch_image``,            ``(H, W)``, ``(P,)``,    ViT attention over patches
+``patch_attention``,        ``(2,)`` int
+``patch_grid``
+==========================  =======================  ===========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from torchvote.explain import capsule_plots as plots
+from torchvote.explain.report import HtmlReport
+from torchvote.explain.statistics import coupling_entropy, routing_agreement
+
+__all__ = ["RECORD_FILE", "RECORD_FROM_CHECKPOINT", "explain_record", "load_record"]
+
+RECORD_FILE = "explain_record.safetensors"
+RECORD_FROM_CHECKPOINT: Callable[[Path], dict[str, Tensor]] | None = None  # wired by the training stack
+
+_HOW = (
+    "save it from your model's forward with record=True (e.g. torchvote.functional.vote(..., record=True) "
+    f"gives the couplings per pass) into {RECORD_FILE} with safetensors.torch.save_file"
+)
+
+
+def load_record(path: str | Path) -> dict[str, Tensor]:
+    """Read a record file or a run folder's record.
+
+    Args:
+        path: a ``.safetensors`` file, a ``.pt``/``.pth`` file of a dict of tensors, or a folder
+            with :data:`RECORD_FILE`.
+
+    Returns:
+        name -> tensor.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``, or a run folder without a record (the message says
+            how to make one).
+        ValueError: a file that is not a dict of tensors.
+        ModuleNotFoundError: reading ``.safetensors`` without ``safetensors`` (names the extra).
+    """
+    path = Path(path)
+    if path.is_dir():
+        if (path / RECORD_FILE).is_file():
+            path = path / RECORD_FILE
+        elif RECORD_FROM_CHECKPOINT is not None:
+            return dict(RECORD_FROM_CHECKPOINT(path))
+        else:
+            raise FileNotFoundError(
+                f"checkpoint folder {str(path)!r} has no {RECORD_FILE}: a training checkpoint holds weights, "
+                f"not the routing intermediates the pictures need. Make a record: {_HOW}"
+            )
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                'reading a .safetensors record needs safetensors: pip install "torchvote[pretrained]"',
+                name="safetensors",
+            ) from error
+        return load_file(str(path))
+    record = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(record, Mapping) or not all(isinstance(v, Tensor) for v in record.values()):
+        raise ValueError(f"checkpoint {str(path)!r} must hold a dict of tensors, got {type(record).__name__}")
+    return dict(record)
+
+
+def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str]:
+    """Add every picture the record has the tensors for; say what each missing one needs.
+
+    Args:
+        record: name -> tensor (see the module docstring for the keys).
+        report: the page to add to.
+
+    Returns:
+        The notices written for pictures that could not be drawn.
+
+    Raises:
+        ValueError: a tensor whose shape does not fit its picture (named).
+    """
+    missing: list[str] = []
+
+    def has(*keys: str) -> bool:
+        absent = [key for key in keys if key not in record]
+        if absent:
+            missing.append(f"needs {', '.join(absent)}")
+        return not absent
+
+    report.heading("Trained model: routing, reconstructions, perturbations")
+    if has("couplings"):
+        couplings = record["couplings"].float()
+        if couplings.dim() != 4:
+            raise ValueError(f"record 'couplings' must be (t, b, i, j), got {tuple(couplings.shape)}")
+        report.figure(
+            plots.coupling_passes(couplings[:, 0], title="couplings of input 0"),
+            "couplings",
+            caption="Couplings c_ij of input 0 after each pass (rows: output capsules).",
+        )
+        entropy = coupling_entropy(couplings)  # (t,)
+        agreement = routing_agreement(record["votes"], record["outputs"]) if has("votes", "outputs") else None
+        rows = [
+            [t + 1, float(entropy[t]), "" if agreement is None else float(agreement[t])]
+            for t in range(entropy.shape[0])
+        ]
+        report.figure(
+            plots.routing_statistics(entropy, agreement),
+            "routing-statistics",
+            caption=f"Mean over {couplings.shape[1]} inputs, per pass.",
+            table=(["pass", "coupling entropy (nats)", "agreement u_hat . v"], rows),
+        )
+        if "votes" in record and "outputs" in record:
+            votes, outputs = record["votes"].float(), record["outputs"].float()  # (b, i, j, d), (t, b, i, d)
+            winner = int(outputs[-1, 0].norm(dim=-1).argmax())  # the longest output capsule
+            report.figure(
+                plots.vote_passes(
+                    votes[0, winner],
+                    couplings[:, 0, winner],
+                    outputs[:, 0, winner],
+                    title=f"votes for output capsule {winner}",
+                ),
+                "votes-2d",
+                caption=f"Input 0's votes for capsule {winner} (PCA); marker size = coupling; star = output.",
+                table=(
+                    ["pass", "output length"],
+                    [[t + 1, float(outputs[t, 0, winner].norm())] for t in range(outputs.shape[0])],
+                ),
+            )
+    if has("inputs", "reconstructions"):
+        inputs, outputs = record["inputs"][:10].float(), record["reconstructions"][:10].float()
+        errors = (inputs - outputs).flatten(1).square().mean(1)  # (N,)
+        report.figure(
+            plots.reconstructions(inputs, outputs),
+            "reconstructions",
+            caption="Inputs (top) and the decoder's reconstructions from the winning capsule.",
+            table=(["input", "mean squared error"], [[n, float(e)] for n, e in enumerate(errors)]),
+        )
+    if has("perturbations"):
+        grid = record["perturbations"].float()
+        report.figure(
+            plots.perturbation_grid(grid),
+            "perturbations",
+            caption="Each row tweaks one capsule dimension in [-0.25, 0.25] (Sabour et al. 2017, Fig. 4).",
+            table=(
+                ["dimension", "mean |change| vs centre"],
+                [
+                    [k, float((grid[k] - grid[k, grid.shape[1] // 2]).abs().mean())]
+                    for k in range(grid.shape[0])
+                ],
+            ),
+        )
+    if has("multimnist_inputs", "multimnist_first", "multimnist_second"):
+        report.figure(
+            plots.multimnist_reconstructions(
+                record["multimnist_inputs"][:8],
+                record["multimnist_first"][:8],
+                record["multimnist_second"][:8],
+            ),
+            "multimnist",
+            caption="MultiMNIST inputs; first digit's reconstruction red, second's green.",
+        )
+    if has("patch_image", "patch_attention", "patch_grid"):
+        grid = tuple(int(v) for v in record["patch_grid"].tolist())
+        weights = record["patch_attention"].float()
+        report.figure(
+            plots.patch_attention_overlay(record["patch_image"], weights, grid),
+            "patch-attention",
+            caption="A ViT's attention from [CLS] to the image patches.",
+            table=(["patch", "weight"], [[p, float(w)] for p, w in enumerate(weights)]),
+        )
+    notices = [f"Picture skipped: the record {need}; {_HOW}." for need in dict.fromkeys(missing)]
+    for notice in notices:
+        report.text(notice, notice=True)
+    return notices

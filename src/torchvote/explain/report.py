@@ -1,0 +1,150 @@
+"""One self-contained HTML page: figures inline as base64 PNG data URIs, tables of their numbers.
+
+The page loads nothing: no script, no stylesheet, no font, no URL (BertViz's saved pages fetch
+their scripts from a CDN and stay blank offline: bertviz issues #41, #63). Every figure is also
+saved beside the page as PNG and SVG, and listed by file name (as text, not links).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchvote.explain.figures import save_figure
+
+__all__ = ["HtmlReport"]
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 70rem; margin: 2rem auto;
+       padding: 0 1rem; color: #1d1d1f; line-height: 1.45; }
+h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; border-bottom: 1px solid #ddd; padding-top: 1rem; }
+h3 { font-size: 1.05rem; }
+figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 0.9rem; color: #444; }
+.files { font-family: monospace; font-size: 0.8rem; color: #666; }
+table { border-collapse: collapse; margin: 0.6rem 0 1.2rem; font-size: 0.85rem; }
+th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: left; } th { background: #f3f3f3; }
+.notice { background: #fff4d6; border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; }
+nav a { margin-right: 0.8rem; }
+"""
+
+
+@dataclass
+class HtmlReport:
+    """Collects headings, text, figures and tables, then writes ``index.html`` and the image files.
+
+    Args:
+        title: page title.
+        out_dir: folder for the page and the PNG/SVG files (created on :meth:`write`).
+
+    Example::
+
+        report = HtmlReport("Attention", out_dir)
+        report.figure(fig, "layer0", caption="...", table=(["token", "weight"], rows))
+        path = report.write()
+    """
+
+    title: str
+    out_dir: Path
+    _parts: list[str] = field(default_factory=list)
+    _sections: list[tuple[str, str]] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def heading(self, text: str, *, level: int = 2) -> None:
+        """Add a heading; level-2 headings are listed in the page's table of contents."""
+        if level not in (2, 3):
+            raise ValueError(f"level must be 2 or 3, got {level!r}")
+        anchor = ""
+        if level == 2:
+            anchor = f"s{len(self._sections)}"
+            self._sections.append((anchor, text))
+        self._parts.append(f"<h{level}{f' id={anchor!r}' if anchor else ''}>{html.escape(text)}</h{level}>")
+
+    def text(self, text: str, *, notice: bool = False) -> None:
+        """Add a paragraph (escaped); ``notice`` highlights it (truncation, missing inputs)."""
+        css = ' class="notice"' if notice else ""
+        self._parts.append(f"<p{css}>{html.escape(text)}</p>")
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[object]], *, caption: str = "") -> None:
+        """Add a table; floats are shown with 4 significant digits.
+
+        Raises:
+            ValueError: a row whose length differs from ``headers``.
+        """
+        cells = []
+        for index, row in enumerate(rows):
+            if len(row) != len(headers):
+                raise ValueError(f"rows[{index}] has {len(row)} cells, headers has {len(headers)}")
+            cells.append("<tr>" + "".join(f"<td>{html.escape(_fmt(value))}</td>" for value in row) + "</tr>")
+        head = "<tr>" + "".join(f"<th>{html.escape(str(h))}</th>" for h in headers) + "</tr>"
+        cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+        self._parts.append(f"<table>{cap}<thead>{head}</thead><tbody>{''.join(cells)}</tbody></table>")
+
+    def figure(
+        self,
+        figure,
+        name: str,
+        *,
+        caption: str = "",
+        table: tuple[Sequence[str], Sequence[Sequence[object]]] | None = None,
+    ) -> list[Path]:
+        """Save ``figure`` as ``name.png`` / ``name.svg`` beside the page and inline the PNG.
+
+        Args:
+            figure: a matplotlib Figure (closed afterwards).
+            name: file stem, letters, digits, ``-`` and ``_`` only.
+            caption: text under the picture.
+            table: optional ``(headers, rows)``: the numbers behind the picture.
+
+        Returns:
+            The written files.
+
+        Raises:
+            ValueError: a ``name`` with other characters.
+        """
+        if not name or not all(ch.isalnum() or ch in "-_" for ch in name):
+            raise ValueError(f"name must be letters, digits, '-' and '_', got {name!r}")
+        paths = save_figure(figure, self.out_dir / name)
+        self.files.extend(paths)
+        png = next(path for path in paths if path.suffix == ".png")
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        listed = " ".join(path.name for path in paths)
+        self._parts.append(
+            f'<figure><img alt="{html.escape(caption or name)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)} <span class=files>[{html.escape(listed)}]</span>"
+            "</figcaption></figure>"
+        )
+        if table is not None:
+            self.table(*table)
+        return paths
+
+    def render(self) -> str:
+        """The page as a string."""
+        toc = " ".join(f'<a href="#{anchor}">{html.escape(text)}</a>' for anchor, text in self._sections)
+        return (
+            "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+            '<meta name=viewport content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head><body>"
+            f"<h1>{html.escape(self.title)}</h1><nav>{toc}</nav>"
+            + "\n".join(self._parts)
+            + "</body></html>\n"
+        )
+
+    def write(self, name: str = "index.html") -> Path:
+        """Write the page into ``out_dir`` and return its path."""
+        path = self.out_dir / name
+        path.write_text(self.render(), encoding="utf-8")
+        return path
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

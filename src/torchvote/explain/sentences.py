@@ -1,0 +1,285 @@
+"""Explain sentences with the pretrained encoder: one HTML page of attention and routing pictures.
+
+The model runs once per variant and records everything (:class:`~torchvote.pretrained.EncoderOutput`);
+the pictures and tables are drawn from those records. The routing section re-runs the encoder
+with one layer's attention voting for several passes (same weights, no retraining) and reports
+how far the sentence embeddings move (cosine similarity to the softmax embeddings).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from torchvote.explain.attention_plots import attention_grid, attention_heatmap, token_attention_lines
+from torchvote.explain.figures import new_figure
+from torchvote.explain.report import HtmlReport
+from torchvote.explain.statistics import attention_rollout, top_attended
+from torchvote.pretrained.tokenizer import check_sentences
+
+__all__ = ["EXAMPLES", "Example", "explain_sentences"]
+
+SHOWN_TOKENS = 40  # pictures show at most this many tokens; tables and rollout use all
+
+
+@dataclass(frozen=True)
+class Example:
+    """A sentence, the token to follow, and where it comes from."""
+
+    sentence: str
+    focus: str
+    source: str
+
+
+EXAMPLES: tuple[Example, ...] = (
+    Example(
+        "the train left the station on time",
+        "train",
+        "'Self-Attention' (shared/seeds/001): the article's 7x7 attention score matrix example",
+    ),
+    Example(
+        "Alice wrote a note and gave it to Bob",
+        "it",
+        "'Self-Attention Explained' (shared/seeds/002): context resolves 'it' to the note",
+    ),
+    Example(
+        "She cashed a check at the bank",
+        "check",
+        "'Self-Attention' (shared/seeds/001): 'check' attends to 'cashed' and 'bank'. The article's "
+        "figure sentence is not in its text; this sentence is composed from its three words",
+    ),
+)
+
+
+def _focus_index(tokens: list[str], focus: str | None) -> int:
+    """The focus token's index, else the longest real word piece (ties: the first)."""
+    words = [k for k, token in enumerate(tokens) if token not in ("[CLS]", "[SEP]") and token.isalnum()]
+    if focus is not None and focus.lower() in tokens:
+        return tokens.index(focus.lower())
+    if not words:
+        return min(1, len(tokens) - 1)
+    return max(words, key=lambda k: (len(tokens[k]), -k))
+
+
+def explain_sentences(
+    sentences: Sequence[str] | None,
+    out_dir: str | Path,
+    *,
+    model=None,
+    layer: int = 2,
+    iterations: Sequence[int] = (2, 3, 5),
+    report: HtmlReport | None = None,
+) -> Path:
+    """Write the attention report for ``sentences`` (default: the reference articles' examples).
+
+    Per sentence: the chosen layer's head-averaged attention heatmap, the grid of every layer x
+    head, the focus token's attention as weighted lines (with the top-3 keys of every head),
+    attention rollout (Abnar & Zuidema 2020), and the chosen layer run as r passes of voting.
+    Then the cosine similarity between softmax and r-pass sentence embeddings, for routing over
+    the senders and over the receivers.
+
+    Args:
+        sentences: sentences to explain, or None for :data:`EXAMPLES`.
+        out_dir: folder for ``index.html`` and the PNG/SVG files.
+        model: a :class:`~torchvote.pretrained.BertEncoder`; default
+            ``load_pretrained("all-MiniLM-L6-v2")``.
+        layer: the layer shown in the heatmaps and made to route (negative counts from the end).
+        iterations: passes of voting for the routing variant, each at least 1.
+        report: add to this report instead of a new one (the caller writes it then).
+
+    Returns:
+        The written ``index.html`` (or ``report.out_dir / "index.html"`` to be written).
+
+    Raises:
+        ValueError: an empty sentence, an empty list, a bad ``layer`` or ``iterations``.
+        ModuleNotFoundError: a missing optional package (the message names the extra).
+    """
+    if sentences is None:
+        examples = list(EXAMPLES)
+    else:
+        examples = [Example(s, "", "given on the command line") for s in check_sentences(sentences)]
+    if not iterations or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in iterations):
+        raise ValueError(f"iterations must be integers >= 1, got {list(iterations)!r}")
+    if model is None:
+        from torchvote.pretrained import load_pretrained
+
+        model = load_pretrained("all-MiniLM-L6-v2")
+    count = len(model.layers)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -count <= layer < count:
+        raise ValueError(f"layer must be in [-{count}, {count}), got {layer!r}")
+    layer %= count
+    own_report = report is None
+    report = report or HtmlReport("torchvote explain: attention as weighted voting", Path(out_dir))
+    report.text(
+        f"Encoder: all-MiniLM-L6-v2 ({count} layers x {model.config.num_attention_heads} heads, "
+        f"{model.config.hidden_size} wide) rebuilt on torchvote.nn.MultiHeadAttention. Every picture is "
+        "drawn from tensors recorded in one forward pass; tables give the numbers behind them."
+    )
+    texts = [example.sentence for example in examples]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = model.explain(texts)  # one pass: states and (b, h, L, L) attention of every layer
+    for warning in caught:
+        warnings.warn(warning.message, warning.category, stacklevel=2)
+    for number, example in enumerate(examples):
+        _sentence_section(report, record, number, example, layer)
+    _routing_section(report, model, record, examples, layer, iterations)
+    return report.write() if own_report else report.out_dir / "index.html"
+
+
+def _sentence_section(report: HtmlReport, record, number: int, example: Example, layer: int) -> None:
+    tokens = record.tokens[number]
+    length = len(tokens)
+    weights = torch.stack([a[number, :, :length, :length] for a in record.attentions])  # (layers, h, i, j)
+    focus = _focus_index(tokens, example.focus or None)
+    report.heading(f"Sentence {number + 1}: {example.sentence[:80]}")
+    report.text(f"Source: {example.source}. {length} word pieces; followed token: {tokens[focus]!r}.")
+    if record.truncated[number]:
+        report.text(
+            f"Notice: this sentence is longer than the model's limit and was truncated to its first "
+            f"{length} tokens (the rest was not seen by the model).",
+            notice=True,
+        )
+    shown = min(length, SHOWN_TOKENS)
+    if shown < length:
+        report.text(
+            f"Pictures show the first {shown} of {length} tokens; tables use all of them.", notice=True
+        )
+    labels = tokens[:shown]
+    averaged = weights[layer].mean(dim=0)  # (i, j)
+    stem = f"s{number + 1}"
+    rows = [
+        [tokens[i], *(f"{t} {w:.3f}" for t, w in top_attended(averaged, tokens, i, k=3)[0])]
+        for i in range(length)
+    ]
+    report.figure(
+        attention_heatmap(averaged[:shown, :shown], labels, title=f"layer {layer}, mean of heads"),
+        f"{stem}-heatmap-layer{layer}",
+        caption=f"Layer {layer} attention averaged over heads; row i = how query i weighs every key j.",
+        table=(["query", "top 1", "top 2", "top 3"], rows),
+    )
+    grid_rows = [
+        [f"layer {n}", *(f"{t} {w:.3f}" for t, w in top_attended(weights[n].mean(0), tokens, focus, k=3)[0])]
+        for n in range(weights.shape[0])
+    ]
+    report.figure(
+        attention_grid(weights[:, :, :shown, :shown], labels, title="every layer x head"),
+        f"{stem}-grid",
+        caption="All layers (rows) x heads (columns); colour 0 (white) to 1 (dark blue).",
+        table=(["layer", f"{tokens[focus]!r} top 1 (mean of heads)", "top 2", "top 3"], grid_rows),
+    )
+    head_rows = [
+        [f"head {h}", *(f"{t} {w:.3f}" for t, w in pairs)]
+        for h, pairs in enumerate(top_attended(weights[layer], tokens, focus, k=3))
+    ]
+    if focus < shown:
+        report.figure(
+            token_attention_lines(
+                averaged[:shown, :shown],
+                labels,
+                focus,
+                title=f"{tokens[focus]!r} in layer {layer} (mean of heads)",
+            ),
+            f"{stem}-lines-layer{layer}",
+            caption=f"Where {tokens[focus]!r} looks in layer {layer}: line width and opacity follow the "
+            "weight.",
+            table=(["head", "top 1", "top 2", "top 3"], head_rows),
+        )
+    rollout = attention_rollout(weights)  # (i, j)
+    report.figure(
+        attention_rollout_figure(rollout[:shown, :shown], labels),
+        f"{stem}-rollout",
+        caption="Attention rollout (Abnar & Zuidema 2020): 0.5 W + 0.5 I per layer, rows renormalised, "
+        "multiplied through all layers.",
+        table=(
+            ["key", f"rollout from {tokens[focus]!r}"],
+            [[t, float(rollout[focus, j])] for j, t in enumerate(tokens)],
+        ),
+    )
+
+
+def attention_rollout_figure(rollout, tokens):
+    """Heatmap of a rollout matrix (rows: last-layer tokens, columns: input tokens)."""
+    return attention_heatmap(rollout, tokens, title="attention rollout through all layers")
+
+
+def _routing_section(report: HtmlReport, model, record, examples, layer: int, iterations) -> None:
+    report.heading(f"Layer {layer} as r passes of voting")
+    report.text(
+        f"Layer {layer}'s attention replaced by torchvote.nn.RoutingAttention with the same weights: "
+        "pass 1 is the pretrained attention; each later pass adds the agreement v_j . out_i / sqrt(d) "
+        "to the logits (dynamic routing's update, Sabour et al. 2017). 'senders' keeps the softmax "
+        "over keys (attention); 'receivers' normalises over queries (capsule routing). Nothing is retrained."
+    )
+    texts = [example.sentence for example in examples]
+    with torch.no_grad():
+        base = torch.nn.functional.normalize(
+            _pool(record), dim=1
+        )  # (N, E) softmax embeddings, from the recorded states
+    similarities: dict[str, list[list[float]]] = {}
+    routed_records = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncation was already reported
+        for normalize_over in ("senders", "receivers"):
+            per_r = []
+            for r in iterations:
+                routed = model.with_routing([layer], iterations=r, normalize_over=normalize_over)
+                routed_record = routed.explain(texts)
+                routed_records[(normalize_over, r)] = routed_record
+                embeddings = torch.nn.functional.normalize(_pool(routed_record), dim=1)  # (N, E)
+                per_r.append((embeddings * base).sum(dim=1).tolist())  # (N,) cosine similarity
+            similarities[normalize_over] = per_r
+    figure, axes = new_figure(size=(6.4, 3.4))
+    ax = axes[0, 0]
+    for normalize_over, style in (("senders", "-o"), ("receivers", "--s")):
+        for n, example in enumerate(examples):
+            values = [1.0] + [similarities[normalize_over][k][n] for k in range(len(iterations))]
+            ax.plot(
+                [1, *iterations], values, style, label=f"{normalize_over}: {example.sentence[:28]}", alpha=0.8
+            )
+    ax.set_xlabel(f"passes of voting in layer {layer}")
+    ax.set_ylabel("cosine to softmax embedding")
+    ax.set_xticks([1, *iterations])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, loc="lower left")
+    rows = [
+        [example.sentence[:60], normalize_over, r, similarities[normalize_over][k][n]]
+        for n, example in enumerate(examples)
+        for normalize_over in ("senders", "receivers")
+        for k, r in enumerate(iterations)
+    ]
+    report.figure(
+        figure,
+        "routing-cosine",
+        caption="How far the sentence embedding moves when one layer votes for r passes (1 = unchanged).",
+        table=(["sentence", "normalize over", "passes", "cosine similarity"], rows),
+    )
+    r = max(iterations)
+    for n in range(min(len(examples), 4)):
+        tokens = record.tokens[n][:SHOWN_TOKENS]
+        length = len(tokens)
+        routed = routed_records[("senders", r)].attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
+        before = record.attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
+        changed = (routed - before).abs().argmax(dim=-1).tolist()  # (i,): the key that moved most
+        report.figure(
+            attention_heatmap(routed, tokens, title=f"layer {layer} after {r} passes (senders)"),
+            f"s{n + 1}-routing-layer{layer}-r{r}",
+            caption=f"Sentence {n + 1}: layer {layer}'s last-pass weights after {r} passes, mean of heads.",
+            table=(
+                ["query", "largest change", "weight before", "weight after"],
+                [
+                    [tokens[i], tokens[j], float(before[i, j]), float(routed[i, j])]
+                    for i, j in enumerate(changed)
+                ],
+            ),
+        )
+
+
+def _pool(record) -> torch.Tensor:
+    """Mask-aware mean of the last hidden state, ``(N, E)`` (sentence-transformers' pooling)."""
+    mask = record.key_mask.unsqueeze(-1).to(record.last_hidden_state.dtype)  # (N, L, 1)
+    return (record.last_hidden_state * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)

