@@ -13,7 +13,6 @@ import pytest
 import torch
 import yaml
 
-from torchvote.config import ConfigError, config_to_dict
 from torchvote.training import (
     CheckpointError,
     StepInfo,
@@ -26,6 +25,7 @@ from torchvote.training import (
     read_metrics,
     train,
 )
+from torchvote.training.config import ConfigError, config_to_dict
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -241,7 +241,7 @@ def test_signal_saves_a_consistent_checkpoint_and_exits_cleanly(tiny_values, tmp
     stopped_at = int(paths.name.split("-")[1])
     assert stopped_at >= 3
     # The saved weights are exactly those of an unbroken run of that many steps: not torn.
-    from torchvote.config import config_from_dict
+    from torchvote.training.config import config_from_dict
 
     reference = config_from_dict({**values, "run_dir": str(tmp_path / "reference"), "max_steps": stopped_at})
     expected = train(reference, verbose=False).model

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from torchvote.config import config_from_dict
 from torchvote.models import SequenceOutput, register_model
 from torchvote.models import registry as registry_module
 from torchvote.training import (
@@ -22,6 +21,7 @@ from torchvote.training import (
     read_metrics,
     train,
 )
+from torchvote.training.config import config_from_dict
 from torchvote.training.data import TaskData
 
 

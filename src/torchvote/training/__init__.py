@@ -1,6 +1,6 @@
 """Training and evaluation: one plain PyTorch loop for every registered model.
 
-* :func:`train` -- run a :class:`~torchvote.config.TrainConfig` (resume, Ctrl-C, ``torchrun``).
+* :func:`train` -- run a :class:`~torchvote.training.config.TrainConfig` (resume, Ctrl-C, ``torchrun``).
 * :func:`evaluate` -- metrics of a model on a data split; :func:`evaluate_checkpoint` from a file.
 * :func:`save_checkpoint` / :func:`load_model_weights` / :func:`load_model_from_checkpoint` --
   safetensors weights plus a ``weights_only`` training state, written atomically.

@@ -39,15 +39,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from torchvote.config import (
-    RESUMABLE_KEYS,
-    ConfigError,
-    TrainConfig,
-    config_diff,
-    config_from_dict,
-    config_to_dict,
-    model_config_from,
-)
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import (
     CheckpointError,
@@ -58,6 +49,15 @@ from torchvote.training.checkpoint import (
     load_training_state,
     restore_rng_state,
     save_checkpoint,
+)
+from torchvote.training.config import (
+    RESUMABLE_KEYS,
+    ConfigError,
+    TrainConfig,
+    config_diff,
+    config_from_dict,
+    config_to_dict,
+    model_config_from,
 )
 from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_seed, iterate_batches
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, any_process, setup_distributed
@@ -120,13 +120,13 @@ class TrainResult:
 
 def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """The config a run was started with (from its latest checkpoint), plus ``overrides`` of the
-    keys a resumed run may change (:data:`~torchvote.config.RESUMABLE_KEYS`).
+    keys a resumed run may change (:data:`~torchvote.training.config.RESUMABLE_KEYS`).
 
     Raises:
         CheckpointError: no readable checkpoint in ``run_dir``.
         ConfigError: an override of a key that would change the weights.
     """
-    from torchvote.config import apply_overrides
+    from torchvote.training.config import apply_overrides
 
     state = load_training_state(find_checkpoint(run_dir).state)
     saved = config_from_dict(state["config"])
@@ -161,7 +161,7 @@ def train(
     Args:
         config: the run config.
         resume: a run folder to continue from its latest checkpoint. ``config`` must equal the
-            run's config except for :data:`~torchvote.config.RESUMABLE_KEYS`
+            run's config except for :data:`~torchvote.training.config.RESUMABLE_KEYS`
             (:func:`load_run_config` gives such a config).
         callbacks: called after every optimiser step with a :class:`StepInfo`; one that raises
             ``KeyboardInterrupt`` stops the run the way Ctrl-C does (checkpoint, then return).

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from torchvote import losses
-from torchvote.config import LossConfig
 from torchvote.models.registry import ClassifierOutput, ModelSpec, SequenceOutput
+from torchvote.training.config import LossConfig
 from torchvote.training.data import TaskData, prepare_images
 
 __all__ = [
