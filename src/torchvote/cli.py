@@ -172,10 +172,12 @@ def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
 def _run_training(config, resume: str | None) -> int:
     """Train; on rank 0, say where the checkpoint, metrics and plots went."""
     from torchvote.training import train
+    from torchvote.training.plots import plot_run
 
     result = train(config, resume=resume)
     if result.interrupted:
         return EXIT_INTERRUPTED
+    plot_run(result)  # after training: the loop draws nothing
     if result.checkpoint is not None:
         data = config.data.eval_name or config.data.name
         print(f"\ncheckpoint: {result.checkpoint.weights}")

@@ -26,6 +26,7 @@ from torchvote.training import (
     train,
 )
 from torchvote.training.config import ConfigError, config_to_dict
+from torchvote.training.plots import plot_run
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -59,6 +60,8 @@ def test_tiny_run_trains_evaluates_and_writes_everything(tiny_config):
     assert events.count("eval") == 3 and events.count("final") == 1 and "train" in events
     train_record = next(r for r in records if r["event"] == "train")
     assert {"loss", "accuracy", "lr", "img_per_second", "step", "epoch"} <= train_record.keys()
+    assert not result.plots, "the loop draws nothing; the command line plots after training"
+    plot_run(result)
     assert result.plots and result.plots[0].stat().st_size > 0
     assert "mnist/test" in result.table() and "accuracy" in result.table()
     # The saved model evaluates to the same accuracy.
