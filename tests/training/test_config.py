@@ -249,3 +249,8 @@ def test_one_reader_for_every_key_value_of_the_command_line():
     assert parse_value("{iterations:2}") == {"iterations": 2} == parse_value("{iterations: 2}")
     with pytest.raises(ConfigError, match="--data-option: options must be key=value, got 'canvas'"):
         parse_options(["canvas"], "--data-option")
+
+
+def test_a_key_below_a_model_value_is_not_a_section():
+    with pytest.raises(ConfigError, match="model.dropout is not a section; cannot set model.dropout.x"):
+        apply_overrides(load_config(), ["model.dropout=0.1", "model.dropout.x=1"])

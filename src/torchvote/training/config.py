@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -225,14 +226,13 @@ def _set_override(values: dict[str, Any], parts: list[str], raw: str) -> None:
                 node[part] = raw if node is values["model"] else parse_value(raw)
             else:
                 child = node.get(part)
-                node[part] = child = parse_value(child) if isinstance(child, str) else dict(child or {})
-                node = child
+                child = parse_value(child) if isinstance(child, str) else dict(child or {})
+                if not isinstance(child, dict):
+                    raise ConfigError(f"{prefix}.{part} is not a section; cannot set {key}")
+                node[part] = node = child
             continue
         if part not in types_:
-            valid = [f"{prefix}.{n}" if prefix else n for n in types_]
-            if cls is ModelConfig:  # pragma: no cover - model keys are handled above
-                valid.append("model.<field of the model's config>")
-            raise unknown_key(key, valid)
+            raise unknown_key(key, [f"{prefix}.{n}" if prefix else n for n in types_])
         annotation = types_[part]
         if last:
             if dataclasses.is_dataclass(annotation):
@@ -241,7 +241,7 @@ def _set_override(values: dict[str, Any], parts: list[str], raw: str) -> None:
             node[part] = raw
         elif dataclasses.is_dataclass(annotation):
             node, cls = node[part], annotation
-        elif annotation is dict or "dict" in str(annotation):
+        elif annotation is dict or typing.get_origin(annotation) is dict:
             node[part], cls = dict(node.get(part) or {}), None
             node = node[part]
         else:

@@ -48,6 +48,12 @@ class ConfigError(ValueError):
 def parse_override(text: str) -> tuple[list[str], str]:
     """``"optim.lr=1e-3"`` -> ``(["optim", "lr"], "1e-3")``.
 
+    Args:
+        text: one ``key=value`` of the command line.
+
+    Returns:
+        The dotted key's parts and the value's text (stripped), not yet read.
+
     Raises:
         ConfigError: no ``=``, or an empty key.
     """
@@ -62,6 +68,12 @@ def parse_value(text: str) -> Any:
     """A command-line value as OmegaConf reads a dotlist entry: ``3`` -> 3, ``1e-3`` -> 0.001,
     ``[0, 1]`` -> a list, ``{iterations: 2}`` (or ``{iterations:2}``) -> a dict, ``null`` -> None,
     anything else -> the text.
+
+    Args:
+        text: the value's text.
+
+    Returns:
+        The value: a scalar, list, dict, ``None`` or the text itself.
     """
     text = text.strip()
     if text.startswith("{") and text.endswith("}"):  # YAML wants a space after a mapping's colon
@@ -90,6 +102,13 @@ def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
 
 def parse_options(items: Iterable[str], what: str) -> dict[str, Any]:
     """``["key=value", ...]`` -> ``{key: value}`` (values read by :func:`parse_value`).
+
+    Args:
+        items: the ``key=value`` texts.
+        what: where they come from, for the message (``--data-option``).
+
+    Returns:
+        The options.
 
     Raises:
         ConfigError: an item that is not ``key=value``; the message starts with ``what``.
@@ -129,7 +148,16 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def unknown_key(key: str, valid: Iterable[str], what: str = "") -> ConfigError:
-    """The error for a key that does not exist; it lists the valid ones."""
+    """The error for a key that does not exist.
+
+    Args:
+        key: the dotted key given.
+        valid: the dotted keys that exist there.
+        what: more words after the key (`` for model 'capsnet'``).
+
+    Returns:
+        The :class:`ConfigError` to raise; its message lists ``valid``.
+    """
     return ConfigError(f"unknown key {key!r}{what}; valid keys: {', '.join(valid)}")
 
 
