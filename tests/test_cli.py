@@ -75,6 +75,15 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         (["train", "--resume", "/nonexistent/run"], "no checkpoint at /nonexistent/run"),
         (["evaluate", "/nonexistent/run", "--on", "mnist"], "no checkpoint at /nonexistent/run"),
         (["evaluate", "/nonexistent/run"], "name the data sets with --on; data sets: addition, affnist"),
+        (["train", "smoke", "bf16=perhaps"], "bf16: expected bool, got 'perhaps'"),
+        (["train", "smoke", "model.channels=8,x"], "model.channels[1]: expected int, got 'x'"),
+        (["train", "smoke", "model.dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
+        (["train", "capsnet-mnist", "model.router_options={iterations:2}"], "must not set ['iterations']"),
+        (["train", "smoke", "eval_on=affnist:canvas"], "eval_on entry 'affnist:canvas': options must be"),
+        (
+            ["evaluate", "/nonexistent/run", "--on", "mnist", "--data-option", "max_len"],
+            "--data-option: options must be key=value, got 'max_len'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_listing_what_exists(capsys, argv, message):

@@ -27,7 +27,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -156,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
-    from torchvote.config import ConfigError
+    from torchvote.training.config import ConfigError
 
     preset = None
     overrides = []
@@ -173,10 +172,12 @@ def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
 def _run_training(config, resume: str | None) -> int:
     """Train; on rank 0, say where the checkpoint, metrics and plots went."""
     from torchvote.training import train
+    from torchvote.training.plots import plot_run
 
     result = train(config, resume=resume)
     if result.interrupted:
         return EXIT_INTERRUPTED
+    plot_run(result)  # after training: the loop draws nothing
     if result.checkpoint is not None:
         data = config.data.eval_name or config.data.name
         print(f"\ncheckpoint: {result.checkpoint.weights}")
@@ -188,8 +189,8 @@ def _run_training(config, resume: str | None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from torchvote.config import ConfigError, load_config
     from torchvote.training import load_run_config
+    from torchvote.training.config import ConfigError, load_config
 
     preset, overrides = _split_train_args(args.args)
     if args.resume is None:
@@ -206,7 +207,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _main_job(args: argparse.Namespace) -> int:
-    from torchvote.config import load_config
+    from torchvote.training.config import load_config
 
     config = load_config("main", args.overrides)
     return _run_training(config, None)
@@ -224,13 +225,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         from torchvote.data import list_datasets
 
         raise ValueError(f"name the data sets with --on; data sets: {', '.join(list_datasets())}")
-    print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
-    from torchvote.config import coerce_value, parse_override
+    from torchvote.training.keyvalue import parse_options
 
-    options = {}
-    for text in args.data_option:
-        key, value = parse_override(text)
-        options[".".join(key)] = coerce_value(value, Any, "--data-option " + ".".join(key))
+    options = parse_options(args.data_option, "--data-option")
+    print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
     rows = evaluate_checkpoint(
         args.checkpoint,
         datasets,
@@ -281,7 +279,7 @@ def _list_routers() -> list[str]:
 
 
 def _list_presets() -> list[str]:
-    from torchvote.config import list_presets
+    from torchvote.training.config import list_presets
 
     return [f"{name:24s} {description}" for name, description in list_presets().items()]
 

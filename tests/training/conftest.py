@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchvote.config import TrainConfig, apply_overrides, config_from_dict
+from torchvote.training.config import TrainConfig, apply_overrides, config_from_dict
 
 TINY_SIZES = {"train": 240, "test": 60}
 IDX_NAMES = {

@@ -7,7 +7,7 @@ from typing import Literal
 import pytest
 import yaml
 
-from torchvote.config import (
+from torchvote.training.config import (
     ConfigError,
     TrainConfig,
     apply_overrides,
@@ -188,3 +188,69 @@ def test_config_diff_names_the_changed_keys():
     a = load_config()
     b = apply_overrides(a, ["optim.lr=0.5", "model.dropout=0.1"])
     assert config_diff(a, b) == {"model.dropout": (None, 0.1), "optim.lr": (0.001, 0.5)}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.router_options.agreement=cosine", "model.router_options.bias=true"],
+        ["model.router_options={agreement: cosine, bias: true}"],
+        ["model.router_options={agreement:cosine,bias:true}"],
+        [
+            "model.router_options={agreement: dot}",
+            "model.router_options.agreement=cosine",
+            "model.router_options.bias=1",
+        ],
+    ],
+)
+def test_dict_fields_are_settable_from_the_command_line(overrides):
+    config = load_config("capsnet-mnist", overrides)
+    assert config.model.overrides["router_options"] == {"agreement": "cosine", "bias": True}
+
+
+def test_a_router_option_the_layer_passes_is_a_clear_value_error():
+    with pytest.raises(ConfigError, match=r"router_options must not set \['iterations'\]"):
+        load_config("capsnet-mnist", ["model.router_options={iterations: 2}"])
+    with pytest.raises(ConfigError, match="model.router_options: expected dict, got 3"):
+        load_config("capsnet-mnist", ["model.router_options=3"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("bf16=2", "bf16: expected bool, got '2'"),
+        ("description=", None),
+        ("eval_on=[affnist:canvas=28, mnist]", None),
+        ("data.eval_limit=null", None),
+        ("model.widht.x=3", "unknown key 'model.widht' for model 'cnn-baseline'; valid keys: model.name,"),
+        ("data.options={size: 300, source: idx}", None),
+        ("checkpoint_every=-1", "checkpoint_every must be an integer >= 0, got -1"),
+    ],
+)
+def test_more_overrides_are_typed_or_say_what_is_wrong(override, message):
+    if message is None:
+        apply_overrides(load_config(), [override])
+        return
+    with pytest.raises(ConfigError) as error:
+        apply_overrides(load_config(), [override])
+    assert message in str(error.value)
+
+
+def test_one_reader_for_every_key_value_of_the_command_line():
+    from torchvote.training.evaluate import parse_eval_entry
+    from torchvote.training.keyvalue import parse_options, parse_value
+
+    config = load_config(None, ["eval_on=[affnist:canvas=28]", "data.options.canvas=28"])
+    name, options = parse_eval_entry(config.eval_on[0])
+    assert (name, options) == ("affnist", config.data.options)
+    assert parse_options(["canvas=28", "split=test", "scale=1e-3"], "--data-option") == {
+        "canvas": 28, "split": "test", "scale": 1e-3
+    }
+    assert parse_value("{iterations:2}") == {"iterations": 2} == parse_value("{iterations: 2}")
+    with pytest.raises(ConfigError, match="--data-option: options must be key=value, got 'canvas'"):
+        parse_options(["canvas"], "--data-option")
+
+
+def test_a_key_below_a_model_value_is_not_a_section():
+    with pytest.raises(ConfigError, match="model.dropout is not a section; cannot set model.dropout.x"):
+        apply_overrides(load_config(), ["model.dropout=0.1", "model.dropout.x=1"])

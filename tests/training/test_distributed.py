@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from torchvote.config import config_from_dict
 from torchvote.training import BatchPlan, load_model_from_checkpoint, read_metrics, train
+from torchvote.training.config import config_from_dict
 from torchvote.training.data import TaskData, iterate_batches
 
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 import yaml
 
-from torchvote.config import ConfigError, config_to_dict
 from torchvote.training import (
     CheckpointError,
     StepInfo,
@@ -26,6 +25,8 @@ from torchvote.training import (
     read_metrics,
     train,
 )
+from torchvote.training.config import ConfigError, config_to_dict
+from torchvote.training.plots import plot_run
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -59,6 +60,8 @@ def test_tiny_run_trains_evaluates_and_writes_everything(tiny_config):
     assert events.count("eval") == 3 and events.count("final") == 1 and "train" in events
     train_record = next(r for r in records if r["event"] == "train")
     assert {"loss", "accuracy", "lr", "img_per_second", "step", "epoch"} <= train_record.keys()
+    assert not result.plots, "the loop draws nothing; the command line plots after training"
+    plot_run(result)
     assert result.plots and result.plots[0].stat().st_size > 0
     assert "mnist/test" in result.table() and "accuracy" in result.table()
     # The saved model evaluates to the same accuracy.
@@ -241,7 +244,7 @@ def test_signal_saves_a_consistent_checkpoint_and_exits_cleanly(tiny_values, tmp
     stopped_at = int(paths.name.split("-")[1])
     assert stopped_at >= 3
     # The saved weights are exactly those of an unbroken run of that many steps: not torn.
-    from torchvote.config import config_from_dict
+    from torchvote.training.config import config_from_dict
 
     reference = config_from_dict({**values, "run_dir": str(tmp_path / "reference"), "max_steps": stopped_at})
     expected = train(reference, verbose=False).model

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from torchvote.config import config_from_dict
 from torchvote.models import SequenceOutput, register_model
 from torchvote.models import registry as registry_module
 from torchvote.training import (
@@ -22,6 +21,7 @@ from torchvote.training import (
     read_metrics,
     train,
 )
+from torchvote.training.config import config_from_dict
 from torchvote.training.data import TaskData
 
 
@@ -184,3 +184,46 @@ def test_language_model_handler_cuts_overlapping_windows():
 def test_unknown_task_is_an_error():
     with pytest.raises(ValueError, match="no training support for task 'detection'"):
         get_task_handler("detection")
+
+
+@pytest.mark.parametrize(
+    ("task", "batch", "expected_targets"),
+    [
+        ("image-classification", {"targets": torch.tensor([1, 0, 2])}, torch.tensor([1, 0, 2])),
+        (
+            "language-model",
+            {"tokens": torch.tensor([[1, 2, 0], [2, 0, 1], [0, 1, 2]])},
+            torch.tensor([[2, 0], [0, 1], [1, 2]]),
+        ),
+        (
+            "seq2seq",
+            {"source": torch.zeros(3, 2), "target": torch.tensor([[1, 2, 0], [1, 0, 0], [1, 2, 2]])},
+            torch.tensor([[2, 0], [0, 0], [2, 2]]),
+        ),
+    ],
+)
+def test_the_handler_says_what_cross_entropy_compares(task, batch, expected_targets):
+    from torchvote import losses
+    from torchvote.models.registry import ClassifierOutput
+    from torchvote.training.config import LossConfig
+    from torchvote.training.objectives import make_objective
+
+    handler = get_task_handler(task)
+    shape = (*expected_targets.shape, 3)
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    classifies = task == "image-classification"
+    output = ClassifierOutput(scores=logits) if classifies else SequenceOutput(logits=logits)
+    assert handler.logits_and_targets(output, batch)[1].equal(expected_targets)
+    spec = type("Spec", (), {"task": task, "loss": "cross-entropy"})()
+    loss, _ = make_objective(LossConfig(), spec, total_steps=1, pad_id=0)(output, batch, 0)
+    ignore = 0 if task == "seq2seq" else -100  # only seq2seq skips its padding
+    assert handler.ignore_index(0) == ignore
+    assert torch.equal(loss, losses.cross_entropy(logits, expected_targets, ignore_index=ignore))
+
+
+def test_cross_entropy_on_several_labels_per_image_says_what_to_use():
+    from torchvote.models.registry import ClassifierOutput
+
+    output = ClassifierOutput(scores=torch.zeros(2, 10))
+    with pytest.raises(ValueError, match="use loss.name=margin for MultiMNIST"):
+        get_task_handler("image-classification").logits_and_targets(output, {"targets": torch.zeros(2, 2)})

@@ -1,6 +1,9 @@
 """Training and evaluation: one plain PyTorch loop for every registered model.
 
-* :func:`train` -- run a :class:`~torchvote.config.TrainConfig` (resume, Ctrl-C, ``torchrun``).
+* :func:`train` -- run a :class:`~torchvote.training.config.TrainConfig` (resume, Ctrl-C, ``torchrun``);
+  :func:`plot_run` draws its plots afterwards.
+* :func:`~torchvote.training.config.load_config` -- a YAML preset plus ``key=value`` overrides
+  (OmegaConf structured configs, :mod:`torchvote.training.config`).
 * :func:`evaluate` -- metrics of a model on a data split; :func:`evaluate_checkpoint` from a file.
 * :func:`save_checkpoint` / :func:`load_model_weights` / :func:`load_model_from_checkpoint` --
   safetensors weights plus a ``weights_only`` training state, written atomically.
@@ -19,6 +22,8 @@ from torchvote.training.distributed import DistributedContext, setup_distributed
 from torchvote.training.evaluate import evaluate, evaluate_checkpoint, load_data, load_model_from_checkpoint
 from torchvote.training.loop import StepInfo, TrainResult, load_run_config, train
 from torchvote.training.metrics import MetricsWriter, format_table, read_metrics
+from torchvote.training.plots import plot_run
+from torchvote.training.results import find_resumable_checkpoint
 from torchvote.training.tasks import get_task_handler, make_objective
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "evaluate",
     "evaluate_checkpoint",
     "find_checkpoint",
+    "find_resumable_checkpoint",
     "format_table",
     "get_task_handler",
     "load_data",
@@ -41,6 +47,7 @@ __all__ = [
     "load_run_config",
     "load_training_state",
     "make_objective",
+    "plot_run",
     "read_metrics",
     "save_checkpoint",
     "setup_distributed",

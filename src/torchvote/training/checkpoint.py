@@ -38,6 +38,7 @@ __all__ = [
     "atomic_write_bytes",
     "capture_rng_state",
     "find_checkpoint",
+    "read_weights",
     "load_model_weights",
     "load_training_state",
     "read_model_metadata",
@@ -196,6 +197,22 @@ def read_model_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
         raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from None
 
 
+def read_weights(path: Path) -> dict[str, Tensor]:
+    """Every tensor of a weights file (which reads the whole file).
+
+    Raises:
+        CheckpointError: missing, truncated, or not a safetensors file.
+    """
+    from safetensors.torch import load
+
+    try:
+        return load(path.read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint weights {path} do not exist") from None
+    except Exception as err:
+        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({err})") from None
+
+
 def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
     """Load a weights file into ``model``, strictly.
 
@@ -203,15 +220,8 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
         CheckpointError: the file is corrupt, or a tensor is missing, unexpected, or of another
             shape or dtype; the message names every such tensor and nothing is loaded.
     """
-    from safetensors.torch import load
-
     path = Path(path)
-    try:
-        loaded = load(path.read_bytes())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint weights {path} do not exist") from None
-    except Exception as err:
-        raise CheckpointError(f"{path} is corrupt or not a safetensors file ({err})") from None
+    loaded = read_weights(path)
     metadata = read_model_metadata(path)
     for alias, target in json.loads(metadata.get("aliases", "{}")).items():
         if target in loaded:
@@ -269,6 +279,10 @@ def save_checkpoint(
         state: the training state (``weights_only``-safe containers and tensors).
         keep: delete all but the newest ``keep`` checkpoints after the pointer moved.
 
+    A file already at the checkpoint's name (a run resumed from an older checkpoint because this
+    one was unreadable) is never overwritten: it is renamed to ``<name>.old`` (``.old-2`` ...)
+    first, so nothing a run wrote is ever deleted except by ``keep``.
+
     Returns:
         the paths written.
     """
@@ -276,6 +290,9 @@ def save_checkpoint(
 
     directory = Path(directory)
     paths = CheckpointPaths.of(directory, checkpoint_name(step))
+    for existing in (paths.weights, paths.state):
+        if existing.exists():
+            _move_aside(existing)
     atomic_write_bytes(paths.weights, _weights_bytes(model, model_metadata))
     buffer = io.BytesIO()
     torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
@@ -284,6 +301,16 @@ def save_checkpoint(
     if keep is not None:
         _prune(directory, keep, current=paths.name)
     return paths
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename ``path`` to the first free ``<path>.old``, ``<path>.old-2`` ...; return the new path."""
+    target, number = path.with_name(path.name + ".old"), 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.old-{number}")
+    os.replace(path, target)
+    return target
 
 
 def _prune(directory: Path, keep: int, current: str) -> None:
@@ -345,3 +372,4 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} training state")
     return state
+

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchvote.config import ConfigError, coerce_value
 from torchvote.models.registry import ModelSpec, get_model_spec
 from torchvote.training.checkpoint import (
     CheckpointError,
@@ -23,6 +22,7 @@ from torchvote.training.checkpoint import (
 )
 from torchvote.training.data import TaskData, load_raw_dataset
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
+from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler
 
 __all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_model_from_checkpoint"]
@@ -100,24 +100,13 @@ def evaluate(
 
 def parse_eval_entry(entry: str) -> tuple[str, dict[str, Any]]:
     """Split an ``eval_on`` entry ``"name"`` or ``"name:key=value,key=value"`` into the data set's
-    name and its options (values read as Python literals, else kept as strings).
+    name and its options (values read as every command-line value is, by
+    :func:`~torchvote.training.keyvalue.parse_value`).
 
     Raises:
         ValueError: if an option is not ``key=value``.
     """
-    import ast
-
-    name, _, rest = entry.partition(":")
-    options: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"eval_on entry {entry!r}: options must be key=value, got {item!r}")
-        try:
-            options[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            options[key.strip()] = value.strip()
-    return name.strip(), options
+    return parse_entry(entry, "eval_on")
 
 
 def load_data(
@@ -141,14 +130,15 @@ def load_data(
 
 
 def model_config_from_metadata(spec: ModelSpec, metadata: dict[str, str], source: str) -> Any:
-    """Rebuild a model config from the JSON stored with the weights (type-checked)."""
+    """Rebuild a model config from the JSON stored with the weights (type-checked).
+
+    Raises:
+        CheckpointError: no readable config, or one that does not fit the model's config class.
+    """
     try:
         values = json.loads(metadata["model_config"])
     except (KeyError, json.JSONDecodeError):
         raise CheckpointError(f"{source} has no readable model config in its metadata") from None
-    import typing
-
-    hints = typing.get_type_hints(spec.config_cls)
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
@@ -156,9 +146,8 @@ def model_config_from_metadata(spec: ModelSpec, metadata: dict[str, str], source
             f"{source}: model config fields {unknown} do not exist in {spec.config_cls.__name__}"
         )
     try:
-        kwargs = {k: coerce_value(v, hints[k], f"model.{k}") for k, v in values.items()}
-        return spec.config_cls(**kwargs)
-    except (ConfigError, TypeError, ValueError) as err:
+        return spec.config_cls(**typed_fields(spec.config_cls, values, "model"))
+    except (TypeError, ValueError) as err:
         raise CheckpointError(
             f"{source}: stored model config does not fit {spec.config_cls.__name__}: {err}"
         ) from None

@@ -1,4 +1,4 @@
-"""Optimisers and learning-rate schedules from an :class:`~torchvote.config.OptimConfig`.
+"""Optimisers and learning-rate schedules from an :class:`~torchvote.training.config.OptimConfig`.
 
 Every schedule is stepped once per optimiser step. The multiplicative schedules are
 ``LambdaLR`` with closures (their state dict holds only numbers, so it loads with
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 
-from torchvote.config import OptimConfig
+from torchvote.training.config import OptimConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_multiplier"]
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from torchvote.training.metrics import read_metrics
 
-__all__ = ["plot_training_curves"]
+__all__ = ["plot_run", "plot_training_curves"]
 
 
 def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
@@ -46,3 +47,23 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
     figure.savefig(out_path, dpi=100)
     plt.close(figure)
     return out_path
+
+
+def plot_run(result: Any) -> list[Path]:
+    """Draw the plots of a finished run into ``<run>/plots/`` and record them in ``result.plots``.
+
+    The command line calls this after :func:`~torchvote.training.train` returns; the loop
+    itself draws nothing.
+
+    Args:
+        result: a :class:`~torchvote.training.TrainResult`.
+
+    Returns:
+        The files drawn (none on ranks other than 0, after an interrupted run, or without
+        matplotlib).
+    """
+    if result.interrupted or result.metrics_path is None:
+        return []
+    path = plot_training_curves(result.metrics_path, Path(result.run_dir) / "plots" / "training_curves.png")
+    result.plots = [path] if path is not None else []
+    return result.plots

@@ -14,9 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from torchvote import losses
-from torchvote.config import LossConfig
-from torchvote.models.registry import ClassifierOutput, ModelSpec, SequenceOutput
+from torchvote.models.registry import ClassifierOutput, SequenceOutput
 from torchvote.training.data import TaskData, prepare_images
 
 __all__ = [
@@ -28,10 +26,6 @@ __all__ = [
     "get_task_handler",
     "make_objective",
 ]
-
-#: ``objective(output, batch, step) -> (loss, {name: value})``.
-Objective = Callable[[Any, dict[str, Tensor], int], tuple[Tensor, dict[str, Tensor]]]
-
 
 def _check_output(output: Any, expected: type, model: nn.Module) -> None:
     if not isinstance(output, expected):
@@ -57,6 +51,18 @@ class TaskHandler:
 
     def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> Any:
         raise NotImplementedError
+
+    def logits_and_targets(self, output: Any, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """What a cross-entropy compares: ``(logits (..., classes), targets (...))``.
+
+        Raises:
+            ValueError: the batch has no single target per prediction.
+        """
+        raise NotImplementedError
+
+    def ignore_index(self, pad_id: int | None) -> int:
+        """The target id a cross-entropy skips (``-100``: none; seq2seq: the padding)."""
+        return -100
 
     def metric_sums(self, output: Any, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """Sums over the batch (``correct``, ``count`` ...), added up over batches and processes."""
@@ -180,6 +186,11 @@ class ClassificationHandler(TaskHandler):
         _check_output(output, ClassifierOutput, model)
         return output
 
+    def logits_and_targets(self, output: ClassifierOutput, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        if batch["targets"].dim() != 1:
+            raise ValueError("cross-entropy takes one label per image; use loss.name=margin for MultiMNIST")
+        return output.scores, batch["targets"]
+
     def metric_sums(self, output: ClassifierOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         targets = batch["targets"]
         scores = output.scores.detach()
@@ -244,9 +255,12 @@ class LanguageModelHandler(TaskHandler):
         _check_output(output, SequenceOutput, model)
         return output
 
+    def logits_and_targets(self, output: SequenceOutput, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return output.logits, batch["tokens"][:, 1:]  # every next token
+
     def metric_sums(self, output: SequenceOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        targets = batch["tokens"][:, 1:]
-        correct = (output.logits.detach().argmax(dim=-1) == targets).sum().float()
+        logits, targets = self.logits_and_targets(output, batch)
+        correct = (logits.detach().argmax(dim=-1) == targets).sum().float()
         return {
             "correct": correct,
             "count": torch.tensor(float(targets.numel()), device=targets.device),
@@ -320,10 +334,16 @@ class Seq2SeqHandler(TaskHandler):
     def _pad_id(batch: dict[str, Tensor]) -> int:
         return int(batch["pad_id"]) if "pad_id" in batch else 0
 
+    def logits_and_targets(self, output: SequenceOutput, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return output.logits, batch["target"][:, 1:]  # the decoder read target[:, :-1]
+
+    def ignore_index(self, pad_id: int | None) -> int:
+        return pad_id if pad_id is not None else -100
+
     def metric_sums(self, output: SequenceOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        targets = batch["target"][:, 1:]
+        logits, targets = self.logits_and_targets(output, batch)
         real = targets != self._pad_id(batch)
-        right = (output.logits.detach().argmax(dim=-1) == targets) & real
+        right = (logits.detach().argmax(dim=-1) == targets) & real
         return {
             "correct": right.sum().float(),
             "count": real.sum().float(),
@@ -355,95 +375,5 @@ def get_task_handler(task: str) -> TaskHandler:
         raise ValueError(f"no training support for task {task!r}; tasks: {', '.join(_HANDLERS)}") from None
 
 
-# --- losses --------------------------------------------------------------------------------------
-
-
-def make_objective(
-    loss: LossConfig, spec: ModelSpec, total_steps: int, pad_id: int | None = None
-) -> Objective:
-    """The training objective of a run: the configured loss (or the model's registered one).
-
-    Returns:
-        ``objective(output, batch, step) -> (loss, parts)``; ``parts`` holds the terms of the
-        loss (``margin``, ``reconstruction`` ...) and, for the spread loss, the current margin.
-
-    Raises:
-        ValueError: a loss that does not apply to the model's task.
-    """
-    name = spec.loss if loss.name == "auto" else loss.name
-    get_task_handler(spec.task).check_loss(name)
-    ignore_index = pad_id if pad_id is not None and spec.task == "seq2seq" else -100
-
-    if name == "cross-entropy":
-
-        def cross_entropy(
-            output: Any, batch: dict[str, Tensor], step: int
-        ) -> tuple[Tensor, dict[str, Tensor]]:
-            if spec.task == "image-classification":
-                if batch["targets"].dim() != 1:
-                    raise ValueError(
-                        "cross-entropy takes one label per image; use loss.name=margin for MultiMNIST"
-                    )
-                logits, targets = output.scores, batch["targets"]
-            elif spec.task == "language-model":
-                logits, targets = output.logits, batch["tokens"][:, 1:]
-            else:
-                logits, targets = output.logits, batch["target"][:, 1:]
-            value = losses.cross_entropy(
-                logits, targets, label_smoothing=loss.label_smoothing, ignore_index=ignore_index
-            )
-            return value, {"cross_entropy": value.detach()}
-
-        return cross_entropy
-
-    if name == "margin":
-
-        def margin(
-            output: ClassifierOutput, batch: dict[str, Tensor], step: int
-        ) -> tuple[Tensor, dict[str, Tensor]]:
-            targets = _multi_hot(batch["targets"], output.scores.shape[-1])
-            value = losses.margin_loss(
-                output.scores.float(),
-                targets,
-                positive_margin=loss.positive_margin,
-                negative_margin=loss.negative_margin,
-                down_weight=loss.down_weight,
-            )
-            parts = {"margin": value.detach()}
-            if output.reconstructions is not None and loss.reconstruction_weight > 0:
-                reference = (
-                    batch["digits"]
-                    if "digits" in batch and output.reconstructions.dim() == 5
-                    else batch["images"]
-                )
-                term = losses.reconstruction_loss(
-                    output.reconstructions.float(), reference, weight=loss.reconstruction_weight
-                )
-                parts["reconstruction"] = term.detach()
-                value = value + term
-            return value, parts
-
-        return margin
-
-    schedule = losses.SpreadMarginSchedule(
-        steps=loss.spread_ramp_steps or max(total_steps, 1),
-        start=loss.spread_margin_start,
-        end=loss.spread_margin_end,
-    )
-
-    def spread(
-        output: ClassifierOutput, batch: dict[str, Tensor], step: int
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        margin_now = schedule(step)
-        value = losses.spread_loss(output.scores.float(), batch["targets"], margin=margin_now)
-        return value, {"spread": value.detach(), "spread_margin": torch.tensor(margin_now)}
-
-    return spread
-
-
-def _multi_hot(targets: Tensor, num_classes: int) -> Tensor:
-    """``(b,)`` indices stay as they are; ``(b, k)`` label sets (MultiMNIST) become multi-hot."""
-    if targets.dim() == 1:
-        return targets
-    hot = torch.zeros(len(targets), num_classes, device=targets.device)
-    return hot.scatter_(1, targets.long(), 1.0)
+# The objectives build on the handlers; imported last (they look a handler up by task).
+from torchvote.training.objectives import Objective, make_objective  # noqa: E402

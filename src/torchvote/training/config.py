@@ -1,0 +1,358 @@
+"""Training configs: dataclasses as the schema, YAML presets, ``key=value`` overrides (OmegaConf).
+
+A run is described by one :class:`TrainConfig`. It is built from a YAML preset (shipped in
+``torchvote/presets/*.yaml`` or any file a user names), then changed by dotted overrides from the
+command line, as torchtune does with OmegaConf::
+
+    torchvote train mnist-cnn epochs=3 optim.lr=3e-4 model.dropout=0.2 data.shift=2
+    torchvote train capsnet-mnist model.router_options.iterations=2   # or ={iterations: 2}
+
+The dataclasses below are OmegaConf structured configs: every value is checked against the type of
+its field (``int``, ``float``, ``bool``, ``str``, ``Literal`` choices, tuples, ``None`` for
+optional fields) by :func:`~torchvote.training.keyvalue.typed_fields`. ``model.<field>`` keys other
+than ``model.name`` and ``model.preset`` are fields of the model's own config dataclass, checked
+against it; the model config is built from them by one function, :func:`build_model_config`, whose
+``__post_init__`` is the one check of their values. A wrong key or value raises
+:class:`ConfigError`, a ``ValueError`` whose message lists the valid keys or choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from torchvote.training.keyvalue import (
+    ConfigError,
+    coerce_value,
+    field_types,
+    parse_override,
+    parse_value,
+    typed_fields,
+    unknown_key,
+)
+from torchvote.training.schema import (
+    RESUMABLE_KEYS,
+    DataConfig,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "RESUMABLE_KEYS",
+    "ConfigError",
+    "DataConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "build_model_config",
+    "coerce_value",
+    "config_diff",
+    "config_from_dict",
+    "config_to_dict",
+    "list_presets",
+    "load_config",
+    "load_preset",
+    "model_config_from",
+    "parse_override",
+]
+
+
+#: The keys of ``model`` that are not fields of the model's own config.
+_MODEL_KEYS = ("name", "preset")
+
+
+def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
+    """Build a :class:`TrainConfig` from nested mappings (a YAML document), type-checking every
+    value against the dataclass fields (an OmegaConf structured config), the model's fields too.
+
+    Args:
+        values: the document; keys of ``model`` other than ``name`` and ``preset`` are fields of
+            the model's config (as in a preset).
+
+    Returns:
+        The config, its ``__post_init__`` checks passed.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, an unknown model or preset, or a
+            value a config's own checks refuse.
+    """
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"a config must be a mapping of keys to values, got {type(values).__name__}")
+    values = dict(values)
+    model = values.get("model")
+    if isinstance(model, Mapping):  # any other key under `model:` is a field of the model's config
+        overrides = {k: v for k, v in model.items() if k not in _MODEL_KEYS}
+        values["model"] = {**{k: model[k] for k in _MODEL_KEYS if k in model}, "overrides": overrides}
+    checked = typed_fields(TrainConfig, values)
+    try:
+        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), checked))
+    except OmegaConfBaseException as err:  # a __post_init__ check, raised inside OmegaConf
+        cause = err.__cause__ if isinstance(err.__cause__, ValueError) else err
+        raise ConfigError(str(cause).splitlines()[0]) from None
+    assert isinstance(config, TrainConfig)
+    config.model.overrides = _typed_model_overrides(config.model)
+    build_model_config(config.model)  # the model config's own checks, once, at load time
+    return config
+
+
+def config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config as plain nested dicts, lists and scalars (YAML and JSON friendly).
+
+    Model overrides appear as keys of ``model`` beside ``name`` and ``preset``, as in a preset.
+    """
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    values = plain(dataclasses.asdict(config))
+    model = values["model"]
+    values["model"] = {"name": model["name"], "preset": model["preset"], **model["overrides"]}
+    return values
+
+
+def _model_spec(name: str) -> Any:
+    from torchvote.models.registry import get_model_spec
+
+    try:
+        return get_model_spec(name)
+    except ValueError as err:
+        raise ConfigError(f"model.name: {err}") from None
+
+
+def _typed_model_overrides(model: ModelConfig) -> dict[str, Any]:
+    """``model.overrides`` type-checked against the fields of the model's config dataclass."""
+    spec = _model_spec(model.name)
+    names = field_types(spec.config_cls)
+    for name in model.overrides:
+        if name not in names:
+            valid = ["model.name", "model.preset", *(f"model.{n}" for n in names)]
+            raise unknown_key(f"model.{name}", valid, f" for model {model.name!r}")
+    return typed_fields(spec.config_cls, model.overrides, "model")
+
+
+#: Data-dictated model fields that must match exactly (the others are sizes the model may exceed).
+_EXACT_DATA_FIELDS = frozenset({"in_channels", "pad_id"})
+
+
+def build_model_config(model: ModelConfig, **data_fields: Any) -> Any:
+    """The model's config dataclass: its defaults, the preset, the data's fields, the overrides.
+
+    ``data_fields`` are values the data set dictates (``image_size``, ``num_classes``,
+    ``vocab_size``, ``max_len`` ...); they fill the fields the model config has, unless an override
+    set them. An overridden size may exceed the data's (a 40x40 model on 28x28 digits, which are
+    then centred; a larger vocabulary) but not fall short of it; ``in_channels`` and ``pad_id``
+    must match.
+
+    Args:
+        model: the ``model`` section (overrides already type-checked).
+        data_fields: the data set's values.
+
+    Returns:
+        The model's config, checked by its own ``__post_init__`` (the one check of its values).
+
+    Raises:
+        ConfigError: an unknown preset, a value the model config refuses, or an override that
+            contradicts the data.
+    """
+    from torchvote.models.registry import build_config
+
+    names = set(_model_spec(model.name).config_fields())
+    values = dict(model.overrides)
+    for name, value in data_fields.items():
+        if name not in names:
+            continue
+        if name in values:
+            exact = name in _EXACT_DATA_FIELDS
+            if (values[name] != value) if exact else (values[name] < value):
+                relation = "" if exact else " or more"
+                raise ConfigError(
+                    f"model.{name}={values[name]} does not fit the data set, which needs "
+                    f"{name}={value}{relation}"
+                )
+        values.setdefault(name, value)
+    try:
+        return build_config(model.name, model.preset, **values)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model: {err}") from None
+
+
+def model_config_from(config: TrainConfig, **data_fields: Any) -> Any:
+    """The model's config dataclass for a run (:func:`build_model_config` of ``config.model``).
+
+    Raises:
+        ConfigError: an override contradicts the data, or the model config refuses a value.
+    """
+    return build_model_config(config.model, **data_fields)
+
+
+def _set_override(values: dict[str, Any], parts: list[str], raw: str) -> None:
+    """Set one dotted override in the nested ``values`` of a config (see :func:`apply_overrides`).
+
+    The key is looked up in the dataclass fields: a section must not be set whole, a scalar has no
+    keys below it, an unknown key lists the valid ones. ``model.<field>`` keys are kept as text
+    (checked against the model's config once the model is known); keys below a dict field
+    (``data.options.size``, ``model.router_options.iterations``) are read by :func:`parse_value`.
+
+    Raises:
+        ConfigError: an unknown key, a section set whole, or a key below a scalar.
+    """
+    key = ".".join(parts)
+    node: dict[str, Any] = values
+    cls: type | None = TrainConfig
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        prefix = ".".join(parts[:depth])
+        types_ = field_types(cls) if cls is not None else {}
+        if cls is ModelConfig and part not in types_:  # a field of the model's own config
+            cls = None
+        if cls is None:  # the model's fields, or inside a free-form dict
+            if last:
+                node[part] = raw if node is values["model"] else parse_value(raw)
+            else:
+                child = node.get(part)
+                child = parse_value(child) if isinstance(child, str) else dict(child or {})
+                if not isinstance(child, dict):
+                    raise ConfigError(f"{prefix}.{part} is not a section; cannot set {key}")
+                node[part] = node = child
+            continue
+        if part not in types_:
+            raise unknown_key(key, [f"{prefix}.{n}" if prefix else n for n in types_])
+        annotation = types_[part]
+        if last:
+            if dataclasses.is_dataclass(annotation):
+                sub = ", ".join(f"{key}.{n}" for n in field_types(annotation))
+                raise ConfigError(f"{key} is a section; set one of its keys: {sub}")
+            node[part] = raw
+        elif dataclasses.is_dataclass(annotation):
+            node, cls = node[part], annotation
+        elif annotation is dict or typing.get_origin(annotation) is dict:
+            node[part], cls = dict(node.get(part) or {}), None
+            node = node[part]
+        else:
+            raise ConfigError(f"{prefix + '.' if prefix else ''}{part} is not a section; cannot set {key}")
+
+
+def apply_overrides(config: TrainConfig, overrides: Iterable[str]) -> TrainConfig:
+    """A copy of ``config`` with dotted ``key=value`` overrides applied and type-checked.
+
+    ``model.<field>`` keys that are not ``model.name`` / ``model.preset`` set fields of the model's
+    own config; ``data.options.<key>`` keys pass extra keyword arguments to the data set; a dict
+    field takes a mapping (``model.router_options={iterations: 2}``) or its keys one by one
+    (``model.router_options.iterations=2``).
+
+    Raises:
+        ConfigError: an unknown key or a value of the wrong type; the message lists valid keys or
+            choices.
+    """
+    values = config_to_dict(config)
+    for text in overrides:
+        parts, raw = parse_override(text)
+        _set_override(values, parts, raw)
+    return config_from_dict(values)
+
+
+def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two configs -> (value in a, value in b)."""
+
+    def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        flat: dict[str, Any] = {}
+        for name, value in values.items():
+            key = f"{prefix}{name}"
+            if isinstance(value, Mapping):
+                flat.update(flatten(value, key + "."))
+            else:
+                flat[key] = value
+        return flat
+
+    flat_a, flat_b = flatten(config_to_dict(a)), flatten(config_to_dict(b))
+    return {
+        k: (flat_a.get(k), flat_b.get(k))
+        for k in sorted(flat_a.keys() | flat_b.keys())
+        if flat_a.get(k) != flat_b.get(k)
+    }
+
+
+# --- presets ---------------------------------------------------------------------------------------
+
+
+def _preset_dir() -> Any:
+    return importlib.resources.files("torchvote") / "presets"
+
+
+def list_presets() -> dict[str, str]:
+    """Shipped preset names -> their one-line descriptions."""
+    presets: dict[str, str] = {}
+    directory = _preset_dir()
+    if not directory.is_dir():
+        return presets
+    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            document = _read_yaml(entry.read_text(encoding="utf-8"), entry.name)
+            presets[entry.name[: -len(".yaml")]] = str(document.get("description", ""))
+    return presets
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """The YAML document of a shipped preset (by name) or of a YAML file (by path).
+
+    Raises:
+        ConfigError: neither a shipped preset nor an existing file; the message lists the presets.
+        FileNotFoundError: never; a missing path is reported as a ConfigError.
+    """
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"preset file {str(path)!r} does not exist")
+        text = path.read_text(encoding="utf-8")
+    else:
+        entry = _preset_dir() / f"{name_or_path}.yaml"
+        if not entry.is_file():
+            raise ConfigError(
+                f"unknown preset {name_or_path!r}; presets: {', '.join(list_presets()) or '(none)'} "
+                "(or a path to a .yaml file)"
+            )
+        text = entry.read_text(encoding="utf-8")
+    return _read_yaml(text, name_or_path)
+
+
+def _read_yaml(text: str, name: str) -> dict[str, Any]:
+    """A preset's YAML text as plain dicts, read by OmegaConf.
+
+    Raises:
+        ConfigError: not YAML, or not a mapping.
+    """
+    try:
+        document = OmegaConf.to_container(OmegaConf.create(text)) if text.strip() else {}
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"preset {name!r} is not valid YAML: {err}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"preset {name!r} must be a YAML mapping, got {type(document).__name__}")
+    return document
+
+
+def load_config(preset: str | None = None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """A preset (shipped name or YAML path; ``None`` for the defaults) plus dotted overrides.
+
+    Raises:
+        ConfigError: an unknown preset, key or value; the message lists what exists.
+    """
+    values = load_preset(preset) if preset is not None else {}
+    if preset is not None:
+        values.setdefault("preset", Path(preset).stem if Path(preset).suffix in (".yaml", ".yml") else preset)
+    return apply_overrides(config_from_dict(values), overrides)

@@ -1,0 +1,281 @@
+"""The one reader of ``key=value`` text and the one type check of config values (on OmegaConf).
+
+Every ``key=value`` the command line takes goes through :func:`parse_override` and
+:func:`parse_value`: training overrides (``optim.lr=3e-4``, ``model.router_options={iterations:2}``),
+the options of an ``eval_on`` entry (``affnist:canvas=28``, :func:`parse_entry`) and the options of
+``torchvote evaluate --data-option``. Values are read as OmegaConf reads a dotlist (YAML scalars,
+``[lists]``, ``{mappings}``).
+
+Values are checked against the field types of a dataclass by OmegaConf's structured configs
+(:func:`typed_fields`): ``int``, ``float``, ``bool``, ``str``, ``Literal`` choices, ``X | None``,
+tuples and dicts. Errors are :class:`ConfigError` messages that name the key and the expected type
+or the valid keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, Union
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+__all__ = [
+    "ConfigError",
+    "coerce_value",
+    "field_types",
+    "parse_entry",
+    "parse_override",
+    "parse_value",
+    "type_name",
+    "typed_fields",
+    "unknown_key",
+]
+
+_NONE_WORDS = frozenset({"none", "null", "~"})
+_BOOL_WORDS = frozenset({"true", "yes", "on", "1", "false", "no", "off", "0"})
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message says what is valid."""
+
+
+def parse_override(text: str) -> tuple[list[str], str]:
+    """``"optim.lr=1e-3"`` -> ``(["optim", "lr"], "1e-3")``.
+
+    Args:
+        text: one ``key=value`` of the command line.
+
+    Returns:
+        The dotted key's parts and the value's text (stripped), not yet read.
+
+    Raises:
+        ConfigError: no ``=``, or an empty key.
+    """
+    key, sep, value = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise ConfigError(f"expected key=value (e.g. optim.lr=3e-4), got {text!r}")
+    return parts, value.strip()
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as OmegaConf reads a dotlist entry: ``3`` -> 3, ``1e-3`` -> 0.001,
+    ``[0, 1]`` -> a list, ``{iterations: 2}`` (or ``{iterations:2}``) -> a dict, ``null`` -> None,
+    anything else -> the text.
+
+    Args:
+        text: the value's text.
+
+    Returns:
+        The value: a scalar, list, dict, ``None`` or the text itself.
+    """
+    text = text.strip()
+    if text.startswith("{") and text.endswith("}"):  # YAML wants a space after a mapping's colon
+        text = re.sub(r":(?=\S)", ": ", text)
+    return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+
+
+def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
+    """``"name:key=value,key=value"`` -> ``("name", {key: value, ...})`` (an ``eval_on`` entry).
+
+    Args:
+        entry: the text.
+        what: the setting it comes from, for the error message (``eval_on``).
+
+    Returns:
+        The name and its options, each value read by :func:`parse_value`.
+
+    Raises:
+        ConfigError: an option that is not ``key=value``.
+    """
+    name, _, rest = entry.partition(":")
+    return name.strip(), parse_options(
+        (item for item in (part.strip() for part in rest.split(",")) if item), f"{what} entry {entry!r}"
+    )
+
+
+def parse_options(items: Iterable[str], what: str) -> dict[str, Any]:
+    """``["key=value", ...]`` -> ``{key: value}`` (values read by :func:`parse_value`).
+
+    Args:
+        items: the ``key=value`` texts.
+        what: where they come from, for the message (``--data-option``).
+
+    Returns:
+        The options.
+
+    Raises:
+        ConfigError: an item that is not ``key=value``; the message starts with ``what``.
+    """
+    options: dict[str, Any] = {}
+    for item in items:
+        try:
+            parts, raw = parse_override(item)
+        except ConfigError:
+            raise ConfigError(f"{what}: options must be key=value, got {item!r}") from None
+        options[".".join(parts)] = parse_value(raw)
+    return options
+
+
+def type_name(annotation: Any) -> str:
+    """A type annotation as the error messages write it (``int | none``, ``comma-separated ints``)."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(repr(choice) for choice in typing.get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_name(arm) for arm in typing.get_args(annotation))
+    if origin is tuple:
+        args = typing.get_args(annotation)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"comma-separated {type_name(args[0])}s"
+        return f"tuple of ({', '.join(type_name(a) for a in args)})"
+    if annotation is type(None):
+        return "none"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a dataclass's init fields."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def unknown_key(key: str, valid: Iterable[str], what: str = "") -> ConfigError:
+    """The error for a key that does not exist.
+
+    Args:
+        key: the dotted key given.
+        valid: the dotted keys that exist there.
+        what: more words after the key (`` for model 'capsnet'``).
+
+    Returns:
+        The :class:`ConfigError` to raise; its message lists ``valid``.
+    """
+    return ConfigError(f"unknown key {key!r}{what}; valid keys: {', '.join(valid)}")
+
+
+def _arms(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _prepare(value: Any, annotation: Any, key: str) -> Any:
+    """Command-line conventions OmegaConf does not know, before it checks the type: ``none`` for
+    an optional field, ``8,16`` or ``(8, 16)`` for a tuple, a ``{mapping}`` or number in free-form
+    fields; and stricter than OmegaConf: a ``str`` field takes only text, a ``bool`` field only
+    the words true/false/yes/no/on/off/1/0."""
+    arms = _arms(annotation)
+    if not isinstance(value, str):
+        if str in arms and value is not None and len(arms) == 1:
+            raise ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r}")
+        return value
+    if type(None) in arms and value.lower() in _NONE_WORDS:
+        return None
+    if any(typing.get_origin(arm) is tuple for arm in arms):
+        text = value.strip()
+        if len(text) >= 2 and text[0] + text[-1] in ("()", "[]"):
+            text = text[1:-1]
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if annotation is Any or any(arm is dict or typing.get_origin(arm) is dict for arm in arms):
+        return parse_value(value)
+    if bool in arms and value.lower() not in _BOOL_WORDS:
+        raise ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r}")
+    return value
+
+
+def _type_error(annotation: Any, value: Any, key: str) -> ConfigError:
+    """The message for a value OmegaConf rejected: the choices, the bad element, or the type."""
+    if typing.get_origin(annotation) is Literal:
+        choices = ", ".join(str(choice) for choice in typing.get_args(annotation))
+        return ConfigError(f"{key}: {value!r} is not one of: {choices}")
+    for arm in _arms(annotation):
+        args = typing.get_args(arm)
+        if typing.get_origin(arm) is tuple and isinstance(value, (list, tuple)):
+            homogeneous = len(args) == 2 and args[1] is Ellipsis
+            if homogeneous or len(args) == len(value):
+                for index, item in enumerate(value):
+                    coerce_value(item, args[0] if homogeneous else args[index], f"{key}[{index}]")
+    return ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r}")
+
+
+def typed_fields(cls: type, values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Check ``values`` (field name -> value) against the fields of the dataclass ``cls`` with
+    OmegaConf's structured config; return them converted (tuples as tuples, nested dataclass
+    sections as plain dicts).
+
+    Args:
+        cls: the dataclass (its field types are the schema).
+        values: the fields to set; nested dataclass fields take mappings.
+        prefix: the dotted key of ``cls`` in the whole config, for the messages.
+
+    Returns:
+        The converted values, only the keys of ``values``.
+
+    Raises:
+        ConfigError: an unknown key (the message lists the valid ones) or a value of the wrong
+            type (the message names the key and the type).
+    """
+    dotted = f"{prefix}." if prefix else ""
+    types_ = field_types(cls)
+    prepared: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in types_:
+            raise unknown_key(f"{dotted}{name}", [f"{dotted}{n}" for n in types_])
+        annotation = types_[name]
+        if dataclasses.is_dataclass(annotation):
+            if not isinstance(value, Mapping):
+                sub = ", ".join(f"{dotted}{name}.{n}" for n in field_types(annotation))
+                raise ConfigError(f"{dotted}{name} is a section; set one of its keys: {sub}")
+            prepared[name] = typed_fields(annotation, value, f"{dotted}{name}")
+        else:
+            prepared[name] = _prepare(value, annotation, f"{dotted}{name}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cls), prepared)
+    except (ConfigAttributeError, ConfigKeyError) as err:  # pragma: no cover - caught above
+        raise unknown_key(f"{dotted}{err.full_key}", [f"{dotted}{n}" for n in types_]) from None
+    except OmegaConfBaseException as err:
+        name = str(err.key) if err.key is not None and str(err.key) in types_ else None
+        if name is None:  # an element of a sequence: find the field it belongs to
+            name = next(n for n in prepared if isinstance(prepared[n], (list, tuple)))
+        raise _type_error(types_[name], prepared[name], f"{dotted}{name}") from None
+    converted = OmegaConf.to_container(merged)
+    return {name: converted[name] for name in values}
+
+
+def coerce_value(value: Any, annotation: Any, key: str) -> Any:
+    """Check one value (a command-line string or a YAML value) against ``annotation``; convert it.
+
+    Args:
+        value: the raw value.
+        annotation: a resolved type: ``int``, ``float``, ``bool``, ``str``, ``Literal[...]``,
+            ``X | None``, ``tuple[X, ...]``, ``dict[str, Any]`` or ``Any``.
+        key: the dotted key, for the error message.
+
+    Returns:
+        The converted value.
+
+    Raises:
+        ConfigError: the value does not fit; the message names the key and the expected type.
+    """
+    if annotation is Any:
+        return parse_value(value) if isinstance(value, str) else value
+    holder = _holder(annotation)
+    try:
+        return typed_fields(holder, {"value": value})["value"]
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(key + message[len("value") :] if message.startswith("value") else message) from None
+
+
+@functools.cache
+def _holder(annotation: Any) -> type:
+    """A one-field dataclass whose field has the type ``annotation`` (for :func:`coerce_value`)."""
+    return dataclasses.make_dataclass("Value", [("value", annotation)])

@@ -1,0 +1,125 @@
+"""Training objectives: the configured loss (or the model's registered one) as
+``objective(output, batch, step) -> (loss, parts)``.
+
+One builder per loss (:data:`_BUILDERS`); what a batch's logits and targets are is the task
+handler's business (:meth:`~torchvote.training.tasks.TaskHandler.logits_and_targets`), so no
+objective looks at the task's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from torchvote import losses
+from torchvote.models.registry import ClassifierOutput, ModelSpec
+from torchvote.training.schema import LossConfig
+
+__all__ = ["Objective", "make_objective"]
+
+#: ``objective(output, batch, step) -> (loss, {name: value})``.
+Objective = Callable[[Any, dict[str, Tensor], int], tuple[Tensor, dict[str, Tensor]]]
+
+
+def make_objective(
+    loss: LossConfig, spec: ModelSpec, total_steps: int, pad_id: int | None = None
+) -> Objective:
+    """The training objective of a run: the configured loss (or the model's registered one).
+
+    Args:
+        loss: the loss section of the config.
+        spec: the registered model (its task and default loss).
+        total_steps: the run's length (the spread-loss margin schedule spans it).
+        pad_id: the padding id of sequence data (skipped by a seq2seq cross-entropy).
+
+    Returns:
+        ``objective(output, batch, step) -> (loss, parts)``; ``parts`` holds the terms of the
+        loss (``margin``, ``reconstruction`` ...) and, for the spread loss, the current margin.
+
+    Raises:
+        ValueError: a loss that does not apply to the model's task.
+    """
+    from torchvote.training.tasks import get_task_handler
+
+    name = spec.loss if loss.name == "auto" else loss.name
+    handler = get_task_handler(spec.task)
+    handler.check_loss(name)
+    return _BUILDERS[name](loss, handler, total_steps, pad_id)
+
+
+def _cross_entropy(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None) -> Objective:
+    ignore_index = handler.ignore_index(pad_id)
+
+    def cross_entropy(output: Any, batch: dict[str, Tensor], step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        logits, targets = handler.logits_and_targets(output, batch)
+        value = losses.cross_entropy(
+            logits, targets, label_smoothing=loss.label_smoothing, ignore_index=ignore_index
+        )
+        return value, {"cross_entropy": value.detach()}
+
+    return cross_entropy
+
+
+def _margin(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None) -> Objective:
+    def margin(
+        output: ClassifierOutput, batch: dict[str, Tensor], step: int
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        targets = _multi_hot(batch["targets"], output.scores.shape[-1])
+        value = losses.margin_loss(
+            output.scores.float(),
+            targets,
+            positive_margin=loss.positive_margin,
+            negative_margin=loss.negative_margin,
+            down_weight=loss.down_weight,
+        )
+        parts = {"margin": value.detach()}
+        if output.reconstructions is not None and loss.reconstruction_weight > 0:
+            reference = (
+                batch["digits"]
+                if "digits" in batch and output.reconstructions.dim() == 5
+                else batch["images"]
+            )
+            term = losses.reconstruction_loss(
+                output.reconstructions.float(), reference, weight=loss.reconstruction_weight
+            )
+            parts["reconstruction"] = term.detach()
+            value = value + term
+        return value, parts
+
+    return margin
+
+
+def _spread(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None) -> Objective:
+    schedule = losses.SpreadMarginSchedule(
+        steps=loss.spread_ramp_steps or max(total_steps, 1),
+        start=loss.spread_margin_start,
+        end=loss.spread_margin_end,
+    )
+
+    def spread(
+        output: ClassifierOutput, batch: dict[str, Tensor], step: int
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        margin_now = schedule(step)
+        value = losses.spread_loss(output.scores.float(), batch["targets"], margin=margin_now)
+        return value, {"spread": value.detach(), "spread_margin": torch.tensor(margin_now)}
+
+    return spread
+
+
+#: Loss name -> ``builder(loss_config, handler, total_steps, pad_id) -> objective``.
+_BUILDERS: dict[str, Callable[[LossConfig, Any, int, int | None], Objective]] = {
+    "cross-entropy": _cross_entropy,
+    "margin": _margin,
+    "spread": _spread,
+}
+
+
+def _multi_hot(targets: Tensor, num_classes: int) -> Tensor:
+    """``(b,)`` indices stay as they are; ``(b, k)`` label sets (MultiMNIST) become multi-hot."""
+    if targets.dim() == 1:
+        return targets
+    hot = torch.zeros(len(targets), num_classes, device=targets.device)
+    return hot.scatter_(1, targets.long(), 1.0)

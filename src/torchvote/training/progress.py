@@ -1,0 +1,99 @@
+"""The progress bar and the window of training metrics between two log lines."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from torchvote.training.distributed import DistributedContext, all_reduce_sum
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """A tqdm bar plus the metric sums of the steps since the last log line.
+
+    Args:
+        total: the run's steps.
+        initial: steps already done (a resumed run).
+        enabled: draw the bar (rank 0 with ``progress=True``).
+    """
+
+    def __init__(self, *, total: int, initial: int, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            disable=not enabled,
+            leave=True,
+        )
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.items = 0
+        self.start = time.perf_counter()
+
+    def add(self, loss: Tensor, sums: dict[str, Tensor], items: int) -> None:
+        """Add one step: its loss, its metric sums (with ``count``), its images / tokens."""
+        count = sums["count"]
+        for key, value in {**sums, "loss_sum": loss.float() * count, "loss_count": count}.items():
+            self.sums[key] = self.sums.get(key, 0) + value.float()
+        self.items += items
+        self.bar.update(1)
+
+    def report(self, handler: Any, context: DistributedContext, *, lr: float) -> dict[str, float]:
+        """Close the window: its metrics summed over the processes, shown beside the bar; the
+        next window starts now.
+
+        Args:
+            handler: the task handler (its ``summarize`` and ``unit``).
+            context: the data-parallel context.
+            lr: the current learning rate, for the record.
+
+        Returns:
+            The metrics record: ``loss``, ``accuracy``, ``lr`` and ``<unit>_per_second``.
+        """
+        seconds = time.perf_counter() - self.start
+        keys = sorted(self.sums)
+        totals = all_reduce_sum(torch.stack([self.sums[k] for k in keys]), context)
+        metrics = handler.summarize(dict(zip(keys, totals.tolist(), strict=True)))
+        rate = self.items * context.world_size / max(seconds, 1e-9)
+        self._reset()
+        unit = handler.unit
+        self.bar.set_postfix(
+            {
+                "loss": f"{metrics['loss']:.4f}",
+                "acc": f"{100 * metrics['accuracy']:.2f}%",
+                f"{unit}/s": f"{rate:,.0f}",
+            },
+            refresh=False,
+        )
+        return {
+            "loss": metrics["loss"],
+            "accuracy": metrics["accuracy"],
+            "lr": lr,
+            f"{unit}_per_second": rate,
+        }
+
+    def write(self, message: str) -> None:
+        """A line above the bar (on stderr)."""
+        self.bar.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        """Close the bar (idempotent)."""
+        self.bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

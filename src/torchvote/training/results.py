@@ -1,0 +1,184 @@
+"""What a training run gives back (:class:`TrainResult`, :class:`StepInfo`), and what a resumed
+run starts from: its newest intact checkpoint (:func:`find_resumable_checkpoint`) and its config
+(:func:`load_run_config`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from torchvote.training.checkpoint import (
+    LATEST,
+    CheckpointError,
+    CheckpointPaths,
+    find_checkpoint,
+    load_training_state,
+    read_weights,
+)
+from torchvote.training.config import (
+    RESUMABLE_KEYS,
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    config_diff,
+    config_from_dict,
+)
+from torchvote.training.evaluate import result_row
+from torchvote.training.metrics import format_table
+
+__all__ = [
+    "StepInfo",
+    "TrainResult",
+    "check_resumable",
+    "find_resumable_checkpoint",
+    "load_run_config",
+]
+
+
+@dataclass
+class StepInfo:
+    """What a callback sees after each optimiser step.
+
+    Attributes:
+        step: optimiser steps completed so far.
+        epoch: the epoch the step belongs to (from 0).
+        loss: the loss of this process's part of the batch.
+        model: the model (not the DDP wrapper).
+    """
+
+    step: int
+    epoch: int
+    loss: float
+    model: nn.Module
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :func:`~torchvote.training.train`.
+
+    Attributes:
+        run_dir: where checkpoints, metrics and plots went.
+        checkpoint: the last checkpoint written (``None`` on ranks other than 0).
+        metrics_path: the ``metrics.jsonl`` file (rank 0).
+        results: evaluation metrics per data set (``"mnist/test"`` -> metrics).
+        step, epoch: progress reached.
+        interrupted: the run stopped on Ctrl-C / SIGTERM / KeyboardInterrupt.
+        model: the trained model (not the DDP wrapper).
+        config: the run's config.
+        plots: plot files drawn after the run (:func:`~torchvote.training.plots.plot_run`, which
+            the command line calls); empty until then.
+    """
+
+    run_dir: Path
+    checkpoint: CheckpointPaths | None
+    metrics_path: Path | None
+    results: dict[str, dict[str, float]]
+    step: int
+    epoch: int
+    interrupted: bool
+    model: nn.Module
+    config: TrainConfig
+    plots: list[Path] = field(default_factory=list)
+
+    def table(self) -> str:
+        """The plain-text result table."""
+        return format_table([{"data": name, **result_row(metrics)} for name, metrics in self.results.items()])
+
+
+def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The config a run was started with (from its newest intact checkpoint), plus ``overrides``
+    of the keys a resumed run may change (:data:`~torchvote.training.config.RESUMABLE_KEYS`).
+
+    Args:
+        run_dir: the run folder.
+        overrides: ``key=value`` texts.
+
+    Returns:
+        The config to pass to ``train(config, resume=run_dir)``.
+
+    Raises:
+        CheckpointError: no readable checkpoint in ``run_dir``.
+        ConfigError: an override of a key that would change the weights.
+    """
+    _, state, _ = find_resumable_checkpoint(run_dir)
+    saved = config_from_dict(state["config"])
+    config = apply_overrides(saved, overrides)
+    check_resumable(saved, config)
+    return config
+
+
+def check_resumable(saved: TrainConfig, config: TrainConfig) -> None:
+    """Check that ``config`` changes only :data:`~torchvote.training.config.RESUMABLE_KEYS` of a
+    run's ``saved`` config.
+
+    Raises:
+        ConfigError: naming every other key that changed, with both values.
+    """
+    changed = {
+        k: v
+        for k, v in config_diff(saved, config).items()
+        if k not in RESUMABLE_KEYS | {"run_dir", "out_dir"}
+    }
+    if changed:
+        details = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changed.items())
+        raise ConfigError(
+            f"cannot resume with a different config: {details}; a resumed run may only change "
+            f"{', '.join(sorted(RESUMABLE_KEYS))}"
+        )
+
+
+def _step_of(name: str) -> int:
+    return int(name.split("-", 1)[1]) if name.startswith("step-") and name[5:].isdigit() else -1
+
+
+def find_resumable_checkpoint(
+    location: str | os.PathLike[str],
+) -> tuple[CheckpointPaths, dict[str, Any], list[str]]:
+    """The newest checkpoint of a run whose two files both read back whole.
+
+    For a run (or checkpoints) folder the candidates are the ``latest`` one, then the older
+    ``step-*`` checkpoints, newest first; a truncated or corrupt weights or state file, or a
+    missing one, makes it skip to the next. Nothing is deleted or changed. A file named directly
+    is read as it is, without falling back.
+
+    Args:
+        location: a run folder, its checkpoints folder, or one checkpoint's file.
+
+    Returns:
+        ``(paths, state, skipped)``: the checkpoint, its training state, and one line per newer
+        checkpoint skipped, saying what is wrong with it (empty when the newest was intact).
+
+    Raises:
+        CheckpointError: no checkpoint there, or none intact; the message names every file and
+            what is wrong with it.
+    """
+    location = Path(location)
+    if not location.is_dir():
+        paths = find_checkpoint(location)
+        read_weights(paths.weights)
+        return paths, load_training_state(paths.state), []
+    directory = location / "checkpoints" if (location / "checkpoints").is_dir() else location
+    pointer = directory / LATEST
+    latest = pointer.read_text(errors="replace").strip() if pointer.is_file() else ""
+    stems = {p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")}
+    newest = _step_of(latest) if _step_of(latest) >= 0 else max(map(_step_of, stems), default=-1)
+    older = sorted((n for n in stems if _step_of(n) < newest), key=_step_of, reverse=True)
+    names = ([latest] if _step_of(latest) >= 0 else [n for n in stems if _step_of(n) == newest]) + older
+    if not names:
+        find_checkpoint(location)  # raises: no checkpoint there
+    skipped: list[str] = []
+    for name in names:
+        paths = CheckpointPaths.of(directory, name)
+        try:
+            read_weights(paths.weights)
+            state = load_training_state(paths.state)
+        except CheckpointError as err:
+            skipped.append(" ".join(str(err).split()))
+            continue
+        return paths, state, skipped
+    raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(skipped))

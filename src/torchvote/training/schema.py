@@ -1,0 +1,238 @@
+"""The schema of a training run: :class:`TrainConfig` and its sections, as dataclasses.
+
+They are OmegaConf structured configs: :mod:`torchvote.training.config` checks every value of a
+preset or an override against these field types, then builds the dataclasses, whose
+``__post_init__`` checks the values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torchvote.training.keyvalue import ConfigError, parse_entry
+from torchvote.validation import check_positive_int, check_probability
+
+__all__ = [
+    "RESUMABLE_KEYS",
+    "DataConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "TrainConfig",
+]
+
+
+@dataclass
+class ModelConfig:
+    """Which model to train.
+
+    Args:
+        name: a registered model (``torchvote list models``).
+        preset: one of the model's size presets; ``None`` for its defaults.
+        overrides: fields of the model's own config (``model.<field>=value`` on the command line).
+    """
+
+    name: str = "cnn-baseline"
+    preset: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Which data to train and evaluate on.
+
+    Args:
+        name: a data set of ``torchvote.data`` (``torchvote list datasets``).
+        eval_name: the data set evaluated after each epoch; ``None`` for ``name``.
+        eval_split: the split evaluated after each epoch (``None``: ``test``, or ``val`` for data
+            sets without a test split).
+        root: folder holding the data files, where the data set reads files.
+        limit: keep only this many training examples (``None``: all).
+        eval_limit: keep only this many evaluation examples.
+        shift: random shift of each training image by up to this many pixels (CapsNet: 2).
+        canvas: place each training image at a random position on a black canvas of this side
+            (the affNIST recipe: 40); evaluation images are centred on it.
+        options: further keyword arguments of the data set (``data.options.<key>=value``).
+    """
+
+    name: str = "small-digits"
+    eval_name: str | None = None
+    eval_split: str | None = None
+    root: str | None = None
+    limit: int | None = None
+    eval_limit: int | None = None
+    shift: int = 0
+    canvas: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and learning-rate schedule.
+
+    Args:
+        name: ``adam``, ``adamw`` or ``sgd`` (with ``momentum``, Nesterov off).
+        lr: peak learning rate.
+        weight_decay: L2 (adam, sgd) or decoupled (adamw) weight decay.
+        momentum: SGD momentum.
+        beta1, beta2: Adam betas.
+        schedule: ``constant``; ``exponential`` (``lr * decay_rate ** (step / decay_steps)``, the
+            CapsNet schedule); ``cosine`` (to ``min_lr_ratio * lr`` at the last step);
+            ``onecycle`` (``torch.optim.lr_scheduler.OneCycleLR``).
+        decay_rate, decay_steps: of the exponential schedule.
+        warmup_steps: linear warm-up from 0 (constant, exponential, cosine).
+        min_lr_ratio: final learning rate of the cosine schedule, relative to ``lr``.
+        grad_clip: clip the global gradient norm to this value; ``None``: no clipping.
+    """
+
+    name: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    # the learning-rate schedule
+    schedule: Literal["constant", "exponential", "cosine", "onecycle"] = "constant"
+    decay_rate: float = 0.96
+    decay_steps: int = 2000
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    grad_clip: float | None = None
+
+
+@dataclass
+class LossConfig:
+    """The training loss.
+
+    Args:
+        name: ``auto`` (the model's registered loss), ``cross-entropy``, ``margin`` (plus the
+            reconstruction loss when the model reconstructs) or ``spread``.
+        label_smoothing: of the cross-entropy.
+        reconstruction_weight: scale of the summed squared reconstruction error (CapsNet: 0.0005).
+        positive_margin, negative_margin, down_weight: ``m+``, ``m-`` and ``lambda`` of the margin
+            loss.
+        spread_margin_start, spread_margin_end: the spread-loss margin schedule (0.2 -> 0.9).
+        spread_ramp_steps: steps over which the margin rises; ``None``: the whole run.
+    """
+
+    name: Literal["auto", "cross-entropy", "margin", "spread"] = "auto"
+    label_smoothing: float = 0.0
+    reconstruction_weight: float = 0.0005
+
+    # the margin loss
+    positive_margin: float = 0.9
+    negative_margin: float = 0.1
+    down_weight: float = 0.5
+
+    # the spread loss
+    spread_margin_start: float = 0.2
+    spread_margin_end: float = 0.9
+    spread_ramp_steps: int | None = None
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run.
+
+    Args:
+        description: one line shown by ``torchvote list presets``.
+        preset: the preset the config was loaded from (set by :func:`load_config`, for the record
+            and the run folder's name).
+        model, data, optim, loss: the sections above.
+        batch_size: the global batch size; each of N data-parallel processes takes
+            ``batch_size / N`` of it, so the same config gives the same training on 1 or N.
+        eval_batch_size: batch size of evaluation (per process).
+        epochs: passes over the training set.
+        max_steps: stop after this many optimiser steps (``None``: ``epochs`` decide).
+        eval_every: evaluate every this many epochs (0: only at the end).
+        eval_on: further data sets evaluated at the end of the run (e.g. ``affnist``, or with the data
+            set's options ``affnist:canvas=28``).
+        checkpoint_every: also checkpoint every this many steps (0: at each epoch end only).
+        keep_checkpoints: how many checkpoints to keep (the newest).
+        seed: seeds the model initialisation, the data order and every random augmentation.
+        bf16: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``.
+        deterministic: ``torch.use_deterministic_algorithms(True)``.
+        device: ``auto`` (cuda if available), ``cpu``, ``cuda`` or ``cuda:<index>``.
+        num_workers: processes that assemble batches (0: the main process).
+        log_every: steps between two metrics lines and progress-bar updates.
+        progress: show a progress bar.
+        tensorboard: also write TensorBoard events, if ``tensorboard`` is installed.
+        out_dir: runs go to ``<out_dir>/<preset or model>-<time>`` unless ``run_dir`` is set.
+        run_dir: where checkpoints, metrics and plots go.
+    """
+
+    description: str = ""
+    preset: str | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    batch_size: int = 128
+    eval_batch_size: int = 500
+    epochs: int = 1
+    max_steps: int | None = None
+    eval_every: int = 1
+    eval_on: tuple[str, ...] = ()
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    seed: int = 0
+    bf16: bool = False
+    deterministic: bool = False
+    device: str = "auto"
+    num_workers: int = 0
+    log_every: int = 20
+    progress: bool = True
+    tensorboard: bool = True
+    out_dir: str = "runs"
+    run_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
+        positive |= {"epochs": self.epochs, "log_every": self.log_every, "optim.lr": self.optim.lr}
+        positive |= {"keep_checkpoints": self.keep_checkpoints}
+        for key, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{key} must be positive, got {value}")
+        non_negative = {"eval_every": self.eval_every, "checkpoint_every": self.checkpoint_every}
+        non_negative |= {"num_workers": self.num_workers, "data.shift": self.data.shift}
+        non_negative |= {"optim.warmup_steps": self.optim.warmup_steps}
+        for key, value in non_negative.items():
+            try:
+                check_positive_int(value, key, minimum=0)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"max_steps must be positive or None, got {self.max_steps}")
+        try:
+            check_probability(self.loss.label_smoothing, "loss.label_smoothing")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:<index>, got {self.device!r}")
+        for entry in self.eval_on:  # read now, not after hours of training
+            parse_entry(entry, "eval_on")
+
+
+#: Keys a resumed run may change (they do not change the weights it reaches).
+RESUMABLE_KEYS: frozenset[str] = frozenset(
+    {
+        "epochs",
+        "max_steps",
+        "eval_every",
+        "eval_on",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "device",
+        "num_workers",
+        "log_every",
+        "progress",
+        "tensorboard",
+        "eval_batch_size",
+        "data.eval_name",
+        "data.eval_split",
+        "data.eval_limit",
+        "description",
+    }
+)

@@ -1,0 +1,192 @@
+"""The set-up of a training run, before its loop: the run folder, the seeds, the data, and the
+state a resumed run restores (see :mod:`torchvote.training.loop` for the determinism rules)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from torchvote.training.checkpoint import (
+    CheckpointError,
+    CheckpointPaths,
+    capture_rng_state,
+    load_model_weights,
+    restore_rng_state,
+)
+from torchvote.training.config import ConfigError, TrainConfig, config_from_dict, config_to_dict
+from torchvote.training.data import TaskData
+from torchvote.training.distributed import DistributedContext
+from torchvote.training.evaluate import load_data
+from torchvote.training.results import check_resumable
+from torchvote.training.tasks import TaskHandler
+
+__all__ = [
+    "load_run_data",
+    "model_metadata",
+    "new_run_dir",
+    "restore_state",
+    "seed_everything",
+    "training_state",
+]
+
+
+def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
+    """The folder of a new run: ``run_dir``, or ``<out_dir>/<preset or model>-<time>``.
+
+    Raises:
+        ConfigError: ``run_dir`` already holds a run (it is resumed, never overwritten).
+    """
+    if config.run_dir is not None:
+        path = Path(config.run_dir)
+        if (path / "checkpoints" / "latest").exists():
+            raise ConfigError(
+                f"run folder {path} already holds a run; continue it with "
+                f"`torchvote train --resume {path}` or choose another run_dir"
+            )
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        prefix = config.preset or config.model.name
+        path = Path(config.out_dir) / f"{prefix}-{stamp}"
+        suffix = 1
+        while path.exists():
+            suffix += 1
+            path = Path(config.out_dir) / f"{prefix}-{stamp}-{suffix}"
+    if context.is_distributed:  # every process uses rank 0's choice
+        chosen = [str(path)]
+        dist.broadcast_object_list(chosen, src=0)
+        path = Path(chosen[0])
+    return path
+
+
+def seed_everything(config: TrainConfig, device: torch.device) -> None:
+    """Seed python, numpy and torch from ``config.seed``; deterministic algorithms if asked."""
+    random.seed(config.seed)
+    np.random.seed(config.seed % 2**32)  # noqa: NPY002 (code that uses the global state)
+    torch.manual_seed(config.seed)
+    if config.deterministic:
+        if device.type == "cuda":  # cuBLAS needs a fixed workspace to be deterministic
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, TaskData, dict[str, Any]]:
+    """The training and evaluation data of a run, and the model fields the data dictates.
+
+    Returns:
+        ``(train, eval, fields)``; ``fields["image_size"]`` is ``data.canvas`` when set.
+
+    Raises:
+        ConfigError: a canvas smaller than the images.
+        ValueError: an unknown data set.
+    """
+    data = config.data
+    train = load_data(handler, data.name, "train", options=data.options, root=data.root, limit=data.limit)
+    eval_name = data.eval_name or data.name
+    evaluation = load_data(
+        handler,
+        eval_name,
+        data.eval_split,
+        options=data.options if eval_name == data.name else {},
+        root=data.root,
+        limit=data.eval_limit,
+    )
+    fields = dict(train.fields)
+    if data.canvas is not None:
+        if data.canvas < fields.get("image_size", 0):
+            raise ConfigError(
+                f"data.canvas={data.canvas} is smaller than the {fields['image_size']}-pixel images"
+            )
+        fields["image_size"] = data.canvas
+    return train, evaluation, fields
+
+
+def model_metadata(spec: Any, model_config: Any, config: TrainConfig) -> dict[str, str]:
+    """The strings stored with a checkpoint's weights: the registered model, its config as JSON
+    (so ``torchvote evaluate`` rebuilds it from the file alone), the task and the data set."""
+    return {
+        "model": spec.name,
+        "model_config": json.dumps(_plain(dataclasses.asdict(model_config))),
+        "task": spec.task,
+        "data": config.data.name,
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def training_state(run: Any, epoch: int, position: int) -> dict[str, Any]:
+    """The training state a checkpoint stores for ``run`` (the loop's run object) at its step.
+
+    Args:
+        run: has ``step``, ``config``, ``context``, ``train_data``, ``optimizer``, ``scheduler``
+            and ``total_steps``.
+        epoch, position: where a run resumed from this step starts.
+
+    Returns:
+        ``weights_only``-safe containers and tensors.
+    """
+    return {
+        "step": run.step,
+        "epoch": epoch,
+        "data_order": {
+            "seed": run.config.seed,
+            "epoch": epoch,
+            "position": position,
+            "num_examples": len(run.train_data),
+            "global_batch": run.config.batch_size,
+        },
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "rng": capture_rng_state(),
+        "config": config_to_dict(run.config),
+        "world_size": run.context.world_size,
+        "total_steps": run.total_steps,
+    }
+
+
+def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> int:
+    """Load a checkpoint into ``run`` (model, optimiser, scheduler, RNG states); return its step.
+
+    Raises:
+        ConfigError: the run's config changed more than a resume may, or a onecycle schedule
+            would be stretched.
+        CheckpointError: the checkpoint was written for other data or does not fit the model.
+    """
+    check_resumable(config_from_dict(state["config"]), run.config)
+    order = state["data_order"]
+    if order["num_examples"] != len(run.train_data) or order["global_batch"] != run.config.batch_size:
+        raise CheckpointError(
+            f"{paths.state} was written for {order['num_examples']} training examples in batches of "
+            f"{order['global_batch']}; this run has {len(run.train_data)} in batches of "
+            f"{run.config.batch_size}"
+        )
+    if run.config.optim.schedule == "onecycle" and state.get("total_steps") != run.total_steps:
+        raise ConfigError(
+            f"the onecycle schedule of this run was set for {state.get('total_steps')} steps; "
+            f"it cannot be stretched to {run.total_steps} (keep epochs and max_steps as they were)"
+        )
+    load_model_weights(run.model, paths.weights)
+    try:
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["scheduler"])
+    except (ValueError, KeyError, RuntimeError) as err:
+        raise CheckpointError(f"{paths.state}: optimiser or scheduler state does not fit: {err}") from None
+    restore_rng_state(state["rng"])
+    return int(state["step"])

@@ -1,0 +1,50 @@
+"""Stopping a run cleanly: Ctrl-C and SIGTERM ask the loop to save and stop after the step."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["StopRequest"]
+
+
+class StopRequest:
+    """While entered, SIGINT and SIGTERM set :attr:`requested` instead of killing the process;
+    a second Ctrl-C raises ``KeyboardInterrupt`` at once (no checkpoint). The previous handlers
+    come back on exit. Outside the main thread no handler is installed.
+
+    Args:
+        log: prints one line (on rank 0) when a signal arrives.
+    """
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.requested = False
+        self.reason = ""
+        self._log = log
+        self._previous: dict[int, Any] = {}
+
+    def request(self, reason: str) -> None:
+        """Ask the loop to stop after the current step."""
+        self.requested, self.reason = True, reason
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.request(signal.Signals(signum).name)
+        self._log(
+            f"{self.reason} received: saving a checkpoint after this step "
+            "(press Ctrl-C again to stop at once without saving)"
+        )
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

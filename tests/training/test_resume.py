@@ -1,0 +1,85 @@
+"""``--resume`` never loses a run: a truncated or corrupt newest checkpoint is skipped (and kept),
+the run continues from the newest intact one, exactly as a run resumed from that one would."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from torchvote.training import CheckpointError, load_run_config, save_checkpoint, train
+from torchvote.training.results import find_resumable_checkpoint
+
+from .test_loop import _assert_same_weights, _StopAfter, _weights
+
+
+def _damage(path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # garbage over the start: the safetensors header / the zip's first record
+        path.write_bytes(b"\xde\xad\xbe\xef" * 16 + data[64:])
+
+
+@pytest.fixture
+def stopped_run(tiny_config):
+    """A run killed at step 9 with checkpoints every 4 steps: it keeps step-8 and step-9."""
+    run = train(tiny_config("killed", "checkpoint_every=4"), callbacks=[_StopAfter(9)], verbose=False)
+    names = sorted(p.name for p in (run.run_dir / "checkpoints").glob("*.safetensors"))
+    assert names == ["step-00000008.safetensors", "step-00000009.safetensors"]
+    return run.run_dir
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+@pytest.mark.parametrize("broken", ["safetensors", "state.pt"])
+def test_resume_falls_back_to_the_newest_intact_checkpoint(stopped_run, tmp_path, broken, how, capsys):
+    # The reference: the same run resumed from step 8 with step 9 never written.
+    reference_dir = tmp_path / "reference"
+    shutil.copytree(stopped_run, reference_dir)
+    for path in (reference_dir / "checkpoints").glob("step-00000009.*"):
+        path.unlink()
+    (reference_dir / "checkpoints" / "latest").write_text("step-00000008\n")
+    reference = train(load_run_config(reference_dir), resume=reference_dir, verbose=False)
+
+    bad = stopped_run / "checkpoints" / f"step-00000009.{broken}"
+    _damage(bad, how)
+    bad_bytes = bad.read_bytes()
+    capsys.readouterr()
+    resumed = train(load_run_config(stopped_run), resume=stopped_run, verbose=False)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "unreadable" in line]
+    assert len(lines) == 1 and str(bad) in lines[0] and "resuming from step-00000008" in lines[0]
+    assert not resumed.interrupted and resumed.step == reference.step == 12
+    _assert_same_weights(_weights(reference.model), _weights(resumed.model))
+    assert resumed.results == reference.results
+    assert bad.read_bytes() == bad_bytes, "the bad file is kept as it was"
+
+
+def test_no_intact_checkpoint_is_an_error_naming_every_file(stopped_run):
+    for name in ("step-00000009.safetensors", "step-00000008.state.pt"):
+        _damage(stopped_run / "checkpoints" / name, "truncated")
+    with pytest.raises(CheckpointError) as error:
+        load_run_config(stopped_run)
+    message = str(error.value)
+    assert message.startswith(f"no intact checkpoint in {stopped_run / 'checkpoints'}: ")
+    assert "step-00000009.safetensors is corrupt" in message
+    assert "step-00000008.state.pt is corrupt" in message
+    assert (stopped_run / "checkpoints" / "step-00000009.safetensors").is_file()
+
+
+def test_a_missing_newest_checkpoint_or_pointer_falls_back_too(stopped_run):
+    (stopped_run / "checkpoints" / "step-00000009.safetensors").unlink()
+    paths, state, skipped = find_resumable_checkpoint(stopped_run)
+    assert paths.name == "step-00000008" and state["step"] == 8 and len(skipped) == 1
+    (stopped_run / "checkpoints" / "latest").write_text("")
+    assert find_resumable_checkpoint(stopped_run)[0].name == "step-00000008"
+
+
+def test_saving_over_an_existing_checkpoint_keeps_the_old_files(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    first = save_checkpoint(tmp_path, step=3, model=model, model_metadata={}, state={"step": 3})
+    (first.weights).write_bytes(b"unreadable")
+    second = save_checkpoint(tmp_path, step=3, model=model, model_metadata={}, state={"step": 3})
+    assert second == first and second.weights.stat().st_size > 10
+    assert (tmp_path / "step-00000003.safetensors.old").read_bytes() == b"unreadable"
+    assert (tmp_path / "step-00000003.state.pt.old").is_file()
