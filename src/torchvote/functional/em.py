@@ -18,7 +18,7 @@ Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1, wi
 As voting (torchvote's legend: ``i`` receivers = output capsules, ``j`` senders = inputs)::
 
     vote(MomentVotes(V), 0, normalize_over="receivers", sender_weights=a_in,
-         aggregation="sum", accumulate=False, agreement=E-step log-likelihood, iterations=r)
+         aggregation="sum", update="replace", agreement=E-step log-likelihood, iterations=r)
 
 - the softmax over the receivers of ``log a_i + log p_ij`` *is* the E-step's normalisation;
 - ``sender_weights=a_in`` multiplies the assignments by the input activations after the softmax,
@@ -206,6 +206,12 @@ class _MomentVotes:
     def detach(self) -> _MomentVotes:
         return _MomentVotes(self.votes.detach(), self.shift)
 
+    def zero_logits(self) -> Tensor:
+        return self.votes.new_zeros(self.shape[:-1])  # (n, i, j)
+
+    def materialize(self) -> Tensor:
+        return self.votes  # (n, i, j, h)
+
     @property
     def dtype(self) -> torch.dtype:
         return self.votes.dtype
@@ -392,11 +398,11 @@ def _em_block(
 
     result = vote(
         moments,
-        routed.new_zeros(routed.shape[:-1]),  # R_ij = 1 / |Omega_{L+1}|
+        moments.zero_logits(),  # R_ij = 1 / |Omega_{L+1}|
         normalize_over="receivers",
         iterations=len(schedule),
         agreement=e_step,
-        accumulate=False,
+        update="replace",  # the E-step's log a_i + log p_ij is the whole new logit
         aggregation="sum",
         nonlinearity="identity",
         sender_weights=activations,  # (n, j): the M-step's R_ij * a_j

@@ -122,18 +122,6 @@ def as_routing_votes(votes: RoutingVotes, argument: str = "votes") -> Votes:
     return PairwiseVotes(rearrange(votes, "... j i d -> ... i j d"))
 
 
-def _zero_logits(votes: Votes) -> Tensor:
-    """Routing's ``b_ij = 0``: ``(..., i, j)`` zeros for a votes object."""
-    if isinstance(votes, PairwiseVotes):
-        return votes.votes.new_zeros(votes.votes.shape[:-1])
-    if hasattr(votes, "zero_logits"):
-        return votes.zero_logits()
-    raise TypeError(
-        f"cannot start routing from zero logits for {type(votes).__name__}: pass PairwiseVotes, a "
-        "tensor, or a votes object with a zero_logits() method"
-    )
-
-
 def _papers_layout(weights: Tensor) -> Tensor:
     return rearrange(weights, "... i j -> ... j i")  # (..., in_caps, out_caps)
 
@@ -212,7 +200,7 @@ def dynamic_routing(
             b_ij = b_ij + u_hat_j|i . v_j      (not after the last pass)
 
     As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
-    accumulate=True, nonlinearity="squash")``. The default is paper-exact, with gradients through
+    update="accumulate", nonlinearity="squash")``. The default is paper-exact, with gradients through
     every iteration.
 
     Args:
@@ -242,11 +230,11 @@ def dynamic_routing(
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        _zero_logits(routed),
+        routed.zero_logits(),
         normalize_over="receivers",
         iterations=iterations,
         agreement=agreement,
-        accumulate=True,
+        update="accumulate",
         aggregation="sum",
         nonlinearity="squash",
         bias=_bias_for(bias),
@@ -288,7 +276,7 @@ def uniform_routing(
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        _zero_logits(routed),
+        routed.zero_logits(),
         normalize_over="receivers",
         iterations=1,
         nonlinearity=_as_update(nonlinearity, "nonlinearity"),
@@ -320,7 +308,7 @@ def inverted_dot_product_routing(
             p_j  = LayerNorm(sum_i r_ij v_ij)
 
     As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
-    accumulate=False, nonlinearity="layer_norm")``. Unlike dynamic routing the logits are replaced,
+    update="replace", nonlinearity="layer_norm")``. Unlike dynamic routing the logits are replaced,
     not accumulated, and layer normalisation replaces the squash. Unlike attention the softmax runs
     over the output capsules (the receivers), i.e. the "inverted" direction.
 
@@ -342,11 +330,11 @@ def inverted_dot_product_routing(
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        _zero_logits(routed),
+        routed.zero_logits(),
         normalize_over="receivers",
         iterations=iterations,
         agreement="dot",
-        accumulate=False,
+        update="replace",
         nonlinearity=_as_update(normalization, "normalization"),
         record=True,
     )
@@ -390,7 +378,7 @@ def self_attention_routing(
         ValueError: a ``log_prior`` that is not ``(..., in_caps, out_caps)``.
     """
     routed = as_routing_votes(votes)
-    zeros = _zero_logits(routed)  # (..., i, j)
+    zeros = routed.zero_logits()  # (..., i, j)
     column_sums = routed.weighted_sum(torch.ones_like(zeros))  # sum_k u_ik: (..., i, d)
     logits = routed.dot(column_sums) / math.sqrt(column_sums.shape[-1])  # (..., i, j)
     bias = None
@@ -480,7 +468,7 @@ def slot_attention(
     first = scores(slots)  # (..., i, j)
 
     def rescore(state: VotingState) -> Tensor:
-        return scores(state.outputs) - first  # accumulate=False adds this to the first logits
+        return scores(state.outputs)  # update="replace": the fresh scores are the new logits
 
     bool_mask = None
     if mask is not None:
@@ -496,7 +484,7 @@ def slot_attention(
         normalize_over="receivers",
         iterations=iterations,
         agreement=rescore,
-        accumulate=False,
+        update="replace",
         aggregation="mean",
         nonlinearity=update,
         initial_outputs=slots,
@@ -551,7 +539,7 @@ def slot_routing(
     first = routed.dot(query(slots)) * scale  # (..., i, j)
 
     def rescore(state: VotingState) -> Tensor:
-        return routed.dot(query(state.outputs)) * scale - first  # accumulate=False adds `first`
+        return routed.dot(query(state.outputs)) * scale  # update="replace": the new logits
 
     result = vote(
         routed,
@@ -559,7 +547,7 @@ def slot_routing(
         normalize_over="receivers",
         iterations=iterations,
         agreement=rescore,
-        accumulate=False,
+        update="replace",
         aggregation="mean",
         nonlinearity=update,
         initial_outputs=slots,

@@ -188,11 +188,7 @@ def _votes_tensor(votes: RoutingVotes) -> Tensor:
     """Votes as a papers'-layout tensor ``(..., in_caps, out_caps, d)`` (EM needs them elementwise)."""
     if isinstance(votes, Tensor):
         return votes
-    if hasattr(votes, "materialize"):
-        return rearrange(votes.materialize(), "... i j d -> ... j i d")
-    if hasattr(votes, "votes"):  # PairwiseVotes
-        return rearrange(votes.votes, "... i j d -> ... j i d")
-    raise TypeError(f"EM routing needs votes it can read elementwise, got {type(votes).__name__}")
+    return rearrange(votes.materialize(), "... i j d -> ... j i d")
 
 
 class EMRouter(Router):
