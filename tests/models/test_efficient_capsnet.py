@@ -53,7 +53,7 @@ def test_paper_configuration_has_161_824_parameters():
     assert sum(p.numel() for p in model.primary.parameters()) == 9 * 9 * 128 + 128 == 10_496
     assert model.class_capsules.weight.numel() == 10 * 16 * 16 * 8 == 20_480
     assert isinstance(model.class_capsules.router, SelfAttentionRouter)
-    assert model.class_capsules.router.log_prior.shape == (16, 10)
+    assert model.class_capsules.router.log_prior.shape == (10, 16)  # (out_caps, in_caps)
     without_decoder = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("decoder"))
     assert without_decoder == 161_824  # the paper's "161K"
     assert sum(p.numel() for p in model.decoder.parameters()) == 1_411_344

@@ -21,12 +21,12 @@ def test_every_router_accepts_tensors_and_votes_objects(name):
     weight = torch.randn(3, 6, 4, 2, dtype=DOUBLE, requires_grad=True)
     inputs = torch.randn(2, 6, 2, dtype=DOUBLE)
     from_votes = router(LinearVotes(weight, inputs))
-    tensor = torch.einsum("ijde,bje->bjid", weight, inputs)
+    tensor = torch.einsum("ijde,bje->bijd", weight, inputs)  # (b, out, in, d)
     from_tensor = router(tensor)
     assert isinstance(from_votes, RoutingResult)
     torch.testing.assert_close(from_votes.outputs, from_tensor.outputs)
     torch.testing.assert_close(from_votes.couplings, from_tensor.couplings)
-    assert from_votes.outputs.shape == (2, 3, 4) and from_votes.couplings.shape == (2, 6, 3)
+    assert from_votes.outputs.shape == (2, 3, 4) and from_votes.couplings.shape == (2, 3, 6)
     assert (from_votes.activations is not None) == (name == "em")
     from_votes.outputs.sum().backward()
     assert torch.isfinite(weight.grad).all()
@@ -43,7 +43,8 @@ def test_make_router_rejects_unknown_names_and_options():
 
 def test_em_router_uses_the_given_activations():
     router = EMRouter(out_caps=3, inverse_temperature=lambda t: 1.0)
-    votes = torch.randn(2, 5, 3, 16)
+    torch.manual_seed(3)
+    votes = torch.randn(2, 3, 5, 16) * 2  # (b, out, in, pose), spread enough not to saturate
     default = router(votes)
     ones = router(votes, activations=torch.ones(2, 5))
     torch.testing.assert_close(default.outputs, ones.outputs)
@@ -101,3 +102,16 @@ def test_slot_attention_module_samples_slots_and_takes_masks():
         module(torch.randn(3, 6, 4))
     with pytest.raises(ValueError, match="num_slots"):
         SlotAttention(0, 5)
+
+
+def test_self_attention_router_loads_a_papers_layout_log_prior():
+    """Checkpoints from before the receivers-first layout hold an (in_caps, out_caps) prior."""
+    from torchvote.nn import SelfAttentionRouter
+
+    router = SelfAttentionRouter(in_caps=6, out_caps=3)
+    old = torch.randn(6, 3)
+    router.load_state_dict({"log_prior": old})
+    torch.testing.assert_close(router.log_prior.detach(), old.T)
+    new = torch.randn(3, 6)
+    router.load_state_dict({"log_prior": new})
+    torch.testing.assert_close(router.log_prior.detach(), new)

@@ -51,7 +51,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.functional.routing import list_routers
@@ -461,5 +460,5 @@ class CapsNet(nn.Module):
             scores=scores,
             reconstructions=reconstruct(self.decoder, poses, scores, targets),
             poses=poses,
-            couplings=rearrange(routed.couplings, "b j i -> b i j"),  # torchvote's (receivers, senders)
+            couplings=routed.couplings,  # (b, i, j): receivers first
         )

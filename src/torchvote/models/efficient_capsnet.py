@@ -307,5 +307,5 @@ class EfficientCapsNet(nn.Module):
             scores=scores,
             reconstructions=reconstruct(self.decoder, poses, scores, targets),
             poses=poses,
-            couplings=rearrange(routed.couplings, "b j i -> b i j"),  # (receivers, senders)
+            couplings=routed.couplings,  # (b, i, j): receivers first
         )

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.models.capsnet import check_images, check_positive, check_router, class_scores
@@ -271,14 +270,14 @@ class EMCapsNet(nn.Module):
         capsules = primary = self.primary(features)  # poses (b, h, w, B, P, P), activations (b, h, w, B)
         for layer in self.conv_capsules:
             capsules = layer(capsules)  # (b, h', w', types, P, P), (b, h', w', types)
-        votes, activations = self.class_votes(capsules)  # (b, j, i, P*P), (b, j)
+        votes, activations = self.class_votes(capsules)  # (b, i, j, P*P), (b, j)
         if self.uses_activations:
             routed = self.router(votes, activations=activations)
         else:  # vector routers take no activations: an absent part casts a weaker vote
-            routed = self.router(votes * activations[..., None, None])
+            routed = self.router(votes * activations[:, None, :, None])
         return ClassifierOutput(
             scores=class_scores(routed),  # (b, i)
             poses=routed.outputs,  # (b, i, P*P)
-            couplings=rearrange(routed.couplings, "b j i -> b i j"),  # (receivers, senders)
+            couplings=routed.couplings,  # (b, i, j): receivers first
             intermediates={"primary_activations": primary.activations},
         )

@@ -194,7 +194,7 @@ class CapsuleLinear(nn.Module):
             inputs: ``(batch..., in_caps, in_dim)``.
             activations: ``(batch..., in_caps)`` input activations, for EM routing (default ones).
             return_routing: return the whole :class:`RoutingResult` (outputs, couplings
-                ``(batch..., in_caps, out_caps)``, and EM's activations) instead of the outputs.
+                ``(batch..., out_caps, in_caps)``, and EM's activations) instead of the outputs.
 
         Returns:
             ``(batch..., out_caps, out_dim)``, or the :class:`RoutingResult`.

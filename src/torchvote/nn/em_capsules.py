@@ -34,7 +34,7 @@ from torchvote.functional.em import (
     default_inverse_temperature,
     em_routing,
 )
-from torchvote.functional.routing import check_iterations
+from torchvote.validation import check_positive_int
 
 __all__ = [
     "ClassMatrixCapsules",
@@ -168,7 +168,7 @@ class _EMRouting(nn.Module):
         factory: dict,
     ) -> None:
         super().__init__()
-        check_iterations(iterations)
+        check_positive_int(iterations, "iterations")
         self.iterations = iterations
         self.inverse_temperature = inverse_temperature
         self.eps = eps
@@ -247,9 +247,9 @@ class ConvMatrixCapsules(nn.Module):
         """Gather the patches and cast the votes.
 
         Returns:
-            ``(votes, activations, (rows', cols'))``: votes ``(b, L, K*K*in_types, out_types,
-            P*P)`` and patch activations ``(b, L, K*K*in_types)`` for the ``L = rows' * cols'``
-            output positions.
+            ``(votes, activations, (rows', cols'))``: votes ``(b, L, out_types, K*K*in_types,
+            P*P)`` (receivers first; a strided view, see below) and patch activations
+            ``(b, L, K*K*in_types)`` for the ``L = rows' * cols'`` output positions.
 
         Raises:
             ValueError: a grid of the wrong types or pose size, or smaller than the kernel.
@@ -277,15 +277,16 @@ class ConvMatrixCapsules(nn.Module):
         batch, positions = pose_patches.shape[:2]
         # V = M W as one matrix product per input capsule j on the flattened pose, with the
         # block-diagonal (I kron W_ji): 4x the multiply-adds of 4x4 products (still small), but
-        # each vote's 16 entries come out adjacent; written (b L, j, i P*P) so that a block of
-        # patches is one contiguous piece of memory for the routing.
+        # each vote's 16 entries come out adjacent; written (b L, j, i P*P) in memory so that a
+        # block of patches is one contiguous piece of memory for the routing, and handed on as
+        # the receivers-first view (b, L, i, j, P*P) of that memory (no copy).
         left = rearrange(pose_patches, "b l j p q -> j (b l) (p q)")
         eye = torch.eye(side, dtype=self.weight.dtype, device=self.weight.device)
         right = torch.einsum("ps,jiqr->jsqipr", eye, self.weight).reshape(
             -1, side * side, self.out_types * side * side)  # (j, P*P, i*P*P)
         votes = _BatchedByInput.apply(left, right)  # (b*L, j, i*P*P)
-        votes = votes.view(batch, positions, -1, self.out_types, side * side)  # (b, L, j, i, P*P)
-        return votes, act_patches, self.output_size(rows, cols)
+        votes = votes.view(batch, positions, -1, self.out_types, side * side).transpose(2, 3)
+        return votes, act_patches, self.output_size(rows, cols)  # votes (b, L, i, j, P*P)
 
     def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
         """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
@@ -364,14 +365,14 @@ class ClassMatrixCapsules(nn.Module):
         return offsets.flatten(-2)
 
     def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor]:
-        """``(votes (b, h*w*in_types, num_classes, P*P), activations (b, h*w*in_types))``."""
+        """``(votes (b, num_classes, h*w*in_types, P*P), activations (b, h*w*in_types))``."""
         _check_grid(capsules, self.in_types, self.side)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
-        votes = torch.einsum("bhwtpq,tiqr->bhwtipr", poses, self.weight).flatten(-2)  # (b, h, w, t, i, P*P)
+        votes = torch.einsum("bhwtpq,tiqr->bihwtpr", poses, self.weight).flatten(-2)  # (b, i, h, w, t, P*P)
         if self.coordinate_addition:
-            votes = votes + self.coordinates(rows, cols, like=votes)[:, :, None, None, :]
-        votes = rearrange(votes, "b h w t i d -> b (h w t) i d")
+            votes = votes + self.coordinates(rows, cols, like=votes)[:, :, None, :]
+        votes = rearrange(votes, "b i h w t d -> b i (h w t) d")
         return votes, rearrange(activations, "b h w t -> b (h w t)")
 
     def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:

@@ -5,8 +5,8 @@ A router takes a layer's votes and returns the output capsules. The math lives i
 what is learned (a bias, EM's ``beta_u`` and ``beta_a``, a layer norm, a log prior, a GRU) and is
 chosen by name in :class:`~torchvote.nn.capsules.CapsuleLinear` through :func:`make_router`.
 
-Every router's ``forward(votes, *, activations=None)`` takes votes either as a tensor in the
-capsule papers' layout ``(batch..., in_caps, out_caps, out_dim)`` or as a receivers-first
+Every router's ``forward(votes, *, activations=None)`` takes votes either as a tensor
+``(batch..., out_caps, in_caps, out_dim)`` (receivers first) or as a
 :class:`~torchvote.functional.voting.Votes` object (e.g.
 :class:`~torchvote.functional.routing_votes.LinearVotes`, which never materialises them), and
 returns a :class:`RoutingResult`.
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.functional.em import (
@@ -32,7 +31,6 @@ from torchvote.functional.em import (
 )
 from torchvote.functional.routing import (
     RoutingVotes,
-    check_iterations,
     dynamic_routing,
     efficient_squash,
     inverted_dot_product_routing,
@@ -42,6 +40,7 @@ from torchvote.functional.routing import (
     slot_routing,
     uniform_routing,
 )
+from torchvote.validation import check_positive_int
 
 __all__ = [
     "DynamicRouter",
@@ -63,8 +62,8 @@ class RoutingResult:
 
     Attributes:
         outputs: ``(batch..., out_caps, out_dim)`` output capsules (poses for EM routing).
-        couplings: ``(batch..., in_caps, out_caps)`` the couplings (EM: assignments) of the last
-            pass, summing to 1 over ``out_caps``.
+        couplings: ``(batch..., out_caps, in_caps)`` the couplings (EM: assignments) of the last
+            pass, receivers first, summing to 1 over ``out_caps``.
         activations: ``(batch..., out_caps)`` output activations (EM routing), else ``None``.
     """
 
@@ -124,7 +123,7 @@ class DynamicRouter(Router):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_iterations(iterations)
+        check_positive_int(iterations, "iterations")
         if agreement not in ("dot", "distance"):
             raise ValueError(f"agreement must be 'dot' or 'distance', got {agreement!r}")
         self.iterations = iterations
@@ -185,10 +184,8 @@ class UniformRouter(Router):
 
 
 def _votes_tensor(votes: RoutingVotes) -> Tensor:
-    """Votes as a papers'-layout tensor ``(..., in_caps, out_caps, d)`` (EM needs them elementwise)."""
-    if isinstance(votes, Tensor):
-        return votes
-    return rearrange(votes.materialize(), "... i j d -> ... j i d")
+    """Votes as a tensor ``(..., out_caps, in_caps, d)`` (EM needs them elementwise)."""
+    return votes if isinstance(votes, Tensor) else votes.materialize()
 
 
 class EMRouter(Router):
@@ -220,7 +217,7 @@ class EMRouter(Router):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_iterations(iterations)
+        check_positive_int(iterations, "iterations")
         factory = {"device": device, "dtype": dtype}
         self.iterations = iterations
         self.inverse_temperature = inverse_temperature
@@ -232,7 +229,7 @@ class EMRouter(Router):
         """Route; ``activations`` ``(batch..., in_caps)`` default to ones (all inputs present)."""
         tensor = _votes_tensor(votes)
         if activations is None:
-            activations = tensor.new_ones(tensor.shape[:-2])
+            activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (b..., in_caps)
         poses, out_activations, assignments = em_routing(
             tensor,
             activations,
@@ -265,7 +262,7 @@ class InvertedDotProductRouter(Router):
         self, *, out_dim: int, iterations: int = 3, elementwise_affine: bool = True, device=None, dtype=None
     ) -> None:
         super().__init__()
-        check_iterations(iterations)
+        check_positive_int(iterations, "iterations")
         self.iterations = iterations
         self.norm = nn.LayerNorm(out_dim, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
 
@@ -283,7 +280,9 @@ class SelfAttentionRouter(Router):
     Args:
         in_caps: input capsules, for the log prior.
         out_caps: output capsules, for the log prior.
-        log_prior: learn the ``(in_caps, out_caps)`` prior added to the couplings (zeros at start).
+        log_prior: learn the ``(out_caps, in_caps)`` prior added to the couplings (zeros at start).
+            A checkpoint's ``(in_caps, out_caps)`` prior (the layout before receivers came first)
+            is transposed on loading.
     """
 
     name = "self_attention"
@@ -293,8 +292,16 @@ class SelfAttentionRouter(Router):
     ) -> None:
         super().__init__()
         self.log_prior = (
-            nn.Parameter(torch.zeros(in_caps, out_caps, device=device, dtype=dtype)) if log_prior else None
+            nn.Parameter(torch.zeros(out_caps, in_caps, device=device, dtype=dtype)) if log_prior else None
         )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        key = prefix + "log_prior"
+        prior = state_dict.get(key)
+        if self.log_prior is not None and prior is not None and prior.shape != self.log_prior.shape \
+                and prior.shape == self.log_prior.shape[::-1]:
+            state_dict[key] = prior.transpose(0, 1)  # an (in_caps, out_caps) checkpoint
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         outputs, couplings = self_attention_routing(
@@ -344,7 +351,7 @@ class SlotRouter(Router):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_iterations(iterations)
+        check_positive_int(iterations, "iterations")
         factory = {"device": device, "dtype": dtype}
         self.iterations = iterations
         self.initial_slots = nn.Parameter(torch.randn(out_caps, out_dim, **factory) * out_dim**-0.5)
@@ -452,7 +459,7 @@ class SlotAttention(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_iterations(iterations)
+        check_positive_int(iterations, "iterations")
         for argument, value in (
             ("num_slots", num_slots),
             ("input_dim", input_dim),
