@@ -12,7 +12,7 @@ from torchvote.config import LossConfig, load_config, model_config_from
 from torchvote.functional.routing import list_routers
 from torchvote.models import create_model, get_model_spec
 from torchvote.models.efficient_capsnet import DepthwisePrimaryCapsules, EfficientCapsNetConfig
-from torchvote.nn.routing_modules import SelfAttentionRouter
+from torchvote.nn.routers import SelfAttentionRouter
 from torchvote.training import get_task_handler, make_objective, train
 
 ROUTERS = sorted(list_routers())

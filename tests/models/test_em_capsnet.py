@@ -11,7 +11,7 @@ from torchvote.config import LossConfig, load_config, model_config_from
 from torchvote.functional.routing import list_routers
 from torchvote.models import create_model, get_model_spec
 from torchvote.models.em_capsnet import EMCapsNetConfig
-from torchvote.nn.routing_modules import EMRouter
+from torchvote.nn.routers import EMRouter
 from torchvote.training import make_objective, train
 
 ROUTERS = sorted(list_routers())

@@ -16,7 +16,7 @@ from torchvote.functional.routing import (
     uniform_routing,
 )
 from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules
-from torchvote.nn.routing_modules import DynamicRouter
+from torchvote.nn.routers import DynamicRouter
 
 DOUBLE = torch.float64
 

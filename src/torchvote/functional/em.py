@@ -56,7 +56,12 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torchvote.functional.voting import VotingState, vote
 from torchvote.validation import check_positive_float, check_positive_int
 
-__all__ = ["InverseTemperature", "default_inverse_temperature", "em_routing"]
+__all__ = [
+    "InverseTemperature",
+    "default_inverse_temperature",
+    "em_routing",
+    "inverse_temperature_schedule",
+]
 
 # Elements of the per-vote statistics routed at once (16 MB in float32): see em_routing.
 _BLOCK_ELEMENTS = 1 << 22
@@ -236,7 +241,20 @@ def default_inverse_temperature(iteration: int) -> float:
     return 0.01 * (1.0 - 0.95 ** (iteration + 1))
 
 
-def _schedule(inverse_temperature: InverseTemperature, iterations: int) -> list[float]:
+def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterations: int) -> list[float]:
+    """The ``lambda_t`` of each of ``iterations`` passes.
+
+    Args:
+        inverse_temperature: a callable of the 0-based iteration, one value per iteration, or a
+            constant.
+        iterations: passes.
+
+    Returns:
+        ``iterations`` floats.
+
+    Raises:
+        ValueError: a sequence of the wrong length, or a value that is not finite and >= 0.
+    """
     if callable(inverse_temperature):
         values = [float(inverse_temperature(t)) for t in range(iterations)]
     elif isinstance(inverse_temperature, (int, float)):
@@ -331,7 +349,7 @@ def em_routing(
             f"activations must have shape (batch..., in_caps) = {(*batch_shape, in_caps)} to match "
             f"votes {tuple(votes.shape)}, got {tuple(activations.shape)}"
         )
-    schedule = _schedule(inverse_temperature, iterations)
+    schedule = inverse_temperature_schedule(inverse_temperature, iterations)
     beta_u = torch.as_tensor(beta_u, dtype=votes.dtype, device=votes.device)
     beta_a = torch.as_tensor(beta_a, dtype=votes.dtype, device=votes.device)
     try:

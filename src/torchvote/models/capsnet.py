@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from torchvote.functional.routing import list_routers
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules
-from torchvote.nn.routing_modules import RoutingResult
+from torchvote.nn.routers import RoutingResult
 
 __all__ = [
     "CAPSNET_PRESETS",
@@ -421,7 +421,7 @@ class CapsNet(nn.Module):
             init_std=config.init_std,
         )
         # EM routing weighs each vote by its sender's activation: a vector capsule's length.
-        self.uses_activations = config.router == "em"
+        self.uses_activations = self.class_capsules.router.uses_activations
         image_shape = (config.in_channels, config.image_size, config.image_size)
         self.decoder = (
             CapsuleDecoder(config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden)

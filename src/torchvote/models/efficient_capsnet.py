@@ -271,7 +271,7 @@ class EfficientCapsNet(nn.Module):
             router_options=config.router_options,
             init_std=config.class_init_std,
         )
-        self.uses_activations = config.router == "em"
+        self.uses_activations = self.class_capsules.router.uses_activations
         image_shape = (config.in_channels, config.image_size, config.image_size)
         self.decoder = (
             CapsuleDecoder(config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden)

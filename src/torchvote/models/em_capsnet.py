@@ -52,7 +52,7 @@ from torchvote.nn.em_capsules import (
     PrimaryMatrixCapsules,
     pose_side,
 )
-from torchvote.nn.routing_modules import make_router
+from torchvote.nn.routers import make_router
 
 __all__ = ["ClassCapsuleVotes", "EMCapsNet", "EMCapsNetConfig"]
 
@@ -246,7 +246,7 @@ class EMCapsNet(nn.Module):
             raise ValueError(
                 f"router_options={dict(config.router_options)!r} do not fit router={config.router!r}: {err}"
             ) from None
-        self.uses_activations = config.router == "em"
+        self.uses_activations = self.router.uses_activations
 
     def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
         """Classify a batch of images.

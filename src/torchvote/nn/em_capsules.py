@@ -11,7 +11,8 @@ together as :class:`MatrixCapsules` (two tensors, never packed into one). Layers
 - :class:`ClassMatrixCapsules`: one matrix per (input type, class) shared across positions, plus
   coordinate addition.
 
-Routing is :func:`torchvote.functional.em`; each output position of a convolutional layer
+Routing is :class:`~torchvote.nn.routers.EMRouter` (:func:`torchvote.functional.em.em_routing`,
+the same module ``CapsuleLinear(routing="em")`` uses); each output position of a convolutional layer
 routes its own patch (its input capsules' assignments are normalised over the output capsules of
 that position, the per-patch form the public implementations use).
 
@@ -29,11 +30,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional.em import (
-    InverseTemperature,
-    default_inverse_temperature,
-    em_routing,
-)
+from torchvote.functional.em import InverseTemperature, default_inverse_temperature
+from torchvote.nn.routers.em import EMRouter
 from torchvote.validation import check_positive_int
 
 __all__ = [
@@ -63,18 +61,11 @@ def pose_side(pose_dim: int, argument: str = "pose_dim") -> int:
     Raises:
         ValueError: if ``pose_dim`` is not a positive perfect square.
     """
-    if isinstance(pose_dim, bool) or not isinstance(pose_dim, int) or pose_dim < 1:
-        raise ValueError(f"{argument} must be a positive integer, got {pose_dim!r}")
+    check_positive_int(pose_dim, argument)
     side = math.isqrt(pose_dim)
     if side * side != pose_dim:
         raise ValueError(f"{argument} must be a perfect square (P x P poses, e.g. 16), got {pose_dim}")
     return side
-
-
-def _check_positive(**sizes: int) -> None:
-    for argument, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{argument} must be a positive integer, got {value!r}")
 
 
 def _check_grid(capsules: MatrixCapsules, types: int, side: int, argument: str = "capsules") -> None:
@@ -142,7 +133,10 @@ class PrimaryMatrixCapsules(nn.Module):
     ) -> None:
         super().__init__()
         self.side = pose_side(pose_dim)
-        _check_positive(in_channels=in_channels, num_types=num_types, kernel_size=kernel_size, stride=stride)
+        check_positive_int(in_channels, "in_channels")
+        check_positive_int(num_types, "num_types")
+        check_positive_int(kernel_size, "kernel_size")
+        check_positive_int(stride, "stride")
         factory = {"device": device, "dtype": dtype}
         self.num_types = num_types
         self.pose = nn.Conv2d(in_channels, num_types * pose_dim, kernel_size, stride=stride, **factory)
@@ -154,37 +148,6 @@ class PrimaryMatrixCapsules(nn.Module):
         poses = rearrange(self.pose(features), "b (t p q) h w -> b h w t p q", t=self.num_types, p=self.side)
         activations = rearrange(torch.sigmoid(self.activation(features)), "b t h w -> b h w t")
         return MatrixCapsules(poses, activations)
-
-
-class _EMRouting(nn.Module):
-    """EM routing's learned offsets and options, shared by the convolutional and class layers."""
-
-    def __init__(
-        self,
-        out_types: int,
-        iterations: int,
-        inverse_temperature: InverseTemperature,
-        eps: float,
-        factory: dict,
-    ) -> None:
-        super().__init__()
-        check_positive_int(iterations, "iterations")
-        self.iterations = iterations
-        self.inverse_temperature = inverse_temperature
-        self.eps = eps
-        self.beta_u = nn.Parameter(torch.zeros(out_types, **factory))
-        self.beta_a = nn.Parameter(torch.zeros(out_types, **factory))
-
-    def forward(self, votes: Tensor, activations: Tensor) -> tuple[Tensor, Tensor]:
-        return em_routing(
-            votes,
-            activations,
-            self.beta_u,
-            self.beta_a,
-            iterations=self.iterations,
-            inverse_temperature=self.inverse_temperature,
-            eps=self.eps,
-        )
 
 
 class ConvMatrixCapsules(nn.Module):
@@ -227,7 +190,10 @@ class ConvMatrixCapsules(nn.Module):
     ) -> None:
         super().__init__()
         self.side = pose_side(pose_dim)
-        _check_positive(in_types=in_types, out_types=out_types, kernel_size=kernel_size, stride=stride)
+        check_positive_int(in_types, "in_types")
+        check_positive_int(out_types, "out_types")
+        check_positive_int(kernel_size, "kernel_size")
+        check_positive_int(stride, "stride")
         factory = {"device": device, "dtype": dtype}
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
@@ -237,7 +203,10 @@ class ConvMatrixCapsules(nn.Module):
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_caps, out_types, self.side, self.side, **factory)
         )
-        self.routing = _EMRouting(out_types, iterations, inverse_temperature, eps, factory)
+        self.routing = EMRouter(
+            out_caps=out_types, iterations=iterations, inverse_temperature=inverse_temperature, eps=eps,
+            **factory,
+        )
 
     def output_size(self, rows: int, cols: int) -> tuple[int, int]:
         """The output grid for an input grid of ``rows x cols``."""
@@ -292,7 +261,7 @@ class ConvMatrixCapsules(nn.Module):
         """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
         the same on the ``(h', w')`` output grid with ``out_types`` types."""
         votes, activations, (rows, cols) = self.votes(capsules)
-        poses, out_activations = self.routing(votes, activations)  # (b, L, i, P*P), (b, L, i)
+        poses, out_activations = self.routing.route(votes, activations)  # (b, L, i, P*P), (b, L, i)
         poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)
         out_activations = rearrange(out_activations, "b (h w) i -> b h w i", h=rows)
         return MatrixCapsules(poses, out_activations)
@@ -342,7 +311,8 @@ class ClassMatrixCapsules(nn.Module):
     ) -> None:
         super().__init__()
         self.side = pose_side(pose_dim)
-        _check_positive(in_types=in_types, num_classes=num_classes)
+        check_positive_int(in_types, "in_types")
+        check_positive_int(num_classes, "num_classes")
         if coordinate_addition and self.side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={pose_dim}")
         factory = {"device": device, "dtype": dtype}
@@ -352,7 +322,10 @@ class ClassMatrixCapsules(nn.Module):
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_types, num_classes, self.side, self.side, **factory)
         )
-        self.routing = _EMRouting(num_classes, iterations, inverse_temperature, eps, factory)
+        self.routing = EMRouter(
+            out_caps=num_classes, iterations=iterations, inverse_temperature=inverse_temperature, eps=eps,
+            **factory,
+        )
 
     def coordinates(self, rows: int, cols: int, *, like: Tensor) -> Tensor:
         """``(rows, cols, P*P)``: the offsets coordinate addition adds to each position's votes."""
@@ -378,7 +351,7 @@ class ClassMatrixCapsules(nn.Module):
     def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
         """A grid of capsules -> poses ``(b, num_classes, P, P)`` and activations ``(b, num_classes)``."""
         votes, activations = self.votes(capsules)
-        poses, out_activations = self.routing(votes, activations)
+        poses, out_activations = self.routing.route(votes, activations)
         poses = rearrange(poses, "b i (p q) -> b i p q", p=self.side)
         return MatrixCapsules(poses, out_activations)
 

@@ -9,7 +9,7 @@ import torch
 
 from torchvote.functional.routing import list_routers
 from torchvote.functional.routing_votes import LinearVotes
-from torchvote.nn.routing_modules import EMRouter, RoutingResult, SlotAttention, make_router
+from torchvote.nn.routers import EMRouter, RoutingResult, SlotAttention, make_router
 
 DOUBLE = torch.float64
 
@@ -115,3 +115,25 @@ def test_self_attention_router_loads_a_papers_layout_log_prior():
     new = torch.randn(3, 6)
     router.load_state_dict({"log_prior": new})
     torch.testing.assert_close(router.log_prior.detach(), new)
+
+
+def test_routers_declare_whether_they_iterate_and_use_activations():
+    from torchvote.nn import ClassMatrixCapsules, ConvMatrixCapsules
+
+    expected = {"dynamic": (True, False), "em": (True, True), "inverted_dot_product": (True, False),
+                "self_attention": (False, False), "slot": (True, False), "uniform": (False, False)}
+    assert set(expected) == set(list_routers())
+    for name, (iterative, uses_activations) in expected.items():
+        router = make_router(name, in_caps=4, out_caps=3, out_dim=4)
+        assert (router.name, router.iterative, router.uses_activations) == (name, iterative, uses_activations)
+    # One EM module for every layer that routes by EM.
+    assert isinstance(ConvMatrixCapsules(2, 3).routing, EMRouter)
+    assert isinstance(ClassMatrixCapsules(2, 3).routing, EMRouter)
+
+
+def test_old_import_path_still_names_the_routers():
+    import torchvote.nn.routers as routers
+    import torchvote.nn.routing_modules as old
+
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(routers, name)
