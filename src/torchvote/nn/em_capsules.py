@@ -31,7 +31,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.functional.em import InverseTemperature, default_inverse_temperature
-from torchvote.nn.routers.em import EMRouter
+from torchvote.nn.routers import EMRouter, Router, RoutingResult
 from torchvote.validation import check_positive_int
 
 __all__ = [
@@ -290,10 +290,15 @@ class ClassMatrixCapsules(nn.Module):
         coordinate_addition: add the scaled coordinates to the votes.
         inverse_temperature: the ``lambda_t`` schedule.
         eps: variance floor.
+        routing: another router for the class votes (any of
+            :func:`~torchvote.nn.routers.make_router`); default an
+            :class:`~torchvote.nn.routers.EMRouter` with ``iterations``, ``inverse_temperature``
+            and ``eps``. A router that takes no activations gets each vote scaled by its input
+            capsule's activation (an absent part casts a weaker vote).
 
     Raises:
-        ValueError: non-positive sizes, a ``pose_dim`` that is not a square, or a pose smaller
-            than 2x2 with coordinate addition.
+        ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller
+            than 2x2 with coordinate addition, or EM options given with ``routing``.
     """
 
     def __init__(
@@ -306,6 +311,7 @@ class ClassMatrixCapsules(nn.Module):
         coordinate_addition: bool = True,
         inverse_temperature: InverseTemperature = default_inverse_temperature,
         eps: float = 1e-6,
+        routing: Router | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -313,6 +319,13 @@ class ClassMatrixCapsules(nn.Module):
         self.side = pose_side(pose_dim)
         check_positive_int(in_types, "in_types")
         check_positive_int(num_classes, "num_classes")
+        if routing is not None and (
+            iterations != 3 or inverse_temperature is not default_inverse_temperature or eps != 1e-6
+        ):
+            raise ValueError(
+                "iterations, inverse_temperature and eps configure the default EM router; with "
+                "routing=... give them to that router"
+            )
         if coordinate_addition and self.side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={pose_dim}")
         factory = {"device": device, "dtype": dtype}
@@ -322,10 +335,15 @@ class ClassMatrixCapsules(nn.Module):
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_types, num_classes, self.side, self.side, **factory)
         )
-        self.routing = EMRouter(
+        self.routing = routing if routing is not None else EMRouter(
             out_caps=num_classes, iterations=iterations, inverse_temperature=inverse_temperature, eps=eps,
             **factory,
         )
+
+    @property
+    def router(self) -> Router:
+        """The router of the class votes (kept as ``routing``, the name in checkpoints)."""
+        return self.routing
 
     def coordinates(self, rows: int, cols: int, *, like: Tensor) -> Tensor:
         """``(rows, cols, P*P)``: the offsets coordinate addition adds to each position's votes."""
@@ -348,9 +366,31 @@ class ClassMatrixCapsules(nn.Module):
         votes = rearrange(votes, "b i h w t d -> b i (h w t) d")
         return votes, rearrange(activations, "b h w t -> b (h w t)")
 
-    def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
-        """A grid of capsules -> poses ``(b, num_classes, P, P)`` and activations ``(b, num_classes)``."""
-        votes, activations = self.votes(capsules)
+    def forward(
+        self, capsules: MatrixCapsules, *, return_routing: bool = False
+    ) -> MatrixCapsules | RoutingResult:
+        """Route a grid of capsules to the classes.
+
+        Args:
+            capsules: poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)``.
+            return_routing: return the router's :class:`~torchvote.nn.routers.RoutingResult`
+                (outputs ``(b, num_classes, P*P)``, couplings ``(b, num_classes, h*w*in_types)``,
+                EM's activations) instead of matrix capsules.
+
+        Returns:
+            Poses ``(b, num_classes, P, P)`` and activations ``(b, num_classes)``, or the result.
+
+        Raises:
+            ValueError: a grid of the wrong types or pose size; matrix capsules asked of a router
+                that gives no activations.
+        """
+        votes, activations = self.votes(capsules)  # (b, i, j, P*P), (b, j)
+        if return_routing:
+            if self.routing.uses_activations:
+                return self.routing(votes, activations=activations)
+            return self.routing(votes * activations[:, None, :, None])  # an absent part votes weaker
+        if not isinstance(self.routing, EMRouter):
+            raise ValueError(f"{type(self.routing).__name__} gives no activations: use return_routing=True")
         poses, out_activations = self.routing.route(votes, activations)
         poses = rearrange(poses, "b i (p q) -> b i p q", p=self.side)
         return MatrixCapsules(poses, out_activations)

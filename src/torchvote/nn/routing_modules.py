@@ -1,28 +1,12 @@
-"""Where the routers lived before :mod:`torchvote.nn.routers` split them one per file; the names
-stay importable from here."""
+"""Where the routers lived before :mod:`torchvote.nn.routers` split them one per file; every name
+of that package stays importable from here."""
 
-from torchvote.nn.routers import (
-    DynamicRouter,
-    EMRouter,
-    InvertedDotProductRouter,
-    Router,
-    RoutingResult,
-    SelfAttentionRouter,
-    SlotAttention,
-    SlotRouter,
-    UniformRouter,
-    make_router,
-)
+from torchvote.nn import routers as _routers
 
-__all__ = [
-    "DynamicRouter",
-    "EMRouter",
-    "InvertedDotProductRouter",
-    "Router",
-    "RoutingResult",
-    "SelfAttentionRouter",
-    "SlotAttention",
-    "SlotRouter",
-    "UniformRouter",
-    "make_router",
-]
+__all__ = list(_routers.__all__)
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(_routers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
