@@ -54,7 +54,9 @@ def test_paper_configuration_has_161_824_parameters():
     assert model.head.class_capsules.weight.numel() == 10 * 16 * 16 * 8 == 20_480
     assert isinstance(model.head.class_capsules.router, SelfAttentionRouter)
     assert model.head.class_capsules.router.log_prior.shape == (10, 16)  # (out_caps, in_caps)
-    without_decoder = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("head.decoder"))
+    without_decoder = sum(
+        p.numel() for name, p in model.named_parameters() if not name.startswith("head.decoder")
+    )
     assert without_decoder == 161_824  # the paper's "161K"
     assert sum(p.numel() for p in model.head.decoder.parameters()) == 1_411_344
     assert (
