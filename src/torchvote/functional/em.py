@@ -41,6 +41,9 @@ are ``(batch..., in_caps)``. As voting::
 Everything is kept in log space: ``log sigma = log(s2 + eps) / 2`` and the E-step works with
 ``log a_j + log p_ij`` (``log a`` as ``logsigmoid``), so no variance, probability or activation
 underflows to zero and no gradient becomes NaN.
+
+(Over 400 lines: the hand-written gradients of the moment votes only serve this routing and are
+read with it.)
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ activations) stays ``(batch..., in_caps)``. Instead of a tensor the functions al
 
 Index legend: ``b`` batch, ``i`` receivers (output capsules), ``j`` senders (input capsules),
 ``d`` features.
+
+(Over 400 lines: six short routing functions, each with its paper's procedure in its docstring,
+kept in one file so that the table above and the functions it describes are read side by side.)
 """
 
 from __future__ import annotations

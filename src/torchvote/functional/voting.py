@@ -22,6 +22,9 @@ routing:** ``normalize_over="senders"`` applies the softmax over ``j`` (every re
 one unit of attention over the senders: attention, top-down); ``normalize_over="receivers"``
 applies it over ``i`` (every sender distributes one unit of vote over the receivers: capsule
 routing, bottom-up). See docs/voting.md for the mapping of every method onto this operator.
+
+(Over 400 lines: the operator, the vote representations its loop reads and the protocol they
+follow are read together; the mask preparation leaves for ``functional/masks.py``, issue 7.)
 """
 
 from __future__ import annotations

@@ -54,35 +54,25 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torchvote.models import capsule_head
 from torchvote.models.capsule_head import (
-    CapsuleDecoder,
     CapsuleHead,
-    build_class_capsules,
     check_images,
     check_positive,
     check_router,
-    class_scores,
-    decoder_classes,
-    reconstruct,
     rename_state_dict_keys,
 )
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.nn.capsules import PrimaryCapsules
 
-# The head's parts lived here before models/capsule_head.py; they stay importable from here.
-__all__ = [
-    "CAPSNET_PRESETS",
-    "CapsNet",
-    "CapsNetConfig",
-    "CapsuleDecoder",
-    "build_class_capsules",
-    "check_images",
-    "check_positive",
-    "check_router",
-    "class_scores",
-    "decoder_classes",
-    "reconstruct",
-]
+__all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    """The head's parts lived here before models/capsule_head.py; they stay importable from here."""
+    if name in capsule_head.__all__:
+        return getattr(capsule_head, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- CapsNet ---------------------------------------------------------------------------------------

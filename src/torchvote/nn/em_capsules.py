@@ -18,6 +18,8 @@ that position, the per-patch form the public implementations use).
 
 Index legend: ``b`` batch, ``l`` output positions, ``j`` input capsules of a patch, ``i`` output
 capsule types, ``t`` input capsule types, ``p q r`` pose matrix rows/columns.
+
+(Over 400 lines: the three layers of the paper's architecture and their shared checks.)
 """
 
 from __future__ import annotations
