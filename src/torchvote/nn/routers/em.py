@@ -54,13 +54,13 @@ class EMRouter(Router):
         dtype=None,
     ) -> None:
         super().__init__()
-        factory = {"device": device, "dtype": dtype}
         self.iterations = check_positive_int(iterations, "iterations")
         inverse_temperature_schedule(inverse_temperature, iterations)  # checked where it enters
         self.inverse_temperature = inverse_temperature
         self.eps = check_positive_float(eps, "eps")
-        self.beta_u = nn.Parameter(torch.zeros(check_positive_int(out_caps, "out_caps"), **factory))
-        self.beta_a = nn.Parameter(torch.zeros(out_caps, **factory))
+        check_positive_int(out_caps, "out_caps")
+        self.beta_u = nn.Parameter(torch.zeros(out_caps, device=device, dtype=dtype))  # per output
+        self.beta_a = nn.Parameter(torch.zeros(out_caps, device=device, dtype=dtype))
 
     def route(
         self, votes: Tensor, activations: Tensor, *, return_assignments: bool = False
