@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 
 from torchvote.functional import DotProductScores, SharedVotes, vote
 from torchvote.functional.routing import dynamic_routing
@@ -82,12 +83,14 @@ def article_multi_head_attention(u):
 @pytest.mark.parametrize("iterations", [1, 2, 3, 5])
 def test_article_dynamic_routing_equals_dynamic_routing(iterations):
     torch.manual_seed(iterations)
-    votes = torch.randn(3, 6, 4, 5, dtype=torch.float64) * 0.8  # (batch, I capsules, J predictions, d)
+    votes = torch.randn(3, 4, 6, 5, dtype=torch.float64) * 0.8  # (batch, J outputs, I capsules, d)
     outputs, couplings = dynamic_routing(votes, iterations=iterations)
     for n in range(3):
-        v, c = article_dynamic_routing(votes[n].tolist(), iterations)
+        # The article indexes (I, J): convert at the reference's edge, and its couplings back.
+        v, c = article_dynamic_routing(rearrange(votes[n], "j i d -> i j d").tolist(), iterations)
+        expected_c = rearrange(torch.tensor(c, dtype=torch.float64), "i j -> j i")
         torch.testing.assert_close(outputs[n], torch.tensor(v, dtype=torch.float64), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(couplings[n], torch.tensor(c, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(couplings[n], expected_c, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("record", [False, True])
@@ -111,9 +114,9 @@ def test_the_two_differ_only_in_the_axis_and_the_loop():
     """Attention's weights sum to 1 over the senders; routing's over the receivers."""
     torch.manual_seed(8)
     u = torch.randn(1, 5, 3, 4, dtype=torch.float64)
-    _, couplings = dynamic_routing(u, iterations=3)  # (1, I, J): each capsule splits one vote
-    torch.testing.assert_close(couplings.sum(-1), torch.ones(1, 5, dtype=torch.float64))
-    per_head = u.transpose(1, 2)
+    per_head = u.transpose(1, 2)  # (1, J, I, d): receivers first for routing, heads for attention
+    _, couplings = dynamic_routing(per_head, iterations=3)  # (1, J, I): each capsule splits one vote
+    torch.testing.assert_close(couplings.sum(-2), torch.ones(1, 5, dtype=torch.float64))
     attention = vote(SharedVotes(per_head), DotProductScores(per_head, per_head, scale=1.0),
                      normalize_over="senders", record=True).weights[0]
     torch.testing.assert_close(attention.sum(-1), torch.ones(1, 3, 5, dtype=torch.float64))

@@ -71,7 +71,8 @@ def routing_clustering(images: Tensor, seeds: Tensor, *, iterations: int) -> lis
 
     The receivers start from the votes' agreement with one seed digit each (something must break
     the symmetry between receivers); each later pass re-scores every vote against the new
-    receivers (``accumulate=False``: the logits are replaced, not summed).
+    receivers (``update="prior"``: the new logits are the seed logits plus the fresh agreement,
+    not a running sum).
 
     Args:
         images: ``(n, 1, 28, 28)`` the senders.
@@ -89,7 +90,7 @@ def routing_clustering(images: Tensor, seeds: Tensor, *, iterations: int) -> lis
         normalize_over="receivers",
         iterations=iterations,
         agreement="distance",
-        accumulate=False,
+        update="prior",
         aggregation="mean",
         record=True,
     )

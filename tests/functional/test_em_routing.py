@@ -1,7 +1,8 @@
 """EM routing against a literal transcription of Hinton, Sabour & Frosst 2018, Procedure 1.
 
 The reference works in the paper's own (not log) space, with the papers' indices: ``i`` input
-capsule, ``j`` output capsule, ``h`` pose entry, votes ``V[i, j, h]``.
+capsule, ``j`` output capsule, ``h`` pose entry, votes ``V[i, j, h]``; it takes and returns
+torchvote's receivers-first layout, converting once at its edge (``reference``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,13 +52,16 @@ def procedure1(V, a, beta_u, beta_a, iterations, schedule=default_inverse_temper
 
 
 def reference(V, a, beta_u, beta_a, iterations, **kwargs):
+    """Procedure 1 per example. V: (b, out, in, h), receivers first; R comes back (b, out, in)."""
+    V = rearrange(V, "b o i h -> b i o h")  # the paper's (in, out)
     results = [procedure1(V[n], a[n], beta_u, beta_a, iterations, **kwargs) for n in range(V.shape[0])]
-    return tuple(torch.stack(parts) for parts in zip(*results, strict=True))
+    poses, activations, R = (torch.stack(parts) for parts in zip(*results, strict=True))
+    return poses, activations, rearrange(R, "b i o -> b o i")
 
 
 def sample(seed, batch=2, n_in=5, n_out=3, n_h=4):
     generator = torch.Generator().manual_seed(seed)
-    V = torch.randn(batch, n_in, n_out, n_h, generator=generator, dtype=DOUBLE)
+    V = torch.randn(batch, n_out, n_in, n_h, generator=generator, dtype=DOUBLE)  # receivers first
     a = torch.rand(batch, n_in, generator=generator, dtype=DOUBLE) * 0.9 + 0.1
     beta_u = torch.randn(n_out, generator=generator, dtype=DOUBLE)
     beta_a = torch.randn(n_out, generator=generator, dtype=DOUBLE)
@@ -99,13 +104,13 @@ def test_em_routing_in_blocks_matches_one_block(monkeypatch):
 
 
 def test_extra_batch_dimensions_and_all_passes():
-    V = torch.randn(2, 3, 6, 4, 16)
+    V = torch.randn(2, 3, 4, 6, 16)
     a = torch.rand(2, 3, 6)
     poses, activations, assignments = em_routing(V, a, 0.0, 0.0, return_assignments=True, all_passes=True)
     assert poses.shape == (2, 3, 4, 16) and activations.shape == (2, 3, 4)
-    assert assignments.shape == (3, 2, 3, 6, 4)
-    torch.testing.assert_close(assignments[0], torch.full((2, 3, 6, 4), 0.25))
-    torch.testing.assert_close(assignments.sum(-1), torch.ones(3, 2, 3, 6))
+    assert assignments.shape == (3, 2, 3, 4, 6)
+    torch.testing.assert_close(assignments[0], torch.full((2, 3, 4, 6), 0.25))
+    torch.testing.assert_close(assignments.sum(-2), torch.ones(3, 2, 3, 6))
 
 
 def test_input_activations_are_not_renormalised_away():
@@ -117,7 +122,7 @@ def test_input_activations_are_not_renormalised_away():
     silenced = a.detach().clone()
     silenced[:, 0] = 0.0  # an absent input capsule takes no part
     poses_0, act_0 = em_routing(V, silenced, beta_u, beta_a, inverse_temperature=steep)
-    poses_1, act_1 = em_routing(V[:, 1:], silenced[:, 1:], beta_u, beta_a, inverse_temperature=steep)
+    poses_1, act_1 = em_routing(V[:, :, 1:], silenced[:, 1:], beta_u, beta_a, inverse_temperature=steep)
     torch.testing.assert_close(poses_0, poses_1)
     torch.testing.assert_close(act_0, act_1)
 
@@ -128,34 +133,34 @@ def test_permuting_input_capsules_leaves_em_outputs_unchanged(seed, n_in, n_out)
     V, a, beta_u, beta_a = sample(seed, n_in=n_in, n_out=n_out)
     order = torch.randperm(n_in, generator=torch.Generator().manual_seed(seed))
     poses, act, R = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
-    poses_p, act_p, R_p = em_routing(V[:, order], a[:, order], beta_u, beta_a, inverse_temperature=steep,
+    poses_p, act_p, R_p = em_routing(V[:, :, order], a[:, order], beta_u, beta_a, inverse_temperature=steep,
                                      return_assignments=True)
     torch.testing.assert_close(poses_p, poses)
     torch.testing.assert_close(act_p, act)
-    torch.testing.assert_close(R_p, R[:, order])
-    torch.testing.assert_close(R.sum(-1), torch.ones(2, n_in, dtype=DOUBLE))
+    torch.testing.assert_close(R_p, R[:, :, order])
+    torch.testing.assert_close(R.sum(-2), torch.ones(2, n_in, dtype=DOUBLE))
 
 
 def test_log_space_survives_identical_votes_and_far_outliers():
     """Identical votes (zero variance) and votes far from every mean underflow p in the paper's
     space; in log space everything stays finite."""
-    V = torch.ones(2, 6, 3, 16).requires_grad_(True)
+    V = torch.ones(2, 3, 6, 16).requires_grad_(True)
     a = torch.ones(2, 6)
     poses, activations = em_routing(V, a, 1.0, 1.0, inverse_temperature=steep)
     (poses.sum() + activations.sum()).backward()
     torch.testing.assert_close(poses, torch.ones(2, 3, 16))
     assert torch.isfinite(activations).all() and torch.isfinite(V.grad).all()
-    far = torch.randn(2, 6, 3, 16) * 1e3
-    far[:, 0] = 0.0
+    far = torch.randn(2, 3, 6, 16) * 1e3
+    far[:, :, 0] = 0.0
     far.requires_grad_(True)
     poses, activations, R = em_routing(far, a, 1.0, 1.0, inverse_temperature=steep, return_assignments=True)
     (poses.sum() + activations.sum()).backward()
     assert torch.isfinite(poses).all() and torch.isfinite(R).all() and torch.isfinite(far.grad).all()
-    torch.testing.assert_close(R.sum(-1), torch.ones(2, 6))
+    torch.testing.assert_close(R.sum(-2), torch.ones(2, 6))
 
 
 def test_zero_votes_and_zero_activations_give_zeros_and_finite_gradients():
-    V = torch.zeros(2, 5, 3, 16, requires_grad=True)
+    V = torch.zeros(2, 3, 5, 16, requires_grad=True)
     a = torch.zeros(2, 5, requires_grad=True)
     poses, activations = em_routing(V, a, 0.5, 0.5)
     assert torch.equal(poses, torch.zeros(2, 3, 16))
@@ -166,7 +171,7 @@ def test_zero_votes_and_zero_activations_give_zeros_and_finite_gradients():
 
 def test_float32_matches_float64():
     torch.manual_seed(6)
-    V = torch.randn(4, 20, 5, 16, dtype=DOUBLE) * 0.3 + 2.0  # far from 0: moments must not cancel
+    V = torch.randn(4, 5, 20, 16, dtype=DOUBLE) * 0.3 + 2.0  # far from 0: moments must not cancel
     a = torch.rand(4, 20, dtype=DOUBLE)
     exact = em_routing(V, a, 0.1, 0.2, inverse_temperature=steep, return_assignments=True)
     single = em_routing(V.float(), a.float(), 0.1, 0.2, inverse_temperature=steep, return_assignments=True)
@@ -204,13 +209,13 @@ def test_em_routing_gradcheck():
 )
 def test_bad_options_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        em_routing(torch.randn(2, 5, 3, 4), torch.rand(2, 5), 0.0, 0.0, **kwargs)
+        em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), 0.0, 0.0, **kwargs)
 
 
 def test_bad_shapes_are_rejected():
     with pytest.raises(ValueError, match="activations"):
-        em_routing(torch.randn(2, 5, 3, 4), torch.rand(2, 4), 0.0, 0.0)
+        em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 4), 0.0, 0.0)
     with pytest.raises(ValueError, match="votes"):
         em_routing(torch.randn(5, 3), torch.rand(5), 0.0, 0.0)
     with pytest.raises(ValueError, match="beta_u"):
-        em_routing(torch.randn(2, 5, 3, 4), torch.rand(2, 5), torch.zeros(4), 0.0)
+        em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), torch.zeros(4), 0.0)

@@ -1,7 +1,8 @@
 """Dynamic routing and the unmaterialised capsule votes against loops written from the paper.
 
 References here are literal transcriptions of Sabour, Frosst & Hinton 2017, Procedure 1, in the
-papers' indices: ``i`` input capsule, ``j`` output capsule, votes ``u_hat[i, j]``.
+papers' indices: ``i`` input capsule, ``j`` output capsule, votes ``u_hat[i, j]``. They take and
+return torchvote's receivers-first layout, converting once at their edge (``reference_batch``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,9 +59,11 @@ def procedure1(u_hat, iterations, *, agreement="dot", bias=None, detach=False):
 
 
 def reference_batch(votes, iterations, **options):
-    outs, cs = zip(*(procedure1(votes[n], iterations, **options) for n in range(votes.shape[0])),
+    """Procedure 1 per example. votes: (b, out, in, d), receivers first; couplings (b, out, in)."""
+    u_hat = rearrange(votes, "b o i d -> b i o d")  # the paper's (in, out)
+    outs, cs = zip(*(procedure1(u_hat[n], iterations, **options) for n in range(votes.shape[0])),
                    strict=True)
-    return torch.stack(outs), torch.stack(cs)
+    return torch.stack(outs), rearrange(torch.stack(cs), "b i o -> b o i")
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3])
@@ -67,7 +71,7 @@ def reference_batch(votes, iterations, **options):
 @pytest.mark.parametrize("detach", [False, True])
 def test_dynamic_routing_matches_procedure1(iterations, agreement, detach):
     torch.manual_seed(iterations)
-    votes = (torch.randn(2, 5, 3, 4, dtype=DOUBLE) * 0.6).requires_grad_(True)
+    votes = (torch.randn(2, 3, 5, 4, dtype=DOUBLE) * 0.6).requires_grad_(True)
     outputs, couplings = dynamic_routing(votes, iterations=iterations, agreement=agreement,
                                          detach_votes=detach)
     ref_out, ref_c = reference_batch(votes, iterations, agreement=agreement, detach=detach)
@@ -81,7 +85,7 @@ def test_dynamic_routing_matches_procedure1(iterations, agreement, detach):
 
 def test_detach_changes_the_gradient_but_not_the_outputs():
     torch.manual_seed(0)
-    votes = torch.randn(2, 6, 3, 4, dtype=DOUBLE, requires_grad=True)
+    votes = torch.randn(2, 3, 6, 4, dtype=DOUBLE, requires_grad=True)
     exact, _ = dynamic_routing(votes, iterations=3)
     fast, _ = dynamic_routing(votes, iterations=3, detach_votes=True)
     torch.testing.assert_close(exact, fast, rtol=0, atol=0)
@@ -92,7 +96,7 @@ def test_detach_changes_the_gradient_but_not_the_outputs():
 
 def test_bias_is_added_before_the_squash_every_iteration():
     torch.manual_seed(1)
-    votes = torch.randn(2, 5, 3, 4, dtype=DOUBLE, requires_grad=True)
+    votes = torch.randn(2, 3, 5, 4, dtype=DOUBLE, requires_grad=True)
     bias = torch.randn(3, 4, dtype=DOUBLE, requires_grad=True)
     outputs, couplings = dynamic_routing(votes, iterations=3, bias=bias)
     ref_out, ref_c = reference_batch(votes, 3, bias=bias)
@@ -106,27 +110,27 @@ def test_bias_is_added_before_the_squash_every_iteration():
 
 def test_couplings_sum_to_one_over_the_outputs_and_squash_norms_below_one():
     torch.manual_seed(2)
-    votes = torch.randn(4, 7, 3, 5) * 3
+    votes = torch.randn(4, 3, 7, 5) * 3
     outputs, couplings = dynamic_routing(votes, iterations=3)
-    assert couplings.shape == (4, 7, 3)  # (batch, in_caps, out_caps)
-    torch.testing.assert_close(couplings.sum(-1), torch.ones(4, 7))
-    assert not torch.allclose(couplings.sum(-2), torch.ones(4, 3))  # not over the inputs
+    assert couplings.shape == (4, 3, 7)  # (batch, out_caps, in_caps)
+    torch.testing.assert_close(couplings.sum(-2), torch.ones(4, 7))
+    assert not torch.allclose(couplings.sum(-1), torch.ones(4, 3))  # not over the inputs
     assert bool((outputs.norm(dim=-1) < 1).all())
 
 
 def test_all_passes_stacks_every_iteration():
-    votes = torch.randn(2, 5, 3, 4)
+    votes = torch.randn(2, 3, 5, 4)
     _, couplings = dynamic_routing(votes, iterations=3, all_passes=True)
-    assert couplings.shape == (3, 2, 5, 3)
-    torch.testing.assert_close(couplings[0], torch.full((2, 5, 3), 1 / 3))
+    assert couplings.shape == (3, 2, 3, 5)
+    torch.testing.assert_close(couplings[0], torch.full((2, 3, 5), 1 / 3))
 
 
 def test_one_iteration_is_the_uniform_average_squashed():
     torch.manual_seed(3)
-    votes = torch.randn(3, 6, 4, 5, dtype=DOUBLE, requires_grad=True)
+    votes = torch.randn(3, 4, 6, 5, dtype=DOUBLE, requires_grad=True)  # (b, out, in, d)
     outputs, couplings = dynamic_routing(votes, iterations=1)
     expected = torch.stack([
-        torch.stack([paper_squash(votes[n, :, j].sum(0) / 4) for j in range(4)]) for n in range(3)
+        torch.stack([paper_squash(votes[n, j].sum(0) / 4) for j in range(4)]) for n in range(3)
     ])
     torch.testing.assert_close(outputs, expected)
     torch.testing.assert_close(couplings, torch.full_like(couplings, 1 / 4))
@@ -142,23 +146,23 @@ def test_one_iteration_is_the_uniform_average_squashed():
        iterations=st.integers(1, 4), agreement=st.sampled_from(["dot", "distance"]))
 def test_permuting_input_capsules_leaves_outputs_unchanged(seed, in_caps, out_caps, iterations, agreement):
     generator = torch.Generator().manual_seed(seed)
-    votes = torch.randn(2, in_caps, out_caps, 3, generator=generator, dtype=DOUBLE)
+    votes = torch.randn(2, out_caps, in_caps, 3, generator=generator, dtype=DOUBLE)
     order = torch.randperm(in_caps, generator=generator)
     outputs, couplings = dynamic_routing(votes, iterations=iterations, agreement=agreement)
-    permuted, permuted_c = dynamic_routing(votes[:, order], iterations=iterations, agreement=agreement)
+    permuted, permuted_c = dynamic_routing(votes[:, :, order], iterations=iterations, agreement=agreement)
     torch.testing.assert_close(permuted, outputs)
-    torch.testing.assert_close(permuted_c, couplings[:, order])
-    torch.testing.assert_close(couplings.sum(-1), torch.ones(2, in_caps, dtype=DOUBLE))
+    torch.testing.assert_close(permuted_c, couplings[:, :, order])
+    torch.testing.assert_close(couplings.sum(-2), torch.ones(2, in_caps, dtype=DOUBLE))
     assert bool((outputs.norm(dim=-1) < 1).all())
 
 
 def test_zero_votes_give_zeros_and_finite_gradients():
-    votes = torch.zeros(2, 5, 3, 4, requires_grad=True)
+    votes = torch.zeros(2, 3, 5, 4, requires_grad=True)
     outputs, couplings = dynamic_routing(votes, iterations=3)
     assert torch.equal(outputs, torch.zeros(2, 3, 4))
     outputs.sum().backward()
     assert torch.isfinite(votes.grad).all()
-    torch.testing.assert_close(couplings, torch.full((2, 5, 3), 1 / 3))
+    torch.testing.assert_close(couplings, torch.full((2, 3, 5), 1 / 3))
 
 
 def test_zero_capsules_give_zeros_and_finite_gradients():
@@ -183,8 +187,8 @@ def test_bad_votes_are_rejected():
         dynamic_routing(torch.randn(1, 2, 3, 4), agreement="cosine")
 
 
-def test_as_routing_votes_is_a_view_in_receivers_first_layout():
-    votes = torch.randn(2, 5, 3, 4)
+def test_as_routing_votes_wraps_receivers_first_votes_without_a_copy():
+    votes = torch.randn(2, 3, 5, 4)  # (b, out_caps, in_caps, d)
     routed = as_routing_votes(votes)
     assert isinstance(routed, PairwiseVotes)
     assert routed.votes.shape == (2, 3, 5, 4)
@@ -275,7 +279,7 @@ def test_dynamic_routing_on_linear_votes_matches_the_reference(agreement, detach
     inputs = torch.randn(2, 5, 2, dtype=DOUBLE, requires_grad=True)
     outputs, couplings = dynamic_routing(LinearVotes(weight, inputs), iterations=3, agreement=agreement,
                                          detach_votes=detach)
-    votes = materialised(weight, inputs).transpose(-3, -2)  # (b, in, out, d): the papers' layout
+    votes = materialised(weight, inputs)  # (b, out, in, d)
     ref_out, ref_c = reference_batch(votes, 3, agreement=agreement, detach=detach)
     torch.testing.assert_close(outputs, ref_out, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(couplings, ref_c, rtol=1e-10, atol=1e-12)

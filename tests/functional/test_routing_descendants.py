@@ -1,6 +1,8 @@
 """The attention-style descendants of routing against loops written from their papers.
 
 Papers' indices: ``i`` / ``l`` input capsule, ``j`` / ``n`` output capsule, votes ``v[i, j]``.
+The references keep that (in, out) layout; :func:`receivers_first` converts at their edge to
+torchvote's ``(out_caps, in_caps)``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 
 from torchvote.functional.routing import (
     efficient_squash,
@@ -25,6 +28,13 @@ def layer_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     mean = sum(x[k] for k in range(len(x))) / len(x)
     var = sum((x[k] - mean) ** 2 for k in range(len(x))) / len(x)
     return (x - mean) / torch.sqrt(var + eps)
+
+
+def receivers_first(reference, votes, *args):
+    """Run a papers'-layout reference (votes (in, out, d) -> outputs, couplings (in, out)) on
+    receivers-first votes (out, in, d); the couplings come back (out, in)."""
+    outputs, couplings = reference(rearrange(votes, "o i d -> i o d"), *args)
+    return outputs, rearrange(couplings, "i o -> o i")
 
 
 def tsai_procedure1(votes, iterations):
@@ -44,9 +54,9 @@ def tsai_procedure1(votes, iterations):
 @pytest.mark.parametrize("iterations", [1, 2, 3])
 def test_inverted_dot_product_routing_matches_procedure1(iterations):
     torch.manual_seed(iterations)
-    votes = torch.randn(2, 5, 3, 4, dtype=DOUBLE, requires_grad=True)
+    votes = torch.randn(2, 3, 5, 4, dtype=DOUBLE, requires_grad=True)  # (b, out, in, d)
     poses, couplings = inverted_dot_product_routing(votes, iterations=iterations)
-    refs = [tsai_procedure1(votes[n], iterations) for n in range(2)]
+    refs = [receivers_first(tsai_procedure1, votes[n], iterations) for n in range(2)]
     ref_poses = torch.stack([p for p, _ in refs])
     torch.testing.assert_close(poses, ref_poses, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(couplings, torch.stack([c for _, c in refs]), rtol=1e-10, atol=1e-12)
@@ -56,12 +66,12 @@ def test_inverted_dot_product_routing_matches_procedure1(iterations):
 
 
 def test_inverted_dot_product_first_pass_is_uniform_and_a_callable_norm_is_used():
-    votes = torch.randn(2, 6, 4, 3)
+    votes = torch.randn(2, 4, 6, 3)  # (b, out, in, d)
     _, couplings = inverted_dot_product_routing(votes, iterations=3, all_passes=True)
-    torch.testing.assert_close(couplings[0], torch.full((2, 6, 4), 0.25))
-    torch.testing.assert_close(couplings.sum(-1), torch.ones(3, 2, 6))
+    torch.testing.assert_close(couplings[0], torch.full((2, 4, 6), 0.25))
+    torch.testing.assert_close(couplings.sum(-2), torch.ones(3, 2, 6))
     doubled, _ = inverted_dot_product_routing(votes, iterations=1, normalization=lambda s: 2 * s)
-    torch.testing.assert_close(doubled, 2 * votes.mean(1) * 6 / 4)
+    torch.testing.assert_close(doubled, 2 * votes.mean(2) * 6 / 4)
 
 
 def efficient_reference(votes, log_prior):
@@ -84,11 +94,11 @@ def efficient_reference(votes, log_prior):
 @pytest.mark.parametrize("with_prior", [False, True])
 def test_self_attention_routing_matches_efficient_capsnet(with_prior):
     torch.manual_seed(int(with_prior))
-    votes = (torch.randn(2, 5, 3, 4, dtype=DOUBLE) * 0.5).requires_grad_(True)
-    prior = torch.randn(5, 3, dtype=DOUBLE, requires_grad=True) if with_prior else None
+    votes = (torch.randn(2, 3, 5, 4, dtype=DOUBLE) * 0.5).requires_grad_(True)  # (b, out, in, d)
+    prior = torch.randn(3, 5, dtype=DOUBLE, requires_grad=True) if with_prior else None  # (out, in)
     outputs, couplings = self_attention_routing(votes, log_prior=prior)
-    zeros = torch.zeros(5, 3, dtype=DOUBLE)
-    refs = [efficient_reference(votes[n], prior if with_prior else zeros) for n in range(2)]
+    paper_prior = prior.T if with_prior else torch.zeros(5, 3, dtype=DOUBLE)  # the paper's (in, out)
+    refs = [receivers_first(efficient_reference, votes[n], paper_prior) for n in range(2)]
     ref_out = torch.stack([o for o, _ in refs])
     torch.testing.assert_close(outputs, ref_out, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(couplings, torch.stack([c for _, c in refs]), rtol=1e-10, atol=1e-12)
@@ -101,7 +111,7 @@ def test_self_attention_routing_matches_efficient_capsnet(with_prior):
 
 def test_self_attention_routing_rejects_a_mis_shaped_prior():
     with pytest.raises(ValueError, match="log_prior"):
-        self_attention_routing(torch.randn(2, 5, 3, 4), log_prior=torch.randn(3, 5))
+        self_attention_routing(torch.randn(2, 3, 5, 4), log_prior=torch.randn(5, 3))
 
 
 def test_efficient_squash_lengths_and_zero():
@@ -184,7 +194,7 @@ def test_slot_attention_ignores_masked_inputs():
 
 def test_slot_routing_matches_a_loop():
     torch.manual_seed(12)
-    votes = torch.randn(2, 5, 3, 4, dtype=DOUBLE, requires_grad=True)  # (b, in, out, d)
+    votes = torch.randn(2, 3, 5, 4, dtype=DOUBLE, requires_grad=True)  # (b, out, in, d)
     slots = torch.randn(3, 4, dtype=DOUBLE)
 
     def update(means, prev):
@@ -195,9 +205,10 @@ def test_slot_routing_matches_a_loop():
         current = slots
         for _ in range(3):
             q = torch.tanh(current)
-            logits = torch.einsum("jd,ijd->ij", q, votes[n]) / 2.0  # (in, out), scale 1/sqrt(4)
+            paper_votes = rearrange(votes[n], "o i d -> i o d")  # the paper's (in, out)
+            logits = torch.einsum("jd,ijd->ij", q, paper_votes) / 2.0  # (in, out), scale 1/sqrt(4)
             c = torch.softmax(logits, dim=1)  # over the output capsules
-            means = torch.einsum("ij,ijd->jd", c, votes[n]) / c.sum(0).unsqueeze(-1)
+            means = torch.einsum("ij,ijd->jd", c, paper_votes) / c.sum(0).unsqueeze(-1)
             current = update(means, current)
         torch.testing.assert_close(out[n], current)
-        torch.testing.assert_close(couplings[n], c)
+        torch.testing.assert_close(couplings[n], rearrange(c, "i o -> o i"))

@@ -20,7 +20,7 @@ from torchvote.functional import (
 )
 
 
-def loop_vote(votes, logits, *, over, iterations, agreement, accumulate, aggregation, nonlinearity):
+def loop_vote(votes, logits, *, over, iterations, agreement, update, aggregation, nonlinearity):
     """A literal loop over receivers i and senders j for one batch element.
 
     votes: (i, j, d) pairwise; logits: (i, j). Returns the outputs (i, d) and per-pass weights.
@@ -60,27 +60,28 @@ def loop_vote(votes, logits, *, over, iterations, agreement, accumulate, aggrega
                         a = float(votes[i, j] @ outputs[i])
                     else:
                         a = -float(((votes[i, j] - outputs[i]) ** 2).sum())
-                    new[i, j] = (current[i, j] if accumulate else logits[i, j]) + a
+                    base = {"accumulate": current[i, j], "prior": logits[i, j], "replace": 0.0}
+                    new[i, j] = base[update] + a
             current = new
     return outputs, history
 
 
 @pytest.mark.parametrize("over", ["senders", "receivers"])
 @pytest.mark.parametrize("agreement", ["dot", "distance"])
-@pytest.mark.parametrize("accumulate", [True, False])
+@pytest.mark.parametrize("update", ["accumulate", "replace", "prior"])
 @pytest.mark.parametrize("aggregation", ["sum", "mean"])
 @pytest.mark.parametrize("nonlinearity", ["identity", "squash"])
-def test_vote_matches_plain_loop(over, agreement, accumulate, aggregation, nonlinearity):
+def test_vote_matches_plain_loop(over, agreement, update, aggregation, nonlinearity):
     torch.manual_seed(0)
     votes = torch.randn(2, 4, 5, 3, dtype=torch.float64) * 0.7  # (b, i, j, d)
     logits = torch.randn(2, 4, 5, dtype=torch.float64)
     result = vote(PairwiseVotes(votes), logits, normalize_over=over, iterations=3,
-                  agreement=agreement, accumulate=accumulate, aggregation=aggregation,
+                  agreement=agreement, update=update, aggregation=aggregation,
                   nonlinearity=nonlinearity, record=True)
     tol = {"rtol": 1e-10, "atol": 1e-12}
     for b in range(2):
         expected, history = loop_vote(votes[b], logits[b], over=over, iterations=3,
-                                      agreement=agreement, accumulate=accumulate,
+                                      agreement=agreement, update=update,
                                       aggregation=aggregation, nonlinearity=nonlinearity)
         torch.testing.assert_close(result.outputs[b], expected, **tol)
         for got, want in zip(result.weights, history, strict=True):
@@ -265,6 +266,9 @@ def test_routing_outputs_do_not_depend_on_sender_order(receivers, senders, dim, 
         ({"normalize_over": "receivers", "nonlinearity": "relu"}, ValueError, "nonlinearity"),
         ({"normalize_over": "receivers", "agreement": "cosine"}, ValueError, "agreement"),
         ({"normalize_over": "receivers", "dropout_p": 1.0}, ValueError, "dropout_p"),
+        ({"normalize_over": "receivers", "update": "sum"}, ValueError, "update"),
+        ({"normalize_over": "receivers", "update": "replace", "accumulate": True}, ValueError,
+         "update"),
         ({"normalize_over": "receivers", "mask": torch.ones(3, 4, dtype=torch.int64)},
          TypeError, "mask"),
     ],
@@ -295,3 +299,54 @@ def test_squash_is_the_papers_formula_and_safe_at_zero():
     v.sum().backward()
     assert torch.isfinite(s.grad).all()
     assert (squash(torch.randn(100, 8) * 50).norm(dim=-1) < 1).all()
+
+
+@pytest.mark.parametrize(("accumulate", "update"), [(True, "accumulate"), (False, "prior")])
+def test_deprecated_accumulate_is_a_spelling_of_update(accumulate, update):
+    votes = PairwiseVotes(torch.randn(2, 3, 4, 5, dtype=torch.float64))
+    logits = torch.randn(2, 3, 4, dtype=torch.float64)
+    old = vote(votes, logits, normalize_over="receivers", iterations=3, accumulate=accumulate)
+    new = vote(votes, logits, normalize_over="receivers", iterations=3, update=update)
+    torch.testing.assert_close(old.outputs, new.outputs, rtol=0, atol=0)
+
+
+def test_replace_keeps_a_float_mask_in_every_pass():
+    votes = PairwiseVotes(torch.randn(2, 3, 4, 5, dtype=torch.float64))
+    mask = torch.zeros(3, 4, dtype=torch.float64)
+    mask[0, 1] = mask[2, 3] = float("-inf")
+    result = vote(votes, None, normalize_over="receivers", iterations=3, update="replace",
+                  mask=mask, record=True)
+    for weights in result.weights:
+        assert (weights[:, 0, 1] == 0).all() and (weights[:, 2, 3] == 0).all()
+        torch.testing.assert_close(weights.sum(-2), torch.ones(2, 4, dtype=torch.float64))
+
+
+def test_replace_drops_the_initial_logits_after_the_first_pass():
+    """With update="replace" the second pass's logits are the agreement alone."""
+    votes = torch.randn(1, 3, 4, 5, dtype=torch.float64)
+    logits = torch.randn(1, 3, 4, dtype=torch.float64) * 5
+    result = vote(PairwiseVotes(votes), logits, normalize_over="receivers", iterations=2,
+                  update="replace", record=True)
+    first = torch.softmax(logits, dim=-2)
+    outputs = torch.einsum("bij,bijd->bid", first, votes)
+    torch.testing.assert_close(result.logits[1], torch.einsum("bijd,bid->bij", votes, outputs))
+
+
+def test_every_votes_class_starts_from_zero_logits_and_materializes():
+    from torchvote.functional import LinearVotes, SharedLinearVotes
+
+    inputs = torch.randn(2, 4, 3, dtype=torch.float64)  # (b, j, e)
+    for votes in (
+        PairwiseVotes(torch.randn(2, 5, 4, 6, dtype=torch.float64)),
+        LinearVotes(torch.randn(5, 4, 6, 3, dtype=torch.float64), inputs),
+        SharedLinearVotes(torch.randn(5, 6, 3, dtype=torch.float64), inputs),
+    ):
+        zeros = votes.zero_logits()
+        assert zeros.shape == (2, 5, 4) and not zeros.any()
+        weights = torch.rand(2, 5, 4, dtype=torch.float64)
+        torch.testing.assert_close(votes.weighted_sum(weights),
+                                   torch.einsum("bij,bijd->bid", weights, votes.materialize()))
+    shared = SharedVotes(torch.randn(2, 4, 6))
+    assert shared.materialize().shape == (2, 1, 4, 6)
+    with pytest.raises(ValueError, match="need logits"):
+        shared.zero_logits()

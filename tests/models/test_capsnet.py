@@ -44,8 +44,8 @@ def test_paper_configuration_has_the_papers_parameter_counts():
         for name, part in (
             ("conv", model.conv),
             ("primary", model.primary),
-            ("class", model.class_capsules),
-            ("decoder", model.decoder),
+            ("class", model.head.class_capsules),
+            ("decoder", model.head.decoder),
         )
     }
     assert counts["conv"] == 1 * 256 * 9 * 9 + 256 == 20_992
@@ -85,12 +85,12 @@ def test_geometry_is_derived_from_the_config(image_size, in_channels, num_classe
         "capsnet", "tiny", image_size=image_size, in_channels=in_channels, num_classes=num_classes
     )
     grid = (image_size - 9 + 1 - 9) // 2 + 1
-    assert model.class_capsules.in_caps == model.config.num_primary_caps == 4 * grid * grid
+    assert model.head.class_capsules.in_caps == model.config.num_primary_caps == 4 * grid * grid
     images = torch.rand(2, in_channels, image_size, image_size)
     output = model(images, torch.tensor([0, num_classes - 1]))
     assert output.scores.shape == (2, num_classes)
     assert output.reconstructions.shape == (2, in_channels, image_size, image_size)
-    assert model.decoder.layers[-2].out_features == in_channels * image_size**2
+    assert model.head.decoder.layers[-2].out_features == in_channels * image_size**2
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -144,7 +144,7 @@ def _hand_decode(model: CapsNet, poses: torch.Tensor, classes: torch.Tensor) -> 
     masked = torch.zeros_like(poses)
     rows = torch.arange(len(poses))
     masked[rows, classes] = poses[rows, classes]
-    pixels = model.decoder.layers(masked.flatten(1))  # (b, c*h*w)
+    pixels = model.head.decoder.layers(masked.flatten(1))  # (b, c*h*w)
     return pixels.view(len(poses), model.config.in_channels, model.config.image_size, model.config.image_size)
 
 
@@ -206,7 +206,7 @@ def test_zero_images_give_finite_outputs_and_gradients(router):
 
 def test_no_decoder_gives_no_reconstructions_and_the_margin_loss_alone():
     model = create_model("capsnet", "tiny", decoder=False)
-    assert model.decoder is None
+    assert model.head.decoder is None
     images, targets = _batch(model)
     output = model(images, targets)
     assert output.reconstructions is None
@@ -217,8 +217,8 @@ def test_no_decoder_gives_no_reconstructions_and_the_margin_loss_alone():
 
 def test_router_options_reach_the_router():
     model = create_model("capsnet", "tiny", router_options={"bias": True, "agreement": "distance"})
-    assert model.class_capsules.router.agreement == "distance"
-    assert model.class_capsules.router.bias.shape == (10, 8)
+    assert model.head.class_capsules.router.agreement == "distance"
+    assert model.head.class_capsules.router.bias.shape == (10, 8)
 
 
 @pytest.mark.parametrize(

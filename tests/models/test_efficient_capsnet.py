@@ -12,7 +12,7 @@ from torchvote.config import LossConfig, load_config, model_config_from
 from torchvote.functional.routing import list_routers
 from torchvote.models import create_model, get_model_spec
 from torchvote.models.efficient_capsnet import DepthwisePrimaryCapsules, EfficientCapsNetConfig
-from torchvote.nn.routing_modules import SelfAttentionRouter
+from torchvote.nn.routers import SelfAttentionRouter
 from torchvote.training import get_task_handler, make_objective, train
 
 ROUTERS = sorted(list_routers())
@@ -51,12 +51,14 @@ def test_paper_configuration_has_161_824_parameters():
     assert conv_counts == [832, 18_496, 36_928, 73_856]
     assert [sum(p.numel() for p in norm.parameters()) for norm in norms] == [64, 128, 128, 256]
     assert sum(p.numel() for p in model.primary.parameters()) == 9 * 9 * 128 + 128 == 10_496
-    assert model.class_capsules.weight.numel() == 10 * 16 * 16 * 8 == 20_480
-    assert isinstance(model.class_capsules.router, SelfAttentionRouter)
-    assert model.class_capsules.router.log_prior.shape == (16, 10)
-    without_decoder = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("decoder"))
+    assert model.head.class_capsules.weight.numel() == 10 * 16 * 16 * 8 == 20_480
+    assert isinstance(model.head.class_capsules.router, SelfAttentionRouter)
+    assert model.head.class_capsules.router.log_prior.shape == (10, 16)  # (out_caps, in_caps)
+    without_decoder = sum(
+        p.numel() for name, p in model.named_parameters() if not name.startswith("head.decoder")
+    )
     assert without_decoder == 161_824  # the paper's "161K"
-    assert sum(p.numel() for p in model.decoder.parameters()) == 1_411_344
+    assert sum(p.numel() for p in model.head.decoder.parameters()) == 1_411_344
     assert (
         convs[-1].stride == (2, 2) and model.config.feature_grid == 9 and model.config.num_primary_caps == 16
     )
@@ -90,7 +92,7 @@ def test_geometry_is_derived_from_the_config(image_size, in_channels, primary_ke
         primary_kernel=primary_kernel,
     )
     assert model.config.feature_grid == grid and model.config.num_primary_caps == caps
-    assert model.class_capsules.in_caps == caps
+    assert model.head.class_capsules.in_caps == caps
     output = model(torch.rand(2, in_channels, image_size, image_size), torch.tensor([1, 2]))
     assert output.scores.shape == (2, 10) and output.couplings.shape == (2, 10, caps)
     assert output.reconstructions.shape == (2, in_channels, image_size, image_size)
@@ -142,7 +144,7 @@ def test_decoder_masks_with_the_target_in_training_and_the_longest_capsule_at_ev
         masked = torch.zeros_like(poses)
         rows = torch.arange(len(poses))
         masked[rows, classes] = poses[rows, classes]
-        return model.decoder.layers(masked.flatten(1)).view(len(poses), 1, 28, 28)
+        return model.head.decoder.layers(masked.flatten(1)).view(len(poses), 1, 28, 28)
 
     with torch.no_grad():
         model.eval()

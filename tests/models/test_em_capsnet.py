@@ -11,7 +11,7 @@ from torchvote.config import LossConfig, load_config, model_config_from
 from torchvote.functional.routing import list_routers
 from torchvote.models import create_model, get_model_spec
 from torchvote.models.em_capsnet import EMCapsNetConfig
-from torchvote.nn.routing_modules import EMRouter
+from torchvote.nn.routers import EMRouter
 from torchvote.training import make_objective, train
 
 ROUTERS = sorted(list_routers())
@@ -44,8 +44,8 @@ def test_paper_configuration_parameter_counts_by_hand(num_classes, total):
     caps1, caps2 = model.conv_capsules
     assert caps1.weight.numel() == 3 * 3 * 8 * 16 * 16 and count(caps1) == 18_432 + 2 * 16
     assert caps2.weight.numel() == 3 * 3 * 16 * 16 * 16 and count(caps2) == 36_864 + 2 * 16
-    assert count(model.class_votes) == 16 * num_classes * 16
-    assert isinstance(model.router, EMRouter) and count(model.router) == 2 * num_classes
+    assert model.head.class_capsules.weight.numel() == 16 * num_classes * 16
+    assert isinstance(model.head.router, EMRouter) and count(model.head.router) == 2 * num_classes
     assert sum(p.numel() for p in model.parameters()) == total
     assert (caps1.stride, caps2.stride, caps1.kernel_size, caps2.kernel_size) == (2, 1, 3, 3)
 

@@ -16,7 +16,7 @@ from torchvote.functional.routing import (
     uniform_routing,
 )
 from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules
-from torchvote.nn.routing_modules import DynamicRouter
+from torchvote.nn.routers import DynamicRouter
 
 DOUBLE = torch.float64
 
@@ -47,10 +47,10 @@ def test_primary_capsules_derive_their_count_from_the_input():
 
 
 def votes_of(layer: CapsuleLinear, inputs: torch.Tensor) -> torch.Tensor:
-    """The layer's votes by einsum, in the papers' layout (batch, in_caps, out_caps, out_dim)."""
+    """The layer's votes by einsum, receivers first (batch, out_caps, in_caps, out_dim)."""
     if layer.shared_weights:
-        return torch.einsum("ide,bje->bjid", layer.weight, inputs)
-    return torch.einsum("ijde,bje->bjid", layer.weight, inputs)
+        return torch.einsum("ide,bje->bijd", layer.weight, inputs)
+    return torch.einsum("ijde,bje->bijd", layer.weight, inputs)
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -81,8 +81,8 @@ def test_capsule_linear_equals_its_router_on_materialised_votes(routing, shared)
         torch.testing.assert_close(result.activations, activations)
     torch.testing.assert_close(result.outputs, expected[0])
     torch.testing.assert_close(result.couplings, expected[1])
-    assert result.outputs.shape == (2, 4, 5) and result.couplings.shape == (2, 6, 4)
-    torch.testing.assert_close(result.couplings.sum(-1), torch.ones(2, 6, dtype=DOUBLE))
+    assert result.outputs.shape == (2, 4, 5) and result.couplings.shape == (2, 4, 6)
+    torch.testing.assert_close(result.couplings.sum(-2), torch.ones(2, 6, dtype=DOUBLE))
     (result.outputs.sum() + (0 if result.activations is None else result.activations.sum())).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all()
                for p in layer.parameters() if p.requires_grad and p.grad is not None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from einops import rearrange
 
 from torchvote.functional.em import em_routing
 from torchvote.nn.em_capsules import (
@@ -66,7 +67,8 @@ def test_conv_matrix_capsules_route_each_patch_as_a_loop_would(rows, kernel, str
                             vote = [(pose @ layer.weight[j, i]).flatten() for i in range(3)]  # V = M W
                             votes.append(torch.stack(vote))
                             acts.append(capsules.activations[b, r * stride + kh, c * stride + kw, t])
-                mu, a_out = em_routing(torch.stack(votes)[None], torch.stack(acts)[None],
+                receivers_first = rearrange(torch.stack(votes), "j i d -> i j d")  # (out, in, P*P)
+                mu, a_out = em_routing(receivers_first[None], torch.stack(acts)[None],
                                        layer.routing.beta_u, layer.routing.beta_a)
                 ref_poses[b, r, c] = mu[0].view(3, 4, 4)
                 ref_acts[b, r, c] = a_out[0]
@@ -97,7 +99,8 @@ def test_class_capsules_share_transforms_and_add_coordinates():
                     per_class.append((vote + offset).flatten(-2))
                 votes.append(torch.stack(per_class, dim=1))
                 acts.append(capsules.activations[:, r, c, t])
-    mu, a_out = em_routing(torch.stack(votes, dim=1), torch.stack(acts, dim=1), layer.routing.beta_u,
+    receivers_first = rearrange(torch.stack(votes, dim=1), "b j i d -> b i j d")  # (b, out, in, P*P)
+    mu, a_out = em_routing(receivers_first, torch.stack(acts, dim=1), layer.routing.beta_u,
                            layer.routing.beta_a)
     torch.testing.assert_close(out.poses, mu.view(2, 3, 4, 4))
     torch.testing.assert_close(out.activations, a_out)

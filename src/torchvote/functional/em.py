@@ -1,26 +1,30 @@
 """EM routing of matrix capsules as a configuration of the voting operator.
 
-Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1, with the papers'
-``i`` (input capsule, ``Omega_L``) and ``j`` (output capsule, ``Omega_{L+1}``)::
+Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1, written in
+torchvote's legend: ``i`` output capsule (``Omega_{L+1}``, the receiver) and ``j`` input capsule
+(``Omega_L``, the sender); the paper swaps the letters::
 
     R_ij = 1 / |Omega_{L+1}|
     repeat t = 0 .. r-1:
-        M-step, for every output j:
-            R_ij    <- R_ij * a_i                                    (NOT renormalised over j)
-            mu_j^h  <- sum_i R_ij V_ij^h / sum_i R_ij
-            s2_j^h  <- sum_i R_ij (V_ij^h - mu_j^h)^2 / sum_i R_ij
-            cost^h  <- (beta_u + log sigma_j^h) sum_i R_ij
-            a_j     <- logistic(lambda_t (beta_a - sum_h cost^h))
-        E-step, for every input i (not after the last M-step: it changes nothing returned):
-            p_j     <- N(V_ij | mu_j, diag s2_j)
-            R_ij    <- a_j p_j / sum_k a_k p_k                       (normalised over the OUTPUTS)
+        M-step, for every output i:
+            R_ij    <- R_ij * a_j                                    (NOT renormalised over i)
+            mu_i^h  <- sum_j R_ij V_ij^h / sum_j R_ij
+            s2_i^h  <- sum_j R_ij (V_ij^h - mu_i^h)^2 / sum_j R_ij
+            cost^h  <- (beta_u + log sigma_i^h) sum_j R_ij
+            a_i     <- logistic(lambda_t (beta_a - sum_h cost^h))
+        E-step, for every input j (not after the last M-step: it changes nothing returned):
+            p_ij    <- N(V_ij | mu_i, diag s2_i)
+            R_ij    <- a_i p_ij / sum_k a_k p_kj                     (normalised over the OUTPUTS)
 
-As voting (torchvote's legend: ``i`` receivers = output capsules, ``j`` senders = inputs)::
+Layout: votes ``(batch..., out_caps, in_caps, pose_dim)`` and assignments ``(batch..., out_caps,
+in_caps)``, receivers first as everywhere in torchvote; the input activations, per-input data,
+are ``(batch..., in_caps)``. As voting::
 
     vote(MomentVotes(V), 0, normalize_over="receivers", sender_weights=a_in,
-         aggregation="sum", accumulate=False, agreement=E-step log-likelihood, iterations=r)
+         aggregation="sum", update="replace", agreement=E-step log-likelihood, iterations=r)
 
-- the softmax over the receivers of ``log a_i + log p_ij`` *is* the E-step's normalisation;
+- the softmax over the receivers of ``log a_i + log p_ij`` *is* the E-step's normalisation, and
+  it is the whole new logit (``update="replace"``: nothing of the previous pass is kept);
 - ``sender_weights=a_in`` multiplies the assignments by the input activations after the softmax,
   the M-step's ``R_ij a_j`` (never renormalised over the outputs: doing so, as one popular
   implementation does, makes ``sum_i R_ij a_j = 1`` and cancels the activations);
@@ -37,6 +41,9 @@ As voting (torchvote's legend: ``i`` receivers = output capsules, ``j`` senders 
 Everything is kept in log space: ``log sigma = log(s2 + eps) / 2`` and the E-step works with
 ``log a_j + log p_ij`` (``log a`` as ``logsigmoid``), so no variance, probability or activation
 underflows to zero and no gradient becomes NaN.
+
+(Over 400 lines: the hand-written gradients of the moment votes only serve this routing and are
+read with it.)
 """
 
 from __future__ import annotations
@@ -46,14 +53,18 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.routing import check_iterations
 from torchvote.functional.voting import VotingState, vote
+from torchvote.validation import check_positive_float, check_positive_int
 
-__all__ = ["InverseTemperature", "default_inverse_temperature", "em_routing"]
+__all__ = [
+    "InverseTemperature",
+    "default_inverse_temperature",
+    "em_routing",
+    "inverse_temperature_schedule",
+]
 
 # Elements of the per-vote statistics routed at once (16 MB in float32): see em_routing.
 _BLOCK_ELEMENTS = 1 << 22
@@ -206,6 +217,12 @@ class _MomentVotes:
     def detach(self) -> _MomentVotes:
         return _MomentVotes(self.votes.detach(), self.shift)
 
+    def zero_logits(self) -> Tensor:
+        return self.votes.new_zeros(self.shape[:-1])  # (n, i, j)
+
+    def materialize(self) -> Tensor:
+        return self.votes  # (n, i, j, h)
+
     @property
     def dtype(self) -> torch.dtype:
         return self.votes.dtype
@@ -227,7 +244,20 @@ def default_inverse_temperature(iteration: int) -> float:
     return 0.01 * (1.0 - 0.95 ** (iteration + 1))
 
 
-def _schedule(inverse_temperature: InverseTemperature, iterations: int) -> list[float]:
+def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterations: int) -> list[float]:
+    """The ``lambda_t`` of each of ``iterations`` passes.
+
+    Args:
+        inverse_temperature: a callable of the 0-based iteration, one value per iteration, or a
+            constant.
+        iterations: passes.
+
+    Returns:
+        ``iterations`` floats.
+
+    Raises:
+        ValueError: a sequence of the wrong length, or a value that is not finite and >= 0.
+    """
     if callable(inverse_temperature):
         values = [float(inverse_temperature(t)) for t in range(iterations)]
     elif isinstance(inverse_temperature, (int, float)):
@@ -276,17 +306,17 @@ def em_routing(
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """EM routing (Hinton, Sabour & Frosst 2018, Procedure 1) as one call of ``vote``.
 
-    The cost is Procedure 1's form, ``cost^h = (beta_u + log sigma_j^h) sum_i R_ij`` with ``R``
-    already multiplied by the input activations, and ``a_j = logistic(lambda (beta_a - sum_h
+    The cost is Procedure 1's form, ``cost^h = (beta_u + log sigma_i^h) sum_j R_ij`` with ``R``
+    already multiplied by the input activations, and ``a_i = logistic(lambda (beta_a - sum_h
     cost^h))``; the paper's other form (sec. 3, ``(log sigma + (1 + log 2 pi) / 2) sum R`` from the
     Gaussian's entropy, with beta_u absorbing the constant) is not used. No normalisation of the
     cost across capsules is applied (the paper has none). Gradients flow through every
     iteration.
 
     Args:
-        votes: ``(batch..., in_caps, out_caps, pose_dim)``: ``V_ij = M_i W_ij`` flattened (16 for
-            4x4 poses).
-        activations: ``(batch..., in_caps)`` input activations ``a_i`` in ``[0, 1]``.
+        votes: ``(batch..., out_caps, in_caps, pose_dim)``: ``V_ij = M_j W_ij`` flattened (16 for
+            4x4 poses); any strides.
+        activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``.
         beta_u: the per-dimension cost offset, a float or a tensor broadcastable to
             ``(batch..., out_caps)`` (learned per output capsule type in the modules).
         beta_a: the activation offset, as ``beta_u``.
@@ -294,36 +324,35 @@ def em_routing(
         inverse_temperature: ``lambda_t``: a callable of the 0-based iteration, a sequence of one
             value per iteration, or a constant. Default :func:`default_inverse_temperature`,
             ``0.01 (1 - 0.95^(t+1))``.
-        eps: added to every variance (and the floor of ``sum_i R_ij``), so that a single vote or
+        eps: added to every variance (and the floor of ``sum_j R_ij``), so that a single vote or
             identical votes give a finite ``log sigma``.
         return_assignments: also return the assignments ``R`` of the final M-step.
         all_passes: with ``return_assignments``, the assignments of every iteration stacked on a
             new leading axis.
 
     Returns:
-        ``(poses, activations)``: ``(batch..., out_caps, pose_dim)`` the means ``mu_j``, and
-        ``(batch..., out_caps)`` the activations ``a_j``; with ``return_assignments`` also
-        ``(batch..., in_caps, out_caps)`` ``R_ij``, summing to 1 over ``out_caps`` (before the
+        ``(poses, activations)``: ``(batch..., out_caps, pose_dim)`` the means ``mu_i``, and
+        ``(batch..., out_caps)`` the activations ``a_i``; with ``return_assignments`` also
+        ``(batch..., out_caps, in_caps)`` ``R_ij``, summing to 1 over ``out_caps`` (before the
         input activations multiply them).
 
     Raises:
         ValueError: ``iterations`` < 1, mismatched shapes, a bad schedule or ``eps``.
     """
-    check_iterations(iterations)
-    if eps <= 0:
-        raise ValueError(f"eps must be positive, got {eps!r}")
+    check_positive_int(iterations, "iterations")
+    check_positive_float(eps, "eps")
     if votes.dim() < 3 or not votes.is_floating_point():
         raise ValueError(
-            f"votes must be a floating tensor of shape (..., in_caps, out_caps, pose_dim), got "
+            f"votes must be a floating tensor of shape (..., out_caps, in_caps, pose_dim), got "
             f"{votes.dtype} {tuple(votes.shape)}"
         )
-    if activations.shape != votes.shape[:-2]:
+    batch_shape, (out_caps, in_caps, pose_dim) = votes.shape[:-3], votes.shape[-3:]
+    if activations.shape != (*batch_shape, in_caps):
         raise ValueError(
-            f"activations must have shape (batch..., in_caps) = {tuple(votes.shape[:-2])} to match "
+            f"activations must have shape (batch..., in_caps) = {(*batch_shape, in_caps)} to match "
             f"votes {tuple(votes.shape)}, got {tuple(activations.shape)}"
         )
-    schedule = _schedule(inverse_temperature, iterations)
-    batch_shape, (in_caps, out_caps, pose_dim) = votes.shape[:-3], votes.shape[-3:]
+    schedule = inverse_temperature_schedule(inverse_temperature, iterations)
     beta_u = torch.as_tensor(beta_u, dtype=votes.dtype, device=votes.device)
     beta_a = torch.as_tensor(beta_a, dtype=votes.dtype, device=votes.device)
     try:
@@ -334,7 +363,7 @@ def em_routing(
             f"beta_u and beta_a must broadcast to (batch..., out_caps) = {(*batch_shape, out_caps)}, "
             f"got {tuple(beta_u.shape)} and {tuple(beta_a.shape)}"
         ) from None
-    flat_votes = votes.reshape(-1, in_caps, out_caps, pose_dim)  # (n, j, i, h)
+    flat_votes = votes.reshape(-1, out_caps, in_caps, pose_dim)  # (n, i, j, h)
     flat_activations = activations.reshape(-1, in_caps)  # (n, j)
     # Every batch element (every patch of a convolutional layer) routes on its own, so the work
     # runs over blocks of them small enough that a block's statistics stay in cache through all
@@ -354,10 +383,10 @@ def em_routing(
     out_activations = torch.cat([block[1] for block in blocks]).view(*batch_shape, out_caps)
     if not return_assignments:
         return poses, out_activations
-    axis = 1 if all_passes else 0  # assignments: (passes, n, j, i) or (n, j, i)
+    axis = 1 if all_passes else 0  # assignments: (passes, n, i, j) or (n, i, j)
     assignments = torch.cat([block[2] for block in blocks], dim=axis)
     leading = assignments.shape[:axis]
-    return poses, out_activations, assignments.view(*leading, *batch_shape, in_caps, out_caps)
+    return poses, out_activations, assignments.view(*leading, *batch_shape, out_caps, in_caps)
 
 
 def _em_block(
@@ -370,14 +399,13 @@ def _em_block(
     return_assignments: bool,
     all_passes: bool,
 ) -> tuple[Tensor, ...]:
-    """EM routing of ``(n, j, i, h)`` votes and ``(n, j)`` activations: one call of ``vote``."""
+    """EM routing of ``(n, i, j, h)`` votes and ``(n, j)`` activations: one call of ``vote``."""
     pose_dim = votes.shape[-1]
-    routed = rearrange(votes, "n j i h -> n i j h")
     # Centre on each receiver's plain mean of votes (a constant: every quantity below is
     # shift-invariant, so the gradient is exact) so that E[V^2] - E[V]^2 keeps its digits.
     with torch.no_grad():
-        shift = routed.mean(dim=-2, keepdim=True)  # (n, i, 1, h)
-    moments = _MomentVotes(routed, shift)  # statistics of the centred votes: (n * i, j, 1 + 2h)
+        shift = votes.mean(dim=-2, keepdim=True)  # (n, i, 1, h)
+    moments = _MomentVotes(votes, shift)  # statistics of the centred votes: (n * i, j, 1 + 2h)
     log_2pi = math.log(2 * math.pi)
 
     def e_step(state: VotingState) -> Tensor:
@@ -392,11 +420,11 @@ def _em_block(
 
     result = vote(
         moments,
-        routed.new_zeros(routed.shape[:-1]),  # R_ij = 1 / |Omega_{L+1}|
+        moments.zero_logits(),  # R_ij = 1 / |Omega_{L+1}|
         normalize_over="receivers",
         iterations=len(schedule),
         agreement=e_step,
-        accumulate=False,
+        update="replace",  # the E-step's log a_i + log p_ij is the whole new logit
         aggregation="sum",
         nonlinearity="identity",
         sender_weights=activations,  # (n, j): the M-step's R_ij * a_j
@@ -408,5 +436,5 @@ def _em_block(
     if not return_assignments:
         return poses, out_activations
     if all_passes:
-        return poses, out_activations, torch.stack([rearrange(w, "n i j -> n j i") for w in result.weights])
-    return poses, out_activations, rearrange(result.weights[-1], "n i j -> n j i")
+        return poses, out_activations, torch.stack(result.weights)  # (passes, n, i, j)
+    return poses, out_activations, result.weights[-1]  # (n, i, j)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from torchvote.validation import check_positive_float
+
 __all__ = ["squash"]
 
 
@@ -29,8 +31,7 @@ def squash(inputs: Tensor, dim: int = -1, eps: float = 1e-8) -> Tensor:
     Raises:
         ValueError: if ``eps`` is not positive.
     """
-    if eps <= 0:
-        raise ValueError(f"eps must be positive, got {eps!r}")
+    check_positive_float(eps, "eps")
     squared_norm = inputs.pow(2).sum(dim=dim, keepdim=True)
     scale = squared_norm / ((1 + squared_norm) * torch.sqrt(squared_norm + eps))
     return inputs * scale

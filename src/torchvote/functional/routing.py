@@ -7,33 +7,37 @@ the output capsules (bottom-up), where attention lets each query split one unit 
 scored, whether it accumulates, and the nonlinearity:
 
 =========================  ================  ============  ==========  ==================
-router                     start logits      agreement     accumulate  nonlinearity
+router                     start logits      agreement     update      nonlinearity
 =========================  ================  ============  ==========  ==================
-dynamic (Sabour 2017)      0                 u . v (or     yes         squash
+dynamic (Sabour 2017)      0                 u . v (or     accumulate  squash
                                              -||u - v||^2)
 uniform (control)          0                 (one pass)    -           squash
-inverted dot-product       0                 u . v         no          layer norm
+inverted dot-product       0                 u . v         replace     layer norm
 (Tsai 2020)
 self-attention             u_j . sum_k u_k   (one pass)    -           Efficient-CapsNet
 (Mazzia 2021)              / sqrt(d)                                   squash, + log prior
-EM (Hinton 2018)           0                 Gaussian      no          (M-step, see
+EM (Hinton 2018)           0                 Gaussian      replace     (M-step, see
                                              log-lik.                  ``em_routing``)
+slot (Locatello 2020)      q(slot) . u       q(slot) . u   replace     GRU + MLP
 =========================  ================  ============  ==========  ==================
 
 Slot attention (Locatello 2020) is the same loop with shared votes (the values), a weighted mean
 and a GRU as the nonlinearity: :func:`slot_attention`.
 
-**Layouts.** The public functions take votes in the capsule papers' layout,
-``(batch, in_caps, out_caps, dim)`` (input capsule first, as ``u_hat_{j|i}`` is indexed by
-``(i, j)`` in the papers), and return couplings in that layout, ``(batch, in_caps, out_caps)``.
-Inside, torchvote's legend holds: ``i`` receivers (output capsules), ``j`` senders (input
-capsules), so the votes are rearranged to ``(batch, out_caps, in_caps, dim)``. Instead of a tensor
-the functions also accept any :class:`~torchvote.functional.voting.Votes` object already in the
-receivers-first layout, such as :class:`~torchvote.functional.routing_votes.LinearVotes`, which
-never materialises the votes.
+**Layout: receivers first.** Every function here takes votes ``(batch..., out_caps, in_caps,
+dim)``: ``votes[..., i, j, :]`` is input capsule ``j``'s prediction for output capsule ``i`` (the
+papers write it ``u_hat_{j|i}`` with ``i`` the input; here ``i`` is always the receiver), and
+returns couplings ``(batch..., out_caps, in_caps)``, the layout of :func:`vote`'s ``(..., i, j)``
+weights, each input's column summing to 1 over ``out_caps``. Per-input data (EM's input
+activations) stays ``(batch..., in_caps)``. Instead of a tensor the functions also accept any
+:class:`~torchvote.functional.voting.Votes` object, such as
+:class:`~torchvote.functional.routing_votes.LinearVotes`, which never materialises the votes.
 
 Index legend: ``b`` batch, ``i`` receivers (output capsules), ``j`` senders (input capsules),
 ``d`` features.
+
+(Over 400 lines: six short routing functions, each with its paper's procedure in its docstring,
+kept in one file so that the table above and the functions it describes are read side by side.)
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ import math
 from collections.abc import Callable
 
 import torch
-from einops import rearrange
 from torch import Tensor
 
 from torchvote.functional.voting import (
@@ -55,6 +58,7 @@ from torchvote.functional.voting import (
     VotingState,
     vote,
 )
+from torchvote.validation import check_positive_float
 
 __all__ = [
     "as_routing_votes",
@@ -90,23 +94,16 @@ def list_routers() -> dict[str, str]:
 # --- helpers ----------------------------------------------------------------------------------------
 
 
-def check_iterations(iterations: int, argument: str = "iterations") -> None:
-    """Raise ``ValueError`` unless ``iterations`` is an integer >= 1."""
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"{argument} must be an integer >= 1, got {iterations!r}")
-
-
 def as_routing_votes(votes: RoutingVotes, argument: str = "votes") -> Votes:
-    """Votes in the receivers-first layout the voting loop takes.
+    """Votes as the voting loop takes them.
 
     Args:
-        votes: a tensor ``(..., in_caps, out_caps, dim)`` in the capsule papers' layout, or a
+        votes: a tensor ``(..., out_caps, in_caps, dim)``, or a
             :class:`~torchvote.functional.voting.Votes` object, returned as is.
         argument: the argument's name, for error messages.
 
     Returns:
-        A :class:`PairwiseVotes` over ``(..., out_caps, in_caps, dim)`` (a view, no copy), or
-        ``votes`` itself.
+        A :class:`PairwiseVotes` over the tensor (no copy), or ``votes`` itself.
 
     Raises:
         ValueError: if a tensor has fewer than 3 dimensions or is not floating point.
@@ -115,33 +112,16 @@ def as_routing_votes(votes: RoutingVotes, argument: str = "votes") -> Votes:
         return votes
     if votes.dim() < 3:
         raise ValueError(
-            f"{argument} must have shape (..., in_caps, out_caps, dim), got {tuple(votes.shape)}"
+            f"{argument} must have shape (..., out_caps, in_caps, dim), got {tuple(votes.shape)}"
         )
     if not votes.is_floating_point():
         raise ValueError(f"{argument} must be floating point, got dtype {votes.dtype}")
-    return PairwiseVotes(rearrange(votes, "... j i d -> ... i j d"))
-
-
-def _zero_logits(votes: Votes) -> Tensor:
-    """Routing's ``b_ij = 0``: ``(..., i, j)`` zeros for a votes object."""
-    if isinstance(votes, PairwiseVotes):
-        return votes.votes.new_zeros(votes.votes.shape[:-1])
-    if hasattr(votes, "zero_logits"):
-        return votes.zero_logits()
-    raise TypeError(
-        f"cannot start routing from zero logits for {type(votes).__name__}: pass PairwiseVotes, a "
-        "tensor, or a votes object with a zero_logits() method"
-    )
-
-
-def _papers_layout(weights: Tensor) -> Tensor:
-    return rearrange(weights, "... i j -> ... j i")  # (..., in_caps, out_caps)
+    return PairwiseVotes(votes)
 
 
 def _couplings(result: VoteResult, all_passes: bool) -> Tensor:
-    if all_passes:
-        return torch.stack([_papers_layout(w) for w in result.weights])  # (passes, ..., j, i)
-    return _papers_layout(result.weights[-1])
+    """The last pass's ``(..., i, j)`` couplings, or every pass's stacked: ``(passes, ..., i, j)``."""
+    return torch.stack(result.weights) if all_passes else result.weights[-1]
 
 
 def _bias_for(bias: Tensor | None) -> Tensor | None:
@@ -171,8 +151,7 @@ def efficient_squash(inputs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tenso
     Raises:
         ValueError: if ``eps`` is not positive.
     """
-    if eps <= 0:
-        raise ValueError(f"eps must be positive, got {eps!r}")
+    check_positive_float(eps, "eps")
     norm = torch.sqrt(inputs.pow(2).sum(dim=dim, keepdim=True) + eps)
     return inputs * (-torch.expm1(-norm) / norm)
 
@@ -202,22 +181,23 @@ def dynamic_routing(
 ) -> tuple[Tensor, Tensor]:
     """Routing by agreement: Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules".
 
-    Procedure 1 (eqs. 1-3), with the papers' ``i`` (input) and ``j`` (output)::
+    Procedure 1 (eqs. 1-3), written in torchvote's legend (``i`` output capsule, ``j`` input
+    capsule; the paper swaps the letters)::
 
         b_ij = 0
         repeat r times:
-            c_i  = softmax(b_i)                over the OUTPUT capsules j
-            s_j  = sum_i c_ij u_hat_j|i  (+ bias_j)
-            v_j  = squash(s_j)                 (eq. 1)
-            b_ij = b_ij + u_hat_j|i . v_j      (not after the last pass)
+            c_j  = softmax(b_j)                over the OUTPUT capsules i
+            s_i  = sum_j c_ij u_ij  (+ bias_i)
+            v_i  = squash(s_i)                 (eq. 1)
+            b_ij = b_ij + u_ij . v_i           (not after the last pass)
 
     As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
-    accumulate=True, nonlinearity="squash")``. The default is paper-exact, with gradients through
+    update="accumulate", nonlinearity="squash")``. The default is paper-exact, with gradients through
     every iteration.
 
     Args:
-        votes: ``(batch..., in_caps, out_caps, out_dim)`` predictions ``u_hat_{j|i} = W_ij u_i``,
-            or a receivers-first :class:`~torchvote.functional.voting.Votes` object such as
+        votes: ``(batch..., out_caps, in_caps, out_dim)`` predictions ``u_ij = W_ij u_j``, or
+            a :class:`~torchvote.functional.voting.Votes` object such as
             :class:`~torchvote.functional.routing_votes.LinearVotes`.
         iterations: routing iterations ``r`` (the paper uses 3); at least 1.
         agreement: ``"dot"`` (``u_hat . v``, the paper) or ``"distance"`` (``-||u_hat - v||^2``,
@@ -232,21 +212,20 @@ def dynamic_routing(
 
     Returns:
         ``(outputs, couplings)``: ``v`` of shape ``(batch..., out_caps, out_dim)`` (lengths below
-        1) and the couplings ``c`` that formed it, ``(batch..., in_caps, out_caps)``, summing to 1
-        over ``out_caps`` (with ``all_passes``: ``(iterations, batch..., in_caps, out_caps)``).
+        1) and the couplings ``c`` that formed it, ``(batch..., out_caps, in_caps)``, summing to 1
+        over ``out_caps`` (with ``all_passes``: ``(iterations, batch..., out_caps, in_caps)``).
 
     Raises:
         ValueError: ``iterations`` < 1, votes of fewer than 3 dimensions, an unknown agreement.
     """
-    check_iterations(iterations)
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        _zero_logits(routed),
+        routed.zero_logits(),
         normalize_over="receivers",
         iterations=iterations,
         agreement=agreement,
-        accumulate=True,
+        update="accumulate",
         aggregation="sum",
         nonlinearity="squash",
         bias=_bias_for(bias),
@@ -270,17 +249,17 @@ def uniform_routing(
     As voting: one pass from zero logits normalised over the receivers, so identical to
     ``dynamic_routing(votes, iterations=1)`` with the default squash::
 
-        v_j = squash(sum_i u_hat_j|i / out_caps)
+        v_i = squash(sum_j u_ij / out_caps)
 
     Args:
-        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
+        votes: ``(batch..., out_caps, in_caps, out_dim)`` or a votes object.
         nonlinearity: ``"squash"`` (default), ``"identity"``, ``"layer_norm"``,
             ``"efficient_squash"`` or a callable on the ``(batch..., out_caps, out_dim)`` sums.
         bias: added to the sums before the nonlinearity, ``(..., out_caps, out_dim)``.
 
     Returns:
         ``(outputs, couplings)``: ``(batch..., out_caps, out_dim)`` and the constant
-        ``(batch..., in_caps, out_caps)`` couplings.
+        ``(batch..., out_caps, in_caps)`` couplings.
 
     Raises:
         ValueError: bad votes or nonlinearity.
@@ -288,7 +267,7 @@ def uniform_routing(
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        _zero_logits(routed),
+        routed.zero_logits(),
         normalize_over="receivers",
         iterations=1,
         nonlinearity=_as_update(nonlinearity, "nonlinearity"),
@@ -310,22 +289,22 @@ def inverted_dot_product_routing(
 ) -> tuple[Tensor, Tensor]:
     """Inverted dot-product attention routing: Tsai, Srivastava, Goh & Salakhutdinov, ICLR 2020.
 
-    "Capsules with Inverted Dot-Product Attention Routing", Procedure 1, with the papers' ``i``
-    (input) and ``j`` (output)::
+    "Capsules with Inverted Dot-Product Attention Routing", Procedure 1, in torchvote's legend
+    (``i`` output capsule, ``j`` input capsule)::
 
-        p_j = 0                                       (so the first pass is uniform)
+        p_i = 0                                       (so the first pass is uniform)
         repeat r times:
-            a_ij = p_j . v_ij                         (agreement with the CURRENT poses only)
-            r_ij = softmax(a_i)                       over the OUTPUT capsules j
-            p_j  = LayerNorm(sum_i r_ij v_ij)
+            a_ij = p_i . v_ij                         (agreement with the CURRENT poses only)
+            r_ij = softmax(a_j)                       over the OUTPUT capsules i
+            p_i  = LayerNorm(sum_j r_ij v_ij)
 
     As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
-    accumulate=False, nonlinearity="layer_norm")``. Unlike dynamic routing the logits are replaced,
+    update="replace", nonlinearity="layer_norm")``. Unlike dynamic routing the logits are replaced,
     not accumulated, and layer normalisation replaces the squash. Unlike attention the softmax runs
     over the output capsules (the receivers), i.e. the "inverted" direction.
 
     Args:
-        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
+        votes: ``(batch..., out_caps, in_caps, out_dim)`` or a votes object.
         iterations: passes ``r`` (the first is the uniform one); at least 1.
         normalization: ``"layer_norm"`` (no affine parameters; the module passes its own
             ``nn.LayerNorm``) or a callable on ``(batch..., out_caps, out_dim)``.
@@ -333,20 +312,19 @@ def inverted_dot_product_routing(
 
     Returns:
         ``(poses, couplings)``: ``(batch..., out_caps, out_dim)`` and
-        ``(batch..., in_caps, out_caps)``.
+        ``(batch..., out_caps, in_caps)``.
 
     Raises:
         ValueError: ``iterations`` < 1, bad votes or normalisation.
     """
-    check_iterations(iterations)
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        _zero_logits(routed),
+        routed.zero_logits(),
         normalize_over="receivers",
         iterations=iterations,
         agreement="dot",
-        accumulate=False,
+        update="replace",
         nonlinearity=_as_update(normalization, "normalization"),
         record=True,
     )
@@ -361,46 +339,47 @@ def self_attention_routing(
 ) -> tuple[Tensor, Tensor]:
     """Efficient-CapsNet's self-attention routing: Mazzia, Salvetti & Chiaberge 2021, eqs. 3-6.
 
-    For every output capsule ``n`` the votes of all input capsules ``l`` attend to each other,
-    ``A_n = U_n U_n^T / sqrt(d)``, and each vote's logit is its row sum::
+    For every output capsule ``i`` the votes of all input capsules ``j`` attend to each other,
+    ``A_i = U_i U_i^T / sqrt(d)``, and each vote's logit is its row sum (the paper writes ``n``
+    for the output and ``l`` for the input)::
 
-        c_ln = softmax_n( sum_k u_ln . u_kn / sqrt(d) )     over the OUTPUT capsules n
-        s_n  = sum_l u_ln (c_ln + b_ln)                     (b: the learned log prior)
-        v_n  = squash_eff(s_n)
+        c_ij = softmax_i( sum_k u_ij . u_ik / sqrt(d) )     over the OUTPUT capsules i
+        s_i  = sum_j u_ij (c_ij + b_ij)                     (b: the learned log prior)
+        v_i  = squash_eff(s_i)
 
-    As voting: one pass, ``vote(votes, logits, normalize_over="receivers", bias=sum_l b_ln u_ln,
+    As voting: one pass, ``vote(votes, logits, normalize_over="receivers", bias=sum_j b_ij u_ij,
     nonlinearity=efficient_squash)`` with ``logits = votes.dot(votes.weighted_sum(1)) / sqrt(d)``
     (agreement of each vote with the sum of its column: the self-attention matrix's row sums,
     without forming the ``(in_caps, in_caps)`` matrix). The prior is added after the softmax, as in
-    the authors' code, so it enters as a bias ``sum_l b_ln u_ln`` on the aggregate. What differs
+    the authors' code, so it enters as a bias ``sum_j b_ij u_ij`` on the aggregate. What differs
     from attention: the softmax runs over the receivers and the agreement needs no queries.
 
     Args:
-        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
-        log_prior: ``(in_caps, out_caps)`` (or broadcastable with a batch), the ``b_ln``; ``None``
+        votes: ``(batch..., out_caps, in_caps, out_dim)`` or a votes object.
+        log_prior: ``(out_caps, in_caps)`` (or with batch dimensions), the ``b_ij``; ``None``
             for none.
         nonlinearity: ``"efficient_squash"`` (eq. 6, default), ``"squash"``, ``"identity"``, or a
             callable on ``(batch..., out_caps, out_dim)``.
 
     Returns:
         ``(outputs, couplings)``: ``(batch..., out_caps, out_dim)`` and the softmax couplings
-        ``(batch..., in_caps, out_caps)`` (without the prior).
+        ``(batch..., out_caps, in_caps)`` (without the prior).
 
     Raises:
-        ValueError: a ``log_prior`` that is not ``(..., in_caps, out_caps)``.
+        ValueError: a ``log_prior`` that is not ``(..., out_caps, in_caps)``.
     """
     routed = as_routing_votes(votes)
-    zeros = _zero_logits(routed)  # (..., i, j)
+    zeros = routed.zero_logits()  # (..., i, j)
     column_sums = routed.weighted_sum(torch.ones_like(zeros))  # sum_k u_ik: (..., i, d)
     logits = routed.dot(column_sums) / math.sqrt(column_sums.shape[-1])  # (..., i, j)
     bias = None
     if log_prior is not None:
-        if log_prior.dim() < 2 or log_prior.shape[-2:] != zeros.shape[-1:] + zeros.shape[-2:-1]:
+        if log_prior.dim() < 2 or log_prior.shape[-2:] != zeros.shape[-2:]:
             raise ValueError(
-                f"log_prior must have shape (..., in_caps={zeros.shape[-1]}, "
-                f"out_caps={zeros.shape[-2]}), got {tuple(log_prior.shape)}"
+                f"log_prior must have shape (..., out_caps={zeros.shape[-2]}, "
+                f"in_caps={zeros.shape[-1]}), got {tuple(log_prior.shape)}"
             )
-        prior = rearrange(log_prior, "... j i -> ... i j").expand_as(zeros)
+        prior = log_prior.expand_as(zeros)  # (..., i, j)
         bias = routed.weighted_sum(prior)  # sum_j b_ij u_ij: (..., i, d)
     result = vote(
         routed,
@@ -437,11 +416,10 @@ def slot_attention(
 
     As voting: ``vote(SharedVotes(values), logits_0, normalize_over="receivers", iterations=T,
     aggregation="mean", nonlinearity=update, agreement=q(slots) . k / sqrt(D),
-    accumulate=False)``: routing's axis (inputs compete for slots) with attention's shared values
-    and queries. The logits are re-scored from the new slots in every pass (``accumulate=False``
-    adds the agreement to the initial logits, so the agreement returns the fresh scores minus the
-    first pass's). The paper adds ``eps = 1e-8`` to every weight before the mean; here the
-    denominator is clamped instead (the same where any input votes).
+    update="replace")``: routing's axis (inputs compete for slots) with attention's shared values
+    and queries. The logits are re-scored from the new slots in every pass (``update="replace"``:
+    the fresh scores are the new logits). The paper adds ``eps = 1e-8`` to every weight before the
+    mean; here the denominator is clamped instead (the same where any input votes).
 
     Args:
         keys: ``(batch..., inputs, key_dim)``: ``k(LayerNorm(inputs))``.
@@ -461,7 +439,6 @@ def slot_attention(
     Raises:
         ValueError: ``iterations`` < 1 or mismatched shapes.
     """
-    check_iterations(iterations)
     if keys.shape[:-1] != values.shape[:-1]:
         raise ValueError(
             f"keys and values must have the same (batch..., inputs), got {tuple(keys.shape)} and "
@@ -480,7 +457,7 @@ def slot_attention(
     first = scores(slots)  # (..., i, j)
 
     def rescore(state: VotingState) -> Tensor:
-        return scores(state.outputs) - first  # accumulate=False adds this to the first logits
+        return scores(state.outputs)  # update="replace": the fresh scores are the new logits
 
     bool_mask = None
     if mask is not None:
@@ -496,7 +473,7 @@ def slot_attention(
         normalize_over="receivers",
         iterations=iterations,
         agreement=rescore,
-        accumulate=False,
+        update="replace",
         aggregation="mean",
         nonlinearity=update,
         initial_outputs=slots,
@@ -519,18 +496,18 @@ def slot_routing(
 ) -> tuple[Tensor, Tensor]:
     """Slot attention's loop as a capsule router: the output capsules are the slots.
 
-    :func:`slot_attention` with the layer's per-pair votes ``u_hat_ij`` as both keys and values
+    :func:`slot_attention` with the layer's per-pair votes ``u_ij`` as both keys and values
     (a capsule layer has already projected every input once per output), and one learned initial
     slot per output capsule instead of sampled exchangeable slots (output capsules are distinct
     entities)::
 
         repeat T times:
-            c_ij  = softmax_i( q(slot_i) . u_hat_ij * scale )     over the OUTPUT capsules
-            m_i   = sum_j c_ij u_hat_ij / sum_j c_ij              (weighted mean)
+            c_ij  = softmax_i( q(slot_i) . u_ij * scale )         over the OUTPUT capsules
+            m_i   = sum_j c_ij u_ij / sum_j c_ij                  (weighted mean)
             slot_i = update(m_i, slot_i)
 
     Args:
-        votes: ``(batch..., in_caps, out_caps, out_dim)`` or a receivers-first votes object.
+        votes: ``(batch..., out_caps, in_caps, out_dim)`` or a votes object.
         slots: ``(batch..., out_caps, out_dim)`` initial slots (broadcastable).
         query: ``slots -> (batch..., out_caps, out_dim)``.
         update: ``(means, previous slots) -> slots``.
@@ -540,18 +517,17 @@ def slot_routing(
 
     Returns:
         ``(slots, couplings)``: ``(batch..., out_caps, out_dim)`` and
-        ``(batch..., in_caps, out_caps)``.
+        ``(batch..., out_caps, in_caps)``.
 
     Raises:
         ValueError: ``iterations`` < 1, bad votes.
     """
-    check_iterations(iterations)
     routed = as_routing_votes(votes)
     scale = 1.0 / math.sqrt(slots.shape[-1]) if scale is None else scale
     first = routed.dot(query(slots)) * scale  # (..., i, j)
 
     def rescore(state: VotingState) -> Tensor:
-        return routed.dot(query(state.outputs)) * scale - first  # accumulate=False adds `first`
+        return routed.dot(query(state.outputs)) * scale  # update="replace": the new logits
 
     result = vote(
         routed,
@@ -559,7 +535,7 @@ def slot_routing(
         normalize_over="receivers",
         iterations=iterations,
         agreement=rescore,
-        accumulate=False,
+        update="replace",
         aggregation="mean",
         nonlinearity=update,
         initial_outputs=slots,

@@ -22,6 +22,9 @@ routing:** ``normalize_over="senders"`` applies the softmax over ``j`` (every re
 one unit of attention over the senders: attention, top-down); ``normalize_over="receivers"``
 applies it over ``i`` (every sender distributes one unit of vote over the receivers: capsule
 routing, bottom-up). See docs/voting.md for the mapping of every method onto this operator.
+
+(Over 400 lines: the operator, the vote representations its loop reads and the protocol they
+follow are read together; the mask preparation leaves for ``functional/masks.py``, issue 7.)
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ from torch import Tensor
 
 from torchvote.functional.masks import fused_kernel_mask, voting_mask
 from torchvote.functional.nonlinearities import squash
+from torchvote.validation import check_choice, check_positive_int, check_probability
 
 __all__ = [
     "NormalizeOver",
+    "Update",
     "Votes",
     "SharedVotes",
     "PairwiseVotes",
@@ -51,6 +56,9 @@ __all__ = [
 ]
 
 NormalizeOver = Literal["senders", "receivers"]
+#: How the agreement of one pass becomes the next pass's logits (see :func:`vote`).
+Update = Literal["accumulate", "replace", "prior"]
+_UPDATES = ("accumulate", "replace", "prior")
 
 
 class Votes(Protocol):
@@ -76,6 +84,16 @@ class Votes(Protocol):
 
     def detach(self) -> Votes:
         """The same votes cut from the autograd graph."""
+        ...
+
+    def zero_logits(self) -> Tensor:
+        """``(..., i, j)`` zeros in the votes' device and dtype: routing's uniform start
+        ``b_ij = 0``. Votes that do not know their receiver count raise ``ValueError``."""
+        ...
+
+    def materialize(self) -> Tensor:
+        """The votes as a tensor ``(..., i, j, d)`` (broadcastable), for methods that need them
+        elementwise (EM routing)."""
         ...
 
     @property
@@ -104,6 +122,16 @@ class SharedVotes:
     def detach(self) -> SharedVotes:
         return SharedVotes(self.values.detach())
 
+    def zero_logits(self) -> Tensor:
+        raise ValueError(
+            "logits=None (uniform start) needs PairwiseVotes; shared votes need logits, since the "
+            "receiver count comes from them"
+        )
+
+    def materialize(self) -> Tensor:
+        """``(..., 1, j, d)``: every receiver's votes, broadcast (a view, no copy)."""
+        return self.values.unsqueeze(-3)
+
     @property
     def dtype(self) -> torch.dtype:
         return self.values.dtype
@@ -131,6 +159,12 @@ class PairwiseVotes:
 
     def detach(self) -> PairwiseVotes:
         return PairwiseVotes(self.votes.detach())
+
+    def zero_logits(self) -> Tensor:
+        return self.votes.new_zeros(self.votes.shape[:-1])
+
+    def materialize(self) -> Tensor:
+        return self.votes
 
     @property
     def dtype(self) -> torch.dtype:
@@ -302,7 +336,7 @@ def vote(
     normalize_over: NormalizeOver,
     iterations: int = 1,
     agreement: str | AgreementFn = "dot",
-    accumulate: bool = True,
+    update: Update = "accumulate",
     aggregation: Literal["sum", "mean"] = "sum",
     nonlinearity: str | NonlinearityFn = "identity",
     mask: Tensor | None = None,
@@ -313,6 +347,7 @@ def vote(
     detach_votes: bool = False,
     dropout_p: float = 0.0,
     record: bool = False,
+    accumulate: bool | None = None,
 ) -> VoteResult:
     """Weighted voting that reaches a consensus: the operator behind every layer in torchvote.
 
@@ -322,8 +357,10 @@ def vote(
         w_eff  = w * sender_weights[..., None, j]                     (if sender weights are given)
         s_i    = sum_j w_eff_ij u_ij   (aggregation "sum")  or  that / sum_j w_eff_ij  ("mean")
         out_i  = nonlinearity(s_i + bias_i, previous out_i)
-        logits = logits + agreement(u, out)       if accumulate (dynamic routing)
-                 initial_logits + agreement(...)  otherwise      (EM, inverted attention, slots)
+        logits = logits + agreement(u, out)          update="accumulate"  (dynamic routing)
+                 agreement(u, out)                   update="replace"     (EM, inverted
+                                                                         dot-product, slots)
+                 initial_logits + agreement(u, out)  update="prior"       (the start as a prior)
 
     The agreement is not computed after the last pass. When the configuration is exactly one pass
     of softmax attention over dot-product scores (``SharedVotes``, ``DotProductScores``,
@@ -343,7 +380,13 @@ def vote(
         iterations: number of passes, at least 1.
         agreement: ``"dot"`` (u . out), ``"distance"`` (-||u - out||^2), or a callable taking a
             :class:`VotingState` and returning ``(..., i, j)`` agreement.
-        accumulate: add the agreement to the running logits (True) or to the initial logits.
+        update: how the agreement becomes the next logits: ``"accumulate"`` adds it to the
+            running logits (dynamic routing, Sabour et al. 2017, Procedure 1); ``"replace"``
+            makes it the new logits on its own, the initial logits taking part in the first pass
+            only (inverted dot-product routing, slot attention, EM routing: the E-step's
+            ``log a_i + log p_ij`` is the whole logit); ``"prior"`` adds it to the initial logits,
+            which act as a fixed prior in every pass. A float ``mask`` is added to the logits of
+            every pass whichever the update.
         aggregation: ``"sum"`` (weighted sum) or ``"mean"`` (weighted mean, weights
             renormalised over senders).
         nonlinearity: ``"identity"``, ``"squash"``, ``"layer_norm"``, or a callable
@@ -362,23 +405,28 @@ def vote(
             for dynamic routing; the paper back-propagates through every pass).
         dropout_p: dropout on the weights (only during attention-style use; pass 0 in eval).
         record: keep every pass's weights and logits in the result.
+        accumulate: deprecated spelling of ``update``: ``True`` is ``"accumulate"``, ``False``
+            is ``"prior"`` (its old meaning); not to be given together with a non-default
+            ``update``.
 
     Returns:
         A :class:`VoteResult` with ``outputs`` ``(..., i, d)`` and, if recorded, per-pass weights
         and logits.
 
     Raises:
-        ValueError: bad ``normalize_over``, ``iterations``, ``aggregation``, names, or shapes.
+        ValueError: bad ``normalize_over``, ``iterations``, ``update``, ``aggregation``, names,
+            or shapes.
         TypeError: a non-boolean, non-floating mask.
     """
-    if normalize_over not in ("senders", "receivers"):
-        raise ValueError(f"normalize_over must be 'senders' or 'receivers', got {normalize_over!r}")
-    if not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-    if aggregation not in ("sum", "mean"):
-        raise ValueError(f"aggregation must be 'sum' or 'mean', got {aggregation!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
+    check_positive_int(iterations, "iterations")
+    check_choice(update, _UPDATES, "update")
+    if accumulate is not None:
+        if update != "accumulate":
+            raise ValueError("give update only: accumulate is its deprecated spelling")
+        update = "accumulate" if accumulate else "prior"
+    check_choice(aggregation, ("sum", "mean"), "aggregation")
+    check_probability(dropout_p, "dropout_p")
     votes = _as_votes(votes, logits)
     update_fn = _resolve(nonlinearity, _NONLINEARITIES, "nonlinearity")
     agreement_fn = _resolve(agreement, _AGREEMENTS, "agreement")
@@ -398,6 +446,8 @@ def vote(
     bool_mask = _combine_masks(mask, is_causal, initial)
     if mask is not None and mask.is_floating_point():
         initial = initial + _upcast(mask)
+    additive = _upcast(mask) if update == "replace" and mask is not None and mask.is_floating_point() \
+        else None  # "replace" drops the initial logits, so the float mask is added anew
     if bool_mask is not None:
         initial = initial.masked_fill(~bool_mask, float("-inf"))
     axis = -1 if normalize_over == "senders" else -2
@@ -427,8 +477,13 @@ def vote(
         if not last:
             state = VotingState(cast, outputs, aggregated, weights, vote_weights, current,
                                 initial, t)
-            base = current if accumulate else initial
-            current = base + _upcast(agreement_fn(state))
+            agreement_logits = _upcast(agreement_fn(state))  # (..., i, j)
+            if update == "accumulate":
+                current = current + agreement_logits
+            elif update == "prior":
+                current = initial + agreement_logits
+            else:
+                current = agreement_logits if additive is None else agreement_logits + additive
             if bool_mask is not None:
                 current = current.masked_fill(~bool_mask, float("-inf"))
         previous = outputs
@@ -460,10 +515,7 @@ def _initial_logits(votes: Votes, logits: Logits | None) -> Tensor:
         return logits.materialize()
     if logits is not None:
         return _upcast(logits)
-    if isinstance(votes, PairwiseVotes):
-        v = votes.votes
-        return v.new_zeros(v.shape[:-1], dtype=_upcast(v).dtype)
-    raise ValueError("logits=None (uniform start) needs PairwiseVotes; shared votes need logits")
+    return _upcast(votes.zero_logits())  # routing's b_ij = 0; shared votes raise
 
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:

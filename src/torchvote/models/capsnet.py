@@ -21,6 +21,9 @@ The network of sec. 4 (Fig. 1 and 2), every size from :class:`CapsNetConfig`:
    and the longest capsule otherwise. Its loss (sum of squared errors, scaled by 0.0005) is
    ``LossConfig.reconstruction_weight`` of the training config, not a model field.
 
+Steps 3 to 5 are the :class:`~torchvote.models.capsule_head.CapsuleHead` every capsule model
+shares (``model.head``); the model itself is the stem (Conv1) and the primary capsules.
+
 MultiMNIST (sec. 6): with ``targets`` of shape ``(b, k)`` (the ``k`` digits of each image) the
 decoder reconstructs each digit from its own capsule, ``reconstructions`` ``(b, k, c, h, w)``,
 which the training loop compares with each digit alone.
@@ -45,222 +48,31 @@ Index legend: ``b`` batch, ``k`` reconstructed capsules per image, ``i`` class c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional.routing import list_routers
+from torchvote.models import capsule_head
+from torchvote.models.capsule_head import (
+    CapsuleHead,
+    check_images,
+    check_positive,
+    check_router,
+    rename_state_dict_keys,
+)
 from torchvote.models.registry import ClassifierOutput, register_model
-from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules
-from torchvote.nn.routing_modules import RoutingResult
+from torchvote.nn.capsules import PrimaryCapsules
 
-__all__ = [
-    "CAPSNET_PRESETS",
-    "CapsNet",
-    "CapsNetConfig",
-    "CapsuleDecoder",
-    "build_class_capsules",
-    "check_images",
-    "check_positive",
-    "check_router",
-    "class_scores",
-    "decoder_classes",
-    "reconstruct",
-]
+__all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
 
 
-# --- helpers shared by the capsule models ----------------------------------------------------------
-
-
-def check_positive(config: Any, names: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming the first field of ``names`` that is not a positive integer."""
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-#: What the capsule layer passes to its router itself; router_options may not repeat them.
-_LAYER_ARGUMENTS = frozenset({"in_caps", "out_caps", "out_dim", "iterations", "device", "dtype"})
-
-
-def check_router(
-    router: str, router_options: Mapping[str, Any], *, supported: tuple[str, ...] | None = None
-) -> None:
-    """Check a model config's ``router`` against :func:`~torchvote.functional.routing.list_routers`.
-
-    Args:
-        router: the configured router name.
-        router_options: the configured options (must be a mapping).
-        supported: the routers this model can use, when not all of them.
-
-    Raises:
-        ValueError: an unknown router (the message lists ``list_routers()``), one this model does
-            not support (the message lists those it does), or options that are not a mapping or
-            that repeat what the layer passes (``iterations``, the sizes, ``device``, ``dtype``).
-    """
-    names = sorted(list_routers())
-    if router not in names:
-        raise ValueError(f"router must be one of {names}, got {router!r}")
-    if supported is not None and router not in supported:
-        raise ValueError(
-            f"router={router!r} is not supported by this model; it works with {sorted(supported)}"
-        )
-    if not isinstance(router_options, Mapping):
-        raise ValueError(f"router_options must be a mapping of keyword arguments, got {router_options!r}")
-    reserved = sorted(set(router_options) & _LAYER_ARGUMENTS)
-    if reserved:
-        raise ValueError(
-            f"router_options must not set {reserved}: the capsule layer passes them "
-            "(iterations is a config field of its own)"
-        )
-
-
-def build_class_capsules(
-    *,
-    in_caps: int,
-    in_dim: int,
-    out_caps: int,
-    out_dim: int,
-    router: str,
-    iterations: int,
-    router_options: Mapping[str, Any],
-    shared_weights: bool = False,
-    init_std: float = 0.01,
-) -> CapsuleLinear:
-    """A :class:`~torchvote.nn.capsules.CapsuleLinear` whose router errors name the config fields.
-
-    Raises:
-        ValueError: ``router_options`` the router does not take (the message names the field).
-    """
-    try:
-        return CapsuleLinear(
-            in_caps,
-            in_dim,
-            out_caps,
-            out_dim,
-            routing=router,
-            iterations=iterations,
-            shared_weights=shared_weights,
-            router_options=dict(router_options),
-            init_std=init_std,
-        )
-    except ValueError as err:
-        raise ValueError(
-            f"router_options={dict(router_options)!r} do not fit router={router!r}: {err}"
-        ) from None
-
-
-def class_scores(routed: RoutingResult) -> Tensor:
-    """``(b, num_classes)`` class scores: EM's activations if the router gives them, else the
-    lengths of the class capsules (Sabour et al. 2017, sec. 2)."""
-    if routed.activations is not None:
-        return routed.activations
-    return torch.linalg.vector_norm(routed.outputs, dim=-1)  # (b, i); zero vectors: zero gradient
-
-
-def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
-    """The classes whose capsules the decoder reconstructs, ``(b, k)``.
-
-    Args:
-        scores: ``(b, num_classes)`` class scores.
-        targets: ``(b,)`` true classes, ``(b, k)`` the classes present in each image
-            (MultiMNIST), or ``None`` (evaluation: the highest score, the longest capsule).
-
-    Returns:
-        ``(b, 1)`` for ``(b,)`` or ``None`` targets, ``(b, k)`` for ``(b, k)`` targets.
-
-    Raises:
-        ValueError: targets of another shape or batch size.
-    """
-    if targets is None:
-        return scores.argmax(dim=-1, keepdim=True)  # (b, 1)
-    if targets.dim() not in (1, 2) or targets.shape[0] != scores.shape[0]:
-        raise ValueError(
-            f"targets must be (b,) class indices or (b, k) classes per image with b={scores.shape[0]}, "
-            f"got {tuple(targets.shape)}"
-        )
-    return targets.long().reshape(scores.shape[0], -1)  # (b, k)
-
-
-class CapsuleDecoder(nn.Module):
-    """The masked reconstruction network of Sabour et al. 2017, sec. 4.1 and Fig. 2.
-
-    Every class capsule but the chosen one is set to zero; the ``num_classes * caps_dim`` masked
-    vector goes through ReLU layers of ``hidden`` units and a sigmoid layer with one unit per
-    pixel (512, 1024, 784 on MNIST).
-
-    Args:
-        num_classes: class capsules.
-        caps_dim: features per class capsule.
-        image_shape: ``(channels, height, width)`` of the reconstructed images.
-        hidden: widths of the hidden layers.
-
-    Raises:
-        ValueError: non-positive sizes.
-    """
-
-    def __init__(
-        self, num_classes: int, caps_dim: int, image_shape: tuple[int, int, int], *, hidden: tuple[int, ...]
-    ) -> None:
-        super().__init__()
-        if any(size < 1 for size in (num_classes, caps_dim, *image_shape, *hidden)):
-            raise ValueError(
-                f"decoder sizes must be positive, got num_classes={num_classes}, caps_dim={caps_dim}, "
-                f"image_shape={image_shape}, hidden={hidden}"
-            )
-        self.image_shape = tuple(image_shape)
-        layers: list[nn.Module] = []
-        width = num_classes * caps_dim
-        for units in hidden:
-            layers += [nn.Linear(width, units), nn.ReLU(inplace=True)]
-            width = units
-        layers += [nn.Linear(width, image_shape[0] * image_shape[1] * image_shape[2]), nn.Sigmoid()]
-        self.layers = nn.Sequential(*layers)
-
-    @staticmethod
-    def mask(poses: Tensor, classes: Tensor) -> Tensor:
-        """``(b, i, d)`` capsules, ``(b, k)`` classes -> ``(b, k, i * d)``: all but one capsule zero."""
-        keep = F.one_hot(classes, poses.shape[1]).to(poses.dtype)  # (b, k, i)
-        return torch.einsum("bki,bid->bkid", keep, poses).flatten(2)  # (b, k, i*d)
-
-    def forward(self, poses: Tensor, classes: Tensor) -> Tensor:
-        """Reconstruct the image of each chosen capsule.
-
-        Args:
-            poses: ``(b, num_classes, caps_dim)`` class capsules.
-            classes: ``(b, k)`` the capsule kept for each of ``k`` reconstructions.
-
-        Returns:
-            ``(b, k, c, h, w)`` reconstructions in ``[0, 1]``.
-        """
-        pixels = self.layers(self.mask(poses, classes))  # (b, k, c*h*w)
-        return pixels.unflatten(-1, self.image_shape)  # (b, k, c, h, w)
-
-
-def reconstruct(
-    decoder: CapsuleDecoder | None, poses: Tensor, scores: Tensor, targets: Tensor | None
-) -> Tensor | None:
-    """The decoder's output in the registry's layout: ``(b, c, h, w)`` for one class per image,
-    ``(b, k, c, h, w)`` for ``(b, k)`` targets; ``None`` without a decoder."""
-    if decoder is None:
-        return None
-    images = decoder(poses, decoder_classes(scores, targets))  # (b, k, c, h, w)
-    return images if targets is not None and targets.dim() == 2 else images.squeeze(1)
-
-
-def check_images(images: Tensor, config: Any) -> None:
-    """Raise ``ValueError`` unless ``images`` is ``(b, in_channels, image_size, image_size)``."""
-    expected = (config.in_channels, config.image_size, config.image_size)
-    if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-        raise ValueError(
-            f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
-        )
+def __getattr__(name: str) -> Any:
+    """The head's parts lived here before models/capsule_head.py; they stay importable from here."""
+    if name in capsule_head.__all__:
+        return getattr(capsule_head, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- CapsNet ---------------------------------------------------------------------------------------
@@ -410,25 +222,22 @@ class CapsNet(nn.Module):
             kernel_size=config.primary_kernel,
             stride=config.primary_stride,
         )
-        self.class_capsules = build_class_capsules(
+        self.head = CapsuleHead.for_vectors(
             in_caps=config.num_primary_caps,
             in_dim=config.primary_dim,
-            out_caps=config.num_classes,
-            out_dim=config.class_dim,
+            num_classes=config.num_classes,
+            class_dim=config.class_dim,
             router=config.router,
             iterations=config.iterations,
             router_options=config.router_options,
             shared_weights=config.shared_weights,
             init_std=config.init_std,
+            decoder=config.decoder,
+            decoder_hidden=config.decoder_hidden,
+            image_shape=(config.in_channels, config.image_size, config.image_size),
         )
-        # EM routing weighs each vote by its sender's activation: a vector capsule's length.
-        self.uses_activations = config.router == "em"
-        image_shape = (config.in_channels, config.image_size, config.image_size)
-        self.decoder = (
-            CapsuleDecoder(config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden)
-            if config.decoder
-            else None
-        )
+        # Checkpoints from before the shared head kept its parts at the top level.
+        rename_state_dict_keys(self, {"class_capsules.": "head.class_capsules.", "decoder.": "head.decoder."})
 
     def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
         """Classify (and reconstruct) a batch of images.
@@ -453,13 +262,4 @@ class CapsNet(nn.Module):
         check_images(images, self.config)
         features = F.relu(self.conv(images))  # (b, conv_channels, g, g)
         primary = self.primary(features)  # (b, j, primary_dim), squashed
-        activations = torch.linalg.vector_norm(primary, dim=-1) if self.uses_activations else None  # (b, j)
-        routed = self.class_capsules(primary, activations=activations, return_routing=True)
-        poses = routed.outputs  # (b, i, class_dim)
-        scores = class_scores(routed)  # (b, i)
-        return ClassifierOutput(
-            scores=scores,
-            reconstructions=reconstruct(self.decoder, poses, scores, targets),
-            poses=poses,
-            couplings=rearrange(routed.couplings, "b j i -> b i j"),  # torchvote's (receivers, senders)
-        )
+        return self.head(primary, targets)

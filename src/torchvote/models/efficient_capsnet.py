@@ -13,7 +13,8 @@ The MNIST network of sec. "Methods" (Fig. 1), every size from :class:`EfficientC
    routed by self-attention (eqs. 3-5: each vote's logit is its agreement with all the votes for
    the same class, ``softmax`` over the classes, plus a learned log prior; ``router=
    "self_attention"``) or any other router of :func:`~torchvote.functional.routing.list_routers`;
-4. class scores = capsule lengths (EM's activations with ``router="em"``, to be trained with
+4. (3 and 4 are the :class:`~torchvote.models.capsule_head.CapsuleHead` of every capsule model)
+   class scores = capsule lengths (EM's activations with ``router="em"``, to be trained with
    ``loss.name=spread``, see :mod:`torchvote.models.capsnet`), the margin loss and the
    optional masked decoder of CapsNet
    (512-1024-784, :class:`~torchvote.models.capsnet.CapsuleDecoder`; its loss weight is
@@ -44,14 +45,12 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.functional.routing import efficient_squash
-from torchvote.models.capsnet import (
-    CapsuleDecoder,
-    build_class_capsules,
+from torchvote.models.capsule_head import (
+    CapsuleHead,
     check_images,
     check_positive,
     check_router,
-    class_scores,
-    reconstruct,
+    rename_state_dict_keys,
 )
 from torchvote.models.registry import ClassifierOutput, register_model
 
@@ -261,23 +260,21 @@ class EfficientCapsNet(nn.Module):
         self.primary = DepthwisePrimaryCapsules(
             in_channels, config.primary_types, config.primary_dim, kernel_size=config.depthwise_kernel
         )
-        self.class_capsules = build_class_capsules(
+        self.head = CapsuleHead.for_vectors(
             in_caps=config.num_primary_caps,
             in_dim=config.primary_dim,
-            out_caps=config.num_classes,
-            out_dim=config.class_dim,
+            num_classes=config.num_classes,
+            class_dim=config.class_dim,
             router=config.router,
             iterations=config.iterations,
             router_options=config.router_options,
             init_std=config.class_init_std,
+            decoder=config.decoder,
+            decoder_hidden=config.decoder_hidden,
+            image_shape=(config.in_channels, config.image_size, config.image_size),
         )
-        self.uses_activations = config.router == "em"
-        image_shape = (config.in_channels, config.image_size, config.image_size)
-        self.decoder = (
-            CapsuleDecoder(config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden)
-            if config.decoder
-            else None
-        )
+        # Checkpoints from before the shared head kept its parts at the top level.
+        rename_state_dict_keys(self, {"class_capsules.": "head.class_capsules.", "decoder.": "head.decoder."})
 
     def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
         """Classify (and reconstruct) a batch of images.
@@ -299,13 +296,4 @@ class EfficientCapsNet(nn.Module):
         check_images(images, self.config)
         features = self.features(images.contiguous(memory_format=torch.channels_last))  # (b, c, g, g)
         primary = self.primary(features)  # (b, j, primary_dim)
-        activations = torch.linalg.vector_norm(primary, dim=-1) if self.uses_activations else None  # (b, j)
-        routed = self.class_capsules(primary, activations=activations, return_routing=True)
-        poses = routed.outputs  # (b, i, class_dim)
-        scores = class_scores(routed)  # (b, i)
-        return ClassifierOutput(
-            scores=scores,
-            reconstructions=reconstruct(self.decoder, poses, scores, targets),
-            poses=poses,
-            couplings=rearrange(routed.couplings, "b j i -> b i j"),  # (receivers, senders)
-        )
+        return self.head(primary, targets)

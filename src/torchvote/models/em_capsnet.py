@@ -9,8 +9,9 @@ B = 8, C = D = 16``), every size from :class:`EMCapsNetConfig`:
 3. ``ConvCaps1`` / ``ConvCaps2``: :class:`~torchvote.nn.em_capsules.ConvMatrixCapsules`, ``C``
    and ``D`` types, 3x3 kernels of stride 2 and 1, routed by EM (Procedure 1, 3 iterations);
 4. ``Class Capsules``: one matrix per (input type, class) shared across positions with
-   coordinate addition (:class:`~torchvote.nn.em_capsules.ClassMatrixCapsules`' votes), routed by
-   ``router`` (EM by default);
+   coordinate addition (:class:`~torchvote.nn.em_capsules.ClassMatrixCapsules`), routed by
+   ``router`` (EM by default), inside the :class:`~torchvote.models.capsule_head.CapsuleHead`
+   every capsule model shares (no decoder here);
 5. the class scores are the class capsules' activations, trained with the spread loss (sec. 3.1,
    ``loss="spread"``; the margin schedule 0.2 -> 0.9 is ``LossConfig.spread_margin_*``).
 
@@ -41,21 +42,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.models.capsnet import check_images, check_positive, check_router, class_scores
+from torchvote.models.capsule_head import (
+    CapsuleHead,
+    check_images,
+    check_positive,
+    check_router,
+    rename_state_dict_keys,
+)
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.nn.em_capsules import (
     ClassMatrixCapsules,
     ConvMatrixCapsules,
-    MatrixCapsules,
     PrimaryMatrixCapsules,
     pose_side,
 )
-from torchvote.nn.routing_modules import make_router
+from torchvote.nn.routers import make_router
 
-__all__ = ["ClassCapsuleVotes", "EMCapsNet", "EMCapsNetConfig"]
+__all__ = ["EMCapsNet", "EMCapsNetConfig"]
 
 
 @dataclass
@@ -160,23 +165,6 @@ class EMCapsNetConfig:
         return self.grids[-1] ** 2 * last_types
 
 
-class ClassCapsuleVotes(ClassMatrixCapsules):
-    """The class layer's votes (shared transforms plus coordinate addition) without its routing.
-
-    :class:`~torchvote.nn.em_capsules.ClassMatrixCapsules` routes by its own EM; here the model's
-    ``router`` routes instead, so the layer's EM offsets (which would never get a gradient) are
-    removed and ``forward`` returns the votes.
-    """
-
-    def __init__(self, in_types: int, num_classes: int, *, pose_dim: int, coordinate_addition: bool) -> None:
-        super().__init__(in_types, num_classes, pose_dim=pose_dim, coordinate_addition=coordinate_addition)
-        del self.routing
-
-    def forward(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        """A grid of capsules -> votes ``(b, h*w*t, num_classes, P*P)`` and activations ``(b, h*w*t)``."""
-        return self.votes(capsules)
-
-
 @register_model(
     "em-capsnet",
     config=EMCapsNetConfig,
@@ -228,14 +216,8 @@ class EMCapsNet(nn.Module):
             )
             in_types = types
         self.conv_capsules = nn.ModuleList(layers)
-        self.class_votes = ClassCapsuleVotes(
-            in_types,
-            config.num_classes,
-            pose_dim=config.pose_dim,
-            coordinate_addition=config.coordinate_addition,
-        )
         try:
-            self.router = make_router(
+            router = make_router(
                 config.router,
                 in_caps=config.class_in_caps,
                 out_caps=config.num_classes,
@@ -247,7 +229,18 @@ class EMCapsNet(nn.Module):
             raise ValueError(
                 f"router_options={dict(config.router_options)!r} do not fit router={config.router!r}: {err}"
             ) from None
-        self.uses_activations = config.router == "em"
+        class_capsules = ClassMatrixCapsules(
+            in_types,
+            config.num_classes,
+            pose_dim=config.pose_dim,
+            coordinate_addition=config.coordinate_addition,
+            routing=router,
+        )
+        self.head = CapsuleHead(class_capsules)
+        # Checkpoints from before the shared head kept the class votes and the router apart.
+        rename_state_dict_keys(
+            self, {"class_votes.": "head.class_capsules.", "router.": "head.class_capsules.routing."}
+        )
 
     def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
         """Classify a batch of images.
@@ -271,14 +264,6 @@ class EMCapsNet(nn.Module):
         capsules = primary = self.primary(features)  # poses (b, h, w, B, P, P), activations (b, h, w, B)
         for layer in self.conv_capsules:
             capsules = layer(capsules)  # (b, h', w', types, P, P), (b, h', w', types)
-        votes, activations = self.class_votes(capsules)  # (b, j, i, P*P), (b, j)
-        if self.uses_activations:
-            routed = self.router(votes, activations=activations)
-        else:  # vector routers take no activations: an absent part casts a weaker vote
-            routed = self.router(votes * activations[..., None, None])
-        return ClassifierOutput(
-            scores=class_scores(routed),  # (b, i)
-            poses=routed.outputs,  # (b, i, P*P)
-            couplings=rearrange(routed.couplings, "b j i -> b i j"),  # (receivers, senders)
-            intermediates={"primary_activations": primary.activations},
-        )
+        output = self.head(capsules)  # EM's activations, or a vector router's lengths, as scores
+        output.intermediates["primary_activations"] = primary.activations
+        return output

@@ -13,14 +13,7 @@ from torchvote.nn.em_capsules import (
 )
 from torchvote.nn.kernel_regression import NadarayaWatson
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from torchvote.nn.routing_attention import (
-    ATTENTION_KINDS,
-    AttentionKind,
-    RoutingAttention,
-    ScaledDotAgreement,
-    attention_factory,
-)
-from torchvote.nn.routing_modules import (
+from torchvote.nn.routers import (
     DynamicRouter,
     EMRouter,
     InvertedDotProductRouter,
@@ -31,6 +24,13 @@ from torchvote.nn.routing_modules import (
     SlotRouter,
     UniformRouter,
     make_router,
+)
+from torchvote.nn.routing_attention import (
+    ATTENTION_KINDS,
+    AttentionKind,
+    RoutingAttention,
+    ScaledDotAgreement,
+    attention_factory,
 )
 from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention, ScoredAttention
 from torchvote.nn.transformer import (

@@ -20,15 +20,10 @@ from torch import Tensor, nn
 
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
-from torchvote.nn.routing_modules import Router, RoutingResult, make_router
+from torchvote.nn.routers import Router, RoutingResult, make_router
+from torchvote.validation import check_positive_int
 
 __all__ = ["CapsuleLinear", "PrimaryCapsules"]
-
-
-def _check_positive(**sizes: int) -> None:
-    for argument, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{argument} must be a positive integer, got {value!r}")
 
 
 class PrimaryCapsules(nn.Module):
@@ -65,13 +60,11 @@ class PrimaryCapsules(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        _check_positive(
-            in_channels=in_channels,
-            num_types=num_types,
-            caps_dim=caps_dim,
-            kernel_size=kernel_size,
-            stride=stride,
-        )
+        check_positive_int(in_channels, "in_channels")
+        check_positive_int(num_types, "num_types")
+        check_positive_int(caps_dim, "caps_dim")
+        check_positive_int(kernel_size, "kernel_size")
+        check_positive_int(stride, "stride")
         self.num_types = num_types
         self.caps_dim = caps_dim
         self.conv = nn.Conv2d(
@@ -145,7 +138,10 @@ class CapsuleLinear(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        _check_positive(in_caps=in_caps, in_dim=in_dim, out_caps=out_caps, out_dim=out_dim)
+        check_positive_int(in_caps, "in_caps")
+        check_positive_int(in_dim, "in_dim")
+        check_positive_int(out_caps, "out_caps")
+        check_positive_int(out_dim, "out_dim")
         factory = {"device": device, "dtype": dtype}
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
         self.shared_weights = shared_weights
@@ -194,7 +190,7 @@ class CapsuleLinear(nn.Module):
             inputs: ``(batch..., in_caps, in_dim)``.
             activations: ``(batch..., in_caps)`` input activations, for EM routing (default ones).
             return_routing: return the whole :class:`RoutingResult` (outputs, couplings
-                ``(batch..., in_caps, out_caps)``, and EM's activations) instead of the outputs.
+                ``(batch..., out_caps, in_caps)``, and EM's activations) instead of the outputs.
 
         Returns:
             ``(batch..., out_caps, out_dim)``, or the :class:`RoutingResult`.

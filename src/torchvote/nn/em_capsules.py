@@ -11,12 +11,15 @@ together as :class:`MatrixCapsules` (two tensors, never packed into one). Layers
 - :class:`ClassMatrixCapsules`: one matrix per (input type, class) shared across positions, plus
   coordinate addition.
 
-Routing is :func:`torchvote.functional.em`; each output position of a convolutional layer
+Routing is :class:`~torchvote.nn.routers.EMRouter` (:func:`torchvote.functional.em.em_routing`,
+the same module ``CapsuleLinear(routing="em")`` uses); each output position of a convolutional layer
 routes its own patch (its input capsules' assignments are normalised over the output capsules of
 that position, the per-patch form the public implementations use).
 
 Index legend: ``b`` batch, ``l`` output positions, ``j`` input capsules of a patch, ``i`` output
 capsule types, ``t`` input capsule types, ``p q r`` pose matrix rows/columns.
+
+(Over 400 lines: the three layers of the paper's architecture and their shared checks.)
 """
 
 from __future__ import annotations
@@ -29,12 +32,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional.em import (
-    InverseTemperature,
-    default_inverse_temperature,
-    em_routing,
-)
-from torchvote.functional.routing import check_iterations
+from torchvote.functional.em import InverseTemperature, default_inverse_temperature
+from torchvote.nn.routers import EMRouter, Router, RoutingResult
+from torchvote.validation import check_positive_int
 
 __all__ = [
     "ClassMatrixCapsules",
@@ -63,18 +63,11 @@ def pose_side(pose_dim: int, argument: str = "pose_dim") -> int:
     Raises:
         ValueError: if ``pose_dim`` is not a positive perfect square.
     """
-    if isinstance(pose_dim, bool) or not isinstance(pose_dim, int) or pose_dim < 1:
-        raise ValueError(f"{argument} must be a positive integer, got {pose_dim!r}")
+    check_positive_int(pose_dim, argument)
     side = math.isqrt(pose_dim)
     if side * side != pose_dim:
         raise ValueError(f"{argument} must be a perfect square (P x P poses, e.g. 16), got {pose_dim}")
     return side
-
-
-def _check_positive(**sizes: int) -> None:
-    for argument, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{argument} must be a positive integer, got {value!r}")
 
 
 def _check_grid(capsules: MatrixCapsules, types: int, side: int, argument: str = "capsules") -> None:
@@ -142,7 +135,10 @@ class PrimaryMatrixCapsules(nn.Module):
     ) -> None:
         super().__init__()
         self.side = pose_side(pose_dim)
-        _check_positive(in_channels=in_channels, num_types=num_types, kernel_size=kernel_size, stride=stride)
+        check_positive_int(in_channels, "in_channels")
+        check_positive_int(num_types, "num_types")
+        check_positive_int(kernel_size, "kernel_size")
+        check_positive_int(stride, "stride")
         factory = {"device": device, "dtype": dtype}
         self.num_types = num_types
         self.pose = nn.Conv2d(in_channels, num_types * pose_dim, kernel_size, stride=stride, **factory)
@@ -154,37 +150,6 @@ class PrimaryMatrixCapsules(nn.Module):
         poses = rearrange(self.pose(features), "b (t p q) h w -> b h w t p q", t=self.num_types, p=self.side)
         activations = rearrange(torch.sigmoid(self.activation(features)), "b t h w -> b h w t")
         return MatrixCapsules(poses, activations)
-
-
-class _EMRouting(nn.Module):
-    """EM routing's learned offsets and options, shared by the convolutional and class layers."""
-
-    def __init__(
-        self,
-        out_types: int,
-        iterations: int,
-        inverse_temperature: InverseTemperature,
-        eps: float,
-        factory: dict,
-    ) -> None:
-        super().__init__()
-        check_iterations(iterations)
-        self.iterations = iterations
-        self.inverse_temperature = inverse_temperature
-        self.eps = eps
-        self.beta_u = nn.Parameter(torch.zeros(out_types, **factory))
-        self.beta_a = nn.Parameter(torch.zeros(out_types, **factory))
-
-    def forward(self, votes: Tensor, activations: Tensor) -> tuple[Tensor, Tensor]:
-        return em_routing(
-            votes,
-            activations,
-            self.beta_u,
-            self.beta_a,
-            iterations=self.iterations,
-            inverse_temperature=self.inverse_temperature,
-            eps=self.eps,
-        )
 
 
 class ConvMatrixCapsules(nn.Module):
@@ -227,7 +192,10 @@ class ConvMatrixCapsules(nn.Module):
     ) -> None:
         super().__init__()
         self.side = pose_side(pose_dim)
-        _check_positive(in_types=in_types, out_types=out_types, kernel_size=kernel_size, stride=stride)
+        check_positive_int(in_types, "in_types")
+        check_positive_int(out_types, "out_types")
+        check_positive_int(kernel_size, "kernel_size")
+        check_positive_int(stride, "stride")
         factory = {"device": device, "dtype": dtype}
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
@@ -237,7 +205,10 @@ class ConvMatrixCapsules(nn.Module):
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_caps, out_types, self.side, self.side, **factory)
         )
-        self.routing = _EMRouting(out_types, iterations, inverse_temperature, eps, factory)
+        self.routing = EMRouter(
+            out_caps=out_types, iterations=iterations, inverse_temperature=inverse_temperature, eps=eps,
+            **factory,
+        )
 
     def output_size(self, rows: int, cols: int) -> tuple[int, int]:
         """The output grid for an input grid of ``rows x cols``."""
@@ -247,9 +218,9 @@ class ConvMatrixCapsules(nn.Module):
         """Gather the patches and cast the votes.
 
         Returns:
-            ``(votes, activations, (rows', cols'))``: votes ``(b, L, K*K*in_types, out_types,
-            P*P)`` and patch activations ``(b, L, K*K*in_types)`` for the ``L = rows' * cols'``
-            output positions.
+            ``(votes, activations, (rows', cols'))``: votes ``(b, L, out_types, K*K*in_types,
+            P*P)`` (receivers first; a strided view, see below) and patch activations
+            ``(b, L, K*K*in_types)`` for the ``L = rows' * cols'`` output positions.
 
         Raises:
             ValueError: a grid of the wrong types or pose size, or smaller than the kernel.
@@ -277,21 +248,22 @@ class ConvMatrixCapsules(nn.Module):
         batch, positions = pose_patches.shape[:2]
         # V = M W as one matrix product per input capsule j on the flattened pose, with the
         # block-diagonal (I kron W_ji): 4x the multiply-adds of 4x4 products (still small), but
-        # each vote's 16 entries come out adjacent; written (b L, j, i P*P) so that a block of
-        # patches is one contiguous piece of memory for the routing.
+        # each vote's 16 entries come out adjacent; written (b L, j, i P*P) in memory so that a
+        # block of patches is one contiguous piece of memory for the routing, and handed on as
+        # the receivers-first view (b, L, i, j, P*P) of that memory (no copy).
         left = rearrange(pose_patches, "b l j p q -> j (b l) (p q)")
         eye = torch.eye(side, dtype=self.weight.dtype, device=self.weight.device)
         right = torch.einsum("ps,jiqr->jsqipr", eye, self.weight).reshape(
             -1, side * side, self.out_types * side * side)  # (j, P*P, i*P*P)
         votes = _BatchedByInput.apply(left, right)  # (b*L, j, i*P*P)
-        votes = votes.view(batch, positions, -1, self.out_types, side * side)  # (b, L, j, i, P*P)
-        return votes, act_patches, self.output_size(rows, cols)
+        votes = votes.view(batch, positions, -1, self.out_types, side * side).transpose(2, 3)
+        return votes, act_patches, self.output_size(rows, cols)  # votes (b, L, i, j, P*P)
 
     def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
         """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
         the same on the ``(h', w')`` output grid with ``out_types`` types."""
         votes, activations, (rows, cols) = self.votes(capsules)
-        poses, out_activations = self.routing(votes, activations)  # (b, L, i, P*P), (b, L, i)
+        poses, out_activations = self.routing.route(votes, activations)  # (b, L, i, P*P), (b, L, i)
         poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)
         out_activations = rearrange(out_activations, "b (h w) i -> b h w i", h=rows)
         return MatrixCapsules(poses, out_activations)
@@ -320,10 +292,15 @@ class ClassMatrixCapsules(nn.Module):
         coordinate_addition: add the scaled coordinates to the votes.
         inverse_temperature: the ``lambda_t`` schedule.
         eps: variance floor.
+        routing: another router for the class votes (any of
+            :func:`~torchvote.nn.routers.make_router`); default an
+            :class:`~torchvote.nn.routers.EMRouter` with ``iterations``, ``inverse_temperature``
+            and ``eps``. A router that takes no activations gets each vote scaled by its input
+            capsule's activation (an absent part casts a weaker vote).
 
     Raises:
-        ValueError: non-positive sizes, a ``pose_dim`` that is not a square, or a pose smaller
-            than 2x2 with coordinate addition.
+        ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller
+            than 2x2 with coordinate addition, or EM options given with ``routing``.
     """
 
     def __init__(
@@ -336,12 +313,21 @@ class ClassMatrixCapsules(nn.Module):
         coordinate_addition: bool = True,
         inverse_temperature: InverseTemperature = default_inverse_temperature,
         eps: float = 1e-6,
+        routing: Router | None = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         self.side = pose_side(pose_dim)
-        _check_positive(in_types=in_types, num_classes=num_classes)
+        check_positive_int(in_types, "in_types")
+        check_positive_int(num_classes, "num_classes")
+        if routing is not None and (
+            iterations != 3 or inverse_temperature is not default_inverse_temperature or eps != 1e-6
+        ):
+            raise ValueError(
+                "iterations, inverse_temperature and eps configure the default EM router; with "
+                "routing=... give them to that router"
+            )
         if coordinate_addition and self.side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={pose_dim}")
         factory = {"device": device, "dtype": dtype}
@@ -351,7 +337,15 @@ class ClassMatrixCapsules(nn.Module):
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_types, num_classes, self.side, self.side, **factory)
         )
-        self.routing = _EMRouting(num_classes, iterations, inverse_temperature, eps, factory)
+        self.routing = routing if routing is not None else EMRouter(
+            out_caps=num_classes, iterations=iterations, inverse_temperature=inverse_temperature, eps=eps,
+            **factory,
+        )
+
+    @property
+    def router(self) -> Router:
+        """The router of the class votes (kept as ``routing``, the name in checkpoints)."""
+        return self.routing
 
     def coordinates(self, rows: int, cols: int, *, like: Tensor) -> Tensor:
         """``(rows, cols, P*P)``: the offsets coordinate addition adds to each position's votes."""
@@ -364,20 +358,42 @@ class ClassMatrixCapsules(nn.Module):
         return offsets.flatten(-2)
 
     def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor]:
-        """``(votes (b, h*w*in_types, num_classes, P*P), activations (b, h*w*in_types))``."""
+        """``(votes (b, num_classes, h*w*in_types, P*P), activations (b, h*w*in_types))``."""
         _check_grid(capsules, self.in_types, self.side)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
-        votes = torch.einsum("bhwtpq,tiqr->bhwtipr", poses, self.weight).flatten(-2)  # (b, h, w, t, i, P*P)
+        votes = torch.einsum("bhwtpq,tiqr->bihwtpr", poses, self.weight).flatten(-2)  # (b, i, h, w, t, P*P)
         if self.coordinate_addition:
-            votes = votes + self.coordinates(rows, cols, like=votes)[:, :, None, None, :]
-        votes = rearrange(votes, "b h w t i d -> b (h w t) i d")
+            votes = votes + self.coordinates(rows, cols, like=votes)[:, :, None, :]
+        votes = rearrange(votes, "b i h w t d -> b i (h w t) d")
         return votes, rearrange(activations, "b h w t -> b (h w t)")
 
-    def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
-        """A grid of capsules -> poses ``(b, num_classes, P, P)`` and activations ``(b, num_classes)``."""
-        votes, activations = self.votes(capsules)
-        poses, out_activations = self.routing(votes, activations)
+    def forward(
+        self, capsules: MatrixCapsules, *, return_routing: bool = False
+    ) -> MatrixCapsules | RoutingResult:
+        """Route a grid of capsules to the classes.
+
+        Args:
+            capsules: poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)``.
+            return_routing: return the router's :class:`~torchvote.nn.routers.RoutingResult`
+                (outputs ``(b, num_classes, P*P)``, couplings ``(b, num_classes, h*w*in_types)``,
+                EM's activations) instead of matrix capsules.
+
+        Returns:
+            Poses ``(b, num_classes, P, P)`` and activations ``(b, num_classes)``, or the result.
+
+        Raises:
+            ValueError: a grid of the wrong types or pose size; matrix capsules asked of a router
+                that gives no activations.
+        """
+        votes, activations = self.votes(capsules)  # (b, i, j, P*P), (b, j)
+        if return_routing:
+            if self.routing.uses_activations:
+                return self.routing(votes, activations=activations)
+            return self.routing(votes * activations[:, None, :, None])  # an absent part votes weaker
+        if not isinstance(self.routing, EMRouter):
+            raise ValueError(f"{type(self.routing).__name__} gives no activations: use return_routing=True")
+        poses, out_activations = self.routing.route(votes, activations)
         poses = rearrange(poses, "b i (p q) -> b i p q", p=self.side)
         return MatrixCapsules(poses, out_activations)
 

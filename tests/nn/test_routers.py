@@ -9,7 +9,7 @@ import torch
 
 from torchvote.functional.routing import list_routers
 from torchvote.functional.routing_votes import LinearVotes
-from torchvote.nn.routing_modules import EMRouter, RoutingResult, SlotAttention, make_router
+from torchvote.nn.routers import EMRouter, RoutingResult, SlotAttention, make_router
 
 DOUBLE = torch.float64
 
@@ -21,12 +21,12 @@ def test_every_router_accepts_tensors_and_votes_objects(name):
     weight = torch.randn(3, 6, 4, 2, dtype=DOUBLE, requires_grad=True)
     inputs = torch.randn(2, 6, 2, dtype=DOUBLE)
     from_votes = router(LinearVotes(weight, inputs))
-    tensor = torch.einsum("ijde,bje->bjid", weight, inputs)
+    tensor = torch.einsum("ijde,bje->bijd", weight, inputs)  # (b, out, in, d)
     from_tensor = router(tensor)
     assert isinstance(from_votes, RoutingResult)
     torch.testing.assert_close(from_votes.outputs, from_tensor.outputs)
     torch.testing.assert_close(from_votes.couplings, from_tensor.couplings)
-    assert from_votes.outputs.shape == (2, 3, 4) and from_votes.couplings.shape == (2, 6, 3)
+    assert from_votes.outputs.shape == (2, 3, 4) and from_votes.couplings.shape == (2, 3, 6)
     assert (from_votes.activations is not None) == (name == "em")
     from_votes.outputs.sum().backward()
     assert torch.isfinite(weight.grad).all()
@@ -43,7 +43,8 @@ def test_make_router_rejects_unknown_names_and_options():
 
 def test_em_router_uses_the_given_activations():
     router = EMRouter(out_caps=3, inverse_temperature=lambda t: 1.0)
-    votes = torch.randn(2, 5, 3, 16)
+    torch.manual_seed(3)
+    votes = torch.randn(2, 3, 5, 16) * 2  # (b, out, in, pose), spread enough not to saturate
     default = router(votes)
     ones = router(votes, activations=torch.ones(2, 5))
     torch.testing.assert_close(default.outputs, ones.outputs)
@@ -101,3 +102,38 @@ def test_slot_attention_module_samples_slots_and_takes_masks():
         module(torch.randn(3, 6, 4))
     with pytest.raises(ValueError, match="num_slots"):
         SlotAttention(0, 5)
+
+
+def test_self_attention_router_loads_a_papers_layout_log_prior():
+    """Checkpoints from before the receivers-first layout hold an (in_caps, out_caps) prior."""
+    from torchvote.nn import SelfAttentionRouter
+
+    router = SelfAttentionRouter(in_caps=6, out_caps=3)
+    old = torch.randn(6, 3)
+    router.load_state_dict({"log_prior": old})
+    torch.testing.assert_close(router.log_prior.detach(), old.T)
+    new = torch.randn(3, 6)
+    router.load_state_dict({"log_prior": new})
+    torch.testing.assert_close(router.log_prior.detach(), new)
+
+
+def test_routers_declare_whether_they_iterate_and_use_activations():
+    from torchvote.nn import ClassMatrixCapsules, ConvMatrixCapsules
+
+    expected = {"dynamic": (True, False), "em": (True, True), "inverted_dot_product": (True, False),
+                "self_attention": (False, False), "slot": (True, False), "uniform": (False, False)}
+    assert set(expected) == set(list_routers())
+    for name, (iterative, uses_activations) in expected.items():
+        router = make_router(name, in_caps=4, out_caps=3, out_dim=4)
+        assert (router.name, router.iterative, router.uses_activations) == (name, iterative, uses_activations)
+    # One EM module for every layer that routes by EM.
+    assert isinstance(ConvMatrixCapsules(2, 3).routing, EMRouter)
+    assert isinstance(ClassMatrixCapsules(2, 3).routing, EMRouter)
+
+
+def test_old_import_path_still_names_the_routers():
+    import torchvote.nn.routers as routers
+    import torchvote.nn.routing_modules as old
+
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(routers, name)

@@ -1,0 +1,356 @@
+"""The capsule classifier head shared by every capsule network: class capsules, their router,
+the class scores, and the masked decoder that reconstructs the image.
+
+Each capsule model is a stem (convolutions), primary capsules and one :class:`CapsuleHead`:
+
+- :class:`~torchvote.models.capsnet.CapsNet` and
+  :class:`~torchvote.models.efficient_capsnet.EfficientCapsNet`: vector capsules, a
+  :class:`~torchvote.nn.capsules.CapsuleLinear` class layer and the decoder of Sabour et al. 2017,
+  sec. 4.1 (:meth:`CapsuleHead.for_vectors`);
+- :class:`~torchvote.models.em_capsnet.EMCapsNet`: matrix capsules, a
+  :class:`~torchvote.nn.em_capsules.ClassMatrixCapsules` class layer, no decoder.
+
+The scores are the router's output activations when it has them (EM routing), else the class
+capsules' lengths (Sabour et al. 2017, sec. 2). A router that weighs votes by activations
+(``router.uses_activations``) gets, from vector capsules, their lengths.
+
+Also here: the checks every capsule model config shares (:func:`check_router`,
+:func:`check_positive`, :func:`check_images`).
+
+Index legend: ``b`` batch, ``k`` reconstructed capsules per image, ``i`` class capsules
+(receivers), ``j`` primary capsules (senders), ``d`` capsule features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torchvote.functional.routing import list_routers
+from torchvote.models.registry import ClassifierOutput
+from torchvote.nn.capsules import CapsuleLinear
+from torchvote.nn.routers import Router, RoutingResult
+from torchvote.validation import check_positive_int
+
+__all__ = [
+    "CapsuleDecoder",
+    "CapsuleHead",
+    "build_class_capsules",
+    "check_images",
+    "check_positive",
+    "check_router",
+    "class_scores",
+    "decoder_classes",
+    "reconstruct",
+    "rename_state_dict_keys",
+]
+
+
+# --- configuration checks --------------------------------------------------------------------------
+
+
+def check_positive(config: Any, names: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming the first field of ``names`` that is not a positive integer."""
+    for name in names:
+        check_positive_int(getattr(config, name), name)
+
+
+#: What the capsule layer passes to its router itself; router_options may not repeat them.
+_LAYER_ARGUMENTS = frozenset({"in_caps", "out_caps", "out_dim", "iterations", "device", "dtype"})
+
+
+def check_router(
+    router: str, router_options: Mapping[str, Any], *, supported: tuple[str, ...] | None = None
+) -> None:
+    """Check a model config's ``router`` against :func:`~torchvote.functional.routing.list_routers`.
+
+    Args:
+        router: the configured router name.
+        router_options: the configured options (must be a mapping).
+        supported: the routers this model can use, when not all of them.
+
+    Raises:
+        ValueError: an unknown router (the message lists ``list_routers()``), one this model does
+            not support (the message lists those it does), or options that are not a mapping or
+            that repeat what the layer passes (``iterations``, the sizes, ``device``, ``dtype``).
+    """
+    names = sorted(list_routers())
+    if router not in names:
+        raise ValueError(f"router must be one of {names}, got {router!r}")
+    if supported is not None and router not in supported:
+        raise ValueError(
+            f"router={router!r} is not supported by this model; it works with {sorted(supported)}"
+        )
+    if not isinstance(router_options, Mapping):
+        raise ValueError(f"router_options must be a mapping of keyword arguments, got {router_options!r}")
+    reserved = sorted(set(router_options) & _LAYER_ARGUMENTS)
+    if reserved:
+        raise ValueError(
+            f"router_options must not set {reserved}: the capsule layer passes them "
+            "(iterations is a config field of its own)"
+        )
+
+
+def build_class_capsules(
+    *,
+    in_caps: int,
+    in_dim: int,
+    out_caps: int,
+    out_dim: int,
+    router: str,
+    iterations: int,
+    router_options: Mapping[str, Any],
+    shared_weights: bool = False,
+    init_std: float = 0.01,
+) -> CapsuleLinear:
+    """A :class:`~torchvote.nn.capsules.CapsuleLinear` whose router errors name the config fields.
+
+    Raises:
+        ValueError: ``router_options`` the router does not take (the message names the field).
+    """
+    try:
+        return CapsuleLinear(
+            in_caps,
+            in_dim,
+            out_caps,
+            out_dim,
+            routing=router,
+            iterations=iterations,
+            shared_weights=shared_weights,
+            router_options=dict(router_options),
+            init_std=init_std,
+        )
+    except ValueError as err:
+        raise ValueError(
+            f"router_options={dict(router_options)!r} do not fit router={router!r}: {err}"
+        ) from None
+
+
+# --- the head's parts -------------------------------------------------------------------------------
+
+
+def class_scores(routed: RoutingResult) -> Tensor:
+    """``(b, num_classes)`` class scores: EM's activations if the router gives them, else the
+    lengths of the class capsules (Sabour et al. 2017, sec. 2)."""
+    if routed.activations is not None:
+        return routed.activations
+    return torch.linalg.vector_norm(routed.outputs, dim=-1)  # (b, i); zero vectors: zero gradient
+
+
+def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
+    """The classes whose capsules the decoder reconstructs, ``(b, k)``.
+
+    Args:
+        scores: ``(b, num_classes)`` class scores.
+        targets: ``(b,)`` true classes, ``(b, k)`` the classes present in each image
+            (MultiMNIST), or ``None`` (evaluation: the highest score, the longest capsule).
+
+    Returns:
+        ``(b, 1)`` for ``(b,)`` or ``None`` targets, ``(b, k)`` for ``(b, k)`` targets.
+
+    Raises:
+        ValueError: targets of another shape or batch size.
+    """
+    if targets is None:
+        return scores.argmax(dim=-1, keepdim=True)  # (b, 1)
+    if targets.dim() not in (1, 2) or targets.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"targets must be (b,) class indices or (b, k) classes per image with b={scores.shape[0]}, "
+            f"got {tuple(targets.shape)}"
+        )
+    return targets.long().reshape(scores.shape[0], -1)  # (b, k)
+
+
+class CapsuleDecoder(nn.Module):
+    """The masked reconstruction network of Sabour et al. 2017, sec. 4.1 and Fig. 2.
+
+    Every class capsule but the chosen one is set to zero; the ``num_classes * caps_dim`` masked
+    vector goes through ReLU layers of ``hidden`` units and a sigmoid layer with one unit per
+    pixel (512, 1024, 784 on MNIST).
+
+    Args:
+        num_classes: class capsules.
+        caps_dim: features per class capsule.
+        image_shape: ``(channels, height, width)`` of the reconstructed images.
+        hidden: widths of the hidden layers.
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+
+    def __init__(
+        self, num_classes: int, caps_dim: int, image_shape: tuple[int, int, int], *, hidden: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        if any(size < 1 for size in (num_classes, caps_dim, *image_shape, *hidden)):
+            raise ValueError(
+                f"decoder sizes must be positive, got num_classes={num_classes}, caps_dim={caps_dim}, "
+                f"image_shape={image_shape}, hidden={hidden}"
+            )
+        self.image_shape = tuple(image_shape)
+        layers: list[nn.Module] = []
+        width = num_classes * caps_dim
+        for units in hidden:
+            layers += [nn.Linear(width, units), nn.ReLU(inplace=True)]
+            width = units
+        layers += [nn.Linear(width, image_shape[0] * image_shape[1] * image_shape[2]), nn.Sigmoid()]
+        self.layers = nn.Sequential(*layers)
+
+    @staticmethod
+    def mask(poses: Tensor, classes: Tensor) -> Tensor:
+        """``(b, i, d)`` capsules, ``(b, k)`` classes -> ``(b, k, i * d)``: all but one capsule zero."""
+        keep = F.one_hot(classes, poses.shape[1]).to(poses.dtype)  # (b, k, i)
+        return torch.einsum("bki,bid->bkid", keep, poses).flatten(2)  # (b, k, i*d)
+
+    def forward(self, poses: Tensor, classes: Tensor) -> Tensor:
+        """Reconstruct the image of each chosen capsule.
+
+        Args:
+            poses: ``(b, num_classes, caps_dim)`` class capsules.
+            classes: ``(b, k)`` the capsule kept for each of ``k`` reconstructions.
+
+        Returns:
+            ``(b, k, c, h, w)`` reconstructions in ``[0, 1]``.
+        """
+        pixels = self.layers(self.mask(poses, classes))  # (b, k, c*h*w)
+        return pixels.unflatten(-1, self.image_shape)  # (b, k, c, h, w)
+
+
+def reconstruct(
+    decoder: CapsuleDecoder | None, poses: Tensor, scores: Tensor, targets: Tensor | None
+) -> Tensor | None:
+    """The decoder's output in the registry's layout: ``(b, c, h, w)`` for one class per image,
+    ``(b, k, c, h, w)`` for ``(b, k)`` targets; ``None`` without a decoder."""
+    if decoder is None:
+        return None
+    images = decoder(poses, decoder_classes(scores, targets))  # (b, k, c, h, w)
+    return images if targets is not None and targets.dim() == 2 else images.squeeze(1)
+
+
+def check_images(images: Tensor, config: Any) -> None:
+    """Raise ``ValueError`` unless ``images`` is ``(b, in_channels, image_size, image_size)``."""
+    expected = (config.in_channels, config.image_size, config.image_size)
+    if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+        raise ValueError(
+            f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
+        )
+
+
+# --- the head ---------------------------------------------------------------------------------------
+
+
+class CapsuleHead(nn.Module):
+    """Class capsules + router + masked decoder + reconstruction.
+
+    Args:
+        class_capsules: the class layer: ``forward(capsules, *, return_routing=True)`` gives a
+            :class:`~torchvote.nn.routers.RoutingResult` with couplings ``(b, num_classes,
+            in_caps)``, and ``.router`` is its router
+            (:class:`~torchvote.nn.capsules.CapsuleLinear`,
+            :class:`~torchvote.nn.em_capsules.ClassMatrixCapsules`).
+        decoder: the reconstruction network, or ``None``.
+        lengths_as_activations: for vector capsules ``(b, in_caps, dim)``: hand their lengths to a
+            router that uses activations (``router.uses_activations``, EM routing).
+    """
+
+    def __init__(
+        self, class_capsules: nn.Module, *, decoder: CapsuleDecoder | None = None,
+        lengths_as_activations: bool = False,
+    ) -> None:
+        super().__init__()
+        self.class_capsules = class_capsules
+        self.decoder = decoder
+        self.lengths_as_activations = lengths_as_activations
+
+    @property
+    def router(self) -> Router:
+        """The class layer's router."""
+        return self.class_capsules.router
+
+    @classmethod
+    def for_vectors(
+        cls,
+        *,
+        in_caps: int,
+        in_dim: int,
+        num_classes: int,
+        class_dim: int,
+        router: str,
+        iterations: int,
+        router_options: Mapping[str, Any],
+        shared_weights: bool = False,
+        init_std: float = 0.01,
+        decoder: bool = True,
+        decoder_hidden: tuple[int, ...] = (512, 1024),
+        image_shape: tuple[int, int, int] | None = None,
+    ) -> CapsuleHead:
+        """The head of a vector-capsule network: a :class:`~torchvote.nn.capsules.CapsuleLinear`
+        class layer and, with ``decoder``, Sabour et al.'s decoder for ``image_shape`` images.
+
+        Raises:
+            ValueError: ``router_options`` the router does not take, bad decoder sizes.
+        """
+        class_capsules = build_class_capsules(
+            in_caps=in_caps, in_dim=in_dim, out_caps=num_classes, out_dim=class_dim, router=router,
+            iterations=iterations, router_options=router_options, shared_weights=shared_weights,
+            init_std=init_std,
+        )
+        reconstruction = None
+        if decoder:
+            if image_shape is None:
+                raise ValueError("decoder=True needs image_shape")
+            reconstruction = CapsuleDecoder(num_classes, class_dim, image_shape, hidden=decoder_hidden)
+        return cls(class_capsules, decoder=reconstruction, lengths_as_activations=True)
+
+    def forward(self, capsules: Any, targets: Tensor | None = None) -> ClassifierOutput:
+        """Route the capsules to the classes, score them and reconstruct.
+
+        Args:
+            capsules: what the class layer takes: ``(b, in_caps, in_dim)`` vector capsules or
+                :class:`~torchvote.nn.em_capsules.MatrixCapsules`.
+            targets: ``(b,)`` or ``(b, k)`` classes whose capsules the decoder reconstructs;
+                ``None``: the highest score.
+
+        Returns:
+            :class:`~torchvote.models.registry.ClassifierOutput` with ``scores`` ``(b,
+            num_classes)``, ``reconstructions`` (``None`` without decoder), ``poses`` ``(b,
+            num_classes, d)`` and ``couplings`` ``(b, num_classes, in_caps)`` (receivers first).
+
+        Raises:
+            ValueError: targets of the wrong shape.
+        """
+        if self.lengths_as_activations and self.router.uses_activations:
+            activations = torch.linalg.vector_norm(capsules, dim=-1)  # (b, j): a vector's length
+            routed = self.class_capsules(capsules, activations=activations, return_routing=True)
+        else:
+            routed = self.class_capsules(capsules, return_routing=True)
+        scores = class_scores(routed)  # (b, i)
+        return ClassifierOutput(
+            scores=scores,
+            reconstructions=reconstruct(self.decoder, routed.outputs, scores, targets),
+            poses=routed.outputs,  # (b, i, d)
+            couplings=routed.couplings,  # (b, i, j)
+        )
+
+
+def rename_state_dict_keys(module: nn.Module, renames: Mapping[str, str]) -> None:
+    """Let ``module`` load state dicts saved under older key prefixes.
+
+    Args:
+        module: the model.
+        renames: ``{old prefix: new prefix}`` of top-level keys (e.g. ``{"decoder.":
+            "head.decoder."}``), applied when the old key is present and the new one is not.
+    """
+
+    def hook(state_dict, prefix, *args) -> None:
+        for key in list(state_dict):
+            for old, new in renames.items():
+                if key.startswith(prefix + old) and prefix + new + key[len(prefix + old):] not in state_dict:
+                    state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
+                    break
+
+    module._register_load_state_dict_pre_hook(hook)

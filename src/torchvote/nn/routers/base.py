@@ -1,0 +1,145 @@
+"""What every router shares: the :class:`Router` base class, :class:`RoutingResult`, and the
+registry behind :func:`make_router`.
+
+A router owns what a routing method learns (a bias, EM's ``beta_u`` and ``beta_a``, a layer norm,
+a log prior, a GRU) around one call of the method's pure function in
+:mod:`torchvote.functional.routing` or :mod:`torchvote.functional.em`.
+
+**To add a router**, copy the shortest file of this package (``uniform.py``), then:
+
+1. write the math as a function of ``torchvote.functional`` (votes ``(batch..., out_caps,
+   in_caps, dim)`` in, ``(outputs, couplings (batch..., out_caps, in_caps))`` out) and add its
+   name to :func:`torchvote.functional.routing.list_routers`;
+2. give the class a ``name``, ``iterative`` (does ``iterations`` mean anything to it) and
+   ``uses_activations`` (does it weigh votes by the input capsules' activations, as EM routing),
+   a keyword-only ``__init__`` that validates its options, ``forward`` and ``from_layer`` (how
+   :func:`make_router` builds it from a capsule layer's sizes);
+3. decorate it with :func:`register_router` and import it in ``routers/__init__.py``.
+
+Layout: receivers first, as everywhere in torchvote: votes ``(batch..., out_caps, in_caps,
+dim)``, couplings ``(batch..., out_caps, in_caps)``, input activations ``(batch..., in_caps)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from torchvote.functional.routing import RoutingVotes, list_routers
+
+__all__ = ["Router", "RoutingResult", "make_router", "optional_bias", "register_router"]
+
+
+@dataclass
+class RoutingResult:
+    """What a router returns.
+
+    Attributes:
+        outputs: ``(batch..., out_caps, out_dim)`` output capsules (poses for EM routing).
+        couplings: ``(batch..., out_caps, in_caps)`` the couplings (EM: assignments) of the last
+            pass, receivers first, summing to 1 over ``out_caps``.
+        activations: ``(batch..., out_caps)`` output activations (EM routing), else ``None``.
+    """
+
+    outputs: Tensor
+    couplings: Tensor
+    activations: Tensor | None = None
+
+
+class Router(nn.Module):
+    """Base class: ``forward(votes, *, activations=None) -> RoutingResult``.
+
+    ``votes`` is a tensor ``(batch..., out_caps, in_caps, out_dim)`` or a
+    :class:`~torchvote.functional.voting.Votes` object (e.g.
+    :class:`~torchvote.functional.routing_votes.LinearVotes`, never materialised).
+    """
+
+    #: the name :func:`make_router` knows it by
+    name: ClassVar[str] = ""
+    #: whether ``iterations`` means anything to it (False: one pass)
+    iterative: ClassVar[bool] = False
+    #: whether it weighs each vote by its input capsule's activation (``activations=``)
+    uses_activations: ClassVar[bool] = False
+
+    def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        raise NotImplementedError
+
+    @classmethod
+    def from_layer(
+        cls, *, in_caps: int, out_caps: int, out_dim: int, iterations: int, factory: dict, **options: Any
+    ) -> Router:
+        """Build the router for a capsule layer of these sizes (what :func:`make_router` calls)."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Router]] = {}
+
+
+def register_router(cls: type[Router]) -> type[Router]:
+    """Class decorator: make ``cls`` buildable by ``make_router(cls.name, ...)``."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"a router named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def optional_bias(
+    bias: bool, out_caps: int | None, out_dim: int | None, factory: dict
+) -> nn.Parameter | None:
+    """A zero-initialised ``(out_caps, out_dim)`` bias if ``bias``, else ``None``.
+
+    Raises:
+        ValueError: ``bias`` without ``out_caps`` and ``out_dim``.
+    """
+    if not bias:
+        return None
+    if out_caps is None or out_dim is None:
+        raise ValueError("bias=True needs out_caps and out_dim")
+    return nn.Parameter(torch.zeros(out_caps, out_dim, **factory))
+
+
+def make_router(
+    name: str,
+    *,
+    in_caps: int,
+    out_caps: int,
+    out_dim: int,
+    iterations: int = 3,
+    device=None,
+    dtype=None,
+    **options: Any,
+) -> Router:
+    """Build a router by name (``torchvote.functional.list_routers()`` lists them).
+
+    Args:
+        name: ``"dynamic"``, ``"em"``, ``"inverted_dot_product"``, ``"self_attention"``,
+            ``"slot"`` or ``"uniform"``.
+        in_caps: input capsules of the layer.
+        out_caps: output capsules.
+        out_dim: output capsule size.
+        iterations: routing iterations (ignored by the one-pass routers).
+        device: for the router's parameters.
+        dtype: for the router's parameters.
+        **options: passed to the router's constructor (e.g. ``agreement="distance"``,
+            ``detach_votes=True``, ``bias=True`` for dynamic routing).
+
+    Returns:
+        The router module.
+
+    Raises:
+        ValueError: an unknown name or option.
+    """
+    assert set(_REGISTRY) == set(list_routers()), "every listed router must be registered"
+    if name not in _REGISTRY:
+        raise ValueError(f"routing must be one of {sorted(_REGISTRY)}, got {name!r}")
+    factory = {"device": device, "dtype": dtype}
+    try:
+        return _REGISTRY[name].from_layer(
+            in_caps=in_caps, out_caps=out_caps, out_dim=out_dim, iterations=iterations, factory=factory,
+            **options,
+        )
+    except TypeError as error:  # an option this router does not take
+        raise ValueError(f"bad option for routing={name!r}: {error}") from None

@@ -1,0 +1,47 @@
+"""Inverted dot-product attention routing (Tsai et al. 2020, Procedure 1). See
+:func:`torchvote.functional.routing.inverted_dot_product_routing`."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from torchvote.functional.routing import RoutingVotes, inverted_dot_product_routing
+from torchvote.nn.routers.base import Router, RoutingResult, register_router
+from torchvote.validation import check_positive_int
+
+__all__ = ["InvertedDotProductRouter"]
+
+
+@register_router
+class InvertedDotProductRouter(Router):
+    """Passes that replace the logits with the votes' agreement with the current poses, then a
+    layer norm.
+
+    Args:
+        out_dim: pose size, for the layer norm.
+        iterations: passes, the first uniform.
+        elementwise_affine: give the layer norm a learned gain and bias (as the authors' code).
+
+    Raises:
+        ValueError: ``iterations`` < 1.
+    """
+
+    name = "inverted_dot_product"
+    iterative = True
+
+    def __init__(
+        self, *, out_dim: int, iterations: int = 3, elementwise_affine: bool = True, device=None, dtype=None
+    ) -> None:
+        super().__init__()
+        self.iterations = check_positive_int(iterations, "iterations")
+        self.norm = nn.LayerNorm(out_dim, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
+
+    def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        outputs, couplings = inverted_dot_product_routing(
+            votes, iterations=self.iterations, normalization=self.norm
+        )
+        return RoutingResult(outputs, couplings)
+
+    @classmethod
+    def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> Router:
+        return cls(out_dim=out_dim, iterations=iterations, **factory, **options)

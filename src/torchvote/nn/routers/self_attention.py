@@ -1,0 +1,55 @@
+"""Efficient-CapsNet's self-attention routing (Mazzia et al. 2021, eqs. 3-6). See
+:func:`torchvote.functional.routing.self_attention_routing`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from torchvote.functional.routing import RoutingVotes, efficient_squash, self_attention_routing
+from torchvote.nn.routers.base import Router, RoutingResult, register_router
+
+__all__ = ["SelfAttentionRouter"]
+
+
+@register_router
+class SelfAttentionRouter(Router):
+    """One pass: each vote's logit is its agreement with all the votes for the same output, plus
+    a learned log prior; Efficient-CapsNet's squash.
+
+    Args:
+        in_caps: input capsules, for the log prior.
+        out_caps: output capsules, for the log prior.
+        log_prior: learn the ``(out_caps, in_caps)`` prior added to the couplings (zeros at start).
+            A checkpoint's ``(in_caps, out_caps)`` prior (the layout before receivers came first)
+            is transposed on loading.
+    """
+
+    name = "self_attention"
+    iterative = False
+
+    def __init__(
+        self, *, in_caps: int, out_caps: int, log_prior: bool = True, device=None, dtype=None
+    ) -> None:
+        super().__init__()
+        self.log_prior = (
+            nn.Parameter(torch.zeros(out_caps, in_caps, device=device, dtype=dtype)) if log_prior else None
+        )
+
+    def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        outputs, couplings = self_attention_routing(
+            votes, log_prior=self.log_prior, nonlinearity=efficient_squash
+        )
+        return RoutingResult(outputs, couplings)
+
+    @classmethod
+    def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> SelfAttentionRouter:
+        return cls(in_caps=in_caps, out_caps=out_caps, **factory, **options)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        key = prefix + "log_prior"
+        prior = state_dict.get(key)
+        if self.log_prior is not None and prior is not None and prior.shape != self.log_prior.shape \
+                and prior.shape == self.log_prior.shape[::-1]:
+            state_dict[key] = prior.transpose(0, 1)  # an (in_caps, out_caps) checkpoint
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -1,0 +1,119 @@
+"""Slot attention (Locatello et al. 2020): the standalone module with its own key, query and
+value projections and sampled slots. The loop is :func:`torchvote.functional.routing.slot_attention`;
+as a capsule router see :mod:`torchvote.nn.routers.slot`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from torchvote.functional.routing import slot_attention
+from torchvote.nn.routers.slot import SlotUpdate
+from torchvote.validation import check_positive_int
+
+__all__ = ["SlotAttention"]
+
+
+class SlotAttention(nn.Module):
+    """Slot attention (Locatello et al. 2020, "Object-Centric Learning with Slot Attention").
+
+    Algorithm 1: inputs are layer-normalised and projected once to keys and values; the slots are
+    sampled from a learned Gaussian, then for ``iterations`` passes they compete for the inputs
+    (softmax over the slots), take the weighted mean of the values, and are updated by a GRU and
+    a residual MLP. The loop is one call of ``vote`` (see
+    :func:`~torchvote.functional.routing.slot_attention`).
+
+    Args:
+        num_slots: slots ``K`` (can be overridden per call).
+        input_dim: input features.
+        slot_dim: slot (and key, query, value) size ``D``.
+        iterations: ``T`` (3 in the paper).
+        hidden_dim: the update MLP's hidden size (128 in the paper).
+
+    Raises:
+        ValueError: ``iterations`` < 1 or non-positive sizes.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        input_dim: int,
+        *,
+        slot_dim: int = 64,
+        iterations: int = 3,
+        hidden_dim: int = 128,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(iterations, "iterations")
+        for argument, value in (
+            ("num_slots", num_slots),
+            ("input_dim", input_dim),
+            ("slot_dim", slot_dim),
+            ("hidden_dim", hidden_dim),
+        ):
+            check_positive_int(value, argument)
+        factory = {"device": device, "dtype": dtype}
+        self.num_slots = num_slots
+        self.iterations = iterations
+        self.slots_mu = nn.Parameter(torch.randn(1, 1, slot_dim, **factory) * slot_dim**-0.5)
+        self.slots_log_sigma = nn.Parameter(torch.zeros(1, 1, slot_dim, **factory))
+        self.norm_inputs = nn.LayerNorm(input_dim, **factory)
+        self.norm_slots = nn.LayerNorm(slot_dim, **factory)
+        self.to_key = nn.Linear(input_dim, slot_dim, bias=False, **factory)
+        self.to_value = nn.Linear(input_dim, slot_dim, bias=False, **factory)
+        self.to_query = nn.Linear(slot_dim, slot_dim, bias=False, **factory)
+        self.update = SlotUpdate(slot_dim, hidden_dim, factory)
+
+    def initial_slots(
+        self, batch: int, num_slots: int, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """``(batch, num_slots, slot_dim)`` slots sampled from ``N(mu, sigma^2)``."""
+        mu = self.slots_mu.expand(batch, num_slots, -1)
+        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        return mu + self.slots_log_sigma.exp() * noise
+
+    def forward(
+        self,
+        inputs: Tensor,
+        *,
+        slots: Tensor | None = None,
+        num_slots: int | None = None,
+        mask: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Bind the inputs to slots.
+
+        Args:
+            inputs: ``(batch, inputs, input_dim)``.
+            slots: ``(batch, K, slot_dim)`` initial slots; sampled when ``None``.
+            num_slots: ``K`` for the sampled slots (default the constructor's).
+            mask: boolean ``(batch, inputs)``, ``True`` for real inputs.
+            return_attention: also return the last pass's ``(batch, K, inputs)`` attention.
+
+        Returns:
+            ``(batch, K, slot_dim)`` slots, and the attention if asked.
+
+        Raises:
+            ValueError: if ``inputs`` is not ``(batch, inputs, input_dim)``.
+        """
+        if inputs.dim() != 3 or inputs.shape[-1] != self.norm_inputs.normalized_shape[0]:
+            raise ValueError(
+                f"inputs must have shape (batch, inputs, {self.norm_inputs.normalized_shape[0]}), "
+                f"got {tuple(inputs.shape)}"
+            )
+        if slots is None:
+            slots = self.initial_slots(inputs.shape[0], num_slots or self.num_slots)
+        normed = self.norm_inputs(inputs)
+        keys, values = self.to_key(normed), self.to_value(normed)  # (b, n, D) each
+        slots, attention = slot_attention(
+            keys,
+            values,
+            slots,
+            query=lambda s: self.to_query(self.norm_slots(s)),
+            update=self.update,
+            iterations=self.iterations,
+            mask=mask,
+        )
+        return (slots, attention) if return_attention else slots

@@ -1,0 +1,86 @@
+"""The capsule classifier head every capsule model shares, and old checkpoints' keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchvote.functional.routing import dynamic_routing
+from torchvote.models.capsule_head import CapsuleHead
+from torchvote.models.registry import create_model
+from torchvote.nn import ClassMatrixCapsules, DynamicRouter, MatrixCapsules
+
+DOUBLE = torch.float64
+
+#: old top-level prefix -> where the head keeps it now
+LEGACY = {
+    "capsnet": {"head.class_capsules.": "class_capsules.", "head.decoder.": "decoder."},
+    "efficient-capsnet": {"head.class_capsules.": "class_capsules.", "head.decoder.": "decoder."},
+    "em-capsnet": {"head.class_capsules.routing.": "router.", "head.class_capsules.": "class_votes."},
+}
+
+
+def legacy_state_dict(state: dict, renames: dict[str, str]) -> dict:
+    old = {}
+    for key, value in state.items():
+        for new, before in renames.items():
+            if key.startswith(new):
+                key = before + key[len(new):]
+                break
+        old[key] = value
+    return old
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_every_capsule_model_is_stem_primary_and_the_shared_head(name):
+    model = create_model(name, "tiny")
+    assert isinstance(model.head, CapsuleHead)
+    assert set(dict(model.named_children())) <= {"conv", "features", "primary", "conv_capsules", "head"}
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_checkpoints_from_before_the_head_still_load(name):
+    torch.manual_seed(0)
+    model = create_model(name, "tiny").eval()
+    old = legacy_state_dict(model.state_dict(), LEGACY[name])
+    assert not any(key.startswith("head.") for key in old)
+    torch.manual_seed(1)
+    fresh = create_model(name, "tiny").eval()
+    fresh.load_state_dict(old, strict=True)
+    images = torch.rand(2, 1, 28, 28)
+    torch.testing.assert_close(fresh(images).scores, model(images).scores)
+
+
+def test_vector_head_hands_capsule_lengths_to_a_router_that_uses_activations():
+    torch.manual_seed(2)
+    model = create_model("capsnet", "tiny", router="em").double().eval()
+    images = torch.rand(2, 1, 28, 28, dtype=DOUBLE)
+    output = model(images)
+    primary = model.primary(torch.relu(model.conv(images)))
+    lengths = primary.norm(dim=-1)  # (b, j)
+    routed = model.head.class_capsules(primary, activations=lengths, return_routing=True)
+    torch.testing.assert_close(output.scores, routed.activations)
+    ones = model.head.class_capsules(primary, return_routing=True)  # CapsuleLinear's default: ones
+    assert not torch.allclose(output.scores, ones.activations)
+
+
+def test_class_matrix_capsules_take_another_router():
+    torch.manual_seed(3)
+    router = DynamicRouter(iterations=2, bias=True, out_caps=3, out_dim=16).double()
+    with torch.no_grad():
+        router.bias.normal_()
+    layer = ClassMatrixCapsules(2, 3, routing=router).double()
+    generator = torch.Generator().manual_seed(4)
+    capsules = MatrixCapsules(torch.randn(2, 3, 2, 2, 4, 4, generator=generator, dtype=DOUBLE),
+                              torch.rand(2, 3, 2, 2, generator=generator, dtype=DOUBLE))
+    result = layer(capsules, return_routing=True)
+    votes, activations = layer.votes(capsules)  # (b, i, j, 16), (b, j)
+    weighted = votes * activations[:, None, :, None]  # an absent part casts a weaker vote
+    outputs, couplings = dynamic_routing(weighted, iterations=2, bias=router.bias)
+    torch.testing.assert_close(result.outputs, outputs)
+    torch.testing.assert_close(result.couplings, couplings)
+    assert layer.router is router
+    with pytest.raises(ValueError, match="return_routing"):
+        layer(capsules)
+    with pytest.raises(ValueError, match="routing"):
+        ClassMatrixCapsules(2, 3, routing=router, iterations=2)
