@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchvote.config import LossConfig
 from torchvote.models import create_model, get_model_spec
 from torchvote.training import get_task_handler, make_objective
+from torchvote.training.config import LossConfig
 from torchvote.training.metrics import format_table
 
 #: ``build(batch_size, preset) -> (step, items per step)``: ``step()`` runs one training step.

@@ -267,8 +267,6 @@ def test_routing_outputs_do_not_depend_on_sender_order(receivers, senders, dim, 
         ({"normalize_over": "receivers", "agreement": "cosine"}, ValueError, "agreement"),
         ({"normalize_over": "receivers", "dropout_p": 1.0}, ValueError, "dropout_p"),
         ({"normalize_over": "receivers", "update": "sum"}, ValueError, "update"),
-        ({"normalize_over": "receivers", "update": "replace", "accumulate": True}, ValueError,
-         "update"),
         ({"normalize_over": "receivers", "mask": torch.ones(3, 4, dtype=torch.int64)},
          TypeError, "mask"),
     ],
@@ -299,15 +297,6 @@ def test_squash_is_the_papers_formula_and_safe_at_zero():
     v.sum().backward()
     assert torch.isfinite(s.grad).all()
     assert (squash(torch.randn(100, 8) * 50).norm(dim=-1) < 1).all()
-
-
-@pytest.mark.parametrize(("accumulate", "update"), [(True, "accumulate"), (False, "prior")])
-def test_deprecated_accumulate_is_a_spelling_of_update(accumulate, update):
-    votes = PairwiseVotes(torch.randn(2, 3, 4, 5, dtype=torch.float64))
-    logits = torch.randn(2, 3, 4, dtype=torch.float64)
-    old = vote(votes, logits, normalize_over="receivers", iterations=3, accumulate=accumulate)
-    new = vote(votes, logits, normalize_over="receivers", iterations=3, update=update)
-    torch.testing.assert_close(old.outputs, new.outputs, rtol=0, atol=0)
 
 
 def test_replace_keeps_a_float_mask_in_every_pass():

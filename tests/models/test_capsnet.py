@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchvote.config import LossConfig, load_config, model_config_from
 from torchvote.functional.routing import list_routers
 from torchvote.models import create_model, get_model_spec
 from torchvote.models.capsnet import CapsNet, CapsNetConfig
 from torchvote.training import make_objective, train
+from torchvote.training.config import LossConfig, load_config, model_config_from
 
 ROUTERS = sorted(list_routers())
 

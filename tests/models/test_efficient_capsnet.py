@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchvote.config import LossConfig, load_config, model_config_from
 from torchvote.functional.routing import list_routers
 from torchvote.models import create_model, get_model_spec
 from torchvote.models.efficient_capsnet import DepthwisePrimaryCapsules, EfficientCapsNetConfig
 from torchvote.nn.routers import SelfAttentionRouter
 from torchvote.training import get_task_handler, make_objective, train
+from torchvote.training.config import LossConfig, load_config, model_config_from
 
 ROUTERS = sorted(list_routers())
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchvote.config import LossConfig, load_config, model_config_from
 from torchvote.functional.routing import list_routers
 from torchvote.models import create_model, get_model_spec
 from torchvote.models.em_capsnet import EMCapsNetConfig
 from torchvote.nn.routers import EMRouter
 from torchvote.training import make_objective, train
+from torchvote.training.config import LossConfig, load_config, model_config_from
 
 ROUTERS = sorted(list_routers())
 

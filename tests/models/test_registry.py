@@ -67,7 +67,7 @@ def test_every_registered_model_runs_forward_and_backward(name):
         main = output.logits
     assert torch.isfinite(main).all(), f"{name} gives non-finite outputs"
 
-    from torchvote.config import LossConfig
+    from torchvote.training.config import LossConfig
     from torchvote.training.tasks import make_objective
 
     loss, _ = make_objective(LossConfig(), spec, total_steps=10)(output, batch, 0)

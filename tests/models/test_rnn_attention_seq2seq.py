@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchvote.config import load_config
 from torchvote.models import create_model
 from torchvote.nn import AdditiveAttention, LuongAttention
 from torchvote.training import train
+from torchvote.training.config import load_config
 
 BOS, EOS, PAD = 1, 2, 0
 SCORES = [

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchvote.config import ConfigError, load_config
 from torchvote.models import create_model
 from torchvote.nn import MultiHeadAttention
 from torchvote.nn.routing_attention import RoutingAttention
 from torchvote.training import train
+from torchvote.training.config import ConfigError, load_config
 
 BOS, EOS, PAD = 1, 2, 0
 

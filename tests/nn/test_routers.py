@@ -129,11 +129,3 @@ def test_routers_declare_whether_they_iterate_and_use_activations():
     # One EM module for every layer that routes by EM.
     assert isinstance(ConvMatrixCapsules(2, 3).routing, EMRouter)
     assert isinstance(ClassMatrixCapsules(2, 3).routing, EMRouter)
-
-
-def test_old_import_path_still_names_the_routers():
-    import torchvote.nn.routers as routers
-    import torchvote.nn.routing_modules as old
-
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(routers, name)

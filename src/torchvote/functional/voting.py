@@ -347,7 +347,6 @@ def vote(
     detach_votes: bool = False,
     dropout_p: float = 0.0,
     record: bool = False,
-    accumulate: bool | None = None,
 ) -> VoteResult:
     """Weighted voting that reaches a consensus: the operator behind every layer in torchvote.
 
@@ -405,9 +404,6 @@ def vote(
             for dynamic routing; the paper back-propagates through every pass).
         dropout_p: dropout on the weights (only during attention-style use; pass 0 in eval).
         record: keep every pass's weights and logits in the result.
-        accumulate: deprecated spelling of ``update``: ``True`` is ``"accumulate"``, ``False``
-            is ``"prior"`` (its old meaning); not to be given together with a non-default
-            ``update``.
 
     Returns:
         A :class:`VoteResult` with ``outputs`` ``(..., i, d)`` and, if recorded, per-pass weights
@@ -421,10 +417,6 @@ def vote(
     check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
     check_positive_int(iterations, "iterations")
     check_choice(update, _UPDATES, "update")
-    if accumulate is not None:
-        if update != "accumulate":
-            raise ValueError("give update only: accumulate is its deprecated spelling")
-        update = "accumulate" if accumulate else "prior"
     check_choice(aggregation, ("sum", "mean"), "aggregation")
     check_probability(dropout_p, "dropout_p")
     votes = _as_votes(votes, logits)

@@ -54,7 +54,6 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchvote.models import capsule_head
 from torchvote.models.capsule_head import (
     CapsuleHead,
     check_images,
@@ -66,13 +65,6 @@ from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.nn.capsules import PrimaryCapsules
 
 __all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
-
-
-def __getattr__(name: str) -> Any:
-    """The head's parts lived here before models/capsule_head.py; they stay importable from here."""
-    if name in capsule_head.__all__:
-        return getattr(capsule_head, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- CapsNet ---------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ The MNIST network of sec. "Methods" (Fig. 1), every size from :class:`EfficientC
    class scores = capsule lengths (EM's activations with ``router="em"``, to be trained with
    ``loss.name=spread``, see :mod:`torchvote.models.capsnet`), the margin loss and the
    optional masked decoder of CapsNet
-   (512-1024-784, :class:`~torchvote.models.capsnet.CapsuleDecoder`; its loss weight is
+   (512-1024-784, :class:`~torchvote.models.capsule_head.CapsuleDecoder`; its loss weight is
    ``LossConfig.reconstruction_weight``, 0.0005 for a sum of squares = the paper's 0.392 for a
    mean over 784 pixels).
 

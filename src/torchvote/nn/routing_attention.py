@@ -80,7 +80,7 @@ class RoutingAttention(MultiHeadAttention):
 
     The first pass is scaled dot-product attention (Vaswani et al. 2017, sec. 3.2); every later
     pass adds to the logits the scaled agreement of each value with the receiver's current output
-    (the dynamic-routing update of Sabour et al. 2017, Procedure 1, ``accumulate=True``), so the
+    (the dynamic-routing update of Sabour et al. 2017, Procedure 1, ``update="accumulate"``), so the
     receivers listen more to the senders that agree with what they heard. This is the
     "multi-head attention written as dynamic routing" of the weighted-voting article (Mr. For
     Example, 2023), made iterative. With ``iterations=1`` and ``normalize_over="senders"`` it is
@@ -190,7 +190,7 @@ class RoutingAttention(MultiHeadAttention):
             normalize_over=self.normalize_over,
             iterations=self.iterations,
             agreement=self.agreement,
-            accumulate=True,
+            update="accumulate",
             aggregation=self.aggregation,
         )  # (b, h, i, d), (b, h, i, j) | None; one pass without weights runs on the fused kernel
 
