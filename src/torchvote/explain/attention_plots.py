@@ -12,20 +12,11 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from torchvote.explain.figures import new_figure
+from torchvote.explain.statistics import checked_tensor
 
 __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attention_lines"]
 
 CMAP = "Blues"
-
-
-def _matrix(weights, name: str, dims: tuple[int, ...]) -> Tensor:
-    if not isinstance(weights, Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(weights).__name__}")
-    if weights.dim() not in dims:
-        raise ValueError(
-            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(weights.shape)}"
-        )
-    return weights.detach().float().cpu()
 
 
 def _check_tokens(tokens: Sequence[str], count: int, name: str) -> list[str]:
@@ -57,7 +48,7 @@ def attention_heatmap(
     Raises:
         ValueError: token counts that do not match the shape; TypeError: not a tensor.
     """
-    weights = _matrix(weights, "weights", (2,))
+    weights = checked_tensor(weights, "weights", dims=(2,))
     rows = _check_tokens(tokens, weights.shape[0], "tokens")
     cols = _check_tokens(key_tokens if key_tokens is not None else tokens, weights.shape[1], "key_tokens")
     annotate = max(weights.shape) <= 16 if annotate is None else annotate
@@ -103,7 +94,7 @@ def attention_grid(attentions: Tensor, tokens: Sequence[str], *, title: str = ""
     Raises:
         ValueError: wrong rank or token count.
     """
-    attentions = _matrix(attentions, "attentions", (4,))
+    attentions = checked_tensor(attentions, "attentions", dims=(4,))
     layers, heads = attentions.shape[:2]
     labels = _check_tokens(tokens, attentions.shape[-1], "tokens")
     show_labels = len(labels) <= 14
@@ -153,7 +144,7 @@ def token_attention_lines(
     Raises:
         ValueError: ``query`` out of range or token counts that do not match.
     """
-    weights = _matrix(weights, "weights", (2, 3))
+    weights = checked_tensor(weights, "weights", dims=(2, 3))
     if weights.dim() == 3:
         weights = weights.mean(dim=0)  # (i, j)
     left = _check_tokens(tokens, weights.shape[0], "tokens")
@@ -206,4 +197,4 @@ def token_attention_lines(
 
 def head_average(attentions: Tensor) -> Tensor:
     """``(..., h, i, j) -> (..., i, j)``: the mean over heads (each head's rows sum to one)."""
-    return _matrix(attentions, "attentions", (3, 4)).mean(dim=-3)
+    return checked_tensor(attentions, "attentions", dims=(3, 4)).mean(dim=-3)
