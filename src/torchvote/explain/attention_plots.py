@@ -19,15 +19,21 @@ __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attenti
 CMAP = "Blues"
 
 
-def _check_tokens(tokens: Sequence[str], count: int, name: str) -> list[str]:
+def _check_tokens(tokens: Sequence[str] | None, count: int, name: str) -> list[str] | None:
+    """``tokens`` as strings, or ``None`` (no labels); a ``ValueError`` unless there are ``count``."""
+    if tokens is None:
+        return None
     if len(tokens) != count:
-        raise ValueError(f"{name} must have {count} entries (one per row/column), got {len(tokens)}")
+        raise ValueError(
+            f"{name} must have {count} entries (one per row/column): "
+            f"expected {count} labels, got {len(tokens)}"
+        )
     return [str(token) for token in tokens]
 
 
 def attention_heatmap(
     weights: Tensor,
-    tokens: Sequence[str],
+    tokens: Sequence[str] | None = None,
     key_tokens: Sequence[str] | None = None,
     *,
     title: str = "",
@@ -37,7 +43,7 @@ def attention_heatmap(
 
     Args:
         weights: ``(i, j)`` weights (average heads before if needed).
-        tokens: ``i`` query tokens (row labels).
+        tokens: ``i`` query tokens (row labels); ``None``: no labels.
         key_tokens: ``j`` key tokens; default ``tokens`` (self-attention).
         title: axes title.
         annotate: write each weight in its cell; default when the matrix is at most 16 x 16.
@@ -56,8 +62,10 @@ def attention_heatmap(
     figure, axes = new_figure(size=(side + 1.0, side))
     ax = axes[0, 0]
     image = ax.imshow(weights.numpy(), cmap=CMAP, vmin=0.0, vmax=max(float(weights.max()), 1e-6))
-    ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", rotation_mode="anchor")
-    ax.set_yticks(range(len(rows)), rows)
+    if cols is not None:
+        ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", rotation_mode="anchor")
+    if rows is not None:
+        ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel("key (sender j)")
     ax.set_ylabel("query (receiver i)")
     if title:
@@ -80,12 +88,14 @@ def attention_heatmap(
     return figure
 
 
-def attention_grid(attentions: Tensor, tokens: Sequence[str], *, title: str = ""):
+def attention_grid(attentions: Tensor, tokens: Sequence[str] | None = None, *, title: str = ""):
     """Every layer x head attention map of one input, as a grid of small heatmaps.
 
     Args:
-        attentions: ``(layers, h, i, j)`` weights of one input (unpadded).
-        tokens: ``i`` tokens (labels on the left column and bottom row when short enough).
+        attentions: ``(layers, h, i, j)`` weights of one input (unpadded), or ``(h, i, j)`` of
+            one layer (one row of heads).
+        tokens: ``i`` tokens (labels on the left column and bottom row when short enough);
+            ``None``: no labels.
         title: figure title.
 
     Returns:
@@ -94,10 +104,12 @@ def attention_grid(attentions: Tensor, tokens: Sequence[str], *, title: str = ""
     Raises:
         ValueError: wrong rank or token count.
     """
-    attentions = checked_tensor(attentions, "attentions", dims=(4,))
+    attentions = checked_tensor(attentions, "attentions", dims=(3, 4))
+    if attentions.dim() == 3:
+        attentions = attentions[None]  # (1, h, i, j): one layer
     layers, heads = attentions.shape[:2]
     labels = _check_tokens(tokens, attentions.shape[-1], "tokens")
-    show_labels = len(labels) <= 14
+    show_labels = labels is not None and len(labels) <= 14
     cell = 1.25 if show_labels else 0.9
     figure, axes = new_figure(layers, heads, size=(0.8 + cell * heads, 0.8 + cell * layers))
     for layer in range(layers):

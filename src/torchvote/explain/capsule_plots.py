@@ -58,20 +58,44 @@ def _image_rows(rows: Sequence[Sequence[Tensor]], names: Sequence[str], *, label
     return figure
 
 
-def coupling_passes(couplings: Tensor, *, title: str = "", input_labels=None, output_labels=None):
-    """Routing couplings of one input, one heatmap per pass (outputs down, inputs across).
+def coupling_passes(
+    couplings: Tensor | Sequence[Tensor],
+    *,
+    title: str = "",
+    input_labels=None,
+    output_labels=None,
+    totals: bool = False,
+):
+    """Routing couplings of one input, one heatmap per pass (outputs down, inputs across): how
+    the votes settle.
 
     Args:
-        couplings: ``(t, i, j)``: pass ``t``'s coupling of input capsule ``j`` to output ``i``.
+        couplings: ``(t, i, j)``: pass ``t``'s coupling of input capsule ``j`` to output ``i``
+            (or a sequence of ``t`` matrices ``(i, j)``, e.g. ``VoteResult.weights`` of one
+            batch element).
         title: figure title.
         input_labels: optional ``j`` labels; output_labels: optional ``i`` labels.
+        totals: add a panel below the maps: each output's total received coupling per pass (the
+            last axes of the figure, one line per output).
 
     Returns:
         The Figure.
+
+    Raises:
+        ValueError: no passes, or matrices of another rank.
     """
+    if not isinstance(couplings, Tensor):
+        passes = [checked_tensor(c, f"couplings[{t}]", dims=(2,)) for t, c in enumerate(couplings)]
+        if not passes:
+            raise ValueError("couplings must hold at least one pass")
+        couplings = torch.stack(passes)
     couplings = checked_tensor(couplings, "couplings", dims=(3,))
     passes = couplings.shape[0]
-    figure, axes = new_figure(1, passes, size=(0.6 + 3.0 * passes, 3.2), sharey=True)
+    rows = 2 if totals else 1
+    figure, axes = new_figure(
+        rows, passes, size=(0.6 + 3.0 * passes, 3.2 + 1.3 * (rows - 1)), sharey="row",
+        gridspec_kw={"height_ratios": [3, 1][:rows]},
+    )
     vmax = max(float(couplings.max()), 1e-6)
     for t in range(passes):
         ax = axes[0, t]
@@ -82,13 +106,34 @@ def coupling_passes(couplings: Tensor, *, title: str = "", input_labels=None, ou
         ax.set_xlabel("input capsule j")
         if output_labels is not None:
             ax.set_yticks(range(len(output_labels)), list(output_labels), fontsize=7)
+        elif couplings.shape[1] <= 20:
+            ax.set_yticks(range(couplings.shape[1]))  # whole capsules, not the image's half steps
         if input_labels is not None and len(input_labels) <= 20:
             ax.set_xticks(range(len(input_labels)), list(input_labels), fontsize=7, rotation=90)
     axes[0, 0].set_ylabel("output capsule i")
     figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label="coupling c_ij")
+    if totals:
+        _received_totals(figure, axes, couplings, output_labels)
     if title:
         figure.suptitle(title)
     return figure
+
+
+def _received_totals(figure, axes, couplings: Tensor, output_labels) -> None:
+    """Replace the bottom row of ``axes`` by one panel: each output's received total per pass."""
+    for ax in axes[1]:
+        ax.remove()
+    ax = figure.add_subplot(axes[0, 0].get_gridspec()[1, :])
+    received = couplings.sum(dim=-1)  # (t, i)
+    steps = range(1, received.shape[0] + 1)
+    for i in range(received.shape[1]):
+        name = output_labels[i] if output_labels is not None else str(i)
+        ax.plot(steps, received[:, i].numpy(), marker="o", label=name)
+    ax.set_xlabel("pass")
+    ax.set_ylabel("total coupling")
+    ax.set_xticks(list(steps))
+    if received.shape[1] <= 12:
+        ax.legend(ncols=min(received.shape[1], 6), fontsize=7)
 
 
 def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, title: str = ""):
