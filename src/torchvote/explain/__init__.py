@@ -4,8 +4,8 @@
   votes, perturbed poses, patch maps, top attended tokens); pure functions on tensors.
 - :mod:`~torchvote.explain.attention_plots`, :mod:`~torchvote.explain.capsule_plots` and
   :mod:`~torchvote.explain.metric_plots` (training curves): matplotlib figures (extra
-  ``torchvote[plots]``), saved as PNG and SVG by :func:`save_figure`. Every picture of torchvote
-  is drawn here (``torchvote demo`` included), each by one function.
+  ``torchvote[plots]``), saved as PNG and SVG by :func:`save_figure`; ``torchvote demo`` draws
+  with them too.
 - :class:`HtmlReport`: one self-contained page; :func:`explain_sentences` fills it from the
   pretrained encoder (extra ``torchvote[pretrained]``); :func:`explain_record` from recorded capsule
   tensors; :func:`add_explain_arguments` / :func:`run_explain` are the ``torchvote explain`` command.
