@@ -6,7 +6,7 @@ Each capsule model is a stem (convolutions), primary capsules and one :class:`Ca
 - :class:`~torchvote.models.capsnet.CapsNet` and
   :class:`~torchvote.models.efficient_capsnet.EfficientCapsNet`: vector capsules, a
   :class:`~torchvote.nn.capsules.CapsuleLinear` class layer and the decoder of Sabour et al. 2017,
-  sec. 4.1 (:meth:`CapsuleHead.for_vectors`);
+  sec. 4.1 (:meth:`CapsuleHead.from_config`);
 - :class:`~torchvote.models.em_capsnet.EMCapsNet`: matrix capsules, a
   :class:`~torchvote.nn.em_capsules.ClassMatrixCapsules` class layer, no decoder.
 
@@ -213,43 +213,10 @@ class CapsuleHead(nn.Module):
         return self.class_capsules.router
 
     @classmethod
-    def for_vectors(
-        cls,
-        *,
-        in_caps: int,
-        in_dim: int,
-        num_classes: int,
-        class_dim: int,
-        router: str,
-        iterations: int,
-        router_options: Mapping[str, Any],
-        shared_weights: bool = False,
-        init_std: float = 0.01,
-        decoder: bool = True,
-        decoder_hidden: tuple[int, ...] = (512, 1024),
-        image_shape: tuple[int, int, int] | None = None,
-    ) -> CapsuleHead:
-        """The head of a vector-capsule network: a :class:`~torchvote.nn.capsules.CapsuleLinear`
-        class layer and, with ``decoder``, Sabour et al.'s decoder for ``image_shape`` images.
-
-        Raises:
-            ValueError: ``router_options`` the router does not take, bad decoder sizes.
-        """
-        class_capsules = build_class_capsules(
-            in_caps=in_caps, in_dim=in_dim, out_caps=num_classes, out_dim=class_dim, router=router,
-            iterations=iterations, router_options=router_options, shared_weights=shared_weights,
-            init_std=init_std,
-        )
-        reconstruction = None
-        if decoder:
-            if image_shape is None:
-                raise ValueError("decoder=True needs image_shape")
-            reconstruction = CapsuleDecoder(num_classes, class_dim, image_shape, hidden=decoder_hidden)
-        return cls(class_capsules, decoder=reconstruction, lengths_as_activations=True)
-
-    @classmethod
     def from_config(cls, config: Any, *, init_std: float) -> CapsuleHead:
-        """:meth:`for_vectors` with every size from a vector-capsule model's config.
+        """The head of a vector-capsule network, every size from its model config: a
+        :class:`~torchvote.nn.capsules.CapsuleLinear` class layer and, with ``config.decoder``,
+        Sabour et al.'s decoder for the config's images.
 
         Args:
             config: reads ``num_primary_caps``, ``primary_dim``, ``num_classes``, ``class_dim``,
@@ -260,20 +227,19 @@ class CapsuleHead(nn.Module):
         Raises:
             ValueError: ``router_options`` the router does not take, bad decoder sizes.
         """
-        return cls.for_vectors(
-            in_caps=config.num_primary_caps,
-            in_dim=config.primary_dim,
-            num_classes=config.num_classes,
-            class_dim=config.class_dim,
-            router=config.router,
-            iterations=config.iterations,
-            router_options=config.router_options,
+        class_capsules = build_class_capsules(
+            in_caps=config.num_primary_caps, in_dim=config.primary_dim, out_caps=config.num_classes,
+            out_dim=config.class_dim, router=config.router, iterations=config.iterations,
+            router_options=config.router_options, init_std=init_std,
             shared_weights=getattr(config, "shared_weights", False),
-            init_std=init_std,
-            decoder=config.decoder,
-            decoder_hidden=config.decoder_hidden,
-            image_shape=(config.in_channels, config.image_size, config.image_size),
         )
+        decoder = None
+        if config.decoder:
+            image_shape = (config.in_channels, config.image_size, config.image_size)
+            decoder = CapsuleDecoder(
+                config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden
+            )
+        return cls(class_capsules, decoder=decoder, lengths_as_activations=True)
 
     def forward(self, capsules: Any, targets: Tensor | None = None) -> ClassifierOutput:
         """Route the capsules to the classes, score them and reconstruct.
