@@ -1,4 +1,5 @@
-"""Plots draw exactly the recorded weights, and refuse what they cannot draw."""
+"""The vote pictures (:mod:`torchvote.explain`) draw exactly the recorded weights, and refuse what
+they cannot draw."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ import torch
 
 pytest.importorskip("matplotlib", reason="plots are an optional extra")
 
-from torchvote import plots  # noqa: E402
+from torchvote.explain.attention_plots import attention_grid, attention_heatmap  # noqa: E402
+from torchvote.explain.capsule_plots import coupling_passes  # noqa: E402
+from torchvote.explain.figures import save_figure  # noqa: E402
+from torchvote.explain.metric_plots import metric_curves  # noqa: E402
 from torchvote.functional import PairwiseVotes, vote  # noqa: E402
 
 
 def test_attention_map_shows_the_weights_it_was_given(tmp_path):
     weights = torch.softmax(torch.randn(4, 6), dim=-1)
-    figure = plots.plot_attention(weights, receivers=list("abcd"), senders=list("uvwxyz"))
+    figure = attention_heatmap(weights, list("abcd"), list("uvwxyz"))
     image = figure.axes[0].images[0]
     torch.testing.assert_close(torch.as_tensor(image.get_array()), weights)
     assert [t.get_text() for t in figure.axes[0].get_xticklabels()] == list("uvwxyz")
-    path = plots.save(figure, tmp_path / "sub" / "attention.png")
+    [path] = save_figure(figure, tmp_path / "sub" / "attention", formats=("png",))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -27,7 +31,7 @@ def test_routing_plot_has_one_map_per_pass_and_the_received_totals():
     result = vote(PairwiseVotes(torch.randn(1, 3, 5, 2)), None, normalize_over="receivers",
                   iterations=3, nonlinearity="squash", record=True)
     passes = [w[0] for w in result.weights]
-    figure = plots.plot_routing(passes, receivers=["x", "y", "z"])
+    figure = coupling_passes(passes, output_labels=["x", "y", "z"], totals=True)
     maps = [ax for ax in figure.axes if ax.images]
     assert len(maps) == 3
     for ax, w in zip(maps, passes, strict=True):
@@ -39,21 +43,21 @@ def test_routing_plot_has_one_map_per_pass_and_the_received_totals():
 
 
 def test_heads_and_metrics(tmp_path):
-    figure = plots.plot_heads(torch.softmax(torch.randn(5, 3, 3), -1))
+    figure = attention_grid(torch.softmax(torch.randn(5, 3, 3), -1))
     assert sum(1 for ax in figure.axes if ax.images) == 5
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps({"step": s, "loss": 1.0 / (s + 1), "split": "train"})
                                  for s in range(5)))
-    figure = plots.plot_metrics(metrics)
+    figure = metric_curves(metrics)
     assert [ax.get_title() for ax in figure.axes] == ["loss"]
     with pytest.raises(ValueError, match="not in"):
-        plots.plot_metrics(metrics, keys=["accuracy"])
+        metric_curves(metrics, keys=["accuracy"])
 
 
 def test_bad_input_is_refused_with_the_argument_named():
     with pytest.raises(ValueError, match="weights must be 2-D"):
-        plots.plot_attention(torch.rand(2, 3, 4))
+        attention_heatmap(torch.rand(2, 3, 4))
     with pytest.raises(ValueError, match="expected 3 labels"):
-        plots.plot_attention(torch.rand(3, 3), receivers=["a"])
+        attention_heatmap(torch.rand(3, 3), ["a"])
     with pytest.raises(ValueError, match="at least one pass"):
-        plots.plot_routing([])
+        coupling_passes([])

@@ -171,23 +171,24 @@ def run_demo(
 
 def _plots(output_dir: Path, weights: Tensor, key_labels: Tensor, query_labels: Tensor,
            passes: list[Tensor], cluster_labels: Tensor) -> list[Path]:
+    """Draw ``attention.png`` and ``routing.png`` into ``output_dir``; none without matplotlib."""
     try:
-        from torchvote import plots
-    except ImportError:  # pragma: no cover
-        return []
-    try:
+        from torchvote.explain.attention_plots import attention_heatmap
+        from torchvote.explain.capsule_plots import coupling_passes
+        from torchvote.explain.figures import save_figure
+
         head = weights[:8]  # (8, j): the first queries
         top = head.sum(0).topk(12).indices  # the 12 training digits they lean on most
-        attention = plots.plot_attention(
+        attention = attention_heatmap(
             head[:, top],
-            receivers=[f"test {int(y)}" for y in query_labels[:8]],
-            senders=[f"train {int(y)}" for y in key_labels[top]],
+            [f"test {int(y)}" for y in query_labels[:8]],
+            [f"train {int(y)}" for y in key_labels[top]],
             title="attention: test digits over their most-heard training digits",
         )
         order = cluster_labels.argsort(stable=True)
-        routing = plots.plot_routing([w[:, order] for w in passes],
-                                     title="routing: digits (sorted by class) split their vote")
-    except ImportError:
+        routing = coupling_passes([w[:, order] for w in passes], totals=True,
+                                  title="routing: digits (sorted by class) split their vote")
+    except ImportError:  # pragma: no cover - matplotlib is an optional extra
         return []
-    return [plots.save(attention, output_dir / "attention.png"),
-            plots.save(routing, output_dir / "routing.png")]
+    return [save_figure(attention, output_dir / "attention", formats=("png",))[0],
+            save_figure(routing, output_dir / "routing", formats=("png",))[0]]

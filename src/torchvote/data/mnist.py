@@ -23,7 +23,7 @@ import shlex
 from importlib.util import find_spec
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -48,8 +48,8 @@ __all__ = [
 Split = Literal["train", "test"]
 Source = Literal["auto", "hub", "idx"]
 
-SPLITS: tuple[str, ...] = ("train", "test")
-_SOURCES: tuple[str, ...] = ("auto", "hub", "idx")
+SPLITS: tuple[str, ...] = get_args(Split)
+_SOURCES: tuple[str, ...] = get_args(Source)
 
 #: Standard IDX base names (without ``.gz``) of the images and labels of each split.
 MNIST_IDX_NAMES: dict[str, tuple[str, str]] = {

@@ -12,31 +12,28 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from torchvote.explain.figures import new_figure
+from torchvote.explain.statistics import checked_tensor
 
 __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attention_lines"]
 
 CMAP = "Blues"
 
 
-def _matrix(weights, name: str, dims: tuple[int, ...]) -> Tensor:
-    if not isinstance(weights, Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(weights).__name__}")
-    if weights.dim() not in dims:
-        raise ValueError(
-            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(weights.shape)}"
-        )
-    return weights.detach().float().cpu()
-
-
-def _check_tokens(tokens: Sequence[str], count: int, name: str) -> list[str]:
+def _check_tokens(tokens: Sequence[str] | None, count: int, name: str) -> list[str] | None:
+    """``tokens`` as strings, or ``None`` (no labels); a ``ValueError`` unless there are ``count``."""
+    if tokens is None:
+        return None
     if len(tokens) != count:
-        raise ValueError(f"{name} must have {count} entries (one per row/column), got {len(tokens)}")
+        raise ValueError(
+            f"{name} must have {count} entries (one per row/column): "
+            f"expected {count} labels, got {len(tokens)}"
+        )
     return [str(token) for token in tokens]
 
 
 def attention_heatmap(
     weights: Tensor,
-    tokens: Sequence[str],
+    tokens: Sequence[str] | None = None,
     key_tokens: Sequence[str] | None = None,
     *,
     title: str = "",
@@ -46,7 +43,7 @@ def attention_heatmap(
 
     Args:
         weights: ``(i, j)`` weights (average heads before if needed).
-        tokens: ``i`` query tokens (row labels).
+        tokens: ``i`` query tokens (row labels); ``None``: no labels.
         key_tokens: ``j`` key tokens; default ``tokens`` (self-attention).
         title: axes title.
         annotate: write each weight in its cell; default when the matrix is at most 16 x 16.
@@ -57,7 +54,7 @@ def attention_heatmap(
     Raises:
         ValueError: token counts that do not match the shape; TypeError: not a tensor.
     """
-    weights = _matrix(weights, "weights", (2,))
+    weights = checked_tensor(weights, "weights", dims=(2,))
     rows = _check_tokens(tokens, weights.shape[0], "tokens")
     cols = _check_tokens(key_tokens if key_tokens is not None else tokens, weights.shape[1], "key_tokens")
     annotate = max(weights.shape) <= 16 if annotate is None else annotate
@@ -65,8 +62,10 @@ def attention_heatmap(
     figure, axes = new_figure(size=(side + 1.0, side))
     ax = axes[0, 0]
     image = ax.imshow(weights.numpy(), cmap=CMAP, vmin=0.0, vmax=max(float(weights.max()), 1e-6))
-    ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", rotation_mode="anchor")
-    ax.set_yticks(range(len(rows)), rows)
+    if cols is not None:
+        ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", rotation_mode="anchor")
+    if rows is not None:
+        ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel("key (sender j)")
     ax.set_ylabel("query (receiver i)")
     if title:
@@ -89,12 +88,14 @@ def attention_heatmap(
     return figure
 
 
-def attention_grid(attentions: Tensor, tokens: Sequence[str], *, title: str = ""):
+def attention_grid(attentions: Tensor, tokens: Sequence[str] | None = None, *, title: str = ""):
     """Every layer x head attention map of one input, as a grid of small heatmaps.
 
     Args:
-        attentions: ``(layers, h, i, j)`` weights of one input (unpadded).
-        tokens: ``i`` tokens (labels on the left column and bottom row when short enough).
+        attentions: ``(layers, h, i, j)`` weights of one input (unpadded), or ``(h, i, j)`` of
+            one layer (one row of heads).
+        tokens: ``i`` tokens (labels on the left column and bottom row when short enough);
+            ``None``: no labels.
         title: figure title.
 
     Returns:
@@ -103,10 +104,12 @@ def attention_grid(attentions: Tensor, tokens: Sequence[str], *, title: str = ""
     Raises:
         ValueError: wrong rank or token count.
     """
-    attentions = _matrix(attentions, "attentions", (4,))
+    attentions = checked_tensor(attentions, "attentions", dims=(3, 4))
+    if attentions.dim() == 3:
+        attentions = attentions[None]  # (1, h, i, j): one layer
     layers, heads = attentions.shape[:2]
     labels = _check_tokens(tokens, attentions.shape[-1], "tokens")
-    show_labels = len(labels) <= 14
+    show_labels = labels is not None and len(labels) <= 14
     cell = 1.25 if show_labels else 0.9
     figure, axes = new_figure(layers, heads, size=(0.8 + cell * heads, 0.8 + cell * layers))
     for layer in range(layers):
@@ -153,7 +156,7 @@ def token_attention_lines(
     Raises:
         ValueError: ``query`` out of range or token counts that do not match.
     """
-    weights = _matrix(weights, "weights", (2, 3))
+    weights = checked_tensor(weights, "weights", dims=(2, 3))
     if weights.dim() == 3:
         weights = weights.mean(dim=0)  # (i, j)
     left = _check_tokens(tokens, weights.shape[0], "tokens")
@@ -206,4 +209,4 @@ def token_attention_lines(
 
 def head_average(attentions: Tensor) -> Tensor:
     """``(..., h, i, j) -> (..., i, j)``: the mean over heads (each head's rows sum to one)."""
-    return _matrix(attentions, "attentions", (3, 4)).mean(dim=-3)
+    return checked_tensor(attentions, "attentions", dims=(3, 4)).mean(dim=-3)

@@ -9,11 +9,13 @@ batch, ``i`` output capsules (receivers), ``j`` input capsules (senders), ``d`` 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from torchvote.explain.figures import new_figure
-from torchvote.explain.statistics import patch_attention_map, project_votes
+from torchvote.explain.statistics import checked_tensor, patch_attention_map, project_votes
 
 __all__ = [
     "coupling_passes",
@@ -26,16 +28,6 @@ __all__ = [
 ]
 
 
-def _images(value, name: str, dims: tuple[int, ...]) -> Tensor:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
-    if value.dim() not in dims:
-        raise ValueError(
-            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(value.shape)}"
-        )
-    return value.detach().float().cpu()
-
-
 def _gray(image: Tensor) -> Tensor:
     """``(1, H, W)`` or ``(H, W)`` -> ``(H, W)``; ``(3, H, W)`` -> ``(H, W, 3)`` for imshow."""
     if image.dim() == 3:
@@ -43,20 +35,67 @@ def _gray(image: Tensor) -> Tensor:
     return image
 
 
-def coupling_passes(couplings: Tensor, *, title: str = "", input_labels=None, output_labels=None):
-    """Routing couplings of one input, one heatmap per pass (outputs down, inputs across).
+def _image_rows(rows: Sequence[Sequence[Tensor]], names: Sequence[str], *, labels=None, title: str = ""):
+    """Images in rows, one column per example, no ticks: ``rows[r][n]`` is ``(H, W)`` (gray, in
+    ``[0, 1]``) or ``(H, W, 3)`` (colour); ``names[r]`` labels row ``r``, ``labels[n]`` column ``n``."""
+    count = len(rows[0])
+    figure, axes = new_figure(len(rows), count, size=(0.4 + 1.2 * count, 2.9))
+    for n in range(count):
+        for row, images in enumerate(rows):
+            ax = axes[row, n]
+            if images[n].dim() == 2:
+                ax.imshow(images[n].numpy(), cmap="gray", vmin=0.0, vmax=1.0)
+            else:
+                ax.imshow(images[n].numpy())
+            ax.set_xticks([])
+            ax.set_yticks([])
+        if labels is not None:
+            axes[0, n].set_title(str(labels[n]), fontsize=8)
+    for row, name in enumerate(names):
+        axes[row, 0].set_ylabel(name, fontsize=8)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def coupling_passes(
+    couplings: Tensor | Sequence[Tensor],
+    *,
+    title: str = "",
+    input_labels=None,
+    output_labels=None,
+    totals: bool = False,
+):
+    """Routing couplings of one input, one heatmap per pass (outputs down, inputs across): how
+    the votes settle.
 
     Args:
-        couplings: ``(t, i, j)``: pass ``t``'s coupling of input capsule ``j`` to output ``i``.
+        couplings: ``(t, i, j)``: pass ``t``'s coupling of input capsule ``j`` to output ``i``
+            (or a sequence of ``t`` matrices ``(i, j)``, e.g. ``VoteResult.weights`` of one
+            batch element).
         title: figure title.
         input_labels: optional ``j`` labels; output_labels: optional ``i`` labels.
+        totals: add a panel below the maps: each output's total received coupling per pass (the
+            last axes of the figure, one line per output).
 
     Returns:
         The Figure.
+
+    Raises:
+        ValueError: no passes, or matrices of another rank.
     """
-    couplings = _images(couplings, "couplings", (3,))
+    if not isinstance(couplings, Tensor):
+        passes = [checked_tensor(c, f"couplings[{t}]", dims=(2,)) for t, c in enumerate(couplings)]
+        if not passes:
+            raise ValueError("couplings must hold at least one pass")
+        couplings = torch.stack(passes)
+    couplings = checked_tensor(couplings, "couplings", dims=(3,))
     passes = couplings.shape[0]
-    figure, axes = new_figure(1, passes, size=(0.6 + 3.0 * passes, 3.2), sharey=True)
+    rows = 2 if totals else 1
+    figure, axes = new_figure(
+        rows, passes, size=(0.6 + 3.0 * passes, 3.2 + 1.3 * (rows - 1)), sharey="row",
+        gridspec_kw={"height_ratios": [3, 1][:rows]},
+    )
     vmax = max(float(couplings.max()), 1e-6)
     for t in range(passes):
         ax = axes[0, t]
@@ -67,13 +106,34 @@ def coupling_passes(couplings: Tensor, *, title: str = "", input_labels=None, ou
         ax.set_xlabel("input capsule j")
         if output_labels is not None:
             ax.set_yticks(range(len(output_labels)), list(output_labels), fontsize=7)
+        elif couplings.shape[1] <= 20:
+            ax.set_yticks(range(couplings.shape[1]))  # whole capsules, not the image's half steps
         if input_labels is not None and len(input_labels) <= 20:
             ax.set_xticks(range(len(input_labels)), list(input_labels), fontsize=7, rotation=90)
     axes[0, 0].set_ylabel("output capsule i")
     figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label="coupling c_ij")
+    if totals:
+        _received_totals(figure, axes, couplings, output_labels)
     if title:
         figure.suptitle(title)
     return figure
+
+
+def _received_totals(figure, axes, couplings: Tensor, output_labels) -> None:
+    """Replace the bottom row of ``axes`` by one panel: each output's received total per pass."""
+    for ax in axes[1]:
+        ax.remove()
+    ax = figure.add_subplot(axes[0, 0].get_gridspec()[1, :])
+    received = couplings.sum(dim=-1)  # (t, i)
+    steps = range(1, received.shape[0] + 1)
+    for i in range(received.shape[1]):
+        name = output_labels[i] if output_labels is not None else str(i)
+        ax.plot(steps, received[:, i].numpy(), marker="o", label=name)
+    ax.set_xlabel("pass")
+    ax.set_ylabel("total coupling")
+    ax.set_xticks(list(steps))
+    if received.shape[1] <= 12:
+        ax.legend(ncols=min(received.shape[1], 6), fontsize=7)
 
 
 def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, title: str = ""):
@@ -87,14 +147,14 @@ def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, titl
     Returns:
         The Figure.
     """
-    entropy = _images(entropy, "entropy", (1,))
+    entropy = checked_tensor(entropy, "entropy", dims=(1,))
     panels = 1 if agreement is None else 2
     figure, axes = new_figure(1, panels, size=(3.6 * panels, 3.0))
     passes = range(1, entropy.shape[0] + 1)
     axes[0, 0].plot(passes, entropy.numpy(), marker="o", color="tab:purple")
     axes[0, 0].set_title("mean coupling entropy (nats)", fontsize=9)
     if agreement is not None:
-        agreement = _images(agreement, "agreement", (1,))
+        agreement = checked_tensor(agreement, "agreement", dims=(1,))
         if agreement.shape != entropy.shape:
             raise ValueError(
                 f"agreement must have entropy's shape {tuple(entropy.shape)}, got {tuple(agreement.shape)}"
@@ -125,9 +185,9 @@ def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str
     Raises:
         ValueError: shapes that do not line up.
     """
-    votes = _images(votes, "votes", (2,))
-    weights = _images(weights, "weights", (2,))
-    consensus = _images(consensus, "consensus", (2,))
+    votes = checked_tensor(votes, "votes", dims=(2,))
+    weights = checked_tensor(weights, "weights", dims=(2,))
+    consensus = checked_tensor(consensus, "consensus", dims=(2,))
     if weights.shape[1] != votes.shape[0] or consensus.shape[0] != weights.shape[0]:
         raise ValueError(
             f"weights (t, j) and consensus (t, d) must match votes (j, d) = {tuple(votes.shape)}, got "
@@ -181,25 +241,12 @@ def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str 
     Returns:
         The Figure.
     """
-    inputs = _images(inputs, "inputs", (3, 4))
-    outputs = _images(outputs, "outputs", (3, 4))
+    inputs = checked_tensor(inputs, "inputs", dims=(3, 4))
+    outputs = checked_tensor(outputs, "outputs", dims=(3, 4))
     if inputs.shape != outputs.shape:
         raise ValueError(f"outputs must have inputs' shape {tuple(inputs.shape)}, got {tuple(outputs.shape)}")
-    count = inputs.shape[0]
-    figure, axes = new_figure(2, count, size=(0.4 + 1.2 * count, 2.9))
-    for n in range(count):
-        for row, images in enumerate((inputs, outputs)):
-            ax = axes[row, n]
-            ax.imshow(_gray(images[n]).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        if labels is not None:
-            axes[0, n].set_title(str(labels[n]), fontsize=8)
-    axes[0, 0].set_ylabel("input", fontsize=8)
-    axes[1, 0].set_ylabel("reconstruction", fontsize=8)
-    if title:
-        figure.suptitle(title)
-    return figure
+    gray = [[_gray(images[n]) for n in range(images.shape[0])] for images in (inputs, outputs)]
+    return _image_rows(gray, ("input", "reconstruction"), labels=labels, title=title)
 
 
 def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
@@ -217,7 +264,7 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
     Returns:
         The Figure.
     """
-    images = _images(images, "images", (4,))
+    images = checked_tensor(images, "images", dims=(4,))
     dims, steps, height, width = images.shape
     mosaic = torch.ones(dims * (height + 1) - 1, steps * (width + 1) - 1)  # white gaps
     for k in range(dims):
@@ -264,28 +311,12 @@ def multimnist_reconstructions(
     Returns:
         The Figure.
     """
-    inputs = _images(inputs, "inputs", (3,))
-    first, second = _images(first, "first", (3,)), _images(second, "second", (3,))
+    inputs = checked_tensor(inputs, "inputs", dims=(3,))
+    first, second = checked_tensor(first, "first", dims=(3,)), checked_tensor(second, "second", dims=(3,))
     if first.shape != inputs.shape or second.shape != inputs.shape:
         raise ValueError(f"first and second must have inputs' shape {tuple(inputs.shape)}")
-    count = inputs.shape[0]
-    figure, axes = new_figure(2, count, size=(0.4 + 1.2 * count, 2.9))
-    for n in range(count):
-        colour = torch.stack([first[n], second[n], torch.zeros_like(first[n])], dim=-1).clamp(
-            0, 1
-        )  # (H, W, 3)
-        axes[0, n].imshow(inputs[n].numpy(), cmap="gray", vmin=0.0, vmax=1.0)
-        axes[1, n].imshow(colour.numpy())
-        for ax in axes[:, n]:
-            ax.set_xticks([])
-            ax.set_yticks([])
-        if labels is not None:
-            axes[0, n].set_title(str(labels[n]), fontsize=8)
-    axes[0, 0].set_ylabel("input", fontsize=8)
-    axes[1, 0].set_ylabel("red / green", fontsize=8)
-    if title:
-        figure.suptitle(title)
-    return figure
+    colour = torch.stack([first, second, torch.zeros_like(first)], dim=-1).clamp(0, 1)  # (N, H, W, 3)
+    return _image_rows([list(inputs), list(colour)], ("input", "red / green"), labels=labels, title=title)
 
 
 def patch_attention_overlay(image: Tensor, weights: Tensor, grid: tuple[int, int], *, title: str = ""):
@@ -300,7 +331,7 @@ def patch_attention_overlay(image: Tensor, weights: Tensor, grid: tuple[int, int
     Returns:
         The Figure (the map is :func:`torchvote.explain.statistics.patch_attention_map`).
     """
-    image = _images(image, "image", (2, 3))
+    image = checked_tensor(image, "image", dims=(2, 3))
     height, width = image.shape[-2:]
     heat = patch_attention_map(weights, grid, (height, width))  # (H, W)
     figure, axes = new_figure(1, 2, size=(6.0, 3.0))

@@ -26,13 +26,19 @@ __all__ = [
 ]
 
 
-def _tensor(value, name: str, *, dims: Sequence[int]) -> Tensor:
+def checked_tensor(value, name: str, *, dims: Sequence[int]) -> Tensor:
+    """``value`` detached, as float32 on the CPU, once it is a tensor of one of the ranks ``dims``:
+    the check every statistic and picture makes of what it was given.
+
+    Raises:
+        TypeError: ``value`` is not a tensor (the message names ``name``).
+        ValueError: another rank (the message names ``name`` and the shape).
+    """
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
     if value.dim() not in dims:
-        raise ValueError(
-            f"{name} must have {' or '.join(map(str, dims))} dimensions, got {tuple(value.shape)}"
-        )
+        ranks = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{name} must be {ranks}, got shape {tuple(value.shape)}")
     return value.detach().float().cpu()
 
 
@@ -63,7 +69,7 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
         raise ValueError("attentions must hold at least one layer")
     rollout = None
     for index, weights in enumerate(attentions):
-        weights = _tensor(weights, f"attentions[{index}]", dims=(2, 3))
+        weights = checked_tensor(weights, f"attentions[{index}]", dims=(2, 3))
         if weights.dim() == 3:
             weights = weights.mean(dim=0)  # (i, j): average the heads
         if weights.shape[0] != weights.shape[1]:
@@ -97,7 +103,7 @@ def top_attended(
     Raises:
         ValueError: ``query`` out of range or ``tokens`` of the wrong length.
     """
-    weights = _tensor(weights, "weights", dims=(2, 3))
+    weights = checked_tensor(weights, "weights", dims=(2, 3))
     if weights.dim() == 2:
         weights = weights.unsqueeze(0)  # (1, i, j)
     if len(tokens) != weights.shape[-1]:
@@ -130,7 +136,7 @@ def coupling_entropy(couplings: Tensor, *, normalize_over: str = "receivers") ->
     Raises:
         ValueError: wrong rank or ``normalize_over``.
     """
-    couplings = _tensor(couplings, "couplings", dims=(3, 4))
+    couplings = checked_tensor(couplings, "couplings", dims=(3, 4))
     if couplings.dim() == 3:
         couplings = couplings.unsqueeze(1)  # (t, 1, i, j)
     dims = {"receivers": -2, "senders": -1}
@@ -159,8 +165,8 @@ def routing_agreement(votes: Tensor, outputs: Tensor, *, cosine: bool = False) -
     Raises:
         ValueError: shapes that do not line up.
     """
-    votes = _tensor(votes, "votes", dims=(3, 4))
-    outputs = _tensor(outputs, "outputs", dims=(3, 4))
+    votes = checked_tensor(votes, "votes", dims=(3, 4))
+    outputs = checked_tensor(outputs, "outputs", dims=(3, 4))
     if votes.dim() == 3:
         votes = votes.unsqueeze(0)  # (1, i, j, d)
     if outputs.dim() == 3:
@@ -192,7 +198,7 @@ def project_votes(votes: Tensor, consensus: Tensor | None = None) -> tuple[Tenso
     Raises:
         ValueError: fewer than 2 votes or features, or mismatched ``d``.
     """
-    votes = _tensor(votes, "votes", dims=(2,))
+    votes = checked_tensor(votes, "votes", dims=(2,))
     if votes.shape[0] < 2 or votes.shape[1] < 2:
         raise ValueError(f"votes must be (j >= 2, d >= 2), got {tuple(votes.shape)}")
     mean = votes.mean(dim=0, keepdim=True)  # (1, d)
@@ -202,7 +208,7 @@ def project_votes(votes: Tensor, consensus: Tensor | None = None) -> tuple[Tenso
     explained = variance[:2] / variance.sum().clamp(min=1e-12)  # (2,)
     points = None
     if consensus is not None:
-        consensus = _tensor(consensus, "consensus", dims=(1, 2))
+        consensus = checked_tensor(consensus, "consensus", dims=(1, 2))
         consensus = consensus.unsqueeze(0) if consensus.dim() == 1 else consensus  # (t, d)
         if consensus.shape[1] != votes.shape[1]:
             raise ValueError(f"consensus must have d={votes.shape[1]} features, got {tuple(consensus.shape)}")
@@ -252,7 +258,7 @@ def patch_attention_map(weights: Tensor, grid: tuple[int, int], size: tuple[int,
     Raises:
         ValueError: sizes that do not line up.
     """
-    weights = _tensor(weights, "weights", dims=(1,))
+    weights = checked_tensor(weights, "weights", dims=(1,))
     rows, cols = grid
     if rows * cols != weights.shape[0]:
         raise ValueError(f"grid {grid} has {rows * cols} patches, weights has {weights.shape[0]}")

@@ -3,6 +3,7 @@
 No parameters live here; the modules in :mod:`torchvote.nn` own them.
 """
 
+from torchvote.functional import routing
 from torchvote.functional.attention import (
     attend,
     scaled_dot_product_attention,
@@ -16,17 +17,15 @@ from torchvote.functional.masks import (
     prepare_attention_mask,
 )
 from torchvote.functional.nonlinearities import squash
-from torchvote.functional.routing import (
-    as_routing_votes,
-    dynamic_routing,
-    efficient_squash,
-    inverted_dot_product_routing,
-    list_routers,
-    self_attention_routing,
-    slot_attention,
-    slot_routing,
-    uniform_routing,
-)
+from torchvote.functional.routing import as_routing_votes as as_routing_votes
+from torchvote.functional.routing import dynamic_routing as dynamic_routing
+from torchvote.functional.routing import efficient_squash as efficient_squash
+from torchvote.functional.routing import inverted_dot_product_routing as inverted_dot_product_routing
+from torchvote.functional.routing import list_routers as list_routers
+from torchvote.functional.routing import self_attention_routing as self_attention_routing
+from torchvote.functional.routing import slot_attention as slot_attention
+from torchvote.functional.routing import slot_routing as slot_routing
+from torchvote.functional.routing import uniform_routing as uniform_routing
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.functional.scores import (
     additive_score,
@@ -46,20 +45,12 @@ from torchvote.functional.voting import (
 )
 
 __all__ = [
+    *routing.__all__,  # every routing function, re-exported above
     "DotProductScores",
     "LinearVotes",
     "SharedLinearVotes",
-    "as_routing_votes",
     "default_inverse_temperature",
-    "dynamic_routing",
-    "efficient_squash",
     "em_routing",
-    "inverted_dot_product_routing",
-    "list_routers",
-    "self_attention_routing",
-    "slot_attention",
-    "slot_routing",
-    "uniform_routing",
     "PairwiseVotes",
     "SharedVotes",
     "VoteResult",

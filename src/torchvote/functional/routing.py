@@ -55,7 +55,6 @@ from torchvote.functional.voting import (
     SharedVotes,
     VoteResult,
     Votes,
-    VotingState,
     vote,
 )
 from torchvote.validation import check_positive_float
@@ -393,6 +392,39 @@ def self_attention_routing(
     return result.outputs, _couplings(result, False)
 
 
+def _slot_loop(
+    votes: Votes,
+    scores: Callable[[Tensor], Tensor],
+    slots: Tensor,
+    *,
+    update: Callable[[Tensor, Tensor], Tensor],
+    iterations: int,
+    all_passes: bool,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The loop :func:`slot_attention` and :func:`slot_routing` share: logits ``scores(slots)``
+    ``(..., i, j)`` normalised over the slots (receivers), a weighted mean, ``update``, and the
+    fresh scores of the new slots as the next pass's logits (``update="replace"``).
+
+    Returns:
+        ``(slots, couplings)``: the last slots and :func:`_couplings` of the passes.
+    """
+    result = vote(
+        votes,
+        scores(slots),
+        normalize_over="receivers",
+        iterations=iterations,
+        agreement=lambda state: scores(state.outputs),
+        update="replace",
+        aggregation="mean",
+        nonlinearity=update,
+        initial_outputs=slots,
+        mask=mask,
+        record=True,
+    )
+    return result.outputs, _couplings(result, all_passes)
+
+
 def slot_attention(
     keys: Tensor,
     values: Tensor,
@@ -454,11 +486,6 @@ def slot_attention(
             )
         return torch.einsum("...ie,...je->...ij", queries, keys) * scale
 
-    first = scores(slots)  # (..., i, j)
-
-    def rescore(state: VotingState) -> Tensor:
-        return scores(state.outputs)  # update="replace": the fresh scores are the new logits
-
     bool_mask = None
     if mask is not None:
         if mask.dtype != torch.bool or mask.shape != keys.shape[:-1]:
@@ -467,21 +494,10 @@ def slot_attention(
                 f"{mask.dtype} {tuple(mask.shape)}"
             )
         bool_mask = mask.unsqueeze(-2)  # (..., 1, j)
-    result = vote(
-        SharedVotes(values),
-        first,
-        normalize_over="receivers",
-        iterations=iterations,
-        agreement=rescore,
-        update="replace",
-        aggregation="mean",
-        nonlinearity=update,
-        initial_outputs=slots,
-        mask=bool_mask,
-        record=True,
+    return _slot_loop(
+        SharedVotes(values), scores, slots, update=update, iterations=iterations, mask=bool_mask,
+        all_passes=all_passes,
     )
-    attention = torch.stack(result.weights) if all_passes else result.weights[-1]
-    return result.outputs, attention
 
 
 def slot_routing(
@@ -524,21 +540,8 @@ def slot_routing(
     """
     routed = as_routing_votes(votes)
     scale = 1.0 / math.sqrt(slots.shape[-1]) if scale is None else scale
-    first = routed.dot(query(slots)) * scale  # (..., i, j)
 
-    def rescore(state: VotingState) -> Tensor:
-        return routed.dot(query(state.outputs)) * scale  # update="replace": the new logits
+    def scores(current_slots: Tensor) -> Tensor:
+        return routed.dot(query(current_slots)) * scale  # (..., i, j)
 
-    result = vote(
-        routed,
-        first,
-        normalize_over="receivers",
-        iterations=iterations,
-        agreement=rescore,
-        update="replace",
-        aggregation="mean",
-        nonlinearity=update,
-        initial_outputs=slots,
-        record=True,
-    )
-    return result.outputs, _couplings(result, all_passes)
+    return _slot_loop(routed, scores, slots, update=update, iterations=iterations, all_passes=all_passes)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ __all__ = [
 NormalizeOver = Literal["senders", "receivers"]
 #: How the agreement of one pass becomes the next pass's logits (see :func:`vote`).
 Update = Literal["accumulate", "replace", "prior"]
-_UPDATES = ("accumulate", "replace", "prior")
+_UPDATES = get_args(Update)
 
 
 class Votes(Protocol):
@@ -414,7 +414,7 @@ def vote(
             or shapes.
         TypeError: a non-boolean, non-floating mask.
     """
-    check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
+    check_choice(normalize_over, get_args(NormalizeOver), "normalize_over")
     check_positive_int(iterations, "iterations")
     check_choice(update, _UPDATES, "update")
     check_choice(aggregation, ("sum", "mean"), "aggregation")

@@ -54,14 +54,14 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchvote.models.capsule_head import (
-    CapsuleHead,
-    check_images,
-    check_positive,
+from torchvote.models.capsule_config import (
+    CapsuleClassifierConfig,
+    check_classifier_fields,
+    check_positive_tuples,
     check_router,
-    rename_state_dict_keys,
 )
-from torchvote.models.registry import ClassifierOutput, register_model
+from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
+from torchvote.models.registry import register_model
 from torchvote.nn.capsules import PrimaryCapsules
 
 __all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
@@ -71,13 +71,11 @@ __all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
 
 
 @dataclass
-class CapsNetConfig:
+class CapsNetConfig(CapsuleClassifierConfig):
     """Every size of CapsNet; the defaults are the paper's (Sabour et al. 2017, sec. 4).
 
-    Args:
-        image_size: side of the square input images (filled from the data set when training).
-        in_channels: channels of the input images (filled from the data set).
-        num_classes: class capsules (filled from the data set).
+    Args (after ``image_size``, ``in_channels``, ``num_classes`` of
+    :class:`~torchvote.models.capsule_config.CapsuleClassifierConfig`):
         conv_channels: ReLU maps of Conv1 (256).
         conv_kernel: Conv1's kernel side (9), stride 1, no padding.
         primary_types: primary capsule types (32).
@@ -99,9 +97,6 @@ class CapsNetConfig:
         ValueError: a bad field, naming it (sizes that leave no capsule name the geometry).
     """
 
-    image_size: int = 28
-    in_channels: int = 1
-    num_classes: int = 10
     conv_channels: int = 256
     conv_kernel: int = 9
     primary_types: int = 32
@@ -119,12 +114,9 @@ class CapsNetConfig:
 
     def __post_init__(self) -> None:
         self.decoder_hidden = tuple(self.decoder_hidden)
-        check_positive(
+        check_classifier_fields(
             self,
             (
-                "image_size",
-                "in_channels",
-                "num_classes",
                 "conv_channels",
                 "conv_kernel",
                 "primary_types",
@@ -135,13 +127,10 @@ class CapsNetConfig:
                 "iterations",
             ),
         )
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
         check_router(self.router, self.router_options)
         if not self.init_std > 0:
             raise ValueError(f"init_std must be positive, got {self.init_std!r}")
-        if any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in self.decoder_hidden):
-            raise ValueError(f"decoder_hidden must hold positive integers, got {self.decoder_hidden}")
+        check_positive_tuples(self, ("decoder_hidden",))
         if self.primary_grid < 1:
             raise ValueError(
                 f"image_size={self.image_size} is too small: conv_kernel={self.conv_kernel} leaves a "
@@ -193,8 +182,13 @@ CAPSNET_PRESETS: dict[str, dict[str, Any]] = {
     task="image-classification",
     loss="margin",
 )
-class CapsNet(nn.Module):
+class CapsNet(CapsuleClassifier):
     """CapsNet (Sabour et al. 2017): Conv1, primary capsules, routed class capsules, masked decoder.
+
+    ``forward(images, targets=None)`` (:meth:`CapsuleClassifier.forward`) gives the capsule
+    lengths as scores (EM activations with ``router="em"``), ``poses`` ``(b, num_classes,
+    class_dim)`` and ``couplings`` ``(b, num_classes, num_primary_caps)``, each sender's column
+    summing to 1.
 
     Args:
         config: the sizes; see :class:`CapsNetConfig`.
@@ -203,9 +197,10 @@ class CapsNet(nn.Module):
         ValueError: ``router_options`` the router does not take.
     """
 
+    legacy_renames = VECTOR_HEAD_RENAMES
+
     def __init__(self, config: CapsNetConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.conv = nn.Conv2d(config.in_channels, config.conv_channels, config.conv_kernel)
         self.primary = PrimaryCapsules(
             config.conv_channels,
@@ -214,44 +209,9 @@ class CapsNet(nn.Module):
             kernel_size=config.primary_kernel,
             stride=config.primary_stride,
         )
-        self.head = CapsuleHead.for_vectors(
-            in_caps=config.num_primary_caps,
-            in_dim=config.primary_dim,
-            num_classes=config.num_classes,
-            class_dim=config.class_dim,
-            router=config.router,
-            iterations=config.iterations,
-            router_options=config.router_options,
-            shared_weights=config.shared_weights,
-            init_std=config.init_std,
-            decoder=config.decoder,
-            decoder_hidden=config.decoder_hidden,
-            image_shape=(config.in_channels, config.image_size, config.image_size),
-        )
-        # Checkpoints from before the shared head kept its parts at the top level.
-        rename_state_dict_keys(self, {"class_capsules.": "head.class_capsules.", "decoder.": "head.decoder."})
+        self.head = CapsuleHead.from_config(config, init_std=config.init_std)
 
-    def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
-        """Classify (and reconstruct) a batch of images.
-
-        Args:
-            images: ``(b, in_channels, image_size, image_size)``.
-            targets: ``(b,)`` true classes or ``(b, k)`` classes per image: the decoder
-                reconstructs those capsules (the training loop passes them in training mode);
-                ``None``: the longest capsule.
-
-        Returns:
-            :class:`~torchvote.models.registry.ClassifierOutput` with ``scores`` ``(b,
-            num_classes)`` (capsule lengths; EM activations with ``router="em"``),
-            ``reconstructions`` ``(b, c, h, w)`` (``(b, k, c, h, w)`` for ``(b, k)`` targets;
-            ``None`` without decoder), ``poses`` ``(b, num_classes, class_dim)`` and
-            ``couplings`` ``(b, num_classes, num_primary_caps)`` (receivers first, each sender's
-            column summing to 1).
-
-        Raises:
-            ValueError: images or targets of the wrong shape.
-        """
-        check_images(images, self.config)
+    def capsules(self, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Conv1 and the primary capsules: ``(b, num_primary_caps, primary_dim)``, squashed."""
         features = F.relu(self.conv(images))  # (b, conv_channels, g, g)
-        primary = self.primary(features)  # (b, j, primary_dim), squashed
-        return self.head(primary, targets)
+        return self.primary(features), {}  # (b, j, primary_dim)

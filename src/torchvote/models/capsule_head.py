@@ -6,7 +6,7 @@ Each capsule model is a stem (convolutions), primary capsules and one :class:`Ca
 - :class:`~torchvote.models.capsnet.CapsNet` and
   :class:`~torchvote.models.efficient_capsnet.EfficientCapsNet`: vector capsules, a
   :class:`~torchvote.nn.capsules.CapsuleLinear` class layer and the decoder of Sabour et al. 2017,
-  sec. 4.1 (:meth:`CapsuleHead.for_vectors`);
+  sec. 4.1 (:meth:`CapsuleHead.from_config`);
 - :class:`~torchvote.models.em_capsnet.EMCapsNet`: matrix capsules, a
   :class:`~torchvote.nn.em_capsules.ClassMatrixCapsules` class layer, no decoder.
 
@@ -14,8 +14,10 @@ The scores are the router's output activations when it has them (EM routing), el
 capsules' lengths (Sabour et al. 2017, sec. 2). A router that weighs votes by activations
 (``router.uses_activations``) gets, from vector capsules, their lengths.
 
-Also here: the checks every capsule model config shares (:func:`check_router`,
-:func:`check_positive`, :func:`check_images`).
+Each model subclasses :class:`CapsuleClassifier`, which owns ``forward`` (check the images, run
+the model's stem and primary capsules, :meth:`CapsuleClassifier.capsules`, then the head) and the
+renaming of older checkpoints' keys. The checks every capsule model config shares are in
+:mod:`torchvote.models.capsule_config`.
 
 Index legend: ``b`` batch, ``k`` reconstructed capsules per image, ``i`` class capsules
 (receivers), ``j`` primary capsules (senders), ``d`` capsule features.
@@ -24,75 +26,30 @@ Index legend: ``b`` batch, ``k`` reconstructed capsules per image, ``i`` class c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchvote.functional.routing import list_routers
+from torchvote.models.capsule_config import check_images, router_options_errors
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
-from torchvote.validation import check_positive_int
 
 __all__ = [
+    "VECTOR_HEAD_RENAMES",
+    "CapsuleClassifier",
     "CapsuleDecoder",
     "CapsuleHead",
     "build_class_capsules",
-    "check_images",
-    "check_positive",
-    "check_router",
     "class_scores",
     "decoder_classes",
     "reconstruct",
     "rename_state_dict_keys",
 ]
 
-
-# --- configuration checks --------------------------------------------------------------------------
-
-
-def check_positive(config: Any, names: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming the first field of ``names`` that is not a positive integer."""
-    for name in names:
-        check_positive_int(getattr(config, name), name)
-
-
-#: What the capsule layer passes to its router itself; router_options may not repeat them.
-_LAYER_ARGUMENTS = frozenset({"in_caps", "out_caps", "out_dim", "iterations", "device", "dtype"})
-
-
-def check_router(
-    router: str, router_options: Mapping[str, Any], *, supported: tuple[str, ...] | None = None
-) -> None:
-    """Check a model config's ``router`` against :func:`~torchvote.functional.routing.list_routers`.
-
-    Args:
-        router: the configured router name.
-        router_options: the configured options (must be a mapping).
-        supported: the routers this model can use, when not all of them.
-
-    Raises:
-        ValueError: an unknown router (the message lists ``list_routers()``), one this model does
-            not support (the message lists those it does), or options that are not a mapping or
-            that repeat what the layer passes (``iterations``, the sizes, ``device``, ``dtype``).
-    """
-    names = sorted(list_routers())
-    if router not in names:
-        raise ValueError(f"router must be one of {names}, got {router!r}")
-    if supported is not None and router not in supported:
-        raise ValueError(
-            f"router={router!r} is not supported by this model; it works with {sorted(supported)}"
-        )
-    if not isinstance(router_options, Mapping):
-        raise ValueError(f"router_options must be a mapping of keyword arguments, got {router_options!r}")
-    reserved = sorted(set(router_options) & _LAYER_ARGUMENTS)
-    if reserved:
-        raise ValueError(
-            f"router_options must not set {reserved}: the capsule layer passes them "
-            "(iterations is a config field of its own)"
-        )
+# --- the head's parts -------------------------------------------------------------------------------
 
 
 def build_class_capsules(
@@ -112,7 +69,7 @@ def build_class_capsules(
     Raises:
         ValueError: ``router_options`` the router does not take (the message names the field).
     """
-    try:
+    with router_options_errors(router, router_options):
         return CapsuleLinear(
             in_caps,
             in_dim,
@@ -124,13 +81,6 @@ def build_class_capsules(
             router_options=dict(router_options),
             init_std=init_std,
         )
-    except ValueError as err:
-        raise ValueError(
-            f"router_options={dict(router_options)!r} do not fit router={router!r}: {err}"
-        ) from None
-
-
-# --- the head's parts -------------------------------------------------------------------------------
 
 
 def class_scores(routed: RoutingResult) -> Tensor:
@@ -231,15 +181,6 @@ def reconstruct(
     return images if targets is not None and targets.dim() == 2 else images.squeeze(1)
 
 
-def check_images(images: Tensor, config: Any) -> None:
-    """Raise ``ValueError`` unless ``images`` is ``(b, in_channels, image_size, image_size)``."""
-    expected = (config.in_channels, config.image_size, config.image_size)
-    if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-        raise ValueError(
-            f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
-        )
-
-
 # --- the head ---------------------------------------------------------------------------------------
 
 
@@ -272,39 +213,33 @@ class CapsuleHead(nn.Module):
         return self.class_capsules.router
 
     @classmethod
-    def for_vectors(
-        cls,
-        *,
-        in_caps: int,
-        in_dim: int,
-        num_classes: int,
-        class_dim: int,
-        router: str,
-        iterations: int,
-        router_options: Mapping[str, Any],
-        shared_weights: bool = False,
-        init_std: float = 0.01,
-        decoder: bool = True,
-        decoder_hidden: tuple[int, ...] = (512, 1024),
-        image_shape: tuple[int, int, int] | None = None,
-    ) -> CapsuleHead:
-        """The head of a vector-capsule network: a :class:`~torchvote.nn.capsules.CapsuleLinear`
-        class layer and, with ``decoder``, Sabour et al.'s decoder for ``image_shape`` images.
+    def from_config(cls, config: Any, *, init_std: float) -> CapsuleHead:
+        """The head of a vector-capsule network, every size from its model config: a
+        :class:`~torchvote.nn.capsules.CapsuleLinear` class layer and, with ``config.decoder``,
+        Sabour et al.'s decoder for the config's images.
+
+        Args:
+            config: reads ``num_primary_caps``, ``primary_dim``, ``num_classes``, ``class_dim``,
+                ``router``, ``iterations``, ``router_options``, ``decoder``, ``decoder_hidden``,
+                ``in_channels``, ``image_size`` and, when the config has it, ``shared_weights``.
+            init_std: the class layer's initialisation scale (each model derives its own).
 
         Raises:
             ValueError: ``router_options`` the router does not take, bad decoder sizes.
         """
         class_capsules = build_class_capsules(
-            in_caps=in_caps, in_dim=in_dim, out_caps=num_classes, out_dim=class_dim, router=router,
-            iterations=iterations, router_options=router_options, shared_weights=shared_weights,
-            init_std=init_std,
+            in_caps=config.num_primary_caps, in_dim=config.primary_dim, out_caps=config.num_classes,
+            out_dim=config.class_dim, router=config.router, iterations=config.iterations,
+            router_options=config.router_options, init_std=init_std,
+            shared_weights=getattr(config, "shared_weights", False),
         )
-        reconstruction = None
-        if decoder:
-            if image_shape is None:
-                raise ValueError("decoder=True needs image_shape")
-            reconstruction = CapsuleDecoder(num_classes, class_dim, image_shape, hidden=decoder_hidden)
-        return cls(class_capsules, decoder=reconstruction, lengths_as_activations=True)
+        decoder = None
+        if config.decoder:
+            image_shape = (config.in_channels, config.image_size, config.image_size)
+            decoder = CapsuleDecoder(
+                config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden
+            )
+        return cls(class_capsules, decoder=decoder, lengths_as_activations=True)
 
     def forward(self, capsules: Any, targets: Tensor | None = None) -> ClassifierOutput:
         """Route the capsules to the classes, score them and reconstruct.
@@ -354,3 +289,69 @@ def rename_state_dict_keys(module: nn.Module, renames: Mapping[str, str]) -> Non
                     break
 
     module._register_load_state_dict_pre_hook(hook)
+
+
+#: Where the vector-capsule models kept the head's parts before the shared head.
+VECTOR_HEAD_RENAMES: Mapping[str, str] = {
+    "class_capsules.": "head.class_capsules.",
+    "decoder.": "head.decoder.",
+}
+
+
+class CapsuleClassifier(nn.Module):
+    """A capsule model: a stem and primary capsules (:meth:`capsules`) feeding one
+    :class:`CapsuleHead` (``self.head``); a subclass builds both and writes only :meth:`capsules`.
+
+    Args:
+        config: the model config (``in_channels`` and ``image_size`` fix the input shape).
+
+    Class attributes:
+        legacy_renames: ``{old prefix: new prefix}`` of state-dict keys that older checkpoints
+            used (see :func:`rename_state_dict_keys`).
+    """
+
+    legacy_renames: ClassVar[Mapping[str, str]] = {}
+    head: CapsuleHead
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        if self.legacy_renames:
+            rename_state_dict_keys(self, self.legacy_renames)
+
+    def capsules(self, images: Tensor) -> tuple[Any, dict[str, Tensor]]:
+        """The stem and primary capsules.
+
+        Args:
+            images: ``(b, in_channels, image_size, image_size)``, checked.
+
+        Returns:
+            What ``self.head`` routes (``(b, in_caps, dim)`` vectors or matrix capsules) and
+            intermediates for :attr:`ClassifierOutput.intermediates` (may be empty).
+        """
+        raise NotImplementedError
+
+    def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
+        """Classify (and, with a decoder, reconstruct) a batch of images.
+
+        Args:
+            images: ``(b, in_channels, image_size, image_size)``.
+            targets: ``(b,)`` true classes or ``(b, k)`` classes per image: the decoder
+                reconstructs those capsules (the training loop passes them in training mode);
+                ``None``: the highest score. Not used without a decoder.
+
+        Returns:
+            :class:`~torchvote.models.registry.ClassifierOutput` with ``scores`` ``(b,
+            num_classes)`` (EM activations if the router gives them, else capsule lengths),
+            ``reconstructions`` ``(b, c, h, w)`` (``(b, k, c, h, w)`` for ``(b, k)`` targets;
+            ``None`` without decoder), ``poses`` ``(b, num_classes, d)``, ``couplings`` ``(b,
+            num_classes, in_caps)`` (receivers first) and the intermediates of :meth:`capsules`.
+
+        Raises:
+            ValueError: images or targets of the wrong shape.
+        """
+        check_images(images, self.config)
+        capsules, intermediates = self.capsules(images)
+        output = self.head(capsules, targets)
+        output.intermediates.update(intermediates)
+        return output

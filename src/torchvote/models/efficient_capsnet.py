@@ -45,26 +45,25 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.functional.routing import efficient_squash
-from torchvote.models.capsule_head import (
-    CapsuleHead,
-    check_images,
+from torchvote.models.capsule_config import (
+    CapsuleClassifierConfig,
+    check_classifier_fields,
     check_positive,
+    check_positive_tuples,
     check_router,
-    rename_state_dict_keys,
 )
-from torchvote.models.registry import ClassifierOutput, register_model
+from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
+from torchvote.models.registry import register_model
 
 __all__ = ["DepthwisePrimaryCapsules", "EfficientCapsNet", "EfficientCapsNetConfig"]
 
 
 @dataclass
-class EfficientCapsNetConfig:
+class EfficientCapsNetConfig(CapsuleClassifierConfig):
     """Every size of Efficient-CapsNet; the defaults are the paper's MNIST network.
 
-    Args:
-        image_size: side of the square input images (filled from the data set when training).
-        in_channels: channels of the input images (filled from the data set).
-        num_classes: class capsules (filled from the data set).
+    Args (after ``image_size``, ``in_channels``, ``num_classes`` of
+    :class:`~torchvote.models.capsule_config.CapsuleClassifierConfig`):
         conv_channels: output channels of the convolutions (32, 64, 64, 128).
         conv_kernels: their kernel sides (5, 3, 3, 3), no padding.
         conv_strides: their strides (1, 1, 1, 2).
@@ -87,9 +86,6 @@ class EfficientCapsNetConfig:
         ValueError: a bad field, naming it.
     """
 
-    image_size: int = 28
-    in_channels: int = 1
-    num_classes: int = 10
     conv_channels: tuple[int, ...] = (32, 64, 64, 128)
     conv_kernels: tuple[int, ...] = (5, 3, 3, 3)
     conv_strides: tuple[int, ...] = (1, 1, 1, 2)
@@ -109,25 +105,17 @@ class EfficientCapsNetConfig:
         self.conv_kernels = tuple(self.conv_kernels)
         self.conv_strides = tuple(self.conv_strides)
         self.decoder_hidden = tuple(self.decoder_hidden)
-        check_positive(
+        check_classifier_fields(
             self,
             (
-                "image_size",
-                "in_channels",
-                "num_classes",
                 "primary_types",
                 "primary_dim",
                 "class_dim",
                 "iterations",
             ),
         )
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
         check_router(self.router, self.router_options)
-        for name in ("conv_channels", "conv_kernels", "conv_strides", "decoder_hidden"):
-            values = getattr(self, name)
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-                raise ValueError(f"{name} must hold positive integers, got {values}")
+        check_positive_tuples(self, ("conv_channels", "conv_kernels", "conv_strides", "decoder_hidden"))
         if not self.conv_channels:
             raise ValueError("conv_channels must name at least one convolution")
         if not len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides):
@@ -237,13 +225,25 @@ class DepthwisePrimaryCapsules(nn.Module):
     task="image-classification",
     loss="margin",
 )
-class EfficientCapsNet(nn.Module):
+class EfficientCapsNet(CapsuleClassifier):
     """Efficient-CapsNet (Mazzia et al. 2021): convolutions, depthwise primary capsules,
-    self-attention routing."""
+    self-attention routing.
+
+    ``forward(images, targets=None)`` (:meth:`CapsuleClassifier.forward`) gives the capsule
+    lengths as scores (EM activations with ``router="em"``), ``poses`` ``(b, num_classes,
+    class_dim)`` and ``couplings`` ``(b, num_classes, num_primary_caps)``.
+
+    Args:
+        config: the sizes; see :class:`EfficientCapsNetConfig`.
+
+    Raises:
+        ValueError: ``router_options`` the router does not take.
+    """
+
+    legacy_renames = VECTOR_HEAD_RENAMES
 
     def __init__(self, config: EfficientCapsNetConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         layers: list[nn.Module] = []
         in_channels = config.in_channels
         for channels, kernel, stride in zip(
@@ -260,40 +260,10 @@ class EfficientCapsNet(nn.Module):
         self.primary = DepthwisePrimaryCapsules(
             in_channels, config.primary_types, config.primary_dim, kernel_size=config.depthwise_kernel
         )
-        self.head = CapsuleHead.for_vectors(
-            in_caps=config.num_primary_caps,
-            in_dim=config.primary_dim,
-            num_classes=config.num_classes,
-            class_dim=config.class_dim,
-            router=config.router,
-            iterations=config.iterations,
-            router_options=config.router_options,
-            init_std=config.class_init_std,
-            decoder=config.decoder,
-            decoder_hidden=config.decoder_hidden,
-            image_shape=(config.in_channels, config.image_size, config.image_size),
-        )
-        # Checkpoints from before the shared head kept its parts at the top level.
-        rename_state_dict_keys(self, {"class_capsules.": "head.class_capsules.", "decoder.": "head.decoder."})
+        self.head = CapsuleHead.from_config(config, init_std=config.class_init_std)
 
-    def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
-        """Classify (and reconstruct) a batch of images.
-
-        Args:
-            images: ``(b, in_channels, image_size, image_size)``.
-            targets: ``(b,)`` or ``(b, k)`` classes whose capsules the decoder reconstructs
-                (given in training); ``None``: the longest capsule.
-
-        Returns:
-            :class:`~torchvote.models.registry.ClassifierOutput`: ``scores`` ``(b, num_classes)``
-            capsule lengths (EM activations with ``router="em"``), ``reconstructions`` ``(b, c,
-            h, w)`` or ``(b, k, c, h, w)`` (``None`` without decoder), ``poses`` ``(b,
-            num_classes, class_dim)``, ``couplings`` ``(b, num_classes, num_primary_caps)``.
-
-        Raises:
-            ValueError: images or targets of the wrong shape.
-        """
-        check_images(images, self.config)
+    def capsules(self, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """The convolutions and the depthwise primary capsules: ``(b, num_primary_caps,
+        primary_dim)``."""
         features = self.features(images.contiguous(memory_format=torch.channels_last))  # (b, c, g, g)
-        primary = self.primary(features)  # (b, j, primary_dim)
-        return self.head(primary, targets)
+        return self.primary(features), {}  # (b, j, primary_dim)

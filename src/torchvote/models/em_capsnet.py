@@ -44,17 +44,19 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchvote.models.capsule_head import (
-    CapsuleHead,
-    check_images,
-    check_positive,
+from torchvote.models.capsule_config import (
+    CapsuleClassifierConfig,
+    check_classifier_fields,
+    check_positive_tuples,
     check_router,
-    rename_state_dict_keys,
+    router_options_errors,
 )
-from torchvote.models.registry import ClassifierOutput, register_model
+from torchvote.models.capsule_head import CapsuleClassifier, CapsuleHead
+from torchvote.models.registry import register_model
 from torchvote.nn.em_capsules import (
     ClassMatrixCapsules,
     ConvMatrixCapsules,
+    MatrixCapsules,
     PrimaryMatrixCapsules,
     pose_side,
 )
@@ -64,13 +66,11 @@ __all__ = ["EMCapsNet", "EMCapsNetConfig"]
 
 
 @dataclass
-class EMCapsNetConfig:
+class EMCapsNetConfig(CapsuleClassifierConfig):
     """Every size of the matrix-capsule network; the defaults are the paper's small network.
 
-    Args:
-        image_size: side of the square input images (filled from the data set when training).
-        in_channels: channels of the input images (filled from the data set).
-        num_classes: class capsules (filled from the data set).
+    Args (after ``image_size``, ``in_channels``, ``num_classes`` of
+    :class:`~torchvote.models.capsule_config.CapsuleClassifierConfig`):
         conv_channels: ``A``, maps of the first convolution (64).
         conv_kernel: its kernel side (5).
         conv_stride: its stride (2).
@@ -89,9 +89,6 @@ class EMCapsNetConfig:
             ``image_size``).
     """
 
-    image_size: int = 28
-    in_channels: int = 1
-    num_classes: int = 10
     conv_channels: int = 64
     conv_kernel: int = 5
     conv_stride: int = 2
@@ -109,12 +106,9 @@ class EMCapsNetConfig:
         self.conv_caps_types = tuple(self.conv_caps_types)
         self.conv_caps_kernels = tuple(self.conv_caps_kernels)
         self.conv_caps_strides = tuple(self.conv_caps_strides)
-        check_positive(
+        check_classifier_fields(
             self,
             (
-                "image_size",
-                "in_channels",
-                "num_classes",
                 "conv_channels",
                 "conv_kernel",
                 "conv_stride",
@@ -122,16 +116,11 @@ class EMCapsNetConfig:
                 "iterations",
             ),
         )
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
         side = pose_side(self.pose_dim)
         if self.coordinate_addition and side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={self.pose_dim}")
         check_router(self.router, self.router_options)
-        for name in ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"):
-            values = getattr(self, name)
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-                raise ValueError(f"{name} must hold positive integers, got {values}")
+        check_positive_tuples(self, ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"))
         if not len(self.conv_caps_types) == len(self.conv_caps_kernels) == len(self.conv_caps_strides):
             raise ValueError(
                 "conv_caps_types, conv_caps_kernels and conv_caps_strides must have one entry per layer, "
@@ -180,8 +169,14 @@ class EMCapsNetConfig:
     task="image-classification",
     loss="spread",
 )
-class EMCapsNet(nn.Module):
+class EMCapsNet(CapsuleClassifier):
     """Matrix capsules with EM routing (Hinton et al. 2018), the small A=64, B=8, C=D=16 network.
+
+    ``forward(images, targets=None)`` (:meth:`CapsuleClassifier.forward`; ``targets`` is not
+    used, there is no decoder) gives EM's activations as scores (capsule lengths with the other
+    routers), ``poses`` ``(b, num_classes, pose_dim)``, ``couplings`` ``(b, num_classes,
+    class_in_caps)`` (EM's assignments) and ``intermediates["primary_activations"]`` ``(b, h, w,
+    primary_types)``.
 
     Args:
         config: the sizes; see :class:`EMCapsNetConfig`.
@@ -190,9 +185,11 @@ class EMCapsNet(nn.Module):
         ValueError: ``router_options`` the router does not take.
     """
 
+    # Checkpoints from before the shared head kept the class votes and the router apart.
+    legacy_renames = {"class_votes.": "head.class_capsules.", "router.": "head.class_capsules.routing."}
+
     def __init__(self, config: EMCapsNetConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.conv = nn.Conv2d(
             config.in_channels, config.conv_channels, config.conv_kernel, stride=config.conv_stride
         )
@@ -216,7 +213,7 @@ class EMCapsNet(nn.Module):
             )
             in_types = types
         self.conv_capsules = nn.ModuleList(layers)
-        try:
+        with router_options_errors(config.router, config.router_options):
             router = make_router(
                 config.router,
                 in_caps=config.class_in_caps,
@@ -225,10 +222,6 @@ class EMCapsNet(nn.Module):
                 iterations=config.iterations,
                 **dict(config.router_options),
             )
-        except ValueError as err:
-            raise ValueError(
-                f"router_options={dict(config.router_options)!r} do not fit router={config.router!r}: {err}"
-            ) from None
         class_capsules = ClassMatrixCapsules(
             in_types,
             config.num_classes,
@@ -236,34 +229,14 @@ class EMCapsNet(nn.Module):
             coordinate_addition=config.coordinate_addition,
             routing=router,
         )
-        self.head = CapsuleHead(class_capsules)
-        # Checkpoints from before the shared head kept the class votes and the router apart.
-        rename_state_dict_keys(
-            self, {"class_votes.": "head.class_capsules.", "router.": "head.class_capsules.routing."}
-        )
+        self.head = CapsuleHead(class_capsules)  # EM's activations, or a vector router's lengths
 
-    def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
-        """Classify a batch of images.
-
-        Args:
-            images: ``(b, in_channels, image_size, image_size)``.
-            targets: accepted for the common classifier signature; not used (no decoder).
-
-        Returns:
-            :class:`~torchvote.models.registry.ClassifierOutput`: ``scores`` ``(b, num_classes)``
-            (EM activations; capsule lengths with the other routers), ``poses`` ``(b,
-            num_classes, pose_dim)``, ``couplings`` ``(b, num_classes, class_in_caps)``
-            (receivers first; EM's assignments), and ``intermediates["primary_activations"]``
-            ``(b, h, w, primary_types)``.
-
-        Raises:
-            ValueError: images of the wrong shape.
-        """
-        check_images(images, self.config)
+    def capsules(self, images: Tensor) -> tuple[MatrixCapsules, dict[str, Tensor]]:
+        """Conv1, the primary capsules and the convolutional capsule layers: the last layer's
+        poses ``(b, h, w, types, P, P)`` and activations ``(b, h, w, types)``, and the primary
+        capsules' activations as ``"primary_activations"``."""
         features = F.relu(self.conv(images))  # (b, A, h, w)
         capsules = primary = self.primary(features)  # poses (b, h, w, B, P, P), activations (b, h, w, B)
         for layer in self.conv_capsules:
             capsules = layer(capsules)  # (b, h', w', types, P, P), (b, h', w', types)
-        output = self.head(capsules)  # EM's activations, or a vector router's lengths, as scores
-        output.intermediates["primary_activations"] = primary.activations
-        return output
+        return capsules, {"primary_activations": primary.activations}

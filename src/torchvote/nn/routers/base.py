@@ -13,7 +13,8 @@ a log prior, a GRU) around one call of the method's pure function in
 2. give the class a ``name``, ``iterative`` (does ``iterations`` mean anything to it) and
    ``uses_activations`` (does it weigh votes by the input capsules' activations, as EM routing),
    a keyword-only ``__init__`` that validates its options, ``forward`` and ``from_layer`` (how
-   :func:`make_router` builds it from a capsule layer's sizes);
+   :func:`make_router` builds it from a capsule layer's sizes; a router with an optional bias
+   subclasses :class:`BiasedRouter`, which has both the bias and ``from_layer``);
 3. decorate it with :func:`register_router` and import it in ``routers/__init__.py``.
 
 Layout: receivers first, as everywhere in torchvote: votes ``(batch..., out_caps, in_caps,
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, list_routers
 
-__all__ = ["Router", "RoutingResult", "make_router", "optional_bias", "register_router"]
+__all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router"]
 
 
 @dataclass
@@ -86,19 +87,48 @@ def register_router(cls: type[Router]) -> type[Router]:
     return cls
 
 
-def optional_bias(
-    bias: bool, out_caps: int | None, out_dim: int | None, factory: dict
-) -> nn.Parameter | None:
-    """A zero-initialised ``(out_caps, out_dim)`` bias if ``bias``, else ``None``.
+class BiasedRouter(Router):
+    """Base class of the routers with an optional learned bias added to the weighted sum of the
+    votes before the nonlinearity (dynamic routing, uniform couplings): its keyword arguments and
+    ``from_layer``. A subclass takes its own options and passes ``**bias_options`` on.
+
+    Args:
+        bias: learn a zero-initialised bias ``(out_caps, out_dim)`` (the authors' code of Sabour
+            et al. 2017); ``self.bias`` is ``None`` without it.
+        out_caps: needed with ``bias``.
+        out_dim: needed with ``bias``.
+        device: for the bias.
+        dtype: for the bias.
 
     Raises:
         ValueError: ``bias`` without ``out_caps`` and ``out_dim``.
     """
-    if not bias:
-        return None
-    if out_caps is None or out_dim is None:
-        raise ValueError("bias=True needs out_caps and out_dim")
-    return nn.Parameter(torch.zeros(out_caps, out_dim, **factory))
+
+    def __init__(
+        self,
+        *,
+        bias: bool = False,
+        out_caps: int | None = None,
+        out_dim: int | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.bias: nn.Parameter | None = None
+        if bias:
+            if out_caps is None or out_dim is None:
+                raise ValueError("bias=True needs out_caps and out_dim")
+            self.bias = nn.Parameter(torch.zeros(out_caps, out_dim, device=device, dtype=dtype))
+
+    @classmethod
+    def from_layer(
+        cls, *, in_caps: int, out_caps: int, out_dim: int, iterations: int, factory: dict, **options: Any
+    ) -> Router:
+        """The router with the layer's output sizes (for ``bias``) and, if it is ``iterative``, its
+        ``iterations``."""
+        if cls.iterative:
+            options = {"iterations": iterations, **options}
+        return cls(out_caps=out_caps, out_dim=out_dim, **factory, **options)
 
 
 def make_router(

@@ -3,26 +3,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from torchvote.functional.routing import RoutingVotes, dynamic_routing
-from torchvote.nn.routers.base import Router, RoutingResult, optional_bias, register_router
+from torchvote.nn.routers.base import BiasedRouter, RoutingResult, register_router
 from torchvote.validation import check_choice, check_positive_int
 
 __all__ = ["DynamicRouter"]
 
 
 @register_router
-class DynamicRouter(Router):
+class DynamicRouter(BiasedRouter):
     """Dynamic routing: ``iterations`` passes, the agreement accumulated into the logits.
 
     Args:
         iterations: routing iterations (3 in the paper).
         agreement: ``"dot"`` (the paper) or ``"distance"`` (negative squared distance).
         detach_votes: stop gradients through the votes in all but the last iteration.
-        bias: learn a bias ``(out_caps, out_dim)`` added before the squash (the authors' code).
-        out_caps: needed with ``bias``.
-        out_dim: needed with ``bias``.
+        **bias_options: ``bias`` (learn a bias ``(out_caps, out_dim)`` added before the squash, as
+            the authors' code), ``out_caps``, ``out_dim``, ``device``, ``dtype``: see
+            :class:`~torchvote.nn.routers.base.BiasedRouter`.
 
     Raises:
         ValueError: ``iterations`` < 1, an unknown agreement, ``bias`` without sizes.
@@ -37,17 +39,12 @@ class DynamicRouter(Router):
         iterations: int = 3,
         agreement: str = "dot",
         detach_votes: bool = False,
-        bias: bool = False,
-        out_caps: int | None = None,
-        out_dim: int | None = None,
-        device=None,
-        dtype=None,
+        **bias_options: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**bias_options)
         self.iterations = check_positive_int(iterations, "iterations")
         self.agreement = check_choice(agreement, ("dot", "distance"), "agreement")
         self.detach_votes = detach_votes
-        self.bias = optional_bias(bias, out_caps, out_dim, {"device": device, "dtype": dtype})
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         outputs, couplings = dynamic_routing(
@@ -58,10 +55,6 @@ class DynamicRouter(Router):
             bias=self.bias,
         )
         return RoutingResult(outputs, couplings)
-
-    @classmethod
-    def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> DynamicRouter:
-        return cls(iterations=iterations, out_caps=out_caps, out_dim=out_dim, **factory, **options)
 
     def extra_repr(self) -> str:
         return f"iterations={self.iterations}, agreement={self.agreement!r}, detach_votes={self.detach_votes}"

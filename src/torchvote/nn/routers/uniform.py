@@ -3,25 +3,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from torchvote.functional.routing import RoutingVotes, uniform_routing
-from torchvote.nn.routers.base import Router, RoutingResult, optional_bias, register_router
+from torchvote.nn.routers.base import BiasedRouter, RoutingResult, register_router
 from torchvote.validation import check_choice
 
 __all__ = ["UniformRouter"]
 
 
 @register_router
-class UniformRouter(Router):
+class UniformRouter(BiasedRouter):
     """No routing: ``c_ij = 1 / out_caps`` (the control), one pass.
 
     Args:
         nonlinearity: ``"squash"`` (default), ``"efficient_squash"``, ``"layer_norm"``,
             ``"identity"``.
-        bias: learn a bias ``(out_caps, out_dim)`` added before the nonlinearity.
-        out_caps: needed with ``bias``.
-        out_dim: needed with ``bias``.
+        **bias_options: ``bias`` (learn a bias ``(out_caps, out_dim)`` added before the
+            nonlinearity), ``out_caps``, ``out_dim``, ``device``, ``dtype``: see
+            :class:`~torchvote.nn.routers.base.BiasedRouter`.
 
     Raises:
         ValueError: an unknown nonlinearity, ``bias`` without sizes.
@@ -34,22 +36,13 @@ class UniformRouter(Router):
         self,
         *,
         nonlinearity: str = "squash",
-        bias: bool = False,
-        out_caps: int | None = None,
-        out_dim: int | None = None,
-        device=None,
-        dtype=None,
+        **bias_options: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**bias_options)
         self.nonlinearity = check_choice(
             nonlinearity, ("squash", "efficient_squash", "layer_norm", "identity"), "nonlinearity"
         )
-        self.bias = optional_bias(bias, out_caps, out_dim, {"device": device, "dtype": dtype})
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         outputs, couplings = uniform_routing(votes, nonlinearity=self.nonlinearity, bias=self.bias)
         return RoutingResult(outputs, couplings)
-
-    @classmethod
-    def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> UniformRouter:
-        return cls(out_caps=out_caps, out_dim=out_dim, **factory, **options)

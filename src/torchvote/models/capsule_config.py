@@ -1,0 +1,136 @@
+"""What every capsule model config shares: the image fields (:class:`CapsuleClassifierConfig`)
+and the checks: positive sizes, at least two classes, tuples of positive integers, a known router
+whose options do not repeat what the capsule layer passes itself, and images of the configured
+shape.
+
+Each check raises ``ValueError`` naming the offending field and value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from torchvote.functional.routing import list_routers
+from torchvote.validation import check_positive_int
+
+__all__ = [
+    "CapsuleClassifierConfig",
+    "check_classifier_fields",
+    "check_images",
+    "check_positive",
+    "check_positive_tuples",
+    "check_router",
+    "router_options_errors",
+]
+
+
+@dataclass
+class CapsuleClassifierConfig:
+    """The fields every capsule model config starts with; the data set fills them when training.
+
+    Args:
+        image_size: side of the square input images.
+        in_channels: channels of the input images.
+        num_classes: class capsules.
+    """
+
+    image_size: int = 28
+    in_channels: int = 1
+    num_classes: int = 10
+
+
+def check_positive(config: Any, names: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming the first field of ``names`` that is not a positive integer."""
+    for name in names:
+        check_positive_int(getattr(config, name), name)
+
+
+def check_classifier_fields(config: CapsuleClassifierConfig, positive: tuple[str, ...]) -> None:
+    """The checks every capsule model config starts with.
+
+    Args:
+        config: the model config.
+        positive: its fields, beyond those of :class:`CapsuleClassifierConfig`, that must be
+            positive integers.
+
+    Raises:
+        ValueError: the first field (``image_size``, ``in_channels``, ``num_classes``, then those
+            of ``positive``) that is not a positive integer, or ``num_classes`` below 2.
+    """
+    check_positive(config, ("image_size", "in_channels", "num_classes", *positive))
+    if config.num_classes < 2:
+        raise ValueError(f"num_classes must be at least 2, got {config.num_classes}")
+
+
+def check_positive_tuples(config: Any, names: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming the first field of ``names`` that holds anything but positive
+    integers."""
+    for name in names:
+        values = getattr(config, name)
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise ValueError(f"{name} must hold positive integers, got {values}")
+
+
+#: What the capsule layer passes to its router itself; router_options may not repeat them.
+_LAYER_ARGUMENTS = frozenset({"in_caps", "out_caps", "out_dim", "iterations", "device", "dtype"})
+
+
+def check_router(
+    router: str, router_options: Mapping[str, Any], *, supported: tuple[str, ...] | None = None
+) -> None:
+    """Check a model config's ``router`` against :func:`~torchvote.functional.routing.list_routers`.
+
+    Args:
+        router: the configured router name.
+        router_options: the configured options (must be a mapping).
+        supported: the routers this model can use, when not all of them.
+
+    Raises:
+        ValueError: an unknown router (the message lists ``list_routers()``), one this model does
+            not support (the message lists those it does), or options that are not a mapping or
+            that repeat what the layer passes (``iterations``, the sizes, ``device``, ``dtype``).
+    """
+    names = sorted(list_routers())
+    if router not in names:
+        raise ValueError(f"router must be one of {names}, got {router!r}")
+    if supported is not None and router not in supported:
+        raise ValueError(
+            f"router={router!r} is not supported by this model; it works with {sorted(supported)}"
+        )
+    if not isinstance(router_options, Mapping):
+        raise ValueError(f"router_options must be a mapping of keyword arguments, got {router_options!r}")
+    reserved = sorted(set(router_options) & _LAYER_ARGUMENTS)
+    if reserved:
+        raise ValueError(
+            f"router_options must not set {reserved}: the capsule layer passes them "
+            "(iterations is a config field of its own)"
+        )
+
+
+@contextmanager
+def router_options_errors(router: str, router_options: Mapping[str, Any]) -> Iterator[None]:
+    """Re-raise a ``ValueError`` of building a router as one that names the config fields.
+
+    Raises:
+        ValueError: ``router_options`` the router does not take (the message names the field).
+    """
+    try:
+        yield
+    except ValueError as err:
+        raise ValueError(
+            f"router_options={dict(router_options)!r} do not fit router={router!r}: {err}"
+        ) from None
+
+
+def check_images(images: Tensor, config: Any) -> None:
+    """Raise ``ValueError`` unless ``images`` is ``(b, in_channels, image_size, image_size)``."""
+    expected = (config.in_channels, config.image_size, config.image_size)
+    if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+        raise ValueError(
+            f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
+        )
