@@ -1,0 +1,360 @@
+"""EM routing kernel, receivers first, with joint (cross-patch) normalisation and a choice of strategy.
+
+Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1, written in
+torchvote's layout (receivers first): votes ``V[n, i, j, h]`` of sender (input capsule) ``j`` for
+receiver (output capsule) ``i``; ``n`` indexes independent routing problems (batch x positions of
+a convolutional layer). Index legend of every einsum here::
+
+    n  routing rows (batch, or batch x output positions)
+    i  receivers (output capsules)        j  senders (input capsules)
+    h  pose entries (16 for 4x4 poses)
+
+Procedure 1, in log space (the same conventions as :func:`torchvote.functional.em.em_routing`)::
+
+    R_ij = 1 / |parents of j|                               (uniform initial assignments)
+    for t = 0 .. T-1:
+        M-step:  w_ij = R_ij a_j                             (NOT renormalised over i)
+                 mu_i = sum_j w_ij V_ij / max(sum_j w_ij, eps)
+                 s2_i = sum_j w_ij (V_ij - mu_i)^2 / max(sum_j w_ij, eps) + eps
+                 cost_i^h = (beta_u + log sigma_i^h) sum_j w_ij          (Procedure 1's cost)
+                 a_i = sigmoid(lambda_t (beta_a - sum_h cost_i^h))
+        E-step (not after the last M-step):
+                 R_ij = softmax over the parents of j of  log a_i + log N(V_ij | mu_i, s2_i)
+
+The softmax of the E-step runs over the receivers ``i`` of each sender: per row ``n`` by default
+(each patch on its own), or, with ``sender_groups``, jointly over every ``(n, i)`` whose sender
+is the same input capsule (the paper's form for convolutional capsules: an input capsule's parents
+are the output capsules of every patch that contains it, as in IBM's implementation). The joint
+logsumexp subtracts a per-group maximum before ``exp`` and sums with ``index_add``.
+
+Strategies (every one gives the same numbers; ``"auto"`` picks by device):
+
+- ``"vectorized"``: the loop above on all rows at once, plain autograd (double backward works);
+  the fastest eager form on CUDA, but autograd keeps several ``(n, i, j, h)`` temporaries per pass.
+- ``"blocked"``: rows in blocks (whole periods of ``sender_groups``, so no group straddles two
+  blocks); a custom autograd Function runs the blocks without autograd and saves only its inputs
+  (the votes are referenced, not copied); its backward recomputes each block under autograd and
+  writes that block's gradient. Peak memory is one gradient of the votes plus one block's
+  temporaries. Backward once only: double backward raises (use ``"vectorized"``).
+- ``"compiled"``: ``torch.compile`` of the vectorized loop (one graph; about 10 s to compile per
+  shape on CPU).
+
+Votes in bfloat16 or float16 are routed with float32 statistics (cast per block in ``"blocked"``);
+poses and activations come back in the votes' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from torchvote.validation import check_choice, check_positive_float, check_positive_int
+
+__all__ = ["EMStrategy", "conv_sender_groups", "em_routing_kernel"]
+
+EMStrategy = Literal["auto", "blocked", "vectorized", "compiled"]
+_STRATEGIES = ("auto", "blocked", "vectorized", "compiled")
+# Vote elements (n * i * j * h) per block of the blocked strategy (2 MB in float32): small enough
+# that a block's votes and temporaries stay near the core through its passes, large enough that
+# Python's per-operation cost is amortised. Rounded up to whole periods of sender_groups.
+_BLOCK_ELEMENTS = 1 << 19
+_LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass(frozen=True)
+class _Config:
+    schedule: tuple[float, ...]
+    eps: float
+    groups: Tensor | None  # (L, j) compact ids 0..G-1, or None: per-row normalisation
+    num_groups: int  # G: ids per period
+    initial: Tensor | None  # (L, 1, j) initial R with groups (1 / (i * multiplicity)), else None
+    record: bool  # return assignments
+    all_passes: bool
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
+    """Softmax of ``(n, i, j)`` logits jointly over all ``(n, i)`` whose sender has the same id.
+
+    ``ids`` ``(n, j)`` in ``[0, num_groups)``. Stable: each group's maximum (a constant to
+    autograd: the softmax is shift-invariant) is subtracted before ``exp``.
+    """
+    n, receivers, senders = logits.shape
+    flat_ids = ids.unsqueeze(1).expand(n, receivers, senders).reshape(-1)  # (n i j)
+    with torch.no_grad():
+        peak = logits.new_full((num_groups,), -math.inf)
+        peak = peak.scatter_reduce(0, flat_ids, logits.detach().reshape(-1), "amax")
+    shifted = logits - peak[ids].unsqueeze(1)  # (n, i, j), <= 0
+    exps = shifted.exp()
+    sums = exps.new_zeros(num_groups).index_add(0, flat_ids, exps.reshape(-1))  # (G,)
+    return exps / sums[ids].unsqueeze(1)
+
+
+def _em_loop(
+    votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor, config: _Config, rows: int
+) -> tuple[Tensor, ...]:
+    """Procedure 1 on ``rows`` rows: ``(n, i, j, h)`` votes, ``(n, j)`` activations, ``(n, i)``
+    offsets -> poses ``(n, i, h)``, activation logits ``(n, i)`` and the recorded assignments.
+
+    ``rows`` is ``n`` (passed so that the compiled form sees no shape arithmetic); with groups
+    ``n`` is a whole number of periods ``L`` and group ids are made distinct per period.
+    """
+    dtype = _compute_dtype(votes.dtype)
+    votes = votes.to(dtype)
+    activations, beta_u, beta_a = activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype)
+    receivers = votes.shape[1]
+    eps = config.eps
+    ids = None
+    if config.groups is None:
+        assignments = votes.new_full((1, 1, 1), 1.0 / receivers)  # R_ij = 1 / |Omega_{L+1}|
+    else:
+        period = config.groups.shape[0]
+        repeats = rows // period
+        offsets = torch.arange(repeats, device=votes.device).repeat_interleave(period) * config.num_groups
+        ids = config.groups.repeat(repeats, 1) + offsets.unsqueeze(1)  # (n, j) distinct per period
+        assignments = config.initial.to(dtype).repeat(repeats, 1, 1)  # (n, 1, j)
+    recorded = []
+    mean = logit = votes.new_zeros(())
+    last = len(config.schedule) - 1
+    for t, inverse_temperature in enumerate(config.schedule):
+        if config.record and (config.all_passes or t == last):
+            recorded.append(assignments.expand(rows, receivers, votes.shape[2]))
+        weights = assignments * activations.unsqueeze(1)  # (n, i, j): R_ij a_j, not renormalised
+        total = weights.sum(-1)  # (n, i)
+        denominator = total.clamp_min(eps).unsqueeze(-1)  # (n, i, 1)
+        mean = torch.einsum("nij,nijh->nih", weights, votes) / denominator
+        squares = (votes - mean.unsqueeze(2)).square()  # (n, i, j, h)
+        variance = torch.einsum("nij,nijh->nih", weights, squares) / denominator + eps
+        log_variance = variance.log()
+        cost = (beta_u.unsqueeze(-1) + 0.5 * log_variance) * total.unsqueeze(-1)  # (n, i, h)
+        logit = inverse_temperature * (beta_a - cost.sum(-1))  # (n, i): a_i = sigmoid(logit)
+        if t == last:
+            break  # no E-step after the last M-step: it changes nothing returned
+        log_density = -0.5 * (torch.einsum("nijh,nih->nij", squares, variance.reciprocal())
+                              + (log_variance + _LOG_2PI).sum(-1).unsqueeze(-1))  # (n, i, j)
+        logits = F.logsigmoid(logit).unsqueeze(-1) + log_density  # log a_i + log p_ij
+        if ids is None:
+            assignments = logits.softmax(dim=1)  # over the receivers of each sender
+        else:
+            assignments = _group_softmax(logits, ids, repeats * config.num_groups)
+    return mean, logit, *recorded
+
+
+class _BlockedEM(torch.autograd.Function):
+    """The blocked strategy: forward without autograd, backward by recomputing each block."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor,
+                config: _Config, block_rows: int) -> tuple[Tensor, ...]:
+        ctx.save_for_backward(votes, activations, beta_u, beta_a)
+        ctx.config, ctx.block_rows = config, block_rows
+        ctx.set_materialize_grads(False)
+        rows = votes.shape[0]
+        pieces = [
+            _em_loop(votes[s:s + block_rows], activations[s:s + block_rows], beta_u[s:s + block_rows],
+                     beta_a[s:s + block_rows], config, min(block_rows, rows - s))
+            for s in range(0, rows, block_rows)
+        ]
+        mean = torch.cat([p[0] for p in pieces])  # (n, i, h)
+        logit = torch.cat([p[1] for p in pieces])  # (n, i)
+        recorded = [torch.cat([p[2 + k] for p in pieces]) for k in range(len(pieces[0]) - 2)]
+        return mean, logit, *recorded
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        inputs = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:4]
+        results = [torch.zeros_like(x, memory_format=torch.contiguous_format) if need else None
+                   for x, need in zip(inputs, needs, strict=True)]
+        rows, block_rows = inputs[0].shape[0], ctx.block_rows
+        if not any(needs) or all(g is None for g in grads):
+            return *results, None, None
+        for s in range(0, rows, block_rows):
+            with torch.enable_grad():
+                block = [x[s:s + block_rows].detach().requires_grad_(need)
+                         for x, need in zip(inputs, needs, strict=True)]
+                outputs = _em_loop(*block, ctx.config, min(block_rows, rows - s))
+                pairs = [(o, g[s:s + block_rows]) for o, g in zip(outputs, grads, strict=True)
+                         if g is not None]
+                wanted = [x for x, need in zip(block, needs, strict=True) if need]
+                found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                            allow_unused=True)
+            found_iter = iter(found)
+            for result, need in zip(results, needs, strict=True):
+                if need:
+                    piece = next(found_iter)
+                    if piece is not None:
+                        result[s:s + block_rows] = piece
+        return *results, None, None
+
+
+_COMPILED = {}
+
+
+def _compiled_loop():
+    if "loop" not in _COMPILED:
+        _COMPILED["loop"] = torch.compile(_em_loop, dynamic=False)
+    return _COMPILED["loop"]
+
+
+def conv_sender_groups(rows: int, cols: int, in_types: int, kernel_size: int, stride: int) -> Tensor:
+    """Global input-capsule ids of every patch-local sender of a convolutional capsule layer.
+
+    The patch ordering of :class:`torchvote.nn.em_capsules.ConvMatrixCapsules`: output positions
+    ``L = rows' * cols'`` row-major, and within a patch the senders ``(kh kw t)`` (kernel row,
+    kernel column, input type). The input capsule at grid cell ``(r, c)`` of type ``t`` has id
+    ``(r * cols + c) * in_types + t``.
+
+    Args:
+        rows: input grid rows.
+        cols: input grid columns.
+        in_types: input capsule types.
+        kernel_size: ``K``.
+        stride: the convolution's stride.
+
+    Returns:
+        ``(L, K * K * in_types)`` int64 ids, for ``em_routing_kernel(sender_groups=...)``.
+
+    Raises:
+        ValueError: a non-positive size, or a grid smaller than the kernel.
+    """
+    for value, argument in ((rows, "rows"), (cols, "cols"), (in_types, "in_types"),
+                            (kernel_size, "kernel_size"), (stride, "stride")):
+        check_positive_int(value, argument)
+    if rows < kernel_size or cols < kernel_size:
+        raise ValueError(f"the grid {rows}x{cols} (rows, cols) is smaller than kernel_size={kernel_size}")
+    out_rows, out_cols = (rows - kernel_size) // stride + 1, (cols - kernel_size) // stride + 1
+    top = torch.arange(out_rows) * stride  # first input row of each output row
+    left = torch.arange(out_cols) * stride
+    offsets = torch.arange(kernel_size)
+    cell_rows = (top[:, None] + offsets[None, :])[:, None, :, None]  # (rows', 1, kh, 1)
+    cell_cols = (left[:, None] + offsets[None, :])[None, :, None, :]  # (1, cols', 1, kw)
+    cells = cell_rows * cols + cell_cols  # (rows', cols', kh, kw)
+    ids = cells.unsqueeze(-1) * in_types + torch.arange(in_types)  # (rows', cols', kh, kw, t)
+    return ids.reshape(out_rows * out_cols, kernel_size * kernel_size * in_types)
+
+
+def _prepare_groups(sender_groups: Tensor, rows: int, senders: int, receivers: int,
+                    device: torch.device) -> tuple[Tensor, int, Tensor]:
+    """Compact ids ``(L, j)``, their count ``G`` and the initial assignments ``(L, 1, j)``."""
+    if (not isinstance(sender_groups, Tensor) or sender_groups.dtype not in (torch.int32, torch.int64)
+            or sender_groups.dim() != 2 or sender_groups.shape[1] != senders
+            or sender_groups.shape[0] == 0 or rows % sender_groups.shape[0] != 0):
+        shape = tuple(sender_groups.shape) if isinstance(sender_groups, Tensor) else type(sender_groups)
+        raise ValueError(
+            f"sender_groups must be an integer tensor of shape (L, in_caps={senders}) with L dividing "
+            f"the {rows} rows of votes, got {shape}")
+    if (sender_groups < 0).any():
+        raise ValueError("sender_groups must hold non-negative ids")
+    unique, compact = torch.unique(sender_groups.to(device=device, dtype=torch.int64), return_inverse=True)
+    counts = torch.bincount(compact.reshape(-1), minlength=unique.numel())  # patches holding each id
+    # R_ij = 1 / |parents of j|: the parents are every receiver of every patch that holds j.
+    initial = 1.0 / (receivers * counts[compact].to(torch.float64))
+    return compact, unique.numel(), initial.unsqueeze(1)
+
+
+def em_routing_kernel(
+    votes: Tensor,
+    activations: Tensor,
+    beta_u: Tensor | float,
+    beta_a: Tensor | float,
+    *,
+    inverse_temperatures: Sequence[float],
+    eps: float = 1e-6,
+    sender_groups: Tensor | None = None,
+    strategy: EMStrategy = "auto",
+    return_assignments: bool = False,
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """EM routing (Hinton, Sabour & Frosst 2018, Procedure 1), receivers first.
+
+    Numerically the same routing as :func:`torchvote.functional.em.em_routing` (which takes the
+    papers' ``(n, j, i, h)`` layout); see the module docstring for the loop and the strategies.
+    Gradients are exact for any order and subset of ``backward`` / ``autograd.grad`` calls (no
+    state is shared between backward calls).
+
+    Args:
+        votes: ``(n, out_caps, in_caps, pose_dim)``, ``V[n, i, j]`` the vote of input capsule
+            ``j`` for output capsule ``i`` (float64, float32, bfloat16 or float16).
+        activations: ``(n, in_caps)`` input activations ``a_j`` in ``[0, 1]``.
+        beta_u: Procedure 1's cost offset, a float or a tensor broadcastable to ``(n, out_caps)``.
+        beta_a: the activation offset, as ``beta_u``.
+        inverse_temperatures: ``lambda_t``, one per iteration (e.g.
+            ``[default_inverse_temperature(t) for t in range(3)]``); their count is the number of
+            iterations, at least 1.
+        eps: added to every variance, and the floor of ``sum_j R_ij a_j``.
+        sender_groups: ``None`` to normalise each row's assignments over its own receivers (per
+            patch), or an integer tensor ``(L, in_caps)`` with ``L`` dividing ``n``: row ``r``'s
+            senders are the input capsules ``sender_groups[r % L]`` of the ``r // L``-th period
+            (image); the E-step normalises each input capsule jointly over every receiver of every
+            row of its period that holds it, and the initial ``R`` is ``1 / |parents|``. Build it
+            for a convolutional layer with :func:`conv_sender_groups` (rows ``n = batch * L``).
+        strategy: ``"blocked"`` (CPU default), ``"vectorized"`` (CUDA default), ``"compiled"``,
+            or ``"auto"``.
+        return_assignments: also return the assignments ``R`` used by the final M-step.
+        all_passes: with ``return_assignments``, those of every M-step, stacked.
+
+    Returns:
+        ``(poses, activations)``: ``(n, out_caps, pose_dim)`` the means ``mu_i`` and
+        ``(n, out_caps)`` the activations ``a_i``, in the votes' dtype; with
+        ``return_assignments`` also ``R`` ``(n, out_caps, in_caps)`` (``(iterations, n, out_caps,
+        in_caps)`` with ``all_passes``), summing to 1 over each sender's parents (over
+        ``out_caps`` without ``sender_groups``), before the input activations multiply them.
+
+    Raises:
+        ValueError: bad shapes or dtypes, an empty or negative schedule, a non-positive ``eps``,
+            an unknown ``strategy``, malformed ``sender_groups``.
+        RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
+            again: its backward runs once; use ``strategy="vectorized"`` for second derivatives.
+    """
+    check_choice(strategy, _STRATEGIES, "strategy")
+    check_positive_float(eps, "eps")
+    if not isinstance(votes, Tensor) or votes.dim() != 4 or not votes.is_floating_point():
+        shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes)
+        raise ValueError(f"votes must be a floating tensor (n, out_caps, in_caps, pose_dim), got {shape}")
+    rows, receivers, senders, _ = votes.shape
+    if not isinstance(activations, Tensor) or activations.shape != (rows, senders):
+        shape = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations)
+        raise ValueError(f"activations must have shape (n, in_caps) = {(rows, senders)}, got {shape}")
+    schedule = tuple(float(v) for v in inverse_temperatures)
+    if not schedule or any(not math.isfinite(v) or v < 0 for v in schedule):
+        raise ValueError(f"inverse_temperatures must be one finite value >= 0 per iteration, got {schedule}")
+    offsets = []
+    for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
+        tensor = torch.as_tensor(value, dtype=votes.dtype, device=votes.device)
+        try:
+            offsets.append(tensor.expand(rows, receivers))  # (n, i): a view, no copy
+        except RuntimeError:
+            raise ValueError(f"{argument} must broadcast to (n, out_caps) = {(rows, receivers)}, got "
+                             f"{tuple(tensor.shape)}") from None
+    groups, num_groups, initial = None, 0, None
+    if sender_groups is not None:
+        groups, num_groups, initial = _prepare_groups(sender_groups, rows, senders, receivers, votes.device)
+    config = _Config(schedule, eps, groups, num_groups, initial, bool(return_assignments),
+                     bool(return_assignments and all_passes))
+    if strategy == "auto":
+        strategy = "vectorized" if votes.device.type == "cuda" else "blocked"
+    if strategy == "blocked":
+        period = 1 if groups is None else groups.shape[0]
+        per_row = receivers * senders * votes.shape[-1]
+        block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
+        outputs = _BlockedEM.apply(votes, activations, *offsets, config, block_rows)
+    else:
+        loop = _compiled_loop() if strategy == "compiled" else _em_loop
+        outputs = loop(votes, activations, *offsets, config, rows)
+    poses, logit = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
+    if not return_assignments:
+        return poses, logit
+    assignments = torch.stack(outputs[2:]) if all_passes else outputs[2]
+    return poses, logit, assignments
