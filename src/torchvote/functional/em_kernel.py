@@ -100,54 +100,181 @@ def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
     return exps / sums[ids].unsqueeze(1)
 
 
-def _em_loop(
-    votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor, config: _Config, rows: int
-) -> tuple[Tensor, ...]:
-    """Procedure 1 on ``rows`` rows: ``(n, i, j, h)`` votes, ``(n, j)`` activations, ``(n, i)``
-    offsets -> poses ``(n, i, h)``, activation logits ``(n, i)`` and the recorded assignments.
+class _DenseStatistics:
+    """Centred votes ``c = V - m`` and ``c^2`` of all rows, for the vectorized strategy: the
+    M-step's sums and the E-step's dot products are einsums, differentiated by plain autograd.
 
-    ``rows`` is ``n`` (passed so that the compiled form sees no shape arithmetic); with groups
-    ``n`` is a whole number of periods ``L`` and group ids are made distinct per period.
+    ``m`` (each receiver's plain mean of its votes, ``(n, i, h)``) is a constant to autograd:
+    every quantity is shift-invariant, and the centring keeps ``E[c^2] - E[c]^2`` exact enough in
+    float32.
     """
-    dtype = _compute_dtype(votes.dtype)
-    votes = votes.to(dtype)
+
+    def __init__(self, votes: Tensor) -> None:
+        votes = votes.to(_compute_dtype(votes.dtype))
+        self.shift = votes.detach().mean(dim=2)  # (n, i, h)
+        self.centred = votes - self.shift.unsqueeze(2)  # (n, i, j, h)
+        self.squares = self.centred.square()
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        """``(n, i, j)`` weights -> ``(n, i, 2h)``: ``[sum_j w c, sum_j w c^2]``."""
+        return torch.cat([torch.einsum("nij,nijh->nih", weights, self.centred),
+                          torch.einsum("nij,nijh->nih", weights, self.squares)], dim=-1)
+
+    def dot(self, queries: Tensor) -> Tensor:
+        """``(n, i, 2h)`` queries ``[q1, q2]`` -> ``(n, i, j)``: ``c . q1 + c^2 . q2``."""
+        half = queries.shape[-1] // 2
+        return (torch.einsum("nijh,nih->nij", self.centred, queries[..., :half])
+                + torch.einsum("nijh,nih->nij", self.squares, queries[..., half:]))
+
+
+def _em_loop(
+    statistics, activations: Tensor, beta_u: Tensor, beta_a: Tensor, config: _Config, rows: int
+) -> tuple[Tensor, ...]:
+    """Procedure 1 on ``rows`` rows given their vote statistics (``_DenseStatistics`` or one
+    block's ``_BlockStatistics``), ``(n, j)`` activations and ``(n, i)`` offsets -> poses
+    ``(n, i, h)``, activation logits ``(n, i)`` and the recorded assignments ``(n, i, j)``.
+
+    With groups, ``n`` is a whole number of periods ``L``; group ids are made distinct per period.
+    """
+    shift = statistics.shift  # (n, i, h)
+    dtype, (receivers, pose_dim) = shift.dtype, shift.shape[1:]
     activations, beta_u, beta_a = activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype)
-    receivers = votes.shape[1]
-    eps = config.eps
+    senders, eps = activations.shape[-1], config.eps
     ids = None
     if config.groups is None:
-        assignments = votes.new_full((1, 1, 1), 1.0 / receivers)  # R_ij = 1 / |Omega_{L+1}|
+        assignments = shift.new_full((1, 1, 1), 1.0 / receivers)  # R_ij = 1 / |Omega_{L+1}|
     else:
         period = config.groups.shape[0]
         repeats = rows // period
-        offsets = torch.arange(repeats, device=votes.device).repeat_interleave(period) * config.num_groups
+        offsets = torch.arange(repeats, device=shift.device).repeat_interleave(period) * config.num_groups
         ids = config.groups.repeat(repeats, 1) + offsets.unsqueeze(1)  # (n, j) distinct per period
-        assignments = config.initial.to(dtype).repeat(repeats, 1, 1)  # (n, 1, j)
+        assignments = config.initial.to(dtype).repeat(repeats, 1, 1)  # (n, 1, j): 1 / |parents|
     recorded = []
-    mean = logit = votes.new_zeros(())
+    mean = logit = shift
     last = len(config.schedule) - 1
     for t, inverse_temperature in enumerate(config.schedule):
         if config.record and (config.all_passes or t == last):
-            recorded.append(assignments.expand(rows, receivers, votes.shape[2]))
-        weights = assignments * activations.unsqueeze(1)  # (n, i, j): R_ij a_j, not renormalised
-        total = weights.sum(-1)  # (n, i)
-        denominator = total.clamp_min(eps).unsqueeze(-1)  # (n, i, 1)
-        mean = torch.einsum("nij,nijh->nih", weights, votes) / denominator
-        squares = (votes - mean.unsqueeze(2)).square()  # (n, i, j, h)
-        variance = torch.einsum("nij,nijh->nih", weights, squares) / denominator + eps
+            recorded.append(assignments.expand(rows, receivers, senders))
+        weights = (assignments * activations.unsqueeze(1)).expand(rows, receivers, senders)
+        total = weights.sum(-1, keepdim=True)  # (n, i, 1)
+        # (n, i, j) weights R_ij a_j, NOT renormalised over i
+        sums = statistics.weighted_sum(weights) / total.clamp_min(eps)  # (n, i, 2h)
+        mean = sums[..., :pose_dim]  # of the centred votes
+        variance = (sums[..., pose_dim:] - mean.square()).clamp_min(0.0) + eps  # (n, i, h)
         log_variance = variance.log()
-        cost = (beta_u.unsqueeze(-1) + 0.5 * log_variance) * total.unsqueeze(-1)  # (n, i, h)
+        cost = (beta_u.unsqueeze(-1) + 0.5 * log_variance) * total  # (beta_u + log sigma) sum R
         logit = inverse_temperature * (beta_a - cost.sum(-1))  # (n, i): a_i = sigmoid(logit)
         if t == last:
             break  # no E-step after the last M-step: it changes nothing returned
-        log_density = -0.5 * (torch.einsum("nijh,nih->nij", squares, variance.reciprocal())
-                              + (log_variance + _LOG_2PI).sum(-1).unsqueeze(-1))  # (n, i, j)
-        logits = F.logsigmoid(logit).unsqueeze(-1) + log_density  # log a_i + log p_ij
+        # log a_i + log N(V_ij | mu_i, s2_i) = k_i + c . (mu / s2) + c^2 . (-1 / (2 s2))
+        precision = variance.reciprocal()
+        constant = -0.5 * (mean.square() * precision + log_variance + _LOG_2PI).sum(-1)
+        constant = constant + F.logsigmoid(logit)  # (n, i)
+        queries = torch.cat([mean * precision, -0.5 * precision], dim=-1)  # (n, i, 2h)
+        logits = constant.unsqueeze(-1) + statistics.dot(queries)  # (n, i, j)
         if ids is None:
             assignments = logits.softmax(dim=1)  # over the receivers of each sender
         else:
             assignments = _group_softmax(logits, ids, repeats * config.num_groups)
-    return mean, logit, *recorded
+    return mean + shift, logit, *recorded
+
+
+class _BlockStatistics:
+    """One block's ``[c, c^2]``, laid out ``(N = n * i, 2h, j)`` (the layout in which both of the
+    loop's matrix-vector products run fast), built without autograd.
+
+    Its two products are autograd Functions whose backward returns the gradient of the small
+    operand and records the pieces of the votes' gradient here: every product contributes
+    ``scale_j * coefficient`` to ``d/d[c, c^2]``; :meth:`votes_gradient` sums them as one small
+    batched product. An instance lives for one forward or one backward recomputation only.
+    """
+
+    def __init__(self, votes: Tensor, replay: list[Tensor] | None = None) -> None:
+        n, receivers, senders, pose_dim = votes.shape
+        # The products' results of the forward, recorded there and replayed by the backward's
+        # recomputation (which then only builds the statistics and differentiates the small ops).
+        self.replay = replay
+        self.recorded: list[Tensor] = []
+        with torch.no_grad():
+            votes = votes.to(_compute_dtype(votes.dtype))
+            self.shift = votes.mean(dim=2)  # (n, i, h)
+            stats = votes.new_empty(n * receivers, 2 * pose_dim, senders)
+            centred = stats[:, :pose_dim]  # (N, h, j)
+            torch.sub(votes.transpose(-1, -2), self.shift.unsqueeze(-1),
+                      out=centred.view(n, receivers, pose_dim, senders))
+            torch.mul(centred, centred, out=stats[:, pose_dim:])
+        self.tensor, self.shape = stats, (n, receivers, senders, pose_dim)
+        self.token = votes.new_zeros(())
+        self.scales: list[Tensor] = []  # (N, j) each
+        self.coefficients: list[Tensor] = []  # (N, 2h) each
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        n, receivers, senders, _ = self.shape
+        flat = weights.reshape(n * receivers, senders)
+        return _StatisticsSum.apply(flat, self.token, self).view(n, receivers, -1)
+
+    def dot(self, queries: Tensor) -> Tensor:
+        n, receivers, senders, _ = self.shape
+        flat = queries.reshape(n * receivers, -1)
+        return _StatisticsDot.apply(flat, self.token, self).view(n, receivers, senders)
+
+    def votes_gradient(self) -> Tensor:
+        """``d/dV`` ``(N, h, j)`` from the recorded pieces: ``d/dc + 2 c d/d(c^2)``."""
+        pose_dim = self.shape[-1]
+        scales = torch.stack(self.scales, dim=1)  # (N, K, j)
+        coefficients = torch.stack(self.coefficients, dim=2)  # (N, 2h, K)
+        pieces = torch.bmm(coefficients, scales)  # (N, 2h, j)
+        centred = self.tensor[:, :pose_dim]
+        return torch.addcmul(pieces[:, :pose_dim], centred, pieces[:, pose_dim:], value=2.0)
+
+
+class _StatisticsSum(torch.autograd.Function):
+    """``(N, j)`` weights -> ``(N, 2h)`` ``[sum_j w c, sum_j w c^2]``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, weights: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
+        ctx.save_for_backward(weights)
+        ctx.stats = stats
+        if stats.replay is not None:
+            return stats.replay.pop(0).clone()
+        # weights as (N, j, 1) with strides (j, 1, j): MKL's fast matrix-vector path
+        result = torch.bmm(stats.tensor, weights.unsqueeze(1).transpose(1, 2)).squeeze(-1)
+        stats.recorded.append(result)
+        return result
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        (weights,) = ctx.saved_tensors
+        grad_weights = torch.bmm(grad.unsqueeze(1), ctx.stats.tensor).squeeze(1)  # (N, j)
+        if ctx.needs_input_grad[1]:
+            ctx.stats.scales.append(weights)
+            ctx.stats.coefficients.append(grad)
+        return grad_weights, None, None
+
+
+class _StatisticsDot(torch.autograd.Function):
+    """``(N, 2h)`` queries ``[q1, q2]`` -> ``(N, j)`` ``c . q1 + c^2 . q2``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, queries: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
+        ctx.save_for_backward(queries)
+        ctx.stats = stats
+        if stats.replay is not None:
+            return stats.replay.pop(0).clone()
+        result = torch.bmm(queries.unsqueeze(1), stats.tensor).squeeze(1)
+        stats.recorded.append(result)
+        return result
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        (queries,) = ctx.saved_tensors
+        grad_queries = torch.bmm(ctx.stats.tensor, grad.unsqueeze(1).transpose(1, 2)).squeeze(-1)  # (N, 2h)
+        if ctx.needs_input_grad[1]:
+            ctx.stats.scales.append(grad)
+            ctx.stats.coefficients.append(queries)
+        return grad_queries, None, None
 
 
 class _BlockedEM(torch.autograd.Function):
@@ -160,42 +287,50 @@ class _BlockedEM(torch.autograd.Function):
         ctx.config, ctx.block_rows = config, block_rows
         ctx.set_materialize_grads(False)
         rows = votes.shape[0]
-        pieces = [
-            _em_loop(votes[s:s + block_rows], activations[s:s + block_rows], beta_u[s:s + block_rows],
-                     beta_a[s:s + block_rows], config, min(block_rows, rows - s))
-            for s in range(0, rows, block_rows)
-        ]
-        mean = torch.cat([p[0] for p in pieces])  # (n, i, h)
-        logit = torch.cat([p[1] for p in pieces])  # (n, i)
-        recorded = [torch.cat([p[2 + k] for p in pieces]) for k in range(len(pieces[0]) - 2)]
-        return mean, logit, *recorded
+        pieces, ctx.products = [], []
+        for s in range(0, rows, block_rows):
+            block = slice(s, s + block_rows)
+            stats = _BlockStatistics(votes[block])
+            pieces.append(_em_loop(stats, activations[block], beta_u[block], beta_a[block], config,
+                                   min(block_rows, rows - s)))
+            # (N, 2h) and (N, j) per product: 1 / (2h) of the votes' size per E-step
+            ctx.products.append(stats.recorded)
+            del stats
+        return tuple(torch.cat([p[k] for p in pieces]) for k in range(len(pieces[0])))
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
-        inputs = ctx.saved_tensors
+        votes, *small = ctx.saved_tensors
         needs = ctx.needs_input_grad[:4]
-        results = [torch.zeros_like(x, memory_format=torch.contiguous_format) if need else None
-                   for x, need in zip(inputs, needs, strict=True)]
-        rows, block_rows = inputs[0].shape[0], ctx.block_rows
+        results = [torch.zeros(x.shape, dtype=x.dtype, device=x.device) if need else None
+                   for x, need in zip([votes, *small], needs, strict=True)]
+        rows, block_rows = votes.shape[0], ctx.block_rows
         if not any(needs) or all(g is None for g in grads):
             return *results, None, None
-        for s in range(0, rows, block_rows):
+        for index, s in enumerate(range(0, rows, block_rows)):
+            block = slice(s, s + block_rows)
+            stats = _BlockStatistics(votes[block], list(ctx.products[index]))
             with torch.enable_grad():
-                block = [x[s:s + block_rows].detach().requires_grad_(need)
-                         for x, need in zip(inputs, needs, strict=True)]
-                outputs = _em_loop(*block, ctx.config, min(block_rows, rows - s))
-                pairs = [(o, g[s:s + block_rows]) for o, g in zip(outputs, grads, strict=True)
-                         if g is not None]
-                wanted = [x for x, need in zip(block, needs, strict=True) if need]
-                found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                            allow_unused=True)
-            found_iter = iter(found)
-            for result, need in zip(results, needs, strict=True):
+                stats.token.requires_grad_(needs[0])
+                inputs = [x[block].detach().requires_grad_(need)
+                          for x, need in zip(small, needs[1:], strict=True)]
+                outputs = _em_loop(stats, *inputs, ctx.config, min(block_rows, rows - s))
+                pairs = [(o, g[block]) for o, g in zip(outputs, grads, strict=True) if g is not None]
+                wanted = [x for x in [stats.token, *inputs] if x.requires_grad]
+                found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                                 allow_unused=True))
+            if needs[0]:
+                next(found)
+                if stats.scales:
+                    n, receivers, senders, pose_dim = stats.shape
+                    target = results[0][block].view(n, receivers, senders, pose_dim)
+                    target.copy_(stats.votes_gradient().view(n, receivers, pose_dim, senders).transpose(-1, -2))
+            for result, need in zip(results[1:], needs[1:], strict=True):
                 if need:
-                    piece = next(found_iter)
+                    piece = next(found)
                     if piece is not None:
-                        result[s:s + block_rows] = piece
+                        result[block] = piece
         return *results, None, None
 
 
@@ -352,7 +487,7 @@ def em_routing_kernel(
         outputs = _BlockedEM.apply(votes, activations, *offsets, config, block_rows)
     else:
         loop = _compiled_loop() if strategy == "compiled" else _em_loop
-        outputs = loop(votes, activations, *offsets, config, rows)
+        outputs = loop(_DenseStatistics(votes), activations, *offsets, config, rows)
     poses, logit = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
     if not return_assignments:
         return poses, logit
