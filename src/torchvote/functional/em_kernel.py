@@ -180,8 +180,8 @@ def _em_loop(
 
 
 class _BlockStatistics:
-    """One block's ``[c, c^2]``, laid out ``(N = n * i, 2h, j)`` (the layout in which both of the
-    loop's matrix-vector products run fast), built without autograd.
+    """One block's ``[c, c^2]``, laid out ``(N = n * i, j, 2h)`` (the votes' own layout, so that
+    building it is a contiguous pass), built without autograd.
 
     Its two products are autograd Functions whose backward returns the gradient of the small
     operand and records the pieces of the votes' gradient here: every product contributes
@@ -189,7 +189,7 @@ class _BlockStatistics:
     batched product. An instance lives for one forward or one backward recomputation only.
     """
 
-    def __init__(self, votes: Tensor, replay: list[Tensor] | None = None) -> None:
+    def __init__(self, votes: Tensor, workspace: Tensor, replay: list[Tensor] | None = None) -> None:
         n, receivers, senders, pose_dim = votes.shape
         # The products' results of the forward, recorded there and replayed by the backward's
         # recomputation (which then only builds the statistics and differentiates the small ops).
@@ -198,11 +198,12 @@ class _BlockStatistics:
         with torch.no_grad():
             votes = votes.to(_compute_dtype(votes.dtype))
             self.shift = votes.mean(dim=2)  # (n, i, h)
-            stats = votes.new_empty(n * receivers, 2 * pose_dim, senders)
-            centred = stats[:, :pose_dim]  # (N, h, j)
-            torch.sub(votes.transpose(-1, -2), self.shift.unsqueeze(-1),
-                      out=centred.view(n, receivers, pose_dim, senders))
-            torch.mul(centred, centred, out=stats[:, pose_dim:])
+            # One buffer reused by every block: a fresh one per block pays its page faults again.
+            stats = workspace[: 2 * votes.numel()].view(n, receivers, senders, 2 * pose_dim)
+            centred = stats[..., :pose_dim]  # (n, i, j, h)
+            torch.sub(votes, self.shift.unsqueeze(2), out=centred)
+            torch.mul(centred, centred, out=stats[..., pose_dim:])
+            stats = stats.view(n * receivers, senders, 2 * pose_dim)
         self.tensor, self.shape = stats, (n, receivers, senders, pose_dim)
         self.token = votes.new_zeros(())
         self.scales: list[Tensor] = []  # (N, j) each
@@ -218,14 +219,26 @@ class _BlockStatistics:
         flat = queries.reshape(n * receivers, -1)
         return _StatisticsDot.apply(flat, self.token, self).view(n, receivers, senders)
 
-    def votes_gradient(self) -> Tensor:
-        """``d/dV`` ``(N, h, j)`` from the recorded pieces: ``d/dc + 2 c d/d(c^2)``."""
-        pose_dim = self.shape[-1]
-        scales = torch.stack(self.scales, dim=1)  # (N, K, j)
-        coefficients = torch.stack(self.coefficients, dim=2)  # (N, 2h, K)
-        pieces = torch.bmm(coefficients, scales)  # (N, 2h, j)
-        centred = self.tensor[:, :pose_dim]
-        return torch.addcmul(pieces[:, :pose_dim], centred, pieces[:, pose_dim:], value=2.0)
+    def votes_gradient(self, votes: Tensor, out: Tensor) -> None:
+        """Write ``d/dV`` ``(n, i, j, h)`` into ``out`` from the recorded pieces.
+
+        ``d/dc = sum_k P_k Q1_k`` and ``d/d(c^2) = sum_k P_k Q2_k`` over the products ``k``; with
+        ``c = V - m``: ``d/dV = sum_k P_k (Q1_k - 2 m Q2_k) + 2 V sum_k P_k Q2_k``, one batched
+        product in the votes' own layout and one ``addcmul`` (no transposing copy).
+        """
+        n, receivers, senders, pose_dim = self.shape
+        # (N, j, K) as a transposed view of (N, K, j): MKL's fast path for a small inner K
+        scales = torch.stack(self.scales, dim=1).transpose(1, 2)
+        coefficients = torch.stack(self.coefficients, dim=1)  # (N, K, 2h): [Q1, Q2]
+        first, second = coefficients[..., :pose_dim], coefficients[..., pose_dim:]
+        shift = self.shift.view(n * receivers, 1, pose_dim)
+        size = out.numel()  # the statistics are no longer needed: their buffer holds the pieces
+        linear = self.tensor.view(-1)[:size].view(n * receivers, senders, pose_dim)
+        quadratic = self.tensor.view(-1)[size:].view(n * receivers, senders, pose_dim)
+        torch.bmm(scales, first - 2 * shift * second, out=linear)
+        torch.bmm(scales, second, out=quadratic)
+        linear, quadratic = linear.view(out.shape), quadratic.view(out.shape)  # (n, i, j, h)
+        torch.addcmul(linear, votes.to(linear.dtype), quadratic, value=2.0, out=out)
 
 
 class _StatisticsSum(torch.autograd.Function):
@@ -237,8 +250,7 @@ class _StatisticsSum(torch.autograd.Function):
         ctx.stats = stats
         if stats.replay is not None:
             return stats.replay.pop(0).clone()
-        # weights as (N, j, 1) with strides (j, 1, j): MKL's fast matrix-vector path
-        result = torch.bmm(stats.tensor, weights.unsqueeze(1).transpose(1, 2)).squeeze(-1)
+        result = torch.bmm(weights.unsqueeze(1), stats.tensor).squeeze(1)
         stats.recorded.append(result)
         return result
 
@@ -246,7 +258,8 @@ class _StatisticsSum(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         (weights,) = ctx.saved_tensors
-        grad_weights = torch.bmm(grad.unsqueeze(1), ctx.stats.tensor).squeeze(1)  # (N, j)
+        # the vector as (N, 2h, 1) with strides (2h, 1, 2h): MKL's fast matrix-vector path
+        grad_weights = torch.bmm(ctx.stats.tensor, grad.unsqueeze(1).transpose(1, 2)).squeeze(-1)  # (N, j)
         if ctx.needs_input_grad[1]:
             ctx.stats.scales.append(weights)
             ctx.stats.coefficients.append(grad)
@@ -262,7 +275,7 @@ class _StatisticsDot(torch.autograd.Function):
         ctx.stats = stats
         if stats.replay is not None:
             return stats.replay.pop(0).clone()
-        result = torch.bmm(queries.unsqueeze(1), stats.tensor).squeeze(1)
+        result = torch.bmm(stats.tensor, queries.unsqueeze(1).transpose(1, 2)).squeeze(-1)
         stats.recorded.append(result)
         return result
 
@@ -270,11 +283,17 @@ class _StatisticsDot(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         (queries,) = ctx.saved_tensors
-        grad_queries = torch.bmm(ctx.stats.tensor, grad.unsqueeze(1).transpose(1, 2)).squeeze(-1)  # (N, 2h)
+        grad_queries = torch.bmm(grad.unsqueeze(1), ctx.stats.tensor).squeeze(1)  # (N, 2h)
         if ctx.needs_input_grad[1]:
             ctx.stats.scales.append(grad)
             ctx.stats.coefficients.append(queries)
         return grad_queries, None, None
+
+
+def _workspace(votes: Tensor, block_rows: int) -> Tensor:
+    """A flat buffer for one block's statistics ``(rows, i, j, 2h)`` in the compute dtype."""
+    size = 2 * block_rows * votes[0].numel()
+    return torch.empty(size, dtype=_compute_dtype(votes.dtype), device=votes.device)
 
 
 class _BlockedEM(torch.autograd.Function):
@@ -288,9 +307,10 @@ class _BlockedEM(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         rows = votes.shape[0]
         pieces, ctx.products = [], []
+        workspace = _workspace(votes, block_rows)
         for s in range(0, rows, block_rows):
             block = slice(s, s + block_rows)
-            stats = _BlockStatistics(votes[block])
+            stats = _BlockStatistics(votes[block], workspace)
             pieces.append(_em_loop(stats, activations[block], beta_u[block], beta_a[block], config,
                                    min(block_rows, rows - s)))
             # (N, 2h) and (N, j) per product: 1 / (2h) of the votes' size per E-step
@@ -304,13 +324,15 @@ class _BlockedEM(torch.autograd.Function):
         votes, *small = ctx.saved_tensors
         needs = ctx.needs_input_grad[:4]
         results = [torch.zeros(x.shape, dtype=x.dtype, device=x.device) if need else None
-                   for x, need in zip([votes, *small], needs, strict=True)]
+                   for x, need in zip(small, needs[1:], strict=True)]
+        results.insert(0, torch.empty_like(votes, memory_format=torch.contiguous_format) if needs[0] else None)
         rows, block_rows = votes.shape[0], ctx.block_rows
         if not any(needs) or all(g is None for g in grads):
             return *results, None, None
+        workspace = _workspace(votes, block_rows)
         for index, s in enumerate(range(0, rows, block_rows)):
             block = slice(s, s + block_rows)
-            stats = _BlockStatistics(votes[block], list(ctx.products[index]))
+            stats = _BlockStatistics(votes[block], workspace, list(ctx.products[index]))
             with torch.enable_grad():
                 stats.token.requires_grad_(needs[0])
                 inputs = [x[block].detach().requires_grad_(need)
@@ -323,9 +345,9 @@ class _BlockedEM(torch.autograd.Function):
             if needs[0]:
                 next(found)
                 if stats.scales:
-                    n, receivers, senders, pose_dim = stats.shape
-                    target = results[0][block].view(n, receivers, senders, pose_dim)
-                    target.copy_(stats.votes_gradient().view(n, receivers, pose_dim, senders).transpose(-1, -2))
+                    stats.votes_gradient(votes[block], out=results[0][block])
+                else:
+                    results[0][block].zero_()
             for result, need in zip(results[1:], needs[1:], strict=True):
                 if need:
                     piece = next(found)
