@@ -319,16 +319,22 @@ class _BlockedEM(torch.autograd.Function):
         return tuple(torch.cat([p[k] for p in pieces]) for k in range(len(pieces[0])))
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "em_routing_kernel(strategy='blocked') can be differentiated once only (its backward "
+                "recomputes each block and is not itself differentiable); use strategy='vectorized' "
+                "for double backward (create_graph=True)")
         votes, *small = ctx.saved_tensors
         needs = ctx.needs_input_grad[:4]
+        if not any(needs) or all(g is None for g in grads):
+            return None, None, None, None, None, None
         results = [torch.zeros(x.shape, dtype=x.dtype, device=x.device) if need else None
                    for x, need in zip(small, needs[1:], strict=True)]
-        results.insert(0, torch.empty_like(votes, memory_format=torch.contiguous_format) if needs[0] else None)
+        # every block writes its rows of the votes' gradient (or zeroes them)
+        grad_votes = torch.empty_like(votes, memory_format=torch.contiguous_format) if needs[0] else None
+        results.insert(0, grad_votes)
         rows, block_rows = votes.shape[0], ctx.block_rows
-        if not any(needs) or all(g is None for g in grads):
-            return *results, None, None
         workspace = _workspace(votes, block_rows)
         for index, s in enumerate(range(0, rows, block_rows)):
             block = slice(s, s + block_rows)
@@ -338,10 +344,11 @@ class _BlockedEM(torch.autograd.Function):
                 inputs = [x[block].detach().requires_grad_(need)
                           for x, need in zip(small, needs[1:], strict=True)]
                 outputs = _em_loop(stats, *inputs, ctx.config, min(block_rows, rows - s))
-                pairs = [(o, g[block]) for o, g in zip(outputs, grads, strict=True) if g is not None]
+                pairs = [(o, g[block]) for o, g in zip(outputs, grads, strict=True)
+                         if g is not None and o.requires_grad]  # the initial R is a constant
                 wanted = [x for x in [stats.token, *inputs] if x.requires_grad]
                 found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                                 allow_unused=True))
+                                                 allow_unused=True) if pairs else [None] * len(wanted))
             if needs[0]:
                 next(found)
                 if stats.scales:
@@ -489,7 +496,8 @@ def em_routing_kernel(
         raise ValueError(f"inverse_temperatures must be one finite value >= 0 per iteration, got {schedule}")
     offsets = []
     for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
-        tensor = torch.as_tensor(value, dtype=votes.dtype, device=votes.device)
+        tensor = value if isinstance(value, Tensor) else torch.as_tensor(
+            value, dtype=_compute_dtype(votes.dtype), device=votes.device)
         try:
             offsets.append(tensor.expand(rows, receivers))  # (n, i): a view, no copy
         except RuntimeError:
