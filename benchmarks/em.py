@@ -10,8 +10,8 @@ already materialised. Implementations:
 - ``current``: ``torchvote.functional.em_routing`` on the same votes in its ``(n, j, i, h)`` layout
   (contiguous, as ``ConvMatrixCapsules`` makes them);
 - ``kernel-<strategy>``: ``em_routing_kernel`` per strategy (``blocked``, ``vectorized``,
-  ``compiled``), per-patch normalisation like ``current``; ``kernel-joint`` is the blocked
-  strategy with the joint normalisation over every parent (``conv_sender_groups``), the paper's;
+  ``compiled``), per-patch normalisation like ``current``; ``kernel-joint`` is the device's
+  default strategy (blocked on CPU, vectorized on CUDA) with the joint normalisation over every parent (``conv_sender_groups``), the paper's;
 - ``naive``: Procedure 1 as a plain eager loop over broadcast ``(n, j, i, h)`` tensors, the way
   public implementations write it (everything built on the votes' device).
 
@@ -108,7 +108,7 @@ def build(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype) -
             return naive_em(*leaves)
         strategy = impl.removeprefix("kernel-")
         grouping = {"sender_groups": groups} if strategy == "joint" else {}
-        strategy = "blocked" if strategy == "joint" else strategy
+        strategy = "auto" if strategy == "joint" else strategy  # joint: the device's default
         return em_routing_kernel(*leaves, inverse_temperatures=SCHEDULE, strategy=strategy, **grouping)
 
     def step():
