@@ -11,7 +11,8 @@ already materialised. Implementations:
   (contiguous, as ``ConvMatrixCapsules`` makes them);
 - ``kernel-<strategy>``: ``em_routing_kernel`` per strategy (``blocked``, ``vectorized``,
   ``compiled``), per-patch normalisation like ``current``; ``kernel-joint`` is the device's
-  default strategy (blocked on CPU, vectorized on CUDA) with the joint normalisation over every parent (``conv_sender_groups``), the paper's;
+  default strategy (blocked on CPU, vectorized on CUDA) with the joint normalisation over every
+  parent (``conv_sender_groups``), the paper's form;
 - ``naive``: Procedure 1 as a plain eager loop over broadcast ``(n, j, i, h)`` tensors, the way
   public implementations write it (everything built on the votes' device).
 

@@ -101,30 +101,39 @@ def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
 
 
 class _DenseStatistics:
-    """Centred votes ``c = V - m`` and ``c^2`` of all rows, for the vectorized strategy: the
-    M-step's sums and the E-step's dot products are einsums, differentiated by plain autograd.
+    """Centred votes ``c = V - m`` and ``c^2`` of all rows, for the vectorized and compiled
+    strategies: the M-step's sums and the E-step's dot products, differentiated by plain autograd.
 
     ``m`` (each receiver's plain mean of its votes, ``(n, i, h)``) is a constant to autograd:
     every quantity is shift-invariant, and the centring keeps ``E[c^2] - E[c]^2`` exact enough in
-    float32.
+    float32. Eager mode uses einsums (batched matrix products); under ``torch.compile``
+    (``fused=True``) the same sums are written as broadcast products reduced over ``j``, which
+    Inductor fuses with their neighbours instead of calling out to a matrix product.
     """
 
-    def __init__(self, votes: Tensor) -> None:
+    def __init__(self, votes: Tensor, fused: bool = False) -> None:
         votes = votes.to(_compute_dtype(votes.dtype))
+        self.fused = fused
         self.shift = votes.detach().mean(dim=2)  # (n, i, h)
         self.centred = votes - self.shift.unsqueeze(2)  # (n, i, j, h)
         self.squares = self.centred.square()
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         """``(n, i, j)`` weights -> ``(n, i, 2h)``: ``[sum_j w c, sum_j w c^2]``."""
+        if self.fused:
+            w = weights.unsqueeze(-1)
+            return torch.cat([(w * self.centred).sum(2), (w * self.squares).sum(2)], dim=-1)
         return torch.cat([torch.einsum("nij,nijh->nih", weights, self.centred),
                           torch.einsum("nij,nijh->nih", weights, self.squares)], dim=-1)
 
     def dot(self, queries: Tensor) -> Tensor:
         """``(n, i, 2h)`` queries ``[q1, q2]`` -> ``(n, i, j)``: ``c . q1 + c^2 . q2``."""
         half = queries.shape[-1] // 2
-        return (torch.einsum("nijh,nih->nij", self.centred, queries[..., :half])
-                + torch.einsum("nijh,nih->nij", self.squares, queries[..., half:]))
+        first, second = queries[..., :half], queries[..., half:]
+        if self.fused:
+            return (self.centred * first.unsqueeze(2) + self.squares * second.unsqueeze(2)).sum(-1)
+        return (torch.einsum("nijh,nih->nij", self.centred, first)
+                + torch.einsum("nijh,nih->nij", self.squares, second))
 
 
 def _em_loop(
@@ -366,9 +375,15 @@ class _BlockedEM(torch.autograd.Function):
 _COMPILED = {}
 
 
+def _fused_loop(votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor, config: _Config,
+                rows: int) -> tuple[Tensor, ...]:
+    return _em_loop(_DenseStatistics(votes, fused=True), activations, beta_u, beta_a, config, rows)
+
+
 def _compiled_loop():
+    """``torch.compile`` of the whole loop (statistics included), made once per process."""
     if "loop" not in _COMPILED:
-        _COMPILED["loop"] = torch.compile(_em_loop, dynamic=False)
+        _COMPILED["loop"] = torch.compile(_fused_loop, dynamic=False)
     return _COMPILED["loop"]
 
 
@@ -515,9 +530,10 @@ def em_routing_kernel(
         per_row = receivers * senders * votes.shape[-1]
         block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
         outputs = _BlockedEM.apply(votes, activations, *offsets, config, block_rows)
+    elif strategy == "compiled":
+        outputs = _compiled_loop()(votes, activations, *offsets, config, rows)
     else:
-        loop = _compiled_loop() if strategy == "compiled" else _em_loop
-        outputs = loop(_DenseStatistics(votes), activations, *offsets, config, rows)
+        outputs = _em_loop(_DenseStatistics(votes), activations, *offsets, config, rows)
     poses, logit = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
     if not return_assignments:
         return poses, logit
