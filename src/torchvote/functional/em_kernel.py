@@ -41,6 +41,11 @@ Strategies (every one gives the same numbers; ``"auto"`` picks by device):
 
 Votes in bfloat16 or float16 are routed with float32 statistics (cast per block in ``"blocked"``);
 poses and activations come back in the votes' dtype.
+
+This file is over 400 lines on purpose: the strategies share one loop (:func:`_em_loop`) written
+against two statistics classes, and the blocked strategy's hand-written product gradients are
+only correct together with the Function that scopes them to one backward call; split, the
+invariants that make the gradients right would live in different files.
 """
 
 from __future__ import annotations
