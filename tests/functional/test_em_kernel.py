@@ -280,16 +280,24 @@ def test_conv_sender_groups_follow_conv_matrix_capsules_patch_order():
     assert torch.equal(conv_sender_groups(rows, cols, types, k, stride), patches.long())
 
 
-def test_compiled_strategy_matches_reference():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_compiled_strategy_matches_reference(grouped):
+    """Compiled against the current em_routing, or (with groups) against the vectorized
+    strategy, itself checked against the paper loop above."""
     if not hasattr(torch, "compile"):
         pytest.skip("torch.compile is unavailable in this torch")
     inputs = sample(8, rows=2, receivers=2, senders=3, pose_dim=2)
+    groups = torch.tensor([[0, 1, 2], [2, 3, 0]]) if grouped else None
     try:
         ours = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="compiled",
-                                 return_assignments=True)
+                                 sender_groups=groups, return_assignments=True)
     except Exception as error:  # a missing compiler toolchain, not a wrong answer
         pytest.skip(f"torch.compile does not work here: {type(error).__name__}: {error}")
-    ref = current(*inputs, [0.5, 1.0], return_assignments=True)
+    if grouped:
+        ref = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="vectorized",
+                                sender_groups=groups, return_assignments=True)
+    else:
+        ref = current(*inputs, [0.5, 1.0], return_assignments=True)
     for x, y in zip(ours, ref, strict=True):
         torch.testing.assert_close(x, y, **TIGHT)
     grads = torch.autograd.grad(loss_of(*ours), inputs)
