@@ -19,7 +19,8 @@ already materialised. Implementations:
 Timing runs every implementation in this one process, interleaved, and reports medians and the
 ratio to ``current``. Peak memory: on CPU each implementation runs once in a fresh spawned process
 that resets the kernel's resident-set high-water mark (``/proc/self/clear_refs``) after building
-its inputs and reports ``VmHWM`` minus the resident set before the step; on CUDA
+its inputs and reports ``VmHWM`` minus the resident set before the step (``kernel-compiled``
+first runs one untimed step at the size to compile, then returns freed heap to the OS); on CUDA
 ``torch.cuda.max_memory_allocated`` minus the memory allocated before the step.
 
 Usage::
@@ -36,6 +37,9 @@ spinning OpenMP workers otherwise stall every small operation of a routing loop.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import gc
 import math
 import multiprocessing as mp
 import statistics
@@ -134,11 +138,21 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _release_free_heap() -> None:
+    """Return freed heap memory to the OS (glibc), so that the resident set before a step is
+    what is live, not what an earlier step left cached."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _peak_worker(impl, batch, quick, device, dtype, queue) -> None:
     try:
-        torch.set_num_threads(torch.get_num_threads())
         build(impl, 1, True, device, dtype)()  # warm the libraries up on a tiny case
         step = build(impl, batch, quick, device, dtype)
+        if impl == "kernel-compiled":  # compile for this shape outside the measured step
+            step()
+            gc.collect()
+            _release_free_heap()
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
