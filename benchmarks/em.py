@@ -1,0 +1,249 @@
+"""EM routing speed and memory: the receivers-first kernel beside the current ``em_routing`` and a naive loop.
+
+The case is the routing of the paper's smallNORB ConvCaps1 (Hinton, Sabour & Frosst 2018: 32 -> 32
+types, 14x14 -> 6x6, K=3, stride 2, 3 iterations): per image 36 patches, each routing
+``j = 3*3*32 = 288`` input capsules to ``i = 32`` outputs with 4x4 poses, so votes
+``(batch*36, 32, 288, 16)`` (680 MB in float32 at batch 32). One step is forward and backward
+(gradients for the votes, the activations and both offsets) of the routing alone, on votes
+already materialised. Implementations:
+
+- ``current``: ``torchvote.functional.em_routing`` on the same votes in its ``(n, j, i, h)`` layout
+  (contiguous, as ``ConvMatrixCapsules`` makes them);
+- ``kernel-<strategy>``: ``em_routing_kernel`` per strategy (``blocked``, ``vectorized``,
+  ``compiled``), per-patch normalisation like ``current``; ``kernel-joint`` is the device's
+  default strategy (blocked on CPU, vectorized on CUDA) with the joint normalisation over every
+  parent (``conv_sender_groups``), the paper's form;
+- ``naive``: Procedure 1 as a plain eager loop over broadcast ``(n, j, i, h)`` tensors, the way
+  public implementations write it (everything built on the votes' device).
+
+Timing runs every implementation in this one process, interleaved, and reports medians and the
+ratio to ``current``. Peak memory: on CPU each implementation runs once in a fresh spawned process
+that resets the kernel's resident-set high-water mark (``/proc/self/clear_refs``) after building
+its inputs and reports ``VmHWM`` minus the resident set before the step (``kernel-compiled``
+first runs one untimed step at the size to compile, then returns freed heap to the OS); on CUDA
+``torch.cuda.max_memory_allocated`` minus the memory allocated before the step.
+
+Usage::
+
+    python benchmarks/em.py --quick                       # a tiny case, seconds
+    python benchmarks/em.py --batch 32 --repeats 3        # the paper's config on CPU
+    python benchmarks/em.py --device cuda --dtype bfloat16 --impls current,kernel-vectorized,kernel-compiled
+
+With ``--dtype bfloat16`` the votes are bfloat16 (the kernel keeps its statistics in float32).
+On a machine shared with other jobs run with ``OMP_NUM_THREADS=1`` (or ``OMP_WAIT_POLICY=PASSIVE``):
+spinning OpenMP workers otherwise stall every small operation of a routing loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from torchvote.functional.em import default_inverse_temperature, em_routing
+from torchvote.functional.em_kernel import conv_sender_groups, em_routing_kernel
+
+IMPLEMENTATIONS = ["current", "kernel-blocked", "kernel-joint", "kernel-vectorized", "kernel-compiled",
+                   "naive"]
+ITERATIONS = 3
+SCHEDULE = [default_inverse_temperature(t) for t in range(ITERATIONS)]
+
+
+def naive_em(votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor, eps: float = 1e-6):
+    """Procedure 1 as a plain loop: votes ``(n, j, i, h)``, activations ``(n, j)`` -> ``(n, i, h)``,
+    ``(n, i)``. Log-space E-step, ``(beta_u + log sigma) sum R`` cost, no E-step after the last."""
+    n, senders, receivers, _ = votes.shape
+    votes = votes.float() if votes.dtype in (torch.bfloat16, torch.float16) else votes
+    R = torch.full((n, senders, receivers, 1), 1.0 / receivers, dtype=votes.dtype, device=votes.device)
+    a = activations.to(votes.dtype).view(n, senders, 1, 1)
+    for t in range(ITERATIONS):
+        Ra = R * a  # (n, j, i, 1)
+        total = Ra.sum(1, keepdim=True)  # (n, 1, i, 1)
+        mu = (Ra * votes).sum(1, keepdim=True) / total.clamp_min(eps)  # (n, 1, i, h)
+        var = (Ra * (votes - mu) ** 2).sum(1, keepdim=True) / total.clamp_min(eps) + eps
+        cost = (beta_u.view(1, 1, -1, 1) + 0.5 * torch.log(var)) * total
+        logit = SCHEDULE[t] * (beta_a.view(1, 1, -1) - cost.sum(-1))  # (n, 1, i)
+        if t == ITERATIONS - 1:
+            break
+        log_p = -((votes - mu) ** 2 / (2 * var)).sum(-1) - 0.5 * torch.log(2 * math.pi * var).sum(-1)
+        R = torch.softmax(F.logsigmoid(logit) + log_p, dim=2).unsqueeze(-1)  # over the outputs
+    return mu.squeeze(1), torch.sigmoid(logit.squeeze(1))
+
+
+def make_case(batch: int, quick: bool, device: str, dtype: torch.dtype, seed: int = 0):
+    """Receivers-first votes ``(n, i, j, h)``, activations ``(n, j)``, offsets, and the grid."""
+    grid, types, kernel, stride, pose_dim = ((5, 5), 4, 3, 2, 16) if quick else ((14, 14), 32, 3, 2, 16)
+    positions = ((grid[0] - kernel) // stride + 1) * ((grid[1] - kernel) // stride + 1)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    senders = kernel * kernel * types
+    votes = torch.randn(batch * positions, types, senders, pose_dim, generator=generator)
+    activations = torch.rand(batch * positions, senders, generator=generator)
+    beta_u = 0.1 * torch.randn(types, generator=generator)
+    beta_a = 0.1 * torch.randn(types, generator=generator)
+    votes = votes.to(device=device, dtype=dtype)
+    others = [x.to(device) for x in (activations, beta_u, beta_a)]
+    groups = conv_sender_groups(*grid, types, kernel, stride).to(device)
+    return votes, others, groups
+
+
+def build(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype) -> Callable[[], None]:
+    """A closure running one forward + backward step of ``impl`` on fresh leaves."""
+    votes, (activations, beta_u, beta_a), groups = make_case(batch, quick, device, dtype)
+    if impl in ("current", "naive"):
+        votes = rearrange(votes, "n i j h -> n j i h").contiguous()  # the papers' layout
+    leaves = [votes.requires_grad_(True), activations.requires_grad_(True),
+              beta_u.requires_grad_(True), beta_a.requires_grad_(True)]
+
+    def forward():
+        if impl == "current":
+            return em_routing(*leaves, iterations=ITERATIONS, inverse_temperature=SCHEDULE)
+        if impl == "naive":
+            return naive_em(*leaves)
+        strategy = impl.removeprefix("kernel-")
+        grouping = {"sender_groups": groups} if strategy == "joint" else {}
+        strategy = "auto" if strategy == "joint" else strategy  # joint: the device's default
+        return em_routing_kernel(*leaves, inverse_temperatures=SCHEDULE, strategy=strategy, **grouping)
+
+    def step():
+        poses, out_activations = forward()
+        (poses.float().sum() + out_activations.float().sum()).backward()
+        for leaf in leaves:
+            leaf.grad = None
+
+    return step
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _release_free_heap() -> None:
+    """Return freed heap memory to the OS (glibc), so that the resident set before a step is
+    what is live, not what an earlier step left cached."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _peak_worker(impl, batch, quick, device, dtype, queue) -> None:
+    try:
+        build(impl, 1, True, device, dtype)()  # warm the libraries up on a tiny case
+        step = build(impl, batch, quick, device, dtype)
+        if impl == "kernel-compiled":  # compile for this shape outside the measured step
+            step()
+            gc.collect()
+            _release_free_heap()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            queue.put((torch.cuda.max_memory_allocated() - before) / 2**20)
+            return
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset VmHWM to the current resident set
+        before = _status_kib("VmRSS")
+        step()
+        queue.put((_status_kib("VmHWM") - before) / 1024)
+    except Exception as error:  # reported in the table, not a crash of the whole run
+        queue.put(f"{type(error).__name__}: {error}")
+
+
+def peak_memory_mib(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype):
+    """Extra peak memory of one step, in MiB, measured in a fresh spawned process."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_peak_worker, args=(impl, batch, quick, device, dtype, queue))
+    process.start()
+    process.join()
+    return queue.get() if not queue.empty() else f"exit code {process.exitcode}"
+
+
+def check_agreement(device: str) -> float:
+    """Largest difference of the kernel's strategies from ``current`` (float64, tiny case)."""
+    votes, (activations, beta_u, beta_a), groups = make_case(2, True, device, torch.float64)
+    ref = em_routing(rearrange(votes, "n i j h -> n j i h"), activations, beta_u.double(), beta_a.double(),
+                     iterations=ITERATIONS, inverse_temperature=SCHEDULE)
+    naive = naive_em(rearrange(votes, "n i j h -> n j i h"), activations, beta_u.double(), beta_a.double())
+    worst = max((x - y).abs().max().item() for x, y in zip(naive, ref, strict=True))
+    for strategy in ("blocked", "vectorized"):
+        ours = em_routing_kernel(votes, activations, beta_u.double(), beta_a.double(),
+                                 inverse_temperatures=SCHEDULE, strategy=strategy)
+        worst = max(worst, *((x - y).abs().max().item() for x, y in zip(ours, ref, strict=True)))
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a tiny case (5x5 grid, 4 types)")
+    parser.add_argument("--impls", default=None,
+                        help=f"comma-separated subset of {IMPLEMENTATIONS} (default all; with --quick "
+                             "all but kernel-compiled, whose compilation takes longer than the case)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    args = parser.parse_args(argv)
+    default = [n for n in IMPLEMENTATIONS if not (args.quick and n == "kernel-compiled")]
+    impls = [name for name in args.impls.split(",") if name] if args.impls else default
+    unknown = sorted(set(impls) - set(IMPLEMENTATIONS))
+    if unknown:
+        parser.error(f"unknown --impls {unknown}; choose from {IMPLEMENTATIONS}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    dtype = getattr(torch, args.dtype)
+    batch = 2 if args.quick and args.batch == 32 else args.batch
+    print(f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}, threads "
+          f"{torch.get_num_threads()}, batch {batch}, {'quick case' if args.quick else 'ConvCaps1 config'}")
+    print(f"agreement with current em_routing (float64, tiny): max |diff| {check_agreement(args.device):.2e}")
+
+    steps, times = {}, {name: [] for name in impls}
+    for name in impls:
+        try:
+            steps[name] = build(name, batch, args.quick, args.device, dtype)
+            steps[name]()  # warm-up (and compilation)
+        except Exception as error:
+            print(f"{name}: skipped ({type(error).__name__}: {str(error)[:120]})")
+            steps.pop(name, None)
+    for _ in range(args.repeats):  # interleaved: every implementation sees the same machine load
+        for name, step in steps.items():
+            _synchronize(args.device)
+            start = time.perf_counter()
+            step()
+            _synchronize(args.device)
+            times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["current"]) if times.get("current") else None
+    print(f"\n{'implementation':<20}{'fwd+bwd ms (median)':>22}{'x current':>11}{'peak MiB':>11}")
+    for name in steps:
+        median = statistics.median(times[name]) * 1e3
+        ratio = f"{base * 1e3 / median:.2f}" if base else "-"
+        memory = "-" if args.no_memory else peak_memory_mib(name, batch, args.quick, args.device, dtype)
+        memory = f"{memory:.0f}" if isinstance(memory, float) else str(memory)[:60]
+        print(f"{name:<20}{median:>22.1f}{ratio:>11}{memory:>11}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,546 @@
+"""EM routing kernel, receivers first, with joint (cross-patch) normalisation and a choice of strategy.
+
+Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1, written in
+torchvote's layout (receivers first): votes ``V[n, i, j, h]`` of sender (input capsule) ``j`` for
+receiver (output capsule) ``i``; ``n`` indexes independent routing problems (batch x positions of
+a convolutional layer). Index legend of every einsum here::
+
+    n  routing rows (batch, or batch x output positions)
+    i  receivers (output capsules)        j  senders (input capsules)
+    h  pose entries (16 for 4x4 poses)
+
+Procedure 1, in log space (the same conventions as :func:`torchvote.functional.em.em_routing`)::
+
+    R_ij = 1 / |parents of j|                               (uniform initial assignments)
+    for t = 0 .. T-1:
+        M-step:  w_ij = R_ij a_j                             (NOT renormalised over i)
+                 mu_i = sum_j w_ij V_ij / max(sum_j w_ij, eps)
+                 s2_i = sum_j w_ij (V_ij - mu_i)^2 / max(sum_j w_ij, eps) + eps
+                 cost_i^h = (beta_u + log sigma_i^h) sum_j w_ij          (Procedure 1's cost)
+                 a_i = sigmoid(lambda_t (beta_a - sum_h cost_i^h))
+        E-step (not after the last M-step):
+                 R_ij = softmax over the parents of j of  log a_i + log N(V_ij | mu_i, s2_i)
+
+The softmax of the E-step runs over the receivers ``i`` of each sender: per row ``n`` by default
+(each patch on its own), or, with ``sender_groups``, jointly over every ``(n, i)`` whose sender
+is the same input capsule (the paper's form for convolutional capsules: an input capsule's parents
+are the output capsules of every patch that contains it, as in IBM's implementation). The joint
+logsumexp subtracts a per-group maximum before ``exp`` and sums with ``index_add``.
+
+Strategies (every one gives the same numbers; ``"auto"`` picks by device):
+
+- ``"vectorized"``: the loop above on all rows at once, plain autograd (double backward works);
+  the fastest eager form on CUDA, but autograd keeps several ``(n, i, j, h)`` temporaries per pass.
+- ``"blocked"``: rows in blocks (whole periods of ``sender_groups``, so no group straddles two
+  blocks); a custom autograd Function runs the blocks without autograd and saves only its inputs
+  (the votes are referenced, not copied); its backward recomputes each block under autograd and
+  writes that block's gradient. Peak memory is one gradient of the votes plus one block's
+  temporaries. Backward once only: double backward raises (use ``"vectorized"``).
+- ``"compiled"``: ``torch.compile`` of the vectorized loop (one graph; about 10 s to compile per
+  shape on CPU).
+
+Votes in bfloat16 or float16 are routed with float32 statistics (cast per block in ``"blocked"``);
+poses and activations come back in the votes' dtype.
+
+This file is over 400 lines on purpose: the strategies share one loop (:func:`_em_loop`) written
+against two statistics classes, and the blocked strategy's hand-written product gradients are
+only correct together with the Function that scopes them to one backward call; split, the
+invariants that make the gradients right would live in different files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from torchvote.validation import check_choice, check_positive_float, check_positive_int
+
+__all__ = ["EMStrategy", "conv_sender_groups", "em_routing_kernel"]
+
+EMStrategy = Literal["auto", "blocked", "vectorized", "compiled"]
+_STRATEGIES = ("auto", "blocked", "vectorized", "compiled")
+# Vote elements (n * i * j * h) per block of the blocked strategy (2 MB in float32): small enough
+# that a block's votes and temporaries stay near the core through its passes, large enough that
+# Python's per-operation cost is amortised. Rounded up to whole periods of sender_groups.
+_BLOCK_ELEMENTS = 1 << 19
+_LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass(frozen=True)
+class _Config:
+    schedule: tuple[float, ...]
+    eps: float
+    groups: Tensor | None  # (L, j) compact ids 0..G-1, or None: per-row normalisation
+    num_groups: int  # G: ids per period
+    initial: Tensor | None  # (L, 1, j) initial R with groups (1 / (i * multiplicity)), else None
+    record: bool  # return assignments
+    all_passes: bool
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
+    """Softmax of ``(n, i, j)`` logits jointly over all ``(n, i)`` whose sender has the same id.
+
+    ``ids`` ``(n, j)`` in ``[0, num_groups)``. Stable: each group's maximum (a constant to
+    autograd: the softmax is shift-invariant) is subtracted before ``exp``.
+    """
+    n, receivers, senders = logits.shape
+    flat_ids = ids.unsqueeze(1).expand(n, receivers, senders).reshape(-1)  # (n i j)
+    with torch.no_grad():
+        peak = logits.new_full((num_groups,), -math.inf)
+        peak = peak.scatter_reduce(0, flat_ids, logits.detach().reshape(-1), "amax")
+    shifted = logits - peak[ids].unsqueeze(1)  # (n, i, j), <= 0
+    exps = shifted.exp()
+    sums = exps.new_zeros(num_groups).index_add(0, flat_ids, exps.reshape(-1))  # (G,)
+    return exps / sums[ids].unsqueeze(1)
+
+
+class _DenseStatistics:
+    """Centred votes ``c = V - m`` and ``c^2`` of all rows, for the vectorized and compiled
+    strategies: the M-step's sums and the E-step's dot products, differentiated by plain autograd.
+
+    ``m`` (each receiver's plain mean of its votes, ``(n, i, h)``) is a constant to autograd:
+    every quantity is shift-invariant, and the centring keeps ``E[c^2] - E[c]^2`` exact enough in
+    float32. Eager mode uses einsums (batched matrix products); under ``torch.compile``
+    (``fused=True``) the same sums are written as broadcast products reduced over ``j``, which
+    Inductor fuses with their neighbours instead of calling out to a matrix product.
+    """
+
+    def __init__(self, votes: Tensor, fused: bool = False) -> None:
+        votes = votes.to(_compute_dtype(votes.dtype))
+        self.fused = fused
+        self.shift = votes.detach().mean(dim=2)  # (n, i, h)
+        self.centred = votes - self.shift.unsqueeze(2)  # (n, i, j, h)
+        self.squares = self.centred.square()
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        """``(n, i, j)`` weights -> ``(n, i, 2h)``: ``[sum_j w c, sum_j w c^2]``."""
+        if self.fused:
+            w = weights.unsqueeze(-1)
+            return torch.cat([(w * self.centred).sum(2), (w * self.squares).sum(2)], dim=-1)
+        return torch.cat([torch.einsum("nij,nijh->nih", weights, self.centred),
+                          torch.einsum("nij,nijh->nih", weights, self.squares)], dim=-1)
+
+    def dot(self, queries: Tensor) -> Tensor:
+        """``(n, i, 2h)`` queries ``[q1, q2]`` -> ``(n, i, j)``: ``c . q1 + c^2 . q2``."""
+        half = queries.shape[-1] // 2
+        first, second = queries[..., :half], queries[..., half:]
+        if self.fused:
+            return (self.centred * first.unsqueeze(2) + self.squares * second.unsqueeze(2)).sum(-1)
+        return (torch.einsum("nijh,nih->nij", self.centred, first)
+                + torch.einsum("nijh,nih->nij", self.squares, second))
+
+
+def _em_loop(
+    statistics, activations: Tensor, beta_u: Tensor, beta_a: Tensor, config: _Config, rows: int
+) -> tuple[Tensor, ...]:
+    """Procedure 1 on ``rows`` rows given their vote statistics (``_DenseStatistics`` or one
+    block's ``_BlockStatistics``), ``(n, j)`` activations and ``(n, i)`` offsets -> poses
+    ``(n, i, h)``, activation logits ``(n, i)`` and the recorded assignments ``(n, i, j)``.
+
+    With groups, ``n`` is a whole number of periods ``L``; group ids are made distinct per period.
+    """
+    shift = statistics.shift  # (n, i, h)
+    dtype, (receivers, pose_dim) = shift.dtype, shift.shape[1:]
+    activations, beta_u, beta_a = activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype)
+    senders, eps = activations.shape[-1], config.eps
+    ids = None
+    if config.groups is None:
+        assignments = shift.new_full((1, 1, 1), 1.0 / receivers)  # R_ij = 1 / |Omega_{L+1}|
+    else:
+        period = config.groups.shape[0]
+        repeats = rows // period
+        offsets = torch.arange(repeats, device=shift.device).repeat_interleave(period) * config.num_groups
+        ids = config.groups.repeat(repeats, 1) + offsets.unsqueeze(1)  # (n, j) distinct per period
+        assignments = config.initial.to(dtype).repeat(repeats, 1, 1)  # (n, 1, j): 1 / |parents|
+    recorded = []
+    mean = logit = shift
+    last = len(config.schedule) - 1
+    for t, inverse_temperature in enumerate(config.schedule):
+        if config.record and (config.all_passes or t == last):
+            recorded.append(assignments.expand(rows, receivers, senders))
+        weights = (assignments * activations.unsqueeze(1)).expand(rows, receivers, senders)
+        total = weights.sum(-1, keepdim=True)  # (n, i, 1)
+        # (n, i, j) weights R_ij a_j, NOT renormalised over i
+        sums = statistics.weighted_sum(weights) / total.clamp_min(eps)  # (n, i, 2h)
+        mean = sums[..., :pose_dim]  # of the centred votes
+        variance = (sums[..., pose_dim:] - mean.square()).clamp_min(0.0) + eps  # (n, i, h)
+        log_variance = variance.log()
+        cost = (beta_u.unsqueeze(-1) + 0.5 * log_variance) * total  # (beta_u + log sigma) sum R
+        logit = inverse_temperature * (beta_a - cost.sum(-1))  # (n, i): a_i = sigmoid(logit)
+        if t == last:
+            break  # no E-step after the last M-step: it changes nothing returned
+        # log a_i + log N(V_ij | mu_i, s2_i) = k_i + c . (mu / s2) + c^2 . (-1 / (2 s2))
+        precision = variance.reciprocal()
+        constant = -0.5 * (mean.square() * precision + log_variance + _LOG_2PI).sum(-1)
+        constant = constant + F.logsigmoid(logit)  # (n, i)
+        queries = torch.cat([mean * precision, -0.5 * precision], dim=-1)  # (n, i, 2h)
+        logits = constant.unsqueeze(-1) + statistics.dot(queries)  # (n, i, j)
+        if ids is None:
+            assignments = logits.softmax(dim=1)  # over the receivers of each sender
+        else:
+            assignments = _group_softmax(logits, ids, repeats * config.num_groups)
+    return mean + shift, logit, *recorded
+
+
+class _BlockStatistics:
+    """One block's ``[c, c^2]``, laid out ``(N = n * i, j, 2h)`` (the votes' own layout, so that
+    building it is a contiguous pass), built without autograd.
+
+    Its two products are autograd Functions whose backward returns the gradient of the small
+    operand and records the pieces of the votes' gradient here: every product contributes
+    ``scale_j * coefficient`` to ``d/d[c, c^2]``; :meth:`votes_gradient` sums them as one small
+    batched product. An instance lives for one forward or one backward recomputation only.
+    """
+
+    def __init__(self, votes: Tensor, workspace: Tensor, replay: list[Tensor] | None = None) -> None:
+        n, receivers, senders, pose_dim = votes.shape
+        # The products' results of the forward, recorded there and replayed by the backward's
+        # recomputation (which then only builds the statistics and differentiates the small ops).
+        self.replay = replay
+        self.recorded: list[Tensor] = []
+        with torch.no_grad():
+            votes = votes.to(_compute_dtype(votes.dtype))
+            self.shift = votes.mean(dim=2)  # (n, i, h)
+            # One buffer reused by every block: a fresh one per block pays its page faults again.
+            stats = workspace[: 2 * votes.numel()].view(n, receivers, senders, 2 * pose_dim)
+            centred = stats[..., :pose_dim]  # (n, i, j, h)
+            torch.sub(votes, self.shift.unsqueeze(2), out=centred)
+            torch.mul(centred, centred, out=stats[..., pose_dim:])
+            stats = stats.view(n * receivers, senders, 2 * pose_dim)
+        self.tensor, self.shape = stats, (n, receivers, senders, pose_dim)
+        self.token = votes.new_zeros(())
+        self.scales: list[Tensor] = []  # (N, j) each
+        self.coefficients: list[Tensor] = []  # (N, 2h) each
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        n, receivers, senders, _ = self.shape
+        flat = weights.reshape(n * receivers, senders)
+        return _StatisticsSum.apply(flat, self.token, self).view(n, receivers, -1)
+
+    def dot(self, queries: Tensor) -> Tensor:
+        n, receivers, senders, _ = self.shape
+        flat = queries.reshape(n * receivers, -1)
+        return _StatisticsDot.apply(flat, self.token, self).view(n, receivers, senders)
+
+    def votes_gradient(self, votes: Tensor, out: Tensor) -> None:
+        """Write ``d/dV`` ``(n, i, j, h)`` into ``out`` from the recorded pieces.
+
+        ``d/dc = sum_k P_k Q1_k`` and ``d/d(c^2) = sum_k P_k Q2_k`` over the products ``k``; with
+        ``c = V - m``: ``d/dV = sum_k P_k (Q1_k - 2 m Q2_k) + 2 V sum_k P_k Q2_k``, one batched
+        product in the votes' own layout and one ``addcmul`` (no transposing copy).
+        """
+        n, receivers, senders, pose_dim = self.shape
+        # (N, j, K) as a transposed view of (N, K, j): MKL's fast path for a small inner K
+        scales = torch.stack(self.scales, dim=1).transpose(1, 2)
+        coefficients = torch.stack(self.coefficients, dim=1)  # (N, K, 2h): [Q1, Q2]
+        first, second = coefficients[..., :pose_dim], coefficients[..., pose_dim:]
+        shift = self.shift.view(n * receivers, 1, pose_dim)
+        size = out.numel()  # the statistics are no longer needed: their buffer holds the pieces
+        linear = self.tensor.view(-1)[:size].view(n * receivers, senders, pose_dim)
+        quadratic = self.tensor.view(-1)[size:].view(n * receivers, senders, pose_dim)
+        torch.bmm(scales, first - 2 * shift * second, out=linear)
+        torch.bmm(scales, second, out=quadratic)
+        linear, quadratic = linear.view(out.shape), quadratic.view(out.shape)  # (n, i, j, h)
+        torch.addcmul(linear, votes.to(linear.dtype), quadratic, value=2.0, out=out)
+
+
+class _StatisticsSum(torch.autograd.Function):
+    """``(N, j)`` weights -> ``(N, 2h)`` ``[sum_j w c, sum_j w c^2]``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, weights: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
+        ctx.save_for_backward(weights)
+        ctx.stats = stats
+        if stats.replay is not None:
+            return stats.replay.pop(0).clone()
+        result = torch.bmm(weights.unsqueeze(1), stats.tensor).squeeze(1)
+        stats.recorded.append(result)
+        return result
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        (weights,) = ctx.saved_tensors
+        # the vector as (N, 2h, 1) with strides (2h, 1, 2h): MKL's fast matrix-vector path
+        grad_weights = torch.bmm(ctx.stats.tensor, grad.unsqueeze(1).transpose(1, 2)).squeeze(-1)  # (N, j)
+        if ctx.needs_input_grad[1]:
+            ctx.stats.scales.append(weights)
+            ctx.stats.coefficients.append(grad)
+        return grad_weights, None, None
+
+
+class _StatisticsDot(torch.autograd.Function):
+    """``(N, 2h)`` queries ``[q1, q2]`` -> ``(N, j)`` ``c . q1 + c^2 . q2``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, queries: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
+        ctx.save_for_backward(queries)
+        ctx.stats = stats
+        if stats.replay is not None:
+            return stats.replay.pop(0).clone()
+        result = torch.bmm(stats.tensor, queries.unsqueeze(1).transpose(1, 2)).squeeze(-1)
+        stats.recorded.append(result)
+        return result
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        (queries,) = ctx.saved_tensors
+        grad_queries = torch.bmm(grad.unsqueeze(1), ctx.stats.tensor).squeeze(1)  # (N, 2h)
+        if ctx.needs_input_grad[1]:
+            ctx.stats.scales.append(grad)
+            ctx.stats.coefficients.append(queries)
+        return grad_queries, None, None
+
+
+def _workspace(votes: Tensor, block_rows: int) -> Tensor:
+    """A flat buffer for one block's statistics ``(rows, i, j, 2h)`` in the compute dtype."""
+    size = 2 * block_rows * votes[0].numel()
+    return torch.empty(size, dtype=_compute_dtype(votes.dtype), device=votes.device)
+
+
+class _BlockedEM(torch.autograd.Function):
+    """The blocked strategy: forward without autograd, backward by recomputing each block."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor,
+                config: _Config, block_rows: int) -> tuple[Tensor, ...]:
+        ctx.save_for_backward(votes, activations, beta_u, beta_a)
+        ctx.config, ctx.block_rows = config, block_rows
+        ctx.set_materialize_grads(False)
+        rows = votes.shape[0]
+        pieces, ctx.products = [], []
+        workspace = _workspace(votes, block_rows)
+        for s in range(0, rows, block_rows):
+            block = slice(s, s + block_rows)
+            stats = _BlockStatistics(votes[block], workspace)
+            pieces.append(_em_loop(stats, activations[block], beta_u[block], beta_a[block], config,
+                                   min(block_rows, rows - s)))
+            # (N, 2h) and (N, j) per product: 1 / (2h) of the votes' size per E-step
+            ctx.products.append(stats.recorded)
+            del stats
+        return tuple(torch.cat([p[k] for p in pieces]) for k in range(len(pieces[0])))
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "em_routing_kernel(strategy='blocked') can be differentiated once only (its backward "
+                "recomputes each block and is not itself differentiable); use strategy='vectorized' "
+                "for double backward (create_graph=True)")
+        votes, *small = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:4]
+        if not any(needs) or all(g is None for g in grads):
+            return None, None, None, None, None, None
+        results = [torch.zeros(x.shape, dtype=x.dtype, device=x.device) if need else None
+                   for x, need in zip(small, needs[1:], strict=True)]
+        # every block writes its rows of the votes' gradient (or zeroes them)
+        grad_votes = torch.empty_like(votes, memory_format=torch.contiguous_format) if needs[0] else None
+        results.insert(0, grad_votes)
+        rows, block_rows = votes.shape[0], ctx.block_rows
+        workspace = _workspace(votes, block_rows)
+        for index, s in enumerate(range(0, rows, block_rows)):
+            block = slice(s, s + block_rows)
+            stats = _BlockStatistics(votes[block], workspace, list(ctx.products[index]))
+            with torch.enable_grad():
+                stats.token.requires_grad_(needs[0])
+                inputs = [x[block].detach().requires_grad_(need)
+                          for x, need in zip(small, needs[1:], strict=True)]
+                outputs = _em_loop(stats, *inputs, ctx.config, min(block_rows, rows - s))
+                pairs = [(o, g[block]) for o, g in zip(outputs, grads, strict=True)
+                         if g is not None and o.requires_grad]  # the initial R is a constant
+                wanted = [x for x in [stats.token, *inputs] if x.requires_grad]
+                found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                                 allow_unused=True) if pairs else [None] * len(wanted))
+            if needs[0]:
+                next(found)
+                if stats.scales:
+                    stats.votes_gradient(votes[block], out=results[0][block])
+                else:
+                    results[0][block].zero_()
+            for result, need in zip(results[1:], needs[1:], strict=True):
+                if need:
+                    piece = next(found)
+                    if piece is not None:
+                        result[block] = piece
+        return *results, None, None
+
+
+_COMPILED = {}
+
+
+def _fused_loop(votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor, config: _Config,
+                rows: int) -> tuple[Tensor, ...]:
+    return _em_loop(_DenseStatistics(votes, fused=True), activations, beta_u, beta_a, config, rows)
+
+
+def _compiled_loop():
+    """``torch.compile`` of the whole loop (statistics included), made once per process."""
+    if "loop" not in _COMPILED:
+        _COMPILED["loop"] = torch.compile(_fused_loop, dynamic=False)
+    return _COMPILED["loop"]
+
+
+def conv_sender_groups(rows: int, cols: int, in_types: int, kernel_size: int, stride: int) -> Tensor:
+    """Global input-capsule ids of every patch-local sender of a convolutional capsule layer.
+
+    The patch ordering of :class:`torchvote.nn.em_capsules.ConvMatrixCapsules`: output positions
+    ``L = rows' * cols'`` row-major, and within a patch the senders ``(kh kw t)`` (kernel row,
+    kernel column, input type). The input capsule at grid cell ``(r, c)`` of type ``t`` has id
+    ``(r * cols + c) * in_types + t``.
+
+    Args:
+        rows: input grid rows.
+        cols: input grid columns.
+        in_types: input capsule types.
+        kernel_size: ``K``.
+        stride: the convolution's stride.
+
+    Returns:
+        ``(L, K * K * in_types)`` int64 ids, for ``em_routing_kernel(sender_groups=...)``.
+
+    Raises:
+        ValueError: a non-positive size, or a grid smaller than the kernel.
+    """
+    for value, argument in ((rows, "rows"), (cols, "cols"), (in_types, "in_types"),
+                            (kernel_size, "kernel_size"), (stride, "stride")):
+        check_positive_int(value, argument)
+    if rows < kernel_size or cols < kernel_size:
+        raise ValueError(f"the grid {rows}x{cols} (rows, cols) is smaller than kernel_size={kernel_size}")
+    out_rows, out_cols = (rows - kernel_size) // stride + 1, (cols - kernel_size) // stride + 1
+    top = torch.arange(out_rows) * stride  # first input row of each output row
+    left = torch.arange(out_cols) * stride
+    offsets = torch.arange(kernel_size)
+    cell_rows = (top[:, None] + offsets[None, :])[:, None, :, None]  # (rows', 1, kh, 1)
+    cell_cols = (left[:, None] + offsets[None, :])[None, :, None, :]  # (1, cols', 1, kw)
+    cells = cell_rows * cols + cell_cols  # (rows', cols', kh, kw)
+    ids = cells.unsqueeze(-1) * in_types + torch.arange(in_types)  # (rows', cols', kh, kw, t)
+    return ids.reshape(out_rows * out_cols, kernel_size * kernel_size * in_types)
+
+
+def _prepare_groups(sender_groups: Tensor, rows: int, senders: int, receivers: int,
+                    device: torch.device) -> tuple[Tensor, int, Tensor]:
+    """Compact ids ``(L, j)``, their count ``G`` and the initial assignments ``(L, 1, j)``."""
+    if (not isinstance(sender_groups, Tensor) or sender_groups.dtype not in (torch.int32, torch.int64)
+            or sender_groups.dim() != 2 or sender_groups.shape[1] != senders
+            or sender_groups.shape[0] == 0 or rows % sender_groups.shape[0] != 0):
+        shape = tuple(sender_groups.shape) if isinstance(sender_groups, Tensor) else type(sender_groups)
+        raise ValueError(
+            f"sender_groups must be an integer tensor of shape (L, in_caps={senders}) with L dividing "
+            f"the {rows} rows of votes, got {shape}")
+    if (sender_groups < 0).any():
+        raise ValueError("sender_groups must hold non-negative ids")
+    unique, compact = torch.unique(sender_groups.to(device=device, dtype=torch.int64), return_inverse=True)
+    counts = torch.bincount(compact.reshape(-1), minlength=unique.numel())  # patches holding each id
+    # R_ij = 1 / |parents of j|: the parents are every receiver of every patch that holds j.
+    initial = 1.0 / (receivers * counts[compact].to(torch.float64))
+    return compact, unique.numel(), initial.unsqueeze(1)
+
+
+def em_routing_kernel(
+    votes: Tensor,
+    activations: Tensor,
+    beta_u: Tensor | float,
+    beta_a: Tensor | float,
+    *,
+    inverse_temperatures: Sequence[float],
+    eps: float = 1e-6,
+    sender_groups: Tensor | None = None,
+    strategy: EMStrategy = "auto",
+    return_assignments: bool = False,
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """EM routing (Hinton, Sabour & Frosst 2018, Procedure 1), receivers first.
+
+    Numerically the same routing as :func:`torchvote.functional.em.em_routing` (which takes the
+    papers' ``(n, j, i, h)`` layout); see the module docstring for the loop and the strategies.
+    Gradients are exact for any order and subset of ``backward`` / ``autograd.grad`` calls (no
+    state is shared between backward calls).
+
+    Args:
+        votes: ``(n, out_caps, in_caps, pose_dim)``, ``V[n, i, j]`` the vote of input capsule
+            ``j`` for output capsule ``i`` (float64, float32, bfloat16 or float16).
+        activations: ``(n, in_caps)`` input activations ``a_j`` in ``[0, 1]``.
+        beta_u: Procedure 1's cost offset, a float or a tensor broadcastable to ``(n, out_caps)``.
+        beta_a: the activation offset, as ``beta_u``.
+        inverse_temperatures: ``lambda_t``, one per iteration (e.g.
+            ``[default_inverse_temperature(t) for t in range(3)]``); their count is the number of
+            iterations, at least 1.
+        eps: added to every variance, and the floor of ``sum_j R_ij a_j``.
+        sender_groups: ``None`` to normalise each row's assignments over its own receivers (per
+            patch), or an integer tensor ``(L, in_caps)`` with ``L`` dividing ``n``: row ``r``'s
+            senders are the input capsules ``sender_groups[r % L]`` of the ``r // L``-th period
+            (image); the E-step normalises each input capsule jointly over every receiver of every
+            row of its period that holds it, and the initial ``R`` is ``1 / |parents|``. Build it
+            for a convolutional layer with :func:`conv_sender_groups` (rows ``n = batch * L``).
+        strategy: ``"blocked"`` (CPU default), ``"vectorized"`` (CUDA default), ``"compiled"``,
+            or ``"auto"``.
+        return_assignments: also return the assignments ``R`` used by the final M-step.
+        all_passes: with ``return_assignments``, those of every M-step, stacked.
+
+    Returns:
+        ``(poses, activations)``: ``(n, out_caps, pose_dim)`` the means ``mu_i`` and
+        ``(n, out_caps)`` the activations ``a_i``, in the votes' dtype; with
+        ``return_assignments`` also ``R`` ``(n, out_caps, in_caps)`` (``(iterations, n, out_caps,
+        in_caps)`` with ``all_passes``), summing to 1 over each sender's parents (over
+        ``out_caps`` without ``sender_groups``), before the input activations multiply them.
+
+    Raises:
+        ValueError: bad shapes or dtypes, an empty or negative schedule, a non-positive ``eps``,
+            an unknown ``strategy``, malformed ``sender_groups``.
+        RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
+            again: its backward runs once; use ``strategy="vectorized"`` for second derivatives.
+    """
+    check_choice(strategy, _STRATEGIES, "strategy")
+    check_positive_float(eps, "eps")
+    if not isinstance(votes, Tensor) or votes.dim() != 4 or not votes.is_floating_point():
+        shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes)
+        raise ValueError(f"votes must be a floating tensor (n, out_caps, in_caps, pose_dim), got {shape}")
+    rows, receivers, senders, _ = votes.shape
+    if not isinstance(activations, Tensor) or activations.shape != (rows, senders):
+        shape = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations)
+        raise ValueError(f"activations must have shape (n, in_caps) = {(rows, senders)}, got {shape}")
+    schedule = tuple(float(v) for v in inverse_temperatures)
+    if not schedule or any(not math.isfinite(v) or v < 0 for v in schedule):
+        raise ValueError(f"inverse_temperatures must be one finite value >= 0 per iteration, got {schedule}")
+    offsets = []
+    for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
+        tensor = value if isinstance(value, Tensor) else torch.as_tensor(
+            value, dtype=_compute_dtype(votes.dtype), device=votes.device)
+        try:
+            offsets.append(tensor.expand(rows, receivers))  # (n, i): a view, no copy
+        except RuntimeError:
+            raise ValueError(f"{argument} must broadcast to (n, out_caps) = {(rows, receivers)}, got "
+                             f"{tuple(tensor.shape)}") from None
+    groups, num_groups, initial = None, 0, None
+    if sender_groups is not None:
+        groups, num_groups, initial = _prepare_groups(sender_groups, rows, senders, receivers, votes.device)
+    config = _Config(schedule, eps, groups, num_groups, initial, bool(return_assignments),
+                     bool(return_assignments and all_passes))
+    if strategy == "auto":
+        strategy = "vectorized" if votes.device.type == "cuda" else "blocked"
+    if strategy == "blocked":
+        period = 1 if groups is None else groups.shape[0]
+        per_row = receivers * senders * votes.shape[-1]
+        block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
+        outputs = _BlockedEM.apply(votes, activations, *offsets, config, block_rows)
+    elif strategy == "compiled":
+        outputs = _compiled_loop()(votes, activations, *offsets, config, rows)
+    else:
+        outputs = _em_loop(_DenseStatistics(votes), activations, *offsets, config, rows)
+    poses, logit = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
+    if not return_assignments:
+        return poses, logit
+    assignments = torch.stack(outputs[2:]) if all_passes else outputs[2]
+    return poses, logit, assignments

@@ -1,0 +1,364 @@
+"""The receivers-first EM kernel against independent references.
+
+- :func:`torchvote.functional.em.em_routing` (the papers' ``(n, j, i, h)`` layout, converted with
+  einops): outputs, assignments and gradients at 1e-10 in float64, for every strategy;
+- a literal loop of Hinton et al. 2018, Procedure 1, in the paper's (not log) space, for a tiny
+  convolutional layer, which loops over the input capsules and their parent sets (every output
+  capsule of every patch that holds them): the joint normalisation of ``sender_groups``;
+- gradients for every order and subset of autograd calls, twice-run backward, gradcheck, and
+  double backward (works for "vectorized", raises for "blocked").
+
+Reference letters follow the paper: ``i`` input capsule, ``j`` output capsule; the kernel's own
+layout is receivers first ``(n, i out, j in, h)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+import torchvote.functional.em_kernel as kernel_module
+from torchvote.functional.em import default_inverse_temperature, em_routing
+from torchvote.functional.em_kernel import conv_sender_groups, em_routing_kernel
+
+DOUBLE = torch.float64
+EPS = 1e-6
+STRATEGIES = ["blocked", "vectorized"]
+TIGHT = {"rtol": 1e-10, "atol": 1e-12}
+
+
+def steep(t):
+    return 0.5 * (t + 1)  # activations that vary in a small test
+
+
+def sample(seed, rows=6, receivers=3, senders=5, pose_dim=4, dtype=DOUBLE):
+    """Receivers-first votes ``(n, i, j, h)``, activations ``(n, j)``, offsets ``(i,)``."""
+    generator = torch.Generator().manual_seed(seed)
+    votes = torch.randn(rows, receivers, senders, pose_dim, generator=generator, dtype=dtype)
+    activations = torch.rand(rows, senders, generator=generator, dtype=dtype) * 0.9 + 0.1
+    beta_u = torch.randn(receivers, generator=generator, dtype=dtype)
+    beta_a = torch.randn(receivers, generator=generator, dtype=dtype)
+    return [t.requires_grad_(True) for t in (votes, activations, beta_u, beta_a)]
+
+
+def current(votes, activations, beta_u, beta_a, schedule, **kwargs):
+    """The library's em_routing, called in its own (n, j, i, h) layout, answers converted back."""
+    poses, act, *rest = em_routing(rearrange(votes, "n i j h -> n j i h"), activations, beta_u, beta_a,
+                                   iterations=len(schedule), inverse_temperature=schedule, **kwargs)
+    return poses, act, *[rearrange(r, "... j i -> ... i j") for r in rest]
+
+
+def loss_of(poses, activations, assignments=None, seed=0):
+    """A loss that weighs every output differently, so that no gradient hides in a symmetry."""
+    generator = torch.Generator().manual_seed(seed)
+    total = (poses * torch.randn(poses.shape, generator=generator, dtype=poses.dtype)).sum()
+    probe = torch.randn(activations.shape, generator=generator, dtype=poses.dtype)
+    total = total + (activations * probe).sum()
+    if assignments is not None:
+        total = total + (assignments * torch.randn(assignments.shape, generator=generator,
+                                                   dtype=poses.dtype)).sum()
+    return total
+
+
+@pytest.fixture(params=[None, 1], ids=["default-blocks", "one-row-blocks"])
+def block_size(request, monkeypatch):
+    if request.param is not None:  # force many blocks: one row each
+        monkeypatch.setattr(kernel_module, "_BLOCK_ELEMENTS", request.param)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+@pytest.mark.parametrize("schedule_of", [default_inverse_temperature, steep])
+def test_matches_current_em_routing(strategy, iterations, schedule_of, block_size):
+    schedule = [schedule_of(t) for t in range(iterations)]
+    inputs = sample(iterations)
+    ours = em_routing_kernel(*inputs, inverse_temperatures=schedule, strategy=strategy,
+                             return_assignments=True, all_passes=True)
+    ref = current(*inputs, schedule, return_assignments=True, all_passes=True)
+    for x, y in zip(ours, ref, strict=True):
+        torch.testing.assert_close(x, y, **TIGHT)
+    grads = torch.autograd.grad(loss_of(*ours), inputs)
+    ref_grads = torch.autograd.grad(loss_of(*ref), inputs)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **TIGHT)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_final_assignments_sum_to_one_over_receivers(strategy):
+    inputs = sample(1)
+    _, _, assignments = em_routing_kernel(*inputs, inverse_temperatures=[0.1, 0.2, 0.3], strategy=strategy,
+                                          return_assignments=True)
+    assert assignments.shape == (6, 3, 5)
+    torch.testing.assert_close(assignments.sum(1), torch.ones(6, 5, dtype=DOUBLE))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_gradient_alone_and_in_any_order(strategy, block_size):
+    """The bug of the old store: a partial gradient first, then another one, must not leak."""
+    inputs = sample(2)
+    outputs = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], strategy=strategy,
+                                return_assignments=True)
+    loss = loss_of(*outputs)
+    joint = torch.autograd.grad(loss, inputs, retain_graph=True)
+    for index in range(4):  # each input alone
+        (alone,) = torch.autograd.grad(loss, [inputs[index]], retain_graph=True)
+        torch.testing.assert_close(alone, joint[index], **TIGHT)
+    for order in ([1, 0], [3, 2, 1, 0], [0, 3], [2, 0, 1]):  # subsets in different orders
+        for index in order:
+            (piece,) = torch.autograd.grad(loss, [inputs[index]], retain_graph=True)
+            torch.testing.assert_close(piece, joint[index], **TIGHT)
+    loss.backward(retain_graph=True)
+    loss.backward()  # twice: gradients accumulate exactly
+    for leaf, once in zip(inputs, joint, strict=True):
+        torch.testing.assert_close(leaf.grad, 2 * once, **TIGHT)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_gradcheck(strategy, grouped):
+    inputs = sample(3, rows=2, receivers=2, senders=3, pose_dim=2)
+    groups = torch.tensor([[0, 1, 2], [2, 3, 0]]) if grouped else None  # two rows share ids 0 and 2
+    assert torch.autograd.gradcheck(
+        lambda *args: em_routing_kernel(*args, inverse_temperatures=[0.5, 1.0], strategy=strategy,
+                                        sender_groups=groups, return_assignments=True),
+        inputs)
+
+
+def test_vectorized_double_backward():
+    inputs = sample(4, rows=2, receivers=2, senders=3, pose_dim=2)
+    assert torch.autograd.gradgradcheck(
+        lambda *args: em_routing_kernel(*args, inverse_temperatures=[0.5, 1.0], strategy="vectorized"),
+        inputs)
+
+
+def test_blocked_double_backward_raises_clearly():
+    inputs = sample(4)
+    poses, activations = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="blocked")
+    with pytest.raises(RuntimeError, match="differentiated once only.*vectorized"):
+        torch.autograd.grad(loss_of(poses, activations), inputs, create_graph=True)
+
+
+# --- joint normalisation over the parents of every input capsule (convolutional EM) -------------
+
+
+def conv_procedure1(votes, activations, beta_u, beta_a, grid, in_types, kernel, stride, schedule, eps=EPS):
+    """Procedure 1 for one image of a convolutional capsule layer, loops over input capsules.
+
+    ``votes[pos, o, s]``: the vote of patch ``pos``'s sender slot ``s`` (kernel row, kernel column,
+    input type) for output type ``o``. An input capsule's parents are every ``(pos, o)`` whose patch
+    holds it; its assignments are normalised over all of them (the paper's E-step over
+    ``Omega_{L+1}``), and start at ``1 / |parents|``.
+    """
+    rows, cols = grid
+    out_cols = (cols - kernel) // stride + 1
+    positions, out_types, slots, pose_dim = votes.shape
+    parents = {}  # input capsule (r, c, t) -> [(pos, slot)]
+    for pos in range(positions):
+        top, left = (pos // out_cols) * stride, (pos % out_cols) * stride
+        for kh in range(kernel):
+            for kw in range(kernel):
+                for t in range(in_types):
+                    slot = (kh * kernel + kw) * in_types + t
+                    parents.setdefault((top + kh, left + kw, t), []).append((pos, slot))
+    R = [[[None] * slots for _ in range(out_types)] for _ in range(positions)]
+    for members in parents.values():
+        for pos, slot in members:
+            for o in range(out_types):
+                R[pos][o][slot] = torch.tensor(1.0 / (len(members) * out_types), dtype=votes.dtype)
+    for t, lam in enumerate(schedule):
+        R_used = [[row[:] for row in patch] for patch in R]
+        mu, var, a_out = {}, {}, {}
+        for pos in range(positions):  # M-step, every output capsule of every patch
+            for o in range(out_types):
+                w = [R[pos][o][s] * activations[pos, s] for s in range(slots)]
+                total = sum(w)
+                mu[pos, o] = sum(w[s] * votes[pos, o, s] for s in range(slots)) / total
+                spread = sum(w[s] * (votes[pos, o, s] - mu[pos, o]) ** 2 for s in range(slots))
+                var[pos, o] = spread / total + eps
+                cost = ((beta_u[o] + torch.log(torch.sqrt(var[pos, o]))) * total).sum()
+                a_out[pos, o] = torch.sigmoid(lam * (beta_a[o] - cost))
+        if t == len(schedule) - 1:
+            break
+        for members in parents.values():  # E-step, every input capsule over all its parents
+            p = {}
+            for pos, slot in members:
+                for o in range(out_types):
+                    density = 1.0 / torch.sqrt(torch.prod(2 * math.pi * var[pos, o]))
+                    distance = ((votes[pos, o, slot] - mu[pos, o]) ** 2 / (2 * var[pos, o])).sum()
+                    likelihood = density * torch.exp(-distance)
+                    p[pos, o, slot] = a_out[pos, o] * likelihood
+            normaliser = sum(p.values())
+            for (pos, o, slot), value in p.items():
+                R[pos][o][slot] = value / normaliser
+    poses = torch.stack([torch.stack([mu[pos, o] for o in range(out_types)]) for pos in range(positions)])
+    acts = torch.stack([torch.stack([a_out[pos, o] for o in range(out_types)]) for pos in range(positions)])
+    assignments = torch.stack([torch.stack([torch.stack(row) for row in patch]) for patch in R_used])
+    return poses, acts, assignments
+
+
+def conv_sample(seed, batch=2, grid=(4, 4), in_types=2, kernel=3, stride=1, out_types=2, pose_dim=3):
+    positions = ((grid[0] - kernel) // stride + 1) * ((grid[1] - kernel) // stride + 1)
+    slots = kernel * kernel * in_types
+    generator = torch.Generator().manual_seed(seed)
+    votes = torch.randn(batch * positions, out_types, slots, pose_dim, generator=generator, dtype=DOUBLE)
+    activations = torch.rand(batch * positions, slots, generator=generator, dtype=DOUBLE) * 0.9 + 0.1
+    beta_u = torch.randn(out_types, generator=generator, dtype=DOUBLE)
+    beta_a = torch.randn(out_types, generator=generator, dtype=DOUBLE)
+    return [t.requires_grad_(True) for t in (votes, activations, beta_u, beta_a)], positions
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(("grid", "stride"), [((4, 4), 1), ((5, 4), 2)])
+def test_joint_normalisation_matches_paper_loop(strategy, grid, stride, block_size):
+    in_types, kernel, schedule = 2, 3, [0.5, 1.0]
+    inputs, positions = conv_sample(5, grid=grid, stride=stride)
+    groups = conv_sender_groups(*grid, in_types, kernel, stride)
+    ours = em_routing_kernel(*inputs, inverse_temperatures=schedule, sender_groups=groups,
+                             strategy=strategy, return_assignments=True)
+    votes, activations, beta_u, beta_a = inputs
+    per_image = [conv_procedure1(votes[b * positions:(b + 1) * positions],
+                                 activations[b * positions:(b + 1) * positions],
+                                 beta_u, beta_a, grid, in_types, kernel, stride, schedule)
+                 for b in range(2)]
+    ref = [torch.cat(parts) for parts in zip(*per_image, strict=True)]
+    for x, y in zip(ours, ref, strict=True):
+        torch.testing.assert_close(x, y, **TIGHT)
+    grads = torch.autograd.grad(loss_of(*ours), inputs)
+    ref_grads = torch.autograd.grad(loss_of(*ref), inputs)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **TIGHT)
+
+
+def test_joint_normalisation_differs_from_per_patch_and_sums_to_one_per_input():
+    inputs, positions = conv_sample(6)
+    groups = conv_sender_groups(4, 4, 2, 3, 1)
+    schedule = [0.5, 1.0, 1.5]
+    _, _, joint = em_routing_kernel(*inputs, inverse_temperatures=schedule, sender_groups=groups,
+                                    return_assignments=True)
+    _, _, patch = em_routing_kernel(*inputs, inverse_temperatures=schedule, return_assignments=True)
+    assert not torch.allclose(joint, patch)
+    for b in range(2):  # every input capsule's assignments sum to 1 over all its parents
+        image = joint[b * positions:(b + 1) * positions].sum(1)  # (L, j)
+        totals = torch.zeros(groups.max() + 1, dtype=DOUBLE)
+        totals = totals.index_add(0, groups.reshape(-1), image.reshape(-1))
+        torch.testing.assert_close(totals, torch.ones_like(totals))
+
+
+def test_groups_of_distinct_ids_are_per_row_normalisation():
+    inputs = sample(7)
+    distinct = torch.arange(5).unsqueeze(0)  # period of one row: every sender its own capsule
+    grouped = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], sender_groups=distinct,
+                                return_assignments=True)
+    plain = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], return_assignments=True)
+    for x, y in zip(grouped, plain, strict=True):
+        torch.testing.assert_close(x, y, **TIGHT)
+
+
+def test_conv_sender_groups_by_hand():
+    groups = conv_sender_groups(4, 4, 1, 3, 1)  # 2x2 patches of a 4x4 grid, one type
+    assert groups.tolist() == [
+        [0, 1, 2, 4, 5, 6, 8, 9, 10],
+        [1, 2, 3, 5, 6, 7, 9, 10, 11],
+        [4, 5, 6, 8, 9, 10, 12, 13, 14],
+        [5, 6, 7, 9, 10, 11, 13, 14, 15],
+    ]
+    two_types = conv_sender_groups(3, 5, 2, 3, 2)  # one row of two patches, stride 2
+    assert two_types[1, :4].tolist() == [2 * 2, 2 * 2 + 1, 3 * 2, 3 * 2 + 1]  # cells (0, 2), (0, 3)
+    assert two_types[1, -2:].tolist() == [14 * 2, 14 * 2 + 1]  # cell (2, 4)
+
+
+def test_conv_sender_groups_follow_conv_matrix_capsules_patch_order():
+    """Unfold a grid of ids exactly as ConvMatrixCapsules.votes unfolds the activations."""
+    rows, cols, types, k, stride = 6, 5, 3, 3, 2
+    ids = torch.arange(rows * cols * types, dtype=DOUBLE).view(1, rows, cols, types)  # (b, h, w, t)
+    patches = F.unfold(rearrange(ids, "b h w t -> b t h w"), k, stride=stride)
+    patches = rearrange(patches, "b (t kh kw) l -> b l (kh kw t)", t=types, kh=k, kw=k)[0]
+    assert torch.equal(conv_sender_groups(rows, cols, types, k, stride), patches.long())
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_compiled_strategy_matches_reference(grouped):
+    """Compiled against the current em_routing, or (with groups) against the vectorized
+    strategy, itself checked against the paper loop above."""
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch.compile is unavailable in this torch")
+    inputs = sample(8, rows=2, receivers=2, senders=3, pose_dim=2)
+    groups = torch.tensor([[0, 1, 2], [2, 3, 0]]) if grouped else None
+    try:
+        ours = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="compiled",
+                                 sender_groups=groups, return_assignments=True)
+    except Exception as error:  # a missing compiler toolchain, not a wrong answer
+        pytest.skip(f"torch.compile does not work here: {type(error).__name__}: {error}")
+    if grouped:
+        ref = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="vectorized",
+                                sender_groups=groups, return_assignments=True)
+    else:
+        ref = current(*inputs, [0.5, 1.0], return_assignments=True)
+    for x, y in zip(ours, ref, strict=True):
+        torch.testing.assert_close(x, y, **TIGHT)
+    grads = torch.autograd.grad(loss_of(*ours), inputs)
+    for g, r in zip(grads, torch.autograd.grad(loss_of(*ref), inputs), strict=True):
+        torch.testing.assert_close(g, r, **TIGHT)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_bfloat16_votes_route_with_float32_statistics(strategy):
+    votes, activations, beta_u, beta_a = sample(9, rows=4, receivers=4, senders=12, dtype=torch.float32)
+    low = votes.detach().bfloat16().requires_grad_(True)
+    poses, acts = em_routing_kernel(low, activations, beta_u, beta_a, inverse_temperatures=[0.5, 1.0],
+                                    strategy=strategy)
+    assert poses.dtype == torch.bfloat16 and acts.dtype == torch.bfloat16
+    exact = em_routing_kernel(low.detach().float(), activations, beta_u, beta_a,
+                              inverse_temperatures=[0.5, 1.0], strategy=strategy)
+    torch.testing.assert_close(poses.float(), exact[0].bfloat16().float(), rtol=0, atol=0)
+    (poses.float().sum() + acts.float().sum()).backward()
+    assert low.grad.dtype == torch.bfloat16 and torch.isfinite(low.grad.float()).all()
+
+
+def test_strategies_agree_in_float32():
+    inputs = [t.detach().float() for t in sample(10, rows=8, receivers=4, senders=20, pose_dim=16)]
+    blocked = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], strategy="blocked")
+    vectorized = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], strategy="vectorized")
+    for x, y in zip(blocked, vectorized, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"votes": torch.zeros(2, 3, 4)}, "votes"),
+        ({"votes": torch.zeros(2, 3, 5, 4, dtype=torch.long)}, "votes"),
+        ({"activations": torch.zeros(2, 4)}, "activations"),
+        ({"beta_u": torch.zeros(4)}, "beta_u"),
+        ({"beta_a": torch.zeros(2, 2)}, "beta_a"),
+        ({"inverse_temperatures": []}, "inverse_temperatures"),
+        ({"inverse_temperatures": [0.1, -1.0]}, "inverse_temperatures"),
+        ({"eps": 0.0}, "eps"),
+        ({"strategy": "fast"}, "strategy"),
+        ({"sender_groups": torch.zeros(3, 5, dtype=torch.long)}, "sender_groups"),  # 3 does not divide 2
+        ({"sender_groups": torch.zeros(1, 4, dtype=torch.long)}, "sender_groups"),
+        ({"sender_groups": torch.zeros(1, 5)}, "sender_groups"),
+        ({"sender_groups": -torch.ones(1, 5, dtype=torch.long)}, "sender_groups"),
+    ],
+)
+def test_bad_arguments_name_themselves(change, match):
+    arguments = {"votes": torch.zeros(2, 3, 5, 4), "activations": torch.zeros(2, 5), "beta_u": 0.0,
+                 "beta_a": 0.0, "inverse_temperatures": [0.1]}
+    arguments.update(change)
+    with pytest.raises(ValueError, match=match):
+        em_routing_kernel(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [({"rows": 0}, "rows"), ({"in_types": 1.5}, "in_types"), ({"kernel_size": 5}, "kernel_size")],
+)
+def test_conv_sender_groups_rejects_bad_sizes(change, match):
+    arguments = {"rows": 4, "cols": 4, "in_types": 2, "kernel_size": 3, "stride": 1}
+    arguments.update(change)
+    with pytest.raises(ValueError, match=match):
+        conv_sender_groups(**arguments)
