@@ -27,7 +27,6 @@ $(STAMP_DEV): $(STAMP_RUN)
 
 run: $(STAMP_RUN)
 	$(BIN)/torchvote main
-	$(BIN)/torchvote explain --out runs/explain
 
 test: $(STAMP_DEV)
 	sh .ci/install-browser.sh $(BIN)/python

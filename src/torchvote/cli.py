@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     main_job = commands.add_parser("main", help="train the default preset, evaluate it, print the results")
     main_job.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the main preset")
     main_job.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:<index>")
+    main_job.add_argument("--no-report", action="store_true",
+                          help="skip the explain report (attention and routing pictures) at the end")
 
     demo = commands.add_parser("demo", help="the voting operator as attention and as routing on MNIST")
     demo.add_argument("--output-dir", default="runs/demo", help="where the plots go")
@@ -177,8 +179,9 @@ def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
     return preset, overrides
 
 
-def _run_training(config, resume: str | None) -> int:
-    """Train; on rank 0, say where the checkpoint, metrics and plots went."""
+def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
+    """Train; on rank 0, say where the checkpoint, metrics and plots went (and, with ``explain``,
+    write the ``torchvote explain`` report of the trained model beside them)."""
     from torchvote.training import train
     from torchvote.training.plots import plot_run
 
@@ -193,6 +196,10 @@ def _run_training(config, resume: str | None) -> int:
         if result.plots:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
         print(f"evaluate:   torchvote evaluate {result.run_dir} --on {data}")
+        if explain:
+            report = argparse.Namespace(sentences=[], out=Path(result.run_dir) / "explain",
+                                        checkpoint=Path(result.run_dir), layer=2, iterations=[2, 3, 5])
+            return run_explain(report)  # prints "report: <path>"
     return 0
 
 
@@ -218,7 +225,7 @@ def _main_job(args: argparse.Namespace) -> int:
     from torchvote.training.config import load_config
 
     config = load_config("main", args.overrides)
-    return _run_training(config, None)
+    return _run_training(config, None, explain=not args.no_report)
 
 
 # --- evaluate ---------------------------------------------------------------------------------------

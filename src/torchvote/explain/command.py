@@ -1,11 +1,7 @@
 """``torchvote explain [SENTENCE ...] [--out DIR] [--checkpoint RUN]``: the report from the command line.
 
-Wire into ``torchvote.cli`` with::
-
-    from torchvote.explain.command import add_explain_arguments, run_explain
-    explain = subparsers.add_parser("explain", help="write an offline HTML report of attention and routing")
-    add_explain_arguments(explain)
-    explain.set_defaults(handler=run_explain)   # handler(args) -> exit code
+``--checkpoint`` takes a record file (``.safetensors`` / ``.pt`` of named tensors) or a training
+run's folder, from which :func:`torchvote.explain.from_run.record_from_run` makes the record.
 """
 
 from __future__ import annotations
@@ -45,8 +41,8 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         type=Path,
         default=None,
         metavar="RUN",
-        help="a record of a trained capsule model's tensors (.safetensors/.pt) or a run folder "
-        "holding explain_record.safetensors: adds routing, reconstruction and perturbation pictures",
+        help="a training run's folder (e.g. runs/main-...) of a capsule model, or a record of its "
+        "tensors (.safetensors/.pt): adds routing, reconstruction and perturbation pictures",
     )
     parser.add_argument("--layer", type=int, default=2, help="layer shown in the heatmaps and made to route")
     parser.add_argument(
@@ -108,7 +104,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m torchvote.explain.command`` until the subcommand is wired into ``torchvote.cli``."""
+    """``python -m torchvote.explain.command``: the same as ``torchvote explain``."""
     parser = add_explain_arguments(argparse.ArgumentParser(prog="torchvote explain", description=__doc__))
     return run_explain(parser.parse_args(argv))
 

@@ -2,11 +2,9 @@
 
 ``torchvote explain --checkpoint RUN`` reads ``RUN`` as a record file (``.safetensors`` or a
 ``torch.save`` dict of tensors), or a run folder holding ``explain_record.safetensors``. A
-training run's checkpoint holds weights, not the intermediates these pictures need; turning a
-checkpoint into a record needs the training stack (model factory, data). That step is the hook
-:data:`RECORD_FROM_CHECKPOINT`: ``None`` until it is wired, and then a callable
-``(run_dir: Path) -> dict[str, Tensor]`` that loads the run's model, runs it on test data with
-``record=True`` and returns the keys below.
+training run's folder (one with ``checkpoints/``) holds weights, not intermediates: for it
+:func:`torchvote.explain.from_run.record_from_run` loads the run's model, runs it on the first
+test images and returns the keys below.
 
 Record keys (any subset; each picture names what it lacks):
 
@@ -30,7 +28,7 @@ key                         shape                    picture
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -40,10 +38,9 @@ from torchvote.explain import capsule_plots as plots
 from torchvote.explain.report import HtmlReport
 from torchvote.explain.statistics import coupling_entropy, routing_agreement
 
-__all__ = ["RECORD_FILE", "RECORD_FROM_CHECKPOINT", "explain_record", "load_record"]
+__all__ = ["RECORD_FILE", "explain_record", "load_record"]
 
 RECORD_FILE = "explain_record.safetensors"
-RECORD_FROM_CHECKPOINT: Callable[[Path], dict[str, Tensor]] | None = None  # wired by the training stack
 
 _HOW = (
     "save it from your model's forward with record=True (e.g. torchvote.functional.vote(..., record=True) "
@@ -71,8 +68,10 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
     if path.is_dir():
         if (path / RECORD_FILE).is_file():
             path = path / RECORD_FILE
-        elif RECORD_FROM_CHECKPOINT is not None:
-            return dict(RECORD_FROM_CHECKPOINT(path))
+        elif (path / "checkpoints").is_dir():
+            from torchvote.explain.from_run import record_from_run
+
+            return record_from_run(path)
         else:
             raise FileNotFoundError(
                 f"checkpoint folder {str(path)!r} has no {RECORD_FILE}: a training checkpoint holds weights, "

@@ -1,4 +1,4 @@
-"""Fixtures of the training tests: a tiny MNIST folder of real digits as IDX files.
+"""Shared fixtures: a tiny MNIST folder of real digits as IDX files, and tiny training runs on it.
 
 Training runs read it through the ordinary ``mnist`` data set (``data.root=...``,
 ``data.options.source=idx``), so subprocesses (torchrun, signals) start in a blink.
@@ -34,7 +34,7 @@ def tiny_mnist_root(tmp_path_factory) -> Path:
     return root
 
 
-def tiny_config_values(root: Path, run_dir: Path, **extra) -> dict:
+def tiny_config_values(root: Path, run_dir: Path, **extra) -> dict:  # used by the fixtures below
     """A few-second run of the tiny CNN on the tiny MNIST folder (as a YAML-like dict)."""
     values = {
         "model": {"name": "cnn-baseline", "preset": "tiny", "dropout": 0.2},

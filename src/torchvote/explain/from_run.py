@@ -1,0 +1,110 @@
+"""A record for the capsule pictures, made from a training run's checkpoint.
+
+``torchvote explain --checkpoint RUN`` draws from named tensors (see
+:mod:`torchvote.explain.record`). A training checkpoint holds weights, so this module loads the
+run's model, runs it on the first test images and keeps what the pictures read:
+
+- ``couplings`` ``(t, b, i, j)`` and ``outputs`` ``(t, b, i, d)`` after every routing pass. The
+  routers record only their last pass, so pass ``t`` is taken as the final pass of the model's
+  own router run for ``t + 1`` iterations on the same votes: every router's passes are a prefix
+  of a longer run (the loop never looks at how many passes remain; EM's inverse temperature
+  depends on the pass index only), so these are exactly the passes of the trained
+  ``iterations``-pass routing. Nothing is re-implemented here: the model's layers do the work.
+- ``votes`` ``(b, i, j, d)``: the class layer's votes, materialised for these few images.
+- ``inputs`` / ``reconstructions`` ``(N, H, W)`` and ``perturbations`` ``(d, 11, H, W)``: the
+  decoder's output for the winning capsule, and for that capsule with one dimension moved by
+  -0.25 .. 0.25 (Sabour et al. 2017, sec. 5.1, Fig. 4), when the model has a decoder.
+
+Index legend: ``t`` passes, ``b`` images, ``i`` class capsules, ``j`` primary capsules, ``d``
+capsule dimensions.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from torchvote.explain.statistics import perturbation_poses
+
+__all__ = ["record_from_run"]
+
+
+def _iterations_of(router: torch.nn.Module) -> int:
+    return int(getattr(router, "iterations", 1)) if getattr(router, "iterative", False) else 1
+
+
+@torch.no_grad()
+def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu") -> dict[str, Tensor]:
+    """The tensors the capsule pictures read, from a capsule classifier's training run.
+
+    Args:
+        run: the run folder (``runs/NAME``): its newest intact checkpoint and the data it was
+            evaluated on (``data.eval_name`` or ``data.name``, same root and options).
+        examples: how many test images to record (the first of the evaluation split).
+        device: where to run the model.
+
+    Returns:
+        name -> tensor, the keys of :mod:`torchvote.explain.record` that this model can give.
+
+    Raises:
+        ValueError: the run's model is not a capsule classifier with a vector class layer (say
+            which models are), or ``examples`` < 1.
+        torchvote.training.CheckpointError: nothing loadable at ``run``.
+    """
+    from torchvote.models.capsule_head import CapsuleClassifier
+    from torchvote.nn.capsules import CapsuleLinear
+    from torchvote.training.evaluate import load_data, load_model_from_checkpoint
+    from torchvote.training.results import load_run_config
+    from torchvote.training.tasks import get_task_handler
+    from torchvote.validation import check_positive_int
+
+    check_positive_int(examples, "examples")
+    model, spec, metadata = load_model_from_checkpoint(run, device)
+    if not isinstance(model, CapsuleClassifier) or not isinstance(model.head.class_capsules, CapsuleLinear):
+        raise ValueError(
+            f"{run}: model {metadata.get('model')!r} has no vector capsule layer to draw; the routing "
+            "pictures need a run of capsnet or efficient-capsnet (torchvote train capsnet-mnist)"
+        )
+    handler = get_task_handler(spec.task)
+    data = load_run_config(run).data
+    raw = load_data(handler, data.eval_name or data.name, data.eval_split, options=dict(data.options),
+                    root=data.root, limit=examples)
+    test = handler.finalize(raw, model.config)
+    images = test.tensors["images"].to(device)  # (b, c, h, w)
+
+    primary, _ = model.capsules(images)  # (b, j, in_dim)
+    layer = model.head.class_capsules
+    votes = layer.votes(primary)
+    couplings, outputs = [], []
+    for passes in range(1, _iterations_of(layer.router) + 1):
+        router = copy.copy(layer.router)  # shares the parameters; only the pass count differs
+        if getattr(router, "iterative", False):
+            router.iterations = passes
+        routed = router(votes)
+        couplings.append(routed.couplings)  # (b, i, j)
+        outputs.append(routed.outputs)  # (b, i, d)
+    record = {
+        "couplings": torch.stack(couplings).float().cpu(),  # (t, b, i, j)
+        "outputs": torch.stack(outputs).float().cpu(),  # (t, b, i, d)
+        "votes": votes.materialize().float().cpu(),  # (b, i, j, d)
+    }
+
+    decoder = model.head.decoder
+    if decoder is not None and images.shape[1] == 1:
+        poses = outputs[-1]  # (b, i, d)
+        winners = torch.linalg.vector_norm(poses, dim=-1).argmax(-1, keepdim=True)  # (b, 1)
+        reconstructions = decoder(poses, winners)[:, 0, 0]  # (b, h, w)
+        record["inputs"] = images[:, 0].float().cpu()
+        record["reconstructions"] = reconstructions.float().cpu()
+        winner = int(winners[0, 0])
+        tweaked = perturbation_poses(poses[0, winner])  # (d, s, d)
+        steps = tweaked.shape[1]
+        full = poses[:1].repeat(tweaked.shape[0] * steps, 1, 1)  # (d * s, i, d)
+        full[:, winner] = tweaked.flatten(0, 1)  # the decoder masks every other capsule
+        chosen = winners[:1].expand(full.shape[0], 1)  # (d * s, 1)
+        pictures = decoder(full, chosen)[:, 0, 0]  # (d * s, h, w)
+        record["perturbations"] = pictures.unflatten(0, (-1, steps)).float().cpu()
+    return record
