@@ -124,3 +124,19 @@ def test_materialize_strategy_never_streams(monkeypatch):
 def test_an_unknown_strategy_is_rejected_by_name():
     with pytest.raises(ValueError, match="strategy"):
         CapsuleLinear(7, 3, 4, 5, strategy="fast")
+
+
+@pytest.mark.parametrize("strategy", ["materialize", "stream"])
+def test_every_strategy_runs_under_bfloat16_autocast(strategy):
+    torch.manual_seed(0)
+    layer = CapsuleLinear(7, 3, 4, 5, strategy=strategy, init_std=0.5)
+    inputs = torch.randn(2, 7, 3, requires_grad=True)
+    exact = layer(inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = layer(inputs)
+    mixed.float().pow(2).sum().backward()
+    assert inputs.grad is not None and layer.weight.grad is not None
+    if strategy == "stream":  # the streamed kernels compute in the weight's float32
+        torch.testing.assert_close(mixed, exact)
+    else:  # votes in bfloat16
+        torch.testing.assert_close(mixed.float(), exact, rtol=3e-2, atol=3e-2)

@@ -22,14 +22,18 @@ Index legend (as everywhere in torchvote): ``b`` batch, ``i`` receivers (output 
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
+
+_T = TypeVar("_T")
 
 # Elements of one tile of coupling-scaled inputs (1 MB in float32): small enough to stay in cache
 # between being written and being read by the matrix product, large enough for a good GEMM.
@@ -89,10 +93,23 @@ def _add_inputs_grad(grad_x: Tensor, coefficients: Tensor, pulled: Tensor) -> No
         grad_x.addcmul_(coefficients[k].unsqueeze(1), pulled[k])
 
 
+def _exact(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Run a kernel with autocast off: its ``out=`` products must compute in the tensors' dtype
+    (:class:`LinearVotes` hands them one dtype); under autocast they would turn to bfloat16."""
+
+    @functools.wraps(method)
+    def run(ctx: FunctionCtx, first: Tensor, *args: Tensor) -> _T:
+        with torch.autocast(first.device.type, enabled=False):
+            return method(ctx, first, *args)
+
+    return run
+
+
 class _LinearWeightedSum(torch.autograd.Function):
     """``s[i, b, d] = sum_{e, j} c[i, b, j] x[b, e, j] w[i, (e j), d]`` without forming votes."""
 
     @staticmethod
+    @_exact
     def forward(ctx: FunctionCtx, couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
         # couplings (i, b, j), inputs (b, e, j), weight (i, e*j, d) -> (i, b, d)
         out = inputs.new_empty(couplings.shape[0], couplings.shape[1], weight.shape[-1])
@@ -103,10 +120,11 @@ class _LinearWeightedSum(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @_exact
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         couplings, inputs, weight = ctx.saved_tensors
         need_c, need_x, need_w = ctx.needs_input_grad
-        grad = grad.contiguous()  # (i, b, d)
+        grad = grad.to(inputs.dtype).contiguous()  # (i, b, d)
         grad_c = torch.empty_like(couplings) if need_c else None
         grad_x = torch.zeros_like(inputs) if need_x else None
         grad_w = torch.zeros_like(weight) if need_w else None
@@ -127,6 +145,7 @@ class _LinearDot(torch.autograd.Function):
     """``a[i, b, j] = sum_e x[b, e, j] sum_d w[i, (e j), d] v[i, b, d]`` without forming votes."""
 
     @staticmethod
+    @_exact
     def forward(ctx: FunctionCtx, inputs: Tensor, weight: Tensor, outputs: Tensor) -> Tensor:
         # inputs (b, e, j), weight (i, e*j, d), outputs (i, b, d) -> (i, b, j)
         agreement = inputs.new_empty(weight.shape[0], inputs.shape[0], inputs.shape[2])
@@ -138,10 +157,11 @@ class _LinearDot(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @_exact
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         inputs, weight, outputs = ctx.saved_tensors
         need_x, need_w, need_v = ctx.needs_input_grad
-        grad = grad.contiguous()  # (i, b, j)
+        grad = grad.to(inputs.dtype).contiguous()  # (i, b, j)
         grad_x = torch.zeros_like(inputs) if need_x else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_v = torch.empty_like(outputs) if need_v else None
@@ -193,9 +213,12 @@ class LinearVotes:
         self.inputs = inputs
         self.batch_shape = tuple(inputs.shape[:-2])
         self.receivers, self.senders, self.out_dim, self.in_dim = receivers, senders, out_dim, in_dim
-        # GEMM layouts, made once per forward (autograd flows back through these small copies):
-        self._x = inputs.reshape(-1, senders, in_dim).transpose(1, 2).contiguous()  # (b, e, j)
-        self._w = weight.permute(0, 3, 1, 2).reshape(receivers, in_dim * senders, out_dim)  # (i, e*j, d)
+        # GEMM layouts, made once per forward (autograd flows back through these small copies), in
+        # one dtype: the kernels run with autocast off, so bfloat16 inputs meet float32 weights in
+        # float32 (the routing of a bf16-autocast model streams in float32).
+        dtype = torch.promote_types(weight.dtype, inputs.dtype)
+        self._x = inputs.reshape(-1, senders, in_dim).transpose(1, 2).to(dtype).contiguous()  # (b, e, j)
+        self._w = weight.permute(0, 3, 1, 2).reshape(receivers, in_dim * senders, out_dim).to(dtype)
         self._squared_norm: Tensor | None = None
 
     def _flat(self, t: Tensor, last: int) -> Tensor:
@@ -209,12 +232,13 @@ class LinearVotes:
     def weighted_sum(self, weights: Tensor) -> Tensor:
         """``(..., i, j)`` weights -> ``(..., i, d)``: ``sum_j w_ij W_ij u_j``."""
         weights = weights.expand(*self.batch_shape, self.receivers, self.senders)
+        weights = weights.to(self._x.dtype)
         sums = _LinearWeightedSum.apply(self._flat(weights, self.senders), self._x, self._w)
         return self._unflat(sums)
 
     def dot(self, outputs: Tensor) -> Tensor:
         """``(..., i, d)`` outputs -> ``(..., i, j)``: ``(W_ij u_j) . v_i``."""
-        outputs = outputs.expand(*self.batch_shape, self.receivers, self.out_dim)
+        outputs = outputs.to(self._x.dtype).expand(*self.batch_shape, self.receivers, self.out_dim)
         agreement = _LinearDot.apply(self._x, self._w, self._flat(outputs, self.out_dim))
         return self._unflat(agreement)
 
@@ -237,7 +261,8 @@ class LinearVotes:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.inputs.dtype
+        """The dtype the kernels compute in: the promotion of the weight's and the inputs'."""
+        return self._x.dtype
 
     def zero_logits(self) -> Tensor:
         """``(..., i, j)`` zeros: routing's ``b_ij = 0`` start, in the votes' device and dtype."""
