@@ -15,6 +15,10 @@ streams the 4.7 MB of inputs once per receiver through cache-sized blocks (``_BL
 and the backward pass recomputes its blocks instead of saving them, so the memory a forward pass
 keeps for backward is a few ``(batch, out_caps, in_caps)`` coupling tensors (see
 ``benchmarks/routing.py`` for the measured time and peak memory against materialised votes).
+That is the right trade on a CPU; on a GPU the many small tiles launch many small kernels, and
+materialised votes are faster: :class:`~torchvote.nn.capsules.CapsuleLinear` chooses by device
+(``strategy=``, see :mod:`torchvote.nn.routing_strategy`). The kernels run with autocast off, in
+the promoted dtype of weight and inputs.
 
 Index legend (as everywhere in torchvote): ``b`` batch, ``i`` receivers (output capsules),
 ``j`` senders (input capsules), ``d`` output (vote) features, ``e`` input features.
