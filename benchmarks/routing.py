@@ -3,8 +3,10 @@
 Cases (all paper-exact: gradients through every routing iteration, no stop-gradient):
 
 - ``dynamic``: CapsNet's digit capsules (Sabour et al. 2017), 1152 x 8-D -> 10 x 16-D, 3 iterations,
-  ``torchvote.nn.CapsuleLinear`` (unmaterialised ``LinearVotes``) beside a baseline written as the
-  popular repositories do it: the weights repeated over the batch (``torch.cat([W] * batch)``), the
+  ``torchvote.nn.CapsuleLinear`` with each routing strategy forced (``materialize``: einsum votes;
+  ``stream``: unmaterialised ``LinearVotes``; ``compiled``: the materialised routing under
+  ``torch.compile``), one row each, beside a baseline written as the popular repositories do it:
+  the weights repeated over the batch (``torch.cat([W] * batch)``), the
   inputs stacked over the outputs, one ``torch.matmul`` for the votes, a Python loop of iterations.
 - ``em-conv1`` / ``em-conv2`` / ``em-class``: the small smallNORB model of Hinton et al. 2018
   (A=64, B=8, C=D=16, 32x32 input: 14x14 primary capsules, ConvCaps1 K=3 stride 2 -> 6x6,
@@ -14,7 +16,10 @@ Cases (all paper-exact: gradients through every routing iteration, no stop-gradi
   and runs EM per patch with the usual broadcast tensors.
 
 Timing runs every implementation in this one process, interleaved (ours, baseline, ours, ...), and
-reports medians. Peak memory is measured honestly: each (case, implementation, batch, mode) runs
+reports medians; on CUDA each step is bracketed by ``torch.cuda.synchronize()``. ``--dtype
+bfloat16`` runs every implementation under ``torch.autocast``. Peak memory on CUDA is
+``torch.cuda.max_memory_allocated()`` over one step minus what was allocated before it. On the CPU
+it is measured honestly in RSS: each (case, implementation, batch, mode) runs
 once in a fresh spawned subprocess, which first warms the libraries up on a tiny batch, then
 builds its inputs and module, resets the kernel's resident-set high-water mark
 (``/proc/self/clear_refs``), runs one forward (and backward), and reports the high-water mark
@@ -24,7 +29,8 @@ its peak (RSS, so it counts every allocation, not only tensors; ``ru_maxrss`` gr
 
 Usage::
 
-    python benchmarks/routing.py                  # the full table
+    python benchmarks/routing.py                  # the full table, on CUDA if there is one
+    python benchmarks/routing.py --device cuda --dtype bfloat16 --cases dynamic --batches 128 512
     python benchmarks/routing.py --quick          # smoke run: small batches, few repeats
     python benchmarks/routing.py --cases dynamic --batches 128 --repeats 7
     python benchmarks/routing.py --passive-threads   # on a machine shared with other jobs
@@ -34,6 +40,9 @@ sleep instead of spinning. On a machine whose cores are oversubscribed by other 
 spinning worker takes the core the main thread needs, and every one of the many small operations
 of a routing loop then waits a scheduler time slice; both implementations run under the same
 setting.
+
+(Over 400 lines: the baselines sit beside the cases that time them, so that what is compared is
+read in one file.)
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +66,7 @@ from torch import Tensor, nn
 from torchvote.functional.em import default_inverse_temperature
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.em_capsules import ClassMatrixCapsules, ConvMatrixCapsules, MatrixCapsules
+from torchvote.nn.routing_strategy import choose_strategy
 
 # --- baselines, written the way the popular repositories write them ---------------------------------
 
@@ -126,7 +137,7 @@ class BaselineEM(nn.Module):
 
     def route(self, v, a_in):
         b, n, C, _ = v.shape
-        r = torch.ones(b, n, C, dtype=v.dtype) / C
+        r = torch.ones(b, n, C, dtype=v.dtype, device=v.device) / C
         for iteration in range(self.iterations):
             a_out, mu, sigma_sq = self.m_step(a_in, r, v, iteration)
             if iteration < self.iterations - 1:
@@ -140,9 +151,10 @@ class BaselineEM(nn.Module):
             x = poses.reshape(b, h * w, B, 1, 4, 4).repeat(1, 1, 1, self.C, 1, 1)
             W = self.weights.view(1, 1, B, self.C, 4, 4).repeat(b, h * w, 1, 1, 1, 1)
             v = torch.matmul(x, W).view(b, h, w, B, self.C, 16)
-            coords = torch.zeros(h, w, 16, dtype=v.dtype)
-            coords[..., 3] = ((torch.arange(h, dtype=v.dtype) + 0.5) / h)[:, None]
-            coords[..., 7] = ((torch.arange(w, dtype=v.dtype) + 0.5) / w)[None, :]
+            factory = {"dtype": v.dtype, "device": v.device}
+            coords = torch.zeros(h, w, 16, **factory)
+            coords[..., 3] = ((torch.arange(h, **factory) + 0.5) / h)[:, None]
+            coords[..., 7] = ((torch.arange(w, **factory) + 0.5) / w)[None, :]
             v = (v + coords.view(h, w, 1, 1, 16)).view(b, n, self.C, 16)
             mu, a_out = self.route(v, activations.reshape(b, n, 1))
             return mu, a_out
@@ -161,74 +173,93 @@ class BaselineEM(nn.Module):
 
 # --- cases ---------------------------------------------------------------------------------------------
 
+#: CapsuleLinear's routing strategies, each timed as its own implementation of the dynamic case.
+STRATEGIES = ("materialize", "stream", "compiled")
+
 
 @dataclass
 class Case:
     name: str
     description: str
-    build: Callable[[str, int, int], tuple[Callable[[], Tensor], list[Tensor]]]
+    implementations: tuple[str, ...]  # ours, then "baseline"
+    build: Callable[[str, int, int, torch.device], tuple[Callable[[], Tensor], list[Tensor]]]
 
 
-def _build_dynamic(impl: str, batch: int, seed: int):
+def _build_dynamic(impl: str, batch: int, seed: int, device: torch.device):
     torch.manual_seed(seed)
-    x = torch.randn(batch, 1152, 8) * 0.5
-    if impl == "torchvote":
-        layer = CapsuleLinear(1152, 8, 10, 16, routing="dynamic", iterations=3)
-        return (lambda: layer(x)), list(layer.parameters())
-    layer = BaselineDigitCaps(1152, 8, 10, 16, 3)
+    x = (torch.randn(batch, 1152, 8) * 0.5).to(device)
+    if impl == "baseline":
+        layer = BaselineDigitCaps(1152, 8, 10, 16, 3).to(device)
+    else:
+        layer = CapsuleLinear(1152, 8, 10, 16, routing="dynamic", iterations=3, strategy=impl, device=device)
     return (lambda: layer(x)), list(layer.parameters())
 
 
-def _grid(batch: int, rows: int, types: int) -> MatrixCapsules:
-    poses = torch.randn(batch, rows, rows, types, 4, 4)
-    activations = torch.sigmoid(torch.randn(batch, rows, rows, types))
+def _grid(batch: int, rows: int, types: int, device: torch.device) -> MatrixCapsules:
+    poses = torch.randn(batch, rows, rows, types, 4, 4).to(device)
+    activations = torch.sigmoid(torch.randn(batch, rows, rows, types)).to(device)
     return MatrixCapsules(poses, activations)
 
 
 def _build_em(rows: int, in_types: int, out_types: int, kernel: int, stride: int, class_caps: bool):
-    def build(impl: str, batch: int, seed: int):
+    def build(impl: str, batch: int, seed: int, device: torch.device):
         torch.manual_seed(seed)
-        capsules = _grid(batch, rows, in_types)
+        capsules = _grid(batch, rows, in_types, device)
         if impl == "torchvote":
             if class_caps:
-                layer = ClassMatrixCapsules(in_types, out_types)
+                layer = ClassMatrixCapsules(in_types, out_types).to(device)
             else:
-                layer = ConvMatrixCapsules(in_types, out_types, kernel_size=kernel, stride=stride)
+                layer = ConvMatrixCapsules(in_types, out_types, kernel_size=kernel, stride=stride).to(device)
 
             def run() -> Tensor:
                 out = layer(capsules)
-                return out.poses.sum() + out.activations.sum()
+                return out.poses.float().sum() + out.activations.float().sum()
         else:
-            layer = BaselineEM(in_types, out_types, kernel_size=kernel, stride=stride, class_caps=class_caps)
+            layer = BaselineEM(in_types, out_types, kernel_size=kernel, stride=stride,
+                               class_caps=class_caps).to(device)
 
             def run() -> Tensor:
                 mu, a_out = layer(capsules.poses, capsules.activations)
-                return mu.sum() + a_out.sum()
+                return mu.float().sum() + a_out.float().sum()
         return run, list(layer.parameters())
     return build
 
 
+_EM = ("torchvote", "baseline")
 CASES = {
-    "dynamic": Case("dynamic", "dynamic routing 1152x8 -> 10x16, 3 iterations", _build_dynamic),
-    "em-conv1": Case("em-conv1", "EM ConvCaps1 14x14x8 -> 6x6x16, K=3 s=2, 3 iterations",
+    "dynamic": Case("dynamic", "dynamic routing 1152x8 -> 10x16, 3 iterations", (*STRATEGIES, "baseline"),
+                    _build_dynamic),
+    "em-conv1": Case("em-conv1", "EM ConvCaps1 14x14x8 -> 6x6x16, K=3 s=2, 3 iterations", _EM,
                      _build_em(14, 8, 16, 3, 2, False)),
-    "em-conv2": Case("em-conv2", "EM ConvCaps2 6x6x16 -> 4x4x16, K=3 s=1, 3 iterations",
+    "em-conv2": Case("em-conv2", "EM ConvCaps2 6x6x16 -> 4x4x16, K=3 s=1, 3 iterations", _EM,
                      _build_em(6, 16, 16, 3, 1, False)),
-    "em-class": Case("em-class", "EM class capsules 4x4x16 -> 5, coordinate addition",
+    "em-class": Case("em-class", "EM class capsules 4x4x16 -> 5, coordinate addition", _EM,
                      _build_em(4, 16, 5, 1, 1, True)),
 }
 
 
-def _step(run: Callable[[], Tensor], params: list[Tensor], mode: str) -> None:
+def _autocast(device: torch.device, dtype: torch.dtype):
+    """bfloat16 as mixed precision (autocast), float32 as is."""
+    return torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+
+
+def _step(run: Callable[[], Tensor], params: list[Tensor], mode: str, device: torch.device,
+          dtype: torch.dtype) -> None:
     if mode == "fwd":
-        with torch.no_grad():
+        with torch.no_grad(), _autocast(device, dtype):
             run()
         return
-    out = run()
-    loss = out.pow(2).sum() if out.dim() else out
+    with _autocast(device, dtype):
+        out = run()
+        loss = out.float().pow(2).sum() if out.dim() else out
     loss.backward()
     for p in params:
         p.grad = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _status_kib(field: str) -> int:
@@ -239,141 +270,179 @@ def _status_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, queue) -> None:
+def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, dtype: str, queue) -> None:
     torch.set_num_threads(threads)
-    run, params = CASES[case].build(impl, 2, 0)  # warm the libraries up on a tiny batch
-    _step(run, params, mode)
-    del run, params
-    run, params = CASES[case].build(impl, batch, 0)
+    cpu, dtype_ = torch.device("cpu"), getattr(torch, dtype)
+    # Warm the libraries up on a tiny batch (the compiled routing on the batch itself: a new shape
+    # would compile again inside the measured step).
+    run, params = CASES[case].build(impl, batch if impl == "compiled" else 2, 0, cpu)
+    _step(run, params, mode, cpu, dtype_)
+    if impl != "compiled":
+        del run, params
+        run, params = CASES[case].build(impl, batch, 0, cpu)
     try:  # reset the high-water mark to the current RSS (Linux >= 4.0), then read VmHWM
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")
         before = _status_kib("VmRSS")
-        _step(run, params, mode)
+        _step(run, params, mode, cpu, dtype_)
         peak = _status_kib("VmHWM")
     except OSError:  # no /proc: ru_maxrss, which only counts growth above the process's old peak
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        _step(run, params, mode)
+        _step(run, params, mode, cpu, dtype_)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     queue.put((peak - before) / 1024.0)  # KiB -> MiB
 
 
-def peak_memory_mib(case: str, impl: str, batch: int, mode: str, threads: int) -> float:
-    """Extra peak RSS of one step, measured in a fresh spawned process."""
+def peak_memory_mib(case: str, impl: str, batch: int, mode: str, threads: int, device: torch.device,
+                    dtype: torch.dtype) -> float:
+    """Extra peak memory of one step: CUDA allocations, or RSS in a fresh spawned CPU process."""
+    if device.type == "cuda":
+        run, params = CASES[case].build(impl, batch, 0, device)
+        _step(run, params, mode, device, dtype)  # warm-up (and compilation)
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        _step(run, params, mode, device, dtype)
+        _sync(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
     context = mp.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_peak_worker, args=(case, impl, batch, mode, threads, queue))
+    process = context.Process(target=_peak_worker,
+                              args=(case, impl, batch, mode, threads, str(dtype).split(".")[-1], queue))
     process.start()
     value = queue.get()
     process.join()
     return value
 
 
-def time_pair(case: str, batch: int, mode: str, repeats: int) -> dict[str, list[float]]:
-    """Interleaved timings (seconds) of torchvote and the baseline."""
-    runs = {impl: CASES[case].build(impl, batch, 0) for impl in ("torchvote", "baseline")}
-    for run, params in runs.values():  # warm-up
-        _step(run, params, mode)
+def time_case(case: str, impls: tuple[str, ...], batch: int, mode: str, repeats: int, device: torch.device,
+              dtype: torch.dtype) -> dict[str, list[float]]:
+    """Interleaved timings (seconds) of each implementation."""
+    runs = {impl: CASES[case].build(impl, batch, 0, device) for impl in impls}
+    for run, params in runs.values():  # warm-up (and compilation)
+        _step(run, params, mode, device, dtype)
     times: dict[str, list[float]] = {impl: [] for impl in runs}
     for _ in range(repeats):
         for impl, (run, params) in runs.items():
+            _sync(device)
             start = time.perf_counter()
-            _step(run, params, mode)
+            _step(run, params, mode, device, dtype)
+            _sync(device)
             times[impl].append(time.perf_counter() - start)
     return times
 
 
-def check_agreement(batch: int = 4) -> None:
-    """The baselines compute what torchvote computes (same seeds give the same weights' role)."""
+def check_agreement(device: torch.device, batch: int = 4) -> None:
+    """The baselines compute what torchvote computes (same weights), in float32 on ``device``."""
     torch.manual_seed(0)
-    ours = CapsuleLinear(1152, 8, 10, 16, iterations=3)
-    theirs = BaselineDigitCaps(1152, 8, 10, 16, 3)
-    with torch.no_grad():
-        theirs.W.copy_(ours.weight.permute(1, 0, 2, 3).unsqueeze(0))
-    x = torch.randn(batch, 1152, 8) * 0.5
-    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-4, atol=1e-5)
-    capsules = _grid(batch, 6, 16)
-    layer = ConvMatrixCapsules(16, 16, kernel_size=3, stride=1)
-    base = BaselineEM(16, 16, kernel_size=3, stride=1)
+    theirs = BaselineDigitCaps(1152, 8, 10, 16, 3).to(device)
+    x = (torch.randn(batch, 1152, 8) * 0.5).to(device)
+    for strategy in ("materialize", "stream"):
+        ours = CapsuleLinear(1152, 8, 10, 16, iterations=3, strategy=strategy, device=device)
+        with torch.no_grad():
+            theirs.W.copy_(ours.weight.permute(1, 0, 2, 3).unsqueeze(0))
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-4, atol=1e-5)
+    capsules = _grid(batch, 6, 16, device)
+    layer = ConvMatrixCapsules(16, 16, kernel_size=3, stride=1).to(device)
+    base = BaselineEM(16, 16, kernel_size=3, stride=1).to(device)
     with torch.no_grad():
         base.weights.copy_(layer.weight.unsqueeze(0))
     out = layer(capsules)
     mu, a_out = base(capsules.poses, capsules.activations)
     torch.testing.assert_close(out.poses, mu, rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(out.activations, a_out, rtol=1e-3, atol=1e-5)
-    classes = ClassMatrixCapsules(16, 5)
-    base = BaselineEM(16, 5, kernel_size=1, stride=1, class_caps=True)
+    classes = ClassMatrixCapsules(16, 5).to(device)
+    base = BaselineEM(16, 5, kernel_size=1, stride=1, class_caps=True).to(device)
     with torch.no_grad():
         base.weights.copy_(classes.weight.unsqueeze(0))
-    grid = _grid(batch, 4, 16)
+    grid = _grid(batch, 4, 16, device)
     out = classes(grid)
     mu, a_out = base(grid.poses, grid.activations)
     torch.testing.assert_close(out.poses.flatten(-2), mu, rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(out.activations, a_out, rtol=1e-3, atol=1e-5)
 
 
+def _targets(device: torch.device) -> list[tuple[tuple[str, int, str], str, str, float]]:
+    """``(row key, what "auto" routes with there, text, speed-up needed)`` of issue 8's targets."""
+    rows = []
+    for batch in (128, 512) if device.type == "cuda" else (128,):
+        auto = choose_strategy("auto", device=device, vote_bytes=batch * 10 * 1152 * 16 * 4)
+        need = 3.0 if device.type == "cuda" else 18.0
+        rows.append((("dynamic", batch, "fwd+bwd"), auto,
+                     f"dynamic routing fwd+bwd, batch {batch}, auto ({auto}): >= {need:g}x", need))
+    for case in ("em-conv1", "em-conv2"):
+        rows.append(((case, 32, "fwd+bwd"), "torchvote", f"EM {case} fwd+bwd, batch 32: >= 10x", 10.0))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: small batches, 2 repeats")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: batch 8, 2 repeats, no compiled strategy unless asked")
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None,
+                        help="CapsuleLinear strategies timed in the dynamic case (default: all)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: cuda if there is one")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16 runs every implementation under torch.autocast")
     parser.add_argument("--batches", nargs="+", type=int, default=None,
-                        help="batch sizes (default: 32 128 for dynamic, 32 for EM)")
+                        help="batch sizes (default: 32 128 for dynamic (CUDA: 128 512), 32 for EM)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 5)")
     parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"], default=["fwd", "fwd+bwd"])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
     parser.add_argument("--passive-threads", action="store_true",
                         help="re-run with OMP_WAIT_POLICY=PASSIVE (for a machine shared with other jobs)")
     args = parser.parse_args(argv)
     if args.passive_threads and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when OpenMP starts: re-run the script
         os.execv(sys.executable, [sys.executable, *sys.argv])
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 5)
+    strategies = tuple(args.strategies or (("materialize", "stream") if args.quick else STRATEGIES))
 
-    check_agreement()
+    check_agreement(device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
     policy = os.environ.get("OMP_WAIT_POLICY", "default")
-    print(f"torch {torch.__version__}, {args.threads} threads, OMP_WAIT_POLICY={policy}; times are "
-          f"medians of {repeats} interleaved runs; memory is the extra peak RSS of one step in a fresh "
-          "process\n")
-    print("| case | batch | mode | torchvote | baseline | speed-up | torchvote peak | baseline peak "
-          "| memory ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    memory = "CUDA max_memory_allocated growth" if device.type == "cuda" else \
+        "extra peak RSS in a fresh process"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}, OMP_WAIT_POLICY={policy}; times are medians of "
+          f"{repeats} interleaved runs; memory is the {memory} of one step\n")
+    print("| case | batch | mode | implementation | time | speed-up | peak memory | memory ratio |")
+    print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for case in args.cases:
+        impls = tuple(i for i in CASES[case].implementations if i not in STRATEGIES or i in strategies)
         if args.batches:
             batches = args.batches
         elif args.quick:
             batches = [8]
         else:
-            batches = [32, 128] if case == "dynamic" else [32]
+            batches = ([128, 512] if device.type == "cuda" else [32, 128]) if case == "dynamic" else [32]
         for batch in batches:
             for mode in args.modes:
-                times = time_pair(case, batch, mode, repeats)
-                ours, theirs = statistics.median(times["torchvote"]), statistics.median(times["baseline"])
-                if args.no_memory:
-                    mem_ours = mem_theirs = float("nan")
-                else:
-                    mem_ours = peak_memory_mib(case, "torchvote", batch, mode, args.threads)
-                    mem_theirs = peak_memory_mib(case, "baseline", batch, mode, args.threads)
-                ratio = mem_ours / mem_theirs if mem_theirs > 0 else float("nan")
-                summary[(case, batch, mode)] = (theirs / ours, ratio)
-                print(f"| {case} | {batch} | {mode} | {ours * 1e3:.1f} ms | {theirs * 1e3:.1f} ms | "
-                      f"{theirs / ours:.1f}x | {mem_ours:.0f} MiB | {mem_theirs:.0f} MiB | {ratio:.2f} |",
-                      flush=True)
+                times = time_case(case, impls, batch, mode, repeats, device, dtype)
+                medians = {impl: statistics.median(t) for impl, t in times.items()}
+                peaks = {impl: float("nan") if args.no_memory else
+                         peak_memory_mib(case, impl, batch, mode, args.threads, device, dtype)
+                         for impl in impls}
+                for impl in impls:
+                    speed = medians["baseline"] / medians[impl]
+                    ratio = peaks[impl] / peaks["baseline"] if peaks["baseline"] > 0 else float("nan")
+                    summary[(case, batch, mode, impl)] = (speed, ratio)
+                    print(f"| {case} | {batch} | {mode} | {impl} | {medians[impl] * 1e3:.1f} ms | "
+                          f"{speed:.1f}x | {peaks[impl]:.0f} MiB | {ratio:.2f} |", flush=True)
     print()
-    targets = [
-        (("dynamic", 128, "fwd+bwd"), "dynamic routing fwd+bwd, batch 128: >= 8x faster, <= 1/4 memory",
-         lambda speed, mem: speed >= 8 and (mem <= 0.25 or math.isnan(mem))),
-        (("em-conv1", 32, "fwd+bwd"), "EM conv capsules (ConvCaps1) fwd+bwd, batch 32: >= 10x faster",
-         lambda speed, mem: speed >= 10),
-        (("em-conv2", 32, "fwd+bwd"), "EM conv capsules (ConvCaps2) fwd+bwd, batch 32: >= 10x faster",
-         lambda speed, mem: speed >= 10),
-    ]
-    for key, text, ok in targets:
-        if key in summary:
-            speed, mem = summary[key]
-            print(f"target {text}: {'met' if ok(speed, mem) else 'MISSED'} ({speed:.1f}x, memory {mem:.2f})")
+    for (case, batch, mode), impl, text, need in _targets(device):
+        if (case, batch, mode, impl) in summary:
+            speed, mem = summary[(case, batch, mode, impl)]
+            print(f"target {text}: {'met' if speed >= need else 'MISSED'} ({speed:.1f}x, memory {mem:.2f})")
     return 0
 
 

@@ -13,7 +13,10 @@ Each step is run ``--warmup`` times, then ``--steps`` times interleaved (ours, b
 one :class:`StepPair` to :data:`PAIRS` (the baseline is the part to write by hand).
 
 Run: ``python benchmarks/training.py`` (every pair at batch 128) or ``--quick`` (seconds), or
-``torchvote bench training [args]``.
+``torchvote bench training [args]``. ``--device cpu|cuda`` (default: cuda if there is one; on CUDA
+each step is timed between ``torch.cuda.synchronize()`` calls), ``--dtype bfloat16`` runs the
+forward pass and loss of both steps under ``torch.autocast`` (as ``bf16=true`` trains), and
+``--compile`` times our model under ``torch.compile`` (as ``compile=true`` trains).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +35,24 @@ from torch import Tensor, nn
 from torchvote.models import create_model, get_model_spec
 from torchvote.training import get_task_handler, make_objective
 from torchvote.training.config import LossConfig
+from torchvote.training.evaluate import autocast
 from torchvote.training.metrics import format_table
 
-#: ``build(batch_size, preset) -> (step, items per step)``: ``step()`` runs one training step.
-StepBuilder = Callable[[int, str | None], tuple[Callable[[], None], int]]
+
+@dataclass(frozen=True)
+class Setting:
+    """Where and how a step runs: the device, bfloat16 autocast or not, our model compiled or not."""
+
+    device: torch.device
+    bf16: bool = False
+    compile: bool = False
+
+    def autocast(self) -> AbstractContextManager:
+        return autocast(self.device, self.bf16)
+
+
+#: ``build(batch_size, preset, setting) -> (step, items per step)``: ``step()`` runs one training step.
+StepBuilder = Callable[[int, str | None, Setting], tuple[Callable[[], None], int]]
 
 
 @dataclass(frozen=True)
@@ -46,24 +64,29 @@ class StepPair:
     baseline: StepBuilder
     note: str = ""
 
-    def ours(self, batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
-        return registry_step(self.model, batch_size, preset)
+    def ours(self, batch_size: int, preset: str | None, setting: Setting) -> tuple[Callable[[], None], int]:
+        return registry_step(self.model, batch_size, preset, setting)
 
 
-def registry_step(name: str, batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+def registry_step(
+    name: str, batch_size: int, preset: str | None, setting: Setting
+) -> tuple[Callable[[], None], int]:
     """One training step of a registered model, as the training loop runs it."""
     spec = get_model_spec(name)
     torch.manual_seed(0)
-    model = create_model(name, preset)
+    model = create_model(name, preset).to(setting.device)
     handler = get_task_handler(spec.task)
     batch = handler.example_batch(model.config, batch_size, torch.Generator().manual_seed(0))
+    batch = {key: value.to(setting.device) for key, value in batch.items()}
     objective = make_objective(LossConfig(), spec, total_steps=1000)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
+    forward = torch.compile(model) if setting.compile else model
 
     def step() -> None:
-        output = handler.forward(model, batch)
-        loss, _ = objective(output, batch, 0)
+        with setting.autocast():
+            output = handler.forward(forward, batch)
+            loss, _ = objective(output, batch, 0)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -111,18 +134,22 @@ class _PopularMnistCNN(nn.Module):
         return F.log_softmax(self.out(x), dim=1)
 
 
-def cnn_baseline_reference(batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+def cnn_baseline_reference(
+    batch_size: int, preset: str | None, setting: Setting
+) -> tuple[Callable[[], None], int]:
     config = create_model("cnn-baseline", preset).config
     torch.manual_seed(0)
     model = _PopularMnistCNN(config.channels, config.pool_after, config.hidden, config.dropout)
-    images = torch.rand(batch_size, 1, 28, 28)
-    labels = torch.randint(10, (batch_size,))
+    model.to(setting.device)
+    images = torch.rand(batch_size, 1, 28, 28).to(setting.device)
+    labels = torch.randint(10, (batch_size,)).to(setting.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
 
     def step() -> None:
         optimizer.zero_grad()
-        loss = F.nll_loss(model(images), labels)
+        with setting.autocast():
+            loss = F.nll_loss(model(images).float(), labels)
         loss.backward()
         optimizer.step()
 
@@ -180,7 +207,7 @@ class _PopularCapsNet(nn.Module):
         x = torch.stack([u] * self.num_classes, dim=2).unsqueeze(4)  # (b, 1152, 10, 8, 1)
         W = torch.cat([self.W] * batch, dim=0)  # (b, 1152, 10, 16, 8)
         u_hat = torch.matmul(W, x)  # (b, 1152, 10, 16, 1)
-        b_ij = torch.zeros(batch, self.in_caps, self.num_classes, 1)
+        b_ij = torch.zeros(batch, self.in_caps, self.num_classes, 1, device=u_hat.device)
         for iteration in range(self.iterations):
             c_ij = F.softmax(b_ij, dim=2).unsqueeze(4)  # (b, 1152, 10, 1, 1): over the classes
             s_j = (c_ij * u_hat).sum(dim=1, keepdim=True)  # (b, 1, 10, 16, 1)
@@ -202,33 +229,39 @@ def _popular_capsule_loss(lengths: Tensor, labels: Tensor, images: Tensor, recon
     return (margin + 0.0005 * reconstruction) / images.size(0)
 
 
-def _popular_step(model: nn.Module, batch_size: int, image_size: int) -> Callable[[], None]:
-    images = torch.rand(batch_size, 1, image_size, image_size)
-    labels = torch.eye(10).index_select(dim=0, index=torch.randint(10, (batch_size,)))
+def _popular_step(model: nn.Module, batch_size: int, image_size: int, setting: Setting) -> Callable[[], None]:
+    model.to(setting.device)
+    images = torch.rand(batch_size, 1, image_size, image_size).to(setting.device)
+    labels = torch.eye(10).index_select(dim=0, index=torch.randint(10, (batch_size,))).to(setting.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
 
     def step() -> None:
         optimizer.zero_grad()
-        lengths, reconstructions = model(images, labels)
-        loss = _popular_capsule_loss(lengths, labels, images, reconstructions)
+        with setting.autocast():
+            lengths, reconstructions = model(images, labels)
+            loss = _popular_capsule_loss(lengths.float(), labels, images, reconstructions.float())
         loss.backward()
         optimizer.step()
 
     return step
 
 
-def capsnet_reference(batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+def capsnet_reference(
+    batch_size: int, preset: str | None, setting: Setting
+) -> tuple[Callable[[], None], int]:
     config = create_model("capsnet", preset).config
     torch.manual_seed(0)
-    return _popular_step(_PopularCapsNet(config), batch_size, config.image_size), batch_size
+    return _popular_step(_PopularCapsNet(config), batch_size, config.image_size, setting), batch_size
 
 
-def capsnet_one_conv_reference(batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+def capsnet_one_conv_reference(
+    batch_size: int, preset: str | None, setting: Setting
+) -> tuple[Callable[[], None], int]:
     config = create_model("capsnet", preset).config
     torch.manual_seed(0)
     model = _PopularCapsNet(config, one_primary_conv=True)
-    return _popular_step(model, batch_size, config.image_size), batch_size
+    return _popular_step(model, batch_size, config.image_size, setting), batch_size
 
 
 class _PopularEfficientCapsNet(nn.Module):
@@ -284,10 +317,13 @@ class _PopularEfficientCapsNet(nn.Module):
         return lengths, reconstructions
 
 
-def efficient_capsnet_reference(batch_size: int, preset: str | None) -> tuple[Callable[[], None], int]:
+def efficient_capsnet_reference(
+    batch_size: int, preset: str | None, setting: Setting
+) -> tuple[Callable[[], None], int]:
     config = create_model("efficient-capsnet", preset).config
     torch.manual_seed(0)
-    return _popular_step(_PopularEfficientCapsNet(config), batch_size, config.image_size), batch_size
+    model = _PopularEfficientCapsNet(config)
+    return _popular_step(model, batch_size, config.image_size, setting), batch_size
 
 
 #: The benchmark lines; add one per model (capsnet, efficient-capsnet ... by their engineers).
@@ -325,17 +361,26 @@ PAIRS: dict[str, StepPair] = {
 # --- timing --------------------------------------------------------------------------------------
 
 
-def time_pair(pair: StepPair, batch_size: int, preset: str | None, warmup: int, steps: int) -> dict:
-    ours, items = pair.ours(batch_size, preset)
-    baseline, baseline_items = pair.baseline(batch_size, preset)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_pair(
+    pair: StepPair, batch_size: int, preset: str | None, warmup: int, steps: int, setting: Setting
+) -> dict:
+    ours, items = pair.ours(batch_size, preset, setting)
+    baseline, baseline_items = pair.baseline(batch_size, preset, setting)
     for _ in range(warmup):
         ours()
         baseline()
     times: dict[str, list[float]] = {"ours": [], "baseline": []}
     for _ in range(steps):
         for label, step in (("ours", ours), ("baseline", baseline)):
+            _sync(setting.device)
             start = time.perf_counter()
             step()
+            _sync(setting.device)
             times[label].append(time.perf_counter() - start)
     ours_rate = items / statistics.median(times["ours"])
     baseline_rate = baseline_items / statistics.median(times["baseline"])
@@ -360,7 +405,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="batch 16, 3 steps: a smoke run")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: cuda if there is one")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: forward and loss under torch.autocast (bf16=true)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile our model (compile=true)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    setting = Setting(torch.device("cuda" if use_cuda else "cpu"), args.dtype == "bfloat16", args.compile)
     if args.quick:
         args.batch_size, args.steps, args.warmup = 16, 3, 1
     if args.threads:
@@ -372,11 +426,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         pair = PAIRS[name]
-        rows.append(time_pair(pair, args.batch_size, args.preset or pair.preset, args.warmup, args.steps))
+        preset = args.preset or pair.preset
+        rows.append(time_pair(pair, args.batch_size, preset, args.warmup, args.steps, setting))
         print(f"{name}: {rows[-1]['speed-up']}", flush=True)
     print()
     print(format_table(rows))
-    print(f"\n{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.steps} steps")
+    threads = f"CPU, {torch.get_num_threads()} threads"
+    where = torch.cuda.get_device_name(setting.device) if use_cuda else threads
+    print(f"\n{where}, {args.dtype}{', ours compiled' if args.compile else ''}, torch {torch.__version__}, "
+          f"median of {args.steps} steps")
     return 0
 
 

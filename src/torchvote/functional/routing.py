@@ -220,7 +220,7 @@ def dynamic_routing(
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        routed.zero_logits(),
+        None,  # b_ij = 0: zero logits, finite in every pass (vote takes its fused softmax)
         normalize_over="receivers",
         iterations=iterations,
         agreement=agreement,
@@ -266,7 +266,7 @@ def uniform_routing(
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        routed.zero_logits(),
+        None,  # b_ij = 0: zero logits, finite in every pass (vote takes its fused softmax)
         normalize_over="receivers",
         iterations=1,
         nonlinearity=_as_update(nonlinearity, "nonlinearity"),
@@ -319,7 +319,7 @@ def inverted_dot_product_routing(
     routed = as_routing_votes(votes)
     result = vote(
         routed,
-        routed.zero_logits(),
+        None,  # b_ij = 0: zero logits, finite in every pass (vote takes its fused softmax)
         normalize_over="receivers",
         iterations=iterations,
         agreement="dot",

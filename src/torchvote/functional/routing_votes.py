@@ -15,6 +15,10 @@ streams the 4.7 MB of inputs once per receiver through cache-sized blocks (``_BL
 and the backward pass recomputes its blocks instead of saving them, so the memory a forward pass
 keeps for backward is a few ``(batch, out_caps, in_caps)`` coupling tensors (see
 ``benchmarks/routing.py`` for the measured time and peak memory against materialised votes).
+That is the right trade on a CPU; on a GPU the many small tiles launch many small kernels, and
+materialised votes are faster: :class:`~torchvote.nn.capsules.CapsuleLinear` chooses by device
+(``strategy=``, see :mod:`torchvote.nn.routing_strategy`). The kernels run with autocast off, in
+the promoted dtype of weight and inputs.
 
 Index legend (as everywhere in torchvote): ``b`` batch, ``i`` receivers (output capsules),
 ``j`` senders (input capsules), ``d`` output (vote) features, ``e`` input features.
@@ -22,7 +26,10 @@ Index legend (as everywhere in torchvote): ``b`` batch, ``i`` receivers (output 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -30,8 +37,11 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
-# Elements of one block of coupling-scaled inputs (4 MB in float32): small enough to stay in cache
-# between being written and being read by the matrix product, large enough for a good GEMM.
+_T = TypeVar("_T")
+
+# Elements of one tile of coupling-scaled inputs (4 MB in float32): small enough to stay in cache
+# between being written and being read by the matrix product, large enough for a good GEMM and few
+# Python steps (1 MB tiles measured no faster at the CapsNet shapes, 2 threads).
 _BLOCK_ELEMENTS = 1 << 20
 
 
@@ -44,63 +54,95 @@ def _blocks(batch: int, receivers: int, per_row: int) -> tuple[int, int]:
     return max(1, min(receivers, _BLOCK_ELEMENTS // max(batch * per_row, 1))), batch
 
 
-def _ranges(total: int, step: int):
+def _ranges(total: int, step: int) -> Iterator[slice]:
     for start in range(0, total, step):
-        yield start, min(total, start + step)
+        yield slice(start, min(total, start + step))
+
+
+def _tiles(inputs: Tensor, receivers: int, buffers: int) -> Iterator[tuple[slice, slice, list[Tensor]]]:
+    """The one blocking loop of every kernel here: cache-sized tiles of (receivers, batch).
+
+    Args:
+        inputs: ``(b, e, j)``.
+        receivers: ``i``.
+        buffers: how many scratch tiles each step needs.
+
+    Yields:
+        ``(receiver slice, batch slice, scratch)``: ``scratch`` holds ``buffers`` tiles of shape
+        ``(receivers in tile, rows in tile, e, j)``, reused from one step to the next.
+    """
+    batch, features, senders = inputs.shape
+    group, rows = _blocks(batch, receivers, features * senders)
+    storage = [inputs.new_empty(group * rows * features * senders) for _ in range(buffers)]
+    for r in _ranges(receivers, group):
+        for b in _ranges(batch, rows):
+            shape = (r.stop - r.start, b.stop - b.start, features, senders)
+            yield r, b, [s[: math.prod(shape)].view(shape) for s in storage]
+
+
+def _scale(out: Tensor, coefficients: Tensor, inputs: Tensor) -> Tensor:
+    """``out[g, n, e, j] = coefficients[g, n, j] * inputs[n, e, j]``, returned as ``(g, n, e*j)``."""
+    torch.mul(coefficients.unsqueeze(2), inputs, out=out)
+    return out.flatten(2)
+
+
+def _pull(out: Tensor, vectors: Tensor, weight: Tensor) -> Tensor:
+    """``W^T v``: ``(g, n, d)`` vectors through ``(g, e*j, d)`` weight into ``out`` ``(g, n, e, j)``."""
+    torch.bmm(vectors, weight.transpose(1, 2), out=out.flatten(2))
+    return out
+
+
+def _add_inputs_grad(grad_x: Tensor, coefficients: Tensor, pulled: Tensor) -> None:
+    """``grad_x[n, e, j] += sum_g coefficients[g, n, j] * pulled[g, n, e, j]``."""
+    for k in range(pulled.shape[0]):
+        grad_x.addcmul_(coefficients[k].unsqueeze(1), pulled[k])
+
+
+def _exact(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Run a kernel with autocast off: its ``out=`` products must compute in the tensors' dtype
+    (:class:`LinearVotes` hands them one dtype); under autocast they would turn to bfloat16."""
+
+    @functools.wraps(method)
+    def run(ctx: FunctionCtx, first: Tensor, *args: Tensor) -> _T:
+        with torch.autocast(first.device.type, enabled=False):
+            return method(ctx, first, *args)
+
+    return run
 
 
 class _LinearWeightedSum(torch.autograd.Function):
     """``s[i, b, d] = sum_{e, j} c[i, b, j] x[b, e, j] w[i, (e j), d]`` without forming votes."""
 
     @staticmethod
+    @_exact
     def forward(ctx: FunctionCtx, couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
         # couplings (i, b, j), inputs (b, e, j), weight (i, e*j, d) -> (i, b, d)
-        receivers, batch, senders = couplings.shape
-        features = inputs.shape[1]
-        out = inputs.new_empty(receivers, batch, weight.shape[-1])
-        group, rows = _blocks(batch, receivers, features * senders)
-        scratch = inputs.new_empty(group * rows * features * senders)
-        for r0, r1 in _ranges(receivers, group):
-            for b0, b1 in _ranges(batch, rows):
-                g, n = r1 - r0, b1 - b0
-                scaled = scratch[: g * n * features * senders].view(g, n, features, senders)
-                torch.mul(couplings[r0:r1, b0:b1].unsqueeze(2), inputs[b0:b1], out=scaled)
-                torch.bmm(scaled.view(g, n, features * senders), weight[r0:r1], out=out[r0:r1, b0:b1])
+        out = inputs.new_empty(couplings.shape[0], couplings.shape[1], weight.shape[-1])
+        for r, b, (scratch,) in _tiles(inputs, weight.shape[0], 1):
+            torch.bmm(_scale(scratch, couplings[r, b], inputs[b]), weight[r], out=out[r, b])
         ctx.save_for_backward(couplings, inputs, weight)
         return out
 
     @staticmethod
     @once_differentiable
+    @_exact
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         couplings, inputs, weight = ctx.saved_tensors
         need_c, need_x, need_w = ctx.needs_input_grad
-        receivers, batch, senders = couplings.shape
-        features = inputs.shape[1]
-        grad = grad.contiguous()  # (i, b, d)
+        grad = grad.to(inputs.dtype).contiguous()  # (i, b, d)
         grad_c = torch.empty_like(couplings) if need_c else None
         grad_x = torch.zeros_like(inputs) if need_x else None
         grad_w = torch.zeros_like(weight) if need_w else None
-        group, rows = _blocks(batch, receivers, features * senders)
-        size = group * rows * features * senders
-        scaled_buf, back_buf = inputs.new_empty(size), inputs.new_empty(size)
-        for r0, r1 in _ranges(receivers, group):
-            for b0, b1 in _ranges(batch, rows):
-                g, n = r1 - r0, b1 - b0
-                c_blk, x_blk, g_blk = couplings[r0:r1, b0:b1], inputs[b0:b1], grad[r0:r1, b0:b1]
-                if need_w:
-                    scaled = scaled_buf[: g * n * features * senders].view(g, n, features, senders)
-                    torch.mul(c_blk.unsqueeze(2), x_blk, out=scaled)
-                    flat = scaled.view(g, n, features * senders)
-                    grad_w[r0:r1].baddbmm_(flat.transpose(1, 2), g_blk)  # (g, e*j, d)
-                if need_c or need_x:
-                    back = back_buf[: g * n * features * senders].view(g, n, features * senders)
-                    torch.bmm(g_blk, weight[r0:r1].transpose(1, 2), out=back)  # W^T grad: (g, n, e*j)
-                    back = back.view(g, n, features, senders)
-                    if need_x:
-                        for k in range(g):
-                            grad_x[b0:b1].addcmul_(c_blk[k].unsqueeze(1), back[k])
-                    if need_c:
-                        torch.sum(back.mul_(x_blk), dim=2, out=grad_c[r0:r1, b0:b1])
+        for r, b, (scratch, back) in _tiles(inputs, weight.shape[0], 2):
+            if need_w:
+                scaled = _scale(scratch, couplings[r, b], inputs[b])
+                grad_w[r].baddbmm_(scaled.transpose(1, 2), grad[r, b])  # (g, e*j, d)
+            if need_c or need_x:
+                pulled = _pull(back, grad[r, b], weight[r])  # W^T grad: (g, n, e, j)
+                if need_x:
+                    _add_inputs_grad(grad_x[b], couplings[r, b], pulled)
+                if need_c:
+                    torch.sum(pulled.mul_(inputs[b]), dim=2, out=grad_c[r, b])
         return grad_c, grad_x, grad_w
 
 
@@ -108,55 +150,35 @@ class _LinearDot(torch.autograd.Function):
     """``a[i, b, j] = sum_e x[b, e, j] sum_d w[i, (e j), d] v[i, b, d]`` without forming votes."""
 
     @staticmethod
+    @_exact
     def forward(ctx: FunctionCtx, inputs: Tensor, weight: Tensor, outputs: Tensor) -> Tensor:
         # inputs (b, e, j), weight (i, e*j, d), outputs (i, b, d) -> (i, b, j)
-        batch, features, senders = inputs.shape
-        receivers = weight.shape[0]
-        agreement = inputs.new_empty(receivers, batch, senders)
-        group, rows = _blocks(batch, receivers, features * senders)
-        scratch = inputs.new_empty(group * rows * features * senders)
-        for r0, r1 in _ranges(receivers, group):
-            for b0, b1 in _ranges(batch, rows):
-                g, n = r1 - r0, b1 - b0
-                back = scratch[: g * n * features * senders].view(g, n, features * senders)
-                torch.bmm(outputs[r0:r1, b0:b1], weight[r0:r1].transpose(1, 2), out=back)
-                back = back.view(g, n, features, senders).mul_(inputs[b0:b1])
-                torch.sum(back, dim=2, out=agreement[r0:r1, b0:b1])
+        agreement = inputs.new_empty(weight.shape[0], inputs.shape[0], inputs.shape[2])
+        for r, b, (scratch,) in _tiles(inputs, weight.shape[0], 1):
+            pulled = _pull(scratch, outputs[r, b], weight[r]).mul_(inputs[b])
+            torch.sum(pulled, dim=2, out=agreement[r, b])
         ctx.save_for_backward(inputs, weight, outputs)
         return agreement
 
     @staticmethod
     @once_differentiable
+    @_exact
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         inputs, weight, outputs = ctx.saved_tensors
         need_x, need_w, need_v = ctx.needs_input_grad
-        batch, features, senders = inputs.shape
-        receivers = weight.shape[0]
-        grad = grad.contiguous()  # (i, b, j)
+        grad = grad.to(inputs.dtype).contiguous()  # (i, b, j)
         grad_x = torch.zeros_like(inputs) if need_x else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_v = torch.empty_like(outputs) if need_v else None
-        group, rows = _blocks(batch, receivers, features * senders)
-        size = group * rows * features * senders
-        scaled_buf, back_buf = inputs.new_empty(size), inputs.new_empty(size)
-        for r0, r1 in _ranges(receivers, group):
-            for b0, b1 in _ranges(batch, rows):
-                g, n = r1 - r0, b1 - b0
-                g_blk, x_blk, v_blk = grad[r0:r1, b0:b1], inputs[b0:b1], outputs[r0:r1, b0:b1]
-                if need_w or need_v:
-                    scaled = scaled_buf[: g * n * features * senders].view(g, n, features, senders)
-                    torch.mul(g_blk.unsqueeze(2), x_blk, out=scaled)
-                    flat = scaled.view(g, n, features * senders)
-                    if need_v:
-                        torch.bmm(flat, weight[r0:r1], out=grad_v[r0:r1, b0:b1])  # (g, n, d)
-                    if need_w:
-                        grad_w[r0:r1].baddbmm_(flat.transpose(1, 2), v_blk)  # (g, e*j, d)
-                if need_x:
-                    back = back_buf[: g * n * features * senders].view(g, n, features * senders)
-                    torch.bmm(v_blk, weight[r0:r1].transpose(1, 2), out=back)
-                    back = back.view(g, n, features, senders)
-                    for k in range(g):
-                        grad_x[b0:b1].addcmul_(g_blk[k].unsqueeze(1), back[k])
+        for r, b, (scratch, back) in _tiles(inputs, weight.shape[0], 2):
+            if need_w or need_v:
+                scaled = _scale(scratch, grad[r, b], inputs[b])  # (g, n, e*j)
+                if need_v:
+                    torch.bmm(scaled, weight[r], out=grad_v[r, b])  # (g, n, d)
+                if need_w:
+                    grad_w[r].baddbmm_(scaled.transpose(1, 2), outputs[r, b])  # (g, e*j, d)
+            if need_x:
+                _add_inputs_grad(grad_x[b], grad[r, b], _pull(back, outputs[r, b], weight[r]))
         return grad_x, grad_w, grad_v
 
 
@@ -196,9 +218,12 @@ class LinearVotes:
         self.inputs = inputs
         self.batch_shape = tuple(inputs.shape[:-2])
         self.receivers, self.senders, self.out_dim, self.in_dim = receivers, senders, out_dim, in_dim
-        # GEMM layouts, made once per forward (autograd flows back through these small copies):
-        self._x = inputs.reshape(-1, senders, in_dim).transpose(1, 2).contiguous()  # (b, e, j)
-        self._w = weight.permute(0, 3, 1, 2).reshape(receivers, in_dim * senders, out_dim)  # (i, e*j, d)
+        # GEMM layouts, made once per forward (autograd flows back through these small copies), in
+        # one dtype: the kernels run with autocast off, so bfloat16 inputs meet float32 weights in
+        # float32 (the routing of a bf16-autocast model streams in float32).
+        dtype = torch.promote_types(weight.dtype, inputs.dtype)
+        self._x = inputs.reshape(-1, senders, in_dim).transpose(1, 2).to(dtype).contiguous()  # (b, e, j)
+        self._w = weight.permute(0, 3, 1, 2).reshape(receivers, in_dim * senders, out_dim).to(dtype)
         self._squared_norm: Tensor | None = None
 
     def _flat(self, t: Tensor, last: int) -> Tensor:
@@ -212,12 +237,13 @@ class LinearVotes:
     def weighted_sum(self, weights: Tensor) -> Tensor:
         """``(..., i, j)`` weights -> ``(..., i, d)``: ``sum_j w_ij W_ij u_j``."""
         weights = weights.expand(*self.batch_shape, self.receivers, self.senders)
+        weights = weights.to(self._x.dtype)
         sums = _LinearWeightedSum.apply(self._flat(weights, self.senders), self._x, self._w)
         return self._unflat(sums)
 
     def dot(self, outputs: Tensor) -> Tensor:
         """``(..., i, d)`` outputs -> ``(..., i, j)``: ``(W_ij u_j) . v_i``."""
-        outputs = outputs.expand(*self.batch_shape, self.receivers, self.out_dim)
+        outputs = outputs.to(self._x.dtype).expand(*self.batch_shape, self.receivers, self.out_dim)
         agreement = _LinearDot.apply(self._x, self._w, self._flat(outputs, self.out_dim))
         return self._unflat(agreement)
 
@@ -240,7 +266,8 @@ class LinearVotes:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.inputs.dtype
+        """The dtype the kernels compute in: the promotion of the weight's and the inputs'."""
+        return self._x.dtype
 
     def zero_logits(self) -> Tensor:
         """``(..., i, j)`` zeros: routing's ``b_ij = 0`` start, in the votes' device and dtype."""

@@ -168,6 +168,7 @@ def _weights_bytes(model: nn.Module, metadata: Mapping[str, str]) -> bytes:
     tensors: dict[str, Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple[Any, ...], str] = {}
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: store the eager names
     for name, tensor in model.state_dict().items():
         key = _storage_key(tensor)
         if key in seen:  # tied weights: store once, remember the other name
@@ -213,6 +214,11 @@ def read_weights(path: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"{path} is corrupt or not a safetensors file ({err})") from None
 
 
+def _eager_name(name: str) -> str:
+    """A tensor's name without the ``_orig_mod.`` a ``torch.compile`` wrapper's state_dict adds."""
+    return name.replace("_orig_mod.", "")
+
+
 def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
     """Load a weights file into ``model``, strictly.
 
@@ -221,7 +227,8 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
             shape or dtype; the message names every such tensor and nothing is loaded.
     """
     path = Path(path)
-    loaded = read_weights(path)
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: load into its module
+    loaded = {_eager_name(name): tensor for name, tensor in read_weights(path).items()}
     metadata = read_model_metadata(path)
     for alias, target in json.loads(metadata.get("aliases", "{}")).items():
         if target in loaded:

@@ -46,6 +46,7 @@ from torchvote.training.optim import build_optimizer, build_scheduler
 from torchvote.training.progress import Progress
 from torchvote.training.results import StepInfo, TrainResult, find_resumable_checkpoint, load_run_config
 from torchvote.training.setup import (
+    compile_model,
     load_run_data,
     model_metadata,
     new_run_dir,
@@ -164,6 +165,7 @@ class _Run:
         if context.is_distributed:
             device_ids = [context.device] if context.device.type == "cuda" else None
             self.ddp_model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+        self.ddp_model = compile_model(self.ddp_model, config.compile)  # the step's module only
 
     def _open_run_dir(self) -> None:
         """Rank 0: the run folder, its ``config.yaml``, the metrics writer, one line of what runs."""

@@ -153,6 +153,9 @@ class TrainConfig:
         keep_checkpoints: how many checkpoints to keep (the newest).
         seed: seeds the model initialisation, the data order and every random augmentation.
         bf16: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``.
+        compile: train through ``torch.compile(model)`` (compiled on the first step; evaluation
+            runs the eager model). Checkpoints hold the eager model's weights, whose names carry
+            no ``_orig_mod.``: they load into an uncompiled model.
         deterministic: ``torch.use_deterministic_algorithms(True)``.
         device: ``auto`` (cuda if available), ``cpu``, ``cuda`` or ``cuda:<index>``.
         num_workers: processes that assemble batches (0: the main process).
@@ -179,6 +182,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     bf16: bool = False
+    compile: bool = False
     deterministic: bool = False
     device: str = "auto"
     num_workers: int = 0
@@ -225,6 +229,7 @@ RESUMABLE_KEYS: frozenset[str] = frozenset(
         "checkpoint_every",
         "keep_checkpoints",
         "device",
+        "compile",
         "num_workers",
         "log_every",
         "progress",

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from torchvote.training.checkpoint import (
     CheckpointError,
@@ -31,6 +32,7 @@ from torchvote.training.results import check_resumable
 from torchvote.training.tasks import TaskHandler
 
 __all__ = [
+    "compile_model",
     "load_run_data",
     "model_metadata",
     "new_run_dir",
@@ -77,6 +79,22 @@ def seed_everything(config: TrainConfig, device: torch.device) -> None:
         if device.type == "cuda":  # cuBLAS needs a fixed workspace to be deterministic
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+
+
+def compile_model(model: nn.Module, enabled: bool) -> nn.Module:
+    """``torch.compile(model)`` for ``compile=true``, else ``model``.
+
+    The compiled module shares its parameters with ``model``; the loop saves and evaluates
+    ``model`` itself, so checkpoints keep the eager names (no ``_orig_mod.`` prefix).
+
+    Args:
+        model: the module the training step calls (the DDP wrapper when distributed).
+        enabled: the config's ``compile``.
+
+    Returns:
+        The module to call in the training step.
+    """
+    return torch.compile(model) if enabled else model
 
 
 def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, TaskData, dict[str, Any]]:

@@ -1,0 +1,142 @@
+"""CapsuleLinear's routing strategies: the same numbers from every kernel, and what "auto" picks."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import pytest
+import torch
+
+from torchvote.nn import routing_strategy
+from torchvote.nn.capsules import CapsuleLinear
+from torchvote.nn.routing_strategy import MATERIALIZE_BUDGET_BYTES, choose_strategy
+
+DOUBLE = torch.float64
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # devices as values: no CUDA needed
+
+
+def _run(layer: CapsuleLinear, inputs: torch.Tensor):
+    """Outputs, couplings, and the gradients of a loss of both w.r.t. the inputs and the weight."""
+    inputs = inputs.clone().requires_grad_(True)
+    result = layer(inputs, return_routing=True)
+    loss = result.outputs.pow(2).sum() + (result.couplings * torch.linspace(0, 1, result.couplings.shape[-1],
+                                                                            dtype=DOUBLE)).sum()
+    grad_x, grad_w = torch.autograd.grad(loss, [inputs, layer.weight])
+    return result.outputs, result.couplings, grad_x, grad_w
+
+
+def _pair(strategy: str, routing: str, shared: bool) -> tuple[CapsuleLinear, CapsuleLinear]:
+    torch.manual_seed(0)
+    reference = CapsuleLinear(7, 3, 4, 5, routing=routing, shared_weights=shared, strategy="stream",
+                              init_std=0.5, dtype=DOUBLE)
+    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, shared_weights=shared, strategy=strategy, dtype=DOUBLE)
+    layer.load_state_dict(reference.state_dict())
+    return reference, layer
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("routing", ["dynamic", "inverted_dot_product", "self_attention", "uniform"])
+@pytest.mark.parametrize("strategy", ["materialize", "auto"])
+def test_every_strategy_gives_the_stream_numbers(strategy, routing, shared):
+    reference, layer = _pair(strategy, routing, shared)
+    inputs = torch.randn(2, 3, 7, 3, dtype=DOUBLE)  # two batch axes
+    for ours, theirs in zip(_run(layer, inputs), _run(reference, inputs), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+def _compile_works() -> str | None:
+    """None if torch.compile runs a tiny function on this machine, else why it does not."""
+    try:
+        torch.compile(lambda x: x.sin() + 1)(torch.randn(3))
+    except Exception as error:  # noqa: BLE001
+        return f"torch.compile fails here: {type(error).__name__}: {error}"
+    return None
+
+
+@pytest.mark.slow  # about 30 s of compiling per case on a 2-core CPU
+@pytest.mark.parametrize("shared", [False, True])
+def test_compiled_strategy_gives_the_stream_numbers(shared):
+    reason = _compile_works()
+    if reason:
+        pytest.skip(reason)
+    reference, layer = _pair("compiled", "dynamic", shared)
+    inputs = torch.randn(2, 7, 3, dtype=DOUBLE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback: the compiled function ran
+        first = _run(layer, inputs)
+    assert callable(layer._compiled)
+    for ours, theirs in zip(first, _run(reference, inputs), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    for ours, theirs in zip(_run(layer, inputs), first, strict=True):  # the cached function
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_compiled_strategy_falls_back_with_a_warning(monkeypatch):
+    def broken(fn):
+        def run(*args):
+            raise RuntimeError("no compiler here")
+        return run
+
+    monkeypatch.setattr(routing_strategy.torch, "compile", broken)
+    reference, layer = _pair("compiled", "dynamic", False)
+    inputs = torch.randn(2, 7, 3, dtype=DOUBLE)
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        ours = _run(layer, inputs)
+    assert layer._compiled is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once
+        again = _run(layer, inputs)
+    for a, b, c in zip(ours, again, _run(reference, inputs), strict=True):
+        torch.testing.assert_close(a, c)
+        torch.testing.assert_close(b, c)
+
+
+def test_a_layer_with_a_compiled_route_still_pickles():
+    layer = CapsuleLinear(7, 3, 4, 5, strategy="compiled")
+    layer._compiled = lambda *args: None  # stands for a compiled function
+    copy = pickle.loads(pickle.dumps(layer))
+    assert copy._compiled is None and copy.strategy == "compiled"
+
+
+def test_auto_picks_by_device_and_size():
+    small, large = 1 << 20, MATERIALIZE_BUDGET_BYTES + 1
+    assert choose_strategy("auto", device=CPU, vote_bytes=small) == "stream"
+    assert choose_strategy("auto", device=CUDA, vote_bytes=small) == "materialize"
+    assert choose_strategy("auto", device=CUDA, vote_bytes=large) == "stream"
+    for forced in ("materialize", "stream", "compiled"):
+        assert choose_strategy(forced, device=CPU, vote_bytes=large) == forced
+
+
+def test_auto_on_cpu_streams_the_votes(monkeypatch):
+    layer = CapsuleLinear(7, 3, 4, 5)
+    assert layer.strategy == "auto"
+    monkeypatch.setattr(layer, "_route_materialized", lambda *args: pytest.fail("materialised on a CPU"))
+    layer(torch.randn(2, 7, 3))
+
+
+def test_materialize_strategy_never_streams(monkeypatch):
+    layer = CapsuleLinear(7, 3, 4, 5, strategy="materialize")
+    monkeypatch.setattr(layer, "votes", lambda inputs: pytest.fail("streamed"))
+    assert layer(torch.randn(2, 7, 3)).shape == (2, 4, 5)
+
+
+def test_an_unknown_strategy_is_rejected_by_name():
+    with pytest.raises(ValueError, match="strategy"):
+        CapsuleLinear(7, 3, 4, 5, strategy="fast")
+
+
+@pytest.mark.parametrize("strategy", ["materialize", "stream"])
+def test_every_strategy_runs_under_bfloat16_autocast(strategy):
+    torch.manual_seed(0)
+    layer = CapsuleLinear(7, 3, 4, 5, strategy=strategy, init_std=0.5)
+    inputs = torch.randn(2, 7, 3, requires_grad=True)
+    exact = layer(inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = layer(inputs)
+    mixed.float().pow(2).sum().backward()
+    assert inputs.grad is not None and layer.weight.grad is not None
+    if strategy == "stream":  # the streamed kernels compute in the weight's float32
+        torch.testing.assert_close(mixed, exact)
+    else:  # votes in bfloat16
+        torch.testing.assert_close(mixed.float(), exact, rtol=3e-2, atol=3e-2)
