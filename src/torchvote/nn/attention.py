@@ -25,7 +25,13 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
+from torchvote.functional import (
+    DotProductScores,
+    SharedVotes,
+    prepare_attention_mask,
+    softmax_attention,
+    vote,
+)
 from torchvote.nn.attention_projections import (
     _check_inputs,
     _PackedProjection,
@@ -47,7 +53,8 @@ class MultiHeadAttention(nn.Module):
     them by scaled dot-product agreement, normalised over the senders.
 
     Without ``need_weights`` the attention runs on ``F.scaled_dot_product_attention`` and no
-    ``(L, S)`` matrix is formed; with it, on the voting loop, which returns the weights. A causal
+    ``(L, S)`` matrix is formed; with it, on :func:`~torchvote.functional.softmax_attention`,
+    which forms the weights once, in the compute dtype. A causal
     mask is best given as ``is_causal=True`` (the fused kernel then skips the masked half; a 2-D
     causal ``attn_mask`` is recognised and run the same way).
 
@@ -275,6 +282,10 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(attended, weights)``: ``(b, h, i, d)`` and ``(b, h, i, j)`` or None.
         """
+        if need_weights:  # one pass that forms the weights once, in the compute dtype
+            return softmax_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                     dropout_p=self.dropout if self.training else 0.0,
+                                     scale=self.scale)
         return self._vote(q, k, v, mask, is_causal, need_weights)  # one pass: the fused kernel
 
     def _vote(

@@ -185,6 +185,8 @@ class RoutingAttention(MultiHeadAttention):
         hold in every pass, and the weights returned are the last pass's softmax (before the
         renormalisation of ``aggregation="mean"``).
         """
+        if self.iterations == 1 and self.normalize_over == "senders" and self.aggregation == "sum":
+            return super()._attend(q, k, v, mask, is_causal, need_weights)  # softmax attention
         return self._vote(
             q, k, v, mask, is_causal, need_weights,
             normalize_over=self.normalize_over,
