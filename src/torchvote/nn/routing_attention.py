@@ -100,6 +100,13 @@ class RoutingAttention(MultiHeadAttention):
     Unlike the one-pass module it never uses the fused kernel for ``iterations > 1``: every pass
     forms the ``(b, h, L, S)`` weights.
 
+    Key/value cache (``forward(..., cache=...)``, incremental decoding): with
+    ``normalize_over="senders"`` every pass of a query reads only that query's logits over the
+    keys it may hear and the values, so a new query needs the past keys and values and nothing
+    else: the cache works and gives the uncached numbers. With ``"receivers"`` each pass's
+    softmax runs over all the queries, so a new query would change the weights (and outputs) of
+    the earlier ones: there is nothing to cache, and a ``cache`` is refused with a ValueError.
+
     Args:
         embed_dim: ``E``, the model (and query) feature size.
         num_heads: heads ``h``; must divide ``embed_dim``.
@@ -175,6 +182,19 @@ class RoutingAttention(MultiHeadAttention):
                 "over later queries, so later tokens would change earlier outputs"
             )
         return key_mask if self_attention else None  # (b, L) | None
+
+    def _check_cache(self) -> None:
+        """Refuse a key/value cache when the softmax runs over the receivers.
+
+        Raises:
+            ValueError: ``normalize_over="receivers"``.
+        """
+        if self.normalize_over == "receivers":
+            raise ValueError(
+                "cache needs normalize_over='senders': with 'receivers' every pass normalises over "
+                "all the queries, so a new query changes the earlier ones' outputs; decode without "
+                "a cache (use_cache=False)"
+            )
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
