@@ -208,10 +208,12 @@ def _softmax_(
     return weights, False
 
 
+_BLOCKS = 8  # row blocks of the half-precision weights: a float32 block costs 2 / _BLOCKS of them
+
+
 def _row_blocks(receivers: int, senders: int) -> list[slice]:
-    """Query rows per float32 block: an eighth of the rows, so a block costs a quarter of the
-    half-precision weights, and at least 64 rows (or all)."""
-    step = max(64, -(-receivers // 8))
+    """Query rows per float32 block: ``1 / _BLOCKS`` of the rows, at least 64 (or all)."""
+    step = max(64, -(-receivers // _BLOCKS))
     return [slice(start, min(start + step, receivers)) for start in range(0, receivers, step)]
 
 
@@ -236,9 +238,9 @@ class _HalfWeights(torch.autograd.Function):
     def forward(ctx, query, key, scale, additive, allowed, dead):  # noqa: D102
         shape = (*query.shape[:-1], key.shape[-2])  # (..., i, j)
         weights = query.new_empty(shape)
-        key32 = key.float()
+        query32, key32 = query.float() * scale, key.float().transpose(-2, -1)  # small: (.., d)
         for rows in _row_blocks(shape[-2], shape[-1]):
-            logits = torch.matmul(query[..., rows, :].float() * scale, key32.transpose(-2, -1))
+            logits = torch.matmul(query32[..., rows, :], key32)  # (..., r, j), float32
             block, _ = _softmax_(logits, _rows(additive, rows), _rows(allowed, rows), _rows(dead, rows))
             weights[..., rows, :] = block
         ctx.save_for_backward(query, key, weights)
@@ -248,7 +250,7 @@ class _HalfWeights(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_weights):  # noqa: D102
         query, key, weights = ctx.saved_tensors
-        key32 = key.float()
+        query32, key32 = query.float(), key.float()
         grad_query = torch.empty_like(query) if ctx.needs_input_grad[0] else None
         grad_key = torch.zeros_like(key32) if ctx.needs_input_grad[1] else None
         for rows in _row_blocks(weights.shape[-2], weights.shape[-1]):
@@ -258,7 +260,7 @@ class _HalfWeights(torch.autograd.Function):
             if grad_query is not None:
                 grad_query[..., rows, :] = torch.matmul(grad_logits, key32)
             if grad_key is not None:
-                grad_key += torch.matmul(grad_logits.transpose(-2, -1), query[..., rows, :].float())
+                grad_key += torch.matmul(grad_logits.transpose(-2, -1), query32[..., rows, :])
         grad_key = grad_key.to(key.dtype) if grad_key is not None else None
         return grad_query, grad_key, None, None, None, None
 
