@@ -16,14 +16,6 @@ from torchvote.models import create_model
 VARIANTS = [(a, p) for a in ("softmax", "routing") for p in ("learned", "sinusoidal")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _model(name: str, attention: str, positional: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
     return create_model(name, "tiny", attention=attention, positional=positional, **overrides).eval()

@@ -110,14 +110,8 @@ def scaled_dot_product_attention(
 
 
 def softmax_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    mask: Tensor | None = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
+    query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None,
+    is_causal: bool = False, dropout_p: float = 0.0, scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One pass of softmax attention that returns its weights, paying only for the weights.
 
