@@ -3,8 +3,8 @@
 The reference forms the logits, adds the mask, and normalises with an explicit
 ``exp(l - max) / sum`` in float64, giving rows with nothing to attend to zero weights; it shares
 no code with the function under test. Every mask form, causality, rows with nothing to attend to,
-autograd on and off (the in-place path), dropout, and half precision (float32 blocks kept in
-half) are covered.
+autograd on and off (the in-place path), dropout, and half precision (float32 blocks for
+float16, bfloat16 logits) are covered.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ def test_dropout_returns_the_weights_before_dropout_and_drops_the_votes():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", ["none", "bool", "float"])
 def test_half_precision_weights_and_gradients_follow_float32(dtype, case):
-    """Half inputs: logits and softmax in float32 blocks, weights kept in half; the gradients
-    (custom backward in blocks) equal float32 autograd on the same rounded inputs, to half's
-    precision. 130 queries make three row blocks."""
+    """float16: logits and softmax in float32 blocks (130 queries make three), weights kept in
+    float16, custom backward in blocks; bfloat16: logits in bfloat16. Both, and the gradients,
+    equal float32 on the same rounded inputs to the dtype's precision."""
     mask, _, _ = _masks(130, 9)[case]
     rounded = [t.to(dtype) for t in _inputs(torch.float32, length=130, source=9, seed=3)]
     half = [t.clone().requires_grad_() for t in rounded]

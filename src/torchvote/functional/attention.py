@@ -118,9 +118,17 @@ def softmax_attention(
     The ``(..., L, S)`` logits are formed once, in the inputs' dtype, as ``(q * scale) k^T`` (the
     scale folded into the smaller factor, as ``torch.nn.MultiheadAttention`` does); a float mask
     is added and the forbidden entries set to ``-inf`` in place. The softmax runs in place when
-    autograd does not need its input (inference, ``no_grad``, inputs without gradient); otherwise
-    the logits are freed once it has run, so one ``(..., L, S)`` tensor is kept for backward, as
-    in torch (two with dropout: the weights and the dropped weights). A query with nothing to
+    autograd does not track the logits (inference, ``no_grad``, ``q`` and ``k`` without
+    gradient); otherwise the logits are freed once it has run, so one ``(..., L, S)`` tensor is
+    kept for backward, as in torch (two with dropout: the weights and the dropped weights).
+
+    bfloat16 has float32's range, so its logits are formed in bfloat16 like any other dtype (as
+    torch does). float16 ends at 65504: a logit beyond it would be ``inf``, and one of order 1e4
+    is rounded by several units. So for float16 (``q`` and ``k`` of one batch shape) the logits
+    are formed and normalised in float32, one block of query rows at a time, and only the
+    weights are kept, in float16; a custom backward does the same in blocks. Accurate, as much
+    memory as torch's float16 weights, but a loop of small kernels: on a GPU about 2-3x slower
+    than float16 logits would be. A query with nothing to
     attend to gets zero weights and a zero output with finite gradients: its logits are made
     uniform before the softmax and its weights and output zeroed after (under autograd the
     returned weights are then a masked copy, not the tensor kept for backward). The voting loop
@@ -162,8 +170,8 @@ def softmax_attention(
     # (..., i, 1), True for a query with nothing to attend to; causality alone leaves every
     # query its first key.
     dead = ~allowed.any(dim=-1, keepdim=True) if mask is not None else None
-    if query.dtype in _HALF and query.shape[:-2] == key.shape[:-2]:
-        weights = _HalfWeights.apply(query, key, scale, additive, allowed, dead)  # (..., i, j)
+    if query.dtype in _FLOAT32_LOGITS and query.shape[:-2] == key.shape[:-2]:
+        weights = _Float32BlockWeights.apply(query, key, scale, additive, allowed, dead)  # (..., i, j)
         grad = False  # dead rows are zero already, with zero gradient
     else:
         logits = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., i, j)
@@ -176,7 +184,7 @@ def softmax_attention(
     return output, weights
 
 
-_HALF = (torch.float16, torch.bfloat16)
+_FLOAT32_LOGITS = (torch.float16,)  # dtypes whose logits are formed in float32 blocks (see above)
 
 
 def _softmax_(
@@ -218,11 +226,11 @@ def _rows(mask: Tensor | None, rows: slice) -> Tensor | None:
     return mask[..., rows, :]
 
 
-class _HalfWeights(torch.autograd.Function):
-    """Attention weights of half-precision ``q, k``: logits and softmax in float32, kept in half.
+class _Float32BlockWeights(torch.autograd.Function):
+    """Attention weights of float16 ``q, k``: logits and softmax in float32, kept in float16.
 
-    Half-precision logits would round ``q . k`` of order 1e4 by several units; float32 ones for
-    the whole ``(L, S)`` matrix would cost twice the weights. So the logits are formed and
+    float16 logits would overflow beyond 65504 and round ``q . k`` of order 1e4 by several
+    units; float32 ones for the whole ``(L, S)`` matrix would cost twice the weights. So the logits are formed and
     normalised in float32 blocks of query rows and only the weights are kept, in the inputs'
     dtype; backward recomputes nothing but the softmax's gradient
     ``dl = w * (g - sum_j g w)``, again in float32 blocks, from the saved half weights.
