@@ -230,9 +230,9 @@ class _Float32BlockWeights(torch.autograd.Function):
     """Attention weights of float16 ``q, k``: logits and softmax in float32, kept in float16.
 
     float16 logits would overflow beyond 65504 and round ``q . k`` of order 1e4 by several
-    units; float32 ones for the whole ``(L, S)`` matrix would cost twice the weights. So the logits are formed and
-    normalised in float32 blocks of query rows and only the weights are kept, in the inputs'
-    dtype; backward recomputes nothing but the softmax's gradient
+    units; float32 ones for the whole ``(L, S)`` matrix would cost twice the weights. So the
+    logits are formed and normalised in float32 blocks of query rows and only the weights are
+    kept, in the inputs' dtype; backward recomputes nothing but the softmax's gradient
     ``dl = w * (g - sum_j g w)``, again in float32 blocks, from the saved half weights.
     """
 
