@@ -275,9 +275,15 @@ def _add_(logits: Tensor, mask: Tensor) -> Tensor:
 
 
 def _masked_fill_(logits: Tensor, where: Tensor, value: float) -> Tensor:
-    """``logits`` with ``value`` where ``where`` holds, in place when shapes allow."""
+    """``logits`` with ``value`` where ``where`` holds, in place when shapes allow.
+
+    In place, autograd does not record it: the entries filled take zero weight (``-inf``) or
+    belong to rows whose weights and outputs are zeroed afterwards, so the softmax's backward
+    gives them zero gradient anyway, and recording would cost one more pass over the logits.
+    """
     if torch.broadcast_shapes(logits.shape, where.shape) == logits.shape:
-        return logits.masked_fill_(where, value)
+        with torch.no_grad():
+            return logits.masked_fill_(where, value)
     return logits.masked_fill(where, value)
 
 
