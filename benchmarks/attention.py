@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> None:
           + ("torch.cuda.max_memory_allocated growth during one call" if args.device == "cuda" else
              "peak RSS growth during one call in a fresh spawned process (VmHWM after clear_refs)"))
     header = (f"{'batch':>5} {'T':>5} {'causal':>6} {'mode':>5} | {'ours ms':>8} {'sdpa ms':>8} "
-              f"{'mha ms':>8} | {'ours/sdpa':>9} {'mha/ours':>8} | {'ours MB':>8} {'sdpa MB':>8} "
-              f"{'mha MB':>8} {'ours/sdpa':>9}")
+              f"{'mha ms':>8} | {'ours/sdpa':>9} {'ours/mha':>8} | {'ours MB':>8} {'sdpa MB':>8} "
+              f"{'mha MB':>8} {'ours/sdpa':>9} {'ours/mha':>8}")
     print(header)
     print("-" * len(header))
     notes = []
@@ -302,13 +302,15 @@ def main(argv: list[str] | None = None) -> None:
                     ours, sdpa, mha = times["ours"], times["sdpa"], times["mha"]
                     mem_ratio = (memory["ours"] / memory["sdpa"]
                                  if memory["ours"] is not None and memory["sdpa"] else None)
+                    mem_mha = (memory["ours"] / memory["mha"]
+                               if memory["ours"] is not None and memory["mha"] else None)
                     print(f"{batch:>5} {length:>5} {str(causal):>6} {mode:>5} | "
                           f"{_fmt_time(ours):>8} {_fmt_time(sdpa):>8} "
                           f"{_fmt_time(mha) if not skip_mha else 'skipped':>8} | "
-                          f"{ours / sdpa:>9.3f} {_fmt(mha / ours if mha else None, '.2f'):>8} | "
+                          f"{ours / sdpa:>9.3f} {_fmt(ours / mha if mha else None, '.2f'):>8} | "
                           f"{_fmt(memory['ours'], '.0f'):>8} {_fmt(memory['sdpa'], '.0f'):>8} "
                           f"{_fmt(memory['mha'], '.0f') if not skip_mha else 'skipped':>8} "
-                          f"{_fmt(mem_ratio, '.2f'):>9}", flush=True)
+                          f"{_fmt(mem_ratio, '.2f'):>9} {_fmt(mem_mha, '.2f'):>8}", flush=True)
     for note in notes:
         print("note:", note)
     sys.stdout.flush()

@@ -8,6 +8,7 @@ from torchvote.functional.attention import (
     attend,
     scaled_dot_product_attention,
     self_attention,
+    softmax_attention,
 )
 from torchvote.functional.em import default_inverse_temperature, em_routing
 from torchvote.functional.masks import (
@@ -68,6 +69,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_dot_score",
     "self_attention",
+    "softmax_attention",
     "squash",
     "vote",
 ]

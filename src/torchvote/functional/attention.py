@@ -1,22 +1,34 @@
 """Attention as one pass of the voting operator, normalised over the senders.
 
-Every function here ends in :func:`torchvote.functional.vote`; the dot-product forms hand their
-scores over unexpanded (:class:`DotProductScores`) so that, when no weights are requested, the
-work runs on ``F.scaled_dot_product_attention`` and no ``(L, S)`` matrix is formed. Masks are
+Without weights, the dot-product forms end in :func:`torchvote.functional.vote`, handing their
+scores over unexpanded (:class:`DotProductScores`) so that the work runs on
+``F.scaled_dot_product_attention`` and no ``(L, S)`` matrix is formed. With weights they run on
+:func:`softmax_attention`, the same one pass written for its cost: the ``(L, S)`` logits are
+formed once in the compute dtype and softmaxed in place where autograd allows (the general voting
+loop, which iterative routing needs, upcasts to float32 and keeps several temporaries). Masks are
 prepared by :mod:`torchvote.functional.masks` (``check_attention_mask`` and ``is_causal_mask``
 live there and are re-exported here).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from torchvote.functional.masks import check_attention_mask, is_causal_mask, prepare_attention_mask
+from torchvote.functional.masks import (
+    causal_mask,
+    check_attention_mask,
+    is_causal_mask,
+    prepare_attention_mask,
+)
 from torchvote.functional.voting import DotProductScores, SharedVotes, vote
 
 __all__ = [
     "scaled_dot_product_attention",
+    "softmax_attention",
     "attend",
     "self_attention",
     "check_attention_mask",
@@ -57,7 +69,7 @@ def scaled_dot_product_attention(
     """``softmax(q k^T * scale + mask) v``: Vaswani et al. 2017, "Attention Is All You Need", eq. 1.
 
     Without ``need_weights`` this runs on ``F.scaled_dot_product_attention`` (numerically the
-    same); with it, on the voting loop, which also returns the weights. A causal 2-D mask is
+    same); with it, on :func:`softmax_attention`, which also returns the weights. A causal 2-D mask is
     recognised and run as ``is_causal``. A query that may attend to nothing gets a zero output and
     zero weights, with finite gradients.
 
@@ -83,6 +95,9 @@ def scaled_dot_product_attention(
     target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]),
               query.shape[-2], key.shape[-2])
     attn_mask, is_causal = prepare_attention_mask(attn_mask, None, target, is_causal=is_causal)
+    if need_weights:
+        return softmax_attention(query, key, value, mask=attn_mask, is_causal=is_causal,
+                                 dropout_p=dropout_p, scale=scale)
     result = vote(
         SharedVotes(value),
         DotProductScores(query, key, scale),
@@ -90,10 +105,186 @@ def scaled_dot_product_attention(
         mask=attn_mask,
         is_causal=is_causal,
         dropout_p=dropout_p,
-        record=need_weights,
     )
-    weights = result.weights[0] if need_weights else None
-    return result.outputs, weights
+    return result.outputs, None
+
+
+def softmax_attention(
+    query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None = None,
+    is_causal: bool = False, dropout_p: float = 0.0, scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One pass of softmax attention that returns its weights, paying only for the weights.
+
+    The ``(..., L, S)`` logits are formed once, in the inputs' dtype, as ``(q * scale) k^T`` (the
+    scale folded into the smaller factor, as ``torch.nn.MultiheadAttention`` does); a float mask
+    is added and the forbidden entries set to ``-inf`` in place. The softmax runs in place when
+    autograd does not track the logits (inference, ``no_grad``, ``q`` and ``k`` without
+    gradient); otherwise the logits are freed once it has run, so one ``(..., L, S)`` tensor is
+    kept for backward, as in torch (two with dropout: the weights and the dropped weights).
+
+    bfloat16 has float32's range, so its logits are formed in bfloat16 like any other dtype (as
+    torch does). float16 ends at 65504: a logit beyond it would be ``inf``, and one of order 1e4
+    is rounded by several units. So for float16 (``q`` and ``k`` of one batch shape) the logits
+    are formed and normalised in float32, one block of query rows at a time, and only the
+    weights are kept, in float16; a custom backward does the same in blocks. Accurate, as much
+    memory as torch's float16 weights, but a loop of small kernels: on a GPU about 2-3x slower
+    than float16 logits would be. A query with nothing to
+    attend to gets zero weights and a zero output with finite gradients: its logits are made
+    uniform before the softmax and its weights and output zeroed after (under autograd the
+    returned weights are then a masked copy, not the tensor kept for backward). The voting loop
+    (:func:`~torchvote.functional.vote`) computes the same weights in float32; this path is for
+    one pass only.
+
+    Args:
+        query: ``(..., L, E)``.
+        key: ``(..., S, E)``.
+        value: ``(..., S, Ev)``.
+        mask: boolean (True = may attend) or float (added to the logits, ``-inf`` forbids),
+            broadcastable to ``(..., L, S)``; as :func:`prepare_attention_mask` returns it.
+        is_causal: query ``l`` attends to keys ``s <= l`` (top-left aligned).
+        dropout_p: dropout on the weights (the returned weights are those before dropout).
+        scale: multiplies ``q k^T``; default ``1 / sqrt(E)``.
+
+    Returns:
+        ``(output, weights)``: ``(..., L, Ev)`` and ``(..., L, S)``, both in the inputs' dtype.
+
+    Raises:
+        ValueError: ``dropout_p`` outside ``[0, 1)``.
+        TypeError: a mask that is neither boolean nor floating point.
+    """
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    receivers, senders = query.shape[-2], key.shape[-2]
+    additive, allowed = None, None  # float mask; boolean, True = may attend
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            allowed = mask
+        elif mask.is_floating_point():
+            additive, allowed = mask, ~mask.isneginf()
+        else:
+            raise TypeError(f"mask must be boolean or floating point, got dtype {mask.dtype}")
+    if is_causal:
+        causal = causal_mask(receivers, senders, query.device)  # (i, j)
+        allowed = causal if allowed is None else allowed & causal
+    # (..., i, 1), True for a query with nothing to attend to; causality alone leaves every
+    # query its first key.
+    dead = ~allowed.any(dim=-1, keepdim=True) if mask is not None else None
+    if query.dtype in _FLOAT32_LOGITS and query.shape[:-2] == key.shape[:-2]:
+        weights = _Float32BlockWeights.apply(query, key, scale, additive, allowed, dead)  # (..., i, j)
+        grad = False  # dead rows are zero already, with zero gradient
+    else:
+        logits = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., i, j)
+        weights, grad = _softmax_(logits, additive, allowed, dead)  # (..., i, j)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    output = torch.matmul(dropped, value)  # (..., i, Ev)
+    if grad and dead is not None:
+        output = output.masked_fill(dead, 0.0)
+        weights = weights.masked_fill(dead, 0.0)
+    return output, weights
+
+
+_FLOAT32_LOGITS = (torch.float16,)  # dtypes whose logits are formed in float32 blocks (see above)
+
+
+def _softmax_(
+    logits: Tensor, additive: Tensor | None, allowed: Tensor | None, dead: Tensor | None
+) -> tuple[Tensor, bool]:
+    """Masked softmax over the last axis, in place where autograd allows.
+
+    Returns:
+        ``(weights, grad)``: with ``grad`` (the logits need a gradient) the rows in ``dead`` are
+        uniform and the caller zeroes what it returns; without, they are zero already.
+    """
+    if additive is not None:
+        logits = _add_(logits, additive)
+    if allowed is not None:
+        logits = _masked_fill_(logits, ~allowed, float("-inf"))
+    if dead is not None:
+        logits = _masked_fill_(logits, dead, 0.0)  # uniform and finite: no NaN, even in backward
+    if logits.requires_grad:  # False under no_grad / inference_mode
+        return torch.softmax(logits, dim=-1), True  # the logits are freed once it has run
+    weights = torch.softmax(logits, dim=-1, out=logits)
+    if dead is not None:
+        weights.masked_fill_(dead, 0.0)
+    return weights, False
+
+
+_BLOCKS = 8  # row blocks of the half-precision weights: a float32 block costs 2 / _BLOCKS of them
+
+
+def _row_blocks(receivers: int, senders: int) -> list[slice]:
+    """Query rows per float32 block: ``1 / _BLOCKS`` of the rows, at least 64 (or all)."""
+    step = max(64, -(-receivers // _BLOCKS))
+    return [slice(start, min(start + step, receivers)) for start in range(0, receivers, step)]
+
+
+def _rows(mask: Tensor | None, rows: slice) -> Tensor | None:
+    """The query rows ``rows`` of a mask broadcastable to ``(..., i, j)`` (or ``(..., i, 1)``)."""
+    if mask is None or mask.dim() < 2 or mask.shape[-2] == 1:
+        return mask
+    return mask[..., rows, :]
+
+
+class _Float32BlockWeights(torch.autograd.Function):
+    """Attention weights of float16 ``q, k``: logits and softmax in float32, kept in float16.
+
+    float16 logits would overflow beyond 65504 and round ``q . k`` of order 1e4 by several
+    units; float32 ones for the whole ``(L, S)`` matrix would cost twice the weights. So the
+    logits are formed and normalised in float32 blocks of query rows and only the weights are
+    kept, in the inputs' dtype; backward recomputes nothing but the softmax's gradient
+    ``dl = w * (g - sum_j g w)``, again in float32 blocks, from the saved half weights.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, scale, additive, allowed, dead):  # noqa: D102
+        shape = (*query.shape[:-1], key.shape[-2])  # (..., i, j)
+        weights = query.new_empty(shape)
+        query32, key32 = query.float() * scale, key.float().transpose(-2, -1)  # small: (.., d)
+        for rows in _row_blocks(shape[-2], shape[-1]):
+            logits = torch.matmul(query32[..., rows, :], key32)  # (..., r, j), float32
+            block, _ = _softmax_(logits, _rows(additive, rows), _rows(allowed, rows), _rows(dead, rows))
+            weights[..., rows, :] = block
+        ctx.save_for_backward(query, key, weights)
+        ctx.scale = scale
+        return weights
+
+    @staticmethod
+    def backward(ctx, grad_weights):  # noqa: D102
+        query, key, weights = ctx.saved_tensors
+        query32, key32 = query.float(), key.float()
+        grad_query = torch.empty_like(query) if ctx.needs_input_grad[0] else None
+        grad_key = torch.zeros_like(key32) if ctx.needs_input_grad[1] else None
+        for rows in _row_blocks(weights.shape[-2], weights.shape[-1]):
+            w = weights[..., rows, :].float()  # (..., r, j)
+            g = grad_weights[..., rows, :].float()
+            grad_logits = w * (g - (g * w).sum(dim=-1, keepdim=True)) * ctx.scale  # (..., r, j)
+            if grad_query is not None:
+                grad_query[..., rows, :] = torch.matmul(grad_logits, key32)
+            if grad_key is not None:
+                grad_key += torch.matmul(grad_logits.transpose(-2, -1), query32[..., rows, :])
+        grad_key = grad_key.to(key.dtype) if grad_key is not None else None
+        return grad_query, grad_key, None, None, None, None
+
+
+def _add_(logits: Tensor, mask: Tensor) -> Tensor:
+    """``logits + mask``, in place when the mask broadcasts to the logits' shape."""
+    if torch.broadcast_shapes(logits.shape, mask.shape) == logits.shape:
+        return logits.add_(mask)
+    return logits + mask
+
+
+def _masked_fill_(logits: Tensor, where: Tensor, value: float) -> Tensor:
+    """``logits`` with ``value`` where ``where`` holds, in place when shapes allow.
+
+    In place, autograd does not record it: the entries filled take zero weight (``-inf``) or
+    belong to rows whose weights and outputs are zeroed afterwards, so the softmax's backward
+    gives them zero gradient anyway, and recording would cost one more pass over the logits.
+    """
+    if torch.broadcast_shapes(logits.shape, where.shape) == logits.shape:
+        with torch.no_grad():
+            return logits.masked_fill_(where, value)
+    return logits.masked_fill(where, value)
 
 
 def attend(

@@ -16,6 +16,11 @@ the same command::
 The defaults are the character-level Shakespeare configuration of Karpathy's nanoGPT
 (``shakespeare_char``: 6 layers, 6 heads, 384 features, 256 characters of context, dropout 0.2);
 there is no paper size for this task. ``small`` is the CPU-sized preset, ``tiny`` the test one.
+
+``generate`` keeps every layer's keys and values in a
+:class:`~torchvote.nn.kv_cache.TransformerCache` (``use_cache=True``, the default), so each new
+token costs one position's work instead of the whole context's; the tokens are those of
+``use_cache=False``. Routing attention caches too (it normalises over the senders).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from torchvote.models.transformer_backbone import (
     evaluating,
     run_stack,
 )
+from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer_stack import TransformerEncoder
 from torchvote.validation import check_positive_int
 
@@ -113,12 +119,18 @@ class TransformerLM(nn.Module):
         if config.tie_weights:
             self.head.weight = self.token_embedding.weight
 
-    def forward(self, tokens: Tensor, *, need_weights: bool = False) -> SequenceOutput:
+    def forward(
+        self, tokens: Tensor, *, need_weights: bool = False, cache: TransformerCache | None = None
+    ) -> SequenceOutput:
         """Next-token logits for every position.
 
         Args:
-            tokens: ``(b, t)`` integer ids, ``1 <= t <= context_length``.
-            need_weights: record every layer's attention weights (averaged over the heads).
+            tokens: ``(b, t)`` integer ids, ``1 <= t <= context_length``; with a ``cache``, the
+                tokens after the ``P`` it holds (positions ``P .. P + t - 1``, ``P + t <=
+                context_length``).
+            need_weights: record every layer's attention weights (averaged over the heads;
+                ``(b, t, P + t)`` with a cache).
+            cache: every layer's keys and values so far (:meth:`new_cache`), extended in place.
 
         Returns:
             A :class:`~torchvote.models.SequenceOutput` with ``logits`` ``(b, t, vocab_size)``;
@@ -128,15 +140,23 @@ class TransformerLM(nn.Module):
         Raises:
             ValueError: ``tokens`` of the wrong rank, dtype or length.
         """
-        check_token_ids(tokens, "tokens", self.config.context_length, length_name="context_length")
-        x = self.dropout(self.positions(self.token_embedding(tokens)))  # (b, t, E)
-        hidden, record = run_stack(self.decoder, x, is_causal=True, need_weights=need_weights)  # (b, t, E)
+        offset = 0 if cache is None else cache.length
+        check_token_ids(tokens, "tokens", self.config.context_length - offset,
+                        length_name="context_length" if offset == 0 else f"context_length - {offset} cached")
+        x = self.dropout(self.positions(self.token_embedding(tokens), offset=offset))  # (b, t, E)
+        options = {} if cache is None else {"cache": cache}
+        hidden, record = run_stack(self.decoder, x, is_causal=True, need_weights=need_weights,
+                                   **options)  # (b, t, E)
         logits = self.head(hidden)  # (b, t, vocab)
         if record is None:
             return SequenceOutput(logits=logits)
         return SequenceOutput(
             logits=logits, attention=list(record.weights.values()), intermediates=record.weights
         )
+
+    def new_cache(self) -> TransformerCache:
+        """An empty key/value cache for :meth:`forward` (incremental decoding)."""
+        return self.decoder.new_cache()
 
     @torch.no_grad()
     def generate(
@@ -147,11 +167,15 @@ class TransformerLM(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        use_cache: bool = True,
     ) -> Tensor:
         """Continue ``prompt`` by sampling one token at a time.
 
         The model reads at most the last ``context_length`` tokens. It runs in evaluation mode
-        (no dropout) and is returned to its previous mode afterwards.
+        (no dropout) and is returned to its previous mode afterwards. With ``use_cache`` the
+        keys and values of past tokens are kept (:class:`~torchvote.nn.kv_cache.TransformerCache`)
+        and only the new token is run, while the sequence fits the context; beyond it the window
+        slides, every position changes, and each step reruns the window as without a cache.
 
         Args:
             prompt: ``(b, t)`` or ``(t,)`` integer ids, ``t >= 1``.
@@ -159,6 +183,8 @@ class TransformerLM(nn.Module):
             temperature: divides the logits; ``0`` takes the most likely token (greedy).
             top_k: sample only among the ``top_k`` most likely tokens; ``None`` for all.
             generator: the random generator of the sampling.
+            use_cache: keep past keys and values (same tokens, far faster; False reruns the
+                whole context for every token).
 
         Returns:
             ``(b, t + max_new_tokens)`` (or ``(t + max_new_tokens,)``): the prompt and its
@@ -175,10 +201,16 @@ class TransformerLM(nn.Module):
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        context = self.config.context_length
+        cache = self.new_cache() if use_cache and tokens.shape[1] < context else None
         with evaluating(self):
             for _ in range(max_new_tokens):
-                window = tokens[:, -self.config.context_length :]  # (b, <= context_length)
-                logits = self(window).logits[:, -1].float()  # (b, vocab)
+                if cache is not None and tokens.shape[1] <= context:
+                    new = tokens[:, cache.length :]  # (b, t - P): the prompt, then one token
+                    logits = self(new, cache=cache).logits[:, -1].float()  # (b, vocab)
+                else:
+                    window = tokens[:, -context:]  # (b, <= context_length)
+                    logits = self(window).logits[:, -1].float()  # (b, vocab)
                 if temperature == 0.0:
                     next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
                 else:

@@ -17,6 +17,11 @@ hook; nothing else changes.
 Padding (``pad_id``) in the source is masked out of every attention over it, so appending padding
 leaves the outputs unchanged. The decoder's input is not masked for padding: its padding only
 follows the real tokens, and the causal mask already hides later positions from earlier ones.
+
+``generate`` decodes with a key/value cache (``use_cache=True``, the default): the decoder's
+self-attention keeps the keys and values of past target tokens and every cross-attention
+projects the memory once (:class:`~torchvote.nn.kv_cache.TransformerCache`); the tokens are those
+of ``use_cache=False``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from torchvote.models.transformer_backbone import (
     greedy_decode,
     run_stack,
 )
+from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer import AttentionIntermediates
 from torchvote.nn.transformer_stack import TransformerDecoder, TransformerEncoder
 
@@ -171,8 +177,9 @@ class TransformerSeq2Seq(nn.Module):
             self.output.weight = self.target_embedding.weight
         self.embed_scale = math.sqrt(config.d_model)
 
-    def _embed(self, embedding: nn.Embedding, tokens: Tensor) -> Tensor:
-        return self.dropout(self.positions(embedding(tokens) * self.embed_scale))  # (b, t, E)
+    def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
+        scaled = embedding(tokens) * self.embed_scale  # (b, t, E)
+        return self.dropout(self.positions(scaled, offset=offset))  # (b, t, E)
 
     def encode(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """Encode the source once (``generate`` reuses it for every decoding step).
@@ -200,13 +207,24 @@ class TransformerSeq2Seq(nn.Module):
         )  # (b, s, E)
         return memory, source_mask, record
 
-    def decode(self, target_input: Tensor, memory: Tensor, source_mask: Tensor) -> Tensor:
+    def decode(
+        self,
+        target_input: Tensor,
+        memory: Tensor,
+        source_mask: Tensor,
+        *,
+        cache: TransformerCache | None = None,
+    ) -> Tensor:
         """Next-token logits of every target position, attending to an encoded source.
 
         Args:
-            target_input: ``(b, t)`` integer ids, starting with ``bos_id``.
+            target_input: ``(b, t)`` integer ids, starting with ``bos_id``; with a ``cache``,
+                the tokens after the ``P`` it holds (positions ``P .. P + t - 1``).
             memory: ``(b, s, E)`` from :meth:`encode`.
             source_mask: ``(b, s)`` from :meth:`encode`.
+            cache: the decoder's keys and values so far (:meth:`new_cache`), extended in place;
+                the memory's keys and values are projected on its first call only, so every
+                call with one cache must pass the same ``memory``.
 
         Returns:
             ``(b, t, tgt_vocab_size)`` logits.
@@ -214,16 +232,29 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``target_input`` of the wrong rank, dtype or length.
         """
-        return self._decode(target_input, memory, source_mask, need_weights=False)[0]
+        return self._decode(target_input, memory, source_mask, need_weights=False, cache=cache)[0]
+
+    def new_cache(self) -> TransformerCache:
+        """An empty key/value cache for :meth:`decode` (incremental decoding)."""
+        return self.decoder.new_cache()
 
     def _decode(
-        self, target_input: Tensor, memory: Tensor, source_mask: Tensor, *, need_weights: bool
+        self,
+        target_input: Tensor,
+        memory: Tensor,
+        source_mask: Tensor,
+        *,
+        need_weights: bool,
+        cache: TransformerCache | None = None,
     ) -> tuple[Tensor, AttentionIntermediates | None]:
-        check_token_ids(target_input, "target_input", self.config.max_len)
-        target = self._embed(self.target_embedding, target_input)  # (b, t, E)
+        offset = 0 if cache is None else cache.length
+        check_token_ids(target_input, "target_input", self.config.max_len - offset,
+                        length_name="max_len" if offset == 0 else f"max_len - {offset} cached")
+        target = self._embed(self.target_embedding, target_input, offset)  # (b, t, E)
+        options = {} if cache is None else {"cache": cache}
         hidden, record = run_stack(
             self.decoder, target, memory, memory_key_mask=source_mask, is_causal=True,
-            need_weights=need_weights,
+            need_weights=need_weights, **options,
         )  # (b, t, E)
         return self.output(hidden), record  # (b, t, vocab)
 
@@ -263,7 +294,9 @@ class TransformerSeq2Seq(nn.Module):
         )
 
     @torch.no_grad()
-    def generate(self, source: Tensor, *, max_new_tokens: int | None = None) -> Tensor:
+    def generate(
+        self, source: Tensor, *, max_new_tokens: int | None = None, use_cache: bool = True
+    ) -> Tensor:
         """Greedy decoding: from ``<bos>``, append the most likely token until ``<eos>``.
 
         Runs in evaluation mode (no dropout) and returns the model to its previous mode.
@@ -271,6 +304,8 @@ class TransformerSeq2Seq(nn.Module):
         Args:
             source: ``(b, s)`` integer ids, padded with ``pad_id``.
             max_new_tokens: most tokens to generate after ``<bos>``; default ``max_len - 1``.
+            use_cache: keep the decoder's past keys and values and the memory's projections
+                (same tokens, far faster; False reruns the whole target for every token).
 
         Returns:
             ``(b, 1 + n)`` ids laid out as the targets, ``<bos> y_1 ... <eos>`` then ``pad_id``
@@ -288,8 +323,16 @@ class TransformerSeq2Seq(nn.Module):
             )
         with evaluating(self):
             memory, source_mask = self.encode(source)
+            cache = self.new_cache() if use_cache else None
+
+            def next_logits(tokens: Tensor) -> Tensor:  # (b, t) -> (b, vocab)
+                if cache is None:
+                    return self.decode(tokens, memory, source_mask)[:, -1]
+                new = tokens[:, cache.length :]  # (b, t - P): <bos>, then one token a step
+                return self.decode(new, memory, source_mask, cache=cache)[:, -1]
+
             return greedy_decode(
-                lambda tokens: self.decode(tokens, memory, source_mask)[:, -1],
+                next_logits,
                 source.shape[0],
                 limit,
                 bos_id=self.config.bos_id,

@@ -11,6 +11,9 @@ variant (e.g. :class:`~torchvote.nn.RoutingAttention`) overrides that step, neve
 Index legend: ``b`` batch, ``h`` heads, ``i`` receivers (queries, length ``L``), ``j`` senders
 (keys, length ``S``), ``d`` features per head.
 
+Incremental decoding: ``forward(..., cache=KVCache())`` keeps the heads' keys and values in a
+cache the caller owns (:mod:`torchvote.nn.kv_cache`); a later call projects only its new tokens.
+
 Mask convention (all of torchvote): ``True`` means *may attend*. ``key_mask`` is ``True`` for a
 real key and ``False`` for padding, the opposite of ``torch.nn.MultiheadAttention``'s
 ``key_padding_mask``.
@@ -26,6 +29,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
+from torchvote.functional.attention import softmax_attention
 from torchvote.nn.attention_projections import (
     _check_inputs,
     _PackedProjection,
@@ -33,6 +37,7 @@ from torchvote.nn.attention_projections import (
     _SeparateProjections,
     _SharedProjection,
 )
+from torchvote.nn.kv_cache import KVCache, offset_causality
 from torchvote.validation import check_positive_int, check_probability
 
 __all__ = ["MultiHeadAttention"]
@@ -47,7 +52,8 @@ class MultiHeadAttention(nn.Module):
     them by scaled dot-product agreement, normalised over the senders.
 
     Without ``need_weights`` the attention runs on ``F.scaled_dot_product_attention`` and no
-    ``(L, S)`` matrix is formed; with it, on the voting loop, which returns the weights. A causal
+    ``(L, S)`` matrix is formed; with it, on :func:`~torchvote.functional.softmax_attention`,
+    which forms the weights once, in the compute dtype. A causal
     mask is best given as ``is_causal=True`` (the fused kernel then skips the masked half; a 2-D
     causal ``attn_mask`` is recognised and run the same way).
 
@@ -161,6 +167,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         average_weights: bool = True,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -180,6 +187,12 @@ class MultiHeadAttention(nn.Module):
                 with ``attn_mask`` and ``key_mask`` if those are given too.
             need_weights: also return the attention weights (forms the ``(b, h, L, S)`` matrix).
             average_weights: average the weights over the heads.
+            cache: keys and values kept between calls (incremental decoding), filled in place.
+                An appending cache (self-attention) adds this call's keys and values after the
+                ``P`` it holds: ``S`` and the masks then count all ``P + S`` keys, and
+                ``is_causal`` lets query ``l`` (position ``P + l``) hear keys ``<= P + l``. A
+                static cache (cross-attention) is filled on the first call; later calls reuse
+                its keys and values and do not project ``key``/``value``.
 
         Returns:
             ``(output, weights)``: output ``(b, L, E)``; weights ``(b, L, S)`` if
@@ -191,8 +204,12 @@ class MultiHeadAttention(nn.Module):
             ValueError: wrong ranks, feature sizes, batch sizes or lengths; masks of the wrong
                 shape; NaN in a float mask.
             TypeError: non-tensor or non-floating inputs, masks that are not boolean (or, for
-                ``attn_mask``, floating point).
+                ``attn_mask``, floating point), a ``cache`` that is not a :class:`KVCache`.
         """
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            self._check_cache()
         key = query if key is None else key
         value = key if value is None else value
         self_attention = key is query
@@ -210,6 +227,10 @@ class MultiHeadAttention(nn.Module):
                 f"{key.shape[0]} (batch_first={self.batch_first})"
             )
         batch, target_len, source_len = query.shape[0], query.shape[1], key.shape[1]
+        if cache is not None:
+            source_len = cache.length if cache.filled else source_len + (0 if cache.static else cache.length)
+            attn_mask, is_causal = offset_causality(attn_mask, is_causal, target_len, source_len,
+                                                    query.device)
         receiver_mask = self._receiver_mask(key_mask, is_causal=is_causal, self_attention=self_attention)
         mask, is_causal = prepare_attention_mask(
             attn_mask,
@@ -220,10 +241,15 @@ class MultiHeadAttention(nn.Module):
             dtype=query.dtype,
         )  # broadcastable to (b, h, i, j), or None
 
-        q, k, v = self.in_proj(query, key, value)  # (b, L, E), (b, S, E), (b, S, E)
-        q = rearrange(q, "b i (h d) -> b h i d", h=self.num_heads)
-        k = rearrange(k, "b j (h d) -> b h j d", h=self.num_heads)
-        v = rearrange(v, "b j (h d) -> b h j d", h=self.num_heads)
+        if cache is not None and cache.filled:  # keys and values of a fixed memory: reused
+            q = rearrange(self.in_proj.project_query(query), "b i (h d) -> b h i d", h=self.num_heads)
+            k, v = cache.keys, cache.values  # (b, h, S, d)
+        else:
+            q, k, v = self.in_proj(query, key, value)  # (b, L, E), (b, S, E), (b, S, E)
+            q = rearrange(q, "b i (h d) -> b h i d", h=self.num_heads)
+            k, v = (rearrange(t, "b j (h d) -> b h j d", h=self.num_heads) for t in (k, v))
+            if cache is not None:
+                k, v = cache.update(k, v)  # (b, h, P + S, d): the past keys, then the new ones
         attended, weights = self._attend(q, k, v, mask, is_causal, need_weights)  # (b, h, i, d)
         output = self.out_proj(rearrange(attended, "b h i d -> b i (h d)"))  # (b, L, E)
 
@@ -259,6 +285,10 @@ class MultiHeadAttention(nn.Module):
         """
         return None
 
+    def _check_cache(self) -> None:
+        """Hook: refuse a key/value cache where the variant's math does not allow one (softmax
+        attention normalises each query over its own keys: a new one needs only past keys)."""
+
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -275,6 +305,10 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(attended, weights)``: ``(b, h, i, d)`` and ``(b, h, i, j)`` or None.
         """
+        if need_weights:  # one pass that forms the weights once, in the compute dtype
+            return softmax_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                     dropout_p=self.dropout if self.training else 0.0,
+                                     scale=self.scale)
         return self._vote(q, k, v, mask, is_causal, need_weights)  # one pass: the fused kernel
 
     def _vote(
@@ -360,3 +394,4 @@ class MultiHeadAttention(nn.Module):
             if module.out_proj.bias is not None:
                 ours.out_proj.bias.copy_(module.out_proj.bias)
         return ours.train(module.training)
+

@@ -42,6 +42,11 @@ class _PackedProjection(nn.Module):
         v = F.linear(value, weights[2], biases[2])  # (b, S, E)
         return q, k, v
 
+    def project_query(self, query: Tensor) -> Tensor:
+        """The queries alone (keys and values come from a cache): ``(b, L, E) -> (b, L, E)``."""
+        bias = self.bias[: self.embed_dim] if self.bias is not None else None
+        return F.linear(query, self.weight[: self.embed_dim], bias)
+
 
 class _SeparateProjections(nn.Module):
     """Q, K and V from three matrices, needed when keys or values have their own feature size."""
@@ -59,6 +64,10 @@ class _SeparateProjections(nn.Module):
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return self.query(query), self.key(key), self.value(value)
+
+    def project_query(self, query: Tensor) -> Tensor:
+        """The queries alone (keys and values come from a cache): ``(b, L, E) -> (b, L, E)``."""
+        return self.query(query)
 
 
 class _SharedProjection(nn.Module):
@@ -87,6 +96,10 @@ class _SharedProjection(nn.Module):
         else:
             v = self.shared(value)  # (b, S, E)
         return q, k, v
+
+    def project_query(self, query: Tensor) -> Tensor:
+        """The queries alone (keys and values come from a cache): ``(b, L, E) -> (b, L, E)``."""
+        return self.shared(query)
 
 
 def _same_map(fn, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -100,6 +100,13 @@ class RoutingAttention(MultiHeadAttention):
     Unlike the one-pass module it never uses the fused kernel for ``iterations > 1``: every pass
     forms the ``(b, h, L, S)`` weights.
 
+    Key/value cache (``forward(..., cache=...)``, incremental decoding): with
+    ``normalize_over="senders"`` every pass of a query reads only that query's logits over the
+    keys it may hear and the values, so a new query needs the past keys and values and nothing
+    else: the cache works and gives the uncached numbers. With ``"receivers"`` each pass's
+    softmax runs over all the queries, so a new query would change the weights (and outputs) of
+    the earlier ones: there is nothing to cache, and a ``cache`` is refused with a ValueError.
+
     Args:
         embed_dim: ``E``, the model (and query) feature size.
         num_heads: heads ``h``; must divide ``embed_dim``.
@@ -176,6 +183,19 @@ class RoutingAttention(MultiHeadAttention):
             )
         return key_mask if self_attention else None  # (b, L) | None
 
+    def _check_cache(self) -> None:
+        """Refuse a key/value cache when the softmax runs over the receivers.
+
+        Raises:
+            ValueError: ``normalize_over="receivers"``.
+        """
+        if self.normalize_over == "receivers":
+            raise ValueError(
+                "cache needs normalize_over='senders': with 'receivers' every pass normalises over "
+                "all the queries, so a new query changes the earlier ones' outputs; decode without "
+                "a cache (use_cache=False)"
+            )
+
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -185,6 +205,8 @@ class RoutingAttention(MultiHeadAttention):
         hold in every pass, and the weights returned are the last pass's softmax (before the
         renormalisation of ``aggregation="mean"``).
         """
+        if self.iterations == 1 and self.normalize_over == "senders" and self.aggregation == "sum":
+            return super()._attend(q, k, v, mask, is_causal, need_weights)  # softmax attention
         return self._vote(
             q, k, v, mask, is_causal, need_weights,
             normalize_over=self.normalize_over,

@@ -9,7 +9,10 @@ The ``attention`` hook: a callable ``attention(embed_dim, num_heads, *, dropout)
 module with :class:`~torchvote.nn.MultiHeadAttention`'s ``forward`` signature
 (``forward(query, key, value, *, attn_mask, key_mask, is_causal, need_weights) -> (output,
 weights)``, batch first). It replaces softmax attention with any other voting, e.g. an iterative
-routing-style attention. By default it is :class:`~torchvote.nn.MultiHeadAttention`.
+routing-style attention. By default it is :class:`~torchvote.nn.MultiHeadAttention`. For
+incremental decoding the layers take a ``cache`` (:class:`~torchvote.nn.kv_cache.LayerCache`)
+and hand its key/value caches to their attentions as ``cache=`` (only when one is given, so an
+attention without caching still plugs in).
 
 All inputs are batch first ``(b, T, E)``. Masks follow torchvote's convention: True = may attend;
 ``key_mask`` True = real token, False = padding. The stacks of these layers are in
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.nn.attention import MultiHeadAttention
+from torchvote.nn.kv_cache import KVCache, LayerCache
 from torchvote.validation import check_choice, check_positive_int, check_probability
 
 __all__ = [
@@ -86,6 +90,11 @@ def _attention_factory(attention: AttentionFactory | None, shared_qkv: bool) -> 
     if not callable(attention):
         raise TypeError(f"attention must be a callable returning an nn.Module, got {attention!r}")
     return attention
+
+
+def _cache(cache: KVCache | None) -> dict[str, KVCache]:
+    """``{"cache": cache}`` for the attention's call, or nothing (attentions without a cache)."""
+    return {} if cache is None else {"cache": cache}
 
 
 class _FeedForward(nn.Module):
@@ -249,6 +258,7 @@ class TransformerEncoderLayer(_TransformerLayer):
         key_mask: Tensor | None = None,
         is_causal: bool = False,
         return_intermediates: bool = False,
+        cache: LayerCache | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Encode ``inputs``.
 
@@ -260,6 +270,10 @@ class TransformerEncoderLayer(_TransformerLayer):
             is_causal: token ``t`` attends only to tokens ``<= t``.
             return_intermediates: also return the attention weights (the attention is then
                 asked for them, which forms the ``(b, h, T, T)`` matrix).
+            cache: the layer's caches (incremental causal decoding with a stack of these layers,
+                as a decoder-only language model): ``inputs`` are the new tokens only; the
+                masks then cover every key, cached and new (see
+                :meth:`~torchvote.nn.MultiHeadAttention.forward`).
 
         Returns:
             ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
@@ -269,7 +283,7 @@ class TransformerEncoderLayer(_TransformerLayer):
         def attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attention(
                 x, x, x, attn_mask=attn_mask, key_mask=key_mask, is_causal=is_causal,
-                need_weights=return_intermediates,
+                need_weights=return_intermediates, **_cache(cache and cache.self_attention),
             )
 
         x, weights = self._residual(inputs, self.attention_norm, attend)  # (b, T, E)
@@ -324,6 +338,7 @@ class TransformerDecoderLayer(_TransformerLayer):
         memory_key_mask: Tensor | None = None,
         is_causal: bool = True,
         return_intermediates: bool = False,
+        cache: LayerCache | None = None,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Decode ``target`` attending to ``memory``.
 
@@ -337,6 +352,10 @@ class TransformerDecoderLayer(_TransformerLayer):
             memory_key_mask: boolean ``(b, S)``, True for a real memory token.
             is_causal: target token ``t`` attends only to target tokens ``<= t`` (default).
             return_intermediates: also return both attentions' weights.
+            cache: the layer's caches (incremental decoding): ``target`` holds the new tokens
+                only (positions after the cached ones; ``target_mask`` and ``target_key_mask``
+                then cover every target key, cached and new), and the memory's keys and values
+                are projected on the first call only.
 
         Returns:
             ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
@@ -347,13 +366,14 @@ class TransformerDecoderLayer(_TransformerLayer):
         def self_attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attention(
                 x, x, x, attn_mask=target_mask, key_mask=target_key_mask, is_causal=is_causal,
-                need_weights=return_intermediates,
+                need_weights=return_intermediates, **_cache(cache and cache.self_attention),
             )
 
         def cross_attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.cross_attention(
                 x, memory, memory, attn_mask=memory_mask, key_mask=memory_key_mask,
                 is_causal=False, need_weights=return_intermediates,
+                **_cache(cache and cache.cross_attention),
             )
 
         x, self_weights = self._residual(target, self.self_attention_norm, self_attend)  # (b, T, E)

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer import (
     AttentionIntermediates,
     TransformerConfig,
@@ -75,7 +76,12 @@ class _TransformerStack(nn.Module):
         self.norm = _final_norm(self.layers, final_norm, layer_norm_eps)
 
     def forward(
-        self, x: Tensor, *args: Tensor, return_intermediates: bool = False, **options: Any
+        self,
+        x: Tensor,
+        *args: Tensor,
+        return_intermediates: bool = False,
+        cache: TransformerCache | None = None,
+        **options: Any,
     ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
         """Run ``x`` ``(b, T, E)`` (and any further inputs, e.g. the memory) through every layer.
 
@@ -83,23 +89,41 @@ class _TransformerStack(nn.Module):
             x: ``(b, T, E)``.
             *args: further positional inputs of every layer (the decoder's ``memory``).
             return_intermediates: also return every layer's attention weights.
+            cache: one cache per layer (incremental decoding, :meth:`new_cache`), filled in
+                place; ``x`` then holds the new tokens only.
             **options: the masks and ``is_causal``, passed to every layer as its ``forward``
                 names them.
 
         Returns:
             ``(b, T, E)``; with ``return_intermediates``, ``(output, record)``, the record
             holding each layer's weights under ``"layers.{n}."`` + the layer's names.
+
+        Raises:
+            ValueError: a ``cache`` that is not a :class:`TransformerCache` of one entry per layer.
         """
+        if cache is not None and (
+            not isinstance(cache, TransformerCache) or len(cache.layers) != len(self.layers)
+        ):
+            raise ValueError(
+                f"cache must be a TransformerCache with one entry per layer ({len(self.layers)}), "
+                f"got {cache!r:.80}"
+            )
         record = AttentionIntermediates()
         if return_intermediates:  # only then: a custom layer need not know the argument
             options["return_intermediates"] = True
         for index, layer in enumerate(self.layers):
+            if cache is not None:  # only then: a custom layer need not know the argument
+                options["cache"] = cache.layers[index]
             x = layer(x, *args, **options)
             if return_intermediates:
                 x, layer_record = x
                 record.add(f"layers.{index}", layer_record)
         x = self.norm(x)  # (b, T, E)
         return (x, record) if return_intermediates else x
+
+    def new_cache(self) -> TransformerCache:
+        """An empty key/value cache for incremental decoding with this stack."""
+        return TransformerCache.empty(len(self.layers))
 
 
 class TransformerEncoder(_TransformerStack):

@@ -1,0 +1,84 @@
+"""Benchmark: greedy generation from ``transformer-lm`` with and without the key/value cache.
+
+One small language model (default: 4 layers, 4 heads, 128 features, a context of 1024 so that
+512 new tokens fit), one random prompt, greedy decoding (``temperature=0``) of ``--new-tokens``
+tokens with ``generate(use_cache=True)`` and ``generate(use_cache=False)``, in this one process.
+After a warm-up call each, the two run in turn (interleaved) ``--repeats`` times; the median time
+gives tokens per second (batch x new tokens / seconds). The two outputs are checked to be the
+same tokens.
+
+Run: ``python benchmarks/generation.py`` (512 new tokens, about a minute on 2 CPU cores) or
+``--quick`` (a tiny model, 64 new tokens, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from torchvote.models import create_model
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, 64 new tokens")
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--prompt-length", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--attention", choices=["softmax", "routing"], default="softmax")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.quick:
+        args.new_tokens, args.d_model, args.num_heads, args.num_layers = 64, 32, 2, 2
+    context = args.prompt_length + args.new_tokens
+
+    torch.manual_seed(0)
+    model = create_model(
+        "transformer-lm", "small", context_length=context, d_model=args.d_model,
+        num_heads=args.num_heads, num_layers=args.num_layers, dropout=0.0, attention=args.attention,
+    ).to(args.device, getattr(torch, args.dtype)).eval()
+    prompt = torch.randint(model.config.vocab_size, (args.batch, args.prompt_length),
+                           generator=torch.Generator().manual_seed(1)).to(args.device)
+
+    def run(use_cache: bool) -> torch.Tensor:
+        tokens = model.generate(prompt, args.new_tokens, temperature=0.0, use_cache=use_cache)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return tokens
+
+    outputs = {use_cache: run(use_cache) for use_cache in (True, False)}  # warm-up
+    same = torch.equal(outputs[True], outputs[False])
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.repeats):
+        for use_cache in (True, False):
+            start = time.perf_counter()
+            run(use_cache)
+            times[use_cache].append(time.perf_counter() - start)
+    rate = {c: args.batch * args.new_tokens / statistics.median(t) for c, t in times.items()}
+
+    where = (torch.cuda.get_device_name() if args.device == "cuda"
+             else f"cpu, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {where}, {args.dtype}; transformer-lm {args.num_layers} layers, "
+          f"{args.num_heads} heads, d_model {args.d_model}, {args.attention} attention; batch "
+          f"{args.batch}, prompt {args.prompt_length}, {args.new_tokens} new tokens, greedy; median "
+          f"of {args.repeats} interleaved repeats")
+    print(f"{'use_cache':>9} | {'seconds':>8} | {'tokens/s':>9}")
+    for use_cache in (True, False):
+        print(f"{str(use_cache):>9} | {statistics.median(times[use_cache]):>8.3f} | "
+              f"{rate[use_cache]:>9.1f}")
+    print(f"speed-up (cached / uncached tokens per second): {rate[True] / rate[False]:.2f}x; "
+          f"same tokens: {same}")
+
+
+if __name__ == "__main__":
+    main()

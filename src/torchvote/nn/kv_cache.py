@@ -1,0 +1,148 @@
+"""Key/value caches for incremental decoding: what an attention has projected, kept by the caller.
+
+Generating token ``t + 1`` with causal self-attention needs the keys and values of tokens
+``0 .. t``; they do not change once computed (position ``s`` hears only ``<= s``), so a decoder
+keeps them instead of recomputing the whole prefix for every new token. Cross-attention's keys and
+values come from the encoder's memory, fixed for the whole decoding: they are computed once.
+
+The caches hold no parameters and live outside the modules: the caller creates one
+(:meth:`TransformerCache.empty`), passes it to every call of a stack, layer or attention
+(``cache=``), and the modules fill it in place. There is no hidden state in a module, so the same
+model can decode several batches at once with one cache each.
+
+Index legend: ``b`` batch, ``h`` heads, ``j`` senders (cached keys, length ``S``), ``d`` features
+per head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from torchvote.functional.masks import restrict_mask
+from torchvote.validation import check_positive_int
+
+__all__ = ["KVCache", "LayerCache", "TransformerCache", "offset_causality"]
+
+
+@dataclass
+class KVCache:
+    """The keys and values one attention module has projected, split into heads.
+
+    Attributes:
+        keys: ``(b, h, S, d)``, or ``None`` before the first call.
+        values: ``(b, h, S, d)``, or ``None`` before the first call.
+        static: the keys and values are computed on the first call and reused by every later
+            one (cross-attention to a fixed memory); otherwise every call appends the keys and
+            values of its new tokens (causal self-attention).
+    """
+
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    static: bool = False
+
+    @property
+    def length(self) -> int:
+        """``S``: the keys held (the position of the next token for a self-attention cache)."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def filled(self) -> bool:
+        """A static cache that holds its keys and values: the attention skips their projection."""
+        return self.static and self.keys is not None
+
+    def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new keys and values; return every key and value held.
+
+        Args:
+            keys: ``(b, h, S_new, d)`` keys of the call's new tokens.
+            values: ``(b, h, S_new, d)``.
+
+        Returns:
+            ``(keys, values)``, ``(b, h, S, d)`` each: the past ones followed by the new ones.
+
+        Raises:
+            ValueError: new keys whose batch, heads or features differ from the held ones.
+        """
+        if self.keys is None or self.values is None or self.static:
+            self.keys, self.values = keys, values
+            return keys, values
+        if keys.shape[:-2] != self.keys.shape[:-2] or keys.shape[-1] != self.keys.shape[-1]:
+            raise ValueError(
+                f"cache holds keys of shape {tuple(self.keys.shape)}; new keys of shape "
+                f"{tuple(keys.shape)} do not extend them (another batch or model?)"
+            )
+        self.keys = torch.cat([self.keys, keys], dim=-2)  # (b, h, S + S_new, d)
+        self.values = torch.cat([self.values, values], dim=-2)  # (b, h, S + S_new, d)
+        return self.keys, self.values
+
+
+@dataclass
+class LayerCache:
+    """The caches of one Transformer layer.
+
+    Attributes:
+        self_attention: appended on every call (causal self-attention).
+        cross_attention: static, filled on the first call (a decoder layer's memory).
+    """
+
+    self_attention: KVCache = field(default_factory=KVCache)
+    cross_attention: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+
+@dataclass
+class TransformerCache:
+    """The caches of a stack of Transformer layers, one :class:`LayerCache` per layer.
+
+    Attributes:
+        layers: one cache per layer, in order.
+    """
+
+    layers: list[LayerCache]
+
+    @classmethod
+    def empty(cls, num_layers: int) -> TransformerCache:
+        """A cache for a stack of ``num_layers`` layers, holding nothing yet.
+
+        Raises:
+            ValueError: ``num_layers < 1``.
+        """
+        check_positive_int(num_layers, "num_layers")
+        return cls([LayerCache() for _ in range(num_layers)])
+
+    @property
+    def length(self) -> int:
+        """Tokens already decoded: the position of the next token."""
+        return self.layers[0].self_attention.length
+
+
+def offset_causality(
+    attn_mask: Tensor | None, is_causal: bool, target_len: int, source_len: int,
+    device: torch.device,
+) -> tuple[Tensor | None, bool]:
+    """Causality for ``target_len`` queries that are the last of ``source_len`` positions.
+
+    ``is_causal`` is top-left aligned (query ``l`` hears keys ``<= l``); with ``P = source_len -
+    target_len`` keys from a cache before them, query ``l`` is position ``P + l`` and hears keys
+    ``<= P + l``: bottom-right aligned. One query hears every key (no mask at all); several get
+    an explicit ``(L, S)`` mask, combined with ``attn_mask``.
+
+    Args:
+        attn_mask: the call's mask (boolean or float, ``(L, S)`` or broadcastable), or None.
+        is_causal: the call's causality.
+        target_len: ``L``, the new queries.
+        source_len: ``S``, every key: the cached ones and the new ones.
+        device: where to build the mask.
+
+    Returns:
+        ``(attn_mask, is_causal)`` for :func:`~torchvote.functional.prepare_attention_mask`.
+    """
+    past = source_len - target_len
+    if not is_causal or past == 0:
+        return attn_mask, is_causal
+    if target_len == 1:
+        return attn_mask, False
+    allowed = torch.ones(target_len, source_len, dtype=torch.bool, device=device).tril(past)  # (i, j)
+    return restrict_mask(attn_mask, allowed), False

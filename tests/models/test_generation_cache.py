@@ -1,0 +1,77 @@
+"""Generation with a key/value cache: the same tokens and logits as rerunning the whole prefix.
+
+For ``transformer-lm`` and ``transformer-seq2seq``, softmax and routing attention, learned and
+sinusoidal positions: greedy tokens of ``generate(use_cache=True)`` equal ``use_cache=False``
+(batch > 1, padded sources, beyond the LM's context), and the logits of every cached step equal
+the uncached forward pass on the whole prefix (1e-5, float32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchvote.models import create_model
+
+VARIANTS = [(a, p) for a in ("softmax", "routing") for p in ("learned", "sinusoidal")]
+
+
+def _model(name: str, attention: str, positional: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return create_model(name, "tiny", attention=attention, positional=positional, **overrides).eval()
+
+
+@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
+@pytest.mark.parametrize(("prompt_len", "new_tokens"), [(1, 6), (5, 20), (4, 40)])
+def test_lm_greedy_tokens_with_and_without_cache_are_identical(attention, positional, prompt_len,
+                                                                new_tokens):
+    model = _model("transformer-lm", attention, positional)  # context 32: (4, 40) slides past it
+    prompt = torch.randint(model.config.vocab_size, (3, prompt_len),
+                           generator=torch.Generator().manual_seed(prompt_len))
+    cached = model.generate(prompt, new_tokens, temperature=0.0)
+    uncached = model.generate(prompt, new_tokens, temperature=0.0, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
+def test_lm_cached_logits_match_the_whole_prefix_at_every_step(attention, positional):
+    model = _model("transformer-lm", attention, positional)
+    tokens = torch.randint(model.config.vocab_size, (2, model.config.context_length),
+                           generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache()
+    with torch.no_grad():
+        for start, end in [(0, 4), *((t, t + 1) for t in range(4, tokens.shape[1]))]:
+            step = model(tokens[:, start:end], cache=cache).logits  # (b, end - start, vocab)
+            expected = model(tokens[:, :end]).logits[:, start:]
+            torch.testing.assert_close(step, expected, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="context_length"):
+            model(tokens[:, :1], cache=cache)  # the context is full
+
+
+@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
+def test_seq2seq_greedy_tokens_with_and_without_cache_are_identical(attention, positional):
+    model = _model("transformer-seq2seq", attention, positional, seed=1)
+    source = torch.randint(3, model.config.src_vocab_size, (4, 9),
+                           generator=torch.Generator().manual_seed(2))
+    source[1, 5:] = model.config.pad_id  # padding
+    source[3, 2:] = model.config.pad_id
+    for limit in (1, 7, model.config.max_len - 1):
+        cached = model.generate(source, max_new_tokens=limit)
+        assert torch.equal(cached, model.generate(source, max_new_tokens=limit, use_cache=False))
+
+
+@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
+def test_seq2seq_cached_logits_match_the_whole_prefix_at_every_step(attention, positional):
+    model = _model("transformer-seq2seq", attention, positional)
+    source = torch.randint(3, model.config.src_vocab_size, (2, 7),
+                           generator=torch.Generator().manual_seed(3))
+    source[0, 4:] = model.config.pad_id
+    target = torch.randint(3, model.config.tgt_vocab_size, (2, 12),
+                           generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        memory, source_mask = model.encode(source)
+        cache = model.new_cache()
+        for t in range(target.shape[1]):
+            step = model.decode(target[:, t : t + 1], memory, source_mask, cache=cache)[:, -1]
+            expected = model.decode(target[:, : t + 1], memory, source_mask)[:, -1]
+            torch.testing.assert_close(step, expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,114 @@
+"""Key/value caches: attention and layers fed a few tokens at a time equal the whole-sequence call.
+
+References are independent of the cache: ``torch.nn.MultiheadAttention`` on the whole prefix with
+a causal mask, or the same module called without a cache on the whole prefix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from torchvote.nn import MultiHeadAttention, RoutingAttention, TransformerDecoderLayer
+from torchvote.nn.kv_cache import KVCache, LayerCache, TransformerCache
+from torchvote.nn.transformer import TransformerConfig
+from torchvote.nn.transformer_stack import TransformerDecoder
+
+EMBED, HEADS = 16, 4
+CHUNKS = (3, 1, 1, 2, 1)  # a prompt, single tokens, and several new tokens after a cache
+
+
+def _chunks(x: torch.Tensor):
+    start = 0
+    for size in CHUNKS:
+        yield start, x[:, start : start + size]
+        start += size
+
+
+def test_self_attention_cache_matches_torch_on_the_whole_prefix():
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(EMBED, HEADS, batch_first=True).eval()
+    ours = MultiHeadAttention.from_torch(theirs).eval()
+    x = torch.randn(2, sum(CHUNKS), EMBED)
+    cache = KVCache()
+    for start, new in _chunks(x):
+        end = start + new.shape[1]
+        out, weights = ours(new, is_causal=True, need_weights=True, cache=cache)
+        blocked = torch.ones(end, end, dtype=torch.bool).triu(1)
+        expected, expected_weights = theirs(x[:, :end], x[:, :end], x[:, :end], attn_mask=blocked)
+        torch.testing.assert_close(out, expected[:, start:], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(weights, expected_weights[:, start:], rtol=1e-5, atol=1e-5)
+        assert cache.length == end
+
+
+def test_routing_attention_over_the_senders_cache_matches_the_uncached_call():
+    torch.manual_seed(0)
+    module = RoutingAttention(EMBED, HEADS, iterations=3, normalize_over="senders").eval()
+    x = torch.randn(2, sum(CHUNKS), EMBED)
+    cache = KVCache()
+    for start, new in _chunks(x):
+        end = start + new.shape[1]
+        out, _ = module(new, is_causal=True, cache=cache)
+        expected, _ = module(x[:, :end], is_causal=True)
+        torch.testing.assert_close(out, expected[:, start:], rtol=1e-5, atol=1e-5)
+
+
+def test_routing_over_the_receivers_refuses_a_cache():
+    module = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
+    with pytest.raises(ValueError, match="cache needs normalize_over='senders'"):
+        module(torch.randn(1, 3, EMBED), cache=KVCache())
+
+
+def test_cross_attention_cache_projects_the_memory_once():
+    torch.manual_seed(0)
+    module = MultiHeadAttention(EMBED, HEADS).eval()
+    memory = torch.randn(2, 5, EMBED)
+    key_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    calls = []
+    module.in_proj.register_forward_hook(lambda *args: calls.append(1))
+    cache = KVCache(static=True)
+    outputs = [module(torch.randn(2, n, EMBED), memory, key_mask=key_mask, cache=cache) for n in (2, 1, 1)]
+    assert len(calls) == 1  # later calls project the queries alone
+    keys = cache.keys
+    query = torch.randn(2, 1, EMBED)
+    out, _ = module(query, memory, key_mask=key_mask, cache=cache)
+    assert cache.keys is keys
+    expected, _ = module(query, memory, key_mask=key_mask)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    assert outputs[0][0].shape == (2, 2, EMBED)
+
+
+def test_decoder_stack_cache_matches_the_uncached_stack():
+    torch.manual_seed(0)
+    layer = TransformerConfig(EMBED, HEADS, dim_feedforward=32, dropout=0.0, norm_first=True)
+    decoder = TransformerDecoder(layer, 2).eval()
+    memory = torch.randn(2, 5, EMBED)
+    memory_key_mask = torch.tensor([[True] * 5, [True] * 4 + [False]])
+    target = torch.randn(2, sum(CHUNKS), EMBED)
+    cache = decoder.new_cache()
+    for start, new in _chunks(target):
+        end = start + new.shape[1]
+        out = decoder(new, memory, memory_key_mask=memory_key_mask, cache=cache)
+        expected = decoder(target[:, :end], memory, memory_key_mask=memory_key_mask)
+        torch.testing.assert_close(out, expected[:, start:], rtol=1e-5, atol=1e-5)
+    assert cache.length == sum(CHUNKS)
+
+
+def test_bad_caches_are_refused():
+    module = MultiHeadAttention(EMBED, HEADS)
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        module(torch.randn(1, 2, EMBED), cache={})
+    decoder = TransformerDecoder(TransformerConfig(EMBED, HEADS), 2)
+    with pytest.raises(ValueError, match="one entry per layer"):
+        decoder(torch.randn(1, 2, EMBED), torch.randn(1, 3, EMBED), cache=TransformerCache.empty(3))
+    cache = KVCache()
+    cache.update(torch.zeros(1, HEADS, 2, 4), torch.zeros(1, HEADS, 2, 4))
+    with pytest.raises(ValueError, match="do not extend"):
+        cache.update(torch.zeros(2, HEADS, 1, 4), torch.zeros(2, HEADS, 1, 4))
+    with pytest.raises(ValueError, match="num_layers"):
+        TransformerCache.empty(0)
+    layer = TransformerDecoderLayer(EMBED, HEADS)
+    assert isinstance(LayerCache().cross_attention, KVCache) and LayerCache().cross_attention.static
+    out = layer(torch.randn(1, 1, EMBED), torch.randn(1, 3, EMBED), cache=LayerCache())
+    assert out.shape == (1, 1, EMBED)
