@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
 from torchvote.functional import VotingState
@@ -114,7 +113,8 @@ class RoutingAttention(MultiHeadAttention):
         normalize_over: ``"senders"`` (softmax over the keys, every pass) or ``"receivers"``
             (over the queries).
         aggregation: ``"sum"`` (weighted sum) or ``"mean"`` (weights renormalised over the senders).
-        kdim, vdim, bias, dropout, batch_first, shared_qkv, device, dtype: as
+        **attention_options: ``kdim``, ``vdim``, ``bias``, ``dropout``, ``batch_first``,
+            ``shared_qkv``, ``device``, ``dtype``, keyword-only, as
             :class:`~torchvote.nn.MultiHeadAttention`. ``dropout`` applies to the weights of every
             pass.
 
@@ -131,30 +131,12 @@ class RoutingAttention(MultiHeadAttention):
         iterations: int = 3,
         normalize_over: Literal["senders", "receivers"] = "senders",
         aggregation: Literal["sum", "mean"] = "sum",
-        kdim: int | None = None,
-        vdim: int | None = None,
-        bias: bool = True,
-        dropout: float = 0.0,
-        batch_first: bool = True,
-        shared_qkv: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **attention_options: Any,
     ) -> None:
         check_positive_int(iterations, "iterations")
         check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
         check_choice(aggregation, ("sum", "mean"), "aggregation")
-        super().__init__(
-            embed_dim,
-            num_heads,
-            kdim=kdim,
-            vdim=vdim,
-            bias=bias,
-            dropout=dropout,
-            batch_first=batch_first,
-            shared_qkv=shared_qkv,
-            device=device,
-            dtype=dtype,
-        )
+        super().__init__(embed_dim, num_heads, **attention_options)
         self.iterations = iterations
         self.normalize_over = normalize_over
         self.aggregation = aggregation
