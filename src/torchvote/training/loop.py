@@ -29,15 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.models.registry import get_model_spec
-from torchvote.training.checkpoint import (
-    CheckpointPaths,
-    save_checkpoint,
-)
-from torchvote.training.config import (
-    TrainConfig,
-    config_to_dict,
-    model_config_from,
-)
+from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
+from torchvote.training.config import TrainConfig, config_to_dict, model_config_from
 from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_seed, iterate_batches
 from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
 from torchvote.training.evaluate import autocast, evaluate, load_data, parse_eval_entry
