@@ -1,7 +1,6 @@
 """The receivers-first EM kernel against independent references.
 
-- :func:`torchvote.functional.em.em_routing` (the papers' ``(n, j, i, h)`` layout, converted with
-  einops): outputs, assignments and gradients at 1e-10 in float64, for every strategy;
+- :func:`torchvote.functional.em.em_routing` (receivers first, like the kernel): outputs, assignments and gradients at 1e-10 in float64, for every strategy;
 - a literal loop of Hinton et al. 2018, Procedure 1, in the paper's (not log) space, for a tiny
   convolutional layer, which loops over the input capsules and their parent sets (every output
   capsule of every patch that holds them): the joint normalisation of ``sender_groups``;
@@ -46,10 +45,9 @@ def sample(seed, rows=6, receivers=3, senders=5, pose_dim=4, dtype=DOUBLE):
 
 
 def current(votes, activations, beta_u, beta_a, schedule, **kwargs):
-    """The library's em_routing, called in its own (n, j, i, h) layout, answers converted back."""
-    poses, act, *rest = em_routing(rearrange(votes, "n i j h -> n j i h"), activations, beta_u, beta_a,
-                                   iterations=len(schedule), inverse_temperature=schedule, **kwargs)
-    return poses, act, *[rearrange(r, "... j i -> ... i j") for r in rest]
+    """The library's em_routing (the voting-loop configuration of Procedure 1)."""
+    return em_routing(votes, activations, beta_u, beta_a, iterations=len(schedule),
+                      inverse_temperature=schedule, **kwargs)
 
 
 def loss_of(poses, activations, assignments=None, seed=0):
