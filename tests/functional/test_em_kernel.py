@@ -1,6 +1,7 @@
 """The receivers-first EM kernel against independent references.
 
-- :func:`torchvote.functional.em.em_routing` (receivers first, like the kernel): outputs, assignments and gradients at 1e-10 in float64, for every strategy;
+- :func:`torchvote.functional.em.em_routing` (receivers first, like the kernel): outputs,
+  assignments and gradients at 1e-10 in float64, for every strategy;
 - a literal loop of Hinton et al. 2018, Procedure 1, in the paper's (not log) space, for a tiny
   convolutional layer, which loops over the input capsules and their parent sets (every output
   capsule of every patch that holds them): the joint normalisation of ``sender_groups``;
