@@ -15,7 +15,7 @@ from einops import rearrange
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import torchvote.functional.em as em_module
+import torchvote.functional.em_kernel as kernel_module
 from torchvote.functional.em import default_inverse_temperature, em_routing
 
 DOUBLE = torch.float64
@@ -93,7 +93,7 @@ def test_em_routing_matches_procedure1(iterations, schedule):
 def test_em_routing_in_blocks_matches_one_block(monkeypatch):
     V, a, beta_u, beta_a = sample(4, batch=5)
     whole = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
-    monkeypatch.setattr(em_module, "_BLOCK_ELEMENTS", 2 * 5 * 3 * 9)  # blocks of two examples
+    monkeypatch.setattr(kernel_module, "_BLOCK_ELEMENTS", 2 * 3 * 5 * 4)  # blocks of two examples
     blocked = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
     for x, y in zip(whole, blocked, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
