@@ -52,9 +52,9 @@ invariants that make the gradients right would live in different files.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +66,7 @@ from torchvote.validation import check_positive_int
 __all__ = ["STRATEGIES", "EMStrategy", "conv_sender_groups", "route"]
 
 EMStrategy = Literal["auto", "blocked", "vectorized", "compiled"]
-STRATEGIES = ("auto", "blocked", "vectorized", "compiled")
+STRATEGIES = get_args(EMStrategy)
 # Vote elements (n * i * j * h) per block of the blocked strategy (2 MB in float32): small enough
 # that a block's votes and temporaries stay near the core through its passes, large enough that
 # Python's per-operation cost is amortised. Rounded up to whole periods of sender_groups.
@@ -234,6 +234,19 @@ class _BlockStatistics:
         flat = queries.reshape(n * receivers, -1)
         return _StatisticsDot.apply(flat, self.token, self).view(n, receivers, senders)
 
+    def product(self, compute: Callable[[], Tensor]) -> Tensor:
+        """A product's result: replayed in the backward's recomputation, else computed and recorded."""
+        if self.replay is not None:
+            return self.replay.pop(0).clone()
+        result = compute()
+        self.recorded.append(result)
+        return result
+
+    def add_piece(self, scale: Tensor, coefficient: Tensor) -> None:
+        """One product's share of ``d/d[c, c^2]``: ``scale`` ``(N, j)`` times ``coefficient`` ``(N, 2h)``."""
+        self.scales.append(scale)
+        self.coefficients.append(coefficient)
+
     def votes_gradient(self, votes: Tensor, out: Tensor) -> None:
         """Write ``d/dV`` ``(n, i, j, h)`` into ``out`` from the recorded pieces.
 
@@ -263,11 +276,7 @@ class _StatisticsSum(torch.autograd.Function):
     def forward(ctx: FunctionCtx, weights: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
         ctx.save_for_backward(weights)
         ctx.stats = stats
-        if stats.replay is not None:
-            return stats.replay.pop(0).clone()
-        result = torch.bmm(weights.unsqueeze(1), stats.tensor).squeeze(1)
-        stats.recorded.append(result)
-        return result
+        return stats.product(lambda: torch.bmm(weights.unsqueeze(1), stats.tensor).squeeze(1))
 
     @staticmethod
     @once_differentiable
@@ -276,8 +285,7 @@ class _StatisticsSum(torch.autograd.Function):
         # the vector as (N, 2h, 1) with strides (2h, 1, 2h): MKL's fast matrix-vector path
         grad_weights = torch.bmm(ctx.stats.tensor, grad.unsqueeze(1).transpose(1, 2)).squeeze(-1)  # (N, j)
         if ctx.needs_input_grad[1]:
-            ctx.stats.scales.append(weights)
-            ctx.stats.coefficients.append(grad)
+            ctx.stats.add_piece(weights, grad)
         return grad_weights, None, None
 
 
@@ -288,11 +296,8 @@ class _StatisticsDot(torch.autograd.Function):
     def forward(ctx: FunctionCtx, queries: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
         ctx.save_for_backward(queries)
         ctx.stats = stats
-        if stats.replay is not None:
-            return stats.replay.pop(0).clone()
-        result = torch.bmm(stats.tensor, queries.unsqueeze(1).transpose(1, 2)).squeeze(-1)
-        stats.recorded.append(result)
-        return result
+        column = queries.unsqueeze(1).transpose(1, 2)  # (N, 2h, 1)
+        return stats.product(lambda: torch.bmm(stats.tensor, column).squeeze(-1))
 
     @staticmethod
     @once_differentiable
@@ -300,8 +305,7 @@ class _StatisticsDot(torch.autograd.Function):
         (queries,) = ctx.saved_tensors
         grad_queries = torch.bmm(grad.unsqueeze(1), ctx.stats.tensor).squeeze(1)  # (N, 2h)
         if ctx.needs_input_grad[1]:
-            ctx.stats.scales.append(grad)
-            ctx.stats.coefficients.append(queries)
+            ctx.stats.add_piece(grad, queries)
         return grad_queries, None, None
 
 
