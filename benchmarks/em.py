@@ -1,4 +1,4 @@
-"""EM routing speed and memory: the receivers-first kernel beside the current ``em_routing`` and a naive loop.
+"""EM routing speed and memory: em_routing's strategies beside the pre-kernel em_routing and a naive loop.
 
 The case is the routing of the paper's smallNORB ConvCaps1 (Hinton, Sabour & Frosst 2018: 32 -> 32
 types, 14x14 -> 6x6, K=3, stride 2, 3 iterations): per image 36 patches, each routing
@@ -7,17 +7,19 @@ types, 14x14 -> 6x6, K=3, stride 2, 3 iterations): per image 36 patches, each ro
 (gradients for the votes, the activations and both offsets) of the routing alone, on votes
 already materialised. Implementations:
 
-- ``current``: ``torchvote.functional.em_routing`` on the same votes in its ``(n, j, i, h)`` layout
-  (contiguous, as ``ConvMatrixCapsules`` makes them);
-- ``kernel-<strategy>``: ``em_routing_kernel`` per strategy (``blocked``, ``vectorized``,
-  ``compiled``), per-patch normalisation like ``current``; ``kernel-joint`` is the device's
-  default strategy (blocked on CPU, vectorized on CUDA) with the joint normalisation over every
-  parent (``conv_sender_groups``), the paper's form;
+- ``old``: ``em_routing`` as it was before the kernel (its blocked ``_MomentVotes`` on ``vote``),
+  loaded into this process from git (``--baseline``, default the commit before the change; the
+  copy never enters ``src/``), on the same receivers-first votes;
+- ``kernel-<strategy>``: ``torchvote.functional.em_routing(strategy=...)`` per strategy
+  (``blocked``, ``vectorized``, ``compiled``), per-patch normalisation like ``old``;
+  ``kernel-joint`` is ``strategy="auto"`` (blocked on CPU, vectorized on CUDA) with the joint
+  normalisation over every parent (``conv_sender_groups``), the paper's form and
+  ``ConvMatrixCapsules``' default;
 - ``naive``: Procedure 1 as a plain eager loop over broadcast ``(n, j, i, h)`` tensors, the way
   public implementations write it (everything built on the votes' device).
 
 Timing runs every implementation in this one process, interleaved, and reports medians and the
-ratio to ``current``. Peak memory: on CPU each implementation runs once in a fresh spawned process
+ratio to ``old``. Peak memory: on CPU each implementation runs once in a fresh spawned process
 that resets the kernel's resident-set high-water mark (``/proc/self/clear_refs``) after building
 its inputs and reports ``VmHWM`` minus the resident set before the step (``kernel-compiled``
 first runs one untimed step at the size to compile, then returns freed heap to the OS); on CUDA
@@ -25,9 +27,9 @@ first runs one untimed step at the size to compile, then returns freed heap to t
 
 Usage::
 
-    python benchmarks/em.py --quick                       # a tiny case, seconds
+    python benchmarks/em.py --quick                       # a tiny case, seconds (no memory column)
     python benchmarks/em.py --batch 32 --repeats 3        # the paper's config on CPU
-    python benchmarks/em.py --device cuda --dtype bfloat16 --impls current,kernel-vectorized,kernel-compiled
+    python benchmarks/em.py --device cuda --dtype bfloat16 --impls old,kernel-vectorized,kernel-compiled
 
 With ``--dtype bfloat16`` the votes are bfloat16 (the kernel keeps its statistics in float32).
 On a machine shared with other jobs run with ``OMP_NUM_THREADS=1`` (or ``OMP_WAIT_POLICY=PASSIVE``):
@@ -43,9 +45,12 @@ import gc
 import math
 import multiprocessing as mp
 import statistics
+import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +58,27 @@ from einops import rearrange
 from torch import Tensor
 
 from torchvote.functional.em import default_inverse_temperature, em_routing
-from torchvote.functional.em_kernel import conv_sender_groups, em_routing_kernel
+from torchvote.functional.em_kernel import conv_sender_groups
 
-IMPLEMENTATIONS = ["current", "kernel-blocked", "kernel-joint", "kernel-vectorized", "kernel-compiled",
+IMPLEMENTATIONS = ["old", "kernel-blocked", "kernel-joint", "kernel-vectorized", "kernel-compiled",
                    "naive"]
 ITERATIONS = 3
 SCHEDULE = [default_inverse_temperature(t) for t in range(ITERATIONS)]
+BASELINE = "9427b17"  # main before em_routing ran on the kernel
+_OLD: dict[str, Callable] = {}
+
+
+def old_em_routing(baseline: str = BASELINE) -> Callable:
+    """``em_routing`` of ``src/torchvote/functional/em.py`` at git revision ``baseline``, loaded
+    as a module of its own (it imports ``vote`` and the validation helpers, unchanged since)."""
+    if baseline not in _OLD:
+        root = Path(__file__).resolve().parents[1]
+        source = subprocess.run(["git", "show", f"{baseline}:src/torchvote/functional/em.py"], cwd=root,
+                                check=True, capture_output=True, text=True).stdout
+        module = types.ModuleType("old_em")
+        exec(compile(source, f"{baseline}:em.py", "exec"), module.__dict__)  # noqa: S102
+        _OLD[baseline] = module.em_routing
+    return _OLD[baseline]
 
 
 def naive_em(votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor, eps: float = 1e-6):
@@ -98,23 +118,26 @@ def make_case(batch: int, quick: bool, device: str, dtype: torch.dtype, seed: in
     return votes, others, groups
 
 
-def build(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype) -> Callable[[], None]:
+def build(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype,
+          baseline: str = BASELINE) -> Callable[[], None]:
     """A closure running one forward + backward step of ``impl`` on fresh leaves."""
     votes, (activations, beta_u, beta_a), groups = make_case(batch, quick, device, dtype)
-    if impl in ("current", "naive"):
+    old = old_em_routing(baseline) if impl == "old" else None
+    if impl == "naive":
         votes = rearrange(votes, "n i j h -> n j i h").contiguous()  # the papers' layout
     leaves = [votes.requires_grad_(True), activations.requires_grad_(True),
               beta_u.requires_grad_(True), beta_a.requires_grad_(True)]
 
     def forward():
-        if impl == "current":
-            return em_routing(*leaves, iterations=ITERATIONS, inverse_temperature=SCHEDULE)
+        if impl == "old":
+            return old(*leaves, iterations=ITERATIONS, inverse_temperature=SCHEDULE)
         if impl == "naive":
             return naive_em(*leaves)
         strategy = impl.removeprefix("kernel-")
         grouping = {"sender_groups": groups} if strategy == "joint" else {}
         strategy = "auto" if strategy == "joint" else strategy  # joint: the device's default
-        return em_routing_kernel(*leaves, inverse_temperatures=SCHEDULE, strategy=strategy, **grouping)
+        return em_routing(*leaves, iterations=ITERATIONS, inverse_temperature=SCHEDULE, strategy=strategy,
+                          **grouping)
 
     def step():
         poses, out_activations = forward()
@@ -145,10 +168,10 @@ def _release_free_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _peak_worker(impl, batch, quick, device, dtype, queue) -> None:
+def _peak_worker(impl, batch, quick, device, dtype, baseline, queue) -> None:
     try:
-        build(impl, 1, True, device, dtype)()  # warm the libraries up on a tiny case
-        step = build(impl, batch, quick, device, dtype)
+        build(impl, 1, True, device, dtype, baseline)()  # warm the libraries up on a tiny case
+        step = build(impl, batch, quick, device, dtype, baseline)
         if impl == "kernel-compiled":  # compile for this shape outside the measured step
             step()
             gc.collect()
@@ -170,26 +193,27 @@ def _peak_worker(impl, batch, quick, device, dtype, queue) -> None:
         queue.put(f"{type(error).__name__}: {error}")
 
 
-def peak_memory_mib(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype):
+def peak_memory_mib(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype, baseline: str):
     """Extra peak memory of one step, in MiB, measured in a fresh spawned process."""
     context = mp.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_peak_worker, args=(impl, batch, quick, device, dtype, queue))
+    process = context.Process(target=_peak_worker, args=(impl, batch, quick, device, dtype, baseline, queue))
     process.start()
     process.join()
     return queue.get() if not queue.empty() else f"exit code {process.exitcode}"
 
 
-def check_agreement(device: str) -> float:
-    """Largest difference of the kernel's strategies from ``current`` (float64, tiny case)."""
+def check_agreement(device: str, baseline: str) -> float:
+    """Largest difference of the strategies (and the naive loop) from ``old`` (float64, tiny case)."""
     votes, (activations, beta_u, beta_a), groups = make_case(2, True, device, torch.float64)
-    ref = em_routing(rearrange(votes, "n i j h -> n j i h"), activations, beta_u.double(), beta_a.double(),
-                     iterations=ITERATIONS, inverse_temperature=SCHEDULE)
-    naive = naive_em(rearrange(votes, "n i j h -> n j i h"), activations, beta_u.double(), beta_a.double())
+    beta_u, beta_a = beta_u.double(), beta_a.double()
+    ref = old_em_routing(baseline)(votes, activations, beta_u, beta_a, iterations=ITERATIONS,
+                                   inverse_temperature=SCHEDULE)
+    naive = naive_em(rearrange(votes, "n i j h -> n j i h"), activations, beta_u, beta_a)
     worst = max((x - y).abs().max().item() for x, y in zip(naive, ref, strict=True))
     for strategy in ("blocked", "vectorized"):
-        ours = em_routing_kernel(votes, activations, beta_u.double(), beta_a.double(),
-                                 inverse_temperatures=SCHEDULE, strategy=strategy)
+        ours = em_routing(votes, activations, beta_u, beta_a, iterations=ITERATIONS,
+                          inverse_temperature=SCHEDULE, strategy=strategy)
         worst = max(worst, *((x - y).abs().max().item() for x, y in zip(ours, ref, strict=True)))
     return worst
 
@@ -204,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impls", default=None,
                         help=f"comma-separated subset of {IMPLEMENTATIONS} (default all; with --quick "
                              "all but kernel-compiled, whose compilation takes longer than the case)")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip the peak-memory subprocesses (always skipped with --quick)")
+    parser.add_argument("--baseline", default=BASELINE, help="git revision of the 'old' em_routing")
     args = parser.parse_args(argv)
     default = [n for n in IMPLEMENTATIONS if not (args.quick and n == "kernel-compiled")]
     impls = [name for name in args.impls.split(",") if name] if args.impls else default
@@ -217,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     batch = 2 if args.quick and args.batch == 32 else args.batch
     print(f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}, threads "
           f"{torch.get_num_threads()}, batch {batch}, {'quick case' if args.quick else 'ConvCaps1 config'}")
-    print(f"agreement with current em_routing (float64, tiny): max |diff| {check_agreement(args.device):.2e}")
+    agreement = check_agreement(args.device, args.baseline)
+    print(f"agreement with the old em_routing ({args.baseline}, float64, tiny): max |diff| {agreement:.2e}")
 
     steps, times = {}, {name: [] for name in impls}
     for name in impls:
@@ -234,12 +261,13 @@ def main(argv: list[str] | None = None) -> int:
             step()
             _synchronize(args.device)
             times[name].append(time.perf_counter() - start)
-    base = statistics.median(times["current"]) if times.get("current") else None
-    print(f"\n{'implementation':<20}{'fwd+bwd ms (median)':>22}{'x current':>11}{'peak MiB':>11}")
+    base = statistics.median(times["old"]) if times.get("old") else None
+    print(f"\n{'implementation':<20}{'fwd+bwd ms (median)':>22}{'x old':>11}{'peak MiB':>11}")
     for name in steps:
         median = statistics.median(times[name]) * 1e3
         ratio = f"{base * 1e3 / median:.2f}" if base else "-"
-        memory = "-" if args.no_memory else peak_memory_mib(name, batch, args.quick, args.device, dtype)
+        skip = args.no_memory or args.quick
+        memory = "-" if skip else peak_memory_mib(name, batch, args.quick, args.device, dtype, args.baseline)
         memory = f"{memory:.0f}" if isinstance(memory, float) else str(memory)[:60]
         print(f"{name:<20}{median:>22.1f}{ratio:>11}{memory:>11}", flush=True)
     return 0

@@ -1,14 +1,17 @@
-"""The receivers-first EM kernel against independent references.
+"""The strategies of ``em_routing`` (``functional/em_kernel.py``) against independent references.
 
-- :func:`torchvote.functional.em.em_routing` (receivers first, like the kernel): outputs,
-  assignments and gradients at 1e-10 in float64, for every strategy;
+- EM routing as a configuration of :func:`torchvote.functional.voting.vote` (``vote_em`` below:
+  ``PairwiseVotes`` of the statistics ``(1, c, c^2)``, the E-step as the agreement, the softmax
+  over the receivers, ``sender_weights`` the input activations): outputs, assignments and
+  gradients at 1e-10 in float64, for every strategy; the library runs a fused kernel, and this
+  test is what says it is the same routing as the voting operator;
 - a literal loop of Hinton et al. 2018, Procedure 1, in the paper's (not log) space, for a tiny
   convolutional layer, which loops over the input capsules and their parent sets (every output
   capsule of every patch that holds them): the joint normalisation of ``sender_groups``;
 - gradients for every order and subset of autograd calls, twice-run backward, gradcheck, and
   double backward (works for "vectorized", raises for "blocked").
 
-Reference letters follow the paper: ``i`` input capsule, ``j`` output capsule; the kernel's own
+Reference letters follow the paper: ``i`` input capsule, ``j`` output capsule; the routing's own
 layout is receivers first ``(n, i out, j in, h)``.
 """
 
@@ -23,7 +26,8 @@ from einops import rearrange
 
 import torchvote.functional.em_kernel as kernel_module
 from torchvote.functional.em import default_inverse_temperature, em_routing
-from torchvote.functional.em_kernel import conv_sender_groups, em_routing_kernel
+from torchvote.functional.em_kernel import conv_sender_groups
+from torchvote.functional.voting import PairwiseVotes, VotingState, vote
 
 DOUBLE = torch.float64
 EPS = 1e-6
@@ -45,10 +49,44 @@ def sample(seed, rows=6, receivers=3, senders=5, pose_dim=4, dtype=DOUBLE):
     return [t.requires_grad_(True) for t in (votes, activations, beta_u, beta_a)]
 
 
-def current(votes, activations, beta_u, beta_a, schedule, **kwargs):
-    """The library's em_routing (the voting-loop configuration of Procedure 1)."""
-    return em_routing(votes, activations, beta_u, beta_a, iterations=len(schedule),
-                      inverse_temperature=schedule, **kwargs)
+def em_routing_kernel(votes, activations, beta_u, beta_a, *, inverse_temperatures, **options):
+    """``em_routing`` with its schedule as one value per iteration (their count the iterations)."""
+    return em_routing(votes, activations, beta_u, beta_a, iterations=len(inverse_temperatures),
+                      inverse_temperature=list(inverse_temperatures), **options)
+
+
+def m_step(sums, pose_dim, beta_u, beta_a, inverse_temperature, eps=EPS):
+    """Procedure 1's M-step from ``(sum R, sum R c, sum R c^2)`` ``(n, i, 1 + 2h)``."""
+    total = sums[..., :1]
+    mean = sums[..., 1 : 1 + pose_dim] / total.clamp_min(eps)
+    variance = (sums[..., 1 + pose_dim :] / total.clamp_min(eps) - mean.pow(2)).clamp_min(0.0) + eps
+    cost = (beta_u.unsqueeze(-1) + 0.5 * torch.log(variance)) * total  # (beta_u + log sigma) sum R
+    return mean, variance, inverse_temperature * (beta_a - cost.sum(-1))  # logit of a_i
+
+
+def vote_em(votes, activations, beta_u, beta_a, schedule, return_assignments=False, all_passes=False):
+    """EM routing as one call of ``vote``, per row (per patch): plain autograd throughout."""
+    pose_dim = votes.shape[-1]
+    shift = votes.detach().mean(dim=2, keepdim=True)  # (n, i, 1, h): a constant, shift-invariance
+    centred = votes - shift
+    statistics = torch.cat([torch.ones_like(centred[..., :1]), centred, centred.square()], dim=-1)
+
+    def e_step(state: VotingState):
+        """log a_i + log N(V_ij | mu_i, s2_i) as one dot product with (const, mu/s2, -1/(2 s2))."""
+        mean, variance, logit = m_step(state.aggregated, pose_dim, beta_u, beta_a, schedule[state.iteration])
+        constant = -0.5 * (mean.pow(2) / variance + math.log(2 * math.pi) + variance.log()).sum(-1)
+        constant = constant + F.logsigmoid(logit)  # (n, i)
+        query = torch.cat([constant.unsqueeze(-1), mean / variance, -0.5 / variance], dim=-1)
+        return state.votes.dot(query)  # (n, i, j)
+
+    result = vote(PairwiseVotes(statistics), votes.new_zeros(votes.shape[:-1]), normalize_over="receivers",
+                  iterations=len(schedule), agreement=e_step, update="replace", aggregation="sum",
+                  sender_weights=activations, record=True)
+    mean, _, logit = m_step(result.outputs, pose_dim, beta_u, beta_a, schedule[-1])
+    outputs = (mean + shift.squeeze(2), torch.sigmoid(logit))
+    if not return_assignments:
+        return outputs
+    return (*outputs, torch.stack(result.weights) if all_passes else result.weights[-1])
 
 
 def loss_of(poses, activations, assignments=None, seed=0):
@@ -72,12 +110,12 @@ def block_size(request, monkeypatch):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("iterations", [1, 2, 3])
 @pytest.mark.parametrize("schedule_of", [default_inverse_temperature, steep])
-def test_matches_current_em_routing(strategy, iterations, schedule_of, block_size):
+def test_matches_em_as_a_vote_configuration(strategy, iterations, schedule_of, block_size):
     schedule = [schedule_of(t) for t in range(iterations)]
     inputs = sample(iterations)
     ours = em_routing_kernel(*inputs, inverse_temperatures=schedule, strategy=strategy,
                              return_assignments=True, all_passes=True)
-    ref = current(*inputs, schedule, return_assignments=True, all_passes=True)
+    ref = vote_em(*inputs, schedule, return_assignments=True, all_passes=True)
     for x, y in zip(ours, ref, strict=True):
         torch.testing.assert_close(x, y, **TIGHT)
     grads = torch.autograd.grad(loss_of(*ours), inputs)
@@ -144,61 +182,6 @@ def test_blocked_double_backward_raises_clearly():
 # --- joint normalisation over the parents of every input capsule (convolutional EM) -------------
 
 
-def conv_procedure1(votes, activations, beta_u, beta_a, grid, in_types, kernel, stride, schedule, eps=EPS):
-    """Procedure 1 for one image of a convolutional capsule layer, loops over input capsules.
-
-    ``votes[pos, o, s]``: the vote of patch ``pos``'s sender slot ``s`` (kernel row, kernel column,
-    input type) for output type ``o``. An input capsule's parents are every ``(pos, o)`` whose patch
-    holds it; its assignments are normalised over all of them (the paper's E-step over
-    ``Omega_{L+1}``), and start at ``1 / |parents|``.
-    """
-    rows, cols = grid
-    out_cols = (cols - kernel) // stride + 1
-    positions, out_types, slots, pose_dim = votes.shape
-    parents = {}  # input capsule (r, c, t) -> [(pos, slot)]
-    for pos in range(positions):
-        top, left = (pos // out_cols) * stride, (pos % out_cols) * stride
-        for kh in range(kernel):
-            for kw in range(kernel):
-                for t in range(in_types):
-                    slot = (kh * kernel + kw) * in_types + t
-                    parents.setdefault((top + kh, left + kw, t), []).append((pos, slot))
-    R = [[[None] * slots for _ in range(out_types)] for _ in range(positions)]
-    for members in parents.values():
-        for pos, slot in members:
-            for o in range(out_types):
-                R[pos][o][slot] = torch.tensor(1.0 / (len(members) * out_types), dtype=votes.dtype)
-    for t, lam in enumerate(schedule):
-        R_used = [[row[:] for row in patch] for patch in R]
-        mu, var, a_out = {}, {}, {}
-        for pos in range(positions):  # M-step, every output capsule of every patch
-            for o in range(out_types):
-                w = [R[pos][o][s] * activations[pos, s] for s in range(slots)]
-                total = sum(w)
-                mu[pos, o] = sum(w[s] * votes[pos, o, s] for s in range(slots)) / total
-                spread = sum(w[s] * (votes[pos, o, s] - mu[pos, o]) ** 2 for s in range(slots))
-                var[pos, o] = spread / total + eps
-                cost = ((beta_u[o] + torch.log(torch.sqrt(var[pos, o]))) * total).sum()
-                a_out[pos, o] = torch.sigmoid(lam * (beta_a[o] - cost))
-        if t == len(schedule) - 1:
-            break
-        for members in parents.values():  # E-step, every input capsule over all its parents
-            p = {}
-            for pos, slot in members:
-                for o in range(out_types):
-                    density = 1.0 / torch.sqrt(torch.prod(2 * math.pi * var[pos, o]))
-                    distance = ((votes[pos, o, slot] - mu[pos, o]) ** 2 / (2 * var[pos, o])).sum()
-                    likelihood = density * torch.exp(-distance)
-                    p[pos, o, slot] = a_out[pos, o] * likelihood
-            normaliser = sum(p.values())
-            for (pos, o, slot), value in p.items():
-                R[pos][o][slot] = value / normaliser
-    poses = torch.stack([torch.stack([mu[pos, o] for o in range(out_types)]) for pos in range(positions)])
-    acts = torch.stack([torch.stack([a_out[pos, o] for o in range(out_types)]) for pos in range(positions)])
-    assignments = torch.stack([torch.stack([torch.stack(row) for row in patch]) for patch in R_used])
-    return poses, acts, assignments
-
-
 def conv_sample(seed, batch=2, grid=(4, 4), in_types=2, kernel=3, stride=1, out_types=2, pose_dim=3):
     positions = ((grid[0] - kernel) // stride + 1) * ((grid[1] - kernel) // stride + 1)
     slots = kernel * kernel * in_types
@@ -212,7 +195,7 @@ def conv_sample(seed, batch=2, grid=(4, 4), in_types=2, kernel=3, stride=1, out_
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(("grid", "stride"), [((4, 4), 1), ((5, 4), 2)])
-def test_joint_normalisation_matches_paper_loop(strategy, grid, stride, block_size):
+def test_joint_normalisation_matches_paper_loop(strategy, grid, stride, block_size, conv_procedure1):
     in_types, kernel, schedule = 2, 3, [0.5, 1.0]
     inputs, positions = conv_sample(5, grid=grid, stride=stride)
     groups = conv_sender_groups(*grid, in_types, kernel, stride)
@@ -281,7 +264,7 @@ def test_conv_sender_groups_follow_conv_matrix_capsules_patch_order():
 
 @pytest.mark.parametrize("grouped", [False, True])
 def test_compiled_strategy_matches_reference(grouped):
-    """Compiled against the current em_routing, or (with groups) against the vectorized
+    """Compiled against the vote configuration, or (with groups) against the vectorized
     strategy, itself checked against the paper loop above."""
     if not hasattr(torch, "compile"):
         pytest.skip("torch.compile is unavailable in this torch")
@@ -296,7 +279,7 @@ def test_compiled_strategy_matches_reference(grouped):
         ref = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="vectorized",
                                 sender_groups=groups, return_assignments=True)
     else:
-        ref = current(*inputs, [0.5, 1.0], return_assignments=True)
+        ref = vote_em(*inputs, [0.5, 1.0], return_assignments=True)
     for x, y in zip(ours, ref, strict=True):
         torch.testing.assert_close(x, y, **TIGHT)
     grads = torch.autograd.grad(loss_of(*ours), inputs)
@@ -329,13 +312,13 @@ def test_strategies_agree_in_float32():
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"votes": torch.zeros(2, 3, 4)}, "votes"),
+        ({"votes": torch.zeros(2, 3)}, "votes"),
         ({"votes": torch.zeros(2, 3, 5, 4, dtype=torch.long)}, "votes"),
         ({"activations": torch.zeros(2, 4)}, "activations"),
         ({"beta_u": torch.zeros(4)}, "beta_u"),
         ({"beta_a": torch.zeros(2, 2)}, "beta_a"),
-        ({"inverse_temperatures": []}, "inverse_temperatures"),
-        ({"inverse_temperatures": [0.1, -1.0]}, "inverse_temperatures"),
+        ({"inverse_temperature": []}, "inverse_temperature"),
+        ({"inverse_temperature": [0.1, -1.0], "iterations": 2}, "inverse_temperature"),
         ({"eps": 0.0}, "eps"),
         ({"strategy": "fast"}, "strategy"),
         ({"sender_groups": torch.zeros(3, 5, dtype=torch.long)}, "sender_groups"),  # 3 does not divide 2
@@ -346,10 +329,10 @@ def test_strategies_agree_in_float32():
 )
 def test_bad_arguments_name_themselves(change, match):
     arguments = {"votes": torch.zeros(2, 3, 5, 4), "activations": torch.zeros(2, 5), "beta_u": 0.0,
-                 "beta_a": 0.0, "inverse_temperatures": [0.1]}
+                 "beta_a": 0.0, "iterations": 1, "inverse_temperature": [0.1]}
     arguments.update(change)
     with pytest.raises(ValueError, match=match):
-        em_routing_kernel(**arguments)
+        em_routing(**arguments)
 
 
 @pytest.mark.parametrize(

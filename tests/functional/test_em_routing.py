@@ -15,7 +15,7 @@ from einops import rearrange
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import torchvote.functional.em as em_module
+import torchvote.functional.em_kernel as kernel_module
 from torchvote.functional.em import default_inverse_temperature, em_routing
 
 DOUBLE = torch.float64
@@ -93,7 +93,7 @@ def test_em_routing_matches_procedure1(iterations, schedule):
 def test_em_routing_in_blocks_matches_one_block(monkeypatch):
     V, a, beta_u, beta_a = sample(4, batch=5)
     whole = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
-    monkeypatch.setattr(em_module, "_BLOCK_ELEMENTS", 2 * 5 * 3 * 9)  # blocks of two examples
+    monkeypatch.setattr(kernel_module, "_BLOCK_ELEMENTS", 2 * 3 * 5 * 4)  # blocks of two examples
     blocked = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, return_assignments=True)
     for x, y in zip(whole, blocked, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
@@ -219,3 +219,21 @@ def test_bad_shapes_are_rejected():
         em_routing(torch.randn(5, 3), torch.rand(5), 0.0, 0.0)
     with pytest.raises(ValueError, match="beta_u"):
         em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), torch.zeros(4), 0.0)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "blocked", "vectorized"])
+def test_votes_gradient_after_a_partial_gradient_is_exact(strategy):
+    """Issue 8's bug (float64, 2x5 -> 3 capsules, 3 iterations): ``autograd.grad`` for the
+    activations alone with ``retain_graph``, then the votes' gradient, must equal a fresh one."""
+    V, a, beta_u, beta_a = sample(9)
+    poses, activations = em_routing(V, a, beta_u, beta_a, inverse_temperature=steep, strategy=strategy)
+    probe_p, probe_a = torch.randn_like(poses), torch.randn_like(activations)
+    loss = (poses * probe_p).sum() + (activations * probe_a).sum()
+    fresh = torch.autograd.grad(loss, [V, a, beta_u], retain_graph=True)
+    (partial,) = torch.autograd.grad(loss, [a], retain_graph=True)
+    (votes_grad,) = torch.autograd.grad(loss, [V], retain_graph=True)
+    torch.testing.assert_close(partial, fresh[1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(votes_grad, fresh[0], rtol=1e-10, atol=1e-12)
+    loss.backward()
+    torch.testing.assert_close(V.grad, fresh[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(beta_u.grad, fresh[2], rtol=1e-10, atol=1e-12)

@@ -140,7 +140,10 @@ def test_shipped_preset_loads():
 
 
 def test_tiny_training_run_lowers_the_spread_loss(tmp_path):
-    # A constant margin, so that the loss values of the run are comparable.
+    # A constant margin, so that the loss values of the run are comparable. Two epochs at lr 0.006:
+    # with the paper's joint normalisation across patches (the default since the EM kernel) the tiny
+    # network learns more slowly than with per-patch normalisation, which met the same 10% drop in
+    # 30 steps at lr 0.003 (joint: 2.211 -> 2.020 there, a 9% drop).
     losses: list[float] = []
     config = load_config(
         "em-capsnet-mnist",
@@ -149,14 +152,14 @@ def test_tiny_training_run_lowers_the_spread_loss(tmp_path):
             "data.name=small-digits",
             "data.limit=320",
             "data.eval_limit=100",
-            "optim.lr=0.003",
+            "optim.lr=0.006",
             "optim.schedule=constant",
             "optim.warmup_steps=0",
             "loss.spread_margin_start=0.5",
             "loss.spread_margin_end=0.5",
             "batch_size=16",
             "eval_batch_size=100",
-            "max_steps=30",
+            "max_steps=40",
             "eval_every=0",
             "progress=false",
             "tensorboard=false",
@@ -164,7 +167,7 @@ def test_tiny_training_run_lowers_the_spread_loss(tmp_path):
         ],
     )
     result = train(config, callbacks=[lambda info: losses.append(info.loss)], verbose=False)
-    assert len(losses) == 30
+    assert len(losses) == 40
     start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert end < 0.9 * start, f"loss went from {start:.3f} to {end:.3f}"
     assert result.results["small-digits/test"]["accuracy"] > 0.15

@@ -40,10 +40,26 @@ def test_primary_matrix_capsules_are_poses_and_sigmoid_activations_per_position(
                                            torch.sigmoid(act_maps[1, t, r, c]))
 
 
+def patch_by_loop(layer, capsules, b, r, c):
+    """Votes ``(out, in, P*P)`` (receivers first) and activations ``(in,)`` of one patch, by loops."""
+    kernel, stride, types = layer.kernel_size, layer.stride, layer.in_types
+    votes, acts = [], []
+    for kh in range(kernel):
+        for kw in range(kernel):
+            for t in range(types):
+                j = (kh * kernel + kw) * types + t
+                pose = capsules.poses[b, r * stride + kh, c * stride + kw, t]
+                vote = [(pose @ layer.weight[j, i]).flatten() for i in range(layer.out_types)]  # V = M W
+                votes.append(torch.stack(vote))
+                acts.append(capsules.activations[b, r * stride + kh, c * stride + kw, t])
+    return rearrange(torch.stack(votes), "j i d -> i j d"), torch.stack(acts)
+
+
 @pytest.mark.parametrize(("rows", "kernel", "stride"), [(5, 3, 2), (4, 3, 1), (3, 1, 1)])
 def test_conv_matrix_capsules_route_each_patch_as_a_loop_would(rows, kernel, stride):
+    """``normalization="per_patch"``: every patch routes on its own."""
     torch.manual_seed(1)
-    layer = ConvMatrixCapsules(2, 3, kernel_size=kernel, stride=stride).double()
+    layer = ConvMatrixCapsules(2, 3, kernel_size=kernel, stride=stride, normalization="per_patch").double()
     with torch.no_grad():
         layer.routing.beta_u.normal_()
         layer.routing.beta_a.normal_()
@@ -58,17 +74,8 @@ def test_conv_matrix_capsules_route_each_patch_as_a_loop_would(rows, kernel, str
     for b in range(2):
         for r in range(out_rows):
             for c in range(out_cols):
-                votes, acts = [], []
-                for kh in range(kernel):
-                    for kw in range(kernel):
-                        for t in range(2):
-                            j = (kh * kernel + kw) * 2 + t
-                            pose = capsules.poses[b, r * stride + kh, c * stride + kw, t]
-                            vote = [(pose @ layer.weight[j, i]).flatten() for i in range(3)]  # V = M W
-                            votes.append(torch.stack(vote))
-                            acts.append(capsules.activations[b, r * stride + kh, c * stride + kw, t])
-                receivers_first = rearrange(torch.stack(votes), "j i d -> i j d")  # (out, in, P*P)
-                mu, a_out = em_routing(receivers_first[None], torch.stack(acts)[None],
+                receivers_first, acts = patch_by_loop(layer, capsules, b, r, c)  # (out, in, P*P), (in,)
+                mu, a_out = em_routing(receivers_first[None], acts[None],
                                        layer.routing.beta_u, layer.routing.beta_a)
                 ref_poses[b, r, c] = mu[0].view(3, 4, 4)
                 ref_acts[b, r, c] = a_out[0]
@@ -78,6 +85,99 @@ def test_conv_matrix_capsules_route_each_patch_as_a_loop_would(rows, kernel, str
     ref_grads = torch.autograd.grad(ref_loss, [capsules.poses, capsules.activations, layer.weight])
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize(("rows", "cols", "stride"), [(4, 4, 1), (5, 4, 2)])
+def test_conv_matrix_capsules_normalise_jointly_as_the_paper(rows, cols, stride, conv_procedure1):
+    """The default ``normalization="joint"`` against Procedure 1 looped over every input capsule
+    and all its parents (every output capsule of every patch holding it), in the paper's space."""
+    torch.manual_seed(5)
+    schedule = [0.5, 1.0]
+    layer = ConvMatrixCapsules(2, 2, kernel_size=3, stride=stride, iterations=2,
+                               inverse_temperature=schedule).double()
+    assert layer.normalization == "joint"
+    with torch.no_grad():
+        layer.routing.beta_u.normal_()
+        layer.routing.beta_a.normal_()
+    capsules = grid(2, rows, cols, 2, seed=6)
+    out = layer(capsules)
+    out_rows, out_cols = layer.output_size(rows, cols)
+    ref_poses, ref_acts = [], []
+    for b in range(2):
+        patches = [patch_by_loop(layer, capsules, b, r, c) for r in range(out_rows) for c in range(out_cols)]
+        votes = torch.stack([v for v, _ in patches])  # (L, out, in, P*P)
+        acts = torch.stack([a for _, a in patches])  # (L, in)
+        mu, a_out, _ = conv_procedure1(votes, acts, layer.routing.beta_u, layer.routing.beta_a, (rows, cols),
+                                       2, 3, stride, schedule)
+        ref_poses.append(mu.view(out_rows, out_cols, 2, 4, 4))
+        ref_acts.append(a_out.view(out_rows, out_cols, 2))
+    ref_poses, ref_acts = torch.stack(ref_poses), torch.stack(ref_acts)
+    torch.testing.assert_close(out.poses, ref_poses, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.activations, ref_acts, rtol=1e-10, atol=1e-12)
+    leaves = [capsules.poses, capsules.activations, layer.weight, layer.routing.beta_u]
+    grads = torch.autograd.grad(out.poses.pow(2).sum() + out.activations.sum(), leaves)
+    ref_grads = torch.autograd.grad(ref_poses.pow(2).sum() + ref_acts.sum(), leaves)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
+    per_patch = ConvMatrixCapsules(2, 2, kernel_size=3, stride=stride, iterations=2,
+                                   inverse_temperature=schedule, normalization="per_patch").double()
+    per_patch.load_state_dict(layer.state_dict())
+    assert not torch.allclose(per_patch(capsules).activations, out.activations)
+
+
+def test_conv_matrix_capsules_build_sender_groups_once_per_grid():
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=2)
+    first = layer.sender_groups(5, 5)
+    assert layer.sender_groups(5, 5) is first and first.shape == (4, 18)
+    assert layer.sender_groups(7, 5).shape == (6, 18)
+    assert ConvMatrixCapsules(2, 3, normalization="per_patch").sender_groups(5, 5) is None
+
+
+@pytest.mark.parametrize("normalization", ["joint", "per_patch"])
+def test_conv_layer_gradients_after_a_partial_gradient(normalization):
+    """Issue 8's bug: ``autograd.grad`` for the activations alone (retain_graph), then the
+    weights' and poses' gradient, must equal a fresh full gradient."""
+    torch.manual_seed(7)
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=1, normalization=normalization).double()
+    capsules = grid(2, 4, 4, 2, seed=8)
+    out = layer(capsules)
+    loss = (out.poses * torch.randn_like(out.poses)).sum() + (out.activations * torch.randn_like(
+        out.activations)).sum()
+    leaves = [layer.weight, capsules.poses]
+    fresh = torch.autograd.grad(loss, [capsules.activations, *leaves], retain_graph=True)
+    (partial,) = torch.autograd.grad(loss, [capsules.activations], retain_graph=True)
+    then = torch.autograd.grad(loss, leaves)
+    torch.testing.assert_close(partial, fresh[0], rtol=1e-10, atol=1e-12)
+    for g, r in zip(then, fresh[1:], strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["vectorized", "blocked"])
+def test_conv_and_class_layers_pass_their_strategy_on(strategy):
+    conv = ConvMatrixCapsules(2, 3, kernel_size=3, strategy=strategy).double()
+    classes = ClassMatrixCapsules(2, 3, strategy=strategy).double()
+    assert conv.routing.strategy == strategy and classes.routing.strategy == strategy
+    capsules = grid(1, 4, 4, 2, seed=9)
+    votes, activations, _ = conv.votes(capsules)
+    groups = conv.sender_groups(4, 4)
+    other = "blocked" if strategy == "vectorized" else "vectorized"
+    poses, acts = em_routing(votes, activations, conv.routing.beta_u, conv.routing.beta_a,
+                             sender_groups=groups, strategy=other)
+    out = conv(capsules)
+    torch.testing.assert_close(out.poses.flatten(-2), poses.view(out.poses.shape[:4] + (16,)))
+    torch.testing.assert_close(out.activations, acts.view(out.activations.shape))
+    class_out = classes(capsules)
+    class_votes, class_acts = classes.votes(capsules)
+    reference = em_routing(class_votes, class_acts, classes.routing.beta_u, classes.routing.beta_a,
+                           strategy=other)
+    torch.testing.assert_close(class_out.activations, reference[1])
+    for layer, result in ((conv, conv(capsules).activations), (classes, class_out.activations)):
+        if strategy == "vectorized":  # the strategy in use shows: only it is twice differentiable
+            first = torch.autograd.grad(result.sum(), layer.weight, create_graph=True)[0]
+            assert first.requires_grad
+        else:
+            with pytest.raises(RuntimeError, match="differentiated once only"):
+                torch.autograd.grad(result.sum(), layer.weight, create_graph=True)
 
 
 def test_class_capsules_share_transforms_and_add_coordinates():

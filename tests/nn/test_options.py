@@ -257,15 +257,24 @@ def test_conv_matrix_capsules_options():
     out = layer(capsules)
     assert out.poses.shape == (2, 2, 3, 3, 3, 3)  # kernel 2, stride 1 on 3x4; 3x3 poses
     u, activations, _ = layer.votes(capsules)  # (b, L, i, j, 9), (b, L, j)
+    groups = layer.sender_groups(3, 4)  # joint normalisation, the default
     poses, out_activations = em_routing(u, activations, layer.routing.beta_u, layer.routing.beta_a,
-                                        **EM_OPTIONS)
+                                        sender_groups=groups, **EM_OPTIONS)
     torch.testing.assert_close(out.poses.flatten(-2), poses.view(2, 2, 3, 3, 9))
     torch.testing.assert_close(out.activations, out_activations.view(2, 2, 3, 3))
     for changed in ({"iterations": 3, "inverse_temperature": 0.6}, {"inverse_temperature": [0.2, 0.05]},
-                    {"eps": 1e-6}):
+                    {"eps": 1e-6}, {"sender_groups": None}):
         other = em_routing(u, activations, layer.routing.beta_u, layer.routing.beta_a,
-                           **{**EM_OPTIONS, **changed})[1]
+                           **{**EM_OPTIONS, "sender_groups": groups, **changed})[1]
         assert_differs(out.activations, other.view(2, 2, 3, 3))
+    per_patch = ConvMatrixCapsules(2, 3, kernel_size=2, stride=1, pose_dim=9, dtype=DOUBLE,
+                                   normalization="per_patch", **EM_OPTIONS)
+    per_patch.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(per_patch(capsules).activations,
+                               em_routing(u, activations, layer.routing.beta_u, layer.routing.beta_a,
+                                          **EM_OPTIONS)[1].view(2, 2, 3, 3))
+    with pytest.raises(ValueError, match="normalization"):
+        ConvMatrixCapsules(2, 3, normalization="patch")
 
 
 @pytest.mark.parametrize("coordinate_addition", [False, True])

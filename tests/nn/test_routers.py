@@ -52,6 +52,42 @@ def test_em_router_uses_the_given_activations():
     assert not torch.allclose(halved.activations, ones.activations)
 
 
+def test_em_router_gradients_after_a_partial_gradient():
+    """Issue 8's bug through the module: the beta / votes gradients after a partial
+    ``autograd.grad`` on the activations (retain_graph) equal a fresh full gradient."""
+    torch.manual_seed(4)
+    router = EMRouter(out_caps=3, inverse_temperature=lambda t: 0.5 * (t + 1), dtype=DOUBLE)
+    votes = torch.randn(2, 3, 5, 4, dtype=DOUBLE, requires_grad=True)
+    activations = torch.rand(2, 5, dtype=DOUBLE, requires_grad=True)
+    result = router(votes, activations=activations)
+    loss = (result.outputs * torch.randn_like(result.outputs)).sum() + (result.activations * 3).sum()
+    leaves = [votes, router.beta_u, router.beta_a]
+    fresh = torch.autograd.grad(loss, [activations, *leaves], retain_graph=True)
+    torch.autograd.grad(loss, [activations], retain_graph=True)
+    for g, r in zip(torch.autograd.grad(loss, leaves), fresh[1:], strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["vectorized", "blocked"])
+def test_em_router_strategy(strategy):
+    from torchvote.functional.em import em_routing
+
+    router = EMRouter(out_caps=3, strategy=strategy, dtype=DOUBLE)
+    assert f"strategy={strategy!r}" in repr(router)
+    votes = torch.randn(2, 3, 5, 4, dtype=DOUBLE, requires_grad=True)
+    result = router(votes)
+    poses, acts = em_routing(votes, torch.ones(2, 5, dtype=DOUBLE), router.beta_u, router.beta_a)
+    torch.testing.assert_close(result.outputs, poses)
+    torch.testing.assert_close(result.activations, acts)
+    if strategy == "vectorized":  # the strategy in use shows: only it is twice differentiable
+        assert torch.autograd.grad(result.activations.sum(), votes, create_graph=True)[0].requires_grad
+    else:
+        with pytest.raises(RuntimeError, match="differentiated once only"):
+            torch.autograd.grad(result.activations.sum(), votes, create_graph=True)
+    with pytest.raises(ValueError, match="strategy"):
+        EMRouter(out_caps=3, strategy="fast")
+
+
 def algorithm1(module: SlotAttention, inputs, slots, iterations, eps=1e-8):
     """Locatello et al. 2020, Algorithm 1 for one example, with the module's own parameters."""
     inputs = module.norm_inputs(inputs)

@@ -1,15 +1,15 @@
-"""EM routing kernel, receivers first, with joint (cross-patch) normalisation and a choice of strategy.
+"""The strategies behind :func:`torchvote.functional.em.em_routing`: one loop, three ways to run it.
 
-Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1, written in
-torchvote's layout (receivers first): votes ``V[n, i, j, h]`` of sender (input capsule) ``j`` for
-receiver (output capsule) ``i``; ``n`` indexes independent routing problems (batch x positions of
+Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1, in torchvote's
+layout (receivers first): votes ``V[n, i, j, h]`` of sender (input capsule) ``j`` for
+receiver (output capsule) ``i``; ``n`` indexes routing rows (batch x positions of
 a convolutional layer). Index legend of every einsum here::
 
     n  routing rows (batch, or batch x output positions)
     i  receivers (output capsules)        j  senders (input capsules)
     h  pose entries (16 for 4x4 poses)
 
-Procedure 1, in log space (the same conventions as :func:`torchvote.functional.em.em_routing`)::
+Procedure 1, in log space::
 
     R_ij = 1 / |parents of j|                               (uniform initial assignments)
     for t = 0 .. T-1:
@@ -27,7 +27,8 @@ is the same input capsule (the paper's form for convolutional capsules: an input
 are the output capsules of every patch that contains it, as in IBM's implementation). The joint
 logsumexp subtracts a per-group maximum before ``exp`` and sums with ``index_add``.
 
-Strategies (every one gives the same numbers; ``"auto"`` picks by device):
+Strategies (every one gives the same numbers; ``"auto"`` is ``"blocked"`` on CPU and
+``"vectorized"`` on CUDA; ``"compiled"`` is only ever an explicit choice):
 
 - ``"vectorized"``: the loop above on all rows at once, plain autograd (double backward works);
   the fastest eager form on CUDA, but autograd keeps several ``(n, i, j, h)`` temporaries per pass.
@@ -51,21 +52,21 @@ invariants that make the gradients right would live in different files.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.validation import check_choice, check_positive_float, check_positive_int
+from torchvote.validation import check_positive_int
 
-__all__ = ["EMStrategy", "conv_sender_groups", "em_routing_kernel"]
+__all__ = ["STRATEGIES", "EMStrategy", "conv_sender_groups", "route"]
 
 EMStrategy = Literal["auto", "blocked", "vectorized", "compiled"]
-_STRATEGIES = ("auto", "blocked", "vectorized", "compiled")
+STRATEGIES = get_args(EMStrategy)
 # Vote elements (n * i * j * h) per block of the blocked strategy (2 MB in float32): small enough
 # that a block's votes and temporaries stay near the core through its passes, large enough that
 # Python's per-operation cost is amortised. Rounded up to whole periods of sender_groups.
@@ -233,6 +234,19 @@ class _BlockStatistics:
         flat = queries.reshape(n * receivers, -1)
         return _StatisticsDot.apply(flat, self.token, self).view(n, receivers, senders)
 
+    def product(self, compute: Callable[[], Tensor]) -> Tensor:
+        """A product's result: replayed in the backward's recomputation, else computed and recorded."""
+        if self.replay is not None:
+            return self.replay.pop(0).clone()
+        result = compute()
+        self.recorded.append(result)
+        return result
+
+    def add_piece(self, scale: Tensor, coefficient: Tensor) -> None:
+        """One product's share of ``d/d[c, c^2]``: ``scale`` ``(N, j)`` times ``coefficient`` ``(N, 2h)``."""
+        self.scales.append(scale)
+        self.coefficients.append(coefficient)
+
     def votes_gradient(self, votes: Tensor, out: Tensor) -> None:
         """Write ``d/dV`` ``(n, i, j, h)`` into ``out`` from the recorded pieces.
 
@@ -262,11 +276,7 @@ class _StatisticsSum(torch.autograd.Function):
     def forward(ctx: FunctionCtx, weights: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
         ctx.save_for_backward(weights)
         ctx.stats = stats
-        if stats.replay is not None:
-            return stats.replay.pop(0).clone()
-        result = torch.bmm(weights.unsqueeze(1), stats.tensor).squeeze(1)
-        stats.recorded.append(result)
-        return result
+        return stats.product(lambda: torch.bmm(weights.unsqueeze(1), stats.tensor).squeeze(1))
 
     @staticmethod
     @once_differentiable
@@ -275,8 +285,7 @@ class _StatisticsSum(torch.autograd.Function):
         # the vector as (N, 2h, 1) with strides (2h, 1, 2h): MKL's fast matrix-vector path
         grad_weights = torch.bmm(ctx.stats.tensor, grad.unsqueeze(1).transpose(1, 2)).squeeze(-1)  # (N, j)
         if ctx.needs_input_grad[1]:
-            ctx.stats.scales.append(weights)
-            ctx.stats.coefficients.append(grad)
+            ctx.stats.add_piece(weights, grad)
         return grad_weights, None, None
 
 
@@ -287,11 +296,8 @@ class _StatisticsDot(torch.autograd.Function):
     def forward(ctx: FunctionCtx, queries: Tensor, token: Tensor, stats: _BlockStatistics) -> Tensor:
         ctx.save_for_backward(queries)
         ctx.stats = stats
-        if stats.replay is not None:
-            return stats.replay.pop(0).clone()
-        result = torch.bmm(stats.tensor, queries.unsqueeze(1).transpose(1, 2)).squeeze(-1)
-        stats.recorded.append(result)
-        return result
+        column = queries.unsqueeze(1).transpose(1, 2)  # (N, 2h, 1)
+        return stats.product(lambda: torch.bmm(stats.tensor, column).squeeze(-1))
 
     @staticmethod
     @once_differentiable
@@ -299,8 +305,7 @@ class _StatisticsDot(torch.autograd.Function):
         (queries,) = ctx.saved_tensors
         grad_queries = torch.bmm(grad.unsqueeze(1), ctx.stats.tensor).squeeze(1)  # (N, 2h)
         if ctx.needs_input_grad[1]:
-            ctx.stats.scales.append(grad)
-            ctx.stats.coefficients.append(queries)
+            ctx.stats.add_piece(grad, queries)
         return grad_queries, None, None
 
 
@@ -336,7 +341,7 @@ class _BlockedEM(torch.autograd.Function):
     def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         if torch.is_grad_enabled():
             raise RuntimeError(
-                "em_routing_kernel(strategy='blocked') can be differentiated once only (its backward "
+                "em_routing(strategy='blocked') can be differentiated once only (its backward "
                 "recomputes each block and is not itself differentiable); use strategy='vectorized' "
                 "for double backward (create_graph=True)")
         votes, *small = ctx.saved_tensors
@@ -408,7 +413,7 @@ def conv_sender_groups(rows: int, cols: int, in_types: int, kernel_size: int, st
         stride: the convolution's stride.
 
     Returns:
-        ``(L, K * K * in_types)`` int64 ids, for ``em_routing_kernel(sender_groups=...)``.
+        ``(L, K * K * in_types)`` int64 ids, for ``em_routing(sender_groups=...)``.
 
     Raises:
         ValueError: a non-positive size, or a grid smaller than the kernel.
@@ -448,99 +453,59 @@ def _prepare_groups(sender_groups: Tensor, rows: int, senders: int, receivers: i
     return compact, unique.numel(), initial.unsqueeze(1)
 
 
-def em_routing_kernel(
+def route(
     votes: Tensor,
     activations: Tensor,
-    beta_u: Tensor | float,
-    beta_a: Tensor | float,
+    beta_u: Tensor,
+    beta_a: Tensor,
     *,
-    inverse_temperatures: Sequence[float],
-    eps: float = 1e-6,
-    sender_groups: Tensor | None = None,
-    strategy: EMStrategy = "auto",
-    return_assignments: bool = False,
-    all_passes: bool = False,
-) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
-    """EM routing (Hinton, Sabour & Frosst 2018, Procedure 1), receivers first.
-
-    Numerically the same routing as :func:`torchvote.functional.em.em_routing` (which takes the
-    papers' ``(n, j, i, h)`` layout); see the module docstring for the loop and the strategies.
-    Gradients are exact for any order and subset of ``backward`` / ``autograd.grad`` calls (no
-    state is shared between backward calls).
+    schedule: Sequence[float],
+    eps: float,
+    sender_groups: Tensor | None,
+    strategy: EMStrategy,
+    return_assignments: bool,
+    all_passes: bool,
+) -> tuple[Tensor, ...]:
+    """Procedure 1 on checked, flattened inputs (see :func:`torchvote.functional.em.em_routing`,
+    which validates everything but ``sender_groups`` and calls this).
 
     Args:
-        votes: ``(n, out_caps, in_caps, pose_dim)``, ``V[n, i, j]`` the vote of input capsule
-            ``j`` for output capsule ``i`` (float64, float32, bfloat16 or float16).
-        activations: ``(n, in_caps)`` input activations ``a_j`` in ``[0, 1]``.
-        beta_u: Procedure 1's cost offset, a float or a tensor broadcastable to ``(n, out_caps)``.
-        beta_a: the activation offset, as ``beta_u``.
-        inverse_temperatures: ``lambda_t``, one per iteration (e.g.
-            ``[default_inverse_temperature(t) for t in range(3)]``); their count is the number of
-            iterations, at least 1.
-        eps: added to every variance, and the floor of ``sum_j R_ij a_j``.
-        sender_groups: ``None`` to normalise each row's assignments over its own receivers (per
-            patch), or an integer tensor ``(L, in_caps)`` with ``L`` dividing ``n``: row ``r``'s
-            senders are the input capsules ``sender_groups[r % L]`` of the ``r // L``-th period
-            (image); the E-step normalises each input capsule jointly over every receiver of every
-            row of its period that holds it, and the initial ``R`` is ``1 / |parents|``. Build it
-            for a convolutional layer with :func:`conv_sender_groups` (rows ``n = batch * L``).
-        strategy: ``"blocked"`` (CPU default), ``"vectorized"`` (CUDA default), ``"compiled"``,
-            or ``"auto"``.
-        return_assignments: also return the assignments ``R`` used by the final M-step.
-        all_passes: with ``return_assignments``, those of every M-step, stacked.
+        votes: ``(n, i, j, h)``.
+        activations: ``(n, j)``.
+        beta_u: ``(n, i)`` (an expanded view is fine).
+        beta_a: ``(n, i)``.
+        schedule: ``lambda_t`` per iteration, at least one.
+        eps: the variance floor.
+        sender_groups: ``None`` or ``(L, j)`` integer ids, ``L`` dividing ``n``.
+        strategy: one of :data:`EMStrategy`.
+        return_assignments: also return ``R``.
+        all_passes: ``R`` of every M-step, stacked.
 
     Returns:
-        ``(poses, activations)``: ``(n, out_caps, pose_dim)`` the means ``mu_i`` and
-        ``(n, out_caps)`` the activations ``a_i``, in the votes' dtype; with
-        ``return_assignments`` also ``R`` ``(n, out_caps, in_caps)`` (``(iterations, n, out_caps,
-        in_caps)`` with ``all_passes``), summing to 1 over each sender's parents (over
-        ``out_caps`` without ``sender_groups``), before the input activations multiply them.
+        poses ``(n, i, h)`` and activations ``(n, i)`` in the votes' dtype, then (with
+        ``return_assignments``) ``R`` ``(n, i, j)`` or ``(iterations, n, i, j)``.
 
     Raises:
-        ValueError: bad shapes or dtypes, an empty or negative schedule, a non-positive ``eps``,
-            an unknown ``strategy``, malformed ``sender_groups``.
-        RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
-            again: its backward runs once; use ``strategy="vectorized"`` for second derivatives.
+        ValueError: malformed ``sender_groups``.
     """
-    check_choice(strategy, _STRATEGIES, "strategy")
-    check_positive_float(eps, "eps")
-    if not isinstance(votes, Tensor) or votes.dim() != 4 or not votes.is_floating_point():
-        shape = tuple(votes.shape) if isinstance(votes, Tensor) else type(votes)
-        raise ValueError(f"votes must be a floating tensor (n, out_caps, in_caps, pose_dim), got {shape}")
-    rows, receivers, senders, _ = votes.shape
-    if not isinstance(activations, Tensor) or activations.shape != (rows, senders):
-        shape = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations)
-        raise ValueError(f"activations must have shape (n, in_caps) = {(rows, senders)}, got {shape}")
-    schedule = tuple(float(v) for v in inverse_temperatures)
-    if not schedule or any(not math.isfinite(v) or v < 0 for v in schedule):
-        raise ValueError(f"inverse_temperatures must be one finite value >= 0 per iteration, got {schedule}")
-    offsets = []
-    for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
-        tensor = value if isinstance(value, Tensor) else torch.as_tensor(
-            value, dtype=_compute_dtype(votes.dtype), device=votes.device)
-        try:
-            offsets.append(tensor.expand(rows, receivers))  # (n, i): a view, no copy
-        except RuntimeError:
-            raise ValueError(f"{argument} must broadcast to (n, out_caps) = {(rows, receivers)}, got "
-                             f"{tuple(tensor.shape)}") from None
+    rows, receivers, senders, pose_dim = votes.shape
     groups, num_groups, initial = None, 0, None
     if sender_groups is not None:
         groups, num_groups, initial = _prepare_groups(sender_groups, rows, senders, receivers, votes.device)
-    config = _Config(schedule, eps, groups, num_groups, initial, bool(return_assignments),
+    config = _Config(tuple(schedule), eps, groups, num_groups, initial, bool(return_assignments),
                      bool(return_assignments and all_passes))
     if strategy == "auto":
         strategy = "vectorized" if votes.device.type == "cuda" else "blocked"
     if strategy == "blocked":
         period = 1 if groups is None else groups.shape[0]
-        per_row = receivers * senders * votes.shape[-1]
+        per_row = receivers * senders * pose_dim
         block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
-        outputs = _BlockedEM.apply(votes, activations, *offsets, config, block_rows)
+        outputs = _BlockedEM.apply(votes, activations, beta_u, beta_a, config, block_rows)
     elif strategy == "compiled":
-        outputs = _compiled_loop()(votes, activations, *offsets, config, rows)
+        outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
     else:
-        outputs = _em_loop(_DenseStatistics(votes), activations, *offsets, config, rows)
-    poses, logit = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
+        outputs = _em_loop(_DenseStatistics(votes), activations, beta_u, beta_a, config, rows)
+    poses, out_activations = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
     if not return_assignments:
-        return poses, logit
-    assignments = torch.stack(outputs[2:]) if all_passes else outputs[2]
-    return poses, logit, assignments
+        return poses, out_activations
+    return poses, out_activations, torch.stack(outputs[2:]) if all_passes else outputs[2]

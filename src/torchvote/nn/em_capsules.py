@@ -12,9 +12,11 @@ together as :class:`MatrixCapsules` (two tensors, never packed into one). Layers
   coordinate addition.
 
 Routing is :class:`~torchvote.nn.routers.EMRouter` (:func:`torchvote.functional.em.em_routing`,
-the same module ``CapsuleLinear(routing="em")`` uses); each output position of a convolutional layer
-routes its own patch (its input capsules' assignments are normalised over the output capsules of
-that position, the per-patch form the public implementations use).
+the same module ``CapsuleLinear(routing="em")`` uses). In a convolutional layer an input capsule
+falls in several patches; by default (``normalization="joint"``) its assignments are normalised
+jointly over every output capsule of every patch that contains it, as the paper's E-step over
+``Omega_{L+1}`` and IBM's public implementation do; ``normalization="per_patch"`` normalises them
+over the output capsules of each patch separately (every patch routes on its own).
 
 Index legend: ``b`` batch, ``l`` output positions, ``j`` input capsules of a patch, ``i`` output
 capsule types, ``t`` input capsule types, ``p q r`` pose matrix rows/columns.
@@ -25,24 +27,28 @@ capsule types, ``t`` input capsule types, ``p q r`` pose matrix rows/columns.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional.em import InverseTemperature, default_inverse_temperature
+from torchvote.functional.em_kernel import conv_sender_groups
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_choice, check_positive_int
 
 __all__ = [
     "ClassMatrixCapsules",
+    "ConvNormalization",
     "ConvMatrixCapsules",
     "MatrixCapsules",
     "PrimaryMatrixCapsules",
     "pose_side",
 ]
+
+
+ConvNormalization = Literal["joint", "per_patch"]
 
 
 class MatrixCapsules(NamedTuple):
@@ -68,6 +74,17 @@ def pose_side(pose_dim: int, argument: str = "pose_dim") -> int:
     if side * side != pose_dim:
         raise ValueError(f"{argument} must be a perfect square (P x P poses, e.g. 16), got {pose_dim}")
     return side
+
+
+def _checked_side(pose_dim: int, **sizes: int) -> int:
+    """``P`` of the poses, after checking that every size is a positive int.
+
+    Raises:
+        ValueError: naming the first bad size, or a ``pose_dim`` that is not a square.
+    """
+    for argument, value in sizes.items():
+        check_positive_int(value, argument)
+    return pose_side(pose_dim)
 
 
 def _check_grid(capsules: MatrixCapsules, types: int, side: int, argument: str = "capsules") -> None:
@@ -134,11 +151,8 @@ class PrimaryMatrixCapsules(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        self.side = pose_side(pose_dim)
-        check_positive_int(in_channels, "in_channels")
-        check_positive_int(num_types, "num_types")
-        check_positive_int(kernel_size, "kernel_size")
-        check_positive_int(stride, "stride")
+        self.side = _checked_side(pose_dim, in_channels=in_channels, num_types=num_types,
+                                  kernel_size=kernel_size, stride=stride)
         factory = {"device": device, "dtype": dtype}
         self.num_types = num_types
         self.pose = nn.Conv2d(in_channels, num_types * pose_dim, kernel_size, stride=stride, **factory)
@@ -160,7 +174,15 @@ class ConvMatrixCapsules(nn.Module):
     type ``t``) for output type ``i`` is ``V_ij = M_j W_(kh, kw, t), i``: the transformation
     matrices are shared across positions, as a convolution's kernel. Patches come from one
     ``F.unfold`` of the poses and one of the activations, and the votes from one einsum with the
-    weights (not repeated over the batch or the positions).
+    weights (not repeated over the batch or the positions). All patches route in one call.
+
+    An input capsule lies in up to ``ceil(K / stride)^2`` patches. With ``normalization="joint"``
+    (the default) its assignments are normalised over all its parents, the output capsules of
+    every patch holding it (the paper's E-step, Procedure 1, over ``Omega_{L+1}``; IBM's public
+    implementation does the same), and start at ``1 / |parents|``; the input capsule ids of each
+    patch (:func:`~torchvote.functional.em_kernel.conv_sender_groups`) are built once per input
+    grid size and kept. ``"per_patch"`` normalises over the ``out_types`` capsules of each patch
+    separately, every patch routing on its own.
 
     Args:
         in_types: input capsule types (``B`` or ``C``).
@@ -168,12 +190,14 @@ class ConvMatrixCapsules(nn.Module):
         kernel_size: ``K`` (3 in the paper).
         stride: 2 for ConvCaps1, 1 for ConvCaps2 in the paper.
         pose_dim: entries of a pose, a perfect square (16).
-        iterations: EM iterations (3).
-        inverse_temperature: the ``lambda_t`` schedule (default ``0.01 (1 - 0.95^(t+1))``).
-        eps: variance floor.
+        normalization: ``"joint"`` or ``"per_patch"``, as above.
+        **routing_options: the :class:`~torchvote.nn.routers.EMRouter`'s options:
+            ``iterations`` (3), ``inverse_temperature`` (the ``lambda_t`` schedule, default
+            ``0.01 (1 - 0.95^(t+1))``), ``eps`` (variance floor), ``strategy`` (``"auto"``).
 
     Raises:
-        ValueError: non-positive sizes, a ``pose_dim`` that is not a square.
+        ValueError: non-positive sizes, a ``pose_dim`` that is not a square, an unknown
+            ``normalization``, a bad routing option.
     """
 
     def __init__(
@@ -184,35 +208,50 @@ class ConvMatrixCapsules(nn.Module):
         kernel_size: int = 3,
         stride: int = 1,
         pose_dim: int = 16,
-        iterations: int = 3,
-        inverse_temperature: InverseTemperature = default_inverse_temperature,
-        eps: float = 1e-6,
+        normalization: ConvNormalization = "joint",
         device=None,
         dtype=None,
+        **routing_options,
     ) -> None:
         super().__init__()
-        self.side = pose_side(pose_dim)
-        check_positive_int(in_types, "in_types")
-        check_positive_int(out_types, "out_types")
-        check_positive_int(kernel_size, "kernel_size")
-        check_positive_int(stride, "stride")
+        self.side = _checked_side(pose_dim, in_types=in_types, out_types=out_types,
+                                  kernel_size=kernel_size, stride=stride)
+        self.normalization = check_choice(normalization, get_args(ConvNormalization), "normalization")
         factory = {"device": device, "dtype": dtype}
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
+        self._sender_groups: dict[tuple[int, int, torch.device], Tensor] = {}  # by input grid
         in_caps = kernel_size * kernel_size * in_types
         # (kernel position and input type, output type, P, P), near the identity so poses pass on.
         eye = torch.eye(self.side, **factory)
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_caps, out_types, self.side, self.side, **factory)
         )
-        self.routing = EMRouter(
-            out_caps=out_types, iterations=iterations, inverse_temperature=inverse_temperature, eps=eps,
-            **factory,
-        )
+        self.routing = EMRouter(out_caps=out_types, **routing_options, **factory)
 
     def output_size(self, rows: int, cols: int) -> tuple[int, int]:
         """The output grid for an input grid of ``rows x cols``."""
         return (rows - self.kernel_size) // self.stride + 1, (cols - self.kernel_size) // self.stride + 1
+
+    def sender_groups(self, rows: int, cols: int, device: torch.device | None = None) -> Tensor | None:
+        """The input capsule ids of every patch, for the joint normalisation.
+
+        Args:
+            rows: input grid rows.
+            cols: input grid columns.
+            device: where the ids live (the votes' device).
+
+        Returns:
+            ``(L, K*K*in_types)`` int64 ids (cached per grid and device), or ``None`` with
+            ``normalization="per_patch"``.
+        """
+        if self.normalization == "per_patch":
+            return None
+        key = (rows, cols, torch.device(device or "cpu"))
+        if key not in self._sender_groups:
+            ids = conv_sender_groups(rows, cols, self.in_types, self.kernel_size, self.stride)
+            self._sender_groups[key] = ids.to(key[2])
+        return self._sender_groups[key]
 
     def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor, tuple[int, int]]:
         """Gather the patches and cast the votes.
@@ -263,7 +302,9 @@ class ConvMatrixCapsules(nn.Module):
         """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
         the same on the ``(h', w')`` output grid with ``out_types`` types."""
         votes, activations, (rows, cols) = self.votes(capsules)
-        poses, out_activations = self.routing.route(votes, activations)  # (b, L, i, P*P), (b, L, i)
+        groups = self.sender_groups(*capsules.poses.shape[1:3], votes.device)  # (L, j) or None
+        # (b, L, i, P*P), (b, L, i)
+        poses, out_activations = self.routing.route(votes, activations, sender_groups=groups)
         poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)
         out_activations = rearrange(out_activations, "b (h w) i -> b h w i", h=rows)
         return MatrixCapsules(poses, out_activations)
@@ -271,7 +312,7 @@ class ConvMatrixCapsules(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}, pose={self.side}x{self.side}"
+            f"stride={self.stride}, pose={self.side}x{self.side}, normalization={self.normalization!r}"
         )
 
 
@@ -288,19 +329,20 @@ class ClassMatrixCapsules(nn.Module):
         in_types: input capsule types (``D``).
         num_classes: output capsules (``E``).
         pose_dim: entries of a pose, a perfect square (16).
-        iterations: EM iterations (3).
         coordinate_addition: add the scaled coordinates to the votes.
-        inverse_temperature: the ``lambda_t`` schedule.
-        eps: variance floor.
         routing: another router for the class votes (any of
             :func:`~torchvote.nn.routers.make_router`); default an
-            :class:`~torchvote.nn.routers.EMRouter` with ``iterations``, ``inverse_temperature``
-            and ``eps``. A router that takes no activations gets each vote scaled by its input
-            capsule's activation (an absent part casts a weaker vote).
+            :class:`~torchvote.nn.routers.EMRouter` with ``routing_options``. A router that takes
+            no activations gets each vote scaled by its input capsule's activation (an absent
+            part casts a weaker vote).
+        **routing_options: the default :class:`~torchvote.nn.routers.EMRouter`'s options:
+            ``iterations`` (3), ``inverse_temperature`` (the ``lambda_t`` schedule), ``eps``
+            (variance floor), ``strategy`` (``"auto"``).
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller
-            than 2x2 with coordinate addition, or EM options given with ``routing``.
+            than 2x2 with coordinate addition, a bad routing option, or routing options given
+            with ``routing``.
     """
 
     def __init__(
@@ -309,24 +351,18 @@ class ClassMatrixCapsules(nn.Module):
         num_classes: int,
         *,
         pose_dim: int = 16,
-        iterations: int = 3,
         coordinate_addition: bool = True,
-        inverse_temperature: InverseTemperature = default_inverse_temperature,
-        eps: float = 1e-6,
         routing: Router | None = None,
         device=None,
         dtype=None,
+        **routing_options,
     ) -> None:
         super().__init__()
-        self.side = pose_side(pose_dim)
-        check_positive_int(in_types, "in_types")
-        check_positive_int(num_classes, "num_classes")
-        if routing is not None and (
-            iterations != 3 or inverse_temperature is not default_inverse_temperature or eps != 1e-6
-        ):
+        self.side = _checked_side(pose_dim, in_types=in_types, num_classes=num_classes)
+        if routing is not None and routing_options:
             raise ValueError(
-                "iterations, inverse_temperature and eps configure the default EM router; with "
-                "routing=... give them to that router"
+                f"{sorted(routing_options)} configure the default EM router; with routing=... give "
+                "them to that router"
             )
         if coordinate_addition and self.side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={pose_dim}")
@@ -338,8 +374,7 @@ class ClassMatrixCapsules(nn.Module):
             eye + 0.1 * torch.randn(in_types, num_classes, self.side, self.side, **factory)
         )
         self.routing = routing if routing is not None else EMRouter(
-            out_caps=num_classes, iterations=iterations, inverse_temperature=inverse_temperature, eps=eps,
-            **factory,
+            out_caps=num_classes, **routing_options, **factory
         )
 
     @property
