@@ -343,7 +343,9 @@ def check_agreement(device: torch.device, batch: int = 4) -> None:
             theirs.W.copy_(ours.weight.permute(1, 0, 2, 3).unsqueeze(0))
         torch.testing.assert_close(ours(x), theirs(x), rtol=1e-4, atol=1e-5)
     capsules = _grid(batch, 6, 16, device)
-    layer = ConvMatrixCapsules(16, 16, kernel_size=3, stride=1).to(device)
+    # The baseline normalises each input's assignments within each patch, as the popular
+    # repositories do; ours does so only when asked (its default is the paper's joint form).
+    layer = ConvMatrixCapsules(16, 16, kernel_size=3, stride=1, normalization="per_patch").to(device)
     base = BaselineEM(16, 16, kernel_size=3, stride=1).to(device)
     with torch.no_grad():
         base.weights.copy_(layer.weight.unsqueeze(0))
