@@ -182,7 +182,26 @@ class _LinearDot(torch.autograd.Function):
         return grad_x, grad_w, grad_v
 
 
-class LinearVotes:
+class _WeightTimesInputs:
+    """What both capsule-vote classes share: votes ``weight`` x ``inputs``, never materialised by
+    the loop. Subclasses set ``weight``, ``inputs``, ``batch_shape``, ``receivers`` and ``senders``."""
+
+    weight: Tensor
+    inputs: Tensor
+    batch_shape: tuple[int, ...]
+    receivers: int
+    senders: int
+
+    def detach(self):
+        """The same votes with ``weight`` and ``inputs`` cut from the autograd graph."""
+        return type(self)(self.weight.detach(), self.inputs.detach())
+
+    def zero_logits(self) -> Tensor:
+        """``(..., i, j)`` zeros: routing's ``b_ij = 0`` start, in the votes' device and dtype."""
+        return self.inputs.new_zeros(*self.batch_shape, self.receivers, self.senders)
+
+
+class LinearVotes(_WeightTimesInputs):
     """The votes ``u_hat[..., i, j, :] = weight[i, j] @ inputs[..., j, :]``, never materialised.
 
     The :class:`~torchvote.functional.voting.Votes` of a capsule layer with one transformation
@@ -261,20 +280,13 @@ class LinearVotes:
         """The votes as a tensor ``(..., i, j, d)`` (for routers that need them elementwise)."""
         return torch.einsum("ijde,...je->...ijd", self.weight, self.inputs)
 
-    def detach(self) -> LinearVotes:
-        return LinearVotes(self.weight.detach(), self.inputs.detach())
-
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the kernels compute in: the promotion of the weight's and the inputs'."""
         return self._x.dtype
 
-    def zero_logits(self) -> Tensor:
-        """``(..., i, j)`` zeros: routing's ``b_ij = 0`` start, in the votes' device and dtype."""
-        return self.inputs.new_zeros(*self.batch_shape, self.receivers, self.senders)
 
-
-class SharedLinearVotes:
+class SharedLinearVotes(_WeightTimesInputs):
     """Votes with one matrix per output capsule, shared by every input: ``u_hat_ij = W_i u_j``.
 
     The weighted-voting article's parameter-sharing option (every input capsule is projected by
@@ -319,13 +331,6 @@ class SharedLinearVotes:
         """The votes as a tensor ``(..., i, j, d)``."""
         return torch.einsum("ide,...je->...ijd", self.weight, self.inputs)
 
-    def detach(self) -> SharedLinearVotes:
-        return SharedLinearVotes(self.weight.detach(), self.inputs.detach())
-
     @property
     def dtype(self) -> torch.dtype:
         return self.inputs.dtype
-
-    def zero_logits(self) -> Tensor:
-        """``(..., i, j)`` zeros in the votes' device and dtype."""
-        return self.inputs.new_zeros(*self.batch_shape, self.receivers, self.senders)
