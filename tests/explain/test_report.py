@@ -67,6 +67,12 @@ def test_record_draws_every_picture_and_names_what_is_missing(tmp_path):
     notices = explain_record({"couplings": record["couplings"]}, partial)
     assert any("needs votes, outputs" in n for n in notices)
     assert any("needs perturbations" in n and "record=True" in n for n in notices)
+    # MultiMNIST and ViT pictures belong to other models: no notice when none of their keys is
+    # there (a CapsNet run on MNIST), a notice when some are.
+    assert not any("multimnist" in n or "patch_" in n for n in notices)
+    notices = explain_record({"couplings": record["couplings"], "patch_image": record["patch_image"]},
+                             HtmlReport("half a ViT", tmp_path / "vit"))
+    assert any("needs patch_attention, patch_grid" in n for n in notices)
 
 
 def test_load_record_paths(tmp_path):

@@ -109,9 +109,11 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
     """
     missing: list[str] = []
 
-    def has(*keys: str) -> bool:
+    def has(*keys: str, optional: bool = False) -> bool:
+        """Whether the record has every key; a notice names the absent ones, unless the picture
+        is ``optional`` (drawn only for models that give it) and none of its keys is there."""
         absent = [key for key in keys if key not in record]
-        if absent:
+        if absent and not (optional and len(absent) == len(keys)):
             missing.append(f"needs {', '.join(absent)}")
         return not absent
 
@@ -177,7 +179,7 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
                 ],
             ),
         )
-    if has("multimnist_inputs", "multimnist_first", "multimnist_second"):
+    if has("multimnist_inputs", "multimnist_first", "multimnist_second", optional=True):
         report.figure(
             plots.multimnist_reconstructions(
                 record["multimnist_inputs"][:8],
@@ -187,7 +189,7 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
             "multimnist",
             caption="MultiMNIST inputs; first digit's reconstruction red, second's green.",
         )
-    if has("patch_image", "patch_attention", "patch_grid"):
+    if has("patch_image", "patch_attention", "patch_grid", optional=True):
         grid = tuple(int(v) for v in record["patch_grid"].tolist())
         weights = record["patch_attention"].float()
         report.figure(
