@@ -101,6 +101,16 @@ def loss_of(poses, activations, assignments=None, seed=0):
     return total
 
 
+def assert_same_routing(ours, ref, inputs):
+    """Outputs (and assignments) and the gradients of :func:`loss_of` for ``inputs`` agree tightly."""
+    for x, y in zip(ours, ref, strict=True):
+        torch.testing.assert_close(x, y, **TIGHT)
+    grads = torch.autograd.grad(loss_of(*ours), inputs)
+    ref_grads = torch.autograd.grad(loss_of(*ref), inputs)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **TIGHT)
+
+
 @pytest.fixture(params=[None, 1], ids=["default-blocks", "one-row-blocks"])
 def block_size(request, monkeypatch):
     if request.param is not None:  # force many blocks: one row each
@@ -116,12 +126,7 @@ def test_matches_em_as_a_vote_configuration(strategy, iterations, schedule_of, b
     ours = em_routing_kernel(*inputs, inverse_temperatures=schedule, strategy=strategy,
                              return_assignments=True, all_passes=True)
     ref = vote_em(*inputs, schedule, return_assignments=True, all_passes=True)
-    for x, y in zip(ours, ref, strict=True):
-        torch.testing.assert_close(x, y, **TIGHT)
-    grads = torch.autograd.grad(loss_of(*ours), inputs)
-    ref_grads = torch.autograd.grad(loss_of(*ref), inputs)
-    for g, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, **TIGHT)
+    assert_same_routing(ours, ref, inputs)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -207,12 +212,7 @@ def test_joint_normalisation_matches_paper_loop(strategy, grid, stride, block_si
                                  beta_u, beta_a, grid, in_types, kernel, stride, schedule)
                  for b in range(2)]
     ref = [torch.cat(parts) for parts in zip(*per_image, strict=True)]
-    for x, y in zip(ours, ref, strict=True):
-        torch.testing.assert_close(x, y, **TIGHT)
-    grads = torch.autograd.grad(loss_of(*ours), inputs)
-    ref_grads = torch.autograd.grad(loss_of(*ref), inputs)
-    for g, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, **TIGHT)
+    assert_same_routing(ours, ref, inputs)
 
 
 def test_joint_normalisation_differs_from_per_patch_and_sums_to_one_per_input():
