@@ -32,10 +32,6 @@ from torchvote.explain.statistics import perturbation_poses
 __all__ = ["record_from_run"]
 
 
-def _iterations_of(router: torch.nn.Module) -> int:
-    return int(getattr(router, "iterations", 1)) if getattr(router, "iterative", False) else 1
-
-
 @torch.no_grad()
 def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu") -> dict[str, Tensor]:
     """The tensors the capsule pictures read, from a capsule classifier's training run.
@@ -79,9 +75,10 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
     layer = model.head.class_capsules
     votes = layer.votes(primary)
     couplings, outputs = [], []
-    for passes in range(1, _iterations_of(layer.router) + 1):
+    iterations = layer.router.iterations if layer.router.iterative else 1
+    for passes in range(1, iterations + 1):
         router = copy.copy(layer.router)  # shares the parameters; only the pass count differs
-        if getattr(router, "iterative", False):
+        if router.iterative:
             router.iterations = passes
         routed = router(votes)
         couplings.append(routed.couplings)  # (b, i, j)
