@@ -197,8 +197,10 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
         print(f"evaluate:   torchvote evaluate {result.run_dir} --on {data}")
         if explain:
-            report = argparse.Namespace(sentences=[], out=Path(result.run_dir) / "explain",
-                                        checkpoint=Path(result.run_dir), layer=2, iterations=[2, 3, 5])
+            run_dir = Path(result.run_dir)
+            report = add_explain_arguments(argparse.ArgumentParser()).parse_args(
+                ["--out", str(run_dir / "explain"), "--checkpoint", str(run_dir)]
+            )  # the command's own defaults for everything else
             return run_explain(report)  # prints "report: <path>"
     return 0
 
