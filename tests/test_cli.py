@@ -54,6 +54,10 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
     for label in ("checkpoint:", "metrics:", "plots:"):
         assert label in out
     assert (tmp_path / "main" / "plots" / "training_curves.png").is_file()
+    # It ends with the explain report of the trained CapsNet (its routing passes included).
+    page = tmp_path / "main" / "explain" / "index.html"
+    assert f"report: {page.resolve()}" in out
+    assert (tmp_path / "main" / "explain" / "couplings.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize(
