@@ -6,7 +6,8 @@
     torchvote demo                                      # the operator as attention and routing
     torchvote train PRESET [key=value ...]              # PRESET: a shipped name or a .yaml path
     torchvote train --resume RUN_DIR [key=value ...]    # continue a stopped run
-    torchvote evaluate CHECKPOINT --on mnist --on affnist
+    torchvote evaluate CHECKPOINT --on mnist --on affnist-style
+    torchvote reproduce NAME [--budget cpu|paper] [--seeds 0 1 2]   # a row of docs/results.md
     torchvote list [models|routers|presets|datasets]
     torchvote data [list|mnist|shakespeare] [--download] [--verify]
     torchvote bench attention|routing|training [args ...]
@@ -104,6 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--root", help="folder of the MNIST IDX files")
     data.add_argument("--dir", help="folder of the Shakespeare archive")
 
+    reproduce = commands.add_parser(
+        "reproduce", help="rerun an experiment of docs/results.md (resumes where it stopped)"
+    )
+    reproduce.add_argument("name", nargs="?", help="the experiment (torchvote reproduce --list)")
+    reproduce.add_argument("--list", action="store_true", help="list the experiments")
+    reproduce.add_argument("--budget", default="cpu", choices=("cpu", "paper"),
+                           help="cpu: minutes on a laptop; paper: the papers' sizes (for a GPU)")
+    reproduce.add_argument("--seeds", type=int, nargs="+", help="seeds to run (default 0 1 2)")
+    reproduce.add_argument("--variant", action="append", default=[], metavar="TEXT",
+                           help="run only variants whose label contains TEXT (repeatable)")
+    reproduce.add_argument("--out", default="runs/reproduce", help="where runs and summaries go")
+    reproduce.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
+    reproduce.add_argument("--dry-run", action="store_true", help="print the training commands only")
+
     explain = commands.add_parser(
         "explain", help="write an offline HTML report of attention and routing (pretrained encoder)"
     )
@@ -142,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "list": _list,
         "data": _data,
         "bench": _bench,
+        "reproduce": _reproduce,
         "explain": run_explain,
     }
     from torchvote.data.errors import DataNotFoundError
@@ -257,6 +273,41 @@ def _evaluate(args: argparse.Namespace) -> int:
         options=options,
     )
     print(format_table(rows))
+    return 0
+
+
+# --- reproduce ------------------------------------------------------------------------------------------
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from torchvote.experiments import get_row, list_rows, reproduce, train_command
+
+    if args.list or args.name is None:
+        for row in list_rows().values():
+            print(f"{row.letter}  {row.name:24s} {row.title}")
+        return 0
+    row = get_row(args.name)
+    if args.dry_run:
+        seeds = args.seeds if args.seeds is not None else range(row.seeds)
+        for variant in row.variants:
+            for seed in seeds:
+                print(train_command(row, variant, args.budget, seed))
+        return 0
+    try:
+        summary = reproduce(
+            row,
+            budget=args.budget,
+            seeds=args.seeds,
+            out_dir=args.out,
+            device=args.device,
+            variants=args.variant,
+        )
+    except KeyboardInterrupt as stop:
+        message = f"torchvote reproduce: {stop or 'interrupted'}; rerun the same command to continue"
+        print(message, file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(summary.read_text())
+    print(f"summary: {summary}")
     return 0
 
 

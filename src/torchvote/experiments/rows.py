@@ -1,0 +1,367 @@
+"""The experiments of docs/results.md, one :class:`Row` each, as data.
+
+A row is a set of training runs (its :class:`Variant`\\ s, each a shipped preset plus ``key=value``
+overrides) repeated over seeds, and the numbers read from their final evaluations
+(:class:`Metric`). Each row has two budgets: ``cpu`` (sizes that finish on a laptop CPU in
+minutes, the figures measured for docs/results.md where no GPU was lent) and ``paper`` (the
+papers' sizes and schedules, meant for a GPU). ``torchvote reproduce NAME`` runs a row
+(:mod:`torchvote.experiments.runner`); ``torchvote reproduce --list`` lists them.
+
+Papers quoted in the rows:
+
+* Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules": Table 1 (MNIST test error
+  of CapsNet with 1 or 3 routing iterations, with and without the reconstruction loss), sec. 5.2
+  (affNIST: 79% for CapsNet against 66% for the CNN, both at 99.2x% on expanded MNIST), sec. 6
+  (MultiMNIST: 5.2% error).
+* Mazzia, Salvetti & Chiaberge 2021, "Efficient-CapsNet": 0.26% MNIST test error (single model).
+* Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing": EM routing with 1-3 iterations.
+* Paik, Kwon & Kim 2019, "Capsule Networks Need an Improved Routing Algorithm", and Gu & Tresp
+  2020, "Improving the Robustness of Capsule Networks to Image Affine Transformations": uniform
+  routing does as well as the routing procedures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["BUDGETS", "Metric", "Row", "Variant", "get_row", "list_rows"]
+
+#: The budgets every row defines.
+BUDGETS: tuple[str, ...] = ("cpu", "paper")
+
+Transform = Literal["error_percent", "percent", "bits", "value"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One number read from a run's final evaluation.
+
+    Args:
+        label: column heading (``"MNIST test error (%)"``).
+        key: the metric of the evaluation (``"accuracy"``, ``"loss"``, ``"sequence_accuracy"``).
+        dataset: the evaluation it comes from, as the run names it (``"affnist-style/test"``);
+            ``None``: the run's main evaluation (its training set's test split).
+        transform: ``error_percent`` (100 x (1 - value)), ``percent`` (100 x value), ``bits``
+            (a loss in nats per token divided by ln 2: bits per character) or ``value``.
+    """
+
+    label: str
+    key: str = "accuracy"
+    dataset: str | None = None
+    transform: Transform = "error_percent"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of a row, run once per seed.
+
+    Args:
+        label: its name in the table, also its folder (made file-safe).
+        preset: a shipped preset (``torchvote list presets``).
+        overrides: ``key=value`` overrides of the preset, as on the ``torchvote train`` line.
+        paper: the paper's figure for this configuration, as text (``"0.25 +/- 0.005"``), or
+            ``None``.
+    """
+
+    label: str
+    preset: str
+    overrides: tuple[str, ...] = ()
+    paper: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One experiment of docs/results.md.
+
+    Args:
+        name: what ``torchvote reproduce NAME`` takes.
+        letter: its letter in the issue and in docs/results.md.
+        title: one line.
+        variants: the configurations compared.
+        metrics: the columns.
+        budgets: ``{"cpu": overrides, "paper": overrides}`` added after every variant's own.
+        seeds: how many seeds by default (0, 1, ...).
+        measure: for a row that trains nothing, ``measure(budget) -> list of table rows``
+            (dicts of column -> value) instead of variants.
+        note: what the reader should know (differences from the paper, what needs a GPU).
+    """
+
+    name: str
+    letter: str
+    title: str
+    variants: tuple[Variant, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    budgets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    seeds: int = 3
+    measure: Callable[..., list[dict[str, Any]]] | None = None
+    note: str = ""
+
+    def overrides(self, variant: Variant, budget: str, seed: int) -> list[str]:
+        """The ``torchvote train`` overrides of one run: the variant's, the budget's, the seed."""
+        if budget not in self.budgets:
+            raise ValueError(f"budget: expected one of {sorted(self.budgets)}, got {budget!r}")
+        return [*variant.overrides, *self.budgets[budget], f"seed={seed}"]
+
+
+_MNIST_ERROR = Metric("MNIST test error (%)")
+_NO_LOGS = ("progress=false", "tensorboard=false")
+#: The main job's schedule: one-cycle at twice the paper's rate, which converges in few steps.
+_FAST = ("optim.lr=0.002", "optim.schedule=onecycle")
+
+
+def _capsnet_routing() -> Row:
+    variants = []
+    paper = {(1, False): "0.34 +/- 0.032", (1, True): "0.29 +/- 0.011", (3, False): "0.35 +/- 0.036"}
+    paper[(3, True)] = "0.25 +/- 0.005"
+    for iterations in (1, 3):
+        for reconstruction in (False, True):
+            weight = "0.0005" if reconstruction else "0"
+            variants.append(
+                Variant(
+                    f"{iterations} iteration{'s' if iterations > 1 else ''}, "
+                    f"{'with' if reconstruction else 'no'} reconstruction",
+                    "capsnet-mnist",
+                    (f"model.iterations={iterations}", f"loss.reconstruction_weight={weight}"),
+                    paper=paper[(iterations, reconstruction)],
+                )
+            )
+    return Row(
+        "capsnet-routing",
+        "a",
+        "CapsNet MNIST test error: 1 vs 3 routing iterations, with and without reconstruction",
+        tuple(variants),
+        (_MNIST_ERROR,),
+        {
+            "cpu": ("data.limit=20000", "epochs=1", *_FAST, *_NO_LOGS),
+            "paper": ("model.preset=paper", "epochs=50", *_NO_LOGS),
+        },
+        note="Paper: Sabour et al. 2017, Table 1 (paper-size CapsNet, 2-pixel shifts, trained to the end).",
+    )
+
+
+def _affnist() -> Row:
+    canvas = ("data.canvas=40", "eval_on=[affnist-style]")
+    return Row(
+        "affnist",
+        "b",
+        "affNIST: CapsNet vs the CNN baseline, trained on translated 40x40 MNIST",
+        (
+            Variant("CapsNet", "capsnet-mnist", canvas, paper="79% affNIST (99.23% expanded MNIST)"),
+            Variant("CNN baseline", "mnist-cnn", canvas, paper="66% affNIST (99.22% expanded MNIST)"),
+        ),
+        (
+            Metric("MNIST test (40x40) accuracy (%)", transform="percent"),
+            Metric("affNIST-style accuracy (%)", dataset="affnist-style/test", transform="percent"),
+            Metric("affNIST accuracy (%)", dataset="affnist/test", transform="percent"),
+        ),
+        {
+            "cpu": ("data.limit=20000", "epochs=2", "optim.decay_steps=157", *_NO_LOGS),
+            "paper": ("model.preset=paper", "epochs=30", *_NO_LOGS),
+        },
+        note=(
+            "Paper: Sabour et al. 2017, sec. 5.2, on the real affNIST; the affNIST column appears when "
+            "`torchvote data affnist --download` has fetched it. The paper stops both models at about "
+            "99.2% on expanded MNIST; the CPU budget stops after a fixed number of epochs."
+        ),
+    )
+
+
+def _multimnist() -> Row:
+    return Row(
+        "multimnist",
+        "c",
+        "MultiMNIST: CapsNet on two overlapping digits",
+        (Variant("CapsNet", "capsnet-multimnist", paper="5.2% error"),),
+        (Metric("MultiMNIST test error (%)"),),
+        {
+            "cpu": ("epochs=2", *_NO_LOGS),
+            "paper": ("model.preset=paper", "epochs=50", *_NO_LOGS),
+        },
+        note=(
+            "Paper: Sabour et al. 2017, sec. 6 (60M training pairs generated on the fly; an image "
+            "counts as right when the two longest capsules are its two digits)."
+        ),
+    )
+
+
+def _efficient_capsnet() -> Row:
+    return Row(
+        "efficient-capsnet",
+        "d",
+        "Efficient-CapsNet on MNIST",
+        (Variant("Efficient-CapsNet (self-attention routing)", "efficient-capsnet-mnist", paper="0.26"),),
+        (_MNIST_ERROR,),
+        {
+            "cpu": ("data.limit=20000", "epochs=1", *_NO_LOGS),
+            "paper": ("epochs=100", *_NO_LOGS),
+        },
+        note="Paper: Mazzia et al. 2021, Table 2 (single model, 0.26% error; ensembles reach 0.16%).",
+    )
+
+
+def _em_iterations() -> Row:
+    return Row(
+        "em-iterations",
+        "e",
+        "EM matrix capsules on MNIST and affNIST-style with 1, 2 and 3 routing iterations",
+        tuple(
+            Variant(f"{r} iteration{'s' if r > 1 else ''}", "em-capsnet-mnist", (f"model.iterations={r}",))
+            for r in (1, 2, 3)
+        ),
+        (
+            _MNIST_ERROR,
+            Metric("affNIST-style (28x28) accuracy (%)", dataset="affnist-style/test", transform="percent"),
+        ),
+        {
+            "cpu": ("data.limit=3000", "epochs=2", "eval_on=[affnist-style:canvas=28]", *_NO_LOGS),
+            "paper": ("epochs=30", "eval_on=[affnist-style:canvas=28]", *_NO_LOGS),
+        },
+        note=(
+            "Hinton et al. 2018 report smallNORB (1.8% error) and affNIST after smallNORB-style training, "
+            "not this MNIST set-up: no paper figure to compare with."
+        ),
+    )
+
+
+_ROUTERS = ("dynamic", "em", "inverted_dot_product", "self_attention", "slot", "uniform")
+_ROUTER_DATA = {
+    "MNIST": ("capsnet-mnist", ()),
+    "affNIST-style": ("capsnet-mnist", ("data.canvas=40", "eval_on=[affnist-style]")),
+    "MultiMNIST": ("capsnet-multimnist", ()),
+}
+
+
+def _router_swap() -> Row:
+    variants = tuple(
+        Variant(f"{router} / {data}", preset, (f"model.router={router}", *options))
+        for data, (preset, options) in _ROUTER_DATA.items()
+        for router in _ROUTERS
+    )
+    return Row(
+        "router-swap",
+        "f",
+        "Router swap: one CapsNet backbone, every router, on MNIST, affNIST-style and MultiMNIST",
+        variants,
+        (
+            Metric("test error (%), own test set"),
+            Metric("affNIST-style accuracy (%)", dataset="affnist-style/test", transform="percent"),
+        ),
+        {
+            "cpu": ("data.limit=6000", "epochs=1", *_NO_LOGS),
+            "paper": ("epochs=30", *_NO_LOGS),
+        },
+        note=(
+            "The small CapsNet (288 primary capsules on 28x28) with each router in place of dynamic "
+            "routing; `em` trains with the spread loss. Paik et al. 2019 and Gu & Tresp 2020 find "
+            "uniform routing as good as the routing procedures."
+        ),
+    )
+
+
+def _attention_variants(preset: str, *, receivers: bool) -> tuple[Variant, ...]:
+    variants = [Variant("softmax attention", preset, ("model.attention=softmax",))]
+    over = ("senders", "receivers") if receivers else ("senders",)
+    for normalize_over in over:
+        over_option = (
+            () if normalize_over == "senders" else (f"model.routing_normalize_over={normalize_over}",)
+        )
+        for passes in (2, 3):
+            variants.append(
+                Variant(
+                    f"routing, {passes} passes, over {normalize_over}",
+                    preset,
+                    ("model.attention=routing", f"model.routing_iterations={passes}", *over_option),
+                )
+            )
+    return tuple(variants)
+
+
+def _attention_swap_lm() -> Row:
+    return Row(
+        "attention-swap-lm",
+        "g",
+        "Attention swap, character LM on Shakespeare: softmax vs routing-style attention",
+        _attention_variants("lm-shakespeare", receivers=False),
+        (Metric("validation bits per character", key="loss", transform="bits"),),
+        {
+            "cpu": ("max_steps=600", "model.dropout=0.0", *_NO_LOGS),
+            "paper": ("epochs=4", *_NO_LOGS),
+        },
+        note=(
+            "Same model, parameters and steps for every variant (routing attention adds no parameter). "
+            "A causal language model cannot normalise over the receivers: a later query would change "
+            "an earlier output, so only `senders` is run."
+        ),
+    )
+
+
+def _attention_swap_seq2seq() -> Row:
+    return Row(
+        "attention-swap-seq2seq",
+        "g",
+        "Attention swap, Transformer encoder-decoder reversing digit strings",
+        _attention_variants("seq2seq-reverse", receivers=True),
+        (
+            Metric("exact match (%)", key="sequence_accuracy", transform="percent"),
+            Metric("token accuracy (%)", transform="percent"),
+        ),
+        {
+            "cpu": ("epochs=3", *_NO_LOGS),
+            "paper": ("epochs=8", *_NO_LOGS),
+        },
+        note=(
+            "Exact match = whole target right under teacher forcing, which equals greedy decoding's "
+            "exact match. With `receivers`, the encoder's self-attention and the cross-attention "
+            "normalise over the receivers; the decoder's causal self-attention stays over the senders."
+        ),
+    )
+
+
+def _pretrained_routing() -> Row:
+    def measure(budget: str) -> list[dict[str, Any]]:
+        from torchvote.experiments.pretrained_routing import measure_routing_drift
+
+        return measure_routing_drift()
+
+    return Row(
+        "pretrained-routing",
+        "h",
+        "Pretrained MiniLM with one layer's attention run as r passes of voting, no retraining",
+        budgets={"cpu": (), "paper": ()},
+        seeds=1,
+        measure=measure,
+        note="Deterministic (no training, no seed): one run.",
+    )
+
+
+_BUILDERS: tuple[Callable[[], Row], ...] = (
+    _capsnet_routing,
+    _affnist,
+    _multimnist,
+    _efficient_capsnet,
+    _em_iterations,
+    _router_swap,
+    _attention_swap_lm,
+    _attention_swap_seq2seq,
+    _pretrained_routing,
+)
+
+
+def list_rows() -> dict[str, Row]:
+    """Every row, by name, in the order of docs/results.md."""
+    rows = [build() for build in _BUILDERS]
+    return {row.name: row for row in rows}
+
+
+def get_row(name: str) -> Row:
+    """The row called ``name``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    rows = list_rows()
+    if name not in rows:
+        raise ValueError(f"name: unknown experiment {name!r}; known: {', '.join(rows)}")
+    return rows[name]

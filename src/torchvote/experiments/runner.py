@@ -1,0 +1,163 @@
+"""Run a row of docs/results.md: every variant, every seed, resumable.
+
+``torchvote reproduce NAME`` calls :func:`reproduce`. Runs go to
+``<out>/<row>/<budget>/<variant>/seed-<n>/`` (a normal run folder: config, metrics, checkpoints).
+A run that finished holds ``result.json`` (written atomically) and is not run again; a run that
+stopped (Ctrl-C, a killed process, a full disk) is resumed from its newest intact checkpoint, so
+rerunning the same command after any stop carries on where it stopped. A run folder whose saved
+config no longer matches the row (the row was edited) is refused with the keys that differ, never
+overwritten. The summary (:mod:`torchvote.experiments.report`) is rewritten after every run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchvote.experiments.report import summarize, write_summary
+from torchvote.experiments.rows import Row, Variant
+from torchvote.training.checkpoint import atomic_write_bytes
+from torchvote.training.config import config_from_dict, load_config
+from torchvote.training.distributed import resolve_device
+from torchvote.training.results import check_resumable, find_resumable_checkpoint
+
+__all__ = ["RESULT_FILE", "describe_device", "reproduce", "run_dir_of", "train_command"]
+
+#: The file that marks a finished run.
+RESULT_FILE = "result.json"
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def run_dir_of(out_dir: str | Path, row: Row, budget: str, variant: Variant, seed: int) -> Path:
+    """The folder of one run: ``<out>/<row>/<budget>/<variant slug>/seed-<seed>``."""
+    return Path(out_dir) / row.name / budget / _slug(variant.label) / f"seed-{seed}"
+
+
+def train_command(row: Row, variant: Variant, budget: str, seed: int) -> str:
+    """The ``torchvote train`` line that makes one run of a row (for the docs and ``--dry-run``)."""
+    return " ".join(["torchvote train", variant.preset, *row.overrides(variant, budget, seed)])
+
+
+def describe_device(device: str) -> str:
+    """The hardware a run uses, in words: the GPU's name, or the CPU and its thread count."""
+    resolved = resolve_device(device)
+    if resolved.type == "cuda":
+        return f"{torch.cuda.get_device_name(resolved)} (torch {torch.__version__})"
+    cpu = platform.processor() or platform.machine()
+    return f"CPU {cpu}, {torch.get_num_threads()} threads (torch {torch.__version__})"
+
+
+def _train_one(
+    row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, device: str
+) -> dict[str, Any] | None:
+    """Train (or resume) one run; ``None`` if it was interrupted."""
+    from torchvote.training import train
+
+    overrides = [*row.overrides(variant, budget, seed), f"run_dir={run_dir}"]
+    if device != "auto":
+        overrides.append(f"device={device}")
+    config = load_config(variant.preset, overrides)
+    resume = None
+    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
+        _, state, _ = find_resumable_checkpoint(run_dir)
+        check_resumable(config_from_dict(state["config"]), config)  # refuses an edited row
+        resume = run_dir
+    started = time.perf_counter()
+    result = train(config, resume=resume, verbose=False)
+    if result.interrupted:
+        return None
+    return {
+        "row": row.name,
+        "variant": variant.label,
+        "budget": budget,
+        "seed": seed,
+        "command": train_command(row, variant, budget, seed),
+        "results": result.results,
+        "steps": result.step,
+        "wall_s": time.perf_counter() - started,
+        "resumed": resume is not None,
+        "device": describe_device(config.device),
+    }
+
+
+def reproduce(
+    row: Row,
+    *,
+    budget: str = "cpu",
+    seeds: Sequence[int] | None = None,
+    out_dir: str | Path = "runs/reproduce",
+    device: str = "auto",
+    variants: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Run (or continue) every run of ``row`` that has not finished, then write its summary.
+
+    Args:
+        row: the experiment (:func:`~torchvote.experiments.rows.get_row`).
+        budget: ``cpu`` or ``paper`` (:data:`~torchvote.experiments.rows.BUDGETS`).
+        seeds: the seeds to run (default ``0 .. row.seeds - 1``).
+        out_dir: where runs and summaries go.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
+        variants: run only the variants whose label contains one of these texts (all when
+            empty); the summary still covers every finished run of the row.
+        echo: where progress lines go.
+
+    Returns:
+        The summary file (markdown); ``summary.json`` lies beside it.
+
+    Raises:
+        ValueError: an unknown budget, or variant filters that match nothing.
+        ConfigError: a run folder whose saved config differs from the row's (it is kept).
+        KeyboardInterrupt: a run was interrupted (its checkpoint is saved; rerun to continue).
+    """
+    if budget not in row.budgets:
+        raise ValueError(f"budget: expected one of {sorted(row.budgets)}, got {budget!r}")
+    base = Path(out_dir) / row.name / budget
+    if row.measure is not None:
+        result_path = base / RESULT_FILE
+        if not result_path.is_file():
+            echo(f"[{row.name}] measuring")
+            started = time.perf_counter()
+            table = row.measure(budget)
+            record = {
+                "row": row.name,
+                "budget": budget,
+                "table": table,
+                "wall_s": time.perf_counter() - started,
+            }
+            record["device"] = describe_device("cpu")
+            atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
+        return write_summary(row, budget, base, summarize(row, budget, base))
+    seeds = list(range(row.seeds)) if seeds is None else list(seeds)
+    chosen = [v for v in row.variants if not variants or any(text in v.label for text in variants)]
+    if not chosen:
+        raise ValueError(
+            f"variants: none of {list(variants)} is in a label of {[v.label for v in row.variants]}"
+        )
+    total = len(chosen) * len(seeds)
+    done = 0
+    for variant in chosen:
+        for seed in seeds:
+            done += 1
+            run_dir = run_dir_of(out_dir, row, budget, variant, seed)
+            if (run_dir / RESULT_FILE).is_file():
+                echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: finished earlier")
+                continue
+            command = train_command(row, variant, budget, seed)
+            echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: {command}")
+            record = _train_one(row, variant, budget, seed, run_dir, device)
+            if record is None:
+                raise KeyboardInterrupt(f"run {run_dir} interrupted; rerun the same command to continue")
+            atomic_write_bytes(run_dir / RESULT_FILE, json.dumps(record, indent=1).encode())
+            write_summary(row, budget, base, summarize(row, budget, base))
+    return write_summary(row, budget, base, summarize(row, budget, base))

@@ -1,0 +1,160 @@
+"""`torchvote reproduce`: rows are valid configs, runs resume, summaries count every seed."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+import yaml
+
+from torchvote.cli import main
+from torchvote.experiments import Metric, Row, Variant, get_row, list_rows, reproduce, run_dir_of
+from torchvote.experiments.report import metric_value
+from torchvote.training import read_metrics, train
+from torchvote.training.config import ConfigError, build_model_config, load_config
+
+
+def test_every_row_of_every_budget_loads_as_a_valid_config():
+    """A typo in a row's override (a key, a model field, a router name) fails here, not after hours."""
+    for row in list_rows().values():
+        for budget in row.budgets:
+            for variant in row.variants:
+                config = load_config(variant.preset, row.overrides(variant, budget, seed=0))
+                assert config.seed == 0
+                # the model config is checked against the model's own fields
+                build_model_config(config.model, num_classes=10, image_size=config.data.canvas or 28)
+
+
+def test_rows_cover_the_issue_letters_a_to_h():
+    assert sorted({row.letter for row in list_rows().values()}) == list("abcdefgh")
+    with pytest.raises(ValueError, match="unknown experiment 'nope'; known: capsnet-routing"):
+        get_row("nope")
+    row = get_row("router-swap")
+    routers = {o.split("=", 1)[1] for v in row.variants for o in v.overrides if o.startswith("model.router=")}
+    assert routers == {"dynamic", "em", "inverted_dot_product", "self_attention", "slot", "uniform"}
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        (Metric("e", transform="error_percent"), 100 * (1 - 0.97)),
+        (Metric("p", transform="percent", dataset="b/test"), 50.0),
+        (Metric("bpc", key="loss", transform="bits"), 0.6931471805599453 / math.log(2)),
+        (Metric("v", key="loss", transform="value"), 0.6931471805599453),
+        (Metric("missing", dataset="c/test"), None),
+    ],
+)
+def test_metric_value_reads_the_named_evaluation(metric, expected):
+    results = {"a/test": {"accuracy": 0.97, "loss": 0.6931471805599453}, "b/test": {"accuracy": 0.5}}
+    value = metric_value(results, metric)
+    assert value == pytest.approx(expected) if expected is not None else value is None
+
+
+def _tiny_row(tmp_path, tiny_values, **extra) -> Row:
+    values = tiny_values(tmp_path / "unused", epochs=2)
+    del values["run_dir"]
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(yaml.safe_dump(values))
+    return Row(
+        "tiny",
+        "z",
+        "a tiny row",
+        (
+            Variant("plain", str(preset), ("optim.lr=0.003",), paper="1.0"),
+            Variant("slower", str(preset), ("optim.lr=0.001",)),
+        ),
+        (Metric("error (%)"),),
+        {"cpu": ("max_steps=8",), "paper": ("max_steps=12",)},
+        **extra,
+    )
+
+
+def _final_accuracy(run_dir) -> float:
+    finals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["event"] == "final"]
+    return finals[-1]["accuracy"]
+
+
+def test_reproduce_runs_every_seed_and_summarises_all_of_them(tmp_path, tiny_values):
+    row = _tiny_row(tmp_path, tiny_values)
+    out = tmp_path / "out"
+    lines: list[str] = []
+    summary_path = reproduce(row, seeds=[0, 1, 2], out_dir=out, echo=lines.append)
+    summary = json.loads((summary_path.parent / "summary.json").read_text())
+    for variant, entry in zip(row.variants, summary["variants"], strict=True):
+        errors = [100 * (1 - _final_accuracy(run_dir_of(out, row, "cpu", variant, s))) for s in range(3)]
+        stats = entry["metrics"]["error (%)"]
+        assert entry["seeds"] == [0, 1, 2]
+        assert stats["n"] == 3
+        # metrics.jsonl rounds to 6 digits; result.json keeps the full value
+        assert stats["mean"] == pytest.approx(statistics.fmean(errors), abs=1e-3)
+        assert stats["std"] == pytest.approx(statistics.stdev(errors), abs=1e-3)
+        assert entry["commands"][0].startswith(f"torchvote train {variant.preset} ")
+    markdown = summary_path.read_text()
+    assert "torchvote reproduce tiny --budget cpu" in markdown and "| plain |" in markdown
+    # a second call trains nothing: every run has its result
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
+    lines.clear()
+    reproduce(row, seeds=[0, 1, 2], out_dir=out, echo=lines.append)
+    assert all("finished earlier" in line for line in lines) and len(lines) == 6
+    assert before == {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path, tiny_values):
+    row = _tiny_row(tmp_path, tiny_values)
+    variant = row.variants[0]
+    clean = tmp_path / "clean"
+    reproduce(row, seeds=[0], out_dir=clean, variants=["plain"], echo=lambda _: None)
+
+    stopped = tmp_path / "stopped"
+    run_dir = run_dir_of(stopped, row, "cpu", variant, 0)
+    config = load_config(
+        variant.preset, [*row.overrides(variant, "cpu", 0), f"run_dir={run_dir}", "checkpoint_every=3"]
+    )
+
+    def stop_after_five(info):
+        if info.step == 5:
+            raise KeyboardInterrupt
+
+    assert train(config, callbacks=[stop_after_five], verbose=False).interrupted
+    assert not (run_dir / "result.json").exists()
+    reproduce(row, seeds=[0], out_dir=stopped, variants=["plain"], echo=lambda _: None)
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["resumed"] and record["steps"] == 8
+    assert _final_accuracy(run_dir) == _final_accuracy(run_dir_of(clean, row, "cpu", variant, 0))
+
+
+def test_a_run_folder_from_an_edited_row_is_refused_and_kept(tmp_path, tiny_values):
+    row = _tiny_row(tmp_path, tiny_values)
+    variant = row.variants[0]
+    run_dir = run_dir_of(tmp_path / "out", row, "cpu", variant, 0)
+    config = load_config(variant.preset, ["optim.lr=0.01", "max_steps=8", "seed=0", f"run_dir={run_dir}"])
+
+    def stop(info):
+        if info.step == 2:
+            raise KeyboardInterrupt
+
+    train(config, callbacks=[stop], verbose=False)
+    files = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match=r"optim.lr \(run: 0.01, now: 0.003\)"):
+        reproduce(row, seeds=[0], out_dir=tmp_path / "out", variants=["plain"], echo=lambda _: None)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == files
+
+
+def test_unknown_budget_and_unmatched_variant_filters_are_refused(tmp_path, tiny_values):
+    row = _tiny_row(tmp_path, tiny_values)
+    with pytest.raises(ValueError, match=r"budget: expected one of \['cpu', 'paper'\], got 'gpu'"):
+        reproduce(row, budget="gpu", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="variants: none of"):
+        reproduce(row, variants=["nothing"], out_dir=tmp_path)
+
+
+def test_cli_lists_rows_and_prints_the_training_commands(capsys):
+    assert main(["reproduce", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in list_rows())
+    assert main(["reproduce", "capsnet-routing", "--dry-run", "--seeds", "4"]) == 0
+    commands = capsys.readouterr().out.strip().splitlines()
+    assert len(commands) == 4 and all(c.endswith(" seed=4") for c in commands)
+    assert main(["reproduce", "no-such-row"]) == 2
