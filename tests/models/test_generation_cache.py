@@ -3,7 +3,9 @@
 For ``transformer-lm`` and ``transformer-seq2seq``, softmax and routing attention, learned and
 sinusoidal positions: greedy tokens of ``generate(use_cache=True)`` equal ``use_cache=False``
 (batch > 1, padded sources, beyond the LM's context), and the logits of every cached step equal
-the uncached forward pass on the whole prefix (1e-5, float32).
+the uncached forward pass on the whole prefix (1e-5, float32). The encoder-decoder also with
+routing over the receivers in its encoder (``routing_normalize_over="receivers"``; its decoder,
+the only part cached, stays over the senders).
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ import torch
 from torchvote.models import create_model
 
 VARIANTS = [(a, p) for a in ("softmax", "routing") for p in ("learned", "sinusoidal")]
+#: The encoder-decoder's variants: VARIANTS over the senders, and routing over the receivers.
+SEQ2SEQ_VARIANTS = [(a, p, "senders") for a, p in VARIANTS] + [
+    ("routing", p, "receivers") for p in ("learned", "sinusoidal")
+]
 
 
 def _model(name: str, attention: str, positional: str, seed: int = 0, **overrides):
@@ -48,9 +54,10 @@ def test_lm_cached_logits_match_the_whole_prefix_at_every_step(attention, positi
             model(tokens[:, :1], cache=cache)  # the context is full
 
 
-@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
-def test_seq2seq_greedy_tokens_with_and_without_cache_are_identical(attention, positional):
-    model = _model("transformer-seq2seq", attention, positional, seed=1)
+@pytest.mark.parametrize(("attention", "positional", "normalize_over"), SEQ2SEQ_VARIANTS)
+def test_seq2seq_greedy_tokens_with_and_without_cache_are_identical(attention, positional, normalize_over):
+    model = _model("transformer-seq2seq", attention, positional, seed=1,
+                   routing_normalize_over=normalize_over)
     source = torch.randint(3, model.config.src_vocab_size, (4, 9),
                            generator=torch.Generator().manual_seed(2))
     source[1, 5:] = model.config.pad_id  # padding
@@ -60,9 +67,9 @@ def test_seq2seq_greedy_tokens_with_and_without_cache_are_identical(attention, p
         assert torch.equal(cached, model.generate(source, max_new_tokens=limit, use_cache=False))
 
 
-@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
-def test_seq2seq_cached_logits_match_the_whole_prefix_at_every_step(attention, positional):
-    model = _model("transformer-seq2seq", attention, positional)
+@pytest.mark.parametrize(("attention", "positional", "normalize_over"), SEQ2SEQ_VARIANTS)
+def test_seq2seq_cached_logits_match_the_whole_prefix_at_every_step(attention, positional, normalize_over):
+    model = _model("transformer-seq2seq", attention, positional, routing_normalize_over=normalize_over)
     source = torch.randint(3, model.config.src_vocab_size, (2, 7),
                            generator=torch.Generator().manual_seed(3))
     source[0, 4:] = model.config.pad_id
@@ -75,3 +82,21 @@ def test_seq2seq_cached_logits_match_the_whole_prefix_at_every_step(attention, p
             step = model.decode(target[:, t : t + 1], memory, source_mask, cache=cache)[:, -1]
             expected = model.decode(target[:, : t + 1], memory, source_mask)[:, -1]
             torch.testing.assert_close(step, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_seq2seq_routed_over_the_receivers_decodes_the_same_varied_tokens_with_a_cache(positional):
+    """Untrained, the tied output layer repeats <bos>; an untied random one (std 1) with an <eos>
+    logit of 0 decodes long, varied sequences, so equal tokens say more."""
+    model = _model("transformer-seq2seq", "routing", positional, seed=1,
+                   routing_normalize_over="receivers", tie_output=False)
+    with torch.no_grad():
+        torch.nn.init.normal_(model.output.weight, std=1.0)
+        model.output.weight[model.config.eos_id] = 0.0
+    source = torch.randint(3, model.config.src_vocab_size, (4, 9),
+                           generator=torch.Generator().manual_seed(2))
+    source[1, 5:] = model.config.pad_id
+    source[3, 2:] = model.config.pad_id
+    cached = model.generate(source, max_new_tokens=12)
+    assert torch.equal(cached, model.generate(source, max_new_tokens=12, use_cache=False))
+    assert cached.shape == (4, 13) and len(cached[:, 1:].unique()) >= 5

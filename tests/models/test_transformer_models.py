@@ -131,9 +131,18 @@ def test_lm_never_looks_ahead(attention):
     assert not torch.allclose(after[:, 7:], before[:, 7:], atol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["softmax", "routing"])
-def test_seq2seq_decoder_never_looks_ahead(attention):
-    model = _model("transformer-seq2seq", attention=attention)
+#: The attentions of the encoder-decoder: softmax, routing over the senders, routing over the
+#: receivers in the encoder.
+SEQ2SEQ_ATTENTIONS = [
+    pytest.param({"attention": "softmax"}, id="softmax"),
+    pytest.param({"attention": "routing"}, id="routing"),
+    pytest.param({"attention": "routing", "routing_normalize_over": "receivers"}, id="receivers"),
+]
+
+
+@pytest.mark.parametrize("options", SEQ2SEQ_ATTENTIONS)
+def test_seq2seq_decoder_never_looks_ahead(options):
+    model = _model("transformer-seq2seq", **options)
     source, target = _sources(), _targets(length=7)
     changed = target.clone()
     changed[:, 4:] = 3 + (changed[:, 4:] - 2) % 10
@@ -142,9 +151,9 @@ def test_seq2seq_decoder_never_looks_ahead(attention):
     assert not torch.allclose(after[:, 4:], before[:, 4:], atol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["softmax", "routing"])
-def test_appending_padding_to_the_source_changes_nothing(attention):
-    model = _model("transformer-seq2seq", attention=attention)
+@pytest.mark.parametrize("options", SEQ2SEQ_ATTENTIONS)
+def test_appending_padding_to_the_source_changes_nothing(options):
+    model = _model("transformer-seq2seq", **options)
     source, target = _sources(), _targets()
     padded = torch.cat([source, torch.full((3, 4), PAD)], dim=1)
     torch.testing.assert_close(
@@ -178,6 +187,79 @@ def test_attention_switch_swaps_the_module_and_nothing_else(name):
 
     assert torch.equal(main(one_pass), main(softmax))
     assert not torch.allclose(main(routing), main(softmax), atol=1e-4)
+
+
+# --- routing over the receivers ------------------------------------------------------------------
+
+
+def _normalisations(model: torch.nn.Module) -> dict[str, str]:
+    return {name: m.normalize_over for name, m in model.named_modules() if isinstance(m, RoutingAttention)}
+
+
+def test_seq2seq_routes_over_the_receivers_in_the_encoder_and_over_the_senders_in_the_decoder():
+    model = _model(
+        "transformer-seq2seq", attention="routing", routing_normalize_over="receivers", num_encoder_layers=2
+    )
+    assert _normalisations(model) == {
+        "encoder.layers.0.self_attention": "receivers",
+        "encoder.layers.1.self_attention": "receivers",
+        "decoder.layers.0.self_attention": "senders",
+        "decoder.layers.0.cross_attention": "senders",
+    }
+    source, target = _sources(), _targets()  # source 0 is padded
+    output = model(source, target, need_weights=True)
+    assert output.logits.shape == (3, 5, 15) and torch.isfinite(output.logits).all()
+    real = source != PAD  # (b, s)
+    for name in ("encoder.layers.0.self_attention", "encoder.layers.1.self_attention"):
+        weights = output.intermediates[name]  # (b, i, j), averaged over the heads
+        votes = weights.masked_fill(~real[:, :, None], 0.0).sum(dim=1)  # (b, j): over real receivers
+        torch.testing.assert_close(votes[real], torch.ones(int(real.sum())))  # each key spends one vote
+        assert (weights[0, :, -2:] == 0).all()  # padding casts no vote
+
+
+def test_seq2seq_encoder_layer_over_the_receivers_is_a_direct_routing_attention_call():
+    model = _model("transformer-seq2seq", attention="routing", routing_normalize_over="receivers")
+    layer = model.encoder.layers[0]  # pre-norm (tiny), dropout 0
+    reference = RoutingAttention(32, 2, iterations=3, normalize_over="receivers", batch_first=True)
+    reference.load_state_dict(layer.self_attention.state_dict())
+    senders = RoutingAttention(32, 2, iterations=3, normalize_over="senders", batch_first=True)
+    senders.load_state_dict(layer.self_attention.state_dict())
+    x, key_mask = torch.randn(3, 6, 32), _sources() != PAD
+
+    def by_hand(attention):  # x + attention(norm(x)), then x + feedforward(norm(x))
+        normed = layer.attention_norm(x)
+        hidden = x + attention(normed, normed, normed, key_mask=key_mask)[0]
+        return hidden + layer.feedforward(layer.feedforward_norm(hidden))
+
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, key_mask=key_mask), by_hand(reference))
+        assert not torch.allclose(layer(x, key_mask=key_mask), by_hand(senders), atol=1e-4)
+
+
+def test_classifier_routes_over_the_receivers():
+    model = _model("transformer-classifier", attention="routing", routing_normalize_over="receivers")
+    assert set(_normalisations(model).values()) == {"receivers"}
+    assert torch.isfinite(model(torch.rand(2, 1, 28, 28)).scores).all()
+
+
+def test_lm_refuses_routing_over_the_receivers_and_says_why():
+    with pytest.raises(ValueError, match=r"not possible in transformer-lm: every attention .* is causal"):
+        create_model("transformer-lm", "tiny", attention="routing", routing_normalize_over="receivers")
+
+
+def test_routing_over_the_receivers_is_set_from_the_command_line():
+    from torchvote.training.config import model_config_from
+
+    config = load_config(
+        "seq2seq-reverse", ["model.attention=routing", "model.routing_normalize_over=receivers"]
+    )
+    assert model_config_from(config).routing_normalize_over == "receivers"
+    with pytest.raises(ConfigError, match="not possible in transformer-lm"):
+        load_config("lm-shakespeare", ["model.attention=routing", "model.routing_normalize_over=receivers"])
+    with pytest.raises(ConfigError, match="needs attention='routing'"):
+        load_config("seq2seq-reverse", ["model.routing_normalize_over=receivers"])
+    with pytest.raises(ConfigError, match="routing_normalize_over"):
+        load_config("seq2seq-reverse", ["model.attention=routing", "model.routing_normalize_over=keys"])
 
 
 # --- generation ----------------------------------------------------------------------------------
@@ -243,6 +325,8 @@ def test_seq2seq_greedy_generation_agrees_with_teacher_forcing(attention):
         ("transformer-classifier", {"pooling": "max"}, "pooling"),
         ("transformer-classifier", {"num_classes": 1}, "num_classes"),
         ("transformer-classifier", {"routing_iterations": -2}, "routing_iterations"),
+        ("transformer-classifier", {"routing_normalize_over": "keys"}, "routing_normalize_over"),
+        ("transformer-seq2seq", {"routing_normalize_over": "receivers"}, "needs attention='routing'"),
     ],
 )
 def test_bad_config_values_name_the_field(name, overrides, field):
@@ -298,13 +382,20 @@ def _assert_decreases(losses: list[float], factor: float) -> None:
     assert end < factor * start, f"loss went from {start:.3f} to {end:.3f}"
 
 
-@pytest.mark.parametrize("attention", ["softmax", "routing"])
+@pytest.mark.parametrize(
+    "attention",
+    [
+        pytest.param(["model.attention=softmax"], id="softmax"),
+        pytest.param(["model.attention=routing"], id="routing"),
+        pytest.param(["model.attention=routing", "model.routing_normalize_over=receivers"], id="receivers"),
+    ],
+)
 def test_seq2seq_learns_to_reverse_through_the_training_loop(tmp_path, attention):
     losses, result = _losses_of_a_run(
         "seq2seq-reverse",
         tmp_path,
         "model.preset=tiny",
-        f"model.attention={attention}",
+        *attention,
         "data.options.max_len=5",
         "data.options.num_samples=640",
         "data.eval_limit=64",

@@ -480,6 +480,18 @@ def test_attention_factory_builds_either_kind_for_the_transformer_layers():
         attention_factory("routing", iterations=0)
 
 
+def test_attention_factory_passes_the_normalisation_and_refuses_it_for_softmax():
+    layer = TransformerEncoderLayer(
+        EMBED, HEADS, attention=attention_factory("routing", iterations=2, normalize_over="receivers")
+    )
+    assert layer.self_attention.normalize_over == "receivers"
+    assert attention_factory("routing")(EMBED, HEADS, dropout=0.0).normalize_over == "senders"
+    with pytest.raises(ValueError, match="normalize_over='receivers' needs kind='routing'"):
+        attention_factory("softmax", normalize_over="receivers")
+    with pytest.raises(ValueError, match="normalize_over"):
+        attention_factory("routing", normalize_over="keys")
+
+
 def test_returned_record_collects_every_attention_without_hooks():
     torch.manual_seed(0)
     layers = iter([

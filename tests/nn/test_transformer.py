@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
 
 from torchvote.nn import (
     MultiHeadAttention,
+    RoutingAttention,
     TransformerConfig,
     TransformerDecoder,
     TransformerDecoderLayer,
@@ -190,6 +193,39 @@ def test_attention_hook_replaces_both_attentions():
     encoder_layer = TransformerEncoderLayer(8, 2, attention=_Recording)
     encoder_layer(torch.randn(1, 4, 8))
     assert len(encoder_layer.self_attention.calls) == 1
+
+
+def test_decoder_attention_of_the_config_builds_the_decoder_layers_only():
+    receivers = functools.partial(RoutingAttention, iterations=2, normalize_over="receivers",
+                                  batch_first=True)
+    senders = functools.partial(RoutingAttention, iterations=2, batch_first=True)
+    config = TransformerConfig(8, 2, dropout=0.0, attention=receivers, decoder_attention=senders)
+    encoder, decoder = TransformerEncoder(config, 2), TransformerDecoder(config, 2)
+    assert [layer.self_attention.normalize_over for layer in encoder.layers] == ["receivers"] * 2
+    for layer in decoder.layers:
+        assert layer.self_attention.normalize_over == layer.cross_attention.normalize_over == "senders"
+    default = TransformerDecoder(TransformerConfig(8, 2, attention=receivers), 1)  # falls back
+    assert default.layers[0].cross_attention.normalize_over == "receivers"
+
+
+def test_a_cross_attention_over_the_receivers_would_let_the_decoder_look_ahead():
+    """Why decoder layers take their own factory: the cross-attention's receivers are the target
+    positions, so a softmax over them sums over later positions, and a later target token changes
+    the earlier outputs (with a causal self-attention over the senders). Over the senders the
+    decoder stays causal."""
+    torch.manual_seed(0)
+    target, memory = torch.randn(1, 5, 8), torch.randn(1, 3, 8)
+    changed = target.clone()
+    changed[:, 3:] += 1.0
+    outputs = {}
+    for normalize_over in ("senders", "receivers"):
+        torch.manual_seed(1)
+        layer = TransformerDecoderLayer(8, 2, dropout=0.0, attention=functools.partial(
+            RoutingAttention, iterations=2, normalize_over=normalize_over, batch_first=True))
+        layer.self_attention = RoutingAttention(8, 2, iterations=2, batch_first=True)  # causal
+        outputs[normalize_over] = layer(target, memory)[:, :3], layer(changed, memory)[:, :3]
+    torch.testing.assert_close(*outputs["senders"])
+    assert not torch.allclose(*outputs["receivers"], atol=1e-4)
 
 
 @pytest.mark.parametrize(("make", "error", "match"), [

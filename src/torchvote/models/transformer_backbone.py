@@ -6,10 +6,11 @@ those parts once:
 
 * :class:`TransformerBackboneFields`, a mixin of the model configs that carry the Transformer
   fields (``d_model``, ``num_heads``, ``dim_feedforward``, ``dropout``, ``activation``,
-  ``positional``, ``attention``, ``routing_iterations``): their checks, the layer config
-  (:class:`~torchvote.nn.TransformerConfig` with the softmax or routing attention) and the
-  positional encoding. The fields stay declared on each config (each model has its own
-  defaults), so config and preset names are unchanged.
+  ``positional``, ``attention``, ``routing_iterations``, ``routing_normalize_over``): their
+  checks, the layer config (:class:`~torchvote.nn.TransformerConfig` with the softmax or routing
+  attention, the decoder layers' always over the senders) and the positional encoding. The
+  fields stay declared on each config (each model has its own defaults), so config and preset
+  names are unchanged.
 * :func:`check_special_ids`: ``pad_id``, ``bos_id``, ``eos_id`` against the vocabularies.
 * :func:`check_token_ids`: a ``(b, t)`` tensor of integer ids that fits.
 * :func:`run_stack`: a Transformer stack with or without its attention record.
@@ -24,14 +25,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import Tensor, nn
 
+from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
-from torchvote.nn.transformer import AttentionIntermediates, TransformerConfig
+from torchvote.nn.transformer import AttentionFactory, AttentionIntermediates, TransformerConfig
 from torchvote.validation import check_choice, check_positive_int, check_probability
 
 __all__ = [
@@ -69,12 +71,14 @@ class TransformerBackboneFields:
     positional: str
     attention: str
     routing_iterations: int
+    routing_normalize_over: str
 
     def check_backbone(self, *more_ints: str) -> None:
         """Check the Transformer fields, and ``more_ints`` as positive integers.
 
         Raises:
-            ValueError: a field out of range or inconsistent, naming it.
+            ValueError: a field out of range or inconsistent, naming it (among them
+                ``routing_normalize_over="receivers"`` with ``attention="softmax"``).
         """
         check_config_ints(self, (*_BACKBONE_INTS, *more_ints))
         if self.d_model % self.num_heads:
@@ -85,9 +89,31 @@ class TransformerBackboneFields:
         check_choice(self.activation, ("relu", "gelu"), "activation")
         check_choice(self.positional, ("learned", "sinusoidal"), "positional")
         check_choice(self.attention, ATTENTION_KINDS, "attention")
+        check_choice(self.routing_normalize_over, get_args(NormalizeOver), "routing_normalize_over")
+        if self.attention == "softmax" and self.routing_normalize_over != "senders":
+            raise ValueError(
+                f"routing_normalize_over={self.routing_normalize_over!r} needs attention='routing': "
+                "softmax attention normalises over the senders"
+            )
 
     def layer_config(self, *, norm_first: bool) -> TransformerConfig:
-        """The config of every Transformer layer, with the configured attention."""
+        """The config of every Transformer layer, with the configured attention.
+
+        Encoder layers normalise their routing attention over ``routing_normalize_over``. Decoder
+        layers (their causal self-attention and their cross-attention) always normalise over the
+        senders: their queries are target positions decoded one at a time, and a softmax over
+        the receivers would sum over later positions, so a later target token would change the
+        earlier predictions (a leak of the answer under teacher forcing) and no cache could
+        hold the past.
+        """
+
+        def attention(normalize_over: str) -> AttentionFactory:
+            return attention_factory(
+                self.attention,  # type: ignore[arg-type]
+                iterations=self.routing_iterations,
+                normalize_over=normalize_over,  # type: ignore[arg-type]
+            )
+
         return TransformerConfig(
             d_model=self.d_model,
             num_heads=self.num_heads,
@@ -95,7 +121,8 @@ class TransformerBackboneFields:
             dropout=self.dropout,
             activation=self.activation,  # type: ignore[arg-type]
             norm_first=norm_first,
-            attention=attention_factory(self.attention, iterations=self.routing_iterations),  # type: ignore[arg-type]
+            attention=attention(self.routing_normalize_over),
+            decoder_attention=attention("senders"),
         )
 
     def make_positions(self, max_len: int) -> nn.Module:

@@ -54,6 +54,9 @@ class TransformerClassifierConfig(TransformerBackboneFields):
         attention: ``"softmax"`` (multi-head attention) or ``"routing"`` (iterative
             routing-style attention).
         routing_iterations: voting passes of the routing attention (1 equals softmax).
+        routing_normalize_over: the routing attention's softmax axis: ``"senders"`` (attention)
+            or ``"receivers"`` (capsule routing: every token spends one unit of vote over the
+            tokens; needs ``attention="routing"``).
 
     Raises:
         ValueError: a field out of range or inconsistent, naming it.
@@ -73,6 +76,7 @@ class TransformerClassifierConfig(TransformerBackboneFields):
     positional: Literal["learned", "sinusoidal"] = "learned"
     attention: Literal["softmax", "routing"] = "softmax"
     routing_iterations: int = 3
+    routing_normalize_over: Literal["senders", "receivers"] = "senders"
 
     def __post_init__(self) -> None:
         self.check_backbone("image_size", "in_channels", "num_classes", "patch_size", "num_layers")

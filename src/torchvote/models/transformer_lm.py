@@ -64,9 +64,12 @@ class TransformerLMConfig(TransformerBackboneFields):
         attention: ``"softmax"`` (multi-head attention) or ``"routing"`` (iterative
             routing-style attention).
         routing_iterations: voting passes of the routing attention (1 equals softmax).
+        routing_normalize_over: only ``"senders"``: every attention of the language model is
+            causal, and a softmax over the receivers sums over later positions (the field is
+            shared with the other Transformer configs, so a sweep can name it).
 
     Raises:
-        ValueError: a field out of range, naming it.
+        ValueError: a field out of range, naming it; ``routing_normalize_over="receivers"``.
     """
 
     vocab_size: int = 65
@@ -81,8 +84,16 @@ class TransformerLMConfig(TransformerBackboneFields):
     tie_weights: bool = True
     attention: Literal["softmax", "routing"] = "softmax"
     routing_iterations: int = 3
+    routing_normalize_over: Literal["senders", "receivers"] = "senders"
 
     def __post_init__(self) -> None:
+        if self.routing_normalize_over == "receivers":
+            raise ValueError(
+                "routing_normalize_over='receivers' is not possible in transformer-lm: every "
+                "attention of a language model is causal (position t hears only positions <= t), "
+                "and a softmax over the receivers sums over the later positions too, so later "
+                "tokens would change earlier predictions; use 'senders'"
+            )
         self.check_backbone("vocab_size", "context_length", "num_layers")
 
 

@@ -12,7 +12,11 @@ reverse, sort, addition).
 Every attention of both stacks is :class:`~torchvote.nn.MultiHeadAttention` with
 ``attention="softmax"`` or :class:`~torchvote.nn.routing_attention.RoutingAttention` (``routing_iterations``
 passes of the voting operator) with ``attention="routing"``, through the layers' ``attention=``
-hook; nothing else changes.
+hook; nothing else changes. ``routing_normalize_over="receivers"`` normalises the routing over
+the receivers (the queries) in the encoder's self-attention only: the decoder's causal
+self-attention and its cross-attention stay over the senders, because their queries are target
+positions decoded one at a time (a softmax over them sums over later positions, which would
+leak later target tokens into earlier predictions under teacher forcing).
 
 Padding (``pad_id``) in the source is masked out of every attention over it, so appending padding
 leaves the outputs unchanged. The decoder's input is not masked for padding: its padding only
@@ -21,7 +25,9 @@ follows the real tokens, and the causal mask already hides later positions from 
 ``generate`` decodes with a key/value cache (``use_cache=True``, the default): the decoder's
 self-attention keeps the keys and values of past target tokens and every cross-attention
 projects the memory once (:class:`~torchvote.nn.kv_cache.TransformerCache`); the tokens are those
-of ``use_cache=False``.
+of ``use_cache=False``. This holds with ``routing_normalize_over="receivers"`` too: the encoder
+runs once on the whole source (nothing is cached there), and the decoder's attentions, the only
+ones cached, normalise over the senders.
 """
 
 from __future__ import annotations
@@ -75,6 +81,13 @@ class TransformerSeq2SeqConfig(TransformerBackboneFields):
         attention: ``"softmax"`` (multi-head attention) or ``"routing"`` (iterative
             routing-style attention) in every attention of both stacks.
         routing_iterations: voting passes of the routing attention (1 equals softmax).
+        routing_normalize_over: the routing attention's softmax axis in the encoder's
+            self-attention: ``"senders"`` (attention) or ``"receivers"`` (capsule routing: every
+            source token spends one unit of vote over the source positions; needs
+            ``attention="routing"``). The decoder's attentions always normalise over the
+            senders: its causal self-attention must, and its cross-attention's receivers are
+            the same target positions, so a softmax over them would let later target tokens
+            change earlier predictions.
 
     Raises:
         ValueError: a field out of range or inconsistent, naming it.
@@ -99,6 +112,7 @@ class TransformerSeq2SeqConfig(TransformerBackboneFields):
     tie_output: bool = True
     attention: Literal["softmax", "routing"] = "softmax"
     routing_iterations: int = 3
+    routing_normalize_over: Literal["senders", "receivers"] = "senders"
 
     def __post_init__(self) -> None:
         self.check_backbone(

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from torch import Tensor
 
 from torchvote.functional import VotingState
+from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
 from torchvote.validation import check_choice, check_positive_int
@@ -199,22 +200,40 @@ class RoutingAttention(MultiHeadAttention):
         )  # (b, h, i, d), (b, h, i, j) | None; one pass without weights runs on the fused kernel
 
 
-def attention_factory(kind: AttentionKind = "softmax", *, iterations: int = 3) -> AttentionFactory:
+def attention_factory(
+    kind: AttentionKind = "softmax",
+    *,
+    iterations: int = 3,
+    normalize_over: NormalizeOver = "senders",
+) -> AttentionFactory:
     """The ``attention=`` hook of the transformer layers for softmax or routing attention.
 
     Args:
         kind: ``"softmax"`` (:class:`~torchvote.nn.MultiHeadAttention`, one pass) or
             ``"routing"`` (:class:`RoutingAttention` with ``iterations`` passes).
         iterations: passes of the routing attention (ignored for softmax, but checked).
+        normalize_over: the routing attention's softmax axis, ``"senders"`` (every query's
+            weights sum to one) or ``"receivers"`` (every key's weights sum to one; refuses
+            causal attention and a cache, see :class:`RoutingAttention`). Softmax attention
+            normalises over the senders only.
 
     Returns:
         ``factory(embed_dim, num_heads, *, dropout) -> nn.Module``, batch first.
 
     Raises:
-        ValueError: an unknown ``kind`` or ``iterations < 1``.
+        ValueError: an unknown ``kind`` or ``normalize_over``, ``iterations < 1``, or
+            ``normalize_over="receivers"`` with ``kind="softmax"``.
     """
     check_choice(kind, ATTENTION_KINDS, "kind")
     check_positive_int(iterations, "iterations")
+    check_choice(normalize_over, get_args(NormalizeOver), "normalize_over")
     if kind == "softmax":
+        if normalize_over != "senders":
+            raise ValueError(
+                f"normalize_over={normalize_over!r} needs kind='routing': softmax attention "
+                "normalises over the senders"
+            )
         return functools.partial(MultiHeadAttention, batch_first=True)
-    return functools.partial(RoutingAttention, iterations=iterations, batch_first=True)
+    return functools.partial(
+        RoutingAttention, iterations=iterations, normalize_over=normalize_over, batch_first=True
+    )

@@ -14,6 +14,13 @@ incremental decoding the layers take a ``cache`` (:class:`~torchvote.nn.kv_cache
 and hand its key/value caches to their attentions as ``cache=`` (only when one is given, so an
 attention without caching still plugs in).
 
+Decoder layers may take another factory (:class:`TransformerConfig`'s ``decoder_attention``):
+their receivers are the target positions, decoded one at a time, so their attentions must keep
+every position independent of the later ones. An attention that normalises over the receivers
+(routing, bottom-up) sums over all the queries, later ones included; it fits an encoder's
+self-attention but not a decoder's causal self-attention, nor its cross-attention, whose
+queries are the same target positions (a later target token would change earlier outputs).
+
 All inputs are batch first ``(b, T, E)``. Masks follow torchvote's convention: True = may attend;
 ``key_mask`` True = real token, False = padding. The stacks of these layers are in
 :mod:`torchvote.nn.transformer_stack`.
@@ -66,6 +73,11 @@ class TransformerConfig:
         shared_qkv: one matrix for queries, keys and values in the default attention.
         layer_norm_eps: the layer norms' epsilon.
         attention: an :class:`AttentionFactory` replacing the default attention.
+        decoder_attention: the :class:`AttentionFactory` of decoder layers (their causal
+            self-attention and their cross-attention, whose queries are the target positions
+            decoded one at a time); ``None`` for ``attention``. It lets a model normalise its
+            encoder's attention over the receivers while its decoder keeps a causal one (over the
+            senders). Encoder layers ignore it.
     """
 
     d_model: int
@@ -77,6 +89,7 @@ class TransformerConfig:
     shared_qkv: bool = False
     layer_norm_eps: float = 1e-5
     attention: AttentionFactory | None = None
+    decoder_attention: AttentionFactory | None = None
 
 
 def _attention_factory(attention: AttentionFactory | None, shared_qkv: bool) -> AttentionFactory:
@@ -189,6 +202,11 @@ class _TransformerLayer(nn.Module):
         """Create the attentions and the norms (named after their sublayers)."""
         raise NotImplementedError
 
+    @staticmethod
+    def _config_attention(config: TransformerConfig) -> AttentionFactory | None:
+        """The attention factory of this kind of layer in ``config``."""
+        return config.attention
+
     @classmethod
     def from_config(cls, config: TransformerConfig) -> _TransformerLayer:
         """Build a layer from a :class:`TransformerConfig`."""
@@ -201,7 +219,7 @@ class _TransformerLayer(nn.Module):
             norm_first=config.norm_first,
             shared_qkv=config.shared_qkv,
             layer_norm_eps=config.layer_norm_eps,
-            attention=config.attention,
+            attention=cls._config_attention(config),
         )
 
     def _residual(
@@ -313,12 +331,19 @@ class TransformerDecoderLayer(_TransformerLayer):
         d_model, num_heads, dim_feedforward, dropout, activation, norm_first, shared_qkv,
             layer_norm_eps, attention: as the fields of :class:`TransformerConfig`; the
             attention factory (and ``shared_qkv``, which in cross-attention projects the target
-            and the memory alike) serves both attentions.
+            and the memory alike) serves both attentions. Built from a config
+            (:meth:`from_config`, the stacks), the layer takes ``decoder_attention`` when it is
+            set: both attentions' queries are target positions decoded one at a time.
 
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
             ``attention``.
     """
+
+    @staticmethod
+    def _config_attention(config: TransformerConfig) -> AttentionFactory | None:
+        """``config.decoder_attention``, or ``config.attention`` when it is not set."""
+        return config.attention if config.decoder_attention is None else config.decoder_attention
 
     def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
         self.self_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
