@@ -313,8 +313,9 @@ def _attention_swap_seq2seq() -> Row:
         },
         note=(
             "Exact match = whole target right under teacher forcing, which equals greedy decoding's "
-            "exact match. With `receivers`, the encoder's self-attention and the cross-attention "
-            "normalise over the receivers; the decoder's causal self-attention stays over the senders."
+            "exact match. With `receivers`, the encoder's self-attention normalises over the receivers; "
+            "the decoder's attentions stay over the senders (a softmax over the target positions would "
+            "let a later target token change an earlier prediction)."
         ),
     )
 
@@ -323,7 +324,7 @@ def _pretrained_routing() -> Row:
     def measure(budget: str) -> list[dict[str, Any]]:
         from torchvote.experiments.pretrained_routing import measure_routing_drift
 
-        return measure_routing_drift()
+        return measure_routing_drift(layers=range(6))
 
     return Row(
         "pretrained-routing",
