@@ -50,7 +50,7 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         *FAST,
     )
     assert code == 0, err
-    assert "mnist/test" in out and "affnist/test" in out
+    assert "mnist/test" in out and "affnist-style/test" in out
     for label in ("checkpoint:", "metrics:", "plots:"):
         assert label in out
     assert (tmp_path / "main" / "plots" / "training_curves.png").is_file()
@@ -110,11 +110,14 @@ def test_usage_errors_exit_with_status_2_in_one_line(capsys, argv):
     assert len(err.strip().splitlines()) == 1 and "error:" in err
 
 
-def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys):
+def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "r"
     assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
-    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist", "--limit", "10")
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist-style", "--limit", "10")
     assert code == 2 and "the model takes 28x28 images, the data has 40x40; train with data.canvas=40" in err
+    monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "empty-data"))  # no real affNIST there
+    code, out, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist", "--limit", "10")
+    assert code == 1 and "torchvote data affnist --download" in out + err and "affnist-style" in out + err
     code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "copy", "--limit", "10")
     assert code == 2 and "does not give (images (n, c, h, w), labels)" in err
 
