@@ -154,6 +154,19 @@ def test_data_verify_checks_the_real_mnist(capsys):
     assert "MNIST verified" in out
 
 
+def test_data_affnist_reports_what_is_missing_and_verifies_what_is_there(tmp_path, capsys):
+    import numpy as np
+    from scipy.io import savemat
+
+    code, out, _ = run(capsys, "data", "affnist", "--root", str(tmp_path))
+    assert code == 1 and "torchvote data affnist --download --root" in out and "affnist-style" in out
+    pixels = np.zeros((1600, 20), dtype=np.uint8)
+    savemat(tmp_path / "test.mat", {"affNISTdata": {"image": pixels, "label_int": np.arange(20) % 10}})
+    code, out, err = run(capsys, "data", "affnist", "--verify", "--root", str(tmp_path))
+    assert code == 1 and f"test: {tmp_path / 'test.mat'}" in out and "per class [2, 2, 2" in out
+    assert "20 images, expected 320000" in err and "affNIST verification FAILED" in out
+
+
 def test_data_without_a_name_lists_and_rejects_download(capsys):
     code, out, _ = run(capsys, "data")
     assert code == 0 and "mnist" in out and "shakespeare" in out
