@@ -50,7 +50,7 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         *FAST,
     )
     assert code == 0, err
-    assert "mnist/test" in out and "affnist/test" in out
+    assert "mnist/test" in out and "affnist-style/test" in out
     for label in ("checkpoint:", "metrics:", "plots:"):
         assert label in out
     assert (tmp_path / "main" / "plots" / "training_curves.png").is_file()
@@ -110,11 +110,14 @@ def test_usage_errors_exit_with_status_2_in_one_line(capsys, argv):
     assert len(err.strip().splitlines()) == 1 and "error:" in err
 
 
-def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys):
+def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "r"
     assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
-    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist", "--limit", "10")
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist-style", "--limit", "10")
     assert code == 2 and "the model takes 28x28 images, the data has 40x40; train with data.canvas=40" in err
+    monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "empty-data"))  # no real affNIST there
+    code, out, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist", "--limit", "10")
+    assert code == 1 and "torchvote data affnist --download" in out + err and "affnist-style" in out + err
     code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "copy", "--limit", "10")
     assert code == 2 and "does not give (images (n, c, h, w), labels)" in err
 
@@ -149,6 +152,19 @@ def test_data_verify_checks_the_real_mnist(capsys):
     assert code == 0, err
     assert "train: 60000 images (1, 28, 28)" in out and "test: 10000 images" in out
     assert "MNIST verified" in out
+
+
+def test_data_affnist_reports_what_is_missing_and_verifies_what_is_there(tmp_path, capsys):
+    import numpy as np
+    from scipy.io import savemat
+
+    code, out, _ = run(capsys, "data", "affnist", "--root", str(tmp_path))
+    assert code == 1 and "torchvote data affnist --download --root" in out and "affnist-style" in out
+    pixels = np.zeros((1600, 20), dtype=np.uint8)
+    savemat(tmp_path / "test.mat", {"affNISTdata": {"image": pixels, "label_int": np.arange(20) % 10}})
+    code, out, err = run(capsys, "data", "affnist", "--verify", "--root", str(tmp_path))
+    assert code == 1 and f"test: {tmp_path / 'test.mat'}" in out and "per class [2, 2, 2" in out
+    assert "20 images, expected 320000" in err and "affNIST verification FAILED" in out
 
 
 def test_data_without_a_name_lists_and_rejects_download(capsys):

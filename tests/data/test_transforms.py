@@ -192,3 +192,11 @@ def test_affine_ranges_are_validated() -> None:
         random_affine(torch.zeros(1, 1, 4, 4, dtype=torch.uint8))
     with pytest.raises(ValueError, match="params"):
         apply_affine(torch.zeros(2, 1, 4, 4), params(3))
+
+
+def test_affine_params_select_rows_by_slice_or_index() -> None:
+    params = sample_affine_params(5, rotation_deg=20, shear=0.2, scale=(0.8, 1.2), translate=3)
+    head, picked = params[1:3], params[torch.tensor([4, 0])]
+    assert len(head) == 2 and len(picked) == 2
+    assert torch.equal(head.scale_y, params.scale_y[1:3])
+    assert torch.equal(picked.translate_x, params.translate_x[torch.tensor([4, 0])])

@@ -220,7 +220,7 @@ def test_a_router_option_the_layer_passes_is_a_clear_value_error():
     [
         ("bf16=2", "bf16: expected bool, got '2'"),
         ("description=", None),
-        ("eval_on=[affnist:canvas=28, mnist]", None),
+        ("eval_on=[affnist-style:canvas=28, mnist]", None),
         ("data.eval_limit=null", None),
         ("model.widht.x=3", "unknown key 'model.widht' for model 'cnn-baseline'; valid keys: model.name,"),
         ("data.options={size: 300, source: idx}", None),
@@ -240,9 +240,9 @@ def test_one_reader_for_every_key_value_of_the_command_line():
     from torchvote.training.evaluate import parse_eval_entry
     from torchvote.training.keyvalue import parse_options, parse_value
 
-    config = load_config(None, ["eval_on=[affnist:canvas=28]", "data.options.canvas=28"])
+    config = load_config(None, ["eval_on=[affnist-style:canvas=28]", "data.options.canvas=28"])
     name, options = parse_eval_entry(config.eval_on[0])
-    assert (name, options) == ("affnist", config.data.options)
+    assert (name, options) == ("affnist-style", config.data.options)
     assert parse_options(["canvas=28", "split=test", "scale=1e-3"], "--data-option") == {
         "canvas": 28, "split": "test", "scale": 1e-3
     }

@@ -194,14 +194,14 @@ def test_margin_and_spread_losses_train_a_classifier(tiny_config):
         assert result.results["mnist/test"]["loss"] >= 0
 
 
-def test_canvas_trains_on_40x40_and_evaluates_on_affnist(tiny_config):
+def test_canvas_trains_on_40x40_and_evaluates_on_affnist_style(tiny_config):
     config = tiny_config("run", "data.canvas=40", "epochs=1", "data.eval_limit=30")
-    config.eval_on = ("affnist",)
+    config.eval_on = ("affnist-style",)
     config.data.options = {"source": "idx"}
     result = train(config, verbose=False)
     assert result.model.config.image_size == 40
-    assert {"mnist/test", "affnist/test"} <= result.results.keys()
-    assert result.results["affnist/test"]["count"] == 30
+    assert {"mnist/test", "affnist-style/test"} <= result.results.keys()
+    assert result.results["affnist-style/test"]["count"] == 30
 
 
 def _wait_for(predicate, timeout: float) -> bool:

@@ -99,7 +99,7 @@ def test_eval_on_entries_carry_data_set_options():
     from torchvote.training.evaluate import parse_eval_entry
 
     assert parse_eval_entry("affnist") == ("affnist", {})
-    assert parse_eval_entry("affnist:canvas=28, seed=3") == ("affnist", {"canvas": 28, "seed": 3})
+    assert parse_eval_entry("affnist-style:canvas=28, seed=3") == ("affnist-style", {"canvas": 28, "seed": 3})
     assert parse_eval_entry("multimnist:split=test") == ("multimnist", {"split": "test"})
     import pytest
 

@@ -1,20 +1,22 @@
-"""Offline data for torchvote: MNIST and derived sets, Shakespeare characters, toy sequences.
+"""Offline data for torchvote: MNIST and derived sets, affNIST, Shakespeare characters, toys.
 
-Nothing is downloaded unless asked (:func:`download_mnist`, :func:`fetch_shakespeare`, or
-``torchvote data ... --download``); a missing data set raises :class:`DataNotFoundError`, whose
-message lists the paths checked and the one command that provides the data. Files live in
-``$TORCHVOTE_DATA/<name>/`` or ``~/.cache/torchvote/<name>/``.
+Nothing is downloaded unless asked (:func:`download_mnist`, :func:`download_affnist`,
+:func:`fetch_shakespeare`, or ``torchvote data ... --download``); a missing data set raises
+:class:`DataNotFoundError`, whose message lists the paths checked and the one command that
+provides the data. Files live in ``$TORCHVOTE_DATA/<name>/`` or ``~/.cache/torchvote/<name>/``.
 
 Images are float32 (N, C, H, W) in [0, 1]; labels int64. Transforms work on whole batches on
 the images' device and take an explicit ``torch.Generator``.
 """
 
 from torchvote.data.affnist import (
-    AFFNIST_RANGES,
+    AFFNIST_TEST,
+    download_affnist,
+    find_affnist,
+    load_affnist,
     load_affnist_mat,
-    make_affnist_style,
-    pad_and_translate_train,
 )
+from torchvote.data.affnist_style import AFFNIST_RANGES, make_affnist_style, pad_and_translate_train
 from torchvote.data.digits import load_small_digits
 from torchvote.data.download import MNIST_FILES, MNIST_MIRRORS, download_file, download_mnist
 from torchvote.data.errors import ChecksumError, DataNotFoundError
@@ -63,6 +65,7 @@ from torchvote.data.transforms import (
 
 __all__ = [
     "AFFNIST_RANGES",
+    "AFFNIST_TEST",
     "BOS",
     "EOS",
     "MNIST_FILES",
@@ -84,11 +87,14 @@ __all__ = [
     "data_root",
     "dataset_dir",
     "decode_sequence",
+    "download_affnist",
     "download_file",
     "download_mnist",
     "fetch_shakespeare",
+    "find_affnist",
     "get_dataset",
     "list_datasets",
+    "load_affnist",
     "load_affnist_mat",
     "load_mnist",
     "load_shakespeare",

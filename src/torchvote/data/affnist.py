@@ -1,17 +1,41 @@
-"""affNIST-style data: MNIST digits under random affine transforms on a 40x40 canvas.
+"""The real affNIST test set (Tieleman 2013): download, cache, verify, load.
 
-The affNIST experiment of Sabour et al. 2017 ("Dynamic Routing Between Capsules", sec. 5.2)
-trains on MNIST placed at random positions on a 40x40 black canvas (translation only) and tests
-on affNIST (Tieleman 2013, https://www.cs.toronto.edu/~tijmen/affNIST/): MNIST test digits under
-random affine transforms. The real affNIST files are not reachable offline, so
-:func:`make_affnist_style` regenerates a test set with the affNIST ranges: rotation within
-+/-20 degrees, shear within +/-0.2, scale 0.8 to 1.2 on each axis independently, and a
-translation that keeps the whole digit inside the canvas. Users who have the real files read
-them with :func:`load_affnist_mat`.
+affNIST (https://www.cs.toronto.edu/~tijmen/affNIST/) is MNIST under random affine transforms
+on a 40x40 canvas. Its test split transforms each of the 10,000 MNIST test digits 32 times:
+320,000 images, shipped as the MATLAB v5 file ``test.mat`` inside
+``32x/transformed/test.mat.zip`` (:data:`AFFNIST_TEST`). The file holds a struct
+``affNISTdata`` whose field ``image`` is a (1600, N) uint8 matrix, one 40x40 image per column
+stored row by row, and ``label_int`` the N labels (reading it needs scipy, the ``affnist``
+extra). Sabour et al. 2017 (sec. 5.2) report 79% for CapsNet on this set after training on
+translated 40x40 MNIST (:func:`torchvote.data.pad_and_translate_train`).
+
+Checksums. The archive's SHA-256 is the one published in TensorFlow Datasets'
+``tensorflow_datasets/url_checksums/affnist.txt`` (github.com/tensorflow/datasets, read at
+commit 94091efb1e61ddb2906c9619592dbe9f6766f452; listed for the ``http://`` address of the
+same file, 121,743,191 bytes);
+:func:`download_affnist` rejects any other bytes. The site publishes no checksum of its own.
+After the archive is verified, ``test.mat`` is extracted (zip CRC checked while reading), its
+layout checked (320,000 images of 1,600 pixels, labels 0-9), and a ``manifest.json`` written
+beside it with the size and SHA-256 of both files. Every later load compares ``test.mat``
+against that manifest (the hash once per process and file version), so a changed or truncated
+file is reported instead of read.
+
+Where the data is looked for: with ``root`` given, only there (a ``.mat`` file, or a folder
+holding ``test.mat`` or numbered batch files ``1.mat ... 32.mat``); else the cache,
+``$TORCHVOTE_DATA/affnist/`` or ``~/.cache/torchvote/affnist/``. Files are written atomically:
+each goes to a temporary file in the destination folder and is renamed once complete.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import os
+import shlex
+import tempfile
+import zipfile
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -20,146 +44,65 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchvote.data.multimnist import bounding_boxes
-from torchvote.data.transforms import (
-    AffineParams,
-    _check_images,
-    _check_int,
-    apply_affine,
-    pad_to,
-    sample_affine_params,
-    shift_images,
-)
+from torchvote.data.download import download_file, file_digest
+from torchvote.data.errors import DataNotFoundError
+from torchvote.data.mnist import _validate_limit
+from torchvote.data.paths import dataset_dir
 
 __all__ = [
-    "AFFNIST_RANGES",
+    "AFFNIST_DOWNLOAD_COMMAND",
+    "AFFNIST_TEST",
+    "AffnistRelease",
+    "download_affnist",
+    "find_affnist",
+    "load_affnist",
     "load_affnist_mat",
-    "make_affnist_style",
-    "pad_and_translate_train",
+    "verify_affnist",
 ]
 
-#: Ranges of the affNIST transforms (the translation is chosen to keep the digit inside).
-AFFNIST_RANGES: dict[str, tuple[float, float]] = {
-    "rotation_deg": (-20.0, 20.0),
-    "shear": (-0.2, 0.2),
-    "scale": (0.8, 1.2),
-}
+AFFNIST_DOWNLOAD_COMMAND = "torchvote data affnist --download"
+MANIFEST_NAME = "manifest.json"
+_CHUNK = 1 << 20
 
 
-def _check_canvas(images: Tensor, canvas: int) -> None:
-    _check_int(canvas, "canvas", minimum=1)
-    if canvas < max(images.shape[-2:]):
-        raise ValueError(f"canvas: expected at least the image size {max(images.shape[-2:])}, got {canvas}")
+@dataclass(frozen=True)
+class AffnistRelease:
+    """One official affNIST archive: where to fetch it, what it holds, how to check it.
 
-
-def _ink_corners(images: Tensor) -> Tensor:
-    """Corners (N, 4, 2) of the support of each digit's ink, in centred (x, y) pixels.
-
-    Bilinear sampling spreads a pixel at centre ``c`` over the open interval ``(c - 1, c + 1)``,
-    so the box runs one pixel beyond the outermost inked pixel centres. Images without ink get
-    a zero-size box at the centre.
+    Attributes:
+        urls: Addresses of the same archive, tried in order.
+        archive: File name of the zip archive.
+        member: The ``.mat`` file inside the archive.
+        sha256: Published SHA-256 of the archive.
+        checksum_source: Where that digest is published.
+        images: Number of images in ``member``.
     """
-    height, width = images.shape[-2:]
-    boxes = bounding_boxes(images[:, 0]).double()  # (N, 4) top, left, bottom, right
-    empty = boxes[:, 2] < boxes[:, 0]
-    cy, cx = (height - 1) / 2.0, (width - 1) / 2.0
-    top, left = boxes[:, 0] - 1 - cy, boxes[:, 1] - 1 - cx
-    bottom, right = boxes[:, 2] + 1 - cy, boxes[:, 3] + 1 - cx
-    xs = torch.stack([left, right, right, left], dim=1)
-    ys = torch.stack([top, top, bottom, bottom], dim=1)
-    corners = torch.stack([xs, ys], dim=-1)  # (N, 4, 2)
-    return corners.masked_fill(empty[:, None, None], 0.0)
+
+    urls: tuple[str, ...]
+    archive: str
+    member: str
+    sha256: str
+    checksum_source: str
+    images: int
 
 
-def make_affnist_style(
-    images: Tensor, labels: Tensor, *, seed: int, canvas: int = 40
-) -> tuple[Tensor, Tensor, AffineParams]:
-    """Build an affNIST-style test set from MNIST digits, deterministically given ``seed``.
-
-    Each digit gets a rotation in [-20, 20] degrees, a horizontal shear in [-0.2, 0.2] and
-    scales in [0.8, 1.2] for x and y, all uniform (see :class:`~torchvote.data.AffineParams`
-    for the order of composition). The translation is then drawn uniformly, per axis, from the
-    interval that keeps the whole warped digit (its interpolated ink) inside the canvas; if a
-    digit cannot fit, it is centred on that axis.
-
-    Args:
-        images: MNIST digits, float tensor (N, 1, 28, 28) in [0, 1] (any H, W <= canvas works).
-        labels: Tensor (N,); returned unchanged.
-        seed: Seed of the private generator.
-        canvas: Side of the square output (affNIST: 40).
-
-    Returns:
-        ``(warped, labels, params)``: warped float tensor (N, 1, canvas, canvas) clamped to
-        [0, 1], the labels, and the :class:`AffineParams` used (translations in pixels from the
-        canvas centre).
-
-    Raises:
-        TypeError, ValueError: On malformed images or ``canvas`` smaller than the images.
-    """
-    _check_images(images, floating=True)
-    _check_canvas(images, canvas)
-    if not isinstance(labels, Tensor) or labels.shape[:1] != images.shape[:1]:
-        raise ValueError(f"labels: expected a tensor with {len(images)} rows")
-    generator = torch.Generator().manual_seed(seed)
-    num = len(images)
-    draw = sample_affine_params(
-        num,
-        rotation_deg=AFFNIST_RANGES["rotation_deg"],
-        shear=AFFNIST_RANGES["shear"],
-        scale=AFFNIST_RANGES["scale"],
-        generator=generator,
-    )
-    # Where the warped ink lands before translation, then the admissible translation range.
-    corners = _ink_corners(images.detach().cpu())  # (N, 4, 2)
-    warped_corners = corners @ draw.linear().transpose(1, 2)  # (N, 4, 2)
-    half = canvas / 2.0 + 0.5  # first pixel centre outside the canvas is at +/- half
-    low = -half - warped_corners.amin(dim=1)  # (N, 2)
-    high = half - warped_corners.amax(dim=1)
-    fits = low <= high
-    u = torch.rand(num, 2, generator=generator, dtype=torch.float64)
-    translation = torch.where(fits, low + u * (high - low), (low + high) / 2)
-    params = AffineParams(
-        draw.rotation_deg,
-        draw.shear,
-        draw.scale_x,
-        draw.scale_y,
-        translation[:, 0],
-        translation[:, 1],
-    ).to(images.device)
-    warped = apply_affine(images, params, canvas).clamp_(0.0, 1.0)
-    return warped, labels, params
+#: The transformed test split: 10,000 MNIST test digits x 32 transforms.
+AFFNIST_TEST = AffnistRelease(
+    urls=(
+        "https://www.cs.toronto.edu/~tijmen/affNIST/32x/transformed/test.mat.zip",
+        "http://www.cs.toronto.edu/~tijmen/affNIST/32x/transformed/test.mat.zip",
+    ),
+    archive="test.mat.zip",
+    member="test.mat",
+    sha256="2cde38ec83ee2ebfd7b901f8be5a09efb17a1bda04771f9b4905751eb945c01a",
+    checksum_source="tensorflow/datasets: tensorflow_datasets/url_checksums/affnist.txt",
+    images=320_000,
+)
 
 
-def pad_and_translate_train(
-    images: Tensor, canvas: int = 40, generator: torch.Generator | None = None
-) -> Tensor:
-    """Place each image at a random whole-pixel position on a larger black canvas.
-
-    The training side of the affNIST experiment (Sabour et al. 2017, sec. 5.2: "each example is
-    an MNIST digit placed randomly on a black background of 40x40 pixels"). The offset of the
-    28x28 image's top-left corner is uniform over ``{0, ..., canvas - 28}`` on each axis, so
-    the whole image, hence the digit, stays inside.
-
-    Args:
-        images: Tensor (N, C, H, W).
-        canvas: Side of the square output, >= max(H, W).
-        generator: Source of randomness.
-
-    Returns:
-        Tensor (N, C, canvas, canvas).
-
-    Raises:
-        TypeError, ValueError: On malformed images or ``canvas`` smaller than the images.
-    """
-    _check_images(images)
-    _check_canvas(images, canvas)
-    height, width = images.shape[-2:]
-    draw_device = generator.device if generator is not None else images.device
-    spare = torch.tensor([canvas - height, canvas - width], device=draw_device)
-    u = torch.rand(len(images), 2, generator=generator, device=draw_device)
-    offsets = (u * (spare + 1)).long().clamp(max=spare)  # uniform over {0, ..., spare}
-    centred = torch.tensor([(canvas - height) // 2, (canvas - width) // 2], device=draw_device)
-    return shift_images(pad_to(images, canvas), (offsets - centred).to(images.device))
+# --------------------------------------------------------------------------------------------
+# reading .mat files
+# --------------------------------------------------------------------------------------------
 
 
 def _field(record: Any, name: str, path: Path) -> np.ndarray:
@@ -175,7 +118,10 @@ def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
         from scipy.io import loadmat
     except ImportError as err:
         raise ImportError("load_affnist_mat needs scipy to read MATLAB files: pip install scipy") from err
-    contents = loadmat(str(path), simplify_cells=True)
+    try:
+        contents = loadmat(str(path), simplify_cells=True)
+    except (ValueError, TypeError, OSError, EOFError) as err:  # truncated or not MATLAB v5
+        raise ValueError(f"{path}: not a readable MATLAB file ({err})") from err
     if "affNISTdata" not in contents:
         keys = sorted(k for k in contents if not k.startswith("__"))
         raise ValueError(f"{path}: no 'affNISTdata' variable (found {keys})")
@@ -188,11 +134,21 @@ def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{path}: expected 'image' of shape (1600, N), got {pixels.shape}")
     if pixels.shape[1] != len(labels):
         raise ValueError(f"{path}: {pixels.shape[1]} images but {len(labels)} labels in 'label_int'")
-    # Each column is one image, stored row by row.
-    return pixels.T.reshape(-1, 40, 40), labels
+    return pixels, labels
 
 
-def load_affnist_mat(path: str | PathLike[str]) -> tuple[Tensor, Tensor]:
+def _mat_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(path.glob("*.mat"), key=lambda p: (len(p.stem), p.stem))
+        if not files:
+            raise FileNotFoundError(f"no .mat files in {path}")
+        return files
+    if path.is_file():
+        return [path]
+    raise FileNotFoundError(f"affNIST file or directory not found: {path}")
+
+
+def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> tuple[Tensor, Tensor]:
     """Read real affNIST ``.mat`` files (MATLAB v5, as distributed by Tieleman).
 
     Each file holds a struct ``affNISTdata`` whose field ``image`` is a (1600, N) uint8 matrix,
@@ -202,6 +158,7 @@ def load_affnist_mat(path: str | PathLike[str]) -> tuple[Tensor, Tensor]:
     Args:
         path: One ``.mat`` file, or a directory whose ``*.mat`` files are read in natural
             order (``1.mat, 2.mat, ..., 32.mat``) and concatenated.
+        limit: Keep only the first ``limit`` images (converted to float only those).
 
     Returns:
         ``(images, labels)``: float32 (N, 1, 40, 40) in [0, 1] (``uint8 / 255``) and
@@ -210,19 +167,285 @@ def load_affnist_mat(path: str | PathLike[str]) -> tuple[Tensor, Tensor]:
     Raises:
         ImportError: If scipy is not installed (the message says how to install it).
         FileNotFoundError: If ``path`` does not exist or a directory has no ``.mat`` file.
-        ValueError: If a file lacks the affNIST layout.
+        TypeError, ValueError: If ``limit`` is not a positive int.
+        ValueError: If a file is not readable or lacks the affNIST layout.
     """
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.mat"), key=lambda p: (len(p.stem), p.stem))
-        if not files:
-            raise FileNotFoundError(f"no .mat files in {path}")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise FileNotFoundError(f"affNIST file or directory not found: {path}")
-    parts = [_read_one_mat(file) for file in files]
-    pixels = np.concatenate([p for p, _ in parts])
-    labels = np.concatenate([y for _, y in parts]).astype(np.int64)
-    images = torch.from_numpy(pixels.astype(np.float32) / 255.0).unsqueeze(1)
+    limit = _validate_limit(limit)
+    parts = [_read_one_mat(file) for file in _mat_files(Path(path))]
+    pixels = np.concatenate([p for p, _ in parts], axis=1)[:, :limit]  # (1600, N)
+    labels = np.concatenate([y for _, y in parts])[:limit].astype(np.int64)
+    # Each column is one image, stored row by row.
+    images = torch.from_numpy(pixels.T.reshape(-1, 40, 40).astype(np.float32) / 255.0).unsqueeze(1)
     return images, torch.from_numpy(labels)
+
+
+# --------------------------------------------------------------------------------------------
+# manifest: what was verified at download time
+# --------------------------------------------------------------------------------------------
+
+
+def _write_atomic(dest: Path, data: bytes) -> None:
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)  # no-op after a successful os.replace
+
+
+@functools.lru_cache(maxsize=4)
+def _sha256_of(path: str, _stamp: tuple[int, int]) -> str:
+    """SHA-256 of a file, hashed once per process and file version (``_stamp``: mtime, size)."""
+    return file_digest(path, "sha256")
+
+
+def _check_against_manifest(mat: Path) -> dict[str, Any] | None:
+    """If a manifest lies beside ``mat``, raise unless ``mat`` has its size and SHA-256.
+
+    Returns:
+        The manifest, or ``None`` when there is none.
+    """
+    manifest_path = mat.parent / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        expected_size, expected_sha = int(manifest["mat_bytes"]), str(manifest["mat_sha256"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{manifest_path}: unreadable manifest ({err}); {_redownload(mat)}") from None
+    stat = mat.stat()
+    if stat.st_size != expected_size:
+        raise ValueError(
+            f"{mat} has {stat.st_size} bytes but {expected_size} were verified at download "
+            f"(truncated or replaced); {_redownload(mat)}"
+        )
+    actual = _sha256_of(str(mat), (stat.st_mtime_ns, stat.st_size))
+    if actual != expected_sha:
+        raise ValueError(
+            f"{mat} changed since it was verified (sha256 {actual}, manifest {expected_sha}); "
+            f"{_redownload(mat)}"
+        )
+    return manifest
+
+
+def _redownload(mat: Path) -> str:
+    return f"run `{AFFNIST_DOWNLOAD_COMMAND} --force --root {shlex.quote(str(mat.parent))}`"
+
+
+# --------------------------------------------------------------------------------------------
+# download
+# --------------------------------------------------------------------------------------------
+
+
+def _extract_member(archive: Path, member: str, directory: Path) -> tuple[Path, str]:
+    """Stream ``member`` out of ``archive`` into a temporary file in ``directory``.
+
+    Returns:
+        ``(temporary path, sha256)``; the caller renames or removes the file.
+
+    Raises:
+        ValueError: If the archive is not a zip, lacks ``member``, or a CRC does not match.
+    """
+    digest = hashlib.sha256()
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{member}.", suffix=".part")
+    tmp = Path(tmp_name)
+    complete = False
+    try:
+        with os.fdopen(fd, "wb") as out, zipfile.ZipFile(archive) as zf:
+            names = zf.namelist()
+            if member not in names:
+                raise ValueError(f"{archive}: no {member!r} in the archive (found {names[:5]})")
+            with zf.open(member) as source:  # raises BadZipFile on a CRC mismatch at the end
+                for chunk in iter(lambda: source.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+        complete = True
+    except zipfile.BadZipFile as err:
+        raise ValueError(f"{archive}: damaged zip archive ({err}); download it again with --force") from err
+    finally:
+        if not complete:
+            tmp.unlink(missing_ok=True)
+    return tmp, digest.hexdigest()
+
+
+def _layout_problems(
+    parts: list[tuple[np.ndarray, np.ndarray]], expected_images: int
+) -> tuple[np.ndarray, list[str]]:
+    """Images per digit of ``(pixels, labels)`` parts, and how they differ from the release."""
+    problems = [f"pixels are {p.dtype}, not uint8" for p, _ in parts if p.dtype != np.uint8][:1]
+    labels = np.concatenate([y for _, y in parts]).astype(np.int64)
+    if len(labels) != expected_images:
+        problems.append(f"{len(labels)} images, expected {expected_images}")
+    if len(labels) and (labels.min() < 0 or labels.max() > 9):
+        problems.append(f"labels outside 0-9 ({labels.min()}..{labels.max()})")
+    counts = np.bincount(labels.clip(0, 9), minlength=10)
+    if len(labels) and (counts == 0).any():
+        problems.append(f"no image of the digits {np.flatnonzero(counts == 0).tolist()}")
+    return counts, problems
+
+
+def download_affnist(
+    root: str | PathLike[str] | None = None,
+    *,
+    release: AffnistRelease = AFFNIST_TEST,
+    timeout: float = 60.0,
+    force: bool = False,
+) -> Path:
+    """Download the official affNIST test archive, verify it and cache ``test.mat``.
+
+    Steps: fetch the archive (skipped when a copy with the published SHA-256 is already there,
+    unless ``force``), extract ``test.mat`` (zip CRC checked), check its layout, rename it into
+    place and write ``manifest.json`` beside it. Nothing incomplete is ever left under a final
+    name. A cache that matches its manifest is returned as is.
+
+    Args:
+        root: Destination folder; default ``$TORCHVOTE_DATA/affnist`` or
+            ``~/.cache/torchvote/affnist``.
+        release: Which archive (default :data:`AFFNIST_TEST`).
+        timeout: Socket timeout in seconds for each request.
+        force: Download and extract again even when verified files are present.
+
+    Returns:
+        Path of the verified ``test.mat``.
+
+    Raises:
+        ChecksumError: If the archive's bytes do not match the published SHA-256.
+        OSError: If no address could be reached.
+        ValueError: If the archive or the extracted file is damaged or not the affNIST layout.
+        ImportError: If scipy (needed to check the layout) is missing.
+    """
+    directory = dataset_dir("affnist", root)
+    mat = directory / release.member
+    if not force and mat.is_file():
+        try:
+            manifest = _check_against_manifest(mat)
+        except ValueError:
+            manifest = None  # changed or damaged: extract again from a verified archive
+        if manifest is not None and manifest.get("archive_sha256") == release.sha256:
+            return mat
+    archive = download_file(
+        release.urls,
+        directory / release.archive,
+        checksum=release.sha256,
+        algorithm="sha256",
+        timeout=timeout,
+        force=force,
+    )
+    tmp, mat_sha = _extract_member(archive, release.member, directory)
+    try:
+        label_counts, problems = _layout_problems([_read_one_mat(tmp)], release.images)
+        if problems:
+            raise ValueError(f"{archive} holds no affNIST {release.member}: {'; '.join(problems)}")
+        manifest = {
+            "format": 1,
+            "archive": release.archive,
+            "archive_bytes": archive.stat().st_size,
+            "archive_sha256": release.sha256,
+            "archive_sha256_source": release.checksum_source,
+            "member": release.member,
+            "mat_bytes": tmp.stat().st_size,
+            "mat_sha256": mat_sha,
+            "images": int(label_counts.sum()),
+            "label_counts": label_counts.tolist(),
+        }
+        # The manifest goes first: a crash before the rename leaves a manifest that the old
+        # file (if any) fails, never an unverified file that passes.
+        _write_atomic(directory / MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())
+        os.replace(tmp, mat)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return mat
+
+
+# --------------------------------------------------------------------------------------------
+# finding and loading
+# --------------------------------------------------------------------------------------------
+
+
+def find_affnist(root: str | PathLike[str] | None = None) -> Path:
+    """Locate the real affNIST test data.
+
+    Args:
+        root: A ``.mat`` file, or a folder holding ``test.mat`` or numbered batch files
+            (``1.mat ... 32.mat``, as in ``test_batches.zip``). When given, only this location
+            is checked; default the cache (``$TORCHVOTE_DATA/affnist`` or
+            ``~/.cache/torchvote/affnist``).
+
+    Returns:
+        A ``.mat`` file or a folder of them, for :func:`load_affnist_mat`.
+
+    Raises:
+        DataNotFoundError: Listing the paths checked, the download command and the generated
+            stand-in ``affnist-style``.
+    """
+    given = Path(root).expanduser() if root is not None else None
+    if given is not None and given.is_file():
+        return given
+    directory = dataset_dir("affnist", given)
+    mat = directory / AFFNIST_TEST.member
+    if mat.is_file():
+        return mat
+    if given is not None and given.is_dir() and any(given.glob("*.mat")):
+        return given
+    command = AFFNIST_DOWNLOAD_COMMAND
+    if given is not None:
+        command += f" --root {shlex.quote(str(directory))}"
+    raise DataNotFoundError(
+        "The real affNIST test set (test.mat, 320,000 images)",
+        [mat] if given is None else [mat, directory / "*.mat"],
+        command,
+        note="Without it, the generated stand-in is the data set 'affnist-style' "
+        "(e.g. eval_on=[affnist-style]).",
+    )
+
+
+def load_affnist(
+    root: str | PathLike[str] | None = None, *, limit: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Load the real affNIST test set (see :func:`find_affnist` for where it is looked for).
+
+    A file with a ``manifest.json`` beside it (what :func:`download_affnist` writes) must match
+    it; other files are read as they are.
+
+    Args:
+        root: A ``.mat`` file or a folder of them; default the cache.
+        limit: Keep only the first ``limit`` images.
+
+    Returns:
+        ``(images, labels)``: float32 (N, 1, 40, 40) in [0, 1] and int64 (N,).
+
+    Raises:
+        DataNotFoundError: If no affNIST file is found (the message names the download command
+            and ``affnist-style``).
+        TypeError, ValueError: If ``limit`` is not a positive int.
+        ValueError: If a file changed since it was verified or is not the affNIST layout.
+        ImportError: If scipy is not installed.
+    """
+    path = find_affnist(root)
+    if path.is_file():
+        _check_against_manifest(path)
+    return load_affnist_mat(path, limit=limit)
+
+
+def verify_affnist(root: str | PathLike[str] | None = None) -> tuple[list[int], list[str]]:
+    """Check the real affNIST test set without converting it to float.
+
+    Args:
+        root: As in :func:`find_affnist`.
+
+    Returns:
+        ``(label_counts, problems)``: images per digit 0-9, and what is wrong (empty when the
+        data has :data:`AFFNIST_TEST`'s image count, uint8 pixels and every digit 0-9).
+
+    Raises:
+        DataNotFoundError, ValueError, ImportError: As :func:`load_affnist`.
+    """
+    path = find_affnist(root)
+    if path.is_file():
+        _check_against_manifest(path)
+    counts, problems = _layout_problems(
+        [_read_one_mat(file) for file in _mat_files(path)], AFFNIST_TEST.images
+    )
+    return counts.tolist(), problems

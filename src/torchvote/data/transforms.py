@@ -238,6 +238,10 @@ class AffineParams:
     def __len__(self) -> int:
         return len(self.rotation_deg)
 
+    def __getitem__(self, index: slice | Tensor) -> AffineParams:
+        """Return the parameters of the images selected by ``index`` (a slice or an index tensor)."""
+        return AffineParams(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
     def to(self, device: torch.device | str) -> AffineParams:
         """Return the same parameters on ``device``."""
         return AffineParams(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})

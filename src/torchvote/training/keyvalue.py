@@ -2,7 +2,7 @@
 
 Every ``key=value`` the command line takes goes through :func:`parse_override` and
 :func:`parse_value`: training overrides (``optim.lr=3e-4``, ``model.router_options={iterations:2}``),
-the options of an ``eval_on`` entry (``affnist:canvas=28``, :func:`parse_entry`) and the options of
+the options of an ``eval_on`` entry (``affnist-style:canvas=28``, :func:`parse_entry`) and the options of
 ``torchvote evaluate --data-option``. Values are read as OmegaConf reads a dotlist (YAML scalars,
 ``[lists]``, ``{mappings}``).
 
