@@ -48,6 +48,7 @@ from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.mnist import _validate_limit
 from torchvote.data.paths import dataset_dir
+from torchvote.files import atomic_write_bytes
 
 __all__ = [
     "AFFNIST_DOWNLOAD_COMMAND",
@@ -182,17 +183,6 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
 # --------------------------------------------------------------------------------------------
 # manifest: what was verified at download time
 # --------------------------------------------------------------------------------------------
-
-
-def _write_atomic(dest: Path, data: bytes) -> None:
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)  # no-op after a successful os.replace
 
 
 @functools.lru_cache(maxsize=4)
@@ -352,7 +342,7 @@ def download_affnist(
         }
         # The manifest goes first: a crash before the rename leaves a manifest that the old
         # file (if any) fails, never an unverified file that passes.
-        _write_atomic(directory / MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())
+        atomic_write_bytes(directory / MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())
         os.replace(tmp, mat)
     finally:
         tmp.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchvote.experiments.rows import Metric, Row
-from torchvote.training.checkpoint import atomic_write_bytes
+from torchvote.files import atomic_write_bytes
 
 __all__ = ["format_cell", "metric_value", "summarize", "write_summary"]
 

@@ -23,7 +23,7 @@ import torch
 
 from torchvote.experiments.report import summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
-from torchvote.training.checkpoint import atomic_write_bytes
+from torchvote.files import atomic_write_bytes
 from torchvote.training.config import config_from_dict, load_config
 from torchvote.training.distributed import resolve_device
 from torchvote.training.results import check_resumable, find_resumable_checkpoint

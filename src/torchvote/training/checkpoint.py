@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from torchvote.files import atomic_write_bytes
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -69,41 +70,6 @@ class CheckpointPaths:
     @classmethod
     def of(cls, directory: Path, name: str) -> CheckpointPaths:
         return cls(directory / f"{name}.safetensors", directory / f"{name}.state.pt")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one.
-
-    The bytes go to a temporary file in the same directory (same file system), are flushed and
-    fsynced, then ``os.replace`` swaps the name; the directory is fsynced so the rename survives
-    a power loss.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory descriptors
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(descriptor)
 
 
 # --- RNG state ---------------------------------------------------------------------------------
