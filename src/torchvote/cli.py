@@ -306,7 +306,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             variants=args.variant,
         )
     except KeyboardInterrupt as stop:
-        message = f"torchvote reproduce: {stop or 'interrupted'}; rerun the same command to continue"
+        message = f"torchvote reproduce: {stop or 'interrupted; rerun the same command to continue'}"
         print(message, file=sys.stderr)
         return EXIT_INTERRUPTED
     print(summary.read_text())
