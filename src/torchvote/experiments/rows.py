@@ -107,6 +107,8 @@ class Row:
 
 _MNIST_ERROR = Metric("MNIST test error (%)")
 _NO_LOGS = ("progress=false", "tensorboard=false")
+#: Evaluate once, at the end (the runs read only the final evaluation).
+_QUIET = (*_NO_LOGS, "eval_every=0")
 #: The main job's schedule: one-cycle at twice the paper's rate, which converges in few steps.
 _FAST = ("optim.lr=0.002", "optim.schedule=onecycle")
 
@@ -169,7 +171,7 @@ def _affnist() -> Row:
             Metric("affNIST accuracy (%)", dataset="affnist/test", transform="percent"),
         ),
         {
-            "cpu": ("data.limit=15000", "epochs=1", *_FAST, *_NO_LOGS),
+            "cpu": ("data.limit=15000", "epochs=1", *_FAST, *_QUIET),
             "paper": ("model.preset=paper", "epochs=30", *_NO_LOGS),
         },
         note=(
@@ -188,7 +190,7 @@ def _multimnist() -> Row:
         (Variant("CapsNet", "capsnet-multimnist", paper="5.2% error"),),
         (Metric("MultiMNIST test error (%)"),),
         {
-            "cpu": ("epochs=2", *_NO_LOGS),
+            "cpu": ("epochs=2", *_QUIET),
             "paper": ("model.preset=paper", "epochs=50", *_NO_LOGS),
         },
         note=(
@@ -206,7 +208,7 @@ def _efficient_capsnet() -> Row:
         (Variant("Efficient-CapsNet (self-attention routing)", "efficient-capsnet-mnist", paper="0.26"),),
         (_MNIST_ERROR,),
         {
-            "cpu": ("data.limit=20000", "epochs=1", *_NO_LOGS),
+            "cpu": ("data.limit=20000", "epochs=1", *_QUIET),
             "paper": ("epochs=100", *_NO_LOGS),
         },
         note="Paper: Mazzia et al. 2021, Table 2 (single model, 0.26% error; ensembles reach 0.16%).",
@@ -227,7 +229,13 @@ def _em_iterations() -> Row:
             Metric("affNIST-style (28x28) accuracy (%)", dataset="affnist-style/test", transform="percent"),
         ),
         {
-            "cpu": ("data.limit=3000", "epochs=2", "eval_on=[affnist-style:canvas=28]", *_NO_LOGS),
+            "cpu": (
+                "data.limit=2000",
+                "epochs=1",
+                "data.eval_limit=1000",
+                "eval_on=[affnist-style:canvas=28]",
+                *_QUIET,
+            ),
             "paper": ("epochs=30", "eval_on=[affnist-style:canvas=28]", *_NO_LOGS),
         },
         note=(
@@ -261,7 +269,7 @@ def _router_swap() -> Row:
             Metric("affNIST-style accuracy (%)", dataset="affnist-style/test", transform="percent"),
         ),
         {
-            "cpu": ("data.limit=6000", "epochs=1", *_NO_LOGS),
+            "cpu": ("data.limit=3000", "epochs=1", "data.eval_limit=2000", *_FAST, *_QUIET),
             "paper": ("epochs=30", *_NO_LOGS),
         },
         note=(
@@ -298,7 +306,7 @@ def _attention_swap_lm() -> Row:
         _attention_variants("lm-shakespeare", receivers=False),
         (Metric("validation bits per character", key="loss", transform="bits"),),
         {
-            "cpu": ("max_steps=600", "model.dropout=0.0", *_NO_LOGS),
+            "cpu": ("max_steps=600", "model.dropout=0.0", *_QUIET),
             "paper": ("epochs=4", *_NO_LOGS),
         },
         note=(
