@@ -306,7 +306,14 @@ def _attention_swap_lm() -> Row:
         _attention_variants("lm-shakespeare", receivers=False),
         (Metric("validation bits per character", key="loss", transform="bits"),),
         {
-            "cpu": ("max_steps=600", "model.dropout=0.0", *_QUIET),
+            "cpu": (
+                "max_steps=400",
+                "batch_size=32",
+                "model.context_length=64",
+                "model.dropout=0.0",
+                "data.eval_limit=200000",
+                *_QUIET,
+            ),
             "paper": ("epochs=4", *_NO_LOGS),
         },
         note=(
