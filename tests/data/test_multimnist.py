@@ -8,8 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchvote.data import bounding_box_overlap, bounding_boxes, make_multimnist
-from torchvote.data.multimnist import MultiMNIST
+from torchvote.data import (
+    MultiMNISTSource,
+    bounding_box_overlap,
+    bounding_boxes,
+    get_dataset,
+    make_multimnist,
+    pad_to,
+    shift_images,
+)
+from torchvote.data.multimnist import MultiMNIST, _place
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +129,45 @@ def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match:
 def test_needs_two_classes() -> None:
     with pytest.raises(ValueError, match="two different classes"):
         make_multimnist(torch.rand(4, 1, 28, 28), torch.zeros(4, dtype=torch.long), num_pairs=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 20), st.integers(28, 40), st.integers(0, 2**31 - 1))
+def test_placing_is_padding_then_shifting(max_shift: int, canvas: int, seed: int) -> None:
+    """The block copies equal ``shift_images(pad_to(...))``, digits cut at the edge included."""
+    generator = torch.Generator().manual_seed(seed)
+    sources = torch.rand(5, 1, 28, 28, generator=generator)
+    index = torch.randint(5, (40,), generator=generator)
+    shifts = torch.randint(-max_shift, max_shift + 1, (40, 2), generator=generator)
+    expected = shift_images(pad_to(sources[index], canvas), shifts)
+    assert torch.equal(_place(sources, index, shifts, canvas), expected)
+
+
+def test_a_source_draws_new_pairs_for_each_seed(source: tuple[torch.Tensor, torch.Tensor]) -> None:
+    pairs = MultiMNISTSource(*source, num_pairs=1000, max_shift=3, canvas=34, seed=9)
+    assert len(pairs) == 1000 and "tensor" not in repr(pairs)
+    own = make_multimnist(*source, num_pairs=1000, max_shift=3, canvas=34, seed=9)
+    assert all(torch.equal(a, b) for a, b in zip(pairs.draw(), own, strict=True))
+    first, second = pairs.draw(1), pairs.draw(2)
+    assert first.images.shape == (1000, 1, 34, 34)
+    assert all(torch.equal(a, b) for a, b in zip(first, pairs.draw(1), strict=True))
+    assert not torch.equal(first.images, second.images)
+    # Each draw pairs every source digit anew: the first digits are a new permutation of them.
+    assert not torch.equal(first.labels[:, 0], second.labels[:, 0])
+    for drawn in (first, second):
+        assert torch.equal(drawn.labels[:, 0].sort().values, source[1].sort().values)
+
+
+def test_a_source_checks_its_recipe_when_made() -> None:
+    with pytest.raises(ValueError, match="canvas"):
+        MultiMNISTSource(torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 0, 1]), num_pairs=2, canvas=20)
+    with pytest.raises(TypeError, match="num_pairs"):
+        MultiMNISTSource(torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 0, 1]), num_pairs=2.0)  # type: ignore[arg-type]
+
+
+def test_registry_trains_on_fresh_pairs_and_tests_on_a_fixed_set(mnist_test) -> None:
+    train = get_dataset("multimnist", "train", limit=100)
+    assert isinstance(train, MultiMNISTSource) and len(train) == 100 and train.seed == 0
+    first, again = (get_dataset("multimnist", "test", limit=100) for _ in range(2))
+    assert len(first.images) == 100  # one pair per test digit, the same in every run
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))

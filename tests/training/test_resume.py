@@ -83,3 +83,36 @@ def test_saving_over_an_existing_checkpoint_keeps_the_old_files(tmp_path):
     assert second == first and second.weights.stat().st_size > 10
     assert (tmp_path / "step-00000003.safetensors.old").read_bytes() == b"unreadable"
     assert (tmp_path / "step-00000003.state.pt.old").is_file()
+
+
+def test_multimnist_resumes_on_the_pairs_the_killed_run_would_have_drawn(tiny_mnist_root, tmp_path):
+    """Each epoch's pairs are drawn afresh from (seed, epoch): a run killed in its second epoch
+    and resumed reaches the weights of the unbroken run."""
+    from torchvote.training.config import load_config
+
+    def config(name: str):
+        return load_config(
+            "capsnet-multimnist",
+            [
+                "model.preset=tiny",
+                f"data.root={tiny_mnist_root}",
+                "data.options.source=idx",
+                "data.options.num_pairs=32",
+                "data.eval_limit=20",
+                "batch_size=8",
+                "eval_batch_size=20",
+                "epochs=3",
+                "progress=false",
+                "tensorboard=false",
+                f"run_dir={tmp_path / name}",
+            ],
+        )
+
+    unbroken = train(config("unbroken"), verbose=False)
+    assert unbroken.step == 12
+    killed = train(config("killed"), callbacks=[_StopAfter(6)], verbose=False)
+    assert killed.interrupted and killed.step == 6
+    resumed = train(load_run_config(killed.run_dir), resume=killed.run_dir, verbose=False)
+    assert resumed.step == 12
+    _assert_same_weights(_weights(unbroken.model), _weights(resumed.model))
+    assert resumed.results == unbroken.results

@@ -227,3 +227,57 @@ def test_cross_entropy_on_several_labels_per_image_says_what_to_use():
     output = ClassifierOutput(scores=torch.zeros(2, 10))
     with pytest.raises(ValueError, match="use loss.name=margin for MultiMNIST"):
         get_task_handler("image-classification").logits_and_targets(output, {"targets": torch.zeros(2, 2)})
+
+
+def test_two_digit_accuracy_counts_an_image_when_its_two_longest_capsules_are_its_digits():
+    from torchvote.models.registry import ClassifierOutput
+
+    handler = get_task_handler("image-classification")
+    lengths = torch.full((5, 10), 0.1)
+    targets = torch.tensor([[3, 7], [0, 1], [4, 2], [5, 6], [8, 9]])
+    lengths[0, [7, 3]] = torch.tensor([0.9, 0.8])  # right, in either order
+    lengths[1, [0, 2]] = torch.tensor([0.9, 0.8])  # one digit right, the other missed: wrong
+    lengths[1, 1] = 0.7
+    lengths[2, [4, 9, 2]] = torch.tensor([0.9, 0.6, 0.5])  # second digit only third: wrong
+    lengths[3, [6, 5]] = torch.tensor([0.3, 0.2])  # right, however short the capsules
+    lengths[4, [8, 9]] = torch.tensor([0.9, 0.05])  # the other digit's capsule the shortest: wrong
+    sums = handler.metric_sums(ClassifierOutput(scores=lengths), {"targets": targets})
+    assert sums["correct"].item() == 2 and sums["count"].item() == 5
+    assert handler.summarize({k: v.item() for k, v in sums.items()})["accuracy"] == pytest.approx(0.4)
+
+
+def test_each_digits_reconstruction_is_compared_with_that_digit_alone():
+    """MultiMNIST: the margin loss over both labels plus 0.0005 x the summed squared error of each
+    digit's reconstruction against that digit on its own canvas, written out as loops."""
+    from torchvote import losses
+    from torchvote.models.registry import ClassifierOutput
+    from torchvote.training.config import LossConfig
+    from torchvote.training.objectives import make_objective
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.rand(3, 10, generator=generator, dtype=torch.float64)
+    targets = torch.tensor([[1, 7], [0, 2], [9, 4]])
+    digits = torch.rand(3, 2, 1, 6, 6, generator=generator, dtype=torch.float64)
+    reconstructions = torch.rand(3, 2, 1, 6, 6, generator=generator, dtype=torch.float64)
+    images = digits.sum(dim=1).clamp(max=1.0)
+    spec = type("Spec", (), {"task": "image-classification", "loss": "margin"})()
+    objective = make_objective(LossConfig(), spec, total_steps=1)
+    batch = {"images": images, "targets": targets, "digits": digits}
+    output = ClassifierOutput(scores=scores, reconstructions=reconstructions)
+    loss, parts = objective(output, batch, 0)
+
+    squared = 0.0
+    for b in range(3):
+        for k in range(2):  # the k-th reconstruction against the k-th digit alone
+            squared += float(((reconstructions[b, k] - digits[b, k]) ** 2).sum())
+    present = torch.zeros(3, 10, dtype=torch.float64)
+    present[torch.arange(3)[:, None], targets] = 1.0
+    margin = losses.margin_loss(scores.float(), present)
+    assert parts["reconstruction"].item() == pytest.approx(0.0005 * squared / 3, rel=1e-6)
+    assert loss.item() == pytest.approx(margin.item() + 0.0005 * squared / 3, rel=1e-6)
+    swapped = {**batch, "digits": digits.flip(1)}  # against the other digit: another number
+    assert objective(output, swapped, 0)[1]["reconstruction"] != parts["reconstruction"]
+    # At evaluation the decoder reconstructs the longest capsule only: nothing to compare it with.
+    single = ClassifierOutput(scores=scores, reconstructions=reconstructions[:, 0])
+    loss, parts = objective(single, batch, 0)
+    assert "reconstruction" not in parts and loss.item() == pytest.approx(margin.item(), rel=1e-6)

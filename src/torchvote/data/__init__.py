@@ -24,6 +24,7 @@ from torchvote.data.idx import read_idx, write_idx
 from torchvote.data.mnist import load_mnist
 from torchvote.data.multimnist import (
     MultiMNIST,
+    MultiMNISTSource,
     bounding_box_overlap,
     bounding_boxes,
     make_multimnist,
@@ -78,6 +79,7 @@ __all__ = [
     "ChecksumError",
     "DataNotFoundError",
     "MultiMNIST",
+    "MultiMNISTSource",
     "addition_task",
     "apply_affine",
     "bounding_box_overlap",

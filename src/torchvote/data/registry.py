@@ -19,7 +19,7 @@ from torchvote.data.affnist import load_affnist
 from torchvote.data.affnist_style import make_affnist_style, pad_and_translate_train
 from torchvote.data.digits import load_small_digits
 from torchvote.data.mnist import load_mnist, validate_split
-from torchvote.data.multimnist import make_multimnist
+from torchvote.data.multimnist import MultiMNISTSource, make_multimnist
 from torchvote.data.sequences import SEQUENCE_TASKS, make_sequence_task
 from torchvote.data.text import CharVocab, load_shakespeare, train_val_split
 
@@ -54,7 +54,7 @@ def _multimnist(split: str, **kwargs: Any) -> Any:
     images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
     kwargs.setdefault("num_pairs", len(images))
     kwargs.setdefault("seed", _DEFAULT_SEED[split])
-    return make_multimnist(images, labels, **kwargs)
+    return (MultiMNISTSource if split == "train" else make_multimnist)(images, labels, **kwargs)
 
 
 def _translated_mnist(split: str, **kwargs: Any) -> Any:
@@ -116,7 +116,7 @@ _REGISTRY: dict[str, DatasetEntry] = {
         DatasetEntry(
             "multimnist",
             "two overlapping MNIST digits of different classes on 36x36 (Sabour et al. 2017) "
-            "-> (images, labels (N, 2), digits)",
+            "-> test: (images, labels (N, 2), digits); train: a MultiMNISTSource, drawn afresh",
             _IMAGE_SPLITS,
             _multimnist,
         ),

@@ -4,7 +4,8 @@ Every data set becomes a :class:`TaskData`: a few tensors aligned along their fi
 (``images``/``targets``, ``tokens``, ``source``/``target``) plus the fields a model config takes
 from the data (``image_size``, ``num_classes``, ``vocab_size`` ...). The order of the examples is
 a function of ``(seed, epoch)`` alone and every augmentation a function of ``(seed, epoch,
-step)``, so:
+step)``; data drawn afresh each epoch (MultiMNIST's training pairs, :class:`DrawnData`) is a
+function of ``(seed, epoch)`` too. So:
 
 * a resumed run continues exactly where the killed one stopped (the "sampler state" is just
   ``(seed, epoch, position)``), and
@@ -14,9 +15,9 @@ step)``, so:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -24,7 +25,9 @@ from torch import Tensor
 
 __all__ = [
     "BatchPlan",
+    "DrawnData",
     "TaskData",
+    "build_task_data",
     "derive_seed",
     "iterate_batches",
     "load_raw_dataset",
@@ -32,7 +35,7 @@ __all__ = [
 ]
 
 # Tags that keep the seeds of different random streams apart.
-ORDER_STREAM, AUGMENT_STREAM, STEP_STREAM = 1, 2, 3
+ORDER_STREAM, AUGMENT_STREAM, STEP_STREAM, DRAW_STREAM = 1, 2, 3, 4
 
 
 def derive_seed(seed: int, *parts: int) -> int:
@@ -52,6 +55,9 @@ class TaskData:
         tensors: tensors aligned along the first axis.
         fields: values the model config takes from the data (``image_size`` ...).
         extras: other things the data set came with (a ``CharVocab`` ...).
+        redraw: for data drawn afresh each epoch, ``redraw(seed)`` gives a new draw of as many
+            examples (built, limited and fitted to the model as these were: see :meth:`map`);
+            ``None`` for fixed data.
     """
 
     name: str
@@ -59,12 +65,54 @@ class TaskData:
     tensors: dict[str, Tensor]
     fields: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    redraw: Callable[[int], TaskData] | None = None
 
     def __len__(self) -> int:
         return len(next(iter(self.tensors.values())))
 
     def select(self, indices: Tensor) -> dict[str, Tensor]:
         return {key: tensor[indices] for key, tensor in self.tensors.items()}
+
+    def map(self, transform: Callable[[TaskData], TaskData]) -> TaskData:
+        """``transform(self)``; drawn data also transforms each of its later draws the same way."""
+        result = transform(self)
+        if self.redraw is None:
+            return result
+        redraw = self.redraw
+        return replace(result, redraw=lambda seed: transform(redraw(seed)))
+
+    def for_epoch(self, seed: int, epoch: int) -> TaskData:
+        """The examples of ``epoch``: these, or for drawn data a draw seeded from ``(seed, epoch)``."""
+        if self.redraw is None:
+            return self
+        drawn = self.redraw(derive_seed(seed, DRAW_STREAM, epoch))
+        assert len(drawn) == len(self) and drawn.redraw is None, "a draw has as many examples, once"
+        return drawn
+
+
+@runtime_checkable
+class DrawnData(Protocol):
+    """What a data set returns when its examples are drawn afresh from a seed
+    (:class:`~torchvote.data.MultiMNISTSource`, the ``multimnist`` training split): ``draw()``
+    gives the draw of the data set's own seed, ``draw(seed)`` another one; each draw is what a
+    data set of fixed examples returns."""
+
+    def draw(self, seed: int | None = None) -> Any: ...
+
+
+def build_task_data(handler: Any, name: str, split: str, raw: Any) -> TaskData:
+    """``handler.build`` on what a data set returned; for :class:`DrawnData`, on its own draw,
+    with :attr:`TaskData.redraw` building the draws of other seeds the same way.
+
+    Args:
+        handler: the task's :class:`~torchvote.training.tasks.TaskHandler`.
+        name, split: the data set and split.
+        raw: what ``torchvote.data.get_dataset`` returned.
+    """
+    if not isinstance(raw, DrawnData):
+        return handler.build(name, split, raw)
+    data = handler.build(name, split, raw.draw())
+    return replace(data, redraw=lambda seed: handler.build(name, split, raw.draw(seed)))
 
 
 def load_raw_dataset(
@@ -170,7 +218,8 @@ class _EpochBatches(torch.utils.data.Dataset):
     """Map-style view of one epoch: item ``position`` is this process's part of that batch."""
 
     def __init__(self, data: TaskData, plan: BatchPlan, epoch: int, augment: Any) -> None:
-        self.data, self.plan, self.epoch, self.augment = data, plan, epoch, augment
+        self.data = data.for_epoch(plan.seed, epoch)  # drawn data: this epoch's draw
+        self.plan, self.epoch, self.augment = plan, epoch, augment
         self.order = plan.epoch_order(epoch)
 
     def __len__(self) -> int:
@@ -192,6 +241,7 @@ def iterate_batches(
 ) -> Iterator[dict[str, Tensor]]:
     """This process's batches of ``epoch`` from position ``start`` on, in order.
 
+    Drawn data (:attr:`TaskData.redraw`) is drawn for the epoch first, from ``(seed, epoch)``.
     ``augment(batch, generator)`` transforms a global batch; its generator is seeded from
     ``(seed, epoch, position)``. With ``num_workers > 0`` batches are assembled in worker
     processes; the result is the same.

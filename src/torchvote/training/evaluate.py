@@ -20,7 +20,7 @@ from torchvote.training.checkpoint import (
     load_model_weights,
     read_model_metadata,
 )
-from torchvote.training.data import TaskData, load_raw_dataset
+from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler
@@ -121,10 +121,10 @@ def load_data(
     """Load a data set split through ``torchvote.data`` as a :class:`TaskData` of ``handler``'s task
     (``limit`` keeps the first examples)."""
     split, raw = load_raw_dataset(name, split, options=options or {}, root=root)
-    data = handler.build(name, split, raw)
-    if limit is not None:
-        data = TaskData(
-            data.name, data.split, {k: v[:limit] for k, v in data.tensors.items()}, data.fields, data.extras
+    data = build_task_data(handler, name, split, raw)
+    if limit is not None:  # and the same of each draw of drawn data
+        data = data.map(
+            lambda each: dataclasses.replace(each, tensors={k: v[:limit] for k, v in each.tensors.items()})
         )
     return data
 

@@ -6,7 +6,8 @@ JSON lines (and TensorBoard), atomic checkpoints, ``--resume``, Ctrl-C handling 
 parallelism under ``torchrun``.
 
 **Determinism.** The model is initialised from ``seed``; the data order of each epoch comes from
-``(seed, epoch)``; each augmentation from ``(seed, epoch, position)``; and before each step the
+``(seed, epoch)``, and so do the examples of data drawn afresh each epoch (MultiMNIST's training
+pairs); each augmentation from ``(seed, epoch, position)``; and before each step the
 global torch RNG (dropout, sampling inside models) is reseeded from ``(seed, step, rank)``. A
 resumed run therefore takes exactly the steps the killed run would have taken, and reaches
 bit-identical weights. The RNG states of torch, numpy and python are saved as well, for code
@@ -136,7 +137,7 @@ class _Run:
         self.train_data, self.eval_data, fields = load_run_data(config, self.handler)
         self.model_config = model_config_from(config, **fields)
         self.augment = self.handler.augment(config.data, self.train_data)
-        self.train_data = self.handler.finalize(self.train_data, self.model_config)
+        self.train_data = self.train_data.map(lambda data: self.handler.finalize(data, self.model_config))
         self.eval_data = self.handler.finalize(self.eval_data, self.model_config)
 
         self.model = self.spec.model_cls(self.model_config).to(context.device)

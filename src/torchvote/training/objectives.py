@@ -76,12 +76,8 @@ def _margin(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None
             down_weight=loss.down_weight,
         )
         parts = {"margin": value.detach()}
-        if output.reconstructions is not None and loss.reconstruction_weight > 0:
-            reference = (
-                batch["digits"]
-                if "digits" in batch and output.reconstructions.dim() == 5
-                else batch["images"]
-            )
+        reference = _reconstruction_targets(output, batch)
+        if reference is not None and loss.reconstruction_weight > 0:
             term = losses.reconstruction_loss(
                 output.reconstructions.float(), reference, weight=loss.reconstruction_weight
             )
@@ -115,6 +111,23 @@ _BUILDERS: dict[str, Callable[[LossConfig, Any, int, int | None], Objective]] = 
     "margin": _margin,
     "spread": _spread,
 }
+
+
+def _reconstruction_targets(output: ClassifierOutput, batch: dict[str, Tensor]) -> Tensor | None:
+    """What the decoder's reconstructions are compared with, or ``None`` for no reconstruction term.
+
+    One reconstruction per image ``(b, c, h, w)``: the image. One per digit ``(b, k, c, h, w)``
+    (MultiMNIST in training, each from its own digit's capsule): each digit alone,
+    ``batch["digits"]``. A single reconstruction of an image of several digits (MultiMNIST at
+    evaluation, where the decoder reconstructs the longest capsule only) has nothing to be
+    compared with: no term.
+    """
+    reconstructions = output.reconstructions
+    if reconstructions is None:
+        return None
+    if "digits" not in batch:
+        return batch["images"]
+    return batch["digits"] if reconstructions.dim() == 5 else None
 
 
 def _multi_hot(targets: Tensor, num_classes: int) -> Tensor:

@@ -27,6 +27,7 @@ __all__ = [
     "make_objective",
 ]
 
+
 def _check_output(output: Any, expected: type, model: nn.Module) -> None:
     if not isinstance(output, expected):
         raise TypeError(
