@@ -193,12 +193,14 @@ def _multimnist() -> Row:
         (Variant("CapsNet", "capsnet-multimnist", paper="5.2% error"),),
         (Metric("MultiMNIST test error (%)"),),
         {
-            "cpu": ("epochs=2", *_QUIET),
-            "paper": ("model.preset=paper", "epochs=50", *_NO_LOGS),
+            "cpu": ("data.limit=15000", "epochs=1", "data.eval_limit=5000", *_FAST, *_QUIET),
+            "paper": ("model.preset=paper", "epochs=1000", *_NO_LOGS),
         },
         note=(
             "Paper: Sabour et al. 2017, sec. 6 (60M training pairs generated on the fly; an image "
-            "counts as right when the two longest capsules are its two digits)."
+            "counts as right when the two longest capsules are its two digits). Here the pairs are "
+            "drawn afresh every epoch (60k per epoch: the paper's 60M pairs are 1,000 epochs); the CPU "
+            "budget sees 15,000 pairs once and scores the first 5,000 of the fixed test pairs."
         ),
     )
 
