@@ -43,11 +43,12 @@ __all__ = ["linear_dynamic_routing", "uniform_sum"]
 
 
 def _layouts(votes: LinearVotes) -> tuple[Tensor, Tensor]:
-    """The inputs ``(b, e, j)`` and the weight ``(i*d, e*j)`` of the first pass's one product, in
-    the kernel's dtype (the votes' promoted dtype, at least float32)."""
+    """The inputs ``(b, e, j)`` and the weight ``(i, d, e*j)``, contiguous, in the kernel's dtype
+    (the votes' promoted dtype, at least float32). Every product here reads the weight in this one
+    layout: the first pass's as ``(i*d, e*j)``, the per-receiver ones through transposed views."""
     dtype = torch.promote_types(votes.dtype, torch.float32)
     flat = votes.weight.to(dtype).permute(0, 2, 3, 1)  # (i, d, e, j)
-    return votes.gemm_inputs.to(dtype), flat.reshape(votes.receivers * votes.out_dim, -1)
+    return votes.gemm_inputs.to(dtype), flat.reshape(votes.receivers, votes.out_dim, -1).contiguous()
 
 
 def uniform_sum(votes: LinearVotes) -> Tensor:
@@ -55,7 +56,7 @@ def uniform_sum(votes: LinearVotes) -> Tensor:
     as one matrix product ``(b, e*j) @ (e*j, i*d)`` (the votes are never formed)."""
     with torch.autocast(votes.inputs.device.type, enabled=False):
         x, flat = _layouts(votes)
-        sums = (x.flatten(1) @ flat.t()).div_(votes.receivers)  # (b, i*d)
+        sums = (x.flatten(1) @ flat.flatten(0, 1).t()).div_(votes.receivers)  # (b, i*d)
     return sums.reshape(*votes.batch_shape, votes.receivers, votes.out_dim)
 
 
@@ -94,8 +95,7 @@ def linear_dynamic_routing(
             sums = uniform_sum(votes).reshape(-1, receivers, out_dim).transpose(0, 1)
             outputs, later = squash(sums if bias is None else sums + bias, dim=-1), []
         else:
-            w = votes.gemm_weight.to(x.dtype)
-            outputs, *later = _Routing.apply(x, w, flat.contiguous(), bias, iterations, detach_votes)
+            outputs, *later = _Routing.apply(x, flat, bias, iterations, detach_votes)
     outputs = outputs.transpose(0, 1).to(votes.dtype).reshape(shape)  # (i, b, d) -> (..., i, d)
     first = outputs.new_full((*votes.batch_shape, receivers, senders), 1 / receivers)
     passes = [first] + [c.transpose(0, 1).to(votes.dtype).reshape(first.shape) for c in later]
@@ -114,24 +114,24 @@ class _Routing(torch.autograd.Function):
     """Procedure 1 on the votes ``W_ij u_j``, never formed: the ``(i, b, d)`` outputs and the
     ``(i, b, j)`` couplings of passes ``1 .. r-1`` (pass 0's are the uniform ``1 / i``).
 
-    ``x`` ``(b, e, j)`` are the inputs; ``w`` ``(i, e*j, d)`` and ``flat`` ``(i*d, e*j)`` the
-    weight in the layouts of the per-receiver products and of the first pass's one product.
+    ``x`` ``(b, e, j)`` are the inputs, ``flat`` ``(i, d, e*j)`` the weight; the per-receiver
+    products of ``routing_votes`` read it as ``(i, e*j, d)``, a transposed view.
     """
 
     @staticmethod
     def forward(
         ctx: FunctionCtx,
         x: Tensor,
-        w: Tensor,
         flat: Tensor,
         bias: Tensor | None,
         iterations: int,
         detach: bool,
     ) -> tuple[Tensor, ...]:
-        receivers, _, out_dim = w.shape
-        batch = x.shape[0]
+        receivers, out_dim, _ = flat.shape
+        batch, w = x.shape[0], flat.transpose(1, 2)  # w: (i, e*j, d)
         # pass 0: c_ij = 1 / i, so s = (1 / i) W (x flattened): one product, no votes
-        s = (x.flatten(1) @ flat.t()).div_(receivers).view(batch, receivers, out_dim).transpose(0, 1)
+        s = (x.flatten(1) @ flat.flatten(0, 1).t()).div_(receivers)  # (b, i*d)
+        s = s.view(batch, receivers, out_dim).transpose(0, 1)
         sums, couplings, logits = [s], [], None
         for _ in range(1, iterations):
             v = squash(s if bias is None else s + bias, dim=-1)
@@ -141,7 +141,7 @@ class _Routing(torch.autograd.Function):
             s = routing_votes.weighted_sum(couplings[-1], x, w)
             sums.append(s)
         outputs = squash(s if bias is None else s + bias, dim=-1)
-        ctx.save_for_backward(x, w, flat, bias, *sums, *couplings)
+        ctx.save_for_backward(x, flat, bias, *sums, *couplings)
         ctx.detach = detach
         if detach and bias is None:  # then the couplings come from detached votes only
             ctx.mark_non_differentiable(*couplings)
@@ -151,16 +151,15 @@ class _Routing(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_outputs: Tensor | None, *grad_couplings: Tensor | None):
-        x, w, flat, bias, *saved = ctx.saved_tensors
+        x, flat, bias, *saved = ctx.saved_tensors
         iterations = (len(saved) + 1) // 2
         sums, couplings = saved[:iterations], saved[iterations:]
-        need_x, _, need_flat, need_bias = ctx.needs_input_grad[:4]
+        need_x, need_flat, need_bias = ctx.needs_input_grad[:3]
         detach = ctx.detach
-        receivers = w.shape[0]
+        receivers, w = flat.shape[0], flat.transpose(1, 2)
         grad_x = torch.zeros_like(x) if need_x else None
-        grad_flat = torch.zeros_like(flat) if need_flat else None
-        # every product with the weight adds its gradient into grad_flat, (i, d, e*j)
-        grad_weight = None if grad_flat is None else grad_flat.view(receivers, -1, flat.shape[1])
+        # every product with the weight adds its gradient here, in the weight's (i, d, e*j) layout
+        grad_weight = torch.zeros_like(flat) if need_flat else None
         grad_bias = None
         # Detached votes take gradient from the last pass's sum only; the bias, from every pass.
         walk = not detach or need_bias
@@ -176,9 +175,9 @@ class _Routing(torch.autograd.Function):
                 if to_votes:  # c = 1 / i: two products with the flat weight, shared by every receiver
                     grad_s = grad_s.transpose(0, 1).flatten(1).div(receivers)  # (b, i*d)
                     if grad_x is not None:
-                        grad_x.flatten(1).addmm_(grad_s, flat)
-                    if grad_flat is not None:
-                        grad_flat.addmm_(grad_s.t(), x.flatten(1))
+                        grad_x.flatten(1).addmm_(grad_s, flat.flatten(0, 1))
+                    if grad_weight is not None:
+                        grad_weight.flatten(0, 1).addmm_(grad_s.t(), x.flatten(1))
                 break
             c = couplings[t - 1]
             grad_c = torch.empty_like(c) if walk else None
@@ -208,4 +207,4 @@ class _Routing(torch.autograd.Function):
                 grad_inputs=None if detach else grad_x,
                 grad_weight=None if detach else grad_weight,
             )
-        return grad_x, None, grad_flat, grad_bias, None, None
+        return grad_x, grad_weight, grad_bias, None, None
