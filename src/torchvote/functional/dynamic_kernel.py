@@ -97,8 +97,10 @@ def linear_dynamic_routing(
         else:
             outputs, *later = _Routing.apply(x, flat, bias, iterations, detach_votes)
     outputs = outputs.transpose(0, 1).to(votes.dtype).reshape(shape)  # (i, b, d) -> (..., i, d)
-    first = outputs.new_full((*votes.batch_shape, receivers, senders), 1 / receivers)
-    passes = [first] + [c.transpose(0, 1).to(votes.dtype).reshape(first.shape) for c in later]
+    coupling_shape = (*votes.batch_shape, receivers, senders)
+    passes = [c.transpose(0, 1).to(votes.dtype).reshape(coupling_shape) for c in later]
+    if all_passes or not passes:  # pass 0's couplings, uniform: formed only when returned
+        passes.insert(0, outputs.new_full(coupling_shape, 1 / receivers))
     return outputs, torch.stack(passes) if all_passes else passes[-1].contiguous()
 
 

@@ -60,7 +60,10 @@ def _ranges(total: int, step: int) -> Iterator[slice]:
 
 
 def _tiles(inputs: Tensor, receivers: int, buffers: int) -> Iterator[tuple[slice, slice, list[Tensor]]]:
-    """The one blocking loop of every kernel here: cache-sized tiles of (receivers, batch).
+    """The one blocking loop of every kernel here: cache-sized tiles of (receivers, batch), all the
+    receivers of a block of rows before the next block, so that the rows' inputs stay in cache
+    while the weight streams past them (at CapsNet's shapes the weight is read twice per product
+    instead of the inputs ten times; measured 3-6% faster on the CPU's dynamic routing).
 
     Args:
         inputs: ``(b, e, j)``.
@@ -74,8 +77,8 @@ def _tiles(inputs: Tensor, receivers: int, buffers: int) -> Iterator[tuple[slice
     batch, features, senders = inputs.shape
     group, rows = _blocks(batch, receivers, features * senders)
     storage = [inputs.new_empty(group * rows * features * senders) for _ in range(buffers)]
-    for r in _ranges(receivers, group):
-        for b in _ranges(batch, rows):
+    for b in _ranges(batch, rows):
+        for r in _ranges(receivers, group):
             shape = (r.stop - r.start, b.stop - b.start, features, senders)
             yield r, b, [s[: math.prod(shape)].view(shape) for s in storage]
 
