@@ -11,10 +11,12 @@ voting loop only ever needs two things from them (see :class:`torchvote.function
 Neither needs the ``(batch, out_caps, in_caps, out_dim)`` tensor of votes. At the CapsNet shapes
 (1152 x 8 -> 10 x 16, batch 128) that tensor is 94 MB, its gradient another 94 MB per pass, and
 every pass of the routing loop reads and writes it: the layer is memory-bound. Here each pass
-streams the 4.7 MB of inputs once per receiver through cache-sized blocks (``_BLOCK_ELEMENTS``)
-and the backward pass recomputes its blocks instead of saving them, so the memory a forward pass
-keeps for backward is a few ``(batch, out_caps, in_caps)`` coupling tensors (see
-``benchmarks/routing.py`` for the measured time and peak memory against materialised votes).
+streams ``W`` past cache-sized blocks of the inputs (``_BLOCK_ELEMENTS``), and the backward pass
+recomputes its blocks instead of saving them, so the memory a forward pass keeps for backward is
+a few ``(batch, out_caps, in_caps)`` coupling tensors (see ``benchmarks/routing.py`` for the
+measured time and peak memory against materialised votes). Dynamic routing runs these products
+as one kernel, :mod:`torchvote.functional.dynamic_kernel`; other routers call them through
+:class:`LinearVotes`.
 That is the right trade on a CPU; on a GPU the many small tiles launch many small kernels, and
 materialised votes are faster: :class:`~torchvote.nn.capsules.CapsuleLinear` chooses by device
 (``strategy=``, see :mod:`torchvote.nn.routing_strategy`). The kernels run with autocast off, in
@@ -144,7 +146,7 @@ def weighted_sum_backward(
 
     Writes ``grad_couplings`` ``(i, b, j)`` and adds into ``grad_inputs`` ``(b, e, j)`` and
     ``grad_weight`` ``(i, d, e*j)`` (the weight's layout transposed: its products then stream the
-    long ``e*j`` rows, twice as fast as the transposed ones), each where given. One pass over the
+    long ``e*j`` rows, faster than the transposed ones), each where given. One pass over the
     tiles: ``W^T grad`` is pulled once for both the couplings' and the inputs' gradients.
     """
     for r, b, (scratch, back) in _tiles(inputs, weight.shape[0], 2):
