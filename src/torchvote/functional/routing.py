@@ -194,7 +194,9 @@ def dynamic_routing(
 
     As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
     update="accumulate", nonlinearity="squash")``. The default is paper-exact, with gradients through
-    every iteration.
+    every iteration. On :class:`~torchvote.functional.routing_votes.LinearVotes` with the dot
+    agreement the same numbers come from one kernel,
+    :func:`~torchvote.functional.dynamic_kernel.linear_dynamic_routing`.
 
     Args:
         votes: ``(batch..., out_caps, in_caps, out_dim)`` predictions ``u_ij = W_ij u_j``, or
