@@ -4,10 +4,11 @@ Cases (all paper-exact: gradients through every routing iteration, no stop-gradi
 
 - ``dynamic``: CapsNet's digit capsules (Sabour et al. 2017), 1152 x 8-D -> 10 x 16-D, 3 iterations,
   ``torchvote.nn.CapsuleLinear`` with each routing strategy forced (``materialize``: einsum votes;
-  ``stream``: unmaterialised ``LinearVotes``; ``compiled``: the materialised routing under
-  ``torch.compile``), one row each, beside a baseline written as the popular repositories do it:
-  the weights repeated over the batch (``torch.cat([W] * batch)``), the
-  inputs stacked over the outputs, one ``torch.matmul`` for the votes, a Python loop of iterations.
+  ``stream``: unmaterialised ``LinearVotes``, routed by ``functional/dynamic_kernel.py``;
+  ``compiled``: the materialised routing under ``torch.compile``), one row each, beside a baseline
+  written as the popular repositories do it: the weights repeated over the batch
+  (``torch.cat([W] * batch)``), the inputs stacked over the outputs, one ``torch.matmul`` for the
+  votes, a Python loop of iterations.
 - ``em-conv1`` / ``em-conv2`` / ``em-class``: the small smallNORB model of Hinton et al. 2018
   (A=64, B=8, C=D=16, 32x32 input: 14x14 primary capsules, ConvCaps1 K=3 stride 2 -> 6x6,
   ConvCaps2 K=3 stride 1 -> 4x4, class capsules with coordinate addition -> 5),

@@ -48,6 +48,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from torchvote.functional.dynamic_kernel import linear_dynamic_routing
+from torchvote.functional.routing_votes import LinearVotes
 from torchvote.functional.voting import (
     AgreementFn,
     NonlinearityFn,
@@ -57,7 +59,7 @@ from torchvote.functional.voting import (
     Votes,
     vote,
 )
-from torchvote.validation import check_positive_float
+from torchvote.validation import check_positive_float, check_positive_int
 
 __all__ = [
     "as_routing_votes",
@@ -192,7 +194,9 @@ def dynamic_routing(
 
     As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
     update="accumulate", nonlinearity="squash")``. The default is paper-exact, with gradients through
-    every iteration.
+    every iteration. On :class:`~torchvote.functional.routing_votes.LinearVotes` with the dot
+    agreement the same numbers come from one kernel,
+    :func:`~torchvote.functional.dynamic_kernel.linear_dynamic_routing`.
 
     Args:
         votes: ``(batch..., out_caps, in_caps, out_dim)`` predictions ``u_ij = W_ij u_j``, or
@@ -218,6 +222,15 @@ def dynamic_routing(
         ValueError: ``iterations`` < 1, votes of fewer than 3 dimensions, an unknown agreement.
     """
     routed = as_routing_votes(votes)
+    if isinstance(routed, LinearVotes) and agreement == "dot":
+        check_positive_int(iterations, "iterations")
+        return linear_dynamic_routing(
+            routed,
+            iterations=iterations,
+            bias=_bias_for(bias),
+            detach_votes=detach_votes,
+            all_passes=all_passes,
+        )
     result = vote(
         routed,
         None,  # b_ij = 0: zero logits, finite in every pass (vote takes its fused softmax)

@@ -10,7 +10,8 @@ router in three ways, which give the same numbers (tested in float64 in
   about 4x faster than the naive layer this way), at the cost of the votes and their gradient in
   memory.
 - ``"stream"``: :class:`~torchvote.functional.routing_votes.LinearVotes`, which never forms the
-  votes: every pass is one matrix product per receiver over cache-sized tiles, backward recomputes.
+  votes: every pass is one matrix product per receiver over cache-sized tiles, backward recomputes
+  (dynamic routing runs them as one kernel, :mod:`torchvote.functional.dynamic_kernel`).
   The fast and frugal choice on a CPU, where small vote GEMMs (inner size ``in_dim``) run far below
   peak; on a GPU its many small tiles launch many small kernels, slower than the naive layer.
 - ``"compiled"``: the materialised routing wrapped in ``torch.compile`` (compiled once per layer,
