@@ -96,7 +96,7 @@ def test_vector_routers_weigh_each_vote_by_its_activation():
     model = create_model("em-capsnet", "tiny", router="uniform", router_options={"nonlinearity": "identity"})
     images = torch.rand(2, 1, 28, 28)
     with torch.no_grad():
-        model.conv_capsules[-1].routing.beta_a.fill_(-1e6)  # activations -> 0
+        model.conv_capsules[-1].routing.activation_bias.fill_(-1e6)  # activations -> 0
         output = model(images)
     assert output.poses.abs().max() < 1e-6 and output.scores.max() < 1e-6
 
@@ -125,11 +125,28 @@ def test_zero_images_give_finite_outputs_and_gradients():
         ({"conv_caps_strides": (2, 0)}, "conv_caps_strides must hold positive integers"),
         ({"primary_types": 0}, "primary_types must be a positive integer"),
         ({"iterations": 0}, "iterations must be a positive integer"),
+        ({"data_per_parent": 0.0}, "data_per_parent must be positive or None, got 0.0"),
     ],
 )
 def test_bad_configs_name_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         create_model("em-capsnet", "tiny", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "conv", "classes"),
+    [
+        ({}, 100.0, 100.0),  # every EM layer, the class router included
+        ({"data_per_parent": None}, None, None),  # the paper's raw amounts of data
+        ({"data_per_parent": 30.0, "router_options": {"data_per_parent": 5.0}}, 30.0, 5.0),
+    ],
+)
+def test_every_em_layer_gets_the_amount_of_data_per_parent(overrides, conv, classes):
+    model = create_model("em-capsnet", "tiny", **overrides)
+    assert [layer.routing.data_per_parent for layer in model.conv_capsules] == [conv, conv]
+    assert model.head.class_capsules.routing.data_per_parent == classes
+    # a vector router takes no such option and is given none
+    create_model("em-capsnet", "tiny", router="dynamic")
 
 
 def test_shipped_preset_loads():

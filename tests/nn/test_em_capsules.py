@@ -62,7 +62,7 @@ def test_conv_matrix_capsules_route_each_patch_as_a_loop_would(rows, kernel, str
     layer = ConvMatrixCapsules(2, 3, kernel_size=kernel, stride=stride, normalization="per_patch").double()
     with torch.no_grad():
         layer.routing.beta_u.normal_()
-        layer.routing.beta_a.normal_()
+        layer.routing.activation_bias.normal_()
     capsules = grid(2, rows, rows + 1, 2)
     out = layer(capsules)
     out_rows, out_cols = layer.output_size(rows, rows + 1)
@@ -98,7 +98,7 @@ def test_conv_matrix_capsules_normalise_jointly_as_the_paper(rows, cols, stride,
     assert layer.normalization == "joint"
     with torch.no_grad():
         layer.routing.beta_u.normal_()
-        layer.routing.beta_a.normal_()
+        layer.routing.activation_bias.normal_()
     capsules = grid(2, rows, cols, 2, seed=6)
     out = layer(capsules)
     out_rows, out_cols = layer.output_size(rows, cols)

@@ -61,7 +61,7 @@ def test_em_router_gradients_after_a_partial_gradient():
     activations = torch.rand(2, 5, dtype=DOUBLE, requires_grad=True)
     result = router(votes, activations=activations)
     loss = (result.outputs * torch.randn_like(result.outputs)).sum() + (result.activations * 3).sum()
-    leaves = [votes, router.beta_u, router.beta_a]
+    leaves = [votes, router.beta_u, router.activation_bias]
     fresh = torch.autograd.grad(loss, [activations, *leaves], retain_graph=True)
     torch.autograd.grad(loss, [activations], retain_graph=True)
     for g, r in zip(torch.autograd.grad(loss, leaves), fresh[1:], strict=True):
@@ -165,3 +165,118 @@ def test_routers_declare_whether_they_iterate_and_use_activations():
     # One EM module for every layer that routes by EM.
     assert isinstance(ConvMatrixCapsules(2, 3).routing, EMRouter)
     assert isinstance(ClassMatrixCapsules(2, 3).routing, EMRouter)
+
+
+# --- EM: the activation bias in logit units, the amount of data per parent, training --------------
+
+
+def procedure1_scaled(votes, activations, beta_u, beta_a, schedule, data_scale=1.0, eps=1e-6):
+    """Procedure 1 for one example, receivers first (votes ``(out, in, h)``), its cost multiplied by
+    ``data_scale`` (Gritzman 2019's normalisation of the data assigned to a parent)."""
+    n_out, n_in, _ = votes.shape
+    R = torch.full((n_out, n_in), 1.0 / n_out, dtype=votes.dtype)
+    for t, lam in enumerate(schedule):
+        weights = R * activations  # (out, in): R_ij a_j, not renormalised
+        total = weights.sum(1, keepdim=True)  # (out, 1)
+        mu = (weights[..., None] * votes).sum(1) / total  # (out, h)
+        var = (weights[..., None] * (votes - mu[:, None]) ** 2).sum(1) / total + eps
+        cost = ((beta_u[:, None] + 0.5 * var.log()) * total * data_scale).sum(1)  # (out,)
+        a_out = torch.sigmoid(lam * (beta_a - cost))
+        if t < len(schedule) - 1:
+            spread = (votes - mu[:, None]) ** 2 / var[:, None] + torch.log(2 * math.pi * var[:, None])
+            log_p = -0.5 * spread.sum(-1)  # (out, in): log N(V_ij | mu_i, var_i)
+            R = torch.softmax(torch.log(a_out)[:, None] + log_p, dim=0)  # over the outputs of each input
+    return mu, a_out
+
+
+def test_em_router_keeps_beta_a_in_logit_units_and_starts_empty_capsules_at_empty_activation():
+    from torchvote.functional.em import em_routing
+
+    torch.manual_seed(7)
+    router = EMRouter(out_caps=3, empty_activation=0.2, dtype=DOUBLE)
+    final_lambda = 0.01 * (1 - 0.95**3)  # the third of 0.01 (1 - 0.95^(t+1)), by hand
+    logit = math.log(0.2 / 0.8)
+    torch.testing.assert_close(router.activation_bias.detach(), torch.full((3,), logit, dtype=DOUBLE))
+    torch.testing.assert_close(router.beta_a.detach(), torch.full((3,), logit / final_lambda, dtype=DOUBLE))
+    # no input active: no data, no cost, the activation is logistic(activation_bias) = 0.2
+    empty = router(torch.randn(2, 3, 5, 4, dtype=DOUBLE), activations=torch.zeros(2, 5, dtype=DOUBLE))
+    torch.testing.assert_close(empty.activations, torch.full((2, 3), 0.2, dtype=DOUBLE))
+    # with data it is the paper's routing with beta_a = activation_bias / lambda_T
+    votes, acts = torch.randn(2, 3, 5, 4, dtype=DOUBLE), torch.rand(2, 5, dtype=DOUBLE)
+    expected = em_routing(
+        votes, acts, torch.zeros(3, dtype=DOUBLE), torch.full((3,), logit / final_lambda, dtype=DOUBLE)
+    )
+    torch.testing.assert_close(router(votes, activations=acts).activations, expected[1])
+    assert EMRouter(out_caps=3).activation_bias[0].item() == pytest.approx(math.log(0.1 / 0.9))
+    for bad in (0.0, 1.0, -0.5, "0.1"):
+        with pytest.raises(ValueError, match="empty_activation must be in \\(0, 1\\)"):
+            EMRouter(out_caps=3, empty_activation=bad)
+
+
+def test_em_router_loads_a_checkpoint_that_kept_the_papers_beta_a():
+    torch.manual_seed(8)
+    schedule = [0.1, 0.4]
+    router = EMRouter(out_caps=3, iterations=2, inverse_temperature=schedule, dtype=DOUBLE)
+    old = {"beta_u": torch.randn(3, dtype=DOUBLE), "beta_a": torch.randn(3, dtype=DOUBLE)}
+    router.load_state_dict(old)
+    torch.testing.assert_close(router.beta_a.detach(), old["beta_a"])
+    torch.testing.assert_close(router.activation_bias.detach(), 0.4 * old["beta_a"])
+    votes, acts = torch.randn(1, 3, 6, 4, dtype=DOUBLE), torch.rand(1, 6, dtype=DOUBLE)
+    _, expected = procedure1_scaled(votes[0], acts[0], old["beta_u"], old["beta_a"], schedule)
+    torch.testing.assert_close(router(votes, activations=acts).activations[0], expected)
+
+
+@pytest.mark.parametrize("data_per_parent", [None, 100.0, 7.5])
+def test_em_router_data_per_parent_scales_the_cost_as_a_loop_would(data_per_parent):
+    torch.manual_seed(9)
+    schedule = [0.002, 0.004, 0.006]
+    router = EMRouter(out_caps=3, inverse_temperature=schedule, data_per_parent=data_per_parent, dtype=DOUBLE)
+    with torch.no_grad():
+        router.beta_u.normal_()
+        router.activation_bias.normal_()
+    votes, acts = torch.randn(2, 3, 8, 4, dtype=DOUBLE), torch.rand(2, 8, dtype=DOUBLE)
+    result = router(votes, activations=acts)
+    scale = 1.0 if data_per_parent is None else data_per_parent * 3 / 8  # kappa * out / in
+    beta_a = router.activation_bias.detach() / (schedule[-1] * scale)  # the last logit: activation_bias
+    for n in range(2):
+        mu, a_out = procedure1_scaled(
+            votes[n], acts[n], router.beta_u.detach(), beta_a, [scale * lam for lam in schedule]
+        )
+        torch.testing.assert_close(result.outputs[n], mu)
+        torch.testing.assert_close(result.activations[n], a_out)
+    if data_per_parent is not None:
+        assert f"data_per_parent={data_per_parent}" in repr(router)
+        with pytest.raises(ValueError, match="data_per_parent"):
+            EMRouter(out_caps=3, data_per_parent=0.0)
+
+
+def test_em_spread_loss_at_a_fixed_margin_falls_below_the_empty_capsule_floor():
+    """Issue 10: with the paper's beta_a as the parameter, an output capsule without data sits at
+    logistic(lambda beta_a) = 0.5 for good (Adam moves beta_a by ~lr, the logit by lambda x lr),
+    so with 4 classes the spread loss at margin 0.9 cannot fall below 3 (0.9 - 0.5)^2 = 0.48
+    (measured: 0.655 after 60 steps, every absent class at 0.5 or above). With the bias in logit units,
+    starting empty capsules at 0.1, it falls to about 0.1."""
+    from torchvote import losses
+    from torchvote.nn.capsules import CapsuleLinear
+
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    classes, in_caps, in_dim = 4, 48, 4
+    prototypes = torch.randn(classes, in_caps, in_dim, generator=generator)
+    targets = torch.arange(classes).repeat(16)  # (64,)
+    inputs = prototypes[targets] + 0.3 * torch.randn(len(targets), in_caps, in_dim, generator=generator)
+    layer = CapsuleLinear(in_caps, in_dim, classes, 16, routing="em", iterations=3)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=1e-2)
+    curve = []
+    for _ in range(60):
+        scores = layer(inputs, return_routing=True).activations  # (64, 4)
+        loss = losses.spread_loss(scores, targets, margin=0.9)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        curve.append(loss.item())
+    others = scores.detach()[torch.nn.functional.one_hot(targets, classes) == 0]  # the absent classes
+    message = f"spread loss at margin 0.9: {curve[0]:.3f} -> {curve[-1]:.3f}"
+    assert curve[-1] < 0.3 < 3 * (0.9 - 0.5) ** 2, message
+    assert curve[-1] < 0.2 * curve[0]
+    assert others.min() < 0.4

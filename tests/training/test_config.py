@@ -254,3 +254,55 @@ def test_one_reader_for_every_key_value_of_the_command_line():
 def test_a_key_below_a_model_value_is_not_a_section():
     with pytest.raises(ConfigError, match="model.dropout is not a section; cannot set model.dropout.x"):
         apply_overrides(load_config(), ["model.dropout=0.1", "model.dropout.x=1"])
+
+
+# --- the loss of a run: auto follows the router, an explicit name wins ------------------------------
+
+
+def _run_loss(config: TrainConfig) -> str:
+    from torchvote.models.registry import get_model_spec
+    from torchvote.training.config import build_model_config, resolve_loss_name
+
+    model_config = build_model_config(config.model)
+    return resolve_loss_name(config.loss.name, get_model_spec(config.model.name), model_config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], "margin"),  # dynamic routing: the model's registered loss
+        (["model.router=em"], "spread"),  # EM activations: the spread loss
+        (["model.router=em", "loss.name=margin"], "margin"),  # an explicit choice wins
+        (["loss.name=margin", "model.router=em"], "margin"),  # in either order
+        (["model.router=em", "loss.name=cross-entropy"], "cross-entropy"),
+        (["model.router=self_attention"], "margin"),
+    ],
+)
+def test_the_loss_follows_the_router_unless_the_command_line_names_one(overrides, expected):
+    config = load_config("capsnet-mnist", overrides)
+    assert _run_loss(config) == expected
+    # the recorded config keeps what the user said (auto when nothing), so it re-resolves the same
+    assert config_from_dict(config_to_dict(config)) == config
+    assert config.loss.name == ("auto" if not any(o.startswith("loss.name") for o in overrides) else expected)
+
+
+def test_the_loss_named_in_a_yaml_wins_over_the_router(tmp_path):
+    path = tmp_path / "em-margin.yaml"
+    model = {"name": "capsnet", "preset": "tiny", "router": "em"}
+    path.write_text(yaml.safe_dump({"model": model, "loss": {"name": "margin"}}))
+    assert _run_loss(load_config(str(path))) == "margin"
+    path.write_text(yaml.safe_dump({"model": model}))
+    assert _run_loss(load_config(str(path))) == "spread"
+    # a router set after the config was built still decides (nothing was resolved at load time)
+    assert _run_loss(apply_overrides(load_config("capsnet-mnist"), ["model.router=em"])) == "spread"
+    assert _run_loss(load_config("em-capsnet-mnist", ["loss.name=auto"])) == "spread"
+
+
+def test_the_capsnet_preset_leaves_the_loss_to_the_router_and_says_so():
+    text = load_preset("capsnet-mnist")
+    assert "name" not in text["loss"]  # auto: margin for dynamic routing, spread for em
+    from torchvote.training.config import _preset_dir
+
+    comment = (_preset_dir() / "capsnet-mnist.yaml").read_text(encoding="utf-8")
+    assert "model.router=em" in comment and "loss.name=margin" in comment
+    assert "use loss.name=spread" not in comment  # no longer needed by hand

@@ -83,6 +83,14 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
         coordinate_addition: add the scaled grid coordinates to the class votes.
         router: the class layer's routing, a name of ``list_routers()`` (``"em"``).
         router_options: keyword arguments of that router.
+        data_per_parent: the EM layers' amount of data per parent capsule (Gritzman 2019, sec.
+            2.2; IBM's implementation: 100): each layer's ``sum_j R_ij a_j`` is rescaled so that
+            a uniform share of fully active inputs counts as this many units, which puts the
+            activations of the small convolutional layers (about 4.5 votes per parent) on the
+            scale ``lambda`` was chosen for (the paper's class capsules, about 100); ``None``: the
+            paper's raw sums, with which every convolutional activation stays within 0.02 of its
+            start. Given to the class router too when it is ``"em"`` (unless ``router_options``
+            sets it). See :class:`~torchvote.nn.routers.EMRouter`.
 
     Raises:
         ValueError: a bad field, naming it (a grid the layers shrink to nothing names
@@ -101,6 +109,7 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
     coordinate_addition: bool = True
     router: str = "em"
     router_options: dict[str, Any] = field(default_factory=dict)
+    data_per_parent: float | None = 100.0
 
     def __post_init__(self) -> None:
         self.conv_caps_types = tuple(self.conv_caps_types)
@@ -120,6 +129,8 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
         if self.coordinate_addition and side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={self.pose_dim}")
         check_router(self.router, self.router_options)
+        if self.data_per_parent is not None and not self.data_per_parent > 0:
+            raise ValueError(f"data_per_parent must be positive or None, got {self.data_per_parent}")
         check_positive_tuples(self, ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"))
         if not len(self.conv_caps_types) == len(self.conv_caps_kernels) == len(self.conv_caps_strides):
             raise ValueError(
@@ -209,18 +220,22 @@ class EMCapsNet(CapsuleClassifier):
                     stride=stride,
                     pose_dim=config.pose_dim,
                     iterations=config.iterations,
+                    data_per_parent=config.data_per_parent,
                 )
             )
             in_types = types
         self.conv_capsules = nn.ModuleList(layers)
-        with router_options_errors(config.router, config.router_options):
+        router_options = dict(config.router_options)
+        if config.router == "em":
+            router_options.setdefault("data_per_parent", config.data_per_parent)
+        with router_options_errors(config.router, router_options):
             router = make_router(
                 config.router,
                 in_caps=config.class_in_caps,
                 out_caps=config.num_classes,
                 out_dim=config.pose_dim,
                 iterations=config.iterations,
-                **dict(config.router_options),
+                **router_options,
             )
         class_capsules = ClassMatrixCapsules(
             in_types,

@@ -193,7 +193,8 @@ class ConvMatrixCapsules(nn.Module):
         normalization: ``"joint"`` or ``"per_patch"``, as above.
         **routing_options: the :class:`~torchvote.nn.routers.EMRouter`'s options:
             ``iterations`` (3), ``inverse_temperature`` (the ``lambda_t`` schedule, default
-            ``0.01 (1 - 0.95^(t+1))``), ``eps`` (variance floor), ``strategy`` (``"auto"``).
+            ``0.01 (1 - 0.95^(t+1))``), ``eps`` (variance floor), ``strategy`` (``"auto"``),
+            ``empty_activation`` (0.1), ``data_per_parent`` (``None``; ``EMCapsNet``: 100).
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, an unknown
@@ -337,7 +338,8 @@ class ClassMatrixCapsules(nn.Module):
             part casts a weaker vote).
         **routing_options: the default :class:`~torchvote.nn.routers.EMRouter`'s options:
             ``iterations`` (3), ``inverse_temperature`` (the ``lambda_t`` schedule), ``eps``
-            (variance floor), ``strategy`` (``"auto"``).
+            (variance floor), ``strategy`` (``"auto"``), ``empty_activation`` (0.1),
+            ``data_per_parent`` (``None``).
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller

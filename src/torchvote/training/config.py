@@ -66,6 +66,7 @@ __all__ = [
     "load_preset",
     "model_config_from",
     "parse_override",
+    "resolve_loss_name",
 ]
 
 
@@ -199,6 +200,35 @@ def model_config_from(config: TrainConfig, **data_fields: Any) -> Any:
         ConfigError: an override contradicts the data, or the model config refuses a value.
     """
     return build_model_config(config.model, **data_fields)
+
+
+def resolve_loss_name(loss_name: str, spec: Any, model_config: Any) -> str:
+    """The loss a run trains with: ``loss.name`` if the user chose one, else the model's default.
+
+    ``loss.name`` is ``auto`` unless a preset or an override set it, so an explicit
+    ``loss.name=margin`` (command line or YAML) always wins. ``auto`` gives the spread loss when
+    the model routes its class capsules by EM (``router: em``): EM's output activations are
+    logistic units that the spread loss (Hinton et al. 2018, sec. 3.1) compares with each other,
+    while the margin loss's absolute targets (0.9 / 0.1) push them all towards zero. Otherwise
+    ``auto`` is the loss the model was registered with (``torchvote list models``).
+
+    Resolved where the run is built (:func:`~torchvote.training.objectives.make_objective`), not
+    when the config is loaded: a later ``model.router=...`` override still changes it, and the
+    recorded config keeps ``auto``.
+
+    Args:
+        loss_name: ``config.loss.name``.
+        spec: the registered model (:class:`~torchvote.models.registry.ModelSpec`).
+        model_config: the model's own config (:func:`build_model_config`).
+
+    Returns:
+        ``cross-entropy``, ``margin`` or ``spread``.
+    """
+    if loss_name != "auto":
+        return loss_name
+    if getattr(model_config, "router", None) == "em":
+        return "spread"
+    return spec.loss
 
 
 def _set_override(values: dict[str, Any], parts: list[str], raw: str) -> None:

@@ -148,7 +148,9 @@ class _Run:
         self.total_steps = min(steps, config.max_steps) if config.max_steps is not None else steps
         self.optimizer = build_optimizer(self.model.parameters(), config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim, self.total_steps)
-        self.objective = make_objective(config.loss, self.spec, self.total_steps, fields.get("pad_id"))
+        self.objective = make_objective(
+            config.loss, self.spec, self.total_steps, fields.get("pad_id"), model_config=self.model_config
+        )
         if self.resume_from is not None:
             paths, state = self.resume_from
             self.step = restore_state(self, paths, state)

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from torchvote import losses
 from torchvote.models.registry import ClassifierOutput, ModelSpec
+from torchvote.training.config import resolve_loss_name
 from torchvote.training.schema import LossConfig
 
 __all__ = ["Objective", "make_objective"]
@@ -25,15 +26,25 @@ Objective = Callable[[Any, dict[str, Tensor], int], tuple[Tensor, dict[str, Tens
 
 
 def make_objective(
-    loss: LossConfig, spec: ModelSpec, total_steps: int, pad_id: int | None = None
+    loss: LossConfig,
+    spec: ModelSpec,
+    total_steps: int,
+    pad_id: int | None = None,
+    *,
+    model_config: Any = None,
 ) -> Objective:
-    """The training objective of a run: the configured loss (or the model's registered one).
+    """The training objective of a run: the configured loss, or with ``loss.name=auto`` the
+    model's default (:func:`~torchvote.training.config.resolve_loss_name`: the spread loss for a
+    model that routes by EM, else its registered loss).
 
     Args:
         loss: the loss section of the config.
         spec: the registered model (its task and default loss).
-        total_steps: the run's length (the spread-loss margin schedule spans it).
+        total_steps: the run's length (the spread-loss margin schedule spans it, however the
+            spread loss was chosen).
         pad_id: the padding id of sequence data (skipped by a seq2seq cross-entropy).
+        model_config: the model's own config (its ``router`` decides ``auto``); ``None``: the
+            registered loss.
 
     Returns:
         ``objective(output, batch, step) -> (loss, parts)``; ``parts`` holds the terms of the
@@ -44,7 +55,7 @@ def make_objective(
     """
     from torchvote.training.tasks import get_task_handler
 
-    name = spec.loss if loss.name == "auto" else loss.name
+    name = resolve_loss_name(loss.name, spec, model_config)
     handler = get_task_handler(spec.task)
     handler.check_loss(name)
     return _BUILDERS[name](loss, handler, total_steps, pad_id)

@@ -107,14 +107,18 @@ class LossConfig:
     """The training loss.
 
     Args:
-        name: ``auto`` (the model's registered loss), ``cross-entropy``, ``margin`` (plus the
-            reconstruction loss when the model reconstructs) or ``spread``.
+        name: ``auto``, ``cross-entropy``, ``margin`` (plus the reconstruction loss when the
+            model reconstructs) or ``spread``. ``auto`` means "not chosen": the spread loss when
+            the model routes by EM (``model.router=em``), else the model's registered loss (see
+            :func:`~torchvote.training.config.resolve_loss_name`); any other value, from a preset
+            or the command line, is used as it is.
         label_smoothing: of the cross-entropy.
         reconstruction_weight: scale of the summed squared reconstruction error (CapsNet: 0.0005).
         positive_margin, negative_margin, down_weight: ``m+``, ``m-`` and ``lambda`` of the margin
             loss.
         spread_margin_start, spread_margin_end: the spread-loss margin schedule (0.2 -> 0.9).
-        spread_ramp_steps: steps over which the margin rises; ``None``: the whole run.
+        spread_ramp_steps: steps over which the margin rises; ``None``: the whole run (also
+            when ``auto`` selects the spread loss).
     """
 
     name: Literal["auto", "cross-entropy", "margin", "spread"] = "auto"

@@ -5,9 +5,48 @@ One module for every layer that routes by EM: :class:`~torchvote.nn.capsules.Cap
 (``routing="em"``) and the matrix-capsule layers of :mod:`torchvote.nn.em_capsules`, which call
 :meth:`EMRouter.route` on all their patches at once (with ``sender_groups`` for the joint
 normalisation of a convolutional layer).
+
+**What the router learns, and in which units.** Procedure 1's output activation is
+``a_i = logistic(lambda (beta_a - sum_h cost_i^h))`` with ``lambda`` tiny (the authors' schedule
+``0.01 (1 - 0.95^(t+1))`` is 0.0005, 0.00098, 0.0014 over three iterations). An output capsule
+that receives no votes has no cost, so its activation is ``logistic(lambda beta_a)``: with the
+paper's ``beta_a`` as the parameter, that is 0.5 at initialisation and stays there, because a unit
+step of ``beta_a`` moves the logit by ``lambda`` (Adam moves a parameter by about the learning rate
+per step: 1e-3 x 0.0014 per step). Every absent class then sits at about 0.5 or above, and the
+spread loss ``sum_{i != t} max(0, m - (a_t - a_i))^2`` cannot fall below ``9 (m - 0.5)^2`` for ten
+classes (1.44 at the final margin 0.9), however well the model classifies. So the router keeps
+``beta_a`` in the units it acts in, the logit: the parameter is ``activation_bias``, the logit of
+an empty capsule at the last iteration (``beta_a = activation_bias / lambda_T``, exposed as the
+:attr:`EMRouter.beta_a` property, the paper's value), and it starts at
+``logit(empty_activation)``, an empty capsule at 0.1 by default. The authors' released code does
+the same with a constant: ``logit = lambda (win - 5000 activation_bias)`` with the bias
+initialised to 1.0 (class capsules) and 0.5 (convolutional capsules), an empty capsule's logit of
+-1.8 and -3.6 at the last iteration (google-research/google-research, ``capsule_em/em_layers.py``);
+IBM's implementation draws ``beta_a`` from a truncated normal of mean -1000 (logit about -1 to
+-1.4) for the same reason (Gritzman 2019, IBM/matrix-capsules-with-em-routing, ``em_routing.py``).
+``beta_u`` stays in the paper's units (nats per pose entry and unit of data), in which it already
+moves the logit by ``lambda_T * pose_dim * sum_j R_ij a_j`` per unit.
+
+**The amount of data per parent.** ``sum_j R_ij a_j`` grows with the layer's fan-in over fan-out:
+a convolutional capsule of the small network gets a few votes' worth of data per patch where the
+paper's class capsules get about a hundred, so with one ``lambda`` for every layer the cost, and
+with it every activation, barely moves away from ``logistic(activation_bias)`` in the small layers.
+``data_per_parent`` rescales the data to that many units for a parent that receives its uniform
+share of fully active inputs (the cost is multiplied by ``data_per_parent * out_caps /
+in_caps``), Gritzman 2019, "Avoiding implementation pitfalls of 'Matrix capsules with EM
+routing'", sec. 2.2, and IBM's ``layer_norm_factor = 100 / (child_caps / parent_caps)``. It is
+applied as the equivalent scaling of ``lambda`` (so the routing function is untouched), and is off
+by default (``None``): vector capsules routed by EM (CapsNet's class layer) already receive about
+29 inputs per parent, and their tiny votes (variances at the ``eps`` floor) saturate every
+activation when the cost is scaled up; :class:`~torchvote.models.em_capsnet.EMCapsNet` turns it on
+for its matrix capsules.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,10 +68,10 @@ __all__ = ["EMRouter"]
 
 @register_router
 class EMRouter(Router):
-    """EM routing; learns ``beta_u`` and ``beta_a`` per output capsule (type).
+    """EM routing; learns ``beta_u`` and the activation bias per output capsule (type).
 
     Args:
-        out_caps: output capsules (types), the length of ``beta_u`` and ``beta_a``.
+        out_caps: output capsules (types), the length of ``beta_u`` and ``activation_bias``.
         iterations: EM iterations (3 in the paper).
         inverse_temperature: the ``lambda_t`` schedule (a callable of the 0-based iteration, one
             value per iteration, or a constant); default ``0.01 (1 - 0.95^(t+1))``.
@@ -41,9 +80,16 @@ class EMRouter(Router):
             ``"auto"`` (``"blocked"`` on CPU, ``"vectorized"`` on CUDA), ``"blocked"``,
             ``"vectorized"`` (double backward) or ``"compiled"`` (``torch.compile``, compiles per
             shape); the same numbers from each.
+        empty_activation: the initial activation of an output capsule that receives no votes,
+            in (0, 1): ``activation_bias`` starts at its logit (0.1: -2.197). See the module
+            docstring for why not 0.5.
+        data_per_parent: rescale the data each parent receives so that a uniform share of fully
+            active inputs counts as this many units (100 in IBM's implementation); ``None``: the
+            paper's raw ``sum_j R_ij a_j``.
 
     Raises:
-        ValueError: ``iterations`` < 1, a bad schedule, ``eps`` or ``strategy``.
+        ValueError: ``iterations`` < 1, a bad schedule, ``eps``, ``strategy``,
+            ``empty_activation`` or ``data_per_parent``.
     """
 
     name = "em"
@@ -58,18 +104,44 @@ class EMRouter(Router):
         inverse_temperature: InverseTemperature = default_inverse_temperature,
         eps: float = 1e-6,
         strategy: EMStrategy = "auto",
+        empty_activation: float = 0.1,
+        data_per_parent: float | None = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         self.iterations = check_positive_int(iterations, "iterations")
-        inverse_temperature_schedule(inverse_temperature, iterations)  # checked where it enters
+        schedule = inverse_temperature_schedule(inverse_temperature, iterations)  # checked where it enters
         self.inverse_temperature = inverse_temperature
         self.eps = check_positive_float(eps, "eps")
         self.strategy = check_choice(strategy, STRATEGIES, "strategy")
         check_positive_int(out_caps, "out_caps")
+        if not isinstance(empty_activation, (int, float)) or not 0.0 < empty_activation < 1.0:
+            raise ValueError(f"empty_activation must be in (0, 1), got {empty_activation!r}")
+        if data_per_parent is not None:
+            check_positive_float(data_per_parent, "data_per_parent")
+        self.empty_activation = float(empty_activation)
+        self.data_per_parent = data_per_parent
+        # beta_a = activation_bias / lambda_T; a schedule that ends at 0 makes beta_a irrelevant.
+        self._final_inverse_temperature = schedule[-1] if schedule[-1] > 0 else 1.0
         self.beta_u = nn.Parameter(torch.zeros(out_caps, device=device, dtype=dtype))  # per output
-        self.beta_a = nn.Parameter(torch.zeros(out_caps, device=device, dtype=dtype))
+        bias = math.log(empty_activation / (1.0 - empty_activation))
+        self.activation_bias = nn.Parameter(torch.full((out_caps,), bias, device=device, dtype=dtype))
+        self.register_load_state_dict_pre_hook(self._convert_beta_a)
+
+    @property
+    def beta_a(self) -> Tensor:
+        """The paper's ``beta_a`` ``(out_caps,)``: ``activation_bias / lambda_T``, the value that
+        :func:`~torchvote.functional.em.em_routing` takes (without ``data_per_parent``)."""
+        return self.activation_bias / self._final_inverse_temperature
+
+    def _convert_beta_a(self, module: nn.Module, state_dict: Mapping[str, Any], prefix: str, *args) -> None:
+        """Checkpoints from before ``activation_bias`` kept the paper's ``beta_a``: convert it
+        exactly (``activation_bias = lambda_T beta_a``), so they load to the same function."""
+        if prefix + "beta_a" in state_dict and prefix + "activation_bias" not in state_dict:
+            state_dict[prefix + "activation_bias"] = (  # type: ignore[index]
+                state_dict.pop(prefix + "beta_a") * self._final_inverse_temperature  # type: ignore[attr-defined]
+            )
 
     def route(
         self,
@@ -92,13 +164,19 @@ class EMRouter(Router):
             poses ``(batch..., out_caps, pose_dim)``, activations ``(batch..., out_caps)`` (and
             the assignments ``(batch..., out_caps, in_caps)``).
         """
+        beta_a, inverse_temperature = self.beta_a, self.inverse_temperature
+        if self.data_per_parent is not None:
+            # cost * k with lambda, beta_a  ==  cost with k lambda, beta_a / k (same logit)
+            scale = self.data_per_parent * votes.shape[-3] / votes.shape[-2]  # k = kappa I / J
+            schedule = inverse_temperature_schedule(inverse_temperature, self.iterations)
+            beta_a, inverse_temperature = beta_a / scale, [scale * value for value in schedule]
         return em_routing(
             votes,
             activations,
             self.beta_u,
-            self.beta_a,
+            beta_a,
             iterations=self.iterations,
-            inverse_temperature=self.inverse_temperature,
+            inverse_temperature=inverse_temperature,
             eps=self.eps,
             sender_groups=sender_groups,
             strategy=self.strategy,
@@ -118,4 +196,7 @@ class EMRouter(Router):
         return cls(out_caps=out_caps, iterations=iterations, **factory, **options)
 
     def extra_repr(self) -> str:
-        return f"out_caps={self.beta_u.shape[0]}, iterations={self.iterations}, strategy={self.strategy!r}"
+        text = f"out_caps={self.beta_u.shape[0]}, iterations={self.iterations}, strategy={self.strategy!r}"
+        if self.data_per_parent is not None:
+            text += f", data_per_parent={self.data_per_parent}"
+        return text

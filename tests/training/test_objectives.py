@@ -1,0 +1,49 @@
+"""Training objectives: the loss ``auto`` resolves to, and the spread-loss margin schedule it gets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchvote import losses
+from torchvote.models.registry import ClassifierOutput, get_model_spec
+from torchvote.training.config import LossConfig, build_model_config, load_config
+from torchvote.training.objectives import make_objective
+
+
+def _objective(overrides, total_steps):
+    config = load_config("capsnet-mnist", overrides)
+    spec = get_model_spec(config.model.name)
+    return make_objective(config.loss, spec, total_steps, model_config=build_model_config(config.model))
+
+
+def _batch():
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.rand(6, 10, generator=generator)
+    return ClassifierOutput(scores=scores), {"targets": torch.arange(6), "images": torch.zeros(6, 1, 28, 28)}
+
+
+@pytest.mark.parametrize("total_steps", [10, 400])
+def test_spread_selected_by_the_router_ramps_its_margin_over_the_whole_run(total_steps):
+    objective = _objective(["model.router=em"], total_steps)
+    output, batch = _batch()
+    for step, margin in [(0, 0.2), (total_steps // 2, 0.55), (total_steps, 0.9), (2 * total_steps, 0.9)]:
+        value, parts = objective(output, batch, step)
+        assert parts["spread_margin"].item() == pytest.approx(margin)
+        expected = losses.spread_loss(output.scores, batch["targets"], margin=margin)
+        assert value.item() == pytest.approx(expected.item())
+
+
+def test_an_explicit_margin_loss_is_kept_with_em_routing():
+    objective = _objective(["model.router=em", "loss.name=margin", "loss.reconstruction_weight=0"], 10)
+    output, batch = _batch()
+    value, parts = objective(output, batch, 0)
+    assert set(parts) == {"margin"}
+    assert value.item() == pytest.approx(losses.margin_loss(output.scores, batch["targets"]).item())
+
+
+def test_without_a_model_config_auto_is_the_registered_loss():
+    spec = get_model_spec("capsnet")
+    output, batch = _batch()
+    _, parts = make_objective(LossConfig(reconstruction_weight=0), spec, 10)(output, batch, 0)
+    assert set(parts) == {"margin"}
