@@ -30,7 +30,8 @@ which the training loop compares with each digit alone.
 
 **Routers.** Every name of ``list_routers()`` works. With ``router="em"`` the class capsules are
 EM routing's means and the scores are EM's output activations (the primary capsules' lengths are
-the input activations); train it with the spread loss (``loss.name=spread``), which EM's
+the input activations); it trains with the spread loss (``loss.name=auto``, the default, picks
+it for the EM router; an explicit ``loss.name`` wins), which EM's
 activations were made for: the margin loss's absolute targets push every sigmoid activation to
 zero and the network stops learning (tiny preset, 100 steps on small digits: 9% training accuracy
 with the margin loss, 97% with the spread loss). Every other router gives vectors whose length is
