@@ -179,8 +179,8 @@ def _affnist() -> Row:
         },
         note=(
             "Paper: Sabour et al. 2017, sec. 5.2, on the real affNIST; the affNIST column appears for "
-            "runs made after `torchvote data affnist --download` has fetched it. The paper stops both models at about "
-            "99.2% on expanded MNIST; the CPU budget stops after a fixed number of epochs."
+            "runs made after `torchvote data affnist --download` has fetched it. The paper stops both "
+            "models at about 99.2% on expanded MNIST; the CPU budget stops after a fixed number of epochs."
         ),
     )
 
