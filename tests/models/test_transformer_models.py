@@ -104,7 +104,7 @@ def test_classifier_shapes_and_recorded_weights(pooling, positional):
     output = model(images)
     assert output.scores.shape == (2, 10) and output.couplings is None
     recorded = model(images, need_weights=True)
-    tokens = 16 + (1 if pooling == "cls" else 0)  # (28 / 7)^2 patches
+    tokens = 49 + (1 if pooling == "cls" else 0)  # (28 / 4)^2 patches
     assert recorded.couplings.shape == (2, tokens, tokens)
     assert list(recorded.intermediates) == ["layers.0.self_attention"]
     assert (pooling == "cls") == (model.class_token is not None)

@@ -45,7 +45,8 @@ def test_tiny_run_trains_evaluates_and_writes_everything(tiny_config):
     assert not result.interrupted
     assert result.step == 3 * (240 // 40)
     accuracy = result.results["mnist/test"]["accuracy"]
-    assert accuracy > 0.3, "three epochs on 240 digits should beat chance clearly"
+    # Guessing among 10 classes gets 17 or more of the 60 test digits right with probability 6e-5.
+    assert round(accuracy * 60) >= 17, "three epochs on 240 digits should beat chance clearly"
     # Checkpoint files, the pointer, the config, metrics and the plot.
     assert (
         result.checkpoint is not None

@@ -117,7 +117,7 @@ class TransformerClassifierConfig(TransformerBackboneFields):
             "image_size": 28,
             "in_channels": 1,
             "num_classes": 10,
-            "patch_size": 7,
+            "patch_size": 4,
             "d_model": 16,
             "num_heads": 2,
             "num_layers": 1,
