@@ -380,12 +380,13 @@ class _Run:
         results = {f"{self.eval_data.name}/{self.eval_data.split}": self._evaluate(self.eval_data)}
         for entry in self.config.eval_on:
             name, options = parse_eval_entry(entry)
+            root = options.pop("root", self.config.data.root)  # an entry's own root wins
             data = load_data(
                 self.handler,
                 name,
                 None,
                 options=options,
-                root=self.config.data.root,
+                root=None if root is None else str(root),
                 limit=self.config.data.eval_limit,
             )
             results[f"{data.name}/{data.split}"] = self._evaluate(

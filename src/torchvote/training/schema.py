@@ -152,7 +152,8 @@ class TrainConfig:
         max_steps: stop after this many optimiser steps (``None``: ``epochs`` decide).
         eval_every: evaluate every this many epochs (0: only at the end).
         eval_on: further data sets evaluated at the end of the run (e.g. ``affnist``, or with the data
-            set's options ``affnist-style:canvas=28``).
+            set's options ``affnist-style:canvas=28``). Each is read from ``data.root`` unless the
+            entry names its own (``affnist:root=DIR`` beside ``data.root=MNIST_DIR``).
         checkpoint_every: also checkpoint every this many steps (0: at each epoch end only).
         keep_checkpoints: how many checkpoints to keep (the newest).
         seed: seeds the model initialisation, the data order and every random augmentation.
