@@ -174,7 +174,7 @@ def _affnist() -> Row:
             Metric("affNIST accuracy (%)", dataset="affnist/test", transform="percent"),
         ),
         {
-            "cpu": ("data.limit=15000", "epochs=1", *_FAST, *_QUIET),
+            "cpu": ("epochs=1", *_FAST, *_QUIET),
             "paper": ("model.preset=paper", "epochs=30", *_NO_LOGS),
         },
         note=(
@@ -235,7 +235,7 @@ def _em_iterations() -> Row:
         ),
         {
             "cpu": (
-                "data.limit=2000",
+                "data.limit=10000",
                 "epochs=1",
                 "data.eval_limit=1000",
                 "eval_on=[affnist-style:canvas=28]",
