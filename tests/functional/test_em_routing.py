@@ -237,3 +237,17 @@ def test_votes_gradient_after_a_partial_gradient_is_exact(strategy):
     loss.backward()
     torch.testing.assert_close(V.grad, fresh[0], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(beta_u.grad, fresh[2], rtol=1e-10, atol=1e-12)
+
+
+def test_the_authors_schedule_rescaled_to_end_at_a_value():
+    from torchvote.functional.em import default_schedule_ending_at
+
+    authors = [0.01 * (1 - 0.95 ** (t + 1)) for t in range(3)]  # 0.0005, 0.000975, 0.00142625
+    assert default_schedule_ending_at(authors[-1], 3) == pytest.approx(authors)
+    assert default_schedule_ending_at(0.003, 1) == pytest.approx([0.003])
+    two = default_schedule_ending_at(0.003, 2)
+    assert two[1] == pytest.approx(0.003) and two[0] / two[1] == pytest.approx(authors[0] / authors[1])
+    with pytest.raises(ValueError, match="final inverse temperature must be a positive number"):
+        default_schedule_ending_at(0.0, 2)
+    with pytest.raises(ValueError, match="iterations must be an int >= 1"):
+        default_schedule_ending_at(0.001, 0)

@@ -126,6 +126,8 @@ def test_zero_images_give_finite_outputs_and_gradients():
         ({"primary_types": 0}, "primary_types must be a positive integer"),
         ({"iterations": 0}, "iterations must be a positive integer"),
         ({"data_per_parent": 0.0}, "data_per_parent must be positive or None, got 0.0"),
+        ({"final_inverse_temperature": 0.0}, "final_inverse_temperature must be a positive number or None"),
+        ({"final_inverse_temperature": float("nan")}, "final_inverse_temperature must be a positive number"),
     ],
 )
 def test_bad_configs_name_the_field(overrides, message):
@@ -147,6 +149,35 @@ def test_every_em_layer_gets_the_amount_of_data_per_parent(overrides, conv, clas
     assert model.head.class_capsules.routing.data_per_parent == classes
     # a vector router takes no such option and is given none
     create_model("em-capsnet", "tiny", router="dynamic")
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_every_em_layer_follows_the_final_inverse_temperature(iterations):
+    authors = [0.01 * (1 - 0.95 ** (t + 1)) for t in range(iterations)]  # the OpenReview schedule
+    model = create_model("em-capsnet", "tiny", iterations=iterations)
+    routers = [layer.routing for layer in model.conv_capsules] + [model.head.class_capsules.routing]
+    for router in routers:
+        assert [router.inverse_temperature(t) for t in range(iterations)] == pytest.approx(authors)
+    held = create_model("em-capsnet", "tiny", iterations=iterations, final_inverse_temperature=0.002)
+    routers = [layer.routing for layer in held.conv_capsules] + [held.head.class_capsules.routing]
+    expected = [0.002 * value / authors[-1] for value in authors]  # the same shape, ending at 0.002
+    for router in routers:
+        assert list(router.inverse_temperature) == pytest.approx(expected)
+    assert expected[-1] == pytest.approx(0.002)
+
+
+def test_one_iteration_with_the_authors_schedule_hardly_separates_the_classes():
+    # lambda = 0.0005 after one pass: activation logits lambda (beta_a - cost) barely depend on
+    # the votes. Holding the 3-iteration lambda (0.00143) multiplies the spread between classes.
+    images = torch.rand(16, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+
+    def class_spread(**overrides) -> float:
+        torch.manual_seed(0)
+        scores = create_model("em-capsnet", "paper", iterations=1, **overrides)(images).scores
+        return scores.std(dim=1).mean().item()  # (b, classes) -> spread over the classes
+
+    authors, held = class_spread(), class_spread(final_inverse_temperature=0.01 * (1 - 0.95**3))
+    assert held > 5 * authors
 
 
 def test_shipped_preset_loads():

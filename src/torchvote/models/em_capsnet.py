@@ -38,12 +38,18 @@ Index legend: ``b`` batch, ``i`` classes (receivers), ``j`` input capsules (send
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torchvote.functional.em import (
+    InverseTemperature,
+    default_inverse_temperature,
+    default_schedule_ending_at,
+)
 from torchvote.models.capsule_config import (
     CapsuleClassifierConfig,
     check_classifier_fields,
@@ -91,6 +97,14 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
             paper's raw sums, with which every convolutional activation stays within 0.02 of its
             start. Given to the class router too when it is ``"em"`` (unless ``router_options``
             sets it). See :class:`~torchvote.nn.routers.EMRouter`.
+        final_inverse_temperature: ``None``: every EM layer uses the authors' ``lambda_t``
+            schedule (:func:`~torchvote.functional.default_inverse_temperature`), which ends at
+            0.00143 after 3 iterations but at 0.0005 after 1; a positive number: that schedule
+            rescaled to end at this value (:func:`~torchvote.functional.em.default_schedule_ending_at`),
+            so that networks with different ``iterations`` keep the same activation scale (with
+            the authors' schedule and 1 iteration the class activations vary by 2e-4 between
+            classes at initialisation and the network does not learn). Given to the class router
+            too when it is ``"em"`` (unless ``router_options`` sets ``inverse_temperature``).
 
     Raises:
         ValueError: a bad field, naming it (a grid the layers shrink to nothing names
@@ -110,6 +124,7 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
     router: str = "em"
     router_options: dict[str, Any] = field(default_factory=dict)
     data_per_parent: float | None = 100.0
+    final_inverse_temperature: float | None = None
 
     def __post_init__(self) -> None:
         self.conv_caps_types = tuple(self.conv_caps_types)
@@ -131,6 +146,15 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
         check_router(self.router, self.router_options)
         if self.data_per_parent is not None and not self.data_per_parent > 0:
             raise ValueError(f"data_per_parent must be positive or None, got {self.data_per_parent}")
+        if self.final_inverse_temperature is not None and not (
+            isinstance(self.final_inverse_temperature, (int, float))
+            and math.isfinite(self.final_inverse_temperature)
+            and self.final_inverse_temperature > 0
+        ):
+            raise ValueError(
+                "final_inverse_temperature must be a positive number or None, "
+                f"got {self.final_inverse_temperature!r}"
+            )
         check_positive_tuples(self, ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"))
         if not len(self.conv_caps_types) == len(self.conv_caps_kernels) == len(self.conv_caps_strides):
             raise ValueError(
@@ -144,6 +168,13 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
                 f"(conv {self.conv_kernel}/{self.conv_stride}, capsule kernels {self.conv_caps_kernels}, "
                 f"strides {self.conv_caps_strides})"
             )
+
+    @property
+    def inverse_temperature(self) -> InverseTemperature:
+        """The ``lambda_t`` schedule of every EM layer (see ``final_inverse_temperature``)."""
+        if self.final_inverse_temperature is None:
+            return default_inverse_temperature
+        return default_schedule_ending_at(self.final_inverse_temperature, self.iterations)
 
     @property
     def grids(self) -> tuple[int, ...]:
@@ -220,6 +251,7 @@ class EMCapsNet(CapsuleClassifier):
                     stride=stride,
                     pose_dim=config.pose_dim,
                     iterations=config.iterations,
+                    inverse_temperature=config.inverse_temperature,
                     data_per_parent=config.data_per_parent,
                 )
             )
@@ -228,6 +260,7 @@ class EMCapsNet(CapsuleClassifier):
         router_options = dict(config.router_options)
         if config.router == "em":
             router_options.setdefault("data_per_parent", config.data_per_parent)
+            router_options.setdefault("inverse_temperature", config.inverse_temperature)
         with router_options_errors(config.router, router_options):
             router = make_router(
                 config.router,
