@@ -247,7 +247,7 @@ def test_the_authors_schedule_rescaled_to_end_at_a_value():
     assert default_schedule_ending_at(0.003, 1) == pytest.approx([0.003])
     two = default_schedule_ending_at(0.003, 2)
     assert two[1] == pytest.approx(0.003) and two[0] / two[1] == pytest.approx(authors[0] / authors[1])
-    with pytest.raises(ValueError, match="final inverse temperature must be a positive number"):
+    with pytest.raises(ValueError, match="final must be a positive finite number, got 0.0"):
         default_schedule_ending_at(0.0, 2)
-    with pytest.raises(ValueError, match="iterations must be an int >= 1"):
+    with pytest.raises(ValueError, match="iterations must be a positive integer, got 0"):
         default_schedule_ending_at(0.001, 0)

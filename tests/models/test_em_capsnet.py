@@ -126,8 +126,14 @@ def test_zero_images_give_finite_outputs_and_gradients():
         ({"primary_types": 0}, "primary_types must be a positive integer"),
         ({"iterations": 0}, "iterations must be a positive integer"),
         ({"data_per_parent": 0.0}, "data_per_parent must be positive or None, got 0.0"),
-        ({"final_inverse_temperature": 0.0}, "final_inverse_temperature must be a positive number or None"),
-        ({"final_inverse_temperature": float("nan")}, "final_inverse_temperature must be a positive number"),
+        (
+            {"final_inverse_temperature": 0.0},
+            "final_inverse_temperature must be a positive finite number, got 0.0",
+        ),
+        (
+            {"final_inverse_temperature": float("nan")},
+            "final_inverse_temperature must be a positive finite number, got nan",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(overrides, message):

@@ -207,16 +207,11 @@ def test_canvas_trains_on_40x40_and_evaluates_on_affnist_style(tiny_config):
 
 def test_an_eval_on_entry_reads_its_own_root(tiny_config, tmp_path):
     # The real affNIST lives apart from the MNIST folder of data.root: the entry's root= wins.
-    from scipy.io import savemat  # the affnist extra, part of dev
-
+    from data.test_affnist import tiny_set, write_mat  # the .mat stand-ins of the affNIST tests
     from torchvote.data import DataNotFoundError
 
-    images = torch.randint(0, 256, (7, 40, 40), dtype=torch.uint8).numpy()
-    labels = (torch.arange(7) % 10).to(torch.uint8).numpy()
     folder = tmp_path / "affnist"
-    folder.mkdir()
-    record = {"image": images.reshape(7, 1600).T.copy(), "label_int": labels}  # one image per column
-    savemat(folder / "test.mat", {"affNISTdata": record})
+    write_mat(folder / "test.mat", *tiny_set(7))
     config = tiny_config("run", "data.canvas=40", "epochs=1", f"eval_on=[affnist:root={folder}]")
     result = train(config, verbose=False)
     assert result.results["affnist/test"]["count"] == 7

@@ -220,15 +220,15 @@ def _efficient_capsnet() -> Row:
     )
 
 
-#: The authors' inverse temperature at the last of 3 EM iterations, 0.01 (1 - 0.95^3).
-_LAMBDA_3 = 0.00142625
-
-
 def _iterations(count: int) -> str:
     return f"{count} iteration{'s' if count > 1 else ''}"
 
 
 def _em_iterations() -> Row:
+    from torchvote.functional.em import default_inverse_temperature
+
+    # The authors' inverse temperature at the last of 3 EM iterations: 0.01 (1 - 0.95^3) = 0.00142625.
+    lambda_3 = f"{default_inverse_temperature(2):.8g}"
     return Row(
         "em-iterations",
         "e",
@@ -244,7 +244,7 @@ def _em_iterations() -> Row:
                 Variant(
                     f"{_iterations(r)}, last lambda held at 0.00143",
                     "em-capsnet-mnist",
-                    (f"model.iterations={r}", f"model.final_inverse_temperature={_LAMBDA_3}"),
+                    (f"model.iterations={r}", f"model.final_inverse_temperature={lambda_3}"),
                 )
                 for r in (1, 2)
             ),

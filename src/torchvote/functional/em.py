@@ -113,10 +113,8 @@ def default_schedule_ending_at(final: float, iterations: int) -> list[float]:
     Raises:
         ValueError: ``final`` not positive and finite, or ``iterations`` < 1.
     """
-    if not (isinstance(final, (int, float)) and math.isfinite(final) and final > 0):
-        raise ValueError(f"final inverse temperature must be a positive number, got {final!r}")
-    if not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
+    final = check_positive_float(final, "final")
+    check_positive_int(iterations, "iterations")
     scale = final / default_inverse_temperature(iterations - 1)
     return [scale * default_inverse_temperature(t) for t in range(iterations)]
 

@@ -38,7 +38,6 @@ Index legend: ``b`` batch, ``i`` classes (receivers), ``j`` input capsules (send
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +66,7 @@ from torchvote.nn.em_capsules import (
     pose_side,
 )
 from torchvote.nn.routers import make_router
+from torchvote.validation import check_positive_float
 
 __all__ = ["EMCapsNet", "EMCapsNetConfig"]
 
@@ -146,15 +146,8 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
         check_router(self.router, self.router_options)
         if self.data_per_parent is not None and not self.data_per_parent > 0:
             raise ValueError(f"data_per_parent must be positive or None, got {self.data_per_parent}")
-        if self.final_inverse_temperature is not None and not (
-            isinstance(self.final_inverse_temperature, (int, float))
-            and math.isfinite(self.final_inverse_temperature)
-            and self.final_inverse_temperature > 0
-        ):
-            raise ValueError(
-                "final_inverse_temperature must be a positive number or None, "
-                f"got {self.final_inverse_temperature!r}"
-            )
+        if self.final_inverse_temperature is not None:
+            check_positive_float(self.final_inverse_temperature, "final_inverse_temperature")
         check_positive_tuples(self, ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"))
         if not len(self.conv_caps_types) == len(self.conv_caps_kernels) == len(self.conv_caps_strides):
             raise ValueError(
