@@ -350,6 +350,7 @@ def check_agreement(device: torch.device, batch: int = 4) -> None:
     base = BaselineEM(16, 16, kernel_size=3, stride=1).to(device)
     with torch.no_grad():
         base.weights.copy_(layer.weight.unsqueeze(0))
+        base.beta_a.copy_(layer.routing.beta_a)  # ours learns the bias as a logit (EMRouter)
     out = layer(capsules)
     mu, a_out = base(capsules.poses, capsules.activations)
     torch.testing.assert_close(out.poses, mu, rtol=1e-3, atol=1e-4)
@@ -358,6 +359,7 @@ def check_agreement(device: torch.device, batch: int = 4) -> None:
     base = BaselineEM(16, 5, kernel_size=1, stride=1, class_caps=True).to(device)
     with torch.no_grad():
         base.weights.copy_(classes.weight.unsqueeze(0))
+        base.beta_a.copy_(classes.routing.beta_a)
     grid = _grid(batch, 4, 16, device)
     out = classes(grid)
     mu, a_out = base(grid.poses, grid.activations)
