@@ -17,7 +17,9 @@ layout is receivers first ``(n, i out, j in, h)``.
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -182,6 +184,30 @@ def test_blocked_double_backward_raises_clearly():
     poses, activations = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="blocked")
     with pytest.raises(RuntimeError, match="differentiated once only.*vectorized"):
         torch.autograd.grad(loss_of(poses, activations), inputs, create_graph=True)
+
+
+@pytest.mark.parametrize("wanted", [slice(None), slice(1, 2)])  # every gradient, one gradient
+def test_blocked_frees_every_block_after_backward(monkeypatch, wanted):
+    """A training step must not leak: each block's statistics (and the workspace they view) are
+    gone once the step's tensors are. Before the fix the backward recomputation's block stayed
+    alive in a reference cycle through autograd's nodes, about 100 MB per step of
+    em-capsnet-mnist (21 GB by the end of a 156-step run)."""
+    blocks = []
+    original = kernel_module._BlockStatistics.__init__
+
+    def tracked(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        blocks.append(weakref.ref(self))
+
+    monkeypatch.setattr(kernel_module._BlockStatistics, "__init__", tracked)
+    inputs = sample(5)
+    for _ in range(2):  # two steps
+        loss = loss_of(*em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], strategy="blocked"))
+        torch.autograd.grad(loss, inputs[wanted])
+        del loss
+    gc.collect()
+    assert len(blocks) >= 4  # forward and backward blocks of both steps were made
+    assert [ref() for ref in blocks if ref() is not None] == []
 
 
 # --- joint normalisation over the parents of every input capsule (convolutional EM) -------------

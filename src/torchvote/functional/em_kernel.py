@@ -242,6 +242,14 @@ class _BlockStatistics:
         self.recorded.append(result)
         return result
 
+    def release(self) -> None:
+        """Drop every tensor this block holds. Required after a backward recomputation: the
+        products' autograd nodes hold this object (``ctx.stats``) and it holds their saved inputs
+        (the pieces), a reference cycle through autograd's C++ nodes that Python's garbage
+        collector cannot see; unbroken, every training step leaks the block's workspace."""
+        self.scales, self.coefficients, self.recorded, self.replay = [], [], [], None
+        self.tensor = self.shift = self.token = None
+
     def add_piece(self, scale: Tensor, coefficient: Tensor) -> None:
         """One product's share of ``d/d[c, c^2]``: ``scale`` ``(N, j)`` times ``coefficient`` ``(N, 2h)``."""
         self.scales.append(scale)
@@ -350,8 +358,10 @@ class _BlockedEM(torch.autograd.Function):
             return None, None, None, None, None, None
         results = [torch.zeros(x.shape, dtype=x.dtype, device=x.device) if need else None
                    for x, need in zip(small, needs[1:], strict=True)]
-        # every block writes its rows of the votes' gradient (or zeroes them)
-        grad_votes = torch.empty_like(votes, memory_format=torch.contiguous_format) if needs[0] else None
+        # every block writes its rows of the votes' gradient (or zeroes them), in the votes' own
+        # memory layout: a layer that formed them as a view of another layout (ConvMatrixCapsules)
+        # then gets its gradient back without a transposing copy
+        grad_votes = torch.empty_like(votes) if needs[0] else None
         results.insert(0, grad_votes)
         rows, block_rows = votes.shape[0], ctx.block_rows
         workspace = _workspace(votes, block_rows)
@@ -374,6 +384,7 @@ class _BlockedEM(torch.autograd.Function):
                     stats.votes_gradient(votes[block], out=results[0][block])
                 else:
                     results[0][block].zero_()
+            stats.release()
             for result, need in zip(results[1:], needs[1:], strict=True):
                 if need:
                     piece = next(found)
