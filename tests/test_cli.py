@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from torchvote import cli
@@ -185,3 +187,15 @@ def test_bench_runs_the_script_with_its_arguments(tmp_path, capsys, monkeypatch)
     (tmp_path / "training.py").write_text("import sys\nraise SystemExit(len(sys.argv) - 1)\n")
     monkeypatch.setattr(cli, "_benchmarks_dir", lambda: tmp_path)
     assert cli.main(["bench", "training", "--models", "cnn-baseline", "--steps", "2"]) == 4
+
+
+@pytest.mark.parametrize(("before", "after"), [(None, "1"), ("0", "0")])
+def test_command_line_asks_for_huge_pages_unless_told_not_to(monkeypatch, capsys, before, after):
+    """PyTorch reads THP_MEM_ALLOC_ENABLE at its first CPU allocation: the command line sets it
+    first thing, and a user's own value wins."""
+    if before is None:
+        monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    else:
+        monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", before)
+    assert cli.main(["list"]) == 0
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == after
