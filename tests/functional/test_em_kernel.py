@@ -28,7 +28,7 @@ from einops import rearrange
 
 import torchvote.functional.em_kernel as kernel_module
 from torchvote.functional.em import default_inverse_temperature, em_routing
-from torchvote.functional.em_kernel import conv_sender_groups
+from torchvote.functional.em_kernel import PerSenderVotes, conv_sender_groups
 from torchvote.functional.voting import PairwiseVotes, VotingState, vote
 
 DOUBLE = torch.float64
@@ -325,6 +325,40 @@ def test_bfloat16_votes_route_with_float32_statistics(strategy):
     torch.testing.assert_close(poses.float(), exact[0].bfloat16().float(), rtol=0, atol=0)
     (poses.float().sum() + acts.float().sum()).backward()
     assert low.grad.dtype == torch.bfloat16 and torch.isfinite(low.grad.float()).all()
+
+
+# --- votes cast by per-sender linear maps, formed block by block ---------------------------------
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("wanted", [[0, 1, 2, 3, 4], [1], [2, 0]])  # all, the weights alone, a subset
+def test_per_sender_votes_route_as_their_formed_votes(strategy, grouped, wanted, block_size):
+    """Unformed votes (formed per block by ``"blocked"``, materialised otherwise) give the outputs
+    and, through the formation, the gradients of the votes formed first with einsum."""
+    generator = torch.Generator().manual_seed(11)
+    batch, positions, senders, receivers, side = 2, 4, 6, 3, 2
+    left = torch.randn(senders, batch * positions, side * side, generator=generator, dtype=DOUBLE)
+    right = torch.randn(senders, side * side, receivers * side * side, generator=generator, dtype=DOUBLE)
+    activations = torch.rand(batch, positions, senders, generator=generator, dtype=DOUBLE)
+    beta_u, beta_a = torch.randn(2, receivers, generator=generator, dtype=DOUBLE)
+    leaves = [t.requires_grad_(True) for t in (left, right, activations, beta_u, beta_a)]
+    groups = torch.randint(0, 9, (positions, senders), generator=generator) if grouped else None
+    options = {"inverse_temperatures": [0.5, 1.0, 1.5], "sender_groups": groups, "return_assignments": True}
+
+    votes = PerSenderVotes(left, right, (batch, positions), receivers)
+    assert votes.shape == (batch, positions, receivers, senders, side * side)
+    ours = em_routing_kernel(votes, *leaves[2:], strategy=strategy, **options)
+    formed = rearrange(torch.einsum("jnk,jkc->njc", left, right), "(b l) j (i h) -> b l i j h",
+                       b=batch, i=receivers)
+    ref = em_routing_kernel(formed, *leaves[2:], strategy="vectorized", **options)
+    for x, y in zip(ours, ref, strict=True):
+        torch.testing.assert_close(x, y, **TIGHT)
+    chosen = [leaves[k] for k in wanted]
+    grads = torch.autograd.grad(loss_of(*ours), chosen)
+    ref_grads = torch.autograd.grad(loss_of(*ref), chosen)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **TIGHT)
 
 
 def test_strategies_agree_in_float32():

@@ -64,7 +64,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from torchvote.functional.em_kernel import STRATEGIES, EMStrategy, route
+from torchvote.functional.em_kernel import STRATEGIES, EMStrategy, PerSenderVotes, route
 from torchvote.validation import check_choice, check_positive_float, check_positive_int
 
 __all__ = [
@@ -149,7 +149,7 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
 
 
 def em_routing(
-    votes: Tensor,
+    votes: Tensor | PerSenderVotes,
     activations: Tensor,
     beta_u: Tensor | float,
     beta_a: Tensor | float,
@@ -174,7 +174,9 @@ def em_routing(
     Args:
         votes: ``(batch..., out_caps, in_caps, pose_dim)``: ``V_ij = M_j W_ij`` flattened (16 for
             4x4 poses); any strides; float64, float32, bfloat16 or float16 (the last two are
-            routed with float32 statistics).
+            routed with float32 statistics). Or
+            :class:`~torchvote.functional.em_kernel.PerSenderVotes` of that shape: votes not yet
+            formed, which the ``"blocked"`` strategy forms one block at a time.
         activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``.
         beta_u: the per-dimension cost offset, a float or a tensor broadcastable to
             ``(batch..., out_caps)`` (learned per output capsule type in the modules).
@@ -217,7 +219,8 @@ def em_routing(
     check_positive_int(iterations, "iterations")
     check_positive_float(eps, "eps")
     check_choice(strategy, STRATEGIES, "strategy")
-    if not isinstance(votes, Tensor) or votes.dim() < 3 or not votes.is_floating_point():
+    factored = isinstance(votes, PerSenderVotes)
+    if not factored and (not isinstance(votes, Tensor) or votes.dim() < 3 or not votes.is_floating_point()):
         described = f"{votes.dtype} {tuple(votes.shape)}" if isinstance(votes, Tensor) else type(votes)
         raise ValueError(
             f"votes must be a floating tensor of shape (..., out_caps, in_caps, pose_dim), got {described}"
@@ -243,7 +246,7 @@ def em_routing(
                 f"got {tuple(tensor.shape)}"
             ) from None
     outputs = route(
-        votes.reshape(-1, out_caps, in_caps, pose_dim),  # (n, i, j, h)
+        votes.flattened() if factored else votes.reshape(-1, out_caps, in_caps, pose_dim),  # (n, i, j, h)
         activations.reshape(-1, in_caps),  # (n, j)
         *offsets,
         schedule=schedule,

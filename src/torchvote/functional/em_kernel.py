@@ -63,7 +63,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from torchvote.validation import check_positive_int
 
-__all__ = ["STRATEGIES", "EMStrategy", "conv_sender_groups", "route"]
+__all__ = ["STRATEGIES", "EMStrategy", "PerSenderVotes", "conv_sender_groups", "route"]
 
 EMStrategy = Literal["auto", "blocked", "vectorized", "compiled"]
 STRATEGIES = get_args(EMStrategy)
@@ -317,32 +317,139 @@ class _StatisticsDot(torch.autograd.Function):
         return grad_queries, None, None
 
 
-def _workspace(votes: Tensor, block_rows: int) -> Tensor:
-    """A flat buffer for one block's statistics ``(rows, i, j, 2h)`` in the compute dtype."""
-    size = 2 * block_rows * votes[0].numel()
-    return torch.empty(size, dtype=_compute_dtype(votes.dtype), device=votes.device)
+class _VotesByInput(torch.autograd.Function):
+    """``out[n, j] = left[j, n] @ right[j]``: a batched matrix product over ``j`` whose result is
+    written ``n``-major (the routing reads it per row ``n``) without a transposing copy."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, left: Tensor, right: Tensor) -> Tensor:  # (j, n, k), (j, k, c) -> (n, j, c)
+        out = left.new_empty(left.shape[1], left.shape[0], right.shape[-1])
+        torch.bmm(left, right, out=out.transpose(0, 1))
+        ctx.save_for_backward(left, right)
+        return out
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        left, right = ctx.saved_tensors
+        per_input = grad.transpose(0, 1)  # (j, n, c)
+        grad_left = torch.bmm(per_input, right.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        grad_right = torch.bmm(left.transpose(1, 2), per_input) if ctx.needs_input_grad[1] else None
+        return grad_left, grad_right
+
+
+@dataclass(frozen=True)
+class PerSenderVotes:
+    """Votes cast by one linear map per sender, not yet formed:
+    ``V[n, i, j, :] = (left[j, n] @ right[j])[i h : (i + 1) h]`` for a row ``n`` (of
+    ``batch_shape``, flattened), receiver ``i``, sender ``j``.
+
+    ``ConvMatrixCapsules`` casts its votes this way (a patch's pose times the block-diagonal
+    ``I kron W_ji``). The ``"blocked"`` strategy forms them one block of rows at a time, in a
+    buffer it reuses, and turns each block's votes gradient into the factors' gradients at once:
+    neither the votes (680 MB at the paper's ConvCaps1 size, batch 32) nor their gradient ever
+    exist whole. The other strategies route :meth:`materialize`.
+
+    Attributes:
+        left: ``(j, n, k)``.
+        right: ``(j, k, i * h)``.
+        batch_shape: the shape of the rows, ``n`` = its product.
+        receivers: ``i``.
+    """
+
+    left: Tensor
+    right: Tensor
+    batch_shape: tuple[int, ...]
+    receivers: int
+
+    @property
+    def shape(self) -> torch.Size:
+        """``(batch..., i, j, h)``: the votes' shape."""
+        senders, width = self.left.shape[0], self.right.shape[-1]
+        return torch.Size((*self.batch_shape, self.receivers, senders, width // self.receivers))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.promote_types(self.left.dtype, self.right.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.left.device
+
+    def materialize(self) -> Tensor:
+        """The votes ``(batch..., i, j, h)``: a receivers-first view of ``(n, j, i * h)`` memory."""
+        *batch, receivers, senders, pose_dim = self.shape
+        votes = _VotesByInput.apply(self.left, self.right)  # (n, j, i*h)
+        return votes.view(*batch, senders, receivers, pose_dim).transpose(-3, -2)
+
+    def flattened(self) -> PerSenderVotes:
+        """The same votes with one batch axis ``(n,)``."""
+        return PerSenderVotes(self.left, self.right, (self.left.shape[1],), self.receivers)
+
+
+class _VoteBlocks:
+    """The votes of a block of rows for the blocked strategy, in ``(rows, i, j, h)`` (any strides),
+    with the buffers every block reuses (a fresh one per block pays its page faults again).
+
+    Formed votes are sliced. With per-sender factors (``right`` given, ``votes`` is ``left``) each
+    block is formed by one batched product into a buffer, and :meth:`gradient_view` gives the
+    buffer its gradient is written to, in the factors' layout ``(j, rows, i h)``.
+    """
+
+    def __init__(self, votes: Tensor, right: Tensor | None, receivers: int, block_rows: int) -> None:
+        self.votes, self.right, self.receivers = votes, right, receivers
+        if right is None:
+            self.rows, per_row, dtype = votes.shape[0], votes[0].numel(), votes.dtype
+        else:
+            (senders, self.rows, _), width = votes.shape, right.shape[-1]
+            per_row, dtype = senders * width, torch.promote_types(votes.dtype, right.dtype)
+            self.formed = torch.empty(block_rows * per_row, dtype=dtype, device=votes.device)
+            self.gradient = torch.empty_like(self.formed)
+        self.statistics = torch.empty(2 * block_rows * per_row, dtype=_compute_dtype(dtype),
+                                      device=votes.device)
+
+    def _layout(self, buffer: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+        """``buffer``'s first part as ``(j, rows, i h)`` and as its ``(rows, i, j, h)`` view."""
+        senders, width = self.votes.shape[0], self.right.shape[-1]
+        flat = buffer[: senders * rows * width].view(senders, rows, width)
+        return flat, flat.view(senders, rows, self.receivers, -1).permute(1, 2, 0, 3)
+
+    def __call__(self, block: slice) -> Tensor:
+        """The votes of rows ``block``, ``(rows, i, j, h)``."""
+        if self.right is None:
+            return self.votes[block]
+        left = self.votes[:, block]  # (j, rows, k)
+        flat, votes = self._layout(self.formed, left.shape[1])
+        torch.bmm(left, self.right, out=flat)
+        return votes
+
+    def gradient_view(self, rows: int) -> tuple[Tensor, Tensor]:
+        """The gradient buffer as ``(j, rows, i h)`` and as ``(rows, i, j, h)`` (factors only)."""
+        return self._layout(self.gradient, rows)
 
 
 class _BlockedEM(torch.autograd.Function):
-    """The blocked strategy: forward without autograd, backward by recomputing each block."""
+    """The blocked strategy: forward without autograd, backward by recomputing each block.
+
+    ``votes`` are the formed votes ``(n, i, j, h)`` (``right`` is ``None``), or the ``left``
+    factor ``(j, n, k)`` of :class:`PerSenderVotes` with ``right`` ``(j, k, i h)``.
+    """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor,
-                config: _Config, block_rows: int) -> tuple[Tensor, ...]:
-        ctx.save_for_backward(votes, activations, beta_u, beta_a)
+    def forward(ctx: FunctionCtx, votes: Tensor, right: Tensor | None, activations: Tensor, beta_u: Tensor,
+                beta_a: Tensor, config: _Config, block_rows: int) -> tuple[Tensor, ...]:
+        ctx.save_for_backward(votes, right, activations, beta_u, beta_a)
         ctx.config, ctx.block_rows = config, block_rows
         ctx.set_materialize_grads(False)
-        rows = votes.shape[0]
+        blocks = _VoteBlocks(votes, right, beta_u.shape[1], block_rows)
         pieces, ctx.products = [], []
-        workspace = _workspace(votes, block_rows)
-        for s in range(0, rows, block_rows):
+        for s in range(0, blocks.rows, block_rows):
             block = slice(s, s + block_rows)
-            stats = _BlockStatistics(votes[block], workspace)
+            stats = _BlockStatistics(blocks(block), blocks.statistics)
             pieces.append(_em_loop(stats, activations[block], beta_u[block], beta_a[block], config,
-                                   min(block_rows, rows - s)))
+                                   min(block_rows, blocks.rows - s)))
             # (N, 2h) and (N, j) per product: 1 / (2h) of the votes' size per E-step
             ctx.products.append(stats.recorded)
-            del stats
+            stats.release()
         return tuple(torch.cat([p[k] for p in pieces]) for k in range(len(pieces[0])))
 
     @staticmethod
@@ -352,45 +459,59 @@ class _BlockedEM(torch.autograd.Function):
                 "em_routing(strategy='blocked') can be differentiated once only (its backward "
                 "recomputes each block and is not itself differentiable); use strategy='vectorized' "
                 "for double backward (create_graph=True)")
-        votes, *small = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:4]
+        votes, right, *small = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:5]
+        votes_needed = needs[0] or needs[1]  # the votes' gradient, or the factors' it feeds
         if not any(needs) or all(g is None for g in grads):
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         results = [torch.zeros(x.shape, dtype=x.dtype, device=x.device) if need else None
-                   for x, need in zip(small, needs[1:], strict=True)]
-        # every block writes its rows of the votes' gradient (or zeroes them), in the votes' own
-        # memory layout: a layer that formed them as a view of another layout (ConvMatrixCapsules)
-        # then gets its gradient back without a transposing copy
-        grad_votes = torch.empty_like(votes) if needs[0] else None
-        results.insert(0, grad_votes)
-        rows, block_rows = votes.shape[0], ctx.block_rows
-        workspace = _workspace(votes, block_rows)
-        for index, s in enumerate(range(0, rows, block_rows)):
-            block = slice(s, s + block_rows)
-            stats = _BlockStatistics(votes[block], workspace, list(ctx.products[index]))
+                   for x, need in zip(small, needs[2:], strict=True)]
+        if right is None:
+            # every block writes its rows of the votes' gradient (or zeroes them), in the votes'
+            # own memory layout: formed as a view of another layout, they get their gradient back
+            # without a transposing copy
+            grad_votes = torch.empty_like(votes) if needs[0] else None
+            grad_right = None
+        else:  # the factors' gradients, accumulated block by block
+            grad_votes = torch.zeros_like(votes) if needs[0] else None
+            grad_right = torch.zeros_like(right) if needs[1] else None
+        block_rows = ctx.block_rows
+        blocks = _VoteBlocks(votes, right, small[1].shape[1], block_rows)
+        for index, s in enumerate(range(0, blocks.rows, block_rows)):
+            block, rows = slice(s, s + block_rows), min(block_rows, blocks.rows - s)
+            block_votes = blocks(block)  # (rows, i, j, h)
+            stats = _BlockStatistics(block_votes, blocks.statistics, list(ctx.products[index]))
             with torch.enable_grad():
-                stats.token.requires_grad_(needs[0])
+                stats.token.requires_grad_(votes_needed)
                 inputs = [x[block].detach().requires_grad_(need)
-                          for x, need in zip(small, needs[1:], strict=True)]
-                outputs = _em_loop(stats, *inputs, ctx.config, min(block_rows, rows - s))
+                          for x, need in zip(small, needs[2:], strict=True)]
+                outputs = _em_loop(stats, *inputs, ctx.config, rows)
                 pairs = [(o, g[block]) for o, g in zip(outputs, grads, strict=True)
                          if g is not None and o.requires_grad]  # the initial R is a constant
                 wanted = [x for x in [stats.token, *inputs] if x.requires_grad]
                 found = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
                                                  allow_unused=True) if pairs else [None] * len(wanted))
-            if needs[0]:
+            if votes_needed:
                 next(found)
-                if stats.scales:
-                    stats.votes_gradient(votes[block], out=results[0][block])
-                else:
-                    results[0][block].zero_()
+                if right is None:
+                    if stats.scales:
+                        stats.votes_gradient(block_votes, out=grad_votes[block])
+                    else:
+                        grad_votes[block].zero_()
+                elif stats.scales:
+                    flat, view = blocks.gradient_view(rows)  # (j, rows, i h), (rows, i, j, h)
+                    stats.votes_gradient(block_votes, out=view)
+                    if needs[0]:  # d left[j, n] = dV[n, :, j] right[j]^T
+                        grad_votes[:, block] = torch.bmm(flat, right.transpose(1, 2))
+                    if needs[1]:  # d right[j] += left[j, n]^T dV[n, :, j]
+                        grad_right.baddbmm_(votes[:, block].transpose(1, 2), flat)
             stats.release()
-            for result, need in zip(results[1:], needs[1:], strict=True):
+            for result, need in zip(results, needs[2:], strict=True):
                 if need:
                     piece = next(found)
                     if piece is not None:
                         result[block] = piece
-        return *results, None, None
+        return grad_votes, grad_right, *results, None, None
 
 
 _COMPILED = {}
@@ -465,7 +586,7 @@ def _prepare_groups(sender_groups: Tensor, rows: int, senders: int, receivers: i
 
 
 def route(
-    votes: Tensor,
+    votes: Tensor | PerSenderVotes,
     activations: Tensor,
     beta_u: Tensor,
     beta_a: Tensor,
@@ -481,7 +602,8 @@ def route(
     which validates everything but ``sender_groups`` and calls this).
 
     Args:
-        votes: ``(n, i, j, h)``.
+        votes: ``(n, i, j, h)``, or :class:`PerSenderVotes` of that shape (formed block by block
+            by ``"blocked"``, materialised for the other strategies and under autocast).
         activations: ``(n, j)``.
         beta_u: ``(n, i)`` (an expanded view is fine).
         beta_a: ``(n, i)``.
@@ -500,6 +622,7 @@ def route(
         ValueError: malformed ``sender_groups``.
     """
     rows, receivers, senders, pose_dim = votes.shape
+    factored = isinstance(votes, PerSenderVotes)
     groups, num_groups, initial = None, 0, None
     if sender_groups is not None:
         groups, num_groups, initial = _prepare_groups(sender_groups, rows, senders, receivers, votes.device)
@@ -507,16 +630,20 @@ def route(
                      bool(return_assignments and all_passes))
     if strategy == "auto":
         strategy = "vectorized" if votes.device.type == "cuda" else "blocked"
+    dtype = votes.dtype
+    if factored and (strategy != "blocked" or torch.is_autocast_enabled(votes.device.type)):
+        votes = votes.materialize()  # (n, i, j, h); under autocast formed in the autocast dtype
     if strategy == "blocked":
         period = 1 if groups is None else groups.shape[0]
         per_row = receivers * senders * pose_dim
         block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
-        outputs = _BlockedEM.apply(votes, activations, beta_u, beta_a, config, block_rows)
+        left, right = (votes.left, votes.right) if isinstance(votes, PerSenderVotes) else (votes, None)
+        outputs = _BlockedEM.apply(left, right, activations, beta_u, beta_a, config, block_rows)
     elif strategy == "compiled":
         outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
     else:
         outputs = _em_loop(_DenseStatistics(votes), activations, beta_u, beta_a, config, rows)
-    poses, out_activations = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
+    poses, out_activations = outputs[0].to(dtype), torch.sigmoid(outputs[1]).to(dtype)
     if not return_assignments:
         return poses, out_activations
     return poses, out_activations, torch.stack(outputs[2:]) if all_passes else outputs[2]

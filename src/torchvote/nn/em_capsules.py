@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional.em_kernel import conv_sender_groups
+from torchvote.functional.em_kernel import PerSenderVotes, conv_sender_groups
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
 from torchvote.validation import check_choice, check_positive_int
 
@@ -99,26 +99,6 @@ def _check_grid(capsules: MatrixCapsules, types: int, side: int, argument: str =
             f"{argument}.activations must have shape {tuple(poses.shape[:4])} (batch, rows, cols, "
             f"types), got {tuple(activations.shape)}"
         )
-
-
-class _BatchedByInput(torch.autograd.Function):
-    """``out[n, j] = left[j, n] @ right[j]``: a batched matrix product over ``j`` whose result is
-    written ``n``-major (the routing reads it per patch ``n``) without a transposing copy."""
-
-    @staticmethod
-    def forward(ctx, left: Tensor, right: Tensor) -> Tensor:  # (j, n, k), (j, k, c) -> (n, j, c)
-        out = left.new_empty(left.shape[1], left.shape[0], right.shape[-1])
-        torch.bmm(left, right, out=out.transpose(0, 1))
-        ctx.save_for_backward(left, right)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        left, right = ctx.saved_tensors
-        per_input = grad.transpose(0, 1)  # (j, n, c)
-        grad_left = torch.bmm(per_input, right.transpose(1, 2)) if ctx.needs_input_grad[0] else None
-        grad_right = torch.bmm(left.transpose(1, 2), per_input) if ctx.needs_input_grad[1] else None
-        return grad_left, grad_right
 
 
 class PrimaryMatrixCapsules(nn.Module):
@@ -254,17 +234,8 @@ class ConvMatrixCapsules(nn.Module):
             self._sender_groups[key] = ids.to(key[2])
         return self._sender_groups[key]
 
-    def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor, tuple[int, int]]:
-        """Gather the patches and cast the votes.
-
-        Returns:
-            ``(votes, activations, (rows', cols'))``: votes ``(b, L, out_types, K*K*in_types,
-            P*P)`` (receivers first; a strided view, see below) and patch activations
-            ``(b, L, K*K*in_types)`` for the ``L = rows' * cols'`` output positions.
-
-        Raises:
-            ValueError: a grid of the wrong types or pose size, or smaller than the kernel.
-        """
+    def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
+        """:meth:`votes` as unformed :class:`PerSenderVotes` (checks as there)."""
         _check_grid(capsules, self.in_types, self.side)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
@@ -288,21 +259,34 @@ class ConvMatrixCapsules(nn.Module):
         batch, positions = pose_patches.shape[:2]
         # V = M W as one matrix product per input capsule j on the flattened pose, with the
         # block-diagonal (I kron W_ji): 4x the multiply-adds of 4x4 products (still small), but
-        # each vote's 16 entries come out adjacent; written (b L, j, i P*P) in memory so that a
-        # block of patches is one contiguous piece of memory for the routing, and handed on as
-        # the receivers-first view (b, L, i, j, P*P) of that memory (no copy).
+        # each vote's 16 entries come out adjacent. Not formed here: EM's blocked strategy forms
+        # them a block of patches at a time; materialized, they are written (b L, j, i P*P) and
+        # read through the receivers-first view (b, L, i, j, P*P) of that memory.
         left = rearrange(pose_patches, "b l j p q -> j (b l) (p q)")
         eye = torch.eye(side, dtype=self.weight.dtype, device=self.weight.device)
         right = torch.einsum("ps,jiqr->jsqipr", eye, self.weight).reshape(
             -1, side * side, self.out_types * side * side)  # (j, P*P, i*P*P)
-        votes = _BatchedByInput.apply(left, right)  # (b*L, j, i*P*P)
-        votes = votes.view(batch, positions, -1, self.out_types, side * side).transpose(2, 3)
-        return votes, act_patches, self.output_size(rows, cols)  # votes (b, L, i, j, P*P)
+        votes = PerSenderVotes(left, right, (batch, positions), self.out_types)  # (b, L, i, j, P*P)
+        return votes, act_patches, self.output_size(rows, cols)
+
+    def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """Gather the patches and cast the votes.
+
+        Returns:
+            ``(votes, activations, (rows', cols'))``: votes ``(b, L, out_types, K*K*in_types,
+            P*P)`` (receivers first; a strided view of ``(b L, j, i P*P)`` memory) and patch
+            activations ``(b, L, K*K*in_types)`` for the ``L = rows' * cols'`` output positions.
+
+        Raises:
+            ValueError: a grid of the wrong types or pose size, or smaller than the kernel.
+        """
+        votes, activations, size = self._vote_factors(capsules)
+        return votes.materialize(), activations, size
 
     def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
         """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
         the same on the ``(h', w')`` output grid with ``out_types`` types."""
-        votes, activations, (rows, cols) = self.votes(capsules)
+        votes, activations, (rows, cols) = self._vote_factors(capsules)  # votes unformed
         groups = self.sender_groups(*capsules.poses.shape[1:3], votes.device)  # (L, j) or None
         # (b, L, i, P*P), (b, L, i)
         poses, out_activations = self.routing.route(votes, activations, sender_groups=groups)
