@@ -288,7 +288,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from torchvote.experiments import get_row, list_rows, reproduce, train_command
+    from torchvote.experiments import get_row, list_rows, reproduce, select_variants, train_command
 
     if args.list or args.name is None:
         for row in list_rows().values():
@@ -297,7 +297,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     row = get_row(args.name)
     if args.dry_run:
         seeds = args.seeds if args.seeds is not None else range(row.seeds)
-        for variant in row.variants:
+        for variant in select_variants(row, args.variant or ()):  # what a real run would run
             for seed in seeds:
                 print(train_command(row, variant, args.budget, seed))
         return 0

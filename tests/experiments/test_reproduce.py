@@ -10,7 +10,16 @@ import pytest
 import yaml
 
 from torchvote.cli import main
-from torchvote.experiments import Metric, Row, Variant, get_row, list_rows, reproduce, run_dir_of
+from torchvote.experiments import (
+    Metric,
+    Row,
+    Variant,
+    get_row,
+    list_rows,
+    reproduce,
+    run_dir_of,
+    train_command,
+)
 from torchvote.experiments.report import metric_value
 from torchvote.training import read_metrics, train
 from torchvote.training.config import ConfigError, build_model_config, load_config
@@ -157,4 +166,12 @@ def test_cli_lists_rows_and_prints_the_training_commands(capsys):
     assert main(["reproduce", "capsnet-routing", "--dry-run", "--seeds", "4"]) == 0
     commands = capsys.readouterr().out.strip().splitlines()
     assert len(commands) == 4 and all(c.endswith(" seed=4") for c in commands)
+    # --variant narrows the dry run as it narrows a run (it listed every variant before)
+    argv = ["reproduce", "router-swap", "--dry-run", "--variant", "uniform / MNIST", "--seeds", "1"]
+    assert main(argv) == 0
+    commands = capsys.readouterr().out.strip().splitlines()
+    assert commands == [train_command(get_row("router-swap"),
+                                      next(v for v in get_row("router-swap").variants
+                                           if v.label == "uniform / MNIST"), "cpu", 1)]
+    assert main(["reproduce", "capsnet-routing", "--dry-run", "--variant", "nothing"]) == 2
     assert main(["reproduce", "no-such-row"]) == 2

@@ -90,6 +90,19 @@ def _train_one(
     }
 
 
+def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
+    """The variants of ``row`` whose label contains one of ``texts`` (all when empty).
+
+    Raises:
+        ValueError: ``texts`` match no label.
+    """
+    chosen = [v for v in row.variants if not texts or any(text in v.label for text in texts)]
+    if not chosen:
+        labels = [v.label for v in row.variants]
+        raise ValueError(f"variants: none of {list(texts)} is in a label of {labels}")
+    return chosen
+
+
 def reproduce(
     row: Row,
     *,
@@ -139,11 +152,7 @@ def reproduce(
             atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
         return write_summary(row, budget, base, summarize(row, budget, base))
     seeds = list(range(row.seeds)) if seeds is None else list(seeds)
-    chosen = [v for v in row.variants if not variants or any(text in v.label for text in variants)]
-    if not chosen:
-        raise ValueError(
-            f"variants: none of {list(variants)} is in a label of {[v.label for v in row.variants]}"
-        )
+    chosen = select_variants(row, variants)
     total = len(chosen) * len(seeds)
     done = 0
     for variant in chosen:
