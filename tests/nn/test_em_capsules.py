@@ -256,3 +256,19 @@ def test_bad_configuration_and_inputs_are_rejected():
         layer(MatrixCapsules(torch.randn(1, 4, 4, 2, 4, 4), torch.rand(1, 4, 4)))
     with pytest.raises(ValueError, match="smaller than kernel_size"):
         layer(MatrixCapsules(torch.randn(1, 2, 2, 2, 4, 4), torch.rand(1, 2, 2, 2)))
+
+
+@pytest.mark.parametrize("normalization", ["joint", "per_patch"])
+def test_conv_layer_under_autocast_routes_its_formed_votes(normalization):
+    """On a CPU the layer hands EM unformed per-sender votes (formed a block at a time); under
+    bfloat16 autocast it must still give what em_routing gives on its formed votes."""
+    torch.manual_seed(12)
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=1, normalization=normalization)
+    capsules = MatrixCapsules(*(x.detach().float() for x in grid(2, 4, 5, 2, seed=13)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(capsules)
+        votes, activations, _ = layer.votes(capsules)
+        poses, acts = em_routing(votes, activations, layer.routing.beta_u, layer.routing.beta_a,
+                                 sender_groups=layer.sender_groups(4, 5))
+    torch.testing.assert_close(out.poses.flatten(-2), poses.view(out.poses.shape[:4] + (16,)))
+    torch.testing.assert_close(out.activations, acts.view(out.activations.shape))

@@ -603,7 +603,7 @@ def route(
 
     Args:
         votes: ``(n, i, j, h)``, or :class:`PerSenderVotes` of that shape (formed block by block
-            by ``"blocked"``, materialised for the other strategies and under autocast).
+            by ``"blocked"``, materialised for the other strategies).
         activations: ``(n, j)``.
         beta_u: ``(n, i)`` (an expanded view is fine).
         beta_a: ``(n, i)``.
@@ -630,9 +630,8 @@ def route(
                      bool(return_assignments and all_passes))
     if strategy == "auto":
         strategy = "vectorized" if votes.device.type == "cuda" else "blocked"
-    dtype = votes.dtype
-    if factored and (strategy != "blocked" or torch.is_autocast_enabled(votes.device.type)):
-        votes = votes.materialize()  # (n, i, j, h); under autocast formed in the autocast dtype
+    if factored and strategy != "blocked":
+        votes = votes.materialize()  # (n, i, j, h)
     if strategy == "blocked":
         period = 1 if groups is None else groups.shape[0]
         per_row = receivers * senders * pose_dim
@@ -643,7 +642,7 @@ def route(
         outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
     else:
         outputs = _em_loop(_DenseStatistics(votes), activations, beta_u, beta_a, config, rows)
-    poses, out_activations = outputs[0].to(dtype), torch.sigmoid(outputs[1]).to(dtype)
+    poses, out_activations = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
     if not return_assignments:
         return poses, out_activations
     return poses, out_activations, torch.stack(outputs[2:]) if all_passes else outputs[2]
