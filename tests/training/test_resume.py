@@ -4,6 +4,7 @@ the run continues from the newest intact one, exactly as a run resumed from that
 from __future__ import annotations
 
 import shutil
+import time
 
 import pytest
 import torch
@@ -116,3 +117,24 @@ def test_multimnist_resumes_on_the_pairs_the_killed_run_would_have_drawn(tiny_mn
     assert resumed.step == 12
     _assert_same_weights(_weights(unbroken.model), _weights(resumed.model))
     assert resumed.results == unbroken.results
+
+
+def test_wall_time_counts_every_segment_of_a_resumed_run(tiny_config):
+    """A killed and resumed run reports the time of both segments, not only the last one's
+    (it reported the last segment's alone, which made resumed runs look fast)."""
+    pause = 0.05
+
+    def slow(info):  # the first segment: at least 9 x 50 ms
+        time.sleep(pause)
+
+    config = tiny_config("killed")
+    killed = train(config, callbacks=[slow, _StopAfter(9)], verbose=False)
+    assert killed.interrupted and killed.wall_s >= 9 * pause
+    _, state, _ = find_resumable_checkpoint(killed.run_dir)
+    assert 9 * pause <= state["wall_s"] <= killed.wall_s
+    started = time.perf_counter()
+    resumed = train(config, resume=killed.run_dir, verbose=False)
+    segment = time.perf_counter() - started
+    assert not resumed.interrupted
+    # more than this segment took (only the earlier one can add it), at most both together
+    assert segment < resumed.wall_s <= state["wall_s"] + segment

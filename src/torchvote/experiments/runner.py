@@ -72,7 +72,6 @@ def _train_one(
         _, state, _ = find_resumable_checkpoint(run_dir)
         check_resumable(config_from_dict(state["config"]), config)  # refuses an edited row
         resume = run_dir
-    started = time.perf_counter()
     result = train(config, resume=resume, verbose=False)
     if result.interrupted:
         return None
@@ -84,7 +83,7 @@ def _train_one(
         "command": train_command(row, variant, budget, seed),
         "results": result.results,
         "steps": result.step,
-        "wall_s": time.perf_counter() - started,
+        "wall_s": result.wall_s,  # every segment's, not only the last one's
         "resumed": resume is not None,
         "device": describe_device(config.device),
     }

@@ -22,6 +22,7 @@ checkpoints, metrics and the progress bar.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,8 @@ class _Run:
         callbacks: Sequence[Callable[[StepInfo], None]],
         verbose: bool,
     ) -> None:
+        self.started = time.perf_counter()
+        self.earlier_s = 0.0  # wall seconds of earlier segments, up to the checkpoint resumed from
         self.config = config
         self.context = context
         self.callbacks = list(callbacks)
@@ -181,6 +184,10 @@ class _Run:
 
     # --- checkpoints and evaluation ---------------------------------------------------------------
 
+    def wall_s(self) -> float:
+        """Seconds this run has taken, over every segment (checkpoints carry the running total)."""
+        return self.earlier_s + time.perf_counter() - self.started
+
     def _resume_point(self) -> tuple[int, int]:
         """``(epoch, position)`` where a run resumed from the current step starts."""
         if self.position == self.plan.steps_per_epoch:
@@ -244,6 +251,7 @@ class _Run:
             interrupted=interrupted,
             model=self.model,
             config=self.config,
+            wall_s=self.wall_s(),
         )
         if self.verbose and not interrupted:
             print(result.table())

@@ -72,6 +72,8 @@ class TrainResult:
         config: the run's config.
         plots: plot files drawn after the run (:func:`~torchvote.training.plots.plot_run`, which
             the command line calls); empty until then.
+        wall_s: seconds the run took over all its segments: this one's, plus each earlier
+            segment's up to its last checkpoint (the work redone after a kill counts once).
     """
 
     run_dir: Path
@@ -84,6 +86,7 @@ class TrainResult:
     model: nn.Module
     config: TrainConfig
     plots: list[Path] = field(default_factory=list)
+    wall_s: float = 0.0
 
     def table(self) -> str:
         """The plain-text result table."""

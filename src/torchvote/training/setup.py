@@ -153,8 +153,8 @@ def training_state(run: Any, epoch: int, position: int) -> dict[str, Any]:
     """The training state a checkpoint stores for ``run`` (the loop's run object) at its step.
 
     Args:
-        run: has ``step``, ``config``, ``context``, ``train_data``, ``optimizer``, ``scheduler``
-            and ``total_steps``.
+        run: has ``step``, ``config``, ``context``, ``train_data``, ``optimizer``, ``scheduler``,
+            ``total_steps`` and ``wall_s()``.
         epoch, position: where a run resumed from this step starts.
 
     Returns:
@@ -176,6 +176,7 @@ def training_state(run: Any, epoch: int, position: int) -> dict[str, Any]:
         "config": config_to_dict(run.config),
         "world_size": run.context.world_size,
         "total_steps": run.total_steps,
+        "wall_s": run.wall_s(),
     }
 
 
@@ -207,4 +208,5 @@ def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> in
     except (ValueError, KeyError, RuntimeError) as err:
         raise CheckpointError(f"{paths.state}: optimiser or scheduler state does not fit: {err}") from None
     restore_rng_state(state["rng"])
+    run.earlier_s = float(state.get("wall_s", 0.0))  # checkpoints before it was recorded: 0
     return int(state["step"])
