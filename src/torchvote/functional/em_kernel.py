@@ -36,7 +36,9 @@ Strategies (every one gives the same numbers; ``"auto"`` is ``"blocked"`` on CPU
   blocks); a custom autograd Function runs the blocks without autograd and saves only its inputs
   (the votes are referenced, not copied); its backward recomputes each block under autograd and
   writes that block's gradient. Peak memory is one gradient of the votes plus one block's
-  temporaries. Backward once only: double backward raises (use ``"vectorized"``).
+  temporaries; with :class:`PerSenderVotes` (a convolutional layer's votes, not yet formed) each
+  block's votes are formed in a reused buffer and neither the votes nor their gradient exist
+  whole. Backward once only: double backward raises (use ``"vectorized"``).
 - ``"compiled"``: ``torch.compile`` of the vectorized loop (one graph; about 10 s to compile per
   shape on CPU).
 
