@@ -7,7 +7,9 @@ Training runs read it through the ordinary ``mnist`` data set (``data.root=...``
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,20 @@ def _conv_procedure1(votes, activations, beta_u, beta_a, grid, in_types, kernel,
 def conv_procedure1():
     """The paper's loop with joint normalisation over every parent of an input capsule."""
     return _conv_procedure1
+
+
+@pytest.fixture
+def load_benchmark(monkeypatch):
+    """``load_benchmark(name)`` -> the module ``benchmarks/<name>.py`` (they are scripts, not a
+    package: loaded by path, with ``benchmarks/`` importable for their own imports)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -76,17 +74,8 @@ def test_format_table_aligns_and_formats():
     assert format_table([]) == "(no results)"
 
 
-def _load_benchmark(monkeypatch):
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "training.py"
-    spec = importlib.util.spec_from_file_location("benchmark_training", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_training_benchmark_runs_every_pair_quickly(capsys, monkeypatch):
-    benchmark = _load_benchmark(monkeypatch)
+def test_training_benchmark_runs_every_pair_quickly(capsys, load_benchmark):
+    benchmark = load_benchmark("training")
     assert next(iter(benchmark.PAIRS)) == "cnn-baseline"
     assert benchmark.main(["--quick", "--preset", "tiny"]) == 0
     out = capsys.readouterr().out

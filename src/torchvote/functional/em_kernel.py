@@ -638,7 +638,7 @@ def route(
         period = 1 if groups is None else groups.shape[0]
         per_row = receivers * senders * pose_dim
         block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
-        left, right = (votes.left, votes.right) if isinstance(votes, PerSenderVotes) else (votes, None)
+        left, right = (votes.left, votes.right) if factored else (votes, None)  # unformed only here
         outputs = _BlockedEM.apply(left, right, activations, beta_u, beta_a, config, block_rows)
     elif strategy == "compiled":
         outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
