@@ -25,7 +25,8 @@ The softmax of the E-step runs over the receivers ``i`` of each sender: per row 
 (each patch on its own), or, with ``sender_groups``, jointly over every ``(n, i)`` whose sender
 is the same input capsule (the paper's form for convolutional capsules: an input capsule's parents
 are the output capsules of every patch that contains it, as in IBM's implementation). The joint
-logsumexp subtracts a per-group maximum before ``exp`` and sums with ``index_add``.
+logsumexp is taken in two levels: over each patch's receivers (a dense reduction), then over the
+patches of each group (a scatter of ``(n, j)`` values only, ``1 / i`` of the logits).
 
 Strategies (every one gives the same numbers; ``"auto"`` is ``"blocked"`` on CPU and
 ``"vectorized"`` on CUDA; ``"compiled"`` is only ever an explicit choice):
@@ -94,18 +95,19 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
     """Softmax of ``(n, i, j)`` logits jointly over all ``(n, i)`` whose sender has the same id.
 
-    ``ids`` ``(n, j)`` in ``[0, num_groups)``. Stable: each group's maximum (a constant to
-    autograd: the softmax is shift-invariant) is subtracted before ``exp``.
+    ``ids`` ``(n, j)`` in ``[0, num_groups)``. In two levels, so that only ``(n, j)`` tensors are
+    scattered (a sender has ``i`` parents in each of its patches): each patch's log-sum-exp over
+    its receivers, then each group's log-sum-exp of those, stable by subtracting the group's
+    maximum (a constant to autograd: the result does not depend on it), then
+    ``R = exp(logit - group's log-sum-exp)`` (<= 1).
     """
-    n, receivers, senders = logits.shape
-    flat_ids = ids.unsqueeze(1).expand(n, receivers, senders).reshape(-1)  # (n i j)
+    local = torch.logsumexp(logits, dim=1)  # (n, j): over the receivers of each patch
     with torch.no_grad():
-        peak = logits.new_full((num_groups,), -math.inf)
-        peak = peak.scatter_reduce(0, flat_ids, logits.detach().reshape(-1), "amax")
-    shifted = logits - peak[ids].unsqueeze(1)  # (n, i, j), <= 0
-    exps = shifted.exp()
-    sums = exps.new_zeros(num_groups).index_add(0, flat_ids, exps.reshape(-1))  # (G,)
-    return exps / sums[ids].unsqueeze(1)
+        peak = local.new_full((num_groups,), -math.inf)
+        peak = peak.scatter_reduce(0, ids.reshape(-1), local.detach().reshape(-1), "amax")[ids]  # (n, j)
+    sums = local.new_zeros(num_groups).index_add(0, ids.reshape(-1), (local - peak).exp().reshape(-1))
+    total = sums.log()[ids] + peak  # (n, j): log of the group's sum of exp(logit)
+    return (logits - total.unsqueeze(1)).exp()
 
 
 class _DenseStatistics:
