@@ -16,7 +16,9 @@ Cases (all paper-exact: gradients through every routing iteration, no stop-gradi
   ConvCaps2 K=3 stride 1 -> 4x4, class capsules with coordinate addition -> 5),
   ``torchvote.nn.ConvMatrixCapsules`` / ``ClassMatrixCapsules`` beside a baseline that unfolds the
   patches, repeats the weights over batch and positions (and the poses over the output types),
-  and runs EM per patch with the usual broadcast tensors.
+  and runs EM per patch with the usual broadcast tensors. ``--em-strategies`` adds a row per
+  ``em_routing`` strategy forced on the layer (``torchvote-compiled``, ...); ``torchvote`` is
+  ``"auto"``.
 
 Timing runs every implementation in this one process, interleaved (ours, baseline, ours, ...), and
 reports medians; on CUDA each step is bracketed by ``torch.cuda.synchronize()``. ``--dtype
@@ -36,6 +38,7 @@ Usage::
     python benchmarks/routing.py --device cuda --dtype bfloat16 --cases dynamic --batches 128 512
     python benchmarks/routing.py --quick          # smoke run: small batches, few repeats
     python benchmarks/routing.py --cases dynamic --batches 128 --repeats 7
+    python benchmarks/routing.py --device cuda --cases em-paper --em-strategies auto compiled
     python benchmarks/routing.py --passive-threads   # on a machine shared with other jobs
 
 ``--passive-threads`` re-runs the script with ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads
@@ -67,6 +70,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.functional.em import default_inverse_temperature
+from torchvote.functional.em_kernel import STRATEGIES as EM_STRATEGIES
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.em_capsules import ClassMatrixCapsules, ConvMatrixCapsules, MatrixCapsules
 from torchvote.nn.routing_strategy import choose_strategy
@@ -208,11 +212,13 @@ def _build_em(rows: int, in_types: int, out_types: int, kernel: int, stride: int
     def build(impl: str, batch: int, seed: int, device: torch.device):
         torch.manual_seed(seed)
         capsules = _grid(batch, rows, in_types, device)
-        if impl == "torchvote":
+        if impl.startswith("torchvote"):  # "torchvote" (strategy "auto") or "torchvote-STRATEGY"
+            strategy = impl.removeprefix("torchvote").removeprefix("-") or "auto"
             if class_caps:
-                layer = ClassMatrixCapsules(in_types, out_types).to(device)
+                layer = ClassMatrixCapsules(in_types, out_types, strategy=strategy).to(device)
             else:
-                layer = ConvMatrixCapsules(in_types, out_types, kernel_size=kernel, stride=stride).to(device)
+                layer = ConvMatrixCapsules(in_types, out_types, kernel_size=kernel, stride=stride,
+                                           strategy=strategy).to(device)
 
             def run() -> Tensor:
                 out = layer(capsules)
@@ -395,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: all but em-paper (the paper's full-size ConvCaps1)")
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None,
                         help="CapsuleLinear strategies timed in the dynamic case (default: all)")
+    parser.add_argument("--em-strategies", nargs="+", choices=EM_STRATEGIES, default=["auto"],
+                        help="em_routing strategies timed in the EM cases, as torchvote-STRATEGY "
+                             "rows (default: auto only, the row named torchvote)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: cuda if there is one")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -432,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for case in args.cases:
         impls = tuple(i for i in CASES[case].implementations if i not in STRATEGIES or i in strategies)
+        if CASES[case].implementations == _EM:
+            impls = ("torchvote", *(f"torchvote-{s}" for s in args.em_strategies if s != "auto"), "baseline")
         if args.batches:
             batches = args.batches
         elif args.quick:

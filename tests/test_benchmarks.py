@@ -17,3 +17,25 @@ def test_routing_benchmark_baselines_agree_with_torchvote_layers(load_benchmark)
 def test_em_benchmark_strategies_agree_with_the_naive_loop(load_benchmark):
     worst = load_benchmark("em").check_agreement("cpu", baseline=None)
     assert worst < 1e-10
+
+
+def test_routing_benchmark_em_strategy_rows_route_with_that_strategy(load_benchmark, monkeypatch):
+    """``--em-strategies`` rows: ``torchvote-STRATEGY`` builds the layer with that strategy, and
+    every strategy gives the auto row's number on the same seed."""
+    routing = load_benchmark("routing")
+    chosen = []
+    route = routing.ConvMatrixCapsules.forward
+
+    def spy(layer, capsules):
+        chosen.append(layer.routing.strategy)
+        return route(layer, capsules)
+
+    monkeypatch.setattr(routing.ConvMatrixCapsules, "forward", spy)
+    build = routing.CASES["em-conv2"].build
+    values = {}
+    for impl in ("torchvote", "torchvote-blocked", "torchvote-vectorized"):
+        run, _ = build(impl, 2, 0, torch.device("cpu"))
+        values[impl] = run().item()
+    assert chosen == ["auto", "blocked", "vectorized"]
+    for value in values.values():
+        assert abs(value - values["torchvote"]) <= 1e-4 * abs(values["torchvote"])
