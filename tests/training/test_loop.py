@@ -147,6 +147,34 @@ def test_a_fresh_run_never_overwrites_another_run(tiny_config):
     assert a.run_dir.name.startswith("tiny-")
 
 
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tiny_config, monkeypatch):
+    """Seeds launched side by side: every new run claims its folder by creating it, so runs that
+    start within one second (here: eight threads, one frozen clock) never share a folder."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchvote.training import setup
+    from torchvote.training.distributed import DistributedContext
+
+    monkeypatch.setattr(setup.time, "strftime", lambda _: "20261123-120000")
+    config = tiny_config("ignored")
+    config.run_dir, config.preset = None, "tiny"
+    config.out_dir = str(config.data.root) + "-runs"
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda _: setup.new_run_dir(config, DistributedContext()), range(8)))
+    assert len(set(paths)) == 8 and all(path.is_dir() for path in paths)
+    names = sorted(path.name for path in paths)
+    assert names == sorted(["tiny-20261123-120000"] + [f"tiny-20261123-120000-{k}" for k in range(2, 9)])
+
+
+def test_a_run_whose_set_up_fails_leaves_no_folder(tiny_config, tmp_path):
+    config = tiny_config("ignored", "model.num_classes=5")
+    config.run_dir, config.preset, config.out_dir = None, "tiny", str(tmp_path / "runs")
+    with pytest.raises(ConfigError, match="model.num_classes=5 does not fit"):
+        train(config, verbose=False)
+    runs = tmp_path / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == []
+
+
 def test_onecycle_cannot_be_stretched_on_resume(tiny_config):
     first = train(tiny_config("run", "epochs=1", "optim.schedule=onecycle"), verbose=False)
     with pytest.raises(ConfigError, match="onecycle schedule of this run was set for 6 steps"):

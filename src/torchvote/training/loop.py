@@ -21,6 +21,7 @@ checkpoints, metrics and the progress bar.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -166,6 +167,13 @@ class _Run:
             self.ddp_model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
         self.ddp_model = compile_model(self.ddp_model, config.compile)  # the step's module only
 
+    def _release_unused_run_dir(self) -> None:
+        """Remove the folder :func:`new_run_dir` claimed for this run if nothing was written to it
+        (the set-up failed: bad data, a bad config), so a failed start leaves no empty run."""
+        if self.resume_from is None and self.config.run_dir is None and self.context.is_main:
+            with contextlib.suppress(OSError):  # not empty, or already gone: leave it
+                self.run_dir.rmdir()
+
     def _open_run_dir(self) -> None:
         """Rank 0: the run folder, its ``config.yaml``, the metrics writer, one line of what runs."""
         config, context = self.config, self.context
@@ -232,7 +240,11 @@ class _Run:
     # --- the run and its loop -----------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        self._setup()
+        try:
+            self._setup()
+        except BaseException:
+            self._release_unused_run_dir()
+            raise
         self._open_run_dir()
         try:
             with self.stop:

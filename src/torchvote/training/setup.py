@@ -45,6 +45,10 @@ __all__ = [
 def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
     """The folder of a new run: ``run_dir``, or ``<out_dir>/<preset or model>-<time>``.
 
+    A generated folder is claimed by creating it (``mkdir`` without ``exist_ok``, atomic), so runs
+    started in the same second (seeds launched side by side) get ``-2``, ``-3``, ... suffixes
+    instead of sharing one folder. When distributed, rank 0 claims it and the others use its path.
+
     Raises:
         ConfigError: ``run_dir`` already holds a run (it is resumed, never overwritten).
     """
@@ -55,19 +59,29 @@ def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
                 f"run folder {path} already holds a run; continue it with "
                 f"`torchvote train --resume {path}` or choose another run_dir"
             )
+    elif context.is_main:
+        path = _claim_run_dir(Path(config.out_dir), config.preset or config.model.name)
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        prefix = config.preset or config.model.name
-        path = Path(config.out_dir) / f"{prefix}-{stamp}"
-        suffix = 1
-        while path.exists():
-            suffix += 1
-            path = Path(config.out_dir) / f"{prefix}-{stamp}-{suffix}"
+        path = Path()  # replaced by rank 0's choice below
     if context.is_distributed:  # every process uses rank 0's choice
         chosen = [str(path)]
         dist.broadcast_object_list(chosen, src=0)
         path = Path(chosen[0])
     return path
+
+
+def _claim_run_dir(out_dir: Path, prefix: str) -> Path:
+    """Create and return ``out_dir/<prefix>-<time>``, or the first free ``-<k>`` suffix of it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    suffix = 1
+    while True:
+        path = out_dir / (f"{prefix}-{stamp}" if suffix == 1 else f"{prefix}-{stamp}-{suffix}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            suffix += 1
 
 
 def seed_everything(config: TrainConfig, device: torch.device) -> None:
