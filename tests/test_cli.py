@@ -117,6 +117,11 @@ def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys, m
     assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
     code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist-style", "--limit", "10")
     assert code == 2 and "the model takes 28x28 images, the data has 40x40; train with data.canvas=40" in err
+    assert "affnist-style:canvas=28" in err
+    # the suggested fix works: per-data-set options as in eval_on, beside a data set without them
+    both = "mnist,affnist-style:canvas=28"
+    code, out, _ = run(capsys, "evaluate", str(run_dir), "--on", both, "--limit", "10")
+    assert code == 0 and "mnist/test" in out and "affnist-style/test" in out
     monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "empty-data"))  # no real affNIST there
     code, out, err = run(capsys, "evaluate", str(run_dir), "--on", "affnist", "--limit", "10")
     assert code == 1 and "torchvote data affnist --download" in out + err and "affnist-style" in out + err

@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--on",
         action="append",
         metavar="DATASET",
-        help="data set to evaluate on (repeat or comma-separate; torchvote list datasets)",
+        help="data set to evaluate on (repeat or comma-separate; torchvote list datasets), with "
+        "options of its own as in eval_on: affnist-style:canvas=28",
     )
     evaluate.add_argument("--limit", type=int, help="evaluate on the first N examples only")
     evaluate.add_argument("--batch-size", type=int, default=500)
@@ -259,14 +260,14 @@ def _main_job(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from torchvote.training.evaluate import checkpoint_summary, evaluate_checkpoint
+    from torchvote.training.keyvalue import parse_options, split_entries
     from torchvote.training.metrics import format_table
 
-    datasets = [name.strip() for value in (args.on or []) for name in value.split(",") if name.strip()]
+    datasets = split_entries(args.on or [])
     if not datasets:
         from torchvote.data import list_datasets
 
         raise ValueError(f"name the data sets with --on; data sets: {', '.join(list_datasets())}")
-    from torchvote.training.keyvalue import parse_options
 
     options = parse_options(args.data_option, "--data-option")
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")

@@ -306,3 +306,22 @@ def test_the_capsnet_preset_leaves_the_loss_to_the_router_and_says_so():
     comment = (_preset_dir() / "capsnet-mnist.yaml").read_text(encoding="utf-8")
     assert "model.router=em" in comment and "loss.name=margin" in comment
     assert "use loss.name=spread" not in comment  # no longer needed by hand
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["mnist"], ["mnist"]),
+        (["mnist,affnist-style"], ["mnist", "affnist-style"]),
+        (["mnist, affnist-style:canvas=28,seed=1", "copy"],
+         ["mnist", "affnist-style:canvas=28,seed=1", "copy"]),
+        (["affnist-style:canvas=28", "seed=1"], ["affnist-style:canvas=28,seed=1"]),  # repeated --on
+        (["copy:max_len=6,mnist"], ["copy:max_len=6", "mnist"]),
+        (["a=1,mnist"], ["a=1", "mnist"]),  # nothing to continue: kept, and rejected as a name later
+        ([" , ,"], []),
+    ],
+)
+def test_split_entries_keeps_options_with_their_data_set(values, expected):
+    from torchvote.training.keyvalue import split_entries
+
+    assert split_entries(values) == expected

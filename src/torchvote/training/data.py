@@ -159,7 +159,9 @@ def prepare_images(images: Tensor, image_size: int) -> Tensor:
     if height > image_size or width > image_size:
         raise ValueError(
             f"the model takes {image_size}x{image_size} images, the data has {height}x{width}; "
-            f"train with data.canvas={max(height, width)} (or a model with image_size={max(height, width)})"
+            f"train with data.canvas={max(height, width)} (or a model with image_size={max(height, width)}), "
+            f"or generate the data at {image_size}x{image_size} if it takes a canvas "
+            f"(e.g. affnist-style:canvas={image_size})"
         )
     from torchvote.data import pad_to
 

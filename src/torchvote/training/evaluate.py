@@ -192,7 +192,9 @@ def evaluate_checkpoint(
 ) -> list[dict[str, Any]]:
     """Evaluate a checkpoint on the test split of each data set; one result row per data set.
 
-    ``options`` are keyword arguments of the data sets (``max_len=``, ``num_pairs=`` ...).
+    ``datasets`` are names or ``eval_on``-style entries ``"name:key=value,..."`` whose options
+    apply to that data set alone (``"affnist-style:canvas=28"``); ``options`` are keyword
+    arguments of every data set (``max_len=``, ``num_pairs=`` ...), an entry's own ones win.
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded.
@@ -202,8 +204,9 @@ def evaluate_checkpoint(
     model, spec, metadata = load_model_from_checkpoint(location, torch_device)
     handler = get_task_handler(spec.task)
     rows = []
-    for name in datasets:
-        data = load_data(handler, name, None, options=options, root=root, limit=limit)
+    for entry in datasets:
+        name, own = parse_eval_entry(entry)
+        data = load_data(handler, name, None, options={**(options or {}), **own}, root=root, limit=limit)
         data = handler.finalize(data, model.config)
         metrics = evaluate(model, data, handler, batch_size=batch_size, device=torch_device, bf16=bf16)
         rows.append({"data": f"{name}/{data.split}", **result_row(metrics)})

@@ -32,6 +32,7 @@ __all__ = [
     "parse_entry",
     "parse_override",
     "parse_value",
+    "split_entries",
     "type_name",
     "typed_fields",
     "unknown_key",
@@ -98,6 +99,31 @@ def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), parse_options(
         (item for item in (part.strip() for part in rest.split(",")) if item), f"{what} entry {entry!r}"
     )
+
+
+def split_entries(values: Iterable[str]) -> list[str]:
+    """Comma-separated ``eval_on``-style entries -> one text per entry.
+
+    A piece with ``=`` but no ``:`` continues the options of the entry before it, so
+    ``["mnist,affnist-style:canvas=28,seed=1", "copy"]`` gives ``["mnist",
+    "affnist-style:canvas=28,seed=1", "copy"]``.
+
+    Args:
+        values: the texts as given (each may hold several entries).
+
+    Returns:
+        The entries, stripped, empty ones dropped.
+    """
+    entries: list[str] = []
+    for value in values:
+        for piece in (part.strip() for part in value.split(",")):
+            if not piece:
+                continue
+            if entries and "=" in piece and ":" not in piece and ":" in entries[-1]:
+                entries[-1] += f",{piece}"
+            else:
+                entries.append(piece)
+    return entries
 
 
 def parse_options(items: Iterable[str], what: str) -> dict[str, Any]:
