@@ -440,9 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for case in args.cases:
-        impls = tuple(i for i in CASES[case].implementations if i not in STRATEGIES or i in strategies)
         if CASES[case].implementations == _EM:
             impls = ("torchvote", *(f"torchvote-{s}" for s in args.em_strategies if s != "auto"), "baseline")
+        else:
+            impls = tuple(i for i in CASES[case].implementations if i not in STRATEGIES or i in strategies)
         if args.batches:
             batches = args.batches
         elif args.quick:

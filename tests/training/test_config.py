@@ -241,6 +241,10 @@ def test_one_reader_for_every_key_value_of_the_command_line():
     from torchvote.training.keyvalue import parse_options, parse_value
 
     config = load_config(None, ["eval_on=[affnist-style:canvas=28]", "data.options.canvas=28"])
+    # the same comma reader as `evaluate --on`: an entry keeps all its options, with or without []
+    for text in ("mnist,affnist-style:canvas=28,seed=1", "[mnist, affnist-style:canvas=28,seed=1]"):
+        assert load_config(None, [f"eval_on={text}"]).eval_on == ("mnist", "affnist-style:canvas=28,seed=1")
+    assert load_config(None, ["eval_on=affnist,multimnist"]).eval_on == ("affnist", "multimnist")
     name, options = parse_eval_entry(config.eval_on[0])
     assert (name, options) == ("affnist-style", config.data.options)
     assert parse_options(["canvas=28", "split=test", "scale=1e-3"], "--data-option") == {

@@ -102,10 +102,11 @@ def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
     ``R = exp(logit - group's log-sum-exp)`` (<= 1).
     """
     local = torch.logsumexp(logits, dim=1)  # (n, j): over the receivers of each patch
+    flat_ids = ids.reshape(-1)  # (n j)
     with torch.no_grad():
         peak = local.new_full((num_groups,), -math.inf)
-        peak = peak.scatter_reduce(0, ids.reshape(-1), local.detach().reshape(-1), "amax")[ids]  # (n, j)
-    sums = local.new_zeros(num_groups).index_add(0, ids.reshape(-1), (local - peak).exp().reshape(-1))
+        peak = peak.scatter_reduce(0, flat_ids, local.detach().reshape(-1), "amax")[ids]  # (n, j)
+    sums = local.new_zeros(num_groups).index_add(0, flat_ids, (local - peak).exp().reshape(-1))
     total = sums.log()[ids] + peak  # (n, j): log of the group's sum of exp(logit)
     return (logits - total.unsqueeze(1)).exp()
 

@@ -209,7 +209,7 @@ def _prepare(value: Any, annotation: Any, key: str) -> Any:
         text = value.strip()
         if len(text) >= 2 and text[0] + text[-1] in ("()", "[]"):
             text = text[1:-1]
-        return [part.strip() for part in text.split(",") if part.strip()]
+        return split_entries([text])  # an eval_on entry keeps its key=value options together
     if annotation is Any or any(arm is dict or typing.get_origin(arm) is dict for arm in arms):
         return parse_value(value)
     if bool in arms and value.lower() not in _BOOL_WORDS:
