@@ -125,6 +125,44 @@ def test_resume_may_extend_but_not_change_the_run(tiny_config):
     assert longer.step == 12
 
 
+def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, monkeypatch):
+    import torchvote.training.loop as loop_module
+
+    first = train(tiny_config("run", "epochs=1", "data.eval_limit=30"), verbose=False)
+    evaluated = []
+    real_evaluate = loop_module.evaluate
+
+    def spy(model, data, *args, **kwargs):
+        evaluated.append(f"{data.name}/{data.split}")
+        return real_evaluate(model, data, *args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "evaluate", spy)
+
+    def finals() -> list[tuple[str, int]]:
+        return [(r["dataset"], r["count"]) for r in read_metrics(first.metrics_path) if r["event"] == "final"]
+
+    # Nothing left to train or evaluate: the recorded figures, no second record.
+    again = train(load_run_config(first.run_dir), resume=first.run_dir, verbose=False)
+    assert evaluated == [] and again.step == first.step
+    assert again.results.keys() == first.results.keys()
+    for name, metrics in first.results.items():
+        assert again.results[name] == pytest.approx(metrics, abs=1e-6)  # as recorded: 6 decimals
+    assert finals() == [("mnist/test", 30)]
+    # A data set added on resume is evaluated; the recorded one is not.
+    more = train(
+        load_run_config(first.run_dir, ["eval_on=[affnist-style:canvas=28]"]),
+        resume=first.run_dir,
+        verbose=False,
+    )
+    assert evaluated == ["affnist-style/test"] and more.results["mnist/test"] == again.results["mnist/test"]
+    assert finals() == [("mnist/test", 30), ("affnist-style/test", 30)]
+    # Another eval_limit is another evaluation.
+    evaluated.clear()
+    fewer = train(load_run_config(first.run_dir, ["data.eval_limit=20"]), resume=first.run_dir, verbose=False)
+    assert evaluated == ["mnist/test"] and fewer.results["mnist/test"]["count"] == 20
+    assert finals()[-1] == ("mnist/test", 20)
+
+
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint in"):
         load_run_config(tmp_path)

@@ -37,7 +37,7 @@ from torchvote.training.config import TrainConfig, config_to_dict, model_config_
 from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_seed, iterate_batches
 from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
 from torchvote.training.evaluate import autocast, evaluate, load_data, parse_eval_entry
-from torchvote.training.metrics import MetricsWriter
+from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.optim import build_optimizer, build_scheduler
 from torchvote.training.progress import Progress
 from torchvote.training.results import StepInfo, TrainResult, find_resumable_checkpoint, load_run_config
@@ -54,6 +54,9 @@ from torchvote.training.stopping import StopRequest
 from torchvote.training.tasks import get_task_handler, make_objective
 
 __all__ = ["StepInfo", "TrainResult", "load_run_config", "train"]
+
+#: The keys of a ``final`` metrics record that say what was evaluated; the rest are the metrics.
+_FINAL_RECORD_CONTEXT = frozenset({"event", "step", "time", "dataset", "source", "eval_limit"})
 
 
 def train(
@@ -114,8 +117,10 @@ class _Run:
         if resume is not None:
             paths, state, skipped = find_resumable_checkpoint(resume)
             if skipped:
-                self._log(f"skipping unreadable checkpoint(s), kept as they are: {'; '.join(skipped)}; "
-                          f"resuming from {paths.name}")
+                self._log(
+                    f"skipping unreadable checkpoint(s), kept as they are: {'; '.join(skipped)}; "
+                    f"resuming from {paths.name}"
+                )
             self.resume_from = paths, state
         self.run_dir = Path(resume) if resume is not None else new_run_dir(config, context)
         self.writer: MetricsWriter | None = None
@@ -397,22 +402,65 @@ class _Run:
         return True
 
     def _final_evaluation(self) -> dict[str, dict[str, float]]:
-        results = {f"{self.eval_data.name}/{self.eval_data.split}": self._evaluate(self.eval_data)}
+        """Evaluate on the run's test set and each ``eval_on`` entry; write one ``final`` record
+        each. An evaluation already recorded at this step (a finished run resumed, or one killed
+        during its final evaluation) is reported from ``metrics.jsonl``, not run again; one whose
+        data set, entry or ``data.eval_limit`` changed on resume is run."""
+        limit = self.config.data.eval_limit
+        recorded = self._recorded_final_evaluations()
+        results: dict[str, dict[str, float]] = {}
+
+        def evaluate_once(source: str, label: str | None, load: Callable[[], TaskData]) -> None:
+            earlier = recorded.get((source, limit))
+            reuse = earlier is not None and (label is None or earlier[0] == label)
+            if any_process(not reuse, self.context):  # every process evaluates, or none does
+                data = load()
+                label = f"{data.name}/{data.split}"
+                results[label] = self._evaluate(data)
+                if self.writer is not None:
+                    self.writer.write(
+                        "final", self.step, results[label], dataset=label, source=source, eval_limit=limit
+                    )
+            else:
+                assert earlier is not None
+                results[earlier[0]] = earlier[1]
+                self._log(
+                    f"{earlier[0]}: the final evaluation recorded at step {self.step} "
+                    f"in {self.run_dir / 'metrics.jsonl'}"
+                )
+
+        main_label = f"{self.eval_data.name}/{self.eval_data.split}"
+        evaluate_once("", main_label, lambda: self.eval_data)
         for entry in self.config.eval_on:
-            name, options = parse_eval_entry(entry)
-            root = options.pop("root", self.config.data.root)  # an entry's own root wins
-            data = load_data(
-                self.handler,
-                name,
-                None,
-                options=options,
-                root=None if root is None else str(root),
-                limit=self.config.data.eval_limit,
-            )
-            results[f"{data.name}/{data.split}"] = self._evaluate(
-                self.handler.finalize(data, self.model_config)
-            )
-        if self.writer is not None:
-            for label, metrics in results.items():
-                self.writer.write("final", self.step, metrics, dataset=label)
+            evaluate_once(entry, None, lambda entry=entry: self._load_eval_entry(entry))
         return results
+
+    def _load_eval_entry(self, entry: str) -> TaskData:
+        """The finalised test set an ``eval_on`` entry names."""
+        name, options = parse_eval_entry(entry)
+        root = options.pop("root", self.config.data.root)  # an entry's own root wins
+        data = load_data(
+            self.handler,
+            name,
+            None,
+            options=options,
+            root=None if root is None else str(root),
+            limit=self.config.data.eval_limit,
+        )
+        return self.handler.finalize(data, self.model_config)
+
+    def _recorded_final_evaluations(self) -> dict[tuple[str, int | None], tuple[str, dict[str, float]]]:
+        """``(source, eval_limit) -> (data set label, metrics)`` of the ``final`` records this run
+        already wrote at the current step (``source``: the ``eval_on`` entry, ``""`` for the run's
+        own test set); empty for a new run or where the file cannot be read (this process is not
+        the one that writes it)."""
+        path = self.run_dir / "metrics.jsonl"
+        if self.resume_from is None or not path.is_file():
+            return {}
+        recorded = {}
+        for record in read_metrics(path):
+            if record.get("event") != "final" or record.get("step") != self.step or "source" not in record:
+                continue  # records written before the source was recorded are not reused
+            metrics = {key: value for key, value in record.items() if key not in _FINAL_RECORD_CONTEXT}
+            recorded[(record["source"], record.get("eval_limit"))] = (record["dataset"], metrics)
+        return recorded
