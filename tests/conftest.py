@@ -24,6 +24,18 @@ IDX_NAMES = {
 }
 
 
+@pytest.fixture
+def scratch_registry():
+    """Models registered in a test are removed afterwards; the real ones stay registered."""
+    from torchvote.models import registry
+
+    registry.list_models()  # load the real models first, or the snapshot would be empty
+    before = dict(registry._REGISTRY)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_mnist_root(tmp_path_factory) -> Path:
     """A folder with MNIST IDX files holding 240 train and 60 test real digits."""

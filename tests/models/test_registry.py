@@ -113,15 +113,6 @@ def test_overrides_win_over_the_preset():
     assert model.config.channels == get_model_spec("cnn-baseline").presets["small"]["channels"]
 
 
-@pytest.fixture
-def scratch_registry():
-    """Registrations made in a test are removed afterwards."""
-    before = dict(registry_module._REGISTRY)
-    yield
-    registry_module._REGISTRY.clear()
-    registry_module._REGISTRY.update(before)
-
-
 @dataclasses.dataclass
 class _ToyConfig:
     image_size: int = 4

@@ -26,8 +26,7 @@ from torchvote.training.data import TaskData
 
 
 @pytest.fixture
-def toy_models():
-    before = dict(registry_module._REGISTRY)
+def toy_models(scratch_registry):
 
     @dataclass
     class ToyLMConfig:
@@ -74,10 +73,6 @@ def toy_models():
             positions = self.position(torch.arange(length))
             hidden = self.source(aligned) + self.target(target_input) + positions  # (b, t, d)
             return SequenceOutput(logits=self.head(torch.relu(hidden)))
-
-    yield
-    registry_module._REGISTRY.clear()
-    registry_module._REGISTRY.update(before)
 
 
 @pytest.fixture
@@ -150,6 +145,13 @@ def test_seq2seq_trains_on_the_copy_task_and_resumes_exactly(toy_models, tmp_pat
 
     rows = evaluate_checkpoint(unbroken.run_dir, ["copy"], options={"max_len": 6, "num_samples": 50})
     assert rows[0]["data"] == "copy/test" and rows[0]["examples"] == 50
+    # A data folder given for file-based sets is not passed to a generated one.
+    assert (
+        evaluate_checkpoint(
+            unbroken.run_dir, ["copy"], root=str(tmp_path), options={"max_len": 6, "num_samples": 50}
+        )
+        == rows
+    )
     assert set(rows[0]) == {"data", "accuracy", "sequence_accuracy", "examples"}
     with pytest.raises(ValueError, match="the model takes at most max_len=8"):
         evaluate_checkpoint(unbroken.run_dir, ["copy"])
