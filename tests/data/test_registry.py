@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torchvote.data.mnist as mnist_module
-from torchvote.data import CharVocab, MultiMNISTSource, get_dataset, list_datasets
+from torchvote.data import CharVocab, MultiMNISTSource, dataset_reads_files, get_dataset, list_datasets
 from torchvote.data.command import main
 
 from .test_affnist import tiny_set, write_mat
@@ -43,6 +43,19 @@ def test_list_datasets_names_and_one_line_descriptions() -> None:
     datasets = list_datasets()
     assert sorted(datasets) == NAMES
     assert all(desc and "\n" not in desc for desc in datasets.values())
+
+
+def test_generated_sets_take_no_root_and_say_so() -> None:
+    # reads_files is what decides whether an inherited root (data.root, --data-root) is passed.
+    for name in ("copy", "reverse", "sort", "addition"):
+        assert not dataset_reads_files(name)
+        with pytest.raises(TypeError, match="root"):
+            get_dataset(name, "test", root="somewhere", num_samples=2)
+    assert all(
+        dataset_reads_files(name) for name in NAMES if name not in ("copy", "reverse", "sort", "addition")
+    )
+    with pytest.raises(ValueError, match="unknown data set 'nosuch'"):
+        dataset_reads_files("nosuch")
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

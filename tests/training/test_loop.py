@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -269,6 +270,23 @@ def test_canvas_trains_on_40x40_and_evaluates_on_affnist_style(tiny_config):
     assert result.model.config.image_size == 40
     assert {"mnist/test", "affnist-style/test"} <= result.results.keys()
     assert result.results["affnist-style/test"]["count"] == 30
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ("nosuch", "unknown data set 'nosuch'"),
+        ("mnist:bogus=1", r"does not accept the options \['bogus'\]"),
+        ("copy", "image classifiers need an image data set"),
+        ("affnist-style", "the model takes 28x28 images, the data has 40x40"),
+    ],
+)
+def test_a_wrong_eval_on_entry_fails_before_the_training(tiny_config, entry, error):
+    steps = []
+    config = tiny_config("run", "epochs=1", f"eval_on=[{entry}]")
+    with pytest.raises(Exception, match=error):
+        train(config, callbacks=[lambda info: steps.append(info.step)], verbose=False)
+    assert steps == [] and not Path(config.run_dir).exists()
 
 
 def test_an_eval_on_entry_reads_its_own_root(tiny_config, tmp_path):

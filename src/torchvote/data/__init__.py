@@ -30,7 +30,7 @@ from torchvote.data.multimnist import (
     make_multimnist,
 )
 from torchvote.data.paths import data_root, dataset_dir
-from torchvote.data.registry import get_dataset, list_datasets
+from torchvote.data.registry import dataset_reads_files, get_dataset, list_datasets
 from torchvote.data.sequences import (
     BOS,
     EOS,
@@ -94,6 +94,7 @@ __all__ = [
     "download_mnist",
     "fetch_shakespeare",
     "find_affnist",
+    "dataset_reads_files",
     "get_dataset",
     "list_datasets",
     "load_affnist",

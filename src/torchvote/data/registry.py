@@ -23,7 +23,7 @@ from torchvote.data.multimnist import MultiMNISTSource, make_multimnist
 from torchvote.data.sequences import SEQUENCE_TASKS, make_sequence_task
 from torchvote.data.text import CharVocab, load_shakespeare, train_val_split
 
-__all__ = ["DatasetEntry", "get_dataset", "list_datasets"]
+__all__ = ["DatasetEntry", "dataset_reads_files", "get_dataset", "list_datasets"]
 
 _DEFAULT_SEED = {"train": 0, "test": 1}
 _MNIST_KEYS = ("source", "root", "limit")
@@ -38,12 +38,15 @@ class DatasetEntry:
         description: One line shown by :func:`list_datasets`.
         splits: Allowed split names.
         build: ``build(split, **kwargs)`` returning the data.
+        reads_files: The data come from files, whose folder ``root=`` names; a generated set
+            takes no ``root``.
     """
 
     name: str
     description: str
     splits: tuple[str, ...]
     build: Callable[..., Any]
+    reads_files: bool = True
 
 
 def _split_kwargs(kwargs: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -146,6 +149,7 @@ _REGISTRY: dict[str, DatasetEntry] = {
                 f"generated {task} task over digit strings -> (src, tgt) padded ids",
                 _IMAGE_SPLITS,
                 _sequence(task),
+                reads_files=False,
             )
             for task in SEQUENCE_TASKS
         ],
@@ -178,8 +182,22 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
         ValueError: If ``name`` is unknown (the message lists the known names) or ``split`` is
             not one of the data set's splits.
     """
+    entry = _entry(name)
+    validate_split(split, entry.splits)
+    return entry.build(split, **kwargs)
+
+
+def dataset_reads_files(name: str) -> bool:
+    """Whether data set ``name`` is read from files (so a ``root=`` folder applies to it).
+
+    Raises:
+        ValueError: If ``name`` is unknown.
+    """
+    return _entry(name).reads_files
+
+
+def _entry(name: str) -> DatasetEntry:
     entry = _REGISTRY.get(name)
     if entry is None:
         raise ValueError(f"name: unknown data set {name!r}; known: {sorted(_REGISTRY)}")
-    validate_split(split, entry.splits)
-    return entry.build(split, **kwargs)
+    return entry

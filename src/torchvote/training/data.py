@@ -142,7 +142,7 @@ def load_raw_dataset(
             raise
         except TypeError as err:  # an option the loader does not take
             raise ValueError(
-                f"data set {name!r} does not accept the options {sorted(kwargs)}: {err}"
+                f"data set {name!r} does not accept the options {sorted(options)}: {err}"
             ) from None
     raise AssertionError("unreachable")
 

@@ -25,7 +25,7 @@ from torchvote.training.distributed import DistributedContext, all_reduce_sum, r
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler
 
-__all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_model_from_checkpoint"]
+__all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_eval_entry", "load_model_from_checkpoint"]
 
 
 def autocast(device: torch.device, enabled: bool) -> Any:
@@ -129,6 +129,44 @@ def load_data(
     return data
 
 
+def load_eval_entry(
+    handler: TaskHandler,
+    entry: str,
+    model_config: Any,
+    *,
+    root: str | os.PathLike[str] | None = None,
+    limit: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> TaskData:
+    """The test split an ``eval_on``-style entry names (``"mnist"``,
+    ``"affnist-style:canvas=28"``), finalised for a model of ``model_config``.
+
+    Args:
+        handler: the model's task handler.
+        entry: ``"name"`` or ``"name:key=value,..."``; the entry's options win over ``options``.
+        model_config: the config of the model that will see the data (its image size is checked).
+        root: the folder to read files from unless the entry names its own ``root=``; data sets
+            generated rather than read (the sequence tasks) ignore it.
+        limit: keep the first ``limit`` examples.
+        options: keyword arguments of the data set, below the entry's own.
+
+    Raises:
+        ValueError: an unknown data set, options it does not take, data of another task, or
+            images that do not fit the model (the message names the fix).
+        DataNotFoundError: the data set's files are not there.
+    """
+    from torchvote.data import dataset_reads_files
+
+    name, own = parse_eval_entry(entry)
+    own = {**(options or {}), **own}
+    shared_root = root if dataset_reads_files(name) else None
+    entry_root = own.pop("root", shared_root)  # an entry's own root wins
+    data = load_data(
+        handler, name, None, options=own, root=None if entry_root is None else str(entry_root), limit=limit
+    )
+    return handler.finalize(data, model_config)
+
+
 def model_config_from_metadata(spec: ModelSpec, metadata: dict[str, str], source: str) -> Any:
     """Rebuild a model config from the JSON stored with the weights (type-checked).
 
@@ -205,11 +243,9 @@ def evaluate_checkpoint(
     handler = get_task_handler(spec.task)
     rows = []
     for entry in datasets:
-        name, own = parse_eval_entry(entry)
-        data = load_data(handler, name, None, options={**(options or {}), **own}, root=root, limit=limit)
-        data = handler.finalize(data, model.config)
+        data = load_eval_entry(handler, entry, model.config, root=root, limit=limit, options=options)
         metrics = evaluate(model, data, handler, batch_size=batch_size, device=torch_device, bf16=bf16)
-        rows.append({"data": f"{name}/{data.split}", **result_row(metrics)})
+        rows.append({"data": f"{data.name}/{data.split}", **result_row(metrics)})
     return rows
 
 

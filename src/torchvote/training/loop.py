@@ -36,7 +36,7 @@ from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
 from torchvote.training.config import TrainConfig, config_to_dict, model_config_from
 from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_seed, iterate_batches
 from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
-from torchvote.training.evaluate import autocast, evaluate, load_data, parse_eval_entry
+from torchvote.training.evaluate import autocast, evaluate, load_eval_entry
 from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.optim import build_optimizer, build_scheduler
 from torchvote.training.progress import Progress
@@ -148,6 +148,8 @@ class _Run:
         self.augment = self.handler.augment(config.data, self.train_data)
         self.train_data = self.train_data.map(lambda data: self.handler.finalize(data, self.model_config))
         self.eval_data = self.handler.finalize(self.eval_data, self.model_config)
+        for entry in config.eval_on:  # a wrong name, option, task or image size fails now, not
+            self._load_eval_entry(entry)  # after the training (loaded again at the end: memory)
 
         self.model = self.spec.model_cls(self.model_config).to(context.device)
         self.plan = BatchPlan(
@@ -436,18 +438,11 @@ class _Run:
         return results
 
     def _load_eval_entry(self, entry: str) -> TaskData:
-        """The finalised test set an ``eval_on`` entry names."""
-        name, options = parse_eval_entry(entry)
-        root = options.pop("root", self.config.data.root)  # an entry's own root wins
-        data = load_data(
-            self.handler,
-            name,
-            None,
-            options=options,
-            root=None if root is None else str(root),
-            limit=self.config.data.eval_limit,
+        """The finalised test set an ``eval_on`` entry names (``data.root`` unless its own)."""
+        config = self.config
+        return load_eval_entry(
+            self.handler, entry, self.model_config, root=config.data.root, limit=config.data.eval_limit
         )
-        return self.handler.finalize(data, self.model_config)
 
     def _recorded_final_evaluations(self) -> dict[tuple[str, int | None], tuple[str, dict[str, float]]]:
         """``(source, eval_limit) -> (data set label, metrics)`` of the ``final`` records this run
