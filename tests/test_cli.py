@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 import pytest
 
@@ -56,6 +57,13 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
     for label in ("checkpoint:", "metrics:", "plots:"):
         assert label in out
     assert (tmp_path / "main" / "plots" / "training_curves.png").is_file()
+    # The evaluate command it prints names every set the run was tested on, and runs as printed.
+    hint = next(line for line in out.splitlines() if line.startswith("evaluate:"))
+    argv = shlex.split(hint.removeprefix("evaluate:"))
+    assert argv[:2] == ["torchvote", "evaluate"] and argv.count("--on") == 2
+    code, again, err = run(capsys, *argv[1:], "--limit", "50")
+    assert code == 0, err
+    assert "mnist/test" in again and "affnist-style/test" in again
     # It ends with the explain report of the trained CapsNet (its routing passes included).
     page = tmp_path / "main" / "explain" / "index.html"
     assert f"report: {page.resolve()}" in out

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -54,8 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     main_job = commands.add_parser("main", help="train the default preset, evaluate it, print the results")
     main_job.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the main preset")
     main_job.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:<index>")
-    main_job.add_argument("--no-report", action="store_true",
-                          help="skip the explain report (attention and routing pictures) at the end")
+    main_job.add_argument(
+        "--no-report",
+        action="store_true",
+        help="skip the explain report (attention and routing pictures) at the end",
+    )
 
     demo = commands.add_parser("demo", help="the voting operator as attention and as routing on MNIST")
     demo.add_argument("--output-dir", default="runs/demo", help="where the plots go")
@@ -114,11 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reproduce.add_argument("name", nargs="?", help="the experiment (torchvote reproduce --list)")
     reproduce.add_argument("--list", action="store_true", help="list the experiments")
-    reproduce.add_argument("--budget", default="cpu", choices=("cpu", "paper"),
-                           help="cpu: minutes on a laptop; paper: the papers' sizes (for a GPU)")
+    reproduce.add_argument(
+        "--budget",
+        default="cpu",
+        choices=("cpu", "paper"),
+        help="cpu: minutes on a laptop; paper: the papers' sizes (for a GPU)",
+    )
     reproduce.add_argument("--seeds", type=int, nargs="+", help="seeds to run (default 0 1 2)")
-    reproduce.add_argument("--variant", action="append", default=[], metavar="TEXT",
-                           help="run only variants whose label contains TEXT (repeatable)")
+    reproduce.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="run only variants whose label contains TEXT (repeatable)",
+    )
     reproduce.add_argument("--out", default="runs/reproduce", help="where runs and summaries go")
     reproduce.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
     reproduce.add_argument("--dry-run", action="store_true", help="print the training commands only")
@@ -220,7 +233,8 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
         print(f"metrics:    {result.metrics_path}")
         if result.plots:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
-        print(f"evaluate:   torchvote evaluate {result.run_dir} --on {data}")
+        sets = " ".join(f"--on {shlex.quote(entry)}" for entry in (data, *config.eval_on))
+        print(f"evaluate:   torchvote evaluate {result.run_dir} {sets}")
         if explain:
             run_dir = Path(result.run_dir)
             report = add_explain_arguments(argparse.ArgumentParser()).parse_args(
