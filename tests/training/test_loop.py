@@ -126,7 +126,7 @@ def test_resume_may_extend_but_not_change_the_run(tiny_config):
     assert longer.step == 12
 
 
-def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, monkeypatch):
+def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, monkeypatch, capsys):
     import torchvote.training.loop as loop_module
 
     first = train(tiny_config("run", "epochs=1", "data.eval_limit=30"), verbose=False)
@@ -145,6 +145,7 @@ def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, mo
     # Nothing left to train or evaluate: the recorded figures, no second record.
     again = train(load_run_config(first.run_dir), resume=first.run_dir, verbose=False)
     assert evaluated == [] and again.step == first.step
+    assert f"has finished its {first.step} steps: nothing to train" in capsys.readouterr().err
     assert again.results.keys() == first.results.keys()
     for name, metrics in first.results.items():
         assert again.results[name] == pytest.approx(metrics, abs=1e-6)  # as recorded: 6 decimals

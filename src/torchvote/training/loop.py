@@ -191,6 +191,9 @@ class _Run:
 
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
         self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard)
+        if self.step >= self.total_steps:  # a finished run, resumed: nothing left to train
+            self._log(f"{self.run_dir} has finished its {self.total_steps} steps: nothing to train")
+            return
         self._log(
             f"training {self.spec.name} on {config.data.name} ({len(self.train_data)} examples, "
             f"{self.total_steps} steps of {config.batch_size} on {context.world_size} process(es), "
