@@ -137,6 +137,10 @@ def test_bad_inputs_name_the_argument():
         model(_sources(), _targets()[:2])
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(_sources(), max_new_tokens=-1)
+    with pytest.raises(ValueError, match="source holds ids outside the vocabulary"):
+        model.generate(_sources() + model.config.src_vocab_size)
+    with pytest.raises(ValueError, match="target_input holds ids outside the vocabulary"):
+        model(_sources(), _targets() - 100)
 
 
 @pytest.mark.parametrize("attention", ["additive", "general"])

@@ -351,6 +351,32 @@ def test_bad_inputs_name_the_argument():
         seq2seq(_sources(batch=3), _targets(batch=2))
 
 
+def test_token_ids_outside_the_vocabulary_name_the_argument():
+    # nn.Embedding would raise an IndexError deep inside (on a GPU: a device-side assert).
+    lm = _model("transformer-lm")
+    vocab = lm.config.vocab_size
+    inside = torch.tensor([[0, vocab - 1]])
+    assert lm(inside).logits.shape == (1, 2, vocab)  # both ends of the range are ids
+    for bad, ends in (
+        (inside + 1, f"smallest 1, largest {vocab}"),
+        (inside - 1, f"smallest -1, largest {vocab - 2}"),
+    ):
+        with pytest.raises(
+            ValueError, match=f"tokens holds ids outside the vocabulary \\[0, {vocab}\\): {ends}"
+        ):
+            lm(bad)
+    with pytest.raises(ValueError, match="prompt holds ids outside"):
+        lm.generate(inside + 1, 2)
+    seq2seq = _model("transformer-seq2seq")
+    sources, targets = _sources(), _targets()
+    with pytest.raises(ValueError, match="source holds ids outside"):
+        seq2seq(sources + seq2seq.config.src_vocab_size, targets)
+    with pytest.raises(ValueError, match="target_input holds ids outside"):
+        seq2seq(sources, targets + seq2seq.config.tgt_vocab_size)
+    with pytest.raises(ValueError, match="source holds ids outside"):
+        seq2seq.generate(sources - 100)
+
+
 def test_a_bad_attention_on_the_command_line_lists_the_choices():
     with pytest.raises(ConfigError, match="model.attention: 'linear' is not one of: softmax, routing"):
         load_config("seq2seq-reverse", ["model.attention=linear"])

@@ -227,7 +227,7 @@ class RNNAttentionSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token.
         """
-        check_token_ids(source, "source")
+        check_token_ids(source, "source", vocab_size=self.config.src_vocab_size)
         source_mask = source != self.config.pad_id  # (b, s)
         if bool((source_mask[:, 1:] & ~source_mask[:, :-1]).any()):
             raise ValueError("source has padding (pad_id) before a real token; pad only at the end")
@@ -286,8 +286,8 @@ class RNNAttentionSeq2Seq(nn.Module):
             ValueError: inputs of the wrong rank or dtype, batch sizes that differ, or padding
                 before a source token.
         """
-        check_token_ids(source, "source")
-        check_token_ids(target_input, "target_input")
+        check_token_ids(source, "source", vocab_size=self.config.src_vocab_size)
+        check_token_ids(target_input, "target_input", vocab_size=self.config.tgt_vocab_size)
         if source.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target_input must have the same batch size, got {source.shape[0]} "

@@ -156,18 +156,31 @@ def check_special_ids(config: Any) -> None:
 
 
 def check_token_ids(
-    tokens: Tensor, argument: str, max_length: int | None = None, *, length_name: str = "max_len"
+    tokens: Tensor,
+    argument: str,
+    max_length: int | None = None,
+    *,
+    length_name: str = "max_len",
+    vocab_size: int | None = None,
 ) -> None:
-    """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor.
+    """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor
+    of ids below ``vocab_size``.
+
+    An id outside the embedding table would otherwise fail deep inside ``nn.Embedding`` (on a
+    GPU as a device-side assert that leaves the CUDA context unusable). The range check reads
+    two numbers back from the device; it is skipped while ``torch.compile`` traces (the graph
+    stays whole).
 
     Args:
         tokens: the ids to check.
         argument: the argument's name, for the message.
         max_length: the most tokens allowed; ``None`` for no limit.
         length_name: the config field ``max_length`` comes from, for the message.
+        vocab_size: ids must lie in ``[0, vocab_size)``; ``None`` for no range check.
 
     Raises:
-        ValueError: not a ``(b, t)`` tensor, not integer ids, no token, or too many.
+        ValueError: not a ``(b, t)`` tensor, not integer ids, no token, too many, or an id out
+            of range.
     """
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
@@ -177,9 +190,14 @@ def check_token_ids(
     if tokens.shape[1] < 1:
         raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")
     if max_length is not None and tokens.shape[1] > max_length:
-        raise ValueError(
-            f"{argument} has {tokens.shape[1]} tokens, more than {length_name}={max_length}"
-        )
+        raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than {length_name}={max_length}")
+    if vocab_size is not None and not torch.compiler.is_compiling():
+        low, high = (int(value) for value in torch.aminmax(tokens))
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{argument} holds ids outside the vocabulary [0, {vocab_size}): "
+                f"smallest {low}, largest {high}"
+            )
 
 
 def run_stack(

@@ -152,12 +152,18 @@ class TransformerLM(nn.Module):
             ValueError: ``tokens`` of the wrong rank, dtype or length.
         """
         offset = 0 if cache is None else cache.length
-        check_token_ids(tokens, "tokens", self.config.context_length - offset,
-                        length_name="context_length" if offset == 0 else f"context_length - {offset} cached")
+        check_token_ids(
+            tokens,
+            "tokens",
+            self.config.context_length - offset,
+            length_name="context_length" if offset == 0 else f"context_length - {offset} cached",
+            vocab_size=self.config.vocab_size,
+        )
         x = self.dropout(self.positions(self.token_embedding(tokens), offset=offset))  # (b, t, E)
         options = {} if cache is None else {"cache": cache}
-        hidden, record = run_stack(self.decoder, x, is_causal=True, need_weights=need_weights,
-                                   **options)  # (b, t, E)
+        hidden, record = run_stack(
+            self.decoder, x, is_causal=True, need_weights=need_weights, **options
+        )  # (b, t, E)
         logits = self.head(hidden)  # (b, t, vocab)
         if record is None:
             return SequenceOutput(logits=logits)
@@ -206,7 +212,7 @@ class TransformerLM(nn.Module):
         """
         unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
         tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
-        check_token_ids(tokens, "prompt")
+        check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
         if not temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")

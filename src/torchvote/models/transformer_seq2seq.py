@@ -213,10 +213,12 @@ class TransformerSeq2Seq(nn.Module):
     def _encode(
         self, source: Tensor, *, need_weights: bool
     ) -> tuple[Tensor, Tensor, AttentionIntermediates | None]:
-        check_token_ids(source, "source", self.config.max_len)
+        check_token_ids(source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size)
         source_mask = source != self.config.pad_id  # (b, s)
         memory, record = run_stack(
-            self.encoder, self._embed(self.source_embedding, source), key_mask=source_mask,
+            self.encoder,
+            self._embed(self.source_embedding, source),
+            key_mask=source_mask,
             need_weights=need_weights,
         )  # (b, s, E)
         return memory, source_mask, record
@@ -262,13 +264,23 @@ class TransformerSeq2Seq(nn.Module):
         cache: TransformerCache | None = None,
     ) -> tuple[Tensor, AttentionIntermediates | None]:
         offset = 0 if cache is None else cache.length
-        check_token_ids(target_input, "target_input", self.config.max_len - offset,
-                        length_name="max_len" if offset == 0 else f"max_len - {offset} cached")
+        check_token_ids(
+            target_input,
+            "target_input",
+            self.config.max_len - offset,
+            length_name="max_len" if offset == 0 else f"max_len - {offset} cached",
+            vocab_size=self.config.tgt_vocab_size,
+        )
         target = self._embed(self.target_embedding, target_input, offset)  # (b, t, E)
         options = {} if cache is None else {"cache": cache}
         hidden, record = run_stack(
-            self.decoder, target, memory, memory_key_mask=source_mask, is_causal=True,
-            need_weights=need_weights, **options,
+            self.decoder,
+            target,
+            memory,
+            memory_key_mask=source_mask,
+            is_causal=True,
+            need_weights=need_weights,
+            **options,
         )  # (b, t, E)
         return self.output(hidden), record  # (b, t, vocab)
 
@@ -289,8 +301,10 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: inputs of the wrong rank, dtype, length, or batch sizes that differ.
         """
-        check_token_ids(source, "source", self.config.max_len)
-        check_token_ids(target_input, "target_input", self.config.max_len)
+        check_token_ids(source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size)
+        check_token_ids(
+            target_input, "target_input", self.config.max_len, vocab_size=self.config.tgt_vocab_size
+        )
         if source.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target_input must have the same batch size, got {source.shape[0]} "
