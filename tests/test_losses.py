@@ -164,3 +164,17 @@ def test_one_hot_targets_checks_range_and_shape():
         one_hot_targets(torch.tensor([3]), 3)
     with pytest.raises(ValueError, match="targets must be"):
         one_hot_targets(torch.zeros(2, 4), 3)
+
+
+@pytest.mark.parametrize(
+    "loss", [margin_loss, lambda scores, targets: spread_loss(scores, targets, margin=0.2)]
+)
+def test_class_losses_reject_targets_that_do_not_fit(loss):
+    scores = torch.rand(4, 10)
+    with pytest.raises(ValueError, match="must hold the same number of examples"):
+        loss(scores, torch.tensor([0, 1, 2]))  # a broadcast would hide the missing example
+    with pytest.raises(ValueError, match=r"must be \(batch, num_classes\)"):
+        loss(torch.rand(10), torch.tensor([3]))
+    with pytest.raises(TypeError, match="class indices must be integers"):
+        loss(scores, torch.tensor([0.0, 1.0, 2.0, 3.7]))  # would be truncated to class 3
+    assert loss(scores, torch.tensor([0, 1, 2, 3])).dim() == 0

@@ -28,8 +28,11 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
 
     Raises:
         ValueError: targets of another shape, or class indices out of range.
+        TypeError: class indices ``(b,)`` that are not integers.
     """
     if targets.dim() == 1:
+        if targets.is_floating_point() or targets.is_complex():
+            raise TypeError(f"class indices must be integers, got dtype {targets.dtype}")
         if targets.numel() and (targets.min() < 0 or targets.max() >= num_classes):
             raise ValueError(f"class indices must be in [0, {num_classes}), got {targets.tolist()}")
         return F.one_hot(targets.long(), num_classes).to(dtype)
@@ -38,6 +41,17 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
     raise ValueError(
         f"targets must be class indices (b,) or multi-hot (b, {num_classes}), got {tuple(targets.shape)}"
     )
+
+
+def _check_class_scores(scores: Tensor, targets: Tensor, argument: str) -> None:
+    """Raise a ValueError unless ``scores`` is ``(b, num_classes)`` and ``targets`` has ``b`` rows."""
+    if scores.dim() != 2:
+        raise ValueError(f"{argument} must be (batch, num_classes), got shape {tuple(scores.shape)}")
+    if targets.dim() == 0 or targets.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"targets {tuple(targets.shape)} and {argument} {tuple(scores.shape)} must hold the same "
+            "number of examples"
+        )
 
 
 def margin_loss(
@@ -61,7 +75,13 @@ def margin_loss(
 
     Returns:
         the scalar loss.
+
+    Raises:
+        ValueError: ``lengths`` not ``(b, num_classes)``, targets for another batch size, or
+            class indices out of range.
+        TypeError: class indices that are not integers.
     """
+    _check_class_scores(lengths, targets, "lengths")
     present = one_hot_targets(targets, lengths.shape[-1], lengths.dtype)  # (b, k)
     loss_present = present * F.relu(positive_margin - lengths).square()
     loss_absent = down_weight * (1.0 - present) * F.relu(lengths - negative_margin).square()
@@ -98,10 +118,13 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
         margin: ``m``; see :class:`SpreadMarginSchedule` for the paper's 0.2 -> 0.9 schedule.
 
     Raises:
-        ValueError: targets that are not ``(b,)`` class indices.
+        ValueError: targets that are not ``(b,)`` class indices in range, ``activations`` not
+            ``(b, num_classes)`` for the same batch.
+        TypeError: class indices that are not integers.
     """
     if targets.dim() != 1:
         raise ValueError(f"spread loss takes (b,) class indices, got targets of shape {tuple(targets.shape)}")
+    _check_class_scores(activations, targets, "activations")
     is_target = one_hot_targets(targets, activations.shape[-1], torch.bool)  # (b, k)
     target_activation = activations.gather(1, targets.long()[:, None])  # (b, 1)
     per_class = F.relu(margin - (target_activation - activations)).square()  # (b, k)
