@@ -224,6 +224,13 @@ def _iterations(count: int) -> str:
     return f"{count} iteration{'s' if count > 1 else ''}"
 
 
+#: Rows e: MNIST test error and the affNIST-style set at the model's 28x28 canvas.
+_EM_METRICS = (
+    _MNIST_ERROR,
+    Metric("affNIST-style (28x28) accuracy (%)", dataset="affnist-style/test", transform="percent"),
+)
+
+
 def _em_iterations() -> Row:
     from torchvote.functional.em import default_inverse_temperature
 
@@ -249,10 +256,7 @@ def _em_iterations() -> Row:
                 for r in (1, 2)
             ),
         ),
-        (
-            _MNIST_ERROR,
-            Metric("affNIST-style (28x28) accuracy (%)", dataset="affnist-style/test", transform="percent"),
-        ),
+        _EM_METRICS,
         {
             "cpu": (
                 "data.limit=10000",
@@ -266,6 +270,32 @@ def _em_iterations() -> Row:
         note=(
             "Hinton et al. 2018 report smallNORB (1.8% error) and affNIST after smallNORB-style training, "
             "not this MNIST set-up: no paper figure to compare with."
+        ),
+    )
+
+
+def _em_iterations_longer() -> Row:
+    return Row(
+        "em-iterations-longer",
+        "e",
+        "EM matrix capsules: 2 vs 3 routing iterations over longer training (test error every epoch)",
+        tuple(Variant(_iterations(r), "em-capsnet-mnist", (f"model.iterations={r}",)) for r in (2, 3)),
+        _EM_METRICS,
+        {
+            # Row e's runs, three times as long; the per-epoch errors are the runs' eval records.
+            "cpu": (
+                "data.limit=10000",
+                "epochs=3",
+                "data.eval_limit=1000",
+                "eval_on=[affnist-style:canvas=28]",
+                *_NO_LOGS,
+                "eval_every=1",
+            ),
+            "paper": ("epochs=30", "eval_on=[affnist-style:canvas=28]", *_NO_LOGS, "eval_every=1"),
+        },
+        note=(
+            "Does the third iteration catch up with row e's second given more steps? The error after "
+            "each epoch is in each run's metrics.jsonl (event eval)."
         ),
     )
 
@@ -395,6 +425,7 @@ _BUILDERS: tuple[Callable[[], Row], ...] = (
     _multimnist,
     _efficient_capsnet,
     _em_iterations,
+    _em_iterations_longer,
     _router_swap,
     _attention_swap_lm,
     _attention_swap_seq2seq,
