@@ -135,6 +135,10 @@ def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys, m
     assert code == 1 and "torchvote data affnist --download" in out + err and "affnist-style" in out + err
     code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "copy", "--limit", "10")
     assert code == 2 and "does not give (images (n, c, h, w), labels)" in err
+    # a limit of 0 found no examples (a RuntimeError from an empty max); -3 dropped the last three
+    for flag, value in (("--limit", "0"), ("--limit", "-3"), ("--batch-size", "0")):
+        code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "mnist", flag, value)
+        assert code == 2 and f"{flag[2:].replace('-', '_')} must be a positive integer, got {value}" in err
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys):

@@ -24,6 +24,7 @@ from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler
+from torchvote.validation import check_positive_int
 
 __all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_eval_entry", "load_model_from_checkpoint"]
 
@@ -236,8 +237,12 @@ def evaluate_checkpoint(
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded.
-        ValueError: an unknown data set, or one whose images do not fit the model.
+        ValueError: an unknown data set, one whose images do not fit the model, or a
+            ``batch_size`` / ``limit`` below 1.
     """
+    check_positive_int(batch_size, "batch_size")
+    if limit is not None:
+        check_positive_int(limit, "limit")
     torch_device = resolve_device(device)
     model, spec, metadata = load_model_from_checkpoint(location, torch_device)
     handler = get_task_handler(spec.task)

@@ -212,8 +212,11 @@ class TrainConfig:
                 check_positive_int(value, key, minimum=0)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"max_steps must be positive or None, got {self.max_steps}")
+        optional_positive = {"max_steps": self.max_steps, "data.limit": self.data.limit}
+        optional_positive |= {"data.eval_limit": self.data.eval_limit}
+        for key, value in optional_positive.items():
+            if value is not None and value <= 0:  # a limit of -5 would drop the last 5 examples
+                raise ConfigError(f"{key} must be positive or None, got {value}")
         try:
             check_probability(self.loss.label_smoothing, "loss.label_smoothing")
         except ValueError as err:
