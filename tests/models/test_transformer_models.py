@@ -377,6 +377,30 @@ def test_token_ids_outside_the_vocabulary_name_the_argument():
         seq2seq.generate(sources - 100)
 
 
+@pytest.mark.parametrize("name", ["transformer-lm", "transformer-seq2seq"])
+def test_generation_checks_the_ids_range_once_not_every_step(name, monkeypatch):
+    # Each range check reads two numbers back from the device; the appended tokens are the model's.
+    import torchvote.models.transformer_backbone as backbone
+
+    module = __import__(type(_model(name)).__module__, fromlist=["check_token_ids"])
+    checked = []
+    real = backbone.check_token_ids
+
+    def counting(tokens, argument, *args, **kwargs):
+        if kwargs.get("vocab_size") is not None:
+            checked.append(argument)
+        return real(tokens, argument, *args, **kwargs)
+
+    monkeypatch.setattr(module, "check_token_ids", counting)
+    model = _model(name)
+    if name == "transformer-lm":
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 6, temperature=0.0)
+        assert checked == ["prompt"]
+    else:
+        model.generate(_sources(), max_new_tokens=6)
+        assert checked == ["source"]
+
+
 def test_a_bad_attention_on_the_command_line_lists_the_choices():
     with pytest.raises(ConfigError, match="model.attention: 'linear' is not one of: softmax, routing"):
         load_config("seq2seq-reverse", ["model.attention=linear"])

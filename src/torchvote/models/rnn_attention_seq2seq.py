@@ -286,7 +286,7 @@ class RNNAttentionSeq2Seq(nn.Module):
             ValueError: inputs of the wrong rank or dtype, batch sizes that differ, or padding
                 before a source token.
         """
-        check_token_ids(source, "source", vocab_size=self.config.src_vocab_size)
+        check_token_ids(source, "source")  # its ids' range: in encode, below
         check_token_ids(target_input, "target_input", vocab_size=self.config.tgt_vocab_size)
         if source.shape[0] != target_input.shape[0]:
             raise ValueError(

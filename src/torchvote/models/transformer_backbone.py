@@ -161,6 +161,7 @@ def check_token_ids(
     max_length: int | None = None,
     *,
     length_name: str = "max_len",
+    cached: int = 0,
     vocab_size: int | None = None,
 ) -> None:
     """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor
@@ -176,6 +177,8 @@ def check_token_ids(
         argument: the argument's name, for the message.
         max_length: the most tokens allowed; ``None`` for no limit.
         length_name: the config field ``max_length`` comes from, for the message.
+        cached: positions a key/value cache already holds; ``tokens`` may fill the rest of
+            ``max_length``.
         vocab_size: ids must lie in ``[0, vocab_size)``; ``None`` for no range check.
 
     Raises:
@@ -189,8 +192,9 @@ def check_token_ids(
         raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
     if tokens.shape[1] < 1:
         raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")
-    if max_length is not None and tokens.shape[1] > max_length:
-        raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than {length_name}={max_length}")
+    if max_length is not None and tokens.shape[1] > max_length - cached:
+        limit = length_name if cached == 0 else f"{length_name} - {cached} cached"
+        raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than {limit}={max_length - cached}")
     if vocab_size is not None and not torch.compiler.is_compiling():
         low, high = (int(value) for value in torch.aminmax(tokens))
         if low < 0 or high >= vocab_size:

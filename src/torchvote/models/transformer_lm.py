@@ -151,14 +151,22 @@ class TransformerLM(nn.Module):
         Raises:
             ValueError: ``tokens`` of the wrong rank, dtype or length.
         """
-        offset = 0 if cache is None else cache.length
         check_token_ids(
             tokens,
             "tokens",
-            self.config.context_length - offset,
-            length_name="context_length" if offset == 0 else f"context_length - {offset} cached",
+            self.config.context_length,
+            length_name="context_length",
+            cached=0 if cache is None else cache.length,
             vocab_size=self.config.vocab_size,
         )
+        return self._logits(tokens, need_weights=need_weights, cache=cache)
+
+    def _logits(
+        self, tokens: Tensor, *, need_weights: bool, cache: TransformerCache | None
+    ) -> SequenceOutput:
+        """:meth:`forward` on ids already checked (``generate`` checks its prompt once; the tokens
+        it appends are the model's own, so no step reads a range check back from the device)."""
+        offset = 0 if cache is None else cache.length
         x = self.dropout(self.positions(self.token_embedding(tokens), offset=offset))  # (b, t, E)
         options = {} if cache is None else {"cache": cache}
         hidden, record = run_stack(
@@ -223,11 +231,11 @@ class TransformerLM(nn.Module):
         with evaluating(self):
             for _ in range(max_new_tokens):
                 if cache is not None and tokens.shape[1] <= context:
-                    new = tokens[:, cache.length :]  # (b, t - P): the prompt, then one token
-                    logits = self(new, cache=cache).logits[:, -1].float()  # (b, vocab)
+                    inputs, step_cache = tokens[:, cache.length :], cache  # (b, t - P): prompt, then 1
                 else:
-                    window = tokens[:, -context:]  # (b, <= context_length)
-                    logits = self(window).logits[:, -1].float()  # (b, vocab)
+                    inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
+                output = self._logits(inputs, need_weights=False, cache=step_cache)
+                logits = output.logits[:, -1].float()  # (b, vocab)
                 if temperature == 0.0:
                     next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
                 else:

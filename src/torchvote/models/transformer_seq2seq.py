@@ -207,13 +207,17 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``source`` of the wrong rank, dtype or length.
         """
+        self._check_source(source)
         memory, source_mask, _ = self._encode(source, need_weights=False)
         return memory, source_mask
+
+    def _check_source(self, source: Tensor) -> None:
+        check_token_ids(source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size)
 
     def _encode(
         self, source: Tensor, *, need_weights: bool
     ) -> tuple[Tensor, Tensor, AttentionIntermediates | None]:
-        check_token_ids(source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size)
+        """:meth:`encode` (with the weights' record) on a checked ``source``."""
         source_mask = source != self.config.pad_id  # (b, s)
         memory, record = run_stack(
             self.encoder,
@@ -248,11 +252,22 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``target_input`` of the wrong rank, dtype or length.
         """
+        self._check_target_input(target_input, 0 if cache is None else cache.length)
         return self._decode(target_input, memory, source_mask, need_weights=False, cache=cache)[0]
 
     def new_cache(self) -> TransformerCache:
         """An empty key/value cache for :meth:`decode` (incremental decoding)."""
         return self.decoder.new_cache()
+
+    def _check_target_input(self, target_input: Tensor, offset: int) -> None:
+        """``offset``: the positions a cache already holds."""
+        check_token_ids(
+            target_input,
+            "target_input",
+            self.config.max_len,
+            cached=offset,
+            vocab_size=self.config.tgt_vocab_size,
+        )
 
     def _decode(
         self,
@@ -263,14 +278,9 @@ class TransformerSeq2Seq(nn.Module):
         need_weights: bool,
         cache: TransformerCache | None = None,
     ) -> tuple[Tensor, AttentionIntermediates | None]:
+        """:meth:`decode` (with the weights' record) on a checked ``target_input``; ``generate``
+        calls it directly, its tokens being the model's own (no range check read back a step)."""
         offset = 0 if cache is None else cache.length
-        check_token_ids(
-            target_input,
-            "target_input",
-            self.config.max_len - offset,
-            length_name="max_len" if offset == 0 else f"max_len - {offset} cached",
-            vocab_size=self.config.tgt_vocab_size,
-        )
         target = self._embed(self.target_embedding, target_input, offset)  # (b, t, E)
         options = {} if cache is None else {"cache": cache}
         hidden, record = run_stack(
@@ -301,10 +311,8 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: inputs of the wrong rank, dtype, length, or batch sizes that differ.
         """
-        check_token_ids(source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size)
-        check_token_ids(
-            target_input, "target_input", self.config.max_len, vocab_size=self.config.tgt_vocab_size
-        )
+        self._check_source(source)
+        self._check_target_input(target_input, 0)
         if source.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target_input must have the same batch size, got {source.shape[0]} "
@@ -354,10 +362,8 @@ class TransformerSeq2Seq(nn.Module):
             cache = self.new_cache() if use_cache else None
 
             def next_logits(tokens: Tensor) -> Tensor:  # (b, t) -> (b, vocab)
-                if cache is None:
-                    return self.decode(tokens, memory, source_mask)[:, -1]
-                new = tokens[:, cache.length :]  # (b, t - P): <bos>, then one token a step
-                return self.decode(new, memory, source_mask, cache=cache)[:, -1]
+                new = tokens if cache is None else tokens[:, cache.length :]  # <bos>, then 1 a step
+                return self._decode(new, memory, source_mask, need_weights=False, cache=cache)[0][:, -1]
 
             return greedy_decode(
                 next_logits,
