@@ -380,9 +380,12 @@ def test_token_ids_outside_the_vocabulary_name_the_argument():
 @pytest.mark.parametrize("name", ["transformer-lm", "transformer-seq2seq"])
 def test_generation_checks_the_ids_range_once_not_every_step(name, monkeypatch):
     # Each range check reads two numbers back from the device; the appended tokens are the model's.
+    import sys
+
     import torchvote.models.transformer_backbone as backbone
 
-    module = __import__(type(_model(name)).__module__, fromlist=["check_token_ids"])
+    model = _model(name)
+    module = sys.modules[type(model).__module__]  # where the model calls check_token_ids
     checked = []
     real = backbone.check_token_ids
 
@@ -392,7 +395,6 @@ def test_generation_checks_the_ids_range_once_not_every_step(name, monkeypatch):
         return real(tokens, argument, *args, **kwargs)
 
     monkeypatch.setattr(module, "check_token_ids", counting)
-    model = _model(name)
     if name == "transformer-lm":
         model.generate(torch.zeros(1, 3, dtype=torch.long), 6, temperature=0.0)
         assert checked == ["prompt"]
