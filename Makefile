@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test demo clean bench
+.PHONY: run test demo clean bench bench-cuda
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/attention.py
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/training.py
+
+# The GPU figures README's speed section still lacks (writes runs/bench-cuda/; needs CUDA)
+bench-cuda: $(STAMP_DEV)
+	PYTHON=$(BIN)/python bash benchmarks/cuda_targets.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

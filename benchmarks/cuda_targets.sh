@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU measurements README's speed section still lacks, in one command that fits a 30-minute
+# GPU lease (about 15 minutes of runs; each step has its own time limit, so one slow step cannot
+# take the others' time). Each step's output goes to its own file under the output folder, and
+# the run goes on when a step fails.
+#
+#   bash benchmarks/cuda_targets.sh [OUTPUT_FOLDER]      (default: runs/bench-cuda)
+#
+# PYTHON names the interpreter (default: python3), with torchvote importable (an installed
+# project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
+# step also omegaconf. What each step measures:
+#   routing-em       ConvMatrixCapsules (EM) at the small smallNORB model's ConvCaps1, the
+#                    paper's full ConvCaps1 and the class capsules, forward + backward, batch 32,
+#                    em_routing "auto" and "compiled" beside the repo-style baseline (issue 8
+#                    target 2: >= 10x that baseline on a GPU)
+#   routing-dynamic  CapsuleLinear dynamic routing, every strategy, batch 128 and 512 (the
+#                    README's H100 table, rerun on this code)
+#   generation-*     greedy generation with and without the key/value cache on a model large
+#                    enough (8 layers, d_model 512) for recomputing the context to dominate
+#   training         one training step per model, float32 and with --compile
+set -u
+out=${1:-runs/bench-cuda}
+python=${PYTHON:-python3}
+mkdir -p "$out"
+
+step() {  # step NAME SECONDS COMMAND...: run one measurement into $out/NAME.txt
+    local name=$1 seconds=$2
+    shift 2
+    echo "== $name: $*" | tee "$out/$name.txt"
+    PYTHONUNBUFFERED=1 timeout "$seconds" "$@" >>"$out/$name.txt" 2>&1
+    echo "== $name: exit $? after ${SECONDS}s in all" | tee -a "$out/$name.txt"
+}
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")'
+} | tee "$out/device.txt"
+
+step routing-em 300 "$python" benchmarks/routing.py --device cuda --cases em-conv1 em-paper em-class \
+    --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10
+step routing-dynamic 180 "$python" benchmarks/routing.py --device cuda --cases dynamic \
+    --batches 128 512 --modes fwd+bwd --repeats 10
+step generation-softmax 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \
+    --num-heads 8 --num-layers 8 --new-tokens 512 --repeats 3
+step generation-routing 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \
+    --num-heads 8 --num-layers 8 --new-tokens 512 --repeats 3 --attention routing
+step training 150 "$python" benchmarks/training.py --device cuda --models capsnet,capsnet-small,efficient-capsnet
+step training-compiled 180 "$python" benchmarks/training.py --device cuda --compile \
+    --models capsnet,capsnet-small,efficient-capsnet
