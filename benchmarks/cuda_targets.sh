@@ -4,8 +4,12 @@
 # take the others' time). Each step's output goes to its own file under the output folder, and
 # the run goes on when a step fails.
 #
-#   bash benchmarks/cuda_targets.sh [OUTPUT_FOLDER]      (default: runs/bench-cuda)
+#   bash benchmarks/cuda_targets.sh [OUTPUT_FOLDER [STEP...]]
 #
+# OUTPUT_FOLDER defaults to runs/bench-cuda; STEPs (names below) pick some steps, all by default.
+# Where one command may run 10 minutes at most, run it twice: `... OUT routing-em routing-dynamic`
+# (at most 8 minutes) and `... OUT generation-softmax generation-routing training
+# training-compiled` (at most 10.5 minutes; usually far less).
 # PYTHON names the interpreter (default: python3), with torchvote importable (an installed
 # project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
 # step also omegaconf. What each step measures:
@@ -20,12 +24,19 @@
 #   training         one training step per model, float32 and with --compile
 set -u
 out=${1:-runs/bench-cuda}
+shift $(($# > 0 ? 1 : 0))
+chosen=" $* "
 python=${PYTHON:-python3}
+known=" routing-em routing-dynamic generation-softmax generation-routing training training-compiled "
+for name in "$@"; do
+    [[ "$known" == *" $name "* ]] || { echo "unknown step '$name'; the steps are:$known" >&2; exit 2; }
+done
 mkdir -p "$out"
 
-step() {  # step NAME SECONDS COMMAND...: run one measurement into $out/NAME.txt
+step() {  # step NAME SECONDS COMMAND...: run one measurement into $out/NAME.txt, if chosen
     local name=$1 seconds=$2
     shift 2
+    [ "$chosen" = "  " ] || [[ "$chosen" == *" $name "* ]] || return 0
     echo "== $name: $*" | tee "$out/$name.txt"
     PYTHONUNBUFFERED=1 timeout "$seconds" "$@" >>"$out/$name.txt" 2>&1
     echo "== $name: exit $? after ${SECONDS}s in all" | tee -a "$out/$name.txt"
