@@ -501,6 +501,17 @@ def test_per_head_mask_broadcasts_over_batch():
              {"attn_mask": torch_mask, "need_weights": True})
 
 
+@pytest.mark.parametrize("batch", [HEADS, 3])
+def test_a_3d_mask_of_one_slice_per_example_is_refused(batch):
+    # (b, L, S) would broadcast as (h, L, S) when b == h: silently per head, not per example.
+    module = MultiHeadAttention(EMBED, HEADS)
+    with pytest.raises(ValueError, match=r"\(batch, 1, L, S\)"):
+        module(torch.randn(batch, 5, EMBED), attn_mask=torch.ones(batch, 5, 5, dtype=torch.bool))
+    allowed = _allowed(5, 5, seed=3, shape=(batch, 5, 5))
+    per_example, _ = module(torch.randn(batch, 5, EMBED), attn_mask=allowed.unsqueeze(1))
+    assert per_example.shape == (batch, 5, EMBED)
+
+
 class _RecordOps(TorchDispatchMode):
     """Records the aten ops that compute something (views and detaches left out)."""
 

@@ -54,6 +54,21 @@ def test_routing_attention_over_the_senders_cache_matches_the_uncached_call():
         torch.testing.assert_close(out, expected[:, start:], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("memory_len", [3, 7])
+def test_a_static_cache_takes_masks_and_causality_as_the_uncached_call(memory_len):
+    # Cross-attention to a fixed memory: the cache only saves projecting it again, so a causal
+    # (top-left) call gives what the same call gives without a cache, first call and later ones.
+    torch.manual_seed(0)
+    module = MultiHeadAttention(EMBED, HEADS).eval()
+    memory = torch.randn(2, memory_len, EMBED)
+    cache = KVCache(static=True)
+    for queries in (torch.randn(2, 5, EMBED), torch.randn(2, 1, EMBED), torch.randn(2, 4, EMBED)):
+        out, weights = module(queries, memory, is_causal=True, need_weights=True, cache=cache)
+        expected, expected_weights = module(queries, memory, is_causal=True, need_weights=True)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(weights, expected_weights)
+
+
 def test_routing_over_the_receivers_refuses_a_cache():
     module = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
     with pytest.raises(ValueError, match="cache needs normalize_over='senders'"):

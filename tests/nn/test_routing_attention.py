@@ -452,6 +452,20 @@ def test_receivers_refuse_causal_attention():
         routing(torch.randn(1, 3, EMBED), is_causal=True)
 
 
+@pytest.mark.parametrize("form", ["bool", "float"])
+def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
+    # A causal (L, S) mask is causality given another way; over the receivers it cannot hold: the
+    # last position would still change the first one's output.
+    allowed = torch.ones(4, 4, dtype=torch.bool).tril()
+    mask = allowed if form == "bool" else torch.zeros(4, 4).masked_fill(~allowed, float("-inf"))
+    routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
+    with pytest.raises(ValueError, match="causal attn_mask"):
+        routing(torch.randn(1, 4, EMBED), attn_mask=mask)
+    # A mask that is not causal is taken, and the senders' normalisation takes the causal one.
+    routing(torch.randn(1, 4, EMBED), attn_mask=~allowed | torch.eye(4, dtype=torch.bool))
+    RoutingAttention(EMBED, HEADS)(torch.randn(1, 4, EMBED), attn_mask=mask)
+
+
 def test_bad_inputs_are_reported_as_by_multi_head_attention():
     routing = RoutingAttention(EMBED, HEADS)
     with pytest.raises(ValueError, match="key_mask must have shape"):

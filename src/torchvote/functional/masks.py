@@ -126,7 +126,9 @@ def merge_masks(
 
     Raises:
         TypeError, ValueError: as :func:`check_attention_mask`, for torch's ``(b * h, L, S)``
-            layout, and for a ``key_mask`` that is not boolean ``(b, S)``.
+            layout, for a 3-D ``attn_mask`` of ``b > 1`` slices (a per-head ``(h, L, S)`` mask
+            and a per-example ``(b, L, S)`` one cannot be told apart; ``(b, 1, L, S)`` or
+            ``(1, h, L, S)`` says which), and for a ``key_mask`` that is not boolean ``(b, S)``.
     """
     batch, source_len = logits_shape[0], logits_shape[-1]
     if (
@@ -140,6 +142,18 @@ def merge_masks(
             f"attn_mask of shape {tuple(attn_mask.shape)} looks like torch's (batch * heads, L, "
             f"S) layout; pass it as (batch, heads, L, S) = {logits_shape}, e.g. "
             f"mask.view({', '.join(map(str, logits_shape))})"
+        )
+    if (
+        isinstance(attn_mask, Tensor)
+        and attn_mask.dim() == 3
+        and len(logits_shape) == 4
+        and attn_mask.shape[0] == batch > 1
+    ):  # (h, L, S) per head by broadcasting, but with batch == heads a (b, L, S) mask looks the same
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} has batch = {batch} slices, but a 3-D "
+            f"mask is read as (heads, L, S), one per head (logits {logits_shape} are (batch, "
+            f"heads, L, S)); pass a mask per example as (batch, 1, L, S), e.g. "
+            f"mask.unsqueeze(1), or per head as (1, heads, L, S)"
         )
     check_attention_mask(attn_mask, logits_shape, "attn_mask")
     if key_mask is None:

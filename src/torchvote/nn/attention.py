@@ -192,7 +192,8 @@ class MultiHeadAttention(nn.Module):
                 ``P`` it holds: ``S`` and the masks then count all ``P + S`` keys, and
                 ``is_causal`` lets query ``l`` (position ``P + l``) hear keys ``<= P + l``. A
                 static cache (cross-attention) is filled on the first call; later calls reuse
-                its keys and values and do not project ``key``/``value``.
+                its keys and values and do not project ``key``/``value``; masks and
+                ``is_causal`` then apply as they would without a cache.
 
         Returns:
             ``(output, weights)``: output ``(b, L, E)``; weights ``(b, L, S)`` if
@@ -227,11 +228,14 @@ class MultiHeadAttention(nn.Module):
                 f"{key.shape[0]} (batch_first={self.batch_first})"
             )
         batch, target_len, source_len = query.shape[0], query.shape[1], key.shape[1]
-        if cache is not None:
-            source_len = cache.length if cache.filled else source_len + (0 if cache.static else cache.length)
+        if cache is not None and cache.static:  # a fixed memory: every call as it would be uncached
+            source_len = cache.length if cache.filled else source_len
+        elif cache is not None:  # the queries follow the cached keys: causality shifts with them
+            source_len += cache.length
             attn_mask, is_causal = offset_causality(attn_mask, is_causal, target_len, source_len,
                                                     query.device)
         receiver_mask = self._receiver_mask(key_mask, is_causal=is_causal, self_attention=self_attention)
+        asked_causal = is_causal
         mask, is_causal = prepare_attention_mask(
             attn_mask,
             key_mask,
@@ -240,6 +244,8 @@ class MultiHeadAttention(nn.Module):
             receiver_mask=receiver_mask,
             dtype=query.dtype,
         )  # broadcastable to (b, h, i, j), or None
+        if is_causal and not asked_causal:  # a causal attn_mask is causality too: the same checks
+            self._receiver_mask(key_mask, is_causal=True, self_attention=self_attention)
 
         if cache is not None and cache.filled:  # keys and values of a fixed memory: reused
             q = rearrange(self.in_proj.project_query(query), "b i (h d) -> b h i d", h=self.num_heads)

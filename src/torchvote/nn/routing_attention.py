@@ -91,8 +91,10 @@ class RoutingAttention(MultiHeadAttention):
     ``normalize_over="receivers"`` normalises every pass over the queries instead (each key spends
     one unit of vote over the queries: capsule routing, bottom-up, as in slot attention). The
     softmax then sums over all queries, so it cannot be causal (a later query would change an
-    earlier output): ``is_causal=True`` is refused. In self-attention (``key is query``) the
-    ``key_mask`` also removes padded queries from the competition for the votes, so padding
+    earlier output): ``is_causal=True`` and a causal ``(L, S)`` ``attn_mask`` are refused (any
+    other mask limits which pairs vote but cannot make the outputs causal). In self-attention
+    (``key is query``) the ``key_mask`` also removes padded queries from the competition for the
+    votes, so padding
     cannot change the real positions' outputs; for cross-attention with padded queries give the
     query padding in ``attn_mask``. ``aggregation="mean"`` renormalises the weights over the
     senders after the softmax over the receivers (a weighted mean, as in slot attention).
@@ -155,14 +157,16 @@ class RoutingAttention(MultiHeadAttention):
         """Refuse causality over the receivers; in self-attention, padded queries take no votes.
 
         Raises:
-            ValueError: ``is_causal`` with ``normalize_over="receivers"``.
+            ValueError: ``is_causal`` (given, or a causal ``attn_mask``) with
+                ``normalize_over="receivers"``.
         """
         if self.normalize_over != "receivers":
             return None
         if is_causal:
             raise ValueError(
-                "is_causal=True needs normalize_over='senders': a softmax over the receivers sums "
-                "over later queries, so later tokens would change earlier outputs"
+                "causality (is_causal=True or a causal attn_mask) needs normalize_over='senders': "
+                "a softmax over the receivers sums over later queries, so later tokens would "
+                "change earlier outputs"
             )
         return key_mask if self_attention else None  # (b, L) | None
 
