@@ -94,9 +94,8 @@ class RoutingAttention(MultiHeadAttention):
     earlier output): ``is_causal=True`` and a causal ``(L, S)`` ``attn_mask`` are refused (any
     other mask limits which pairs vote but cannot make the outputs causal). In self-attention
     (``key is query``) the ``key_mask`` also removes padded queries from the competition for the
-    votes, so padding
-    cannot change the real positions' outputs; for cross-attention with padded queries give the
-    query padding in ``attn_mask``. ``aggregation="mean"`` renormalises the weights over the
+    votes, so padding cannot change the real positions' outputs; for cross-attention with padded
+    queries give the query padding in ``attn_mask``. ``aggregation="mean"`` renormalises the weights over the
     senders after the softmax over the receivers (a weighted mean, as in slot attention).
 
     Unlike the one-pass module it never uses the fused kernel for ``iterations > 1``: every pass
