@@ -11,8 +11,11 @@ import math
 from collections.abc import Collection
 from typing import Any
 
+import torch
+
 __all__ = [
     "check_choice",
+    "check_input_dtype",
     "check_positive_float",
     "check_positive_int",
     "check_probability",
@@ -72,3 +75,19 @@ def check_choice(value: Any, choices: Collection[Any], argument: str) -> Any:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{argument} must be one of {listed}, got {value!r}")
     return value
+
+
+def check_input_dtype(tensor: torch.Tensor, dtype: torch.dtype, argument: str) -> None:
+    """Refuse a floating-point input of another dtype than the module's parameters (``dtype``),
+    unless ``torch.autocast`` is on for the input's device (it casts both).
+
+    Raises:
+        TypeError: naming the argument, both dtypes and the two ways to make them agree.
+    """
+    if tensor.dtype == dtype or torch.is_autocast_enabled(tensor.device.type):
+        return
+    raise TypeError(
+        f"{argument} has dtype {tensor.dtype} but the module's parameters are {dtype}: convert "
+        f"the input (e.g. {argument}.to({dtype})) or the module (module.to({tensor.dtype})), or "
+        f"run under torch.autocast"
+    )

@@ -121,6 +121,7 @@ def test_is_causal_mask_recognises_bool_and_float_forms_only():
         ({"attn_mask": torch.ones(5, 6, dtype=torch.bool)}, ValueError, "attn_mask of shape"),
         ({"attn_mask": torch.ones(5, 7, dtype=torch.int32)}, TypeError, "attn_mask must be boolean"),
         ({"attn_mask": torch.full((5, 7), math.nan, dtype=torch.float64)}, ValueError, "NaN"),
+        ({"attn_mask": torch.full((5, 7), math.inf, dtype=torch.float64)}, ValueError, r"\+inf"),
     ],
 )
 def test_bad_masks_raise_clear_errors(kwargs, error, match):
@@ -139,6 +140,35 @@ def test_bad_shapes_raise_clear_errors():
         scaled_dot_product_attention(torch.randn(4), k, v)
     with pytest.raises(TypeError, match="floating point"):
         scaled_dot_product_attention(q.long(), k, v)
+    with pytest.raises(TypeError, match="one dtype"):
+        scaled_dot_product_attention(q, k.float(), v)
+    with pytest.raises(ValueError, match="batch axes that broadcast"):
+        scaled_dot_product_attention(q, k[:1].expand(3, -1, -1, -1), v[:1].expand(3, -1, -1, -1))
+    with pytest.raises(ValueError, match="inputs must be a tensor of shape"):
+        self_attention(torch.randn(8))
+    # Batch axes that broadcast are taken, as by torch's kernel.
+    out, _ = scaled_dot_product_attention(q, k[:1], v[:1])
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k[:1].expand_as(k), v[:1].expand_as(v)))
+
+
+def test_attend_refuses_integer_values_and_scores():
+    # Integer values would make the weights integers too: every weight truncated to 0.
+    scores = torch.randn(1, 2, 3)
+    with pytest.raises(TypeError, match="value must be a floating-point tensor"):
+        attend(scores, torch.tensor([[[1], [2], [3]]]))
+    with pytest.raises(TypeError, match="scores must be a floating-point tensor"):
+        attend(scores.long(), torch.randn(1, 3, 1))
+    with pytest.raises(ValueError, match=r"scores must have shape \(\.\.\., L, S\)"):
+        attend(torch.randn(5), torch.randn(5, 6))
+
+
+def test_attend_with_no_keys_gives_zeros_like_the_fused_kernel():
+    q, k, v = qkv(source=0)
+    expected, _ = scaled_dot_product_attention(q, k, v)
+    out, weights = attend(q @ k.transpose(-1, -2), v)
+    assert weights.shape == (2, 3, 5, 0)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, torch.zeros(2, 3, 5, 6, dtype=torch.float64))
 
 
 def test_parameter_free_self_attention_is_softmax_xxt_over_c_times_x():

@@ -276,6 +276,30 @@ def test_bad_arguments_raise_clear_errors(kwargs, error, match):
         vote(PairwiseVotes(torch.randn(1, 3, 4, 2)), None, **kwargs)
 
 
+def test_logits_and_masks_that_do_not_fit_the_votes_are_named():
+    votes = PairwiseVotes(torch.randn(2, 3, 5, 4))  # (b, i, j, d)
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 4\) does not broadcast"):
+        vote(votes, None, normalize_over="receivers", mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"logits of shape \(3, 3\) do not fit votes"):
+        vote(votes, torch.zeros(3, 3), normalize_over="receivers")
+    with pytest.raises(ValueError, match="logits of shape"):
+        vote(torch.randn(2, 5, 4), torch.zeros(2, 3, 6), normalize_over="senders")  # 6 senders, 5 votes
+    with pytest.raises(TypeError, match="mask must be a tensor"):
+        vote(votes, None, normalize_over="receivers", mask=[[True]])
+    # Logits and masks that broadcast over the batch are taken.
+    assert vote(votes, torch.zeros(3, 5), normalize_over="receivers",
+                mask=torch.ones(5, dtype=torch.bool)).outputs.shape == (2, 3, 4)
+
+
+def test_masked_softmax_checks_its_mask_and_takes_an_empty_axis():
+    logits = torch.randn(3, 4)
+    with pytest.raises(TypeError, match="mask must be a boolean tensor"):
+        masked_softmax(logits, -1, torch.ones(3, 4))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 3\)"):
+        masked_softmax(logits, -1, torch.ones(4, 3, dtype=torch.bool))
+    assert masked_softmax(torch.randn(3, 0), -1).shape == (3, 0)  # was an amax() IndexError
+
+
 def test_plain_tensor_votes_are_read_from_their_rank_or_refused():
     logits = torch.randn(2, 3, 4)
     shared = torch.randn(2, 4, 5)

@@ -501,6 +501,20 @@ def test_per_head_mask_broadcasts_over_batch():
              {"attn_mask": torch_mask, "need_weights": True})
 
 
+def test_inputs_of_another_dtype_than_the_parameters_are_named_unless_autocast():
+    module = MultiHeadAttention(EMBED, HEADS)
+    x = torch.randn(BATCH, 5, EMBED)
+    with pytest.raises(TypeError, match="query has dtype torch.float64 but the module's parameters"):
+        module(x.double())
+    with pytest.raises(TypeError, match="value has dtype torch.float64"):
+        module(x, x, x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = module(x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    out64, _ = module.double()(x.double())  # a module converted with its inputs
+    assert out64.dtype == torch.float64
+
+
 @pytest.mark.parametrize("batch", [HEADS, 3])
 def test_a_3d_mask_of_one_slice_per_example_is_refused(batch):
     # (b, L, S) would broadcast as (h, L, S) when b == h: silently per head, not per example.

@@ -102,3 +102,11 @@ def test_bad_bandwidth(bandwidth):
 def test_shape_errors(shapes, match):
     with pytest.raises(ValueError, match=match):
         NadarayaWatson()(*(torch.zeros(shape) for shape in shapes))
+
+
+def test_integer_inputs_are_refused():
+    # Integer targets once gave integer predictions: every weight truncated to 0.
+    with pytest.raises(TypeError, match="values must be floating point"):
+        NadarayaWatson()(
+            torch.tensor([[0.2, 2.7]]), torch.tensor([[0.0, 1, 2, 3]]), torch.tensor([[10, 20, 30, 40]])
+        )

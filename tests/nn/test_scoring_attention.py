@@ -144,3 +144,17 @@ def test_forward_errors(args, kwargs, match):
     module = LuongAttention(4, 4)
     with pytest.raises(ValueError, match=match):
         module(*args, **kwargs)
+
+
+@pytest.mark.parametrize("make", [lambda: AdditiveAttention(4, 4, 8), lambda: LuongAttention(4, 4),
+                                  lambda: LuongAttention(4, 4, score="general")])
+def test_dtype_errors(make):
+    module = make()
+    query, key = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    with pytest.raises(TypeError, match="value must be floating point"):  # was a truncated result
+        module(query, key, torch.randint(0, 9, (2, 5, 1)))
+    with pytest.raises(TypeError, match="key has dtype torch.float64"):
+        module(query, key.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts: no dtype error
+        context, _ = module(query, key)
+    assert context.shape == (2, 3, 4)

@@ -44,6 +44,11 @@ def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
             raise ValueError(f"{name} must have shape (..., length, features), got {tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(
+            f"query, key and value must have one dtype, got {query.dtype}, {key.dtype} and "
+            f"{value.dtype}"
+        )
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
             f"query and key must share their feature size, got {query.shape[-1]} and "
@@ -53,6 +58,13 @@ def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
         raise ValueError(
             f"key and value must have the same length, got {key.shape[-2]} and {value.shape[-2]}"
         )
+    try:
+        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"query, key and value must have batch axes that broadcast, got shapes "
+            f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}"
+        ) from None
 
 
 def scaled_dot_product_attention(
@@ -88,8 +100,9 @@ def scaled_dot_product_attention(
         ``(output, weights)``: output ``(..., L, Ev)``; weights ``(..., L, S)`` or ``None``.
 
     Raises:
-        ValueError: mismatched shapes, a mask that does not broadcast or holds NaN.
-        TypeError: a mask that is neither boolean nor floating point, non-float inputs.
+        ValueError: mismatched shapes, a mask that does not broadcast or holds NaN or +inf.
+        TypeError: a mask that is neither boolean nor floating point, non-float inputs or
+            inputs of different dtypes.
     """
     _check_qkv(query, key, value)
     target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]),
@@ -306,8 +319,18 @@ def attend(
         ``(output, weights)``: ``(..., L, Ev)`` and ``(..., L, S)``.
 
     Raises:
-        ValueError: if ``value``'s length differs from ``scores``' last axis, or a bad mask.
+        TypeError: ``scores`` or ``value`` not a floating-point tensor.
+        ValueError: ``scores`` of fewer than 2 axes, ``value``'s length not ``scores``' last
+            axis, or a bad mask.
     """
+    for name, tensor in (("scores", scores), ("value", value)):
+        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+            raise TypeError(
+                f"{name} must be a floating-point tensor, got "
+                f"{tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__}"
+            )
+    if scores.dim() < 2:
+        raise ValueError(f"scores must have shape (..., L, S), got {tuple(scores.shape)}")
     if value.dim() < 2 or value.shape[-2] != scores.shape[-1]:
         raise ValueError(
             f"value must have shape (..., S={scores.shape[-1]}, features) to match scores "
@@ -334,6 +357,14 @@ def self_attention(
 
     Returns:
         ``(output, weights)``: ``(..., T, D)`` and ``(..., T, T)`` or ``None``.
+
+    Raises:
+        TypeError, ValueError: ``inputs`` not a floating-point ``(..., T, D)`` tensor.
     """
+    if not isinstance(inputs, Tensor) or inputs.dim() < 2:
+        raise ValueError(
+            f"inputs must be a tensor of shape (..., T, D), got "
+            f"{tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__}"
+        )
     return scaled_dot_product_attention(inputs, inputs, inputs, scale=scale,
                                         need_weights=need_weights)

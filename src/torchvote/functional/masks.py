@@ -44,7 +44,8 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
 
     Raises:
         TypeError: if the mask is neither boolean nor floating point.
-        ValueError: if it does not broadcast to ``target`` or a float mask holds NaN.
+        ValueError: if it does not broadcast to ``target`` or a float mask holds NaN or ``+inf``
+            (either makes the weights NaN).
     """
     if mask is None:
         return
@@ -64,8 +65,8 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
             f"{argument} of shape {tuple(mask.shape)} does not broadcast to the attention logits' "
             f"shape {tuple(target)} (batch..., L, S)"
         )
-    if mask.is_floating_point() and bool(torch.isnan(mask).any()):
-        raise ValueError(f"{argument} contains NaN; use -inf to forbid a position")
+    if mask.is_floating_point() and bool((torch.isnan(mask) | torch.isposinf(mask)).any()):
+        raise ValueError(f"{argument} contains NaN or +inf; use -inf to forbid a position")
 
 
 def is_causal_mask(mask: Tensor) -> bool:

@@ -261,11 +261,23 @@ def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tens
 
     Returns:
         Weights of the shape of ``logits`` (broadcast with ``mask``) summing to 1 over ``dim``,
-        or to 0 where every entry along ``dim`` is masked or ``-inf``.
+        or to 0 where every entry along ``dim`` is masked or ``-inf`` (or ``dim`` is empty).
+
+    Raises:
+        TypeError: ``mask`` not a boolean tensor.
+        ValueError: ``mask`` that does not broadcast to ``logits``.
     """
     logits = _upcast(logits)
     if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(
+                f"mask must be a boolean tensor (True = may take weight), got "
+                f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}"
+            )
+        _check_mask_shape(mask, logits)
         logits = logits.masked_fill(~mask, float("-inf"))
+    if logits.shape[dim] == 0:  # nothing to normalise over: no weights at all
+        return logits
     peak = logits.amax(dim=dim, keepdim=True).detach()
     peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     exp = torch.exp(logits - peak)  # -inf -> 0
@@ -440,6 +452,7 @@ def vote(
         return VoteResult(outputs)
 
     initial = _initial_logits(votes, logits)
+    _check_logits_and_mask(votes, initial, mask)
     bool_mask = _combine_masks(mask, is_causal, initial)
     if mask is not None and mask.is_floating_point():
         initial = initial + _upcast(mask)
@@ -516,6 +529,47 @@ def _initial_logits(votes: Votes, logits: Logits | None) -> Tensor:
     if logits is not None:
         return _upcast(logits)
     return _upcast(votes.zero_logits())  # routing's b_ij = 0; shared votes raise
+
+
+def _check_logits_and_mask(votes: Votes, logits: Tensor, mask: Tensor | None) -> None:
+    """Shapes only (nothing read from the device): logits ``(..., i, j)`` that fit the votes, and
+    a mask that broadcasts to them.
+
+    Raises:
+        ValueError: naming ``logits`` or ``mask`` and the shapes.
+        TypeError: a ``mask`` that is not a tensor.
+    """
+    expected = None
+    if isinstance(votes, PairwiseVotes):
+        expected = votes.votes.shape[:-1]  # (..., i, j)
+    elif isinstance(votes, SharedVotes):
+        expected = (*votes.values.shape[:-2], logits.shape[-2], votes.values.shape[-2])  # (..., i, j)
+    if expected is not None:
+        try:
+            fits = logits.dim() >= 2 and logits.shape[-2:] == tuple(expected[-2:])
+            torch.broadcast_shapes(logits.shape[:-2], tuple(expected[:-2]))
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"logits of shape {tuple(logits.shape)} do not fit votes of shape "
+                f"{tuple(votes.materialize().shape)}: expected (..., i, j) = {tuple(expected)}"
+            )
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a tensor or None, got {type(mask).__name__}")
+        _check_mask_shape(mask, logits)
+
+
+def _check_mask_shape(mask: Tensor, logits: Tensor) -> None:
+    """Raise a ValueError naming ``mask`` unless it broadcasts to ``logits`` (shapes only)."""
+    try:
+        torch.broadcast_shapes(mask.shape, logits.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the logits' shape "
+            f"{tuple(logits.shape)}"
+        ) from None
 
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:

@@ -38,7 +38,7 @@ from torchvote.nn.attention_projections import (
     _SharedProjection,
 )
 from torchvote.nn.kv_cache import KVCache, offset_causality
-from torchvote.validation import check_positive_int, check_probability
+from torchvote.validation import check_input_dtype, check_positive_int, check_probability
 
 __all__ = ["MultiHeadAttention"]
 
@@ -204,7 +204,8 @@ class MultiHeadAttention(nn.Module):
         Raises:
             ValueError: wrong ranks, feature sizes, batch sizes or lengths; masks of the wrong
                 shape; NaN in a float mask.
-            TypeError: non-tensor or non-floating inputs, masks that are not boolean (or, for
+            TypeError: non-tensor or non-floating inputs, inputs of another dtype than the
+                parameters' (outside ``torch.autocast``), masks that are not boolean (or, for
                 ``attn_mask``, floating point), a ``cache`` that is not a :class:`KVCache`.
         """
         if cache is not None:
@@ -215,6 +216,8 @@ class MultiHeadAttention(nn.Module):
         value = key if value is None else value
         self_attention = key is query
         unbatched = _check_inputs(query, key, value, self.embed_dim, self.kdim, self.vdim)
+        for name, tensor in (("query", query), ("key", key), ("value", value)):
+            check_input_dtype(tensor, self.out_proj.weight.dtype, name)
         if unbatched:
             query, key, value = _same_map(lambda t: t.unsqueeze(0), query, key, value)
             if isinstance(key_mask, Tensor):

@@ -78,6 +78,7 @@ class NadarayaWatson(nn.Module):
             ``(b, L, Dv)``; weights ``(b, L, S)``.
 
         Raises:
+            TypeError: inputs that are not floating-point tensors.
             ValueError: mismatched ranks, batch sizes, lengths or features; a bad ``key_mask``.
         """
         for name, t in (("queries", queries), ("keys", keys), ("values", values)):
@@ -85,6 +86,8 @@ class NadarayaWatson(nn.Module):
                 raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
             if t.dim() not in (2, 3):
                 raise ValueError(f"{name} must have shape (b, n) or (b, n, features), got {tuple(t.shape)}")
+            if not t.is_floating_point():  # integer values would truncate the weighted mean
+                raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
         if keys.dim() != queries.dim() or (queries.dim() == 3 and keys.shape[-1] != queries.shape[-1]):
             raise ValueError(
                 f"keys must have the rank and feature size of queries {tuple(queries.shape)}, got "

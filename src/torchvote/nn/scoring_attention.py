@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score, merge_masks
-from torchvote.validation import check_choice, check_positive_int, check_probability
+from torchvote.validation import check_choice, check_input_dtype, check_positive_int, check_probability
 
 __all__ = ["AdditiveAttention", "LuongAttention", "ScoredAttention"]
 
@@ -30,6 +30,8 @@ def _check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, query_dim
             raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"{name} must have shape (batch, length, features), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
     if query.shape[-1] != query_dim:
         raise ValueError(f"query must have shape (batch, L, {query_dim}), got {tuple(query.shape)}")
     if key.shape[-1] != key_dim:
@@ -90,10 +92,14 @@ class ScoredAttention(nn.Module, abc.ABC):
             ``(context, weights)``: ``(b, L, Ev)`` and ``(b, L, S)``.
 
         Raises:
-            ValueError, TypeError: bad shapes or masks, naming the argument.
+            ValueError, TypeError: bad shapes, masks or dtypes (inputs must be floating point, of
+                the parameters' dtype outside ``torch.autocast``), naming the argument.
         """
         value = key if value is None else value
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
+        parameter = next(self.parameters(), None)  # the dot score has none: query's dtype rules
+        for name, tensor in (("query", query), ("key", key), ("value", value)):
+            check_input_dtype(tensor, query.dtype if parameter is None else parameter.dtype, name)
         mask = merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
         scores = self.score(query, key)  # (b, i, j)
         return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
