@@ -344,11 +344,32 @@ def test_bad_inputs_name_the_argument():
         lm.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=-1.0)
     with pytest.raises(ValueError, match="top_k"):
         lm.generate(torch.zeros(1, 3, dtype=torch.long), 2, top_k=0)
+    with pytest.raises(ValueError, match="torch.int64 or torch.int32, got dtype torch.uint8"):
+        lm.generate(torch.zeros(1, 3, dtype=torch.uint8), 2)  # nn.Embedding takes neither
+    with pytest.raises(ValueError, match="at least one sequence"):
+        lm.generate(torch.zeros(0, 3, dtype=torch.long), 2)
+    with pytest.raises(TypeError, match="cache must be a TransformerCache"):
+        lm(torch.zeros(1, 3, dtype=torch.long), cache="x")
     seq2seq = _model("transformer-seq2seq")
     with pytest.raises(ValueError, match="target_input must be a"):
         seq2seq(_sources(), torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match="same batch size"):
         seq2seq(_sources(batch=3), _targets(batch=2))
+    memory, source_mask = seq2seq.encode(_sources())
+    with pytest.raises(ValueError, match="source_mask must be encode"):
+        seq2seq.decode(_targets(), memory, source_mask[:, :3])
+    with pytest.raises(ValueError, match="memory and target_input must have the same batch size"):
+        seq2seq.decode(_targets()[:1], memory, source_mask)
+    with pytest.raises(TypeError, match="cache must be a TransformerCache"):
+        seq2seq.decode(_targets(), memory, source_mask, cache={})
+
+
+def test_a_tiny_temperature_samples_the_most_likely_token_without_nan():
+    # logits / 1e-40 overflowed to inf, and softmax(inf - inf) to NaN: multinomial refused it.
+    lm = _model("transformer-lm")
+    prompt = torch.randint(lm.config.vocab_size, (2, 5))
+    cold = lm.generate(prompt, 6, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cold, lm.generate(prompt, 6, temperature=0.0))
 
 
 def test_token_ids_outside_the_vocabulary_name_the_argument():

@@ -75,6 +75,7 @@ def test_learned_adds_its_rows_and_gradients_reach_only_them():
     ((1, 7, 4), 0, "exceed max_len=6"),
     ((1, 3, 4), 4, r"offset=4, T=3\) exceed max_len"),
     ((1, 3, 4), -1, "offset must be a non-negative integer"),
+    ((1, 3, 4), True, "offset must be a non-negative integer"),
     ((1, 3, 5), 0, r"inputs must have shape \(\.\.\., T, 4\)"),
 ])
 def test_errors(make, shape, offset, match):
@@ -82,8 +83,22 @@ def test_errors(make, shape, offset, match):
         make()(torch.zeros(shape), offset=offset)
 
 
-@pytest.mark.parametrize("make", [lambda: SinusoidalPositionalEncoding(0),
-                                  lambda: LearnedPositionalEmbedding(0, 4)])
-def test_constructor_errors(make):
-    with pytest.raises(ValueError, match="must be positive"):
+@pytest.mark.parametrize(("make", "name"), [
+    (lambda: SinusoidalPositionalEncoding(0), "embed_dim"),
+    (lambda: SinusoidalPositionalEncoding(8.0), "embed_dim"),  # was a TypeError from torch.empty
+    (lambda: SinusoidalPositionalEncoding(8, max_len=0), "max_len"),
+    (lambda: SinusoidalPositionalEncoding(8, dropout=1.0), "dropout"),
+    (lambda: LearnedPositionalEmbedding(0, 4), "max_len"),
+    (lambda: LearnedPositionalEmbedding(4, 0), "embed_dim"),
+])
+def test_constructor_errors(make, name):
+    with pytest.raises(ValueError, match=name):
         make()
+
+
+@pytest.mark.parametrize("make", [lambda: SinusoidalPositionalEncoding(4),
+                                  lambda: LearnedPositionalEmbedding(6, 4)])
+def test_integer_inputs_are_refused(make):
+    # Integer features plus the float encodings once came back as integers: the encodings were lost.
+    with pytest.raises(TypeError, match="inputs must be floating point"):
+        make()(torch.zeros(1, 3, 4, dtype=torch.long))

@@ -234,6 +234,8 @@ def test_a_cross_attention_over_the_receivers_would_let_the_decoder_look_ahead()
     (lambda: TransformerEncoderLayer(8, 2, activation="tanh"), ValueError, "activation"),
     (lambda: TransformerEncoderLayer(8, 3), ValueError, "divisible by num_heads"),
     (lambda: TransformerDecoderLayer(8, 2, dropout=1.5), ValueError, "dropout"),
+    (lambda: TransformerEncoderLayer(8, 2, layer_norm_eps=0.0), ValueError, "layer_norm_eps"),
+    (lambda: TransformerDecoderLayer(8, 2, layer_norm_eps=-1e-5), ValueError, "layer_norm_eps"),
     (lambda: TransformerEncoder(TransformerConfig(8, 2), 0), ValueError, "num_layers"),
     (lambda: TransformerEncoder("layer", 2), TypeError, "layer must be a TransformerConfig"),
 ])

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional.voting import NormalizeOver
+from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
 from torchvote.nn.transformer import AttentionFactory, AttentionIntermediates, TransformerConfig
@@ -182,16 +183,22 @@ def check_token_ids(
         vocab_size: ids must lie in ``[0, vocab_size)``; ``None`` for no range check.
 
     Raises:
-        ValueError: not a ``(b, t)`` tensor, not integer ids, no token, too many, or an id out
-            of range.
+        ValueError: not a ``(b, t)`` tensor, not int64/int32 ids (what ``nn.Embedding`` takes),
+            no sequence or no token, too many tokens, or an id out of range.
     """
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise ValueError(f"{argument} must hold integer token ids, got dtype {tokens.dtype}")
-    if tokens.shape[1] < 1:
-        raise ValueError(f"{argument} must hold at least one token, got shape {tuple(tokens.shape)}")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"{argument} must hold integer token ids of dtype torch.int64 or torch.int32, got "
+            f"dtype {tokens.dtype}"
+        )
+    if tokens.shape[0] < 1 or tokens.shape[1] < 1:
+        raise ValueError(
+            f"{argument} must hold at least one sequence of at least one token, got shape "
+            f"{tuple(tokens.shape)}"
+        )
     if max_length is not None and tokens.shape[1] > max_length - cached:
         limit = length_name if cached == 0 else f"{length_name} - {cached} cached"
         raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than {limit}={max_length - cached}")
@@ -202,6 +209,16 @@ def check_token_ids(
                 f"{argument} holds ids outside the vocabulary [0, {vocab_size}): "
                 f"smallest {low}, largest {high}"
             )
+
+
+def check_cache(cache: Any) -> None:
+    """Raise a TypeError unless ``cache`` is a :class:`~torchvote.nn.kv_cache.TransformerCache`
+    or None."""
+    if cache is not None and not isinstance(cache, TransformerCache):
+        raise TypeError(
+            f"cache must be a TransformerCache (the model's new_cache()) or None, got "
+            f"{type(cache).__name__}"
+        )
 
 
 def run_stack(

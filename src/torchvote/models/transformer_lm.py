@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torchvote.models.registry import SequenceOutput, register_model
 from torchvote.models.transformer_backbone import (
     TransformerBackboneFields,
+    check_cache,
     check_token_ids,
     evaluating,
     run_stack,
@@ -150,7 +151,9 @@ class TransformerLM(nn.Module):
 
         Raises:
             ValueError: ``tokens`` of the wrong rank, dtype or length.
+            TypeError: a ``cache`` that is not a :class:`TransformerCache`.
         """
+        check_cache(cache)
         check_token_ids(
             tokens,
             "tokens",
@@ -238,8 +241,8 @@ class TransformerLM(nn.Module):
                 logits = output.logits[:, -1].float()  # (b, vocab)
                 if temperature == 0.0:
                     next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
-                else:
-                    logits = logits / temperature
+                else:  # from the peak: a tiny temperature gives -inf, never inf - inf = NaN
+                    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
                     if top_k is not None and top_k < logits.shape[-1]:
                         threshold = logits.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
                         logits = logits.masked_fill(logits < threshold, float("-inf"))

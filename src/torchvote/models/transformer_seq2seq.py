@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torchvote.models.registry import SequenceOutput, register_model
 from torchvote.models.transformer_backbone import (
     TransformerBackboneFields,
+    check_cache,
     check_special_ids,
     check_token_ids,
     evaluating,
@@ -250,14 +251,42 @@ class TransformerSeq2Seq(nn.Module):
             ``(b, t, tgt_vocab_size)`` logits.
 
         Raises:
-            ValueError: a ``target_input`` of the wrong rank, dtype or length.
+            ValueError: a ``target_input`` of the wrong rank, dtype or length; a ``memory`` or
+                ``source_mask`` that is not what :meth:`encode` returns for the same batch.
+            TypeError: a ``cache`` that is not a :class:`TransformerCache`.
         """
+        check_cache(cache)
         self._check_target_input(target_input, 0 if cache is None else cache.length)
+        self._check_memory(memory, source_mask, target_input.shape[0])
         return self._decode(target_input, memory, source_mask, need_weights=False, cache=cache)[0]
 
     def new_cache(self) -> TransformerCache:
         """An empty key/value cache for :meth:`decode` (incremental decoding)."""
         return self.decoder.new_cache()
+
+    def _check_memory(self, memory: Tensor, source_mask: Tensor, batch: int) -> None:
+        """``memory`` ``(b, s, d_model)`` and ``source_mask`` boolean ``(b, s)``, as :meth:`encode`
+        returns them, for ``batch`` target sequences."""
+        d_model = self.config.d_model
+        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[-1] != d_model:
+            shape = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+            raise ValueError(f"memory must be encode()'s (batch, s, {d_model}) tensor, got {shape}")
+        if memory.shape[0] != batch:
+            raise ValueError(
+                f"memory and target_input must have the same batch size, got {memory.shape[0]} "
+                f"and {batch}"
+            )
+        if (
+            not isinstance(source_mask, Tensor)
+            or source_mask.dtype != torch.bool
+            or tuple(source_mask.shape) != tuple(memory.shape[:2])
+        ):
+            mask = source_mask
+            shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(
+                f"source_mask must be encode()'s boolean (batch, s) = {tuple(memory.shape[:2])} mask, "
+                f"got {shape}"
+            )
 
     def _check_target_input(self, target_input: Tensor, offset: int) -> None:
         """``offset``: the positions a cache already holds."""

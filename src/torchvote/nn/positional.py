@@ -13,6 +13,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from torchvote.validation import check_positive_int, check_probability
+
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 
 
@@ -21,7 +23,9 @@ def _check_positions(inputs: Tensor, embed_dim: int, max_len: int, offset: int) 
         raise TypeError(f"inputs must be a tensor, got {type(inputs).__name__}")
     if inputs.dim() < 2 or inputs.shape[-1] != embed_dim:
         raise ValueError(f"inputs must have shape (..., T, {embed_dim}), got {tuple(inputs.shape)}")
-    if not isinstance(offset, int) or offset < 0:
+    if not inputs.is_floating_point():  # integer features would truncate the encodings away
+        raise TypeError(f"inputs must be floating point, got dtype {inputs.dtype}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
     length = inputs.shape[-2]
     if offset + length > max_len:
@@ -70,10 +74,9 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, embed_dim: int, *, max_len: int = 5000, dropout: float = 0.0) -> None:
         super().__init__()
-        if embed_dim <= 0 or max_len <= 0:
-            raise ValueError(f"embed_dim and max_len must be positive, got {embed_dim}, {max_len}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        check_positive_int(embed_dim, "embed_dim")
+        check_positive_int(max_len, "max_len")
+        check_probability(dropout, "dropout")
         self.embed_dim, self.max_len = embed_dim, max_len
         self.dropout = nn.Dropout(dropout)
         table = _sinusoidal_table(max_len, embed_dim).to(torch.get_default_dtype())
@@ -93,7 +96,9 @@ class SinusoidalPositionalEncoding(nn.Module):
             ``(..., T, E)``, in the dtype of ``inputs``.
 
         Raises:
-            ValueError: wrong feature size, a negative offset, or ``offset + T > max_len``.
+            ValueError: wrong feature size, an offset that is not a non-negative int, or
+                ``offset + T > max_len``.
+            TypeError: ``inputs`` not a floating-point tensor.
         """
         _check_positions(inputs, self.embed_dim, self.max_len, offset)
         positions = self.table[offset : offset + inputs.shape[-2]]  # (T, E)
@@ -113,8 +118,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_len: int, embed_dim: int) -> None:
         super().__init__()
-        if embed_dim <= 0 or max_len <= 0:
-            raise ValueError(f"max_len and embed_dim must be positive, got {max_len}, {embed_dim}")
+        check_positive_int(max_len, "max_len")
+        check_positive_int(embed_dim, "embed_dim")
         self.embed_dim, self.max_len = embed_dim, max_len
         self.weight = nn.Parameter(torch.empty(max_len, embed_dim))
         nn.init.normal_(self.weight, std=0.02)  # GPT-2's initialisation
@@ -133,7 +138,9 @@ class LearnedPositionalEmbedding(nn.Module):
             ``(..., T, E)``.
 
         Raises:
-            ValueError: wrong feature size, a negative offset, or ``offset + T > max_len``.
+            ValueError: wrong feature size, an offset that is not a non-negative int, or
+                ``offset + T > max_len``.
+            TypeError: ``inputs`` not a floating-point tensor.
         """
         _check_positions(inputs, self.embed_dim, self.max_len, offset)
         return inputs + self.weight[offset : offset + inputs.shape[-2]]  # (..., T, E)

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.kv_cache import KVCache, LayerCache
-from torchvote.validation import check_choice, check_positive_int, check_probability
+from torchvote.validation import check_choice, check_positive_float, check_positive_int, check_probability
 
 __all__ = [
     "AttentionFactory",
@@ -190,6 +190,7 @@ class _TransformerLayer(nn.Module):
         )
         check_probability(dropout, "dropout")
         check_choice(activation, sorted(_ACTIVATIONS), "activation")
+        check_positive_float(layer_norm_eps, "layer_norm_eps")  # 0 divides a constant input by 0
         self.make_attention = _attention_factory(attention, shared_qkv)
         self.d_model, self.norm_first = d_model, norm_first
         # Attentions before the feed-forward network: the order the parameters draw their
