@@ -178,3 +178,105 @@ def test_class_losses_reject_targets_that_do_not_fit(loss):
     with pytest.raises(TypeError, match="class indices must be integers"):
         loss(scores, torch.tensor([0.0, 1.0, 2.0, 3.7]))  # would be truncated to class 3
     assert loss(scores, torch.tensor([0, 1, 2, 3])).dim() == 0
+
+
+def test_cross_entropy_takes_the_class_axis_last():
+    generator = torch.Generator().manual_seed(6)
+    logits = torch.randn(2, 4, 5, generator=generator)  # (b, t, k)
+    targets = torch.randint(5, (2, 4), generator=generator)
+    expected = F.cross_entropy(logits.transpose(1, 2), targets)  # torch's own layout is (b, k, t)
+    assert cross_entropy(logits, targets).item() == pytest.approx(expected.item(), rel=1e-6)
+    with pytest.raises(ValueError, match=r"\(b, t, k\) not \(b, k, t\)"):
+        cross_entropy(logits.transpose(1, 2), targets)  # read as (b, t=5, k=4) before
+
+
+def test_cross_entropy_rejects_targets_that_do_not_fit():
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(4, 3, generator=generator)
+    targets = torch.randint(3, (4,), generator=generator)
+    with pytest.raises(ValueError, match=r"targets \(3, 4\) must have the shape of logits"):
+        cross_entropy(torch.randn(2, 6, 3), torch.randint(3, (3, 4)))  # flattened to 12 = 12 before
+    with pytest.raises(ValueError, match=r"targets \(3,\) must have the shape of logits"):
+        cross_entropy(logits, targets[:3])
+    with pytest.raises(ValueError, match=r"logits must be \(b, k\) or \(b, t, k\)"):
+        cross_entropy(logits[0], targets[0])
+    with pytest.raises(TypeError, match="targets must be integer class indices"):
+        cross_entropy(logits, targets.float() + 0.7)  # truncated to targets before
+    with pytest.raises(TypeError, match="targets must be integer class indices"):
+        cross_entropy(logits, torch.softmax(torch.randn(4, 3, generator=generator), dim=-1))
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_with_every_position_ignored_is_a_zero_that_backpropagates(smoothing):
+    # A batch of padding only: F.cross_entropy's mean is 0/0 = NaN, which would poison the weights.
+    logits = torch.randn(2, 3, 4, requires_grad=True)
+    padding = torch.zeros(2, 3, dtype=torch.long)
+    loss = cross_entropy(logits, padding, ignore_index=0, label_smoothing=smoothing)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_with_padding_matches_torch(smoothing):
+    generator = torch.Generator().manual_seed(8)
+    logits = torch.randn(3, 5, 6, generator=generator)
+    targets = torch.randint(1, 6, (3, 5), generator=generator)
+    targets[0, 2:] = targets[2, 4] = 0  # padding
+    expected = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=0, label_smoothing=smoothing)
+    actual = cross_entropy(logits, targets, ignore_index=0, label_smoothing=smoothing)
+    assert actual.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("loss", "argument"),
+    [
+        (margin_loss, "lengths"),
+        (lambda scores, targets: spread_loss(scores, targets, margin=0.2), "activations"),
+        (cross_entropy, "logits"),
+    ],
+)
+def test_class_losses_reject_an_empty_batch(loss, argument):
+    # The mean over no examples is NaN; a zero would hide a data pipeline that lost the batch.
+    with pytest.raises(ValueError, match=f"{argument} must hold at least one example"):
+        loss(torch.rand(0, 3), torch.zeros(0, dtype=torch.long))
+
+
+def test_reconstruction_loss_needs_a_batch():
+    with pytest.raises(ValueError, match=r"reconstructions must be batched, \(b, c\*h\*w\)"):
+        reconstruction_loss(torch.rand(784), torch.rand(784))  # an IndexError from flatten(1) before
+    with pytest.raises(ValueError, match="images must be batched"):
+        reconstruction_loss(torch.rand(1, 784), torch.rand(784))
+    with pytest.raises(ValueError, match="reconstructions must hold at least one image"):
+        reconstruction_loss(torch.rand(0, 784), torch.rand(0, 1, 28, 28))  # NaN before
+    image = torch.rand(784)
+    assert reconstruction_loss(image[None], image[None] + 0.5, weight=1.0).item() == pytest.approx(196.0)
+
+
+def test_spread_margin_schedule_checks_its_arguments():
+    with pytest.raises(TypeError, match="steps must be an integer"):
+        SpreadMarginSchedule("3")  # a TypeError from `"3" < 1` before
+    with pytest.raises(TypeError, match="steps must be an integer"):
+        SpreadMarginSchedule(1.5)  # accepted before
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        SpreadMarginSchedule(steps=-2)
+    with pytest.raises(ValueError, match=r"start must be a margin in \(0, 1\]"):
+        SpreadMarginSchedule(steps=10, start=1.5)  # activations in [0, 1] never trail by 1.5
+    with pytest.raises(ValueError, match=r"end must be a margin in \(0, 1\]"):
+        SpreadMarginSchedule(steps=10, end=0.0)
+    with pytest.raises(ValueError, match=r"end must be a margin in \(0, 1\]"):
+        SpreadMarginSchedule(steps=10, end=float("nan"))
+    with pytest.raises(TypeError, match="start must be a number"):
+        SpreadMarginSchedule(steps=10, start="0.2")
+    assert SpreadMarginSchedule(steps=10, start=0.5, end=1)(5) == pytest.approx(0.75)
+
+
+def test_margin_loss_multi_hot_targets_must_be_0_or_1():
+    lengths = torch.rand(4, 3)
+    with pytest.raises(ValueError, match="multi-hot targets .* must hold only 0 and 1"):
+        margin_loss(lengths, torch.full((4, 3), 7.0))  # scaled the loss by 7 (and 1 - 7) before
+    with pytest.raises(ValueError, match="must hold only 0 and 1"):
+        margin_loss(lengths, torch.full((4, 3), 0.9))
+    present = torch.tensor([[1, 0, 1], [0, 1, 0], [0, 0, 0], [1, 1, 1]])
+    expected = margin_loss_loop(lengths, present)
+    assert margin_loss(lengths, present).item() == pytest.approx(expected, rel=1e-6)

@@ -6,11 +6,15 @@ the batch size (or with the number of data-parallel processes sharing one global
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from torchvote.validation import check_positive_int
 
 __all__ = [
     "SpreadMarginSchedule",
@@ -24,10 +28,11 @@ __all__ = [
 
 def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """Class indices ``(b,)`` -> one-hot ``(b, num_classes)``; a ``(b, num_classes)`` tensor is taken
-    as already (multi-)hot, e.g. the two digits of a MultiMNIST image.
+    as already (multi-)hot, e.g. the two digits of a MultiMNIST image, and must hold only 0 and 1.
 
     Raises:
-        ValueError: targets of another shape, or class indices out of range.
+        ValueError: targets of another shape, class indices out of range, or (multi-)hot targets
+            with a value other than 0 or 1.
         TypeError: class indices ``(b,)`` that are not integers.
     """
     if targets.dim() == 1:
@@ -37,6 +42,12 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
             raise ValueError(f"class indices must be in [0, {num_classes}), got {targets.tolist()}")
         return F.one_hot(targets.long(), num_classes).to(dtype)
     if targets.dim() == 2 and targets.shape[1] == num_classes:
+        # T_k of the margin loss is 0 or 1; a 7 (or a smoothed 0.9) would scale the loss silently
+        if not ((targets == 0) | (targets == 1)).all():
+            raise ValueError(
+                f"multi-hot targets (b, {num_classes}) must hold only 0 and 1, got values "
+                f"{targets.unique().tolist()}"
+            )
         return targets.to(dtype)
     raise ValueError(
         f"targets must be class indices (b,) or multi-hot (b, {num_classes}), got {tuple(targets.shape)}"
@@ -44,9 +55,12 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
 
 
 def _check_class_scores(scores: Tensor, targets: Tensor, argument: str) -> None:
-    """Raise a ValueError unless ``scores`` is ``(b, num_classes)`` and ``targets`` has ``b`` rows."""
+    """Raise a ValueError unless ``scores`` is ``(b, num_classes)`` with ``b >= 1`` and ``targets``
+    has ``b`` rows (the mean over an empty batch is NaN)."""
     if scores.dim() != 2:
         raise ValueError(f"{argument} must be (batch, num_classes), got shape {tuple(scores.shape)}")
+    if scores.shape[0] == 0:
+        raise ValueError(f"{argument} must hold at least one example, got shape {tuple(scores.shape)}")
     if targets.dim() == 0 or targets.shape[0] != scores.shape[0]:
         raise ValueError(
             f"targets {tuple(targets.shape)} and {argument} {tuple(scores.shape)} must hold the same "
@@ -68,7 +82,8 @@ def margin_loss(
 
     Args:
         lengths: ``(b, num_classes)`` lengths of the class capsules, in [0, 1].
-        targets: ``(b,)`` class indices or ``(b, num_classes)`` multi-hot (several digits present).
+        targets: ``(b,)`` class indices or ``(b, num_classes)`` multi-hot (several digits present),
+            holding only 0 and 1.
         positive_margin: ``m+``, the length a present class must reach.
         negative_margin: ``m-``, the length an absent class must stay under.
         down_weight: ``lambda``, which stops the absent classes from shrinking every length early on.
@@ -77,8 +92,8 @@ def margin_loss(
         the scalar loss.
 
     Raises:
-        ValueError: ``lengths`` not ``(b, num_classes)``, targets for another batch size, or
-            class indices out of range.
+        ValueError: ``lengths`` not ``(b, num_classes)`` or an empty batch, targets for another
+            batch size, class indices out of range, or multi-hot targets other than 0 and 1.
         TypeError: class indices that are not integers.
     """
     _check_class_scores(lengths, targets, "lengths")
@@ -94,9 +109,23 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
     Sabour et al. 2017, sec. 4.1: the scale 0.0005 keeps the reconstruction from dominating the
     margin loss. ``reconstructions`` may be flat ``(b, c*h*w)`` or shaped like ``images``.
 
+    Args:
+        reconstructions: ``(b, c*h*w)`` or shaped like ``images``.
+        images: ``(b, c, h, w)``, or ``(b, k, c, h, w)`` with one image per digit (MultiMNIST).
+        weight: the scale of the loss.
+
     Raises:
-        ValueError: the two do not have the same number of values per image.
+        ValueError: either without a batch axis (a single image needs one: ``image[None]``), an
+            empty batch, or the two do not have the same number of values per image.
     """
+    for name, tensor in (("reconstructions", reconstructions), ("images", images)):
+        if tensor.dim() < 2:
+            raise ValueError(
+                f"{name} must be batched, (b, c*h*w) or (b, c, h, w), got shape {tuple(tensor.shape)}; "
+                "add a batch axis for a single image"
+            )
+        if tensor.shape[0] == 0:
+            raise ValueError(f"{name} must hold at least one image, got shape {tuple(tensor.shape)}")
     flat_reconstructions = reconstructions.flatten(1)  # (b, c*h*w)
     flat_images = images.flatten(1).to(flat_reconstructions.dtype)  # (b, c*h*w)
     if flat_reconstructions.shape != flat_images.shape:
@@ -119,7 +148,7 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
 
     Raises:
         ValueError: targets that are not ``(b,)`` class indices in range, ``activations`` not
-            ``(b, num_classes)`` for the same batch.
+            ``(b, num_classes)`` for the same batch, or an empty batch.
         TypeError: class indices that are not integers.
     """
     if targets.dim() != 1:
@@ -131,6 +160,17 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
     return per_class.masked_fill(is_target, 0.0).sum(dim=-1).mean()
 
 
+def _check_margin(value: Any, argument: str) -> None:
+    """Raise unless ``value`` is a real number in ``(0, 1]``: the spread loss compares class
+    activations in ``[0, 1]``, so a larger margin can never be met and a margin <= 0 asks nothing."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{argument} must be a number (a margin in (0, 1]), got {value!r} ({type(value).__name__})"
+        )
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ValueError(f"{argument} must be a margin in (0, 1], got {value!r}")
+
+
 @dataclass(frozen=True)
 class SpreadMarginSchedule:
     """The spread-loss margin, raised linearly from ``start`` to ``end`` over ``steps`` steps.
@@ -138,6 +178,15 @@ class SpreadMarginSchedule:
     Hinton et al. 2018: "starting with a small margin of 0.2 and linearly increasing it during
     training to 0.9 avoids dead capsules in the earlier layers". After ``steps`` the margin stays at
     ``end``.
+
+    Args:
+        steps: the number of training steps over which the margin rises, a positive integer.
+        start: the margin at step 0, in ``(0, 1]``.
+        end: the margin from step ``steps`` on, in ``(0, 1]``.
+
+    Raises:
+        TypeError: ``steps`` not an integer, ``start`` or ``end`` not a real number.
+        ValueError: ``steps`` smaller than 1, ``start`` or ``end`` outside ``(0, 1]``.
     """
 
     steps: int
@@ -145,8 +194,14 @@ class SpreadMarginSchedule:
     end: float = 0.9
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int):
+            raise TypeError(
+                f"steps must be an integer (a number of training steps), got {self.steps!r} "
+                f"({type(self.steps).__name__})"
+            )
+        check_positive_int(self.steps, "steps")
+        _check_margin(self.start, "start")
+        _check_margin(self.end, "end")
 
     def __call__(self, step: int) -> float:
         fraction = min(max(step, 0), self.steps) / self.steps
@@ -162,12 +217,45 @@ def cross_entropy(
 ) -> Tensor:
     """``F.cross_entropy`` with label smoothing, for ``(b, k)`` or sequence ``(b, t, k)`` logits.
 
-    Targets are ``(b,)`` or ``(b, t)`` class indices; positions equal to ``ignore_index`` (padding)
-    do not count. The result is the mean over the counted positions.
+    The class axis is last: ``(b, t, k)``, not ``F.cross_entropy``'s ``(b, k, t)``.
+
+    Args:
+        logits: ``(b, k)`` or ``(b, t, k)`` unnormalised class scores.
+        targets: ``(b,)`` or ``(b, t)`` integer class indices, ``logits.shape[:-1]``; soft labels
+            (class probabilities) are not taken.
+        label_smoothing: the weight ``e`` of the uniform distribution mixed into each target.
+        ignore_index: the target of positions that do not count (padding).
+
+    Returns:
+        the scalar mean over the counted positions. With none counted (a batch of padding only)
+        the loss is 0, still a function of ``logits``: ``backward`` works and gives zero gradients.
+
+    Raises:
+        ValueError: ``logits`` without a batch and a class axis, an empty batch, or ``targets``
+            whose shape is not ``logits.shape[:-1]``.
+        TypeError: ``targets`` that are not integer class indices.
     """
-    if logits.dim() == targets.dim() + 1 and logits.dim() > 2:
-        logits = logits.flatten(0, -2)  # (b*t, k)
-        targets = targets.flatten()  # (b*t,)
-    return F.cross_entropy(
-        logits.float(), targets.long(), label_smoothing=label_smoothing, ignore_index=ignore_index
+    if logits.dim() < 2:
+        raise ValueError(f"logits must be (b, k) or (b, t, k), got shape {tuple(logits.shape)}")
+    if logits.shape[0] == 0:
+        raise ValueError(f"logits must hold at least one example, got shape {tuple(logits.shape)}")
+    if targets.is_floating_point() or targets.is_complex():  # 2.7 would be truncated to class 2
+        raise TypeError(
+            f"targets must be integer class indices, got dtype {targets.dtype} (soft labels, class "
+            "probabilities, are not taken)"
+        )
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"targets {tuple(targets.shape)} must have the shape of logits {tuple(logits.shape)} "
+            f"without the class axis, {tuple(logits.shape[:-1])}; the classes are the last axis of "
+            "logits, (b, t, k) not (b, k, t)"
+        )
+    logits = logits.flatten(0, -2).float()  # (b*t, k)
+    targets = targets.flatten().long()  # (b*t,)
+    total = F.cross_entropy(
+        logits, targets, label_smoothing=label_smoothing, ignore_index=ignore_index, reduction="sum"
     )
+    # Sum over the counted positions / their number, at least 1: F.cross_entropy's mean is 0/0 =
+    # NaN with every position ignored. No value is read back to the host.
+    counted = (targets != ignore_index).sum().clamp(min=1)
+    return total / counted
