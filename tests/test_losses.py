@@ -280,3 +280,11 @@ def test_margin_loss_multi_hot_targets_must_be_0_or_1():
     present = torch.tensor([[1, 0, 1], [0, 1, 0], [0, 0, 0], [1, 1, 1]])
     expected = margin_loss_loop(lengths, present)
     assert margin_loss(lengths, present).item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize(("margin", "error"), [
+    (0.0, ValueError), (1.5, ValueError), (float("nan"), ValueError), ("0.2", TypeError),
+])
+def test_spread_loss_checks_its_margin(margin, error):
+    with pytest.raises(error, match="margin"):
+        spread_loss(torch.rand(2, 10), torch.tensor([0, 1]), margin=margin)

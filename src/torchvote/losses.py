@@ -144,13 +144,15 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
     Args:
         activations: ``(b, num_classes)`` class activations.
         targets: ``(b,)`` class indices.
-        margin: ``m``; see :class:`SpreadMarginSchedule` for the paper's 0.2 -> 0.9 schedule.
+        margin: ``m`` in ``(0, 1]``; see :class:`SpreadMarginSchedule` for the paper's 0.2 -> 0.9
+            schedule.
 
     Raises:
         ValueError: targets that are not ``(b,)`` class indices in range, ``activations`` not
-            ``(b, num_classes)`` for the same batch, or an empty batch.
-        TypeError: class indices that are not integers.
+            ``(b, num_classes)`` for the same batch, an empty batch, or a margin outside (0, 1].
+        TypeError: class indices that are not integers, a margin that is not a number.
     """
+    _check_margin(margin, "margin")
     if targets.dim() != 1:
         raise ValueError(f"spread loss takes (b,) class indices, got targets of shape {tuple(targets.shape)}")
     _check_class_scores(activations, targets, "activations")
