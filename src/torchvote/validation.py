@@ -17,6 +17,7 @@ __all__ = [
     "check_choice",
     "check_input_dtype",
     "check_positive_float",
+    "check_in_range",
     "check_positive_int",
     "check_probability",
 ]
@@ -54,6 +55,43 @@ def check_positive_float(value: Any, argument: str) -> float:
     return float(value)
 
 
+def check_in_range(
+    value: Any,
+    argument: str,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    include_low: bool = True,
+    include_high: bool = True,
+) -> float:
+    """Return ``value`` as a float if it is a finite real number between ``low`` and ``high``.
+
+    Args:
+        value: the value to check.
+        argument: the argument's name, for the message.
+        low, high: the bounds (infinite bounds leave that side open).
+        include_low, include_high: whether each bound itself is allowed.
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ValueError: if ``value`` is not a real number (bools are not), not finite, or outside the
+            interval, with the interval in the message.
+    """
+    above = (low <= value if include_low else low < value) if _is_real(value) else False
+    below = (value <= high if include_high else value < high) if _is_real(value) else False
+    if not (above and below and math.isfinite(value)):
+        left = "[" if include_low and math.isfinite(low) else "("
+        right = "]" if include_high and math.isfinite(high) else ")"
+        raise ValueError(f"{argument} must be a finite number in {left}{low}, {high}{right}, got {value!r}")
+    return float(value)
+
+
+def _is_real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
 def check_probability(value: Any, argument: str) -> float:
     """Return ``value`` as a float if it lies in ``[0, 1)`` (a dropout probability).
 
@@ -77,17 +115,36 @@ def check_choice(value: Any, choices: Collection[Any], argument: str) -> Any:
     return value
 
 
-def check_input_dtype(tensor: torch.Tensor, dtype: torch.dtype, argument: str) -> None:
-    """Refuse a floating-point input of another dtype than the module's parameters (``dtype``),
-    unless ``torch.autocast`` is on for the input's device (it casts both).
+def check_input_dtype(
+    tensor: Any, dtype: torch.dtype, argument: str, reference: str | None = None
+) -> None:
+    """Refuse a ``tensor`` that is not floating point, or whose dtype is not ``dtype``, unless
+    ``torch.autocast`` is on for its device (it computes in mixed dtypes). Reads only the dtype,
+    never the values.
+
+    Args:
+        tensor: the input to check.
+        dtype: the dtype it must have: a module's parameters' (the default ``reference``) or that
+            of the tensor it is combined with.
+        argument: its name, for the message.
+        reference: what ``dtype`` belongs to, e.g. ``"the votes"``; ``None`` for a module's
+            parameters (the message then also suggests converting the module).
 
     Raises:
-        TypeError: naming the argument, both dtypes and the two ways to make them agree.
+        TypeError: naming the argument, its dtype and the one expected.
     """
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        described = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise TypeError(f"{argument} must be a floating-point tensor, got {described}")
     if tensor.dtype == dtype or torch.is_autocast_enabled(tensor.device.type):
         return
+    if reference is None:
+        raise TypeError(
+            f"{argument} has dtype {tensor.dtype} but the module's parameters are {dtype}: convert "
+            f"the input (e.g. {argument}.to({dtype})) or the module (module.to({tensor.dtype})), or "
+            f"run under torch.autocast"
+        )
     raise TypeError(
-        f"{argument} has dtype {tensor.dtype} but the module's parameters are {dtype}: convert "
-        f"the input (e.g. {argument}.to({dtype})) or the module (module.to({tensor.dtype})), or "
-        f"run under torch.autocast"
+        f"{argument} has dtype {tensor.dtype} but {reference} are {dtype}: convert one of them "
+        f"(e.g. {argument}.to({dtype})), or run under torch.autocast"
     )

@@ -251,3 +251,31 @@ def test_the_authors_schedule_rescaled_to_end_at_a_value():
         default_schedule_ending_at(0.0, 2)
     with pytest.raises(ValueError, match="iterations must be a positive integer, got 0"):
         default_schedule_ending_at(0.001, 0)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "blocked", "vectorized"])
+def test_an_empty_batch_gives_empty_outputs(strategy):
+    votes = torch.randn(0, 3, 5, 4, requires_grad=True)
+    poses, activations, assignments = em_routing(votes, torch.rand(0, 5), torch.zeros(3), 0.0,
+                                                 strategy=strategy, return_assignments=True)
+    assert poses.shape == (0, 3, 4) and activations.shape == (0, 3) and assignments.shape == (0, 3, 5)
+    poses.sum().backward()
+    assert votes.grad.shape == votes.shape
+    poses, _ = em_routing(torch.randn(2, 0, 3, 5, 4), torch.rand(2, 0, 5), 0.0, 0.0, strategy=strategy)
+    assert poses.shape == (2, 0, 3, 4)
+    groups = torch.arange(5).view(1, 5)  # sender_groups on an empty batch
+    poses, _ = em_routing(torch.randn(0, 3, 5, 4), torch.rand(0, 5), 0.0, 0.0, strategy=strategy,
+                          sender_groups=groups)
+    assert poses.shape == (0, 3, 4)
+
+
+def test_votes_without_senders_and_offsets_of_the_wrong_type_are_named():
+    with pytest.raises(ValueError, match="at least one output capsule, input capsule and pose entry"):
+        em_routing(torch.randn(2, 3, 0, 4), torch.rand(2, 0), 0.0, 0.0)
+    with pytest.raises(ValueError, match="at least one output capsule"):
+        em_routing(torch.randn(2, 0, 5, 4), torch.rand(2, 5), 0.0, 0.0)
+    with pytest.raises(TypeError, match="beta_u must be a real number or a tensor, got str"):
+        em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), "x", 0.0)
+    with pytest.raises(TypeError, match="beta_a must be a real number or a tensor, got list"):
+        em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), 0.0, [0.0, 0.0, 0.0])
+    em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), 1, torch.zeros(3))  # an int and a tensor

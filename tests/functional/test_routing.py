@@ -306,3 +306,21 @@ def test_linear_votes_in_float32_match_float64():
     single, _ = dynamic_routing(LinearVotes(weight.float(), inputs.float()), iterations=3)
     torch.testing.assert_close(single.double(), exact, rtol=1e-4, atol=1e-5)
     assert math.isfinite(float(single.sum()))
+
+
+@pytest.mark.parametrize("as_linear", [False, True])
+def test_a_bias_that_does_not_fit_the_votes_is_named(as_linear):
+    torch.manual_seed(3)
+    weight, inputs = torch.randn(3, 5, 4, 2), torch.randn(2, 5, 2)
+    votes = LinearVotes(weight, inputs) if as_linear else torch.einsum("ijde,bje->bijd", weight, inputs)
+    with pytest.raises(ValueError, match=r"bias must broadcast to \(batch\.\.\., out_caps, out_dim\) = "
+                                         r"\(2, 3, 4\), got \(4, 4\)"):
+        dynamic_routing(votes, bias=torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="bias must broadcast"):
+        uniform_routing(votes, bias=torch.zeros(7, 3, 4))
+    with pytest.raises(TypeError, match="bias has dtype torch.float64 but the votes are torch.float32"):
+        dynamic_routing(votes, bias=torch.zeros(3, 4, dtype=DOUBLE))
+    with pytest.raises(TypeError, match="bias must be a floating-point tensor"):
+        uniform_routing(votes, bias=torch.zeros(3, 4, dtype=torch.int64))
+    for bias in (torch.zeros(3, 4), torch.zeros(2, 3, 4), torch.zeros(1, 4)):
+        assert dynamic_routing(votes, bias=bias)[0].shape == (2, 3, 4)

@@ -212,3 +212,36 @@ def test_slot_routing_matches_a_loop():
             current = update(means, current)
         torch.testing.assert_close(out[n], current)
         torch.testing.assert_close(couplings[n], rearrange(c, "i o -> o i"))
+
+
+def test_routing_arguments_that_do_not_fit_the_votes_are_named():
+    torch.manual_seed(13)
+    votes = torch.randn(2, 3, 5, 4)  # (b, out, in, d)
+
+    def update(means, prev):
+        return means + prev
+
+    with pytest.raises(ValueError, match=r"normalization must be one of .* got 'bogus'"):
+        inverted_dot_product_routing(votes, normalization="bogus")
+    with pytest.raises(ValueError, match="nonlinearity must be one of"):
+        self_attention_routing(votes, nonlinearity="bogus")
+    with pytest.raises(ValueError, match=r"log_prior must broadcast to \(batch\.\.\., out_caps, in_caps\) = "
+                                         r"\(2, 3, 5\), got \(7, 3, 5\)"):
+        self_attention_routing(votes, log_prior=torch.zeros(7, 3, 5))
+    with pytest.raises(TypeError, match="log_prior has dtype torch.float64"):
+        self_attention_routing(votes, log_prior=torch.zeros(3, 5, dtype=DOUBLE))
+    with pytest.raises(ValueError, match=r"slots must broadcast to \(batch\.\.\., out_caps, out_dim\) = "
+                                         r"\(2, 3, 4\), got \(7, 4\)"):
+        slot_routing(votes, torch.randn(7, 4), query=lambda s: s, update=update)
+    with pytest.raises(ValueError, match="query"):
+        slot_routing(votes, torch.randn(3, 4), query=lambda s: s[..., :2], update=update)
+    with pytest.raises(TypeError, match="slots has dtype torch.float64"):
+        slot_routing(votes, torch.randn(3, 4, dtype=DOUBLE), query=lambda s: s, update=update)
+    keys, values = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match=r"slots must have shape \(batch\.\.\., num_slots, slot_dim\) with "
+                                         r"batch axes that broadcast with the keys' \(2,\), got \(3, 3, 4\)"):
+        slot_attention(keys, values, torch.randn(3, 3, 4), query=lambda s: s, update=update)
+    with pytest.raises(TypeError, match="values has dtype torch.float64"):
+        slot_attention(keys, values.double(), torch.randn(2, 3, 4), query=lambda s: s, update=update)
+    shared = slot_attention(keys, values, torch.randn(3, 4), query=lambda s: s, update=update)[0]
+    assert shared.shape == (2, 3, 4)  # slots shared by the batch still broadcast

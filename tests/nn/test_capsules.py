@@ -16,7 +16,7 @@ from torchvote.functional.routing import (
     uniform_routing,
 )
 from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules
-from torchvote.nn.routers import DynamicRouter
+from torchvote.nn.routers import DynamicRouter, make_router
 
 DOUBLE = torch.float64
 
@@ -137,3 +137,77 @@ def test_capsule_linear_follows_the_inputs_dtype():
     layer = CapsuleLinear(5, 2, 3, 4, dtype=DOUBLE)
     assert layer(torch.randn(2, 5, 2, dtype=DOUBLE)).dtype == DOUBLE
 
+
+
+@pytest.mark.parametrize("routing", sorted(set(list_routers()) - {"em"}))
+def test_capsule_linear_refuses_activations_its_router_would_ignore(routing):
+    layer = CapsuleLinear(6, 4, 3, 5, routing=routing)
+    assert not layer.router.uses_activations
+    with pytest.raises(ValueError, match="activations apply only to routers that use them"):
+        layer(torch.randn(2, 6, 4), activations=torch.rand(2, 6))
+
+
+@pytest.mark.parametrize("strategy", ["materialize", "stream"])
+def test_capsule_linear_checks_the_shape_of_activations_its_router_uses(strategy):
+    layer = CapsuleLinear(6, 4, 3, 5, routing="em", strategy=strategy)
+    inputs = torch.randn(2, 6, 4)
+    with pytest.raises(ValueError, match=r"activations must have shape \(batch\.\.\., in_caps\) = \(2, 6\)"):
+        layer(inputs, activations=torch.rand(3, 99))
+    assert layer(inputs, activations=torch.rand(2, 6)).shape == (2, 3, 5)
+
+
+@pytest.mark.parametrize("strategy", ["materialize", "stream", "compiled"])
+def test_every_strategy_refuses_inputs_the_weights_cannot_take(strategy):
+    """Stream once promoted float64 and int64 inputs where materialize failed deep in its einsum."""
+    layer = CapsuleLinear(6, 4, 3, 5, strategy=strategy)
+    with pytest.raises(TypeError, match="inputs must be a floating-point tensor, got torch.int64"):
+        layer(torch.ones(2, 6, 4, dtype=torch.int64))
+    with pytest.raises(TypeError, match="inputs has dtype torch.float64 but the module's parameters are "
+                                        "torch.float32"):
+        layer(torch.randn(2, 6, 4, dtype=DOUBLE))
+    with pytest.raises(TypeError, match="inputs has dtype"):
+        layer.votes(torch.randn(2, 6, 4, dtype=DOUBLE))
+
+
+def test_capsule_linear_refuses_a_router_built_for_other_sizes():
+    def built_for(name, **sizes):
+        return make_router(name, **{"in_caps": 6, "out_caps": 3, "out_dim": 5, **sizes},
+                           **({"bias": True} if name in ("dynamic", "uniform") else {}))
+
+    for name, sizes, match in [
+        ("dynamic", {"out_caps": 7}, "routing was built for out_caps=7, but the layer has out_caps=3"),
+        ("uniform", {"out_dim": 2}, "out_dim=2"),
+        ("inverted_dot_product", {"out_dim": 2}, "out_dim=2"),
+        ("self_attention", {"in_caps": 8}, "in_caps=8"),
+        ("slot", {"out_caps": 4}, "out_caps=4"),
+        ("em", {"out_caps": 4}, "out_caps=4"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            CapsuleLinear(6, 4, 3, 5, routing=built_for(name, **sizes))
+        assert CapsuleLinear(6, 4, 3, 5, routing=built_for(name))(torch.randn(2, 6, 4)).shape == (2, 3, 5)
+    unsized = DynamicRouter()  # no bias: fits any layer
+    assert CapsuleLinear(6, 4, 3, 5, routing=unsized).router is unsized
+
+
+def test_capsule_linear_and_primary_capsules_check_their_other_arguments():
+    for init_std in (float("nan"), float("inf"), -1.0, 0.0):
+        with pytest.raises(ValueError, match="init_std"):
+            CapsuleLinear(6, 4, 3, 5, init_std=init_std)
+    with pytest.raises(ValueError, match="iterations"):  # checked even where the router ignores it
+        CapsuleLinear(6, 4, 3, 5, routing="uniform", iterations=-1)
+    with pytest.raises(ValueError, match="padding must be an integer >= 0, got -1"):
+        PrimaryCapsules(1, 2, 4, padding=-1)
+    assert PrimaryCapsules(1, 2, 4, kernel_size=3, padding=1).num_capsules(5, 5) == 2 * 3 * 3
+
+
+@pytest.mark.parametrize("strategy", ["materialize", "stream"])
+@pytest.mark.parametrize("routing", sorted(list_routers()))
+def test_an_empty_batch_gives_empty_outputs(routing, strategy):
+    layer = CapsuleLinear(6, 4, 3, 5, routing=routing, strategy=strategy)
+    inputs = torch.randn(0, 6, 4, requires_grad=True)
+    result = layer(inputs, return_routing=True)
+    assert result.outputs.shape == (0, 3, 5) and result.couplings.shape == (0, 3, 6)
+    if routing == "em":
+        assert result.activations.shape == (0, 3)
+    result.outputs.sum().backward()
+    assert inputs.grad.shape == inputs.shape

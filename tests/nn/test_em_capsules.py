@@ -13,6 +13,7 @@ from torchvote.nn.em_capsules import (
     MatrixCapsules,
     PrimaryMatrixCapsules,
 )
+from torchvote.nn.routers import EMRouter, make_router
 
 DOUBLE = torch.float64
 
@@ -272,3 +273,22 @@ def test_conv_layer_under_autocast_routes_its_formed_votes(normalization):
                                  sender_groups=layer.sender_groups(4, 5))
     torch.testing.assert_close(out.poses.flatten(-2), poses.view(out.poses.shape[:4] + (16,)))
     torch.testing.assert_close(out.activations, acts.view(out.activations.shape))
+
+
+def test_an_empty_batch_gives_empty_outputs():
+    capsules = grid(2, 5, 5, 3)
+    empty = MatrixCapsules(capsules.poses[:0], capsules.activations[:0])
+    for normalization in ("joint", "per_patch"):
+        out = ConvMatrixCapsules(3, 5, normalization=normalization).double()(empty)
+        assert out.poses.shape == (0, 3, 3, 5, 4, 4) and out.activations.shape == (0, 3, 3, 5)
+    out = ClassMatrixCapsules(3, 10).double()(empty)
+    assert out.poses.shape == (0, 10, 4, 4) and out.activations.shape == (0, 10)
+    out.poses.sum().backward()
+
+
+def test_class_capsules_refuse_a_router_built_for_other_sizes():
+    with pytest.raises(ValueError, match="routing was built for out_caps=4, but the layer has out_caps=10"):
+        ClassMatrixCapsules(3, 10, routing=EMRouter(out_caps=4))
+    with pytest.raises(ValueError, match="out_dim=8"):
+        ClassMatrixCapsules(3, 10, routing=make_router("slot", in_caps=1, out_caps=10, out_dim=8))
+    assert ClassMatrixCapsules(3, 10, routing=make_router("slot", in_caps=1, out_caps=10, out_dim=16))

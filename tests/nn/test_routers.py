@@ -280,3 +280,37 @@ def test_em_spread_loss_at_a_fixed_margin_falls_below_the_empty_capsule_floor():
     assert curve[-1] < 0.3 < 3 * (0.9 - 0.5) ** 2, message
     assert curve[-1] < 0.2 * curve[0]
     assert others.min() < 0.4
+
+
+@pytest.mark.parametrize("name", sorted(set(list_routers()) - {"em"}))
+def test_routers_that_do_not_use_activations_refuse_them(name):
+    router = make_router(name, in_caps=6, out_caps=3, out_dim=4)
+    votes = torch.randn(2, 3, 6, 4)
+    with pytest.raises(ValueError, match=f"activations apply only to routers that use them.*'{name}'"):
+        router(votes, activations=torch.ones(2, 6))
+    assert router(votes).outputs.shape == (2, 3, 4)
+
+
+def test_em_router_checks_the_shape_of_its_activations():
+    router = make_router("em", in_caps=6, out_caps=3, out_dim=4)
+    with pytest.raises(ValueError, match="activations must have shape"):
+        router(torch.randn(2, 3, 6, 4), activations=torch.rand(3, 99))
+
+
+def test_slot_attention_module_checks_num_slots_and_slots():
+    module = SlotAttention(4, 6, slot_dim=8, hidden_dim=16)
+    inputs = torch.randn(2, 5, 6)
+    for num_slots in (0, -1, -3, 2.0, True):  # 0 silently meant the default, -1 one slot
+        with pytest.raises(ValueError, match="num_slots must be a positive integer"):
+            module(inputs, num_slots=num_slots)
+    for shape in ((2, 3, 7), (3, 3, 8), (3, 8)):
+        with pytest.raises(ValueError, match=r"slots must have shape \(batch=2, K, slot_dim=8\)"):
+            module(inputs, slots=torch.randn(shape))
+    slots = module.initial_slots(2, 3)
+    with pytest.raises(ValueError, match="num_slots=2 does not match the K=3"):
+        module(inputs, slots=slots, num_slots=2)
+    assert module(inputs, slots=slots, num_slots=3).shape == (2, 3, 8)
+    with pytest.raises(TypeError, match="inputs has dtype torch.float64"):
+        module(inputs.double())
+    with pytest.raises(TypeError, match="slots must be a floating-point tensor"):
+        module(inputs, slots=torch.ones(2, 3, 8, dtype=torch.int64))

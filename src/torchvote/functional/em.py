@@ -177,8 +177,13 @@ def em_routing(
             routed with float32 statistics). Or
             :class:`~torchvote.functional.em_kernel.PerSenderVotes` of that shape: votes not yet
             formed, which the ``"blocked"`` strategy forms one block at a time.
-        activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``.
-        beta_u: the per-dimension cost offset, a float or a tensor broadcastable to
+        activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``. The range
+            is the caller's contract and is not checked: checking it would read the values back
+            from the device on every call of every EM layer (a synchronisation, and a graph break
+            under ``torch.compile``) for activations the modules make with a sigmoid. Values
+            outside it weigh the votes outside the model (a negative activation subtracts its
+            votes) and NaN gives NaN outputs.
+        beta_u: the per-dimension cost offset, a real number or a tensor broadcastable to
             ``(batch..., out_caps)`` (learned per output capsule type in the modules).
         beta_a: the activation offset, as ``beta_u``.
         iterations: EM iterations (the paper uses 3); at least 1.
@@ -203,6 +208,8 @@ def em_routing(
         all_passes: with ``return_assignments``, the assignments of every iteration stacked on a
             new leading axis.
 
+    An empty batch (any batch dimension 0) gives empty outputs of the shapes below.
+
     Returns:
         ``(poses, activations)``: ``(batch..., out_caps, pose_dim)`` the means ``mu_i``, and
         ``(batch..., out_caps)`` the activations ``a_i``; with ``return_assignments`` also
@@ -211,8 +218,10 @@ def em_routing(
         ``sender_groups``), before the input activations multiply them.
 
     Raises:
-        ValueError: ``iterations`` < 1, mismatched shapes, a bad schedule, ``eps``, ``strategy``
-            or ``sender_groups``.
+        ValueError: ``iterations`` < 1, mismatched shapes, votes without input capsules (or
+            without output capsules or pose entries), a bad schedule, ``eps``, ``strategy`` or
+            ``sender_groups``.
+        TypeError: ``beta_u`` or ``beta_a`` neither a real number nor a tensor.
         RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
             again; use ``strategy="vectorized"`` for second derivatives.
     """
@@ -226,6 +235,11 @@ def em_routing(
             f"votes must be a floating tensor of shape (..., out_caps, in_caps, pose_dim), got {described}"
         )
     batch_shape, (out_caps, in_caps, pose_dim) = votes.shape[:-3], votes.shape[-3:]
+    if 0 in (out_caps, in_caps, pose_dim):
+        raise ValueError(
+            f"votes must have at least one output capsule, input capsule and pose entry, shape "
+            f"(..., out_caps, in_caps, pose_dim), got {tuple(votes.shape)}"
+        )
     if not isinstance(activations, Tensor) or activations.shape != (*batch_shape, in_caps):
         described = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations)
         raise ValueError(
@@ -233,8 +247,12 @@ def em_routing(
             f"votes {tuple(votes.shape)}, got {described}"
         )
     schedule = inverse_temperature_schedule(inverse_temperature, iterations)
+    if math.prod(batch_shape) == 0 and strategy in ("auto", "blocked"):
+        strategy = "vectorized"  # nothing to cut into blocks: the vectorized loop gives empty outputs
     offsets = []
     for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
+        if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)):
+            raise TypeError(f"{argument} must be a real number or a tensor, got {type(value).__name__}")
         tensor = torch.as_tensor(value, device=votes.device)
         if not tensor.is_floating_point():
             tensor = tensor.to(votes.dtype)

@@ -51,6 +51,7 @@ from torch import Tensor
 from torchvote.functional.dynamic_kernel import linear_dynamic_routing
 from torchvote.functional.routing_votes import LinearVotes
 from torchvote.functional.voting import (
+    _NONLINEARITIES,
     AgreementFn,
     NonlinearityFn,
     PairwiseVotes,
@@ -59,7 +60,7 @@ from torchvote.functional.voting import (
     Votes,
     vote,
 )
-from torchvote.validation import check_positive_float, check_positive_int
+from torchvote.validation import check_input_dtype, check_positive_float, check_positive_int
 
 __all__ = [
     "as_routing_votes",
@@ -125,9 +126,37 @@ def _couplings(result: VoteResult, all_passes: bool) -> Tensor:
     return torch.stack(result.weights) if all_passes else result.weights[-1]
 
 
-def _bias_for(bias: Tensor | None) -> Tensor | None:
-    if bias is not None and bias.dim() < 2:
-        raise ValueError(f"bias must have shape (..., out_caps, dim), got {tuple(bias.shape)}")
+def _vote_shape(votes: Votes) -> tuple[int, ...] | None:
+    """``(batch..., out_caps, in_caps, out_dim)`` of the votes, read from their shapes (nothing is
+    computed), or ``None`` for a votes object that does not say."""
+    if isinstance(votes, PairwiseVotes):
+        return tuple(votes.votes.shape)
+    sizes = [getattr(votes, name, None) for name in ("batch_shape", "receivers", "senders", "out_dim")]
+    return None if None in sizes else (*sizes[0], *sizes[1:])
+
+
+def _check_fits(tensor: Tensor, target: tuple[int, ...], argument: str, expected: str) -> None:
+    """Refuse a ``tensor`` that does not broadcast to ``target`` (without growing it)."""
+    try:
+        fits = tensor.dim() >= 2 and torch.broadcast_shapes(tensor.shape, target) == target
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{argument} must broadcast to {expected} = {target}, got {tuple(tensor.shape)}")
+
+
+def _bias_for(bias: Tensor | None, votes: Votes) -> Tensor | None:
+    """``bias``, checked against the votes: broadcastable to ``(batch..., out_caps, out_dim)``, of
+    their dtype (outside autocast)."""
+    if bias is None:
+        return None
+    check_input_dtype(bias, votes.dtype, "bias", "the votes")
+    shape = _vote_shape(votes)
+    if shape is None:  # a votes object of unknown shape: only the rank is checked here
+        if bias.dim() < 2:
+            raise ValueError(f"bias must have shape (..., out_caps, dim), got {tuple(bias.shape)}")
+        return bias
+    _check_fits(bias, (*shape[:-3], shape[-3], shape[-1]), "bias", "(batch..., out_caps, out_dim)")
     return bias
 
 
@@ -157,9 +186,18 @@ def efficient_squash(inputs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tenso
     return inputs * (-torch.expm1(-norm) / norm)
 
 
+#: the nonlinearities the routers take by name: vote's own table and Efficient-CapsNet's squash
+_NONLINEARITY_NAMES = tuple(sorted({*_NONLINEARITIES, "efficient_squash"}))
+
+
 def _as_update(fn: str | Callable[[Tensor], Tensor] | NonlinearityFn, argument: str):
-    """A one-argument normalisation as vote's ``f(aggregated, previous)`` (strings pass through)."""
+    """A one-argument normalisation as vote's ``f(aggregated, previous)`` (known names pass
+    through, checked here so that the message names ``argument``)."""
     if isinstance(fn, str):
+        if fn not in _NONLINEARITY_NAMES:
+            raise ValueError(
+                f"{argument} must be one of {list(_NONLINEARITY_NAMES)} or a callable, got {fn!r}"
+            )
         if fn == "efficient_squash":
             return lambda aggregated, previous: efficient_squash(aggregated)
         return fn
@@ -219,7 +257,10 @@ def dynamic_routing(
         over ``out_caps`` (with ``all_passes``: ``(iterations, batch..., out_caps, in_caps)``).
 
     Raises:
-        ValueError: ``iterations`` < 1, votes of fewer than 3 dimensions, an unknown agreement.
+        ValueError: ``iterations`` < 1, votes of fewer than 3 dimensions, an unknown agreement, a
+            ``bias`` that does not broadcast to ``(batch..., out_caps, out_dim)``.
+        TypeError: a ``bias`` that is not floating point or not of the votes' dtype (outside
+            ``torch.autocast``).
     """
     routed = as_routing_votes(votes)
     if isinstance(routed, LinearVotes) and agreement == "dot":
@@ -227,7 +268,7 @@ def dynamic_routing(
         return linear_dynamic_routing(
             routed,
             iterations=iterations,
-            bias=_bias_for(bias),
+            bias=_bias_for(bias, routed),
             detach_votes=detach_votes,
             all_passes=all_passes,
         )
@@ -240,7 +281,7 @@ def dynamic_routing(
         update="accumulate",
         aggregation="sum",
         nonlinearity="squash",
-        bias=_bias_for(bias),
+        bias=_bias_for(bias, routed),
         detach_votes=detach_votes,
         record=True,
     )
@@ -274,7 +315,9 @@ def uniform_routing(
         ``(batch..., out_caps, in_caps)`` couplings.
 
     Raises:
-        ValueError: bad votes or nonlinearity.
+        ValueError: bad votes or nonlinearity, a ``bias`` that does not broadcast to
+            ``(batch..., out_caps, out_dim)``.
+        TypeError: a ``bias`` not of the votes' floating dtype (outside ``torch.autocast``).
     """
     routed = as_routing_votes(votes)
     result = vote(
@@ -283,7 +326,7 @@ def uniform_routing(
         normalize_over="receivers",
         iterations=1,
         nonlinearity=_as_update(nonlinearity, "nonlinearity"),
-        bias=_bias_for(bias),
+        bias=_bias_for(bias, routed),
         record=True,
     )
     return result.outputs, _couplings(result, False)
@@ -378,7 +421,9 @@ def self_attention_routing(
         ``(batch..., out_caps, in_caps)`` (without the prior).
 
     Raises:
-        ValueError: a ``log_prior`` that is not ``(..., out_caps, in_caps)``.
+        ValueError: a ``log_prior`` that does not broadcast to ``(batch..., out_caps, in_caps)``,
+            an unknown nonlinearity.
+        TypeError: a ``log_prior`` not of the votes' floating dtype (outside ``torch.autocast``).
     """
     routed = as_routing_votes(votes)
     zeros = routed.zero_logits()  # (..., i, j)
@@ -386,11 +431,8 @@ def self_attention_routing(
     logits = routed.dot(column_sums) / math.sqrt(column_sums.shape[-1])  # (..., i, j)
     bias = None
     if log_prior is not None:
-        if log_prior.dim() < 2 or log_prior.shape[-2:] != zeros.shape[-2:]:
-            raise ValueError(
-                f"log_prior must have shape (..., out_caps={zeros.shape[-2]}, "
-                f"in_caps={zeros.shape[-1]}), got {tuple(log_prior.shape)}"
-            )
+        check_input_dtype(log_prior, routed.dtype, "log_prior", "the votes")
+        _check_fits(log_prior, tuple(zeros.shape), "log_prior", "(batch..., out_caps, in_caps)")
         prior = log_prior.expand_as(zeros)  # (..., i, j)
         bias = routed.weighted_sum(prior)  # sum_j b_ij u_ij: (..., i, d)
     result = vote(
@@ -482,12 +524,28 @@ def slot_attention(
         ``(batch..., num_slots, inputs)`` attention (each input's column sums to 1 over the slots).
 
     Raises:
-        ValueError: ``iterations`` < 1 or mismatched shapes.
+        ValueError: ``iterations`` < 1 or mismatched shapes (``slots`` whose batch axes do not
+            broadcast with the keys').
+        TypeError: ``keys``, ``values`` or ``slots`` not floating point or not of one dtype
+            (outside ``torch.autocast``).
     """
-    if keys.shape[:-1] != values.shape[:-1]:
+    check_input_dtype(keys, keys.dtype, "keys", "the keys")  # floating point
+    check_input_dtype(values, keys.dtype, "values", "the keys")
+    check_input_dtype(slots, keys.dtype, "slots", "the keys")
+    if keys.dim() < 2 or keys.shape[:-1] != values.shape[:-1]:
         raise ValueError(
             f"keys and values must have the same (batch..., inputs), got {tuple(keys.shape)} and "
             f"{tuple(values.shape)}"
+        )
+    try:
+        torch.broadcast_shapes(slots.shape[:-2], keys.shape[:-2])
+        fits = slots.dim() >= 2
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"slots must have shape (batch..., num_slots, slot_dim) with batch axes that broadcast "
+            f"with the keys' {tuple(keys.shape[:-2])}, got {tuple(slots.shape)}"
         )
     scale = 1.0 / math.sqrt(keys.shape[-1]) if scale is None else scale
 
@@ -549,12 +607,23 @@ def slot_routing(
         ``(batch..., out_caps, in_caps)``.
 
     Raises:
-        ValueError: ``iterations`` < 1, bad votes.
+        ValueError: ``iterations`` < 1, bad votes, ``slots`` that do not broadcast to
+            ``(batch..., out_caps, out_dim)``, a ``query`` that does not give ``out_dim`` features.
+        TypeError: ``slots`` not of the votes' floating dtype (outside ``torch.autocast``).
     """
     routed = as_routing_votes(votes)
+    check_input_dtype(slots, routed.dtype, "slots", "the votes")
+    shape = _vote_shape(routed)
+    if shape is not None:
+        _check_fits(slots, (*shape[:-3], shape[-3], shape[-1]), "slots", "(batch..., out_caps, out_dim)")
     scale = 1.0 / math.sqrt(slots.shape[-1]) if scale is None else scale
 
     def scores(current_slots: Tensor) -> Tensor:
-        return routed.dot(query(current_slots)) * scale  # (..., i, j)
+        queries = query(current_slots)  # (..., i, d)
+        if shape is not None and queries.shape[-1] != shape[-1]:
+            raise ValueError(
+                f"query(slots) must have out_dim={shape[-1]} features, got {tuple(queries.shape)}"
+            )
+        return routed.dot(queries) * scale  # (..., i, j)
 
     return _slot_loop(routed, scores, slots, update=update, iterations=iterations, all_passes=all_passes)

@@ -23,7 +23,7 @@ from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.nn.routers import Router, RoutingResult, make_router
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
-from torchvote.validation import check_choice, check_positive_int
+from torchvote.validation import check_choice, check_input_dtype, check_positive_float, check_positive_int
 
 __all__ = ["CapsuleLinear", "PrimaryCapsules"]
 
@@ -43,10 +43,10 @@ class PrimaryCapsules(nn.Module):
         caps_dim: features per capsule, 8 in the paper.
         kernel_size: convolution kernel, 9 in the paper.
         stride: 2 in the paper.
-        padding: 0 in the paper.
+        padding: 0 in the paper; at least 0.
 
     Raises:
-        ValueError: non-positive sizes.
+        ValueError: non-positive sizes, a negative ``padding``.
     """
 
     def __init__(
@@ -67,6 +67,7 @@ class PrimaryCapsules(nn.Module):
         check_positive_int(caps_dim, "caps_dim")
         check_positive_int(kernel_size, "kernel_size")
         check_positive_int(stride, "stride")
+        check_positive_int(padding, "padding", minimum=0)
         self.num_types = num_types
         self.caps_dim = caps_dim
         self.conv = nn.Conv2d(
@@ -114,13 +115,15 @@ class CapsuleLinear(nn.Module):
         out_caps: output capsules ``i``.
         out_dim: output capsule size.
         routing: a router name (``"dynamic"``, ``"em"``, ``"inverted_dot_product"``,
-            ``"self_attention"``, ``"slot"``, ``"uniform"``) or a :class:`Router` module.
-        iterations: routing iterations (for the iterative routers).
+            ``"self_attention"``, ``"slot"``, ``"uniform"``) or a :class:`Router` module, whose
+            parameters must have been built for this layer's sizes (see
+            :meth:`Router.layer_sizes`).
+        iterations: routing iterations (for the iterative routers); at least 1.
         shared_weights: one matrix ``W_i`` per output capsule shared by all inputs (the
             weighted-voting article's parameter sharing) instead of one per pair.
         router_options: extra keyword arguments for the router (e.g. ``{"agreement":
             "distance"}``, ``{"detach_votes": True}``, ``{"bias": True}``).
-        init_std: standard deviation of the normal initialisation of ``W``.
+        init_std: standard deviation of the normal initialisation of ``W``; positive and finite.
         strategy: how the votes reach the router, an implementation detail: ``"auto"`` (the
             default: ``"stream"`` on a CPU, where cache-tiled products beat small vote GEMMs;
             ``"materialize"`` on a GPU, where a few large kernels beat many small ones, unless the
@@ -130,7 +133,8 @@ class CapsuleLinear(nn.Module):
             to ``"materialize"`` with a warning where compiling fails).
 
     Raises:
-        ValueError: non-positive sizes, an unknown router, option or strategy.
+        ValueError: non-positive sizes or ``iterations``, a bad ``init_std``, an unknown router,
+            option or strategy, a :class:`Router` module built for other sizes.
     """
 
     def __init__(
@@ -154,6 +158,8 @@ class CapsuleLinear(nn.Module):
         check_positive_int(in_dim, "in_dim")
         check_positive_int(out_caps, "out_caps")
         check_positive_int(out_dim, "out_dim")
+        check_positive_int(iterations, "iterations")
+        check_positive_float(init_std, "init_std")
         factory = {"device": device, "dtype": dtype}
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
         self.shared_weights = shared_weights
@@ -164,6 +170,7 @@ class CapsuleLinear(nn.Module):
         if isinstance(routing, Router):
             if router_options:
                 raise ValueError("router_options only apply when routing is given by name")
+            routing.check_layer_sizes("routing", in_caps=in_caps, out_caps=out_caps, out_dim=out_dim)
             self.router = routing
         else:
             self.router = make_router(
@@ -181,6 +188,8 @@ class CapsuleLinear(nn.Module):
 
         Raises:
             ValueError: if ``inputs`` does not have ``in_caps`` capsules of ``in_dim`` features.
+            TypeError: if ``inputs`` is not floating point or not of the weights' dtype (outside
+                ``torch.autocast``).
         """
         self._check_inputs(inputs)
         if self.shared_weights:
@@ -188,6 +197,9 @@ class CapsuleLinear(nn.Module):
         return LinearVotes(self.weight, inputs)
 
     def _check_inputs(self, inputs: Tensor) -> None:
+        # Every strategy refuses what one of them cannot take: "stream" would promote the dtypes,
+        # "materialize" fail in its einsum.
+        check_input_dtype(inputs, self.weight.dtype, "inputs")
         if inputs.dim() < 2 or inputs.shape[-2] != self.in_caps:
             raise ValueError(
                 f"inputs must have in_caps={self.in_caps} capsules, shape (batch..., {self.in_caps}, "
@@ -198,14 +210,33 @@ class CapsuleLinear(nn.Module):
                 f"inputs must have in_dim={self.in_dim} features per capsule, got {tuple(inputs.shape)}"
             )
 
+    def _check_activations(self, inputs: Tensor, activations: Tensor | None) -> None:
+        if activations is None:
+            return
+        if not self.router.uses_activations:
+            raise ValueError(
+                f"activations apply only to routers that use them (router.uses_activations, e.g. "
+                f"routing='em'); the {type(self.router).__name__} would ignore them"
+            )
+        if not isinstance(activations, Tensor) or activations.shape != inputs.shape[:-1]:
+            described = (
+                tuple(activations.shape) if isinstance(activations, Tensor) else type(activations).__name__
+            )
+            raise ValueError(
+                f"activations must have shape (batch..., in_caps) = {tuple(inputs.shape[:-1])} to match "
+                f"inputs {tuple(inputs.shape)}, got {described}"
+            )
+
     def forward(
         self, inputs: Tensor, *, activations: Tensor | None = None, return_routing: bool = False
     ) -> Tensor | RoutingResult:
         """Route the input capsules to the output capsules.
 
         Args:
-            inputs: ``(batch..., in_caps, in_dim)``.
-            activations: ``(batch..., in_caps)`` input activations, for EM routing (default ones).
+            inputs: ``(batch..., in_caps, in_dim)``, of the weights' dtype (or under
+                ``torch.autocast``).
+            activations: ``(batch..., in_caps)`` input activations, for a router that uses them
+                (``router.uses_activations``: EM routing; default ones).
             return_routing: return the whole :class:`RoutingResult` (outputs, couplings
                 ``(batch..., out_caps, in_caps)``, and EM's activations) instead of the outputs.
 
@@ -213,9 +244,13 @@ class CapsuleLinear(nn.Module):
             ``(batch..., out_caps, out_dim)``, or the :class:`RoutingResult`.
 
         Raises:
-            ValueError: if ``inputs`` does not match ``in_caps`` and ``in_dim``.
+            ValueError: if ``inputs`` does not match ``in_caps`` and ``in_dim``; ``activations``
+                given to a router that does not use them, or not of shape ``(batch..., in_caps)``.
+            TypeError: if ``inputs`` is not floating point or not of the weights' dtype (outside
+                ``torch.autocast``).
         """
         self._check_inputs(inputs)
+        self._check_activations(inputs, activations)
         vote_bytes = math.prod(inputs.shape[:-2]) * self.out_caps * self.in_caps * self.out_dim
         vote_bytes *= inputs.element_size()
         strategy = choose_strategy(self.strategy, device=inputs.device, vote_bytes=vote_bytes)

@@ -327,8 +327,8 @@ class ClassMatrixCapsules(nn.Module):
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller
-            than 2x2 with coordinate addition, a bad routing option, or routing options given
-            with ``routing``.
+            than 2x2 with coordinate addition, a bad routing option, routing options given
+            with ``routing``, or a ``routing`` built for other sizes.
     """
 
     def __init__(
@@ -359,6 +359,8 @@ class ClassMatrixCapsules(nn.Module):
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_types, num_classes, self.side, self.side, **factory)
         )
+        if routing is not None:
+            routing.check_layer_sizes("routing", out_caps=num_classes, out_dim=pose_dim)
         self.routing = routing if routing is not None else EMRouter(
             out_caps=num_classes, **routing_options, **factory
         )

@@ -12,9 +12,11 @@ a log prior, a GRU) around one call of the method's pure function in
    name to :func:`torchvote.functional.routing.list_routers`;
 2. give the class a ``name``, ``iterative`` (does ``iterations`` mean anything to it) and
    ``uses_activations`` (does it weigh votes by the input capsules' activations, as EM routing),
-   a keyword-only ``__init__`` that validates its options, ``forward`` and ``from_layer`` (how
-   :func:`make_router` builds it from a capsule layer's sizes; a router with an optional bias
-   subclasses :class:`BiasedRouter`, which has both the bias and ``from_layer``);
+   a keyword-only ``__init__`` that validates its options, ``forward`` (a router that does not use
+   activations refuses them with :meth:`Router.refuse_activations`), ``from_layer`` (how
+   :func:`make_router` builds it from a capsule layer's sizes) and ``layer_sizes`` (the sizes its
+   parameters fix, which a layer given the router checks); a router with an optional bias
+   subclasses :class:`BiasedRouter`, which has the bias, ``from_layer`` and ``layer_sizes``;
 3. decorate it with :func:`register_router` and import it in ``routers/__init__.py``.
 
 Layout: receivers first, as everywhere in torchvote: votes ``(batch..., out_caps, in_caps,
@@ -68,6 +70,39 @@ class Router(nn.Module):
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         raise NotImplementedError
 
+    def refuse_activations(self, activations: Tensor | None) -> None:
+        """What ``forward`` of a router that does not use activations calls first.
+
+        Raises:
+            ValueError: if ``activations`` were given (they would be silently ignored).
+        """
+        if activations is not None:
+            raise ValueError(
+                f"activations apply only to routers that use them (uses_activations, e.g. the 'em' "
+                f"router); the {self.name!r} router would ignore them"
+            )
+
+    def layer_sizes(self) -> dict[str, int]:
+        """The layer sizes (of ``in_caps``, ``out_caps``, ``out_dim``) this router's parameters were
+        built for; empty if it fits any layer."""
+        return {}
+
+    def check_layer_sizes(self, argument: str, **sizes: int) -> None:
+        """Refuse to serve a layer of other ``sizes`` than :meth:`layer_sizes`.
+
+        Args:
+            argument: the name the layer took the router by, for the message.
+            **sizes: the layer's ``in_caps``, ``out_caps``, ``out_dim`` (those it knows).
+
+        Raises:
+            ValueError: naming the first size that differs.
+        """
+        for name, built in self.layer_sizes().items():
+            if name in sizes and sizes[name] != built:
+                raise ValueError(
+                    f"{argument} was built for {name}={built}, but the layer has {name}={sizes[name]}"
+                )
+
     @classmethod
     def from_layer(
         cls, *, in_caps: int, out_caps: int, out_dim: int, iterations: int, factory: dict, **options: Any
@@ -119,6 +154,11 @@ class BiasedRouter(Router):
             if out_caps is None or out_dim is None:
                 raise ValueError("bias=True needs out_caps and out_dim")
             self.bias = nn.Parameter(torch.zeros(out_caps, out_dim, device=device, dtype=dtype))
+
+    def layer_sizes(self) -> dict[str, int]:
+        if self.bias is None:
+            return {}
+        return {"out_caps": self.bias.shape[0], "out_dim": self.bias.shape[1]}
 
     @classmethod
     def from_layer(

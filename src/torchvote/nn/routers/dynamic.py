@@ -27,7 +27,8 @@ class DynamicRouter(BiasedRouter):
             :class:`~torchvote.nn.routers.base.BiasedRouter`.
 
     Raises:
-        ValueError: ``iterations`` < 1, an unknown agreement, ``bias`` without sizes.
+        ValueError: ``iterations`` < 1, an unknown agreement, ``bias`` without sizes; (in
+            ``forward``) ``activations``, which dynamic routing does not use.
     """
 
     name = "dynamic"
@@ -47,6 +48,7 @@ class DynamicRouter(BiasedRouter):
         self.detach_votes = detach_votes
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        self.refuse_activations(activations)
         outputs, couplings = dynamic_routing(
             votes,
             iterations=self.iterations,

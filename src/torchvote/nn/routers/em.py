@@ -191,6 +191,9 @@ class EMRouter(Router):
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)
         return RoutingResult(poses, assignments, out_activations)
 
+    def layer_sizes(self) -> dict[str, int]:
+        return {"out_caps": self.beta_u.shape[0]}
+
     @classmethod
     def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> EMRouter:
         return cls(out_caps=out_caps, iterations=iterations, **factory, **options)

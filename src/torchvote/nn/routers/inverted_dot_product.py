@@ -23,7 +23,8 @@ class InvertedDotProductRouter(Router):
         elementwise_affine: give the layer norm a learned gain and bias (as the authors' code).
 
     Raises:
-        ValueError: ``iterations`` < 1.
+        ValueError: ``iterations`` < 1, a non-positive ``out_dim``; (in ``forward``)
+            ``activations``, which this routing does not use.
     """
 
     name = "inverted_dot_product"
@@ -34,13 +35,18 @@ class InvertedDotProductRouter(Router):
     ) -> None:
         super().__init__()
         self.iterations = check_positive_int(iterations, "iterations")
+        check_positive_int(out_dim, "out_dim")
         self.norm = nn.LayerNorm(out_dim, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        self.refuse_activations(activations)
         outputs, couplings = inverted_dot_product_routing(
             votes, iterations=self.iterations, normalization=self.norm
         )
         return RoutingResult(outputs, couplings)
+
+    def layer_sizes(self) -> dict[str, int]:
+        return {"out_dim": self.norm.normalized_shape[0]}
 
     @classmethod
     def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> Router:

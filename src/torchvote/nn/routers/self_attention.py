@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, efficient_squash, self_attention_routing
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
+from torchvote.validation import check_positive_int
 
 __all__ = ["SelfAttentionRouter"]
 
@@ -23,6 +24,10 @@ class SelfAttentionRouter(Router):
         log_prior: learn the ``(out_caps, in_caps)`` prior added to the couplings (zeros at start).
             A checkpoint's ``(in_caps, out_caps)`` prior (the layout before receivers came first)
             is transposed on loading.
+
+    Raises:
+        ValueError: non-positive sizes; (in ``forward``) ``activations``, which this routing does
+            not use.
     """
 
     name = "self_attention"
@@ -32,15 +37,23 @@ class SelfAttentionRouter(Router):
         self, *, in_caps: int, out_caps: int, log_prior: bool = True, device=None, dtype=None
     ) -> None:
         super().__init__()
+        check_positive_int(in_caps, "in_caps")
+        check_positive_int(out_caps, "out_caps")
         self.log_prior = (
             nn.Parameter(torch.zeros(out_caps, in_caps, device=device, dtype=dtype)) if log_prior else None
         )
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        self.refuse_activations(activations)
         outputs, couplings = self_attention_routing(
             votes, log_prior=self.log_prior, nonlinearity=efficient_squash
         )
         return RoutingResult(outputs, couplings)
+
+    def layer_sizes(self) -> dict[str, int]:
+        if self.log_prior is None:
+            return {}
+        return {"out_caps": self.log_prior.shape[0], "in_caps": self.log_prior.shape[1]}
 
     @classmethod
     def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> SelfAttentionRouter:

@@ -48,7 +48,8 @@ class SlotRouter(Router):
         hidden_dim: the update MLP's hidden size (default ``2 * out_dim``).
 
     Raises:
-        ValueError: ``iterations`` < 1 or a non-positive ``hidden_dim``.
+        ValueError: ``iterations`` < 1 or non-positive sizes; (in ``forward``) ``activations``,
+            which slot routing does not use.
     """
 
     name = "slot"
@@ -67,6 +68,8 @@ class SlotRouter(Router):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.iterations = check_positive_int(iterations, "iterations")
+        check_positive_int(out_caps, "out_caps")
+        check_positive_int(out_dim, "out_dim")
         hidden_dim = 2 * out_dim if hidden_dim is None else check_positive_int(hidden_dim, "hidden_dim")
         self.initial_slots = nn.Parameter(torch.randn(out_caps, out_dim, **factory) * out_dim**-0.5)
         self.norm = nn.LayerNorm(out_dim, **factory)
@@ -74,6 +77,7 @@ class SlotRouter(Router):
         self.update = SlotUpdate(out_dim, hidden_dim, factory)
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        self.refuse_activations(activations)
         outputs, couplings = slot_routing(
             votes,
             self.initial_slots,
@@ -82,6 +86,9 @@ class SlotRouter(Router):
             iterations=self.iterations,
         )
         return RoutingResult(outputs, couplings)
+
+    def layer_sizes(self) -> dict[str, int]:
+        return {"out_caps": self.initial_slots.shape[0], "out_dim": self.initial_slots.shape[1]}
 
     @classmethod
     def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> SlotRouter:

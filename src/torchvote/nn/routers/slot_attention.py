@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import slot_attention
 from torchvote.nn.routers.slot import SlotUpdate
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_input_dtype, check_positive_int
 
 __all__ = ["SlotAttention"]
 
@@ -88,7 +88,8 @@ class SlotAttention(nn.Module):
         Args:
             inputs: ``(batch, inputs, input_dim)``.
             slots: ``(batch, K, slot_dim)`` initial slots; sampled when ``None``.
-            num_slots: ``K`` for the sampled slots (default the constructor's).
+            num_slots: ``K`` for the sampled slots (default the constructor's), a positive
+                integer; with ``slots``, it must be their ``K``.
             mask: boolean ``(batch, inputs)``, ``True`` for real inputs.
             return_attention: also return the last pass's ``(batch, K, inputs)`` attention.
 
@@ -96,15 +97,35 @@ class SlotAttention(nn.Module):
             ``(batch, K, slot_dim)`` slots, and the attention if asked.
 
         Raises:
-            ValueError: if ``inputs`` is not ``(batch, inputs, input_dim)``.
+            ValueError: if ``inputs`` is not ``(batch, inputs, input_dim)``, ``slots`` not
+                ``(batch, K, slot_dim)``, ``num_slots`` not a positive integer (or not ``slots``'
+                ``K``).
+            TypeError: ``inputs`` or ``slots`` not floating point or not of the parameters' dtype
+                (outside ``torch.autocast``).
         """
+        dtype, slot_dim = self.slots_mu.dtype, self.slots_mu.shape[-1]
+        for name, tensor in (("inputs", inputs), ("slots", slots)):
+            if tensor is None:
+                continue
+            check_input_dtype(tensor, dtype, name)
         if inputs.dim() != 3 or inputs.shape[-1] != self.norm_inputs.normalized_shape[0]:
             raise ValueError(
                 f"inputs must have shape (batch, inputs, {self.norm_inputs.normalized_shape[0]}), "
                 f"got {tuple(inputs.shape)}"
             )
+        if num_slots is not None:
+            check_positive_int(num_slots, "num_slots")
         if slots is None:
-            slots = self.initial_slots(inputs.shape[0], num_slots or self.num_slots)
+            slots = self.initial_slots(inputs.shape[0], self.num_slots if num_slots is None else num_slots)
+        elif slots.dim() != 3 or slots.shape[0] != inputs.shape[0] or slots.shape[-1] != slot_dim:
+            raise ValueError(
+                f"slots must have shape (batch={inputs.shape[0]}, K, slot_dim={slot_dim}), got "
+                f"{tuple(slots.shape)}"
+            )
+        elif num_slots is not None and num_slots != slots.shape[1]:
+            raise ValueError(
+                f"num_slots={num_slots} does not match the K={slots.shape[1]} of the given slots"
+            )
         normed = self.norm_inputs(inputs)
         keys, values = self.to_key(normed), self.to_value(normed)  # (b, n, D) each
         slots, attention = slot_attention(

@@ -26,7 +26,8 @@ class UniformRouter(BiasedRouter):
             :class:`~torchvote.nn.routers.base.BiasedRouter`.
 
     Raises:
-        ValueError: an unknown nonlinearity, ``bias`` without sizes.
+        ValueError: an unknown nonlinearity, ``bias`` without sizes; (in ``forward``)
+            ``activations``, which uniform couplings do not use.
     """
 
     name = "uniform"
@@ -44,5 +45,6 @@ class UniformRouter(BiasedRouter):
         )
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
+        self.refuse_activations(activations)
         outputs, couplings = uniform_routing(votes, nonlinearity=self.nonlinearity, bias=self.bias)
         return RoutingResult(outputs, couplings)
