@@ -94,6 +94,12 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         (["train", "smoke", "model.dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
         (["train", "capsnet-mnist", "model.router_options={iterations:2}"], "must not set ['iterations']"),
         (["train", "smoke", "eval_on=affnist:canvas"], "eval_on entry 'affnist:canvas': options must be"),
+        # values that trained on silently or failed deep inside
+        (["train", "smoke", "optim.lr=inf"], "optim.lr must be a finite number in (0.0, inf), got inf"),
+        (["train", "smoke", "optim.grad_clip=-1"], "optim.grad_clip must be a finite number in (0.0, inf)"),
+        (["train", "smoke", "seed=-1"], "seed must be an integer >= 0, got -1"),
+        (["train", "smoke", "--device", ""], "device must be auto, cpu, cuda or cuda:<index>, got ''"),
+        (["train", "smoke", "run_dir="], "run_dir must name a folder"),
         (
             ["evaluate", "/nonexistent/run", "--on", "mnist", "--data-option", "max_len"],
             "--data-option: options must be key=value, got 'max_len'",
@@ -144,6 +150,8 @@ def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys, m
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys):
     run_dir = tmp_path / "r"
     assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "mnist", "--device", "bogus")
+    assert code == 2 and "device must be auto, cpu, cuda or cuda:<index>, got 'bogus'" in err
     weights = next((run_dir / "checkpoints").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:100])
     code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "mnist")
@@ -216,3 +224,34 @@ def test_command_line_asks_for_huge_pages_unless_told_not_to(monkeypatch, capsys
         monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", before)
     assert cli.main(["list"]) == 0
     assert os.environ["THP_MEM_ALLOC_ENABLE"] == after
+
+
+def test_file_system_errors_are_one_line(tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    code, _, err = run(capsys, "train", "smoke", "max_steps=1", f"run_dir={a_file}/run", *FAST)
+    assert code == 2 and "Not a directory" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert a_file.read_text() == "mine"
+
+
+@pytest.mark.parametrize("content", [b"garbage", b"\x80\x02garbage"])
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_explain_with_an_unreadable_record_is_one_line(tmp_path, capsys, suffix, content):
+    record = tmp_path / f"record{suffix}"
+    record.write_bytes(content)
+    out_dir = str(tmp_path / "out")
+    code, _, err = run(capsys, "explain", "a sentence", "--checkpoint", str(record), "--out", out_dir)
+    assert code == 2 and f"checkpoint '{record}' is not a" in err and "Traceback" not in err
+
+
+def test_a_reader_that_leaves_early_is_no_error(tmp_path):
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "torchvote", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    child.stdout.close()  # `torchvote list | head -0`: the reader is gone before the first line
+    _, err = child.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()

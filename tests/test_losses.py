@@ -288,3 +288,19 @@ def test_margin_loss_multi_hot_targets_must_be_0_or_1():
 def test_spread_loss_checks_its_margin(margin, error):
     with pytest.raises(error, match="margin"):
         spread_loss(torch.rand(2, 10), torch.tensor([0, 1]), margin=margin)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"positive_margin": -0.9}, r"positive_margin must be a finite number in \(0.0, 1.0\]"),
+        ({"positive_margin": float("nan")}, "positive_margin must be a finite number"),
+        ({"negative_margin": 0.95}, "negative_margin must be below positive_margin, got 0.95 >= 0.9"),
+        ({"negative_margin": -0.1}, r"negative_margin must be a finite number in \[0.0, 1.0\)"),
+        ({"down_weight": -0.5}, r"down_weight must be a finite number in \[0.0, inf\)"),
+    ],
+)
+def test_margin_loss_checks_its_margins(options, message):
+    # m- >= m+ punishes every length; a negative lambda rewards long wrong capsules without bound
+    with pytest.raises(ValueError, match=message):
+        margin_loss(torch.rand(2, 10), torch.tensor([0, 1]), **options)

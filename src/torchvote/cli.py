@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if target is None or any(item.startswith("-") for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, target, [*getattr(args, target), *extra])
-    if args.command in ("train", "main") and args.device:  # --device X is the override device=X
+    if args.command in ("train", "main") and args.device is not None:  # --device X: device=X
         target = "args" if args.command == "train" else "overrides"
         setattr(args, target, [*getattr(args, target), f"device={args.device}"])
     handlers = {
@@ -183,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "explain": run_explain,
     }
     from torchvote.data.errors import DataNotFoundError
+    from torchvote.training.loop import TrainingDivergedError
 
     try:
         return handlers[args.command](args)
@@ -191,7 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"torchvote: {err}", file=sys.stderr)
         return EXIT_MISSING_DATA
-    except (ValueError, FileNotFoundError) as err:
+    except BrokenPipeError:  # `torchvote list | head`: the reader left, nothing to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
+        return 1
+    except (ValueError, OSError, TrainingDivergedError) as err:
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(err).split())  # one line

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_in_range, check_positive_int
 
 __all__ = [
     "SpreadMarginSchedule",
+    "check_margin_options",
     "cross_entropy",
     "margin_loss",
     "one_hot_targets",
@@ -68,6 +69,29 @@ def _check_class_scores(scores: Tensor, targets: Tensor, argument: str) -> None:
         )
 
 
+def check_margin_options(
+    positive_margin: Any, negative_margin: Any, down_weight: Any, *, prefix: str = ""
+) -> None:
+    """Check the margin loss's options: ``0 <= m- < m+ <= 1`` (capsule lengths lie in
+    ``[0, 1)``) and a finite ``lambda >= 0``.
+
+    Args:
+        positive_margin, negative_margin, down_weight: as :func:`margin_loss` takes them.
+        prefix: put before each name in the message (``"loss."`` for the training config).
+
+    Raises:
+        ValueError: naming the option and the range.
+    """
+    check_in_range(positive_margin, f"{prefix}positive_margin", 0.0, 1.0, include_low=False)
+    check_in_range(negative_margin, f"{prefix}negative_margin", 0.0, 1.0, include_high=False)
+    if negative_margin >= positive_margin:
+        raise ValueError(
+            f"{prefix}negative_margin must be below {prefix}positive_margin, got "
+            f"{negative_margin} >= {positive_margin}"
+        )
+    check_in_range(down_weight, f"{prefix}down_weight", 0.0)
+
+
 def margin_loss(
     lengths: Tensor,
     targets: Tensor,
@@ -93,9 +117,11 @@ def margin_loss(
 
     Raises:
         ValueError: ``lengths`` not ``(b, num_classes)`` or an empty batch, targets for another
-            batch size, class indices out of range, or multi-hot targets other than 0 and 1.
+            batch size, class indices out of range, or multi-hot targets other than 0 and 1;
+            margins outside ``0 <= m- < m+ <= 1`` or a negative ``down_weight``.
         TypeError: class indices that are not integers.
     """
+    check_margin_options(positive_margin, negative_margin, down_weight)
     _check_class_scores(lengths, targets, "lengths")
     present = one_hot_targets(targets, lengths.shape[-1], lengths.dtype)  # (b, k)
     loss_present = present * F.relu(positive_margin - lengths).square()

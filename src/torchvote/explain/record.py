@@ -61,7 +61,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
     Raises:
         FileNotFoundError: nothing at ``path``, or a run folder without a record (the message says
             how to make one).
-        ValueError: a file that is not a dict of tensors.
+        ValueError: a file that is not a dict of tensors, or not readable as its suffix says.
         ModuleNotFoundError: reading ``.safetensors`` without ``safetensors`` (names the extra).
     """
     path = Path(path)
@@ -87,8 +87,18 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
                 'reading a .safetensors record needs safetensors: pip install "torchvote[pretrained]"',
                 name="safetensors",
             ) from error
-        return load_file(str(path))
-    record = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return load_file(str(path))
+        except Exception as err:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"checkpoint {str(path)!r} is not a readable safetensors file: {err}") from None
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle's and zipfile's errors for a file that is not a torch.save
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"checkpoint {str(path)!r} is not a record torch.load can read safely (a dict of tensors "
+            f"saved by torch.save): {first_line}"
+        ) from None
     if not isinstance(record, Mapping) or not all(isinstance(v, Tensor) for v in record.values()):
         raise ValueError(f"checkpoint {str(path)!r} must hold a dict of tensors, got {type(record).__name__}")
     return dict(record)

@@ -57,14 +57,21 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     (``cuda`` becomes ``cuda:<local_rank>``).
 
     Raises:
-        ValueError: CUDA requested but not available.
+        ValueError: an unknown device name, or CUDA requested but not available.
     """
+    if not isinstance(name, str) or not (name in ("auto", "cpu") or name.startswith("cuda")):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:<index>, got {name!r}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r} requested but CUDA is not available; use device=cpu or auto")
-        return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
+        if name == "cuda":
+            return torch.device(f"cuda:{local_rank}")
+        try:
+            return torch.device(name)
+        except RuntimeError:  # cuda:x, cuda:-1
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:<index>, got {name!r}") from None
     return torch.device(name)
 
 

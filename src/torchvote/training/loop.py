@@ -22,6 +22,7 @@ checkpoints, metrics and the progress bar.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -53,7 +54,11 @@ from torchvote.training.setup import (
 from torchvote.training.stopping import StopRequest
 from torchvote.training.tasks import get_task_handler, make_objective
 
-__all__ = ["StepInfo", "TrainResult", "load_run_config", "train"]
+__all__ = ["StepInfo", "TrainResult", "TrainingDivergedError", "load_run_config", "train"]
+
+
+class TrainingDivergedError(RuntimeError):
+    """The training loss became NaN or infinite: the run stops before it saves such weights."""
 
 #: The keys of a ``final`` metrics record that say what was evaluated; the rest are the metrics.
 _FINAL_RECORD_CONTEXT = frozenset({"event", "step", "time", "dataset", "source", "eval_limit"})
@@ -294,8 +299,9 @@ class _Run:
                         self._step(batch, progress)
                         self._maybe_log(progress)
                         self._maybe_evaluate(progress)
-                        self._maybe_checkpoint()
+                        self._maybe_checkpoint(progress)
                         if any_process(self.stop.requested, self.context):
+                            self._check_finite(progress.window_loss_finite(self.context))
                             self._save()
                             return self._stopped(progress, saved=True)
                         if self.step >= self.total_steps:
@@ -304,6 +310,7 @@ class _Run:
                         self.epoch, self.position = self.epoch + 1, 0
             except KeyboardInterrupt:
                 if not self.in_step:  # inside a step the weights may be half-updated: keep the last
+                    self._check_finite(progress.window_loss_finite(self.context))
                     self._save()
                 return self._stopped(progress, saved=not self.in_step)
         self._save()
@@ -363,6 +370,7 @@ class _Run:
         if not (self.step % self.config.log_every == 0 or self._end_of_epoch or last):
             return
         record = progress.report(self.handler, self.context, lr=self.optimizer.param_groups[0]["lr"])
+        self._check_finite(math.isfinite(record["loss"]))
         if self.writer is not None:
             self.writer.write("train", self.step, record, epoch=self.epoch)
 
@@ -382,11 +390,30 @@ class _Run:
                 message += f", loss {metrics['loss']:.4f}"
             progress.write(message)
 
-    def _maybe_checkpoint(self) -> None:
-        """At each epoch end and every ``checkpoint_every`` steps."""
+    def _maybe_checkpoint(self, progress: Progress) -> None:
+        """At each epoch end and every ``checkpoint_every`` steps (unless the loss diverged)."""
         every = self.config.checkpoint_every
         if self._end_of_epoch or (every and self.step % every == 0):
+            self._check_finite(progress.window_loss_finite(self.context))
             self._save()
+
+    def _check_finite(self, finite: bool) -> None:
+        """Stop the run when a loss since the last check was NaN or infinite: the weights that
+        step made are not worth keeping, and every later step would only spread the NaN.
+
+        Raises:
+            TrainingDivergedError: naming the steps, the last checkpoint and what to change.
+        """
+        if finite:
+            return
+        kept = f"the last checkpoint is {self.last_checkpoint.weights}" if self.last_checkpoint else (
+            "no checkpoint was written"
+        )
+        raise TrainingDivergedError(
+            f"the training loss became NaN or infinite by step {self.step}: stopped without "
+            f"saving these weights; {kept}. Try a "
+            f"lower optim.lr (now {self.config.optim.lr}), optim.grad_clip=1.0, or bf16=false"
+        )
 
     def _stopped(self, progress: Progress, *, saved: bool) -> bool:
         """Close the bar and say where the run stopped and how to resume it; return ``True``."""

@@ -84,6 +84,14 @@ class Progress:
             f"{unit}_per_second": rate,
         }
 
+    def window_loss_finite(self, context: DistributedContext) -> bool:
+        """Whether every loss added since the last report was finite, on every process (one
+        all-reduce and one read of a scalar: call it where the run is about to keep its weights)."""
+        if "loss_sum" not in self.sums:
+            return True
+        total = all_reduce_sum(self.sums["loss_sum"].reshape(1), context)
+        return bool(torch.isfinite(total).all())
+
     def write(self, message: str) -> None:
         """A line above the bar (on stderr)."""
         self.bar.write(message, file=sys.stderr)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from torchvote.losses import check_margin_options
 from torchvote.training.keyvalue import ConfigError, parse_entry
-from torchvote.validation import check_positive_int, check_probability
+from torchvote.validation import check_in_range, check_positive_int, check_probability
 
 __all__ = [
     "RESUMABLE_KEYS",
@@ -199,14 +200,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
-        positive |= {"epochs": self.epochs, "log_every": self.log_every, "optim.lr": self.optim.lr}
-        positive |= {"keep_checkpoints": self.keep_checkpoints}
+        positive |= {"epochs": self.epochs, "log_every": self.log_every}
+        positive |= {"keep_checkpoints": self.keep_checkpoints, "optim.decay_steps": self.optim.decay_steps}
         for key, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{key} must be positive, got {value}")
         non_negative = {"eval_every": self.eval_every, "checkpoint_every": self.checkpoint_every}
         non_negative |= {"num_workers": self.num_workers, "data.shift": self.data.shift}
-        non_negative |= {"optim.warmup_steps": self.optim.warmup_steps}
+        non_negative |= {"optim.warmup_steps": self.optim.warmup_steps, "seed": self.seed}
         for key, value in non_negative.items():
             try:
                 check_positive_int(value, key, minimum=0)
@@ -214,17 +215,38 @@ class TrainConfig:
                 raise ConfigError(str(err)) from None
         optional_positive = {"max_steps": self.max_steps, "data.limit": self.data.limit}
         optional_positive |= {"data.eval_limit": self.data.eval_limit}
+        optional_positive |= {"loss.spread_ramp_steps": self.loss.spread_ramp_steps}
         for key, value in optional_positive.items():
             if value is not None and value <= 0:  # a limit of -5 would drop the last 5 examples
                 raise ConfigError(f"{key} must be positive or None, got {value}")
         try:
             check_probability(self.loss.label_smoothing, "loss.label_smoothing")
+            self._check_ranges()
         except ValueError as err:
             raise ConfigError(str(err)) from None
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:<index>, got {self.device!r}")
         for entry in self.eval_on:  # read now, not after hours of training
             parse_entry(entry, "eval_on")
+
+    def _check_ranges(self) -> None:
+        """The real-valued options: finite, and where the optimiser and the losses mean them.
+        A learning rate of inf, a negative clip norm (which flips every gradient) or a negative
+        reconstruction weight would otherwise train on without a word."""
+        optim, loss = self.optim, self.loss
+        check_in_range(optim.lr, "optim.lr", 0.0, include_low=False)
+        check_in_range(optim.weight_decay, "optim.weight_decay", 0.0)
+        check_in_range(optim.momentum, "optim.momentum", 0.0, 1.0, include_high=False)
+        check_in_range(optim.beta1, "optim.beta1", 0.0, 1.0, include_high=False)
+        check_in_range(optim.beta2, "optim.beta2", 0.0, 1.0, include_high=False)
+        check_in_range(optim.decay_rate, "optim.decay_rate", 0.0, include_low=False)
+        check_in_range(optim.min_lr_ratio, "optim.min_lr_ratio", 0.0, 1.0)
+        if optim.grad_clip is not None:
+            check_in_range(optim.grad_clip, "optim.grad_clip", 0.0, include_low=False)
+        check_in_range(loss.reconstruction_weight, "loss.reconstruction_weight", 0.0)
+        check_margin_options(loss.positive_margin, loss.negative_margin, loss.down_weight, prefix="loss.")
+        for key in ("spread_margin_start", "spread_margin_end"):
+            check_in_range(getattr(loss, key), f"loss.{key}", 0.0, 1.0, include_low=False)
 
 
 #: Keys a resumed run may change (they do not change the weights it reaches).

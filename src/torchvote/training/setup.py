@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -50,15 +51,13 @@ def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
     instead of sharing one folder. When distributed, rank 0 claims it and the others use its path.
 
     Raises:
-        ConfigError: ``run_dir`` already holds a run (it is resumed, never overwritten).
+        ConfigError: ``run_dir`` is empty text, already holds a run (it is resumed, never
+            overwritten), or is a file or a folder with other files in it (a run writes
+            ``config.yaml``, ``metrics.jsonl``, ``checkpoints/`` and plots there, and would
+            replace the user's files of those names).
     """
     if config.run_dir is not None:
-        path = Path(config.run_dir)
-        if (path / "checkpoints" / "latest").exists():
-            raise ConfigError(
-                f"run folder {path} already holds a run; continue it with "
-                f"`torchvote train --resume {path}` or choose another run_dir"
-            )
+        path = _check_new_run_dir(config.run_dir)
     elif context.is_main:
         path = _claim_run_dir(Path(config.out_dir), config.preset or config.model.name)
     else:
@@ -67,6 +66,31 @@ def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
         chosen = [str(path)]
         dist.broadcast_object_list(chosen, src=0)
         path = Path(chosen[0])
+    return path
+
+
+def _check_new_run_dir(run_dir: str) -> Path:
+    """``run_dir`` as a path, if a new run may write there: a folder that does not exist yet or
+    is empty."""
+    if not run_dir.strip():
+        raise ConfigError("run_dir must name a folder (or be null for <out_dir>/<preset>-<time>), got ''")
+    path = Path(run_dir)
+    if (path / "checkpoints" / "latest").exists():
+        raise ConfigError(
+            f"run folder {path} already holds a run; continue it with "
+            f"`torchvote train --resume {shlex.quote(str(path))}` or choose another run_dir"
+        )
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run_dir {path} is a file; a run needs a folder (new or empty)")
+    if path.is_dir():
+        present = sorted(entry.name for entry in path.iterdir())
+        if present:
+            shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
+            raise ConfigError(
+                f"run_dir {path} is not empty ({shown}): a run writes config.yaml, metrics.jsonl, "
+                f"checkpoints/ and plots there and would replace files of those names; choose a "
+                f"new or empty folder"
+            )
     return path
 
 
