@@ -49,14 +49,14 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         "model.preset=tiny",
         "data.limit=256",
         "data.eval_limit=50",
-        f"run_dir={tmp_path / 'main'}",
+        f"run_dir={tmp_path / 'main run'}",  # a space: the printed commands must quote it
         *FAST,
     )
     assert code == 0, err
     assert "mnist/test" in out and "affnist-style/test" in out
     for label in ("checkpoint:", "metrics:", "plots:"):
         assert label in out
-    assert (tmp_path / "main" / "plots" / "training_curves.png").is_file()
+    assert (tmp_path / "main run" / "plots" / "training_curves.png").is_file()
     # The evaluate command it prints names every set the run was tested on, and runs as printed.
     hint = next(line for line in out.splitlines() if line.startswith("evaluate:"))
     argv = shlex.split(hint.removeprefix("evaluate:"))
@@ -65,9 +65,9 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
     assert code == 0, err
     assert "mnist/test" in again and "affnist-style/test" in again
     # It ends with the explain report of the trained CapsNet (its routing passes included).
-    page = tmp_path / "main" / "explain" / "index.html"
+    page = tmp_path / "main run" / "explain" / "index.html"
     assert f"report: {page.resolve()}" in out
-    assert (tmp_path / "main" / "explain" / "couplings.png").stat().st_size > 0
+    assert (tmp_path / "main run" / "explain" / "couplings.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize(
@@ -206,6 +206,11 @@ def test_bench_without_the_script_says_what_is_there(tmp_path, capsys, monkeypat
     monkeypatch.setattr(cli, "_benchmarks_dir", lambda: tmp_path)
     code, _, err = run(capsys, "bench", "routing")
     assert code == 2 and "present: attention" in err
+
+
+def test_bench_offers_every_benchmark_script():
+    scripts = sorted(path.stem for path in cli._benchmarks_dir().glob("*.py"))
+    assert scripts and list(cli.BENCHMARKS) == scripts  # em and generation were missing
 
 
 def test_bench_runs_the_script_with_its_arguments(tmp_path, capsys, monkeypatch):

@@ -38,7 +38,7 @@ EXIT_USAGE = 2
 EXIT_MISSING_DATA = 1
 EXIT_INTERRUPTED = 130
 LIST_WHAT = ("models", "routers", "presets", "datasets")
-BENCHMARKS = ("attention", "routing", "training")
+BENCHMARKS = ("attention", "em", "generation", "routing", "training")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -239,7 +239,7 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
         if result.plots:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
         sets = " ".join(f"--on {shlex.quote(entry)}" for entry in (data, *config.eval_on))
-        print(f"evaluate:   torchvote evaluate {result.run_dir} {sets}")
+        print(f"evaluate:   torchvote evaluate {shlex.quote(str(result.run_dir))} {sets}")
         if explain:
             run_dir = Path(result.run_dir)
             report = add_explain_arguments(argparse.ArgumentParser()).parse_args(
@@ -308,28 +308,30 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from torchvote.experiments import get_row, list_rows, reproduce, select_variants, train_command
+    from torchvote.experiments import check_request, get_row, list_rows, reproduce, train_command
 
     if args.list or args.name is None:
         for row in list_rows().values():
             print(f"{row.letter}  {row.name:24s} {row.title}")
         return 0
     row = get_row(args.name)
-    if args.dry_run:
-        seeds = args.seeds if args.seeds is not None else range(row.seeds)
-        for variant in select_variants(row, args.variant or ()):  # what a real run would run
+    request = {
+        "budget": args.budget,
+        "seeds": args.seeds,
+        "device": args.device,
+        "out_dir": args.out,
+        "variants": args.variant or (),
+    }
+    if args.dry_run:  # checks what a real run checks, then says what it would run
+        seeds, variants = check_request(row, **request)
+        if row.measure is not None:
+            print(f"{row.name} trains nothing: it measures ({row.title}), in this process")
+        for variant in variants:
             for seed in seeds:
                 print(train_command(row, variant, args.budget, seed))
         return 0
     try:
-        summary = reproduce(
-            row,
-            budget=args.budget,
-            seeds=args.seeds,
-            out_dir=args.out,
-            device=args.device,
-            variants=args.variant,
-        )
+        summary = reproduce(row, **request)
     except KeyboardInterrupt as stop:
         message = f"torchvote reproduce: {stop or 'interrupted; rerun the same command to continue'}"
         print(message, file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import statistics
 
 import pytest
@@ -175,3 +176,45 @@ def test_cli_lists_rows_and_prints_the_training_commands(capsys):
                                            if v.label == "uniform / MNIST"), "cpu", 1)]
     assert main(["reproduce", "capsnet-routing", "--dry-run", "--variant", "nothing"]) == 2
     assert main(["reproduce", "no-such-row"]) == 2
+
+
+def test_dry_run_commands_survive_a_shell():
+    # eval_on=[affnist-style] unquoted is a glob pattern (zsh stops: "no matches found")
+    row = get_row("affnist")
+    for variant in row.variants:
+        command = train_command(row, variant, "cpu", 0)
+        expected = ["torchvote", "train", variant.preset, *row.overrides(variant, "cpu", 0)]
+        assert shlex.split(command) == expected
+        assert "'eval_on=[affnist-style]'" in command
+
+
+def test_rows_are_found_by_their_letter_when_it_is_theirs_alone():
+    assert get_row("h").name == "pretrained-routing"
+    with pytest.raises(ValueError, match="row 'e' has several experiments; name one: em-iterations, em-"):
+        get_row("e")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seeds", "-1"], "seeds must be an integer >= 0, got -1"),
+        (["--seeds", "0", "0"], "seeds must be distinct, got [0, 0]"),
+        (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:<index>, got 'tpu'"),
+        (["--budget", "paper", "--variant", "nothing"], "variants: none of ['nothing']"),
+    ],
+)
+def test_dry_run_checks_what_a_run_checks(capsys, argv, message):
+    assert main(["reproduce", "capsnet-routing", "--dry-run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_measuring_row_dry_runs_and_refuses_training_options(capsys, tmp_path):
+    # pretrained-routing's dry run said "variants: none of [] is in a label of []"
+    assert main(["reproduce", "pretrained-routing", "--dry-run"]) == 0
+    assert "pretrained-routing trains nothing: it measures" in capsys.readouterr().out
+    assert main(["reproduce", "h", "--dry-run", "--seeds", "1"]) == 2
+    assert "--seeds: pretrained-routing trains nothing" in capsys.readouterr().err
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert main(["reproduce", "h", "--out", str(a_file)]) == 2
+    assert "is a file" in capsys.readouterr().err and a_file.read_text() == "mine"

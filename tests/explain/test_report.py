@@ -180,3 +180,24 @@ def test_command_with_sentences_and_record(small_model, tmp_path, capsys, monkey
     assert f"report: {(out / 'index.html').resolve()}" in capsys.readouterr().out
     page = (out / "index.html").read_text()
     assert offline_problems(page) == [] and "perturbations.png" in page and "s1-grid.png" in page
+
+
+def test_dollar_signs_in_a_sentence_are_drawn_as_text(small_model, tmp_path):
+    # Two '$' made matplotlib parse what lay between as mathtext: the whole report failed.
+    from torchvote.explain.sentences import explain_sentences
+
+    sentence = r"it costs $\frac{1 and $5"
+    path = explain_sentences([sentence], tmp_path, model=small_model, layer=1, iterations=(2,))
+    assert (tmp_path / "routing-cosine.svg").stat().st_size > 0
+    assert "$" in path.read_text()
+
+
+def test_literal_text_shows_dollars_as_they_are():
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from torchvote.explain.figures import literal_text
+
+    figure = plt.figure()
+    text = figure.text(0, 0, literal_text(r"$\frac{1 and $5"))
+    figure.canvas.draw()  # raised ValueError (a mathtext parse error) without the escape
+    assert text.get_text() == r"\$\frac{1 and \$5"
+    plt.close(figure)

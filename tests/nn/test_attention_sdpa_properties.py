@@ -76,6 +76,19 @@ def test_matches_torch_sdpa(case, need_weights):
         assert weights is None
 
 
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_3d_mask_broadcasts_as_torch_broadcasts_it(need_weights):
+    # The functional attention's leading axes need not be (batch, heads): a (2, 1, 1) mask on
+    # (2, 2, L, S) logits broadcasts over the second axis, as in F.scaled_dot_product_attention
+    # (a refusal meant for MultiHeadAttention's (batch, heads) logits was applied here too).
+    query, key, value = (torch.randn(2, 2, 3, 4, dtype=F64) for _ in range(3))
+    mask = torch.tensor([True, False]).view(2, 1, 1)
+    mask = mask | torch.eye(3, dtype=torch.bool)  # every row keeps one key
+    output, _ = scaled_dot_product_attention(query, key, value, attn_mask=mask, need_weights=need_weights)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    torch.testing.assert_close(output, expected, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_large_logits_low_precision_weights_path(dtype):
     """Inputs x100 give logits ~1e4 (exp overflows half): finite, and equal to float32 on the same

@@ -11,7 +11,7 @@
 
 from torchvote.experiments.report import summarize, write_summary
 from torchvote.experiments.rows import BUDGETS, Metric, Row, Variant, get_row, list_rows
-from torchvote.experiments.runner import reproduce, run_dir_of, select_variants, train_command
+from torchvote.experiments.runner import check_request, reproduce, run_dir_of, select_variants, train_command
 
 __all__ = [
     "BUDGETS",
@@ -20,6 +20,7 @@ __all__ = [
     "Variant",
     "get_row",
     "list_rows",
+    "check_request",
     "reproduce",
     "run_dir_of",
     "select_variants",

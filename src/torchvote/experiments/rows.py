@@ -440,12 +440,17 @@ def list_rows() -> dict[str, Row]:
 
 
 def get_row(name: str) -> Row:
-    """The row called ``name``.
+    """The row called ``name``, or the one row with that letter (``"h"``).
 
     Raises:
-        ValueError: an unknown name (the message lists the known ones).
+        ValueError: an unknown name, or a letter several rows share (the message lists them).
     """
     rows = list_rows()
-    if name not in rows:
-        raise ValueError(f"name: unknown experiment {name!r}; known: {', '.join(rows)}")
-    return rows[name]
+    if name in rows:
+        return rows[name]
+    lettered = [row.name for row in rows.values() if row.letter == name]
+    if len(lettered) == 1:
+        return rows[lettered[0]]
+    if lettered:
+        raise ValueError(f"name: row {name!r} has several experiments; name one: {', '.join(lettered)}")
+    raise ValueError(f"name: unknown experiment {name!r}; known: {', '.join(rows)} (or their letters)")

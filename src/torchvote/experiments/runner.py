@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,10 +26,19 @@ from torchvote.experiments.report import summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
 from torchvote.files import atomic_write_bytes
 from torchvote.training.config import config_from_dict, load_config
-from torchvote.training.distributed import resolve_device
+from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import check_resumable, find_resumable_checkpoint
+from torchvote.validation import check_positive_int
 
-__all__ = ["RESULT_FILE", "describe_device", "reproduce", "run_dir_of", "train_command"]
+__all__ = [
+    "RESULT_FILE",
+    "check_request",
+    "describe_device",
+    "reproduce",
+    "run_dir_of",
+    "select_variants",
+    "train_command",
+]
 
 #: The file that marks a finished run.
 RESULT_FILE = "result.json"
@@ -44,8 +54,54 @@ def run_dir_of(out_dir: str | Path, row: Row, budget: str, variant: Variant, see
 
 
 def train_command(row: Row, variant: Variant, budget: str, seed: int) -> str:
-    """The ``torchvote train`` line that makes one run of a row (for the docs and ``--dry-run``)."""
-    return " ".join(["torchvote train", variant.preset, *row.overrides(variant, budget, seed)])
+    """The ``torchvote train`` line that makes one run of a row (for the docs and ``--dry-run``),
+    quoted for a POSIX shell (``eval_on=[...]`` is a glob pattern to zsh)."""
+    return shlex.join(["torchvote", "train", variant.preset, *row.overrides(variant, budget, seed)])
+
+
+def check_request(
+    row: Row,
+    *,
+    budget: str,
+    seeds: Sequence[int] | None,
+    device: str,
+    out_dir: str | Path,
+    variants: Sequence[str],
+) -> tuple[list[int], list[Variant]]:
+    """Check a request to reproduce ``row`` before anything runs (``--dry-run`` checks the same).
+
+    Args:
+        row, budget, seeds, device, out_dir, variants: as :func:`reproduce` takes them.
+
+    Returns:
+        ``(seeds, variants)`` to run: the seeds (default ``0 .. row.seeds - 1``) and the chosen
+        variants (none for a row that measures instead of training).
+
+    Raises:
+        ValueError: an unknown budget or device, seeds that are not distinct integers >= 0, an
+            ``out_dir`` that is a file, variant filters that match nothing, or seeds, variants or
+            a device for a row that measures (they would be ignored).
+    """
+    if budget not in row.budgets:
+        raise ValueError(f"budget: expected one of {sorted(row.budgets)}, got {budget!r}")
+    check_device_name(device)
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"out: {out_dir} is a file; runs and summaries need a folder")
+    if row.measure is not None:
+        given = [name for name, value in (("--seeds", seeds), ("--variant", variants)) if value]
+        given += ["--device"] if device not in ("auto", "cpu") else []
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: {row.name} trains nothing (it measures a pretrained model on "
+                f"the CPU); run it without them"
+            )
+        return [], []
+    seeds = list(range(row.seeds)) if seeds is None else list(seeds)
+    for seed in seeds:
+        check_positive_int(seed, "seeds", minimum=0)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {seeds}")
+    return seeds, select_variants(row, variants)
 
 
 def describe_device(device: str) -> str:
@@ -128,12 +184,13 @@ def reproduce(
         The summary file (markdown); ``summary.json`` lies beside it.
 
     Raises:
-        ValueError: an unknown budget, or variant filters that match nothing.
+        ValueError: a bad request (see :func:`check_request`).
         ConfigError: a run folder whose saved config differs from the row's (it is kept).
         KeyboardInterrupt: a run was interrupted (its checkpoint is saved; rerun to continue).
     """
-    if budget not in row.budgets:
-        raise ValueError(f"budget: expected one of {sorted(row.budgets)}, got {budget!r}")
+    seeds, chosen = check_request(
+        row, budget=budget, seeds=seeds, device=device, out_dir=out_dir, variants=variants
+    )
     base = Path(out_dir) / row.name / budget
     if row.measure is not None:
         result_path = base / RESULT_FILE
@@ -150,8 +207,6 @@ def reproduce(
             record["device"] = describe_device("cpu")
             atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
         return write_summary(row, budget, base, summarize(row, budget, base))
-    seeds = list(range(row.seeds)) if seeds is None else list(seeds)
-    chosen = select_variants(row, variants)
     total = len(chosen) * len(seeds)
     done = 0
     for variant in chosen:

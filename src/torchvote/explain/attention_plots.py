@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from torchvote.explain.figures import new_figure
+from torchvote.explain.figures import literal_text, new_figure
 from torchvote.explain.statistics import checked_tensor
 
 __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attention_lines"]
@@ -20,7 +20,8 @@ CMAP = "Blues"
 
 
 def _check_tokens(tokens: Sequence[str] | None, count: int, name: str) -> list[str] | None:
-    """``tokens`` as strings, or ``None`` (no labels); a ``ValueError`` unless there are ``count``."""
+    """``tokens`` as literal label strings (``$`` shown as it is), or ``None`` (no labels); a
+    ``ValueError`` unless there are ``count``."""
     if tokens is None:
         return None
     if len(tokens) != count:
@@ -28,7 +29,7 @@ def _check_tokens(tokens: Sequence[str] | None, count: int, name: str) -> list[s
             f"{name} must have {count} entries (one per row/column): "
             f"expected {count} labels, got {len(tokens)}"
         )
-    return [str(token) for token in tokens]
+    return [literal_text(token) for token in tokens]
 
 
 def attention_heatmap(
@@ -203,7 +204,7 @@ def token_attention_lines(
     ax.set_xlim(-0.9, 1.9)
     ax.set_ylim(-0.7, top + 0.7)
     ax.axis("off")
-    ax.set_title(title or f"attention from {left[query]!r}", fontsize=10)
+    ax.set_title(title or f"attention from '{left[query]}'", fontsize=10)
     return figure
 
 

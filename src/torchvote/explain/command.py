@@ -7,6 +7,7 @@ run's folder, from which :func:`torchvote.explain.from_run.record_from_run` make
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -97,6 +98,8 @@ def run_explain(args: argparse.Namespace) -> int:
         print(f"torchvote explain: missing optional dependency: {error}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, FileNotFoundError) as error:
+        if os.environ.get("TORCHVOTE_DEBUG"):
+            raise
         print(f"torchvote explain: error: {error}", file=sys.stderr)
         return 2
     print(f"report: {path.resolve()}")

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["new_figure", "pyplot", "save_figure"]
+__all__ = ["literal_text", "new_figure", "pyplot", "save_figure"]
+
+
+def literal_text(text: object) -> str:
+    """``text`` as matplotlib must show it, dollar signs included: a label with two ``$`` would
+    start mathtext, and a bad expression between them (``$\\frac{1``) fails the whole figure."""
+    return str(text).replace("$", r"\$")
 
 
 def pyplot():

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from torchvote.explain.attention_plots import attention_grid, attention_heatmap, token_attention_lines
-from torchvote.explain.figures import new_figure
+from torchvote.explain.figures import literal_text, new_figure
 from torchvote.explain.report import HtmlReport
 from torchvote.explain.statistics import attention_rollout, top_attended
 from torchvote.pretrained.tokenizer import check_sentences
@@ -182,7 +182,7 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
                 averaged[:shown, :shown],
                 labels,
                 focus,
-                title=f"{tokens[focus]!r} in layer {layer} (mean of heads)",
+                title=f"{literal_text(repr(tokens[focus]))} in layer {layer} (mean of heads)",
             ),
             f"{stem}-lines-layer{layer}",
             caption=f"Where {tokens[focus]!r} looks in layer {layer}: line width and opacity follow the "
@@ -238,9 +238,8 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     for normalize_over, style in (("senders", "-o"), ("receivers", "--s")):
         for n, example in enumerate(examples):
             values = [1.0] + [similarities[normalize_over][k][n] for k in range(len(iterations))]
-            ax.plot(
-                [1, *iterations], values, style, label=f"{normalize_over}: {example.sentence[:28]}", alpha=0.8
-            )
+            label = literal_text(f"{normalize_over}: {example.sentence[:28]}")
+            ax.plot([1, *iterations], values, style, label=label, alpha=0.8)
     ax.set_xlabel(f"passes of voting in layer {layer}")
     ax.set_ylabel("cosine to softmax embedding")
     ax.set_xticks([1, *iterations])

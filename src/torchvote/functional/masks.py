@@ -29,6 +29,7 @@ __all__ = [
     "kernel_float_dtype",
     "merge_masks",
     "prepare_attention_mask",
+    "refuse_per_example_3d_mask",
     "restrict_mask",
     "voting_mask",
 ]
@@ -127,9 +128,7 @@ def merge_masks(
 
     Raises:
         TypeError, ValueError: as :func:`check_attention_mask`, for torch's ``(b * h, L, S)``
-            layout, for a 3-D ``attn_mask`` of ``b > 1`` slices (a per-head ``(h, L, S)`` mask
-            and a per-example ``(b, L, S)`` one cannot be told apart; ``(b, 1, L, S)`` or
-            ``(1, h, L, S)`` says which), and for a ``key_mask`` that is not boolean ``(b, S)``.
+            layout, and for a ``key_mask`` that is not boolean ``(b, S)``.
     """
     batch, source_len = logits_shape[0], logits_shape[-1]
     if (
@@ -143,18 +142,6 @@ def merge_masks(
             f"attn_mask of shape {tuple(attn_mask.shape)} looks like torch's (batch * heads, L, "
             f"S) layout; pass it as (batch, heads, L, S) = {logits_shape}, e.g. "
             f"mask.view({', '.join(map(str, logits_shape))})"
-        )
-    if (
-        isinstance(attn_mask, Tensor)
-        and attn_mask.dim() == 3
-        and len(logits_shape) == 4
-        and attn_mask.shape[0] == batch > 1
-    ):  # (h, L, S) per head by broadcasting, but with batch == heads a (b, L, S) mask looks the same
-        raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} has batch = {batch} slices, but a 3-D "
-            f"mask is read as (heads, L, S), one per head (logits {logits_shape} are (batch, "
-            f"heads, L, S)); pass a mask per example as (batch, 1, L, S), e.g. "
-            f"mask.unsqueeze(1), or per head as (1, heads, L, S)"
         )
     check_attention_mask(attn_mask, logits_shape, "attn_mask")
     if key_mask is None:
@@ -177,6 +164,26 @@ def kernel_float_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a float mask takes for queries of ``dtype``: float32 for half types (the fused
     kernel takes that or the queries' dtype; the voting loop keeps the precision), else ``dtype``."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def refuse_per_example_3d_mask(attn_mask: Tensor | None, logits_shape: tuple[int, ...]) -> None:
+    """For a module whose logits are ``(batch, heads, L, S)``: refuse a 3-D ``attn_mask`` with
+    ``batch > 1`` slices. Broadcasting reads a 3-D mask as ``(heads, L, S)``, one per head, so a
+    per-example ``(batch, L, S)`` mask is silently applied per head when ``batch == heads`` (and
+    grows the logits when ``heads == 1``). The functional attention keeps plain broadcasting, as
+    ``F.scaled_dot_product_attention`` does: its leading axes need not be ``(batch, heads)``.
+
+    Raises:
+        ValueError: naming the ``(batch, 1, L, S)`` and ``(1, heads, L, S)`` forms that say which.
+    """
+    batch = logits_shape[0]
+    if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3 and attn_mask.shape[0] == batch > 1:
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} has batch = {batch} slices, but a 3-D "
+            f"mask is read as (heads, L, S), one per head (logits {logits_shape} are (batch, "
+            f"heads, L, S)); pass a mask per example as (batch, 1, L, S), e.g. "
+            f"mask.unsqueeze(1), or per head as (1, heads, L, S)"
+        )
 
 
 def prepare_attention_mask(

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
 from torchvote.functional.attention import softmax_attention
+from torchvote.functional.masks import refuse_per_example_3d_mask
 from torchvote.nn.attention_projections import (
     _check_inputs,
     _PackedProjection,
@@ -239,6 +240,7 @@ class MultiHeadAttention(nn.Module):
                                                     query.device)
         receiver_mask = self._receiver_mask(key_mask, is_causal=is_causal, self_attention=self_attention)
         asked_causal = is_causal
+        refuse_per_example_3d_mask(attn_mask, (batch, self.num_heads, target_len, source_len))
         mask, is_causal = prepare_attention_mask(
             attn_mask,
             key_mask,

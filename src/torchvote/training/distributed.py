@@ -52,6 +52,18 @@ class DistributedContext:
             dist.destroy_process_group()
 
 
+def check_device_name(name: object, argument: str = "device") -> str:
+    """Return ``name`` if it has the form of a device torchvote runs on (whether that device
+    exists is :func:`resolve_device`'s question).
+
+    Raises:
+        ValueError: anything but ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
+    """
+    if not isinstance(name, str) or not (name in ("auto", "cpu") or name.startswith("cuda")):
+        raise ValueError(f"{argument} must be auto, cpu, cuda or cuda:<index>, got {name!r}")
+    return name
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``auto`` -> ``cuda:<local_rank>`` if CUDA is available, else ``cpu``; other names as given
     (``cuda`` becomes ``cuda:<local_rank>``).
@@ -59,8 +71,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     Raises:
         ValueError: an unknown device name, or CUDA requested but not available.
     """
-    if not isinstance(name, str) or not (name in ("auto", "cpu") or name.startswith("cuda")):
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:<index>, got {name!r}")
+    check_device_name(name)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -429,7 +430,7 @@ class _Run:
             where = "no checkpoint was written"
         self._log(
             f"{reason}: stopped at step {self.step} of {self.total_steps}; {where}\n"
-            f"resume with: torchvote train --resume {self.run_dir}"
+            f"resume with: torchvote train --resume {shlex.quote(str(self.run_dir))}"
         )
         return True
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torchvote.losses import check_margin_options
+from torchvote.training.distributed import check_device_name
 from torchvote.training.keyvalue import ConfigError, parse_entry
 from torchvote.validation import check_in_range, check_positive_int, check_probability
 
@@ -224,8 +225,10 @@ class TrainConfig:
             self._check_ranges()
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ConfigError(f"device must be auto, cpu, cuda or cuda:<index>, got {self.device!r}")
+        try:
+            check_device_name(self.device)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         for entry in self.eval_on:  # read now, not after hours of training
             parse_entry(entry, "eval_on")
 
