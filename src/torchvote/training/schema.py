@@ -50,8 +50,11 @@ class DataConfig:
         eval_split: the split evaluated after each epoch (``None``: ``test``, or ``val`` for data
             sets without a test split).
         root: folder holding the data files, where the data set reads files.
-        limit: keep only this many training examples (``None``: all).
-        eval_limit: keep only this many evaluation examples.
+        limit: keep only this many training examples (``None``: all). A text data set for the
+            language-model task (``shakespeare``) is one token stream: there it keeps the first
+            ``limit`` tokens (characters), which are then cut into windows.
+        eval_limit: keep only this many evaluation examples (tokens for a text stream, as
+            ``limit``).
         shift: random shift of each training image by up to this many pixels (CapsNet: 2).
         canvas: place each training image at a random position on a black canvas of this side
             (the affNIST recipe: 40); evaluation images are centred on it.

@@ -69,9 +69,15 @@ def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
     return path
 
 
+#: What a run writes into its folder (a folder of only these, without a checkpoint, is a run
+#: that stopped before its first one).
+_RUN_FILES = frozenset({"config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", "plots"})
+
+
 def _check_new_run_dir(run_dir: str) -> Path:
-    """``run_dir`` as a path, if a new run may write there: a folder that does not exist yet or
-    is empty."""
+    """``run_dir`` as a path, if a new run may write there: a folder that does not exist yet, is
+    empty, or holds only what a run writes and no checkpoint (a run stopped inside its first
+    checkpoint interval starts over)."""
     if not run_dir.strip():
         raise ConfigError("run_dir must name a folder (or be null for <out_dir>/<preset>-<time>), got ''")
     path = Path(run_dir)
@@ -84,6 +90,8 @@ def _check_new_run_dir(run_dir: str) -> Path:
         raise ConfigError(f"run_dir {path} is a file; a run needs a folder (new or empty)")
     if path.is_dir():
         present = sorted(entry.name for entry in path.iterdir())
+        if "config.yaml" in present and set(present) <= _RUN_FILES:
+            return path  # a run stopped before its first checkpoint: it starts over (reproduce reruns it)
         if present:
             shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
             raise ConfigError(
