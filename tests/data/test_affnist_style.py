@@ -275,3 +275,38 @@ def test_train_side_with_canvas_equal_to_image_is_identity() -> None:
     images = torch.rand(3, 1, 28, 28)
     assert torch.equal(pad_and_translate_train(images, 28), images)
     assert pad_to(images, 29).shape == pad_and_translate_train(images, 29).shape
+
+
+@pytest.mark.parametrize("seed", [1.5, None, "0", -1, 2**64])
+def test_seed_must_be_an_int_that_seeds_a_generator(seed: object) -> None:
+    images, labels = torch.rand(2, 1, 28, 28), torch.tensor([3, 7])
+    with pytest.raises(ValueError, match="seed"):
+        make_affnist_style(images, labels, seed=seed)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ranges", "match"),
+    [
+        ({"shear": 0.3}, r"ranges\['shear'\]"),  # a bound, not a (low, high) pair
+        ({"shear": (-0.1, 0.0, 0.1)}, r"ranges\['shear'\]"),
+        ({"rotation_deg": "05"}, r"ranges\['rotation_deg'\]"),
+        ({"rotation_deg": (float("nan"), 10.0)}, r"ranges\['rotation_deg'\]\[0\]"),
+        ({"scale": (0.8, float("inf"))}, r"ranges\['scale'\]\[1\]"),
+    ],
+)
+def test_malformed_ranges_are_named(ranges: dict[str, object], match: str) -> None:
+    images, labels = torch.rand(2, 1, 28, 28), torch.tensor([3, 7])
+    with pytest.raises(ValueError, match=match):
+        make_affnist_style(images, labels, seed=0, ranges=ranges)  # type: ignore[arg-type]
+
+
+def test_ranges_may_be_lists_or_numpy_numbers() -> None:
+    images, labels = torch.rand(3, 1, 28, 28), torch.tensor([3, 7, 1])
+    as_tuple, _, _ = make_affnist_style(images, labels, seed=4, ranges={"shear": (-0.1, 0.1)})
+    as_list, _, _ = make_affnist_style(images, labels, seed=4, ranges={"shear": [np.float64(-0.1), 0.1]})
+    assert torch.equal(as_tuple, as_list)
+
+
+def test_pad_and_translate_train_wants_a_generator_not_a_seed() -> None:
+    with pytest.raises(TypeError, match="generator"):
+        pad_and_translate_train(torch.rand(2, 1, 28, 28), 40, 0)  # type: ignore[arg-type]

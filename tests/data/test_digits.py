@@ -50,3 +50,9 @@ def test_uneven_sizes_spread_the_remainder() -> None:
 def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         load_small_digits(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", [1.5, None, "0", -1])
+def test_seed_must_be_an_int_that_seeds_a_generator(seed: object) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        load_small_digits("test", size=10, seed=seed)  # type: ignore[arg-type]

@@ -171,3 +171,20 @@ def test_registry_trains_on_fresh_pairs_and_tests_on_a_fixed_set(mnist_test) -> 
     first, again = (get_dataset("multimnist", "test", limit=100) for _ in range(2))
     assert len(first.images) == 100  # one pair per test digit, the same in every run
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+@pytest.mark.parametrize("seed", [0.5, None, "1", -1, 2**64])
+def test_seed_must_be_an_int_that_seeds_a_generator(seed: object) -> None:
+    images, labels = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="seed"):
+        make_multimnist(images, labels, num_pairs=3, canvas=10, seed=seed)  # type: ignore[arg-type]
+    source = MultiMNISTSource(images, labels, num_pairs=3, canvas=10)
+    if seed is not None:  # draw(None) is the source's own seed
+        with pytest.raises(ValueError, match="seed"):
+            source.draw(seed)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shape", [(), (5,)])
+def test_bounding_boxes_need_a_height_and_a_width(shape: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="images"):
+        bounding_boxes(torch.ones(shape))

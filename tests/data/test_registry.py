@@ -109,6 +109,14 @@ def test_unknown_name_and_split() -> None:
         get_dataset("shakespeare", "test")
 
 
+@pytest.mark.parametrize("name", ["affnist", "affnist-style"])
+def test_a_bad_seed_for_the_translated_training_digits_is_named(name: str) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        get_dataset(name, "train", limit=3, seed=1.5)
+    with pytest.raises(ValueError, match="seed"):
+        get_dataset(name, "train", limit=3, seed=-2)
+
+
 # ---------------------------------------------------------------- the `torchvote data` command
 
 

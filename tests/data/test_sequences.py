@@ -118,3 +118,31 @@ def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match:
 def test_empty_sets(task: str) -> None:
     src, tgt = make_sequence_task(task, num_samples=0)
     assert src.shape[0] == tgt.shape[0] == 0
+
+
+@pytest.mark.parametrize("seed", [1.5, None, "3", -1, 2**64])
+def test_seed_must_be_an_int_that_seeds_a_generator(seed: object) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        make_sequence_task("copy", num_samples=2, seed=seed)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="seed"):
+        reverse_task(2, seed=seed)  # type: ignore[arg-type]
+
+
+def test_the_largest_seed_a_generator_takes_is_accepted() -> None:
+    src, _ = make_sequence_task("copy", num_samples=3, seed=2**64 - 1)
+    again, _ = make_sequence_task("copy", num_samples=3, seed=2**64 - 1)
+    assert torch.equal(src, again)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [-1],  # would wrap round to the last symbol
+        [len(SEQ_SYMBOLS)],
+        [BOS, 3, 2.0],
+        torch.zeros(2, 3, dtype=torch.long),  # a batch, not one sequence
+    ],
+)
+def test_decode_sequence_refuses_what_is_not_one_sequence_of_ids(ids: object) -> None:
+    with pytest.raises(ValueError, match="ids"):
+        decode_sequence(ids)  # type: ignore[arg-type]

@@ -241,3 +241,33 @@ def test_batch_iterator_validates_at_call_time() -> None:
         char_lm_batches(torch.arange(100), 4, 0)
     with pytest.raises(ValueError, match="num_batches"):
         char_lm_batches(torch.arange(100), 4, 2, num_batches=-1)
+
+
+@pytest.mark.parametrize("tokens", [torch.rand(100), torch.arange(100).tolist()])
+def test_batches_need_an_integer_token_tensor(tokens: object) -> None:
+    # float ids would be truncated to other ids without a word
+    with pytest.raises(TypeError, match="tokens"):
+        sample_char_batch(tokens, 4, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tokens"):
+        char_lm_batches(tokens, 4, 2)  # type: ignore[arg-type]
+
+
+def test_batches_want_a_generator_not_a_seed() -> None:
+    with pytest.raises(TypeError, match="generator"):
+        sample_char_batch(torch.arange(100), 4, 2, 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="generator"):
+        char_lm_batches(torch.arange(100), 4, 2, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("num_batches", [1.5, "2"])
+def test_num_batches_must_be_an_int(num_batches: object) -> None:
+    with pytest.raises(ValueError, match="num_batches"):
+        char_lm_batches(torch.arange(100), 4, 2, num_batches=num_batches)  # type: ignore[arg-type]
+
+
+def test_train_val_split_names_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="tokens"):
+        train_val_split(list(range(10)), 0.1)  # type: ignore[arg-type]
+    for fraction in ("0.1", None):
+        with pytest.raises(ValueError, match="val_fraction"):
+            train_val_split(torch.arange(10), fraction)  # type: ignore[arg-type]

@@ -200,3 +200,74 @@ def test_affine_params_select_rows_by_slice_or_index() -> None:
     assert len(head) == 2 and len(picked) == 2
     assert torch.equal(head.scale_y, params.scale_y[1:3])
     assert torch.equal(picked.translate_x, params.translate_x[torch.tensor([4, 0])])
+
+
+# ---------------------------------------------------------------- argument checks at the entry
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: sample_shifts(3, 2, generator=0),
+        lambda: random_shift(torch.zeros(2, 1, 4, 4), 1, 0),
+        lambda: sample_affine_params(3, generator=0),
+        lambda: random_affine(torch.zeros(2, 1, 4, 4), generator=7),
+    ],
+)
+def test_a_seed_given_as_the_generator_is_refused(call: Callable[[], object]) -> None:
+    with pytest.raises(TypeError, match="generator"):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rotation_deg": float("nan")}, "rotation_deg"),
+        ({"rotation_deg": True}, "rotation_deg"),
+        ({"rotation_deg": "01"}, "rotation_deg"),  # a string is not a (low, high) pair
+        ({"shear": (float("nan"), 0.1)}, r"shear\[0\]"),
+        ({"shear": (0.0, 0.1, 0.2)}, "shear"),
+        ({"scale": float("inf")}, "scale"),
+        ({"scale": (0.5, 1.0, 1.5)}, "scale"),
+        ({"translate": float("inf")}, "translate"),
+        ({"translate": (1.0, 2.0, 3.0)}, "translate"),
+        ({"translate": (1.0, float("nan"))}, r"translate\[1\]"),
+    ],
+)
+def test_ranges_must_be_finite_numbers_or_pairs(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        sample_affine_params(3, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=match):
+        random_affine(torch.rand(3, 1, 6, 6), **kwargs)  # type: ignore[arg-type]
+
+
+def test_numpy_bounds_give_the_same_draw_as_floats() -> None:
+    def draw(**ranges: object) -> AffineParams:
+        return sample_affine_params(4, generator=torch.Generator().manual_seed(3), **ranges)  # type: ignore[arg-type]
+
+    plain = draw(rotation_deg=10.0, scale=(0.5, 2.0), translate=(1.0, 2.0))
+    numpy = draw(rotation_deg=np.float64(10.0), scale=np.array([0.5, 2.0]), translate=[np.int64(1), 2])
+    for name in ("rotation_deg", "shear", "scale_x", "scale_y", "translate_x", "translate_y"):
+        assert torch.equal(getattr(plain, name), getattr(numpy, name))
+
+
+@pytest.mark.parametrize("size", [30.0, None])
+def test_a_size_that_is_not_an_int_or_pair_is_named(size: object) -> None:
+    images = torch.rand(2, 1, 28, 28)
+    with pytest.raises(TypeError, match="size"):
+        pad_to(images, size)  # type: ignore[arg-type]
+    if size is not None:  # None is apply_affine's "the input size"
+        with pytest.raises(TypeError, match="out_size"):
+            apply_affine(images, sample_affine_params(2), size)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="out_size"):
+            random_affine(images, out_size=size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("out_size", [None, 9, (5, 7)])
+def test_affine_warps_of_an_empty_batch_are_empty(out_size: int | tuple[int, int] | None) -> None:
+    images = torch.rand(0, 2, 6, 8, dtype=torch.float64)
+    expected = {None: (6, 8), 9: (9, 9), (5, 7): (5, 7)}[out_size]
+    warped, params = random_affine(images, rotation_deg=10.0, out_size=out_size)
+    assert warped.shape == (0, 2, *expected) and warped.dtype == images.dtype and len(params) == 0
+    direct = apply_affine(images, sample_affine_params(0), out_size)
+    assert direct.shape == (0, 2, *expected) and direct.dtype == images.dtype

@@ -62,8 +62,12 @@ from torch import Tensor
 from torchvote.data.multimnist import bounding_boxes
 from torchvote.data.transforms import (
     AffineParams,
+    _as_pair,
+    _check_generator,
     _check_images,
     _check_int,
+    _check_seed,
+    _finite,
     apply_affine,
     pad_to,
     sample_affine_params,
@@ -98,7 +102,8 @@ def _check_ranges(ranges: Mapping[str, tuple[float, float]] | None) -> dict[str,
         raise ValueError(f"ranges: unknown keys {unknown}; expected some of {sorted(AFFNIST_RANGES)}")
     merged = dict(AFFNIST_RANGES)
     for name, pair in ranges.items():
-        low, high = (float(v) for v in pair)
+        first, second = _as_pair(pair, f"ranges[{name!r}]")
+        low, high = _finite(first, f"ranges[{name!r}][0]"), _finite(second, f"ranges[{name!r}][1]")
         if low > high:
             raise ValueError(f"ranges[{name!r}]: expected low <= high, got ({low}, {high})")
         merged[name] = (low, high)
@@ -186,12 +191,15 @@ def make_affnist_style(
 
     Raises:
         TypeError, ValueError: On malformed images, ``canvas`` smaller than the images or a
-            malformed ``ranges``.
+            malformed ``ranges`` (unknown keys, an entry that is not a ``(low, high)`` pair of
+            finite numbers, or a reversed pair).
+        ValueError: If ``seed`` is not an int in ``[0, 2**64)``.
     """
     _check_images(images, floating=True)
     _check_canvas(images, canvas)
     if not isinstance(labels, Tensor) or labels.shape[:1] != images.shape[:1]:
         raise ValueError(f"labels: expected a tensor with {len(images)} rows")
+    _check_seed(seed)
     bounds = _check_ranges(ranges)
     generator = torch.Generator().manual_seed(seed)
     num, _, height, width = images.shape
@@ -253,9 +261,11 @@ def pad_and_translate_train(
 
     Raises:
         TypeError, ValueError: On malformed images or ``canvas`` smaller than the images.
+        TypeError: If ``generator`` is not a ``torch.Generator`` or ``None``.
     """
     _check_images(images)
     _check_canvas(images, canvas)
+    _check_generator(generator)
     height, width = images.shape[-2:]
     draw_device = generator.device if generator is not None else images.device
     spare = torch.tensor([canvas - height, canvas - width], device=draw_device)

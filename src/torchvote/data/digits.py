@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from torchvote.data.mnist import Source, Split, load_mnist, validate_split
-from torchvote.data.transforms import _check_int
+from torchvote.data.transforms import _check_int, _check_seed
 
 __all__ = ["SMALL_DIGITS_SIZES", "load_small_digits"]
 
@@ -47,11 +47,13 @@ def load_small_digits(
         ``(images, labels)``: float32 (size, 1, 28, 28) in [0, 1] and int64 (size,).
 
     Raises:
-        ValueError: If ``split`` is unknown or ``size`` is not positive or too large.
+        ValueError: If ``split`` is unknown, ``size`` is not positive or too large, or ``seed``
+            is not an int in ``[0, 2**64)``.
         DataNotFoundError: If MNIST is not available.
     """
     validate_split(split)
     size = SMALL_DIGITS_SIZES[split] if size is None else _check_int(size, "size", minimum=1)
+    _check_seed(seed)
     images, labels = load_mnist(split, source=source)
     num_classes = int(labels.max()) + 1
     per_class = torch.full((num_classes,), size // num_classes)

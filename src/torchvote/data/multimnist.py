@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from torchvote.data.transforms import _check_images, _check_int
+from torchvote.data.transforms import _check_images, _check_int, _check_seed
 
 __all__ = [
     "MultiMNIST",
@@ -146,10 +146,12 @@ def make_multimnist(
 
     Raises:
         TypeError: If ``images`` or an int argument has the wrong type.
-        ValueError: If shapes disagree, there are fewer than two classes, ``max_shift < 0`` or
-            ``canvas`` is smaller than the source images.
+        ValueError: If shapes disagree, there are fewer than two classes, ``max_shift < 0``,
+            ``canvas`` is smaller than the source images, or ``seed`` is not an int in
+            ``[0, 2**64)``.
     """
     _check_int(num_pairs, "num_pairs")
+    _check_seed(seed)
     cpu_labels = _check_source(images, labels, max_shift=max_shift, canvas=canvas)
 
     generator = torch.Generator().manual_seed(seed)
@@ -228,7 +230,15 @@ def bounding_boxes(images: Tensor, threshold: float = 0.0) -> Tensor:
     Returns:
         int64 tensor (..., 4) of ``(top, left, bottom, right)``, inclusive pixel indices. An
         image without ink gets ``(0, 0, -1, -1)`` (an empty box).
+
+    Raises:
+        TypeError: If ``images`` is not a tensor.
+        ValueError: If ``images`` has fewer than two dimensions.
     """
+    if not isinstance(images, Tensor):
+        raise TypeError(f"images: expected a torch.Tensor, got {type(images).__name__}")
+    if images.ndim < 2:
+        raise ValueError(f"images: expected shape (..., H, W), got {tuple(images.shape)}")
     ink = images > threshold
     rows, cols = ink.any(dim=-1), ink.any(dim=-2)  # (..., H), (..., W)
 

@@ -22,6 +22,7 @@ from torchvote.data.mnist import load_mnist, validate_split
 from torchvote.data.multimnist import MultiMNISTSource, make_multimnist
 from torchvote.data.sequences import SEQUENCE_TASKS, make_sequence_task
 from torchvote.data.text import CharVocab, load_shakespeare, train_val_split
+from torchvote.data.transforms import _check_seed
 
 __all__ = ["DatasetEntry", "dataset_reads_files", "get_dataset", "list_datasets"]
 
@@ -62,8 +63,9 @@ def _multimnist(split: str, **kwargs: Any) -> Any:
 
 def _translated_mnist(split: str, **kwargs: Any) -> Any:
     """MNIST of ``split`` placed at random on a 40x40 canvas (the affNIST training side)."""
+    seed = _check_seed(kwargs.pop("seed", _DEFAULT_SEED[split]))
     images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
-    generator = torch.Generator().manual_seed(kwargs.pop("seed", _DEFAULT_SEED[split]))
+    generator = torch.Generator().manual_seed(seed)
     return pad_and_translate_train(images, generator=generator, **kwargs), labels
 
 
@@ -180,7 +182,9 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
 
     Raises:
         ValueError: If ``name`` is unknown (the message lists the known names) or ``split`` is
-            not one of the data set's splits.
+            not one of the data set's splits; if ``seed`` is not an int in ``[0, 2**64)``.
+        TypeError, ValueError: From the underlying loader or generator, for a keyword argument
+            it does not take (named in the message) or a bad value.
     """
     entry = _entry(name)
     validate_split(split, entry.splits)

@@ -21,13 +21,14 @@ A decoder is fed ``tgt[:, :-1]`` and trained to predict ``tgt[:, 1:]``.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from torchvote.data.transforms import _check_int
+from torchvote.data.transforms import _check_int, _check_seed
 
 __all__ = [
     "BOS",
@@ -70,8 +71,21 @@ def decode_sequence(ids: Tensor | Sequence[int], *, keep_special: bool = False) 
 
     Returns:
         The symbols joined without separators.
+
+    Raises:
+        ValueError: If ``ids`` is not one-dimensional or holds a value that is not an id of
+            :data:`SEQ_SYMBOLS` (an int in ``[0, len(SEQ_SYMBOLS))``).
     """
+    if isinstance(ids, Tensor) and ids.ndim != 1:
+        raise ValueError(f"ids: expected one sequence (a 1-D tensor), got shape {tuple(ids.shape)}")
     values = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    bad = [
+        i
+        for i in values
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(SEQ_SYMBOLS)
+    ]
+    if bad:
+        raise ValueError(f"ids: expected ids in [0, {len(SEQ_SYMBOLS)}), got {bad[:5]}")
     return "".join(SEQ_SYMBOLS[i] for i in values if keep_special or i not in (PAD, BOS, EOS))
 
 
@@ -164,7 +178,8 @@ def make_sequence_task(
         the module docstring.
 
     Raises:
-        ValueError: If ``task`` is unknown or a length is out of range.
+        ValueError: If ``task`` is unknown, a length is out of range, or ``seed`` is not an int
+            in ``[0, 2**64)``.
         TypeError: If a count or length is not an int.
     """
     if task not in SEQUENCE_TASKS:
@@ -172,6 +187,7 @@ def make_sequence_task(
     _check_int(num_samples, "num_samples")
     _check_int(min_len, "min_len", minimum=1)
     _check_int(max_len, "max_len", minimum=min_len)
+    _check_seed(seed)
     if task == "addition" and max_len > _MAX_ADDITION_DIGITS:
         raise ValueError(f"max_len: addition supports at most {_MAX_ADDITION_DIGITS} digits")
     generator = torch.Generator().manual_seed(seed)

@@ -31,6 +31,8 @@ from torch import Tensor
 from torchvote.data.download import download_file
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.paths import dataset_dir
+from torchvote.data.transforms import _check_generator
+from torchvote.validation import check_in_range, check_positive_int
 
 __all__ = [
     "SHAKESPEARE_ARCHIVE",
@@ -304,12 +306,14 @@ def train_val_split(tokens: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, 
         ``k = round(T * val_fraction)``.
 
     Raises:
-        ValueError: If ``tokens`` is not 1-D or ``val_fraction`` is outside (0, 1).
+        TypeError: If ``tokens`` is not a tensor.
+        ValueError: If ``tokens`` is not 1-D or ``val_fraction`` is not a number in (0, 1).
     """
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"tokens: expected a 1-D tensor, got {type(tokens).__name__}")
     if tokens.ndim != 1:
         raise ValueError(f"tokens: expected a 1-D tensor, got shape {tuple(tokens.shape)}")
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction: expected a number in (0, 1), got {val_fraction}")
+    check_in_range(val_fraction, "val_fraction", 0.0, 1.0, include_low=False, include_high=False)
     num_val = round(len(tokens) * val_fraction)
     return tokens[: len(tokens) - num_val], tokens[len(tokens) - num_val :]
 
@@ -334,9 +338,20 @@ def sample_char_batch(
 
     Raises:
         ValueError: If the stream is too short or a size is not positive.
+        TypeError: If ``tokens`` is not an integer tensor (float ids would be truncated), or
+            ``generator`` is not a ``torch.Generator`` or ``None``.
     """
+    if (
+        not isinstance(tokens, Tensor)
+        or tokens.is_floating_point()
+        or tokens.is_complex()
+        or tokens.dtype == torch.bool
+    ):
+        described = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise TypeError(f"tokens: expected a 1-D integer tensor of ids, got {described}")
     if tokens.ndim != 1:
         raise ValueError(f"tokens: expected a 1-D tensor, got shape {tuple(tokens.shape)}")
+    _check_generator(generator)
     for name, value in (("block_size", block_size), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
@@ -369,12 +384,15 @@ def char_lm_batches(
         An iterator of ``(inputs, targets)``, each of shape (batch_size, block_size).
 
     Raises:
-        ValueError: At call time, for the same bad arguments as :func:`sample_char_batch`.
+        TypeError, ValueError: At call time, for the same bad arguments as
+            :func:`sample_char_batch`.
+        ValueError: If ``num_batches`` is not ``None`` or an int >= 0.
     """
     # Validate now rather than at the first next(): this function is not itself a generator.
     sample_char_batch(tokens, block_size, batch_size, torch.Generator().manual_seed(0))
-    if num_batches is not None and (isinstance(num_batches, bool) or num_batches < 0):
-        raise ValueError(f"num_batches: expected an int >= 0 or None, got {num_batches!r}")
+    _check_generator(generator)
+    if num_batches is not None:
+        check_positive_int(num_batches, "num_batches", minimum=0)
 
     def batches() -> Iterator[tuple[Tensor, Tensor]]:
         count = 0

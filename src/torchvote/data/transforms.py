@@ -12,12 +12,16 @@ given as (rows, columns) = (down, right).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from torchvote.validation import check_in_range, check_positive_float, check_positive_int
 
 __all__ = [
     "AffineParams",
@@ -54,30 +58,82 @@ def _check_int(value: object, name: str, *, minimum: int = 0) -> int:
     return value
 
 
+def _check_seed(seed: object) -> int:
+    """``seed`` if it is an int in ``[0, 2**64)`` (what ``torch.Generator.manual_seed`` takes)."""
+    check_positive_int(seed, "seed", minimum=0)
+    if seed >= 2**64:  # type: ignore[operator]
+        raise ValueError(f"seed must be an integer below 2**64, got {seed!r}")
+    return seed  # type: ignore[return-value]
+
+
+def _check_generator(generator: object) -> torch.Generator | None:
+    """``generator`` if it is a ``torch.Generator`` or ``None`` (not a seed)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator: expected a torch.Generator or None, got {type(generator).__name__} "
+            f"(for a seed s, pass torch.Generator().manual_seed(s))"
+        )
+    return generator
+
+
 def _size_pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
-    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if isinstance(size, int):
+        pair: tuple[object, ...] = (size, size)
+    elif isinstance(size, Sequence) and not isinstance(size, (str, bytes)):
+        pair = tuple(size)
+    else:
+        raise TypeError(f"{name}: expected an int or (height, width), got {size!r}")
     if len(pair) != 2:
         raise ValueError(f"{name}: expected an int or (height, width), got {size!r}")
     return _check_int(pair[0], name, minimum=1), _check_int(pair[1], name, minimum=1)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _as_pair(value: object, name: str) -> tuple[object, object]:
+    """A two-element ``value`` (list, tuple, array) as a tuple; anything else is refused."""
+    if isinstance(value, (str, bytes)):
+        pair: tuple[object, ...] = ()
+    else:
+        try:
+            pair = tuple(value)  # type: ignore[arg-type]
+        except TypeError:
+            pair = ()
+    if len(pair) != 2:
+        raise ValueError(f"{name} must be a number or a (low, high) pair, got {value!r}")
+    return pair[0], pair[1]
+
+
+def _finite(value: object, name: str, low: float = -math.inf, *, include_low: bool = True) -> float:
+    """``value`` as a float if it is a finite real number (numpy scalars too) above ``low``."""
+    number = float(value) if _is_number(value) else value  # type: ignore[arg-type]
+    return check_in_range(number, name, low, include_low=include_low)
+
+
 def _sym_range(value: float | Sequence[float], name: str) -> tuple[float, float]:
-    """``v`` -> ``(-v, v)``; ``(lo, hi)`` -> itself. Checks ``lo <= hi``."""
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"{name}: expected a bound >= 0 or a (low, high) pair, got {value}")
-        return -float(value), float(value)
-    low, high = (float(v) for v in value)
+    """``v`` -> ``(-v, v)``; ``(lo, hi)`` -> itself. Checks finiteness and ``lo <= hi``."""
+    if _is_number(value):
+        bound = _finite(value, name, 0.0)
+        return -bound, bound
+    first, second = _as_pair(value, name)
+    low, high = _finite(first, f"{name}[0]"), _finite(second, f"{name}[1]")
     if low > high:
         raise ValueError(f"{name}: expected low <= high, got ({low}, {high})")
     return low, high
 
 
 def _scale_range(value: float | Sequence[float]) -> tuple[float, float]:
-    low, high = (value, value) if isinstance(value, (int, float)) else (float(v) for v in value)
-    if not 0 < low <= high:
+    if _is_number(value):
+        fixed = check_positive_float(float(value), "scale")  # type: ignore[arg-type]
+        return fixed, fixed
+    first, second = _as_pair(value, "scale")
+    low = _finite(first, "scale[0]", 0.0, include_low=False)
+    high = _finite(second, "scale[1]", 0.0, include_low=False)
+    if low > high:
         raise ValueError(f"scale: expected 0 < low <= high, got ({low}, {high})")
-    return float(low), float(high)
+    return low, high
 
 
 def _uniform(
@@ -118,9 +174,11 @@ def sample_shifts(
 
     Raises:
         TypeError, ValueError: If ``num`` or ``max_shift`` is not an int >= 0.
+        TypeError: If ``generator`` is not a ``torch.Generator`` or ``None``.
     """
     _check_int(num, "num")
     _check_int(max_shift, "max_shift")
+    _check_generator(generator)
     device = torch.device("cpu") if device is None else torch.device(device)
     draw_device = generator.device if generator is not None else device
     shifts = torch.randint(-max_shift, max_shift + 1, (num, 2), generator=generator, device=draw_device)
@@ -183,9 +241,11 @@ def random_shift(images: Tensor, max_shift: int = 2, generator: torch.Generator 
     Raises:
         TypeError, ValueError: If ``images`` is not (N, C, H, W) or ``max_shift`` is not an
             int >= 0.
+        TypeError: If ``generator`` is not a ``torch.Generator`` or ``None``.
     """
     _check_images(images)
     _check_int(max_shift, "max_shift")
+    _check_generator(generator)
     shifts = sample_shifts(len(images), max_shift, generator=generator, device=images.device)
     return shift_images(images, shifts)
 
@@ -201,6 +261,8 @@ def pad_to(images: Tensor, size: int | Sequence[int]) -> Tensor:
         Tensor of shape (N, C, height, width).
 
     Raises:
+        TypeError, ValueError: If ``images`` is not (N, C, H, W), or ``size`` is not a positive
+            int or a pair of them.
         ValueError: If ``size`` is smaller than the images.
     """
     _check_images(images)
@@ -290,18 +352,23 @@ def sample_affine_params(
         :class:`AffineParams` with float64 fields of shape (num,).
 
     Raises:
-        ValueError: If a range is reversed, a bound negative or a scale not positive.
+        ValueError: If a range is reversed, not a number or a ``(low, high)`` pair, or holds a
+            value that is not a finite real number (NaN, infinity, a string, a bool); if a bound
+            is negative or a scale not positive; if ``translate`` is not a number or a pair.
+        TypeError, ValueError: If ``num`` is not an int >= 0.
+        TypeError: If ``generator`` is not a ``torch.Generator`` or ``None``.
     """
     _check_int(num, "num")
+    _check_generator(generator)
     device = torch.device("cpu") if device is None else torch.device(device)
     rot = _sym_range(rotation_deg, "rotation_deg")
     shr = _sym_range(shear, "shear")
     scl = _scale_range(scale)
-    if isinstance(translate, (int, float)):
+    if _is_number(translate):
         tx = ty = _sym_range(translate, "translate")
     else:
-        max_x, max_y = translate
-        tx, ty = _sym_range(max_x, "translate"), _sym_range(max_y, "translate")
+        max_x, max_y = _as_pair(translate, "translate")
+        tx, ty = _sym_range(max_x, "translate[0]"), _sym_range(max_y, "translate[1]")  # type: ignore[arg-type]
     draws = [rot, shr, scl, scl, tx, ty]  # one field of AffineParams each, in order
     values = [_uniform(num, low, high, generator, device) for low, high in draws]
     return AffineParams(*values)
@@ -331,6 +398,7 @@ def apply_affine(
 
     Raises:
         TypeError: If ``images`` is not floating point.
+        TypeError, ValueError: If ``out_size`` is not a positive int or a pair of them.
         ValueError: If ``params`` has the wrong length.
     """
     _check_images(images, floating=True)
@@ -338,6 +406,8 @@ def apply_affine(
     out_h, out_w = (in_h, in_w) if out_size is None else _size_pair(out_size, "out_size")
     if len(params) != num:
         raise ValueError(f"params: expected {num} parameter sets, got {len(params)}")
+    if num == 0:  # F.affine_grid refuses an empty batch
+        return images.new_zeros(0, channels, out_h, out_w)
     matrices = affine_matrices(params.to(images.device))  # (N, 2, 3) float64
     inverse = torch.linalg.inv(matrices[..., :2])  # output -> input, centred pixels
     to_norm_in = torch.tensor([2.0 / in_w, 2.0 / in_h], dtype=torch.float64, device=images.device)
@@ -374,9 +444,13 @@ def random_affine(
         :class:`AffineParams` (on the images' device), e.g. for tests or for undoing the warp.
 
     Raises:
-        TypeError, ValueError: On malformed images or ranges.
+        TypeError, ValueError: On malformed images, ranges or ``out_size`` (as in
+            :func:`sample_affine_params` and :func:`apply_affine`).
+        TypeError: If ``generator`` is not a ``torch.Generator`` or ``None``.
     """
     _check_images(images, floating=True)
+    if out_size is not None:
+        _size_pair(out_size, "out_size")  # before drawing anything
     params = sample_affine_params(
         len(images),
         rotation_deg=rotation_deg,
