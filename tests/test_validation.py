@@ -42,3 +42,25 @@ def test_choice_lists_the_choices():
     assert check_choice("sum", ("sum", "mean"), "aggregation") == "sum"
     with pytest.raises(ValueError, match=r"aggregation must be one of 'sum', 'mean', got 'max'"):
         check_choice("max", ("sum", "mean"), "aggregation")
+
+
+def test_integer_tensor_refuses_floats_bools_and_non_tensors():
+    import torch
+
+    from torchvote.validation import check_integer_tensor
+
+    check_integer_tensor(torch.tensor([1, 2]), "ids", "integer ids")
+    check_integer_tensor(torch.tensor([1], dtype=torch.uint8), "ids", "integer ids")
+    for value, described in ((torch.tensor([1.0]), "torch.float32"), (torch.tensor([True]), "torch.bool"),
+                             ([1, 2], "list")):
+        with pytest.raises(TypeError, match=f"ids must be integer ids, got {described}"):
+            check_integer_tensor(value, "ids", "integer ids")
+
+
+def test_in_range_names_the_interval():
+    from torchvote.validation import check_in_range
+
+    assert check_in_range(1, "p", 0.0, 1.0) == 1.0
+    for value in (1.5, math.nan, math.inf, True, "0.5"):
+        with pytest.raises(ValueError, match=r"p must be a finite number in \[0.0, 1.0\)"):
+            check_in_range(value, "p", 0.0, 1.0, include_high=False)

@@ -16,6 +16,7 @@ import torch
 __all__ = [
     "check_choice",
     "check_input_dtype",
+    "check_integer_tensor",
     "check_positive_float",
     "check_in_range",
     "check_positive_int",
@@ -148,3 +149,25 @@ def check_input_dtype(
         f"{argument} has dtype {tensor.dtype} but {reference} are {dtype}: convert one of them "
         f"(e.g. {argument}.to({dtype})), or run under torch.autocast"
     )
+
+
+def check_integer_tensor(value: Any, argument: str, expected: str) -> None:
+    """Refuse anything but a tensor of integers (not bool): ids and class indices, which a float
+    tensor would reach truncated. Reads only the dtype.
+
+    Args:
+        value: the input to check.
+        argument: its name, for the message.
+        expected: what it should hold, e.g. ``"a 1-D integer tensor of ids"``.
+
+    Raises:
+        TypeError: ``"{argument} must be {expected}, got {dtype or type}"``.
+    """
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.is_floating_point()
+        or value.is_complex()
+        or value.dtype == torch.bool
+    ):
+        described = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+        raise TypeError(f"{argument} must be {expected}, got {described}")

@@ -84,3 +84,27 @@ def test_class_matrix_capsules_take_another_router():
         layer(capsules)
     with pytest.raises(ValueError, match="routing"):
         ClassMatrixCapsules(2, 3, routing=router, iterations=2)
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_images_that_are_not_floats_of_the_models_dtype_are_named(name):
+    model = create_model(name, "tiny")
+    with pytest.raises(TypeError, match="images must be a floating-point tensor, got torch.uint8"):
+        model(torch.randint(0, 255, (2, 1, 28, 28), dtype=torch.uint8))
+    with pytest.raises(TypeError, match="images has dtype torch.float64 but the module's parameters are"):
+        model(torch.rand(2, 1, 28, 28, dtype=DOUBLE))
+    with pytest.raises(TypeError, match="images must be a floating-point tensor, got list"):
+        model(torch.rand(2, 1, 28, 28).tolist())
+
+
+@pytest.mark.parametrize("name", ["capsnet", "efficient-capsnet"])
+def test_targets_that_are_not_class_indices_are_named(name):
+    # Float targets were truncated to classes, one-hot ones read as (b, k) lists of classes 0 and 1.
+    model = create_model(name, "tiny")
+    images = torch.rand(2, 1, 28, 28)
+    one_hot = torch.nn.functional.one_hot(torch.tensor([3, 7]), 10).float()
+    with pytest.raises(TypeError, match="targets must be a tensor of integer class indices.*float32"):
+        model(images, one_hot)
+    with pytest.raises(TypeError, match="targets must be a tensor of integer class indices.*list"):
+        model(images, [3, 7])
+    assert model(images, torch.tensor([3, 7])).reconstructions.shape == (2, 1, 28, 28)

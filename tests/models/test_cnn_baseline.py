@@ -58,7 +58,7 @@ def test_wrong_input_shape_is_a_clear_error():
         ({"channels": ()}, "channels must be a non-empty"),
         ({"pool_after": (3,)}, "pool_after indices \\[3\\]"),
         ({"dropout": 1.0}, "dropout must be in"),
-        ({"num_classes": 1}, "num_classes >= 2"),
+        ({"num_classes": 1}, "num_classes must be an integer >= 2, got 1"),
         ({"image_size": 2, "pool_after": (0, 1)}, "shrink 2x2 to nothing"),
     ],
 )
@@ -75,3 +75,35 @@ def test_dropout_is_active_only_in_training():
     assert torch.equal(model(images).scores, model(images).scores)
     model.train()
     assert not torch.equal(model(images).scores, model(images).scores)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # A zero width cut the classifier off its input (its logits were the bias alone); a
+        # negative one failed in nn.Linear, a float one in torch.empty.
+        ({"hidden": (0,)}, r"hidden must hold positive integers, got \(0,\)"),
+        ({"hidden": (-3,)}, r"hidden must hold positive integers, got \(-3,\)"),
+        ({"hidden": 16}, "hidden must be a tuple"),
+        ({"channels": 64}, "channels must be a tuple"),
+        ({"channels": (8.0,)}, r"channels must hold positive integers, got \(8.0,\)"),
+        ({"image_size": 28.0}, "image_size must be a positive integer, got 28.0"),
+        ({"in_channels": True}, "in_channels must be a positive integer, got True"),
+        ({"kernel_size": 3.0}, "kernel_size must be a positive integer, got 3.0"),
+        ({"num_classes": 10.0}, "num_classes must be an integer >= 2, got 10.0"),
+    ],
+)
+def test_sizes_that_are_not_positive_integers_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        create_model("cnn-baseline", "tiny", **overrides)
+
+
+def test_images_that_are_not_floats_of_the_models_dtype_are_named():
+    model = create_model("cnn-baseline", "tiny")
+    with pytest.raises(TypeError, match="images must be a floating-point tensor, got torch.uint8"):
+        model(torch.randint(0, 255, (2, 1, 28, 28), dtype=torch.uint8))
+    with pytest.raises(TypeError, match="images has dtype torch.float64 but the module's parameters are"):
+        model(torch.rand(2, 1, 28, 28, dtype=torch.float64))
+    with pytest.raises(TypeError, match="images must be a floating-point tensor, got list"):
+        model(torch.rand(2, 1, 28, 28).tolist())
+    assert model.double()(torch.rand(2, 1, 28, 28, dtype=torch.float64)).scores.dtype == torch.float64

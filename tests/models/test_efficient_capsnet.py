@@ -186,7 +186,7 @@ def test_zero_images_give_finite_outputs_and_gradients():
         ({"image_size": 10}, "image_size=10 is too small"),
         ({"primary_kernel": 10}, "primary_kernel=10 is larger than the 9x9 map"),
         ({"num_classes": 1}, "num_classes must be at least 2"),
-        ({"init_std": -1.0}, "init_std must be positive or None"),
+        ({"init_std": -1.0}, "init_std must be a positive finite number"),
     ],
 )
 def test_bad_configs_name_the_field(overrides, message):
@@ -225,3 +225,16 @@ def test_tiny_training_run_lowers_the_loss(tmp_path):
     start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert end < 0.75 * start, f"loss went from {start:.3f} to {end:.3f}"
     assert result.results["small-digits/test"]["accuracy"] > 0.2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"init_std": float("inf")}, "init_std must be a positive finite number, got inf"),
+        ({"conv_channels": 32}, "conv_channels must be a tuple"),
+        ({"decoder_hidden": 64}, "decoder_hidden must be a tuple"),
+    ],
+)
+def test_scales_and_tuples_of_the_wrong_kind_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        create_model("efficient-capsnet", "tiny", **overrides)

@@ -125,7 +125,7 @@ def test_zero_images_give_finite_outputs_and_gradients():
         ({"conv_caps_strides": (2, 0)}, "conv_caps_strides must hold positive integers"),
         ({"primary_types": 0}, "primary_types must be a positive integer"),
         ({"iterations": 0}, "iterations must be a positive integer"),
-        ({"data_per_parent": 0.0}, "data_per_parent must be positive or None, got 0.0"),
+        ({"data_per_parent": 0.0}, "data_per_parent must be a positive finite number, got 0.0"),
         (
             {"final_inverse_temperature": 0.0},
             "final_inverse_temperature must be a positive finite number, got 0.0",
@@ -225,3 +225,16 @@ def test_tiny_training_run_lowers_the_spread_loss(tmp_path):
     start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert end < 0.9 * start, f"loss went from {start:.3f} to {end:.3f}"
     assert result.results["small-digits/test"]["accuracy"] > 0.15
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"data_per_parent": "100"}, "data_per_parent must be a positive finite number, got '100'"),
+        ({"data_per_parent": float("inf")}, "data_per_parent must be a positive finite number, got inf"),
+        ({"conv_caps_types": 4}, "conv_caps_types must be a tuple"),
+    ],
+)
+def test_scales_and_tuples_of_the_wrong_kind_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        create_model("em-capsnet", "tiny", **overrides)

@@ -156,3 +156,9 @@ def test_register_model_rejects_bad_registrations(scratch_registry):
 
     with pytest.raises(ValueError, match="already registered"):
         register_model("cnn-baseline", config=_ToyConfig)(Other)
+
+
+def test_an_unknown_task_is_named_not_an_empty_list():
+    assert "cnn-baseline" in list_models("image-classification")
+    with pytest.raises(ValueError, match="task must be one of 'image-classification'.*got 'classification'"):
+        list_models("classification")

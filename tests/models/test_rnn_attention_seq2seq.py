@@ -171,3 +171,15 @@ def test_learns_addition_through_the_training_loop(tmp_path: Path, attention):
     assert end < 0.8 * start, f"loss went from {start:.3f} to {end:.3f}"
     assert result.model.config.attention == attention
     assert "sequence_accuracy" in result.results["addition/test"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"pad_id": 1.5}, "pad_id must be an integer >= 0, got 1.5"),
+        ({"eos_id": None}, "eos_id must be an integer >= 0, got None"),
+    ],
+)
+def test_special_ids_that_are_not_integers_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        create_model("rnn-attention-seq2seq", "tiny", **overrides)

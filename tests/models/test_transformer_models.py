@@ -556,3 +556,26 @@ def test_vision_transformer_learns_through_the_training_loop(tmp_path):
     assert len(losses) == 40
     _assert_decreases(losses, 0.6)
     assert result.results["mnist/test"]["accuracy"] > 0.3
+
+
+def test_classifier_images_that_are_not_floats_of_the_models_dtype_are_named():
+    model = _model("transformer-classifier")
+    with pytest.raises(TypeError, match="images must be a floating-point tensor, got torch.uint8"):
+        model(torch.randint(0, 255, (2, 1, 28, 28), dtype=torch.uint8))
+    with pytest.raises(TypeError, match="images has dtype torch.float64 but the module's parameters are"):
+        model(torch.rand(2, 1, 28, 28, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # pad_id=1.5 matched no token (nothing was masked); bos_id=2.0 and True passed as ids.
+        ({"pad_id": 1.5}, "pad_id must be an integer >= 0, got 1.5"),
+        ({"bos_id": 3.0}, "bos_id must be an integer >= 0, got 3.0"),
+        ({"pad_id": True, "bos_id": 3}, "pad_id must be an integer >= 0, got True"),
+        ({"eos_id": "2"}, "eos_id must be an integer >= 0, got '2'"),
+    ],
+)
+def test_special_ids_that_are_not_integers_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        create_model("transformer-seq2seq", "tiny", **overrides)

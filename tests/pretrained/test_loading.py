@@ -176,3 +176,42 @@ def test_with_routing_swaps_only_the_chosen_layers_and_keeps_weights(encoder):
     assert not torch.allclose(three.encode("a note for Bob"), encoder.encode("a note for Bob"))
     with pytest.raises(ValueError, match=r"layers must hold indices in \[-6, 6\), got 6"):
         encoder.with_routing([6])
+
+
+def test_encoder_inputs_of_the_wrong_kind_are_named():
+    torch.manual_seed(0)
+    model = BertEncoder(TINY).eval()
+    ids = torch.tensor([[1, 5, 2]])
+    with pytest.raises(ValueError, match="input_ids must hold integer ids.*got dtype torch.float32"):
+        model(ids.float())  # was: a RuntimeError from the embedding
+    with pytest.raises(TypeError, match="input_ids must be a .* tensor of token ids, got list"):
+        model(ids.tolist())
+    with pytest.raises(ValueError, match=r"token_type_ids must have input_ids' shape \(1, 3\), got \(1, 2\)"):
+        model(ids, None, torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="token_type_ids must hold integer ids"):
+        model(ids, None, torch.zeros(1, 3))
+    with pytest.raises(TypeError, match="key_mask must be a boolean tensor or None, got list"):
+        model(ids, [[True, True, True]])
+    assert model(ids.int()).last_hidden_state.shape == (1, 3, 8)
+
+
+def test_with_routing_names_a_single_index_given_as_layers():
+    model = BertEncoder(TINY)
+    with pytest.raises(TypeError, match=r"layers must be a sequence of layer indices \(e.g. \[1\]\)"):
+        model.with_routing(1)  # was: 'int' object is not iterable
+    assert type(model.with_routing([1]).layers[1].attention).__name__ == "RoutingAttention"
+
+
+def test_mean_pool_names_a_mask_of_another_shape():
+    from torchvote.pretrained import mean_pool
+
+    with pytest.raises(ValueError, match=r"key_mask \(b, L\).*hidden \(2, 3, 4\) and key_mask \(2, 4\)"):
+        mean_pool(torch.rand(2, 3, 4), torch.ones(2, 4, dtype=torch.bool))
+
+
+def test_bytes_are_refused_as_sentences():
+    from torchvote.pretrained import check_sentences
+
+    with pytest.raises(TypeError, match="got bytes; decode it first"):
+        check_sentences(b"a note for Bob")  # was: 'sentences[0] must be a string, got int'
+    assert check_sentences("a note") == ["a note"]

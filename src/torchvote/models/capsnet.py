@@ -58,8 +58,10 @@ from torch import Tensor, nn
 from torchvote.models.capsule_config import (
     CapsuleClassifierConfig,
     check_classifier_fields,
+    check_positive_scale,
     check_positive_tuples,
     check_router,
+    to_tuple,
 )
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
@@ -95,7 +97,9 @@ class CapsNetConfig(CapsuleClassifierConfig):
         decoder_hidden: widths of the decoder's hidden layers (512, 1024).
 
     Raises:
-        ValueError: a bad field, naming it (sizes that leave no capsule name the geometry).
+        ValueError: a bad field, naming it (sizes that leave no capsule name the geometry): among
+            them ``decoder_hidden`` that is not a tuple of positive integers and an ``init_std``
+            that is not a positive finite number.
     """
 
     conv_channels: int = 256
@@ -114,7 +118,7 @@ class CapsNetConfig(CapsuleClassifierConfig):
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
     def __post_init__(self) -> None:
-        self.decoder_hidden = tuple(self.decoder_hidden)
+        self.decoder_hidden = to_tuple(self.decoder_hidden, "decoder_hidden")
         check_classifier_fields(
             self,
             (
@@ -129,8 +133,7 @@ class CapsNetConfig(CapsuleClassifierConfig):
             ),
         )
         check_router(self.router, self.router_options)
-        if not self.init_std > 0:
-            raise ValueError(f"init_std must be positive, got {self.init_std!r}")
+        check_positive_scale(self.init_std, "init_std")
         check_positive_tuples(self, ("decoder_hidden",))
         if self.primary_grid < 1:
             raise ValueError(

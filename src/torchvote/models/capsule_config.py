@@ -1,31 +1,34 @@
 """What every capsule model config shares: the image fields (:class:`CapsuleClassifierConfig`)
-and the checks: positive sizes, at least two classes, tuples of positive integers, a known router
-whose options do not repeat what the capsule layer passes itself, and images of the configured
-shape.
+and the checks: positive sizes, at least two classes, tuples of positive integers, positive
+finite scales, a known router whose options do not repeat what the capsule layer passes itself,
+and images of the configured shape and the model's dtype.
 
 Each check raises ``ValueError`` naming the offending field and value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from torchvote.functional.routing import list_routers
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_input_dtype, check_positive_float, check_positive_int
 
 __all__ = [
     "CapsuleClassifierConfig",
     "check_classifier_fields",
     "check_images",
     "check_positive",
+    "check_positive_scale",
     "check_positive_tuples",
     "check_router",
     "router_options_errors",
+    "to_tuple",
 ]
 
 
@@ -65,6 +68,29 @@ def check_classifier_fields(config: CapsuleClassifierConfig, positive: tuple[str
     check_positive(config, ("image_size", "in_channels", "num_classes", *positive))
     if config.num_classes < 2:
         raise ValueError(f"num_classes must be at least 2, got {config.num_classes}")
+
+
+def to_tuple(value: Any, name: str) -> tuple[Any, ...]:
+    """``value``, a list or tuple (any iterable but a string or a mapping), as a tuple.
+
+    Raises:
+        ValueError: naming ``name``, for anything else, e.g. a single number (``(64,)`` is the
+            one-entry tuple); the entries are checked by the caller.
+    """
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ValueError(f"{name} must be a tuple (or list) of integers, one per layer, got {value!r}")
+    return tuple(value)
+
+
+def check_positive_scale(value: Any, name: str, *, optional: bool = False) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite real number above zero
+    (or ``None`` when ``optional``)."""
+    if optional and value is None:
+        return
+    try:
+        check_positive_float(value, name)
+    except ValueError as err:
+        raise ValueError(f"{err} (or None)" if optional else str(err)) from None
 
 
 def check_positive_tuples(config: Any, names: tuple[str, ...]) -> None:
@@ -127,10 +153,20 @@ def router_options_errors(router: str, router_options: Mapping[str, Any]) -> Ite
         ) from None
 
 
-def check_images(images: Tensor, config: Any) -> None:
-    """Raise ``ValueError`` unless ``images`` is ``(b, in_channels, image_size, image_size)``."""
+def check_images(images: Tensor, config: Any, dtype: torch.dtype | None = None) -> None:
+    """Check that ``images`` is a ``(b, in_channels, image_size, image_size)`` tensor of floats
+    (of ``dtype``, the model's parameters', when given). Reads the shape and dtype only.
+
+    Raises:
+        TypeError: ``images`` is not a tensor, not floating point (e.g. ``uint8`` pixels), or of
+            another dtype than ``dtype`` outside ``torch.autocast`` (the message names both).
+        ValueError: another shape.
+    """
+    if not isinstance(images, Tensor):
+        raise TypeError(f"images must be a floating-point tensor, got {type(images).__name__}")
     expected = (config.in_channels, config.image_size, config.image_size)
     if images.dim() != 4 or tuple(images.shape[1:]) != expected:
         raise ValueError(
             f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
         )
+    check_input_dtype(images, images.dtype if dtype is None else dtype, "images")

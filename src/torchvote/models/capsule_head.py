@@ -36,6 +36,7 @@ from torchvote.models.capsule_config import check_images, router_options_errors
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
+from torchvote.validation import check_integer_tensor
 
 __all__ = [
     "VECTOR_HEAD_RENAMES",
@@ -103,10 +104,14 @@ def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
         ``(b, 1)`` for ``(b,)`` or ``None`` targets, ``(b, k)`` for ``(b, k)`` targets.
 
     Raises:
+        TypeError: targets that are not a tensor of integer class indices (float or one-hot
+            targets would be read as lists of classes 0 and 1).
         ValueError: targets of another shape or batch size.
     """
     if targets is None:
         return scores.argmax(dim=-1, keepdim=True)  # (b, 1)
+    expected = "a tensor of integer class indices, (b,) or (b, k), not one-hot scores"
+    check_integer_tensor(targets, "targets", expected)
     if targets.dim() not in (1, 2) or targets.shape[0] != scores.shape[0]:
         raise ValueError(
             f"targets must be (b,) class indices or (b, k) classes per image with b={scores.shape[0]}, "
@@ -256,6 +261,7 @@ class CapsuleHead(nn.Module):
             num_classes, d)`` and ``couplings`` ``(b, num_classes, in_caps)`` (receivers first).
 
         Raises:
+            TypeError: targets that are not integer class indices.
             ValueError: targets of the wrong shape.
         """
         if self.lengths_as_activations and self.router.uses_activations:
@@ -348,9 +354,11 @@ class CapsuleClassifier(nn.Module):
             num_classes, in_caps)`` (receivers first) and the intermediates of :meth:`capsules`.
 
         Raises:
+            TypeError: images that are not a floating-point tensor of the parameters' dtype
+                (outside ``torch.autocast``), or targets that are not integer class indices.
             ValueError: images or targets of the wrong shape.
         """
-        check_images(images, self.config)
+        check_images(images, self.config, next(self.parameters()).dtype)
         capsules, intermediates = self.capsules(images)
         output = self.head(capsules, targets)
         output.intermediates.update(intermediates)

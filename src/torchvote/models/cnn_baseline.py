@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from torchvote.models.capsule_config import check_images, check_positive_tuples, to_tuple
 from torchvote.models.registry import ClassifierOutput, register_model
+from torchvote.validation import check_positive_int, check_probability
 
 __all__ = ["CNNBaseline", "CNNBaselineConfig"]
 
@@ -40,6 +42,12 @@ class CNNBaselineConfig:
         pool_after: indices of the convolutions followed by a 2x2 max-pool (none in the paper).
         hidden: widths of the fully connected layers after the convolutions.
         dropout: dropout probability before the classifier (the paper does not give it).
+
+    Raises:
+        ValueError: a bad field, naming it: sizes that are not positive integers (bools and
+            floats included), ``num_classes`` below 2, ``channels``, ``hidden`` or ``pool_after``
+            that are not tuples of such integers (a zero width would cut the classifier off its
+            input), an even kernel, pools that leave nothing, a dropout outside ``[0, 1)``.
     """
 
     image_size: int = 28
@@ -52,27 +60,28 @@ class CNNBaselineConfig:
     dropout: float = 0.5
 
     def __post_init__(self) -> None:
-        self.channels = tuple(self.channels)
-        self.pool_after = tuple(self.pool_after)
-        self.hidden = tuple(self.hidden)
-        if self.image_size < 1 or self.in_channels < 1 or self.num_classes < 2:
-            raise ValueError(
-                f"image_size, in_channels must be >= 1 and num_classes >= 2, got "
-                f"{self.image_size}, {self.in_channels}, {self.num_classes}"
-            )
-        if not self.channels or any(c < 1 for c in self.channels):
+        for name in ("image_size", "in_channels", "kernel_size"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_int(self.num_classes, "num_classes", minimum=2)
+        self.channels = to_tuple(self.channels, "channels")
+        self.pool_after = to_tuple(self.pool_after, "pool_after")
+        self.hidden = to_tuple(self.hidden, "hidden")
+        if not self.channels:
             raise ValueError(f"channels must be a non-empty tuple of positive ints, got {self.channels}")
-        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+        check_positive_tuples(self, ("channels", "hidden"))
+        if self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd and positive ('same' padding), got {self.kernel_size}")
-        bad = [i for i in self.pool_after if not 0 <= i < len(self.channels)]
+        bad = [
+            i for i in self.pool_after
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.channels)
+        ]
         if bad:
             raise ValueError(f"pool_after indices {bad} are not convolutions 0..{len(self.channels) - 1}")
         if self.image_size // 2 ** len(set(self.pool_after)) < 1:
             raise ValueError(
                 f"{len(set(self.pool_after))} pools shrink {self.image_size}x{self.image_size} to nothing"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_probability(self.dropout, "dropout")
 
     @property
     def feature_size(self) -> int:
@@ -135,12 +144,13 @@ class CNNBaseline(nn.Module):
         """``(b, c, h, w)`` images -> :class:`ClassifierOutput` with ``(b, num_classes)`` logits.
 
         ``targets`` is accepted for the common classifier signature and not used.
+
+        Raises:
+            TypeError: images that are not a floating-point tensor of the parameters' dtype
+                (outside ``torch.autocast``), e.g. ``uint8`` pixels.
+            ValueError: images of another shape than ``(b, in_channels, image_size, image_size)``.
         """
-        expected = (self.config.in_channels, self.config.image_size, self.config.image_size)
-        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(
-                f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
-            )
+        check_images(images, self.config, self.classifier.weight.dtype)
         features = self.features(images)  # (b, channels[-1], s, s)
         hidden = self.fully_connected(features)  # (b, hidden[-1])
         return ClassifierOutput(scores=self.classifier(self.dropout(hidden)))

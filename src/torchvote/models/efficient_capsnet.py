@@ -49,8 +49,10 @@ from torchvote.models.capsule_config import (
     CapsuleClassifierConfig,
     check_classifier_fields,
     check_positive,
+    check_positive_scale,
     check_positive_tuples,
     check_router,
+    to_tuple,
 )
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
@@ -83,7 +85,9 @@ class EfficientCapsNetConfig(CapsuleClassifierConfig):
         decoder_hidden: widths of the decoder's hidden layers (512, 1024).
 
     Raises:
-        ValueError: a bad field, naming it.
+        ValueError: a bad field, naming it: among them a tuple field given as anything but a
+            tuple (or list) of positive integers, and an ``init_std`` that is neither ``None`` nor
+            a positive finite number.
     """
 
     conv_channels: tuple[int, ...] = (32, 64, 64, 128)
@@ -101,10 +105,8 @@ class EfficientCapsNetConfig(CapsuleClassifierConfig):
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
     def __post_init__(self) -> None:
-        self.conv_channels = tuple(self.conv_channels)
-        self.conv_kernels = tuple(self.conv_kernels)
-        self.conv_strides = tuple(self.conv_strides)
-        self.decoder_hidden = tuple(self.decoder_hidden)
+        for name in ("conv_channels", "conv_kernels", "conv_strides", "decoder_hidden"):
+            setattr(self, name, to_tuple(getattr(self, name), name))
         check_classifier_fields(
             self,
             (
@@ -140,8 +142,7 @@ class EfficientCapsNetConfig(CapsuleClassifierConfig):
                     f"primary_kernel={self.primary_kernel} is larger than the {self.feature_grid}x"
                     f"{self.feature_grid} map the convolutions leave"
                 )
-        if self.init_std is not None and not self.init_std > 0:
-            raise ValueError(f"init_std must be positive or None, got {self.init_std!r}")
+        check_positive_scale(self.init_std, "init_std", optional=True)
 
     @property
     def feature_grid(self) -> int:

@@ -52,9 +52,11 @@ from torchvote.functional.em import (
 from torchvote.models.capsule_config import (
     CapsuleClassifierConfig,
     check_classifier_fields,
+    check_positive_scale,
     check_positive_tuples,
     check_router,
     router_options_errors,
+    to_tuple,
 )
 from torchvote.models.capsule_head import CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
@@ -108,7 +110,9 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
 
     Raises:
         ValueError: a bad field, naming it (a grid the layers shrink to nothing names
-            ``image_size``).
+            ``image_size``): among them a ``conv_caps_*`` field given as anything but a tuple
+            (or list) of positive integers, and a ``data_per_parent`` that is neither ``None``
+            nor a positive finite number.
     """
 
     conv_channels: int = 64
@@ -127,9 +131,8 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
     final_inverse_temperature: float | None = None
 
     def __post_init__(self) -> None:
-        self.conv_caps_types = tuple(self.conv_caps_types)
-        self.conv_caps_kernels = tuple(self.conv_caps_kernels)
-        self.conv_caps_strides = tuple(self.conv_caps_strides)
+        for name in ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"):
+            setattr(self, name, to_tuple(getattr(self, name), name))
         check_classifier_fields(
             self,
             (
@@ -144,8 +147,7 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
         if self.coordinate_addition and side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={self.pose_dim}")
         check_router(self.router, self.router_options)
-        if self.data_per_parent is not None and not self.data_per_parent > 0:
-            raise ValueError(f"data_per_parent must be positive or None, got {self.data_per_parent}")
+        check_positive_scale(self.data_per_parent, "data_per_parent", optional=True)
         if self.final_inverse_temperature is not None:
             check_positive_float(self.final_inverse_temperature, "final_inverse_temperature")
         check_positive_tuples(self, ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"))

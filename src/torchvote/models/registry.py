@@ -53,6 +53,8 @@ from typing import Any, Literal, get_args
 
 from torch import Tensor, nn
 
+from torchvote.validation import check_choice
+
 __all__ = [
     "TASKS",
     "ClassifierOutput",
@@ -221,7 +223,13 @@ def _load_all() -> None:
 
 
 def list_models(task: str | None = None) -> list[str]:
-    """Sorted names of the registered models (of one task if given)."""
+    """Sorted names of the registered models (of one task if given).
+
+    Raises:
+        ValueError: a ``task`` that is not one of :data:`TASKS` (it would list no model).
+    """
+    if task is not None:
+        check_choice(task, TASKS, "task")
     _load_all()
     return sorted(name for name, spec in _REGISTRY.items() if task is None or spec.task == task)
 

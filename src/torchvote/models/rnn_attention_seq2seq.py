@@ -77,7 +77,8 @@ class RNNAttentionSeq2SeqConfig:
         dropout: on the embeddings, between GRU layers and before the output layer.
 
     Raises:
-        ValueError: a field out of range or inconsistent, naming it.
+        ValueError: a field out of range or inconsistent, naming it (``pad_id``, ``bos_id`` and
+            ``eos_id`` must be distinct integer ids).
     """
 
     src_vocab_size: int = 30000

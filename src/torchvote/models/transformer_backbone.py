@@ -137,11 +137,12 @@ def check_special_ids(config: Any) -> None:
     """Check ``pad_id``, ``bos_id``, ``eos_id`` of a sequence-to-sequence config.
 
     Raises:
-        ValueError: an id outside the target vocabulary, ids that coincide, or a ``pad_id``
-            outside the source vocabulary, naming the field.
+        ValueError: an id that is not an integer (a float or bool would never match a token id:
+            ``pad_id=1.5`` masked nothing), an id outside the target vocabulary, ids that
+            coincide, or a ``pad_id`` outside the source vocabulary, naming the field.
     """
     for name in ("pad_id", "bos_id", "eos_id"):
-        value = getattr(config, name)
+        value = check_positive_int(getattr(config, name), name, minimum=0)
         if not 0 <= value < config.tgt_vocab_size:
             raise ValueError(
                 f"{name} must be a target id in [0, tgt_vocab_size={config.tgt_vocab_size}), got {value}"

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.models.transformer_backbone import TransformerBackboneFields, run_stack
 from torchvote.nn.transformer_stack import TransformerEncoder
-from torchvote.validation import check_choice
+from torchvote.validation import check_choice, check_input_dtype
 
 __all__ = ["TransformerClassifier", "TransformerClassifierConfig"]
 
@@ -170,12 +170,15 @@ class TransformerClassifier(nn.Module):
 
         Raises:
             ValueError: images of the wrong shape.
+            TypeError: images that are not floating point (e.g. ``uint8`` pixels) or not of the
+                parameters' dtype (outside ``torch.autocast``).
         """
         config = self.config
         expected = (config.in_channels, config.image_size, config.image_size)
         if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
             raise ValueError(f"images must have shape (b, {', '.join(map(str, expected))}), got {shape}")
+        check_input_dtype(images, self.patch_embedding.weight.dtype, "images")
         patches = self.patch_embedding(images)  # (b, E, h / p, w / p)
         tokens = rearrange(patches, "b e h w -> b (h w) e")  # (b, N, E)
         if self.class_token is not None:

@@ -91,7 +91,8 @@ class TransformerSeq2SeqConfig(TransformerBackboneFields):
             change earlier predictions.
 
     Raises:
-        ValueError: a field out of range or inconsistent, naming it.
+        ValueError: a field out of range or inconsistent, naming it (``pad_id``, ``bos_id`` and
+            ``eos_id`` must be distinct integer ids).
     """
 
     src_vocab_size: int = 37000

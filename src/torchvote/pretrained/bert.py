@@ -14,7 +14,7 @@ features. ``L`` is the padded token length.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -197,11 +197,14 @@ class BertEncoder(nn.Module):
             An :class:`EncoderOutput` (``tokens`` left empty: ids carry no text).
 
         Raises:
-            ValueError: ``input_ids`` is not 2-D, longer than ``max_position_embeddings``, or
-                ``key_mask`` has another shape.
+            TypeError: ``input_ids``, ``key_mask`` or ``token_type_ids`` is not a tensor.
+            ValueError: ``input_ids`` or ``token_type_ids`` is not 2-D integer ids (int64 or
+                int32, what ``nn.Embedding`` takes), ``input_ids`` is longer than
+                ``max_position_embeddings``, or ``key_mask`` or ``token_type_ids`` has another
+                shape than ``input_ids``. (The ids' range is not checked: that would read them
+                back from the device on every call.)
         """
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+        _check_ids(input_ids, "input_ids")
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(
                 f"input_ids has {input_ids.shape[1]} tokens, more than the model's limit of "
@@ -209,10 +212,19 @@ class BertEncoder(nn.Module):
             )
         if key_mask is None:
             key_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        if not isinstance(key_mask, Tensor):
+            raise TypeError(f"key_mask must be a boolean tensor or None, got {type(key_mask).__name__}")
         if key_mask.shape != input_ids.shape:
             raise ValueError(
                 f"key_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(key_mask.shape)}"
             )
+        if token_type_ids is not None:
+            _check_ids(token_type_ids, "token_type_ids")
+            if token_type_ids.shape != input_ids.shape:
+                raise ValueError(
+                    f"token_type_ids must have input_ids' shape {tuple(input_ids.shape)}, got "
+                    f"{tuple(token_type_ids.shape)}"
+                )
         key_mask = key_mask.bool()
         x = self.embeddings(input_ids, token_type_ids)  # (b, L, E)
         states, attentions = [x], []
@@ -301,10 +313,17 @@ class BertEncoder(nn.Module):
             A new :class:`BertEncoder` (this one is unchanged), sharing the tokenizer.
 
         Raises:
+            TypeError: ``layers`` that is not a sequence of indices (a single ``3`` must be
+                ``[3]``).
             ValueError: a layer index out of range, or an invalid ``iterations`` /
                 ``normalize_over`` (from :class:`~torchvote.nn.RoutingAttention`).
         """
         count = len(self.layers)
+        if layers is not None and (isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)):
+            raise TypeError(
+                f"layers must be a sequence of layer indices (e.g. [{layers!r}]) or None, got "
+                f"{type(layers).__name__}"
+            )
         chosen = range(count) if layers is None else list(layers)
         for index in chosen:
             if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
@@ -343,8 +362,29 @@ def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
 
     Returns:
         ``(b, E)`` unit-norm embeddings.
+
+    Raises:
+        ValueError: ``hidden`` that is not 3-D, or a ``key_mask`` of another shape than its
+            first two dimensions.
     """
+    if hidden.dim() != 3 or tuple(key_mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(
+            f"mean_pool needs hidden (b, L, E) and key_mask (b, L) of the same b and L, got "
+            f"hidden {tuple(hidden.shape)} and key_mask {tuple(key_mask.shape)}"
+        )
     weights = key_mask.to(hidden.dtype).unsqueeze(-1)  # (b, L, 1)
     summed = (hidden * weights).sum(dim=1)  # (b, E)
     counts = weights.sum(dim=1).clamp(min=1e-9)  # (b, 1), as sentence-transformers clamps
     return F.normalize(summed / counts, p=2, dim=1)
+
+
+def _check_ids(ids: Tensor, argument: str) -> None:
+    """Raise unless ``ids`` is a ``(b, L)`` tensor of int64 or int32 ids (shape and dtype only)."""
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{argument} must be a (batch, length) tensor of token ids, got {type(ids).__name__}")
+    if ids.dim() != 2:
+        raise ValueError(f"{argument} must be (batch, length), got shape {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"{argument} must hold integer ids of dtype torch.int64 or torch.int32, got dtype {ids.dtype}"
+        )

@@ -46,11 +46,16 @@ def check_sentences(sentences: str | Sequence[str]) -> list[str]:
         The sentences as a list.
 
     Raises:
-        TypeError: ``sentences`` or one of them is not a string.
+        TypeError: ``sentences`` or one of them is not a string (``bytes`` included: decode them).
         ValueError: no sentences, or a sentence that is empty or only whitespace (named by index).
     """
     if isinstance(sentences, str):
         sentences = [sentences]
+    if isinstance(sentences, (bytes, bytearray)):
+        raise TypeError(
+            f"sentences must be a string or a list of strings, got {type(sentences).__name__}; "
+            "decode it first (e.g. sentences.decode('utf-8'))"
+        )
     if not isinstance(sentences, Sequence):
         raise TypeError(f"sentences must be a string or a list of strings, got {type(sentences).__name__}")
     sentences = list(sentences)
