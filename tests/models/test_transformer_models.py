@@ -342,6 +342,9 @@ def test_bad_inputs_name_the_argument():
         lm(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="temperature"):
         lm.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=-1.0)
+    for temperature in ("1", None):  # failed in a comparison that named nothing
+        with pytest.raises(TypeError, match="temperature must be a number >= 0"):
+            lm.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=temperature)
     with pytest.raises(ValueError, match="top_k"):
         lm.generate(torch.zeros(1, 3, dtype=torch.long), 2, top_k=0)
     with pytest.raises(ValueError, match="torch.int64 or torch.int32, got dtype torch.uint8"):

@@ -220,11 +220,14 @@ class TransformerLM(nn.Module):
 
         Raises:
             ValueError: a bad ``prompt``, ``max_new_tokens``, ``temperature`` or ``top_k``.
+            TypeError: a ``temperature`` that is not a number (``"1"`` or ``None``).
         """
         unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
         tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
         check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float, Tensor)):
+            raise TypeError(f"temperature must be a number >= 0, got {type(temperature).__name__}")
         if not temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
