@@ -7,6 +7,7 @@ the wrong type) naming the argument and what was expected.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "check_bool_fields",
     "check_choice",
     "check_input_dtype",
     "check_integer_tensor",
@@ -171,3 +173,17 @@ def check_integer_tensor(value: Any, argument: str, expected: str) -> None:
     ):
         described = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
         raise TypeError(f"{argument} must be {expected}, got {described}")
+
+
+def check_bool_fields(config: Any) -> None:
+    """Refuse a dataclass ``config`` whose ``bool`` fields hold anything but ``True``/``False``:
+    a string ``"no"`` is truthy and would switch the option on.
+
+    Raises:
+        TypeError: naming the first such field and its value.
+    """
+    for field in dataclasses.fields(config):
+        if field.type in ("bool", bool):
+            value = getattr(config, field.name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{field.name} must be True or False, got {value!r}")

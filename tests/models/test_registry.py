@@ -162,3 +162,21 @@ def test_an_unknown_task_is_named_not_an_empty_list():
     assert "cnn-baseline" in list_models("image-classification")
     with pytest.raises(ValueError, match="task must be one of 'image-classification'.*got 'classification'"):
         list_models("classification")
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        ("capsnet", "decoder"),
+        ("efficient-capsnet", "decoder"),
+        ("em-capsnet", "coordinate_addition"),
+        ("rnn-attention-seq2seq", "bidirectional"),
+        ("transformer-lm", "tie_weights"),
+        ("transformer-seq2seq", "share_embeddings"),
+    ],
+)
+def test_a_switch_given_as_text_is_refused(name, field):
+    # decoder="no" is a truthy string: the option was switched on without a word
+    spec = get_model_spec(name)
+    with pytest.raises(TypeError, match=f"{field} must be True or False, got 'no'"):
+        spec.config_cls(**{field: "no"})

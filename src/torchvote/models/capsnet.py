@@ -66,6 +66,7 @@ from torchvote.models.capsule_config import (
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
 from torchvote.nn.capsules import PrimaryCapsules
+from torchvote.validation import check_bool_fields
 
 __all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
 
@@ -118,6 +119,7 @@ class CapsNetConfig(CapsuleClassifierConfig):
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         self.decoder_hidden = to_tuple(self.decoder_hidden, "decoder_hidden")
         check_classifier_fields(
             self,

@@ -56,6 +56,7 @@ from torchvote.models.capsule_config import (
 )
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
+from torchvote.validation import check_bool_fields
 
 __all__ = ["DepthwisePrimaryCapsules", "EfficientCapsNet", "EfficientCapsNetConfig"]
 
@@ -105,6 +106,7 @@ class EfficientCapsNetConfig(CapsuleClassifierConfig):
     decoder_hidden: tuple[int, ...] = (512, 1024)
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         for name in ("conv_channels", "conv_kernels", "conv_strides", "decoder_hidden"):
             setattr(self, name, to_tuple(getattr(self, name), name))
         check_classifier_fields(

@@ -68,7 +68,7 @@ from torchvote.nn.em_capsules import (
     pose_side,
 )
 from torchvote.nn.routers import make_router
-from torchvote.validation import check_positive_float
+from torchvote.validation import check_bool_fields, check_positive_float
 
 __all__ = ["EMCapsNet", "EMCapsNetConfig"]
 
@@ -131,6 +131,7 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
     final_inverse_temperature: float | None = None
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         for name in ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"):
             setattr(self, name, to_tuple(getattr(self, name), name))
         check_classifier_fields(

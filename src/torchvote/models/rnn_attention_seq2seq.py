@@ -45,7 +45,7 @@ from torchvote.models.transformer_backbone import (
     greedy_decode,
 )
 from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
-from torchvote.validation import check_choice, check_positive_int, check_probability
+from torchvote.validation import check_bool_fields, check_choice, check_positive_int, check_probability
 
 __all__ = ["RNNAttentionSeq2Seq", "RNNAttentionSeq2SeqConfig"]
 
@@ -96,6 +96,7 @@ class RNNAttentionSeq2SeqConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         check_config_ints(
             self, ("src_vocab_size", "tgt_vocab_size", "max_len", "embed_dim", "hidden_size", "num_layers")
         )

@@ -41,7 +41,7 @@ from torchvote.models.transformer_backbone import (
 )
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer_stack import TransformerEncoder
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_bool_fields, check_positive_int
 
 __all__ = ["TransformerLM", "TransformerLMConfig"]
 
@@ -88,6 +88,7 @@ class TransformerLMConfig(TransformerBackboneFields):
     routing_normalize_over: Literal["senders", "receivers"] = "senders"
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         if self.routing_normalize_over == "receivers":
             raise ValueError(
                 "routing_normalize_over='receivers' is not possible in transformer-lm: every "

@@ -52,6 +52,7 @@ from torchvote.models.transformer_backbone import (
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer import AttentionIntermediates
 from torchvote.nn.transformer_stack import TransformerDecoder, TransformerEncoder
+from torchvote.validation import check_bool_fields
 
 __all__ = ["TransformerSeq2Seq", "TransformerSeq2SeqConfig"]
 
@@ -117,6 +118,7 @@ class TransformerSeq2SeqConfig(TransformerBackboneFields):
     routing_normalize_over: Literal["senders", "receivers"] = "senders"
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         self.check_backbone(
             "src_vocab_size", "tgt_vocab_size", "max_len", "num_encoder_layers", "num_decoder_layers"
         )
