@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "broadcast_shape",
     "check_bool_fields",
     "check_choice",
     "check_input_dtype",
@@ -187,3 +188,12 @@ def check_bool_fields(config: Any) -> None:
             value = getattr(config, field.name)
             if not isinstance(value, bool):
                 raise TypeError(f"{field.name} must be True or False, got {value!r}")
+
+
+def broadcast_shape(*shapes: Collection[int]) -> tuple[int, ...] | None:
+    """The shape ``shapes`` broadcast to, or ``None`` when they do not broadcast (what every
+    "does this mask / bias / batch fit" check asks; shapes only, nothing is allocated)."""
+    try:
+        return tuple(torch.broadcast_shapes(*(tuple(shape) for shape in shapes)))
+    except RuntimeError:
+        return None

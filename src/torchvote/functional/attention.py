@@ -25,6 +25,7 @@ from torchvote.functional.masks import (
     prepare_attention_mask,
 )
 from torchvote.functional.voting import DotProductScores, SharedVotes, vote
+from torchvote.validation import broadcast_shape
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -58,13 +59,11 @@ def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
         raise ValueError(
             f"key and value must have the same length, got {key.shape[-2]} and {value.shape[-2]}"
         )
-    try:
-        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
+    if broadcast_shape(query.shape[:-2], key.shape[:-2], value.shape[:-2]) is None:
         raise ValueError(
             f"query, key and value must have batch axes that broadcast, got shapes "
             f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}"
-        ) from None
+        )
 
 
 def scaled_dot_product_attention(

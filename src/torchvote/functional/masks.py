@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from torchvote.validation import broadcast_shape
+
 __all__ = [
     "causal_mask",
     "check_attention_mask",
@@ -57,11 +59,7 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
             f"{argument} must be boolean (True = may attend) or floating point (added to the "
             f"logits), got dtype {mask.dtype}"
         )
-    try:
-        broadcast = torch.broadcast_shapes(tuple(mask.shape), target)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != tuple(target):
+    if broadcast_shape(mask.shape, target) != tuple(target):
         raise ValueError(
             f"{argument} of shape {tuple(mask.shape)} does not broadcast to the attention logits' "
             f"shape {tuple(target)} (batch..., L, S)"

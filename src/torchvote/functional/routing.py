@@ -60,7 +60,7 @@ from torchvote.functional.voting import (
     Votes,
     vote,
 )
-from torchvote.validation import check_input_dtype, check_positive_float, check_positive_int
+from torchvote.validation import broadcast_shape, check_input_dtype, check_positive_float, check_positive_int
 
 __all__ = [
     "as_routing_votes",
@@ -137,11 +137,7 @@ def _vote_shape(votes: Votes) -> tuple[int, ...] | None:
 
 def _check_fits(tensor: Tensor, target: tuple[int, ...], argument: str, expected: str) -> None:
     """Refuse a ``tensor`` that does not broadcast to ``target`` (without growing it)."""
-    try:
-        fits = tensor.dim() >= 2 and torch.broadcast_shapes(tensor.shape, target) == target
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if tensor.dim() < 2 or broadcast_shape(tensor.shape, target) != target:
         raise ValueError(f"{argument} must broadcast to {expected} = {target}, got {tuple(tensor.shape)}")
 
 
@@ -537,12 +533,7 @@ def slot_attention(
             f"keys and values must have the same (batch..., inputs), got {tuple(keys.shape)} and "
             f"{tuple(values.shape)}"
         )
-    try:
-        torch.broadcast_shapes(slots.shape[:-2], keys.shape[:-2])
-        fits = slots.dim() >= 2
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if slots.dim() < 2 or broadcast_shape(slots.shape[:-2], keys.shape[:-2]) is None:
         raise ValueError(
             f"slots must have shape (batch..., num_slots, slot_dim) with batch axes that broadcast "
             f"with the keys' {tuple(keys.shape[:-2])}, got {tuple(slots.shape)}"

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from torchvote.functional.masks import fused_kernel_mask, voting_mask
 from torchvote.functional.nonlinearities import squash
-from torchvote.validation import check_choice, check_positive_int, check_probability
+from torchvote.validation import broadcast_shape, check_choice, check_positive_int, check_probability
 
 __all__ = [
     "NormalizeOver",
@@ -545,12 +545,8 @@ def _check_logits_and_mask(votes: Votes, logits: Tensor, mask: Tensor | None) ->
     elif isinstance(votes, SharedVotes):
         expected = (*votes.values.shape[:-2], logits.shape[-2], votes.values.shape[-2])  # (..., i, j)
     if expected is not None:
-        try:
-            fits = logits.dim() >= 2 and logits.shape[-2:] == tuple(expected[-2:])
-            torch.broadcast_shapes(logits.shape[:-2], tuple(expected[:-2]))
-        except RuntimeError:
-            fits = False
-        if not fits:
+        fits = logits.dim() >= 2 and logits.shape[-2:] == tuple(expected[-2:])
+        if not fits or broadcast_shape(logits.shape[:-2], expected[:-2]) is None:
             raise ValueError(
                 f"logits of shape {tuple(logits.shape)} do not fit votes of shape "
                 f"{tuple(votes.materialize().shape)}: expected (..., i, j) = {tuple(expected)}"
@@ -563,13 +559,11 @@ def _check_logits_and_mask(votes: Votes, logits: Tensor, mask: Tensor | None) ->
 
 def _check_mask_shape(mask: Tensor, logits: Tensor) -> None:
     """Raise a ValueError naming ``mask`` unless it broadcasts to ``logits`` (shapes only)."""
-    try:
-        torch.broadcast_shapes(mask.shape, logits.shape)
-    except RuntimeError:
+    if broadcast_shape(mask.shape, logits.shape) is None:
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the logits' shape "
             f"{tuple(logits.shape)}"
-        ) from None
+        )
 
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:
