@@ -111,6 +111,7 @@ def test_model_name_can_come_after_model_overrides():
         ("data.eval_limit=0", "data.eval_limit must be positive or None, got 0"),
         ("max_steps=0", "max_steps must be positive or None, got 0"),
         ("device=tpu", "device must be auto, cpu, cuda or cuda:<index>, got 'tpu'"),
+        ("device=cuda:x", "device must be auto, cpu, cuda or cuda:<index>, got 'cuda:x'"),
         ("loss.label_smoothing=1", "loss.label_smoothing must be in [0, 1)"),
         # real-valued options that trained on silently (inf, a clip that flips the gradients,
         # a reconstruction term switched off by a sign) or failed deep (decay_steps=0)

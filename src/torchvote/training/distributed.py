@@ -8,6 +8,7 @@ single process and every function here is a no-op, so the training loop has one 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +60,7 @@ def check_device_name(name: object, argument: str = "device") -> str:
     Raises:
         ValueError: anything but ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
     """
-    if not isinstance(name, str) or not (name in ("auto", "cpu") or name.startswith("cuda")):
+    if not isinstance(name, str) or re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is None:
         raise ValueError(f"{argument} must be auto, cpu, cuda or cuda:<index>, got {name!r}")
     return name
 
@@ -77,12 +78,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r} requested but CUDA is not available; use device=cpu or auto")
-        if name == "cuda":
-            return torch.device(f"cuda:{local_rank}")
-        try:
-            return torch.device(name)
-        except RuntimeError:  # cuda:x, cuda:-1
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:<index>, got {name!r}") from None
+        return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
     return torch.device(name)
 
 
