@@ -3,6 +3,7 @@
 ::
 
     torchvote main [key=value ...]                      # the README's main job
+    torchvote --version
     torchvote demo                                      # the operator as attention and routing
     torchvote train PRESET [key=value ...]              # PRESET: a shipped name or a .yaml path
     torchvote train --resume RUN_DIR [key=value ...]    # continue a stopped run
@@ -30,6 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from torchvote import __version__
 from torchvote.explain.command import add_explain_arguments, run_explain
 
 __all__ = ["build_parser", "main"]
@@ -50,6 +52,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchvote", description="Train and evaluate attention and capsule models.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     main_job = commands.add_parser("main", help="train the default preset, evaluate it, print the results")
