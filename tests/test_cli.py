@@ -167,6 +167,18 @@ def test_list(capsys, what, expected):
     assert code == 0 and expected in out and out.strip()
 
 
+def test_list_datasets_names_the_options_of_each_split(capsys):
+    code, out, _ = run(capsys, "list", "datasets")
+    lines = out.splitlines()
+    after = {line.split()[0]: lines[i + 1].strip() for i, line in enumerate(lines) if not line[0].isspace()}
+    assert code == 0 and len(after) == 10
+    assert after["mnist"] == "options: limit, root, source"
+    assert after["affnist"] == (
+        "options (train): canvas, limit, root, seed, source; options (test): limit, root"
+    )
+    assert after["shakespeare"] == "options: archive, root, titles, val_fraction"
+
+
 def test_list_everything(capsys):
     code, out, _ = run(capsys, "list")
     assert code == 0

@@ -389,9 +389,19 @@ def _list_presets() -> list[str]:
 
 
 def _list_datasets() -> list[str]:
-    from torchvote.data import list_datasets
+    """One line per data set, and one naming its options (``data.options.KEY=...``, per split where
+    the splits differ)."""
+    from torchvote.data import dataset_options, dataset_splits, list_datasets
 
-    return [f"{name:24s} {description}" for name, description in list_datasets().items()]
+    lines = []
+    for name, description in list_datasets().items():
+        by_split = {split: ", ".join(dataset_options(name, split)) for split in dataset_splits(name)}
+        if len(set(by_split.values())) == 1:
+            options = f"options: {next(iter(by_split.values()))}"
+        else:
+            options = "; ".join(f"options ({split}): {text}" for split, text in by_split.items())
+        lines += [f"{name:24s} {description}", f"{'':24s} {options}"]
+    return lines
 
 
 _LISTERS = {

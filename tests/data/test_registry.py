@@ -1,12 +1,21 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 import torchvote.data.mnist as mnist_module
-from torchvote.data import CharVocab, MultiMNISTSource, dataset_reads_files, get_dataset, list_datasets
+import torchvote.data.registry as registry
+from torchvote.data import (
+    CharVocab,
+    MultiMNISTSource,
+    dataset_options,
+    dataset_reads_files,
+    get_dataset,
+    list_datasets,
+)
 from torchvote.data.command import main
 
 from .test_affnist import tiny_set, write_mat
@@ -107,6 +116,59 @@ def test_unknown_name_and_split() -> None:
         get_dataset("mnist", "valid")
     with pytest.raises(ValueError, match="'train', 'val'"):
         get_dataset("shakespeare", "test")
+
+
+# What each split takes, written from the loaders' documented arguments (the registry reads them
+# from the signatures: this is the independent check that it reads the right ones).
+MNIST_OPTIONS = ("limit", "root", "source")
+SEQUENCE_OPTIONS = ("max_len", "min_len", "num_samples", "seed")
+EXPECTED_OPTIONS = {
+    ("mnist", "test"): MNIST_OPTIONS,
+    ("small-digits", "train"): ("seed", "size", "source"),
+    ("multimnist", "train"): (*MNIST_OPTIONS, "canvas", "max_shift", "num_pairs", "seed"),
+    ("multimnist", "test"): (*MNIST_OPTIONS, "canvas", "max_shift", "num_pairs", "seed"),
+    ("affnist", "train"): (*MNIST_OPTIONS, "canvas", "seed"),
+    ("affnist", "test"): ("limit", "root"),
+    ("affnist-style", "train"): (*MNIST_OPTIONS, "canvas", "seed"),
+    ("affnist-style", "test"): (*MNIST_OPTIONS, "canvas", "ranges", "seed"),
+    ("shakespeare", "val"): ("archive", "root", "titles", "val_fraction"),
+    ("copy", "train"): SEQUENCE_OPTIONS,
+    ("addition", "test"): SEQUENCE_OPTIONS,
+}
+
+
+@pytest.mark.parametrize(("name", "split"), sorted(EXPECTED_OPTIONS), ids="-".join)
+def test_each_split_lists_the_options_it_takes(name: str, split: str) -> None:
+    assert dataset_options(name, split) == tuple(sorted(EXPECTED_OPTIONS[name, split]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_unknown_option_is_refused_before_any_loading_naming_what_the_split_takes(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the data were built before the options were checked")
+
+    entry = registry._REGISTRY[name]
+    monkeypatch.setitem(registry._REGISTRY, name, dataclasses.replace(entry, build=no_loading))
+    split = "val" if name == "shakespeare" else "test"
+    with pytest.raises(TypeError) as info:
+        get_dataset(name, split, bogus=1, limt=3)
+    message = str(info.value)
+    assert f"data set {name!r} ({split} split) takes no option 'bogus', 'limt'" in message
+    assert message.endswith("it takes " + ", ".join(dataset_options(name, split)))
+
+
+def test_options_follow_the_split_and_every_listed_one_is_taken() -> None:
+    with pytest.raises(TypeError, match=r"'affnist' \(test split\) takes no option 'seed'"):
+        get_dataset("affnist", "test", seed=3)  # the real files: nothing is drawn
+    for name in ("copy", "reverse", "sort", "addition"):  # generated: cheap to build with all
+        src, tgt = get_dataset(name, "train", num_samples=4, min_len=2, max_len=3, seed=5)
+        assert len(src) == len(tgt) == 4
+    with pytest.raises(ValueError, match="split"):
+        dataset_options("mnist", "val")
+    with pytest.raises(ValueError, match="unknown data set"):
+        dataset_options("cifar10")
 
 
 @pytest.mark.parametrize("name", ["affnist", "affnist-style"])

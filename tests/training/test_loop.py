@@ -330,7 +330,7 @@ def test_canvas_trains_on_40x40_and_evaluates_on_affnist_style(tiny_config):
     ("entry", "error"),
     [
         ("nosuch", "unknown data set 'nosuch'"),
-        ("mnist:bogus=1", r"does not accept the options \['bogus'\]"),
+        ("mnist:bogus=1", r"'mnist' \(test split\) takes no option 'bogus'; it takes limit, root, source"),
         ("copy", "image classifiers need an image data set"),
         ("affnist-style", "the model takes 28x28 images, the data has 40x40"),
     ],

@@ -30,7 +30,13 @@ from torchvote.data.multimnist import (
     make_multimnist,
 )
 from torchvote.data.paths import data_root, dataset_dir
-from torchvote.data.registry import dataset_reads_files, get_dataset, list_datasets
+from torchvote.data.registry import (
+    dataset_options,
+    dataset_reads_files,
+    dataset_splits,
+    get_dataset,
+    list_datasets,
+)
 from torchvote.data.sequences import (
     BOS,
     EOS,
@@ -88,7 +94,9 @@ __all__ = [
     "copy_task",
     "data_root",
     "dataset_dir",
+    "dataset_options",
     "dataset_reads_files",
+    "dataset_splits",
     "decode_sequence",
     "download_affnist",
     "download_file",

@@ -9,8 +9,9 @@ files (:mod:`torchvote.data.affnist`; ``affnist-style`` is the generated stand-i
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,10 +25,27 @@ from torchvote.data.sequences import SEQUENCE_TASKS, make_sequence_task
 from torchvote.data.text import CharVocab, load_shakespeare, train_val_split
 from torchvote.data.transforms import _check_seed
 
-__all__ = ["DatasetEntry", "dataset_reads_files", "get_dataset", "list_datasets"]
+__all__ = [
+    "DatasetEntry",
+    "dataset_options",
+    "dataset_reads_files",
+    "dataset_splits",
+    "get_dataset",
+    "list_datasets",
+]
 
 _DEFAULT_SEED = {"train": 0, "test": 1}
-_MNIST_KEYS = ("source", "root", "limit")
+
+
+def _keywords(function: Callable[..., Any], *, drop: tuple[str, ...] = ()) -> frozenset[str]:
+    """The names ``function`` takes as keyword arguments, less ``drop`` (those the registry
+    passes itself): read from its signature, so the registry's option lists follow the code."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = {p.name for p in inspect.signature(function).parameters.values() if p.kind in kinds}
+    return frozenset(names - set(drop))
+
+
+_MNIST_OPTIONS = _keywords(load_mnist, drop=("split",))  # what the MNIST-derived sets pass on
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,8 @@ class DatasetEntry:
         build: ``build(split, **kwargs)`` returning the data.
         reads_files: The data come from files, whose folder ``root=`` names; a generated set
             takes no ``root``.
+        options: ``{split: the keyword arguments build takes for it}``; :func:`get_dataset`
+            refuses any other (a split not listed is not checked).
     """
 
     name: str
@@ -48,14 +68,15 @@ class DatasetEntry:
     splits: tuple[str, ...]
     build: Callable[..., Any]
     reads_files: bool = True
+    options: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
-def _split_kwargs(kwargs: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+def _split_kwargs(kwargs: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in keys if k in kwargs}
 
 
 def _multimnist(split: str, **kwargs: Any) -> Any:
-    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
+    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_OPTIONS))
     kwargs.setdefault("num_pairs", len(images))
     kwargs.setdefault("seed", _DEFAULT_SEED[split])
     return (MultiMNISTSource if split == "train" else make_multimnist)(images, labels, **kwargs)
@@ -64,7 +85,7 @@ def _multimnist(split: str, **kwargs: Any) -> Any:
 def _translated_mnist(split: str, **kwargs: Any) -> Any:
     """MNIST of ``split`` placed at random on a 40x40 canvas (the affNIST training side)."""
     seed = _check_seed(kwargs.pop("seed", _DEFAULT_SEED[split]))
-    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
+    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_OPTIONS))
     generator = torch.Generator().manual_seed(seed)
     return pad_and_translate_train(images, generator=generator, **kwargs), labels
 
@@ -78,7 +99,7 @@ def _affnist(split: str, **kwargs: Any) -> Any:
 def _affnist_style(split: str, **kwargs: Any) -> Any:
     if split == "train":
         return _translated_mnist(split, **kwargs)
-    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_KEYS))
+    images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_OPTIONS))
     kwargs.setdefault("seed", _DEFAULT_SEED[split])
     warped, labels, _ = make_affnist_style(images, labels, **kwargs)
     return warped, labels
@@ -103,6 +124,17 @@ def _sequence(task: str) -> Callable[..., Any]:
 
 
 _IMAGE_SPLITS = ("train", "test")
+_SHAKESPEARE_OPTIONS = _keywords(_shakespeare, drop=("split",)) | _keywords(load_shakespeare)
+# MNIST of the split placed at random on a canvas: the training side of affnist and affnist-style
+_TRANSLATED_OPTIONS = (
+    _MNIST_OPTIONS | {"seed"} | _keywords(pad_and_translate_train, drop=("images", "generator"))
+)
+
+
+def _same(options: frozenset[str], splits: tuple[str, ...] = _IMAGE_SPLITS) -> dict[str, frozenset[str]]:
+    return dict.fromkeys(splits, options)
+
+
 _REGISTRY: dict[str, DatasetEntry] = {
     entry.name: entry
     for entry in [
@@ -111,12 +143,14 @@ _REGISTRY: dict[str, DatasetEntry] = {
             "MNIST 28x28 digits, 60k train / 10k test -> (images, labels)",
             _IMAGE_SPLITS,
             lambda split, **kw: load_mnist(split, **kw),
+            options=_same(_MNIST_OPTIONS),
         ),
         DatasetEntry(
             "small-digits",
             "class-balanced MNIST subset, 2000 train / 500 test -> (images, labels)",
             _IMAGE_SPLITS,
             lambda split, **kw: load_small_digits(split, **kw),
+            options=_same(_keywords(load_small_digits, drop=("split",))),
         ),
         DatasetEntry(
             "multimnist",
@@ -124,6 +158,10 @@ _REGISTRY: dict[str, DatasetEntry] = {
             "-> test: (images, labels (N, 2), digits); train: a MultiMNISTSource, drawn afresh",
             _IMAGE_SPLITS,
             _multimnist,
+            options={
+                "train": _MNIST_OPTIONS | _keywords(MultiMNISTSource, drop=("images", "labels")),
+                "test": _MNIST_OPTIONS | _keywords(make_multimnist, drop=("images", "labels")),
+            },
         ),
         DatasetEntry(
             "affnist",
@@ -131,6 +169,7 @@ _REGISTRY: dict[str, DatasetEntry] = {
             "train: MNIST placed at random on 40x40 -> (images, labels)",
             _IMAGE_SPLITS,
             _affnist,
+            options={"train": _TRANSLATED_OPTIONS, "test": _keywords(load_affnist)},
         ),
         DatasetEntry(
             "affnist-style",
@@ -138,12 +177,17 @@ _REGISTRY: dict[str, DatasetEntry] = {
             "40x40 (canvas=); train: MNIST placed at random on 40x40 -> (images, labels)",
             _IMAGE_SPLITS,
             _affnist_style,
+            options={
+                "train": _TRANSLATED_OPTIONS,
+                "test": _MNIST_OPTIONS | _keywords(make_affnist_style, drop=("images", "labels")),
+            },
         ),
         DatasetEntry(
             "shakespeare",
             "character-level Shakespeare (42 Gutenberg texts), 90/10 split -> (ids, CharVocab)",
             ("train", "val"),
             _shakespeare,
+            options=_same(_SHAKESPEARE_OPTIONS, ("train", "val")),
         ),
         *[
             DatasetEntry(
@@ -152,6 +196,7 @@ _REGISTRY: dict[str, DatasetEntry] = {
                 _IMAGE_SPLITS,
                 _sequence(task),
                 reads_files=False,
+                options=_same(_keywords(make_sequence_task, drop=("task",))),
             )
             for task in SEQUENCE_TASKS
         ],
@@ -183,12 +228,52 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
     Raises:
         ValueError: If ``name`` is unknown (the message lists the known names) or ``split`` is
             not one of the data set's splits; if ``seed`` is not an int in ``[0, 2**64)``.
-        TypeError, ValueError: From the underlying loader or generator, for a keyword argument
-            it does not take (named in the message) or a bad value.
+        TypeError: A keyword argument the data set does not take for ``split`` (the message names
+            it and lists those it takes, :func:`dataset_options`).
+        TypeError, ValueError: From the underlying loader or generator, for a bad value.
     """
     entry = _entry(name)
     validate_split(split, entry.splits)
+    accepted = entry.options.get(split)
+    unknown = sorted(set(kwargs) - accepted) if accepted is not None else []
+    if unknown:
+        raise TypeError(
+            f"data set {name!r} ({split} split) takes no option {', '.join(map(repr, unknown))}; "
+            f"it takes {', '.join(sorted(accepted)) or 'none'}"
+        )
     return entry.build(split, **kwargs)
+
+
+def dataset_options(name: str, split: str = "train") -> tuple[str, ...]:
+    """The keyword arguments :func:`get_dataset` takes for data set ``name``'s ``split``, sorted.
+
+    Args:
+        name: A name from :func:`list_datasets`.
+        split: One of the data set's splits (the two splits of a set may take different options:
+            the MultiMNIST training side is drawn afresh each epoch, the real affNIST test set is
+            read from files).
+
+    Returns:
+        The option names, e.g. ``("limit", "root", "source")`` for ``mnist``.
+
+    Raises:
+        ValueError: If ``name`` is unknown or ``split`` is not one of its splits.
+    """
+    entry = _entry(name)
+    validate_split(split, entry.splits)
+    return tuple(sorted(entry.options.get(split, ())))
+
+
+def dataset_splits(name: str) -> tuple[str, ...]:
+    """The splits of data set ``name`` (``("train", "test")``; Shakespeare's ``("train", "val")``).
+
+    Args:
+        name: A name from :func:`list_datasets`.
+
+    Raises:
+        ValueError: If ``name`` is unknown.
+    """
+    return _entry(name).splits
 
 
 def dataset_reads_files(name: str) -> bool:

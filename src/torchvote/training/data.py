@@ -124,8 +124,8 @@ def load_raw_dataset(
         ``(split, data)``: the split used and what the data set returned.
 
     Raises:
-        ValueError: unknown data set or split (the message lists what exists), or an option the
-            data set does not take.
+        ValueError: unknown data set or split (the message lists what exists), an option the
+            data set does not take (the message lists those it takes), or a bad option value.
     """
     from torchvote.data import get_dataset
 
@@ -140,10 +140,9 @@ def load_raw_dataset(
             if index + 1 < len(splits) and "split" in str(err):
                 continue
             raise
-        except TypeError as err:  # an option the loader does not take
-            raise ValueError(
-                f"data set {name!r} does not accept the options {sorted(options)}: {err}"
-            ) from None
+        except TypeError as err:  # an option it does not take, or a value of the wrong type
+            message = str(err) if repr(name) in str(err) else f"data set {name!r}: {err}"
+            raise ValueError(message) from None
     raise AssertionError("unreachable")
 
 
