@@ -114,7 +114,7 @@ def make_case(batch: int, quick: bool, device: str, dtype: torch.dtype, seed: in
     beta_a = 0.1 * torch.randn(types, generator=generator)
     votes = votes.to(device=device, dtype=dtype)
     others = [x.to(device) for x in (activations, beta_u, beta_a)]
-    groups = conv_sender_groups(*grid, types, kernel, stride).to(device)
+    groups = conv_sender_groups(*grid, types, kernel, stride, device=device)
     return votes, others, groups
 
 

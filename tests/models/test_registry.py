@@ -8,6 +8,7 @@ without NaN, and a backward pass that reaches every parameter.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -180,3 +181,58 @@ def test_a_switch_given_as_text_is_refused(name, field):
     spec = get_model_spec(name)
     with pytest.raises(TypeError, match=f"{field} must be True or False, got 'no'"):
         spec.config_cls(**{field: "no"})
+
+
+def _variants() -> list[tuple[str, dict[str, object]]]:
+    """Every model, and each with every router or attention it takes (smallest preset each)."""
+    from torchvote.functional import list_routers
+
+    variants: list[tuple[str, dict[str, object]]] = [(name, {}) for name in list_models()]
+    for name in list_models():
+        fields = {f.name for f in dataclasses.fields(get_model_spec(name).config_cls)}
+        if "router" in fields and name != "em-capsnet":  # em-capsnet routes matrix capsules only
+            variants += [(name, {"router": router}) for router in list_routers()]
+        if "routing_normalize_over" in fields:  # a causal model cannot normalise over the receivers
+            causal = get_model_spec(name).task == "language-model"
+            variants += [
+                (name, {"attention": "routing", "routing_normalize_over": over})
+                for over in (("senders",) if causal else ("senders", "receivers"))
+            ]
+        elif "attention" in fields:  # the RNN: 'dot' compares equal widths, so one direction
+            variants += [(name, {"attention": kind}) for kind in ("additive", "general", "concat")]
+            variants.append((name, {"attention": "dot", "bidirectional": False}))
+    return variants
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    _variants(),
+    ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())) or "default",
+)
+def test_every_model_makes_its_tensors_where_its_inputs_are(name, overrides):
+    """GPU paths correct by construction, checked on a CPU: with PyTorch's default device set to
+    ``meta``, a tensor a model makes without ``device=`` (fine on a CPU, an error or a copy per
+    call on a GPU) is a meta tensor, and mixing it with the model's CPU tensors fails. Training
+    and evaluation forwards, the backward pass and generation (with and without the cache) run."""
+    spec = get_model_spec(name)
+    torch.manual_seed(0)
+    model = create_model(name, _smallest_preset(name), **overrides)
+    handler = get_task_handler(spec.task)
+    batch = handler.example_batch(model.config, 3, torch.Generator().manual_seed(0))
+    prompt = next(batch[key] for key in ("tokens", "source", "images") if key in batch)[:2]
+    with torch.device("meta"):
+        output = handler.forward(model.train(), batch)
+        main = output.scores if spec.task == "image-classification" else output.logits
+        main.float().square().mean().backward()
+        again = handler.forward(model.eval(), batch)
+        if spec.task == "language-model":
+            generated = [model.generate(prompt[:, :3], 4, use_cache=cache) for cache in (True, False)]
+        elif spec.task == "seq2seq":
+            generated = [model.generate(prompt, max_new_tokens=4)]
+            if "use_cache" in inspect.signature(model.generate).parameters:
+                generated.append(model.generate(prompt, max_new_tokens=4, use_cache=False))
+        else:
+            generated = []
+    for tensor in (main, again.scores if spec.task == "image-classification" else again.logits, *generated):
+        assert tensor.device.type == "cpu"
+    assert all(p.grad is None or p.grad.device.type == "cpu" for p in model.parameters())

@@ -534,7 +534,15 @@ def _compiled_loop():
     return _COMPILED["loop"]
 
 
-def conv_sender_groups(rows: int, cols: int, in_types: int, kernel_size: int, stride: int) -> Tensor:
+def conv_sender_groups(
+    rows: int,
+    cols: int,
+    in_types: int,
+    kernel_size: int,
+    stride: int,
+    *,
+    device: torch.device | str | None = None,
+) -> Tensor:
     """Global input-capsule ids of every patch-local sender of a convolutional capsule layer.
 
     The patch ordering of :class:`torchvote.nn.em_capsules.ConvMatrixCapsules`: output positions
@@ -548,6 +556,7 @@ def conv_sender_groups(rows: int, cols: int, in_types: int, kernel_size: int, st
         in_types: input capsule types.
         kernel_size: ``K``.
         stride: the convolution's stride.
+        device: where the ids are made (the votes' device; default: PyTorch's default device).
 
     Returns:
         ``(L, K * K * in_types)`` int64 ids, for ``em_routing(sender_groups=...)``.
@@ -561,13 +570,13 @@ def conv_sender_groups(rows: int, cols: int, in_types: int, kernel_size: int, st
     if rows < kernel_size or cols < kernel_size:
         raise ValueError(f"the grid {rows}x{cols} (rows, cols) is smaller than kernel_size={kernel_size}")
     out_rows, out_cols = (rows - kernel_size) // stride + 1, (cols - kernel_size) // stride + 1
-    top = torch.arange(out_rows) * stride  # first input row of each output row
-    left = torch.arange(out_cols) * stride
-    offsets = torch.arange(kernel_size)
+    top = torch.arange(out_rows, device=device) * stride  # first input row of each output row
+    left = torch.arange(out_cols, device=device) * stride
+    offsets = torch.arange(kernel_size, device=device)
     cell_rows = (top[:, None] + offsets[None, :])[:, None, :, None]  # (rows', 1, kh, 1)
     cell_cols = (left[:, None] + offsets[None, :])[None, :, None, :]  # (1, cols', 1, kw)
     cells = cell_rows * cols + cell_cols  # (rows', cols', kh, kw)
-    ids = cells.unsqueeze(-1) * in_types + torch.arange(in_types)  # (rows', cols', kh, kw, t)
+    ids = cells.unsqueeze(-1) * in_types + torch.arange(in_types, device=device)  # (rows', cols', kh, kw, t)
     return ids.reshape(out_rows * out_cols, kernel_size * kernel_size * in_types)
 
 

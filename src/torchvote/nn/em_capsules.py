@@ -230,8 +230,9 @@ class ConvMatrixCapsules(nn.Module):
             return None
         key = (rows, cols, torch.device(device or "cpu"))
         if key not in self._sender_groups:
-            ids = conv_sender_groups(rows, cols, self.in_types, self.kernel_size, self.stride)
-            self._sender_groups[key] = ids.to(key[2])
+            self._sender_groups[key] = conv_sender_groups(
+                rows, cols, self.in_types, self.kernel_size, self.stride, device=key[2]
+            )
         return self._sender_groups[key]
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
