@@ -214,7 +214,8 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -234,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="ours and nn.MultiheadAttention return the head-averaged weights")
     parser.add_argument("--modes", nargs="+", choices=["infer", "train"], default=["infer", "train"])
     parser.add_argument("--causal", nargs="+", choices=["no", "yes"], default=["no", "yes"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")

@@ -221,7 +221,8 @@ def check_agreement(device: str, baseline: str | None) -> float:
     return worst
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -234,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true",
                         help="skip the peak-memory subprocesses (always skipped with --quick)")
     parser.add_argument("--baseline", default=BASELINE, help="git revision of the 'old' em_routing")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     default = [n for n in IMPLEMENTATIONS if not (args.quick and n == "kernel-compiled")]
     impls = [name for name in args.impls.split(",") if name] if args.impls else default

@@ -393,7 +393,8 @@ def _targets(device: torch.device) -> list[tuple[tuple[str, int, str], str, str,
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: batch 8, 2 repeats, no compiled strategy unless asked")
@@ -416,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
     parser.add_argument("--passive-threads", action="store_true",
                         help="re-run with OMP_WAIT_POLICY=PASSIVE (for a machine shared with other jobs)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.passive_threads and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when OpenMP starts: re-run the script

@@ -396,7 +396,8 @@ def time_pair(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(PAIRS), help=f"comma-separated, of: {', '.join(PAIRS)}")
     parser.add_argument("--preset", default=None, help="model preset (default: each pair's own)")
@@ -410,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="bfloat16: forward and loss under torch.autocast (bf16=true)")
     parser.add_argument("--compile", action="store_true", help="torch.compile our model (compile=true)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
