@@ -31,6 +31,14 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
     """Class indices ``(b,)`` -> one-hot ``(b, num_classes)``; a ``(b, num_classes)`` tensor is taken
     as already (multi-)hot, e.g. the two digits of a MultiMNIST image, and must hold only 0 and 1.
 
+    Args:
+        targets: integer class indices ``(b,)``, or 0/1 targets ``(b, num_classes)``.
+        num_classes: the number of classes.
+        dtype: the dtype of the result.
+
+    Returns:
+        ``(b, num_classes)`` 0/1 targets of ``dtype``.
+
     Raises:
         ValueError: targets of another shape, class indices out of range, or (multi-)hot targets
             with a value other than 0 or 1.
@@ -140,6 +148,9 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
         images: ``(b, c, h, w)``, or ``(b, k, c, h, w)`` with one image per digit (MultiMNIST).
         weight: the scale of the loss.
 
+    Returns:
+        The scalar loss.
+
     Raises:
         ValueError: either without a batch axis (a single image needs one: ``image[None]``), an
             empty batch, or the two do not have the same number of values per image.
@@ -172,6 +183,9 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
         targets: ``(b,)`` class indices.
         margin: ``m`` in ``(0, 1]``; see :class:`SpreadMarginSchedule` for the paper's 0.2 -> 0.9
             schedule.
+
+    Returns:
+        The scalar loss, averaged over the batch.
 
     Raises:
         ValueError: targets that are not ``(b,)`` class indices in range, ``activations`` not

@@ -50,6 +50,13 @@ def check_positive_int(value: Any, argument: str, *, minimum: int = 1) -> int:
 def check_positive_float(value: Any, argument: str) -> float:
     """Return ``value`` as a float if it is a finite number greater than zero.
 
+    Args:
+        value: the value to check.
+        argument: the argument's name, for the message.
+
+    Returns:
+        ``value`` as a float.
+
     Raises:
         ValueError: if ``value`` is not a real number, not finite, or not positive.
     """
@@ -99,6 +106,13 @@ def _is_real(value: Any) -> bool:
 def check_probability(value: Any, argument: str) -> float:
     """Return ``value`` as a float if it lies in ``[0, 1)`` (a dropout probability).
 
+    Args:
+        value: the value to check.
+        argument: the argument's name, for the message.
+
+    Returns:
+        ``value`` as a float.
+
     Raises:
         ValueError: if ``value`` is not a real number in ``[0, 1)``.
     """
@@ -109,6 +123,14 @@ def check_probability(value: Any, argument: str) -> float:
 
 def check_choice(value: Any, choices: Collection[Any], argument: str) -> Any:
     """Return ``value`` if it is one of ``choices``.
+
+    Args:
+        value: the value to check.
+        choices: the values allowed (compared with ``in``), listed in the message.
+        argument: the argument's name, for the message.
+
+    Returns:
+        ``value``, unchanged.
 
     Raises:
         ValueError: naming the argument and listing the choices.
@@ -179,6 +201,9 @@ def check_integer_tensor(value: Any, argument: str, expected: str) -> None:
 def check_bool_fields(config: Any) -> None:
     """Refuse a dataclass ``config`` whose ``bool`` fields hold anything but ``True``/``False``:
     a string ``"no"`` is truthy and would switch the option on.
+
+    Args:
+        config: a dataclass instance; only the fields annotated ``bool`` are checked.
 
     Raises:
         TypeError: naming the first such field and its value.

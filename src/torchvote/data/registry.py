@@ -270,6 +270,9 @@ def dataset_splits(name: str) -> tuple[str, ...]:
     Args:
         name: A name from :func:`list_datasets`.
 
+    Returns:
+        The split names.
+
     Raises:
         ValueError: If ``name`` is unknown.
     """
@@ -278,6 +281,12 @@ def dataset_splits(name: str) -> tuple[str, ...]:
 
 def dataset_reads_files(name: str) -> bool:
     """Whether data set ``name`` is read from files (so a ``root=`` folder applies to it).
+
+    Args:
+        name: A name from :func:`list_datasets`.
+
+    Returns:
+        True for a data set read from files, False for a generated one.
 
     Raises:
         ValueError: If ``name`` is unknown.

@@ -221,28 +221,85 @@ def make_sequence_task(
 def copy_task(
     num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("copy", ...)``: the target repeats the source."""
+    """``make_sequence_task("copy", ...)``: the target repeats the source.
+
+    Args:
+        num_samples: Number of examples N.
+        min_len: Shortest sequence, >= 1.
+        max_len: Longest sequence, >= min_len.
+        seed: Seed of the private generator; equal seeds give equal tensors.
+
+    Returns:
+        ``(src, tgt)`` int64 tensors of shapes (N, max_len + 1) and (N, max_len + 2).
+
+    Raises:
+        ValueError: If a length is out of range or ``seed`` is not an int in ``[0, 2**64)``.
+        TypeError: If ``num_samples`` or a length is not an int.
+    """
     return make_sequence_task("copy", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed)
 
 
 def reverse_task(
     num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("reverse", ...)``: the target is the source reversed."""
+    """``make_sequence_task("reverse", ...)``: the target is the source reversed.
+
+    Args:
+        num_samples: Number of examples N.
+        min_len: Shortest sequence, >= 1.
+        max_len: Longest sequence, >= min_len.
+        seed: Seed of the private generator; equal seeds give equal tensors.
+
+    Returns:
+        ``(src, tgt)`` int64 tensors of shapes (N, max_len + 1) and (N, max_len + 2).
+
+    Raises:
+        ValueError: If a length is out of range or ``seed`` is not an int in ``[0, 2**64)``.
+        TypeError: If ``num_samples`` or a length is not an int.
+    """
     return make_sequence_task("reverse", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed)
 
 
 def sort_task(
     num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("sort", ...)``: the target is the source in ascending order."""
+    """``make_sequence_task("sort", ...)``: the target is the source in ascending order.
+
+    Args:
+        num_samples: Number of examples N.
+        min_len: Shortest sequence, >= 1.
+        max_len: Longest sequence, >= min_len.
+        seed: Seed of the private generator; equal seeds give equal tensors.
+
+    Returns:
+        ``(src, tgt)`` int64 tensors of shapes (N, max_len + 1) and (N, max_len + 2).
+
+    Raises:
+        ValueError: If a length is out of range or ``seed`` is not an int in ``[0, 2**64)``.
+        TypeError: If ``num_samples`` or a length is not an int.
+    """
     return make_sequence_task("sort", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed)
 
 
 def addition_task(
     num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("addition", ...)``: ``a+b=`` maps to the digits of ``a + b``."""
+    """``make_sequence_task("addition", ...)``: ``a+b=`` maps to the digits of ``a + b``.
+
+    Args:
+        num_samples: Number of examples N.
+        min_len: Shortest sequence (fewest digits of an operand), >= 1.
+        max_len: Longest sequence (most digits of an operand, at most 18), >= min_len.
+        seed: Seed of the private generator; equal seeds give equal tensors.
+
+    Returns:
+        ``(src, tgt)`` int64 tensors of shapes (N, 2 * max_len + 3) and (N, max_len + 3).
+
+    Raises:
+        ValueError: If a length is out of range (``max_len`` over 18 included) or ``seed`` is not
+            an int in ``[0, 2**64)``.
+        TypeError: If ``num_samples`` or a length is not an int.
+    """
     return make_sequence_task(
         "addition", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed
     )

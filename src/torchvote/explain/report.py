@@ -38,7 +38,9 @@ class HtmlReport:
 
     Args:
         title: page title.
-        out_dir: folder for the page and the PNG/SVG files (created on :meth:`write`).
+        out_dir: folder for the page and the PNG/SVG files (created with the report, since
+            :meth:`figure` saves into it at once).
+        files: the image files saved so far; leave it empty: :meth:`figure` appends to it.
 
     Example::
 

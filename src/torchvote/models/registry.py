@@ -112,7 +112,18 @@ class SequenceOutput:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One registered model: how to build it and what the training loop does with it."""
+    """One registered model: how to build it and what the training loop does with it.
+
+    Attributes:
+        name: the registry name.
+        model_cls: the ``nn.Module`` class, built as ``model_cls(config)``.
+        config_cls: its ``@dataclass`` config.
+        presets: preset name -> the config fields it sets.
+        task: ``"image-classification"``, ``"seq2seq"`` or ``"language-model"``.
+        loss: the training loop's default loss: ``"cross-entropy"``, ``"margin"`` or ``"spread"``.
+        default_preset: the preset used when none is named; ``None``: the config's defaults.
+        description: the first line of the model class's docstring.
+    """
 
     name: str
     model_cls: type[nn.Module]
@@ -151,6 +162,9 @@ def register_model(
             ``"margin"`` (plus the reconstruction loss if the model returns reconstructions) or
             ``"spread"``.
         default_preset: the preset used when none is named (default: the config's defaults).
+
+    Returns:
+        The decorator; it registers the class and returns it unchanged.
 
     Raises:
         ValueError: a duplicate name, an unknown task or loss, a config that is not a dataclass,
@@ -225,6 +239,12 @@ def _load_all() -> None:
 def list_models(task: str | None = None) -> list[str]:
     """Sorted names of the registered models (of one task if given).
 
+    Args:
+        task: one of :data:`TASKS`; ``None`` lists every model.
+
+    Returns:
+        The names, sorted.
+
     Raises:
         ValueError: a ``task`` that is not one of :data:`TASKS` (it would list no model).
     """
@@ -236,6 +256,12 @@ def list_models(task: str | None = None) -> list[str]:
 
 def get_model_spec(name: str) -> ModelSpec:
     """The :class:`ModelSpec` of a registered model.
+
+    Args:
+        name: a name from :func:`list_models`.
+
+    Returns:
+        Its spec.
 
     Raises:
         ValueError: an unknown name; the message lists the registered models.
@@ -249,6 +275,14 @@ def get_model_spec(name: str) -> ModelSpec:
 
 def build_config(name: str, preset: str | None = None, **overrides: Any) -> Any:
     """The config of model ``name``: its defaults, then the preset, then ``overrides``.
+
+    Args:
+        name: a name from :func:`list_models`.
+        preset: one of the model's presets; ``None``: its default preset, if it has one.
+        **overrides: config fields to set, applied after the preset.
+
+    Returns:
+        An instance of the model's config dataclass.
 
     Raises:
         ValueError: an unknown model, preset or config field (the message lists what exists).
@@ -278,6 +312,14 @@ def create_model(name: str, preset: str | None = None, **overrides: Any) -> nn.M
 
         model = create_model("cnn-baseline", preset="small", dropout=0.2)
 
+    Args:
+        name: a name from :func:`list_models`.
+        preset: one of the model's presets; ``None``: its default preset, if it has one.
+        **overrides: config fields to set, applied after the preset.
+
+    Returns:
+        The model, freshly initialised.
+
     Raises:
         ValueError: an unknown model, preset or config field (the message lists what exists).
     """
@@ -286,7 +328,17 @@ def create_model(name: str, preset: str | None = None, **overrides: Any) -> nn.M
 
 
 def model_config(model: nn.Module) -> Any:
-    """The config a registered model was built with (``model.config``)."""
+    """The config a registered model was built with (``model.config``).
+
+    Args:
+        model: a model built from a config (any module with a dataclass ``config`` attribute).
+
+    Returns:
+        ``model.config``.
+
+    Raises:
+        ValueError: ``model`` has no ``config`` attribute, or one that is not a dataclass.
+    """
     config = getattr(model, "config", None)
     if config is None or not dataclasses.is_dataclass(config):
         raise ValueError(f"{type(model).__name__} has no dataclass `config` attribute")
@@ -294,7 +346,17 @@ def model_config(model: nn.Module) -> Any:
 
 
 def registered_name(model: nn.Module) -> str:
-    """The registry name of a model instance."""
+    """The registry name of a model instance.
+
+    Args:
+        model: the model; its exact class must be registered (a subclass is not).
+
+    Returns:
+        The name it is registered under.
+
+    Raises:
+        ValueError: the model's class is not registered.
+    """
     _load_all()
     for name, spec in _REGISTRY.items():
         if type(model) is spec.model_cls:

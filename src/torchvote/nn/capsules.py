@@ -44,6 +44,8 @@ class PrimaryCapsules(nn.Module):
         kernel_size: convolution kernel, 9 in the paper.
         stride: 2 in the paper.
         padding: 0 in the paper; at least 0.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: non-positive sizes, a negative ``padding``.
@@ -131,6 +133,8 @@ class CapsuleLinear(nn.Module):
             (votes formed by one einsum), ``"stream"`` (never formed) or ``"compiled"`` (the
             materialised routing under ``torch.compile``, compiled on the first call; falls back
             to ``"materialize"`` with a warning where compiling fails).
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: non-positive sizes or ``iterations``, a bad ``init_std``, an unknown router,

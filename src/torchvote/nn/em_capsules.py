@@ -114,6 +114,8 @@ class PrimaryMatrixCapsules(nn.Module):
         pose_dim: entries of a pose, a perfect square (16: 4x4 poses).
         kernel_size: 1 in the paper.
         stride: 1 in the paper.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square.
@@ -175,6 +177,8 @@ class ConvMatrixCapsules(nn.Module):
             ``iterations`` (3), ``inverse_temperature`` (the ``lambda_t`` schedule, default
             ``0.01 (1 - 0.95^(t+1))``), ``eps`` (variance floor), ``strategy`` (``"auto"``),
             ``empty_activation`` (0.1), ``data_per_parent`` (``None``; ``EMCapsNet``: 100).
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, an unknown
@@ -325,6 +329,8 @@ class ClassMatrixCapsules(nn.Module):
             ``iterations`` (3), ``inverse_temperature`` (the ``lambda_t`` schedule), ``eps``
             (variance floor), ``strategy`` (``"auto"``), ``empty_activation`` (0.1),
             ``data_per_parent`` (``None``).
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller

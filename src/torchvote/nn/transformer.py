@@ -256,8 +256,17 @@ class TransformerEncoderLayer(_TransformerLayer):
     ``feedforward_norm``).
 
     Args:
-        d_model, num_heads, dim_feedforward, dropout, activation, norm_first, shared_qkv,
-            layer_norm_eps, attention: as the fields of :class:`TransformerConfig`.
+        d_model: model feature size ``E`` (as every argument here, a field of
+            :class:`TransformerConfig`).
+        num_heads: attention heads.
+        dim_feedforward: hidden size of the feed-forward network; default ``4 * d_model``.
+        dropout: on the attention weights, inside the feed-forward network, and on each
+            sublayer's output before the residual sum.
+        activation: ``"relu"`` (the paper) or ``"gelu"``.
+        norm_first: pre-norm (True) or post-norm (False, the paper).
+        shared_qkv: one matrix for queries, keys and values in the default attention.
+        layer_norm_eps: the layer norms' epsilon.
+        attention: an :class:`AttentionFactory` replacing the default attention.
 
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
@@ -329,12 +338,21 @@ class TransformerDecoderLayer(_TransformerLayer):
     causal ``tgt_mask``.
 
     Args:
-        d_model, num_heads, dim_feedforward, dropout, activation, norm_first, shared_qkv,
-            layer_norm_eps, attention: as the fields of :class:`TransformerConfig`; the
-            attention factory (and ``shared_qkv``, which in cross-attention projects the target
-            and the memory alike) serves both attentions. Built from a config
-            (:meth:`from_config`, the stacks), the layer takes ``decoder_attention`` when it is
-            set: both attentions' queries are target positions decoded one at a time.
+        d_model: model feature size ``E`` (as every argument here, a field of
+            :class:`TransformerConfig`).
+        num_heads: attention heads.
+        dim_feedforward: hidden size of the feed-forward network; default ``4 * d_model``.
+        dropout: on the attention weights, inside the feed-forward network, and on each
+            sublayer's output before the residual sum.
+        activation: ``"relu"`` (the paper) or ``"gelu"``.
+        norm_first: pre-norm (True) or post-norm (False, the paper).
+        shared_qkv: one matrix for queries, keys and values in the default attentions (in
+            cross-attention it projects the target and the memory alike).
+        layer_norm_eps: the layer norms' epsilon.
+        attention: an :class:`AttentionFactory` replacing the default attention; it serves both
+            attentions. Built from a config (:meth:`from_config`, the stacks), the layer takes
+            ``decoder_attention`` when it is set: both attentions' queries are target positions
+            decoded one at a time.
 
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom

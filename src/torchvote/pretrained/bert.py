@@ -102,7 +102,13 @@ class EncoderOutput:
 
 
 class BertEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then LayerNorm and dropout (BERT, sec. 3)."""
+    """Word + position + token-type embeddings, then LayerNorm and dropout (BERT, sec. 3).
+
+    Args:
+        config: the table sizes (``vocab_size``, ``max_position_embeddings``,
+            ``type_vocab_size``), the width ``hidden_size``, ``layer_norm_eps`` and the dropout
+            ``hidden_dropout_prob``.
+    """
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()

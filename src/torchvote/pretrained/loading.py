@@ -62,6 +62,12 @@ def list_pretrained() -> list[str]:
 def model_files(name: str) -> Path:
     """The folder of ``name``'s files inside its installed package.
 
+    Args:
+        name: a name from :func:`list_pretrained`.
+
+    Returns:
+        The ``model`` folder of the package (not checked to exist).
+
     Raises:
         ValueError: an unknown name.
         ModuleNotFoundError: the package is not installed; the message gives the pip command.

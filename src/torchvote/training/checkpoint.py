@@ -58,7 +58,12 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointPaths:
-    """The two files of one checkpoint."""
+    """The two files of one checkpoint.
+
+    Attributes:
+        weights: the ``<name>.safetensors`` file: the model's tensors and metadata.
+        state: the ``<name>.state.pt`` file: the training state (optimiser, RNG, config ...).
+    """
 
     weights: Path
     state: Path
@@ -188,6 +193,10 @@ def _eager_name(name: str) -> str:
 def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
     """Load a weights file into ``model``, strictly.
 
+    Args:
+        model: the model to fill (a ``torch.compile`` wrapper loads into its module).
+        path: a ``.safetensors`` weights file.
+
     Raises:
         CheckpointError: the file is corrupt, or a tensor is missing, unexpected, or of another
             shape or dtype; the message names every such tensor and nothing is loaded.
@@ -300,6 +309,14 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
     """Resolve a run folder, a checkpoint folder, a ``.safetensors`` / ``.state.pt`` file or a
     checkpoint stem to the two files of one checkpoint (the ``latest`` one for a folder).
 
+    Args:
+        location: a run folder (its ``checkpoints/latest`` pointer is read), a checkpoint folder
+            (its ``latest``), either file of a checkpoint, or the path without the suffix.
+
+    Returns:
+        The checkpoint's paths; its weights file exists (its state file may not: a weights-only
+        checkpoint).
+
     Raises:
         CheckpointError: nothing there; the message says what was looked for.
     """
@@ -329,6 +346,12 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
 
 def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a ``.state.pt`` file with ``torch.load(weights_only=True)`` (no code runs).
+
+    Args:
+        path: the ``.state.pt`` file.
+
+    Returns:
+        The training state as saved (tensors on the CPU), with its ``"format"`` key.
 
     Raises:
         CheckpointError: missing, corrupt, or not a torchvote training state.

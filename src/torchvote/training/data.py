@@ -173,6 +173,18 @@ class BatchPlan:
 
     The last incomplete batch of an epoch is dropped, so every step has exactly ``global_batch``
     examples and every process ``global_batch / world_size``.
+
+    Args:
+        num_examples: size of the training split.
+        global_batch: examples per step over all processes (the config's ``batch_size``).
+        seed: the run's seed; each epoch's order is drawn from ``(seed, epoch)``.
+        world_size: number of processes; must divide ``global_batch``.
+        rank: this process, ``0 .. world_size - 1``; it takes the ``rank``-th slice of a batch.
+        shuffle: draw a new order every epoch; False keeps the examples in order.
+
+    Raises:
+        ValueError: ``global_batch`` not divisible by ``world_size``, or larger than
+            ``num_examples`` (no full batch).
     """
 
     num_examples: int

@@ -87,6 +87,16 @@ def setup_distributed(device_name: str = "auto") -> DistributedContext:
 
     A process started without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) gets a single-process
     context and no process group.
+
+    Args:
+        device_name: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``, resolved by
+            :func:`resolve_device` with the process's ``LOCAL_RANK``.
+
+    Returns:
+        This process's context; ``initialized_here`` tells whether it created the process group.
+
+    Raises:
+        ValueError: an unknown device name, or CUDA requested but not available.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

@@ -120,7 +120,24 @@ def load_data(
     limit: int | None = None,
 ) -> TaskData:
     """Load a data set split through ``torchvote.data`` as a :class:`TaskData` of ``handler``'s task
-    (``limit`` keeps the first examples)."""
+    (``limit`` keeps the first examples).
+
+    Args:
+        handler: the task handler that turns the raw data into tensors.
+        name: a data set name (:func:`torchvote.data.list_datasets`).
+        split: the split; ``None``: ``test``, or ``val`` for a data set without one.
+        options: keyword arguments of the data set.
+        root: the folder to read files from (passed on only when given).
+        limit: keep the first ``limit`` examples (of each draw, for drawn data); ``None``: all.
+
+    Returns:
+        The split, not yet fitted to a model (see :meth:`TaskHandler.finalize`).
+
+    Raises:
+        ValueError: an unknown data set or split, an option the data set does not take or a bad
+            option value, or data of another task.
+        DataNotFoundError: the data set's files are not there.
+    """
     split, raw = load_raw_dataset(name, split, options=options or {}, root=root)
     data = build_task_data(handler, name, split, raw)
     if limit is not None:  # and the same of each draw of drawn data
@@ -197,6 +214,10 @@ def load_model_from_checkpoint(
 ) -> tuple[nn.Module, ModelSpec, dict[str, str]]:
     """Rebuild the model of a checkpoint (run folder, checkpoint folder or ``.safetensors`` file).
 
+    Args:
+        location: anything :func:`~torchvote.training.checkpoint.find_checkpoint` resolves.
+        device: where to put the model.
+
     Returns:
         ``(model, spec, metadata)``: the model in eval mode on ``device``.
 
@@ -235,10 +256,25 @@ def evaluate_checkpoint(
     apply to that data set alone (``"affnist-style:canvas=28"``); ``options`` are keyword
     arguments of every data set (``max_len=``, ``num_pairs=`` ...), an entry's own ones win.
 
+    Args:
+        location: anything :func:`~torchvote.training.checkpoint.find_checkpoint` resolves.
+        datasets: data set names or ``eval_on``-style entries, one result row each.
+        batch_size: examples per forward pass.
+        limit: evaluate the first ``limit`` examples of each data set; ``None``: all.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
+        bf16: evaluate under bfloat16 autocast.
+        root: the folder to read data files from (data sets read from files only), unless an
+            entry names its own ``root=``.
+        options: keyword arguments of every data set, below each entry's own.
+
+    Returns:
+        One row per data set: ``{"data": "<name>/<split>", <metrics>..., "examples": n}``.
+
     Raises:
         CheckpointError: the checkpoint cannot be loaded.
-        ValueError: an unknown data set, one whose images do not fit the model, or a
-            ``batch_size`` / ``limit`` below 1.
+        ValueError: an unknown data set, one whose images do not fit the model, a
+            ``batch_size`` / ``limit`` below 1, or an unknown or unavailable device.
+        DataNotFoundError: a data set's files are not there.
     """
     check_positive_int(batch_size, "batch_size")
     if limit is not None:

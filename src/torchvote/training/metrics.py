@@ -18,6 +18,10 @@ class MetricsWriter:
     Each line has an ``event`` (``train``, ``eval``, ``final``), the ``step`` and ``epoch``, a wall
     clock ``time`` and the metrics. A resumed run appends to the same file. TensorBoard events go to
     ``<run>/tensorboard`` when ``tensorboard=True`` and the ``tensorboard`` package is importable.
+
+    Args:
+        run_dir: the run's folder (created if missing); the file is opened for appending at once.
+        tensorboard: also write TensorBoard scalars (silently skipped without the package).
     """
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = False) -> None:
@@ -69,7 +73,17 @@ def _plain(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in order (a torn last line is skipped)."""
+    """The records of a ``metrics.jsonl`` file, in order (a torn last line is skipped).
+
+    Args:
+        path: the ``metrics.jsonl`` file.
+
+    Returns:
+        One dictionary per line that parses as JSON; any line that does not is skipped.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
     records = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
@@ -83,6 +97,16 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     """A plain-text table: one row per mapping, one column per key (first row's order).
 
     Floats in [0, 1] named ``*accuracy`` print as percentages; other floats with 4 decimals.
+
+    Args:
+        rows: the rows, each a mapping of column name to value (``None`` or a missing key prints
+            ``-``).
+        columns: the columns to show, in order; default every key of every row, in the order
+            they first appear.
+
+    Returns:
+        The table: a header line, a rule and one line per row, numeric columns right-aligned;
+        ``"(no results)"`` when ``rows`` is empty.
     """
     if not rows:
         return "(no results)"

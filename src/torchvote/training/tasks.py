@@ -370,6 +370,17 @@ _HANDLERS: dict[str, TaskHandler] = {
 
 
 def get_task_handler(task: str) -> TaskHandler:
+    """The training loop's handler of a model task.
+
+    Args:
+        task: ``"image-classification"``, ``"seq2seq"`` or ``"language-model"``.
+
+    Returns:
+        The task's :class:`TaskHandler` (one shared instance per task).
+
+    Raises:
+        ValueError: a task with no handler; the message lists those there are.
+    """
     try:
         return _HANDLERS[task]
     except KeyError:

@@ -86,6 +86,8 @@ class EMRouter(Router):
         data_per_parent: rescale the data each parent receives so that a uniform share of fully
             active inputs counts as this many units (100 in IBM's implementation); ``None``: the
             paper's raw ``sum_j R_ij a_j``.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: ``iterations`` < 1, a bad schedule, ``eps``, ``strategy``,

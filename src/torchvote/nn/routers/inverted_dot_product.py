@@ -21,6 +21,8 @@ class InvertedDotProductRouter(Router):
         out_dim: pose size, for the layer norm.
         iterations: passes, the first uniform.
         elementwise_affine: give the layer norm a learned gain and bias (as the authors' code).
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: ``iterations`` < 1, a non-positive ``out_dim``; (in ``forward``)

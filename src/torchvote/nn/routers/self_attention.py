@@ -24,6 +24,8 @@ class SelfAttentionRouter(Router):
         log_prior: learn the ``(out_caps, in_caps)`` prior added to the couplings (zeros at start).
             A checkpoint's ``(in_caps, out_caps)`` prior (the layout before receivers came first)
             is transposed on loading.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: non-positive sizes; (in ``forward``) ``activations``, which this routing does

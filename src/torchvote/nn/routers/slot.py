@@ -46,6 +46,8 @@ class SlotRouter(Router):
         out_dim: their size.
         iterations: passes (3 in the paper).
         hidden_dim: the update MLP's hidden size (default ``2 * out_dim``).
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: ``iterations`` < 1 or non-positive sizes; (in ``forward``) ``activations``,

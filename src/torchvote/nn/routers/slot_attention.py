@@ -29,6 +29,8 @@ class SlotAttention(nn.Module):
         slot_dim: slot (and key, query, value) size ``D``.
         iterations: ``T`` (3 in the paper).
         hidden_dim: the update MLP's hidden size (128 in the paper).
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: ``iterations`` < 1 or non-positive sizes.
