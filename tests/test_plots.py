@@ -54,6 +54,14 @@ def test_heads_and_metrics(tmp_path):
         metric_curves(metrics, keys=["accuracy"])
 
 
+def test_metric_curves_read_a_run_killed_mid_write(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0 / (s + 1)}) for s in range(4)]
+    metrics.write_text("\n".join(lines) + '\n{"step": 4, "lo')  # the last record torn
+    (panel,) = metric_curves(metrics).axes
+    assert list(panel.lines[0].get_xdata()) == [0, 1, 2, 3]
+
+
 def test_bad_input_is_refused_with_the_argument_named():
     with pytest.raises(ValueError, match="weights must be 2-D"):
         attention_heatmap(torch.rand(2, 3, 4))

@@ -233,3 +233,15 @@ def test_rng_states_round_trip():
     assert torch.equal(first[0], second[0])
     assert np.array_equal(first[1], second[1])
     assert first[2] == second[2]
+
+
+@pytest.mark.parametrize("keep", [0, -1, 2.5, "2", True])
+def test_a_keep_below_one_or_not_an_integer_is_refused_before_anything_is_written(tmp_path, keep):
+    model = nn.Linear(2, 2)
+    for step in (1, 2, 3):
+        _save(tmp_path, step, model)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match=f"keep must be a positive integer, got {keep!r}"):
+        _save(tmp_path, 4, model, keep=keep)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing deleted
+    assert (tmp_path / "latest").read_text().strip() == "step-00000003"

@@ -12,7 +12,7 @@ import torch
 from torchvote.data import MultiMNISTSource, load_small_digits, make_multimnist
 from torchvote.training import get_task_handler
 from torchvote.training.data import BatchPlan, DrawnData, build_task_data, iterate_batches
-from torchvote.training.evaluate import load_data
+from torchvote.training.evaluate import load_data, load_eval_entry
 
 
 @dataclass
@@ -81,3 +81,19 @@ def test_load_data_limits_every_draw(monkeypatch, source):
     assert torch.equal(
         limited.for_epoch(0, 1).tensors["images"], whole.for_epoch(0, 1).tensors["images"][:10]
     )
+
+
+@pytest.mark.parametrize("limit", [0, -5, 2.5, True])
+def test_load_data_and_load_eval_entry_refuse_a_limit_below_one(monkeypatch, source, limit):
+    evaluate_module = importlib.import_module("torchvote.training.evaluate")
+    loaded = []
+    monkeypatch.setattr(
+        evaluate_module, "load_raw_dataset", lambda name, split, **kw: loaded.append(name) or (split, source)
+    )
+    handler = get_task_handler("image-classification")
+    message = f"limit must be a positive integer, got {limit!r}"
+    with pytest.raises(ValueError, match=message):  # -5 would drop the last 5, 0 leave none
+        load_data(handler, "multimnist", "train", limit=limit)
+    with pytest.raises(ValueError, match=message):
+        load_eval_entry(handler, "multimnist", Fits40(), limit=limit)
+    assert loaded == []  # refused before anything is loaded

@@ -74,3 +74,27 @@ def test_two_torchrun_processes_match_one_process(tiny_values, tmp_path):
     final_two = [r for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if r["event"] == "final"][0]
     assert final_two["accuracy"] == pytest.approx(one.results["mnist/test"]["accuracy"], abs=1 / 60)
     assert final_two["count"] == 60  # the evaluation shards cover the test set once
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"global_batch": 0}, "global_batch must be a positive integer, got 0"),
+        ({"global_batch": -8}, "global_batch must be a positive integer, got -8"),
+        ({"global_batch": 8.0}, "global_batch must be a positive integer, got 8.0"),
+        ({"world_size": 0}, "world_size must be a positive integer, got 0"),
+        ({"world_size": 2, "rank": 2}, r"rank must be in 0 \.\. world_size - 1 = 1, got 2"),
+        ({"world_size": 2, "rank": -1}, "rank must be an integer >= 0, got -1"),
+        ({"num_examples": -5}, "num_examples must be an integer >= 0, got -5"),
+        ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+    ],
+)
+def test_batch_plan_refuses_each_bad_field_by_name(fields, message):
+    values = {"num_examples": 50, "global_batch": 8, "seed": 0, **fields}
+    with pytest.raises(ValueError, match=message):
+        BatchPlan(**values)
+
+
+def test_batch_plan_refuses_a_shuffle_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="shuffle must be True or False, got 'no'"):
+        BatchPlan(50, global_batch=8, seed=0, shuffle="no")

@@ -94,3 +94,46 @@ def test_eval_on_entries_carry_data_set_options():
 
     with pytest.raises(ValueError, match="key=value"):
         parse_eval_entry("affnist:canvas")
+
+
+def test_format_table_prints_whole_float_losses_with_decimals_like_the_rest():
+    table = format_table(
+        [
+            {"data": "a", "accuracy": 1.0, "loss": 0.031234, "examples": 100},
+            {"data": "b", "accuracy": 0.0, "loss": 2.0, "examples": 100},
+            {"data": "c", "accuracy": 0.5, "loss": 0.0, "examples": 100},
+        ]
+    )
+    lines = table.splitlines()
+    assert lines[2].split() == ["a", "100.00%", "0.0312", "100"]
+    assert lines[3].split() == ["b", "0.00%", "2.0000", "100"]  # not "2"
+    assert lines[4].split() == ["c", "50.00%", "0.0000", "100"]  # not "0"
+    assert format_table([{"top5_accuracy": 3.0}]).splitlines()[2] == "       3.0000"  # not in [0, 1]
+
+
+def test_read_metrics_warns_about_a_corrupt_line_in_the_middle_naming_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "train", "step": 1}\n{"event": "tr#in", "st\n{"event": "train", "step": 3}\n')
+    with pytest.warns(RuntimeWarning, match=rf"{path}: line 2 is not JSON"):
+        records = read_metrics(path)
+    assert [r["step"] for r in records] == [1, 3]
+
+
+def test_read_metrics_skips_a_torn_last_line_without_a_warning(tmp_path, recwarn):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "train", "step": 1}\n\n{"event": "train", "step": 2}\n{"event": "tr')
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_resumed_writer_drops_the_torn_line_and_keeps_every_new_record(tmp_path, recwarn):
+    with MetricsWriter(tmp_path) as writer:
+        writer.write("train", 1, {"loss": 1.0})
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"event": "train", "st')  # the run is killed mid-line
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1]
+    with MetricsWriter(tmp_path) as writer:  # the run resumed
+        writer.write("train", 2, {"loss": 0.5})
+        writer.write("train", 3, {"loss": 0.25})
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]  # step 2 not lost
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -6,17 +6,18 @@ One panel per numeric field against the step; save it with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from torchvote.explain.figures import new_figure
+from torchvote.training.metrics import read_metrics
 
 __all__ = ["metric_curves"]
 
 
 def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None):
-    """Training curves from a ``metrics.jsonl`` file (one JSON object per line, with ``step``).
+    """Training curves from a ``metrics.jsonl`` file (one JSON object per line, with ``step``), read
+    as :func:`~torchvote.training.metrics.read_metrics` reads it.
 
     Args:
         path: the metrics file.
@@ -30,7 +31,7 @@ def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None):
         ValueError: if the file holds no records or a named key never appears.
     """
     path = Path(path)
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_metrics(path)  # a run killed mid-write leaves a torn last line: skipped
     if not records:
         raise ValueError(f"{path} holds no metrics records")
     numeric = {k for r in records for k, v in r.items() if isinstance(v, int | float)}

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.files import atomic_write_bytes
+from torchvote.validation import check_positive_int
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -259,7 +260,8 @@ def save_checkpoint(
         model: the model (not a DDP wrapper).
         model_metadata: strings stored with the weights (``model``, ``model_config`` ...).
         state: the training state (``weights_only``-safe containers and tensors).
-        keep: delete all but the newest ``keep`` checkpoints after the pointer moved.
+        keep: delete all but the newest ``keep`` checkpoints (at least 1) after the pointer
+            moved (the one just written is never deleted); ``None``: keep every checkpoint.
 
     A file already at the checkpoint's name (a run resumed from an older checkpoint because this
     one was unreadable) is never overwritten: it is renamed to ``<name>.old`` (``.old-2`` ...)
@@ -267,9 +269,15 @@ def save_checkpoint(
 
     Returns:
         the paths written.
+
+    Raises:
+        ValueError: ``keep`` is neither ``None`` nor a positive integer (checked before anything
+            is written or deleted).
     """
     import io
 
+    if keep is not None:
+        check_positive_int(keep, "keep")
     directory = Path(directory)
     paths = CheckpointPaths.of(directory, checkpoint_name(step))
     for existing in (paths.weights, paths.state):

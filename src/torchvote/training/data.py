@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchvote.validation import check_bool_fields, check_positive_int
+
 __all__ = [
     "BatchPlan",
     "DrawnData",
@@ -183,8 +185,11 @@ class BatchPlan:
         shuffle: draw a new order every epoch; False keeps the examples in order.
 
     Raises:
-        ValueError: ``global_batch`` not divisible by ``world_size``, or larger than
-            ``num_examples`` (no full batch).
+        ValueError: ``global_batch`` or ``world_size`` not a positive integer, ``num_examples``
+            or ``seed`` not a non-negative integer, ``rank`` not in ``0 .. world_size - 1``,
+            ``global_batch`` not divisible by ``world_size``, or larger than ``num_examples`` (no
+            full batch).
+        TypeError: ``shuffle`` not ``True`` or ``False``.
     """
 
     num_examples: int
@@ -195,6 +200,16 @@ class BatchPlan:
     shuffle: bool = True
 
     def __post_init__(self) -> None:
+        check_positive_int(self.num_examples, "num_examples", minimum=0)
+        check_positive_int(self.global_batch, "global_batch")
+        check_positive_int(self.seed, "seed", minimum=0)  # the seed streams take no negative seed
+        check_positive_int(self.world_size, "world_size")
+        check_positive_int(self.rank, "rank", minimum=0)
+        if self.rank >= self.world_size:
+            raise ValueError(
+                f"rank must be in 0 .. world_size - 1 = {self.world_size - 1}, got {self.rank!r}"
+            )
+        check_bool_fields(self)
         if self.global_batch % self.world_size:
             raise ValueError(
                 f"batch_size={self.global_batch} is not divisible by the {self.world_size} processes; "

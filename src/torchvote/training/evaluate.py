@@ -135,9 +135,12 @@ def load_data(
 
     Raises:
         ValueError: an unknown data set or split, an option the data set does not take or a bad
-            option value, or data of another task.
+            option value, data of another task, or a ``limit`` that is not a positive integer
+            (a negative one would drop examples from the end, 0 would leave none).
         DataNotFoundError: the data set's files are not there.
     """
+    if limit is not None:  # checked before anything is loaded
+        check_positive_int(limit, "limit")
     split, raw = load_raw_dataset(name, split, options=options or {}, root=root)
     data = build_task_data(handler, name, split, raw)
     if limit is not None:  # and the same of each draw of drawn data
@@ -165,12 +168,13 @@ def load_eval_entry(
         model_config: the config of the model that will see the data (its image size is checked).
         root: the folder to read files from unless the entry names its own ``root=``; data sets
             generated rather than read (the sequence tasks) ignore it.
-        limit: keep the first ``limit`` examples.
+        limit: keep the first ``limit`` examples; ``None``: all.
         options: keyword arguments of the data set, below the entry's own.
 
     Raises:
-        ValueError: an unknown data set, options it does not take, data of another task, or
-            images that do not fit the model (the message names the fix).
+        ValueError: an unknown data set, options it does not take, data of another task,
+            images that do not fit the model (the message names the fix), or a ``limit`` that is
+            not a positive integer.
         DataNotFoundError: the data set's files are not there.
     """
     from torchvote.data import dataset_reads_files

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,10 @@ class MetricsWriter:
     """Appends one JSON object per line to ``<run>/metrics.jsonl`` (and TensorBoard scalars).
 
     Each line has an ``event`` (``train``, ``eval``, ``final``), the ``step`` and ``epoch``, a wall
-    clock ``time`` and the metrics. A resumed run appends to the same file. TensorBoard events go to
-    ``<run>/tensorboard`` when ``tensorboard=True`` and the ``tensorboard`` package is importable.
+    clock ``time`` and the metrics. A resumed run appends to the same file, after cutting off a
+    last line torn by the killed run (else the first new record would run on from it and both be
+    lost). TensorBoard events go to ``<run>/tensorboard`` when ``tensorboard=True`` and the
+    ``tensorboard`` package is importable.
 
     Args:
         run_dir: the run's folder (created if missing); the file is opened for appending at once.
@@ -27,6 +30,7 @@ class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = False) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_last_line(self.path)
         self._file = self.path.open("a", encoding="utf-8")
         self.tensorboard_dir: Path | None = None
         self._writer: Any = None
@@ -64,6 +68,17 @@ class MetricsWriter:
         self.close()
 
 
+def _drop_torn_last_line(path: Path) -> None:
+    """Cut off an unterminated last line of ``path``: every record is written with its newline,
+    so one without is a record torn by a killed process."""
+    if not path.is_file():
+        return
+    with path.open("rb+") as handle:
+        content = handle.read()
+        if content and not content.endswith(b"\n"):
+            handle.truncate(content.rfind(b"\n") + 1)
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         value = value.item()
@@ -73,30 +88,50 @@ def _plain(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in order (a torn last line is skipped).
+    """The records of a ``metrics.jsonl`` file, in order.
+
+    A last line that does not parse is a record torn by a run killed mid-write (it is still
+    being written, or the run was not resumed): skipped silently. Any other line that does not
+    parse is skipped with a warning naming the file and the line: the file was damaged, or
+    written by an older :class:`MetricsWriter` that appended a resumed run's first record to the
+    torn line. The log stays readable either way (a resumed run reads it to reuse its final
+    evaluations, the plots read it), so it warns rather than raises.
 
     Args:
         path: the ``metrics.jsonl`` file.
 
     Returns:
-        One dictionary per line that parses as JSON; any line that does not is skipped.
+        One dictionary per line that parses as JSON, blank lines and unparsable ones left out.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
+
+    Warns:
+        RuntimeWarning: a line other than the last does not parse as JSON.
     """
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+        except json.JSONDecodeError as err:
+            if number < len(lines):
+                warnings.warn(
+                    f"{path}: line {number} is not JSON ({err.msg} at column {err.colno}); skipped it. "
+                    "Only the last line may be torn (a run killed mid-write)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
     return records
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """A plain-text table: one row per mapping, one column per key (first row's order).
 
-    Floats in [0, 1] named ``*accuracy`` print as percentages; other floats with 4 decimals.
+    Floats in [0, 1] named ``*accuracy`` print as percentages; other floats with 4 decimals, whole
+    ones too (a loss of 2.0 prints ``2.0000``, as its column's other values); integers as they are.
 
     Args:
         rows: the rows, each a mapping of column name to value (``None`` or a missing key prints
@@ -117,10 +152,8 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
         if value is None:
             return "-"
         if isinstance(value, float):
-            if key.endswith("accuracy"):
+            if key.endswith("accuracy") and 0.0 <= value <= 1.0:
                 return f"{100 * value:.2f}%"
-            if value.is_integer() and abs(value) < 1e15:
-                return str(int(value))
             return f"{value:.4f}"
         return str(value)
 
