@@ -44,6 +44,15 @@ def test_choice_lists_the_choices():
         check_choice("max", ("sum", "mean"), "aggregation")
 
 
+@pytest.mark.parametrize("choices", ["abc", b"abc"])
+def test_choice_refuses_a_string_of_choices(choices):
+    # "a" in "abc" is a substring match, not a choice: the string is refused outright
+    with pytest.raises(TypeError, match=r"choices: expected a collection of allowed values"):
+        check_choice("a", choices, "mode")
+    with pytest.raises(TypeError, match=r"choices: expected a collection"):
+        check_choice("", choices, "mode")
+
+
 def test_integer_tensor_refuses_floats_bools_and_non_tensors():
     import torch
 

@@ -126,15 +126,22 @@ def check_choice(value: Any, choices: Collection[Any], argument: str) -> Any:
 
     Args:
         value: the value to check.
-        choices: the values allowed (compared with ``in``), listed in the message.
+        choices: the values allowed (compared with ``in``), listed in the message; a collection
+            of values such as a tuple, never a ``str`` (``in`` would match substrings).
         argument: the argument's name, for the message.
 
     Returns:
         ``value``, unchanged.
 
     Raises:
+        TypeError: ``choices`` is a ``str`` or ``bytes``.
         ValueError: naming the argument and listing the choices.
     """
+    if isinstance(choices, (str, bytes)):
+        raise TypeError(
+            f"choices: expected a collection of allowed values such as a tuple, not a "
+            f"{type(choices).__name__} ({choices!r}) whose substrings would match"
+        )
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{argument} must be one of {listed}, got {value!r}")

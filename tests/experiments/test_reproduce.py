@@ -21,7 +21,7 @@ from torchvote.experiments import (
     run_dir_of,
     train_command,
 )
-from torchvote.experiments.report import metric_value
+from torchvote.experiments.report import metric_value, summarize, write_summary
 from torchvote.training import read_metrics, train
 from torchvote.training.config import ConfigError, build_model_config, load_config
 
@@ -60,6 +60,14 @@ def test_metric_value_reads_the_named_evaluation(metric, expected):
     results = {"a/test": {"accuracy": 0.97, "loss": 0.6931471805599453}, "b/test": {"accuracy": 0.5}}
     value = metric_value(results, metric)
     assert value == pytest.approx(expected) if expected is not None else value is None
+
+
+def test_write_summary_files_the_summary_under_its_own_budget(tmp_path):
+    variants = (Variant("plain", "unused.yaml", ()),)
+    row = Row("tiny", "z", "a tiny row", variants, (Metric("error (%)"),), {"cpu": (), "paper": ()})
+    path = write_summary(row, tmp_path, summarize(row, "paper", tmp_path))
+    assert path.read_text().startswith("### z. a tiny row (budget: paper)")
+    assert json.loads((tmp_path / "summary.json").read_text())["budget"] == "paper"
 
 
 def _tiny_row(tmp_path, tiny_values, **extra) -> Row:

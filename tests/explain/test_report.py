@@ -47,6 +47,18 @@ def test_report_is_self_contained_with_files_and_tables(tmp_path):
         report.table(["a", "b"], [[1]])
 
 
+def test_the_constructor_takes_only_the_public_fields(tmp_path):
+    # the page's parts are built by the methods; a third positional argument used to become them
+    with pytest.raises(TypeError):
+        HtmlReport("t", tmp_path, ["<script>alert(1)</script>"], [])
+    with pytest.raises(TypeError):
+        HtmlReport("t", tmp_path, _parts=["<script>alert(1)</script>"])
+    with pytest.raises(TypeError):
+        HtmlReport("t", tmp_path, files=[tmp_path / "elsewhere.png"])
+    report = HtmlReport("t", tmp_path)
+    assert "<script>" not in report.render() and "_parts" not in repr(report) and report.files == []
+
+
 def test_record_draws_every_picture_and_names_what_is_missing(tmp_path):
     record = synthetic_record()
     report = HtmlReport("record", tmp_path)

@@ -22,6 +22,7 @@ from torchvote.models import (
     get_model_spec,
     list_models,
     register_model,
+    registered_name,
 )
 from torchvote.models import registry as registry_module
 from torchvote.training.tasks import get_task_handler
@@ -112,6 +113,19 @@ def test_overrides_win_over_the_preset():
     model = create_model("cnn-baseline", "small", dropout=0.1, num_classes=7)
     assert model.config.dropout == 0.1 and model.config.num_classes == 7
     assert model.config.channels == get_model_spec("cnn-baseline").presets["small"]["channels"]
+
+
+def test_registered_name_sees_through_a_torch_compile_wrapper():
+    model = create_model("cnn-baseline", "small")
+    compiled = torch.compile(model)  # wrapping compiles nothing until the first call
+    assert registered_name(model) == "cnn-baseline"
+    assert registered_name(compiled) == "cnn-baseline"
+
+    class Unregistered(nn.Linear):
+        pass
+
+    with pytest.raises(ValueError, match="Unregistered is not a registered model"):
+        registered_name(torch.compile(Unregistered(2, 2)))
 
 
 @dataclasses.dataclass

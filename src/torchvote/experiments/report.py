@@ -156,12 +156,11 @@ def _markdown(row: Row, summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(row: Row, budget: str, base: str | Path, summary: dict[str, Any]) -> Path:
+def write_summary(row: Row, base: str | Path, summary: dict[str, Any]) -> Path:
     """Write ``summary.json`` and ``summary.md`` into ``base``, atomically; return the markdown path.
 
     Args:
         row: the experiment (its title, metrics and note make the markdown).
-        budget: the budget of the runs; unused: the markdown reads ``summary["budget"]``.
         base: the folder to write into (created if missing).
         summary: what :func:`summarize` returned for ``row``.
 
@@ -169,7 +168,8 @@ def write_summary(row: Row, budget: str, base: str | Path, summary: dict[str, An
         The path of ``summary.md``.
     """
     base = Path(base)
+    markdown = _markdown(row, summary)  # first: a summary it cannot show leaves neither file written
     atomic_write_bytes(base / "summary.json", json.dumps(summary, indent=1).encode())
     path = base / "summary.md"
-    atomic_write_bytes(path, _markdown(row, summary).encode())
+    atomic_write_bytes(path, markdown.encode())
     return path

@@ -237,7 +237,7 @@ def reproduce(
             }
             record["device"] = describe_device("cpu")
             atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
-        return write_summary(row, budget, base, summarize(row, budget, base))
+        return write_summary(row, base, summarize(row, budget, base))
     total = len(chosen) * len(seeds)
     done = 0
     for variant in chosen:
@@ -253,5 +253,5 @@ def reproduce(
             if record is None:
                 raise KeyboardInterrupt(f"run {run_dir} interrupted; rerun the same command to continue")
             atomic_write_bytes(run_dir / RESULT_FILE, json.dumps(record, indent=1).encode())
-            write_summary(row, budget, base, summarize(row, budget, base))
-    return write_summary(row, budget, base, summarize(row, budget, base))
+            write_summary(row, base, summarize(row, budget, base))
+    return write_summary(row, base, summarize(row, budget, base))

@@ -40,7 +40,9 @@ class HtmlReport:
         title: page title.
         out_dir: folder for the page and the PNG/SVG files (created with the report, since
             :meth:`figure` saves into it at once).
-        files: the image files saved so far; leave it empty: :meth:`figure` appends to it.
+
+    Attributes:
+        files: the image files :meth:`figure` saved so far.
 
     Example::
 
@@ -51,9 +53,10 @@ class HtmlReport:
 
     title: str
     out_dir: Path
-    _parts: list[str] = field(default_factory=list)
-    _sections: list[tuple[str, str]] = field(default_factory=list)
-    files: list[Path] = field(default_factory=list)
+    # the page being built: filled by the methods below, never passed to the constructor
+    _parts: list[str] = field(init=False, repr=False, default_factory=list)
+    _sections: list[tuple[str, str]] = field(init=False, repr=False, default_factory=list)
+    files: list[Path] = field(init=False, default_factory=list)  # the image files saved so far
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)

@@ -349,7 +349,8 @@ def registered_name(model: nn.Module) -> str:
     """The registry name of a model instance.
 
     Args:
-        model: the model; its exact class must be registered (a subclass is not).
+        model: the model; its exact class must be registered (a subclass is not). A
+            ``torch.compile`` wrapper is seen through to the module it wraps.
 
     Returns:
         The name it is registered under.
@@ -358,6 +359,7 @@ def registered_name(model: nn.Module) -> str:
         ValueError: the model's class is not registered.
     """
     _load_all()
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: name the module it wraps
     for name, spec in _REGISTRY.items():
         if type(model) is spec.model_cls:
             return name
