@@ -304,3 +304,24 @@ def test_margin_loss_checks_its_margins(options, message):
     # m- >= m+ punishes every length; a negative lambda rewards long wrong capsules without bound
     with pytest.raises(ValueError, match=message):
         margin_loss(torch.rand(2, 10), torch.tensor([0, 1]), **options)
+
+
+@pytest.mark.parametrize("weight", [-0.0005, math.nan, math.inf, True])
+def test_reconstruction_loss_refuses_a_weight_that_is_not_a_finite_number_at_least_zero(weight):
+    images = torch.rand(2, 1, 4, 4)
+    with pytest.raises(ValueError, match=rf"weight must be a finite number in \[0.0, inf\), got {weight!r}"):
+        reconstruction_loss(images.flatten(1), images, weight=weight)
+
+
+def test_one_hot_targets_refuses_zero_classes_by_name():
+    with pytest.raises(ValueError, match="num_classes must be a positive integer, got 0"):
+        one_hot_targets(torch.tensor([0]), 0)
+
+
+def test_target_values_are_checked_without_a_read_off_the_cpu():
+    """Meta tensors have no values to read (a read raises): the checks are queued, not read."""
+    scores = torch.rand(3, 10, device="meta")
+    loss = margin_loss(scores, torch.tensor([1, 2, 3], device="meta"))
+    pairs = torch.zeros(3, 10, device="meta")
+    assert loss.shape == () and margin_loss(scores, pairs).shape == ()
+    assert spread_loss(scores, torch.tensor([1, 2, 3], device="meta"), margin=0.2).shape == ()

@@ -73,3 +73,42 @@ def test_in_range_names_the_interval():
     for value in (1.5, math.nan, math.inf, True, "0.5"):
         with pytest.raises(ValueError, match=r"p must be a finite number in \[0.0, 1.0\)"):
             check_in_range(value, "p", 0.0, 1.0, include_high=False)
+
+
+def test_tensor_values_are_refused_at_once_on_the_cpu_with_the_detail():
+    import torch
+
+    from torchvote.validation import check_tensor_values
+
+    ids = torch.tensor([3, -1, 4])
+    check_tensor_values((ids >= -1).all(), "ids must be >= -1")  # fine: nothing raised
+    with pytest.raises(ValueError, match=r"^ids must be >= 0: got \[3, -1, 4\]$"):
+        check_tensor_values((ids >= 0).all(), "ids must be >= 0", detail=lambda: f": got {ids.tolist()}")
+
+
+def test_tensor_values_off_the_cpu_are_asserted_on_the_device_and_never_read():
+    """A meta tensor has no values: any read of one raises, so passing means nothing was read
+    (on a GPU, nothing made the host wait); the detail, which would read, is never called."""
+    import torch
+
+    from torchvote.validation import check_tensor_values
+
+    ids = torch.tensor([3, -1, 4], device="meta")
+    with pytest.raises(RuntimeError):
+        bool((ids >= 0).all())  # the read a check must not make
+    check_tensor_values((ids >= 0).all(), "ids must be >= 0", detail=lambda: pytest.fail("read"))
+
+
+def test_tensor_values_under_torch_compile_fail_with_the_message_in_one_graph():
+    import torch
+
+    from torchvote.validation import check_tensor_values
+
+    def double(ids):
+        check_tensor_values((ids >= 0).all(), "ids must be >= 0")
+        return ids * 2
+
+    compiled = torch.compile(double, fullgraph=True)  # a read of the flag would break the graph
+    assert compiled(torch.tensor([1, 2])).tolist() == [2, 4]
+    with pytest.raises(RuntimeError, match="ids must be >= 0"):
+        compiled(torch.tensor([1, -2]))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchvote.validation import check_in_range, check_positive_int
+from torchvote.validation import check_in_range, check_positive_int, check_tensor_values
 
 __all__ = [
     "SpreadMarginSchedule",
@@ -40,23 +40,30 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
         ``(b, num_classes)`` 0/1 targets of ``dtype``.
 
     Raises:
-        ValueError: targets of another shape, class indices out of range, or (multi-)hot targets
-            with a value other than 0 or 1.
+        ValueError: ``num_classes`` < 1, targets of another shape, class indices out of range, or
+            (multi-)hot targets with a value other than 0 or 1 (values are checked with
+            :func:`~torchvote.validation.check_tensor_values`: at once on the CPU, on the device's
+            stream elsewhere).
         TypeError: class indices ``(b,)`` that are not integers.
     """
+    check_positive_int(num_classes, "num_classes")
     if targets.dim() == 1:
         if targets.is_floating_point() or targets.is_complex():
             raise TypeError(f"class indices must be integers, got dtype {targets.dtype}")
-        if targets.numel() and (targets.min() < 0 or targets.max() >= num_classes):
-            raise ValueError(f"class indices must be in [0, {num_classes}), got {targets.tolist()}")
+        if targets.numel():
+            check_tensor_values(
+                ((targets >= 0) & (targets < num_classes)).all(),
+                f"class indices must be in [0, {num_classes})",
+                detail=lambda: f", got {targets.tolist()}",
+            )
         return F.one_hot(targets.long(), num_classes).to(dtype)
     if targets.dim() == 2 and targets.shape[1] == num_classes:
         # T_k of the margin loss is 0 or 1; a 7 (or a smoothed 0.9) would scale the loss silently
-        if not ((targets == 0) | (targets == 1)).all():
-            raise ValueError(
-                f"multi-hot targets (b, {num_classes}) must hold only 0 and 1, got values "
-                f"{targets.unique().tolist()}"
-            )
+        check_tensor_values(
+            ((targets == 0) | (targets == 1)).all(),
+            f"multi-hot targets (b, {num_classes}) must hold only 0 and 1",
+            detail=lambda: f", got values {targets.unique().tolist()}",
+        )
         return targets.to(dtype)
     raise ValueError(
         f"targets must be class indices (b,) or multi-hot (b, {num_classes}), got {tuple(targets.shape)}"
@@ -146,15 +153,18 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
     Args:
         reconstructions: ``(b, c*h*w)`` or shaped like ``images``.
         images: ``(b, c, h, w)``, or ``(b, k, c, h, w)`` with one image per digit (MultiMNIST).
-        weight: the scale of the loss.
+        weight: the scale of the loss, a finite number >= 0.
 
     Returns:
         The scalar loss.
 
     Raises:
+        ValueError: a ``weight`` that is negative, NaN or infinite (it would reward reconstructing
+            badly, or poison the loss).
         ValueError: either without a batch axis (a single image needs one: ``image[None]``), an
             empty batch, or the two do not have the same number of values per image.
     """
+    check_in_range(weight, "weight", 0.0)
     for name, tensor in (("reconstructions", reconstructions), ("images", images)):
         if tensor.dim() < 2:
             raise ValueError(

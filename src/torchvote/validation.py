@@ -2,14 +2,15 @@
 
 A parameter is checked once, where it enters the library (a public function or a constructor);
 code further down trusts it. Every check raises ``ValueError`` (or ``TypeError`` for a value of
-the wrong type) naming the argument and what was expected.
+the wrong type) naming the argument and what was expected. Checks of a tensor's *values* go
+through :func:`check_tensor_values`, which never makes an accelerator wait for the host.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ __all__ = [
     "check_in_range",
     "check_positive_int",
     "check_probability",
+    "check_tensor_values",
 ]
 
 
@@ -229,3 +231,39 @@ def broadcast_shape(*shapes: Collection[int]) -> tuple[int, ...] | None:
         return tuple(torch.broadcast_shapes(*(tuple(shape) for shape in shapes)))
     except RuntimeError:
         return None
+
+
+def check_tensor_values(
+    valid: torch.Tensor, message: str, *, detail: Callable[[], str] | None = None
+) -> None:
+    """Refuse bad tensor values without stalling an accelerator.
+
+    Shapes and dtypes cost nothing to check; values do: reading a flag computed on a GPU makes
+    the host wait for every kernel queued before it, at every step. So the check is a boolean
+    tensor ``valid`` (True when the values are fine), enforced by where it lives:
+
+    * on the CPU, eagerly: read at once (free there); False raises ``ValueError``;
+    * on an accelerator, or while ``torch.compile`` traces: queued with
+      ``torch._assert_async``, nothing is read back. A False fails the device's stream with
+      ``message`` (a RuntimeError at the next synchronisation), as PyTorch's own index checks of
+      ``nll_loss``, ``embedding`` and ``one_hot`` do on CUDA.
+
+    Args:
+        valid: a one-element boolean tensor (e.g. ``(ids >= 0).all()``).
+        message: what is wrong, naming the argument and what was expected.
+        detail: called only for the CPU's ``ValueError`` (the values may be read there): text
+            appended to ``message``, e.g. the offending values.
+
+    Raises:
+        ValueError: on the CPU, ``valid`` is False.
+    """
+    if _reads_are_free(valid):
+        if not bool(valid):
+            raise ValueError(message if detail is None else f"{message}{detail()}")
+        return
+    torch._assert_async(valid, message)
+
+
+def _reads_are_free(tensor: torch.Tensor) -> bool:
+    """Whether reading ``tensor``'s values costs nothing: eager code on the CPU."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()

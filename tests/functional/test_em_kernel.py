@@ -28,7 +28,7 @@ from einops import rearrange
 
 import torchvote.functional.em_kernel as kernel_module
 from torchvote.functional.em import default_inverse_temperature, em_routing
-from torchvote.functional.em_kernel import PerSenderVotes, conv_sender_groups
+from torchvote.functional.em_kernel import PerSenderVotes, conv_sender_groups, prepare_sender_groups
 from torchvote.functional.voting import PairwiseVotes, VotingState, vote
 
 DOUBLE = torch.float64
@@ -226,10 +226,15 @@ def conv_sample(seed, batch=2, grid=(4, 4), in_types=2, kernel=3, stride=1, out_
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(("grid", "stride"), [((4, 4), 1), ((5, 4), 2)])
-def test_joint_normalisation_matches_paper_loop(strategy, grid, stride, block_size, conv_procedure1):
+@pytest.mark.parametrize("prepared", [False, True], ids=["ids", "prepared"])
+def test_joint_normalisation_matches_paper_loop(
+    strategy, grid, stride, prepared, block_size, conv_procedure1
+):
     in_types, kernel, schedule = 2, 3, [0.5, 1.0]
     inputs, positions = conv_sample(5, grid=grid, stride=stride)
-    groups = conv_sender_groups(*grid, in_types, kernel, stride)
+    groups = conv_sender_groups(*grid, in_types, kernel, stride)  # (5, 4) with stride 2: row 4 unused
+    if prepared:  # what a layer does once per grid
+        groups = prepare_sender_groups(groups)
     ours = em_routing_kernel(*inputs, inverse_temperatures=schedule, sender_groups=groups,
                              strategy=strategy, return_assignments=True)
     votes, activations, beta_u, beta_a = inputs
@@ -417,6 +422,20 @@ def test_bad_arguments_name_themselves(change, match):
     arguments.update(change)
     with pytest.raises(ValueError, match=match):
         em_routing(**arguments)
+
+
+def test_prepared_sender_groups_are_compact_and_checked_against_the_votes():
+    ids = torch.tensor([[7, 3], [3, 9]])
+    prepared = prepare_sender_groups(ids)
+    assert prepared.ids.tolist() == [[1, 0], [0, 2]] and prepared.count == 3
+    assert prepared.patches.tolist() == [[1.0, 2.0], [2.0, 1.0]]  # id 3 is in both patches
+    with pytest.raises(ValueError, match="non-negative"):
+        prepare_sender_groups(torch.tensor([[0, -1]]))
+    with pytest.raises(ValueError, match="sender_groups must be a 2-D integer tensor"):
+        prepare_sender_groups(torch.zeros(2, 2))
+    votes, activations = torch.zeros(2, 3, 5, 4), torch.zeros(2, 5)  # 5 senders, not 2
+    with pytest.raises(ValueError, match=r"sender_groups must be .* \(L, in_caps=5\)"):
+        em_routing(votes, activations, 0.0, 0.0, iterations=1, sender_groups=prepared)
 
 
 @pytest.mark.parametrize(

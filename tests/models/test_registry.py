@@ -250,3 +250,68 @@ def test_every_model_makes_its_tensors_where_its_inputs_are(name, overrides):
     for tensor in (main, again.scores if spec.task == "image-classification" else again.logits, *generated):
         assert tensor.device.type == "cpu"
     assert all(p.grad is None or p.grad.device.type == "cpu" for p in model.parameters())
+
+
+_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """A Counter of the reads of tensor values that torchvote's own code makes (the frame that
+    reads is in the torchvote package), by ``file:line method``."""
+    import collections
+    import sys
+    from pathlib import Path
+
+    import torchvote
+
+    package = str(Path(torchvote.__file__).parent)
+    counts: collections.Counter = collections.Counter()
+
+    def counted(method: str):
+        original = getattr(torch.Tensor, method)
+
+        def counting(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename.startswith(package):
+                where = frame.f_code.co_filename[len(package) + 1 :]
+                counts[f"{where}:{frame.f_lineno} {method}"] += 1
+            return original(self, *args, **kwargs)
+
+        return counting
+
+    for method in _HOST_READS:
+        monkeypatch.setattr(torch.Tensor, method, counted(method))
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    _variants(),
+    ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())) or "default",
+)
+def test_a_warm_training_step_reads_no_tensor_value_back(name, overrides, host_reads, monkeypatch):
+    """On a GPU, reading a tensor's value (``.item()``, ``bool``, ``int``) makes the host wait for
+    every kernel queued before it: once per step, the device idles while the next step is queued.
+    With value checks taking their accelerator path (``check_tensor_values`` asserts on the
+    device instead of reading), a second training step of every model (forward, objective,
+    backward, metric sums) reads nothing. The first step may (an EM layer prepares its grid's
+    ids once)."""
+    from torchvote import validation
+    from torchvote.training.config import LossConfig
+    from torchvote.training.tasks import make_objective
+
+    monkeypatch.setattr(validation, "_reads_are_free", lambda tensor: False)
+    spec = get_model_spec(name)
+    torch.manual_seed(0)
+    model = create_model(name, _smallest_preset(name), **overrides).train()
+    handler = get_task_handler(spec.task)
+    batch = handler.example_batch(model.config, 3, torch.Generator().manual_seed(0))
+    objective = make_objective(LossConfig(), spec, total_steps=10)
+    for step in range(2):
+        host_reads.clear()
+        output = handler.forward(model, batch)
+        loss, _ = objective(output, batch, step)
+        loss.backward()
+        handler.metric_sums(output, batch)
+    assert dict(host_reads) == {}

@@ -64,7 +64,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from torchvote.functional.em_kernel import STRATEGIES, EMStrategy, PerSenderVotes, route
+from torchvote.functional.em_kernel import STRATEGIES, EMStrategy, PerSenderVotes, SenderGroups, route
 from torchvote.validation import check_choice, check_positive_float, check_positive_int
 
 __all__ = [
@@ -157,7 +157,7 @@ def em_routing(
     iterations: int = 3,
     inverse_temperature: InverseTemperature = default_inverse_temperature,
     eps: float = 1e-6,
-    sender_groups: Tensor | None = None,
+    sender_groups: Tensor | SenderGroups | None = None,
     strategy: EMStrategy = "auto",
     return_assignments: bool = False,
     all_passes: bool = False,
@@ -200,7 +200,10 @@ def em_routing(
             element of its period that holds it, and the initial ``R`` is ``1 / |parents|``, the
             paper's form for convolutional capsules.
             :func:`~torchvote.functional.em_kernel.conv_sender_groups` builds it for votes
-            ``(batch, L, out_caps, in_caps, pose_dim)``.
+            ``(batch, L, out_caps, in_caps, pose_dim)``. Checking and compacting the ids reads
+            from the device; a layer that routes on one grid every call passes them once through
+            :func:`~torchvote.functional.em_kernel.prepare_sender_groups` and then the
+            :class:`~torchvote.functional.em_kernel.SenderGroups` it returns.
         strategy: ``"auto"`` (``"blocked"`` on CPU, ``"vectorized"`` on CUDA), ``"blocked"``,
             ``"vectorized"`` or ``"compiled"`` (``torch.compile``, about 10-20 s per new shape on
             CPU); the same numbers from each (see :mod:`torchvote.functional.em_kernel`).

@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +66,15 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from torchvote.validation import check_positive_int
 
-__all__ = ["STRATEGIES", "EMStrategy", "PerSenderVotes", "conv_sender_groups", "route"]
+__all__ = [
+    "STRATEGIES",
+    "EMStrategy",
+    "PerSenderVotes",
+    "SenderGroups",
+    "conv_sender_groups",
+    "prepare_sender_groups",
+    "route",
+]
 
 EMStrategy = Literal["auto", "blocked", "vectorized", "compiled"]
 STRATEGIES = get_args(EMStrategy)
@@ -580,23 +588,65 @@ def conv_sender_groups(
     return ids.reshape(out_rows * out_cols, kernel_size * kernel_size * in_types)
 
 
-def _prepare_groups(sender_groups: Tensor, rows: int, senders: int, receivers: int,
-                    device: torch.device) -> tuple[Tensor, int, Tensor]:
-    """Compact ids ``(L, j)``, their count ``G`` and the initial assignments ``(L, 1, j)``."""
+class SenderGroups(NamedTuple):
+    """``sender_groups`` prepared once, for a layer that routes on the same grid every call.
+
+    :func:`prepare_sender_groups` makes it; ``em_routing(sender_groups=...)`` takes it in place of
+    the ids and then reads nothing back from the device (preparing the ids needs two host reads:
+    the check for negative ids and the size of ``torch.unique``; a GPU waits for both).
+
+    Attributes:
+        ids: ``(L, j)`` int64 compact ids in ``[0, count)``, on the votes' device.
+        count: ``G``, the distinct ids of one period.
+        patches: ``(L, j)`` float64: how many patches (rows of a period) hold each sender's id.
+    """
+
+    ids: Tensor
+    count: int
+    patches: Tensor
+
+
+def prepare_sender_groups(sender_groups: Tensor, *, device: torch.device | str | None = None) -> SenderGroups:
+    """Check and compact ``sender_groups`` ids once (see :func:`~torchvote.functional.em.em_routing`).
+
+    Args:
+        sender_groups: ``(L, j)`` non-negative integer ids of the input capsule behind each
+            patch-local sender (:func:`conv_sender_groups` makes them).
+        device: where the prepared tensors live (the votes' device; default: the ids' device).
+
+    Returns:
+        A :class:`SenderGroups` for ``em_routing(sender_groups=...)``.
+
+    Raises:
+        ValueError: not a 2-D int32/int64 tensor with at least one row, or a negative id.
+    """
     if (not isinstance(sender_groups, Tensor) or sender_groups.dtype not in (torch.int32, torch.int64)
-            or sender_groups.dim() != 2 or sender_groups.shape[1] != senders
-            or sender_groups.shape[0] == 0 or rows % sender_groups.shape[0] != 0):
+            or sender_groups.dim() != 2 or sender_groups.shape[0] == 0):
         shape = tuple(sender_groups.shape) if isinstance(sender_groups, Tensor) else type(sender_groups)
-        raise ValueError(
-            f"sender_groups must be an integer tensor of shape (L, in_caps={senders}) with L dividing "
-            f"the {rows} rows of votes, got {shape}")
+        raise ValueError(f"sender_groups must be a 2-D integer tensor (L, in_caps) with L >= 1, got {shape}")
     if (sender_groups < 0).any():
         raise ValueError("sender_groups must hold non-negative ids")
+    device = sender_groups.device if device is None else torch.device(device)
     unique, compact = torch.unique(sender_groups.to(device=device, dtype=torch.int64), return_inverse=True)
     counts = torch.bincount(compact.reshape(-1), minlength=unique.numel())  # patches holding each id
+    return SenderGroups(compact, unique.numel(), counts[compact].to(torch.float64))
+
+
+def _prepare_groups(sender_groups: Tensor | SenderGroups, rows: int, senders: int, receivers: int,
+                    device: torch.device) -> tuple[Tensor, int, Tensor]:
+    """Compact ids ``(L, j)``, their count ``G`` and the initial assignments ``(L, 1, j)``."""
+    if not isinstance(sender_groups, SenderGroups):
+        sender_groups = prepare_sender_groups(sender_groups, device=device)
+    ids, count, patches = sender_groups
+    if ids.shape[1] != senders or rows % ids.shape[0] != 0:
+        raise ValueError(
+            f"sender_groups must be an integer tensor of shape (L, in_caps={senders}) with L dividing "
+            f"the {rows} rows of votes, got {tuple(ids.shape)}")
+    if ids.device != device:
+        raise ValueError(f"sender_groups were prepared on {ids.device}, the votes are on {device}")
     # R_ij = 1 / |parents of j|: the parents are every receiver of every patch that holds j.
-    initial = 1.0 / (receivers * counts[compact].to(torch.float64))
-    return compact, unique.numel(), initial.unsqueeze(1)
+    initial = 1.0 / (receivers * patches)
+    return ids, count, initial.unsqueeze(1)
 
 
 def route(
@@ -607,7 +657,7 @@ def route(
     *,
     schedule: Sequence[float],
     eps: float,
-    sender_groups: Tensor | None,
+    sender_groups: Tensor | SenderGroups | None,
     strategy: EMStrategy,
     return_assignments: bool,
     all_passes: bool,
@@ -623,7 +673,8 @@ def route(
         beta_a: ``(n, i)``.
         schedule: ``lambda_t`` per iteration, at least one.
         eps: the variance floor.
-        sender_groups: ``None`` or ``(L, j)`` integer ids, ``L`` dividing ``n``.
+        sender_groups: ``None``, ``(L, j)`` integer ids (``L`` dividing ``n``) or their
+            :class:`SenderGroups`.
         strategy: one of :data:`EMStrategy`.
         return_assignments: also return ``R``.
         all_passes: ``R`` of every M-step, stacked.

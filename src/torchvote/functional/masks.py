@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchvote.validation import broadcast_shape
+from torchvote.validation import broadcast_shape, check_tensor_values
 
 __all__ = [
     "causal_mask",
@@ -64,8 +64,11 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
             f"{argument} of shape {tuple(mask.shape)} does not broadcast to the attention logits' "
             f"shape {tuple(target)} (batch..., L, S)"
         )
-    if mask.is_floating_point() and bool((torch.isnan(mask) | torch.isposinf(mask)).any()):
-        raise ValueError(f"{argument} contains NaN or +inf; use -inf to forbid a position")
+    if mask.is_floating_point():
+        check_tensor_values(
+            ~(torch.isnan(mask) | torch.isposinf(mask)).any(),
+            f"{argument} contains NaN or +inf; use -inf to forbid a position",
+        )
 
 
 def is_causal_mask(mask: Tensor) -> bool:

@@ -45,7 +45,13 @@ from torchvote.models.transformer_backbone import (
     greedy_decode,
 )
 from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
-from torchvote.validation import check_bool_fields, check_choice, check_positive_int, check_probability
+from torchvote.validation import (
+    check_bool_fields,
+    check_choice,
+    check_positive_int,
+    check_probability,
+    check_tensor_values,
+)
 
 __all__ = ["RNNAttentionSeq2Seq", "RNNAttentionSeq2SeqConfig"]
 
@@ -231,8 +237,10 @@ class RNNAttentionSeq2Seq(nn.Module):
         """
         check_token_ids(source, "source", vocab_size=self.config.src_vocab_size)
         source_mask = source != self.config.pad_id  # (b, s)
-        if bool((source_mask[:, 1:] & ~source_mask[:, :-1]).any()):
-            raise ValueError("source has padding (pad_id) before a real token; pad only at the end")
+        check_tensor_values(
+            ~(source_mask[:, 1:] & ~source_mask[:, :-1]).any(),
+            "source has padding (pad_id) before a real token; pad only at the end",
+        )
         lengths = source_mask.sum(dim=1).clamp_min(1).cpu()  # (b,); an all-padding row reads one
         embedded = self.dropout(self.source_embedding(source))  # (b, s, E)
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)

@@ -35,7 +35,7 @@ from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
 from torchvote.nn.transformer import AttentionFactory, AttentionIntermediates, TransformerConfig
-from torchvote.validation import check_choice, check_positive_int, check_probability
+from torchvote.validation import check_choice, check_positive_int, check_probability, check_tensor_values
 
 __all__ = [
     "TransformerBackboneFields",
@@ -169,10 +169,11 @@ def check_token_ids(
     """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor
     of ids below ``vocab_size``.
 
-    An id outside the embedding table would otherwise fail deep inside ``nn.Embedding`` (on a
-    GPU as a device-side assert that leaves the CUDA context unusable). The range check reads
-    two numbers back from the device; it is skipped while ``torch.compile`` traces (the graph
-    stays whole).
+    An id outside the embedding table would otherwise fail deep inside ``nn.Embedding``. The
+    range check goes through :func:`~torchvote.validation.check_tensor_values`: a ValueError at
+    once on the CPU; on a GPU (and under ``torch.compile``) an assertion queued on the device,
+    which fails with this message without making every forward pass wait for the host. The
+    training loop checks its data's ids once, at set-up, so it never trips there.
 
     Args:
         tokens: the ids to check.
@@ -203,13 +204,17 @@ def check_token_ids(
     if max_length is not None and tokens.shape[1] > max_length - cached:
         limit = length_name if cached == 0 else f"{length_name} - {cached} cached"
         raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than {limit}={max_length - cached}")
-    if vocab_size is not None and not torch.compiler.is_compiling():
-        low, high = (int(value) for value in torch.aminmax(tokens))
-        if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"{argument} holds ids outside the vocabulary [0, {vocab_size}): "
-                f"smallest {low}, largest {high}"
-            )
+    if vocab_size is not None:
+
+        def extremes() -> str:
+            low, high = (int(value) for value in torch.aminmax(tokens))
+            return f": smallest {low}, largest {high}"
+
+        check_tensor_values(
+            ((tokens >= 0) & (tokens < vocab_size)).all(),
+            f"{argument} holds ids outside the vocabulary [0, {vocab_size})",
+            detail=extremes,
+        )
 
 
 def check_cache(cache: Any) -> None:

@@ -34,7 +34,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.functional.em_kernel import PerSenderVotes, conv_sender_groups
+from torchvote.functional.em_kernel import (
+    PerSenderVotes,
+    SenderGroups,
+    conv_sender_groups,
+    prepare_sender_groups,
+)
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
 from torchvote.validation import check_choice, check_positive_int
 
@@ -206,6 +211,7 @@ class ConvMatrixCapsules(nn.Module):
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
         self._sender_groups: dict[tuple[int, int, torch.device], Tensor] = {}  # by input grid
+        self._prepared_groups: dict[tuple[int, int, torch.device], SenderGroups] = {}  # likewise
         in_caps = kernel_size * kernel_size * in_types
         # (kernel position and input type, output type, P, P), near the identity so poses pass on.
         eye = torch.eye(self.side, **factory)
@@ -238,6 +244,18 @@ class ConvMatrixCapsules(nn.Module):
                 rows, cols, self.in_types, self.kernel_size, self.stride, device=key[2]
             )
         return self._sender_groups[key]
+
+    def _routing_groups(self, rows: int, cols: int, device: torch.device) -> SenderGroups | None:
+        """:meth:`sender_groups` checked and compacted once per grid and device, so that a forward
+        pass reads nothing back from the device (see
+        :func:`~torchvote.functional.em_kernel.prepare_sender_groups`)."""
+        ids = self.sender_groups(rows, cols, device)
+        if ids is None:
+            return None
+        key = (rows, cols, ids.device)
+        if key not in self._prepared_groups:
+            self._prepared_groups[key] = prepare_sender_groups(ids)
+        return self._prepared_groups[key]
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
         """:meth:`votes` as unformed :class:`PerSenderVotes` (checks as there)."""
@@ -292,7 +310,7 @@ class ConvMatrixCapsules(nn.Module):
         """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
         the same on the ``(h', w')`` output grid with ``out_types`` types."""
         votes, activations, (rows, cols) = self._vote_factors(capsules)  # votes unformed
-        groups = self.sender_groups(*capsules.poses.shape[1:3], votes.device)  # (L, j) or None
+        groups = self._routing_groups(*capsules.poses.shape[1:3], votes.device)  # (L, j) ids or None
         # (b, L, i, P*P), (b, L, i)
         poses, out_activations = self.routing.route(votes, activations, sender_groups=groups)
         poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)

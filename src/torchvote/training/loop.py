@@ -345,6 +345,7 @@ class _Run:
 
     def _train_step(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor], int]:
         device = self.context.device
+        items = self.handler.items(batch)  # counted on the host copy: no read from the device
         batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
         torch.manual_seed(derive_seed(self.config.seed, STEP_STREAM, self.step, self.context.rank))
         self.ddp_model.train()
@@ -358,7 +359,7 @@ class _Run:
         self.optimizer.step()
         self.scheduler.step()
         sums = self.handler.metric_sums(output, batch)
-        return loss.detach(), sums, self.handler.items(batch)
+        return loss.detach(), sums, items
 
     @property
     def _end_of_epoch(self) -> bool:

@@ -70,7 +70,8 @@ class TaskHandler:
         raise NotImplementedError
 
     def items(self, batch: dict[str, Tensor]) -> int:
-        """How many images / tokens the batch holds (for the throughput)."""
+        """How many images / tokens the batch holds (for the throughput). The loop asks before
+        the batch moves to the device, so that counting reads nothing back from an accelerator."""
         raise NotImplementedError
 
     def augment(

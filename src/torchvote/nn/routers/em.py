@@ -58,7 +58,7 @@ from torchvote.functional.em import (
     em_routing,
     inverse_temperature_schedule,
 )
-from torchvote.functional.em_kernel import STRATEGIES
+from torchvote.functional.em_kernel import STRATEGIES, SenderGroups
 from torchvote.functional.routing import RoutingVotes
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.validation import check_choice, check_positive_float, check_positive_int
@@ -150,7 +150,7 @@ class EMRouter(Router):
         votes: Tensor,
         activations: Tensor,
         *,
-        sender_groups: Tensor | None = None,
+        sender_groups: Tensor | SenderGroups | None = None,
         return_assignments: bool = False,
     ) -> tuple[Tensor, ...]:
         """:func:`~torchvote.functional.em.em_routing` with this router's offsets and options.
@@ -158,8 +158,9 @@ class EMRouter(Router):
         Args:
             votes: ``(batch..., out_caps, in_caps, pose_dim)``.
             activations: ``(batch..., in_caps)``.
-            sender_groups: ``None`` (each batch element on its own) or ``(L, in_caps)`` input
-                capsule ids for the joint normalisation (see ``em_routing``).
+            sender_groups: ``None`` (each batch element on its own), or ``(L, in_caps)`` input
+                capsule ids for the joint normalisation or their prepared
+                :class:`~torchvote.functional.em_kernel.SenderGroups` (see ``em_routing``).
             return_assignments: also return ``R``.
 
         Returns:
