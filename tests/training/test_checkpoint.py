@@ -245,3 +245,50 @@ def test_a_keep_below_one_or_not_an_integer_is_refused_before_anything_is_writte
         _save(tmp_path, 4, model, keep=keep)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing deleted
     assert (tmp_path / "latest").read_text().strip() == "step-00000003"
+
+
+@pytest.mark.parametrize("step", [-1, 2.5, "3", True])
+def test_a_negative_or_non_integer_step_is_refused_before_anything_is_written(tmp_path, step):
+    """A step of -1 was written as ``step--0000001`` (and ``True`` as ``step-00000001``)."""
+    model = nn.Linear(2, 2)
+    _save(tmp_path, 3, model)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match=f"step must be an integer >= 0, got {step!r}"):
+        save_checkpoint(tmp_path, step=step, model=model, model_metadata={}, state={}, keep=1)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written or deleted
+
+
+def test_step_zero_is_a_checkpoint(tmp_path):
+    assert _save(tmp_path, 0, nn.Linear(2, 2), keep=1).name == "step-00000000"
+
+
+def test_keep_orders_checkpoints_by_step_past_the_zero_padding(tmp_path):
+    """Past 99,999,999 steps a name has more digits than the padding: ordered as text,
+    ``step-100000000`` sorts before ``step-99999999`` and the newest checkpoints were deleted."""
+    model = nn.Linear(2, 2)
+    for step in (99_999_998, 99_999_999, 100_000_000, 100_000_001):
+        _save(tmp_path, step, model, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [
+        "step-100000000.safetensors",
+        "step-100000001.safetensors",
+    ]
+    assert sorted(p.name for p in tmp_path.glob("*.state.pt")) == [
+        "step-100000000.state.pt",
+        "step-100000001.state.pt",
+    ]
+    assert find_checkpoint(tmp_path).name == "step-100000001"
+
+
+def test_keep_leaves_files_that_are_not_named_by_a_step_alone(tmp_path):
+    """A copy the user made (``step-00000002-best``) is not a checkpoint ``keep`` counts or deletes
+    (ordered as text, it sorted among the old checkpoints and was deleted)."""
+    model = nn.Linear(2, 2)
+    for step in (1, 2):
+        _save(tmp_path, step, model, keep=1)
+    best = tmp_path / "step-00000002-best.safetensors"
+    best.write_bytes((tmp_path / "step-00000002.safetensors").read_bytes())
+    _save(tmp_path, 3, model, keep=1)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [
+        "step-00000002-best.safetensors",
+        "step-00000003.safetensors",
+    ]

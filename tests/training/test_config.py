@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import pytest
@@ -9,6 +10,9 @@ import yaml
 
 from torchvote.training.config import (
     ConfigError,
+    DataConfig,
+    LossConfig,
+    OptimConfig,
     TrainConfig,
     apply_overrides,
     coerce_value,
@@ -105,11 +109,11 @@ def test_model_name_can_come_after_model_overrides():
         ("epochs.x=1", "epochs is not a section; cannot set epochs.x"),
         ("epochs", "expected key=value (e.g. optim.lr=3e-4), got 'epochs'"),
         ("=3", "expected key=value"),
-        ("batch_size=0", "batch_size must be positive, got 0"),
-        ("data.limit=0", "data.limit must be positive or None, got 0"),
-        ("data.limit=-5", "data.limit must be positive or None, got -5"),
-        ("data.eval_limit=0", "data.eval_limit must be positive or None, got 0"),
-        ("max_steps=0", "max_steps must be positive or None, got 0"),
+        ("batch_size=0", "batch_size must be a positive integer, got 0"),
+        ("data.limit=0", "data.limit must be a positive integer or None, got 0"),
+        ("data.limit=-5", "data.limit must be a positive integer or None, got -5"),
+        ("data.eval_limit=0", "data.eval_limit must be a positive integer or None, got 0"),
+        ("max_steps=0", "max_steps must be a positive integer or None, got 0"),
         ("device=tpu", "device must be auto, cpu, cuda or cuda:<index>, got 'tpu'"),
         ("device=cuda:x", "device must be auto, cpu, cuda or cuda:<index>, got 'cuda:x'"),
         ("loss.label_smoothing=1", "loss.label_smoothing must be in [0, 1)"),
@@ -120,7 +124,7 @@ def test_model_name_can_come_after_model_overrides():
         ("optim.lr=0", "optim.lr must be a finite number in (0.0, inf), got 0.0"),
         ("optim.grad_clip=-1", "optim.grad_clip must be a finite number in (0.0, inf), got -1.0"),
         ("optim.grad_clip=0", "optim.grad_clip must be a finite number in (0.0, inf)"),
-        ("optim.decay_steps=0", "optim.decay_steps must be positive, got 0"),
+        ("optim.decay_steps=0", "optim.decay_steps must be a positive integer, got 0"),
         ("optim.decay_rate=-0.5", "optim.decay_rate must be a finite number in (0.0, inf)"),
         ("optim.min_lr_ratio=-0.1", "optim.min_lr_ratio must be a finite number in [0.0, 1.0]"),
         ("optim.momentum=1", "optim.momentum must be a finite number in [0.0, 1.0)"),
@@ -132,7 +136,7 @@ def test_model_name_can_come_after_model_overrides():
         ("loss.negative_margin=0.95", "loss.negative_margin must be below loss.positive_margin"),
         ("loss.down_weight=-0.5", "loss.down_weight must be a finite number in [0.0, inf)"),
         ("loss.spread_margin_end=2", "loss.spread_margin_end must be a finite number in (0.0, 1.0]"),
-        ("loss.spread_ramp_steps=0", "loss.spread_ramp_steps must be positive or None, got 0"),
+        ("loss.spread_ramp_steps=0", "loss.spread_ramp_steps must be a positive integer or None, got 0"),
         ("seed=-1", "seed must be an integer >= 0, got -1"),
     ],
 )
@@ -140,6 +144,49 @@ def test_bad_overrides_say_what_is_valid(override, message):
     with pytest.raises(ConfigError) as error:
         apply_overrides(load_config(), [override])
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: TrainConfig(epochs=2.5), "epochs must be a positive integer, got 2.5"),
+        (lambda: TrainConfig(batch_size=True), "batch_size must be a positive integer, got True"),
+        (lambda: TrainConfig(keep_checkpoints=2.0), "keep_checkpoints must be a positive integer, got 2.0"),
+        (lambda: TrainConfig(log_every=True), "log_every must be a positive integer, got True"),
+        (lambda: TrainConfig(max_steps=2.5), "max_steps must be a positive integer or None, got 2.5"),
+        (lambda: TrainConfig(max_steps=True), "max_steps must be a positive integer or None, got True"),
+        (
+            lambda: TrainConfig(data=DataConfig(limit=True)),
+            "data.limit must be a positive integer or None, got True",
+        ),
+        (
+            lambda: TrainConfig(optim=OptimConfig(decay_steps=2.5)),
+            "optim.decay_steps must be a positive integer, got 2.5",
+        ),
+        (
+            lambda: TrainConfig(loss=LossConfig(spread_ramp_steps=1.5)),
+            "loss.spread_ramp_steps must be a positive integer or None, got 1.5",
+        ),
+        (
+            lambda: dataclasses.replace(TrainConfig(), epochs=0.5),
+            "epochs must be a positive integer, got 0.5",
+        ),
+    ],
+)
+def test_a_config_built_in_python_refuses_floats_and_bools_for_counts(build, message):
+    """``load_config`` checks every value against its field's type, but a dataclass built in
+    Python skips that check: ``__post_init__`` refused only values <= 0, so 2.5 epochs or a batch
+    size of ``True`` (1) went through."""
+    with pytest.raises(ConfigError) as error:
+        build()
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("override", ["epochs=2.5", "batch_size=true", "max_steps=2.5", "data.limit=true"])
+def test_the_command_line_refuses_floats_and_bools_for_counts_by_their_type(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key}: expected int"):
+        load_config("smoke", [override])
 
 
 def test_parse_override_splits_the_dotted_key():

@@ -138,3 +138,54 @@ def test_wall_time_counts_every_segment_of_a_resumed_run(tiny_config):
     assert not resumed.interrupted
     # more than this segment took (only the earlier one can add it), at most both together
     assert segment < resumed.wall_s <= state["wall_s"] + segment
+
+
+def _checkpoints(directory) -> list[str]:
+    return sorted(p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors"))
+
+
+def test_keep_counts_only_the_lineage_a_resumed_run_continues(tmp_path):
+    """``keep`` counts the checkpoints at or below the step just written that look whole: a
+    higher-numbered one (the killed run's, skipped as unreadable) is never deleted, and a torn one
+    is not counted. Both used to count among the newest ``keep``, so after resuming from an older
+    checkpoint only one good checkpoint was left."""
+    model = torch.nn.Linear(2, 2)
+
+    def save(step: int) -> None:
+        save_checkpoint(tmp_path, step=step, model=model, model_metadata={}, state={"step": step}, keep=2)
+
+    for step in (10, 20, 30):
+        save(step)
+    assert _checkpoints(tmp_path) == ["step-00000020", "step-00000030"]
+    for path in tmp_path.glob("step-00000030.*"):
+        _damage(path, "truncated")
+    torn = {path.name: path.read_bytes() for path in tmp_path.glob("step-00000030.*")}
+    paths, _, skipped = find_resumable_checkpoint(tmp_path)
+    assert paths.name == "step-00000020" and len(skipped) == 1
+
+    save(25)  # the resumed run checkpoints at another step (an interrupt, a new checkpoint_every)
+    assert _checkpoints(tmp_path) == ["step-00000020", "step-00000025", "step-00000030"]
+    assert find_resumable_checkpoint(tmp_path)[0].name == "step-00000025"
+    save(30)  # the torn files move aside to .old, kept
+    assert _checkpoints(tmp_path) == ["step-00000025", "step-00000030"]
+    assert {name: (tmp_path / f"{name}.old").read_bytes() for name in torn} == torn
+    save(40)
+    assert _checkpoints(tmp_path) == ["step-00000030", "step-00000040"]
+    assert {name: (tmp_path / f"{name}.old").read_bytes() for name in torn} == torn
+    for name in _checkpoints(tmp_path):
+        assert find_resumable_checkpoint(tmp_path / f"{name}.safetensors")[1]["step"] == int(name[5:])
+
+
+@pytest.mark.parametrize(("broken", "how"), [("safetensors", "garbage"), ("state.pt", "truncated")])
+def test_a_resumed_run_keeps_two_good_checkpoints_past_a_torn_one(stopped_run, broken, how):
+    """The killed run's interrupt checkpoint (step 9) is torn: the resumed run passes it, and its
+    ``keep_checkpoints=2`` still leaves two checkpoints to resume from (step 8 was deleted)."""
+    bad = stopped_run / "checkpoints" / f"step-00000009.{broken}"
+    _damage(bad, how)
+    bad_bytes = bad.read_bytes()
+    resumed = train(load_run_config(stopped_run), resume=stopped_run, verbose=False)
+    assert resumed.step == 12
+    assert _checkpoints(stopped_run / "checkpoints") == ["step-00000008", "step-00000009", "step-00000012"]
+    assert bad.read_bytes() == bad_bytes
+    (stopped_run / "checkpoints" / "step-00000012.state.pt").unlink()  # the newest breaks too
+    assert find_resumable_checkpoint(stopped_run)[0].name == "step-00000008"

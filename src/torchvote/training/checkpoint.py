@@ -14,6 +14,10 @@ Both are written atomically (temporary file in the same directory, fsync, ``os.r
 ``latest`` pointer file is replaced last, so a crash mid-write leaves the previous checkpoint and
 pointer intact. Loading checks every tensor name, shape and dtype first, and raises
 :class:`CheckpointError` naming the ones that do not fit: never a silent partial load.
+
+Pruning (``keep``) orders checkpoints by their step number, only ever deletes ones at or below
+the step just written (a higher-numbered checkpoint is a previous attempt's, which a resumed run
+skipped) and counts only checkpoints that look whole (:func:`save_checkpoint` has the rule).
 """
 
 from __future__ import annotations
@@ -243,6 +247,12 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def _step_of(name: str) -> int:
+    """The step of a checkpoint name ``step-<digits>`` (any number of digits); -1 for any other name."""
+    digits = name[len("step-") :]
+    return int(digits) if name.startswith("step-") and digits.isascii() and digits.isdigit() else -1
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str],
     *,
@@ -256,12 +266,21 @@ def save_checkpoint(
 
     Args:
         directory: the run's checkpoint folder.
-        step: the optimiser step the checkpoint holds (its name).
+        step: the optimiser step the checkpoint holds (its name), an integer >= 0.
         model: the model (not a DDP wrapper).
         model_metadata: strings stored with the weights (``model``, ``model_config`` ...).
         state: the training state (``weights_only``-safe containers and tensors).
-        keep: delete all but the newest ``keep`` checkpoints (at least 1) after the pointer
-            moved (the one just written is never deleted); ``None``: keep every checkpoint.
+        keep: after the pointer moved, delete the older checkpoints of this run's lineage,
+            keeping the newest ``keep`` whole ones (at least 1; the one just written is one of
+            them, and is never deleted); ``None``: keep every checkpoint. The rule is below.
+
+    Pruning looks only at the checkpoints whose step is at most ``step``, ordered by step number.
+    One with a higher step is a previous attempt's (left when a run resumed from an older
+    checkpoint, because it was unreadable or newer than the one resumed from) and is never
+    deleted. Of the rest, newest first, one whose files do not look whole (a truncated file,
+    garbage over a header, a missing state file) is kept but not counted, so that ``keep``
+    checkpoints remain to resume from; every checkpoint older than the ``keep``-th whole one is
+    deleted. Files not named ``step-<digits>`` are never touched.
 
     A file already at the checkpoint's name (a run resumed from an older checkpoint because this
     one was unreadable) is never overwritten: it is renamed to ``<name>.old`` (``.old-2`` ...)
@@ -271,11 +290,12 @@ def save_checkpoint(
         the paths written.
 
     Raises:
-        ValueError: ``keep`` is neither ``None`` nor a positive integer (checked before anything
-            is written or deleted).
+        ValueError: ``step`` is not an integer >= 0, or ``keep`` is neither ``None`` nor a
+            positive integer (checked before anything is written or deleted).
     """
     import io
 
+    check_positive_int(step, "step", minimum=0)  # -1 would be named step--0000001
     if keep is not None:
         check_positive_int(keep, "keep")
     directory = Path(directory)
@@ -304,13 +324,42 @@ def _move_aside(path: Path) -> Path:
 
 
 def _prune(directory: Path, keep: int, current: str) -> None:
-    names = sorted({p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")})
-    for name in names[: max(0, len(names) - keep)]:
-        if name == current:
-            continue
+    """Delete the checkpoints of ``current``'s lineage beyond the newest ``keep`` whole ones; the
+    rule is in :func:`save_checkpoint`.
+
+    Ordered by the step number, not the name: past ``step-99999999`` a name has more digits than
+    the zero padding, and ordered as text the newest checkpoints would sort first and be deleted.
+    """
+    newest = _step_of(current)
+    names = {p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")}
+    lineage = [n for n in names if 0 <= _step_of(n) <= newest]
+    lineage.sort(key=lambda n: (_step_of(n), n == current), reverse=True)  # newest, current, first
+    whole = 0
+    for name in lineage:
         paths = CheckpointPaths.of(directory, name)
+        if whole < keep:
+            if name == current or _looks_whole(paths):  # a torn one is kept, but not counted
+                whole += 1
+            continue
         paths.weights.unlink(missing_ok=True)
         paths.state.unlink(missing_ok=True)
+
+
+def _looks_whole(paths: CheckpointPaths) -> bool:
+    """Whether both files of a checkpoint look whole, judged from their headers alone (cheap: no
+    tensor is read): the safetensors header parses and fits the file's length, the state file's
+    zip directory and the header of each of its records read. A truncated file, garbage over a
+    header or a missing file fails it."""
+    import zipfile
+
+    try:
+        read_model_metadata(paths.weights)
+        with zipfile.ZipFile(paths.state) as archive:
+            for record in archive.infolist():
+                archive.open(record).close()  # checks the record's local header, reads no data
+    except Exception:  # CheckpointError, OSError, zipfile.BadZipFile ...: not whole
+        return False
+    return True
 
 
 def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:

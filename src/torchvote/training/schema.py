@@ -174,6 +174,11 @@ class TrainConfig:
         tensorboard: also write TensorBoard events, if ``tensorboard`` is installed.
         out_dir: runs go to ``<out_dir>/<preset or model>-<time>`` unless ``run_dir`` is set.
         run_dir: where checkpoints, metrics and plots go.
+
+    Raises:
+        ConfigError: a value of the wrong type or out of range, naming its dotted key (the
+            counts and sizes must be integers, not floats or bools, also when the dataclass is
+            built in Python rather than by :func:`~torchvote.training.config.load_config`).
     """
 
     description: str = ""
@@ -206,23 +211,25 @@ class TrainConfig:
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
         positive |= {"epochs": self.epochs, "log_every": self.log_every}
         positive |= {"keep_checkpoints": self.keep_checkpoints, "optim.decay_steps": self.optim.decay_steps}
-        for key, value in positive.items():
-            if value <= 0:
-                raise ConfigError(f"{key} must be positive, got {value}")
+        # integers, not merely values above 0: a dataclass built in Python (``TrainConfig(epochs=2.5)``,
+        # ``dataclasses.replace``) skips the typed-field check of load_config, and 2.5 epochs or a
+        # batch size of ``True`` (1) would train on without a word
         non_negative = {"eval_every": self.eval_every, "checkpoint_every": self.checkpoint_every}
         non_negative |= {"num_workers": self.num_workers, "data.shift": self.data.shift}
         non_negative |= {"optim.warmup_steps": self.optim.warmup_steps, "seed": self.seed}
-        for key, value in non_negative.items():
-            try:
-                check_positive_int(value, key, minimum=0)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
         optional_positive = {"max_steps": self.max_steps, "data.limit": self.data.limit}
         optional_positive |= {"data.eval_limit": self.data.eval_limit}
         optional_positive |= {"loss.spread_ramp_steps": self.loss.spread_ramp_steps}
-        for key, value in optional_positive.items():
-            if value is not None and value <= 0:  # a limit of -5 would drop the last 5 examples
-                raise ConfigError(f"{key} must be positive or None, got {value}")
+        try:
+            for key, value in positive.items():
+                check_positive_int(value, key)
+            for key, value in non_negative.items():
+                check_positive_int(value, key, minimum=0)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        for key, value in optional_positive.items():  # a limit of -5 would drop the last 5 examples
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{key} must be a positive integer or None, got {value!r}")
         try:
             check_probability(self.loss.label_smoothing, "loss.label_smoothing")
             self._check_ranges()
