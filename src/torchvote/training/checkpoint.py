@@ -43,6 +43,8 @@ __all__ = [
     "CheckpointPaths",
     "atomic_write_bytes",
     "capture_rng_state",
+    "checkpoint_name",
+    "checkpoint_step",
     "find_checkpoint",
     "read_weights",
     "load_model_weights",
@@ -244,11 +246,26 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
 
 
 def checkpoint_name(step: int) -> str:
+    """The stem of step ``step``'s checkpoint files, ``step-<step, 8 digits or more>``.
+
+    Args:
+        step: the optimiser step, >= 0.
+
+    Returns:
+        The name; :func:`checkpoint_step` reads the step back.
+    """
     return f"step-{step:08d}"
 
 
-def _step_of(name: str) -> int:
-    """The step of a checkpoint name ``step-<digits>`` (any number of digits); -1 for any other name."""
+def checkpoint_step(name: str) -> int:
+    """The step of a checkpoint name, the inverse of :func:`checkpoint_name`.
+
+    Args:
+        name: a checkpoint's stem, ``step-<digits>`` (any number of digits).
+
+    Returns:
+        The step, or -1 for a name of any other form (never a checkpoint's).
+    """
     digits = name[len("step-") :]
     return int(digits) if name.startswith("step-") and digits.isascii() and digits.isdigit() else -1
 
@@ -330,10 +347,10 @@ def _prune(directory: Path, keep: int, current: str) -> None:
     Ordered by the step number, not the name: past ``step-99999999`` a name has more digits than
     the zero padding, and ordered as text the newest checkpoints would sort first and be deleted.
     """
-    newest = _step_of(current)
+    newest = checkpoint_step(current)
     names = {p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")}
-    lineage = [n for n in names if 0 <= _step_of(n) <= newest]
-    lineage.sort(key=lambda n: (_step_of(n), n == current), reverse=True)  # newest, current, first
+    lineage = [n for n in names if 0 <= checkpoint_step(n) <= newest]
+    lineage.sort(key=lambda n: (checkpoint_step(n), n == current), reverse=True)  # newest, current, first
     whole = 0
     for name in lineage:
         paths = CheckpointPaths.of(directory, name)

@@ -16,6 +16,7 @@ from torchvote.training.checkpoint import (
     LATEST,
     CheckpointError,
     CheckpointPaths,
+    checkpoint_step,
     find_checkpoint,
     load_training_state,
     read_weights,
@@ -135,10 +136,6 @@ def check_resumable(saved: TrainConfig, config: TrainConfig) -> None:
         )
 
 
-def _step_of(name: str) -> int:
-    return int(name.split("-", 1)[1]) if name.startswith("step-") and name[5:].isdigit() else -1
-
-
 def find_resumable_checkpoint(
     location: str | os.PathLike[str],
 ) -> tuple[CheckpointPaths, dict[str, Any], list[str]]:
@@ -169,9 +166,11 @@ def find_resumable_checkpoint(
     pointer = directory / LATEST
     latest = pointer.read_text(errors="replace").strip() if pointer.is_file() else ""
     stems = {p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")}
-    newest = _step_of(latest) if _step_of(latest) >= 0 else max(map(_step_of, stems), default=-1)
-    older = sorted((n for n in stems if _step_of(n) < newest), key=_step_of, reverse=True)
-    names = ([latest] if _step_of(latest) >= 0 else [n for n in stems if _step_of(n) == newest]) + older
+    steps = {name: checkpoint_step(name) for name in stems}
+    pointed = checkpoint_step(latest) >= 0
+    newest = checkpoint_step(latest) if pointed else max(steps.values(), default=-1)
+    older = sorted((n for n in stems if steps[n] < newest), key=steps.__getitem__, reverse=True)
+    names = ([latest] if pointed else [n for n in stems if steps[n] == newest]) + older
     if not names:
         find_checkpoint(location)  # raises: no checkpoint there
     skipped: list[str] = []
