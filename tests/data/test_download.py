@@ -3,6 +3,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 from pathlib import Path
 from urllib.error import URLError
 
@@ -161,3 +162,53 @@ def test_download_mnist_then_load(
     images, labels = load_mnist("train", source="idx", root=root)
     np.testing.assert_array_equal((images[:, 0] * 255).round().numpy(), arrays["train"][0])
     assert labels.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"checksum": PAYLOAD_MD5[:-1]}, ValueError, "checksum.*32 hex digits"),
+        ({"checksum": "z" * 32}, ValueError, "checksum"),
+        ({"checksum": PAYLOAD_MD5, "algorithm": "sha256"}, ValueError, "64 hex digits"),
+        ({"checksum": None}, TypeError, "checksum"),
+        ({"checksum": PAYLOAD_MD5, "algorithm": "nosuch"}, ValueError, "algorithm"),
+    ],
+)
+def test_a_digest_no_file_can_match_is_refused_before_downloading(
+    server: FakeServer, tmp_path: Path, kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    server.routes["https://a/file.bin"] = PAYLOAD
+    with pytest.raises(error, match=match):
+        download_file("https://a/file.bin", tmp_path / "file.bin", **kwargs)  # type: ignore[arg-type]
+    assert server.requested == [] and list(tmp_path.iterdir()) == []
+
+
+def test_urls_and_dest_of_the_wrong_type_are_named(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="urls"):
+        download_file(5, tmp_path / "f", checksum=PAYLOAD_MD5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dest"):
+        download_file("https://a/f", 5, checksum=PAYLOAD_MD5)  # type: ignore[arg-type]
+
+
+def test_the_bytes_reach_the_disk_before_the_rename(
+    server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc to tell which file a descriptor belongs to")
+    synced: set[str] = set()
+    renamed: list[bool] = []
+    real_fsync, real_replace = download_module.os.fsync, download_module.os.replace
+
+    def fsync(descriptor: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        renamed.append(os.path.realpath(source) in synced)
+        real_replace(source, target)
+
+    monkeypatch.setattr(download_module.os, "fsync", fsync)
+    monkeypatch.setattr(download_module.os, "replace", replace)
+    server.routes["https://a/file.bin"] = PAYLOAD
+    download_file("https://a/file.bin", tmp_path / "file.bin", checksum=PAYLOAD_MD5)
+    assert renamed == [True]  # a crash after the rename cannot leave the name on unwritten bytes

@@ -121,3 +121,10 @@ def test_write_rejects_unsupported_values(tmp_path: Path) -> None:
 def test_missing_file_raises_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_idx(tmp_path / "absent")
+
+
+def test_a_path_that_is_not_a_path_is_named() -> None:
+    with pytest.raises(TypeError, match="path"):
+        read_idx(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="path"):
+        write_idx(None, np.zeros(2, dtype=np.uint8))  # type: ignore[arg-type]

