@@ -112,3 +112,23 @@ def test_tensor_values_under_torch_compile_fail_with_the_message_in_one_graph():
     assert compiled(torch.tensor([1, 2])).tolist() == [2, 4]
     with pytest.raises(RuntimeError, match="ids must be >= 0"):
         compiled(torch.tensor([1, -2]))
+
+
+def test_broadcast_shape_follows_torch_broadcast_shapes():
+    import torch
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from torchvote.validation import broadcast_shape
+
+    shape = st.lists(st.integers(0, 3), max_size=4).map(tuple)
+
+    @given(st.lists(shape, min_size=1, max_size=3))
+    def agrees(shapes):
+        try:
+            expected = tuple(torch.broadcast_shapes(*shapes))
+        except RuntimeError:
+            expected = None
+        assert broadcast_shape(*shapes) == expected
+
+    agrees()

@@ -239,7 +239,7 @@ def test_routing_arguments_that_do_not_fit_the_votes_are_named():
         slot_routing(votes, torch.randn(3, 4, dtype=DOUBLE), query=lambda s: s, update=update)
     keys, values = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
     with pytest.raises(ValueError, match=r"slots must have shape \(batch\.\.\., num_slots, slot_dim\) with "
-                                         r"batch axes that broadcast with the keys' \(2,\), got \(3, 3, 4\)"):
+                                         r"batch axes that broadcast to the keys' \(2,\), got \(3, 3, 4\)"):
         slot_attention(keys, values, torch.randn(3, 3, 4), query=lambda s: s, update=update)
     with pytest.raises(TypeError, match="values has dtype torch.float64"):
         slot_attention(keys, values.double(), torch.randn(2, 3, 4), query=lambda s: s, update=update)

@@ -25,7 +25,13 @@ from torchvote.functional.masks import (
     prepare_attention_mask,
 )
 from torchvote.functional.voting import DotProductScores, SharedVotes, vote
-from torchvote.validation import broadcast_shape
+from torchvote.validation import (
+    broadcast_shape,
+    check_flag,
+    check_input_dtype,
+    check_probability,
+    check_scale,
+)
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -99,17 +105,23 @@ def scaled_dot_product_attention(
         ``(output, weights)``: output ``(..., L, Ev)``; weights ``(..., L, S)`` or ``None``.
 
     Raises:
-        ValueError: mismatched shapes, a mask that does not broadcast or holds NaN or +inf.
+        ValueError: mismatched shapes, a mask that does not broadcast or holds NaN or +inf, a
+            ``scale`` that is not finite, ``dropout_p`` outside ``[0, 1)``.
         TypeError: a mask that is neither boolean nor floating point, non-float inputs or
-            inputs of different dtypes.
+            inputs of different dtypes, a ``scale`` that is not a real number, ``is_causal`` or
+            ``need_weights`` that is not a bool.
     """
     _check_qkv(query, key, value)
+    check_flag(is_causal, "is_causal")
+    check_flag(need_weights, "need_weights")
+    scale = check_scale(scale)
+    check_probability(dropout_p, "dropout_p")
     target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]),
               query.shape[-2], key.shape[-2])
     attn_mask, is_causal = prepare_attention_mask(attn_mask, None, target, is_causal=is_causal)
     if need_weights:
-        return softmax_attention(query, key, value, mask=attn_mask, is_causal=is_causal,
-                                 dropout_p=dropout_p, scale=scale)
+        return _softmax_attention(query, key, value, mask=attn_mask, is_causal=is_causal,
+                                  dropout_p=dropout_p, scale=scale)
     result = vote(
         SharedVotes(value),
         DotProductScores(query, key, scale),
@@ -161,11 +173,28 @@ def softmax_attention(
         ``(output, weights)``: ``(..., L, Ev)`` and ``(..., L, S)``, both in the inputs' dtype.
 
     Raises:
-        ValueError: ``dropout_p`` outside ``[0, 1)``.
-        TypeError: a mask that is neither boolean nor floating point.
+        ValueError: mismatched shapes, a mask that does not broadcast to ``(..., L, S)`` or holds
+            NaN or ``+inf``, ``dropout_p`` outside ``[0, 1)``, a ``scale`` that is not finite.
+        TypeError: non-float inputs or inputs of different dtypes, a mask that is neither boolean
+            nor floating point, a ``scale`` that is not a real number, an ``is_causal`` that is
+            not a bool.
     """
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    _check_qkv(query, key, value)
+    check_flag(is_causal, "is_causal")
+    scale = check_scale(scale)
+    check_probability(dropout_p, "dropout_p")
+    target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]), query.shape[-2], key.shape[-2])
+    check_attention_mask(mask, target, "mask")
+    return _softmax_attention(query, key, value, mask=mask, is_causal=is_causal, dropout_p=dropout_p,
+                              scale=scale)
+
+
+def _softmax_attention(
+    query: Tensor, key: Tensor, value: Tensor, *, mask: Tensor | None, is_causal: bool,
+    dropout_p: float, scale: float | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`softmax_attention` on arguments checked by the caller (the attention modules and
+    :func:`scaled_dot_product_attention`, which check theirs where they enter)."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     receivers, senders = query.shape[-2], key.shape[-2]
     additive, allowed = None, None  # float mask; boolean, True = may attend
@@ -318,7 +347,8 @@ def attend(
         ``(output, weights)``: ``(..., L, Ev)`` and ``(..., L, S)``.
 
     Raises:
-        TypeError: ``scores`` or ``value`` not a floating-point tensor.
+        TypeError: ``scores`` or ``value`` not a floating-point tensor, or not of one dtype
+            (outside ``torch.autocast``).
         ValueError: ``scores`` of fewer than 2 axes, ``value``'s length not ``scores``' last
             axis, or a bad mask.
     """
@@ -328,6 +358,7 @@ def attend(
                 f"{name} must be a floating-point tensor, got "
                 f"{tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__}"
             )
+    check_input_dtype(value, scores.dtype, "value", "the scores")
     if scores.dim() < 2:
         raise ValueError(f"scores must have shape (..., L, S), got {tuple(scores.shape)}")
     if value.dim() < 2 or value.shape[-2] != scores.shape[-1]:
@@ -358,12 +389,15 @@ def self_attention(
         ``(output, weights)``: ``(..., T, D)`` and ``(..., T, T)`` or ``None``.
 
     Raises:
-        TypeError, ValueError: ``inputs`` not a floating-point ``(..., T, D)`` tensor.
+        TypeError, ValueError: ``inputs`` not a floating-point ``(..., T, D)`` tensor, a bad
+            ``scale`` or ``need_weights`` (as :func:`scaled_dot_product_attention`).
     """
     if not isinstance(inputs, Tensor) or inputs.dim() < 2:
         raise ValueError(
             f"inputs must be a tensor of shape (..., T, D), got "
             f"{tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__}"
         )
+    if not inputs.is_floating_point():
+        raise TypeError(f"inputs must be floating point, got dtype {inputs.dtype}")
     return scaled_dot_product_attention(inputs, inputs, inputs, scale=scale,
                                         need_weights=need_weights)

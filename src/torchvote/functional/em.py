@@ -59,13 +59,14 @@ clear ``RuntimeError`` with ``"blocked"`` (the CPU default).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from torchvote.functional.em_kernel import STRATEGIES, EMStrategy, PerSenderVotes, SenderGroups, route
-from torchvote.validation import check_choice, check_positive_float, check_positive_int
+from torchvote.validation import check_choice, check_flag, check_positive_float, check_positive_int
 
 __all__ = [
     "EMStrategy",
@@ -90,7 +91,11 @@ def default_inverse_temperature(iteration: int) -> float:
 
     Returns:
         The inverse temperature of that iteration.
+
+    Raises:
+        ValueError: ``iteration`` not an integer >= 0.
     """
+    check_positive_int(iteration, "iteration", minimum=0)
     return 0.01 * (1.0 - 0.95 ** (iteration + 1))
 
 
@@ -132,13 +137,28 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
 
     Raises:
         ValueError: a sequence of the wrong length, or a value that is not finite and >= 0.
+        TypeError: ``inverse_temperature`` neither a callable, a real number nor a sequence of
+            them (a bool is not a number here: ``True`` would have been a constant 1.0).
     """
+    def as_value(value: object) -> float:
+        if not isinstance(value, (bool, str, bytes)):
+            try:
+                return float(value)  # type: ignore[arg-type]  (numpy and 0-d tensor scalars too)
+            except (TypeError, ValueError):
+                pass
+        raise TypeError(
+            f"inverse_temperature must be a callable of the iteration, a real number or a sequence "
+            f"of one per iteration, got {inverse_temperature!r}"
+        )
+
     if callable(inverse_temperature):
-        values = [float(inverse_temperature(t)) for t in range(iterations)]
-    elif isinstance(inverse_temperature, (int, float)):
-        values = [float(inverse_temperature)] * iterations
+        values = [as_value(inverse_temperature(t)) for t in range(iterations)]
+    elif isinstance(inverse_temperature, (numbers.Real, bool, str, bytes)) or not hasattr(
+        inverse_temperature, "__iter__"
+    ):
+        values = [as_value(inverse_temperature)] * iterations  # a constant (refused if not a number)
     else:
-        values = [float(v) for v in inverse_temperature]
+        values = [as_value(v) for v in inverse_temperature]
         if len(values) != iterations:
             raise ValueError(
                 f"inverse_temperature must give one value per iteration ({iterations}), got {len(values)}"
@@ -224,13 +244,17 @@ def em_routing(
         ValueError: ``iterations`` < 1, mismatched shapes, votes without input capsules (or
             without output capsules or pose entries), a bad schedule, ``eps``, ``strategy`` or
             ``sender_groups``.
-        TypeError: ``beta_u`` or ``beta_a`` neither a real number nor a tensor.
+        TypeError: ``beta_u`` or ``beta_a`` neither a real number nor a tensor; ``activations``
+            not floating point (any float dtype: they are cast to the statistics' dtype);
+            ``return_assignments`` or ``all_passes`` not a bool.
         RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
             again; use ``strategy="vectorized"`` for second derivatives.
     """
     check_positive_int(iterations, "iterations")
     check_positive_float(eps, "eps")
     check_choice(strategy, STRATEGIES, "strategy")
+    check_flag(return_assignments, "return_assignments")
+    check_flag(all_passes, "all_passes")
     factored = isinstance(votes, PerSenderVotes)
     if not factored and (not isinstance(votes, Tensor) or votes.dim() < 3 or not votes.is_floating_point()):
         described = f"{votes.dtype} {tuple(votes.shape)}" if isinstance(votes, Tensor) else type(votes)
@@ -249,6 +273,8 @@ def em_routing(
             f"activations must have shape (batch..., in_caps) = {(*batch_shape, in_caps)} to match "
             f"votes {tuple(votes.shape)}, got {described}"
         )
+    if not activations.is_floating_point():  # bool or integer: 0/1 weights, surely not meant
+        raise TypeError(f"activations must be floating point (in [0, 1]), got dtype {activations.dtype}")
     schedule = inverse_temperature_schedule(inverse_temperature, iterations)
     if math.prod(batch_shape) == 0 and strategy in ("auto", "blocked"):
         strategy = "vectorized"  # nothing to cut into blocks: the vectorized loop gives empty outputs

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchvote.validation import broadcast_shape, check_tensor_values
+from torchvote.validation import broadcast_shape, check_flag, check_tensor_values
 
 __all__ = [
     "causal_mask",
@@ -83,7 +83,12 @@ def is_causal_mask(mask: Tensor) -> bool:
     Returns:
         Whether ``mask`` is ``(n, n)`` and allows exactly ``j <= i``: True below and on the
         diagonal (0 for a float mask) and False above it (``-inf``).
+
+    Raises:
+        TypeError: ``mask`` is not a tensor.
     """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a tensor, got {type(mask).__name__}")
     if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
         return False
     lower = torch.ones(mask.shape, dtype=torch.bool, device=mask.device).tril()
@@ -221,11 +226,23 @@ def prepare_attention_mask(
         kernel's fast path; a broadcast mask never does.
 
     Raises:
-        TypeError, ValueError: as :func:`merge_masks`.
+        TypeError, ValueError: as :func:`merge_masks`; for a ``receiver_mask`` that is not boolean
+            ``(b, L)``, and an ``is_causal`` that is not a bool.
     """
+    check_flag(is_causal, "is_causal")
     mask = merge_masks(attn_mask, key_mask, logits_shape)
     if receiver_mask is not None:
         batch, target_len = logits_shape[0], logits_shape[-2]
+        if not isinstance(receiver_mask, Tensor) or receiver_mask.dtype != torch.bool:
+            described = (
+                receiver_mask.dtype if isinstance(receiver_mask, Tensor) else type(receiver_mask).__name__
+            )
+            raise TypeError(f"receiver_mask must be a boolean tensor (True = takes votes), got {described}")
+        if tuple(receiver_mask.shape) != (batch, target_len):
+            raise ValueError(
+                f"receiver_mask must have shape (batch, L) = {(batch, target_len)}, got "
+                f"{tuple(receiver_mask.shape)}"
+            )
         receivers = receiver_mask.view(batch, *([1] * (len(logits_shape) - 3)), target_len, 1)
         mask = restrict_mask(mask, receivers)  # (b, .., i, j)
     # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask
@@ -243,8 +260,11 @@ def fused_kernel_mask(
     """``(mask, is_causal)`` as ``F.scaled_dot_product_attention`` takes them.
 
     The kernel takes a mask or causality, not both, so causality is folded into a given mask; a
-    float mask is cast to the queries' ``dtype``.
+    float mask is cast to the queries' ``dtype``; a mask of fewer than 2 axes (which broadcasts,
+    but which the kernel refuses) gains leading ones.
     """
+    if mask is not None and mask.dim() < 2:
+        mask = mask.view(*([1] * (2 - mask.dim())), *mask.shape)  # (1.., j): the kernel needs (.., i, j)
     if mask is not None and is_causal:
         mask = restrict_mask(mask, causal_mask(receivers, senders, mask.device))  # (.., i, j)
         is_causal = False

@@ -5,9 +5,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchvote.validation import check_positive_float
+from torchvote.validation import check_dim, check_positive_float
 
 __all__ = ["squash"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def check_vectors(inputs: Tensor, dim: int) -> None:
+    """What a squash takes: a floating-point tensor and one of its axes (dtype and shape only).
+
+    Raises:
+        TypeError: ``inputs`` not a floating-point tensor.
+        ValueError: ``dim`` not an axis of ``inputs``.
+    """
+    if not isinstance(inputs, Tensor) or not inputs.is_floating_point():
+        described = inputs.dtype if isinstance(inputs, Tensor) else type(inputs).__name__
+        raise TypeError(f"inputs must be a floating-point tensor, got {described}")
+    check_dim(dim, inputs.dim())
 
 
 def squash(inputs: Tensor, dim: int = -1, eps: float = 1e-8) -> Tensor:
@@ -18,7 +33,9 @@ def squash(inputs: Tensor, dim: int = -1, eps: float = 1e-8) -> Tensor:
         v = ||s||^2 / (1 + ||s||^2) * s / ||s||
 
     computed as ``s * ||s||^2 / ((1 + ||s||^2) * sqrt(||s||^2 + eps))`` so that a zero vector gives
-    a zero vector with a finite gradient (the paper's form divides by zero there).
+    a zero vector with a finite gradient (the paper's form divides by zero there). For float16 and
+    bfloat16 the squared length is formed in float32: in float16 it overflows once ``||s||`` passes
+    256 (``inf / inf`` made the output NaN).
 
     Args:
         inputs: any shape; vectors lie along ``dim``.
@@ -29,9 +46,17 @@ def squash(inputs: Tensor, dim: int = -1, eps: float = 1e-8) -> Tensor:
         A tensor of the shape and dtype of ``inputs`` whose vectors have length < 1.
 
     Raises:
-        ValueError: if ``eps`` is not positive.
+        ValueError: if ``eps`` is not positive or ``dim`` is not an axis of ``inputs``.
+        TypeError: ``inputs`` not a floating-point tensor.
     """
     check_positive_float(eps, "eps")
-    squared_norm = inputs.pow(2).sum(dim=dim, keepdim=True)
+    check_vectors(inputs, dim)
+    return _squash(inputs, dim, eps)
+
+
+def _squash(inputs: Tensor, dim: int = -1, eps: float = 1e-8) -> Tensor:
+    """:func:`squash` on checked arguments (the voting loop's step, run in every pass)."""
+    vectors = inputs.float() if inputs.dtype in _HALF else inputs
+    squared_norm = vectors.pow(2).sum(dim=dim, keepdim=True)
     scale = squared_norm / ((1 + squared_norm) * torch.sqrt(squared_norm + eps))
-    return inputs * scale
+    return inputs * scale.to(inputs.dtype)

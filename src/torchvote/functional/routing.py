@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from torchvote.functional.dynamic_kernel import linear_dynamic_routing
+from torchvote.functional.nonlinearities import check_vectors
 from torchvote.functional.routing_votes import LinearVotes
 from torchvote.functional.voting import (
     _NONLINEARITIES,
@@ -60,7 +61,14 @@ from torchvote.functional.voting import (
     Votes,
     vote,
 )
-from torchvote.validation import broadcast_shape, check_input_dtype, check_positive_float, check_positive_int
+from torchvote.validation import (
+    broadcast_shape,
+    check_flag,
+    check_input_dtype,
+    check_positive_float,
+    check_positive_int,
+    check_scale,
+)
 
 __all__ = [
     "as_routing_votes",
@@ -109,8 +117,15 @@ def as_routing_votes(votes: RoutingVotes, argument: str = "votes") -> Votes:
 
     Raises:
         ValueError: if a tensor has fewer than 3 dimensions or is not floating point.
+        TypeError: ``votes`` neither a tensor nor a votes object (one with ``weighted_sum``,
+            ``dot`` and ``zero_logits``).
     """
     if not isinstance(votes, Tensor):
+        if not all(hasattr(votes, name) for name in ("weighted_sum", "dot", "zero_logits", "dtype")):
+            raise TypeError(
+                f"{argument} must be a tensor (..., out_caps, in_caps, dim) or a votes object such as "
+                f"LinearVotes, got {type(votes).__name__}"
+            )
         return votes
     if votes.dim() < 3:
         raise ValueError(
@@ -175,11 +190,21 @@ def efficient_squash(inputs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tenso
         A tensor of the shape and dtype of ``inputs``.
 
     Raises:
-        ValueError: if ``eps`` is not positive.
+        ValueError: if ``eps`` is not positive or ``dim`` is not an axis of ``inputs``.
+        TypeError: ``inputs`` not a floating-point tensor.
     """
     check_positive_float(eps, "eps")
-    norm = torch.sqrt(inputs.pow(2).sum(dim=dim, keepdim=True) + eps)
-    return inputs * (-torch.expm1(-norm) / norm)
+    check_vectors(inputs, dim)
+    return _efficient_squash(inputs, dim, eps)
+
+
+def _efficient_squash(inputs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tensor:
+    """:func:`efficient_squash` on checked arguments. For float16 and bfloat16 the length is formed
+    in float32: in float16 ``sum s^2`` overflows once ``||s||`` passes 256, and the output was
+    zero instead of a vector of length near 1."""
+    vectors = inputs.float() if inputs.dtype in (torch.float16, torch.bfloat16) else inputs
+    norm = torch.sqrt(vectors.pow(2).sum(dim=dim, keepdim=True) + eps)
+    return inputs * (-torch.expm1(-norm) / norm).to(inputs.dtype)
 
 
 #: the nonlinearities the routers take by name: vote's own table and Efficient-CapsNet's squash
@@ -195,7 +220,7 @@ def _as_update(fn: str | Callable[[Tensor], Tensor] | NonlinearityFn, argument: 
                 f"{argument} must be one of {list(_NONLINEARITY_NAMES)} or a callable, got {fn!r}"
             )
         if fn == "efficient_squash":
-            return lambda aggregated, previous: efficient_squash(aggregated)
+            return lambda aggregated, previous: _efficient_squash(aggregated)
         return fn
     if not callable(fn):
         raise ValueError(f"{argument} must be a name or a callable, got {fn!r}")
@@ -256,9 +281,11 @@ def dynamic_routing(
         ValueError: ``iterations`` < 1, votes of fewer than 3 dimensions, an unknown agreement, a
             ``bias`` that does not broadcast to ``(batch..., out_caps, out_dim)``.
         TypeError: a ``bias`` that is not floating point or not of the votes' dtype (outside
-            ``torch.autocast``).
+            ``torch.autocast``); ``detach_votes`` or ``all_passes`` that is not a bool.
     """
     routed = as_routing_votes(votes)
+    check_flag(detach_votes, "detach_votes")
+    check_flag(all_passes, "all_passes")
     if isinstance(routed, LinearVotes) and agreement == "dot":
         check_positive_int(iterations, "iterations")
         return linear_dynamic_routing(
@@ -367,8 +394,10 @@ def inverted_dot_product_routing(
 
     Raises:
         ValueError: ``iterations`` < 1, bad votes or normalisation.
+        TypeError: an ``all_passes`` that is not a bool.
     """
     routed = as_routing_votes(votes)
+    check_flag(all_passes, "all_passes")
     result = vote(
         routed,
         None,  # b_ij = 0: zero logits, finite in every pass (vote takes its fused softmax)
@@ -418,10 +447,17 @@ def self_attention_routing(
 
     Raises:
         ValueError: a ``log_prior`` that does not broadcast to ``(batch..., out_caps, in_caps)``,
-            an unknown nonlinearity.
+            an unknown nonlinearity, votes with ``out_dim = 0`` (the scale ``1 / sqrt(d)`` would
+            make every output NaN).
         TypeError: a ``log_prior`` not of the votes' floating dtype (outside ``torch.autocast``).
     """
     routed = as_routing_votes(votes)
+    shape = _vote_shape(routed)
+    if shape is not None and shape[-1] == 0:
+        raise ValueError(
+            f"votes must have at least one feature (out_dim > 0) for self-attention routing, got shape "
+            f"{shape}"
+        )
     zeros = routed.zero_logits()  # (..., i, j)
     column_sums = routed.weighted_sum(torch.ones_like(zeros))  # sum_k u_ik: (..., i, d)
     logits = routed.dot(column_sums) / math.sqrt(column_sums.shape[-1])  # (..., i, j)
@@ -521,9 +557,10 @@ def slot_attention(
 
     Raises:
         ValueError: ``iterations`` < 1 or mismatched shapes (``slots`` whose batch axes do not
-            broadcast with the keys').
+            broadcast to the keys' without growing them), a bad ``mask`` or ``scale``.
         TypeError: ``keys``, ``values`` or ``slots`` not floating point or not of one dtype
-            (outside ``torch.autocast``).
+            (outside ``torch.autocast``); a ``scale`` that is not a real number, an
+            ``all_passes`` that is not a bool.
     """
     check_input_dtype(keys, keys.dtype, "keys", "the keys")  # floating point
     check_input_dtype(values, keys.dtype, "values", "the keys")
@@ -533,11 +570,13 @@ def slot_attention(
             f"keys and values must have the same (batch..., inputs), got {tuple(keys.shape)} and "
             f"{tuple(values.shape)}"
         )
-    if slots.dim() < 2 or broadcast_shape(slots.shape[:-2], keys.shape[:-2]) is None:
+    if slots.dim() < 2 or broadcast_shape(slots.shape[:-2], keys.shape[:-2]) != tuple(keys.shape[:-2]):
         raise ValueError(
             f"slots must have shape (batch..., num_slots, slot_dim) with batch axes that broadcast "
-            f"with the keys' {tuple(keys.shape[:-2])}, got {tuple(slots.shape)}"
+            f"to the keys' {tuple(keys.shape[:-2])}, got {tuple(slots.shape)}"
         )
+    check_flag(all_passes, "all_passes")
+    scale = check_scale(scale)
     scale = 1.0 / math.sqrt(keys.shape[-1]) if scale is None else scale
 
     def scores(current_slots: Tensor) -> Tensor:
@@ -550,6 +589,8 @@ def slot_attention(
 
     bool_mask = None
     if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a boolean tensor or None, got {type(mask).__name__}")
         if mask.dtype != torch.bool or mask.shape != keys.shape[:-1]:
             raise ValueError(
                 f"mask must be boolean of shape {tuple(keys.shape[:-1])} (batch..., inputs), got "
@@ -600,13 +641,16 @@ def slot_routing(
     Raises:
         ValueError: ``iterations`` < 1, bad votes, ``slots`` that do not broadcast to
             ``(batch..., out_caps, out_dim)``, a ``query`` that does not give ``out_dim`` features.
-        TypeError: ``slots`` not of the votes' floating dtype (outside ``torch.autocast``).
+        TypeError: ``slots`` not of the votes' floating dtype (outside ``torch.autocast``); a
+            ``scale`` that is not a real number, an ``all_passes`` that is not a bool.
     """
     routed = as_routing_votes(votes)
     check_input_dtype(slots, routed.dtype, "slots", "the votes")
     shape = _vote_shape(routed)
     if shape is not None:
         _check_fits(slots, (*shape[:-3], shape[-3], shape[-1]), "slots", "(batch..., out_caps, out_dim)")
+    check_flag(all_passes, "all_passes")
+    scale = check_scale(scale)
     scale = 1.0 / math.sqrt(slots.shape[-1]) if scale is None else scale
 
     def scores(current_slots: Tensor) -> Tensor:

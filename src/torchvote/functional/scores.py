@@ -17,12 +17,40 @@ import math
 import torch
 from torch import Tensor
 
+from torchvote.validation import broadcast_shape, check_input_dtype, check_scale
+
 __all__ = ["dot_score", "general_score", "scaled_dot_score", "additive_score", "concat_score"]
 
 
-def _check_rank(name: str, t: Tensor) -> None:
-    if t.dim() < 2:
-        raise ValueError(f"{name} must have shape (..., length, features), got {tuple(t.shape)}")
+def _check_pair(query: Tensor, key: Tensor) -> None:
+    """Queries ``(..., L, Eq)`` and keys ``(..., S, Ek)``: floating-point tensors of one dtype
+    (outside ``torch.autocast``) whose batch axes broadcast (shapes and dtypes only).
+
+    Raises:
+        TypeError: naming ``query`` or ``key``.
+        ValueError: fewer than 2 axes, batch axes that do not broadcast.
+    """
+    for name, t in (("query", query), ("key", key)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            described = t.dtype if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {described}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., length, features), got {tuple(t.shape)}")
+    check_input_dtype(key, query.dtype, "key", "the queries")
+    if broadcast_shape(query.shape[:-2], key.shape[:-2]) is None:
+        raise ValueError(
+            f"query and key must have batch axes that broadcast, got shapes {tuple(query.shape)} "
+            f"and {tuple(key.shape)}"
+        )
+
+
+def _check_parameter(name: str, value: Tensor, query: Tensor, shape: tuple[int, ...]) -> None:
+    """A score's parameter: a tensor of ``shape`` in the queries' dtype (outside autocast)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+    check_input_dtype(value, query.dtype, name, "the queries")
 
 
 def _check_features(name: str, t: Tensor, expected: int, what: str) -> None:
@@ -43,10 +71,10 @@ def dot_score(query: Tensor, key: Tensor) -> Tensor:
         ``(..., L, S)`` logits.
 
     Raises:
-        ValueError: if the feature sizes differ.
+        ValueError: if the feature sizes differ, or the batch axes do not broadcast.
+        TypeError: ``query`` or ``key`` not floating-point tensors of one dtype.
     """
-    _check_rank("query", query)
-    _check_rank("key", key)
+    _check_pair(query, key)
     _check_features("key", key, query.shape[-1], "query")
     return torch.einsum("...ie,...je->...ij", query, key)
 
@@ -61,9 +89,13 @@ def scaled_dot_score(query: Tensor, key: Tensor, scale: float | None = None) -> 
 
     Returns:
         ``(..., L, S)`` logits.
+
+    Raises:
+        ValueError, TypeError: as :func:`dot_score`; a ``scale`` that is not a finite real number.
     """
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    return dot_score(query, key) * scale
+    scale = check_scale(scale)
+    logits = dot_score(query, key)  # checks the inputs
+    return logits * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
 
 
 def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
@@ -78,15 +110,11 @@ def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
         ``(..., L, S)`` logits.
 
     Raises:
-        ValueError: if ``weight`` is not ``(Eq, Ek)``.
+        ValueError: if ``weight`` is not ``(Eq, Ek)``, or the batch axes do not broadcast.
+        TypeError: inputs or ``weight`` not floating-point tensors of one dtype.
     """
-    _check_rank("query", query)
-    _check_rank("key", key)
-    if weight.shape != (query.shape[-1], key.shape[-1]):
-        raise ValueError(
-            f"weight must have shape (query features, key features) = "
-            f"{(query.shape[-1], key.shape[-1])}, got {tuple(weight.shape)}"
-        )
+    _check_pair(query, key)
+    _check_parameter("weight", weight, query, (query.shape[-1], key.shape[-1]))  # (Eq, Ek)
     return torch.einsum("...ie,ef,...jf->...ij", query, weight, key)
 
 
@@ -109,17 +137,18 @@ def additive_score(
         ``(..., L, S)`` logits.
 
     Raises:
-        ValueError: if the weights' shapes do not fit the inputs.
+        ValueError: if the weights' shapes do not fit the inputs (``vector`` must be 1-D), or the
+            batch axes do not broadcast.
+        TypeError: inputs or parameters not floating-point tensors of one dtype.
     """
-    _check_rank("query", query)
-    _check_rank("key", key)
-    hidden = vector.shape[-1]
-    if query_weight.shape != (hidden, query.shape[-1]):
-        raise ValueError(f"query_weight must have shape {(hidden, query.shape[-1])}, "
-                         f"got {tuple(query_weight.shape)}")
-    if key_weight.shape != (hidden, key.shape[-1]):
-        raise ValueError(f"key_weight must have shape {(hidden, key.shape[-1])}, "
-                         f"got {tuple(key_weight.shape)}")
+    _check_pair(query, key)
+    if not isinstance(vector, Tensor) or vector.dim() != 1:
+        described = tuple(vector.shape) if isinstance(vector, Tensor) else type(vector).__name__
+        raise ValueError(f"vector must have shape (hidden,), got {described}")
+    hidden = vector.shape[0]
+    _check_parameter("vector", vector, query, (hidden,))
+    _check_parameter("query_weight", query_weight, query, (hidden, query.shape[-1]))  # (H, Eq)
+    _check_parameter("key_weight", key_weight, query, (hidden, key.shape[-1]))  # (H, Ek)
     projected_q = query @ query_weight.T  # (..., L, H)
     projected_k = key @ key_weight.T  # (..., S, H)
     hidden_states = torch.tanh(projected_q.unsqueeze(-2) + projected_k.unsqueeze(-3))  # (..., L, S, H)
@@ -142,11 +171,14 @@ def concat_score(query: Tensor, key: Tensor, weight: Tensor, vector: Tensor) -> 
         ``(..., L, S)`` logits.
 
     Raises:
-        ValueError: if ``weight`` is not ``(H, Eq + Ek)``.
+        ValueError: if ``weight`` is not ``(H, Eq + Ek)`` or ``vector`` not ``(H,)``, or the batch
+            axes do not broadcast.
+        TypeError: inputs or parameters not floating-point tensors of one dtype.
     """
-    _check_rank("query", query)
-    _check_rank("key", key)
+    _check_pair(query, key)
     q_features = query.shape[-1]
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"weight must be a tensor, got {type(weight).__name__}")
     if weight.dim() != 2 or weight.shape[1] != q_features + key.shape[-1]:
         raise ValueError(f"weight must have shape (hidden, {q_features + key.shape[-1]}), "
                          f"got {tuple(weight.shape)}")

@@ -39,8 +39,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchvote.functional.masks import fused_kernel_mask, voting_mask
-from torchvote.functional.nonlinearities import squash
-from torchvote.validation import broadcast_shape, check_choice, check_positive_int, check_probability
+from torchvote.functional.nonlinearities import _squash
+from torchvote.validation import (
+    broadcast_shape,
+    check_choice,
+    check_dim,
+    check_flag,
+    check_input_dtype,
+    check_positive_int,
+    check_probability,
+    check_scale,
+)
 
 __all__ = [
     "NormalizeOver",
@@ -264,9 +273,14 @@ def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tens
         or to 0 where every entry along ``dim`` is masked or ``-inf`` (or ``dim`` is empty).
 
     Raises:
-        TypeError: ``mask`` not a boolean tensor.
-        ValueError: ``mask`` that does not broadcast to ``logits``.
+        TypeError: ``logits`` not a floating-point tensor, ``mask`` not a boolean tensor.
+        ValueError: ``dim`` not an axis of ``logits``, a ``mask`` that does not broadcast to
+            ``logits``.
     """
+    if not isinstance(logits, Tensor) or not logits.is_floating_point():
+        described = logits.dtype if isinstance(logits, Tensor) else type(logits).__name__
+        raise TypeError(f"logits must be a floating-point tensor, got {described}")
+    check_dim(dim, logits.dim())
     logits = _upcast(logits)
     if mask is not None:
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
@@ -274,7 +288,7 @@ def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tens
                 f"mask must be a boolean tensor (True = may take weight), got "
                 f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}"
             )
-        _check_mask_shape(mask, logits)
+        _check_mask_shape(mask, logits.shape)
         logits = logits.masked_fill(~mask, float("-inf"))
     if logits.shape[dim] == 0:  # nothing to normalise over: no weights at all
         return logits
@@ -292,7 +306,7 @@ def _finite_softmax(logits: Tensor, dim: int) -> Tensor:
 
 _NONLINEARITIES: dict[str, NonlinearityFn] = {
     "identity": lambda aggregated, previous: aggregated,
-    "squash": lambda aggregated, previous: squash(aggregated, dim=-1),
+    "squash": lambda aggregated, previous: _squash(aggregated, dim=-1),
     "layer_norm": lambda aggregated, previous: F.layer_norm(aggregated, aggregated.shape[-1:]),
 }
 
@@ -428,31 +442,59 @@ def vote(
 
     Raises:
         ValueError: bad ``normalize_over``, ``iterations``, ``update``, ``aggregation``, names,
-            or shapes.
-        TypeError: a non-boolean, non-floating mask.
+            or shapes: logits that do not fit the votes, a ``mask``, ``sender_weights``, ``bias``
+            or ``initial_outputs`` that does not broadcast to its ``(..., i, j)``,
+            ``(..., j)``, ``(..., i, d)`` or ``(..., i, ...)`` shape without growing it (a
+            ``(4, b, ...)`` bias would have turned ``b`` outputs into ``4 b``); a
+            :class:`DotProductScores` whose queries and keys differ in features, or whose keys
+            are not as many as the values.
+        TypeError: votes, logits, scores, sender weights or bias that are not floating-point
+            tensors or not of the votes' dtype (outside ``torch.autocast``; float ``logits`` of
+            another dtype are allowed, they are upcast), a non-boolean, non-floating mask, or
+            ``is_causal``, ``detach_votes`` or ``record`` that is not a bool.
+
+    A float ``mask``'s values are not checked here (every layer and attention function checks its
+    masks where they enter; ``vote`` is the step they all call): NaN or ``+inf`` in it gives NaN.
     """
     check_choice(normalize_over, get_args(NormalizeOver), "normalize_over")
     check_positive_int(iterations, "iterations")
     check_choice(update, _UPDATES, "update")
     check_choice(aggregation, ("sum", "mean"), "aggregation")
     check_probability(dropout_p, "dropout_p")
+    for flag, argument in ((is_causal, "is_causal"), (detach_votes, "detach_votes"), (record, "record")):
+        check_flag(flag, argument)
     votes = _as_votes(votes, logits)
+    _check_votes(votes)
     update_fn = _resolve(nonlinearity, _NONLINEARITIES, "nonlinearity")
     agreement_fn = _resolve(agreement, _AGREEMENTS, "agreement")
+
+    if isinstance(logits, DotProductScores):
+        _check_scores(logits, votes)
+    elif logits is not None and (not isinstance(logits, Tensor) or not logits.is_floating_point()):
+        described = logits.dtype if isinstance(logits, Tensor) else type(logits).__name__
+        raise TypeError(
+            f"logits must be a floating-point tensor, a DotProductScores or None, got {described}"
+        )
 
     if _can_fuse(votes, logits, normalize_over, aggregation, nonlinearity, iterations,
                  sender_weights, record, bias):
         assert isinstance(logits, DotProductScores) and isinstance(votes, SharedVotes)
-        mask, is_causal = fused_kernel_mask(mask, is_causal, logits.queries.shape[-2],
-                                            logits.keys.shape[-2], logits.queries.dtype)
+        queries, keys, values = logits.queries, logits.keys, votes.values
+        if mask is not None:  # the batch axes broadcast: _check_scores said so
+            batch = broadcast_shape(queries.shape[:-2], keys.shape[:-2], values.shape[:-2])
+            _check_mask(mask, (*batch, queries.shape[-2], keys.shape[-2]))  # (..., i, j)
+        mask, is_causal = fused_kernel_mask(mask, is_causal, queries.shape[-2], keys.shape[-2],
+                                            queries.dtype)
         outputs = F.scaled_dot_product_attention(
-            logits.queries, logits.keys, votes.values, attn_mask=mask,
+            queries, keys, values, attn_mask=mask,
             dropout_p=dropout_p, is_causal=is_causal, scale=logits.effective_scale,
         )
         return VoteResult(outputs)
 
     initial = _initial_logits(votes, logits)
-    _check_logits_and_mask(votes, initial, mask)
+    weights_shape = _check_logits(votes, initial)  # (..., i, j)
+    _check_mask(mask, weights_shape)
+    _check_vote_inputs(votes, weights_shape, sender_weights, bias, initial_outputs)
     bool_mask = _combine_masks(mask, is_causal, initial)
     if mask is not None and mask.is_floating_point():
         initial = initial + _upcast(mask)
@@ -506,12 +548,20 @@ def vote(
 
 def _as_votes(votes: Votes | Tensor, logits: Logits | None) -> Votes:
     if not isinstance(votes, Tensor):
+        if not all(hasattr(votes, name) for name in ("weighted_sum", "dot", "dtype")):
+            raise TypeError(
+                f"votes must be a tensor, a SharedVotes, a PairwiseVotes or another Votes object, got "
+                f"{type(votes).__name__}"
+            )
         return votes
     if logits is None:
         raise ValueError(
             "a plain tensor of votes is ambiguous without logits: wrap it in SharedVotes "
             "((..., j, d), attention) or PairwiseVotes ((..., i, j, d), routing)"
         )
+    if not isinstance(logits, (Tensor, DotProductScores)):
+        raise TypeError(f"logits must be a floating-point tensor, a DotProductScores or None, got "
+                        f"{type(logits).__name__}")
     logit_rank = logits.queries.dim() if isinstance(logits, DotProductScores) else logits.dim()
     if votes.dim() == logit_rank:
         return SharedVotes(votes)
@@ -523,6 +573,73 @@ def _as_votes(votes: Votes | Tensor, logits: Logits | None) -> Votes:
     )
 
 
+def _check_votes(votes: Votes) -> None:
+    """Refuse votes that are not floating point, and the tensor of a :class:`SharedVotes` or
+    :class:`PairwiseVotes` of too few axes (shapes and dtypes only).
+
+    Raises:
+        TypeError: naming ``votes`` and its dtype or type.
+        ValueError: a ``(..., j, d)`` of fewer than 2 axes, a ``(..., i, j, d)`` of fewer than 3.
+    """
+    for kind, tensor, rank, layout in ((SharedVotes, "values", 2, "(..., j, d)"),
+                                       (PairwiseVotes, "votes", 3, "(..., i, j, d)")):
+        if isinstance(votes, kind):
+            value = getattr(votes, tensor)
+            if not isinstance(value, Tensor):
+                raise TypeError(f"{kind.__name__}.{tensor} must be a tensor, got {type(value).__name__}")
+            if value.dim() < rank:
+                raise ValueError(
+                    f"{kind.__name__}.{tensor} must have shape {layout}, got {tuple(value.shape)}"
+                )
+    if not votes.dtype.is_floating_point:
+        raise TypeError(f"votes must be floating point, got dtype {votes.dtype}")
+
+
+def _check_scores(scores: DotProductScores, votes: Votes) -> None:
+    """Shapes and dtypes of the queries and keys of ``scores``, and of the values they weigh.
+
+    Raises:
+        TypeError: queries or keys that are not floating-point tensors, or not of one dtype with
+            each other and with shared votes (outside ``torch.autocast``); a bad ``scale``.
+        ValueError: fewer than 2 axes, different feature sizes, keys not as many as the values,
+            batch axes that do not broadcast.
+    """
+    queries, keys = scores.queries, scores.keys
+    for name, tensor in (("queries", queries), ("keys", keys)):
+        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+            described = tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise TypeError(f"DotProductScores {name} must be a floating-point tensor, got {described}")
+        if tensor.dim() < 2:
+            raise ValueError(f"DotProductScores {name} must have shape (..., length, features), got "
+                             f"{tuple(tensor.shape)}")
+    check_input_dtype(keys, queries.dtype, "DotProductScores keys", "the queries")
+    if scores.scale is not None:
+        check_scale(scores.scale, "DotProductScores scale")
+    query_shape, key_shape = queries.shape, keys.shape  # each read once: torch.Size costs
+    if query_shape[-1] != key_shape[-1]:
+        raise ValueError(
+            f"DotProductScores queries and keys must share their feature size, got shapes "
+            f"{tuple(query_shape)} and {tuple(key_shape)}"
+        )
+    shapes = [query_shape, key_shape]
+    if isinstance(votes, SharedVotes):
+        values = votes.values
+        check_input_dtype(values, queries.dtype, "values", "the queries")
+        if values.shape[-2] != key_shape[-2]:
+            raise ValueError(
+                f"keys and values must have the same length, got shapes {tuple(key_shape)} and "
+                f"{tuple(values.shape)}"
+            )
+        shapes.append(values.shape)
+    if any(len(shape) != len(query_shape) or shape[:-2] != query_shape[:-2] for shape in shapes[1:]):
+        batches = [shape[:-2] for shape in shapes]
+        if broadcast_shape(*batches) is None:
+            raise ValueError(
+                f"queries, keys and values must have batch axes that broadcast, got "
+                f"{', '.join(str(tuple(batch)) for batch in batches)}"
+            )
+
+
 def _initial_logits(votes: Votes, logits: Logits | None) -> Tensor:
     if isinstance(logits, DotProductScores):
         return logits.materialize()
@@ -531,38 +648,114 @@ def _initial_logits(votes: Votes, logits: Logits | None) -> Tensor:
     return _upcast(votes.zero_logits())  # routing's b_ij = 0; shared votes raise
 
 
-def _check_logits_and_mask(votes: Votes, logits: Tensor, mask: Tensor | None) -> None:
-    """Shapes only (nothing read from the device): logits ``(..., i, j)`` that fit the votes, and
-    a mask that broadcasts to them.
+def _votes_shape(votes: Votes) -> tuple[int, ...] | None:
+    """``(..., i, j, d)`` of the votes, read from their shapes (nothing is computed): the receiver
+    count of a :class:`SharedVotes` is ``-1`` (it comes from the logits); ``None`` for a votes
+    object that does not say."""
+    if isinstance(votes, PairwiseVotes):
+        return tuple(votes.votes.shape)
+    if isinstance(votes, SharedVotes):
+        return (*votes.values.shape[:-2], -1, *votes.values.shape[-2:])
+    sizes = [getattr(votes, name, None) for name in ("batch_shape", "receivers", "senders", "out_dim")]
+    return None if None in sizes else (*sizes[0], *sizes[1:])
+
+
+def _check_logits(votes: Votes, logits: Tensor) -> tuple[int, ...]:
+    """Shapes only (nothing read from the device): logits ``(..., i, j)`` that fit the votes.
+
+    Returns:
+        The ``(..., i, j)`` shape of the weights: the logits' broadcast with the votes'.
 
     Raises:
-        ValueError: naming ``logits`` or ``mask`` and the shapes.
-        TypeError: a ``mask`` that is not a tensor.
+        ValueError: naming ``logits`` and the shapes.
     """
-    expected = None
-    if isinstance(votes, PairwiseVotes):
-        expected = votes.votes.shape[:-1]  # (..., i, j)
-    elif isinstance(votes, SharedVotes):
-        expected = (*votes.values.shape[:-2], logits.shape[-2], votes.values.shape[-2])  # (..., i, j)
-    if expected is not None:
-        fits = logits.dim() >= 2 and logits.shape[-2:] == tuple(expected[-2:])
-        if not fits or broadcast_shape(logits.shape[:-2], expected[:-2]) is None:
+    shape = _votes_shape(votes)
+    if shape is None:
+        return tuple(logits.shape)
+    expected = (*shape[:-3], logits.shape[-2] if shape[-3] == -1 and logits.dim() >= 2 else shape[-3],
+                shape[-2])  # (..., i, j)
+    fits = logits.dim() >= 2 and logits.shape[-2:] == tuple(expected[-2:])
+    batch = broadcast_shape(logits.shape[:-2], expected[:-2]) if fits else None
+    if batch is None:
+        described = f"values of shape {tuple(votes.values.shape)}" if isinstance(votes, SharedVotes) \
+            else f"votes of shape {shape}"
+        raise ValueError(
+            f"logits of shape {tuple(logits.shape)} do not fit {described}: expected (..., i, j) = "
+            f"{tuple(expected)}"
+        )
+    return (*batch, *expected[-2:])
+
+
+def _check_mask(mask: Tensor | None, weights_shape: tuple[int, ...]) -> None:
+    """Refuse a ``mask`` that is not a tensor or does not broadcast to the ``(..., i, j)``
+    ``weights_shape`` without growing it (shapes only).
+
+    Raises:
+        TypeError: a ``mask`` that is not a tensor.
+        ValueError: naming ``mask`` and the shapes.
+    """
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a tensor or None, got {type(mask).__name__}")
+    if broadcast_shape(mask.shape, weights_shape) != tuple(weights_shape):
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the weights' shape "
+            f"(..., i, j) = {tuple(weights_shape)}"
+        )
+
+
+def _check_vote_inputs(
+    votes: Votes,
+    weights_shape: tuple[int, ...],
+    sender_weights: Tensor | None,
+    bias: Tensor | None,
+    initial_outputs: Tensor | None,
+) -> None:
+    """Shapes and dtypes of ``sender_weights``, ``bias`` and ``initial_outputs`` against the
+    ``(..., i, j)`` weights: each must broadcast to its part of them without growing it (a larger
+    batch would silently multiply the outputs).
+
+    Raises:
+        TypeError: a ``sender_weights`` or ``bias`` that is not floating point or not of the votes'
+            dtype (outside ``torch.autocast``); an ``initial_outputs`` that is not a tensor.
+        ValueError: naming the argument, its shape and the shape expected.
+    """
+    *batch, receivers, senders = weights_shape
+    if sender_weights is not None:
+        check_input_dtype(sender_weights, votes.dtype, "sender_weights", "the votes")
+        target = (*batch, senders)  # (..., j)
+        if sender_weights.dim() < 1 or broadcast_shape(sender_weights.shape, target) != target:
             raise ValueError(
-                f"logits of shape {tuple(logits.shape)} do not fit votes of shape "
-                f"{tuple(votes.materialize().shape)}: expected (..., i, j) = {tuple(expected)}"
+                f"sender_weights must broadcast to (..., j) = {target}, got {tuple(sender_weights.shape)}"
             )
-    if mask is not None:
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"mask must be a tensor or None, got {type(mask).__name__}")
-        _check_mask_shape(mask, logits)
+    shape = _votes_shape(votes)
+    features = shape[-1] if shape is not None else None
+    if bias is not None:
+        check_input_dtype(bias, votes.dtype, "bias", "the votes")
+        if bias.dim() < 1:
+            raise ValueError(f"bias must have shape (..., i, d), got {tuple(bias.shape)}")
+        target = (*batch, receivers, bias.shape[-1] if features is None else features)  # (..., i, d)
+        if broadcast_shape(bias.shape, target) != target:
+            raise ValueError(f"bias must broadcast to (..., i, d) = {target}, got {tuple(bias.shape)}")
+    if initial_outputs is not None:
+        if not isinstance(initial_outputs, Tensor):
+            raise TypeError(f"initial_outputs must be a tensor or None, got {type(initial_outputs).__name__}")
+        target = (*batch, receivers)  # (..., i): its features are the nonlinearity's business
+        if initial_outputs.dim() < 2 or broadcast_shape(initial_outputs.shape[:-1], target) != target:
+            raise ValueError(
+                f"initial_outputs must broadcast to (..., i, features) with (..., i) = {target}, got "
+                f"{tuple(initial_outputs.shape)}"
+            )
 
 
-def _check_mask_shape(mask: Tensor, logits: Tensor) -> None:
-    """Raise a ValueError naming ``mask`` unless it broadcasts to ``logits`` (shapes only)."""
-    if broadcast_shape(mask.shape, logits.shape) is None:
+def _check_mask_shape(mask: Tensor, logits_shape: torch.Size) -> None:
+    """Raise a ValueError naming ``mask`` unless it broadcasts with ``logits_shape`` (shapes only;
+    :func:`masked_softmax` returns the broadcast)."""
+    if broadcast_shape(mask.shape, logits_shape) is None:
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the logits' shape "
-            f"{tuple(logits.shape)}"
+            f"{tuple(logits_shape)}"
         )
 
 

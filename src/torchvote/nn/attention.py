@@ -29,7 +29,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
-from torchvote.functional.attention import softmax_attention
+from torchvote.functional.attention import _softmax_attention
 from torchvote.functional.masks import refuse_per_example_3d_mask
 from torchvote.nn.attention_projections import (
     _check_inputs,
@@ -39,7 +39,7 @@ from torchvote.nn.attention_projections import (
     _SharedProjection,
 )
 from torchvote.nn.kv_cache import KVCache, offset_causality
-from torchvote.validation import check_input_dtype, check_positive_int, check_probability
+from torchvote.validation import check_flag, check_input_dtype, check_positive_int, check_probability
 
 __all__ = ["MultiHeadAttention"]
 
@@ -95,6 +95,7 @@ class MultiHeadAttention(nn.Module):
         ValueError: ``num_heads`` does not divide ``embed_dim``, a size is not positive,
             ``dropout`` is outside ``[0, 1)``, or ``shared_qkv`` with ``kdim``/``vdim`` that differ
             from ``embed_dim``.
+        TypeError: ``bias``, ``batch_first`` or ``shared_qkv`` that is not a bool.
     """
 
     def __init__(
@@ -117,6 +118,8 @@ class MultiHeadAttention(nn.Module):
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         check_probability(dropout, "dropout")
+        for flag, argument in ((bias, "bias"), (batch_first, "batch_first"), (shared_qkv, "shared_qkv")):
+            check_flag(flag, argument)
         kdim = check_positive_int(embed_dim if kdim is None else kdim, "kdim")
         vdim = check_positive_int(embed_dim if vdim is None else vdim, "vdim")
         if shared_qkv and (kdim != embed_dim or vdim != embed_dim):
@@ -207,8 +210,12 @@ class MultiHeadAttention(nn.Module):
                 shape; NaN in a float mask.
             TypeError: non-tensor or non-floating inputs, inputs of another dtype than the
                 parameters' (outside ``torch.autocast``), masks that are not boolean (or, for
-                ``attn_mask``, floating point), a ``cache`` that is not a :class:`KVCache`.
+                ``attn_mask``, floating point), a ``cache`` that is not a :class:`KVCache`;
+                ``is_causal``, ``need_weights`` or ``average_weights`` that is not a bool.
         """
+        for flag, argument in ((is_causal, "is_causal"), (need_weights, "need_weights"),
+                               (average_weights, "average_weights")):
+            check_flag(flag, argument)
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
@@ -220,6 +227,11 @@ class MultiHeadAttention(nn.Module):
         for name, tensor in (("query", query), ("key", key), ("value", value)):
             check_input_dtype(tensor, self.out_proj.weight.dtype, name)
         if unbatched:
+            if isinstance(key_mask, Tensor) and key_mask.dim() != 1:
+                raise ValueError(
+                    f"key_mask must have shape (S,) = ({key.shape[0]},) for unbatched inputs, got "
+                    f"{tuple(key_mask.shape)}"
+                )
             query, key, value = _same_map(lambda t: t.unsqueeze(0), query, key, value)
             if isinstance(key_mask, Tensor):
                 key_mask = key_mask.unsqueeze(0)
@@ -317,9 +329,9 @@ class MultiHeadAttention(nn.Module):
             ``(attended, weights)``: ``(b, h, i, d)`` and ``(b, h, i, j)`` or None.
         """
         if need_weights:  # one pass that forms the weights once, in the compute dtype
-            return softmax_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                     dropout_p=self.dropout if self.training else 0.0,
-                                     scale=self.scale)
+            return _softmax_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                      dropout_p=self.dropout if self.training else 0.0,
+                                      scale=self.scale)
         return self._vote(q, k, v, mask, is_causal, need_weights)  # one pass: the fused kernel
 
     def _vote(

@@ -23,9 +23,44 @@ from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.nn.routers import Router, RoutingResult, make_router
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
-from torchvote.validation import check_choice, check_input_dtype, check_positive_float, check_positive_int
+from torchvote.validation import (
+    check_choice,
+    check_flag,
+    check_input_dtype,
+    check_positive_float,
+    check_positive_int,
+)
 
-__all__ = ["CapsuleLinear", "PrimaryCapsules"]
+__all__ = ["CapsuleLinear", "PrimaryCapsules", "check_feature_maps"]
+
+
+def check_feature_maps(features: Tensor, conv: nn.Conv2d, argument: str = "features") -> None:
+    """Refuse what ``conv`` (a capsule layer's input convolution) cannot take, before it does:
+    the convolution's own errors name none of the layer's arguments, and an unbatched
+    ``(channels, h, w)`` input passed it and failed in the capsule split. Shapes and dtypes only.
+
+    Args:
+        features: the layer's input, expected ``(b, in_channels, h, w)``.
+        conv: the convolution that reads it.
+        argument: the input's name, for the message.
+
+    Raises:
+        TypeError: ``features`` not a floating-point tensor of the convolution's dtype (outside
+            ``torch.autocast``).
+        ValueError: not 4-D, another channel count, or a map smaller than the kernel.
+    """
+    check_input_dtype(features, conv.weight.dtype, argument)
+    if features.dim() != 4 or features.shape[1] != conv.in_channels:
+        raise ValueError(
+            f"{argument} must have shape (batch, in_channels={conv.in_channels}, height, width), got "
+            f"{tuple(features.shape)}"
+        )
+    (kh, kw), (ph, pw) = conv.kernel_size, conv.padding
+    height, width = features.shape[-2:]
+    if height + 2 * ph < kh or width + 2 * pw < kw:
+        raise ValueError(
+            f"{argument} of {height}x{width} (padding {ph}x{pw}) is smaller than the kernel {kh}x{kw}"
+        )
 
 
 class PrimaryCapsules(nn.Module):
@@ -93,7 +128,14 @@ class PrimaryCapsules(nn.Module):
         return self.num_types * rows * columns
 
     def forward(self, features: Tensor) -> Tensor:
-        """``(b, in_channels, h, w)`` -> ``(b, num_types * h' * w', caps_dim)`` squashed capsules."""
+        """``(b, in_channels, h, w)`` -> ``(b, num_types * h' * w', caps_dim)`` squashed capsules.
+
+        Raises:
+            TypeError: ``features`` not a floating-point tensor of the parameters' dtype (outside
+                ``torch.autocast``).
+            ValueError: ``features`` not ``(b, in_channels, h, w)``, or smaller than the kernel.
+        """
+        check_feature_maps(features, self.conv)
         maps = self.conv(features)  # (b, t*d, h', w')
         capsules = rearrange(maps, "b (t d) h w -> b (t h w) d", t=self.num_types)  # channels at a position
         return squash(capsules, dim=-1)
@@ -139,6 +181,7 @@ class CapsuleLinear(nn.Module):
     Raises:
         ValueError: non-positive sizes or ``iterations``, a bad ``init_std``, an unknown router,
             option or strategy, a :class:`Router` module built for other sizes.
+        TypeError: ``shared_weights`` not a bool, ``router_options`` not a mapping.
     """
 
     def __init__(
@@ -164,6 +207,11 @@ class CapsuleLinear(nn.Module):
         check_positive_int(out_dim, "out_dim")
         check_positive_int(iterations, "iterations")
         check_positive_float(init_std, "init_std")
+        check_flag(shared_weights, "shared_weights")  # "no" would have shared the weights
+        if router_options is not None and not isinstance(router_options, Mapping):
+            raise TypeError(
+                f"router_options must be a mapping of option names to values, got {router_options!r}"
+            )
         factory = {"device": device, "dtype": dtype}
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
         self.shared_weights = shared_weights
@@ -230,6 +278,8 @@ class CapsuleLinear(nn.Module):
                 f"activations must have shape (batch..., in_caps) = {tuple(inputs.shape[:-1])} to match "
                 f"inputs {tuple(inputs.shape)}, got {described}"
             )
+        if not activations.is_floating_point():  # bool or integer: 0/1 weights, surely not meant
+            raise TypeError(f"activations must be floating point (in [0, 1]), got dtype {activations.dtype}")
 
     def forward(
         self, inputs: Tensor, *, activations: Tensor | None = None, return_routing: bool = False
@@ -251,10 +301,12 @@ class CapsuleLinear(nn.Module):
             ValueError: if ``inputs`` does not match ``in_caps`` and ``in_dim``; ``activations``
                 given to a router that does not use them, or not of shape ``(batch..., in_caps)``.
             TypeError: if ``inputs`` is not floating point or not of the weights' dtype (outside
-                ``torch.autocast``).
+                ``torch.autocast``); ``activations`` not floating point; a ``return_routing``
+                that is not a bool.
         """
         self._check_inputs(inputs)
         self._check_activations(inputs, activations)
+        check_flag(return_routing, "return_routing")
         vote_bytes = math.prod(inputs.shape[:-2]) * self.out_caps * self.in_caps * self.out_dim
         vote_bytes *= inputs.element_size()
         strategy = choose_strategy(self.strategy, device=inputs.device, vote_bytes=vote_bytes)

@@ -40,8 +40,9 @@ from torchvote.functional.em_kernel import (
     conv_sender_groups,
     prepare_sender_groups,
 )
+from torchvote.nn.capsules import check_feature_maps
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
-from torchvote.validation import check_choice, check_positive_int
+from torchvote.validation import check_choice, check_flag, check_input_dtype, check_positive_int
 
 __all__ = [
     "ClassMatrixCapsules",
@@ -92,8 +93,26 @@ def _checked_side(pose_dim: int, **sizes: int) -> int:
     return pose_side(pose_dim)
 
 
-def _check_grid(capsules: MatrixCapsules, types: int, side: int, argument: str = "capsules") -> None:
+def _check_grid(
+    capsules: MatrixCapsules, types: int, side: int, dtype: torch.dtype, argument: str = "capsules"
+) -> None:
+    """Refuse a grid of capsules a layer whose parameters are ``dtype`` cannot route: shapes and
+    dtypes only.
+
+    Raises:
+        TypeError: not a pair of tensors, poses not floating point of ``dtype`` or activations not
+            of the poses' dtype (outside ``torch.autocast``; a bool or integer activation would be
+            read as 0 or 1).
+        ValueError: poses not ``(batch, rows, cols, types, side, side)`` or activations not
+            ``(batch, rows, cols, types)``.
+    """
+    if not isinstance(capsules, (tuple, list)) or len(capsules) != 2:
+        raise TypeError(
+            f"{argument} must be MatrixCapsules(poses, activations), got {type(capsules).__name__}"
+        )
     poses, activations = capsules
+    check_input_dtype(poses, dtype, f"{argument}.poses")
+    check_input_dtype(activations, poses.dtype, f"{argument}.activations", "the poses")
     if poses.dim() != 6 or poses.shape[-3:] != (types, side, side):
         raise ValueError(
             f"{argument}.poses must have shape (batch, rows, cols, types={types}, {side}, {side}), "
@@ -147,7 +166,14 @@ class PrimaryMatrixCapsules(nn.Module):
 
     def forward(self, features: Tensor) -> MatrixCapsules:
         """``(b, in_channels, h, w)`` -> poses ``(b, h', w', types, P, P)`` and activations
-        ``(b, h', w', types)``."""
+        ``(b, h', w', types)``.
+
+        Raises:
+            TypeError: ``features`` not a floating-point tensor of the parameters' dtype (outside
+                ``torch.autocast``).
+            ValueError: ``features`` not ``(b, in_channels, h, w)``, or smaller than the kernel.
+        """
+        check_feature_maps(features, self.pose)
         poses = rearrange(self.pose(features), "b (t p q) h w -> b h w t p q", t=self.num_types, p=self.side)
         activations = rearrange(torch.sigmoid(self.activation(features)), "b t h w -> b h w t")
         return MatrixCapsules(poses, activations)
@@ -259,7 +285,7 @@ class ConvMatrixCapsules(nn.Module):
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
         """:meth:`votes` as unformed :class:`PerSenderVotes` (checks as there)."""
-        _check_grid(capsules, self.in_types, self.side)
+        _check_grid(capsules, self.in_types, self.side, self.weight.dtype)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
         if rows < self.kernel_size or cols < self.kernel_size:
@@ -302,13 +328,21 @@ class ConvMatrixCapsules(nn.Module):
 
         Raises:
             ValueError: a grid of the wrong types or pose size, or smaller than the kernel.
+            TypeError: poses not of the parameters' floating dtype, activations not of the poses'
+                (outside ``torch.autocast``).
         """
         votes, activations, size = self._vote_factors(capsules)
         return votes.materialize(), activations, size
 
     def forward(self, capsules: MatrixCapsules) -> MatrixCapsules:
         """Poses ``(b, h, w, in_types, P, P)`` and activations ``(b, h, w, in_types)`` ->
-        the same on the ``(h', w')`` output grid with ``out_types`` types."""
+        the same on the ``(h', w')`` output grid with ``out_types`` types.
+
+        Raises:
+            ValueError: a grid of the wrong types or pose size, or smaller than the kernel.
+            TypeError: poses not of the parameters' floating dtype, activations not of the poses'
+                (outside ``torch.autocast``).
+        """
         votes, activations, (rows, cols) = self._vote_factors(capsules)  # votes unformed
         groups = self._routing_groups(*capsules.poses.shape[1:3], votes.device)  # (L, j) ids or None
         # (b, L, i, P*P), (b, L, i)
@@ -354,6 +388,8 @@ class ClassMatrixCapsules(nn.Module):
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller
             than 2x2 with coordinate addition, a bad routing option, routing options given
             with ``routing``, or a ``routing`` built for other sizes.
+        TypeError: ``routing`` neither a :class:`~torchvote.nn.routers.Router` nor None,
+            ``coordinate_addition`` not a bool.
     """
 
     def __init__(
@@ -370,6 +406,9 @@ class ClassMatrixCapsules(nn.Module):
     ) -> None:
         super().__init__()
         self.side = _checked_side(pose_dim, in_types=in_types, num_classes=num_classes)
+        check_flag(coordinate_addition, "coordinate_addition")
+        if routing is not None and not isinstance(routing, Router):
+            raise TypeError(f"routing must be a Router module or None, got {type(routing).__name__}")
         if routing is not None and routing_options:
             raise ValueError(
                 f"{sorted(routing_options)} configure the default EM router; with routing=... give "
@@ -406,8 +445,12 @@ class ClassMatrixCapsules(nn.Module):
         return offsets.flatten(-2)
 
     def votes(self, capsules: MatrixCapsules) -> tuple[Tensor, Tensor]:
-        """``(votes (b, num_classes, h*w*in_types, P*P), activations (b, h*w*in_types))``."""
-        _check_grid(capsules, self.in_types, self.side)
+        """``(votes (b, num_classes, h*w*in_types, P*P), activations (b, h*w*in_types))``.
+
+        Raises:
+            TypeError, ValueError: a grid of the wrong types, pose size or dtype.
+        """
+        _check_grid(capsules, self.in_types, self.side, self.weight.dtype)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
         votes = torch.einsum("bhwtpq,tiqr->bihwtpr", poses, self.weight).flatten(-2)  # (b, i, h, w, t, P*P)
@@ -433,7 +476,10 @@ class ClassMatrixCapsules(nn.Module):
         Raises:
             ValueError: a grid of the wrong types or pose size; matrix capsules asked of a router
                 that gives no activations.
+            TypeError: poses not of the parameters' floating dtype, activations not of the poses'
+                (outside ``torch.autocast``), a ``return_routing`` that is not a bool.
         """
+        check_flag(return_routing, "return_routing")
         votes, activations = self.votes(capsules)  # (b, i, j, P*P), (b, j)
         if return_routing:
             if self.routing.uses_activations:

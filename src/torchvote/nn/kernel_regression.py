@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional import attend, merge_masks
+from torchvote.validation import check_flag, check_input_dtype, check_positive_float
 
 __all__ = ["NadarayaWatson"]
 
@@ -34,14 +35,14 @@ class NadarayaWatson(nn.Module):
             parametric variant of d2l's section learns ``w = 1 / h`` in the same role).
 
     Raises:
-        ValueError: ``bandwidth`` is not a positive finite number.
+        ValueError: ``bandwidth`` is not a positive finite number (a bool is not).
+        TypeError: ``learnable`` is not a bool.
     """
 
     def __init__(self, *, bandwidth: float = 1.0, learnable: bool = False) -> None:
         super().__init__()
-        if not (isinstance(bandwidth, int | float) and math.isfinite(bandwidth) and bandwidth > 0):
-            raise ValueError(f"bandwidth must be a positive finite number, got {bandwidth!r}")
-        self.learnable = learnable
+        check_positive_float(bandwidth, "bandwidth")
+        self.learnable = check_flag(learnable, "learnable")
         # A fixed width stays a Python float, exact in every dtype (a float32 buffer would round
         # h and put a 1e-8 relative error into float64 regressions).
         self._fixed_bandwidth = float(bandwidth)
@@ -78,7 +79,8 @@ class NadarayaWatson(nn.Module):
             ``(b, L, Dv)``; weights ``(b, L, S)``.
 
         Raises:
-            TypeError: inputs that are not floating-point tensors.
+            TypeError: inputs that are not floating-point tensors of one dtype (outside
+                ``torch.autocast``).
             ValueError: mismatched ranks, batch sizes, lengths or features; a bad ``key_mask``.
         """
         for name, t in (("queries", queries), ("keys", keys), ("values", values)):
@@ -88,6 +90,8 @@ class NadarayaWatson(nn.Module):
                 raise ValueError(f"{name} must have shape (b, n) or (b, n, features), got {tuple(t.shape)}")
             if not t.is_floating_point():  # integer values would truncate the weighted mean
                 raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
+        check_input_dtype(keys, queries.dtype, "keys", "the queries")
+        check_input_dtype(values, queries.dtype, "values", "the queries")
         if keys.dim() != queries.dim() or (queries.dim() == 3 and keys.shape[-1] != queries.shape[-1]):
             raise ValueError(
                 f"keys must have the rank and feature size of queries {tuple(queries.shape)}, got "

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from torchvote.validation import check_positive_int, check_probability
+from torchvote.validation import check_input_dtype, check_positive_int, check_probability
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 
@@ -140,7 +140,9 @@ class LearnedPositionalEmbedding(nn.Module):
         Raises:
             ValueError: wrong feature size, an offset that is not a non-negative int, or
                 ``offset + T > max_len``.
-            TypeError: ``inputs`` not a floating-point tensor.
+            TypeError: ``inputs`` not a floating-point tensor of the embeddings' dtype (outside
+                ``torch.autocast``; float16 inputs came back float32).
         """
         _check_positions(inputs, self.embed_dim, self.max_len, offset)
+        check_input_dtype(inputs, self.weight.dtype, "inputs")
         return inputs + self.weight[offset : offset + inputs.shape[-2]]  # (..., T, E)

@@ -41,7 +41,7 @@ from torchvote.functional import VotingState
 from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
-from torchvote.validation import check_choice, check_positive_int
+from torchvote.validation import check_choice, check_positive_int, check_scale
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -64,10 +64,19 @@ class ScaledDotAgreement:
     ``q . k / sqrt(d)``.
 
     Args:
-        scale: multiplies the dot products.
+        scale: multiplies the dot products; a finite real number.
+
+    Raises:
+        TypeError: ``scale`` not a real number.
+        ValueError: ``scale`` not finite.
     """
 
     scale: float
+
+    def __post_init__(self) -> None:
+        if self.scale is None:
+            raise TypeError("scale must be a real number, got None")
+        object.__setattr__(self, "scale", check_scale(self.scale))  # a float (frozen dataclass)
 
     def __call__(self, state: VotingState) -> Tensor:
         """``(b, h, i, j)`` agreement from ``state.votes`` ``(b, h, j, d)`` and ``state.outputs``

@@ -38,7 +38,13 @@ from torch import Tensor, nn
 
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.kv_cache import KVCache, LayerCache
-from torchvote.validation import check_choice, check_positive_float, check_positive_int, check_probability
+from torchvote.validation import (
+    check_choice,
+    check_flag,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
 
 __all__ = [
     "AttentionFactory",
@@ -191,6 +197,8 @@ class _TransformerLayer(nn.Module):
         check_probability(dropout, "dropout")
         check_choice(activation, sorted(_ACTIVATIONS), "activation")
         check_positive_float(layer_norm_eps, "layer_norm_eps")  # 0 divides a constant input by 0
+        check_flag(norm_first, "norm_first")  # "no" would have meant pre-norm
+        check_flag(shared_qkv, "shared_qkv")
         self.make_attention = _attention_factory(attention, shared_qkv)
         self.d_model, self.norm_first = d_model, norm_first
         # Attentions before the feed-forward network: the order the parameters draw their
@@ -271,6 +279,7 @@ class TransformerEncoderLayer(_TransformerLayer):
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
             ``attention``.
+        TypeError: ``norm_first`` or ``shared_qkv`` that is not a bool.
     """
 
     def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
@@ -306,7 +315,13 @@ class TransformerEncoderLayer(_TransformerLayer):
         Returns:
             ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
             ``weights["self_attention"]``.
+
+        Raises:
+            TypeError: ``is_causal`` or ``return_intermediates`` that is not a bool; and what the
+                attention raises for its inputs and masks.
         """
+        check_flag(is_causal, "is_causal")
+        check_flag(return_intermediates, "return_intermediates")
 
         def attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attention(
@@ -357,6 +372,7 @@ class TransformerDecoderLayer(_TransformerLayer):
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
             ``attention``.
+        TypeError: ``norm_first`` or ``shared_qkv`` that is not a bool.
     """
 
     @staticmethod
@@ -405,7 +421,13 @@ class TransformerDecoderLayer(_TransformerLayer):
             ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
             ``weights["self_attention"]`` ``(b, T, T)`` and ``weights["cross_attention"]``
             ``(b, T, S)``.
+
+        Raises:
+            TypeError: ``is_causal`` or ``return_intermediates`` that is not a bool; and what the
+                attentions raise for their inputs and masks.
         """
+        check_flag(is_causal, "is_causal")
+        check_flag(return_intermediates, "return_intermediates")
 
         def self_attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attention(

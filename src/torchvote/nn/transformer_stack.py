@@ -22,7 +22,7 @@ from torchvote.nn.transformer import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,
 )
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_flag, check_positive_float, check_positive_int
 
 __all__ = ["TransformerDecoder", "TransformerEncoder"]
 
@@ -48,6 +48,9 @@ def _build_layers(
 
 
 def _final_norm(layers: nn.ModuleList, final_norm: bool | None, layer_norm_eps: float) -> nn.Module:
+    if final_norm is not None:
+        check_flag(final_norm, "final_norm")
+    check_positive_float(layer_norm_eps, "layer_norm_eps")  # 0 divides a constant input by 0
     first = layers[0]
     if final_norm is None:
         final_norm = bool(getattr(first, "norm_first", False))
@@ -100,7 +103,9 @@ class _TransformerStack(nn.Module):
 
         Raises:
             ValueError: a ``cache`` that is not a :class:`TransformerCache` of one entry per layer.
+            TypeError: a ``return_intermediates`` that is not a bool.
         """
+        check_flag(return_intermediates, "return_intermediates")
         if cache is not None and (
             not isinstance(cache, TransformerCache) or len(cache.layers) != len(self.layers)
         ):
@@ -142,8 +147,10 @@ class TransformerEncoder(_TransformerStack):
     of :meth:`TransformerEncoderLayer.forward`; the record names ``"layers.{n}.self_attention"``.
 
     Raises:
-        ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
-        TypeError: ``layer`` is neither a config nor a callable.
+        ValueError: ``num_layers < 1``, a factory that returns the same module twice, or a
+            ``layer_norm_eps`` that is not positive and finite.
+        TypeError: ``layer`` is neither a config nor a callable, ``final_norm`` neither None nor
+            a bool.
     """
 
     layer_class = TransformerEncoderLayer
@@ -165,8 +172,10 @@ class TransformerDecoder(_TransformerStack):
     ``"layers.{n}.cross_attention"`` in call order.
 
     Raises:
-        ValueError: ``num_layers < 1``, or a factory that returns the same module twice.
-        TypeError: ``layer`` is neither a config nor a callable.
+        ValueError: ``num_layers < 1``, a factory that returns the same module twice, or a
+            ``layer_norm_eps`` that is not positive and finite.
+        TypeError: ``layer`` is neither a config nor a callable, ``final_norm`` neither None nor
+            a bool.
     """
 
     layer_class = TransformerDecoderLayer

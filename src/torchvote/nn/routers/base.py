@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, list_routers
+from torchvote.validation import check_flag, check_positive_int
 
 __all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router"]
 
@@ -136,7 +137,9 @@ class BiasedRouter(Router):
         dtype: for the bias.
 
     Raises:
-        ValueError: ``bias`` without ``out_caps`` and ``out_dim``.
+        ValueError: ``bias`` without ``out_caps`` and ``out_dim``, or with sizes that are not
+            positive integers.
+        TypeError: a ``bias`` that is not a bool.
     """
 
     def __init__(
@@ -150,9 +153,11 @@ class BiasedRouter(Router):
     ) -> None:
         super().__init__()
         self.bias: nn.Parameter | None = None
-        if bias:
+        if check_flag(bias, "bias"):
             if out_caps is None or out_dim is None:
                 raise ValueError("bias=True needs out_caps and out_dim")
+            check_positive_int(out_caps, "out_caps")
+            check_positive_int(out_dim, "out_dim")
             self.bias = nn.Parameter(torch.zeros(out_caps, out_dim, device=device, dtype=dtype))
 
     def layer_sizes(self) -> dict[str, int]:
@@ -200,10 +205,12 @@ def make_router(
         The router module.
 
     Raises:
-        ValueError: an unknown name or option.
+        ValueError: an unknown name or option, ``iterations`` < 1 (checked for the one-pass
+            routers too, which ignore it).
     """
     assert set(_REGISTRY) == set(list_routers()), "every listed router must be registered"
-    if name not in _REGISTRY:
+    check_positive_int(iterations, "iterations")
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"routing must be one of {sorted(_REGISTRY)}, got {name!r}")
     factory = {"device": device, "dtype": dtype}
     try:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from torchvote.functional.routing import RoutingVotes, dynamic_routing
 from torchvote.nn.routers.base import BiasedRouter, RoutingResult, register_router
-from torchvote.validation import check_choice, check_positive_int
+from torchvote.validation import check_choice, check_flag, check_positive_int
 
 __all__ = ["DynamicRouter"]
 
@@ -29,6 +29,7 @@ class DynamicRouter(BiasedRouter):
     Raises:
         ValueError: ``iterations`` < 1, an unknown agreement, ``bias`` without sizes; (in
             ``forward``) ``activations``, which dynamic routing does not use.
+        TypeError: ``detach_votes`` or ``bias`` that is not a bool.
     """
 
     name = "dynamic"
@@ -45,7 +46,7 @@ class DynamicRouter(BiasedRouter):
         super().__init__(**bias_options)
         self.iterations = check_positive_int(iterations, "iterations")
         self.agreement = check_choice(agreement, ("dot", "distance"), "agreement")
-        self.detach_votes = detach_votes
+        self.detach_votes = check_flag(detach_votes, "detach_votes")
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)

@@ -59,7 +59,7 @@ from torchvote.functional.em import (
     inverse_temperature_schedule,
 )
 from torchvote.functional.em_kernel import STRATEGIES, SenderGroups
-from torchvote.functional.routing import RoutingVotes
+from torchvote.functional.routing import RoutingVotes, as_routing_votes
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.validation import check_choice, check_positive_float, check_positive_int
 
@@ -187,8 +187,14 @@ class EMRouter(Router):
         )
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
-        """Route; ``activations`` ``(batch..., in_caps)`` default to ones (all inputs present)."""
-        tensor = votes if isinstance(votes, Tensor) else votes.materialize()  # EM reads them elementwise
+        """Route; ``activations`` ``(batch..., in_caps)`` default to ones (all inputs present).
+
+        Raises:
+            TypeError, ValueError: votes neither a floating-point tensor ``(batch..., out_caps,
+                in_caps, pose_dim)`` nor a votes object; what
+                :func:`~torchvote.functional.em.em_routing` raises.
+        """
+        tensor = as_routing_votes(votes).materialize()  # EM reads them elementwise
         if activations is None:
             activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (batch..., in_caps)
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)

@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-from torchvote.functional.routing import RoutingVotes, inverted_dot_product_routing
+from torchvote.functional.routing import (
+    RoutingVotes,
+    _vote_shape,
+    as_routing_votes,
+    inverted_dot_product_routing,
+)
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_flag, check_positive_int
 
 __all__ = ["InvertedDotProductRouter"]
 
@@ -26,7 +32,9 @@ class InvertedDotProductRouter(Router):
 
     Raises:
         ValueError: ``iterations`` < 1, a non-positive ``out_dim``; (in ``forward``)
-            ``activations``, which this routing does not use.
+            ``activations``, which this routing does not use, or votes of another ``out_dim``.
+        TypeError: an ``elementwise_affine`` that is not a bool; (in ``forward``) votes not of
+            the layer norm's dtype (outside ``torch.autocast``).
     """
 
     name = "inverted_dot_product"
@@ -38,10 +46,22 @@ class InvertedDotProductRouter(Router):
         super().__init__()
         self.iterations = check_positive_int(iterations, "iterations")
         check_positive_int(out_dim, "out_dim")
+        check_flag(elementwise_affine, "elementwise_affine")
         self.norm = nn.LayerNorm(out_dim, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
+        votes = as_routing_votes(votes)
+        shape, size = _vote_shape(votes), self.norm.normalized_shape[0]
+        if shape is not None and shape[-1] != size:  # the layer norm's own error names no argument
+            raise ValueError(f"votes must have out_dim={size} features (the layer norm's), got shape {shape}")
+        weight = self.norm.weight
+        autocast = weight is not None and torch.is_autocast_enabled(weight.device.type)
+        if weight is not None and votes.dtype != weight.dtype and not autocast:
+            raise TypeError(
+                f"votes have dtype {votes.dtype} but the router's parameters are {weight.dtype}: convert "
+                f"the votes or the router, or run under torch.autocast"
+            )
         outputs, couplings = inverted_dot_product_routing(
             votes, iterations=self.iterations, normalization=self.norm
         )

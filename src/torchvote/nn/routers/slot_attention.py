@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import slot_attention
 from torchvote.nn.routers.slot import SlotUpdate
-from torchvote.validation import check_input_dtype, check_positive_int
+from torchvote.validation import check_flag, check_input_dtype, check_positive_int
 
 __all__ = ["SlotAttention"]
 
@@ -101,10 +101,12 @@ class SlotAttention(nn.Module):
         Raises:
             ValueError: if ``inputs`` is not ``(batch, inputs, input_dim)``, ``slots`` not
                 ``(batch, K, slot_dim)``, ``num_slots`` not a positive integer (or not ``slots``'
-                ``K``).
+                ``K``), a ``mask`` not boolean ``(batch, inputs)``.
             TypeError: ``inputs`` or ``slots`` not floating point or not of the parameters' dtype
-                (outside ``torch.autocast``).
+                (outside ``torch.autocast``), a ``mask`` that is not a tensor, a
+                ``return_attention`` that is not a bool.
         """
+        check_flag(return_attention, "return_attention")
         dtype, slot_dim = self.slots_mu.dtype, self.slots_mu.shape[-1]
         for name, tensor in (("inputs", inputs), ("slots", slots)):
             if tensor is None:
