@@ -83,11 +83,11 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         (["train", "smoke", "epochs=many"], "epochs: expected int, got 'many'"),
         (["train", "smoke", "optim.name=lion"], "'lion' is not one of: adam, adamw, sgd"),
         (["train", "smoke", "model.routers=3"], "valid keys: model.name, model.preset, model.image_size"),
-        (["train", "smoke", "data.name=cifar"], "unknown data set 'cifar'; known: ["),
+        (["train", "smoke", "data.name=cifar"], "data.name: unknown data set 'cifar'; data sets: addition"),
         (["train", "smoke", "stray"], "expected key=value after the preset, got 'stray'"),
         (["train"], "name a preset (torchvote list presets) or --resume RUN_DIR"),
-        (["train", "--resume", "/nonexistent/run"], "no checkpoint at /nonexistent/run"),
-        (["evaluate", "/nonexistent/run", "--on", "mnist"], "no checkpoint at /nonexistent/run"),
+        (["train", "--resume", "/nonexistent/run"], "--resume: /nonexistent/run does not exist"),
+        (["evaluate", "/nonexistent/run", "--on", "mnist"], "checkpoint: /nonexistent/run does not exist"),
         (["evaluate", "/nonexistent/run"], "name the data sets with --on; data sets: addition, affnist"),
         (["train", "smoke", "bf16=perhaps"], "bf16: expected bool, got 'perhaps'"),
         (["train", "smoke", "model.channels=8,x"], "model.channels[1]: expected int, got 'x'"),
@@ -144,7 +144,7 @@ def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys, m
     # a limit of 0 found no examples (a RuntimeError from an empty max); -3 dropped the last three
     for flag, value in (("--limit", "0"), ("--limit", "-3"), ("--batch-size", "0")):
         code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "mnist", flag, value)
-        assert code == 2 and f"{flag[2:].replace('-', '_')} must be a positive integer, got {value}" in err
+        assert code == 2 and f"{flag} must be a positive integer, got {value}" in err
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys):
@@ -286,3 +286,116 @@ def test_a_reader_that_leaves_early_is_no_error(tmp_path):
     child.stdout.close()  # `torchvote list | head -0`: the reader is gone before the first line
     _, err = child.communicate(timeout=120)
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+
+
+# --- found by a new user's audit of the command line: each failed before its fix -----------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # the later value won without a word, and a bad earlier one was never checked
+        (["train", "smoke", "epochs=1", "epochs=2"], "epochs is set twice ('epochs=1', then 'epochs=2')"),
+        (["train", "smoke", "progress=maybe", "progress=false"], "progress is set twice"),
+        (["main", "--no-report", "max_steps=1", "epochs=1", "epochs=2"], "epochs is set twice"),
+        (
+            ["train", "capsnet-mnist", "model.router_options={bias: true}", "model.router_options.bias=0"],
+            "model.router_options.bias is set twice",
+        ),
+        (
+            ["train", "capsnet-mnist", "model.router_options.bias=1", "model.router_options={bias: 0}"],
+            "model.router_options is set twice",  # the mapping replaced the key set before it
+        ),
+        # an unreadable mapping was a yaml.parser.ParserError traceback
+        (
+            ["train", "capsnet-mnist", "model.router_options={iterations: 2"],
+            "model.router_options: cannot read '{iterations: 2' as a value",
+        ),
+        (["train", "smoke", "data.options.size={a:"], "data.options.size: cannot read '{a:' as a value"),
+        # an unclosed list was read as a data set named '[mnist'
+        (["train", "smoke", "eval_on=[mnist"], "eval_on: expected comma-separated strs, got '[mnist'"),
+        # data sets named by their key at load ("name: unknown data set ...; known: [...]" mid-run)
+        (["train", "smoke", "data.eval_name=cifar"], "data.eval_name: unknown data set 'cifar'; data sets: "),
+        (["train", "smoke", "eval_on=[mnist,cifar:x=1]"], "eval_on entry 'cifar:x=1': unknown data set"),
+        (["train", "smoke", "data.eval_split=dev"], "data.eval_split: 'dev' is not a split of 'small-digits"),
+        (["train", "smoke", "optim.lr=${nothing}"], "optim.lr: Interpolation key 'nothing' not found"),
+        # "Overflow when unpacking long long" from torch.manual_seed, at the first step
+        (["train", "smoke", f"seed={2**64}"], f"seed must be an integer in [0, 2**64), got {2**64}"),
+        # --resume of what is not a run folder
+        (["train", "--resume", ""], "--resume: expected a run folder, got ''"),
+        # evaluate names the option, and checks it before reading the checkpoint
+        (["evaluate", "/nonexistent/run", "--on", "cifar"], "--on: unknown data set 'cifar'; data sets: "),
+        (["evaluate", "/nonexistent/run", "--on", "mnist:canvas"], "--on entry 'mnist:canvas': options must"),
+        (["evaluate", "/nonexistent/run", "--on", "mnist", "--limit", "0"], "--limit must be a positive"),
+        (["evaluate", "/nonexistent/run", "--on", "mnist", "--device", "gpu"], "--device must be auto, cpu"),
+        (["reproduce", "capsnet-routing", "--dry-run", "--device", "gpu"], "--device must be auto, cpu"),
+    ],
+)
+def test_audit_bad_input_is_one_line_naming_the_argument(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)  # what the old code trained on went to ./runs
+    code, out, err = run(capsys, *argv)
+    assert code == 2, err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and "checkpoint:" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "smoke", "--bogus"], "train: error: unrecognized arguments: --bogus (see torchvote train"),
+        (["bench"], "the following arguments are required: name (see"),  # was "required: name, args"
+        (["train", "smoke", "device=cpu", "--device", "cpu"], "--device and device= both given"),
+    ],
+)
+def test_usage_errors_name_the_subcommand_and_only_what_is_required(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_takes_only_a_run_folder_and_leaves_it_where_it_is(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
+    weights = next((run_dir / "checkpoints").glob("*.safetensors"))
+    a_folder = tmp_path / "notes"
+    a_folder.mkdir()
+    resume_in = f"resume its run folder: --resume {run_dir}"
+    cases = [
+        # a missing folder was read as a checkpoint stem: "no checkpoint at X: X.safetensors ..."
+        ([str(tmp_path / "missing")], f"--resume: {tmp_path / 'missing'} does not exist"),
+        ([str(a_folder)], "is not a run folder (no checkpoints/ or config.yaml in it)"),
+        # a checkpoint file: "[Errno 17] File exists"
+        ([str(weights)], f"is a file, expected the folder of a run; {resume_in}"),
+        # the checkpoints folder: a second run nested inside it, its metrics apart from the run's
+        ([str(run_dir / "checkpoints")], f"is a run's checkpoints folder; {resume_in}"),
+        # run_dir= and out_dir= were ignored without a word
+        ([str(run_dir), f"run_dir={tmp_path / 'elsewhere'}"], "run_dir: a resumed run stays in its folder"),
+        ([str(run_dir), f"out_dir={tmp_path / 'elsewhere'}"], "out_dir: a resumed run stays in its folder"),
+        ([str(run_dir), "max_steps=2", "max_steps=3"], "max_steps is set twice"),
+    ]
+    saved = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    for extra, message in cases:
+        code, _, err = run(capsys, "train", "--resume", *extra, *FAST)
+        assert code == 2 and message in err, err
+        assert len(err.strip().splitlines()) == 1, err
+        assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == saved, extra
+    # run_dir= naming the run's own folder is no change
+    argv = ["train", "--resume", str(run_dir), f"run_dir={run_dir}", "max_steps=2", *FAST]
+    code, out, err = run(capsys, *argv)
+    assert code == 0 and "step-00000002.safetensors" in out, err
+    assert not (run_dir / "checkpoints" / "checkpoints").exists()
+
+
+def test_a_yaml_preset_without_the_suffix_runs_inside_out_dir(tmp_path, capsys, monkeypatch):
+    """A preset file named without .yaml kept its whole path as the preset's name, so its run
+    folder <out_dir>/<preset>-<time> was the file's own path plus a time: beside the file."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "mine").write_text("model:\n  name: cnn-baseline\n  preset: tiny\ndata:\n  limit: 200\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "train", str(configs / "mine"), "max_steps=1", "out_dir=runs", *FAST)
+    assert code == 0, err
+    assert [p.name[: len("mine-")] for p in (tmp_path / "runs").iterdir()] == ["mine-"]
+    assert sorted(p.name for p in configs.iterdir()) == ["mine"]

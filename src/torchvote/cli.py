@@ -11,12 +11,14 @@
     torchvote reproduce NAME [--budget cpu|paper] [--seeds 0 1 2]   # a row of docs/results.md
     torchvote list [models|routers|presets|datasets]
     torchvote data [list|mnist|affnist|shakespeare] [--download] [--verify]
-    torchvote bench attention|routing|training [args ...]
+    torchvote explain [SENTENCE ...] [--checkpoint RUN_DIR]          # offline HTML report
+    torchvote bench attention|em|generation|routing|training [args ...]
 
 The same ``train`` command runs on N processes with
 ``torchrun --nproc_per_node=N -m torchvote.cli train PRESET ...`` (``batch_size`` is global).
 
-A bad name, key or value prints one line saying what exists and exits with status 2; missing data
+A bad name, key or value prints one line saying what exists and exits with status 2 (a key given
+twice, too: ``epochs=1 epochs=2`` is refused, not settled by order); missing data
 prints where it was looked for and the command that provides it (status 1); a run stopped with
 Ctrl-C saves a checkpoint and exits with status 130. ``TORCHVOTE_DEBUG=1`` shows tracebacks.
 """
@@ -74,11 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="PRESET [key=value ...]",
         help="a shipped preset (torchvote list presets) or a .yaml file, then overrides "
-        "such as epochs=3 optim.lr=3e-4 model.dropout=0.2",
+        "such as epochs=3 optim.lr=3e-4 model.dropout=0.2 (each key once)",
     )
     train.add_argument("--device", help="auto (cuda if available), cpu, cuda or cuda:<index>")
     train.add_argument(
-        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint"
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (the folder holding checkpoints/) from its latest "
+        "checkpoint; overrides may change only what does not change the weights (epochs, eval_on ...)",
     )
 
     evaluate = commands.add_parser("evaluate", help="evaluate a checkpoint on test sets")
@@ -93,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--limit", type=int, help="evaluate on the first N examples only (N tokens of a text stream)"
     )
-    evaluate.add_argument("--batch-size", type=int, default=500)
+    evaluate.add_argument("--batch-size", type=int, default=500, help="examples per batch (default: 500)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
     evaluate.add_argument("--bf16", action="store_true", help="evaluate under bfloat16 autocast")
     evaluate.add_argument("--root", help="folder of the data files (MNIST IDX files ...)")
@@ -110,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = commands.add_parser("data", help="prepare and verify the offline data")
     data.add_argument(
-        "dataset", nargs="?", default="list", choices=("list", "mnist", "affnist", "shakespeare")
+        "dataset",
+        nargs="?",
+        default="list",
+        choices=("list", "mnist", "affnist", "shakespeare"),
+        help="list: where each data set comes from (default); mnist, affnist, shakespeare: the "
+        "data sets read from files (the others are generated)",
     )
     data.add_argument("--download", action="store_true", help="download the files (needs the internet)")
     data.add_argument("--verify", action="store_true", help="load the data and check its size and contents")
@@ -140,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reproduce.add_argument("--out", default="runs/reproduce", help="where runs and summaries go")
     reproduce.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
-    reproduce.add_argument("--dry-run", action="store_true", help="print the training commands only")
+    reproduce.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the training commands only (as they would run: run folder and device included; "
+        "runs that finished earlier are marked '# finished')",
+    )
 
     explain = commands.add_parser(
         "explain", help="write an offline HTML report of attention and routing (pretrained encoder)"
@@ -149,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="run a benchmark script from benchmarks/")
     bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the benchmark script")
+    rest = bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the benchmark script")
+    rest.required = False  # argparse makes a REMAINDER positional required: "required: name, args"
     return parser
 
 
@@ -169,13 +185,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    prog = f"{parser.prog} {args.command}"
     if extra:  # overrides after an option (train PRESET --resume DIR epochs=3) are still overrides
         target = {"train": "args", "main": "overrides"}.get(args.command)
         if target is None or any(item.startswith("-") for item in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.exit(
+                EXIT_USAGE,
+                f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n",
+            )
         setattr(args, target, [*getattr(args, target), *extra])
     if args.command in ("train", "main") and args.device is not None:  # --device X: device=X
         target = "args" if args.command == "train" else "overrides"
+        if any(item.partition("=")[0].strip() == "device" for item in getattr(args, target)):
+            parser.exit(EXIT_USAGE, f"{prog}: error: --device and device= both given; give one\n")
         setattr(args, target, [*getattr(args, target), f"device={args.device}"])
     handlers = {
         "main": _main_job,
@@ -225,15 +247,99 @@ def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
             preset = value
         else:
             raise ConfigError(f"expected key=value after the preset, got {value!r}")
+    _check_keys_given_once(overrides)
     return preset, overrides
+
+
+def _override_key(text: str) -> str:
+    from torchvote.training.config import parse_override
+
+    parts, _ = parse_override(text)
+    return ".".join(part.strip() for part in parts)
+
+
+def _keys_below(key: str, value: object) -> list[str]:
+    """The dotted keys a ``{mapping}`` value sets below ``key`` (``[]`` for any other value)."""
+    if not isinstance(value, dict):
+        return []
+    keys = []
+    for name, inner in value.items():
+        keys += _keys_below(f"{key}.{name}", inner) or [f"{key}.{name}"]
+    return keys
+
+
+def _check_keys_given_once(overrides: Sequence[str]) -> None:
+    """Refuse a key set twice: ``epochs=1 epochs=2``, a key inside a mapping set before
+    (``model.router_options={bias: true} model.router_options.bias=false``), or a whole mapping
+    that replaces keys set before it. The later one won without a word, and a bad earlier value
+    (``progress=maybe progress=false``) was never checked. Keys a mapping does not name may still
+    be added one by one after it."""
+    from torchvote.training.config import ConfigError, parse_override
+    from torchvote.training.keyvalue import parse_value
+
+    seen: dict[str, str] = {}  # dotted key -> the text that set it
+    for text in overrides:
+        key = _override_key(text)
+        raw = parse_override(text)[1]
+        below = _keys_below(key, parse_value(raw, key)) if raw.startswith("{") else []
+        clash = next(
+            (earlier for other, earlier in seen.items()
+             if other == key or other in below or other.startswith(f"{key}.")),
+            None,
+        )
+        if clash is not None:
+            raise ConfigError(f"{key} is set twice ({clash!r}, then {text!r}); give each key once")
+        seen.update(dict.fromkeys([key, *below], text))
+
+
+def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
+    """``--resume`` names a run's folder (the one holding ``checkpoints/`` and ``config.yaml``)
+    and the overrides leave it there.
+
+    A checkpoints folder or a checkpoint file resumed into a new run nested inside it (or failed
+    with "File exists"), a missing folder read as a checkpoint's stem, and ``run_dir=`` /
+    ``out_dir=`` were ignored without a word.
+    """
+    from torchvote.training.config import ConfigError
+
+    path = Path(run_dir)
+    if not run_dir.strip():
+        raise ConfigError("--resume: expected a run folder, got ''")
+    if not path.exists():
+        raise ConfigError(f"--resume: {run_dir} does not exist; expected the folder of a run")
+    if not path.is_dir():
+        in_checkpoints = path.parent.name == "checkpoints"
+        hint = f"; resume its run folder: --resume {path.parent.parent}" if in_checkpoints else ""
+        raise ConfigError(f"--resume: {run_dir} is a file, expected the folder of a run{hint}")
+    if not (path / "checkpoints").is_dir() and not (path / "config.yaml").is_file():
+        if (path / "latest").is_file():
+            raise ConfigError(
+                f"--resume: {run_dir} is a run's checkpoints folder; resume its run folder: "
+                f"--resume {path.resolve().parent}"
+            )
+        raise ConfigError(f"--resume: {run_dir} is not a run folder (no checkpoints/ or config.yaml in it)")
+    for text in overrides:
+        key = _override_key(text)
+        if key in ("run_dir", "out_dir"):
+            value = text.partition("=")[2].strip()
+            if key == "out_dir" or not value or Path(value).resolve() != path.resolve():
+                raise ConfigError(f"{key}: a resumed run stays in its folder ({run_dir}); omit {key}=")
 
 
 def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
     """Train; on rank 0, say where the checkpoint, metrics and plots went (and, with ``explain``,
     write the ``torchvote explain`` report of the trained model beside them)."""
+    from torchvote.data import list_datasets
     from torchvote.training import train
+    from torchvote.training.config import ConfigError
+    from torchvote.training.keyvalue import parse_entry
     from torchvote.training.plots import plot_run
 
+    known = list_datasets()
+    for entry in config.eval_on:  # named by key (the run says "name: unknown data set ...")
+        if (name := parse_entry(entry, "eval_on")[0]) not in known:
+            listed = ", ".join(known)
+            raise ConfigError(f"eval_on entry {entry!r}: unknown data set {name!r}; data sets: {listed}")
     result = train(config, resume=resume)
     if result.interrupted:
         return EXIT_INTERRUPTED
@@ -264,6 +370,7 @@ def _train(args: argparse.Namespace) -> int:
         if preset is None:
             raise ConfigError("name a preset (torchvote list presets) or --resume RUN_DIR")
         return _run_training(load_config(preset, overrides), None)
+    _check_resume(args.resume, overrides)
     config = load_run_config(args.resume, overrides)
     if preset is not None and load_config(preset).preset != config.preset:
         raise ConfigError(
@@ -276,6 +383,7 @@ def _train(args: argparse.Namespace) -> int:
 def _main_job(args: argparse.Namespace) -> int:
     from torchvote.training.config import load_config
 
+    _check_keys_given_once(args.overrides)
     config = load_config("main", args.overrides)
     return _run_training(config, None, explain=not args.no_report)
 
@@ -284,17 +392,33 @@ def _main_job(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from torchvote.data import list_datasets
+    from torchvote.training.distributed import check_device_name
     from torchvote.training.evaluate import checkpoint_summary, evaluate_checkpoint
-    from torchvote.training.keyvalue import parse_options, split_entries
+    from torchvote.training.keyvalue import parse_entry, parse_options, split_entries
     from torchvote.training.metrics import format_table
+    from torchvote.validation import check_positive_int
 
+    known = list_datasets()
     datasets = split_entries(args.on or [])
     if not datasets:
-        from torchvote.data import list_datasets
-
-        raise ValueError(f"name the data sets with --on; data sets: {', '.join(list_datasets())}")
-
+        raise ValueError(f"name the data sets with --on; data sets: {', '.join(known)}")
+    # every argument is checked before the checkpoint is read, each named by its option
+    for entry in datasets:
+        name, _ = parse_entry(entry, "--on")
+        if name not in known:
+            raise ValueError(f"--on: unknown data set {name!r}; data sets: {', '.join(known)}")
+    if args.limit is not None:
+        check_positive_int(args.limit, "--limit")
+    check_positive_int(args.batch_size, "--batch-size")
+    check_device_name(args.device, "--device")
     options = parse_options(args.data_option, "--data-option")
+    location = Path(args.checkpoint)
+    if not location.exists() and not Path(f"{args.checkpoint}.safetensors").is_file():
+        raise ValueError(
+            f"checkpoint: {args.checkpoint} does not exist; expected a run folder, its checkpoints "
+            "folder or a .safetensors file"
+        )
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
     rows = evaluate_checkpoint(
         args.checkpoint,
@@ -314,13 +438,16 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from torchvote.experiments import check_request, get_row, list_rows, reproduce, train_command
+    from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of, train_command
+    from torchvote.experiments.runner import RESULT_FILE
+    from torchvote.training.distributed import check_device_name
 
     if args.list or args.name is None:
         for row in list_rows().values():
             print(f"{row.letter}  {row.name:24s} {row.title}")
         return 0
     row = get_row(args.name)
+    check_device_name(args.device, "--device")
     request = {
         "budget": args.budget,
         "seeds": args.seeds,
@@ -332,9 +459,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         seeds, variants = check_request(row, **request)
         if row.measure is not None:
             print(f"{row.name} trains nothing: it measures ({row.title}), in this process")
-        for variant in variants:
+        for variant in variants:  # the commands as the run makes them: its run folder and device
             for seed in seeds:
-                print(train_command(row, variant, args.budget, seed))
+                run_dir = run_dir_of(args.out, row, args.budget, variant, seed)
+                command = train_command(row, variant, args.budget, seed, run_dir=run_dir, device=args.device)
+                print(f"# finished: {command}" if (run_dir / RESULT_FILE).is_file() else command)
         return 0
     try:
         summary = reproduce(row, **request)

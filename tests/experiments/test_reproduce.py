@@ -174,14 +174,16 @@ def test_cli_lists_rows_and_prints_the_training_commands(capsys):
     assert all(name in listed for name in list_rows())
     assert main(["reproduce", "capsnet-routing", "--dry-run", "--seeds", "4"]) == 0
     commands = capsys.readouterr().out.strip().splitlines()
-    assert len(commands) == 4 and all(c.endswith(" seed=4") for c in commands)
+    in_out = " seed=4 run_dir=runs/reproduce/capsnet-routing/cpu/"
+    assert len(commands) == 4 and all(in_out in c for c in commands)
     # --variant narrows the dry run as it narrows a run (it listed every variant before)
     argv = ["reproduce", "router-swap", "--dry-run", "--variant", "uniform / MNIST", "--seeds", "1"]
     assert main(argv) == 0
     commands = capsys.readouterr().out.strip().splitlines()
-    assert commands == [train_command(get_row("router-swap"),
-                                      next(v for v in get_row("router-swap").variants
-                                           if v.label == "uniform / MNIST"), "cpu", 1)]
+    row = get_row("router-swap")
+    variant = next(v for v in row.variants if v.label == "uniform / MNIST")
+    run_dir = run_dir_of("runs/reproduce", row, "cpu", variant, 1)
+    assert commands == [train_command(row, variant, "cpu", 1, run_dir=run_dir)]
     assert main(["reproduce", "capsnet-routing", "--dry-run", "--variant", "nothing"]) == 2
     assert main(["reproduce", "no-such-row"]) == 2
 
@@ -196,6 +198,40 @@ def test_dry_run_commands_survive_a_shell():
         assert "'eval_on=[affnist-style]'" in command
 
 
+def test_dry_run_prints_what_the_run_trains_where_it_trains_it(capsys, tmp_path, monkeypatch):
+    """The dry run's lines left out the run folder and --device: run as printed, they trained into
+    runs/<preset>-<time> (never summarised) on whatever device `auto` found."""
+    out = tmp_path / "reproduced"
+    argv = ["reproduce", "capsnet-routing", "--dry-run", "--seeds", "0", "--out", str(out), "--device", "cpu"]
+    assert main(argv) == 0
+    commands = [shlex.split(line) for line in capsys.readouterr().out.strip().splitlines()]
+    row = get_row("capsnet-routing")
+    assert len(commands) == len(row.variants)
+    trained = []  # what reproduce() itself loads, for the same request
+    monkeypatch.setattr("torchvote.experiments.runner.load_config", lambda p, o: trained.append([p, *o]))
+    monkeypatch.setattr("torchvote.training.train", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    for variant, command in zip(row.variants, commands, strict=True):
+        run_dir = run_dir_of(out, row, "cpu", variant, 0)
+        assert command[-2:] == [f"run_dir={run_dir}", "device=cpu"]
+        with pytest.raises(KeyboardInterrupt):
+            reproduce(row, seeds=[0], out_dir=out, device="cpu", variants=[variant.label], echo=print)
+        assert trained[-1] == command[2:]  # preset and overrides, exactly as printed
+    capsys.readouterr()
+    # a finished run is marked: rerunning skips it
+    finished = run_dir_of(out, row, "cpu", row.variants[0], 0)
+    finished.mkdir(parents=True)
+    (finished / "result.json").write_text("{}")
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("# finished: torchvote train") and not lines[1].startswith("#")
+
+
+def test_an_empty_variant_filter_is_refused(capsys):
+    # `--variant ''` is in every label: it ran every variant as if no filter were given
+    assert main(["reproduce", "capsnet-routing", "--dry-run", "--variant", ""]) == 2
+    assert "variants: an empty text matches every label" in capsys.readouterr().err
+
+
 def test_rows_are_found_by_their_letter_when_it_is_theirs_alone():
     assert get_row("h").name == "pretrained-routing"
     with pytest.raises(ValueError, match="row 'e' has several experiments; name one: em-iterations, em-"):
@@ -207,7 +243,7 @@ def test_rows_are_found_by_their_letter_when_it_is_theirs_alone():
     [
         (["--seeds", "-1"], "seeds must be an integer >= 0, got -1"),
         (["--seeds", "0", "0"], "seeds must be distinct, got [0, 0]"),
-        (["--device", "tpu"], "device must be auto, cpu, cuda or cuda:<index>, got 'tpu'"),
+        (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:<index>, got 'tpu'"),
         (["--budget", "paper", "--variant", "nothing"], "variants: none of ['nothing']"),
     ],
 )

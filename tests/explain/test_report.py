@@ -213,3 +213,27 @@ def test_literal_text_shows_dollars_as_they_are():
     figure.canvas.draw()  # raised ValueError (a mathtext parse error) without the escape
     assert text.get_text() == r"\$\frac{1 and \$5"
     plt.close(figure)
+
+
+def test_command_keeps_a_page_it_did_not_write(tmp_path, capsys):
+    """``--out`` naming a folder with a user's own index.html (``--out .``) overwrote it; a file
+    as ``--out`` was "[Errno 17] File exists"."""
+    from torchvote.cli import main
+
+    page = tmp_path / "index.html"
+    page.write_text("<html>my notes</html>")
+    assert main(["explain", "a sentence", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: {page} exists and is not a torchvote explain report" in err
+    assert page.read_text() == "<html>my notes</html>"
+    assert main(["explain", "a sentence", "--out", str(page)]) == 2
+    assert f"--out: {page} is a file; expected a folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html"]
+
+
+def test_command_rewrites_its_own_page(tmp_path):
+    from torchvote.explain import command
+    from torchvote.explain.report import HtmlReport
+
+    HtmlReport(command._TITLE, tmp_path).write()
+    command._check_out_dir(tmp_path)  # a page the command wrote is rewritten, not refused

@@ -402,3 +402,59 @@ def test_split_entries_keeps_options_with_their_data_set(values, expected):
     from torchvote.training.keyvalue import split_entries
 
     assert split_entries(values) == expected
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # found when the run reached them, as "name: unknown data set 'x'; known: [...]"
+        ("data.name=cifar", "data.name: unknown data set 'cifar'; data sets: addition, affnist"),
+        ("data.eval_name=cifar", "data.eval_name: unknown data set 'cifar'; data sets: "),
+        ("data.eval_split=dev", "data.eval_split: 'dev' is not a split of 'small-digits'; splits: train"),
+        # an unclosed bracket made a data set named '[mnist'
+        ("eval_on=[mnist", "eval_on: expected comma-separated strs, got '[mnist' (unbalanced brackets)"),
+        ("eval_on=mnist]", "eval_on: expected comma-separated strs, got 'mnist]'"),
+        # an unreadable mapping was a yaml.parser.ParserError traceback
+        ("data.options={size: 3", "data.options: cannot read '{size: 3' as a value"),
+        ("data.options.size={a:", "data.options.size: cannot read '{a:' as a value"),
+        # OmegaConf's own message did not say which key
+        ("optim.lr=${nothing}", "optim.lr: Interpolation key 'nothing' not found"),
+        # torch.manual_seed's "Overflow when unpacking long long", at the first step
+        (f"seed={2**64}", f"seed must be an integer in [0, 2**64), got {2**64}"),
+    ],
+)
+def test_audit_values_are_refused_at_load_naming_their_key(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config("smoke", [override])
+    assert message in str(error.value)
+
+
+def test_the_largest_seed_torch_takes_loads():
+    assert load_config("smoke", [f"seed={2**64 - 1}"]).seed == 2**64 - 1
+
+
+def test_an_unreadable_value_names_its_key_wherever_it_is_read():
+    from torchvote.training.keyvalue import parse_entry, parse_options, parse_value
+
+    with pytest.raises(ConfigError, match=r"^x: cannot read '\[1, 2' as a value"):
+        parse_value("[1, 2", "x")
+    with pytest.raises(ConfigError, match=r"^--data-option: ranges: cannot read"):
+        parse_options(["ranges={a: 1"], "--data-option")
+    with pytest.raises(ConfigError, match=r"^eval_on entry 'affnist-style:ranges=\[1': ranges: cannot read"):
+        parse_entry("affnist-style:ranges=[1", "eval_on")
+    with pytest.raises(ConfigError, match=r"^model.router_options: cannot read"):
+        load_config("capsnet-mnist", ["model.router_options={iterations: 2"])
+
+
+def test_a_preset_file_without_the_suffix_is_named_by_its_stem(tmp_path):
+    """Its whole path was the preset's name, and the run folder <out_dir>/<preset>-<time> was then
+    the file's path plus a time (an absolute path ignores out_dir)."""
+    path = tmp_path / "configs" / "mine"
+    path.parent.mkdir()
+    path.write_text("epochs: 3\n")
+    config = load_config(str(path))
+    assert config.epochs == 3 and config.preset == "mine"
+    yaml_path = tmp_path / "configs" / "other.yml"
+    yaml_path.write_text("epochs: 2\n")
+    assert load_config(str(yaml_path)).preset == "other"
+    assert load_config("smoke").preset == "smoke"

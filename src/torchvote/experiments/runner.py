@@ -64,7 +64,15 @@ def run_dir_of(out_dir: str | Path, row: Row, budget: str, variant: Variant, see
     return Path(out_dir) / row.name / budget / _slug(variant.label) / f"seed-{seed}"
 
 
-def train_command(row: Row, variant: Variant, budget: str, seed: int) -> str:
+def train_command(
+    row: Row,
+    variant: Variant,
+    budget: str,
+    seed: int,
+    *,
+    run_dir: str | Path | None = None,
+    device: str = "auto",
+) -> str:
     """The ``torchvote train`` line that makes one run of a row (for the docs and ``--dry-run``),
     quoted for a POSIX shell (``eval_on=[...]`` is a glob pattern to zsh).
 
@@ -72,7 +80,11 @@ def train_command(row: Row, variant: Variant, budget: str, seed: int) -> str:
         row: the experiment.
         variant: the configuration: its preset and overrides.
         budget: ``cpu`` or ``paper``; its overrides follow the variant's.
-        seed: the run's seed (the last override, ``seed=<seed>``).
+        seed: the run's seed (``seed=<seed>``, the last override unless ``run_dir`` or ``device``
+            follow).
+        run_dir: the run's folder (``run_dir=``, as :func:`reproduce` trains it, see
+            :func:`run_dir_of`); ``None`` leaves it out (the docs' lines).
+        device: ``device=`` unless ``auto``.
 
     Returns:
         The command line.
@@ -80,7 +92,21 @@ def train_command(row: Row, variant: Variant, budget: str, seed: int) -> str:
     Raises:
         ValueError: ``budget`` is not one of the row's budgets.
     """
-    return shlex.join(["torchvote", "train", variant.preset, *row.overrides(variant, budget, seed)])
+    overrides = _run_overrides(row, variant, budget, seed, run_dir, device)
+    return shlex.join(["torchvote", "train", variant.preset, *overrides])
+
+
+def _run_overrides(
+    row: Row, variant: Variant, budget: str, seed: int, run_dir: str | Path | None, device: str
+) -> list[str]:
+    """The overrides of one run: the row's, then its folder and device (the one list that both
+    :func:`train_command` prints and :func:`reproduce` trains)."""
+    overrides = row.overrides(variant, budget, seed)
+    if run_dir is not None:
+        overrides.append(f"run_dir={run_dir}")
+    if device != "auto":
+        overrides.append(f"device={device}")
+    return overrides
 
 
 def check_request(
@@ -143,10 +169,7 @@ def _train_one(
     """Train (or resume) one run; ``None`` if it was interrupted."""
     from torchvote.training import train
 
-    overrides = [*row.overrides(variant, budget, seed), f"run_dir={run_dir}"]
-    if device != "auto":
-        overrides.append(f"device={device}")
-    config = load_config(variant.preset, overrides)
+    config = load_config(variant.preset, _run_overrides(row, variant, budget, seed, run_dir, device))
     resume = None
     if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
         _, state, _ = find_resumable_checkpoint(run_dir)
@@ -180,8 +203,11 @@ def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
         The chosen variants, in the row's order.
 
     Raises:
-        ValueError: ``texts`` match no label.
+        ValueError: ``texts`` match no label, or one is empty (it would match every label).
     """
+    if any(not text.strip() for text in texts):  # `--variant ''` ran every variant without a word
+        labels = [v.label for v in row.variants]
+        raise ValueError(f"variants: an empty text matches every label; give part of one of {labels}")
     chosen = [v for v in row.variants if not texts or any(text in v.label for text in texts)]
     if not chosen:
         labels = [v.label for v in row.variants]

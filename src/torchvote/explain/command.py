@@ -57,6 +57,29 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+_TITLE = "torchvote explain: attention as weighted voting"
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """``--out`` is a folder, or will be one, and its ``index.html``, if any, is a report this
+    command wrote (rewritten on each run): a user's own page there (``--out .``) was overwritten.
+
+    Raises:
+        ValueError: naming ``--out`` and what is in the way.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out: {out_dir} is a file; expected a folder for index.html and the pictures")
+    page = out_dir / "index.html"
+    if page.exists():
+        with open(page, "rb") as file:
+            head = file.read(4096)
+        if f"<title>{_TITLE}</title>".encode() not in head:
+            raise ValueError(
+                f"--out: {page} exists and is not a torchvote explain report; it would be "
+                "overwritten: choose another folder"
+            )
+
+
 def run_explain(args: argparse.Namespace) -> int:
     """Write the report; print its path. Returns 0, or 2 on bad input or a missing dependency.
 
@@ -69,7 +92,8 @@ def run_explain(args: argparse.Namespace) -> int:
     from torchvote.explain.report import HtmlReport
 
     try:
-        report = HtmlReport("torchvote explain: attention as weighted voting", Path(args.out))
+        _check_out_dir(Path(args.out))
+        report = HtmlReport(_TITLE, Path(args.out))
         record = None
         if args.checkpoint is not None:
             from torchvote.explain.record import load_record
@@ -97,10 +121,11 @@ def run_explain(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as error:
         print(f"torchvote explain: missing optional dependency: {error}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, FileNotFoundError) as error:
+    except (ValueError, TypeError, OSError) as error:
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
-        print(f"torchvote explain: error: {error}", file=sys.stderr)
+        message = " ".join(str(error).split())  # one line
+        print(f"torchvote explain: error: {message}", file=sys.stderr)
         return 2
     print(f"report: {path.resolve()}")
     return 0

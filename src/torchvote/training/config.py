@@ -100,12 +100,52 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
     try:
         config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), checked))
     except OmegaConfBaseException as err:  # a __post_init__ check, raised inside OmegaConf
-        cause = err.__cause__ if isinstance(err.__cause__, ValueError) else err
-        raise ConfigError(str(cause).splitlines()[0]) from None
+        if isinstance(err.__cause__, ValueError):
+            raise ConfigError(str(err.__cause__).splitlines()[0]) from None
+        # anything else OmegaConf refuses (an interpolation `${name}` of no key) names its key
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"{key + ': ' if key else ''}{str(err).splitlines()[0]}") from None
     assert isinstance(config, TrainConfig)
     config.model.overrides = _typed_model_overrides(config.model)
     build_model_config(config.model)  # the model config's own checks, once, at load time
+    _check_data_names(config)
+    if config.seed >= _SEED_LIMIT:  # torch.manual_seed's limit: it failed at the first step, unnamed
+        raise ConfigError(f"seed must be an integer in [0, 2**64), got {config.seed}")
     return config
+
+
+#: Seeds run through ``torch.manual_seed``, which takes unsigned 64-bit integers.
+_SEED_LIMIT = 2**64
+
+
+def _check_data_names(config: TrainConfig) -> None:
+    """The data sets a config trains and evaluates on (``data.name``, ``data.eval_name``) exist,
+    and ``data.eval_split`` is a split of the evaluated one: checked at load, named by key, not
+    when the run reaches them. (``eval_on`` entries are checked by the run before it trains, and
+    by ``torchvote train`` by key.)
+
+    Raises:
+        ConfigError: naming the key, listing the data sets or splits.
+    """
+    from torchvote.data.registry import dataset_splits, list_datasets
+
+    known = list_datasets()
+
+    def check(name: str, key: str) -> None:
+        if name not in known:
+            raise ConfigError(f"{key}: unknown data set {name!r}; data sets: {', '.join(known)}")
+
+    data = config.data
+    check(data.name, "data.name")
+    if data.eval_name is not None:
+        check(data.eval_name, "data.eval_name")
+    evaluated = data.eval_name or data.name
+    splits = dataset_splits(evaluated)
+    if data.eval_split is not None and data.eval_split not in splits:
+        raise ConfigError(
+            f"data.eval_split: {data.eval_split!r} is not a split of {evaluated!r}; "
+            f"splits: {', '.join(splits)}"
+        )
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -253,10 +293,11 @@ def _set_override(values: dict[str, Any], parts: list[str], raw: str) -> None:
             cls = None
         if cls is None:  # the model's fields, or inside a free-form dict
             if last:
-                node[part] = raw if node is values["model"] else parse_value(raw)
+                node[part] = raw if node is values["model"] else parse_value(raw, key)
             else:
                 child = node.get(part)
-                child = parse_value(child) if isinstance(child, str) else dict(child or {})
+                here = f"{prefix}.{part}" if prefix else part
+                child = parse_value(child, here) if isinstance(child, str) else dict(child or {})
                 if not isinstance(child, dict):
                     raise ConfigError(f"{prefix}.{part} is not a section; cannot set {key}")
                 node[part] = node = child
@@ -346,7 +387,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         FileNotFoundError: never; a missing path is reported as a ConfigError.
     """
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
+    if _names_a_file(name_or_path):
         if not path.is_file():
             raise ConfigError(f"preset file {str(path)!r} does not exist")
         text = path.read_text(encoding="utf-8")
@@ -359,6 +400,13 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
             )
         text = entry.read_text(encoding="utf-8")
     return _read_yaml(text, name_or_path)
+
+
+def _names_a_file(name_or_path: str) -> bool:
+    """Whether a preset argument names a YAML file (a ``.yaml`` / ``.yml`` path, or any existing
+    file) rather than a shipped preset."""
+    path = Path(name_or_path)
+    return path.suffix in (".yaml", ".yml") or path.is_file()
 
 
 def _read_yaml(text: str, name: str) -> dict[str, Any]:
@@ -383,6 +431,6 @@ def load_config(preset: str | None = None, overrides: Iterable[str] = ()) -> Tra
         ConfigError: an unknown preset, key or value; the message lists what exists.
     """
     values = load_preset(preset) if preset is not None else {}
-    if preset is not None:
-        values.setdefault("preset", Path(preset).stem if Path(preset).suffix in (".yaml", ".yml") else preset)
+    if preset is not None:  # a file's name without its folders: the run folder is <out_dir>/<preset>-<time>
+        values.setdefault("preset", Path(preset).stem if _names_a_file(preset) else preset)
     return apply_overrides(config_from_dict(values), overrides)

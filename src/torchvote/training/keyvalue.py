@@ -22,6 +22,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Union
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -65,21 +66,31 @@ def parse_override(text: str) -> tuple[list[str], str]:
     return parts, value.strip()
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, key: str | None = None) -> Any:
     """A command-line value as OmegaConf reads a dotlist entry: ``3`` -> 3, ``1e-3`` -> 0.001,
     ``[0, 1]`` -> a list, ``{iterations: 2}`` (or ``{iterations:2}``) -> a dict, ``null`` -> None,
     anything else -> the text.
 
     Args:
         text: the value's text.
+        key: the dotted key it is the value of, named in the message when it cannot be read.
 
     Returns:
         The value: a scalar, list, dict, ``None`` or the text itself.
+
+    Raises:
+        ConfigError: text YAML cannot read (an unclosed ``{`` or ``[``), naming ``key``.
     """
+    given = text
     text = text.strip()
     if text.startswith("{") and text.endswith("}"):  # YAML wants a space after a mapping's colon
         text = re.sub(r":(?=\S)", ": ", text)
-    return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+    except (yaml.YAMLError, OmegaConfBaseException) as err:  # was a yaml traceback
+        problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+        where = f"{key}: " if key else ""
+        raise ConfigError(f"{where}cannot read {given!r} as a value ({problem})") from None
 
 
 def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
@@ -145,7 +156,7 @@ def parse_options(items: Iterable[str], what: str) -> dict[str, Any]:
             parts, raw = parse_override(item)
         except ConfigError:
             raise ConfigError(f"{what}: options must be key=value, got {item!r}") from None
-        options[".".join(parts)] = parse_value(raw)
+        options[".".join(parts)] = parse_value(raw, f"{what}: {'.'.join(parts)}")
     return options
 
 
@@ -209,9 +220,11 @@ def _prepare(value: Any, annotation: Any, key: str) -> Any:
         text = value.strip()
         if len(text) >= 2 and text[0] + text[-1] in ("()", "[]"):
             text = text[1:-1]
+        elif text[:1] in ("(", "[") or text[-1:] in (")", "]"):  # `[mnist` read as a data set name
+            raise ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r} (unbalanced brackets)")
         return split_entries([text])  # an eval_on entry keeps its key=value options together
     if annotation is Any or any(arm is dict or typing.get_origin(arm) is dict for arm in arms):
-        return parse_value(value)
+        return parse_value(value, key)
     if bool in arms and value.lower() not in _BOOL_WORDS:
         raise ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r}")
     return value
@@ -292,7 +305,7 @@ def coerce_value(value: Any, annotation: Any, key: str) -> Any:
         ConfigError: the value does not fit; the message names the key and the expected type.
     """
     if annotation is Any:
-        return parse_value(value) if isinstance(value, str) else value
+        return parse_value(value, key) if isinstance(value, str) else value
     holder = _holder(annotation)
     try:
         return typed_fields(holder, {"value": value})["value"]
