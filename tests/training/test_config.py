@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Literal
 
 import pytest
@@ -458,3 +459,16 @@ def test_a_preset_file_without_the_suffix_is_named_by_its_stem(tmp_path):
     yaml_path.write_text("epochs: 2\n")
     assert load_config(str(yaml_path)).preset == "other"
     assert load_config("smoke").preset == "smoke"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 2**64}, f"seed must be an integer in [0, 2**64), got {2**64}"),  # built in Python
+        ({"out_dir": ""}, "out_dir must name a folder, got ''"),  # '' put the runs in the working folder
+        ({"out_dir": "  "}, "out_dir must name a folder, got '  '"),
+    ],
+)
+def test_a_config_built_in_python_refuses_a_seed_torch_cannot_take_and_an_empty_out_dir(change, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        dataclasses.replace(TrainConfig(), **change)

@@ -109,13 +109,7 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
     config.model.overrides = _typed_model_overrides(config.model)
     build_model_config(config.model)  # the model config's own checks, once, at load time
     _check_data_names(config)
-    if config.seed >= _SEED_LIMIT:  # torch.manual_seed's limit: it failed at the first step, unnamed
-        raise ConfigError(f"seed must be an integer in [0, 2**64), got {config.seed}")
     return config
-
-
-#: Seeds run through ``torch.manual_seed``, which takes unsigned 64-bit integers.
-_SEED_LIMIT = 2**64
 
 
 def _check_data_names(config: TrainConfig) -> None:

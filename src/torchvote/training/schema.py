@@ -227,6 +227,10 @@ class TrainConfig:
                 check_positive_int(value, key, minimum=0)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        if self.seed >= 2**64:  # torch.manual_seed's limit: the first step failed, naming nothing
+            raise ConfigError(f"seed must be an integer in [0, 2**64), got {self.seed}")
+        if not isinstance(self.out_dir, str) or not self.out_dir.strip():  # '': runs in the working folder
+            raise ConfigError(f"out_dir must name a folder, got {self.out_dir!r}")
         for key, value in optional_positive.items():  # a limit of -5 would drop the last 5 examples
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ConfigError(f"{key} must be a positive integer or None, got {value!r}")
