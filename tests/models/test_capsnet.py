@@ -243,7 +243,7 @@ def test_bad_configs_name_the_field(overrides, message):
 
 def test_wrong_image_shape_is_a_clear_error():
     model = create_model("capsnet", "tiny")
-    with pytest.raises(ValueError, match=r"expected images of shape \(b, 1, 28, 28\), got \(2, 1, 36, 36\)"):
+    with pytest.raises(ValueError, match=r"images must have shape \(b, 1, 28, 28\), got \(2, 1, 36, 36\)"):
         model(torch.rand(2, 1, 36, 36))
     with pytest.raises(ValueError, match="targets must be"):
         model(torch.rand(2, 1, 28, 28), torch.zeros(3, dtype=torch.long))

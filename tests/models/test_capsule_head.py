@@ -108,3 +108,29 @@ def test_targets_that_are_not_class_indices_are_named(name):
     with pytest.raises(TypeError, match="targets must be a tensor of integer class indices.*list"):
         model(images, [3, 7])
     assert model(images, torch.tensor([3, 7])).reconstructions.shape == (2, 1, 28, 28)
+
+
+@pytest.mark.parametrize("name", ["capsnet", "efficient-capsnet"])
+def test_class_indices_outside_the_classes_are_named(name):
+    # F.one_hot in the decoder's mask raised "Class values must be smaller than num_classes",
+    # naming no argument (on a GPU: a device-side assert of a scatter).
+    model = create_model(name, "tiny")
+    images = torch.rand(2, 1, 28, 28)
+    for bad, ends in ((torch.tensor([3, 10]), "smallest 3, largest 10"),
+                      (torch.tensor([-1, 3]), "smallest -1, largest 3"),
+                      (torch.tensor([[3, 12], [1, 2]]), "smallest 1, largest 12")):
+        message = rf"targets holds class indices outside \[0, num_classes=10\): {ends}"
+        with pytest.raises(ValueError, match=message):
+            model(images, bad)
+    assert model(images, torch.tensor([[0, 9], [9, 0]])).reconstructions.shape == (2, 2, 1, 28, 28)
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_an_empty_batch_with_targets_gives_empty_outputs(name):
+    # (0,) targets failed to reshape to (0, -1): "cannot reshape tensor of 0 elements".
+    model = create_model(name, "tiny").train()
+    output = model(torch.rand(0, 1, 28, 28), torch.zeros(0, dtype=torch.long))
+    assert output.scores.shape == (0, 10)
+    if output.reconstructions is not None:
+        assert output.reconstructions.shape == (0, 1, 28, 28)
+    output.scores.sum().backward()

@@ -47,7 +47,7 @@ def test_geometry_follows_the_config(image_size, in_channels, num_classes, pool_
 
 def test_wrong_input_shape_is_a_clear_error():
     model = create_model("cnn-baseline", "tiny")
-    with pytest.raises(ValueError, match=r"expected images of shape \(b, 1, 28, 28\), got \(2, 1, 40, 40\)"):
+    with pytest.raises(ValueError, match=r"images must have shape \(b, 1, 28, 28\), got \(2, 1, 40, 40\)"):
         model(torch.rand(2, 1, 40, 40))
 
 

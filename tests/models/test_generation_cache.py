@@ -1,5 +1,10 @@
 """Generation with a key/value cache: the same tokens and logits as rerunning the whole prefix.
 
+Then what generation does at its edges, for every model that generates: seeded sampling draws the
+same tokens with and without the cache, prompts at the context limit, ``<eos>`` ending a sequence
+(padding after it, decoding stopping once every sequence has ended), ``max_new_tokens=0``, and a
+batch of sources of different lengths decoding each as if alone.
+
 For ``transformer-lm`` and ``transformer-seq2seq``, softmax and routing attention, learned and
 sinusoidal positions: greedy tokens of ``generate(use_cache=True)`` equal ``use_cache=False``
 (batch > 1, padded sources, beyond the LM's context), and the logits of every cached step equal
@@ -100,3 +105,90 @@ def test_seq2seq_routed_over_the_receivers_decodes_the_same_varied_tokens_with_a
     cached = model.generate(source, max_new_tokens=12)
     assert torch.equal(cached, model.generate(source, max_new_tokens=12, use_cache=False))
     assert cached.shape == (4, 13) and len(cached[:, 1:].unique()) >= 5
+
+
+@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
+@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, None), (0.7, 5), (2.0, 3)])
+def test_lm_sampled_tokens_with_and_without_cache_are_identical(attention, positional, temperature, top_k):
+    """Seeded sampling draws the same tokens both ways (past the context too)."""
+    model = _model("transformer-lm", attention, positional)
+    prompt = torch.randint(model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(7))
+    runs = [
+        model.generate(prompt, 40, temperature=temperature, top_k=top_k,
+                       generator=torch.Generator().manual_seed(11), use_cache=use_cache)
+        for use_cache in (True, False)
+    ]
+    assert torch.equal(*runs)
+    assert len(runs[0][:, 4:].unique()) > 3  # sampled, not one repeated token
+
+
+@pytest.mark.parametrize(("attention", "positional"), VARIANTS)
+def test_lm_prompts_at_the_context_limit_generate_the_same_with_and_without_cache(attention, positional):
+    model = _model("transformer-lm", attention, positional)
+    context = model.config.context_length
+    for length in (context - 1, context, context + 3):  # the cache fills at once, is never used, ...
+        prompt = torch.randint(model.config.vocab_size, (2, length),
+                               generator=torch.Generator().manual_seed(length))
+        for new_tokens in (0, 1, 5):
+            cached = model.generate(prompt, new_tokens, temperature=0.0)
+            assert cached.shape == (2, length + new_tokens) and torch.equal(cached[:, :length], prompt)
+            assert torch.equal(cached, model.generate(prompt, new_tokens, temperature=0.0, use_cache=False))
+
+
+def _forcing_eos(model, eos_step_of_row: list[int]):
+    """A hook on the output layer: row ``r``'s ``n``-th decoded token is ``<eos>`` at step
+    ``eos_step_of_row[r]``, a varied non-special token before."""
+    state = {"step": 0}
+    eos = model.config.eos_id
+
+    def hook(module, inputs, output):
+        output = output.clone()
+        step = state["step"]
+        state["step"] += 1
+        output[..., -1, :] = 0.0
+        output[..., -1, 5 + step % 3] = 1.0
+        for row, when in enumerate(eos_step_of_row):
+            if step == when:
+                output[row, -1, eos] = 10.0
+        return output
+
+    return state, model.output.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("name", ["transformer-seq2seq", "rnn-attention-seq2seq"])
+def test_seq2seq_generation_stops_at_eos_and_pads_after_it(name):
+    torch.manual_seed(0)
+    model = create_model(name, "tiny").eval()
+    config = model.config
+    source = torch.randint(3, config.src_vocab_size, (3, 5), generator=torch.Generator().manual_seed(0))
+    options = [{"use_cache": True}, {"use_cache": False}] if name == "transformer-seq2seq" else [{}]
+    for kwargs in options:
+        state, handle = _forcing_eos(model, [1, 2, 3])
+        try:
+            tokens = model.generate(source, max_new_tokens=10, **kwargs)
+        finally:
+            handle.remove()
+        assert tokens.shape == (3, 5)  # stops once every row has ended, not after 10
+        bos, eos, pad = config.bos_id, config.eos_id, config.pad_id
+        expected = torch.tensor([[bos, 5, eos, pad, pad], [bos, 5, 6, eos, pad], [bos, 5, 6, 7, eos]])
+        assert torch.equal(tokens, expected)
+        assert torch.equal(model.generate(source, max_new_tokens=0, **kwargs),
+                           torch.full((3, 1), config.bos_id))
+
+
+@pytest.mark.parametrize("name", ["transformer-seq2seq", "rnn-attention-seq2seq"])
+def test_seq2seq_a_batch_of_sources_of_different_lengths_decodes_each_as_alone(name):
+    torch.manual_seed(0)
+    model = create_model(name, "tiny", **({"tie_output": False} if name == "transformer-seq2seq" else {}))
+    model.eval()
+    with torch.no_grad():  # varied, long outputs (untrained, the tied layer repeats one token)
+        torch.nn.init.normal_(model.output.weight, std=1.0)
+    lengths = [8, 5, 2, 1]
+    source = torch.randint(3, model.config.src_vocab_size, (4, 8), generator=torch.Generator().manual_seed(1))
+    for row, length in enumerate(lengths):
+        source[row, length:] = model.config.pad_id
+    batched = model.generate(source, max_new_tokens=10)
+    for row, length in enumerate(lengths):
+        alone = model.generate(source[row : row + 1, :length], max_new_tokens=10)[0]
+        assert torch.equal(batched[row, : len(alone)], alone)
+        assert (batched[row, len(alone) :] == model.config.pad_id).all()

@@ -367,6 +367,74 @@ def test_bad_inputs_name_the_argument():
         seq2seq.decode(_targets(), memory, source_mask, cache={})
 
 
+@pytest.mark.parametrize("value", ["no", None, 0, 1])
+def test_switches_that_are_not_bools_are_refused_by_name(value):
+    # use_cache="no" decoded with the cache and need_weights="no" recorded the weights: truthiness.
+    lm, seq2seq = _model("transformer-lm"), _model("transformer-seq2seq")
+    rnn, vit = _model("rnn-attention-seq2seq"), _model("transformer-classifier")
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    calls = {
+        "use_cache": [lambda: lm.generate(prompt, 2, use_cache=value),
+                      lambda: seq2seq.generate(_sources(), max_new_tokens=2, use_cache=value)],
+        "need_weights": [lambda: lm(prompt, need_weights=value),
+                         lambda: seq2seq(_sources(), _targets(), need_weights=value),
+                         lambda: rnn(_sources(), _targets(), need_weights=value),
+                         lambda: vit(torch.rand(1, 1, 28, 28), need_weights=value)],
+    }
+    for argument, runs in calls.items():
+        for run in runs:
+            with pytest.raises(TypeError, match=f"{argument} must be True or False, got {value!r}"):
+                run()
+
+
+def test_lm_temperature_must_be_one_finite_number():
+    lm = _model("transformer-lm")
+    prompt = torch.randint(lm.config.vocab_size, (2, 4))
+    with pytest.raises(TypeError, match=r"temperature must be a number >= 0 .*tensor of shape \(2,\)"):
+        lm.generate(prompt, 2, temperature=torch.tensor([0.5, 1.0]))  # "ambiguous" RuntimeError
+    for bad in (float("inf"), float("nan"), -0.5):  # inf sampled uniformly, silently
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            lm.generate(prompt, 2, temperature=bad)
+    with pytest.raises(TypeError, match="temperature must be a number >= 0"):
+        lm.generate(prompt, 2, temperature=torch.tensor(True))
+    seeded = [lm.generate(prompt, 6, temperature=t, generator=torch.Generator().manual_seed(0))
+              for t in (0.7, torch.tensor(0.7), torch.tensor([0.7]))]  # one value in a tensor: fine
+    assert torch.equal(seeded[0], seeded[1]) and torch.equal(seeded[0], seeded[2])
+
+
+def test_lm_generator_of_the_wrong_type_is_named():
+    # Greedy decoding ignored it silently; sampling failed inside torch.multinomial.
+    lm = _model("transformer-lm")
+    prompt = torch.randint(lm.config.vocab_size, (1, 4))
+    for temperature in (0.0, 1.0):
+        with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+            lm.generate(prompt, 2, temperature=temperature, generator=0)
+
+
+def test_lm_prompts_of_different_lengths_say_how_to_generate_them():
+    lm = _model("transformer-lm")
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4])]
+    with pytest.raises(ValueError, match="prompts of different lengths cannot share a batch; generate each"):
+        lm.generate(prompts, 2)
+    each = [lm.generate(p, 2, temperature=0.0) for p in prompts]  # what the message suggests
+    assert [tuple(t.shape) for t in each] == [(5,), (3,)]
+
+
+def test_seq2seq_decode_refuses_a_memory_of_another_dtype_by_name():
+    # A float64 memory failed in a linear layer: "mat1 and mat2 must have the same dtype".
+    model = _model("transformer-seq2seq")
+    memory, source_mask = model.encode(_sources())
+    with pytest.raises(TypeError, match="memory has dtype torch.float64 but the module's parameters are"):
+        model.decode(_targets(), memory.double(), source_mask)
+
+
+def test_classifier_images_that_are_not_a_tensor_are_a_type_error():
+    # A list was a ValueError "images must have shape (...), got list"; the capsule models say TypeError.
+    vit = _model("transformer-classifier")
+    with pytest.raises(TypeError, match="images must be a floating-point tensor, got list"):
+        vit(torch.rand(1, 1, 28, 28).tolist())
+
+
 def test_a_tiny_temperature_samples_the_most_likely_token_without_nan():
     # logits / 1e-40 overflowed to inf, and softmax(inf - inf) to NaN: multinomial refused it.
     lm = _model("transformer-lm")

@@ -167,6 +167,6 @@ def check_images(images: Tensor, config: Any, dtype: torch.dtype | None = None) 
     expected = (config.in_channels, config.image_size, config.image_size)
     if images.dim() != 4 or tuple(images.shape[1:]) != expected:
         raise ValueError(
-            f"expected images of shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
+            f"images must have shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
         )
     check_input_dtype(images, images.dtype if dtype is None else dtype, "images")

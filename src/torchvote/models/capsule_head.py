@@ -36,7 +36,7 @@ from torchvote.models.capsule_config import check_images, router_options_errors
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
-from torchvote.validation import check_integer_tensor
+from torchvote.validation import check_integer_tensor, check_tensor_values
 
 __all__ = [
     "VECTOR_HEAD_RENAMES",
@@ -106,7 +106,9 @@ def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
     Raises:
         TypeError: targets that are not a tensor of integer class indices (float or one-hot
             targets would be read as lists of classes 0 and 1).
-        ValueError: targets of another shape or batch size.
+        ValueError: targets of another shape or batch size, or a class index outside
+            ``[0, num_classes)`` (checked by :func:`~torchvote.validation.check_tensor_values`: on
+            an accelerator an assertion queued on the device, nothing read back).
     """
     if targets is None:
         return scores.argmax(dim=-1, keepdim=True)  # (b, 1)
@@ -117,7 +119,20 @@ def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
             f"targets must be (b,) class indices or (b, k) classes per image with b={scores.shape[0]}, "
             f"got {tuple(targets.shape)}"
         )
-    return targets.long().reshape(scores.shape[0], -1)  # (b, k)
+    num_classes = scores.shape[-1]
+
+    def extremes() -> str:
+        low, high = (int(value) for value in torch.aminmax(targets))
+        return f": smallest {low}, largest {high}"
+
+    if targets.numel():  # an empty batch has no index to check (aminmax refuses it)
+        check_tensor_values(
+            ((targets >= 0) & (targets < num_classes)).all(),
+            f"targets holds class indices outside [0, num_classes={num_classes})",
+            detail=extremes,
+        )
+    classes = targets.long()
+    return classes if classes.dim() == 2 else classes[:, None]  # (b, k); reshape fails on b = 0
 
 
 class CapsuleDecoder(nn.Module):
@@ -262,7 +277,8 @@ class CapsuleHead(nn.Module):
 
         Raises:
             TypeError: targets that are not integer class indices.
-            ValueError: targets of the wrong shape.
+            ValueError: targets of the wrong shape, or a class index outside ``[0,
+                num_classes)`` (with a decoder, the only part that reads them).
         """
         if self.lengths_as_activations and self.router.uses_activations:
             activations = torch.linalg.vector_norm(capsules, dim=-1)  # (b, j): a vector's length
@@ -356,7 +372,8 @@ class CapsuleClassifier(nn.Module):
         Raises:
             TypeError: images that are not a floating-point tensor of the parameters' dtype
                 (outside ``torch.autocast``), or targets that are not integer class indices.
-            ValueError: images or targets of the wrong shape.
+            ValueError: images or targets of the wrong shape, or (with a decoder) a class index
+                outside ``[0, num_classes)``.
         """
         check_images(images, self.config, next(self.parameters()).dtype)
         capsules, intermediates = self.capsules(images)

@@ -264,13 +264,13 @@ def get_model_spec(name: str) -> ModelSpec:
         Its spec.
 
     Raises:
-        ValueError: an unknown name; the message lists the registered models.
+        ValueError: an unknown name (anything but a registered ``str``); the message lists the
+            registered models.
     """
     _load_all()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; models: {', '.join(list_models())}") from None
+    if not isinstance(name, str) or name not in _REGISTRY:  # a list would fail as unhashable
+        raise ValueError(f"unknown model {name!r}; models: {', '.join(list_models())}")
+    return _REGISTRY[name]
 
 
 def build_config(name: str, preset: str | None = None, **overrides: Any) -> Any:
@@ -291,7 +291,7 @@ def build_config(name: str, preset: str | None = None, **overrides: Any) -> Any:
     preset = preset if preset is not None else spec.default_preset
     values: dict[str, Any] = {}
     if preset is not None:
-        if preset not in spec.presets:
+        if not isinstance(preset, str) or preset not in spec.presets:  # a list: unhashable
             choices = ", ".join(sorted(spec.presets)) or "(none)"
             raise ValueError(f"unknown preset {preset!r} for model {name!r}; presets: {choices}")
         values.update(spec.presets[preset])

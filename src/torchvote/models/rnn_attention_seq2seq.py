@@ -48,6 +48,7 @@ from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
 from torchvote.validation import (
     check_bool_fields,
     check_choice,
+    check_flag,
     check_positive_int,
     check_probability,
     check_tensor_values,
@@ -293,9 +294,11 @@ class RNNAttentionSeq2Seq(nn.Module):
             of every step over the source, also in ``intermediates["attention"]``.
 
         Raises:
-            ValueError: inputs of the wrong rank or dtype, batch sizes that differ, or padding
-                before a source token.
+            ValueError: inputs of the wrong rank or dtype, batch sizes that differ, ids outside
+                the vocabularies, or padding before a source token.
+            TypeError: a ``need_weights`` that is not a bool.
         """
+        check_flag(need_weights, "need_weights")
         check_token_ids(source, "source")  # its ids' range: in encode, below
         check_token_ids(target_input, "target_input", vocab_size=self.config.tgt_vocab_size)
         if source.shape[0] != target_input.shape[0]:

@@ -26,10 +26,11 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from torchvote.models.capsule_config import check_images
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.models.transformer_backbone import TransformerBackboneFields, run_stack
 from torchvote.nn.transformer_stack import TransformerEncoder
-from torchvote.validation import check_choice, check_input_dtype
+from torchvote.validation import check_choice, check_flag
 
 __all__ = ["TransformerClassifier", "TransformerClassifierConfig"]
 
@@ -170,15 +171,12 @@ class TransformerClassifier(nn.Module):
 
         Raises:
             ValueError: images of the wrong shape.
-            TypeError: images that are not floating point (e.g. ``uint8`` pixels) or not of the
-                parameters' dtype (outside ``torch.autocast``).
+            TypeError: images that are not a floating-point tensor (e.g. ``uint8`` pixels, a list)
+                or not of the parameters' dtype (outside ``torch.autocast``); a ``need_weights``
+                that is not a bool.
         """
-        config = self.config
-        expected = (config.in_channels, config.image_size, config.image_size)
-        if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != expected:
-            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"images must have shape (b, {', '.join(map(str, expected))}), got {shape}")
-        check_input_dtype(images, self.patch_embedding.weight.dtype, "images")
+        check_images(images, self.config, self.patch_embedding.weight.dtype)
+        check_flag(need_weights, "need_weights")
         patches = self.patch_embedding(images)  # (b, E, h / p, w / p)
         tokens = rearrange(patches, "b e h w -> b (h w) e")  # (b, N, E)
         if self.class_token is not None:

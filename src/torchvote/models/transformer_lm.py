@@ -25,8 +25,10 @@ token costs one position's work instead of the whole context's; the tokens are t
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +43,7 @@ from torchvote.models.transformer_backbone import (
 )
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer_stack import TransformerEncoder
-from torchvote.validation import check_bool_fields, check_positive_int
+from torchvote.validation import check_bool_fields, check_flag, check_positive_int
 
 __all__ = ["TransformerLM", "TransformerLMConfig"]
 
@@ -151,9 +153,12 @@ class TransformerLM(nn.Module):
             ``intermediates`` the same under the modules' names.
 
         Raises:
-            ValueError: ``tokens`` of the wrong rank, dtype or length.
-            TypeError: a ``cache`` that is not a :class:`TransformerCache`.
+            ValueError: ``tokens`` of the wrong rank, dtype or length, or ids outside the
+                vocabulary.
+            TypeError: a ``cache`` that is not a :class:`TransformerCache`, a ``need_weights``
+                that is not a bool.
         """
+        check_flag(need_weights, "need_weights")
         check_cache(cache)
         check_token_ids(
             tokens,
@@ -207,11 +212,14 @@ class TransformerLM(nn.Module):
         slides, every position changes, and each step reruns the window as without a cache.
 
         Args:
-            prompt: ``(b, t)`` or ``(t,)`` integer ids, ``t >= 1``.
+            prompt: ``(b, t)`` or ``(t,)`` integer ids, ``t >= 1``. The rows of a batch share
+                one length: the model has no padding, so prompts of different lengths are
+                generated one call each.
             max_new_tokens: tokens to append, ``>= 0``.
-            temperature: divides the logits; ``0`` takes the most likely token (greedy).
+            temperature: a finite number ``>= 0`` (or a one-element tensor of one) that divides
+                the logits; ``0`` takes the most likely token (greedy, no sampling).
             top_k: sample only among the ``top_k`` most likely tokens; ``None`` for all.
-            generator: the random generator of the sampling.
+            generator: the ``torch.Generator`` of the sampling; ``None`` for PyTorch's global one.
             use_cache: keep past keys and values (same tokens, far faster; False reruns the
                 whole context for every token).
 
@@ -220,19 +228,30 @@ class TransformerLM(nn.Module):
             continuation.
 
         Raises:
-            ValueError: a bad ``prompt``, ``max_new_tokens``, ``temperature`` or ``top_k``.
-            TypeError: a ``temperature`` that is not a number (``"1"`` or ``None``).
+            ValueError: a bad ``prompt`` (a list of prompts included), ``max_new_tokens``
+                (negative, a bool or a float), ``temperature`` (negative, NaN or infinite) or
+                ``top_k``.
+            TypeError: a ``temperature`` that is not a number (``"1"``, ``None``, a tensor of
+                several values), a ``generator`` that is not a ``torch.Generator``, a
+                ``use_cache`` that is not a bool.
         """
+        if isinstance(prompt, (list, tuple)):
+            raise ValueError(
+                f"prompt must be one (batch, length) or (length,) tensor of token ids, got a "
+                f"{type(prompt).__name__}: the model has no padding, so prompts of different "
+                "lengths cannot share a batch; generate each on its own (or stack prompts of one "
+                "length into a tensor)"
+            )
         unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
         tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
         check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float, Tensor)):
-            raise TypeError(f"temperature must be a number >= 0, got {type(temperature).__name__}")
-        if not temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        temperature = _check_temperature(temperature)
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        check_flag(use_cache, "use_cache")
         context = self.config.context_length
         cache = self.new_cache() if use_cache and tokens.shape[1] < context else None
         with evaluating(self):
@@ -254,3 +273,30 @@ class TransformerLM(nn.Module):
                     next_token = torch.multinomial(probabilities, 1, generator=generator)  # (b, 1)
                 tokens = torch.cat([tokens, next_token.to(tokens.dtype)], dim=1)  # (b, t + 1)
         return tokens.squeeze(0) if unbatched else tokens
+
+
+def _check_temperature(temperature: Any) -> float:
+    """``temperature`` as a float: a finite real number ``>= 0`` (bools are not), or a
+    one-element real tensor of one (read once, here, not at every step).
+
+    Raises:
+        TypeError: not a real number (``"1"``, ``None``, a bool, a tensor of several values).
+        ValueError: negative, NaN or infinite.
+    """
+    if (
+        isinstance(temperature, Tensor)
+        and temperature.numel() == 1
+        and temperature.dtype != torch.bool
+        and not temperature.is_complex()
+    ):
+        temperature = temperature.item()
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        described = (
+            f"a tensor of shape {tuple(temperature.shape)} and dtype {temperature.dtype}"
+            if isinstance(temperature, Tensor)
+            else type(temperature).__name__
+        )
+        raise TypeError(f"temperature must be a number >= 0 (0: greedy), got {described}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    return float(temperature)

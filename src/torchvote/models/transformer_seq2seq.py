@@ -52,7 +52,7 @@ from torchvote.models.transformer_backbone import (
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer import AttentionIntermediates
 from torchvote.nn.transformer_stack import TransformerDecoder, TransformerEncoder
-from torchvote.validation import check_bool_fields
+from torchvote.validation import check_bool_fields, check_flag, check_input_dtype
 
 __all__ = ["TransformerSeq2Seq", "TransformerSeq2SeqConfig"]
 
@@ -256,7 +256,8 @@ class TransformerSeq2Seq(nn.Module):
         Raises:
             ValueError: a ``target_input`` of the wrong rank, dtype or length; a ``memory`` or
                 ``source_mask`` that is not what :meth:`encode` returns for the same batch.
-            TypeError: a ``cache`` that is not a :class:`TransformerCache`.
+            TypeError: a ``cache`` that is not a :class:`TransformerCache`; a ``memory`` that is
+                not floating point of the parameters' dtype (outside ``torch.autocast``).
         """
         check_cache(cache)
         self._check_target_input(target_input, 0 if cache is None else cache.length)
@@ -274,6 +275,7 @@ class TransformerSeq2Seq(nn.Module):
         if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[-1] != d_model:
             shape = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
             raise ValueError(f"memory must be encode()'s (batch, s, {d_model}) tensor, got {shape}")
+        check_input_dtype(memory, self.output.weight.dtype, "memory")
         if memory.shape[0] != batch:
             raise ValueError(
                 f"memory and target_input must have the same batch size, got {memory.shape[0]} "
@@ -341,8 +343,11 @@ class TransformerSeq2Seq(nn.Module):
             cross-attention's ``(b, t, s)``, and ``intermediates`` the same by module name.
 
         Raises:
-            ValueError: inputs of the wrong rank, dtype, length, or batch sizes that differ.
+            ValueError: inputs of the wrong rank, dtype, length, or batch sizes that differ; ids
+                outside the vocabularies.
+            TypeError: a ``need_weights`` that is not a bool.
         """
+        check_flag(need_weights, "need_weights")
         self._check_source(source)
         self._check_target_input(target_input, 0)
         if source.shape[0] != target_input.shape[0]:
@@ -381,7 +386,9 @@ class TransformerSeq2Seq(nn.Module):
             sequence has produced ``<eos>``).
 
         Raises:
-            ValueError: a bad ``source``, or ``max_new_tokens`` beyond ``max_len - 1``.
+            ValueError: a bad ``source``, or a ``max_new_tokens`` that is not an integer (a bool
+                or a float) in ``[0, max_len - 1]``.
+            TypeError: a ``use_cache`` that is not a bool.
         """
         limit = self.config.max_len - 1 if max_new_tokens is None else max_new_tokens
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < self.config.max_len:
@@ -389,6 +396,7 @@ class TransformerSeq2Seq(nn.Module):
                 f"max_new_tokens must be an integer in [0, max_len - 1 = {self.config.max_len - 1}], "
                 f"got {max_new_tokens!r}"
             )
+        check_flag(use_cache, "use_cache")
         with evaluating(self):
             memory, source_mask = self.encode(source)
             cache = self.new_cache() if use_cache else None
