@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,3 +70,49 @@ def test_bad_input_is_refused_with_the_argument_named():
         attention_heatmap(torch.rand(3, 3), ["a"])
     with pytest.raises(ValueError, match="at least one pass"):
         coupling_passes([])
+
+
+def _lines(panel):
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in panel.lines}
+
+
+def test_metric_curves_draw_each_event_and_data_set_as_its_own_line(tmp_path):
+    # what MetricsWriter writes: train records, an eval per epoch, final evaluations on two sets;
+    # all of them on one line made a zigzag of training and test accuracy at the same step
+    records = [
+        {"event": "train", "step": 10, "epoch": 0, "time": 1.8e9, "loss": 0.8, "accuracy": 0.5, "ok": True},
+        {"event": "train", "step": 20, "epoch": 0, "time": 1.8e9, "loss": "nan", "accuracy": 0.7},
+        {"event": "eval", "step": 20, "epoch": 1, "dataset": "mnist/test", "time": 1.8e9, "accuracy": 0.9},
+        {"event": "train", "step": 30, "epoch": 1, "time": 1.8e9, "loss": 0.3, "accuracy": 0.8},
+        {"event": "final", "step": 30, "dataset": "mnist/test", "source": "", "eval_limit": None,
+         "time": 1.8e9, "accuracy": 0.95, "loss": 0.2},
+        {"event": "final", "step": 30, "dataset": "affnist-style/test", "source": "affnist-style",
+         "eval_limit": 50, "time": 1.8e9, "accuracy": 0.7, "loss": 0.9},
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
+    figure = metric_curves(metrics)
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    assert sorted(panels) == ["accuracy", "loss"]  # not the wall clock, a flag or eval_limit
+    assert _lines(panels["accuracy"]) == {
+        "train": ([10, 20, 30], [0.5, 0.7, 0.8]),
+        "eval mnist/test": ([20], [0.9]),
+        "final mnist/test": ([30], [0.95]),
+        "final affnist-style/test": ([30], [0.7]),
+    }
+    steps, losses = _lines(panels["loss"])["train"]
+    # "nan" (a non-finite loss as MetricsWriter writes it) turned every value into a category
+    assert steps == [10, 20, 30] and losses[0] == 0.8 and np.isnan(losses[1]) and losses[2] == 0.3
+    assert panels["loss"].get_legend() is not None
+    with pytest.raises(TypeError, match="keys must be a sequence"):
+        metric_curves(metrics, keys="loss")
+    with pytest.raises(ValueError, match="keys must name at least one field"):
+        metric_curves(metrics, keys=[])
+
+
+def test_metric_curves_wrap_many_fields_into_rows(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1, **{f"m{k}": float(k) for k in range(9)}}) + "\n")
+    figure = metric_curves(metrics)
+    assert len(figure.axes) == 9
+    assert max(figure.get_size_inches()) <= 16.0  # 4 panels a row, not 36 inches in one

@@ -1,38 +1,58 @@
 """Writing files so that nothing a user saved is ever half-written.
 
-:func:`atomic_write_bytes` is the one atomic write of the project: checkpoints, the affNIST
-manifest and the summaries of ``torchvote reproduce`` go through it.
+:func:`atomic_write` is the one atomic write of the project: checkpoints, the affNIST manifest,
+the summaries of ``torchvote reproduce`` and the pictures and page of ``torchvote explain`` go
+through it (:func:`atomic_write_bytes` for bytes already in memory).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["atomic_write_bytes"]
+__all__ = ["atomic_write", "atomic_write_bytes"]
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one.
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write(binary_file)`` on a new file beside ``path``, then rename it to ``path``: a
+    reader sees the old file or the whole new one, never a torn one.
 
-    The bytes go to a temporary file in the same directory (same file system), are flushed and
-    fsynced, then ``os.replace`` swaps the name; the directory is fsynced so the rename survives
-    a power loss.
+    The temporary file is in the same directory (same file system), created with the usual
+    permissions (``0o666`` less the umask, not a temporary file's ``0o600``), flushed and fsynced
+    before ``os.replace`` swaps the name; the directory is fsynced so the rename survives a power
+    loss. On any error the temporary file is removed and ``path`` is untouched.
+
+    Args:
+        path: the file to write (its folder is created if missing).
+        write: a callable given the open binary file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
+        os.replace(temporary, path)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """:func:`atomic_write` of ``data``.
+
+    Args:
+        path: the file to write.
+        data: its new contents.
+    """
+    atomic_write(path, lambda handle: handle.write(data))
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -46,4 +66,3 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(descriptor)
-

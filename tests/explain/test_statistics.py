@@ -121,3 +121,75 @@ def test_patch_attention_map_and_top_attended():
     assert top[0][0][1] == pytest.approx(0.7)
     with pytest.raises(ValueError, match="tokens must have 3"):
         top_attended(weights, ["a"], 0)
+
+
+def test_every_statistic_refuses_tensors_without_values_by_name():
+    with pytest.raises(ValueError, match="couplings is on the meta device"):
+        coupling_entropy(torch.empty(2, 3, 4, device="meta"))  # NotImplementedError from .cpu()
+    with pytest.raises(TypeError, match="votes must be real"):
+        routing_agreement(torch.ones(1, 2, 3, dtype=torch.cfloat), torch.ones(1, 1, 2, 3))  # dropped .imag
+    with pytest.raises(ValueError, match="attentions must be 3-D or 4-D"):
+        attention_rollout(torch.eye(3))  # unbound into rows: "attentions[0] must be 2-D or 3-D"
+
+
+def test_statistics_take_half_precision_gradients_and_sparse_tensors():
+    couplings = torch.softmax(torch.randn(2, 3, 4), dim=-2)
+    expected = coupling_entropy(couplings)
+    torch.testing.assert_close(coupling_entropy(couplings.bfloat16()), expected, atol=2e-2, rtol=0)
+    torch.testing.assert_close(coupling_entropy(couplings.clone().requires_grad_()), expected)
+    torch.testing.assert_close(coupling_entropy(couplings.to_sparse()), expected)
+
+
+def test_top_attended_checks_query_and_k_and_ranks_masked_keys_last():
+    weights = torch.tensor([[float("nan"), 0.2, 0.8], [0.1, float("nan"), float("nan")]])  # (i, j)
+    top = top_attended(weights, ["a", "b", "c"], 0, k=3)[0]
+    assert [t for t, _ in top[:2]] == ["c", "b"] and top[2][0] == "a"  # NaN ranked above 0.8 before
+    assert math.isnan(top[2][1])
+    assert [t for t, _ in top_attended(weights, ["a", "b", "c"], -1, k=1)[0]] == ["a"]
+    with pytest.raises(TypeError, match="query must be an integer index"):
+        top_attended(weights, ["a", "b", "c"], 0.5)  # IndexError from torch
+    with pytest.raises(TypeError, match="query must be an integer index"):
+        top_attended(weights, ["a", "b", "c"], True)
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        top_attended(weights, ["a", "b", "c"], 0, k=0)  # returned nothing
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        top_attended(weights, ["a", "b", "c"], 0, k=-1)  # RuntimeError from topk
+
+
+def test_perturbation_poses_of_an_integer_pose_move_by_the_deltas():
+    pose = torch.tensor([1, 2, 3])
+    poses = perturbation_poses(pose)  # linspace in int64: every delta rounded to 0
+    assert poses.dtype == torch.get_default_dtype()
+    torch.testing.assert_close(poses[0, :, 0] - 1, torch.linspace(-0.25, 0.25, 11))
+    with pytest.raises(TypeError, match="pose must be a real tensor"):
+        perturbation_poses([1.0, 2.0])
+
+
+def test_patch_attention_map_checks_grid_and_size():
+    with pytest.raises(ValueError, match="grid must be two positive integers"):
+        patch_attention_map(torch.ones(0), (0, 2), (4, 4))  # ZeroDivisionError
+    with pytest.raises(ValueError, match="grid must be two positive integers"):
+        patch_attention_map(torch.ones(4), (2, 2, 1), (4, 4))  # "too many values to unpack"
+    with pytest.raises(ValueError, match="size must be two positive integers"):
+        patch_attention_map(torch.ones(4), (2, 2), (4,))
+    strided = torch.arange(8.0)[::2]  # non-contiguous (patches,)
+    expected = torch.tensor([[0.0, 2.0], [4.0, 6.0]])
+    torch.testing.assert_close(patch_attention_map(strided, (2, 2), (2, 2)), expected)
+
+
+def test_project_votes_refuses_non_finite_votes_by_name():
+    votes = torch.tensor([[1.0, float("nan")], [0.0, 1.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="votes must be finite"):
+        project_votes(votes)  # torch.linalg.LinAlgError from the SVD
+    with pytest.raises(ValueError, match="consensus must be finite"):
+        project_votes(votes.nan_to_num(), torch.tensor([[float("inf"), 0.0]]))
+
+
+def test_coupling_entropy_and_agreement_of_one_pass_by_hand():
+    one = torch.tensor([[[0.25, 1.0], [0.75, 0.0]]])  # (t=1, i=2, j=2), columns sum to one
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))  # input 0; input 1 chose output 0: 0
+    torch.testing.assert_close(coupling_entropy(one), torch.tensor([h / 2]))
+    votes = torch.tensor([[[3.0, 4.0]]])  # (i=1, j=1, d=2)
+    torch.testing.assert_close(routing_agreement(votes, torch.tensor([[[1.0, 0.0]]])), torch.tensor([3.0]))
+    torch.testing.assert_close(routing_agreement(votes, torch.tensor([[[1.0, 0.0]]]), cosine=True),
+                               torch.tensor([0.6]))

@@ -3,33 +3,62 @@
 Each function returns a matplotlib Figure; save it with
 :func:`torchvote.explain.figures.save_figure` (PNG and SVG). Index legend: ``h`` heads, ``i``
 receivers (queries, rows), ``j`` senders (keys, columns); attention rows sum to one.
+
+Tokens and titles are drawn as given (``$`` is not mathtext); a weight that is NaN or infinite
+(a masked position) is drawn grey and written as it is, never as 0; a long sentence keeps the
+figure at most :data:`~torchvote.explain.figures.MAX_INCHES` a side and labels every k-th token.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from torch import Tensor
 
-from torchvote.explain.figures import literal_text, new_figure
-from torchvote.explain.statistics import checked_tensor
+from torchvote.explain.figures import colormap, finite_range, literal_text, new_figure, tick_positions
+from torchvote.explain.statistics import checked_index, checked_tensor
 
 __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attention_lines"]
 
 CMAP = "Blues"
+LABEL_LIMIT = 60  # most token labels along one heatmap axis; beyond, every k-th is labelled
 
 
 def _check_tokens(tokens: Sequence[str] | None, count: int, name: str) -> list[str] | None:
-    """``tokens`` as literal label strings (``$`` shown as it is), or ``None`` (no labels); a
-    ``ValueError`` unless there are ``count``."""
+    """``tokens`` as literal label strings (``$`` shown as it is), or ``None`` (no labels).
+
+    Raises:
+        TypeError: one string instead of a sequence of labels.
+        ValueError: not ``count`` labels (the message names ``name``).
+    """
     if tokens is None:
         return None
+    if isinstance(tokens, str):
+        raise TypeError(f"{name} must be a sequence of labels, one per row/column, not the string {tokens!r}")
+    tokens = list(tokens)
     if len(tokens) != count:
         raise ValueError(
             f"{name} must have {count} entries (one per row/column): "
             f"expected {count} labels, got {len(tokens)}"
         )
     return [literal_text(token) for token in tokens]
+
+
+def _key_tokens(tokens, key_tokens, count: int) -> list[str] | None:
+    """The column labels: ``key_tokens``, else ``tokens`` (self-attention), checked against ``count``."""
+    if key_tokens is not None:
+        return _check_tokens(key_tokens, count, "key_tokens")
+    return _check_tokens(tokens, count, "tokens (also the key labels when key_tokens is None)")
+
+
+def _label_axis(ax, axis: str, labels: list[str], limit: int, **style) -> int:
+    """Put ``labels`` on ``axis`` ("x" or "y") of ``ax``, every k-th when more than ``limit``;
+    return k."""
+    positions = tick_positions(len(labels), limit)
+    setter = ax.set_xticks if axis == "x" else ax.set_yticks
+    setter(positions, [labels[p] for p in positions], **style)
+    return positions[1] - positions[0] if len(positions) > 1 else 1
 
 
 def attention_heatmap(
@@ -42,37 +71,46 @@ def attention_heatmap(
 ):
     """One attention matrix as a heatmap, queries down, keys across, labelled with tokens.
 
+    The colour scale runs from 0 (or the smallest value, if negative) to the largest finite
+    weight; NaN and infinite weights are grey (the colour bar's label says so). With more than
+    :data:`LABEL_LIMIT` tokens an axis labels every k-th (its axis label says which).
+
     Args:
-        weights: ``(i, j)`` weights (average heads before if needed).
+        weights: ``(i, j)`` weights (average heads before if needed), any real dtype or device.
         tokens: ``i`` query tokens (row labels); ``None``: no labels.
         key_tokens: ``j`` key tokens; default ``tokens`` (self-attention).
-        title: axes title.
+        title: axes title, drawn as given.
         annotate: write each weight in its cell; default when the matrix is at most 16 x 16.
 
     Returns:
         The Figure.
 
     Raises:
-        ValueError: token counts that do not match the shape; TypeError: not a tensor.
+        ValueError: token counts that do not match the shape, not 2-D, empty or on the meta device.
+        TypeError: not a real tensor, or tokens given as one string.
     """
-    weights = checked_tensor(weights, "weights", dims=(2,))
+    weights = checked_tensor(weights, "weights", dims=(2,), nonempty=True)
     rows = _check_tokens(tokens, weights.shape[0], "tokens")
-    cols = _check_tokens(key_tokens if key_tokens is not None else tokens, weights.shape[1], "key_tokens")
+    cols = _key_tokens(tokens, key_tokens, weights.shape[1])
     annotate = max(weights.shape) <= 16 if annotate is None else annotate
+    vmin, vmax, non_finite = finite_range(weights)
     side = 1.6 + 0.42 * max(weights.shape)
     figure, axes = new_figure(size=(side + 1.0, side))
     ax = axes[0, 0]
-    image = ax.imshow(weights.numpy(), cmap=CMAP, vmin=0.0, vmax=max(float(weights.max()), 1e-6))
+    image = ax.imshow(weights.numpy(), cmap=colormap(CMAP), vmin=vmin, vmax=vmax)
+    xlabel, ylabel = "key (sender j)", "query (receiver i)"
     if cols is not None:
-        ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", rotation_mode="anchor")
+        step = _label_axis(ax, "x", cols, LABEL_LIMIT, rotation=60, ha="right", rotation_mode="anchor")
+        xlabel += f", 1 in {step} labelled" if step > 1 else ""
     if rows is not None:
-        ax.set_yticks(range(len(rows)), rows)
-    ax.set_xlabel("key (sender j)")
-    ax.set_ylabel("query (receiver i)")
+        step = _label_axis(ax, "y", rows, LABEL_LIMIT)
+        ylabel += f", 1 in {step} labelled" if step > 1 else ""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     if title:
-        ax.set_title(title)
+        ax.set_title(literal_text(title))
     if annotate:
-        threshold = 0.6 * float(weights.max())
+        threshold = vmin + 0.6 * (vmax - vmin)
         for i in range(weights.shape[0]):
             for j in range(weights.shape[1]):
                 value = float(weights[i, j])
@@ -83,40 +121,56 @@ def attention_heatmap(
                     ha="center",
                     va="center",
                     fontsize=7,
-                    color="white" if value > threshold else "black",
+                    color="white" if math.isfinite(value) and value > threshold else "black",
                 )
-    figure.colorbar(image, ax=ax, shrink=0.8, label="weight")
+    label = "weight; grey: NaN or inf (masked)" if non_finite else "weight"
+    figure.colorbar(image, ax=ax, shrink=0.8, label=label)
     return figure
 
 
-def attention_grid(attentions: Tensor, tokens: Sequence[str] | None = None, *, title: str = ""):
+def attention_grid(
+    attentions: Tensor,
+    tokens: Sequence[str] | None = None,
+    *,
+    key_tokens: Sequence[str] | None = None,
+    title: str = "",
+):
     """Every layer x head attention map of one input, as a grid of small heatmaps.
+
+    One colour scale for every panel, 0 (white) to 1 (dark blue) (wider if a weight lies
+    outside), shown by one colour bar; NaN and infinite weights are grey.
 
     Args:
         attentions: ``(layers, h, i, j)`` weights of one input (unpadded), or ``(h, i, j)`` of
-            one layer (one row of heads).
-        tokens: ``i`` tokens (labels on the left column and bottom row when short enough);
+            one layer (one row of heads); any real dtype or device.
+        tokens: ``i`` query tokens (labels on the bottom-left panel when there are at most 14);
             ``None``: no labels.
-        title: figure title.
+        key_tokens: ``j`` key tokens; default ``tokens`` (self-attention).
+        title: figure title, drawn as given.
 
     Returns:
         The Figure.
 
     Raises:
-        ValueError: wrong rank or token count.
+        ValueError: wrong rank, empty, or a token count that does not match the shape.
+        TypeError: not a real tensor, or tokens given as one string.
     """
-    attentions = checked_tensor(attentions, "attentions", dims=(3, 4))
+    attentions = checked_tensor(attentions, "attentions", dims=(3, 4), nonempty=True)
     if attentions.dim() == 3:
         attentions = attentions[None]  # (1, h, i, j): one layer
     layers, heads = attentions.shape[:2]
-    labels = _check_tokens(tokens, attentions.shape[-1], "tokens")
-    show_labels = labels is not None and len(labels) <= 14
+    rows = _check_tokens(tokens, attentions.shape[-2], "tokens")
+    cols = _key_tokens(tokens, key_tokens, attentions.shape[-1])
+    show_labels = rows is not None and cols is not None and max(len(rows), len(cols)) <= 14
+    low, high, non_finite = finite_range(attentions)
+    vmin, vmax = min(low, 0.0), max(high, 1.0)
+    cmap = colormap(CMAP)
     cell = 1.25 if show_labels else 0.9
-    figure, axes = new_figure(layers, heads, size=(0.8 + cell * heads, 0.8 + cell * layers))
+    figure, axes = new_figure(layers, heads, size=(1.6 + cell * heads, 0.8 + cell * layers))
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer, head]
-            ax.imshow(attentions[layer, head].numpy(), cmap=CMAP, vmin=0.0, vmax=1.0)
+            image = ax.imshow(attentions[layer, head].numpy(), cmap=cmap, vmin=vmin, vmax=vmax)
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
@@ -124,10 +178,12 @@ def attention_grid(attentions: Tensor, tokens: Sequence[str] | None = None, *, t
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
             if show_labels and layer == layers - 1 and head == 0:
-                ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=5)
-                ax.set_yticks(range(len(labels)), labels, fontsize=5)
+                ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=5)
+                ax.set_yticks(range(len(rows)), rows, fontsize=5)
+    label = "weight; grey: NaN or inf" if non_finite else "weight"
+    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label=label)
     if title:
-        figure.suptitle(title)
+        figure.suptitle(literal_text(title))
     return figure
 
 
@@ -142,35 +198,44 @@ def token_attention_lines(
     """One query token's attention drawn as lines to every key, thickness and opacity by weight.
 
     Two columns of tokens, queries left and keys right, in the style of the reference articles'
-    "check" -> "cashed", "bank" figure.
+    "check" -> "cashed", "bank" figure. Width and opacity scale with the weight over the row's
+    largest finite weight (negative weights draw as 0); a NaN or infinite weight (a masked key)
+    gets no line and its value written in grey. With many tokens the figure stops growing at
+    :data:`~torchvote.explain.figures.MAX_INCHES` and the font shrinks to fit.
 
     Args:
-        weights: ``(i, j)`` (average heads first) or ``(h, i, j)`` (heads averaged here).
+        weights: ``(i, j)`` (average heads first) or ``(h, i, j)`` (heads averaged here); any
+            real dtype or device.
         tokens: ``i`` query tokens.
-        query: index of the query token to draw.
+        query: index of the query token to draw (negative counts from the end).
         key_tokens: ``j`` key tokens; default ``tokens``.
-        title: axes title.
+        title: axes title, drawn as given; default ``attention from '<query token>'``.
 
     Returns:
         The Figure.
 
     Raises:
-        ValueError: ``query`` out of range or token counts that do not match.
+        ValueError: ``query`` out of range, token counts that do not match, wrong rank or empty.
+        TypeError: ``tokens`` missing or one string, ``query`` not an integer, not a real tensor.
     """
-    weights = checked_tensor(weights, "weights", dims=(2, 3))
+    weights = checked_tensor(weights, "weights", dims=(2, 3), nonempty=True)
     if weights.dim() == 3:
         weights = weights.mean(dim=0)  # (i, j)
+    if tokens is None:
+        raise TypeError("tokens must be a sequence of the i query tokens, got None")
     left = _check_tokens(tokens, weights.shape[0], "tokens")
-    right = _check_tokens(key_tokens if key_tokens is not None else tokens, weights.shape[1], "key_tokens")
-    if not -len(left) <= query < len(left):
-        raise ValueError(f"query must index one of {len(left)} tokens, got {query}")
-    query = query % len(left)
+    right = _key_tokens(tokens, key_tokens, weights.shape[1])
+    query = checked_index(query, len(left), "query")
     row = weights[query]  # (j,)
-    strongest = max(float(row.max()), 1e-6)
-    height = 0.8 + 0.36 * max(len(left), len(right))
+    finite = row[row.isfinite()]
+    strongest = max(float(finite.max()), 1e-6) if finite.numel() else 1e-6
+    lines = max(len(left), len(right))
+    height = 0.8 + 0.36 * lines
     figure, axes = new_figure(size=(4.8, height))
+    spacing = (figure.get_size_inches()[1] - 0.8) / lines  # inches per token row once capped
+    fontsize = max(1.0, min(10.0, 0.75 * 72 * spacing))
     ax = axes[0, 0]
-    top = max(len(left), len(right)) - 1
+    top = lines - 1
     for i, token in enumerate(left):
         ax.text(
             0.0,
@@ -178,19 +243,24 @@ def token_attention_lines(
             token,
             ha="right",
             va="center",
-            fontsize=10,
+            fontsize=fontsize,
             fontweight="bold" if i == query else "normal",
             color="black" if i == query else "0.55",
         )
     for j, token in enumerate(right):
-        share = float(row[j]) / strongest
+        value = float(row[j])
+        if not math.isfinite(value):
+            ax.text(1.0, top - j, f"{token}  {value:.2f}", ha="left", va="center", fontsize=fontsize,
+                    color="0.45", fontstyle="italic")
+            continue
+        share = min(max(value / strongest, 0.0), 1.0)
         ax.text(
             1.0,
             top - j,
-            f"{token}  {float(row[j]):.2f}",
+            f"{token}  {value:.2f}",
             ha="left",
             va="center",
-            fontsize=10,
+            fontsize=fontsize,
             color=(0.05, 0.2 + 0.2 * (1 - share), 0.5 + 0.3 * share) if share > 0.2 else "0.45",
         )
         ax.plot(
@@ -204,10 +274,20 @@ def token_attention_lines(
     ax.set_xlim(-0.9, 1.9)
     ax.set_ylim(-0.7, top + 0.7)
     ax.axis("off")
-    ax.set_title(title or f"attention from '{left[query]}'", fontsize=10)
+    ax.set_title(literal_text(title) if title else f"attention from '{left[query]}'", fontsize=10)
     return figure
 
 
 def head_average(attentions: Tensor) -> Tensor:
-    """``(..., h, i, j) -> (..., i, j)``: the mean over heads (each head's rows sum to one)."""
+    """``(..., h, i, j) -> (..., i, j)``: the mean over heads (each head's rows sum to one).
+
+    Args:
+        attentions: ``(h, i, j)`` or ``(layers, h, i, j)``, any real dtype or device.
+
+    Returns:
+        The float32 CPU mean over ``h``.
+
+    Raises:
+        ValueError: not 3-D or 4-D; TypeError: not a real tensor.
+    """
     return checked_tensor(attentions, "attentions", dims=(3, 4)).mean(dim=-3)

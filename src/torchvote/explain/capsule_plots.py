@@ -5,6 +5,10 @@ votes in 2-D, reconstructions, the perturbation grid of Sabour et al. 2017 (Fig.
 reconstructions in two colours (Sabour et al. 2017, sec. 6) and a ViT's attention over patches
 (Dosovitskiy et al. 2021). Each returns a matplotlib Figure. Index legend: ``t`` passes, ``b``
 batch, ``i`` output capsules (receivers), ``j`` input capsules (senders), ``d`` pose features.
+
+Labels and titles are drawn as given (``$`` is not mathtext); a coupling that is NaN or infinite
+is drawn grey, never as 0; figures stop growing at
+:data:`~torchvote.explain.figures.MAX_INCHES` a side.
 """
 
 from __future__ import annotations
@@ -14,7 +18,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from torchvote.explain.figures import new_figure
+from torchvote.explain.figures import (
+    colormap,
+    finite_range,
+    literal_text,
+    new_figure,
+    tick_positions,
+)
 from torchvote.explain.statistics import checked_tensor, patch_attention_map, project_votes
 
 __all__ = [
@@ -28,6 +38,35 @@ __all__ = [
 ]
 
 
+LABEL_LIMIT = 20  # most capsule labels along one coupling map's axis; beyond, every k-th
+
+
+def _labels(labels, count: int, name: str) -> list[str] | None:
+    """``labels`` as ``count`` literal strings (``$`` shown as it is), or ``None``.
+
+    Raises:
+        TypeError: one string instead of a sequence of labels.
+        ValueError: not ``count`` labels (the message names ``name``).
+    """
+    if labels is None:
+        return None
+    if isinstance(labels, str):
+        raise TypeError(f"{name} must be a sequence of labels, not the string {labels!r}")
+    labels = list(labels)
+    if len(labels) != count:
+        raise ValueError(f"{name} must have {count} entries, got {len(labels)}")
+    return [literal_text(label) for label in labels]
+
+
+def _channels(images: Tensor, name: str, *, image_dim: int) -> None:
+    """A ``ValueError`` naming ``name`` unless ``images``' channel axis (when ``images`` has
+    ``image_dim`` axes) holds 1 (gray) or 3 (RGB) channels."""
+    if images.dim() == image_dim and images.shape[-3] not in (1, 3):
+        raise ValueError(
+            f"{name} must have 1 (gray) or 3 (RGB) channels, got {images.shape[-3]} in {tuple(images.shape)}"
+        )
+
+
 def _gray(image: Tensor) -> Tensor:
     """``(1, H, W)`` or ``(H, W)`` -> ``(H, W)``; ``(3, H, W)`` -> ``(H, W, 3)`` for imshow."""
     if image.dim() == 3:
@@ -37,7 +76,8 @@ def _gray(image: Tensor) -> Tensor:
 
 def _image_rows(rows: Sequence[Sequence[Tensor]], names: Sequence[str], *, labels=None, title: str = ""):
     """Images in rows, one column per example, no ticks: ``rows[r][n]`` is ``(H, W)`` (gray, in
-    ``[0, 1]``) or ``(H, W, 3)`` (colour); ``names[r]`` labels row ``r``, ``labels[n]`` column ``n``."""
+    ``[0, 1]``) or ``(H, W, 3)`` (colour); ``names[r]`` labels row ``r``, ``labels[n]`` (checked
+    literal strings) column ``n``."""
     count = len(rows[0])
     figure, axes = new_figure(len(rows), count, size=(0.4 + 1.2 * count, 2.9))
     for n in range(count):
@@ -50,11 +90,11 @@ def _image_rows(rows: Sequence[Sequence[Tensor]], names: Sequence[str], *, label
             ax.set_xticks([])
             ax.set_yticks([])
         if labels is not None:
-            axes[0, n].set_title(str(labels[n]), fontsize=8)
+            axes[0, n].set_title(labels[n], fontsize=8)
     for row, name in enumerate(names):
         axes[row, 0].set_ylabel(name, fontsize=8)
     if title:
-        figure.suptitle(title)
+        figure.suptitle(literal_text(title))
     return figure
 
 
@@ -69,12 +109,16 @@ def coupling_passes(
     """Routing couplings of one input, one heatmap per pass (outputs down, inputs across): how
     the votes settle.
 
+    One colour scale for every pass, 0 to the largest finite coupling; NaN and infinite couplings
+    are grey. More than :data:`LABEL_LIMIT` labels on an axis: every k-th is shown.
+
     Args:
         couplings: ``(t, i, j)``: pass ``t``'s coupling of input capsule ``j`` to output ``i``
             (or a sequence of ``t`` matrices ``(i, j)``, e.g. ``VoteResult.weights`` of one
-            batch element).
-        title: figure title.
-        input_labels: optional ``j`` labels; output_labels: optional ``i`` labels.
+            batch element); any real dtype or device.
+        title: figure title, drawn as given.
+        input_labels: optional ``j`` labels; output_labels: optional ``i`` labels (also the
+            legend of ``totals``).
         totals: add a panel below the maps: each output's total received coupling per pass (the
             last axes of the figure, one line per output).
 
@@ -82,40 +126,54 @@ def coupling_passes(
         The Figure.
 
     Raises:
-        ValueError: no passes, or matrices of another rank.
+        ValueError: no passes, matrices of another rank or of different shapes, an empty matrix,
+            or a label count that does not match.
+        TypeError: not real tensors, or labels given as one string.
     """
     if not isinstance(couplings, Tensor):
         passes = [checked_tensor(c, f"couplings[{t}]", dims=(2,)) for t, c in enumerate(couplings)]
         if not passes:
             raise ValueError("couplings must hold at least one pass")
+        for t, matrix in enumerate(passes):
+            if matrix.shape != passes[0].shape:
+                raise ValueError(
+                    f"couplings[{t}] has shape {tuple(matrix.shape)}, unlike couplings[0] "
+                    f"{tuple(passes[0].shape)}"
+                )
         couplings = torch.stack(passes)
-    couplings = checked_tensor(couplings, "couplings", dims=(3,))
+    couplings = checked_tensor(couplings, "couplings", dims=(3,), nonempty=True)
+    outputs = _labels(output_labels, couplings.shape[1], "output_labels")
+    inputs = _labels(input_labels, couplings.shape[2], "input_labels")
     passes = couplings.shape[0]
+    _, vmax, non_finite = finite_range(couplings)
+    cmap = colormap("viridis")
     rows = 2 if totals else 1
     figure, axes = new_figure(
         rows, passes, size=(0.6 + 3.0 * passes, 3.2 + 1.3 * (rows - 1)), sharey="row",
         gridspec_kw={"height_ratios": [3, 1][:rows]},
     )
-    vmax = max(float(couplings.max()), 1e-6)
     for t in range(passes):
         ax = axes[0, t]
         image = ax.imshow(
-            couplings[t].numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest"
+            couplings[t].numpy(), cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest"
         )
         ax.set_title(f"pass {t + 1}", fontsize=9)
         ax.set_xlabel("input capsule j")
-        if output_labels is not None:
-            ax.set_yticks(range(len(output_labels)), list(output_labels), fontsize=7)
-        elif couplings.shape[1] <= 20:
+        if outputs is not None:
+            positions = tick_positions(len(outputs), LABEL_LIMIT)
+            ax.set_yticks(positions, [outputs[p] for p in positions], fontsize=7)
+        elif couplings.shape[1] <= LABEL_LIMIT:
             ax.set_yticks(range(couplings.shape[1]))  # whole capsules, not the image's half steps
-        if input_labels is not None and len(input_labels) <= 20:
-            ax.set_xticks(range(len(input_labels)), list(input_labels), fontsize=7, rotation=90)
+        if inputs is not None:
+            positions = tick_positions(len(inputs), LABEL_LIMIT)
+            ax.set_xticks(positions, [inputs[p] for p in positions], fontsize=7, rotation=90)
     axes[0, 0].set_ylabel("output capsule i")
-    figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label="coupling c_ij")
+    label = "coupling c_ij; grey: NaN or inf" if non_finite else "coupling c_ij"
+    figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label=label)
     if totals:
-        _received_totals(figure, axes, couplings, output_labels)
+        _received_totals(figure, axes, couplings, outputs)
     if title:
-        figure.suptitle(title)
+        figure.suptitle(literal_text(title))
     return figure
 
 
@@ -139,26 +197,33 @@ def _received_totals(figure, axes, couplings: Tensor, output_labels) -> None:
 def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, title: str = ""):
     """Coupling entropy (and agreement) per pass, averaged over a set, as two line plots.
 
+    Pass ``t`` (from 1) is drawn at x = ``t``; a NaN value leaves a gap in its line.
+
     Args:
         entropy: ``(t,)`` from :func:`torchvote.explain.statistics.coupling_entropy`.
         agreement: ``(t,)`` from :func:`torchvote.explain.statistics.routing_agreement`, or None.
-        title: figure title.
+        title: figure title, drawn as given.
 
     Returns:
         The Figure.
+
+    Raises:
+        ValueError: not 1-D, no passes, or ``agreement`` of another shape than ``entropy``.
+        TypeError: not real tensors.
     """
-    entropy = checked_tensor(entropy, "entropy", dims=(1,))
-    panels = 1 if agreement is None else 2
-    figure, axes = new_figure(1, panels, size=(3.6 * panels, 3.0))
-    passes = range(1, entropy.shape[0] + 1)
-    axes[0, 0].plot(passes, entropy.numpy(), marker="o", color="tab:purple")
-    axes[0, 0].set_title("mean coupling entropy (nats)", fontsize=9)
+    entropy = checked_tensor(entropy, "entropy", dims=(1,), nonempty=True)
     if agreement is not None:
         agreement = checked_tensor(agreement, "agreement", dims=(1,))
         if agreement.shape != entropy.shape:
             raise ValueError(
                 f"agreement must have entropy's shape {tuple(entropy.shape)}, got {tuple(agreement.shape)}"
             )
+    panels = 1 if agreement is None else 2
+    figure, axes = new_figure(1, panels, size=(3.6 * panels, 3.0))
+    passes = range(1, entropy.shape[0] + 1)
+    axes[0, 0].plot(passes, entropy.numpy(), marker="o", color="tab:purple")
+    axes[0, 0].set_title("mean coupling entropy (nats)", fontsize=9)
+    if agreement is not None:
         axes[0, 1].plot(passes, agreement.numpy(), marker="o", color="tab:green")
         axes[0, 1].set_title("mean agreement u_hat . v", fontsize=9)
     for ax in axes[0]:
@@ -166,27 +231,32 @@ def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, titl
         ax.set_xticks(list(passes))
         ax.grid(alpha=0.3)
     if title:
-        figure.suptitle(title)
+        figure.suptitle(literal_text(title))
     return figure
 
 
 def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str = ""):
     """One output capsule's votes in 2-D (PCA), sized by their weight, consensus marked, per pass.
 
+    Marker area grows with the weight over the largest finite weight (negative weights draw at
+    the smallest size); a vote whose weight is NaN or infinite is drawn as a grey cross, not
+    left out.
+
     Args:
-        votes: ``(j, d)`` the input capsules' votes ``u_hat_{j|i}`` for one output ``i``.
+        votes: ``(j, d)`` the input capsules' votes ``u_hat_{j|i}`` for one output ``i``, finite.
         weights: ``(t, j)`` each vote's coupling to that output in each pass.
-        consensus: ``(t, d)`` the output capsule after each pass.
-        title: figure title.
+        consensus: ``(t, d)`` the output capsule after each pass, finite.
+        title: figure title, drawn as given.
 
     Returns:
         The Figure (the projection is :func:`torchvote.explain.statistics.project_votes`).
 
     Raises:
-        ValueError: shapes that do not line up.
+        ValueError: shapes that do not line up, no passes, or votes or consensus not finite.
+        TypeError: not real tensors.
     """
     votes = checked_tensor(votes, "votes", dims=(2,))
-    weights = checked_tensor(weights, "weights", dims=(2,))
+    weights = checked_tensor(weights, "weights", dims=(2,), nonempty=True)
     consensus = checked_tensor(consensus, "consensus", dims=(2,))
     if weights.shape[1] != votes.shape[0] or consensus.shape[0] != weights.shape[0]:
         raise ValueError(
@@ -196,13 +266,15 @@ def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str
     points, centres, explained = project_votes(votes, consensus)  # (j, 2), (t, 2), (2,)
     passes = weights.shape[0]
     figure, axes = new_figure(1, passes, size=(0.4 + 3.1 * passes, 3.3), sharex=True, sharey=True)
-    scale = 400.0 / max(float(weights.max()), 1e-6)
+    _, strongest, _ = finite_range(weights)
+    scale = 400.0 / strongest
     for t in range(passes):
         ax = axes[0, t]
+        known = weights[t].isfinite()  # (j,)
         ax.scatter(
             points[:, 0],
             points[:, 1],
-            s=4 + scale * weights[t].numpy(),
+            s=4 + scale * torch.where(known, weights[t], 0.0).clamp(min=0.0).numpy(),
             alpha=0.45,
             color="tab:blue",
             edgecolors="none",
@@ -219,13 +291,22 @@ def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str
             label="consensus",
             zorder=3,
         )
+        if not known.all():
+            ax.scatter(
+                points[~known, 0],
+                points[~known, 1],
+                marker="x",
+                s=30,
+                color="0.45",
+                label="vote, weight NaN or inf",
+            )
         ax.set_title(f"pass {t + 1}", fontsize=9)
         ax.set_xlabel(f"PC1 ({100 * float(explained[0]):.0f}%)")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel(f"PC2 ({100 * float(explained[1]):.0f}%)")
     axes[0, 0].legend(fontsize=7, loc="best")
     if title:
-        figure.suptitle(title)
+        figure.suptitle(literal_text(title))
     return figure
 
 
@@ -233,18 +314,24 @@ def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str 
     """Inputs (top row) beside their reconstructions (bottom row).
 
     Args:
-        inputs: ``(N, H, W)`` or ``(N, C, H, W)`` images in ``[0, 1]``.
+        inputs: ``(N, H, W)`` or ``(N, C, H, W)`` images in ``[0, 1]``, ``N >= 1``, ``C`` 1 or 3.
         outputs: reconstructions of the same shape.
-        labels: optional ``N`` captions (e.g. predicted classes).
-        title: figure title.
+        labels: optional ``N`` captions (e.g. predicted classes), drawn as given.
+        title: figure title, drawn as given.
 
     Returns:
         The Figure.
+
+    Raises:
+        ValueError: shapes that differ, no images, another channel count, or not ``N`` labels.
+        TypeError: not real tensors.
     """
-    inputs = checked_tensor(inputs, "inputs", dims=(3, 4))
+    inputs = checked_tensor(inputs, "inputs", dims=(3, 4), nonempty=True)
     outputs = checked_tensor(outputs, "outputs", dims=(3, 4))
     if inputs.shape != outputs.shape:
         raise ValueError(f"outputs must have inputs' shape {tuple(inputs.shape)}, got {tuple(outputs.shape)}")
+    _channels(inputs, "inputs", image_dim=4)
+    labels = _labels(labels, inputs.shape[0], "labels")
     gray = [[_gray(images[n]) for n in range(images.shape[0])] for images in (inputs, outputs)]
     return _image_rows(gray, ("input", "reconstruction"), labels=labels, title=title)
 
@@ -258,14 +345,27 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
         images: ``(d, s, H, W)`` reconstructions of
             :func:`~torchvote.explain.statistics.perturbation_poses` (16 dimensions x 11 steps in
             the paper), values in ``[0, 1]``.
-        span: the largest perturbation (for the column labels).
-        title: figure title.
+        span: the largest perturbation, positive (for the column labels: ``s`` steps evenly
+            spaced in ``[-span, span]``, as :func:`~torchvote.explain.statistics.perturbation_poses`
+            makes them).
+        title: figure title, drawn as given.
 
     Returns:
         The Figure.
+
+    Raises:
+        ValueError: not 4-D, fewer than 2 steps (no range to label), no dimensions or pixels, or
+            ``span <= 0``.
+        TypeError: not a real tensor.
     """
-    images = checked_tensor(images, "images", dims=(4,))
+    images = checked_tensor(images, "images", dims=(4,), nonempty=True)
     dims, steps, height, width = images.shape
+    if steps < 2:
+        raise ValueError(
+            f"images must hold at least 2 steps per dimension (d, s, H, W), got {tuple(images.shape)}"
+        )
+    if isinstance(span, bool) or not isinstance(span, int | float) or not span > 0:
+        raise ValueError(f"span must be a positive number, got {span!r}")
     mosaic = torch.ones(dims * (height + 1) - 1, steps * (width + 1) - 1)  # white gaps
     for k in range(dims):
         for s in range(steps):
@@ -289,7 +389,7 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
     ax.set_xlabel("perturbation added to the dimension")
     ax.tick_params(length=0)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(literal_text(title), fontsize=9)
     return figure
 
 
@@ -305,16 +405,24 @@ def multimnist_reconstructions(
         inputs: ``(N, H, W)`` overlapping-digit images in ``[0, 1]``.
         first: ``(N, H, W)`` reconstruction from the first digit's capsule.
         second: ``(N, H, W)`` reconstruction from the second digit's capsule.
-        labels: optional ``N`` captions such as ``"3+7"``.
-        title: figure title.
+        labels: optional ``N`` captions such as ``"3+7"``, drawn as given.
+        title: figure title, drawn as given.
 
     Returns:
         The Figure.
+
+    Raises:
+        ValueError: shapes that differ, no images, or not ``N`` labels.
+        TypeError: not real tensors.
     """
-    inputs = checked_tensor(inputs, "inputs", dims=(3,))
+    inputs = checked_tensor(inputs, "inputs", dims=(3,), nonempty=True)
     first, second = checked_tensor(first, "first", dims=(3,)), checked_tensor(second, "second", dims=(3,))
     if first.shape != inputs.shape or second.shape != inputs.shape:
-        raise ValueError(f"first and second must have inputs' shape {tuple(inputs.shape)}")
+        raise ValueError(
+            f"first and second must have inputs' shape {tuple(inputs.shape)}, got "
+            f"{tuple(first.shape)} and {tuple(second.shape)}"
+        )
+    labels = _labels(labels, inputs.shape[0], "labels")
     colour = torch.stack([first, second, torch.zeros_like(first)], dim=-1).clamp(0, 1)  # (N, H, W, 3)
     return _image_rows([list(inputs), list(colour)], ("input", "red / green"), labels=labels, title=title)
 
@@ -323,25 +431,35 @@ def patch_attention_overlay(image: Tensor, weights: Tensor, grid: tuple[int, int
     """A ViT's attention over image patches as a translucent overlay on the image.
 
     Args:
-        image: ``(H, W)`` or ``(C, H, W)`` in ``[0, 1]``.
-        weights: ``(patches,)`` attention from one token (e.g. [CLS]) to the patches, row-major.
+        image: ``(H, W)`` or ``(C, H, W)`` in ``[0, 1]``, ``C`` 1 or 3.
+        weights: ``(patches,)`` attention from one token (e.g. [CLS]) to the patches, row-major;
+            NaN or infinite weights are grey.
         grid: ``(rows, cols)`` of patches.
-        title: axes title.
+        title: axes title, drawn as given.
 
     Returns:
         The Figure (the map is :func:`torchvote.explain.statistics.patch_attention_map`).
+
+    Raises:
+        ValueError: sizes that do not line up, or another channel count.
+        TypeError: not real tensors.
     """
-    image = checked_tensor(image, "image", dims=(2, 3))
+    image = checked_tensor(image, "image", dims=(2, 3), nonempty=True)
+    _channels(image, "image", image_dim=3)
     height, width = image.shape[-2:]
     heat = patch_attention_map(weights, grid, (height, width))  # (H, W)
     figure, axes = new_figure(1, 2, size=(6.0, 3.0))
     axes[0, 0].imshow(_gray(image).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
     axes[0, 0].set_title("input", fontsize=9)
     axes[0, 1].imshow(_gray(image).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
-    overlay = axes[0, 1].imshow(heat.numpy(), cmap="inferno", alpha=0.55, interpolation="nearest")
-    axes[0, 1].set_title(title or "attention over patches", fontsize=9)
+    vmin, vmax, non_finite = finite_range(heat, lowest=None)
+    overlay = axes[0, 1].imshow(
+        heat.numpy(), cmap=colormap("inferno"), vmin=vmin, vmax=vmax, alpha=0.55, interpolation="nearest"
+    )
+    axes[0, 1].set_title(literal_text(title) if title else "attention over patches", fontsize=9)
     for ax in axes[0]:
         ax.set_xticks([])
         ax.set_yticks([])
-    figure.colorbar(overlay, ax=axes[0, 1], shrink=0.8, label="weight")
+    label = "weight; grey: NaN or inf" if non_finite else "weight"
+    figure.colorbar(overlay, ax=axes[0, 1], shrink=0.8, label=label)
     return figure

@@ -1,21 +1,94 @@
-"""Shared matplotlib plumbing: a headless figure factory and PNG + SVG saving.
+"""Shared matplotlib plumbing: a headless figure factory, PNG + SVG saving, and the rules every
+picture follows for text, size and values it cannot colour.
 
 matplotlib is an optional dependency (``pip install "torchvote[plots]"``); it is imported when a
 figure is first made, with the Agg backend so nothing needs a display.
+
+- Text is drawn as given: :func:`literal_text` escapes ``$`` so that a label or title is never
+  parsed as mathtext.
+- A figure side is at most :data:`MAX_INCHES` (a 600-token heatmap asked for 250 inches, 30,000
+  pixels a side at the report's dpi); axes with more labels than fit show every k-th
+  (:func:`tick_positions`).
+- A value that is not finite (NaN, +-inf: a masked position) is drawn in :data:`BAD_COLOUR`,
+  never in the colour of 0; :func:`finite_range` gives colour limits from the finite values.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["literal_text", "new_figure", "pyplot", "save_figure"]
+from torch import Tensor
+
+from torchvote.files import atomic_write
+
+__all__ = [
+    "BAD_COLOUR",
+    "MAX_INCHES",
+    "close_figure",
+    "colormap",
+    "finite_range",
+    "literal_text",
+    "new_figure",
+    "pyplot",
+    "save_figure",
+    "tick_positions",
+]
+
+MAX_INCHES = 24.0  # longest figure side: 2,880 pixels at the report's 120 dpi
+BAD_COLOUR = "0.72"  # grey for NaN / inf cells: no colour map here has it at 0
+_FORMATS = ("png", "svg", "pdf")
 
 
 def literal_text(text: object) -> str:
     """``text`` as matplotlib must show it, dollar signs included: a label with two ``$`` would
     start mathtext, and a bad expression between them (``$\\frac{1``) fails the whole figure."""
     return str(text).replace("$", r"\$")
+
+
+def tick_positions(count: int, limit: int) -> list[int]:
+    """Every k-th of ``count`` positions, the smallest k that keeps at most ``limit`` of them.
+
+    Args:
+        count: positions (tokens, capsules) along the axis.
+        limit: most labels the axis has room for, at least 1.
+
+    Returns:
+        ``[0, k, 2k, ...]``; every position when ``count <= limit``.
+    """
+    step = max(1, math.ceil(count / max(limit, 1)))
+    return list(range(0, count, step))
+
+
+def finite_range(values: Tensor, *, lowest: float | None = 0.0) -> tuple[float, float, bool]:
+    """Colour limits from the finite values: ``(vmin, vmax, has_non_finite)``.
+
+    Args:
+        values: any tensor (NaN and +-inf are left out of the limits).
+        lowest: ``vmin`` is at most this (0: the scale starts at zero weight); ``None``: the
+            smallest finite value.
+
+    Returns:
+        ``vmin < vmax`` (a constant or empty tensor gets a small span), and whether any value is
+        not finite.
+    """
+    finite = values[values.isfinite()]
+    low = float(finite.min()) if finite.numel() else 0.0
+    high = float(finite.max()) if finite.numel() else 0.0
+    if lowest is not None:
+        low = min(low, lowest)
+    high = max(high, low + 1e-6)
+    return low, high, bool(finite.numel() < values.numel())
+
+
+def colormap(name: str):
+    """The matplotlib colour map ``name`` with non-finite values drawn in :data:`BAD_COLOUR`
+    (matplotlib's default leaves them transparent: white, the colour of 0 in ``Blues``)."""
+    pyplot()
+    import matplotlib
+
+    return matplotlib.colormaps[name].with_extremes(bad=BAD_COLOUR)
 
 
 def pyplot():
@@ -37,9 +110,13 @@ def pyplot():
 
 
 def new_figure(rows: int = 1, cols: int = 1, *, size: tuple[float, float], **kwargs):
-    """``(figure, axes)`` from :func:`matplotlib.pyplot.subplots` with a constrained layout."""
+    """``(figure, axes)`` from :func:`matplotlib.pyplot.subplots` with a constrained layout.
+
+    Each side of ``size`` (inches) is capped at :data:`MAX_INCHES`; ``axes`` is always 2-D.
+    """
     plt = pyplot()
-    return plt.subplots(rows, cols, figsize=size, layout="constrained", squeeze=False, **kwargs)
+    width, height = (min(float(side), MAX_INCHES) for side in size)
+    return plt.subplots(rows, cols, figsize=(width, height), layout="constrained", squeeze=False, **kwargs)
 
 
 def save_figure(
@@ -47,27 +124,60 @@ def save_figure(
 ) -> list[Path]:
     """Save ``figure`` as ``stem.png`` and ``stem.svg`` (folders created), then close it.
 
+    Each file is written under a temporary name and renamed into place, so a reader never sees
+    half a picture; the figure is closed whether saving worked or not.
+
     Args:
         figure: a matplotlib Figure.
         stem: path without suffix.
-        formats: file formats to write.
-        dpi: resolution of raster formats.
+        formats: file formats to write, among ``png``, ``svg`` and ``pdf``.
+        dpi: resolution of raster formats, a positive integer.
 
     Returns:
         The written paths, in ``formats`` order.
 
     Raises:
-        ValueError: an unknown format.
+        ValueError: an unknown or repeated format, or a bad ``dpi`` (nothing written).
+        TypeError: ``figure`` not a matplotlib Figure, or ``formats`` given as one string.
+        ModuleNotFoundError: matplotlib is missing; the message names the extra.
     """
-    allowed = {"png", "svg", "pdf"}
-    stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in formats:
-        if fmt not in allowed:
-            raise ValueError(f"formats must be among {sorted(allowed)}, got {fmt!r}")
-        path = stem.with_name(f"{stem.name}.{fmt}")
-        figure.savefig(path, format=fmt, dpi=dpi, metadata={"Date": None} if fmt == "svg" else None)
-        paths.append(path)
-    pyplot().close(figure)
-    return paths
+    pyplot()  # the message naming the extra when matplotlib is missing
+    from matplotlib.figure import Figure
+
+    try:
+        if not isinstance(figure, Figure):
+            raise TypeError(f"figure must be a matplotlib Figure, got {type(figure).__name__}")
+        if isinstance(formats, str):
+            raise TypeError(f"formats must be a sequence of format names such as ('png',), got {formats!r}")
+        formats = list(formats)
+        unknown = [fmt for fmt in formats if fmt not in _FORMATS]
+        if unknown or not formats or len(set(formats)) != len(formats):
+            raise ValueError(f"formats must be distinct names among {sorted(_FORMATS)}, got {formats!r}")
+        if isinstance(dpi, bool) or not isinstance(dpi, int) or dpi < 1:
+            raise ValueError(f"dpi must be a positive integer, got {dpi!r}")
+        stem = Path(stem)
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for fmt in formats:
+            path = stem.with_name(f"{stem.name}.{fmt}")
+            metadata = {"Date": None} if fmt == "svg" else None
+            atomic_write(path, lambda handle, fmt=fmt, metadata=metadata: figure.savefig(
+                handle, format=fmt, dpi=dpi, metadata=metadata
+            ))
+            paths.append(path)
+        return paths
+    finally:
+        close_figure(figure)
+
+
+def close_figure(figure) -> None:
+    """Close ``figure`` if it is a matplotlib Figure; anything else is left alone (``plt.close``
+    of ``None`` or ``"all"`` would close the caller's other figures).
+
+    Args:
+        figure: the figure to close.
+    """
+    from matplotlib.figure import Figure
+
+    if isinstance(figure, Figure):
+        pyplot().close(figure)

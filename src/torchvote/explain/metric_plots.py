@@ -1,49 +1,105 @@
 """Training curves drawn from a run's ``metrics.jsonl`` (never by re-running the model).
 
-One panel per numeric field against the step; save it with
-:func:`torchvote.explain.figures.save_figure`.
+One panel per numeric field against the step, one line per series: a record's ``event``
+(``train``, ``eval``, ``final``) and ``dataset`` (:class:`~torchvote.training.metrics.MetricsWriter`
+writes both), so a training loss and an evaluation loss at the same step are two lines, not one
+zigzag. Save the figure with :func:`torchvote.explain.figures.save_figure`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchvote.explain.figures import new_figure
+from torchvote.explain.figures import literal_text, new_figure
 from torchvote.training.metrics import read_metrics
 
 __all__ = ["metric_curves"]
+
+# the x axis, its coarse twin, the wall clock, and a setting MetricsWriter records beside results
+NOT_CURVES = ("step", "epoch", "time", "eval_limit")
+COLUMNS = 4  # panels per row
+_NON_FINITE = ("nan", "inf", "-inf", "+inf", "infinity", "-infinity")  # json.dumps of a float's str
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float when it is a metric value: a number (not a bool), or the text
+    ``"nan"`` / ``"inf"`` / ``"-inf"`` that :class:`~torchvote.training.metrics.MetricsWriter`
+    writes for a non-finite float; else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in _NON_FINITE:
+        return float(value)
+    return None
+
+
+def _series(record: dict) -> str:
+    """The line a record belongs to: ``"train"``, ``"eval mnist/test"``, ... (``""`` without an event)."""
+    parts = [str(record[key]) for key in ("event", "dataset") if record.get(key) is not None]
+    return " ".join(parts)
 
 
 def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None):
     """Training curves from a ``metrics.jsonl`` file (one JSON object per line, with ``step``), read
     as :func:`~torchvote.training.metrics.read_metrics` reads it.
 
+    Each panel draws one line per series (``event`` and ``dataset`` of the records, named in a
+    legend); a record without ``step`` is placed at its line number. Non-finite values
+    (written as ``"nan"``) leave a gap; other non-numeric values and booleans are not metrics.
+    Panels wrap after :data:`COLUMNS` per row.
+
     Args:
         path: the metrics file.
-        keys: which numeric fields to draw; default every numeric field but ``step``/``epoch``.
+        keys: which numeric fields to draw; default every numeric field but those in
+            :data:`NOT_CURVES` (``step``, ``epoch``, the wall clock ``time``, ``eval_limit``).
 
     Returns:
         The Figure, one panel per field.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
-        ValueError: if the file holds no records or a named key never appears.
+        ValueError: if the file holds no records, ``keys`` is empty, or a named key never holds a
+            number.
+        TypeError: ``keys`` given as one string.
     """
     path = Path(path)
+    if isinstance(keys, str):
+        raise TypeError(f"keys must be a sequence of field names such as [{keys!r}], not one string")
     records = read_metrics(path)  # a run killed mid-write leaves a torn last line: skipped
     if not records:
         raise ValueError(f"{path} holds no metrics records")
-    numeric = {k for r in records for k, v in r.items() if isinstance(v, int | float)}
-    available = sorted(numeric - {"step", "epoch"})
+    numeric = {k for r in records for k, v in r.items() if _number(v) is not None}
+    available = sorted(numeric - set(NOT_CURVES))
     keys = list(keys) if keys is not None else available
-    missing = [k for k in keys if k not in available]
+    if not keys:
+        raise ValueError(f"keys must name at least one field; {path} has {sorted(numeric)}")
+    missing = [k for k in keys if k not in numeric]
     if missing:
         raise ValueError(f"keys {missing} not in {path}; available: {available}")
-    figure, axes = new_figure(1, max(len(keys), 1), size=(4.0 * max(len(keys), 1), 3.0))
-    for ax, key in zip(axes[0], keys, strict=False):
-        points = [(r.get("step", index), r[key]) for index, r in enumerate(records) if key in r]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
-        ax.set_title(key)
+    columns = min(len(keys), COLUMNS)
+    rows = math.ceil(len(keys) / columns)
+    figure, axes = new_figure(rows, columns, size=(4.0 * columns, 3.0 * rows))
+    for ax in axes.ravel()[len(keys):]:
+        ax.remove()  # the last row's empty cells
+    for ax, key in zip(axes.ravel(), keys, strict=False):
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for index, record in enumerate(records):
+            value = _number(record.get(key))
+            if value is not None:
+                step = _number(record.get("step"))
+                lines.setdefault(_series(record), []).append((index if step is None else step, value))
+        for name, points in lines.items():
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="." if len(points) < 50 else None,
+                label=literal_text(name or key),
+            )
+        if len(lines) > 1 or any(lines):
+            ax.legend(fontsize=7)
+        ax.set_title(literal_text(key))
         ax.set_xlabel("step")
     return figure

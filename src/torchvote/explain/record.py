@@ -28,6 +28,7 @@ key                         shape                    picture
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -130,8 +131,10 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
     report.heading("Trained model: routing, reconstructions, perturbations")
     if has("couplings"):
         couplings = record["couplings"].float()
-        if couplings.dim() != 4:
-            raise ValueError(f"record 'couplings' must be (t, b, i, j), got {tuple(couplings.shape)}")
+        if couplings.dim() != 4 or 0 in couplings.shape:
+            raise ValueError(
+                f"record 'couplings' must be (t, b, i, j) with no empty axis, got {tuple(couplings.shape)}"
+            )
         report.figure(
             plots.coupling_passes(couplings[:, 0], title="couplings of input 0"),
             "couplings",
@@ -200,7 +203,14 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
             caption="MultiMNIST inputs; first digit's reconstruction red, second's green.",
         )
     if has("patch_image", "patch_attention", "patch_grid", optional=True):
-        grid = tuple(int(v) for v in record["patch_grid"].tolist())
+        grid = record["patch_grid"]
+        values = [] if grid.is_complex() else grid.flatten().tolist()
+        whole = len(values) == 2 and all(math.isfinite(v) and v == int(v) for v in values)
+        if grid.shape != (2,) or not whole:
+            raise ValueError(
+                f"record 'patch_grid' must be 2 whole numbers (rows, cols), got {grid.tolist()!r}"
+            )
+        grid = tuple(int(v) for v in grid.tolist())
         weights = record["patch_attention"].float()
         report.figure(
             plots.patch_attention_overlay(record["patch_image"], weights, grid),

@@ -2,18 +2,24 @@
 
 The page loads nothing: no script, no stylesheet, no font, no URL (BertViz's saved pages fetch
 their scripts from a CDN and stay blank offline: bertviz issues #41, #63). Every figure is also
-saved beside the page as PNG and SVG, and listed by file name (as text, not links).
+saved beside the page as PNG and SVG, and listed by file name (as text, not links). Every text is
+HTML-escaped; the page and the pictures are written under a temporary name and renamed into place,
+so a reader never finds half a page.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchvote.explain.figures import save_figure
+from torch import Tensor
+
+from torchvote.explain.figures import close_figure, save_figure
+from torchvote.files import atomic_write
 
 __all__ = ["HtmlReport"]
 
@@ -57,15 +63,25 @@ class HtmlReport:
     _parts: list[str] = field(init=False, repr=False, default_factory=list)
     _sections: list[tuple[str, str]] = field(init=False, repr=False, default_factory=list)
     files: list[Path] = field(init=False, default_factory=list)  # the image files saved so far
+    _names: set[str] = field(init=False, repr=False, default_factory=set)  # figure stems used
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def heading(self, text: str, *, level: int = 2) -> None:
-        """Add a heading; level-2 headings are listed in the page's table of contents."""
+        """Add a heading (escaped); level-2 headings are listed in the page's table of contents.
+
+        Args:
+            text: the heading (any object is shown as its ``str``).
+            level: 2 (a section) or 3.
+
+        Raises:
+            ValueError: another ``level``.
+        """
         if level not in (2, 3):
             raise ValueError(f"level must be 2 or 3, got {level!r}")
+        text = str(text)
         anchor = ""
         if level == 2:
             anchor = f"s{len(self._sections)}"
@@ -73,12 +89,23 @@ class HtmlReport:
         self._parts.append(f"<h{level}{f' id={anchor!r}' if anchor else ''}>{html.escape(text)}</h{level}>")
 
     def text(self, text: str, *, notice: bool = False) -> None:
-        """Add a paragraph (escaped); ``notice`` highlights it (truncation, missing inputs)."""
+        """Add a paragraph (escaped); ``notice`` highlights it (truncation, missing inputs).
+
+        Args:
+            text: the paragraph (any object is shown as its ``str``).
+            notice: highlight it.
+        """
         css = ' class="notice"' if notice else ""
-        self._parts.append(f"<p{css}>{html.escape(text)}</p>")
+        self._parts.append(f"<p{css}>{html.escape(str(text))}</p>")
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[object]], *, caption: str = "") -> None:
-        """Add a table; floats are shown with 4 significant digits.
+        """Add a table (escaped); real numbers that are not integers (Python, NumPy or 0-d tensor)
+        are shown with 4 significant digits.
+
+        Args:
+            headers: the column names.
+            rows: the rows, each with one cell per header.
+            caption: text above the table.
 
         Raises:
             ValueError: a row whose length differs from ``headers``.
@@ -103,8 +130,9 @@ class HtmlReport:
         """Save ``figure`` as ``name.png`` / ``name.svg`` beside the page and inline the PNG.
 
         Args:
-            figure: a matplotlib Figure (closed afterwards).
-            name: file stem, letters, digits, ``-`` and ``_`` only.
+            figure: a matplotlib Figure (closed afterwards, also when it is refused).
+            name: file stem, letters, digits, ``-`` and ``_`` only, not used before in this
+                report (a second figure of that name would overwrite the first one's files).
             caption: text under the picture.
             table: optional ``(headers, rows)``: the numbers behind the picture.
 
@@ -112,11 +140,16 @@ class HtmlReport:
             The written files.
 
         Raises:
-            ValueError: a ``name`` with other characters.
+            ValueError: a ``name`` with other characters, or one already used.
         """
-        if not name or not all(ch.isalnum() or ch in "-_" for ch in name):
+        if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "-_" for ch in name):
+            close_figure(figure)
             raise ValueError(f"name must be letters, digits, '-' and '_', got {name!r}")
+        if name in self._names:
+            close_figure(figure)
+            raise ValueError(f"name {name!r} is already a figure of this report: its files would be replaced")
         paths = save_figure(figure, self.out_dir / name)
+        self._names.add(name)
         self.files.extend(paths)
         png = next(path for path in paths if path.suffix == ".png")
         data = base64.b64encode(png.read_bytes()).decode("ascii")
@@ -143,13 +176,25 @@ class HtmlReport:
         )
 
     def write(self, name: str = "index.html") -> Path:
-        """Write the page into ``out_dir`` and return its path."""
+        """Write the page into ``out_dir`` (atomically: a reader finds the old page or the whole
+        new one) and return its path.
+
+        Args:
+            name: the page's file name.
+
+        Returns:
+            The page's path.
+        """
         path = self.out_dir / name
-        path.write_text(self.render(), encoding="utf-8")
+        page = self.render().encode("utf-8")
+        atomic_write(path, lambda stream: stream.write(page))
         return path
 
 
 def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
+    """A table cell's text: 4 significant digits for a real number that is not an integer."""
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return f"{float(value):.4g}"
     return str(value)

@@ -88,7 +88,8 @@ def explain_sentences(
         model: a :class:`~torchvote.pretrained.BertEncoder`; default
             ``load_pretrained("all-MiniLM-L6-v2")``.
         layer: the layer shown in the heatmaps and made to route (negative counts from the end).
-        iterations: passes of voting for the routing variant, each at least 1.
+        iterations: passes of voting for the routing variant, each at least 1 (run and drawn in
+            increasing order, repeats once).
         report: add to this report instead of a new one (the caller writes it then).
 
     Returns:
@@ -104,6 +105,7 @@ def explain_sentences(
         examples = [Example(s, "", "given on the command line") for s in check_sentences(sentences)]
     if not iterations or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in iterations):
         raise ValueError(f"iterations must be integers >= 1, got {list(iterations)!r}")
+    iterations = sorted(set(iterations))  # the cosine curve is drawn through them in this order
     if model is None:
         from torchvote.pretrained import load_pretrained
 
@@ -182,13 +184,20 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
                 averaged[:shown, :shown],
                 labels,
                 focus,
-                title=f"{literal_text(repr(tokens[focus]))} in layer {layer} (mean of heads)",
+                title=f"{tokens[focus]!r} in layer {layer} (mean of heads)",
             ),
             f"{stem}-lines-layer{layer}",
             caption=f"Where {tokens[focus]!r} looks in layer {layer}: line width and opacity follow the "
             "weight.",
             table=(["head", "top 1", "top 2", "top 3"], head_rows),
         )
+    else:
+        report.text(
+            f"The followed token {tokens[focus]!r} is token {focus + 1}, past the {shown} the pictures "
+            f"show: its attention lines are not drawn. Its top keys per head in layer {layer}:",
+            notice=True,
+        )
+        report.table(["head", "top 1", "top 2", "top 3"], head_rows)
     rollout = attention_rollout(weights)  # (i, j)
     report.figure(
         attention_rollout_figure(rollout[:shown, :shown], labels),
@@ -237,12 +246,18 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     ax = axes[0, 0]
     for normalize_over, style in (("senders", "-o"), ("receivers", "--s")):
         for n, example in enumerate(examples):
-            values = [1.0] + [similarities[normalize_over][k][n] for k in range(len(iterations))]
+            passes = list(iterations)
+            values = [similarities[normalize_over][k][n] for k in range(len(iterations))]
+            if normalize_over == "senders" and 1 not in passes:
+                # one pass over the senders is the pretrained softmax: cosine 1 by definition.
+                # One pass over the receivers is not, so that line starts at its first run.
+                passes, values = [1, *passes], [1.0, *values]
             label = literal_text(f"{normalize_over}: {example.sentence[:28]}")
-            ax.plot([1, *iterations], values, style, label=label, alpha=0.8)
+            ax.plot(passes, values, style, label=label, alpha=0.8)
+    ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle=":")  # the softmax embedding itself
     ax.set_xlabel(f"passes of voting in layer {layer}")
     ax.set_ylabel("cosine to softmax embedding")
-    ax.set_xticks([1, *iterations])
+    ax.set_xticks(sorted({1, *iterations}))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="lower left")
     rows = [
@@ -254,7 +269,8 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     report.figure(
         figure,
         "routing-cosine",
-        caption="How far the sentence embedding moves when one layer votes for r passes (1 = unchanged).",
+        caption="How far the sentence embedding moves when one layer votes for r passes (cosine 1, the "
+        "dotted line: unchanged; 1 pass over the senders is the softmax attention itself).",
         table=(["sentence", "normalize over", "passes", "cosine similarity"], rows),
     )
     r = max(iterations)

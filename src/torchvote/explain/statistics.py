@@ -9,6 +9,8 @@ coupling over the outputs).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -26,20 +28,43 @@ __all__ = [
 ]
 
 
-def checked_tensor(value, name: str, *, dims: Sequence[int]) -> Tensor:
-    """``value`` detached, as float32 on the CPU, once it is a tensor of one of the ranks ``dims``:
-    the check every statistic and picture makes of what it was given.
+def checked_tensor(value, name: str, *, dims: Sequence[int], nonempty: bool = False) -> Tensor:
+    """``value`` detached, as a dense float32 tensor on the CPU, once it is a real tensor of one of
+    the ranks ``dims``: the check every statistic and picture makes of what it was given.
+
+    Any real dtype is accepted (integers, bool, float16 and bfloat16, which matplotlib cannot
+    take, are converted), from any device that holds values, strided or not, with or without
+    ``requires_grad``.
+
+    Args:
+        value: the tensor.
+        name: the argument's name, for the messages.
+        dims: the accepted ranks.
+        nonempty: refuse a tensor with no elements (a picture of nothing).
+
+    Returns:
+        The float32 CPU tensor.
 
     Raises:
-        TypeError: ``value`` is not a tensor (the message names ``name``).
-        ValueError: another rank (the message names ``name`` and the shape).
+        TypeError: ``value`` is not a tensor, or is complex (the message names ``name``).
+        ValueError: another rank, no elements when ``nonempty``, or a tensor on the meta device,
+            which has a shape but no values (the message names ``name``).
     """
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if value.is_complex():
+        raise TypeError(f"{name} must be real, got a {value.dtype} tensor")
     if value.dim() not in dims:
         ranks = " or ".join(f"{d}-D" for d in dims)
         raise ValueError(f"{name} must be {ranks}, got shape {tuple(value.shape)}")
-    return value.detach().float().cpu()
+    if value.is_meta:
+        raise ValueError(f"{name} is on the meta device: it has a shape but no values to use")
+    if nonempty and value.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(value.shape)}")
+    value = value.detach()
+    if value.layout != torch.strided:
+        value = value.to_dense()  # sparse tensors: matplotlib and most ops need dense values
+    return value.to(device="cpu", dtype=torch.float32)
 
 
 def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float = 0.5) -> Tensor:
@@ -58,13 +83,14 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
         ``(i, j)`` rollout, rows summing to one.
 
     Raises:
-        ValueError: non-square or inconsistent shapes, no layers, ``residual`` outside ``[0, 1]``.
+        ValueError: non-square or inconsistent shapes, a tensor that is not 3-D or 4-D, no layers,
+            ``residual`` outside ``[0, 1]``.
         TypeError: not tensors.
     """
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual!r}")
     if isinstance(attentions, Tensor):
-        attentions = list(attentions.unbind(0))
+        attentions = list(checked_tensor(attentions, "attentions", dims=(3, 4)).unbind(0))
     if not attentions:
         raise ValueError("attentions must hold at least one layer")
     rollout = None
@@ -91,30 +117,54 @@ def top_attended(
 ) -> list[list[tuple[str, float]]]:
     """The ``k`` keys each head weighs most for one query token.
 
+    A weight that is NaN (a masked position) ranks as ``-inf``, below every number: it is listed
+    only when fewer than ``k`` keys have one (ties keep the key order).
+
     Args:
         weights: ``(h, i, j)`` or ``(i, j)`` attention of one input.
         tokens: ``j`` key tokens.
-        query: row ``i`` to read.
-        k: how many keys per head.
+        query: row ``i`` to read (negative counts from the end).
+        k: how many keys per head, at least 1 (at most ``j`` are returned).
 
     Returns:
-        Per head, ``k`` ``(token, weight)`` pairs, largest first.
+        Per head, ``min(k, j)`` ``(token, weight)`` pairs, largest first.
 
     Raises:
-        ValueError: ``query`` out of range or ``tokens`` of the wrong length.
+        ValueError: ``query`` out of range, ``k`` < 1, or ``tokens`` of the wrong length.
+        TypeError: ``query`` or ``k`` not an integer.
     """
     weights = checked_tensor(weights, "weights", dims=(2, 3))
     if weights.dim() == 2:
         weights = weights.unsqueeze(0)  # (1, i, j)
     if len(tokens) != weights.shape[-1]:
         raise ValueError(f"tokens must have {weights.shape[-1]} entries, got {len(tokens)}")
-    if not -weights.shape[1] <= query < weights.shape[1]:
-        raise ValueError(f"query must index one of {weights.shape[1]} rows, got {query}")
-    values, indices = weights[:, query].topk(min(k, weights.shape[-1]), dim=-1)  # (h, k)
+    query = checked_index(query, weights.shape[1], "query")
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"k must be an integer, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    row = weights[:, query]  # (h, j)
+    key = torch.where(row.isnan(), torch.full_like(row, -math.inf), row)  # NaN ranks as -inf
+    order = key.sort(dim=-1, descending=True, stable=True).indices[:, :k]  # (h, min(k, j))
+    values = row.gather(-1, order)  # (h, k)
     return [
         [(tokens[j], float(v)) for v, j in zip(vs.tolist(), js.tolist(), strict=True)]
-        for vs, js in zip(values, indices, strict=True)
+        for vs, js in zip(values, order, strict=True)
     ]
+
+
+def checked_index(value, count: int, name: str) -> int:
+    """``value`` as an index into ``count`` items (negative counts from the end).
+
+    Raises:
+        TypeError: not an integer (``bool`` included).
+        ValueError: out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer index, got {type(value).__name__} {value!r}")
+    if not -count <= value < count:
+        raise ValueError(f"{name} must index one of {count} rows, got {value}")
+    return int(value) % count
 
 
 def coupling_entropy(couplings: Tensor, *, normalize_over: str = "receivers") -> Tensor:
@@ -196,11 +246,14 @@ def project_votes(votes: Tensor, consensus: Tensor | None = None) -> tuple[Tenso
         ``explained`` is the fraction of variance along each component.
 
     Raises:
-        ValueError: fewer than 2 votes or features, or mismatched ``d``.
+        ValueError: fewer than 2 votes or features, mismatched ``d``, or a vote or consensus
+            value that is not finite (no principal components of NaN).
     """
     votes = checked_tensor(votes, "votes", dims=(2,))
     if votes.shape[0] < 2 or votes.shape[1] < 2:
         raise ValueError(f"votes must be (j >= 2, d >= 2), got {tuple(votes.shape)}")
+    if not votes.isfinite().all():
+        raise ValueError(f"votes must be finite, got {int((~votes.isfinite()).sum())} NaN or inf values")
     mean = votes.mean(dim=0, keepdim=True)  # (1, d)
     _, singular, basis = torch.linalg.svd(votes - mean, full_matrices=False)  # basis (r, d)
     axes = basis[:2].T  # (d, 2)
@@ -212,6 +265,8 @@ def project_votes(votes: Tensor, consensus: Tensor | None = None) -> tuple[Tenso
         consensus = consensus.unsqueeze(0) if consensus.dim() == 1 else consensus  # (t, d)
         if consensus.shape[1] != votes.shape[1]:
             raise ValueError(f"consensus must have d={votes.shape[1]} features, got {tuple(consensus.shape)}")
+        if not consensus.isfinite().all():
+            raise ValueError("consensus must be finite, got NaN or inf values")
         points = (consensus - mean) @ axes  # (t, 2)
     return (votes - mean) @ axes, points, explained
 
@@ -223,18 +278,24 @@ def perturbation_poses(pose: Tensor, *, steps: int = 11, span: float = 0.25) -> 
     ``[-span, span]`` (the paper: intervals of 0.05 in ``[-0.25, 0.25]``, 11 steps).
 
     Args:
-        pose: ``(d,)`` the winning digit capsule's output (16-D in the paper).
+        pose: ``(d,)`` the winning digit capsule's output (16-D in the paper); an integer or bool
+            pose is perturbed in the default float dtype (in its own dtype every step rounded to 0).
         steps: perturbations per dimension, at least 2.
         span: largest absolute change, positive.
 
     Returns:
-        ``(d, steps, d)`` poses to feed the decoder.
+        ``(d, steps, d)`` poses to feed the decoder, on ``pose``'s device.
 
     Raises:
+        TypeError: ``pose`` not a real tensor.
         ValueError: ``pose`` not 1-D, ``steps < 2`` or ``span <= 0``.
     """
-    if not isinstance(pose, Tensor) or pose.dim() != 1:
-        raise ValueError(f"pose must be a 1-D tensor (d,), got {getattr(pose, 'shape', type(pose).__name__)}")
+    if not isinstance(pose, Tensor) or pose.is_complex():
+        raise TypeError(f"pose must be a real tensor, got {getattr(pose, 'dtype', type(pose).__name__)}")
+    if pose.dim() != 1:
+        raise ValueError(f"pose must be a 1-D tensor (d,), got {tuple(pose.shape)}")
+    if not pose.is_floating_point():
+        pose = pose.to(torch.get_default_dtype())
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an integer >= 2, got {steps!r}")
     if not span > 0:
@@ -256,14 +317,26 @@ def patch_attention_map(weights: Tensor, grid: tuple[int, int], size: tuple[int,
         ``(H, W)`` map, each pixel carrying its patch's weight.
 
     Raises:
-        ValueError: sizes that do not line up.
+        ValueError: ``grid`` or ``size`` not two positive integers, or sizes that do not line up.
     """
     weights = checked_tensor(weights, "weights", dims=(1,))
-    rows, cols = grid
+    rows, cols = _pair(grid, "grid")
     if rows * cols != weights.shape[0]:
         raise ValueError(f"grid {grid} has {rows * cols} patches, weights has {weights.shape[0]}")
-    height, width = size
+    height, width = _pair(size, "size")
     if height % rows or width % cols:
         raise ValueError(f"size {size} must be a multiple of grid {grid}")
-    patches = weights.view(rows, cols)  # (rows, cols)
+    patches = weights.reshape(rows, cols)  # (rows, cols)
     return patches.repeat_interleave(height // rows, 0).repeat_interleave(width // cols, 1)  # (H, W)
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    """``value`` as two positive integers, or a ``ValueError`` naming ``name``."""
+    try:
+        first, second = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be two positive integers (rows, cols), got {value!r}") from None
+    for number in (first, second):
+        if isinstance(number, bool) or not isinstance(number, numbers.Integral) or number < 1:
+            raise ValueError(f"{name} must be two positive integers (rows, cols), got {value!r}")
+    return int(first), int(second)
