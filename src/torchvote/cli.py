@@ -329,17 +329,9 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
 def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
     """Train; on rank 0, say where the checkpoint, metrics and plots went (and, with ``explain``,
     write the ``torchvote explain`` report of the trained model beside them)."""
-    from torchvote.data import list_datasets
     from torchvote.training import train
-    from torchvote.training.config import ConfigError
-    from torchvote.training.keyvalue import parse_entry
     from torchvote.training.plots import plot_run
 
-    known = list_datasets()
-    for entry in config.eval_on:  # named by key (the run says "name: unknown data set ...")
-        if (name := parse_entry(entry, "eval_on")[0]) not in known:
-            listed = ", ".join(known)
-            raise ConfigError(f"eval_on entry {entry!r}: unknown data set {name!r}; data sets: {listed}")
     result = train(config, resume=resume)
     if result.interrupted:
         return EXIT_INTERRUPTED

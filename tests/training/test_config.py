@@ -412,6 +412,8 @@ def test_split_entries_keeps_options_with_their_data_set(values, expected):
         ("data.name=cifar", "data.name: unknown data set 'cifar'; data sets: addition, affnist"),
         ("data.eval_name=cifar", "data.eval_name: unknown data set 'cifar'; data sets: "),
         ("data.eval_split=dev", "data.eval_split: 'dev' is not a split of 'small-digits'; splits: train"),
+        # checked by the CLI only: a config built in Python failed when the run reached it
+        ("eval_on=[mnist,cifar]", "eval_on entry 'cifar': unknown data set 'cifar'; data sets: addition"),
         # an unclosed bracket made a data set named '[mnist'
         ("eval_on=[mnist", "eval_on: expected comma-separated strs, got '[mnist' (unbalanced brackets)"),
         ("eval_on=mnist]", "eval_on: expected comma-separated strs, got 'mnist]'"),

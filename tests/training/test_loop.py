@@ -335,12 +335,12 @@ def test_canvas_trains_on_40x40_and_evaluates_on_affnist_style(tiny_config):
         ("affnist-style", "the model takes 28x28 images, the data has 40x40"),
     ],
 )
-def test_a_wrong_eval_on_entry_fails_before_the_training(tiny_config, entry, error):
+def test_a_wrong_eval_on_entry_fails_before_the_training(tiny_config, tmp_path, entry, error):
     steps = []
-    config = tiny_config("run", "epochs=1", f"eval_on=[{entry}]")
-    with pytest.raises(Exception, match=error):
+    with pytest.raises(Exception, match=error):  # an unknown name already when the config loads
+        config = tiny_config("run", "epochs=1", f"eval_on=[{entry}]")
         train(config, callbacks=[lambda info: steps.append(info.step)], verbose=False)
-    assert steps == [] and not Path(config.run_dir).exists()
+    assert steps == [] and not (tmp_path / "run").exists()
 
 
 def test_an_eval_on_entry_reads_its_own_root(tiny_config, tmp_path):

@@ -33,6 +33,7 @@ from torchvote.training.keyvalue import (
     ConfigError,
     coerce_value,
     field_types,
+    parse_entry,
     parse_override,
     parse_value,
     typed_fields,
@@ -113,10 +114,10 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
 
 
 def _check_data_names(config: TrainConfig) -> None:
-    """The data sets a config trains and evaluates on (``data.name``, ``data.eval_name``) exist,
-    and ``data.eval_split`` is a split of the evaluated one: checked at load, named by key, not
-    when the run reaches them. (``eval_on`` entries are checked by the run before it trains, and
-    by ``torchvote train`` by key.)
+    """The data sets a config trains and evaluates on (``data.name``, ``data.eval_name``, each
+    ``eval_on`` entry) exist, and ``data.eval_split`` is a split of the evaluated one: checked at
+    load, named by key, not when the run reaches them. (An ``eval_on`` entry's options and whether
+    its images fit the model are checked by the run before it trains.)
 
     Raises:
         ConfigError: naming the key, listing the data sets or splits.
@@ -131,6 +132,8 @@ def _check_data_names(config: TrainConfig) -> None:
 
     data = config.data
     check(data.name, "data.name")
+    for entry in config.eval_on:
+        check(parse_entry(entry, "eval_on")[0], f"eval_on entry {entry!r}")
     if data.eval_name is not None:
         check(data.eval_name, "data.eval_name")
     evaluated = data.eval_name or data.name
