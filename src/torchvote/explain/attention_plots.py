@@ -16,7 +16,14 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from torchvote.explain.figures import colormap, finite_range, literal_text, new_figure, tick_positions
+from torchvote.explain.figures import (
+    colormap,
+    finite_range,
+    literal_labels,
+    literal_text,
+    new_figure,
+    tick_positions,
+)
 from torchvote.explain.statistics import checked_index, checked_tensor
 
 __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attention_lines"]
@@ -26,23 +33,8 @@ LABEL_LIMIT = 60  # most token labels along one heatmap axis; beyond, every k-th
 
 
 def _check_tokens(tokens: Sequence[str] | None, count: int, name: str) -> list[str] | None:
-    """``tokens`` as literal label strings (``$`` shown as it is), or ``None`` (no labels).
-
-    Raises:
-        TypeError: one string instead of a sequence of labels.
-        ValueError: not ``count`` labels (the message names ``name``).
-    """
-    if tokens is None:
-        return None
-    if isinstance(tokens, str):
-        raise TypeError(f"{name} must be a sequence of labels, one per row/column, not the string {tokens!r}")
-    tokens = list(tokens)
-    if len(tokens) != count:
-        raise ValueError(
-            f"{name} must have {count} entries (one per row/column): "
-            f"expected {count} labels, got {len(tokens)}"
-        )
-    return [literal_text(token) for token in tokens]
+    """:func:`literal_labels` of token labels, one per row/column of a weights matrix."""
+    return literal_labels(tokens, count, name, each=f" (one per row/column): expected {count} labels")
 
 
 def _key_tokens(tokens, key_tokens, count: int) -> list[str] | None:

@@ -21,6 +21,7 @@ from torch import Tensor
 from torchvote.explain.figures import (
     colormap,
     finite_range,
+    literal_labels,
     literal_text,
     new_figure,
     tick_positions,
@@ -39,23 +40,6 @@ __all__ = [
 
 
 LABEL_LIMIT = 20  # most capsule labels along one coupling map's axis; beyond, every k-th
-
-
-def _labels(labels, count: int, name: str) -> list[str] | None:
-    """``labels`` as ``count`` literal strings (``$`` shown as it is), or ``None``.
-
-    Raises:
-        TypeError: one string instead of a sequence of labels.
-        ValueError: not ``count`` labels (the message names ``name``).
-    """
-    if labels is None:
-        return None
-    if isinstance(labels, str):
-        raise TypeError(f"{name} must be a sequence of labels, not the string {labels!r}")
-    labels = list(labels)
-    if len(labels) != count:
-        raise ValueError(f"{name} must have {count} entries, got {len(labels)}")
-    return [literal_text(label) for label in labels]
 
 
 def _channels(images: Tensor, name: str, *, image_dim: int) -> None:
@@ -142,8 +126,8 @@ def coupling_passes(
                 )
         couplings = torch.stack(passes)
     couplings = checked_tensor(couplings, "couplings", dims=(3,), nonempty=True)
-    outputs = _labels(output_labels, couplings.shape[1], "output_labels")
-    inputs = _labels(input_labels, couplings.shape[2], "input_labels")
+    outputs = literal_labels(output_labels, couplings.shape[1], "output_labels")
+    inputs = literal_labels(input_labels, couplings.shape[2], "input_labels")
     passes = couplings.shape[0]
     _, vmax, non_finite = finite_range(couplings)
     cmap = colormap("viridis")
@@ -331,7 +315,7 @@ def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str 
     if inputs.shape != outputs.shape:
         raise ValueError(f"outputs must have inputs' shape {tuple(inputs.shape)}, got {tuple(outputs.shape)}")
     _channels(inputs, "inputs", image_dim=4)
-    labels = _labels(labels, inputs.shape[0], "labels")
+    labels = literal_labels(labels, inputs.shape[0], "labels")
     gray = [[_gray(images[n]) for n in range(images.shape[0])] for images in (inputs, outputs)]
     return _image_rows(gray, ("input", "reconstruction"), labels=labels, title=title)
 
@@ -422,7 +406,7 @@ def multimnist_reconstructions(
             f"first and second must have inputs' shape {tuple(inputs.shape)}, got "
             f"{tuple(first.shape)} and {tuple(second.shape)}"
         )
-    labels = _labels(labels, inputs.shape[0], "labels")
+    labels = literal_labels(labels, inputs.shape[0], "labels")
     colour = torch.stack([first, second, torch.zeros_like(first)], dim=-1).clamp(0, 1)  # (N, H, W, 3)
     return _image_rows([list(inputs), list(colour)], ("input", "red / green"), labels=labels, title=title)
 

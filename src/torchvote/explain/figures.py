@@ -29,6 +29,7 @@ __all__ = [
     "close_figure",
     "colormap",
     "finite_range",
+    "literal_labels",
     "literal_text",
     "new_figure",
     "pyplot",
@@ -45,6 +46,34 @@ def literal_text(text: object) -> str:
     """``text`` as matplotlib must show it, dollar signs included: a label with two ``$`` would
     start mathtext, and a bad expression between them (``$\\frac{1``) fails the whole figure."""
     return str(text).replace("$", r"\$")
+
+
+def literal_labels(
+    labels: Sequence[object] | None, count: int, name: str, *, each: str = ""
+) -> list[str] | None:
+    """``labels`` as ``count`` strings drawn as written (:func:`literal_text`), or ``None``.
+
+    Args:
+        labels: one label per row (column, capsule ...), or ``None`` for no labels.
+        count: how many there must be.
+        name: the argument's name, for the message.
+        each: added to the count in the message (e.g. ``" (one per row/column)"``).
+
+    Returns:
+        The labels, or ``None``.
+
+    Raises:
+        TypeError: one string instead of a sequence of labels.
+        ValueError: not ``count`` labels.
+    """
+    if labels is None:
+        return None
+    if isinstance(labels, str):
+        raise TypeError(f"{name} must be a sequence of labels, not the string {labels!r}")
+    labels = list(labels)
+    if len(labels) != count:
+        raise ValueError(f"{name} must have {count} entries{each}, got {len(labels)}")
+    return [literal_text(label) for label in labels]
 
 
 def tick_positions(count: int, limit: int) -> list[int]:
