@@ -23,6 +23,7 @@ __all__ = [
     "check_choice",
     "check_dim",
     "check_flag",
+    "check_index_range",
     "check_input_dtype",
     "check_integer_tensor",
     "check_positive_float",
@@ -342,6 +343,28 @@ def check_tensor_values(
             raise ValueError(message if detail is None else f"{message}{detail()}")
         return
     torch._assert_async(valid, message)
+
+
+def check_index_range(indices: torch.Tensor, size: int, message: str) -> None:
+    """Refuse integer ``indices`` outside ``[0, size)`` through :func:`check_tensor_values`; on the
+    CPU the ValueError adds the smallest and largest index. An empty tensor passes.
+
+    Args:
+        indices: integer ids or class indices, any shape.
+        size: the number of valid indices.
+        message: what is wrong, naming the argument and the range.
+
+    Raises:
+        ValueError: on the CPU, an index outside the range.
+    """
+    if indices.numel() == 0:  # nothing to check (and aminmax refuses an empty tensor)
+        return
+
+    def extremes() -> str:
+        low, high = (int(value) for value in torch.aminmax(indices))
+        return f": smallest {low}, largest {high}"
+
+    check_tensor_values(((indices >= 0) & (indices < size)).all(), message, detail=extremes)
 
 
 def _reads_are_free(tensor: torch.Tensor) -> bool:

@@ -36,7 +36,7 @@ from torchvote.models.capsule_config import check_images, router_options_errors
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
-from torchvote.validation import check_integer_tensor, check_tensor_values
+from torchvote.validation import check_index_range, check_integer_tensor
 
 __all__ = [
     "VECTOR_HEAD_RENAMES",
@@ -120,17 +120,8 @@ def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
             f"got {tuple(targets.shape)}"
         )
     num_classes = scores.shape[-1]
-
-    def extremes() -> str:
-        low, high = (int(value) for value in torch.aminmax(targets))
-        return f": smallest {low}, largest {high}"
-
-    if targets.numel():  # an empty batch has no index to check (aminmax refuses it)
-        check_tensor_values(
-            ((targets >= 0) & (targets < num_classes)).all(),
-            f"targets holds class indices outside [0, num_classes={num_classes})",
-            detail=extremes,
-        )
+    message = f"targets holds class indices outside [0, num_classes={num_classes})"
+    check_index_range(targets, num_classes, message)
     classes = targets.long()
     return classes if classes.dim() == 2 else classes[:, None]  # (b, k); reshape fails on b = 0
 

@@ -35,7 +35,7 @@ from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
 from torchvote.nn.transformer import AttentionFactory, AttentionIntermediates, TransformerConfig
-from torchvote.validation import check_choice, check_positive_int, check_probability, check_tensor_values
+from torchvote.validation import check_choice, check_index_range, check_positive_int, check_probability
 
 __all__ = [
     "TransformerBackboneFields",
@@ -205,16 +205,8 @@ def check_token_ids(
         limit = length_name if cached == 0 else f"{length_name} - {cached} cached"
         raise ValueError(f"{argument} has {tokens.shape[1]} tokens, more than {limit}={max_length - cached}")
     if vocab_size is not None:
-
-        def extremes() -> str:
-            low, high = (int(value) for value in torch.aminmax(tokens))
-            return f": smallest {low}, largest {high}"
-
-        check_tensor_values(
-            ((tokens >= 0) & (tokens < vocab_size)).all(),
-            f"{argument} holds ids outside the vocabulary [0, {vocab_size})",
-            detail=extremes,
-        )
+        message = f"{argument} holds ids outside the vocabulary [0, {vocab_size})"
+        check_index_range(tokens, vocab_size, message)
 
 
 def check_cache(cache: Any) -> None:
