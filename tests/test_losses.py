@@ -162,6 +162,9 @@ def test_one_hot_targets_checks_range_and_shape():
     assert one_hot_targets(torch.tensor([2]), 3).tolist() == [[0.0, 0.0, 1.0]]
     with pytest.raises(ValueError, match="class indices"):
         one_hot_targets(torch.tensor([3]), 3)
+    # the message names the extremes, not every index of the batch
+    with pytest.raises(ValueError, match=r"in \[0, 3\): smallest -1, largest 5$"):
+        one_hot_targets(torch.tensor([0, -1, 5, 1]), 3)
     with pytest.raises(ValueError, match="targets must be"):
         one_hot_targets(torch.zeros(2, 4), 3)
 

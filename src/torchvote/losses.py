@@ -14,7 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchvote.validation import check_in_range, check_positive_int, check_tensor_values
+from torchvote.validation import (
+    check_in_range,
+    check_index_range,
+    check_positive_int,
+    check_tensor_values,
+)
 
 __all__ = [
     "SpreadMarginSchedule",
@@ -50,12 +55,7 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
     if targets.dim() == 1:
         if targets.is_floating_point() or targets.is_complex():
             raise TypeError(f"class indices must be integers, got dtype {targets.dtype}")
-        if targets.numel():
-            check_tensor_values(
-                ((targets >= 0) & (targets < num_classes)).all(),
-                f"class indices must be in [0, {num_classes})",
-                detail=lambda: f", got {targets.tolist()}",
-            )
+        check_index_range(targets, num_classes, f"class indices must be in [0, {num_classes})")
         return F.one_hot(targets.long(), num_classes).to(dtype)
     if targets.dim() == 2 and targets.shape[1] == num_classes:
         # T_k of the margin loss is 0 or 1; a 7 (or a smoothed 0.9) would scale the loss silently
