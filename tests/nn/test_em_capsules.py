@@ -128,9 +128,13 @@ def test_conv_matrix_capsules_normalise_jointly_as_the_paper(rows, cols, stride,
 
 def test_conv_matrix_capsules_build_sender_groups_once_per_grid():
     layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=2)
-    first = layer.sender_groups(5, 5)
-    assert layer.sender_groups(5, 5) is first and first.shape == (4, 18)
+    assert layer.sender_groups(5, 5).shape == (4, 18)
     assert layer.sender_groups(7, 5).shape == (6, 18)
+    cpu = torch.device("cpu")
+    first = layer._routing_groups(5, 5, cpu)  # prepared (checked, compacted) once per grid
+    assert layer._routing_groups(5, 5, cpu) is first and first.ids.shape == (4, 18)
+    assert layer._routing_groups(7, 5, cpu) is not first
+    assert ConvMatrixCapsules(2, 3, normalization="per_patch")._routing_groups(5, 5, cpu) is None
     assert ConvMatrixCapsules(2, 3, normalization="per_patch").sender_groups(5, 5) is None
 
 

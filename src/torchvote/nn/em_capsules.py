@@ -236,8 +236,8 @@ class ConvMatrixCapsules(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
-        self._sender_groups: dict[tuple[int, int, torch.device], Tensor] = {}  # by input grid
-        self._prepared_groups: dict[tuple[int, int, torch.device], SenderGroups] = {}  # likewise
+        # sender_groups prepared for routing, by input grid and device
+        self._prepared_groups: dict[tuple[int, int, torch.device], SenderGroups] = {}
         in_caps = kernel_size * kernel_size * in_types
         # (kernel position and input type, output type, P, P), near the identity so poses pass on.
         eye = torch.eye(self.side, **factory)
@@ -259,28 +259,21 @@ class ConvMatrixCapsules(nn.Module):
             device: where the ids live (the votes' device).
 
         Returns:
-            ``(L, K*K*in_types)`` int64 ids (cached per grid and device), or ``None`` with
-            ``normalization="per_patch"``.
+            ``(L, K*K*in_types)`` int64 ids, or ``None`` with ``normalization="per_patch"``.
         """
         if self.normalization == "per_patch":
             return None
-        key = (rows, cols, torch.device(device or "cpu"))
-        if key not in self._sender_groups:
-            self._sender_groups[key] = conv_sender_groups(
-                rows, cols, self.in_types, self.kernel_size, self.stride, device=key[2]
-            )
-        return self._sender_groups[key]
+        return conv_sender_groups(rows, cols, self.in_types, self.kernel_size, self.stride, device=device)
 
     def _routing_groups(self, rows: int, cols: int, device: torch.device) -> SenderGroups | None:
         """:meth:`sender_groups` checked and compacted once per grid and device, so that a forward
         pass reads nothing back from the device (see
         :func:`~torchvote.functional.em_kernel.prepare_sender_groups`)."""
-        ids = self.sender_groups(rows, cols, device)
-        if ids is None:
+        if self.normalization == "per_patch":
             return None
-        key = (rows, cols, ids.device)
+        key = (rows, cols, torch.device(device))
         if key not in self._prepared_groups:
-            self._prepared_groups[key] = prepare_sender_groups(ids)
+            self._prepared_groups[key] = prepare_sender_groups(self.sender_groups(rows, cols, device))
         return self._prepared_groups[key]
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
