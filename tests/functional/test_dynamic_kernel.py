@@ -136,3 +136,12 @@ def test_an_empty_batch_routes_to_empty_outputs():
     assert outputs.shape == (0, 3, 4) and couplings.shape == (0, 3, 5)
     outputs.sum().backward()
     assert inputs.grad.shape == (0, 5, 2) and torch.count_nonzero(weight.grad) == 0
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 6, 5), (3, 0, 6, 5), (3, 4, 0, 5), (3, 4, 6, 0)])
+def test_linear_votes_refuse_an_empty_weight(shape):
+    """A size-0 weight axis is refused where the votes are made, naming the weight's shape (the
+    blocked kernels would fail in a reshape deep inside routing)."""
+    inputs = torch.randn(2, shape[1], shape[3])
+    with pytest.raises(ValueError, match=r"every size >= 1, got \(" + ", ".join(map(str, shape))):
+        LinearVotes(torch.randn(shape), inputs)

@@ -303,13 +303,15 @@ class LinearVotes(_WeightTimesInputs):
         inputs: ``(..., j, e)``: the input capsules.
 
     Raises:
-        ValueError: if ``weight`` is not 4-D or its ``(j, e)`` do not match ``inputs``.
+        ValueError: if ``weight`` is not 4-D, has a size 0, or its ``(j, e)`` do not match
+            ``inputs``.
     """
 
     def __init__(self, weight: Tensor, inputs: Tensor) -> None:
-        if weight.dim() != 4:
+        if weight.dim() != 4 or 0 in weight.shape:  # the blocked kernels need every size >= 1
             raise ValueError(
-                f"weight must have shape (out_caps, in_caps, out_dim, in_dim), got {tuple(weight.shape)}"
+                "weight must have shape (out_caps, in_caps, out_dim, in_dim), every size >= 1, "
+                f"got {tuple(weight.shape)}"
             )
         receivers, senders, out_dim, in_dim = weight.shape
         if inputs.dim() < 2 or inputs.shape[-2:] != (senders, in_dim):
