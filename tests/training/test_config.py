@@ -432,6 +432,14 @@ def test_audit_values_are_refused_at_load_naming_their_key(override, message):
     assert message in str(error.value)
 
 
+def test_interpolations_resolve_when_the_config_loads():
+    """OmegaConf's ``${key}`` and ``${oc.env:NAME}`` are resolved once, at load: the config (and
+    so the run's saved copy) holds the values, not the expressions."""
+    config = load_config("smoke", ["seed=7", "out_dir=runs/seed-${seed}"])
+    assert config.out_dir == "runs/seed-7"
+    assert config_to_dict(config)["out_dir"] == "runs/seed-7"
+
+
 def test_the_largest_seed_torch_takes_loads():
     assert load_config("smoke", [f"seed={2**64 - 1}"]).seed == 2**64 - 1
 

@@ -14,6 +14,10 @@ than ``model.name`` and ``model.preset`` are fields of the model's own config da
 against it; the model config is built from them by one function, :func:`build_model_config`, whose
 ``__post_init__`` is the one check of their values. A wrong key or value raises
 :class:`ConfigError`, a ``ValueError`` whose message lists the valid keys or choices.
+
+Values may use OmegaConf interpolation, ``out_dir=runs/seed-${seed}`` or ``${oc.env:HOME}``: it is
+resolved once, when the config loads, so the config (and the copy a run saves) holds the values;
+a key that does not exist is a :class:`ConfigError` naming the key it was given to.
 """
 
 from __future__ import annotations
