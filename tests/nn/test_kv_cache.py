@@ -94,6 +94,36 @@ def test_cross_attention_cache_projects_the_memory_once():
     assert outputs[0][0].shape == (2, 2, EMBED)
 
 
+@pytest.mark.parametrize(("batch", "memory_len"), [(2, 5), (1, 4)])
+def test_a_filled_static_cache_refuses_another_batch_or_memory(batch, memory_len):
+    """Filled from a batch of 1 and a memory of 5, the cached keys broadcast over a batch of 2 (a
+    wrong answer, off by up to 0.7) or stood for a memory of another length, in silence."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(EMBED, HEADS).eval()
+    cache = KVCache(static=True)
+    module(torch.randn(1, 1, EMBED), torch.randn(1, 5, EMBED), cache=cache)
+    with pytest.raises(ValueError, match=r"batch 1 and length 5; this call has batch "
+                                         rf"{batch} and a memory of length {memory_len}"):
+        module(torch.randn(batch, 1, EMBED), torch.randn(batch, memory_len, EMBED), cache=cache)
+
+
+def test_a_stack_refuses_a_cache_without_causality():
+    """Two layers, a cache and ``is_causal=False``: the second layer's cached keys of earlier
+    tokens were computed before the later tokens existed, so the output differed from the
+    uncached call (by 0.03 here) in silence."""
+    torch.manual_seed(0)
+    layer = TransformerConfig(EMBED, HEADS, dim_feedforward=32, dropout=0.0)
+    decoder = TransformerDecoder(layer, 2).eval()
+    target, memory = torch.randn(1, 4, EMBED), torch.randn(1, 3, EMBED)
+    with pytest.raises(ValueError, match="a cache in a stack of several layers needs is_causal=True"):
+        decoder(target, memory, is_causal=False, cache=decoder.new_cache())
+    one_layer = TransformerDecoder(layer, 1).eval()  # one layer: the cache stays exact
+    cache = one_layer.new_cache()
+    steps = [one_layer(target[:, t : t + 1], memory, is_causal=False, cache=cache) for t in range(4)]
+    expected = one_layer(target, memory, is_causal=True)  # each step hears its past only
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_decoder_stack_cache_matches_the_uncached_stack():
     torch.manual_seed(0)
     layer = TransformerConfig(EMBED, HEADS, dim_feedforward=32, dropout=0.0, norm_first=True)
@@ -127,3 +157,23 @@ def test_bad_caches_are_refused():
     assert isinstance(LayerCache().cross_attention, KVCache) and LayerCache().cross_attention.static
     out = layer(torch.randn(1, 1, EMBED), torch.randn(1, 3, EMBED), cache=LayerCache())
     assert out.shape == (1, 1, EMBED)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "device", "named"),
+    [(torch.float64, "cpu", "torch.float64 on cpu"), (torch.float32, "meta", "torch.float32 on meta")],
+)
+def test_an_appending_cache_refuses_keys_of_another_dtype_or_device(dtype, device, named):
+    # torch.cat promoted float32 + float64 in silence (old keys at the lower precision) and
+    # failed on two devices without naming the cache.
+    cache = KVCache()
+    held = torch.zeros(1, HEADS, 2, 4)
+    cache.update(held, held)
+    new = torch.zeros(1, HEADS, 1, 4, dtype=dtype, device=device)
+    with pytest.raises(ValueError, match=f"torch.float32 on cpu; new keys of shape \\(1, {HEADS}, 1, 4\\), "
+                                         f"{named} do not extend them"):
+        cache.update(new, new)
+    assert cache.keys is held  # nothing was changed
+    static = KVCache(static=True)  # a fixed memory: replaced on a new call, never extended
+    static.update(held, held)
+    assert static.update(new, new)[0] is new

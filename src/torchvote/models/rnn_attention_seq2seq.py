@@ -18,7 +18,9 @@ query (:class:`~torchvote.nn.LuongAttention`, eq. 8); the attentional state
 (input feeding, sec. 3.3). Luong et al. use LSTMs; here both decoders are GRUs.
 
 ``forward`` is teacher-forced (the decoder reads the true previous tokens); ``generate`` decodes
-greedily. The source is packed, so padding (``pad_id``, after the tokens) changes nothing.
+greedily, with the arguments of the Transformer encoder-decoder's (its ``use_cache`` is accepted
+and changes nothing: the recurrent state is the cache). The source is packed, so padding
+(``pad_id``, after the tokens) changes nothing.
 
 The defaults are RNNsearch's sizes (620-dimensional embeddings, 1000 hidden units, 30000-word
 vocabularies, sentences up to 50 words); ``luong`` is Luong et al.'s (4 layers of 1000 units,
@@ -39,6 +41,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torchvote.models.registry import SequenceOutput, register_model
 from torchvote.models.transformer_backbone import (
     check_config_ints,
+    check_max_new_tokens,
     check_special_ids,
     check_token_ids,
     evaluating,
@@ -325,14 +328,25 @@ class RNNAttentionSeq2Seq(nn.Module):
         )
 
     @torch.no_grad()
-    def generate(self, source: Tensor, *, max_new_tokens: int | None = None) -> Tensor:
+    def generate(
+        self, source: Tensor, *, max_new_tokens: int | None = None, use_cache: bool = True
+    ) -> Tensor:
         """Greedy decoding: from ``<bos>``, feed back the most likely token until ``<eos>``.
 
-        Runs in evaluation mode (no dropout) and returns the model to its previous mode.
+        Runs in evaluation mode (no dropout) and returns the model to its previous mode. Takes
+        the arguments of
+        :meth:`~torchvote.models.transformer_seq2seq.TransformerSeq2Seq.generate`, checked the
+        same way, so one call decodes with either model.
 
         Args:
             source: ``(b, s)`` integer ids, padded with ``pad_id`` after the tokens.
-            max_new_tokens: most tokens to generate after ``<bos>``; default ``max_len - 1``.
+            max_new_tokens: most tokens to generate after ``<bos>``, in ``[0, max_len - 1]``
+                (the targets are at most ``max_len`` tokens, ``<bos>`` included); default
+                ``max_len - 1``.
+            use_cache: a bool, for the Transformer's call; it changes nothing here. The GRU's
+                state already carries the past: every step reads the last token and that state,
+                so there is no prefix to recompute and nothing more to keep. The tokens are the
+                same either way.
 
         Returns:
             ``(b, 1 + n)`` ids laid out as the targets, ``<bos> y_1 ... <eos>`` then ``pad_id``
@@ -340,11 +354,13 @@ class RNNAttentionSeq2Seq(nn.Module):
             sequence has produced ``<eos>``).
 
         Raises:
-            ValueError: a bad ``source`` or a negative ``max_new_tokens``.
+            ValueError: a bad ``source``, or a ``max_new_tokens`` that is not an integer (a bool
+                or a float) in ``[0, max_len - 1]``.
+            TypeError: a ``use_cache`` that is not a bool.
         """
         config = self.config
-        limit = config.max_len - 1 if max_new_tokens is None else max_new_tokens
-        check_positive_int(limit, "max_new_tokens", minimum=0)
+        limit = check_max_new_tokens(max_new_tokens, config.max_len)
+        check_flag(use_cache, "use_cache")
         with evaluating(self):
             memory, source_mask, hidden = self.encode(source)
             feed: Tensor | None = None

@@ -40,6 +40,7 @@ from torchvote.validation import check_choice, check_index_range, check_positive
 __all__ = [
     "TransformerBackboneFields",
     "check_config_ints",
+    "check_max_new_tokens",
     "check_special_ids",
     "check_token_ids",
     "evaluating",
@@ -242,6 +243,33 @@ def evaluating(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         module.train(was_training)
+
+
+def check_max_new_tokens(max_new_tokens: Any, max_len: int) -> int:
+    """The number of tokens a sequence-to-sequence ``generate`` may append after ``<bos>``.
+
+    Both encoder-decoders (the Transformer's and the GRU's) check it here, so one call suits either: the
+    targets they are trained on hold at most ``max_len`` tokens (the Transformer knows no later
+    position), ``<bos>`` included.
+
+    Args:
+        max_new_tokens: an integer in ``[0, max_len - 1]``, or ``None`` for ``max_len - 1``.
+        max_len: the config's ``max_len``.
+
+    Returns:
+        The limit, an int.
+
+    Raises:
+        ValueError: anything else (a bool or a float included), naming ``max_new_tokens`` and
+            the range.
+    """
+    limit = max_len - 1 if max_new_tokens is None else max_new_tokens
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < max_len:
+        raise ValueError(
+            f"max_new_tokens must be an integer in [0, max_len - 1 = {max_len - 1}], "
+            f"got {max_new_tokens!r}"
+        )
+    return limit
 
 
 def greedy_decode(

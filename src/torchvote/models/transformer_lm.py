@@ -218,7 +218,10 @@ class TransformerLM(nn.Module):
             max_new_tokens: tokens to append, ``>= 0``.
             temperature: a finite number ``>= 0`` (or a one-element tensor of one) that divides
                 the logits; ``0`` takes the most likely token (greedy, no sampling).
-            top_k: sample only among the ``top_k`` most likely tokens; ``None`` for all.
+            top_k: a positive integer: sample only among the ``top_k`` most likely tokens (one
+                of ``vocab_size`` or more keeps them all, as nanoGPT's ``min(top_k, vocab)``, so
+                one setting serves data sets of different vocabularies); ``None`` for all.
+                Ignored when ``temperature`` is 0 (greedy).
             generator: the ``torch.Generator`` of the sampling; ``None`` for PyTorch's global one.
             use_cache: keep past keys and values (same tokens, far faster; False reruns the
                 whole context for every token).

@@ -43,6 +43,7 @@ from torchvote.models.registry import SequenceOutput, register_model
 from torchvote.models.transformer_backbone import (
     TransformerBackboneFields,
     check_cache,
+    check_max_new_tokens,
     check_special_ids,
     check_token_ids,
     evaluating,
@@ -390,12 +391,7 @@ class TransformerSeq2Seq(nn.Module):
                 or a float) in ``[0, max_len - 1]``.
             TypeError: a ``use_cache`` that is not a bool.
         """
-        limit = self.config.max_len - 1 if max_new_tokens is None else max_new_tokens
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < self.config.max_len:
-            raise ValueError(
-                f"max_new_tokens must be an integer in [0, max_len - 1 = {self.config.max_len - 1}], "
-                f"got {max_new_tokens!r}"
-            )
+        limit = check_max_new_tokens(max_new_tokens, self.config.max_len)
         check_flag(use_cache, "use_cache")
         with evaluating(self):
             memory, source_mask = self.encode(source)

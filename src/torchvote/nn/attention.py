@@ -196,8 +196,9 @@ class MultiHeadAttention(nn.Module):
                 ``P`` it holds: ``S`` and the masks then count all ``P + S`` keys, and
                 ``is_causal`` lets query ``l`` (position ``P + l``) hear keys ``<= P + l``. A
                 static cache (cross-attention) is filled on the first call; later calls reuse
-                its keys and values and do not project ``key``/``value``; masks and
-                ``is_causal`` then apply as they would without a cache.
+                its keys and values and do not project ``key``/``value`` (which must still be
+                the memory they came from: same batch and length); masks and ``is_causal`` then
+                apply as they would without a cache.
 
         Returns:
             ``(output, weights)``: output ``(b, L, E)``; weights ``(b, L, S)`` if
@@ -207,7 +208,8 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             ValueError: wrong ranks, feature sizes, batch sizes or lengths; masks of the wrong
-                shape; NaN in a float mask.
+                shape; NaN in a float mask; a filled static ``cache`` given another batch or
+                memory length.
             TypeError: non-tensor or non-floating inputs, inputs of another dtype than the
                 parameters' (outside ``torch.autocast``), masks that are not boolean (or, for
                 ``attn_mask``, floating point), a ``cache`` that is not a :class:`KVCache`;
@@ -245,7 +247,8 @@ class MultiHeadAttention(nn.Module):
             )
         batch, target_len, source_len = query.shape[0], query.shape[1], key.shape[1]
         if cache is not None and cache.static:  # a fixed memory: every call as it would be uncached
-            source_len = cache.length if cache.filled else source_len
+            if cache.filled:
+                cache.check_memory(batch, source_len)
         elif cache is not None:  # the queries follow the cached keys: causality shifts with them
             source_len += cache.length
             attn_mask, is_causal = offset_causality(attn_mask, is_causal, target_len, source_len,

@@ -8,7 +8,12 @@ values come from the encoder's memory, fixed for the whole decoding: they are co
 The caches hold no parameters and live outside the modules: the caller creates one
 (:meth:`TransformerCache.empty`), passes it to every call of a stack, layer or attention
 (``cache=``), and the modules fill it in place. There is no hidden state in a module, so the same
-model can decode several batches at once with one cache each.
+model can decode several batches at once with one cache each. A cache serves one batch from its
+first token to its last: a new batch, or the same prompts decoded afresh, takes a new cache (the
+models' ``new_cache()``; there is no reset, and no reordering of the batch rows, since nothing in
+torchvote runs beam search). Its tensors are the attention's own projections, so they have the
+inputs' dtype and device; an appending cache refuses new keys of another batch, dtype or
+device (:meth:`KVCache.update`).
 
 Index legend: ``b`` batch, ``h`` heads, ``j`` senders (cached keys, length ``S``), ``d`` features
 per head.
@@ -53,6 +58,28 @@ class KVCache:
         """A static cache that holds its keys and values: the attention skips their projection."""
         return self.static and self.keys is not None
 
+    def check_memory(self, batch: int, memory_length: int) -> None:
+        """Refuse to reuse a filled static cache for another batch or memory than it was filled
+        from (its keys would broadcast over a new batch, or stand for a memory of another length,
+        in silence).
+
+        Args:
+            batch: the call's batch size.
+            memory_length: the call's ``key`` length ``S``.
+
+        Raises:
+            ValueError: a batch or length other than the cached keys'.
+        """
+        if self.keys is None:
+            return
+        held_batch, held_length = self.keys.shape[0], self.keys.shape[-2]
+        if (batch, memory_length) != (held_batch, held_length):
+            raise ValueError(
+                f"cache holds the keys of a memory of batch {held_batch} and length {held_length}; "
+                f"this call has batch {batch} and a memory of length {memory_length} (another "
+                "batch or memory: start a new cache)"
+            )
+
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new keys and values; return every key and value held.
 
@@ -64,15 +91,26 @@ class KVCache:
             ``(keys, values)``, ``(b, h, S, d)`` each: the past ones followed by the new ones.
 
         Raises:
-            ValueError: new keys whose batch, heads or features differ from the held ones.
+            ValueError: new keys whose batch, heads, features, dtype or device differ from the
+                held ones (another batch, or a model converted or moved since the cache was
+                filled: ``torch.cat`` would promote the dtype, mixing precisions in silence, or
+                fail on the devices without naming the cache).
         """
         if self.keys is None or self.values is None or self.static:
             self.keys, self.values = keys, values
             return keys, values
-        if keys.shape[:-2] != self.keys.shape[:-2] or keys.shape[-1] != self.keys.shape[-1]:
+        held = self.keys
+        if (
+            keys.shape[:-2] != held.shape[:-2]
+            or keys.shape[-1] != held.shape[-1]
+            or keys.dtype != held.dtype
+            or keys.device != held.device
+        ):
             raise ValueError(
-                f"cache holds keys of shape {tuple(self.keys.shape)}; new keys of shape "
-                f"{tuple(keys.shape)} do not extend them (another batch or model?)"
+                f"cache holds keys of shape {tuple(held.shape)}, {held.dtype} on {held.device}; "
+                f"new keys of shape {tuple(keys.shape)}, {keys.dtype} on {keys.device} do not "
+                "extend them (another batch, or a model converted or moved since: start a new "
+                "cache)"
             )
         self.keys = torch.cat([self.keys, keys], dim=-2)  # (b, h, S + S_new, d)
         self.values = torch.cat([self.values, values], dim=-2)  # (b, h, S + S_new, d)

@@ -10,6 +10,7 @@ All inputs are batch first ``(b, T, E)``; masks as in :mod:`torchvote.nn.transfo
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,8 @@ class _TransformerStack(nn.Module):
             *args: further positional inputs of every layer (the decoder's ``memory``).
             return_intermediates: also return every layer's attention weights.
             cache: one cache per layer (incremental decoding, :meth:`new_cache`), filled in
-                place; ``x`` then holds the new tokens only.
+                place; ``x`` then holds the new tokens only. With more than one layer the
+                self-attention must be causal (``is_causal=True``).
             **options: the masks and ``is_causal``, passed to every layer as its ``forward``
                 names them.
 
@@ -102,7 +104,8 @@ class _TransformerStack(nn.Module):
             holding each layer's weights under ``"layers.{n}."`` + the layer's names.
 
         Raises:
-            ValueError: a ``cache`` that is not a :class:`TransformerCache` of one entry per layer.
+            ValueError: a ``cache`` that is not a :class:`TransformerCache` of one entry per
+                layer, or a cache for several layers with ``is_causal=False``.
             TypeError: a ``return_intermediates`` that is not a bool.
         """
         check_flag(return_intermediates, "return_intermediates")
@@ -112,6 +115,12 @@ class _TransformerStack(nn.Module):
             raise ValueError(
                 f"cache must be a TransformerCache with one entry per layer ({len(self.layers)}), "
                 f"got {cache!r:.80}"
+            )
+        if cache is not None and len(self.layers) > 1 and self._causality(options) is False:
+            raise ValueError(
+                "a cache in a stack of several layers needs is_causal=True: it keeps the earlier "
+                "tokens' states, which attention to later tokens would change in every layer above "
+                "the first (call without a cache instead)"
             )
         record = AttentionIntermediates()
         if return_intermediates:  # only then: a custom layer need not know the argument
@@ -125,6 +134,14 @@ class _TransformerStack(nn.Module):
                 record.add(f"layers.{index}", layer_record)
         x = self.norm(x)  # (b, T, E)
         return (x, record) if return_intermediates else x
+
+    def _causality(self, options: dict[str, Any]) -> bool | None:
+        """The ``is_causal`` the layers run with: the call's, or their ``forward``'s default;
+        ``None`` for layers that take no such argument (custom layers decide for themselves)."""
+        parameter = inspect.signature(self.layers[0].forward).parameters.get("is_causal")
+        if parameter is None:
+            return None
+        return options.get("is_causal", parameter.default)
 
     def new_cache(self) -> TransformerCache:
         """An empty key/value cache for incremental decoding with this stack."""
