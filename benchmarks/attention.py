@@ -20,9 +20,11 @@ Memory: the peak resident-set growth during one call, measured in a fresh proces
 inputs are built, ``/proc/self/clear_refs`` resets the kernel's high-water mark (``VmHWM``), one
 call runs, and ``VmHWM - VmRSS_before`` is reported (a warm-up call on 8 tokens first takes
 the one-time costs: lazy imports, kernel initialisation). This sees every allocation torch makes
-(tracemalloc would not). The child's address space is capped at ~``--mha-limit-gb`` above its
-baseline, so an ``nn.MultiheadAttention`` that needs more fails cleanly in the child (reported
-as skipped, and not timed) instead of driving the machine out of memory.
+(tracemalloc would not). It needs Linux's ``/proc/self/clear_refs``; elsewhere the script stops
+and asks for ``--no-memory``. The child's address space is capped at ~``--mha-limit-gb`` above
+its baseline, so an ``nn.MultiheadAttention`` that needs more fails cleanly in the child (reported
+as skipped, and not timed) instead of driving the machine out of memory; any other failure of a
+child stops the run with the child's error.
 
 ``--weights`` asks ``ours`` and ``mha`` for the head-averaged attention weights
 (``need_weights=True``): what a user pays to see the votes. ``--device cuda`` runs everything on
@@ -39,6 +41,7 @@ import argparse
 import math
 import multiprocessing as mp
 import resource
+import signal
 import statistics
 import sys
 import time
@@ -49,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bench_common import can_reset_peak_rss, positive_float, positive_int, status_kib, synchronize
 from torchvote.nn import MultiHeadAttention
 
 IMPLEMENTATIONS = ("ours", "sdpa", "mha")
@@ -128,19 +132,6 @@ def build(impl: str, config: Config, embed_dim: int, num_heads: int, seed: int =
     return module, call
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def cuda_peak_memory_mb(impl: str, config: Config, embed_dim: int, num_heads: int) -> float:
     """Growth of ``torch.cuda.max_memory_allocated`` during one call, in this process."""
     _, call = build(impl, config, embed_dim, num_heads)
@@ -163,28 +154,36 @@ def _memory_child(impl: str, config: Config, embed_dim: int, num_heads: int,
         build(impl, warm, embed_dim, num_heads)[1]()
         _, call = build(impl, config, embed_dim, num_heads)
         if limit_gb is not None:
-            limit = _status_kb("VmSize") * 1024 + int(limit_gb * 2**30)
+            limit = status_kib("VmSize") * 1024 + int(limit_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # reset VmHWM to the current RSS
-        before = _status_kb("VmRSS")
+        before = status_kib("VmRSS")
         call()
-        queue.put(("ok", (_status_kb("VmHWM") - before) / 1024))
-    except (MemoryError, RuntimeError) as error:
-        queue.put(("oom", str(error).splitlines()[0][:120]))
+        queue.put(("ok", (status_kib("VmHWM") - before) / 1024))
+    except Exception as error:
+        # Under the address-space cap torch's CPU allocator raises "can't allocate memory" (a
+        # RuntimeError); any other failure is a failure, never "needs more memory".
+        out_of_memory = isinstance(error, MemoryError) or (
+            isinstance(error, RuntimeError) and "allocate" in str(error))
+        first_line = (str(error).splitlines() or [""])[0][:200]  # a MemoryError has no message
+        queue.put(("oom" if out_of_memory else "error", f"{type(error).__name__}: {first_line}"))
 
 
 def peak_memory_mb(impl: str, config: Config, embed_dim: int, num_heads: int,
                    limit_gb: float | None) -> tuple[str, float | str]:
-    """("ok", peak RSS growth in MB) or ("oom", message), from a fresh spawned process."""
+    """("ok", peak RSS growth in MB), ("oom", message) when the child ran out of the memory it
+    was allowed, or ("error", message) when it failed otherwise; from a fresh spawned process."""
     context = mp.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_memory_child,
                               args=(impl, config, embed_dim, num_heads, limit_gb, queue))
     process.start()
     process.join()
-    if queue.empty():
-        return "oom", f"child exited with code {process.exitcode}"
+    if queue.empty():  # killed, or crashed before it could report
+        if process.exitcode == -signal.SIGKILL:  # the kernel's OOM killer sends SIGKILL
+            return "oom", "killed by SIGKILL (out of memory?)"
+        return "error", f"child exited with code {process.exitcode}"
     return queue.get()
 
 
@@ -193,13 +192,13 @@ def time_interleaved(calls: dict[str, Callable[[], None]], repeats: int,
     """Median seconds per call; the implementations take turns so drift hits all alike."""
     for call in calls.values():
         call()  # warm-up
-    _synchronize(device)
+    synchronize(device)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
             start = time.perf_counter()
             call()
-            _synchronize(device)
+            synchronize(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
@@ -218,19 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--slow-repeats", type=int, default=3,
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8])
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--repeats", type=positive_int, default=7)
+    parser.add_argument("--slow-repeats", type=positive_int, default=3,
                         help="repeats when one call takes more than --slow-seconds")
-    parser.add_argument("--slow-seconds", type=float, default=2.0)
+    parser.add_argument("--slow-seconds", type=positive_float, default=2.0)
     parser.add_argument("--no-memory", action="store_true", help="skip the memory children")
-    parser.add_argument("--mha-limit-gb", type=float, default=12.0,
+    parser.add_argument("--mha-limit-gb", type=positive_float, default=12.0,
                         help="memory above which nn.MultiheadAttention is skipped")
-    parser.add_argument("--embed-dim", type=int, default=512)
-    parser.add_argument("--num-heads", type=int, default=8)
+    parser.add_argument("--embed-dim", type=positive_int, default=512)
+    parser.add_argument("--num-heads", type=positive_int, default=8)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="the modules and inputs are cast to it (no autocast)")
     parser.add_argument("--weights", action="store_true",
                         help="ours and nn.MultiheadAttention return the head-averaged weights")
     parser.add_argument("--modes", nargs="+", choices=["infer", "train"], default=["infer", "train"])
@@ -246,6 +246,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.batches, args.lengths, args.repeats = [1], [128], 3
         args.embed_dim, args.num_heads = 64, 4
+    if args.embed_dim % args.num_heads:
+        parser.error(f"--embed-dim {args.embed_dim} must be divisible by --num-heads {args.num_heads}")
+    if args.device == "cpu" and not args.no_memory and not can_reset_peak_rss():
+        parser.error("the CPU memory column needs Linux's /proc/self/clear_refs, which this system "
+                     "does not offer: pass --no-memory")
 
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {args.device} ({where}), {args.dtype}, weights "
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
                                                            args.num_heads, limit)
                             if status == "ok":
                                 memory[impl] = value
-                            elif impl == "mha":
+                            elif impl == "mha" and status == "oom":
                                 skip_mha = True
                                 notes.append(f"b={batch} T={length} causal={causal} {mode}: "
                                              f"nn.MultiheadAttention skipped, needs > "
@@ -299,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
                         calls[impl] = build(impl, config, args.embed_dim, args.num_heads)[1]
                     start = time.perf_counter()
                     calls["ours"]()
-                    _synchronize(args.device)
+                    synchronize(args.device)
                     repeats = (args.slow_repeats if time.perf_counter() - start > args.slow_seconds
                                else args.repeats)
                     times: dict[str, float | None] = dict.fromkeys(IMPLEMENTATIONS)

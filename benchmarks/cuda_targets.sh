@@ -2,11 +2,13 @@
 # The GPU measurements README's speed section still lacks, in one command that fits a 30-minute
 # GPU lease (about 15 minutes of runs; each step has its own time limit, so one slow step cannot
 # take the others' time). Each step's output goes to its own file under the output folder, and
-# the run goes on when a step fails.
+# the run goes on when a step fails; the script then exits 1 and names the failed steps. It stops
+# at once (exit 1) when torch sees no CUDA device, and with exit 2 on an unknown step name.
 #
 #   bash benchmarks/cuda_targets.sh [OUTPUT_FOLDER [STEP...]]
 #
-# OUTPUT_FOLDER defaults to runs/bench-cuda; STEPs (names below) pick some steps, all by default.
+# OUTPUT_FOLDER defaults to runs/bench-cuda (relative to where you run it; the scripts run from
+# the repository root wherever that is); STEPs (names below) pick some steps, all by default.
 # Where one command may run 10 minutes at most, run it twice: `... OUT routing-em routing-dynamic`
 # (at most 8 minutes) and `... OUT generation-softmax generation-routing training
 # training-compiled` (at most 10.5 minutes; usually far less).
@@ -22,7 +24,7 @@
 #   generation-*     greedy generation with and without the key/value cache on a model large
 #                    enough (8 layers, d_model 512) for recomputing the context to dominate
 #   training         one training step per model, float32 and with --compile
-set -u
+set -euo pipefail
 out=${1:-runs/bench-cuda}
 shift $(($# > 0 ? 1 : 0))
 chosen=" $* "
@@ -31,21 +33,35 @@ known=" routing-em routing-dynamic generation-softmax generation-routing trainin
 for name in "$@"; do
     [[ "$known" == *" $name "* ]] || { echo "unknown step '$name'; the steps are:$known" >&2; exit 2; }
 done
+# Paths given relative to the caller's folder stay right after the cd to the repository root.
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
+if [[ "$python" == */* ]]; then  # a path, not a name on PATH (no realpath: keep a venv's symlink)
+    python="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")"
+fi
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+failed=()
 
 step() {  # step NAME SECONDS COMMAND...: run one measurement into $out/NAME.txt, if chosen
-    local name=$1 seconds=$2
+    local name=$1 seconds=$2 status=0
     shift 2
     [ "$chosen" = "  " ] || [[ "$chosen" == *" $name "* ]] || return 0
     echo "== $name: $*" | tee "$out/$name.txt"
-    PYTHONUNBUFFERED=1 timeout "$seconds" "$@" >>"$out/$name.txt" 2>&1
-    echo "== $name: exit $? after ${SECONDS}s in all" | tee -a "$out/$name.txt"
+    PYTHONUNBUFFERED=1 timeout "$seconds" "$@" >>"$out/$name.txt" 2>&1 || status=$?
+    local why=""
+    [ "$status" -ne 124 ] || why=" (timed out after ${seconds}s)"
+    echo "== $name: exit $status$why after ${SECONDS}s in all" | tee -a "$out/$name.txt"
+    [ "$status" -eq 0 ] || failed+=("$name")
 }
 
 {
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
     "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")'
 } | tee "$out/device.txt"
+if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "torch ($python) sees no CUDA device: nothing measured (see $out/device.txt)" >&2
+    exit 1
+fi
 
 step routing-em 300 "$python" benchmarks/routing.py --device cuda --cases em-conv1 em-paper em-class \
     --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10
@@ -58,3 +74,8 @@ step generation-routing 150 "$python" benchmarks/generation.py --device cuda --d
 step training 150 "$python" benchmarks/training.py --device cuda --models capsnet,capsnet-small,efficient-capsnet
 step training-compiled 180 "$python" benchmarks/training.py --device cuda --compile \
     --models capsnet,capsnet-small,efficient-capsnet
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "failed steps: ${failed[*]} (their output is in $out/)" >&2
+    exit 1
+fi
+echo "all chosen steps done; results in $out/"

@@ -18,12 +18,15 @@ already materialised. Implementations:
 - ``naive``: Procedure 1 as a plain eager loop over broadcast ``(n, j, i, h)`` tensors, the way
   public implementations write it (everything built on the votes' device).
 
-Timing runs every implementation in this one process, interleaved, and reports medians and the
-ratio to ``old``. Peak memory: on CPU each implementation runs once in a fresh spawned process
-that resets the kernel's resident-set high-water mark (``/proc/self/clear_refs``) after building
-its inputs and reports ``VmHWM`` minus the resident set before the step (``kernel-compiled``
-first runs one untimed step at the size to compile, then returns freed heap to the OS); on CUDA
-``torch.cuda.max_memory_allocated`` minus the memory allocated before the step.
+Before timing, the blocked and vectorized strategies (and ``old``) are checked against the naive
+loop in float64 on a tiny case; the script stops if they disagree (a wrong baseline would make
+every ratio meaningless). Timing runs every implementation in this one process, interleaved, after one
+warm-up step each, and reports medians and the ratio to ``old``. Peak memory: on CPU each
+implementation runs once in a fresh spawned process that resets the kernel's resident-set
+high-water mark (``/proc/self/clear_refs``, Linux only: elsewhere pass ``--no-memory``) after
+building its inputs and reports ``VmHWM`` minus the resident set before the step
+(``kernel-compiled`` first runs one untimed step at the size to compile, then returns freed heap
+to the OS); on CUDA ``torch.cuda.max_memory_allocated`` minus the memory allocated before the step.
 
 Usage::
 
@@ -57,6 +60,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
+from bench_common import can_reset_peak_rss, positive_int, status_kib, synchronize
 from torchvote.functional.em import default_inverse_temperature, em_routing
 from torchvote.functional.em_kernel import conv_sender_groups
 
@@ -65,6 +69,8 @@ IMPLEMENTATIONS = ["old", "kernel-blocked", "kernel-joint", "kernel-vectorized",
 ITERATIONS = 3
 SCHEDULE = [default_inverse_temperature(t) for t in range(ITERATIONS)]
 BASELINE = "9427b17"  # main before em_routing ran on the kernel
+#: Largest difference from the naive loop (float64, tiny case) that counts as the same function.
+AGREEMENT_TOLERANCE = 1e-8
 _OLD: dict[str, Callable] = {}
 
 
@@ -123,6 +129,8 @@ def build(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype,
     """A closure running one forward + backward step of ``impl`` on fresh leaves."""
     votes, (activations, beta_u, beta_a), groups = make_case(batch, quick, device, dtype)
     old = old_em_routing(baseline) if impl == "old" else None
+    if impl == "old":  # built on vote, which takes the activations (its sender weights) in the votes' dtype
+        activations = activations.to(votes.dtype)
     if impl == "naive":
         votes = rearrange(votes, "n i j h -> n j i h").contiguous()  # the papers' layout
     leaves = [votes.requires_grad_(True), activations.requires_grad_(True),
@@ -146,19 +154,6 @@ def build(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype,
             leaf.grad = None
 
     return step
-
-
-def _synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _release_free_heap() -> None:
@@ -186,9 +181,9 @@ def _peak_worker(impl, batch, quick, device, dtype, baseline, queue) -> None:
             return
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # reset VmHWM to the current resident set
-        before = _status_kib("VmRSS")
+        before = status_kib("VmRSS")
         step()
-        queue.put((_status_kib("VmHWM") - before) / 1024)
+        queue.put((status_kib("VmHWM") - before) / 1024)
     except Exception as error:  # reported in the table, not a crash of the whole run
         queue.put(f"{type(error).__name__}: {error}")
 
@@ -207,7 +202,7 @@ def check_agreement(device: str, baseline: str | None) -> float:
     """Largest difference of the strategies (and ``old``, if given) from the naive loop (float64,
     tiny case)."""
     votes, (activations, beta_u, beta_a), groups = make_case(2, True, device, torch.float64)
-    beta_u, beta_a = beta_u.double(), beta_a.double()
+    activations, beta_u, beta_a = activations.double(), beta_u.double(), beta_a.double()
     ref = naive_em(rearrange(votes, "n i j h -> n j i h"), activations, beta_u, beta_a)
     worst = 0.0
     if baseline is not None:
@@ -225,9 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the votes' dtype (the kernel keeps its statistics in float32)")
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--quick", action="store_true", help="a tiny case (5x5 grid, 4 types)")
     parser.add_argument("--impls", default=None,
                         help=f"comma-separated subset of {IMPLEMENTATIONS} (default all; with --quick "
@@ -248,37 +244,54 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown --impls {unknown}; choose from {IMPLEMENTATIONS}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    measure_memory = not (args.no_memory or args.quick)
+    if measure_memory and args.device == "cpu" and not can_reset_peak_rss():
+        parser.error("the CPU memory column needs Linux's /proc/self/clear_refs, which this system "
+                     "does not offer: pass --no-memory")
+    baseline = args.baseline if "old" in impls else None  # the old one needs this git history
+    if baseline is not None:
+        try:
+            old_em_routing(baseline)
+        except (OSError, subprocess.CalledProcessError) as error:
+            detail = getattr(error, "stderr", None) or error
+            parser.error(f"the 'old' implementation is em_routing at git revision {baseline}, which "
+                         f"could not be read ({str(detail).strip()}): run from a git clone with that "
+                         f"history, name another revision with --baseline, or leave old out of --impls")
     dtype = getattr(torch, args.dtype)
     batch = 2 if args.quick and args.batch == 32 else args.batch
     print(f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}, threads "
           f"{torch.get_num_threads()}, batch {batch}, {'quick case' if args.quick else 'ConvCaps1 config'}")
-    baseline = args.baseline if "old" in impls else None  # the old one needs this git history
     agreement = check_agreement(args.device, baseline)
     print(f"agreement with the naive loop{f' (and the old em_routing, {baseline})' if baseline else ''}"
           f" (float64, tiny): max |diff| {agreement:.2e}")
+    if not agreement <= AGREEMENT_TOLERANCE:  # NaN fails too
+        print(f"error: the implementations disagree with the naive loop by {agreement:.2e} "
+              f"(> {AGREEMENT_TOLERANCE:g}): their timings would compare different functions",
+              file=sys.stderr)
+        return 1
 
     steps, times = {}, {name: [] for name in impls}
     for name in impls:
         try:
-            steps[name] = build(name, batch, args.quick, args.device, dtype)
+            steps[name] = build(name, batch, args.quick, args.device, dtype, args.baseline)
             steps[name]()  # warm-up (and compilation)
         except Exception as error:
             print(f"{name}: skipped ({type(error).__name__}: {str(error)[:120]})")
             steps.pop(name, None)
     for _ in range(args.repeats):  # interleaved: every implementation sees the same machine load
         for name, step in steps.items():
-            _synchronize(args.device)
+            synchronize(args.device)
             start = time.perf_counter()
             step()
-            _synchronize(args.device)
+            synchronize(args.device)
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["old"]) if times.get("old") else None
     print(f"\n{'implementation':<20}{'fwd+bwd ms (median)':>22}{'x old':>11}{'peak MiB':>11}")
     for name in steps:
         median = statistics.median(times[name]) * 1e3
         ratio = f"{base * 1e3 / median:.2f}" if base else "-"
-        skip = args.no_memory or args.quick
-        memory = "-" if skip else peak_memory_mib(name, batch, args.quick, args.device, dtype, args.baseline)
+        memory = (peak_memory_mib(name, batch, args.quick, args.device, dtype, args.baseline)
+                  if measure_memory else "-")
         memory = f"{memory:.0f}" if isinstance(memory, float) else str(memory)[:60]
         print(f"{name:<20}{median:>22.1f}{ratio:>11}{memory:>11}", flush=True)
     return 0

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from bench_common import positive_int, synchronize
 from torchvote.models import create_model
 
 
@@ -26,14 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, 64 new tokens")
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--prompt-length", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--new-tokens", type=positive_int, default=512)
+    parser.add_argument("--prompt-length", type=positive_int, default=16)
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--d-model", type=positive_int, default=128)
+    parser.add_argument("--num-heads", type=positive_int, default=4)
+    parser.add_argument("--num-layers", type=positive_int, default=4)
     parser.add_argument("--attention", choices=["softmax", "routing"], default="softmax")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     return parser
@@ -58,8 +59,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def run(use_cache: bool) -> torch.Tensor:
         tokens = model.generate(prompt, args.new_tokens, temperature=0.0, use_cache=use_cache)
-        if args.device == "cuda":
-            torch.cuda.synchronize()
+        synchronize(args.device)
         return tokens
 
     outputs = {use_cache: run(use_cache) for use_cache in (True, False)}  # warm-up

@@ -30,7 +30,11 @@ builds its inputs and module, resets the kernel's resident-set high-water mark
 (``/proc/self/clear_refs``), runs one forward (and backward), and reports the high-water mark
 (``VmHWM``) minus the resident set before the step: the extra resident memory the step needed at
 its peak (RSS, so it counts every allocation, not only tensors; ``ru_maxrss`` growth where
-``/proc`` is missing).
+``/proc`` is missing, which only sees growth above the subprocess's earlier peak). A subprocess
+that fails (or is killed, say by the kernel's OOM killer) leaves that cell ``nan`` and a note
+under the table. Before timing, the baselines are checked against torchvote's layers with the
+same weights and offsets (:func:`check_agreement`): a wrong baseline would make every ratio
+meaningless.
 
 Usage::
 
@@ -57,7 +61,6 @@ import argparse
 import math
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
 import time
@@ -69,6 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bench_common import max_rss_kib, positive_int, status_kib, synchronize
 from torchvote.functional.em import default_inverse_temperature
 from torchvote.functional.em_kernel import STRATEGIES as EM_STRATEGIES
 from torchvote.nn.capsules import CapsuleLinear
@@ -271,62 +275,57 @@ def _step(run: Callable[[], Tensor], params: list[Tensor], mode: str, device: to
         p.grad = None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
 def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, dtype: str, queue) -> None:
-    torch.set_num_threads(threads)
-    cpu, dtype_ = torch.device("cpu"), getattr(torch, dtype)
-    # Warm the libraries up on a tiny batch (the compiled routing on the batch itself: a new shape
-    # would compile again inside the measured step).
-    run, params = CASES[case].build(impl, batch if impl == "compiled" else 2, 0, cpu)
-    _step(run, params, mode, cpu, dtype_)
-    if impl != "compiled":
-        del run, params
-        run, params = CASES[case].build(impl, batch, 0, cpu)
-    try:  # reset the high-water mark to the current RSS (Linux >= 4.0), then read VmHWM
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")
-        before = _status_kib("VmRSS")
+    """Put the step's extra peak RSS in MiB on ``queue``, or the error that stopped it (a str)."""
+    try:
+        torch.set_num_threads(threads)
+        cpu, dtype_ = torch.device("cpu"), getattr(torch, dtype)
+        # Warm the libraries up on a tiny batch (a compiled strategy, "compiled" or
+        # "torchvote-compiled", on the batch itself: a new shape would compile again inside the
+        # measured step).
+        compiled = impl.endswith("compiled")
+        run, params = CASES[case].build(impl, batch if compiled else 2, 0, cpu)
         _step(run, params, mode, cpu, dtype_)
-        peak = _status_kib("VmHWM")
-    except OSError:  # no /proc: ru_maxrss, which only counts growth above the process's old peak
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        _step(run, params, mode, cpu, dtype_)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((peak - before) / 1024.0)  # KiB -> MiB
+        if not compiled:
+            del run, params
+            run, params = CASES[case].build(impl, batch, 0, cpu)
+        try:  # reset the high-water mark to the current RSS (Linux >= 4.0), then read VmHWM
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+            before = status_kib("VmRSS")
+            _step(run, params, mode, cpu, dtype_)
+            peak = status_kib("VmHWM")
+        except OSError:  # no /proc: ru_maxrss, which only counts growth above the process's old peak
+            before = max_rss_kib()
+            _step(run, params, mode, cpu, dtype_)
+            peak = max_rss_kib()
+        queue.put((peak - before) / 1024.0)  # KiB -> MiB
+    except Exception as error:  # reported under the table, never a parent waiting forever
+        queue.put(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}")
 
 
 def peak_memory_mib(case: str, impl: str, batch: int, mode: str, threads: int, device: torch.device,
-                    dtype: torch.dtype) -> float:
-    """Extra peak memory of one step: CUDA allocations, or RSS in a fresh spawned CPU process."""
+                    dtype: torch.dtype) -> float | str:
+    """Extra peak memory of one step in MiB: CUDA allocations, or RSS in a fresh spawned CPU
+    process; on the CPU, the reason (a str) when that process failed or was killed."""
     if device.type == "cuda":
         run, params = CASES[case].build(impl, batch, 0, device)
         _step(run, params, mode, device, dtype)  # warm-up (and compilation)
-        _sync(device)
+        synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         _step(run, params, mode, device, dtype)
-        _sync(device)
+        synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - before) / 2**20
     context = mp.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_peak_worker,
                               args=(case, impl, batch, mode, threads, str(dtype).split(".")[-1], queue))
     process.start()
-    value = queue.get()
-    process.join()
-    return value
+    process.join()  # the result is one small value: the child never blocks on a full pipe
+    if queue.empty():  # killed (the kernel's OOM killer sends SIGKILL) before it could report
+        return f"the memory subprocess exited with code {process.exitcode}"
+    return queue.get()
 
 
 def time_case(case: str, impls: tuple[str, ...], batch: int, mode: str, repeats: int, device: torch.device,
@@ -338,16 +337,28 @@ def time_case(case: str, impls: tuple[str, ...], batch: int, mode: str, repeats:
     times: dict[str, list[float]] = {impl: [] for impl in runs}
     for _ in range(repeats):
         for impl, (run, params) in runs.items():
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             _step(run, params, mode, device, dtype)
-            _sync(device)
+            synchronize(device)
             times[impl].append(time.perf_counter() - start)
     return times
 
 
+def _same_em_parameters(layer: nn.Module, base: BaselineEM) -> None:
+    """Give ``layer`` random EM offsets (not their zero / constant initial values, which would let
+    a baseline that mishandles them pass) and copy its weights and offsets into ``base``."""
+    with torch.no_grad():
+        layer.routing.beta_u.copy_(0.5 * torch.randn_like(layer.routing.beta_u))
+        layer.routing.activation_bias.copy_(torch.randn_like(layer.routing.activation_bias))
+        base.weights.copy_(layer.weight.unsqueeze(0))
+        base.beta_u.copy_(layer.routing.beta_u)
+        base.beta_a.copy_(layer.routing.beta_a)  # ours learns the bias as a logit (EMRouter)
+
+
 def check_agreement(device: torch.device, batch: int = 4) -> None:
-    """The baselines compute what torchvote computes (same weights), in float32 on ``device``."""
+    """The baselines compute what torchvote computes (same weights and EM offsets), in float32 on
+    ``device``; raises ``AssertionError`` (``torch.testing.assert_close``) where they differ."""
     torch.manual_seed(0)
     theirs = BaselineDigitCaps(1152, 8, 10, 16, 3).to(device)
     x = (torch.randn(batch, 1152, 8) * 0.5).to(device)
@@ -361,18 +372,14 @@ def check_agreement(device: torch.device, batch: int = 4) -> None:
     # repositories do; ours does so only when asked (its default is the paper's joint form).
     layer = ConvMatrixCapsules(16, 16, kernel_size=3, stride=1, normalization="per_patch").to(device)
     base = BaselineEM(16, 16, kernel_size=3, stride=1).to(device)
-    with torch.no_grad():
-        base.weights.copy_(layer.weight.unsqueeze(0))
-        base.beta_a.copy_(layer.routing.beta_a)  # ours learns the bias as a logit (EMRouter)
+    _same_em_parameters(layer, base)
     out = layer(capsules)
     mu, a_out = base(capsules.poses, capsules.activations)
     torch.testing.assert_close(out.poses, mu, rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(out.activations, a_out, rtol=1e-3, atol=1e-5)
     classes = ClassMatrixCapsules(16, 5).to(device)
     base = BaselineEM(16, 5, kernel_size=1, stride=1, class_caps=True).to(device)
-    with torch.no_grad():
-        base.weights.copy_(classes.weight.unsqueeze(0))
-        base.beta_a.copy_(classes.routing.beta_a)
+    _same_em_parameters(classes, base)
     grid = _grid(batch, 4, 16, device)
     out = classes(grid)
     mu, a_out = base(grid.poses, grid.activations)
@@ -409,11 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto: cuda if there is one")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="bfloat16 runs every implementation under torch.autocast")
-    parser.add_argument("--batches", nargs="+", type=int, default=None,
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=None,
                         help="batch sizes (default: 32 128 for dynamic (CUDA: 128 512), 32 for EM)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 5)")
+    parser.add_argument("--repeats", type=positive_int, default=None,
+                        help="timed repeats (default 5; 2 with --quick)")
     parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"], default=["fwd", "fwd+bwd"])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
     parser.add_argument("--passive-threads", action="store_true",
                         help="re-run with OMP_WAIT_POLICY=PASSIVE (for a machine shared with other jobs)")
@@ -425,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.passive_threads and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when OpenMP starts: re-run the script
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+        arguments = sys.argv[1:] if argv is None else list(argv)  # what this call was given
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *arguments])
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -444,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{repeats} interleaved runs; memory is the {memory} of one step\n")
     print("| case | batch | mode | implementation | time | speed-up | peak memory | memory ratio |")
     print("|---|---|---|---|---|---|---|---|")
-    summary = {}
+    summary, notes = {}, []
     for case in args.cases:
         if CASES[case].implementations == _EM:
             impls = ("torchvote", *(f"torchvote-{s}" for s in args.em_strategies if s != "auto"), "baseline")
@@ -460,9 +469,14 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 times = time_case(case, impls, batch, mode, repeats, device, dtype)
                 medians = {impl: statistics.median(t) for impl, t in times.items()}
-                peaks = {impl: float("nan") if args.no_memory else
-                         peak_memory_mib(case, impl, batch, mode, args.threads, device, dtype)
-                         for impl in impls}
+                peaks: dict[str, float] = {}
+                for impl in impls:
+                    peak = float("nan") if args.no_memory else \
+                        peak_memory_mib(case, impl, batch, mode, args.threads, device, dtype)
+                    if isinstance(peak, str):
+                        notes.append(f"{case} batch {batch} {mode} {impl}: no peak memory ({peak})")
+                        peak = float("nan")
+                    peaks[impl] = peak
                 for impl in impls:
                     speed = medians["baseline"] / medians[impl]
                     ratio = peaks[impl] / peaks["baseline"] if peaks["baseline"] > 0 else float("nan")
@@ -470,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"| {case} | {batch} | {mode} | {impl} | {medians[impl] * 1e3:.1f} ms | "
                           f"{speed:.1f}x | {peaks[impl]:.0f} MiB | {ratio:.2f} |", flush=True)
     print()
+    for note in notes:
+        print("note:", note)
     for (case, batch, mode), impl, text, need in _targets(device):
         if (case, batch, mode, impl) in summary:
             speed, mem, _, _ = summary[(case, batch, mode, impl)]

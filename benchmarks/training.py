@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchvote.models import create_model, get_model_spec
+from bench_common import positive_int, synchronize
+from torchvote.models import build_config, create_model, get_model_spec
 from torchvote.training import get_task_handler, make_objective
 from torchvote.training.config import LossConfig
 from torchvote.training.evaluate import autocast
@@ -361,11 +362,6 @@ PAIRS: dict[str, StepPair] = {
 # --- timing --------------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_pair(
     pair: StepPair, batch_size: int, preset: str | None, warmup: int, steps: int, setting: Setting
 ) -> dict:
@@ -377,10 +373,10 @@ def time_pair(
     times: dict[str, list[float]] = {"ours": [], "baseline": []}
     for _ in range(steps):
         for label, step in (("ours", ours), ("baseline", baseline)):
-            _sync(setting.device)
+            synchronize(setting.device)
             start = time.perf_counter()
             step()
-            _sync(setting.device)
+            synchronize(setting.device)
             times[label].append(time.perf_counter() - start)
     ours_rate = items / statistics.median(times["ours"])
     baseline_rate = baseline_items / statistics.median(times["baseline"])
@@ -401,10 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(PAIRS), help=f"comma-separated, of: {', '.join(PAIRS)}")
     parser.add_argument("--preset", default=None, help="model preset (default: each pair's own)")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--batch-size", type=positive_int, default=128)
+    parser.add_argument("--steps", type=positive_int, default=20)
+    parser.add_argument("--warmup", type=positive_int, default=3,
+                        help="untimed steps first (at least one: the first step initialises, or compiles)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="batch 16, 3 steps: a smoke run")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: cuda if there is one")
@@ -429,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in PAIRS]
     if unknown:
         parser.error(f"no benchmark pair for {unknown}; pairs: {', '.join(PAIRS)}")
+    for name in names:  # an unknown --preset is refused here, not after the first pairs ran
+        try:
+            build_config(PAIRS[name].model, args.preset or PAIRS[name].preset)
+        except ValueError as error:
+            parser.error(f"--preset: {error}")
     rows = []
     for name in names:
         pair = PAIRS[name]

@@ -5,6 +5,13 @@ benchmark comparing two different functions, or failing before it prints anythin
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 
@@ -39,3 +46,500 @@ def test_routing_benchmark_em_strategy_rows_route_with_that_strategy(load_benchm
     assert chosen == ["auto", "blocked", "vectorized"]
     for value in values.values():
         assert abs(value - values["torchvote"]) <= 1e-4 * abs(values["torchvote"])
+
+
+def test_generation_benchmark_prints_the_cached_over_uncached_ratio_of_the_same_tokens(
+    load_benchmark, capsys
+):
+    """One process, both decodings: the ratio line and the token check are printed (no timing is
+    asserted); counts that would divide by zero or take a median of nothing are refused by flag (below)."""
+    generation = load_benchmark("generation")
+    generation.main(["--quick", "--repeats", "1", "--batch", "2", "--attention", "routing"])
+    out = capsys.readouterr().out
+    assert "float32" in out and "routing attention; batch 2" in out
+    assert re.search(r"speed-up \(cached / uncached tokens per second\): \d+\.\d\dx; same tokens: True", out)
+
+
+# --- the baselines compute what torchvote computes -------------------------------------------------
+
+
+def test_routing_check_agreement_sees_a_baseline_that_ignores_beta_u(load_benchmark, monkeypatch):
+    """The check gives the EM offsets random values: with their initial zeros a baseline that
+    dropped ``beta_u`` from its cost would have passed it."""
+    routing = load_benchmark("routing")
+    m_step = routing.BaselineEM.m_step
+
+    def without_beta_u(self, a_in, r, v, iteration):
+        saved = self.beta_u.detach().clone()
+        with torch.no_grad():
+            self.beta_u.zero_()
+        try:
+            return m_step(self, a_in, r, v, iteration)
+        finally:
+            with torch.no_grad():
+                self.beta_u.copy_(saved)
+
+    monkeypatch.setattr(routing.BaselineEM, "m_step", without_beta_u)
+    with pytest.raises(AssertionError):
+        routing.check_agreement(torch.device("cpu"), batch=2)
+
+
+def _copy_capsnet(ours, theirs) -> None:
+    """Our CapsNet's weights into the repo-style one: its ``primary_dim`` convolutions are our one
+    convolution's channels ``(t d)`` split by ``d``; ``W`` is our ``(i, j, out, in)`` weight."""
+    config = ours.config
+    with torch.no_grad():
+        theirs.conv1.load_state_dict(ours.conv.state_dict())
+        weight = ours.primary.conv.weight.unflatten(0, (config.primary_types, config.primary_dim))
+        bias = ours.primary.conv.bias.unflatten(0, (config.primary_types, config.primary_dim))
+        for dim, conv in enumerate(theirs.capsules):
+            conv.weight.copy_(weight[:, dim])
+            conv.bias.copy_(bias[:, dim])
+        theirs.W.copy_(ours.head.class_capsules.weight.permute(1, 0, 2, 3).unsqueeze(0))
+        linears = [m for m in theirs.decoder if isinstance(m, torch.nn.Linear)]
+        ours_linears = [m for m in ours.head.decoder.layers if isinstance(m, torch.nn.Linear)]
+        for mine, other in zip(ours_linears, linears, strict=True):
+            other.load_state_dict(mine.state_dict())
+
+
+def test_training_capsnet_baseline_is_our_capsnet_and_loss(load_benchmark):
+    """The training benchmark's repo-style CapsNet with our weights gives our capsule lengths,
+    reconstructions and loss (float64; a small preset): its ratio compares one function."""
+    import torch.nn.functional as F
+
+    from torchvote.models import create_model, get_model_spec
+    from torchvote.training import make_objective
+    from torchvote.training.config import LossConfig
+
+    training = load_benchmark("training")
+    torch.manual_seed(0)
+    ours = create_model("capsnet", "small").double()
+    theirs = training._PopularCapsNet(ours.config).double()
+    _copy_capsnet(ours, theirs)
+    images = torch.rand(3, 1, 28, 28, dtype=torch.float64)
+    targets = torch.tensor([1, 7, 3])
+    output = ours(images, targets)
+    one_hot = F.one_hot(targets, 10).double()
+    lengths, reconstructions = theirs(images, one_hot)
+    torch.testing.assert_close(lengths, output.scores)
+    torch.testing.assert_close(reconstructions, output.reconstructions.flatten(1))
+    objective = make_objective(LossConfig(), get_model_spec("capsnet"), total_steps=1000)
+    loss, _ = objective(output, {"images": images, "targets": targets}, 0)
+    torch.testing.assert_close(
+        training._popular_capsule_loss(lengths, one_hot, images, reconstructions), loss.double()
+    )
+
+
+def test_training_efficient_capsnet_baseline_is_our_model(load_benchmark):
+    """Same for Efficient-CapsNet (tiny preset, eval mode so batch norm is a fixed map). The
+    repo-style lengths are ``sqrt(|v|^2 + 1e-8)``, ours ``|v|``: that epsilon is the tolerance."""
+    import torch.nn.functional as F
+
+    from torchvote.models import create_model
+
+    training = load_benchmark("training")
+    torch.manual_seed(0)
+    ours = create_model("efficient-capsnet", "tiny").double().eval()
+    theirs = training._PopularEfficientCapsNet(ours.config).double().eval()
+    with torch.no_grad():
+        theirs.convs.load_state_dict(ours.features.state_dict())
+        theirs.depthwise.load_state_dict(ours.primary.conv.state_dict())
+        theirs.W.copy_(ours.head.class_capsules.weight.unsqueeze(0))
+        theirs.b.copy_(torch.randn_like(theirs.b))  # not the zero start, which hides a misuse
+        ours.head.class_capsules.router.log_prior.copy_(theirs.b.squeeze(-1))
+        linears = [m for m in theirs.decoder if isinstance(m, torch.nn.Linear)]
+        ours_linears = [m for m in ours.head.decoder.layers if isinstance(m, torch.nn.Linear)]
+        for mine, other in zip(ours_linears, linears, strict=True):
+            other.load_state_dict(mine.state_dict())
+    images = torch.rand(3, 1, 28, 28, dtype=torch.float64)
+    targets = torch.tensor([1, 7, 3])
+    output = ours(images, targets)
+    lengths, reconstructions = theirs(images, F.one_hot(targets, 10).double())
+    torch.testing.assert_close(reconstructions, output.reconstructions.flatten(1))  # the poses agree
+    expected = torch.sqrt(output.scores**2 + 1e-8)
+    torch.testing.assert_close(lengths, expected)
+
+
+def test_training_cnn_baseline_is_our_cnn(load_benchmark):
+    from torchvote.models import create_model
+
+    training = load_benchmark("training")
+    ours = create_model("cnn-baseline", "small").double().eval()
+    config = ours.config
+    theirs = training._PopularMnistCNN(config.channels, config.pool_after, config.hidden,
+                                       config.dropout).double().eval()
+    ours_layers = [m for m in ours.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    their_layers = [*theirs.convs, *theirs.fcs, theirs.out]
+    with torch.no_grad():
+        for mine, other in zip(ours_layers, their_layers, strict=True):
+            other.load_state_dict(mine.state_dict())
+    images = torch.rand(4, 1, 28, 28, dtype=torch.float64)
+    scores = ours(images).scores
+    torch.testing.assert_close(theirs(images), torch.log_softmax(scores, dim=1))
+
+
+# --- em.py ----------------------------------------------------------------------------------------
+
+
+def _strict_old_em_routing(baseline):
+    """A stand-in for the git revision's ``em_routing``: today's, which (like the old one, built on
+    ``vote``) refuses activations of another dtype than the votes."""
+    from torchvote.functional.em import em_routing
+
+    def old(votes, activations, *args, **kwargs):
+        assert activations.dtype == votes.dtype, (activations.dtype, votes.dtype)
+        return em_routing(votes, activations, *args, strategy="blocked", **kwargs)
+
+    return old
+
+
+def test_em_check_agreement_gives_the_old_em_routing_float64_activations(load_benchmark, monkeypatch):
+    """``python benchmarks/em.py --quick`` (old included by default) stopped with a TypeError: the
+    float64 check handed the old em_routing float32 activations."""
+    em = load_benchmark("em")
+    monkeypatch.setattr(em, "old_em_routing", _strict_old_em_routing)
+    assert em.check_agreement("cpu", baseline=em.BASELINE) < 1e-10
+
+
+def test_em_benchmark_times_the_revision_given_by_baseline(load_benchmark, monkeypatch):
+    """``--baseline REV`` was used for the agreement check and memory, but the timed ``old`` step
+    was always the default revision."""
+    em = load_benchmark("em")
+    asked = []
+
+    def old_em_routing(baseline=em.BASELINE):
+        asked.append(baseline)
+        return _strict_old_em_routing(baseline)
+
+    monkeypatch.setattr(em, "old_em_routing", old_em_routing)
+    assert em.main(["--quick", "--impls", "old,naive", "--repeats", "1", "--baseline", "abc123"]) == 0
+    assert asked and set(asked) == {"abc123"}
+
+
+def test_em_benchmark_stops_when_an_implementation_disagrees(load_benchmark, monkeypatch, capsys):
+    """The agreement was printed and then ignored: ratios of two different functions."""
+    em = load_benchmark("em")
+    routing = em.em_routing
+
+    def off(*args, **kwargs):
+        poses, activations = routing(*args, **kwargs)
+        return 1.01 * poses, activations
+
+    monkeypatch.setattr(em, "em_routing", off)
+    assert em.main(["--quick", "--impls", "kernel-blocked,naive", "--repeats", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "disagree with the naive loop" in captured.err
+    assert "fwd+bwd ms" not in captured.out  # nothing timed
+
+
+def test_em_benchmark_without_the_baseline_revision_is_a_usage_error(load_benchmark, capsys):
+    """A checkout without that history (a shallow clone, an archive) got a CalledProcessError."""
+    em = load_benchmark("em")
+    with pytest.raises(SystemExit) as stop:
+        em.main(["--quick", "--impls", "old", "--baseline", "0000000000"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "git revision 0000000000" in err and "leave old out of --impls" in err
+
+
+# --- memory subprocesses ------------------------------------------------------------------------------
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.items = []
+
+    def put(self, item) -> None:
+        self.items.append(item)
+
+
+def test_routing_memory_worker_reports_its_failure_instead_of_leaving_the_parent_waiting(
+    load_benchmark, monkeypatch
+):
+    """The parent waited on ``queue.get()`` for a value a failed (or OOM-killed) child never sent:
+    the benchmark hung. The child now sends the error, the parent joins first."""
+    routing = load_benchmark("routing")
+
+    def broken(impl, batch, seed, device):
+        raise RuntimeError("no memory for this")
+
+    monkeypatch.setitem(routing.CASES, "broken", routing.Case("broken", "", ("baseline",), broken))
+    queue = _Queue()
+    routing._peak_worker("broken", "baseline", 4, "fwd", torch.get_num_threads(), "float32", queue)
+    assert queue.items == ["RuntimeError: no memory for this"]
+
+
+def test_routing_memory_worker_warms_a_compiled_em_row_up_at_the_measured_batch(load_benchmark, monkeypatch):
+    """``torchvote-compiled`` rows were warmed up on batch 2, so the measured step recompiled."""
+    routing = load_benchmark("routing")
+    built = []
+
+    def build(impl, batch, seed, device):
+        built.append(batch)
+        x = torch.ones(batch, 3, requires_grad=True)
+        return (lambda: (x * 2).sum()), [x]
+
+    monkeypatch.setitem(routing.CASES, "fake", routing.Case("fake", "", ("torchvote", "baseline"), build))
+    queue = _Queue()
+    routing._peak_worker("fake", "torchvote-compiled", 8, "fwd+bwd", torch.get_num_threads(), "float32",
+                         queue)
+    assert built == [8]
+    assert len(queue.items) == 1 and isinstance(queue.items[0], float)
+
+
+def test_attention_memory_child_reports_a_failure_as_an_error_not_as_out_of_memory(
+    load_benchmark, monkeypatch
+):
+    """Any failure of nn.MultiheadAttention's child used to be reported as "needs > 12 GB"; one
+    that was not a RuntimeError crashed the child and read as out of memory too."""
+    attention = load_benchmark("attention")
+    config = attention.Config(1, 8, False, "infer")
+    cases = [
+        (ValueError("bad shape"), "error"),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "error"),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"), "oom"),
+        (MemoryError(), "oom"),
+    ]
+    for error, status in cases:
+
+        def build(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(attention, "build", build)
+        queue = _Queue()
+        attention._memory_child("mha", config, 16, 2, None, queue)
+        assert [item[0] for item in queue.items] == [status], error
+
+
+# --- command lines -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "arguments", "option"),
+    [
+        ("attention", ["--repeats", "0"], "--repeats"),
+        ("attention", ["--lengths", "128", "-1"], "--lengths"),
+        ("attention", ["--mha-limit-gb", "-2"], "--mha-limit-gb"),
+        ("em", ["--batch", "0"], "--batch"),
+        ("em", ["--repeats", "-1"], "--repeats"),
+        ("routing", ["--repeats", "0"], "--repeats"),  # was read as "the default, 5"
+        ("routing", ["--threads", "0"], "--threads"),
+        ("routing", ["--batches", "0"], "--batches"),
+        ("training", ["--steps", "0"], "--steps"),
+        ("training", ["--batch-size", "0"], "--batch-size"),
+        ("training", ["--warmup", "0"], "--warmup"),  # the first step (and a compilation) untimed
+        ("generation", ["--new-tokens", "0"], "--new-tokens"),  # tokens per second divided by 0
+        ("generation", ["--repeats", "0"], "--repeats"),  # the median of nothing
+        ("generation", ["--batch", "0"], "--batch"),
+        ("generation", ["--prompt-length", "x"], "--prompt-length"),
+    ],
+)
+def test_benchmark_refuses_a_count_that_is_not_positive(load_benchmark, capsys, script, arguments, option):
+    parser = load_benchmark(script).build_parser()
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(arguments)
+    assert stop.value.code == 2
+    value = arguments[-1]
+    expected = rf"argument {option}: expected a (positive integer|finite number above 0), got '{value}'"
+    assert re.search(expected, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("script", ["attention", "em", "routing", "training"])
+def test_benchmark_asked_for_cuda_without_a_device_is_a_usage_error(load_benchmark, monkeypatch, capsys,
+                                                                    script):
+    module = load_benchmark(script)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--device", "cuda", "--quick"])
+    assert stop.value.code == 2
+    assert "--device cuda" in capsys.readouterr().err
+
+
+def test_attention_benchmark_refuses_heads_that_do_not_divide_the_width(load_benchmark, capsys):
+    attention = load_benchmark("attention")
+    with pytest.raises(SystemExit) as stop:
+        attention.main(["--embed-dim", "10", "--num-heads", "3", "--batches", "1", "--lengths", "4",
+                        "--repeats", "1", "--modes", "infer", "--causal", "no", "--no-memory"])
+    assert stop.value.code == 2
+    assert "--embed-dim 10 must be divisible by --num-heads 3" in capsys.readouterr().err
+
+
+def test_training_benchmark_refuses_an_unknown_preset_before_timing(load_benchmark, capsys):
+    training = load_benchmark("training")
+    with pytest.raises(SystemExit) as stop:
+        training.main(["--models", "cnn-baseline", "--preset", "nosuch", "--quick"])
+    assert stop.value.code == 2
+    assert "unknown preset 'nosuch'" in capsys.readouterr().err
+
+
+def _without_clear_refs(module, monkeypatch) -> None:
+    """As on a system without Linux's /proc/self/clear_refs (macOS, a locked-down container)."""
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if str(path) == "/proc/self/clear_refs":
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_open(path, *args, **kwargs)
+
+    common = sys.modules[module.can_reset_peak_rss.__module__]  # benchmarks/bench_common.py
+    monkeypatch.setattr(common, "open", fake_open, raising=False)
+
+
+def test_attention_benchmark_without_clear_refs_asks_for_no_memory(load_benchmark, monkeypatch, capsys):
+    """The memory children crashed there, and the run stopped with "ours failed ... exit code 1"
+    (nn.MultiheadAttention's crash was reported as needing more than 12 GB)."""
+    attention = load_benchmark("attention")
+    _without_clear_refs(attention, monkeypatch)
+    with pytest.raises(SystemExit) as stop:
+        attention.main(["--batches", "1", "--lengths", "4", "--embed-dim", "8", "--num-heads", "2",
+                        "--repeats", "1", "--modes", "infer", "--causal", "no"])
+    assert stop.value.code == 2
+    assert "pass --no-memory" in capsys.readouterr().err
+
+
+def test_em_benchmark_without_clear_refs_asks_for_no_memory(load_benchmark, monkeypatch, capsys):
+    em = load_benchmark("em")
+    _without_clear_refs(em, monkeypatch)
+    with pytest.raises(SystemExit) as stop:
+        em.main(["--batch", "1", "--impls", "naive", "--repeats", "1"])
+    assert stop.value.code == 2
+    assert "pass --no-memory" in capsys.readouterr().err
+
+
+# --- cuda_targets.sh --------------------------------------------------------------------------------------
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cuda_targets.sh"
+
+
+def _fake_python(folder: Path, *, cuda: bool, failing: str = "") -> Path:
+    """An interpreter that logs each run; ``-c`` code answers as torch with or without CUDA, a
+    script that is not there (a relative path run from the wrong folder) fails, and a script whose
+    path holds ``failing`` exits 3."""
+    log = folder / "python.log"
+    fake = folder / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$*" >> {log}\n'
+        'if [ "$1" = "-c" ]; then\n'
+        f'    case "$2" in *sys.exit*) exit {0 if cuda else 1};; esac\n'
+        '    echo "torch fake"; exit 0\n'
+        "fi\n"
+        '[ -f "$1" ] || { echo "no script $1 here" >&2; exit 9; }\n'
+        f'case "$1" in *"{failing or "@@"}"*) exit 3;; esac\n'
+        "exit 0\n"
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def _run_script(folder: Path, python: Path, *arguments: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHON": str(python)}
+    return subprocess.run(["bash", str(SCRIPT), *arguments], cwd=folder, env=environment,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cuda_targets_stops_at_once_without_a_cuda_device(tmp_path):
+    """It used to run every step anyway (each failing on --device cuda) and exit 0."""
+    python = _fake_python(tmp_path, cuda=False)
+    result = _run_script(tmp_path, python, "results")
+    assert result.returncode == 1
+    assert "sees no CUDA device" in result.stderr
+    assert "benchmarks/" not in (tmp_path / "python.log").read_text()
+    assert (tmp_path / "results" / "device.txt").is_file()
+
+
+def test_cuda_targets_runs_every_step_from_the_repository_and_fails_loudly_at_the_end(tmp_path):
+    """Run from another folder, with the output folder relative to it: every step runs its script
+    (the relative ``benchmarks/...`` paths used to miss), a failed step does not stop the others,
+    and the script then exits 1 naming it (it used to exit 0)."""
+    python = _fake_python(tmp_path, cuda=True, failing="training.py")
+    result = _run_script(tmp_path, python, "results")
+    assert result.returncode == 1, result.stderr
+    assert "failed steps: training training-compiled" in result.stderr
+    results = tmp_path / "results"
+    for step in ("routing-em", "routing-dynamic", "generation-softmax", "generation-routing"):
+        assert "exit 0 after" in (results / f"{step}.txt").read_text(), step
+    assert "exit 3 after" in (results / "training.txt").read_text()
+
+
+def test_cuda_targets_refuses_an_unknown_step(tmp_path):
+    python = _fake_python(tmp_path, cuda=True)
+    result = _run_script(tmp_path, python, "results", "routing-em", "routnig-dynamic")
+    assert result.returncode == 2
+    assert "unknown step 'routnig-dynamic'" in result.stderr
+    assert not (tmp_path / "python.log").exists()
+
+
+def _quoted_benchmark_commands() -> list[tuple[str, str, list[str]]]:
+    """``(where, script, arguments)`` of every benchmark command that cuda_targets.sh runs and that
+    the scripts' own docstrings show (README's and docs' are test_docs.py's)."""
+    import shlex
+
+    root = SCRIPT.parents[1]
+    commands = []
+    shell = SCRIPT.read_text().replace("\\\n", " ")  # continuation lines joined
+    for line in shell.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["step"] and len(words) > 4:
+            commands.append((f"cuda_targets.sh step {words[1]}", words[4], words[5:]))
+    for path in sorted((root / "benchmarks").glob("*.py")):
+        for line in path.read_text().splitlines():
+            start = line.find("python benchmarks/")
+            if start < 0:
+                continue
+            command = line[start:].split("``")[0].split("#")[0]  # up to the quote's end or a comment
+            words = shlex.split(command)
+            commands.append((f"{path.name}: {command.strip()}", words[1], words[2:]))
+    return commands
+
+
+QUOTED = _quoted_benchmark_commands()
+
+
+@pytest.mark.parametrize(("where", "script", "arguments"), QUOTED, ids=[q[0] for q in QUOTED])
+def test_benchmark_commands_quoted_in_the_scripts_parse(load_benchmark, where, script, arguments):
+    """cuda_targets.sh's steps and the docstrings' usage lines name a script whose parser takes
+    their arguments (and, for training, pairs that exist)."""
+    assert script.startswith("benchmarks/") and (SCRIPT.parents[1] / script).is_file(), where
+    module = load_benchmark(Path(script).stem)
+    args = module.build_parser().parse_args(arguments)
+    if Path(script).stem == "training":
+        assert set(args.models.split(",")) <= set(module.PAIRS), where
+    if Path(script).stem == "em" and args.impls:
+        assert set(args.impls.split(",")) <= set(module.IMPLEMENTATIONS), where
+
+
+def test_cuda_targets_runs_every_step_it_names():
+    assert {q[0].split()[-1] for q in QUOTED if q[0].startswith("cuda_targets")} == {
+        "routing-em", "routing-dynamic", "generation-softmax", "generation-routing", "training",
+        "training-compiled",
+    }
+
+
+def test_em_benchmark_times_the_old_em_routing_on_bfloat16_votes(load_benchmark, monkeypatch):
+    """With ``--dtype bfloat16`` the old em_routing (built on ``vote``) got float32 activations and
+    was skipped with a TypeError, leaving the table without its baseline column."""
+    em = load_benchmark("em")
+    monkeypatch.setattr(em, "old_em_routing", _strict_old_em_routing)
+    em.build("old", 1, True, "cpu", torch.bfloat16)()  # one forward and backward step
+
+
+def test_routing_passive_threads_reruns_this_script_with_the_arguments_it_was_given(
+    load_benchmark, monkeypatch
+):
+    """``main(argv)`` re-ran ``sys.argv`` (the caller's own command line), not ``argv``."""
+    routing = load_benchmark("routing")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # restored afterwards, whatever main sets
+    runs = []
+
+    def execv(program, arguments):
+        runs.append(arguments)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(routing.os, "execv", execv)
+    with pytest.raises(SystemExit):
+        routing.main(["--passive-threads", "--cases", "dynamic", "--quick"])
+    script = str(SCRIPT.parent / "routing.py")
+    assert runs == [[routing.sys.executable, script, "--passive-threads", "--cases", "dynamic", "--quick"]]
+    assert routing.os.environ["OMP_WAIT_POLICY"] == "PASSIVE"

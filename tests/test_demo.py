@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 import torch
 
 from torchvote.data import load_small_digits
@@ -49,3 +52,90 @@ def test_demo_command_runs_from_the_cli(monkeypatch, tmp_path):
     monkeypatch.setattr(demo, "run_demo", lambda **kw: seen.update(kw))
     assert cli.main(["demo", "--output-dir", str(tmp_path), "--no-plots"]) == 0
     assert seen == {"output_dir": str(tmp_path), "make_plots": False}
+
+
+# --- what a first-time user meets ----------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_mnist_data(tiny_mnist_root, tmp_path, monkeypatch):
+    """``load_mnist`` reads the 240 train / 60 test real digits of ``tiny_mnist_root`` (as
+    ``$TORCHVOTE_DATA/mnist``), so a whole demo runs in a blink."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mnist").symlink_to(tiny_mnist_root, target_is_directory=True)
+    monkeypatch.setenv("TORCHVOTE_DATA", str(data))
+    return data
+
+
+SMALL = {"num_queries": 3, "num_keys": 5, "cluster_size": 4, "iterations": 2}
+
+
+def test_run_demo_without_matplotlib_says_that_no_plot_was_written(tiny_mnist_data, tmp_path, capsys,
+                                                                   monkeypatch):
+    """Without the plots extra the demo still runs, and says why there are no pictures (it used to
+    print ``plots:`` followed by nothing)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    report = run_demo(output_dir=tmp_path / "out", make_plots=True, **SMALL)
+    out = capsys.readouterr().out
+    assert report.plots == []
+    assert "plots: none written" in out and "torchvote[plots]" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_demo_draws_few_queries_and_keys_and_labels_receivers_by_their_seed(
+    tiny_mnist_data, tmp_path, monkeypatch
+):
+    """Fewer than 8 queries and 12 keys still give both pictures (the labels used to assume 8 and
+    12), and the routing picture names each receiver by the digit that seeded it, not 0, 1, 2."""
+    from torchvote.explain import capsule_plots
+
+    seen = {}
+    draw = capsule_plots.coupling_passes
+
+    def spy(couplings, **kwargs):
+        seen.update(kwargs)
+        return draw(couplings, **kwargs)
+
+    monkeypatch.setattr(capsule_plots, "coupling_passes", spy)
+    report = run_demo(output_dir=tmp_path, make_plots=True, cluster_digits=(0, 1, 7), **SMALL)
+    assert [p.name for p in report.plots] == ["attention.png", "routing.png"]
+    assert all(p.is_file() for p in report.plots)
+    assert seen["output_labels"] == ["seed 0", "seed 1", "seed 7"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"num_queries": 0}, "num_queries must be a positive integer"),
+        ({"num_keys": 2.5}, "num_keys must be a positive integer"),
+        ({"iterations": 0}, "iterations must be a positive integer"),
+        ({"cluster_digits": (0, 10)}, "cluster_digits must be distinct digits 0 to 9"),
+        ({"cluster_digits": (1, 1)}, "cluster_digits must be distinct digits 0 to 9"),
+        ({"cluster_digits": ()}, "cluster_digits must be distinct digits 0 to 9"),
+        # more digits than the split holds: the printed counts would overstate what ran
+        ({"num_queries": 61}, r"num_queries must be at most 60 \(the MNIST test split\), got 61"),
+        ({"num_keys": 241}, r"num_keys must be at most 240 \(the MNIST train split\), got 241"),
+    ],
+)
+def test_run_demo_refuses_bad_arguments_by_name(tiny_mnist_data, tmp_path, arguments, message):
+    values = {**SMALL, "make_plots": False, **arguments}
+    with pytest.raises(ValueError, match=message):
+        run_demo(output_dir=tmp_path, **values)
+
+
+def test_run_demo_refuses_a_file_as_output_dir_before_the_work(tmp_path, monkeypatch):
+    """Said before MNIST is even loaded, not after the experiments ran."""
+    from torchvote import data
+
+    monkeypatch.setattr(data, "load_mnist", lambda *a, **k: pytest.fail("loaded MNIST first"))
+    target = tmp_path / "a-file"
+    target.write_text("")
+    with pytest.raises(ValueError, match="output_dir .* is a file"):
+        run_demo(output_dir=target, **SMALL)
+
+
+def test_attention_retrieval_refuses_a_bandwidth_that_is_not_positive():
+    images, labels = load_small_digits("test")
+    with pytest.raises(ValueError, match="bandwidth must be a positive finite number"):
+        attention_retrieval(images[:2], images[:5], labels[:5], bandwidth=0.0)

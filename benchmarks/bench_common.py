@@ -1,0 +1,79 @@
+"""What every benchmark script shares: argparse types, device synchronisation and the Linux
+resident-set readings behind the CPU memory columns.
+
+The scripts run as files (by their path, or through the ``bench`` command), so this
+folder is on ``sys.path`` and they import this module by its bare name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+
+import torch
+
+from torchvote.validation import check_positive_float, check_positive_int
+
+__all__ = ["can_reset_peak_rss", "max_rss_kib", "positive_float", "positive_int", "status_kib", "synchronize"]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse's error names the option).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, quoting ``text``.
+    """
+    try:
+        return check_positive_int(int(text), "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (argparse's error names the option).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, quoting ``text``.
+    """
+    try:
+        return check_positive_float(float(text), "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}") from None
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA); a no-op on the CPU. Call before reading a timer."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def can_reset_peak_rss() -> bool:
+    """Whether this process may reset its resident-set high-water mark (Linux's
+    ``/proc/self/clear_refs``), which the CPU memory columns need."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def status_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``).
+
+    Raises:
+        KeyError: the field is missing (``OSError`` where there is no ``/proc``).
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(f"{field} not in /proc/self/status")
+
+
+def max_rss_kib() -> float:
+    """``ru_maxrss`` of this process in KiB (Linux reports KiB, macOS bytes)."""
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss / 1024 if sys.platform == "darwin" else max_rss
