@@ -314,3 +314,29 @@ def test_slot_attention_module_checks_num_slots_and_slots():
         module(inputs.double())
     with pytest.raises(TypeError, match="slots must be a floating-point tensor"):
         module(inputs, slots=torch.ones(2, 3, 8, dtype=torch.int64))
+
+
+def test_a_users_registered_router_is_built_by_name_beside_torchvotes(monkeypatch):
+    """``register_router`` is public: a router registered by a user broke every ``make_router``
+    call (an assertion that the registry held exactly ``list_routers()``)."""
+    from torchvote.nn import CapsuleLinear
+    from torchvote.nn.routers import UniformRouter, base, register_router
+
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the test's registration is undone
+
+    @register_router
+    class HalfUniform(UniformRouter):
+        name = "half_uniform"
+
+        def forward(self, votes, *, activations=None):
+            result = super().forward(votes, activations=activations)
+            return RoutingResult(result.outputs / 2, result.couplings)
+
+    assert isinstance(make_router("dynamic", in_caps=4, out_caps=3, out_dim=5), base.Router)
+    layer = CapsuleLinear(4, 2, 3, 5, routing="half_uniform")
+    reference = CapsuleLinear(4, 2, 3, 5, routing="uniform")
+    reference.load_state_dict(layer.state_dict())
+    inputs = torch.randn(2, 4, 2)
+    torch.testing.assert_close(layer(inputs), reference(inputs) / 2)
+    with pytest.raises(ValueError, match="already registered"):
+        register_router(HalfUniform)

@@ -116,7 +116,20 @@ _REGISTRY: dict[str, type[Router]] = {}
 
 
 def register_router(cls: type[Router]) -> type[Router]:
-    """Class decorator: make ``cls`` buildable by ``make_router(cls.name, ...)``."""
+    """Class decorator: make ``cls`` buildable by ``make_router(cls.name, ...)`` (and so by
+    ``CapsuleLinear(routing=cls.name)``); a user's own router is registered the same way. (The
+    model configs take the names of :func:`~torchvote.functional.routing.list_routers`, torchvote's
+    own; pass a router instance to a layer for any other.)
+
+    Args:
+        cls: a :class:`Router` subclass with a ``name``.
+
+    Returns:
+        ``cls``, registered.
+
+    Raises:
+        ValueError: a router of that name is already registered.
+    """
     if cls.name in _REGISTRY:
         raise ValueError(f"a router named {cls.name!r} is already registered")
     _REGISTRY[cls.name] = cls
@@ -208,7 +221,8 @@ def make_router(
         ValueError: an unknown name or option, ``iterations`` < 1 (checked for the one-pass
             routers too, which ignore it).
     """
-    assert set(_REGISTRY) == set(list_routers()), "every listed router must be registered"
+    # torchvote's own routers are all registered; a user's (register_router) may join them
+    assert set(list_routers()) <= set(_REGISTRY), "every listed router must be registered"
     check_positive_int(iterations, "iterations")
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"routing must be one of {sorted(_REGISTRY)}, got {name!r}")
