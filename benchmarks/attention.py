@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench_common import can_reset_peak_rss, positive_float, positive_int, status_kib, synchronize
+from _common import can_reset_peak_rss, positive_float, positive_int, status_kib, synchronize
 from torchvote.nn import MultiHeadAttention
 
 IMPLEMENTATIONS = ("ours", "sdpa", "mha")

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from bench_common import can_reset_peak_rss, positive_int, status_kib, synchronize
+from _common import can_reset_peak_rss, positive_int, status_kib, synchronize
 from torchvote.functional.em import default_inverse_temperature, em_routing
 from torchvote.functional.em_kernel import conv_sender_groups
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from bench_common import positive_int, synchronize
+from _common import positive_int, synchronize
 from torchvote.models import create_model
 
 

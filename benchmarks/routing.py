@@ -72,7 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench_common import max_rss_kib, positive_int, status_kib, synchronize
+from _common import max_rss_kib, positive_int, status_kib, synchronize
 from torchvote.functional.em import default_inverse_temperature
 from torchvote.functional.em_kernel import STRATEGIES as EM_STRATEGIES
 from torchvote.nn.capsules import CapsuleLinear

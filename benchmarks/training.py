@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench_common import positive_int, synchronize
+from _common import positive_int, synchronize
 from torchvote.models import build_config, create_model, get_model_spec
 from torchvote.training import get_task_handler, make_objective
 from torchvote.training.config import LossConfig

@@ -381,7 +381,7 @@ def _without_clear_refs(module, monkeypatch) -> None:
             raise FileNotFoundError(2, "No such file or directory", str(path))
         return real_open(path, *args, **kwargs)
 
-    common = sys.modules[module.can_reset_peak_rss.__module__]  # benchmarks/bench_common.py
+    common = sys.modules[module.can_reset_peak_rss.__module__]  # benchmarks/_common.py
     monkeypatch.setattr(common, "open", fake_open, raising=False)
 
 

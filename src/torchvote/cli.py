@@ -629,7 +629,8 @@ def _benchmarks_dir() -> Path:
 def _bench(args: argparse.Namespace) -> int:
     script = _benchmarks_dir() / f"{args.name}.py"
     if not script.is_file():
-        present = sorted(p.stem for p in _benchmarks_dir().glob("*.py")) if _benchmarks_dir().is_dir() else []
+        folder = _benchmarks_dir()
+        present = sorted(p.stem for p in folder.glob("[!_]*.py")) if folder.is_dir() else []  # not _common
         raise FileNotFoundError(
             f"benchmark script {script} not found (benchmarks run from a source checkout); "
             f"present: {', '.join(present) or 'none'}"
