@@ -292,3 +292,25 @@ def test_keep_leaves_files_that_are_not_named_by_a_step_alone(tmp_path):
         "step-00000002-best.safetensors",
         "step-00000003.safetensors",
     ]
+
+
+def test_a_checkpoint_of_more_gpus_restores_the_rng_of_the_gpus_there_are(monkeypatch):
+    """A run checkpointed where rank 0 saw four GPUs resumes where there is one: the state of
+    GPU 0 is restored and the others are left out. It set every saved GPU's state, and the
+    second one failed (there is no GPU 1: "invalid device ordinal")."""
+    restored: list[int] = []
+
+    def set_rng_state(new_state, device=0):
+        if device >= 1:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        restored.append(device)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_rng_state)  # set_rng_state_all's
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.zeros(16, dtype=torch.uint8)] * 4)
+    state = capture_rng_state()
+    assert len(state["cuda"]) == 4
+    restore_rng_state(state)
+    assert restored == [0]

@@ -98,3 +98,59 @@ def test_batch_plan_refuses_each_bad_field_by_name(fields, message):
 def test_batch_plan_refuses_a_shuffle_that_is_not_a_bool():
     with pytest.raises(TypeError, match="shuffle must be True or False, got 'no'"):
         BatchPlan(50, global_batch=8, seed=0, shuffle="no")
+
+
+@pytest.fixture
+def gloo_group(tmp_path, monkeypatch):
+    """A gloo process group of this one process, initialised by the caller (not by torchvote)."""
+    import torch.distributed as dist
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_process_group_the_caller_made_counts_over_the_environment(gloo_group, monkeypatch):
+    """Under a group the caller initialised (``torch.multiprocessing.spawn`` sets no ``RANK``
+    nor ``WORLD_SIZE``), rank and size come from the group: read from the environment, stale or
+    missing variables made every process rank 0 of a one-process run, and all of them wrote the
+    run's checkpoints and metrics."""
+    from torchvote.training.distributed import setup_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # stale: the group has one process
+    monkeypatch.setenv("RANK", "1")
+    context = setup_distributed("cpu")
+    assert (context.rank, context.world_size, context.is_main) == (0, 1, True)
+    assert not context.is_distributed and not context.initialized_here
+    context.close()
+    import torch.distributed as dist
+
+    assert dist.is_initialized(), "a group torchvote did not make is left to its maker"
+
+
+def test_the_stop_flag_of_each_step_never_goes_to_the_device(gloo_group):
+    """``any_process`` runs after every step: it exchanges a CPU tensor, so the host never waits
+    for the device's queued kernels to read it (here the device is ``meta``, whose values cannot
+    be read at all). It used to all-reduce a tensor on the compute device and read it back."""
+    from torchvote.training.distributed import DistributedContext, any_process
+
+    context = DistributedContext(rank=0, world_size=2, device=torch.device("meta"))
+    assert context.is_distributed
+    assert any_process(True, context) is True
+    assert any_process(False, context) is False
+
+
+def test_one_gpu_named_for_several_processes_on_a_machine_is_refused(monkeypatch):
+    """``torchrun --nproc_per_node=2 ... device=cuda:1`` put both processes on GPU 1 (NCCL then
+    fails on the duplicate GPU, or they share it): refused before any process group starts, with
+    what to write instead."""
+    from torchvote.training.distributed import setup_distributed
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="device=cuda:1 would put every process on this machine on one GPU"):
+        setup_distributed("cuda:1")

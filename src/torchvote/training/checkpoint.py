@@ -7,8 +7,9 @@ A checkpoint named ``step-00001200`` in ``<run>/checkpoints/`` is two files:
   Tensors shared between parameters (tied weights) are stored once, their other names listed in
   the metadata.
 * ``step-00001200.state.pt``: optimiser and scheduler state, step, epoch, the data-order state,
-  the RNG states of torch, numpy and python, and the run config, all plain containers and tensors
-  so that ``torch.load(..., weights_only=True)`` reads it without running any code.
+  the RNG states of torch, numpy and python, the metric sums of the steps since the last metrics
+  record, and the run config, all plain containers and tensors so that
+  ``torch.load(..., weights_only=True)`` reads it without running any code.
 
 Both are written atomically (temporary file in the same directory, fsync, ``os.replace``); the
 ``latest`` pointer file is replaced last, so a crash mid-write leaves the previous checkpoint and
@@ -108,7 +109,8 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Inverse of :func:`capture_rng_state`."""
+    """Inverse of :func:`capture_rng_state`. CUDA states are restored for the GPUs this process
+    sees (a run saved on eight GPUs resumes on one; without CUDA, none)."""
     torch.set_rng_state(state["torch"])
     numpy_state = state["numpy"]
     np.random.set_state(  # noqa: NPY002 (the global state)
@@ -123,7 +125,8 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     python_state = state["python"]
     random.setstate((python_state["version"], tuple(python_state["internal"]), python_state["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 # --- model weights -----------------------------------------------------------------------------

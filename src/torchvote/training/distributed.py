@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,9 @@ class DistributedContext:
         device: the device this process computes on.
         initialized_here: whether :func:`setup_distributed` created the process group (and so
             must destroy it).
+        control_group: a gloo group for the flags of :func:`any_process` when the default group
+            is not gloo (nccl), so that a flag is exchanged between the hosts without waiting for
+            the device; ``None``: the default group.
     """
 
     rank: int = 0
@@ -35,6 +39,7 @@ class DistributedContext:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     initialized_here: bool = False
+    control_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -49,8 +54,12 @@ class DistributedContext:
             dist.barrier()
 
     def close(self) -> None:
-        if self.initialized_here and dist.is_initialized():
-            dist.destroy_process_group()
+        if not dist.is_initialized():
+            return
+        if self.initialized_here:
+            dist.destroy_process_group()  # and every group made from it
+        elif self.control_group is not None:
+            dist.destroy_process_group(self.control_group)
 
 
 def check_device_name(name: object, argument: str = "device") -> str:
@@ -86,7 +95,9 @@ def setup_distributed(device_name: str = "auto") -> DistributedContext:
     """Join the process group ``torchrun`` describes (gloo on CPU, nccl on GPU), if any.
 
     A process started without ``WORLD_SIZE`` (or with ``WORLD_SIZE=1``) gets a single-process
-    context and no process group.
+    context and no process group. A process group the caller initialised already (say under
+    ``torch.multiprocessing.spawn``) is used as it is: its rank and size count, whatever the
+    environment says; the GPU is ``LOCAL_RANK``'s, else the current one.
 
     Args:
         device_name: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``, resolved by
@@ -96,22 +107,37 @@ def setup_distributed(device_name: str = "auto") -> DistributedContext:
         This process's context; ``initialized_here`` tells whether it created the process group.
 
     Raises:
-        ValueError: an unknown device name, or CUDA requested but not available.
+        ValueError: an unknown device name, CUDA requested but not available, or one GPU named
+            (``cuda:<index>``) for the several processes ``torchrun`` started on this machine.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    initialized_here = False
+    if dist.is_initialized():  # by the caller: two processes must not both think they are rank 0
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+        default_local = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        local_rank = int(os.environ.get("LOCAL_RANK", default_local))
+    else:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1 and re.fullmatch(r"cuda:\d+", str(device_name)):
+        raise ValueError(
+            f"device={device_name} would put every process on this machine on one GPU; under "
+            "torchrun use device=cuda (or auto): each process takes the GPU of its LOCAL_RANK "
+            "(CUDA_VISIBLE_DEVICES chooses which GPUs)"
+        )
     device = resolve_device(device_name, local_rank)
     if world_size <= 1:
         return DistributedContext(device=device)
-    initialized_here = False
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
         initialized_here = True
-    return DistributedContext(rank, world_size, local_rank, device, initialized_here)
+    # every process calls this (new_group is collective): the stop flag checked after each step
+    # then travels host to host, and reading it does not wait for the step's kernels
+    control_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return DistributedContext(rank, world_size, local_rank, device, initialized_here, control_group)
 
 
 def all_reduce_sum(values: torch.Tensor, context: DistributedContext) -> torch.Tensor:
@@ -123,9 +149,15 @@ def all_reduce_sum(values: torch.Tensor, context: DistributedContext) -> torch.T
 
 
 def any_process(flag: bool, context: DistributedContext) -> bool:
-    """True on every process if ``flag`` is true on any; used to stop all processes together."""
+    """True on every process if ``flag`` is true on any; used to stop all processes together.
+
+    The loop asks after every step, so the flag never goes to the device: a CPU tensor over a
+    gloo group (:attr:`DistributedContext.control_group`) is one exchange between the hosts, where
+    reading a device tensor would make the host wait for every kernel queued so far (and the
+    device wait, idle, for the next step to be queued).
+    """
     if not context.is_distributed:
         return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=context.device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)  # on the CPU
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=context.control_group)
     return bool(value.item() > 0)

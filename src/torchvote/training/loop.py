@@ -11,7 +11,9 @@ pairs); each augmentation from ``(seed, epoch, position)``; and before each step
 global torch RNG (dropout, sampling inside models) is reseeded from ``(seed, step, rank)``. A
 resumed run therefore takes exactly the steps the killed run would have taken, and reaches
 bit-identical weights. The RNG states of torch, numpy and python are saved as well, for code
-that draws from them outside the steps.
+that draws from them outside the steps, and so are the metric sums since the last metrics record;
+records a killed run wrote after the checkpoint it resumes from are dropped and written again, so
+``metrics.jsonl`` reads as the unbroken run's (but for the clock).
 
 **Data parallelism.** Under ``torchrun`` each of the N processes takes a contiguous ``1 / N`` of
 every global batch (``batch_size`` is global), DDP averages the gradients, so one process and N
@@ -33,18 +35,26 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from torchvote.files import atomic_write_bytes
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
-from torchvote.training.config import TrainConfig, config_to_dict, model_config_from
+from torchvote.training.config import TrainConfig, config_from_dict, config_to_dict, model_config_from
 from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_seed, iterate_batches
 from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
 from torchvote.training.evaluate import autocast, evaluate, load_eval_entry
 from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.optim import build_optimizer, build_scheduler
 from torchvote.training.progress import Progress
-from torchvote.training.results import StepInfo, TrainResult, find_resumable_checkpoint, load_run_config
+from torchvote.training.results import (
+    StepInfo,
+    TrainResult,
+    check_resumable,
+    find_resumable_checkpoint,
+    load_run_config,
+)
 from torchvote.training.setup import (
     compile_model,
+    drop_metrics_after,
     load_run_data,
     model_metadata,
     new_run_dir,
@@ -59,7 +69,9 @@ __all__ = ["StepInfo", "TrainResult", "TrainingDivergedError", "load_run_config"
 
 
 class TrainingDivergedError(RuntimeError):
-    """The training loss became NaN or infinite: the run stops before it saves such weights."""
+    """The training loss or the weights became NaN or infinite: the run stops before it saves
+    such weights."""
+
 
 #: The keys of a ``final`` metrics record that say what was evaluated; the rest are the metrics.
 _FINAL_RECORD_CONTEXT = frozenset({"event", "step", "time", "dataset", "source", "eval_limit"})
@@ -122,6 +134,9 @@ class _Run:
         self.resume_from: tuple[CheckpointPaths, dict[str, Any]] | None = None
         if resume is not None:
             paths, state, skipped = find_resumable_checkpoint(resume)
+            # before any data loads: a config of another model or data set is refused by name,
+            # not by whatever its data or model would fail on first
+            check_resumable(config_from_dict(state["config"]), config)
             if skipped:
                 self._log(
                     f"skipping unreadable checkpoint(s), kept as they are: {'; '.join(skipped)}; "
@@ -195,7 +210,13 @@ class _Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         import yaml
 
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+        atomic_write_bytes(self.run_dir / "config.yaml", text.encode())  # a resumed run's: whole or old
+        # records past the checkpoint (a run killed after it, or resumed from an older one
+        # because the newest was torn) are written again as the steps are taken again
+        dropped = drop_metrics_after(self.run_dir / "metrics.jsonl", self.step)
+        if dropped:
+            self._log(f"metrics.jsonl: dropped {dropped} record(s) after step {self.step} (taken again)")
         self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard)
         if self.step >= self.total_steps:  # a finished run, resumed: nothing left to train
             self._log(f"{self.run_dir} has finished its {self.total_steps} steps: nothing to train")
@@ -218,15 +239,22 @@ class _Run:
             return self.epoch + 1, 0
         return self.epoch, self.position
 
-    def _save(self) -> None:
+    def _save(self, progress: Progress) -> None:
+        """Checkpoint the current step (once; every process calls it), if its weights are worth
+        keeping: stop with :class:`TrainingDivergedError` if a loss since the last report, or the
+        weights the last step made, are NaN or infinite (a non-finite gradient of a finite loss
+        poisons the weights before any loss shows it)."""
         if self.step == self.last_saved_step:
             return
+        window = progress.window_totals(self.context)  # every process: an all-reduce
+        self._check_finite(math.isfinite(window["loss_sum"]) if window else True, "training loss")
+        self._check_finite(_weights_finite(self.model), "weights")
         if not self.context.is_main:
             self.last_saved_step = self.step
             return
         epoch, position = self._resume_point()
         metadata = {**model_metadata(self.spec, self.model_config, self.config), "step": str(self.step)}
-        state = training_state(self, epoch, position)
+        state = training_state(self, epoch, position, window)
         self.last_checkpoint = save_checkpoint(
             self.run_dir / "checkpoints",
             step=self.step,
@@ -293,6 +321,8 @@ class _Run:
             initial=self.step,
             enabled=self.context.is_main and self.config.progress,
         )
+        if self.resume_from is not None and self.context.is_main:  # the checkpoint's metrics window
+            progress.restore(self.resume_from[1].get("metrics_window", {}), self.context.device)
         with progress:
             try:
                 while self.step < self.total_steps:
@@ -302,19 +332,20 @@ class _Run:
                         self._maybe_evaluate(progress)
                         self._maybe_checkpoint(progress)
                         if any_process(self.stop.requested, self.context):
-                            self._check_finite(progress.window_loss_finite(self.context))
-                            self._save()
+                            self._save(progress)
                             return self._stopped(progress, saved=True)
                         if self.step >= self.total_steps:
                             break
                     if self.position == self.plan.steps_per_epoch:
                         self.epoch, self.position = self.epoch + 1, 0
             except KeyboardInterrupt:
-                if not self.in_step:  # inside a step the weights may be half-updated: keep the last
-                    self._check_finite(progress.window_loss_finite(self.context))
-                    self._save()
-                return self._stopped(progress, saved=not self.in_step)
-        self._save()
+                # Inside a step the weights may be half-updated: keep the last checkpoint. After a
+                # stop was requested, this is the second Ctrl-C: stop at once, without saving.
+                saved = not self.in_step and not self.stop.requested
+                if saved:
+                    self._save(progress)
+                return self._stopped(progress, saved=saved)
+            self._save(progress)
         return False
 
     def _epoch_batches(self) -> Any:
@@ -396,12 +427,12 @@ class _Run:
         """At each epoch end and every ``checkpoint_every`` steps (unless the loss diverged)."""
         every = self.config.checkpoint_every
         if self._end_of_epoch or (every and self.step % every == 0):
-            self._check_finite(progress.window_loss_finite(self.context))
-            self._save()
+            self._save(progress)
 
-    def _check_finite(self, finite: bool) -> None:
-        """Stop the run when a loss since the last check was NaN or infinite: the weights that
-        step made are not worth keeping, and every later step would only spread the NaN.
+    def _check_finite(self, finite: bool, what: str = "training loss") -> None:
+        """Stop the run when ``what`` (a loss since the last check, the weights) was NaN or
+        infinite: the weights that step made are not worth keeping, and every later step would
+        only spread the NaN.
 
         Raises:
             TrainingDivergedError: naming the steps, the last checkpoint and what to change.
@@ -412,7 +443,7 @@ class _Run:
             "no checkpoint was written"
         )
         raise TrainingDivergedError(
-            f"the training loss became NaN or infinite by step {self.step}: stopped without "
+            f"the {what} became NaN or infinite by step {self.step}: stopped without "
             f"saving these weights; {kept}. Try a "
             f"lower optim.lr (now {self.config.optim.lr}), optim.grad_clip=1.0, or bf16=false"
         )
@@ -426,7 +457,8 @@ class _Run:
         if saved and self.last_checkpoint is not None:
             where = f"checkpoint saved at step {self.step}: {self.last_checkpoint.weights}"
         elif self.last_checkpoint is not None:
-            where = f"interrupted inside a step; the last checkpoint is {self.last_checkpoint.weights}"
+            how = "stopped at once" if self.stop.requested else "interrupted inside a step"
+            where = f"{how}; the last checkpoint is {self.last_checkpoint.weights}"
         else:
             where = "no checkpoint was written"
         self._log(
@@ -491,3 +523,11 @@ class _Run:
             metrics = {key: value for key, value in record.items() if key not in _FINAL_RECORD_CONTEXT}
             recorded[(record["source"], record.get("eval_limit"))] = (record["dataset"], metrics)
         return recorded
+
+
+def _weights_finite(model: nn.Module) -> bool:
+    """Whether every floating-point tensor of ``model``'s state (parameters, running statistics)
+    is finite: one read of one flag."""
+    tensors = [tensor for tensor in model.state_dict().values() if tensor.is_floating_point()]
+    flags = [torch.isfinite(tensor).all() for tensor in tensors]
+    return not flags or bool(torch.stack(flags).all())

@@ -84,13 +84,27 @@ class Progress:
             f"{unit}_per_second": rate,
         }
 
-    def window_loss_finite(self, context: DistributedContext) -> bool:
-        """Whether every loss added since the last report was finite, on every process (one
-        all-reduce and one read of a scalar: call it where the run is about to keep its weights)."""
-        if "loss_sum" not in self.sums:
-            return True
-        total = all_reduce_sum(self.sums["loss_sum"].reshape(1), context)
-        return bool(torch.isfinite(total).all())
+    def window_totals(self, context: DistributedContext) -> dict[str, Tensor]:
+        """The sums of the steps since the last report, added up over the processes, on the CPU
+        (one all-reduce and one read: call it where the run is about to keep its weights). A
+        checkpoint stores them, so that the run resumed from it reports the same next record as
+        the unbroken run; :meth:`restore` puts them back.
+
+        Returns:
+            ``name -> 0-dim float tensor`` (``loss_sum``, ``loss_count`` and the task's sums);
+            empty when no step was added since the last report.
+        """
+        if not self.sums:
+            return {}
+        keys = sorted(self.sums)
+        totals = all_reduce_sum(torch.stack([self.sums[k] for k in keys]), context).cpu()
+        return dict(zip(keys, totals.unbind(), strict=True))
+
+    def restore(self, totals: dict[str, Tensor], device: torch.device) -> None:
+        """Start the window with the sums :meth:`window_totals` gave a checkpoint (on one process
+        only: the next report adds up the processes). Its images / tokens are not restored: the
+        throughput counts the steps of this process since it started."""
+        self.sums = {key: value.to(device) for key, value in totals.items()}
 
     def write(self, message: str) -> None:
         """A line above the bar (on stderr)."""

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchvote.files import atomic_write_bytes
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
@@ -25,15 +26,16 @@ from torchvote.training.checkpoint import (
     load_model_weights,
     restore_rng_state,
 )
-from torchvote.training.config import ConfigError, TrainConfig, config_from_dict, config_to_dict
+from torchvote.training.config import ConfigError, TrainConfig, config_to_dict
 from torchvote.training.data import TaskData
 from torchvote.training.distributed import DistributedContext
 from torchvote.training.evaluate import load_data
-from torchvote.training.results import check_resumable
+from torchvote.training.results import find_resumable_checkpoint
 from torchvote.training.tasks import TaskHandler
 
 __all__ = [
     "compile_model",
+    "drop_metrics_after",
     "load_run_data",
     "model_metadata",
     "new_run_dir",
@@ -51,10 +53,10 @@ def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
     instead of sharing one folder. When distributed, rank 0 claims it and the others use its path.
 
     Raises:
-        ConfigError: ``run_dir`` is empty text, already holds a run (it is resumed, never
-            overwritten), or is a file or a folder with other files in it (a run writes
-            ``config.yaml``, ``metrics.jsonl``, ``checkpoints/`` and plots there, and would
-            replace the user's files of those names).
+        ConfigError: ``run_dir`` is empty text, already holds a run (its ``latest`` pointer, or
+            an intact checkpoint without it: it is resumed, never overwritten), or is a file or a
+            folder with other files in it (a run writes ``config.yaml``, ``metrics.jsonl``,
+            ``checkpoints/`` and plots there, and would replace the user's files of those names).
     """
     if config.run_dir is not None:
         path = _check_new_run_dir(config.run_dir)
@@ -81,7 +83,7 @@ def _check_new_run_dir(run_dir: str) -> Path:
     if not run_dir.strip():
         raise ConfigError("run_dir must name a folder (or be null for <out_dir>/<preset>-<time>), got ''")
     path = Path(run_dir)
-    if (path / "checkpoints" / "latest").exists():
+    if (path / "checkpoints" / "latest").exists() or _holds_an_intact_checkpoint(path):
         raise ConfigError(
             f"run folder {path} already holds a run; continue it with "
             f"`torchvote train --resume {shlex.quote(str(path))}` or choose another run_dir"
@@ -100,6 +102,18 @@ def _check_new_run_dir(run_dir: str) -> Path:
                 f"new or empty folder"
             )
     return path
+
+
+def _holds_an_intact_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir/checkpoints`` holds a checkpoint a resume would read (its ``latest``
+    pointer may be gone); torn ones alone do not make a run (a new one moves them aside)."""
+    if not (run_dir / "checkpoints").is_dir():
+        return False
+    try:
+        find_resumable_checkpoint(run_dir)
+    except CheckpointError:
+        return False
+    return True
 
 
 def _claim_run_dir(out_dir: Path, prefix: str) -> Path:
@@ -195,13 +209,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def training_state(run: Any, epoch: int, position: int) -> dict[str, Any]:
+def training_state(
+    run: Any, epoch: int, position: int, metrics_window: dict[str, torch.Tensor]
+) -> dict[str, Any]:
     """The training state a checkpoint stores for ``run`` (the loop's run object) at its step.
 
     Args:
         run: has ``step``, ``config``, ``context``, ``train_data``, ``optimizer``, ``scheduler``,
             ``total_steps`` and ``wall_s()``.
         epoch, position: where a run resumed from this step starts.
+        metrics_window: the metric sums of the steps since the last metrics record, over every
+            process (:meth:`~torchvote.training.progress.Progress.window_totals`), so that the
+            resumed run's next record covers the same steps as the unbroken run's.
 
     Returns:
         ``weights_only``-safe containers and tensors.
@@ -223,18 +242,18 @@ def training_state(run: Any, epoch: int, position: int) -> dict[str, Any]:
         "world_size": run.context.world_size,
         "total_steps": run.total_steps,
         "wall_s": run.wall_s(),
+        "metrics_window": metrics_window,
     }
 
 
 def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> int:
     """Load a checkpoint into ``run`` (model, optimiser, scheduler, RNG states); return its step.
+    The caller has checked the config (:func:`~torchvote.training.results.check_resumable`).
 
     Raises:
-        ConfigError: the run's config changed more than a resume may, or a onecycle schedule
-            would be stretched.
+        ConfigError: a onecycle schedule would be stretched.
         CheckpointError: the checkpoint was written for other data or does not fit the model.
     """
-    check_resumable(config_from_dict(state["config"]), run.config)
     order = state["data_order"]
     if order["num_examples"] != len(run.train_data) or order["global_batch"] != run.config.batch_size:
         raise CheckpointError(
@@ -256,3 +275,38 @@ def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> in
     restore_rng_state(state["rng"])
     run.earlier_s = float(state.get("wall_s", 0.0))  # checkpoints before it was recorded: 0
     return int(state["step"])
+
+
+def drop_metrics_after(path: Path, step: int) -> int:
+    """Cut the records of steps after ``step`` out of a run's ``metrics.jsonl`` (atomically).
+
+    A run resumed from its checkpoint of ``step`` takes the later steps again and records them
+    again: the records a killed run wrote after its last checkpoint (or after the one a resume
+    fell back to, past a torn newer one) would otherwise appear twice. A run that starts over in
+    a folder without a checkpoint passes ``step=0``. Lines that do not parse (a torn last line:
+    :class:`~torchvote.training.metrics.MetricsWriter` cuts it) are left as they are.
+
+    Args:
+        path: the ``metrics.jsonl`` file (nothing happens if it does not exist).
+        step: the step the run continues from.
+
+    Returns:
+        How many records were cut.
+    """
+    if not path.is_file():
+        return 0
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if _record_step(line) <= step]
+    if len(kept) < len(lines):
+        atomic_write_bytes(path, b"".join(kept))
+    return len(lines) - len(kept)
+
+
+def _record_step(line: bytes) -> float:
+    """The ``step`` of a metrics record; ``-inf`` for a line that is no record with a step."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return -math.inf
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else -math.inf

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -13,7 +14,9 @@ __all__ = ["StopRequest"]
 class StopRequest:
     """While entered, SIGINT and SIGTERM set :attr:`requested` instead of killing the process;
     a second Ctrl-C raises ``KeyboardInterrupt`` at once (no checkpoint). The previous handlers
-    come back on exit. Outside the main thread no handler is installed.
+    come back on exit. Outside the main thread no handler is installed. Processes forked while it
+    is entered (``DataLoader`` workers, which a terminal's Ctrl-C reaches too) inherit the handler
+    but ignore the signal: the loop stops them when it stops.
 
     Args:
         log: prints one line (on rank 0) when a signal arrives.
@@ -24,12 +27,15 @@ class StopRequest:
         self.reason = ""
         self._log = log
         self._previous: dict[int, Any] = {}
+        self._pid = os.getpid()
 
     def request(self, reason: str) -> None:
         """Ask the loop to stop after the current step."""
         self.requested, self.reason = True, reason
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked worker: not the loop, nothing to save or say
+            return
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.request(signal.Signals(signum).name)
@@ -39,6 +45,7 @@ class StopRequest:
         )
 
     def __enter__(self) -> StopRequest:
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)

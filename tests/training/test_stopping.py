@@ -1,0 +1,27 @@
+"""Stopping cleanly: the signal handlers of the loop, in the loop's process and in its workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from torchvote.training.stopping import StopRequest
+
+
+def test_a_forked_worker_ignores_the_signal_and_says_nothing():
+    """A terminal's Ctrl-C reaches every process of the foreground group, ``DataLoader`` workers
+    included, which inherit the loop's handler when they are forked: each printed "SIGINT
+    received: saving a checkpoint" (the message came once per worker, plus the loop's)."""
+    said: list[str] = []
+    before = signal.getsignal(signal.SIGINT)
+    with StopRequest(said.append) as stop:
+        pid = os.fork()
+        if pid == 0:  # the worker: report through the exit status only
+            os.kill(os.getpid(), signal.SIGINT)
+            os._exit(10 * int(stop.requested) + int(bool(said)))
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the worker took the signal as the loop's"
+        assert not stop.requested and said == []
+        os.kill(os.getpid(), signal.SIGINT)  # the loop's own process still takes it
+        assert stop.requested and stop.reason == "SIGINT" and len(said) == 1
+    assert signal.getsignal(signal.SIGINT) is before
