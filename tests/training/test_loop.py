@@ -274,6 +274,27 @@ def test_onecycle_cannot_be_stretched_on_resume(tiny_config):
         train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
 
 
+def test_a_resume_that_redraws_a_cosine_schedule_says_so(tiny_config, capsys):
+    """Extending a cosine run redraws the curve over the new length: the learning rate jumps at
+    the resumed step (from lr * min_lr_ratio = 0 at the end of 6 steps to the middle of 12)."""
+    first = train(tiny_config("run", "epochs=1", "optim.lr=0.004", "optim.warmup_steps=0"), verbose=False)
+    capsys.readouterr()
+    train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
+    expected = "redrawn over 12 steps (was 6): the learning rate goes from 0 to 0.002 at step 6"
+    assert f"the cosine schedule is {expected}" in capsys.readouterr().err
+
+
+def test_deterministic_algorithms_are_on_for_the_run_only(tiny_config):
+    """``deterministic=true`` left torch's deterministic mode on for the rest of the process (a
+    notebook's later code slowed or refused)."""
+    seen = set()
+    config = tiny_config("run", "deterministic=true", "max_steps=2")
+    assert not torch.are_deterministic_algorithms_enabled()
+    during = [lambda info: seen.add(torch.are_deterministic_algorithms_enabled())]
+    train(config, callbacks=during, verbose=False)
+    assert seen == {True} and not torch.are_deterministic_algorithms_enabled()
+
+
 def test_max_steps_stops_mid_epoch_and_saves(tiny_config):
     result = train(tiny_config("run", "max_steps=5", "epochs=10"), verbose=False)
     assert result.step == 5 and result.checkpoint.name == "step-00000005"

@@ -25,11 +25,12 @@ def test_metrics_are_json_lines_and_a_torn_last_line_is_skipped(tmp_path):
 
 
 def test_tensorboard_scalars_when_the_package_is_importable(tmp_path, monkeypatch):
-    scalars = []
+    scalars, purges = [], []
 
     class FakeWriter:
-        def __init__(self, log_dir):
+        def __init__(self, log_dir, purge_step=None):
             self.log_dir = log_dir
+            purges.append(purge_step)
 
         def add_scalar(self, tag, value, step):
             scalars.append((tag, value, step))
@@ -48,6 +49,10 @@ def test_tensorboard_scalars_when_the_package_is_importable(tmp_path, monkeypatc
         writer.write("eval", 3, {"accuracy": 0.5, "loss": float("inf")}, dataset="mnist/test")
     assert writer.tensorboard_dir == tmp_path / "tensorboard"
     assert scalars == [("train/loss", 0.25, 3), ("train/lr", 0.001, 3), ("eval/mnist/test/accuracy", 0.5, 3)]
+    # resumed from step 4: TensorBoard drops the killed run's events after it, as metrics.jsonl
+    with MetricsWriter(tmp_path, tensorboard=True, resume_step=4):
+        pass
+    assert purges == [None, 5]
 
 
 def test_tensorboard_is_optional(tmp_path, monkeypatch):
@@ -137,3 +142,17 @@ def test_a_resumed_writer_drops_the_torn_line_and_keeps_every_new_record(tmp_pat
         writer.write("train", 3, {"loss": 0.25})
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]  # step 2 not lost
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_writer_resumed_from_a_step_cuts_the_records_after_it(tmp_path):
+    """A run killed after its checkpoint of step 4 recorded steps 6 and 8 too: the resumed run
+    takes them again, so its writer cuts them (a torn last line included) before appending."""
+    with MetricsWriter(tmp_path) as writer:
+        for step in (2, 4, 6, 8):
+            writer.write("train", step, {"loss": 1.0 / step})
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"event": "train", "st')
+    with MetricsWriter(tmp_path, resume_step=4) as writer:
+        assert writer.dropped == 2
+        writer.write("train", 6, {"loss": 0.5})
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [2, 4, 6]

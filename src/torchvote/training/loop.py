@@ -43,7 +43,7 @@ from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_see
 from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
 from torchvote.training.evaluate import autocast, evaluate, load_eval_entry
 from torchvote.training.metrics import MetricsWriter, read_metrics
-from torchvote.training.optim import build_optimizer, build_scheduler
+from torchvote.training.optim import build_optimizer, build_scheduler, lr_multiplier
 from torchvote.training.progress import Progress
 from torchvote.training.results import (
     StepInfo,
@@ -54,7 +54,6 @@ from torchvote.training.results import (
 )
 from torchvote.training.setup import (
     compile_model,
-    drop_metrics_after,
     load_run_data,
     model_metadata,
     new_run_dir,
@@ -107,10 +106,12 @@ def train(
         ValueError: an unknown data set, model or preset.
     """
     context = setup_distributed(config.device)
+    deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
     try:
         return _Run(config, context, resume, callbacks, verbose).run()
     finally:
         context.close()
+        torch.use_deterministic_algorithms(deterministic)  # the caller's setting again
 
 
 class _Run:
@@ -188,6 +189,7 @@ class _Run:
             self.step = restore_state(self, paths, state)
             self.last_checkpoint, self.last_saved_step = paths, self.step  # never rewritten as it is
             self._log(f"resuming {self.run_dir} from step {self.step} ({paths.weights.name})")
+            self._note_a_redrawn_schedule(state.get("total_steps"))
         self.epoch, self.position = divmod(self.step, self.plan.steps_per_epoch)
         self.ddp_model: nn.Module = self.model
         if context.is_distributed:
@@ -212,12 +214,10 @@ class _Run:
 
         text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
         atomic_write_bytes(self.run_dir / "config.yaml", text.encode())  # a resumed run's: whole or old
-        # records past the checkpoint (a run killed after it, or resumed from an older one
-        # because the newest was torn) are written again as the steps are taken again
-        dropped = drop_metrics_after(self.run_dir / "metrics.jsonl", self.step)
-        if dropped:
+        self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard, resume_step=self.step)
+        if self.writer.dropped:  # a run killed after its checkpoint, or resumed from an older one
+            dropped = self.writer.dropped
             self._log(f"metrics.jsonl: dropped {dropped} record(s) after step {self.step} (taken again)")
-        self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard)
         if self.step >= self.total_steps:  # a finished run, resumed: nothing left to train
             self._log(f"{self.run_dir} has finished its {self.total_steps} steps: nothing to train")
             return
@@ -347,6 +347,20 @@ class _Run:
                 return self._stopped(progress, saved=saved)
             self._save(progress)
         return False
+
+    def _note_a_redrawn_schedule(self, saved_total: int | None) -> None:
+        """Say so when a resume with other ``epochs`` / ``max_steps`` redraws a cosine schedule
+        over the new length (onecycle refuses it; the other schedules do not depend on it): the
+        learning rate jumps at the resumed step."""
+        optim = self.config.optim
+        if optim.schedule != "cosine" or saved_total in (None, self.total_steps):
+            return
+        lengths = (saved_total, self.total_steps)
+        before, after = (optim.lr * lr_multiplier(optim, total)(self.step) for total in lengths)
+        self._log(
+            f"the cosine schedule is redrawn over {self.total_steps} steps (was {saved_total}): the "
+            f"learning rate goes from {before:.3g} to {after:.3g} at step {self.step}"
+        )
 
     def _epoch_batches(self) -> Any:
         """The batches of the current epoch from the current position (a resumed run starts

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchvote.files import atomic_write_bytes
+
 __all__ = ["MetricsWriter", "format_table", "read_metrics"]
 
 
@@ -22,15 +24,26 @@ class MetricsWriter:
     lost). TensorBoard events go to ``<run>/tensorboard`` when ``tensorboard=True`` and the
     ``tensorboard`` package is importable.
 
+    A run resumed from its checkpoint of step ``k`` takes the later steps again and records them
+    again: the records a killed run wrote after that checkpoint (or after the one a resume fell
+    back to, past a torn newer one) are cut from the file first (``dropped`` counts them), and
+    TensorBoard's events after ``k`` are purged, so both read as the unbroken run's.
+
     Args:
         run_dir: the run's folder (created if missing); the file is opened for appending at once.
         tensorboard: also write TensorBoard scalars (silently skipped without the package).
+        resume_step: the step the run continues from: records (and TensorBoard events) of later
+            steps are cut (0 for a run that starts over in a folder without a checkpoint);
+            ``None`` appends to whatever the file holds.
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = False) -> None:
+    def __init__(
+        self, run_dir: str | Path, *, tensorboard: bool = False, resume_step: int | None = None
+    ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _drop_torn_last_line(self.path)
+        self.dropped = 0 if resume_step is None else _drop_records_after(self.path, resume_step)
         self._file = self.path.open("a", encoding="utf-8")
         self.tensorboard_dir: Path | None = None
         self._writer: Any = None
@@ -41,7 +54,8 @@ class MetricsWriter:
                 pass
             else:
                 self.tensorboard_dir = Path(run_dir) / "tensorboard"
-                self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
+                purge_step = None if resume_step is None else resume_step + 1  # events after it
+                self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge_step)
 
     def write(self, event: str, step: int, metrics: Mapping[str, Any], **context: Any) -> None:
         record = {"event": event, "step": step, **context, "time": round(time.time(), 3)}
@@ -77,6 +91,36 @@ def _drop_torn_last_line(path: Path) -> None:
         content = handle.read()
         if content and not content.endswith(b"\n"):
             handle.truncate(content.rfind(b"\n") + 1)
+
+
+def _drop_records_after(path: Path, step: int) -> int:
+    """Cut the records of steps after ``step`` out of ``path`` (atomically); lines that do not
+    parse are left as they are.
+
+    Args:
+        path: the ``metrics.jsonl`` file (nothing happens if it does not exist).
+        step: the step the run continues from.
+
+    Returns:
+        How many records were cut.
+    """
+    if not path.is_file():
+        return 0
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if _record_step(line) <= step]
+    if len(kept) < len(lines):
+        atomic_write_bytes(path, b"".join(kept))
+    return len(lines) - len(kept)
+
+
+def _record_step(line: bytes) -> float:
+    """The ``step`` of a metrics record; ``-inf`` for a line that is no record with a step."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return -math.inf
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else -math.inf
 
 
 def _plain(value: Any) -> Any:

@@ -83,8 +83,11 @@ class OptimConfig:
         momentum: SGD momentum.
         beta1, beta2: Adam betas.
         schedule: ``constant``; ``exponential`` (``lr * decay_rate ** (step / decay_steps)``, the
-            CapsNet schedule); ``cosine`` (to ``min_lr_ratio * lr`` at the last step);
-            ``onecycle`` (``torch.optim.lr_scheduler.OneCycleLR``).
+            CapsNet schedule); ``cosine`` (reaching ``min_lr_ratio * lr`` one step after
+            the last, as Hugging Face's cosine schedule; a resume with other ``epochs`` or
+            ``max_steps`` redraws it over the new length, and says so);
+            ``onecycle`` (``torch.optim.lr_scheduler.OneCycleLR``; a resume may not change its
+            length).
         decay_rate, decay_steps: of the exponential schedule.
         warmup_steps: linear warm-up from 0 (constant, exponential, cosine).
         min_lr_ratio: final learning rate of the cosine schedule, relative to ``lr``.

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchvote.files import atomic_write_bytes
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
@@ -35,7 +34,6 @@ from torchvote.training.tasks import TaskHandler
 
 __all__ = [
     "compile_model",
-    "drop_metrics_after",
     "load_run_data",
     "model_metadata",
     "new_run_dir",
@@ -275,38 +273,3 @@ def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> in
     restore_rng_state(state["rng"])
     run.earlier_s = float(state.get("wall_s", 0.0))  # checkpoints before it was recorded: 0
     return int(state["step"])
-
-
-def drop_metrics_after(path: Path, step: int) -> int:
-    """Cut the records of steps after ``step`` out of a run's ``metrics.jsonl`` (atomically).
-
-    A run resumed from its checkpoint of ``step`` takes the later steps again and records them
-    again: the records a killed run wrote after its last checkpoint (or after the one a resume
-    fell back to, past a torn newer one) would otherwise appear twice. A run that starts over in
-    a folder without a checkpoint passes ``step=0``. Lines that do not parse (a torn last line:
-    :class:`~torchvote.training.metrics.MetricsWriter` cuts it) are left as they are.
-
-    Args:
-        path: the ``metrics.jsonl`` file (nothing happens if it does not exist).
-        step: the step the run continues from.
-
-    Returns:
-        How many records were cut.
-    """
-    if not path.is_file():
-        return 0
-    lines = path.read_bytes().splitlines(keepends=True)
-    kept = [line for line in lines if _record_step(line) <= step]
-    if len(kept) < len(lines):
-        atomic_write_bytes(path, b"".join(kept))
-    return len(lines) - len(kept)
-
-
-def _record_step(line: bytes) -> float:
-    """The ``step`` of a metrics record; ``-inf`` for a line that is no record with a step."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return -math.inf
-    step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else -math.inf
