@@ -3,8 +3,15 @@
 import math
 
 import pytest
+import torch
 
-from torchvote.validation import check_choice, check_positive_float, check_positive_int, check_probability
+from torchvote.validation import (
+    check_choice,
+    check_float_dtype,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
 
 
 @pytest.mark.parametrize("value", [1, 7])
@@ -132,3 +139,14 @@ def test_broadcast_shape_follows_torch_broadcast_shapes():
         assert broadcast_shape(*shapes) == expected
 
     agrees()
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_check_float_dtype_takes_none_and_floating_dtypes(dtype):
+    assert check_float_dtype(dtype) is dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, "float32", float, torch.complex64])
+def test_check_float_dtype_refuses_the_rest_by_name(dtype):
+    with pytest.raises(TypeError, match=r"table_dtype must be a floating-point torch.dtype or None, got"):
+        check_float_dtype(dtype, "table_dtype")

@@ -23,6 +23,7 @@ __all__ = [
     "check_choice",
     "check_dim",
     "check_flag",
+    "check_float_dtype",
     "check_index_range",
     "check_input_dtype",
     "check_integer_tensor",
@@ -154,6 +155,25 @@ def check_choice(value: Any, choices: Collection[Any], argument: str) -> Any:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{argument} must be one of {listed}, got {value!r}")
     return value
+
+
+def check_float_dtype(dtype: Any, argument: str = "dtype") -> torch.dtype | None:
+    """A factory ``dtype`` argument: ``None`` (the default dtype) or a floating-point
+    ``torch.dtype`` (parameters, tables and weights hold real numbers).
+
+    Args:
+        dtype: the value given.
+        argument: its name, for the message.
+
+    Returns:
+        ``dtype``.
+
+    Raises:
+        TypeError: anything else, naming the argument.
+    """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{argument} must be a floating-point torch.dtype or None, got {dtype!r}")
+    return dtype
 
 
 def check_input_dtype(

@@ -39,7 +39,13 @@ from torchvote.nn.attention_projections import (
     _SharedProjection,
 )
 from torchvote.nn.kv_cache import KVCache, offset_causality
-from torchvote.validation import check_flag, check_input_dtype, check_positive_int, check_probability
+from torchvote.validation import (
+    check_flag,
+    check_float_dtype,
+    check_input_dtype,
+    check_positive_int,
+    check_probability,
+)
 
 __all__ = ["MultiHeadAttention"]
 
@@ -136,7 +142,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.batch_first = batch_first
         self.shared_qkv = shared_qkv
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         # The projection is chosen once. Packed whenever the sizes allow: for self-attention one
         # (E -> 3E) matmul measured 1.1-1.6x faster than three (E -> E) ones in forward + backward
         # on a 2-core CPU at E = 512 (about even in inference), and it is torch's layout.

@@ -26,6 +26,7 @@ from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_st
 from torchvote.validation import (
     check_choice,
     check_flag,
+    check_float_dtype,
     check_input_dtype,
     check_positive_float,
     check_positive_int,
@@ -105,6 +106,7 @@ class PrimaryCapsules(nn.Module):
         check_positive_int(kernel_size, "kernel_size")
         check_positive_int(stride, "stride")
         check_positive_int(padding, "padding", minimum=0)
+        check_float_dtype(dtype)
         self.num_types = num_types
         self.caps_dim = caps_dim
         self.conv = nn.Conv2d(
@@ -212,7 +214,7 @@ class CapsuleLinear(nn.Module):
             raise TypeError(
                 f"router_options must be a mapping of option names to values, got {router_options!r}"
             )
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
         self.shared_weights = shared_weights
         self.strategy = check_choice(strategy, STRATEGIES, "strategy")

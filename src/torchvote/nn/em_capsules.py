@@ -42,7 +42,13 @@ from torchvote.functional.em_kernel import (
 )
 from torchvote.nn.capsules import check_feature_maps
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
-from torchvote.validation import check_choice, check_flag, check_input_dtype, check_positive_int
+from torchvote.validation import (
+    check_choice,
+    check_flag,
+    check_float_dtype,
+    check_input_dtype,
+    check_positive_int,
+)
 
 __all__ = [
     "ClassMatrixCapsules",
@@ -159,7 +165,7 @@ class PrimaryMatrixCapsules(nn.Module):
         super().__init__()
         self.side = _checked_side(pose_dim, in_channels=in_channels, num_types=num_types,
                                   kernel_size=kernel_size, stride=stride)
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.num_types = num_types
         self.pose = nn.Conv2d(in_channels, num_types * pose_dim, kernel_size, stride=stride, **factory)
         self.activation = nn.Conv2d(in_channels, num_types, kernel_size, stride=stride, **factory)
@@ -233,7 +239,7 @@ class ConvMatrixCapsules(nn.Module):
         self.side = _checked_side(pose_dim, in_types=in_types, out_types=out_types,
                                   kernel_size=kernel_size, stride=stride)
         self.normalization = check_choice(normalization, get_args(ConvNormalization), "normalization")
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
         # sender_groups prepared for routing, by input grid and device
@@ -409,7 +415,7 @@ class ClassMatrixCapsules(nn.Module):
             )
         if coordinate_addition and self.side < 2:
             raise ValueError(f"coordinate_addition needs poses of at least 2x2, got pose_dim={pose_dim}")
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.in_types, self.num_classes = in_types, num_classes
         self.coordinate_addition = coordinate_addition
         eye = torch.eye(self.side, **factory)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional import attend, merge_masks
-from torchvote.validation import check_flag, check_input_dtype, check_positive_float
+from torchvote.validation import check_flag, check_float_dtype, check_input_dtype, check_positive_float
 
 __all__ = ["NadarayaWatson"]
 
@@ -33,20 +33,32 @@ class NadarayaWatson(nn.Module):
             large ``h``: the prediction tends to the mean of the values.
         learnable: learn ``h`` (stored as ``log_bandwidth``, so it stays positive; the
             parametric variant of d2l's section learns ``w = 1 / h`` in the same role).
+        device: where to create the parameter (a fixed width has none).
+        dtype: the parameter's dtype.
 
     Raises:
         ValueError: ``bandwidth`` is not a positive finite number (a bool is not).
         TypeError: ``learnable`` is not a bool.
     """
 
-    def __init__(self, *, bandwidth: float = 1.0, learnable: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        bandwidth: float = 1.0,
+        learnable: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         check_positive_float(bandwidth, "bandwidth")
         self.learnable = check_flag(learnable, "learnable")
+        check_float_dtype(dtype)
         # A fixed width stays a Python float, exact in every dtype (a float32 buffer would round
         # h and put a 1e-8 relative error into float64 regressions).
         self._fixed_bandwidth = float(bandwidth)
-        self.log_bandwidth = nn.Parameter(torch.tensor(math.log(bandwidth))) if learnable else None
+        self.log_bandwidth = (
+            nn.Parameter(torch.tensor(math.log(bandwidth), device=device, dtype=dtype)) if learnable else None
+        )
 
     @property
     def bandwidth(self) -> float:
@@ -56,6 +68,8 @@ class NadarayaWatson(nn.Module):
         return float(self.log_bandwidth.detach().exp())
 
     def extra_repr(self) -> str:
+        if self.log_bandwidth is not None and self.log_bandwidth.is_meta:  # no value to show
+            return f"learnable={self.learnable}"
         return f"bandwidth={self.bandwidth:.4g}, learnable={self.learnable}"
 
     def forward(

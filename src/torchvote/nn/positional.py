@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from torchvote.validation import check_input_dtype, check_positive_int, check_probability
+from torchvote.validation import check_float_dtype, check_input_dtype, check_positive_int, check_probability
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 
@@ -58,29 +58,54 @@ class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sine / cosine positions (Vaswani et al. 2017, "Attention Is All You Need", sec. 3.5).
 
     The table is a non-persistent buffer (it is not saved in ``state_dict``: it is a function of
-    the sizes alone), built once in float64 and stored in the default dtype; it follows the
-    module's ``.to()`` and is cast to the inputs' dtype when added.
+    the sizes alone), computed in float64 and stored in ``dtype`` (default: the default dtype);
+    it follows the module's ``.to()`` and is cast to the inputs' dtype when added. Built on the
+    ``"meta"`` device it holds no values: after ``to_empty()``, :meth:`reset_parameters` fills it.
 
     Args:
         embed_dim: feature size ``E`` (odd sizes are fine: the last column is a sine).
         max_len: number of positions in the table.
         dropout: dropout on the sum, as in the paper (sec. 5.4), in training mode only.
+        device: where to create the table.
+        dtype: the table's dtype, floating point.
 
     Raises:
         ValueError: a non-positive size or ``dropout`` outside ``[0, 1)``.
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype`` (an integer table
+            would truncate the encodings to -1, 0 and 1).
     """
 
     table: Tensor
 
-    def __init__(self, embed_dim: int, *, max_len: int = 5000, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        *,
+        max_len: int = 5000,
+        dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         check_positive_int(embed_dim, "embed_dim")
         check_positive_int(max_len, "max_len")
         check_probability(dropout, "dropout")
+        check_float_dtype(dtype)
         self.embed_dim, self.max_len = embed_dim, max_len
         self.dropout = nn.Dropout(dropout)
-        table = _sinusoidal_table(max_len, embed_dim).to(torch.get_default_dtype())
+        table = torch.empty(max_len, embed_dim, device=device, dtype=dtype)  # (T, E), filled below
         self.register_buffer("table", table, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """(Re)compute the table in place: in float64 on the CPU (the same numbers on every
+        device), then cast into the buffer's dtype and device. A table on ``"meta"`` has no values
+        to fill; call this after ``module.to_empty(device=...)``, as ``load_state_dict`` does not
+        restore a non-persistent buffer."""
+        if self.table.is_meta:
+            return
+        with torch.no_grad():
+            self.table.copy_(_sinusoidal_table(self.max_len, self.embed_dim))  # (T, E)
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, max_len={self.max_len}"
@@ -111,17 +136,27 @@ class LearnedPositionalEmbedding(nn.Module):
     Args:
         max_len: number of positions.
         embed_dim: feature size ``E``.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: a non-positive size.
     """
 
-    def __init__(self, max_len: int, embed_dim: int) -> None:
+    def __init__(
+        self,
+        max_len: int,
+        embed_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         check_positive_int(max_len, "max_len")
         check_positive_int(embed_dim, "embed_dim")
+        check_float_dtype(dtype)
         self.embed_dim, self.max_len = embed_dim, max_len
-        self.weight = nn.Parameter(torch.empty(max_len, embed_dim))
+        self.weight = nn.Parameter(torch.empty(max_len, embed_dim, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)  # GPT-2's initialisation
 
     def extra_repr(self) -> str:

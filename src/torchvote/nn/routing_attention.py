@@ -35,6 +35,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+import torch
 from torch import Tensor
 
 from torchvote.functional import VotingState
@@ -124,10 +125,11 @@ class RoutingAttention(MultiHeadAttention):
         normalize_over: ``"senders"`` (softmax over the keys, every pass) or ``"receivers"``
             (over the queries).
         aggregation: ``"sum"`` (weighted sum) or ``"mean"`` (weights renormalised over the senders).
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
         **attention_options: ``kdim``, ``vdim``, ``bias``, ``dropout``, ``batch_first``,
-            ``shared_qkv``, ``device``, ``dtype``, keyword-only, as
-            :class:`~torchvote.nn.MultiHeadAttention`. ``dropout`` applies to the weights of every
-            pass.
+            ``shared_qkv``, keyword-only, as :class:`~torchvote.nn.MultiHeadAttention`.
+            ``dropout`` applies to the weights of every pass.
 
     Raises:
         ValueError: an ``iterations``, ``normalize_over`` or ``aggregation`` that is not allowed,
@@ -142,12 +144,14 @@ class RoutingAttention(MultiHeadAttention):
         iterations: int = 3,
         normalize_over: Literal["senders", "receivers"] = "senders",
         aggregation: Literal["sum", "mean"] = "sum",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
         **attention_options: Any,
     ) -> None:
         check_positive_int(iterations, "iterations")
         check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
         check_choice(aggregation, ("sum", "mean"), "aggregation")
-        super().__init__(embed_dim, num_heads, **attention_options)
+        super().__init__(embed_dim, num_heads, device=device, dtype=dtype, **attention_options)
         self.iterations = iterations
         self.normalize_over = normalize_over
         self.aggregation = aggregation
@@ -230,7 +234,8 @@ def attention_factory(
             normalises over the senders only.
 
     Returns:
-        ``factory(embed_dim, num_heads, *, dropout) -> nn.Module``, batch first.
+        ``factory(embed_dim, num_heads, *, dropout, device=None, dtype=None) -> nn.Module``,
+        batch first.
 
     Raises:
         ValueError: an unknown ``kind`` or ``normalize_over``, ``iterations < 1``, or

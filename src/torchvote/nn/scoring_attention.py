@@ -19,7 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score, merge_masks
-from torchvote.validation import check_choice, check_input_dtype, check_positive_int, check_probability
+from torchvote.validation import (
+    check_choice,
+    check_float_dtype,
+    check_input_dtype,
+    check_positive_int,
+    check_probability,
+)
 
 __all__ = ["AdditiveAttention", "LuongAttention", "ScoredAttention"]
 
@@ -117,17 +123,29 @@ class AdditiveAttention(ScoredAttention):
         key_dim: key feature size ``Ek``.
         hidden_dim: size ``H`` of the hidden layer of the score.
         dropout: dropout on the attention weights, in training mode only.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: a non-positive size or ``dropout`` outside ``[0, 1)``.
     """
 
-    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int, *, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int,
+        hidden_dim: int,
+        *,
+        dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(query_dim, key_dim, dropout=dropout)
         self.hidden_dim = check_positive_int(hidden_dim, "hidden_dim")
-        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False)  # W_a
-        self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False)  # U_a
-        self.vector = nn.Parameter(torch.empty(hidden_dim))  # v_a
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
+        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False, **factory)  # W_a
+        self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False, **factory)  # U_a
+        self.vector = nn.Parameter(torch.empty(hidden_dim, **factory))  # v_a
         bound = 1.0 / hidden_dim**0.5  # as an nn.Linear(hidden_dim, 1) would be initialised
         nn.init.uniform_(self.vector, -bound, bound)
 
@@ -158,6 +176,8 @@ class LuongAttention(ScoredAttention):
         score: ``"dot"``, ``"general"`` or ``"concat"``.
         hidden_dim: hidden size of the ``concat`` score; default ``query_dim``. Only for concat.
         dropout: dropout on the attention weights, in training mode only.
+        device: where to create the parameters (the ``dot`` score has none).
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: an unknown ``score``, ``dot`` with ``query_dim != key_dim``, ``hidden_dim``
@@ -172,6 +192,8 @@ class LuongAttention(ScoredAttention):
         score: LuongScore = "dot",
         hidden_dim: int | None = None,
         dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(query_dim, key_dim, dropout=dropout)
         check_choice(score, ("dot", "general", "concat"), "score")
@@ -186,16 +208,17 @@ class LuongAttention(ScoredAttention):
             check_positive_int(hidden_dim, "hidden_dim")
         self.score_name = score
         self.score_fn: Callable[[Tensor, Tensor], Tensor]
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         if score == "dot":
             self.score_fn = dot_score
         elif score == "general":
-            self.weight = nn.Parameter(torch.empty(query_dim, key_dim))
+            self.weight = nn.Parameter(torch.empty(query_dim, key_dim, **factory))
             nn.init.xavier_uniform_(self.weight)
             self.score_fn = self._general
         else:
             self.hidden_dim = query_dim if hidden_dim is None else hidden_dim
-            self.concat_proj = nn.Linear(query_dim + key_dim, self.hidden_dim, bias=False)
-            self.vector = nn.Parameter(torch.empty(self.hidden_dim))
+            self.concat_proj = nn.Linear(query_dim + key_dim, self.hidden_dim, bias=False, **factory)
+            self.vector = nn.Parameter(torch.empty(self.hidden_dim, **factory))
             bound = 1.0 / self.hidden_dim**0.5
             nn.init.uniform_(self.vector, -bound, bound)
             self.score_fn = self._concat

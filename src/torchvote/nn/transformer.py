@@ -9,7 +9,10 @@ The ``attention`` hook: a callable ``attention(embed_dim, num_heads, *, dropout)
 module with :class:`~torchvote.nn.MultiHeadAttention`'s ``forward`` signature
 (``forward(query, key, value, *, attn_mask, key_mask, is_causal, need_weights) -> (output,
 weights)``, batch first). It replaces softmax attention with any other voting, e.g. an iterative
-routing-style attention. By default it is :class:`~torchvote.nn.MultiHeadAttention`. For
+routing-style attention. By default it is :class:`~torchvote.nn.MultiHeadAttention`. A layer
+built with ``device=`` or ``dtype=`` passes on to the factory those of the two it was given, as
+keywords, so the attention creates its parameters there (both torchvote attentions take them; a
+factory that does not still serves layers built without them). For
 incremental decoding the layers take a ``cache`` (:class:`~torchvote.nn.kv_cache.LayerCache`)
 and hand its key/value caches to their attentions as ``cache=`` (only when one is given, so an
 attention without caching still plugs in).
@@ -31,8 +34,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -41,6 +45,7 @@ from torchvote.nn.kv_cache import KVCache, LayerCache
 from torchvote.validation import (
     check_choice,
     check_flag,
+    check_float_dtype,
     check_positive_float,
     check_positive_int,
     check_probability,
@@ -55,11 +60,13 @@ __all__ = [
 ]
 
 Activation = Literal["relu", "gelu"]
+Factory = dict[str, Any]  # torch's factory keywords: {"device": ..., "dtype": ...}
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
 class AttentionFactory(Protocol):
-    """Builds the attention of a transformer layer (see the module docstring)."""
+    """Builds the attention of a transformer layer (see the module docstring); called with
+    ``device=`` and ``dtype=`` too when the layer was given them."""
 
     def __call__(self, embed_dim: int, num_heads: int, *, dropout: float) -> nn.Module: ...
 
@@ -111,6 +118,12 @@ def _attention_factory(attention: AttentionFactory | None, shared_qkv: bool) -> 
     return attention
 
 
+def _given(factory: Factory) -> Factory:
+    """The factory keywords that were given (not None), for an attention factory: one that takes
+    no ``device`` or ``dtype`` still builds the attention of a layer built without them."""
+    return {name: value for name, value in factory.items() if value is not None}
+
+
 def _cache(cache: KVCache | None) -> dict[str, KVCache]:
     """``{"cache": cache}`` for the attention's call, or nothing (attentions without a cache)."""
     return {} if cache is None else {"cache": cache}
@@ -119,10 +132,12 @@ def _cache(cache: KVCache | None) -> dict[str, KVCache]:
 class _FeedForward(nn.Module):
     """Position-wise ``linear -> activation -> dropout -> linear`` (sec. 3.3)."""
 
-    def __init__(self, d_model: int, dim_feedforward: int, activation: Activation, dropout: float) -> None:
+    def __init__(
+        self, d_model: int, dim_feedforward: int, activation: Activation, dropout: float, factory: Factory
+    ) -> None:
         super().__init__()
-        self.expand = nn.Linear(d_model, dim_feedforward)
-        self.contract = nn.Linear(dim_feedforward, d_model)
+        self.expand = nn.Linear(d_model, dim_feedforward, **factory)
+        self.contract = nn.Linear(dim_feedforward, d_model, **factory)
         self.activation = _ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
@@ -187,6 +202,8 @@ class _TransformerLayer(nn.Module):
         shared_qkv: bool = False,
         layer_norm_eps: float = 1e-5,
         attention: AttentionFactory | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(d_model, "d_model")
@@ -203,13 +220,21 @@ class _TransformerLayer(nn.Module):
         self.d_model, self.norm_first = d_model, norm_first
         # Attentions before the feed-forward network: the order the parameters draw their
         # initial values in (and so a seeded model's numbers) stays as it was.
-        self._build_sublayers(num_heads, dropout, layer_norm_eps)
-        self.feedforward = _FeedForward(d_model, dim_feedforward, activation, dropout)
+        factory: Factory = {"device": device, "dtype": check_float_dtype(dtype)}
+        self._build_sublayers(num_heads, dropout, layer_norm_eps, factory)
+        self.feedforward = _FeedForward(d_model, dim_feedforward, activation, dropout, factory)
         self.dropout = nn.Dropout(dropout)
 
-    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
-        """Create the attentions and the norms (named after their sublayers)."""
+    def _build_sublayers(
+        self, num_heads: int, dropout: float, layer_norm_eps: float, factory: Factory
+    ) -> None:
+        """Create the attentions and the norms (named after their sublayers), passing them
+        ``factory`` (the ``device`` and ``dtype``)."""
         raise NotImplementedError
+
+    def _attention(self, num_heads: int, dropout: float, factory: Factory) -> nn.Module:
+        """One attention from the factory, given the factory keywords only when they were given."""
+        return self.make_attention(self.d_model, num_heads, dropout=dropout, **_given(factory))
 
     @staticmethod
     def _config_attention(config: TransformerConfig) -> AttentionFactory | None:
@@ -217,8 +242,15 @@ class _TransformerLayer(nn.Module):
         return config.attention
 
     @classmethod
-    def from_config(cls, config: TransformerConfig) -> _TransformerLayer:
-        """Build a layer from a :class:`TransformerConfig`."""
+    def from_config(
+        cls,
+        config: TransformerConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> _TransformerLayer:
+        """Build a layer from a :class:`TransformerConfig`, its parameters on ``device`` in
+        ``dtype`` (where to build is no part of the architecture, so not a field of the config)."""
         return cls(
             config.d_model,
             config.num_heads,
@@ -229,6 +261,8 @@ class _TransformerLayer(nn.Module):
             shared_qkv=config.shared_qkv,
             layer_norm_eps=config.layer_norm_eps,
             attention=cls._config_attention(config),
+            device=device,
+            dtype=dtype,
         )
 
     def _residual(
@@ -275,6 +309,8 @@ class TransformerEncoderLayer(_TransformerLayer):
         shared_qkv: one matrix for queries, keys and values in the default attention.
         layer_norm_eps: the layer norms' epsilon.
         attention: an :class:`AttentionFactory` replacing the default attention.
+        device: where to create the parameters (passed to ``attention`` when given).
+        dtype: the parameters' dtype (passed to ``attention`` when given).
 
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
@@ -282,10 +318,12 @@ class TransformerEncoderLayer(_TransformerLayer):
         TypeError: ``norm_first`` or ``shared_qkv`` that is not a bool.
     """
 
-    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
-        self.self_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
-        self.attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
-        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+    def _build_sublayers(
+        self, num_heads: int, dropout: float, layer_norm_eps: float, factory: Factory
+    ) -> None:
+        self.self_attention = self._attention(num_heads, dropout, factory)
+        self.attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps, **factory)
+        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps, **factory)
 
     def forward(
         self,
@@ -368,6 +406,8 @@ class TransformerDecoderLayer(_TransformerLayer):
             attentions. Built from a config (:meth:`from_config`, the stacks), the layer takes
             ``decoder_attention`` when it is set: both attentions' queries are target positions
             decoded one at a time.
+        device: where to create the parameters (passed to ``attention`` when given).
+        dtype: the parameters' dtype (passed to ``attention`` when given).
 
     Raises:
         ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
@@ -380,12 +420,14 @@ class TransformerDecoderLayer(_TransformerLayer):
         """``config.decoder_attention``, or ``config.attention`` when it is not set."""
         return config.attention if config.decoder_attention is None else config.decoder_attention
 
-    def _build_sublayers(self, num_heads: int, dropout: float, layer_norm_eps: float) -> None:
-        self.self_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
-        self.cross_attention = self.make_attention(self.d_model, num_heads, dropout=dropout)
-        self.self_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
-        self.cross_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
-        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps)
+    def _build_sublayers(
+        self, num_heads: int, dropout: float, layer_norm_eps: float, factory: Factory
+    ) -> None:
+        self.self_attention = self._attention(num_heads, dropout, factory)
+        self.cross_attention = self._attention(num_heads, dropout, factory)
+        self.self_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps, **factory)
+        self.cross_attention_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps, **factory)
+        self.feedforward_norm = nn.LayerNorm(self.d_model, eps=layer_norm_eps, **factory)
 
     def forward(
         self,

@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from torchvote.nn.kv_cache import TransformerCache
@@ -29,11 +30,15 @@ __all__ = ["TransformerDecoder", "TransformerEncoder"]
 
 
 def _build_layers(
-    layer: TransformerConfig | Callable[[], nn.Module], num_layers: int, layer_class: type
+    layer: TransformerConfig | Callable[[], nn.Module],
+    num_layers: int,
+    layer_class: type,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
 ) -> nn.ModuleList:
     check_positive_int(num_layers, "num_layers")
     if isinstance(layer, TransformerConfig):
-        factory = functools.partial(layer_class.from_config, layer)
+        factory = functools.partial(layer_class.from_config, layer, device=device, dtype=dtype)
     elif callable(layer):
         factory = layer
     else:
@@ -48,7 +53,13 @@ def _build_layers(
     return layers
 
 
-def _final_norm(layers: nn.ModuleList, final_norm: bool | None, layer_norm_eps: float) -> nn.Module:
+def _final_norm(
+    layers: nn.ModuleList,
+    final_norm: bool | None,
+    layer_norm_eps: float,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> nn.Module:
     if final_norm is not None:
         check_flag(final_norm, "final_norm")
     check_positive_float(layer_norm_eps, "layer_norm_eps")  # 0 divides a constant input by 0
@@ -59,7 +70,7 @@ def _final_norm(layers: nn.ModuleList, final_norm: bool | None, layer_norm_eps: 
         return nn.Identity()
     if not hasattr(first, "d_model"):
         raise ValueError("final_norm needs the layers to expose d_model")
-    return nn.LayerNorm(first.d_model, eps=layer_norm_eps)
+    return nn.LayerNorm(first.d_model, eps=layer_norm_eps, device=device, dtype=dtype)
 
 
 class _TransformerStack(nn.Module):
@@ -74,10 +85,12 @@ class _TransformerStack(nn.Module):
         *,
         final_norm: bool | None = None,
         layer_norm_eps: float = 1e-5,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.layers = _build_layers(layer, num_layers, self.layer_class)
-        self.norm = _final_norm(self.layers, final_norm, layer_norm_eps)
+        self.layers = _build_layers(layer, num_layers, self.layer_class, device, dtype)
+        self.norm = _final_norm(self.layers, final_norm, layer_norm_eps, device, dtype)
 
     def forward(
         self,
@@ -159,6 +172,9 @@ class TransformerEncoder(_TransformerStack):
         final_norm: end with a layer norm; default: when the layers are pre-norm (post-norm
             layers end in a norm already).
         layer_norm_eps: the final norm's epsilon.
+        device: where to create the parameters: those of the layers built from a config and of
+            the final norm (a callable ``layer`` places its layers itself).
+        dtype: the parameters' dtype, likewise.
 
     ``forward(inputs, *, attn_mask, key_mask, is_causal, return_intermediates)`` takes the masks
     of :meth:`TransformerEncoderLayer.forward`; the record names ``"layers.{n}.self_attention"``.
@@ -182,6 +198,9 @@ class TransformerDecoder(_TransformerStack):
         num_layers: number of layers.
         final_norm: end with a layer norm; default: when the layers are pre-norm.
         layer_norm_eps: the final norm's epsilon.
+        device: where to create the parameters: those of the layers built from a config and of
+            the final norm (a callable ``layer`` places its layers itself).
+        dtype: the parameters' dtype, likewise.
 
     ``forward(target, memory, *, target_mask, target_key_mask, memory_mask, memory_key_mask,
     is_causal, return_intermediates)`` takes the masks of :meth:`TransformerDecoderLayer.forward`

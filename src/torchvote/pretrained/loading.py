@@ -19,6 +19,7 @@ from torch import Tensor
 
 from torchvote.pretrained.bert import BertConfig, BertEncoder
 from torchvote.pretrained.tokenizer import WordPieceTokenizer
+from torchvote.validation import check_float_dtype
 
 __all__ = ["PRETRAINED", "bert_state_dict", "list_pretrained", "load_pretrained", "model_files"]
 
@@ -194,8 +195,7 @@ def load_pretrained(
         ModuleNotFoundError: the model package, ``safetensors`` or ``tokenizers`` is missing
             (the message gives the pip command).
     """
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
+    check_float_dtype(dtype)
     folder = model_files(name)
     try:
         from safetensors.torch import load_file

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, list_routers
-from torchvote.validation import check_flag, check_positive_int
+from torchvote.validation import check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router"]
 
@@ -166,6 +166,7 @@ class BiasedRouter(Router):
     ) -> None:
         super().__init__()
         self.bias: nn.Parameter | None = None
+        check_float_dtype(dtype)
         if check_flag(bias, "bias"):
             if out_caps is None or out_dim is None:
                 raise ValueError("bias=True needs out_caps and out_dim")
@@ -226,7 +227,7 @@ def make_router(
     check_positive_int(iterations, "iterations")
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"routing must be one of {sorted(_REGISTRY)}, got {name!r}")
-    factory = {"device": device, "dtype": dtype}
+    factory = {"device": device, "dtype": check_float_dtype(dtype)}
     try:
         return _REGISTRY[name].from_layer(
             in_caps=in_caps, out_caps=out_caps, out_dim=out_dim, iterations=iterations, factory=factory,

@@ -61,7 +61,7 @@ from torchvote.functional.em import (
 from torchvote.functional.em_kernel import STRATEGIES, SenderGroups
 from torchvote.functional.routing import RoutingVotes, as_routing_votes
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import check_choice, check_positive_float, check_positive_int
+from torchvote.validation import check_choice, check_float_dtype, check_positive_float, check_positive_int
 
 __all__ = ["EMRouter"]
 
@@ -118,6 +118,7 @@ class EMRouter(Router):
         self.eps = check_positive_float(eps, "eps")
         self.strategy = check_choice(strategy, STRATEGIES, "strategy")
         check_positive_int(out_caps, "out_caps")
+        check_float_dtype(dtype)
         if not isinstance(empty_activation, (int, float)) or not 0.0 < empty_activation < 1.0:
             raise ValueError(f"empty_activation must be in (0, 1), got {empty_activation!r}")
         if data_per_parent is not None:

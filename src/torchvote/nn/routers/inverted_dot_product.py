@@ -13,7 +13,7 @@ from torchvote.functional.routing import (
     inverted_dot_product_routing,
 )
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import check_flag, check_positive_int
+from torchvote.validation import check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["InvertedDotProductRouter"]
 
@@ -47,6 +47,7 @@ class InvertedDotProductRouter(Router):
         self.iterations = check_positive_int(iterations, "iterations")
         check_positive_int(out_dim, "out_dim")
         check_flag(elementwise_affine, "elementwise_affine")
+        check_float_dtype(dtype)
         self.norm = nn.LayerNorm(out_dim, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, efficient_squash, self_attention_routing
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import check_flag, check_positive_int
+from torchvote.validation import check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["SelfAttentionRouter"]
 
@@ -43,6 +43,7 @@ class SelfAttentionRouter(Router):
         check_positive_int(in_caps, "in_caps")
         check_positive_int(out_caps, "out_caps")
         check_flag(log_prior, "log_prior")
+        check_float_dtype(dtype)
         self.log_prior = (
             nn.Parameter(torch.zeros(out_caps, in_caps, device=device, dtype=dtype)) if log_prior else None
         )

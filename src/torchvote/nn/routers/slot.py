@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, slot_routing
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_float_dtype, check_positive_int
 
 __all__ = ["SlotRouter", "SlotUpdate"]
 
@@ -68,7 +68,7 @@ class SlotRouter(Router):
         dtype=None,
     ) -> None:
         super().__init__()
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.iterations = check_positive_int(iterations, "iterations")
         check_positive_int(out_caps, "out_caps")
         check_positive_int(out_dim, "out_dim")

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import slot_attention
 from torchvote.nn.routers.slot import SlotUpdate
-from torchvote.validation import check_flag, check_input_dtype, check_positive_int
+from torchvote.validation import check_flag, check_float_dtype, check_input_dtype, check_positive_int
 
 __all__ = ["SlotAttention"]
 
@@ -56,7 +56,7 @@ class SlotAttention(nn.Module):
             ("hidden_dim", hidden_dim),
         ):
             check_positive_int(value, argument)
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.num_slots = num_slots
         self.iterations = iterations
         self.slots_mu = nn.Parameter(torch.randn(1, 1, slot_dim, **factory) * slot_dim**-0.5)
