@@ -69,7 +69,9 @@ class TrainResult:
         results: evaluation metrics per data set (``"mnist/test"`` -> metrics).
         step, epoch: progress reached.
         interrupted: the run stopped on Ctrl-C / SIGTERM / KeyboardInterrupt.
-        model: the trained model (not the DDP wrapper).
+        model: the trained model (not the DDP wrapper). After an interruption inside a step its
+            weights may be that step's, half updated: ``checkpoint`` (of ``step``) holds the
+            weights to trust, and a resume starts from it.
         config: the run's config.
         plots: plot files drawn after the run (:func:`~torchvote.training.plots.plot_run`, which
             the command line calls); empty until then.
