@@ -25,8 +25,13 @@ $(STAMP_DEV): $(STAMP_RUN)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
+# README's other commands run the `torchvote` of .venv, which is not on PATH: say how to reach it
+# (a first `torchvote list` after `make run` was "command not found").
+VENV_HINT = @echo "torchvote is installed in $(VENV): run '. $(VENV)/bin/activate' (or $(BIN)/torchvote) for README's other commands"
+
 run: $(STAMP_RUN)
 	$(BIN)/torchvote main
+	$(VENV_HINT)
 
 test: $(STAMP_DEV)
 	sh .ci/install-browser.sh $(BIN)/python
@@ -35,6 +40,7 @@ test: $(STAMP_DEV)
 
 demo: $(STAMP_RUN)
 	$(BIN)/torchvote demo
+	$(VENV_HINT)
 
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/attention.py

@@ -399,3 +399,116 @@ def test_a_yaml_preset_without_the_suffix_runs_inside_out_dir(tmp_path, capsys, 
     assert code == 0, err
     assert [p.name[: len("mine-")] for p in (tmp_path / "runs").iterdir()] == ["mine-"]
     assert sorted(p.name for p in configs.iterdir()) == ["mine"]
+
+
+def _interrupt(*_args, **_kwargs):
+    raise KeyboardInterrupt  # what Ctrl-C raises outside the training loop's own handler
+
+
+def _main_catching_ctrl_c(*argv):
+    try:
+        return cli.main(list(argv))
+    except KeyboardInterrupt:
+        pytest.fail(f"Ctrl-C during `torchvote {' '.join(argv)}` ended in a traceback")
+
+
+def test_ctrl_c_before_training_starts_is_one_line_and_status_130(tmp_path, capsys, monkeypatch):
+    # Ctrl-C in the first seconds of a run (MNIST loading) printed a KeyboardInterrupt traceback
+    import torchvote.training
+
+    monkeypatch.setattr(torchvote.training, "train", _interrupt)
+    code = _main_catching_ctrl_c("train", "smoke", f"run_dir={tmp_path / 'r'}", *FAST)
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "torchvote train: interrupted"
+
+
+def test_ctrl_c_during_evaluate_is_one_line_and_status_130(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    run_dir = tmp_path / "r"
+    assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
+    evaluate_module = importlib.import_module("torchvote.training.evaluate")  # not the function
+    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", _interrupt)
+    code = _main_catching_ctrl_c("evaluate", str(run_dir), "--on", "mnist")
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "torchvote evaluate: interrupted"
+
+
+def test_reproduce_interrupted_before_its_run_trains_says_how_to_continue(tmp_path, capsys, monkeypatch):
+    # the bare KeyboardInterrupt of Ctrl-C while a run loaded its data left "torchvote reproduce: "
+    import torchvote.training
+
+    monkeypatch.setattr(torchvote.training, "train", _interrupt)
+    argv = ["reproduce", "router-swap", "--variant", "uniform / MNIST", "--seeds", "0"]
+    code = _main_catching_ctrl_c(*argv, "--out", str(tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err.strip().splitlines()[-1] == (
+        "torchvote reproduce: interrupted; rerun the same command to continue"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["train", "smoke", "--epochs", "3"], "overrides are key=value: epochs=3"),
+        (["train", "smoke", "--batch-size=64"], "overrides are key=value: batch_size=64"),
+        (["train", "smoke", "--optim.lr", "1e-3", "epochs=1"], "overrides are key=value: optim.lr=1e-3"),
+        (["main", "--epochs", "1"], "overrides are key=value: epochs=1"),  # `1` went to the overrides
+        (["train", "smoke", "--max-steps"], "overrides are key=value: max_steps=VALUE"),
+    ],
+)
+def test_a_config_key_given_as_an_option_is_shown_as_key_value(capsys, argv, hint):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "unrecognized arguments: --" in err and hint in err
+
+
+def test_an_unknown_option_that_is_no_config_key_gets_no_key_value_hint(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "smoke", "--frobnicate", "3"])
+    assert "key=value" not in capsys.readouterr().err
+
+
+def test_list_models_names_their_sizes_apart_from_the_training_presets(capsys):
+    # "presets: paper, small, tiny" beside the training presets listed below it: `torchvote train
+    # tiny` is an unknown preset, model.preset=tiny is what those names are for
+    code, out, _ = run(capsys, "list", "models")
+    capsnet = next(line for line in out.splitlines() if line.startswith("capsnet "))
+    assert code == 0 and capsnet.endswith("model.preset: paper, small, tiny") and "presets:" not in capsnet
+
+
+def test_a_missing_optional_dependency_is_one_line(tmp_path, capsys, monkeypatch):
+    # affNIST needs scipy, which `make run` does not install: a traceback before
+    import sys
+
+    for module in ("scipy", "scipy.io", "scipy.io.matlab"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import scipy` fails as when not installed
+    (tmp_path / "test.mat").write_bytes(b"not read")
+    code, _, err = run(capsys, "data", "affnist", "--verify", "--root", str(tmp_path))
+    assert code == 2 and err.strip().splitlines() == [
+        "torchvote data: error: load_affnist_mat needs scipy to read MATLAB files: pip install scipy"
+    ]
+
+
+def test_make_run_says_where_the_torchvote_command_is(tmp_path):
+    # README's next command, `torchvote list`, was "command not found" after `make run`
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    makefile = Path(cli.__file__).resolve().parents[2] / "Makefile"
+    if shutil.which("make") is None:
+        pytest.fail("make is needed by the set-up the README describes")
+    venv = tmp_path / "v"
+    lines = subprocess.run(
+        ["make", "-n", "-f", str(makefile), "run", f"VENV={venv}"],
+        cwd=makefile.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert lines[-2] == f"{venv}/bin/torchvote main"
+    assert f"{venv}/bin/activate" in lines[-1] and f"{venv}/bin/torchvote" in lines[-1]

@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="TEXT",
-        help="run only variants whose label contains TEXT (repeatable)",
+        help="run only variants whose label (uniform / MNIST) or run folder (uniform-mnist) contains "
+        "TEXT (repeatable)",
     )
     reproduce.add_argument("--out", default="runs/reproduce", help="where runs and summaries go")
     reproduce.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
@@ -189,9 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # overrides after an option (train PRESET --resume DIR epochs=3) are still overrides
         target = {"train": "args", "main": "overrides"}.get(args.command)
         if target is None or any(item.startswith("-") for item in extra):
+            hint = _override_hint(list(sys.argv[1:] if argv is None else argv), extra) if target else ""
             parser.exit(
                 EXIT_USAGE,
-                f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n",
+                f"{prog}: error: unrecognized arguments: {' '.join(extra)} ({hint}see {prog} --help)\n",
             )
         setattr(args, target, [*getattr(args, target), *extra])
     if args.command in ("train", "main") and args.device is not None:  # --device X: device=X
@@ -220,11 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"torchvote: {err}", file=sys.stderr)
         return EXIT_MISSING_DATA
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (loading data, evaluating, drawing)
+        if os.environ.get("TORCHVOTE_DEBUG"):
+            raise
+        print(f"torchvote {args.command}: interrupted", file=sys.stderr)  # not a traceback
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `torchvote list | head`: the reader left, nothing to say
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
         return 1
-    except (ValueError, OSError, TrainingDivergedError) as err:
+    except (ValueError, OSError, ImportError, TrainingDivergedError) as err:  # ImportError: scipy for affNIST
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(err).split())  # one line
@@ -233,6 +240,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # --- train / main ---------------------------------------------------------------------------------
+
+
+def _override_hint(argv: Sequence[str], extra: Sequence[str]) -> str:
+    """``"overrides are key=value: epochs=3; "`` when an unrecognised option of ``train`` or ``main``
+    names a config key (``--epochs 3``, ``--batch-size=64``, ``--optim.lr 1e-3``), else ``""``.
+
+    argparse took ``--epochs 3`` for an unknown option (and ``3`` for an override), and said only
+    "unrecognized arguments: --epochs".
+    """
+    from dataclasses import fields
+
+    from torchvote.training.config import TrainConfig
+
+    keys = {item.name for item in fields(TrainConfig)}
+    for item in extra:
+        name, equals, value = item.removeprefix("--").partition("=")
+        key = name.replace("-", "_")
+        if not item.startswith("--") or key.split(".")[0] not in keys:
+            continue
+        if not equals and item in argv:  # --epochs 3: the value is the next word, if it is one
+            following = list(argv[argv.index(item) + 1 :])
+            value = following[0] if following and not following[0].startswith("-") else ""
+        return f"overrides are key=value: {key}={shlex.quote(value) if value else 'VALUE'}; "
+    return ""
 
 
 def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -283,8 +314,11 @@ def _check_keys_given_once(overrides: Sequence[str]) -> None:
         raw = parse_override(text)[1]
         below = _keys_below(key, parse_value(raw, key)) if raw.startswith("{") else []
         clash = next(
-            (earlier for other, earlier in seen.items()
-             if other == key or other in below or other.startswith(f"{key}.")),
+            (
+                earlier
+                for other, earlier in seen.items()
+                if other == key or other in below or other.startswith(f"{key}.")
+            ),
             None,
         )
         if clash is not None:
@@ -460,7 +494,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     try:
         summary = reproduce(row, **request)
     except KeyboardInterrupt as stop:
-        message = f"torchvote reproduce: {stop or 'interrupted; rerun the same command to continue'}"
+        # str(stop): a bare KeyboardInterrupt (Ctrl-C while a run loads its data) is truthy but
+        # empty, and the line said only "torchvote reproduce: "
+        message = f"torchvote reproduce: {str(stop) or 'interrupted; rerun the same command to continue'}"
         print(message, file=sys.stderr)
         return EXIT_INTERRUPTED
     print(summary.read_text())
@@ -487,8 +523,8 @@ def _list_models() -> list[str]:
     lines = []
     for name in list_models():
         spec = get_model_spec(name)
-        presets = ", ".join(spec.presets) or "-"
-        lines.append(f"{name:24s} {spec.task:22s} loss={spec.loss:14s} presets: {presets}")
+        sizes = ", ".join(spec.presets) or "-"  # model sizes, not the training presets listed below
+        lines.append(f"{name:24s} {spec.task:22s} loss={spec.loss:14s} model.preset: {sizes}")
     return lines
 
 

