@@ -489,7 +489,8 @@ def test_a_missing_optional_dependency_is_one_line(tmp_path, capsys, monkeypatch
     (tmp_path / "test.mat").write_bytes(b"not read")
     code, _, err = run(capsys, "data", "affnist", "--verify", "--root", str(tmp_path))
     assert code == 2 and err.strip().splitlines() == [
-        "torchvote data: error: load_affnist_mat needs scipy to read MATLAB files: pip install scipy"
+        "torchvote data: error: reading affNIST's .mat files needs scipy, the 'affnist' extra: pip install "
+        '-e ".[affnist]" from the checkout (or pip install scipy)'
     ]
 
 

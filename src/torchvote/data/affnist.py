@@ -132,7 +132,10 @@ def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
         from scipy.io import loadmat
         from scipy.io.matlab import MatReadError
     except ImportError as err:
-        raise ImportError("load_affnist_mat needs scipy to read MATLAB files: pip install scipy") from err
+        raise ImportError(
+            "reading affNIST's .mat files needs scipy, the 'affnist' extra: pip install -e \".[affnist]\" "
+            "from the checkout (or pip install scipy)"
+        ) from err
     try:
         contents = loadmat(str(path), simplify_cells=True)
     except (

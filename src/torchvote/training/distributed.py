@@ -86,7 +86,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} requested but CUDA is not available; use device=cpu or auto")
+            raise ValueError(
+                f"device {name!r} requested but CUDA is not available; use the CPU (device=cpu, or "
+                "--device cpu on the command line) or auto"
+            )
         return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
     return torch.device(name)
 

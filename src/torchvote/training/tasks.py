@@ -316,7 +316,8 @@ class Seq2SeqHandler(TaskHandler):
         if max_len is not None and max(widths) > max_len:
             raise ValueError(
                 f"{data.name} has sequences of {max(widths)} tokens, the model takes at most "
-                f"max_len={max_len}; generate shorter ones (e.g. data.options.max_len)"
+                f"max_len={max_len}; generate shorter ones (data.options.max_len=N when training, "
+                "--data-option max_len=N for torchvote evaluate)"
             )
         for key, field in (("source", "src_vocab_size"), ("target", "tgt_vocab_size")):
             largest = int(data.tensors[key].max())
