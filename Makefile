@@ -44,6 +44,8 @@ demo: $(STAMP_RUN)
 
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/em.py
+	$(BIN)/python benchmarks/generation.py
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/training.py
 

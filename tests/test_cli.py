@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -237,6 +239,13 @@ def test_data_refuses_options_of_another_data_set(capsys, argv, message):
 def test_bench_offers_every_benchmark_script():
     scripts = sorted(path.stem for path in cli._benchmarks_dir().glob("[!_]*.py"))  # not _common.py
     assert scripts and list(cli.BENCHMARKS) == scripts  # em and generation were missing
+
+
+def test_make_bench_runs_every_benchmark_script():
+    """README offers ``make bench`` beside ``torchvote bench NAME``: it skipped em and generation."""
+    makefile = (Path(cli.__file__).resolve().parents[2] / "Makefile").read_text()
+    recipe = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    assert sorted(re.findall(r"benchmarks/(\w+)\.py", recipe)) == sorted(cli.BENCHMARKS)
 
 
 def test_bench_runs_the_script_with_its_arguments(tmp_path, capsys, monkeypatch):

@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default="list",
         choices=("list", "mnist", "affnist", "shakespeare"),
-        help="list: where each data set comes from (default); mnist, affnist, shakespeare: the "
-        "data sets read from files (the others are generated)",
+        help="list: every data set and what it is (default); mnist, affnist, shakespeare: where "
+        "the data sets read from files are found, or what is missing (the others are generated)",
     )
     data.add_argument("--download", action="store_true", help="download the files (needs the internet)")
     data.add_argument("--verify", action="store_true", help="load the data and check its size and contents")
