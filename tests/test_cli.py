@@ -514,7 +514,9 @@ def test_make_run_says_where_the_torchvote_command_is(tmp_path):
         pytest.fail("make is needed by the set-up the README describes")
     venv = tmp_path / "v"
     lines = subprocess.run(
-        ["make", "-n", "-f", str(makefile), "run", f"VENV={venv}"],
+        # --no-print-directory: under `make test` this make is nested and would end its output
+        # with "make[1]: Leaving directory ..."
+        ["make", "-n", "--no-print-directory", "-f", str(makefile), "run", f"VENV={venv}"],
         cwd=makefile.parent,
         capture_output=True,
         text=True,
