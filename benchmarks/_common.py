@@ -10,12 +10,23 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
+from collections.abc import Callable
 
 import torch
 
 from torchvote.validation import check_positive_float, check_positive_int
 
-__all__ = ["can_reset_peak_rss", "max_rss_kib", "positive_float", "positive_int", "status_kib", "synchronize"]
+__all__ = [
+    "can_reset_peak_rss",
+    "error_line",
+    "max_rss_kib",
+    "peak_rss_growth_mib",
+    "positive_float",
+    "positive_int",
+    "reset_peak_rss",
+    "status_kib",
+    "synchronize",
+]
 
 
 def positive_int(text: str) -> int:
@@ -49,15 +60,45 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
+def reset_peak_rss() -> None:
+    """Reset this process's resident-set high-water mark (``VmHWM``) to its current resident set
+    (Linux >= 4.0, ``/proc/self/clear_refs``).
+
+    Raises:
+        OSError: the system offers no such file.
+    """
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
 def can_reset_peak_rss() -> bool:
     """Whether this process may reset its resident-set high-water mark (Linux's
     ``/proc/self/clear_refs``), which the CPU memory columns need."""
     try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")
+        reset_peak_rss()
     except OSError:
         return False
     return True
+
+
+def peak_rss_growth_mib(call: Callable[[], object]) -> float:
+    """Run ``call`` once and return the extra resident memory it needed at its peak, in MiB:
+    ``VmHWM`` after the run minus ``VmRSS`` before it, the high-water mark reset first. It sees
+    every allocation (tracemalloc would not).
+
+    Raises:
+        OSError: no ``/proc/self/clear_refs`` or ``/proc/self/status`` (not Linux).
+    """
+    reset_peak_rss()
+    before = status_kib("VmRSS")
+    call()
+    return (status_kib("VmHWM") - before) / 1024
+
+
+def error_line(error: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (200 characters at most), for a table's notes; a
+    ``MemoryError`` has no message."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
 
 
 def status_kib(field: str) -> int:

@@ -52,7 +52,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from _common import can_reset_peak_rss, positive_float, positive_int, status_kib, synchronize
+from _common import (
+    can_reset_peak_rss,
+    error_line,
+    peak_rss_growth_mib,
+    positive_float,
+    positive_int,
+    status_kib,
+    synchronize,
+)
 from torchvote.nn import MultiHeadAttention
 
 IMPLEMENTATIONS = ("ours", "sdpa", "mha")
@@ -156,18 +164,13 @@ def _memory_child(impl: str, config: Config, embed_dim: int, num_heads: int,
         if limit_gb is not None:
             limit = status_kib("VmSize") * 1024 + int(limit_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # reset VmHWM to the current RSS
-        before = status_kib("VmRSS")
-        call()
-        queue.put(("ok", (status_kib("VmHWM") - before) / 1024))
+        queue.put(("ok", peak_rss_growth_mib(call)))
     except Exception as error:
         # Under the address-space cap torch's CPU allocator raises "can't allocate memory" (a
         # RuntimeError); any other failure is a failure, never "needs more memory".
         out_of_memory = isinstance(error, MemoryError) or (
             isinstance(error, RuntimeError) and "allocate" in str(error))
-        first_line = (str(error).splitlines() or [""])[0][:200]  # a MemoryError has no message
-        queue.put(("oom" if out_of_memory else "error", f"{type(error).__name__}: {first_line}"))
+        queue.put(("oom" if out_of_memory else "error", error_line(error)))
 
 
 def peak_memory_mb(impl: str, config: Config, embed_dim: int, num_heads: int,

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from _common import can_reset_peak_rss, positive_int, status_kib, synchronize
+from _common import can_reset_peak_rss, peak_rss_growth_mib, positive_int, synchronize
 from torchvote.functional.em import default_inverse_temperature, em_routing
 from torchvote.functional.em_kernel import conv_sender_groups
 
@@ -179,11 +179,7 @@ def _peak_worker(impl, batch, quick, device, dtype, baseline, queue) -> None:
             torch.cuda.synchronize()
             queue.put((torch.cuda.max_memory_allocated() - before) / 2**20)
             return
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # reset VmHWM to the current resident set
-        before = status_kib("VmRSS")
-        step()
-        queue.put((status_kib("VmHWM") - before) / 1024)
+        queue.put(peak_rss_growth_mib(step))
     except Exception as error:  # reported in the table, not a crash of the whole run
         queue.put(f"{type(error).__name__}: {error}")
 

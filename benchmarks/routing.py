@@ -72,7 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from _common import max_rss_kib, positive_int, status_kib, synchronize
+from _common import error_line, max_rss_kib, peak_rss_growth_mib, positive_int, synchronize
 from torchvote.functional.em import default_inverse_temperature
 from torchvote.functional.em_kernel import STRATEGIES as EM_STRATEGIES
 from torchvote.nn.capsules import CapsuleLinear
@@ -289,19 +289,14 @@ def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, dtyp
         if not compiled:
             del run, params
             run, params = CASES[case].build(impl, batch, 0, cpu)
-        try:  # reset the high-water mark to the current RSS (Linux >= 4.0), then read VmHWM
-            with open("/proc/self/clear_refs", "w") as clear:
-                clear.write("5")
-            before = status_kib("VmRSS")
-            _step(run, params, mode, cpu, dtype_)
-            peak = status_kib("VmHWM")
+        try:
+            queue.put(peak_rss_growth_mib(lambda: _step(run, params, mode, cpu, dtype_)))
         except OSError:  # no /proc: ru_maxrss, which only counts growth above the process's old peak
             before = max_rss_kib()
             _step(run, params, mode, cpu, dtype_)
-            peak = max_rss_kib()
-        queue.put((peak - before) / 1024.0)  # KiB -> MiB
+            queue.put((max_rss_kib() - before) / 1024.0)  # KiB -> MiB
     except Exception as error:  # reported under the table, never a parent waiting forever
-        queue.put(f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}")
+        queue.put(error_line(error))
 
 
 def peak_memory_mib(case: str, impl: str, batch: int, mode: str, threads: int, device: torch.device,
