@@ -151,10 +151,10 @@ class _TransformerStack(nn.Module):
     def _causality(self, options: dict[str, Any]) -> bool | None:
         """The ``is_causal`` the layers run with: the call's, or their ``forward``'s default;
         ``None`` for layers that take no such argument (custom layers decide for themselves)."""
+        if "is_causal" in options:  # as the models decode: no signature to read every token
+            return options["is_causal"]
         parameter = inspect.signature(self.layers[0].forward).parameters.get("is_causal")
-        if parameter is None:
-            return None
-        return options.get("is_causal", parameter.default)
+        return None if parameter is None else parameter.default
 
     def new_cache(self) -> TransformerCache:
         """An empty key/value cache for incremental decoding with this stack."""
