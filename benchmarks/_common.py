@@ -17,7 +17,9 @@ import torch
 from torchvote.validation import check_positive_float, check_positive_int
 
 __all__ = [
+    "add_device_argument",
     "can_reset_peak_rss",
+    "chosen_device",
     "error_line",
     "max_rss_kib",
     "peak_rss_growth_mib",
@@ -51,6 +53,24 @@ def positive_float(text: str) -> float:
         return check_positive_float(float(text), "value")
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}") from None
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device auto|cpu|cuda`` (default ``auto``: CUDA when torch sees a device), the same in every
+    script; read it back with :func:`chosen_device`."""
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto (default): cuda if torch sees a CUDA device, else cpu")
+
+
+def chosen_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    """The device ``--device name`` means here: ``auto`` is CUDA where torch sees one.
+
+    Raises:
+        SystemExit: through ``parser.error`` (a usage error, exit 2) for ``cuda`` without a device.
+    """
+    if name == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -53,7 +53,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from _common import (
+    add_device_argument,
     can_reset_peak_rss,
+    chosen_device,
     error_line,
     peak_rss_growth_mib,
     positive_float,
@@ -231,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="memory above which nn.MultiheadAttention is skipped")
     parser.add_argument("--embed-dim", type=positive_int, default=512)
     parser.add_argument("--num-heads", type=positive_int, default=8)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                         help="the modules and inputs are cast to it (no autocast)")
     parser.add_argument("--weights", action="store_true",
@@ -244,8 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
+    args.device = chosen_device(parser, args.device).type
     if args.quick:
         args.batches, args.lengths, args.repeats = [1], [128], 3
         args.embed_dim, args.num_heads = 64, 4

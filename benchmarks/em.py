@@ -60,7 +60,14 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from _common import can_reset_peak_rss, peak_rss_growth_mib, positive_int, synchronize
+from _common import (
+    add_device_argument,
+    can_reset_peak_rss,
+    chosen_device,
+    peak_rss_growth_mib,
+    positive_int,
+    synchronize,
+)
 from torchvote.functional.em import default_inverse_temperature, em_routing
 from torchvote.functional.em_kernel import conv_sender_groups
 
@@ -215,7 +222,7 @@ def check_agreement(device: str, baseline: str | None) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the votes' dtype (the kernel keeps its statistics in float32)")
     parser.add_argument("--batch", type=positive_int, default=32)
@@ -238,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(impls) - set(IMPLEMENTATIONS))
     if unknown:
         parser.error(f"unknown --impls {unknown}; choose from {IMPLEMENTATIONS}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device here")
+    args.device = chosen_device(parser, args.device).type
     measure_memory = not (args.no_memory or args.quick)
     if measure_memory and args.device == "cpu" and not can_reset_peak_rss():
         parser.error("the CPU memory column needs Linux's /proc/self/clear_refs, which this system "

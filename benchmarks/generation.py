@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from _common import positive_int, synchronize
+from _common import add_device_argument, chosen_device, positive_int, synchronize
 from torchvote.models import create_model
 
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-layers", type=positive_int, default=4)
     parser.add_argument("--attention", choices=["softmax", "routing"], default="softmax")
     parser.add_argument("--repeats", type=positive_int, default=3)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     return parser
 
@@ -43,8 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
+    args.device = chosen_device(parser, args.device).type
     if args.quick:
         args.new_tokens, args.d_model, args.num_heads, args.num_layers = 64, 32, 2, 2
     context = args.prompt_length + args.new_tokens

@@ -72,7 +72,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from _common import error_line, max_rss_kib, peak_rss_growth_mib, positive_int, synchronize
+from _common import (
+    add_device_argument,
+    chosen_device,
+    error_line,
+    max_rss_kib,
+    peak_rss_growth_mib,
+    positive_int,
+    synchronize,
+)
 from torchvote.functional.em import default_inverse_temperature
 from torchvote.functional.em_kernel import STRATEGIES as EM_STRATEGIES
 from torchvote.nn.capsules import CapsuleLinear
@@ -407,8 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--em-strategies", nargs="+", choices=EM_STRATEGIES, default=["auto"],
                         help="em_routing strategies timed in the EM cases, as torchvote-STRATEGY "
                              "rows (default: auto only, the row named torchvote)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="auto: cuda if there is one")
+    add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="bfloat16 runs every implementation under torch.autocast")
     parser.add_argument("--batches", nargs="+", type=positive_int, default=None,
@@ -430,10 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when OpenMP starts: re-run the script
         arguments = sys.argv[1:] if argv is None else list(argv)  # what this call was given
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *arguments])
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here")
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = chosen_device(parser, args.device)
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 5)

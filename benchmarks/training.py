@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from _common import positive_int, synchronize
+from _common import add_device_argument, chosen_device, positive_int, synchronize
 from torchvote.models import build_config, create_model, get_model_spec
 from torchvote.training import get_task_handler, make_objective
 from torchvote.training.config import LossConfig
@@ -403,8 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="untimed steps first (at least one: the first step initialises, or compiles)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="batch 16, 3 steps: a smoke run")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="auto: cuda if there is one")
+    add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="bfloat16: forward and loss under torch.autocast (bf16=true)")
     parser.add_argument("--compile", action="store_true", help="torch.compile our model (compile=true)")
@@ -414,10 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here")
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    setting = Setting(torch.device("cuda" if use_cuda else "cpu"), args.dtype == "bfloat16", args.compile)
+    setting = Setting(chosen_device(parser, args.device), args.dtype == "bfloat16", args.compile)
     if args.quick:
         args.batch_size, args.steps, args.warmup = 16, 3, 1
     if args.threads:
@@ -440,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows))
     threads = f"CPU, {torch.get_num_threads()} threads"
-    where = torch.cuda.get_device_name(setting.device) if use_cuda else threads
+    where = torch.cuda.get_device_name(setting.device) if setting.device.type == "cuda" else threads
     print(f"\n{where}, {args.dtype}{', ours compiled' if args.compile else ''}, torch {torch.__version__}, "
           f"median of {args.steps} steps")
     return 0

@@ -344,7 +344,7 @@ def test_benchmark_refuses_a_count_that_is_not_positive(load_benchmark, capsys, 
     assert re.search(expected, capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("script", ["attention", "em", "routing", "training"])
+@pytest.mark.parametrize("script", ["attention", "em", "generation", "routing", "training"])
 def test_benchmark_asked_for_cuda_without_a_device_is_a_usage_error(load_benchmark, monkeypatch, capsys,
                                                                     script):
     module = load_benchmark(script)
@@ -353,6 +353,20 @@ def test_benchmark_asked_for_cuda_without_a_device_is_a_usage_error(load_benchma
         module.main(["--device", "cuda", "--quick"])
     assert stop.value.code == 2
     assert "--device cuda" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["attention", "em", "generation", "routing", "training"])
+@pytest.mark.parametrize("cuda", [False, True])
+def test_every_benchmark_defaults_to_the_device_it_has(load_benchmark, monkeypatch, script, cuda):
+    """``--device`` means the same in every script: ``auto`` by default, CUDA where torch sees it
+    (attention, em and generation defaulted to the CPU on a GPU machine)."""
+    module = load_benchmark(script)
+    parser = module.build_parser()
+    args = parser.parse_args([])
+    assert args.device == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert module.chosen_device(parser, args.device) == torch.device("cuda" if cuda else "cpu")
+    assert module.chosen_device(parser, "cpu") == torch.device("cpu")
 
 
 def test_attention_benchmark_refuses_heads_that_do_not_divide_the_width(load_benchmark, capsys):
