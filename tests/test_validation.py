@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from torchvote.validation import (
+    autocast_enabled,
     check_choice,
     check_float_dtype,
+    check_input_dtype,
     check_positive_float,
     check_positive_int,
     check_probability,
@@ -150,3 +152,22 @@ def test_check_float_dtype_takes_none_and_floating_dtypes(dtype):
 def test_check_float_dtype_refuses_the_rest_by_name(dtype):
     with pytest.raises(TypeError, match=r"table_dtype must be a floating-point torch.dtype or None, got"):
         check_float_dtype(dtype, "table_dtype")
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_input_dtype_mismatch_is_a_type_error_on_any_device(device):
+    """On "meta" the autocast query itself raised a RuntimeError, hiding the argument's name."""
+    votes = torch.zeros(2, 3, dtype=torch.float64, device=device)
+    with pytest.raises(TypeError, match=r"votes has dtype torch.float64 but the module's parameters are "):
+        check_input_dtype(votes, torch.float32, "votes")
+    check_input_dtype(votes, torch.float64, "votes")  # the same dtype passes
+
+
+def test_input_dtype_mismatch_passes_under_autocast():
+    votes = torch.zeros(2, 3, dtype=torch.bfloat16)
+    assert not autocast_enabled("cpu") and not autocast_enabled("meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert autocast_enabled("cpu")
+        check_input_dtype(votes, torch.float32, "votes")
+    with pytest.raises(TypeError, match="votes has dtype torch.bfloat16"):
+        check_input_dtype(votes, torch.float32, "votes")

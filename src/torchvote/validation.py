@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "autocast_enabled",
     "broadcast_shape",
     "check_bool_fields",
     "check_choice",
@@ -176,6 +177,19 @@ def check_float_dtype(dtype: Any, argument: str = "dtype") -> torch.dtype | None
     return dtype
 
 
+def autocast_enabled(device_type: str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device_type``.
+
+    Args:
+        device_type: a ``device.type``, e.g. ``"cuda"``.
+
+    Returns:
+        ``False`` also where autocast does not exist for the device (``"meta"``, on which
+        ``torch.is_autocast_enabled`` raises).
+    """
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def check_input_dtype(
     tensor: Any, dtype: torch.dtype, argument: str, reference: str | None = None
 ) -> None:
@@ -197,7 +211,7 @@ def check_input_dtype(
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         described = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
         raise TypeError(f"{argument} must be a floating-point tensor, got {described}")
-    if tensor.dtype == dtype or torch.is_autocast_enabled(tensor.device.type):
+    if tensor.dtype == dtype or autocast_enabled(tensor.device.type):
         return
     if reference is None:
         raise TypeError(

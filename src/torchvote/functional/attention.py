@@ -24,7 +24,7 @@ from torchvote.functional.masks import (
     is_causal_mask,
     prepare_attention_mask,
 )
-from torchvote.functional.voting import DotProductScores, SharedVotes, vote
+from torchvote.functional.voting import DotProductScores, SharedVotes, autocast_off, vote
 from torchvote.validation import (
     broadcast_shape,
     check_flag,
@@ -281,11 +281,12 @@ class _Float32BlockWeights(torch.autograd.Function):
     def forward(ctx, query, key, scale, additive, allowed, dead):  # noqa: D102
         shape = (*query.shape[:-1], key.shape[-2])  # (..., i, j)
         weights = query.new_empty(shape)
-        query32, key32 = query.float() * scale, key.float().transpose(-2, -1)  # small: (.., d)
-        for rows in _row_blocks(shape[-2], shape[-1]):
-            logits = torch.matmul(query32[..., rows, :], key32)  # (..., r, j), float32
-            block, _ = _softmax_(logits, _rows(additive, rows), _rows(allowed, rows), _rows(dead, rows))
-            weights[..., rows, :] = block
+        with autocast_off(query.device.type):  # autocast would form the float32 blocks in float16
+            query32, key32 = query.float() * scale, key.float().transpose(-2, -1)  # small: (.., d)
+            for rows in _row_blocks(shape[-2], shape[-1]):
+                logits = torch.matmul(query32[..., rows, :], key32)  # (..., r, j), float32
+                block, _ = _softmax_(logits, _rows(additive, rows), _rows(allowed, rows), _rows(dead, rows))
+                weights[..., rows, :] = block
         ctx.save_for_backward(query, key, weights)
         ctx.scale = scale
         return weights
@@ -296,14 +297,15 @@ class _Float32BlockWeights(torch.autograd.Function):
         query32, key32 = query.float(), key.float()
         grad_query = torch.empty_like(query) if ctx.needs_input_grad[0] else None
         grad_key = torch.zeros_like(key32) if ctx.needs_input_grad[1] else None
-        for rows in _row_blocks(weights.shape[-2], weights.shape[-1]):
-            w = weights[..., rows, :].float()  # (..., r, j)
-            g = grad_weights[..., rows, :].float()
-            grad_logits = w * (g - (g * w).sum(dim=-1, keepdim=True)) * ctx.scale  # (..., r, j)
-            if grad_query is not None:
-                grad_query[..., rows, :] = torch.matmul(grad_logits, key32)
-            if grad_key is not None:
-                grad_key += torch.matmul(grad_logits.transpose(-2, -1), query32[..., rows, :])
+        with autocast_off(query.device.type):  # float32 blocks, as in forward
+            for rows in _row_blocks(weights.shape[-2], weights.shape[-1]):
+                w = weights[..., rows, :].float()  # (..., r, j)
+                g = grad_weights[..., rows, :].float()
+                grad_logits = w * (g - (g * w).sum(dim=-1, keepdim=True)) * ctx.scale  # (..., r, j)
+                if grad_query is not None:
+                    grad_query[..., rows, :] = torch.matmul(grad_logits, key32)
+                if grad_key is not None:
+                    grad_key += torch.matmul(grad_logits.transpose(-2, -1), query32[..., rows, :])
         grad_key = grad_key.to(key.dtype) if grad_key is not None else None
         return grad_query, grad_key, None, None, None, None
 

@@ -38,6 +38,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torchvote.functional import routing_votes
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes
+from torchvote.functional.voting import autocast_off
 
 __all__ = ["linear_dynamic_routing", "uniform_sum"]
 
@@ -54,7 +55,7 @@ def _layouts(votes: LinearVotes) -> tuple[Tensor, Tensor]:
 def uniform_sum(votes: LinearVotes) -> Tensor:
     """``(..., i, d)``: ``(1 / out_caps) sum_j W_ij u_j``, routing's first pass from zero logits,
     as one matrix product ``(b, e*j) @ (e*j, i*d)`` (the votes are never formed)."""
-    with torch.autocast(votes.inputs.device.type, enabled=False):
+    with autocast_off(votes.inputs.device.type):
         x, flat = _layouts(votes)
         sums = (x.flatten(1) @ flat.flatten(0, 1).t()).div_(votes.receivers)  # (b, i*d)
     return sums.reshape(*votes.batch_shape, votes.receivers, votes.out_dim)
@@ -87,7 +88,7 @@ def linear_dynamic_routing(
     """
     receivers, senders, out_dim = votes.receivers, votes.senders, votes.out_dim
     shape = (*votes.batch_shape, receivers, out_dim)
-    with torch.autocast(votes.inputs.device.type, enabled=False):
+    with autocast_off(votes.inputs.device.type):
         x, flat = _layouts(votes)
         if bias is not None:
             bias = bias.to(x.dtype).expand(shape).reshape(-1, receivers, out_dim).transpose(0, 1)  # (i, b, d)

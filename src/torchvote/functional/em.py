@@ -238,7 +238,8 @@ def em_routing(
         ``(batch..., out_caps)`` the activations ``a_i``; with ``return_assignments`` also
         ``(batch..., out_caps, in_caps)`` ``R_ij`` (``(iterations, batch..., out_caps, in_caps)``
         with ``all_passes``), summing to 1 over each input's parents (over ``out_caps`` without
-        ``sender_groups``), before the input activations multiply them.
+        ``sender_groups``), before the input activations multiply them. All in the votes' dtype
+        (routed with float32 statistics for float16 and bfloat16, with ``torch.autocast`` off).
 
     Raises:
         ValueError: ``iterations`` < 1, mismatched shapes, votes without input capsules (or
@@ -282,9 +283,13 @@ def em_routing(
     for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
         if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)):
             raise TypeError(f"{argument} must be a real number or a tensor, got {type(value).__name__}")
-        tensor = torch.as_tensor(value, device=votes.device)
-        if not tensor.is_floating_point():
-            tensor = tensor.to(votes.dtype)
+        if isinstance(value, Tensor):
+            tensor = value.to(votes.device)
+            if not tensor.is_floating_point():
+                tensor = tensor.to(votes.dtype)
+        else:  # filled on the device (no copy from the host: that waits for the GPU), exact in float64
+            tensor = torch.full((), float(value), dtype=torch.promote_types(votes.dtype, torch.float32),
+                                device=votes.device)
         try:
             offsets.append(tensor.expand(*batch_shape, out_caps).reshape(-1, out_caps))  # (n, i)
         except RuntimeError:

@@ -44,7 +44,9 @@ Strategies (every one gives the same numbers; ``"auto"`` is ``"blocked"`` on CPU
   shape on CPU).
 
 Votes in bfloat16 or float16 are routed with float32 statistics (cast per block in ``"blocked"``);
-poses and activations come back in the votes' dtype.
+poses, activations and assignments come back in the votes' dtype. Every strategy runs with
+``torch.autocast`` off: under autocast the statistics' products would be float16 or bfloat16 (and
+the blocked strategy's recorded products of another dtype than its backward's).
 
 This file is over 400 lines on purpose: the strategies share one loop (:func:`_em_loop`) written
 against two statistics classes, and the blocked strategy's hand-written product gradients are
@@ -64,6 +66,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from torchvote.functional.voting import autocast_off
 from torchvote.validation import check_positive_int
 
 __all__ = [
@@ -451,7 +454,7 @@ class _BlockedEM(torch.autograd.Function):
     def forward(ctx: FunctionCtx, votes: Tensor, right: Tensor | None, activations: Tensor, beta_u: Tensor,
                 beta_a: Tensor, config: _Config, block_rows: int) -> tuple[Tensor, ...]:
         ctx.save_for_backward(votes, right, activations, beta_u, beta_a)
-        ctx.config, ctx.block_rows = config, block_rows
+        ctx.config, ctx.block_rows, ctx.device_type = config, block_rows, votes.device.type
         ctx.set_materialize_grads(False)
         blocks = _VoteBlocks(votes, right, beta_u.shape[1], block_rows)
         pieces, ctx.products = [], []
@@ -467,6 +470,12 @@ class _BlockedEM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        with autocast_off(ctx.device_type):  # recompute as forward ran, whatever autocast is on now
+            return _BlockedEM.recompute_backward(ctx, *grads)
+
+    @staticmethod
+    def recompute_backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        """:meth:`backward` (autocast off): each block recomputed, its gradient written."""
         if torch.is_grad_enabled():
             raise RuntimeError(
                 "em_routing(strategy='blocked') can be differentiated once only (its backward "
@@ -609,6 +618,10 @@ class SenderGroups(NamedTuple):
 def prepare_sender_groups(sender_groups: Tensor, *, device: torch.device | str | None = None) -> SenderGroups:
     """Check and compact ``sender_groups`` ids once (see :func:`~torchvote.functional.em.em_routing`).
 
+    The ids are read where they are (on a GPU: two synchronisations, for the check and the size
+    of ``torch.unique``) and the results moved to ``device``: ids on the CPU cost an accelerator
+    nothing, and serve votes on the ``"meta"`` device too.
+
     Args:
         sender_groups: ``(L, j)`` non-negative integer ids of the input capsule behind each
             patch-local sender (:func:`conv_sender_groups` makes them).
@@ -618,18 +631,25 @@ def prepare_sender_groups(sender_groups: Tensor, *, device: torch.device | str |
         A :class:`SenderGroups` for ``em_routing(sender_groups=...)``.
 
     Raises:
-        ValueError: not a 2-D int32/int64 tensor with at least one row, or a negative id.
+        ValueError: not a 2-D int32/int64 tensor with at least one row, ids on the ``"meta"``
+            device (they have no values to read), or a negative id.
     """
     if (not isinstance(sender_groups, Tensor) or sender_groups.dtype not in (torch.int32, torch.int64)
             or sender_groups.dim() != 2 or sender_groups.shape[0] == 0):
         shape = tuple(sender_groups.shape) if isinstance(sender_groups, Tensor) else type(sender_groups)
         raise ValueError(f"sender_groups must be a 2-D integer tensor (L, in_caps) with L >= 1, got {shape}")
+    if sender_groups.is_meta:
+        raise ValueError(
+            "sender_groups on the meta device have no ids to check and compact; pass them on the CPU "
+            "(they are moved to the votes' device)"
+        )
     if (sender_groups < 0).any():
         raise ValueError("sender_groups must hold non-negative ids")
     device = sender_groups.device if device is None else torch.device(device)
-    unique, compact = torch.unique(sender_groups.to(device=device, dtype=torch.int64), return_inverse=True)
+    unique, compact = torch.unique(sender_groups.to(torch.int64), return_inverse=True)  # where the ids are
     counts = torch.bincount(compact.reshape(-1), minlength=unique.numel())  # patches holding each id
-    return SenderGroups(compact, unique.numel(), counts[compact].to(torch.float64))
+    patches = counts[compact].to(torch.float64)
+    return SenderGroups(compact.to(device), unique.numel(), patches.to(device))
 
 
 def _prepare_groups(sender_groups: Tensor | SenderGroups, rows: int, senders: int, receivers: int,
@@ -681,7 +701,7 @@ def route(
 
     Returns:
         poses ``(n, i, h)`` and activations ``(n, i)`` in the votes' dtype, then (with
-        ``return_assignments``) ``R`` ``(n, i, j)`` or ``(iterations, n, i, j)``.
+        ``return_assignments``) ``R`` ``(n, i, j)`` or ``(iterations, n, i, j)``, also in it.
 
     Raises:
         ValueError: malformed ``sender_groups``.
@@ -695,19 +715,24 @@ def route(
                      bool(return_assignments and all_passes))
     if strategy == "auto":
         strategy = "vectorized" if votes.device.type == "cuda" else "blocked"
-    if factored and strategy != "blocked":
-        votes = votes.materialize()  # (n, i, j, h)
-    if strategy == "blocked":
-        period = 1 if groups is None else groups.shape[0]
-        per_row = receivers * senders * pose_dim
-        block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
-        left, right = (votes.left, votes.right) if factored else (votes, None)  # unformed only here
-        outputs = _BlockedEM.apply(left, right, activations, beta_u, beta_a, config, block_rows)
-    elif strategy == "compiled":
-        outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
-    else:
-        outputs = _em_loop(_DenseStatistics(votes), activations, beta_u, beta_a, config, rows)
+    if factored and votes.left.dtype != votes.right.dtype:  # (under autocast) one dtype for the products
+        votes = PerSenderVotes(votes.left.to(votes.dtype), votes.right.to(votes.dtype), votes.batch_shape,
+                               votes.receivers)
+    with autocast_off(votes.device.type):  # float32 statistics, products in their inputs' dtype
+        if factored and strategy != "blocked":
+            votes = votes.materialize()  # (n, i, j, h)
+        if strategy == "blocked":
+            period = 1 if groups is None else groups.shape[0]
+            per_row = receivers * senders * pose_dim
+            block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
+            left, right = (votes.left, votes.right) if factored else (votes, None)  # unformed only here
+            outputs = _BlockedEM.apply(left, right, activations, beta_u, beta_a, config, block_rows)
+        elif strategy == "compiled":
+            outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
+        else:
+            outputs = _em_loop(_DenseStatistics(votes), activations, beta_u, beta_a, config, rows)
     poses, out_activations = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
     if not return_assignments:
         return poses, out_activations
-    return poses, out_activations, torch.stack(outputs[2:]) if all_passes else outputs[2]
+    assignments = torch.stack(outputs[2:]) if all_passes else outputs[2]
+    return poses, out_activations, assignments.to(votes.dtype)

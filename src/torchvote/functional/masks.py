@@ -77,19 +77,24 @@ def is_causal_mask(mask: Tensor) -> bool:
     Such a mask is replaced by ``is_causal=True``, which the fused kernel runs about twice as fast
     on CPU as the same mask given explicitly.
 
+    The values are read (``torch.equal``), which makes an accelerator wait for the host: a 2-D
+    square mask costs one synchronisation per call on a GPU (two for a float mask);
+    ``is_causal=True`` costs none.
+
     Args:
         mask: a boolean (True = may attend) or float (added to the logits) mask of any shape.
 
     Returns:
         Whether ``mask`` is ``(n, n)`` and allows exactly ``j <= i``: True below and on the
-        diagonal (0 for a float mask) and False above it (``-inf``).
+        diagonal (0 for a float mask) and False above it (``-inf``). False for a mask on the
+        ``"meta"`` device, which has no values to read (it is then used as the mask it is).
 
     Raises:
         TypeError: ``mask`` is not a tensor.
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a tensor, got {type(mask).__name__}")
-    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1] or mask.is_meta:
         return False
     lower = torch.ones(mask.shape, dtype=torch.bool, device=mask.device).tril()
     if mask.dtype == torch.bool:

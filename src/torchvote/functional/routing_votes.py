@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from torchvote.functional.voting import autocast_off
+
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
 _T = TypeVar("_T")
@@ -109,7 +111,7 @@ def _exact(method: Callable[..., _T]) -> Callable[..., _T]:
 
     @functools.wraps(method)
     def run(ctx: FunctionCtx, first: Tensor, *args: Tensor) -> _T:
-        with torch.autocast(first.device.type, enabled=False):
+        with autocast_off(first.device.type):
             return method(ctx, first, *args)
 
     return run

@@ -29,6 +29,7 @@ follow are read together; the mask preparation leaves for ``functional/masks.py`
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,9 +201,12 @@ class DotProductScores:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.queries.shape[-1])
 
     def materialize(self) -> Tensor:
-        """The ``(..., i, j)`` logits, computed in at least float32 so half inputs cannot overflow."""
+        """The ``(..., i, j)`` logits, computed in at least float32 so half inputs cannot overflow
+        (with autocast off: under ``torch.autocast`` the product would be float16 again)."""
         q, k = _upcast(self.queries), _upcast(self.keys)
-        return torch.einsum("...ie,...je->...ij", q, k) * self.effective_scale
+        dtype = torch.promote_types(q.dtype, k.dtype)  # under autocast they may differ
+        with autocast_off(q.device.type):
+            return torch.einsum("...ie,...je->...ij", q.to(dtype), k.to(dtype)) * self.effective_scale
 
 
 Logits = Tensor | DotProductScores
@@ -255,6 +259,27 @@ class VoteResult:
 
 def _upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """A context in which ``torch.autocast`` is off for ``device_type``.
+
+    For the products that must run in the dtype they are given: float32 statistics of half
+    inputs (attention logits, EM's vote statistics) and the ``out=`` kernels of the capsule votes,
+    which autocast would otherwise compute in float16 or bfloat16 (float16 logits overflow past
+    65504; an ``out=`` tensor of another dtype is refused). Where autocast does not exist for the
+    device (``"meta"``, on which entering ``torch.autocast`` raises) there is nothing to turn off
+    and the context does nothing.
+
+    Args:
+        device_type: the ``device.type`` of the tensors computed on, e.g. ``"cuda"``.
+
+    Returns:
+        A context manager.
+    """
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tensor:

@@ -274,12 +274,15 @@ class ConvMatrixCapsules(nn.Module):
     def _routing_groups(self, rows: int, cols: int, device: torch.device) -> SenderGroups | None:
         """:meth:`sender_groups` checked and compacted once per grid and device, so that a forward
         pass reads nothing back from the device (see
-        :func:`~torchvote.functional.em_kernel.prepare_sender_groups`)."""
+        :func:`~torchvote.functional.em_kernel.prepare_sender_groups`). The ids are built and
+        compacted on the CPU and moved: the device never waits for the host, and votes on
+        ``"meta"`` (which has no values to compact) route too."""
         if self.normalization == "per_patch":
             return None
         key = (rows, cols, torch.device(device))
         if key not in self._prepared_groups:
-            self._prepared_groups[key] = prepare_sender_groups(self.sender_groups(rows, cols, device))
+            ids = self.sender_groups(rows, cols, torch.device("cpu"))  # (L, j)
+            self._prepared_groups[key] = prepare_sender_groups(ids, device=device)
         return self._prepared_groups[key]
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:

@@ -54,8 +54,12 @@ def choose_strategy(strategy: str, *, device: torch.device, vote_bytes: int) -> 
         vote_bytes: the size the ``(batch, out_caps, in_caps, out_dim)`` votes would have.
 
     Returns:
-        ``"materialize"``, ``"stream"`` or ``"compiled"``.
+        ``"materialize"``, ``"stream"`` or ``"compiled"``. ``"compiled"`` on the ``"meta"`` device
+        is ``"materialize"``: there is no kernel to compile for it, and a failed attempt would
+        leave the layer eager on the device it is later moved to.
     """
+    if strategy == "compiled" and device.type == "meta":
+        return "materialize"
     if strategy != "auto":
         return strategy
     if device.type == "cpu" or vote_bytes > MATERIALIZE_BUDGET_BYTES:

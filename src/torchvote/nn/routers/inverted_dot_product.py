@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import (
@@ -13,7 +12,7 @@ from torchvote.functional.routing import (
     inverted_dot_product_routing,
 )
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import check_flag, check_float_dtype, check_positive_int
+from torchvote.validation import autocast_enabled, check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["InvertedDotProductRouter"]
 
@@ -57,11 +56,10 @@ class InvertedDotProductRouter(Router):
         if shape is not None and shape[-1] != size:  # the layer norm's own error names no argument
             raise ValueError(f"votes must have out_dim={size} features (the layer norm's), got shape {shape}")
         weight = self.norm.weight
-        autocast = weight is not None and torch.is_autocast_enabled(weight.device.type)
-        if weight is not None and votes.dtype != weight.dtype and not autocast:
-            raise TypeError(
-                f"votes have dtype {votes.dtype} but the router's parameters are {weight.dtype}: convert "
-                f"the votes or the router, or run under torch.autocast"
+        if weight is not None and votes.dtype != weight.dtype and not autocast_enabled(weight.device.type):
+            raise TypeError(  # votes may be a Votes object: its dtype, not check_input_dtype's tensor
+                f"votes have dtype {votes.dtype} but the router's parameters are {weight.dtype}: "
+                f"convert the votes or the router, or run under torch.autocast"
             )
         outputs, couplings = inverted_dot_product_routing(
             votes, iterations=self.iterations, normalization=self.norm
