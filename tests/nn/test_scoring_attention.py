@@ -158,3 +158,72 @@ def test_dtype_errors(make):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts: no dtype error
         context, _ = module(query, key)
     assert context.shape == (2, 3, 4)
+
+
+# --- reset_parameters: torch's convention (to_empty() + reset_parameters() gives a working module)
+
+SCORED = {
+    "additive": lambda **f: AdditiveAttention(24, 40, 32, **f),
+    "dot": lambda **f: LuongAttention(24, 24, score="dot", **f),
+    "general": lambda **f: LuongAttention(24, 40, score="general", **f),
+    "concat": lambda **f: LuongAttention(24, 40, score="concat", hidden_dim=32, **f),
+}
+
+
+def _init_bounds(module):
+    """Each parameter's default range: nn.Linear's weights (kaiming-uniform with a = sqrt(5))
+    and v_a (as an nn.Linear(H, 1)) within 1 / sqrt(fan_in); general's W_a Glorot-uniform,
+    sqrt(6 / (fan_in + fan_out))."""
+    bounds = {}
+    for name, parameter in module.named_parameters():
+        if name == "weight":  # Luong's general W_a: (query_dim, key_dim)
+            bounds[name] = math.sqrt(6.0 / sum(parameter.shape))
+        else:  # (out, in) projections and the (H,) vector: fan_in is the last size
+            bounds[name] = 1.0 / math.sqrt(parameter.shape[-1])
+    return bounds
+
+
+@pytest.mark.parametrize("kind", SCORED)
+def test_reset_parameters_under_a_seed_draws_what_construction_drew(kind):
+    torch.manual_seed(3)
+    built = SCORED[kind]()
+    module = SCORED[kind]()
+    for parameter in module.parameters():
+        torch.nn.init.constant_(parameter, float("nan"))
+    torch.manual_seed(3)
+    module.reset_parameters()  # was an AttributeError: neither module had it
+    assert built.state_dict().keys() == module.state_dict().keys()
+    for name, tensor in built.state_dict().items():
+        assert torch.equal(module.state_dict()[name], tensor), name
+
+
+@pytest.mark.parametrize("kind", SCORED)
+def test_built_on_meta_then_to_empty_and_reset_parameters_gives_a_working_module(kind):
+    module = SCORED[kind](device="meta").to_empty(device="cpu")
+    torch.manual_seed(4)
+    module.reset_parameters()
+    torch.manual_seed(4)
+    fresh = SCORED[kind]()
+    for name, bound in _init_bounds(module).items():
+        parameter = module.get_parameter(name)
+        assert parameter.abs().max() <= bound, name  # the default init's range ...
+        assert parameter.abs().max() > 0.9 * bound, name  # ... filled, not left at zero
+        assert torch.equal(parameter, fresh.get_parameter(name)), name  # the default init itself
+    query, key, value = _inputs(query_dim=24, key_dim=module.key_dim)
+    context, weights = module.double()(query, key, value)
+    assert torch.isfinite(context).all() and torch.isfinite(weights).all()
+    torch.testing.assert_close(context, fresh.double()(query, key, value)[0], rtol=0, atol=0)
+
+
+def test_module_wide_reset_reaches_every_parameter_of_a_seq2seq_attention():
+    """The idiom of a meta-built model: reset every module that has reset_parameters. Before,
+    ``v_a`` (additive, concat) and ``W_a`` (general) were left as to_empty's uninitialised memory."""
+    for kind in ("additive", "general", "concat"):
+        module = SCORED[kind](device="meta").to_empty(device="cpu")
+        with torch.no_grad():
+            for parameter in module.parameters():
+                parameter.fill_(float("nan"))  # what uninitialised memory may hold
+        for submodule in module.modules():
+            if hasattr(submodule, "reset_parameters"):
+                submodule.reset_parameters()
+        assert all(torch.isfinite(p).all() for p in module.parameters()), kind

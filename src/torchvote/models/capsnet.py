@@ -52,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -66,7 +67,7 @@ from torchvote.models.capsule_config import (
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
 from torchvote.nn.capsules import PrimaryCapsules
-from torchvote.validation import check_bool_fields
+from torchvote.validation import check_bool_fields, check_float_dtype
 
 __all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
 
@@ -198,24 +199,35 @@ class CapsNet(CapsuleClassifier):
 
     Args:
         config: the sizes; see :class:`CapsNetConfig`.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: ``router_options`` the router does not take.
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
     legacy_renames = VECTOR_HEAD_RENAMES
 
-    def __init__(self, config: CapsNetConfig) -> None:
+    def __init__(
+        self,
+        config: CapsNetConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(config)
-        self.conv = nn.Conv2d(config.in_channels, config.conv_channels, config.conv_kernel)
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
+        self.conv = nn.Conv2d(config.in_channels, config.conv_channels, config.conv_kernel, **factory)
         self.primary = PrimaryCapsules(
             config.conv_channels,
             config.primary_types,
             config.primary_dim,
             kernel_size=config.primary_kernel,
             stride=config.primary_stride,
+            **factory,
         )
-        self.head = CapsuleHead.from_config(config, init_std=config.init_std)
+        self.head = CapsuleHead.from_config(config, init_std=config.init_std, **factory)
 
     def capsules(self, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Conv1 and the primary capsules: ``(b, num_primary_caps, primary_dim)``, squashed."""

@@ -36,7 +36,7 @@ from torchvote.models.capsule_config import check_images, router_options_errors
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
-from torchvote.validation import check_index_range, check_integer_tensor
+from torchvote.validation import check_float_dtype, check_index_range, check_integer_tensor
 
 __all__ = [
     "VECTOR_HEAD_RENAMES",
@@ -64,8 +64,11 @@ def build_class_capsules(
     router_options: Mapping[str, Any],
     shared_weights: bool = False,
     init_std: float = 0.01,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> CapsuleLinear:
-    """A :class:`~torchvote.nn.capsules.CapsuleLinear` whose router errors name the config fields.
+    """A :class:`~torchvote.nn.capsules.CapsuleLinear` whose router errors name the config fields;
+    ``device`` and ``dtype`` are its (and its router's) parameters'.
 
     Raises:
         ValueError: ``router_options`` the router does not take (the message names the field).
@@ -81,6 +84,8 @@ def build_class_capsules(
             shared_weights=shared_weights,
             router_options=dict(router_options),
             init_std=init_std,
+            device=device,
+            dtype=dtype,
         )
 
 
@@ -138,13 +143,23 @@ class CapsuleDecoder(nn.Module):
         caps_dim: features per class capsule.
         image_shape: ``(channels, height, width)`` of the reconstructed images.
         hidden: widths of the hidden layers.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: non-positive sizes.
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
     def __init__(
-        self, num_classes: int, caps_dim: int, image_shape: tuple[int, int, int], *, hidden: tuple[int, ...]
+        self,
+        num_classes: int,
+        caps_dim: int,
+        image_shape: tuple[int, int, int],
+        *,
+        hidden: tuple[int, ...],
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if any(size < 1 for size in (num_classes, caps_dim, *image_shape, *hidden)):
@@ -153,12 +168,14 @@ class CapsuleDecoder(nn.Module):
                 f"image_shape={image_shape}, hidden={hidden}"
             )
         self.image_shape = tuple(image_shape)
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         layers: list[nn.Module] = []
         width = num_classes * caps_dim
         for units in hidden:
-            layers += [nn.Linear(width, units), nn.ReLU(inplace=True)]
+            layers += [nn.Linear(width, units, **factory), nn.ReLU(inplace=True)]
             width = units
-        layers += [nn.Linear(width, image_shape[0] * image_shape[1] * image_shape[2]), nn.Sigmoid()]
+        pixels = image_shape[0] * image_shape[1] * image_shape[2]
+        layers += [nn.Linear(width, pixels, **factory), nn.Sigmoid()]
         self.layers = nn.Sequential(*layers)
 
     @staticmethod
@@ -224,7 +241,14 @@ class CapsuleHead(nn.Module):
         return self.class_capsules.router
 
     @classmethod
-    def from_config(cls, config: Any, *, init_std: float) -> CapsuleHead:
+    def from_config(
+        cls,
+        config: Any,
+        *,
+        init_std: float,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> CapsuleHead:
         """The head of a vector-capsule network, every size from its model config: a
         :class:`~torchvote.nn.capsules.CapsuleLinear` class layer and, with ``config.decoder``,
         Sabour et al.'s decoder for the config's images.
@@ -234,6 +258,8 @@ class CapsuleHead(nn.Module):
                 ``router``, ``iterations``, ``router_options``, ``decoder``, ``decoder_hidden``,
                 ``in_channels``, ``image_size`` and, when the config has it, ``shared_weights``.
             init_std: the class layer's initialisation scale (each model derives its own).
+            device: where to create the parameters.
+            dtype: the parameters' dtype.
 
         Raises:
             ValueError: ``router_options`` the router does not take, bad decoder sizes.
@@ -242,13 +268,14 @@ class CapsuleHead(nn.Module):
             in_caps=config.num_primary_caps, in_dim=config.primary_dim, out_caps=config.num_classes,
             out_dim=config.class_dim, router=config.router, iterations=config.iterations,
             router_options=config.router_options, init_std=init_std,
-            shared_weights=getattr(config, "shared_weights", False),
+            shared_weights=getattr(config, "shared_weights", False), device=device, dtype=dtype,
         )
         decoder = None
         if config.decoder:
             image_shape = (config.in_channels, config.image_size, config.image_size)
             decoder = CapsuleDecoder(
-                config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden
+                config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden,
+                device=device, dtype=dtype,
             )
         return cls(class_capsules, decoder=decoder, lengths_as_activations=True)
 
@@ -314,6 +341,8 @@ VECTOR_HEAD_RENAMES: Mapping[str, str] = {
 class CapsuleClassifier(nn.Module):
     """A capsule model: a stem and primary capsules (:meth:`capsules`) feeding one
     :class:`CapsuleHead` (``self.head``); a subclass builds both and writes only :meth:`capsules`.
+    A subclass is built as ``Model(config, *, device=None, dtype=None)`` and passes the factory
+    keywords to every part it builds (:meth:`CapsuleHead.from_config` takes them too).
 
     Args:
         config: the model config (``in_channels`` and ``image_size`` fix the input shape).

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from torchvote.models.capsule_config import check_images, check_positive_tuples, to_tuple
 from torchvote.models.registry import ClassifierOutput, register_model
-from torchvote.validation import check_positive_int, check_probability
+from torchvote.validation import check_float_dtype, check_positive_int, check_probability
 
 __all__ = ["CNNBaseline", "CNNBaselineConfig"]
 
@@ -104,16 +105,34 @@ class CNNBaselineConfig:
     loss="cross-entropy",
 )
 class CNNBaseline(nn.Module):
-    """Three 5x5 convolutions, two fully connected layers, dropout and a softmax classifier."""
+    """Three 5x5 convolutions, two fully connected layers, dropout and a softmax classifier.
 
-    def __init__(self, config: CNNBaselineConfig) -> None:
+    Args:
+        config: the sizes; see :class:`CNNBaselineConfig`.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
+
+    Raises:
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
+    """
+
+    def __init__(
+        self,
+        config: CNNBaselineConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         layers: list[nn.Module] = []
         in_channels = config.in_channels
         for index, out_channels in enumerate(config.channels):
             layers += [
-                nn.Conv2d(in_channels, out_channels, config.kernel_size, padding=config.kernel_size // 2),
+                nn.Conv2d(
+                    in_channels, out_channels, config.kernel_size, padding=config.kernel_size // 2, **factory
+                ),
                 nn.ReLU(inplace=True),
             ]
             if index in config.pool_after:
@@ -124,11 +143,11 @@ class CNNBaseline(nn.Module):
         fully_connected: list[nn.Module] = [nn.Flatten()]
         width = in_channels * config.feature_size**2
         for hidden in config.hidden:
-            fully_connected += [nn.Linear(width, hidden), nn.ReLU(inplace=True)]
+            fully_connected += [nn.Linear(width, hidden, **factory), nn.ReLU(inplace=True)]
             width = hidden
         self.fully_connected = nn.Sequential(*fully_connected)
         self.dropout = nn.Dropout(config.dropout)
-        self.classifier = nn.Linear(width, config.num_classes)
+        self.classifier = nn.Linear(width, config.num_classes, **factory)
         self._initialise()
 
     def _initialise(self) -> None:

@@ -56,7 +56,7 @@ from torchvote.models.capsule_config import (
 )
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
-from torchvote.validation import check_bool_fields
+from torchvote.validation import check_bool_fields, check_float_dtype
 
 __all__ = ["DepthwisePrimaryCapsules", "EfficientCapsNet", "EfficientCapsNetConfig"]
 
@@ -186,19 +186,32 @@ class DepthwisePrimaryCapsules(nn.Module):
         num_types: capsule types.
         caps_dim: features per capsule.
         kernel_size: the depthwise kernel side.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: ``channels`` is not ``num_types * caps_dim``.
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
-    def __init__(self, channels: int, num_types: int, caps_dim: int, *, kernel_size: int) -> None:
+    def __init__(
+        self,
+        channels: int,
+        num_types: int,
+        caps_dim: int,
+        *,
+        kernel_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if channels != num_types * caps_dim:
             raise ValueError(
                 f"channels ({channels}) must equal num_types * caps_dim ({num_types} * {caps_dim})"
             )
         self.num_types = num_types
-        self.conv = nn.Conv2d(channels, channels, kernel_size, groups=channels)
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
+        self.conv = nn.Conv2d(channels, channels, kernel_size, groups=channels, **factory)
 
     def forward(self, features: Tensor) -> Tensor:
         """``(b, channels, h, w)`` -> ``(b, num_types * h' * w', caps_dim)`` squashed capsules."""
@@ -238,15 +251,25 @@ class EfficientCapsNet(CapsuleClassifier):
 
     Args:
         config: the sizes; see :class:`EfficientCapsNetConfig`.
+        device: where to create the parameters and buffers.
+        dtype: their dtype.
 
     Raises:
         ValueError: ``router_options`` the router does not take.
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
     legacy_renames = VECTOR_HEAD_RENAMES
 
-    def __init__(self, config: EfficientCapsNetConfig) -> None:
+    def __init__(
+        self,
+        config: EfficientCapsNetConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(config)
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         layers: list[nn.Module] = []
         in_channels = config.in_channels
         for channels, kernel, stride in zip(
@@ -254,16 +277,20 @@ class EfficientCapsNet(CapsuleClassifier):
         ):
             # The authors' order: convolution, ReLU, then batch normalisation.
             layers += [
-                nn.Conv2d(in_channels, channels, kernel, stride=stride),
+                nn.Conv2d(in_channels, channels, kernel, stride=stride, **factory),
                 nn.ReLU(),
-                nn.BatchNorm2d(channels),
+                nn.BatchNorm2d(channels, **factory),
             ]
             in_channels = channels
         self.features = nn.Sequential(*layers).to(memory_format=torch.channels_last)
         self.primary = DepthwisePrimaryCapsules(
-            in_channels, config.primary_types, config.primary_dim, kernel_size=config.depthwise_kernel
+            in_channels,
+            config.primary_types,
+            config.primary_dim,
+            kernel_size=config.depthwise_kernel,
+            **factory,
         )
-        self.head = CapsuleHead.from_config(config, init_std=config.class_init_std)
+        self.head = CapsuleHead.from_config(config, init_std=config.class_init_std, **factory)
 
     def capsules(self, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """The convolutions and the depthwise primary capsules: ``(b, num_primary_caps,

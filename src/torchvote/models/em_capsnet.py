@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -68,7 +69,7 @@ from torchvote.nn.em_capsules import (
     pose_side,
 )
 from torchvote.nn.routers import make_router
-from torchvote.validation import check_bool_fields, check_positive_float
+from torchvote.validation import check_bool_fields, check_float_dtype, check_positive_float
 
 __all__ = ["EMCapsNet", "EMCapsNetConfig"]
 
@@ -218,21 +219,31 @@ class EMCapsNet(CapsuleClassifier):
 
     Args:
         config: the sizes; see :class:`EMCapsNetConfig`.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
 
     Raises:
         ValueError: ``router_options`` the router does not take.
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
     # Checkpoints from before the shared head kept the class votes and the router apart.
     legacy_renames = {"class_votes.": "head.class_capsules.", "router.": "head.class_capsules.routing."}
 
-    def __init__(self, config: EMCapsNetConfig) -> None:
+    def __init__(
+        self,
+        config: EMCapsNetConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(config)
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.conv = nn.Conv2d(
-            config.in_channels, config.conv_channels, config.conv_kernel, stride=config.conv_stride
+            config.in_channels, config.conv_channels, config.conv_kernel, stride=config.conv_stride, **factory
         )
         self.primary = PrimaryMatrixCapsules(
-            config.conv_channels, config.primary_types, pose_dim=config.pose_dim
+            config.conv_channels, config.primary_types, pose_dim=config.pose_dim, **factory
         )
         layers: list[nn.Module] = []
         in_types = config.primary_types
@@ -249,6 +260,7 @@ class EMCapsNet(CapsuleClassifier):
                     iterations=config.iterations,
                     inverse_temperature=config.inverse_temperature,
                     data_per_parent=config.data_per_parent,
+                    **factory,
                 )
             )
             in_types = types
@@ -264,6 +276,7 @@ class EMCapsNet(CapsuleClassifier):
                 out_caps=config.num_classes,
                 out_dim=config.pose_dim,
                 iterations=config.iterations,
+                **factory,
                 **router_options,
             )
         class_capsules = ClassMatrixCapsules(
@@ -272,6 +285,7 @@ class EMCapsNet(CapsuleClassifier):
             pose_dim=config.pose_dim,
             coordinate_addition=config.coordinate_addition,
             routing=router,
+            **factory,
         )
         self.head = CapsuleHead(class_capsules)  # EM's activations, or a vector router's lengths
 

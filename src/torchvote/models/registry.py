@@ -17,8 +17,19 @@ A model is one file in ``torchvote/models/`` that registers itself::
         loss="cross-entropy",
     )
     class MyNet(nn.Module):
-        def __init__(self, config: MyNetConfig) -> None: ...
+        def __init__(self, config: MyNetConfig, *, device=None, dtype=None) -> None: ...
         def forward(self, images, targets=None) -> ClassifierOutput: ...
+
+``device`` and ``dtype`` are torch's factory keywords (as ``nn.Linear(..., device=, dtype=)``):
+the model passes them to every submodule and creates every parameter and buffer there, so that
+``dtype=torch.bfloat16`` builds in that precision without a float32 copy first, and
+``device="meta"`` allocates nothing. A model built on ``"meta"`` is made real the PyTorch way::
+
+    model = create_model("transformer-lm", device="meta").to_empty(device="cuda")
+    for module in model.modules():  # what no checkpoint holds (a sinusoidal table) is computed
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    model.load_state_dict(checkpoint)
 
 Every module in this package is imported the first time the registry is queried, so adding the
 file is all it takes; ``list_models()`` then returns it and the registry sweep test covers it.
@@ -51,9 +62,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+import torch
 from torch import Tensor, nn
 
-from torchvote.validation import check_choice
+from torchvote.validation import check_choice, check_float_dtype
 
 __all__ = [
     "TASKS",
@@ -116,7 +128,8 @@ class ModelSpec:
 
     Attributes:
         name: the registry name.
-        model_cls: the ``nn.Module`` class, built as ``model_cls(config)``.
+        model_cls: the ``nn.Module`` class, built as ``model_cls(config, device=None,
+            dtype=None)``.
         config_cls: its ``@dataclass`` config.
         presets: preset name -> the config fields it sets.
         task: ``"image-classification"``, ``"seq2seq"`` or ``"language-model"``.
@@ -151,7 +164,8 @@ def register_model(
     loss: str | None = None,
     default_preset: str | None = None,
 ) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator that registers an ``nn.Module`` built as ``Model(config)``.
+    """Class decorator that registers an ``nn.Module`` built as ``Model(config, *, device=None,
+    dtype=None)`` (torch's factory keywords, passed to every submodule).
 
     Args:
         name: the registry name (lower case, dashes), e.g. ``"cnn-baseline"``.
@@ -305,16 +319,26 @@ def build_config(name: str, preset: str | None = None, **overrides: Any) -> Any:
     return spec.config_cls(**values)
 
 
-def create_model(name: str, preset: str | None = None, **overrides: Any) -> nn.Module:
+def create_model(
+    name: str,
+    preset: str | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    **overrides: Any,
+) -> nn.Module:
     """Build model ``name`` from its config defaults, a named preset and keyword overrides.
 
     Example::
 
         model = create_model("cnn-baseline", preset="small", dropout=0.2)
+        skeleton = create_model("capsnet", device="meta")  # no memory; to_empty() later
 
     Args:
         name: a name from :func:`list_models`.
         preset: one of the model's presets; ``None``: its default preset, if it has one.
+        device: where to create the parameters and buffers (``None``: torch's default device).
+        dtype: their floating-point dtype (``None``: torch's default dtype).
         **overrides: config fields to set, applied after the preset.
 
     Returns:
@@ -322,9 +346,13 @@ def create_model(name: str, preset: str | None = None, **overrides: Any) -> nn.M
 
     Raises:
         ValueError: an unknown model, preset or config field (the message lists what exists).
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
     spec = get_model_spec(name)
-    return spec.model_cls(build_config(name, preset, **overrides))
+    config = build_config(name, preset, **overrides)
+    # Only the keywords given: a model registered without them still builds by default.
+    factory = {"device": device, "dtype": check_float_dtype(dtype)}
+    return spec.model_cls(config, **{key: value for key, value in factory.items() if value is not None})
 
 
 def model_config(model: nn.Module) -> Any:

@@ -52,6 +52,7 @@ from torchvote.validation import (
     check_bool_fields,
     check_choice,
     check_flag,
+    check_float_dtype,
     check_positive_int,
     check_probability,
     check_tensor_values,
@@ -171,16 +172,28 @@ class RNNAttentionSeq2Seq(nn.Module):
 
     Args:
         config: a :class:`RNNAttentionSeq2SeqConfig`.
+        device: where to create the parameters.
+        dtype: the parameters' dtype.
+
+    Raises:
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
-    def __init__(self, config: RNNAttentionSeq2SeqConfig) -> None:
+    def __init__(
+        self,
+        config: RNNAttentionSeq2SeqConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         directions = 2 if config.bidirectional else 1
         memory_dim = directions * config.hidden_size
         between_layers = config.dropout if config.num_layers > 1 else 0.0
-        self.source_embedding = nn.Embedding(config.src_vocab_size, config.embed_dim)
-        self.target_embedding = nn.Embedding(config.tgt_vocab_size, config.embed_dim)
+        self.source_embedding = nn.Embedding(config.src_vocab_size, config.embed_dim, **factory)
+        self.target_embedding = nn.Embedding(config.tgt_vocab_size, config.embed_dim, **factory)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = nn.GRU(
             config.embed_dim,
@@ -189,13 +202,14 @@ class RNNAttentionSeq2Seq(nn.Module):
             batch_first=True,
             bidirectional=config.bidirectional,
             dropout=between_layers,
+            **factory,
         )
-        self.bridge = nn.Linear(memory_dim, config.hidden_size)  # s_0 = tanh(W_s h_final)
-        self.output = nn.Linear(config.hidden_size, config.tgt_vocab_size)
+        self.bridge = nn.Linear(memory_dim, config.hidden_size, **factory)  # s_0 = tanh(W_s h_final)
+        self.output = nn.Linear(config.hidden_size, config.tgt_vocab_size, **factory)
         self.attention: nn.Module
         if config.attention == "additive":
             self.attention = AdditiveAttention(
-                config.hidden_size, memory_dim, config.attention_dim or config.hidden_size
+                config.hidden_size, memory_dim, config.attention_dim or config.hidden_size, **factory
             )
             self.decoder = nn.GRU(
                 config.embed_dim + memory_dim,
@@ -203,14 +217,17 @@ class RNNAttentionSeq2Seq(nn.Module):
                 config.num_layers,
                 batch_first=True,
                 dropout=between_layers,
+                **factory,
             )
             # Deep output (Bahdanau et al. 2015, app. A.2.2): [s_i; c_i; E y_{i-1}] -> hidden.
-            self.readout = nn.Linear(config.hidden_size + memory_dim + config.embed_dim, config.hidden_size)
+            self.readout = nn.Linear(
+                config.hidden_size + memory_dim + config.embed_dim, config.hidden_size, **factory
+            )
             self._step = self._bahdanau_step
         else:
             hidden_dim = config.attention_dim if config.attention == "concat" else None
             self.attention = LuongAttention(
-                config.hidden_size, memory_dim, score=config.attention, hidden_dim=hidden_dim
+                config.hidden_size, memory_dim, score=config.attention, hidden_dim=hidden_dim, **factory
             )
             # Input feeding (Luong et al. 2015, sec. 3.3): the previous h~ joins the input.
             self.decoder = nn.GRU(
@@ -219,8 +236,9 @@ class RNNAttentionSeq2Seq(nn.Module):
                 config.num_layers,
                 batch_first=True,
                 dropout=between_layers,
+                **factory,
             )
-            self.combine = nn.Linear(memory_dim + config.hidden_size, config.hidden_size)  # W_c
+            self.combine = nn.Linear(memory_dim + config.hidden_size, config.hidden_size, **factory)  # W_c
             self._step = self._luong_step
 
     # --- encoder ---------------------------------------------------------------------------------

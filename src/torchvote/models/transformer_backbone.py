@@ -127,11 +127,18 @@ class TransformerBackboneFields:
             decoder_attention=attention("senders"),
         )
 
-    def make_positions(self, max_len: int) -> nn.Module:
-        """Learned or sinusoidal positions for sequences of up to ``max_len`` tokens."""
+    def make_positions(
+        self,
+        max_len: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> nn.Module:
+        """Learned or sinusoidal positions for sequences of up to ``max_len`` tokens, their
+        parameter or table created on ``device`` in ``dtype``."""
         if self.positional == "learned":
-            return LearnedPositionalEmbedding(max_len, self.d_model)
-        return SinusoidalPositionalEncoding(self.d_model, max_len=max_len)
+            return LearnedPositionalEmbedding(max_len, self.d_model, device=device, dtype=dtype)
+        return SinusoidalPositionalEncoding(self.d_model, max_len=max_len, device=device, dtype=dtype)
 
 
 def check_special_ids(config: Any) -> None:

@@ -30,7 +30,7 @@ from torchvote.models.capsule_config import check_images
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.models.transformer_backbone import TransformerBackboneFields, run_stack
 from torchvote.nn.transformer_stack import TransformerEncoder
-from torchvote.validation import check_choice, check_flag
+from torchvote.validation import check_choice, check_flag, check_float_dtype
 
 __all__ = ["TransformerClassifier", "TransformerClassifierConfig"]
 
@@ -134,24 +134,40 @@ class TransformerClassifier(nn.Module):
 
     Args:
         config: a :class:`TransformerClassifierConfig`.
+        device: where to create the parameters and buffers.
+        dtype: their dtype.
+
+    Raises:
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
-    def __init__(self, config: TransformerClassifierConfig) -> None:
+    def __init__(
+        self,
+        config: TransformerClassifierConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         # Flatten-and-project every patch (eq. 1), written as a strided convolution.
         self.patch_embedding = nn.Conv2d(
-            config.in_channels, config.d_model, kernel_size=config.patch_size, stride=config.patch_size
+            config.in_channels,
+            config.d_model,
+            kernel_size=config.patch_size,
+            stride=config.patch_size,
+            **factory,
         )
         self.class_token: nn.Parameter | None = None
         if config.pooling == "cls":
-            self.class_token = nn.Parameter(torch.zeros(1, 1, config.d_model))
+            self.class_token = nn.Parameter(torch.empty(1, 1, config.d_model, **factory))
             nn.init.normal_(self.class_token, std=0.02)
-        self.positions = config.make_positions(config.num_tokens)
+        self.positions = config.make_positions(config.num_tokens, **factory)
         self.dropout = nn.Dropout(config.dropout)
         layer = config.layer_config(norm_first=True)
-        self.encoder = TransformerEncoder(layer, config.num_layers)  # ends in a layer norm (eq. 4)
-        self.head = nn.Linear(config.d_model, config.num_classes)
+        self.encoder = TransformerEncoder(layer, config.num_layers, **factory)  # ends in a layer norm (eq. 4)
+        self.head = nn.Linear(config.d_model, config.num_classes, **factory)
 
     def forward(
         self, images: Tensor, targets: Tensor | None = None, *, need_weights: bool = False

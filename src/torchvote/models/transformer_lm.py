@@ -43,7 +43,7 @@ from torchvote.models.transformer_backbone import (
 )
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer_stack import TransformerEncoder
-from torchvote.validation import check_bool_fields, check_flag, check_positive_int
+from torchvote.validation import check_bool_fields, check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["TransformerLM", "TransformerLMConfig"]
 
@@ -117,20 +117,32 @@ class TransformerLM(nn.Module):
 
     Args:
         config: a :class:`TransformerLMConfig`.
+        device: where to create the parameters and buffers.
+        dtype: their dtype.
+
+    Raises:
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
-    def __init__(self, config: TransformerLMConfig) -> None:
+    def __init__(
+        self,
+        config: TransformerLMConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
-        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model, **factory)
         nn.init.normal_(self.token_embedding.weight, std=0.02)  # GPT-2's initialisation
-        self.positions = config.make_positions(config.context_length)
+        self.positions = config.make_positions(config.context_length, **factory)
         self.dropout = nn.Dropout(config.dropout)
         layer = config.layer_config(norm_first=True)
         # Self-attention layers run with a causal mask: a decoder without cross-attention. Being
         # pre-norm, the stack ends in one more layer norm (GPT-2).
-        self.decoder = TransformerEncoder(layer, config.num_layers)
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.decoder = TransformerEncoder(layer, config.num_layers, **factory)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False, **factory)
         if config.tie_weights:
             self.head.weight = self.token_embedding.weight
 

@@ -53,7 +53,7 @@ from torchvote.models.transformer_backbone import (
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer import AttentionIntermediates
 from torchvote.nn.transformer_stack import TransformerDecoder, TransformerEncoder
-from torchvote.validation import check_bool_fields, check_flag, check_input_dtype
+from torchvote.validation import check_bool_fields, check_flag, check_float_dtype, check_input_dtype
 
 __all__ = ["TransformerSeq2Seq", "TransformerSeq2SeqConfig"]
 
@@ -173,25 +173,37 @@ class TransformerSeq2Seq(nn.Module):
 
     Args:
         config: a :class:`TransformerSeq2SeqConfig`.
+        device: where to create the parameters and buffers.
+        dtype: their dtype.
+
+    Raises:
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
-    def __init__(self, config: TransformerSeq2SeqConfig) -> None:
+    def __init__(
+        self,
+        config: TransformerSeq2SeqConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
+        factory = {"device": device, "dtype": check_float_dtype(dtype)}
         # N(0, 1 / d_model): scaled by sqrt(d_model) (sec. 3.4) the embeddings have unit variance.
-        self.target_embedding = nn.Embedding(config.tgt_vocab_size, config.d_model)
+        self.target_embedding = nn.Embedding(config.tgt_vocab_size, config.d_model, **factory)
         nn.init.normal_(self.target_embedding.weight, std=config.d_model**-0.5)
         if config.share_embeddings:
             self.source_embedding = self.target_embedding
         else:
-            self.source_embedding = nn.Embedding(config.src_vocab_size, config.d_model)
+            self.source_embedding = nn.Embedding(config.src_vocab_size, config.d_model, **factory)
             nn.init.normal_(self.source_embedding.weight, std=config.d_model**-0.5)
-        self.positions = config.make_positions(config.max_len)
+        self.positions = config.make_positions(config.max_len, **factory)
         self.dropout = nn.Dropout(config.dropout)  # on the sums of embeddings and positions (sec. 5.4)
         layer = config.layer_config(norm_first=config.norm_first)
-        self.encoder = TransformerEncoder(layer, config.num_encoder_layers)
-        self.decoder = TransformerDecoder(layer, config.num_decoder_layers)
-        self.output = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        self.encoder = TransformerEncoder(layer, config.num_encoder_layers, **factory)
+        self.decoder = TransformerDecoder(layer, config.num_decoder_layers, **factory)
+        self.output = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False, **factory)
         if config.tie_output:
             self.output.weight = self.target_embedding.weight
         self.embed_scale = math.sqrt(config.d_model)

@@ -111,12 +111,22 @@ class ScoredAttention(nn.Module, abc.ABC):
         return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
 
 
+def _init_score_vector(vector: nn.Parameter) -> None:
+    """``v_a`` of an additive or concat score, uniform in ``[-1/sqrt(H), 1/sqrt(H)]``: what an
+    ``nn.Linear(H, 1)`` (the layer ``v_a^T`` is) would draw for its weight."""
+    bound = 1.0 / vector.shape[0] ** 0.5
+    nn.init.uniform_(vector, -bound, bound)
+
+
 class AdditiveAttention(ScoredAttention):
     """Bahdanau attention: ``score(q, k) = v^T tanh(W_q q + W_k k)``.
 
     Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly Learning to Align and
     Translate", appendix A.1.2 (``e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)``). The tanh does not
     factor, so the scores cost ``(b, L, S, hidden_dim)`` memory.
+
+    ``W_a`` and ``U_a`` are initialised as ``nn.Linear`` does, ``v_a`` as an ``nn.Linear(H, 1)``
+    would be; :meth:`reset_parameters` draws them again.
 
     Args:
         query_dim: query feature size ``Eq``.
@@ -146,8 +156,15 @@ class AdditiveAttention(ScoredAttention):
         self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False, **factory)  # W_a
         self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False, **factory)  # U_a
         self.vector = nn.Parameter(torch.empty(hidden_dim, **factory))  # v_a
-        bound = 1.0 / hidden_dim**0.5  # as an nn.Linear(hidden_dim, 1) would be initialised
-        nn.init.uniform_(self.vector, -bound, bound)
+        _init_score_vector(self.vector)  # the projections initialised themselves
+
+    def reset_parameters(self) -> None:
+        """Draw every parameter again as the constructor did, in its order (under one seed, the
+        same numbers): ``W_a`` and ``U_a`` as ``nn.Linear`` does, then ``v_a``. A module built on
+        ``"meta"`` works after ``to_empty(device=...)`` and this."""
+        self.query_proj.reset_parameters()
+        self.key_proj.reset_parameters()
+        _init_score_vector(self.vector)
 
     def score(self, query: Tensor, key: Tensor) -> Tensor:
         """``v_a^T tanh(W_a q_i + U_a k_j)``: ``(b, i, j)`` from ``(b, L, Eq)`` and ``(b, S, Ek)``."""
@@ -168,7 +185,9 @@ class LuongAttention(ScoredAttention):
         concat:   score(q, k) = v_a^T tanh(W_a [q; k])    W_a: (hidden_dim, query_dim + key_dim)
 
     None is scaled by ``1 / sqrt(d)`` (that is Vaswani's change). The score function is chosen
-    once, here.
+    once, here. ``W_a`` of ``general`` is Glorot-uniform; ``W_a`` of ``concat`` is initialised as
+    ``nn.Linear`` does and its ``v_a`` as an ``nn.Linear(hidden_dim, 1)`` would be;
+    :meth:`reset_parameters` draws them again.
 
     Args:
         query_dim: query feature size ``Eq``.
@@ -212,16 +231,29 @@ class LuongAttention(ScoredAttention):
         if score == "dot":
             self.score_fn = dot_score
         elif score == "general":
-            self.weight = nn.Parameter(torch.empty(query_dim, key_dim, **factory))
-            nn.init.xavier_uniform_(self.weight)
+            self.weight = nn.Parameter(torch.empty(query_dim, key_dim, **factory))  # W_a
             self.score_fn = self._general
         else:
             self.hidden_dim = query_dim if hidden_dim is None else hidden_dim
-            self.concat_proj = nn.Linear(query_dim + key_dim, self.hidden_dim, bias=False, **factory)
-            self.vector = nn.Parameter(torch.empty(self.hidden_dim, **factory))
-            bound = 1.0 / self.hidden_dim**0.5
-            nn.init.uniform_(self.vector, -bound, bound)
+            self.concat_proj = nn.Linear(query_dim + key_dim, self.hidden_dim, bias=False, **factory)  # W_a
+            self.vector = nn.Parameter(torch.empty(self.hidden_dim, **factory))  # v_a
             self.score_fn = self._concat
+        self._init_own_parameters()  # concat_proj initialised itself
+
+    def _init_own_parameters(self) -> None:
+        """Draw the parameters this module holds itself (not those of its ``nn.Linear``)."""
+        if self.score_name == "general":
+            nn.init.xavier_uniform_(self.weight)
+        elif self.score_name == "concat":
+            _init_score_vector(self.vector)
+
+    def reset_parameters(self) -> None:
+        """Draw every parameter again as the constructor did, in its order (under one seed, the
+        same numbers); the ``dot`` score has none. A module built on ``"meta"`` works after
+        ``to_empty(device=...)`` and this."""
+        if self.score_name == "concat":
+            self.concat_proj.reset_parameters()
+        self._init_own_parameters()
 
     def _general(self, query: Tensor, key: Tensor) -> Tensor:
         return general_score(query, key, self.weight)
