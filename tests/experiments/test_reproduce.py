@@ -262,3 +262,50 @@ def test_a_measuring_row_dry_runs_and_refuses_training_options(capsys, tmp_path)
     a_file.write_text("mine")
     assert main(["reproduce", "h", "--out", str(a_file)]) == 2
     assert "is a file" in capsys.readouterr().err and a_file.read_text() == "mine"
+
+
+def test_an_interrupted_reproduce_says_one_way_to_continue(tmp_path, tiny_values, capsys, monkeypatch):
+    # Ctrl-C inside a run printed the loop's "resume with: torchvote train --resume <run>" and then
+    # reproduce's "rerun the same command": two instructions, and the first one finishes the run
+    # without its result.json, the other runs of the row and the summary
+    import torchvote.experiments
+    import torchvote.training
+
+    row = _tiny_row(tmp_path, tiny_values)
+    monkeypatch.setattr(torchvote.experiments, "get_row", lambda name: row)
+    real_train = torchvote.training.train
+
+    def ctrl_c_after_three_steps(config, **kwargs):  # what the loop does on Ctrl-C / SIGTERM
+        def stop(info):
+            if info.step == 3:
+                raise KeyboardInterrupt
+
+        return real_train(config, callbacks=[stop], **kwargs)
+
+    monkeypatch.setattr(torchvote.training, "train", ctrl_c_after_three_steps)
+    argv = ["reproduce", "tiny", "--seeds", "0", "--variant", "plain", "--out", str(tmp_path / "out")]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    run_dir = run_dir_of(tmp_path / "out", row, "cpu", row.variants[0], 0)
+    instructions = [line for line in err.splitlines() if "resume" in line or "rerun" in line]
+    assert instructions == [
+        f"torchvote reproduce: run {run_dir} interrupted; rerun the same command to continue"
+    ]
+    assert "stopped at step 3 of 8; checkpoint saved at step 3" in err  # where it stopped: still said
+
+    monkeypatch.setattr(torchvote.training, "train", real_train)
+    assert main(argv) == 0  # the instruction given: the same command resumes and finishes the row
+    assert json.loads((run_dir / "result.json").read_text())["resumed"]
+
+
+def test_each_run_is_announced_with_the_command_the_dry_run_prints(capsys, tmp_path, monkeypatch):
+    # reproduce announced a run as `torchvote train ... seed=0`, without the run folder and device
+    # it trains with: copied from the screen, it trained into runs/<preset>-<time> on any device
+    argv = ["reproduce", "capsnet-routing", "--seeds", "0", "--out", str(tmp_path), "--device", "cpu"]
+    argv += ["--variant", "1 iteration, no reconstruction"]
+    assert main([*argv, "--dry-run"]) == 0
+    dry_run = capsys.readouterr().out.strip()
+    monkeypatch.setattr("torchvote.training.train", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(argv) == 130
+    announced = capsys.readouterr().out.strip().splitlines()
+    assert len(announced) == 1 and announced[0].endswith(f": {dry_run}")

@@ -8,10 +8,18 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from torch import Tensor
 
 from torchvote.data import MultiMNISTSource, load_small_digits, make_multimnist
 from torchvote.training import get_task_handler
-from torchvote.training.data import BatchPlan, DrawnData, build_task_data, iterate_batches
+from torchvote.training.data import (
+    BatchPlan,
+    DrawnData,
+    TaskData,
+    build_task_data,
+    iterate_batches,
+    pin_memory_for,
+)
 from torchvote.training.evaluate import load_data, load_eval_entry
 
 
@@ -97,3 +105,64 @@ def test_load_data_and_load_eval_entry_refuse_a_limit_below_one(monkeypatch, sou
     with pytest.raises(ValueError, match=message):
         load_eval_entry(handler, "multimnist", Fits40(), limit=limit)
     assert loaded == []  # refused before anything is loaded
+
+
+@pytest.mark.parametrize(
+    ("device", "pinned"),
+    [(torch.device("cuda"), True), (torch.device("cuda", 1), True), (torch.device("cpu"), False)],
+)
+def test_pin_memory_for_decides_from_the_device_alone(monkeypatch, device, pinned):
+    """CUDA batches are pinned, CPU ones never; deciding touches no device (this machine may
+    have none)."""
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("pin_memory_for asked CUDA")
+
+    for name in ("is_available", "init", "_lazy_init", "current_device", "device_count"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    assert pin_memory_for(device) is pinned
+
+
+def _numbered(count: int = 12) -> TaskData:
+    tensors = {"x": torch.arange(count * 2.0).view(count, 2), "y": torch.arange(count)}  # (n, 2), (n,)
+    return TaskData("numbers", "train", tensors)
+
+
+def test_iterate_batches_pins_each_tensor_of_each_batch_when_asked(monkeypatch):
+    """In this process each batch is pinned as it is made (here a copy stands in for the page-
+    locked one, which needs CUDA); the values are those of the unpinned batches."""
+    data, plan = _numbered(), BatchPlan(12, 4, seed=1)
+    plain = list(iterate_batches(data, plan, 0, start=1))
+    pinned: list[Tensor] = []
+
+    def pin(tensor):
+        pinned.append(tensor.clone())
+        return pinned[-1]
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    batches = list(iterate_batches(data, plan, 0, start=1, pin_memory=True))
+    assert len(batches) == len(plain) == 2 and len(pinned) == 2 * 2  # x and y of 2 batches
+    for batch, expected in zip(batches, plain, strict=True):
+        assert all(any(batch[key] is tensor for tensor in pinned) for key in batch)
+        assert all(torch.equal(batch[key], expected[key]) for key in expected)
+    assert list(iterate_batches(data, plan, 0, start=1)) and len(pinned) == 4, "pinned only when asked"
+
+
+@pytest.mark.parametrize("pin_memory", [True, False])
+def test_iterate_batches_with_workers_asks_the_loader_to_pin(monkeypatch, pin_memory):
+    """With worker processes the ``DataLoader`` pins (in a thread of this process)."""
+    made: list[dict] = []
+
+    class Loader:  # the batches in order, as the real loader gives them; no worker started
+        def __init__(self, dataset, **kwargs):
+            made.append(kwargs)
+            self.dataset, self.positions = dataset, kwargs["sampler"]
+
+        def __iter__(self):
+            return (self.dataset[position] for position in self.positions)
+
+    monkeypatch.setattr(torch.utils.data, "DataLoader", Loader)
+    data, plan = _numbered(), BatchPlan(12, 4, seed=1)
+    batches = list(iterate_batches(data, plan, 0, num_workers=2, pin_memory=pin_memory))
+    assert len(batches) == 3 and [kwargs["pin_memory"] for kwargs in made] == [pin_memory]
+    assert made[0]["num_workers"] == 2 and "pin_memory_device" not in made[0]  # deprecated in torch

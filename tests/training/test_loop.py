@@ -134,13 +134,13 @@ def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, mo
 
     first = train(tiny_config("run", "epochs=1", "data.eval_limit=30"), verbose=False)
     evaluated = []
-    real_evaluate = loop_module.evaluate
+    real_evaluate = loop_module.evaluate_loss_where_it_applies
 
     def spy(model, data, *args, **kwargs):
         evaluated.append(f"{data.name}/{data.split}")
         return real_evaluate(model, data, *args, **kwargs)
 
-    monkeypatch.setattr(loop_module, "evaluate", spy)
+    monkeypatch.setattr(loop_module, "evaluate_loss_where_it_applies", spy)
 
     def finals() -> list[tuple[str, int]]:
         return [(r["dataset"], r["count"]) for r in read_metrics(first.metrics_path) if r["event"] == "final"]
@@ -210,6 +210,31 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over(tiny_config):
     (Path(other.run_dir) / "thesis.tex").write_text("mine")
     with pytest.raises(ConfigError, match="is not empty"):
         train(other, verbose=False)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(
+    tiny_config, monkeypatch, capsys
+):
+    """It said "resume with: torchvote train --resume RUN", which then failed: nothing to resume."""
+    from torchvote.cli import main
+    from torchvote.training import loop
+
+    config = tiny_config("first", "max_steps=2", "eval_every=0")
+    run_dir = Path(config.run_dir)
+
+    def interrupted(self, batch):
+        raise KeyboardInterrupt  # inside the first step: no checkpoint may be written
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loop._Run, "_train_step", interrupted)
+        result = train(config, verbose=False)
+    assert result.interrupted and result.checkpoint is None
+    err = capsys.readouterr().err
+    assert "resume with" not in err
+    command = f"torchvote train {run_dir / 'config.yaml'}"
+    assert f"start it again with: {command}" in err
+    assert main(command.split()[1:]) == 0  # the instruction works: the same run, in the same folder
+    assert find_checkpoint(run_dir).weights.is_file()
 
 
 def test_a_fresh_run_may_use_an_empty_folder(tiny_config):
@@ -362,6 +387,17 @@ def test_a_wrong_eval_on_entry_fails_before_the_training(tiny_config, tmp_path, 
         config = tiny_config("run", "epochs=1", f"eval_on=[{entry}]")
         train(config, callbacks=[lambda info: steps.append(info.step)], verbose=False)
     assert steps == [] and not (tmp_path / "run").exists()
+
+
+def test_an_eval_on_set_whose_labels_the_loss_does_not_take_reports_its_accuracy(tiny_config, capsys):
+    """A cross-entropy run with eval_on=[multimnist] (label pairs) trained to the end, then crashed
+    in its final evaluation with the loss's error: the accuracy was lost with the run's table."""
+    config = tiny_config("run", "max_steps=2", "data.canvas=36", "eval_on=[multimnist:num_pairs=20]")
+    result = train(config, verbose=False)
+    assert "loss" in result.results["mnist/test"]
+    pairs = result.results["multimnist/test"]
+    assert "loss" not in pairs and 0.0 <= pairs["accuracy"] <= 1.0
+    assert "loss: not reported on multimnist/test: the run's loss does not apply" in capsys.readouterr().err
 
 
 def test_an_eval_on_entry_reads_its_own_root(tiny_config, tmp_path):

@@ -152,7 +152,7 @@ def test_seq2seq_trains_on_the_copy_task_and_resumes_exactly(toy_models, tmp_pat
         )
         == rows
     )
-    assert set(rows[0]) == {"data", "accuracy", "sequence_accuracy", "examples"}
+    assert set(rows[0]) == {"data", "accuracy", "loss", "sequence_accuracy", "examples"}
     with pytest.raises(ValueError, match="the model takes at most max_len=8"):
         evaluate_checkpoint(unbroken.run_dir, ["copy"])
 

@@ -175,7 +175,9 @@ def _train_one(
         _, state, _ = find_resumable_checkpoint(run_dir)
         check_resumable(config_from_dict(state["config"]), config)  # refuses an edited row
         resume = run_dir
-    result = train(config, resume=resume, verbose=False)
+    # the loop's own "resume with: torchvote train --resume" is not the way on here: reproduce
+    # says its own (rerun the same command), so that the user reads one instruction
+    result = train(config, resume=resume, verbose=False, resume_hint=False)
     if result.interrupted:
         return None
     return {
@@ -282,7 +284,8 @@ def reproduce(
             if (run_dir / RESULT_FILE).is_file():
                 echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: finished earlier")
                 continue
-            command = train_command(row, variant, budget, seed)
+            # the command as it runs, as --dry-run prints it (run folder and device included)
+            command = train_command(row, variant, budget, seed, run_dir=run_dir, device=device)
             echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: {command}")
             record = _train_one(row, variant, budget, seed, run_dir, device)
             if record is None:

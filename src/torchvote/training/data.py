@@ -33,6 +33,7 @@ __all__ = [
     "derive_seed",
     "iterate_batches",
     "load_raw_dataset",
+    "pin_memory_for",
     "prepare_images",
 ]
 
@@ -264,8 +265,33 @@ class _EpochBatches(torch.utils.data.Dataset):
         return {key: tensor[local] for key, tensor in batch.items()}
 
 
+def pin_memory_for(device: torch.device) -> bool:
+    """Whether batches bound for ``device`` should come in page-locked ("pinned") host memory.
+
+    Only a copy from pinned memory to a CUDA device runs asynchronously: from ordinary
+    (pageable) memory, ``.to(device, non_blocking=True)`` stages the batch through a driver
+    buffer while the host waits. On the CPU there is nothing to copy, and pinning would only
+    spend memory (without CUDA, PyTorch cannot pin at all). This only decides: it touches no
+    device, so it answers for ``cuda`` on a machine without one.
+
+    Args:
+        device: the device the training step computes on.
+
+    Returns:
+        ``True`` for a CUDA device, ``False`` otherwise.
+    """
+    return device.type == "cuda"
+
+
 def iterate_batches(
-    data: TaskData, plan: BatchPlan, epoch: int, start: int = 0, *, augment: Any = None, num_workers: int = 0
+    data: TaskData,
+    plan: BatchPlan,
+    epoch: int,
+    start: int = 0,
+    *,
+    augment: Any = None,
+    num_workers: int = 0,
+    pin_memory: bool = False,
 ) -> Iterator[dict[str, Tensor]]:
     """This process's batches of ``epoch`` from position ``start`` on, in order.
 
@@ -273,14 +299,34 @@ def iterate_batches(
     ``augment(batch, generator)`` transforms a global batch; its generator is seeded from
     ``(seed, epoch, position)``. With ``num_workers > 0`` batches are assembled in worker
     processes; the result is the same.
+
+    Args:
+        data: the training split.
+        plan: which examples form each batch, and this process's slice of it.
+        epoch: the epoch (its order, its draw and its augmentations).
+        start: the first position (a resumed run starts mid-epoch).
+        augment: ``augment(batch, generator) -> batch`` on each global batch, or ``None``.
+        num_workers: ``DataLoader`` worker processes; 0 assembles the batches in this one.
+        pin_memory: put each batch in pinned host memory, for an asynchronous copy to a CUDA
+            device (:func:`pin_memory_for` decides); the values are the same.
+
+    Returns:
+        An iterator of ``name -> tensor`` batches (this process's ``plan.local_batch`` rows).
     """
     epoch_batches = _EpochBatches(data, plan, epoch, augment)
     positions = range(start, plan.steps_per_epoch)
     if num_workers == 0:
         for position in positions:
-            yield epoch_batches[position]
+            batch = epoch_batches[position]
+            yield {key: tensor.pin_memory() for key, tensor in batch.items()} if pin_memory else batch
         return
+    # the loader pins in a thread of this process (on the current accelerator, where
+    # pin_memory_device is deprecated), while the workers assemble the next batches
     loader = torch.utils.data.DataLoader(
-        epoch_batches, batch_size=None, sampler=list(positions), num_workers=num_workers
+        epoch_batches,
+        batch_size=None,
+        sampler=list(positions),
+        num_workers=num_workers,
+        pin_memory=pin_memory,
     )
     yield from loader

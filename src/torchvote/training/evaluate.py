@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -16,14 +16,18 @@ from torch import nn
 from torchvote.models.registry import ModelSpec, get_model_spec
 from torchvote.training.checkpoint import (
     CheckpointError,
+    CheckpointPaths,
     find_checkpoint,
     load_model_weights,
+    load_training_state,
     read_model_metadata,
 )
+from torchvote.training.config import config_from_dict
 from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
 from torchvote.training.keyvalue import parse_entry, typed_fields
-from torchvote.training.tasks import Objective, TaskHandler, get_task_handler
+from torchvote.training.schema import LossConfig
+from torchvote.training.tasks import Objective, TaskHandler, get_task_handler, make_objective
 from torchvote.validation import check_positive_int
 
 __all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_eval_entry", "load_model_from_checkpoint"]
@@ -97,6 +101,44 @@ def evaluate(
         torch.stack([totals[k] for k in keys]) if keys else torch.zeros(0, device=device), context
     )
     return handler.summarize({k: float(v) for k, v in zip(keys, stacked.tolist(), strict=True)})
+
+
+def evaluate_loss_where_it_applies(
+    model: nn.Module,
+    data: TaskData,
+    handler: TaskHandler,
+    objective: Objective | None,
+    *,
+    echo: Callable[[str], None] | None = None,
+    **options: Any,
+) -> dict[str, float]:
+    """:func:`evaluate` with ``objective``'s ``loss``, or without it on a data set whose labels
+    that loss does not take (a cross-entropy run evaluated on MultiMNIST's label pairs): the
+    accuracy is reported all the same, and ``echo`` says why the loss is not.
+
+    Args:
+        model, data, handler: as :func:`evaluate`.
+        objective: the run's objective; ``None``: no loss.
+        echo: called with one line when the loss does not apply; ``None``: nothing is said.
+        **options: :func:`evaluate`'s other keyword arguments.
+
+    Returns:
+        :func:`evaluate`'s metrics.
+
+    Raises:
+        ValueError: as :func:`evaluate` without an objective (an error of the model or the data
+            raises again).
+    """
+    try:
+        return evaluate(model, data, handler, objective=objective, **options)
+    except ValueError as err:
+        if objective is None:
+            raise
+        metrics = evaluate(model, data, handler, **options)
+        if echo is not None:
+            label = f"{data.name}/{data.split}"
+            echo(f"loss: not reported on {label}: the run's loss does not apply to it ({err})")
+        return metrics
 
 
 def parse_eval_entry(entry: str) -> tuple[str, dict[str, Any]]:
@@ -243,6 +285,27 @@ def load_model_from_checkpoint(
     return model.to(device).eval(), spec, {**metadata, "path": str(paths.weights)}
 
 
+def _run_loss(paths: CheckpointPaths) -> tuple[LossConfig, int, int]:
+    """What the run that wrote a checkpoint needs to rebuild its objective, read from the
+    checkpoint's training state: ``(loss config, total_steps, step)``.
+
+    Raises:
+        CheckpointError: no training state beside the weights, or one that is corrupt or does not
+            record them; the message says which.
+    """
+    if not paths.state.is_file():
+        raise CheckpointError(
+            f"{paths.state} does not exist, and the weights alone do not say which loss their run "
+            "trained with"
+        )
+    state = load_training_state(paths.state)
+    try:
+        config = config_from_dict(state["config"])
+        return config.loss, int(state["total_steps"]), int(state["step"])
+    except (KeyError, TypeError, ValueError) as err:  # ConfigError too: a config of another version
+        raise CheckpointError(f"{paths.state} does not record its run's loss and length ({err})") from None
+
+
 def evaluate_checkpoint(
     location: str | os.PathLike[str],
     datasets: Sequence[str],
@@ -253,12 +316,24 @@ def evaluate_checkpoint(
     bf16: bool = False,
     root: str | None = None,
     options: dict[str, Any] | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a checkpoint on the test split of each data set; one result row per data set.
 
     ``datasets`` are names or ``eval_on``-style entries ``"name:key=value,..."`` whose options
     apply to that data set alone (``"affnist-style:canvas=28"``); ``options`` are keyword
     arguments of every data set (``max_len=``, ``num_pairs=`` ...), an entry's own ones win.
+
+    The ``loss`` is the run's own objective (its ``loss`` config, built by
+    :func:`~torchvote.training.objectives.make_objective` as the trainer builds it) at the
+    checkpoint's step (the spread-loss margin depends on it), so it is the number training's own
+    evaluation reports for the same weights and data. The run's config and length are read from
+    the checkpoint's training state (``<name>.state.pt`` beside the weights). Without it (a
+    ``.safetensors`` file copied on its own) or with one that cannot be read, the rows have no
+    ``loss`` (and ``echo`` says why): the weights name the model, not the loss settings it
+    trained with, and a loss under default settings would not be the run's. Nor has the row of a
+    data set whose labels the run's loss does not take (a cross-entropy run evaluated on
+    MultiMNIST's label pairs): its accuracy is reported all the same.
 
     Args:
         location: anything :func:`~torchvote.training.checkpoint.find_checkpoint` resolves.
@@ -270,12 +345,16 @@ def evaluate_checkpoint(
         root: the folder to read data files from (data sets read from files only), unless an
             entry names its own ``root=``.
         options: keyword arguments of every data set, below each entry's own.
+        echo: called with one line saying why the rows, or a row, have no ``loss``, when they
+            have none; ``None``: nothing is said.
 
     Returns:
-        One row per data set: ``{"data": "<name>/<split>", <metrics>..., "examples": n}``.
+        One row per data set: ``{"data": "<name>/<split>", "accuracy": ..., "loss": ...,
+        <task extras>..., "examples": n}`` (``loss`` only when the run's training state was
+        found and its loss takes the data set's labels).
 
     Raises:
-        CheckpointError: the checkpoint cannot be loaded.
+        CheckpointError: the checkpoint's weights cannot be loaded.
         ValueError: an unknown data set, one whose images do not fit the model, a
             ``batch_size`` / ``limit`` below 1, or an unknown or unavailable device.
         DataNotFoundError: a data set's files are not there.
@@ -286,10 +365,24 @@ def evaluate_checkpoint(
     torch_device = resolve_device(device)
     model, spec, metadata = load_model_from_checkpoint(location, torch_device)
     handler = get_task_handler(spec.task)
+    try:  # the training state beside the weights loaded (not the `latest` of now)
+        run_loss: tuple[LossConfig, int, int] | None = _run_loss(find_checkpoint(metadata["path"]))
+    except CheckpointError as err:
+        run_loss = None
+        if echo is not None:
+            echo(f"loss: not reported: {' '.join(str(err).split())}")
     rows = []
     for entry in datasets:
         data = load_eval_entry(handler, entry, model.config, root=root, limit=limit, options=options)
-        metrics = evaluate(model, data, handler, batch_size=batch_size, device=torch_device, bf16=bf16)
+        objective, step = None, 0
+        if run_loss is not None:
+            loss, total_steps, step = run_loss
+            pad_id = data.fields.get("pad_id")  # as the trainer takes it: from the data's fields
+            objective = make_objective(loss, spec, total_steps, pad_id, model_config=model.config)
+        metrics = evaluate_loss_where_it_applies(
+            model, data, handler, objective, echo=echo,
+            batch_size=batch_size, device=torch_device, bf16=bf16, step=step,
+        )
         rows.append({"data": f"{data.name}/{data.split}", **result_row(metrics)})
     return rows
 

@@ -15,6 +15,16 @@ that draws from them outside the steps, and so are the metric sums since the las
 records a killed run wrote after the checkpoint it resumes from are dropped and written again, so
 ``metrics.jsonl`` reads as the unbroken run's (but for the clock).
 
+**Host-device syncs.** A step only queues work on the device: it reads nothing back, so on a GPU
+the host runs ahead and queues the next step while this one computes. The loss and the metric
+sums of a step are added up on the device (:class:`~torchvote.training.progress.Progress`) and
+read once per metrics record (``log_every``) and at each checkpoint. So is the
+divergence check: a loss that turns NaN or infinite stops the run at the next record or
+checkpoint, not at the step it appeared (the weights are checked before each checkpoint, so NaN
+weights are never saved). A callback that reads :attr:`StepInfo.loss` makes its step wait for the
+device (a callback that does not read it costs no sync); batches bound for a GPU come in pinned
+memory, so their copy to it is asynchronous too.
+
 **Data parallelism.** Under ``torchrun`` each of the N processes takes a contiguous ``1 / N`` of
 every global batch (``batch_size`` is global), DDP averages the gradients, so one process and N
 processes take the same steps up to floating-point summation order. Only rank 0 writes
@@ -39,9 +49,16 @@ from torchvote.files import atomic_write_bytes
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
 from torchvote.training.config import TrainConfig, config_from_dict, config_to_dict, model_config_from
-from torchvote.training.data import STEP_STREAM, BatchPlan, TaskData, derive_seed, iterate_batches
+from torchvote.training.data import (
+    STEP_STREAM,
+    BatchPlan,
+    TaskData,
+    derive_seed,
+    iterate_batches,
+    pin_memory_for,
+)
 from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
-from torchvote.training.evaluate import autocast, evaluate, load_eval_entry
+from torchvote.training.evaluate import autocast, evaluate_loss_where_it_applies, load_eval_entry
 from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.optim import build_optimizer, build_scheduler, lr_multiplier
 from torchvote.training.progress import Progress
@@ -82,6 +99,7 @@ def train(
     resume: str | Path | None = None,
     callbacks: Sequence[Callable[[StepInfo], None]] = (),
     verbose: bool = True,
+    resume_hint: bool = True,
 ) -> TrainResult:
     """Train (or, with ``resume``, continue training) as ``config`` says.
 
@@ -92,9 +110,16 @@ def train(
             equal the run's config except for
             :data:`~torchvote.training.config.RESUMABLE_KEYS` (:func:`load_run_config` gives
             such a config).
-        callbacks: called after every optimiser step with a :class:`StepInfo`; one that raises
-            ``KeyboardInterrupt`` stops the run the way Ctrl-C does (checkpoint, then return).
+        callbacks: called after every optimiser step with a :class:`StepInfo` (the callbacks of
+            one step share it); one that raises ``KeyboardInterrupt`` stops the run the way
+            Ctrl-C does (checkpoint, then return). Its ``loss`` is read from the device when a
+            callback first reads it: on a GPU that waits for the step to finish, so a callback
+            that needs the loss only now and then should read it only then.
         verbose: print the result table (rank 0).
+        resume_hint: after a stop, end the line that says where the run stopped with the
+            command that continues it (``torchvote train --resume RUN_DIR``); ``False`` for a
+            caller that continues runs its own way and says so itself (``torchvote reproduce``:
+            rerun the same command), so that the user sees one instruction.
 
     Returns:
         a :class:`TrainResult`; ``interrupted`` tells whether it stopped early. Plots are drawn
@@ -108,7 +133,7 @@ def train(
     context = setup_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
     try:
-        return _Run(config, context, resume, callbacks, verbose).run()
+        return _Run(config, context, resume, callbacks, verbose, resume_hint).run()
     finally:
         context.close()
         torch.use_deterministic_algorithms(deterministic)  # the caller's setting again
@@ -124,6 +149,7 @@ class _Run:
         resume: str | Path | None,
         callbacks: Sequence[Callable[[StepInfo], None]],
         verbose: bool,
+        resume_hint: bool = True,
     ) -> None:
         self.started = time.perf_counter()
         self.earlier_s = 0.0  # wall seconds of earlier segments, up to the checkpoint resumed from
@@ -131,6 +157,7 @@ class _Run:
         self.context = context
         self.callbacks = list(callbacks)
         self.verbose = verbose and context.is_main
+        self.resume_hint = resume_hint
         self.stop = StopRequest(self._log)
         self.resume_from: tuple[CheckpointPaths, dict[str, Any]] | None = None
         if resume is not None:
@@ -174,6 +201,7 @@ class _Run:
             self._load_eval_entry(entry)  # after the training (loaded again at the end: memory)
 
         self.model = self.spec.model_cls(self.model_config).to(context.device)
+        self.pin_memory = pin_memory_for(context.device)  # for the asynchronous copy of each batch
         self.plan = BatchPlan(
             len(self.train_data), config.batch_size, config.seed, context.world_size, context.rank
         )
@@ -268,11 +296,12 @@ class _Run:
     def _evaluate(self, data: TaskData) -> dict[str, float]:
         key = (data.name, data.split, self.step)
         if key not in self.evaluations:  # the last epoch's evaluation is also the final one
-            self.evaluations[key] = evaluate(
+            self.evaluations[key] = evaluate_loss_where_it_applies(  # an eval_on set's labels may not fit
                 self.model,
                 data,
                 self.handler,
-                objective=self.objective,
+                self.objective,
+                echo=self._log,
                 batch_size=self.config.eval_batch_size,
                 device=self.context.device,
                 context=self.context,
@@ -372,6 +401,7 @@ class _Run:
             self.position,
             augment=self.augment,
             num_workers=self.config.num_workers,
+            pin_memory=self.pin_memory,
         )
 
     def _step(self, batch: dict[str, Tensor], progress: Progress) -> None:
@@ -382,15 +412,19 @@ class _Run:
         self.step += 1
         self.position += 1
         progress.add(loss, sums, items)
+        if not self.callbacks:
+            return
+        info = _StepInfo(self.step, self.epoch, loss, self.model)
         try:
             for callback in self.callbacks:
-                callback(StepInfo(self.step, self.epoch, float(loss), self.model))
+                callback(info)
         except KeyboardInterrupt:
             self.stop.request("KeyboardInterrupt")
 
     def _train_step(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor], int]:
         device = self.context.device
         items = self.handler.items(batch)  # counted on the host copy: no read from the device
+        # asynchronous where the batch is pinned (on CUDA: see pin_memory_for)
         batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
         torch.manual_seed(derive_seed(self.config.seed, STEP_STREAM, self.step, self.context.rank))
         self.ddp_model.train()
@@ -475,9 +509,13 @@ class _Run:
             where = f"{how}; the last checkpoint is {self.last_checkpoint.weights}"
         else:
             where = "no checkpoint was written"
+        if self.last_checkpoint is not None:
+            hint = f"\nresume with: torchvote train --resume {shlex.quote(str(self.run_dir))}"
+        else:  # nothing to resume: the saved config starts the run over in the same folder
+            hint = f"\nstart it again with: torchvote train {shlex.quote(str(self.run_dir / 'config.yaml'))}"
         self._log(
-            f"{reason}: stopped at step {self.step} of {self.total_steps}; {where}\n"
-            f"resume with: torchvote train --resume {shlex.quote(str(self.run_dir))}"
+            f"{reason}: stopped at step {self.step} of {self.total_steps}; {where}"
+            + (hint if self.resume_hint else "")
         )
         return True
 
@@ -537,6 +575,26 @@ class _Run:
             metrics = {key: value for key, value in record.items() if key not in _FINAL_RECORD_CONTEXT}
             recorded[(record["source"], record.get("eval_limit"))] = (record["dataset"], metrics)
         return recorded
+
+
+class _StepInfo(StepInfo):
+    """The :class:`StepInfo` the loop gives its callbacks: ``loss`` stays the step's loss tensor
+    on the device until a callback reads it, then becomes (and stays) a ``float``. A run whose
+    callbacks never look at the loss (a stop after some steps, a timer) so never waits for the
+    device; one that does pays one read per step, as it asked."""
+
+    def __init__(self, step: int, epoch: int, loss: Tensor, model: nn.Module) -> None:
+        super().__init__(step, epoch, loss, model)  # type: ignore[arg-type]  # read on first use
+
+    @property  # type: ignore[override]
+    def loss(self) -> float:
+        if isinstance(self._loss, Tensor):
+            self._loss = float(self._loss)  # the host-device sync, once per step at most
+        return self._loss
+
+    @loss.setter
+    def loss(self, value: float | Tensor) -> None:
+        self._loss = value
 
 
 def _weights_finite(model: nn.Module) -> bool:

@@ -43,7 +43,10 @@ class Progress:
         self.start = time.perf_counter()
 
     def add(self, loss: Tensor, sums: dict[str, Tensor], items: int) -> None:
-        """Add one step: its loss, its metric sums (with ``count``), its images / tokens."""
+        """Add one step: its loss, its metric sums (with ``count``), its images / tokens.
+
+        Nothing is read from the device here: the sums stay where the step computed them until
+        :meth:`report` or :meth:`window_totals` reads them, once for many steps."""
         count = sums["count"]
         for key, value in {**sums, "loss_sum": loss.float() * count, "loss_count": count}.items():
             self.sums[key] = self.sums.get(key, 0) + value.float()

@@ -202,7 +202,10 @@ class ClassificationHandler(TaskHandler):
             k = targets.shape[1]
             predicted = scores.topk(k, dim=-1).indices.sort(dim=-1).values
             correct = (predicted == targets.sort(dim=-1).values).all(dim=-1).sum()
-        return {"correct": correct.float(), "count": torch.tensor(float(len(targets)), device=scores.device)}
+        # Counts are filled on the device: torch.tensor(n, device=cuda) copies from the host and
+        # waits for the stream, once per training step.
+        count = torch.full((), float(len(targets)), device=scores.device)
+        return {"correct": correct.float(), "count": count}
 
     def items(self, batch: dict[str, Tensor]) -> int:
         return len(batch["images"])
@@ -265,8 +268,8 @@ class LanguageModelHandler(TaskHandler):
         correct = (logits.detach().argmax(dim=-1) == targets).sum().float()
         return {
             "correct": correct,
-            "count": torch.tensor(float(targets.numel()), device=targets.device),
-            "examples": torch.tensor(float(len(targets)), device=targets.device),
+            "count": torch.full((), float(targets.numel()), device=targets.device),
+            "examples": torch.full((), float(len(targets)), device=targets.device),
         }
 
     def items(self, batch: dict[str, Tensor]) -> int:
@@ -351,8 +354,8 @@ class Seq2SeqHandler(TaskHandler):
             "correct": right.sum().float(),
             "count": real.sum().float(),
             "sequence_correct": (right | ~real).all(dim=-1).sum().float(),
-            "sequence_count": torch.tensor(float(len(targets)), device=targets.device),
-            "examples": torch.tensor(float(len(targets)), device=targets.device),
+            "sequence_count": torch.full((), float(len(targets)), device=targets.device),
+            "examples": torch.full((), float(len(targets)), device=targets.device),
         }
 
     def items(self, batch: dict[str, Tensor]) -> int:

@@ -1,0 +1,111 @@
+"""``evaluate_checkpoint`` reports the loss under the run's own objective, at the checkpoint's step,
+when the checkpoint's training state is there, and says why not when it is not."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from torchvote.training import evaluate, evaluate_checkpoint, load_model_from_checkpoint, train
+from torchvote.training.evaluate import load_eval_entry
+from torchvote.training.objectives import make_objective
+from torchvote.training.schema import LossConfig
+from torchvote.training.tasks import get_task_handler
+
+from .test_loop import _StopAfter
+
+MNIST = {"source": "idx"}  # the tiny IDX folder of the conftest, read as the ordinary mnist data set
+
+
+def _evaluate_checkpoint(location, root, more=(), **kwargs):
+    datasets = ["mnist", *more]
+    return evaluate_checkpoint(location, datasets, root=str(root), options=MNIST, batch_size=50, **kwargs)
+
+
+def test_the_loss_is_the_one_training_reported_for_the_same_weights(tiny_config, tiny_mnist_root):
+    # `torchvote evaluate` printed accuracy alone; training's table (evaluate() under the trainer's
+    # objective) had the loss beside it. A margin loss, as CapsNet trains: the run's loss config
+    # decides, not the model's registered loss (the CNN's is the cross-entropy).
+    result = train(tiny_config("run", "loss.name=margin"), verbose=False)
+    said: list[str] = []
+    rows = _evaluate_checkpoint(result.run_dir, tiny_mnist_root, echo=said.append)
+    trained = result.results["mnist/test"]  # the trainer's own objective, at the last step
+    assert list(rows[0]) == ["data", "accuracy", "loss", "examples"]  # the training table's columns
+    assert rows[0]["accuracy"] == trained["accuracy"]
+    assert rows[0]["loss"] == pytest.approx(trained["loss"], rel=1e-6)
+    assert said == []
+
+    model, spec, _ = load_model_from_checkpoint(result.run_dir)
+    handler = get_task_handler(spec.task)
+    data = load_eval_entry(handler, "mnist", model.config, root=tiny_mnist_root, options=MNIST)
+    registered = make_objective(LossConfig(), spec, result.step, model_config=model.config)
+    cross_entropy = evaluate(model, data, handler, objective=registered, batch_size=50)["loss"]
+    assert rows[0]["loss"] != pytest.approx(cross_entropy, rel=1e-3)
+
+
+def _spread_loss(scores, targets, margin):
+    """Hinton et al. 2018, sec. 3.1, written out: sum over the wrong classes i of
+    max(0, m - (a_t - a_i))^2, averaged over the images."""
+    total = 0.0
+    for row, target in zip(scores.tolist(), targets.tolist(), strict=True):
+        total += sum(max(0.0, margin - (row[target] - a)) ** 2 for i, a in enumerate(row) if i != target)
+    return total / len(targets)
+
+
+def test_the_spread_loss_takes_the_margin_of_the_checkpoints_step(tiny_config, tiny_mnist_root):
+    # 240 images in batches of 40 over 2 epochs: 12 steps; stopped after 5, the margin is
+    # 0.2 + 0.7 * 5 / 12 (Hinton et al. 2018: raised linearly over the run), not the last step's 0.9
+    run = train(tiny_config("spread", "loss.name=spread"), callbacks=[_StopAfter(5)], verbose=False)
+    assert run.interrupted and run.checkpoint.name == "step-00000005"
+    rows = _evaluate_checkpoint(run.run_dir, tiny_mnist_root)
+
+    model, spec, _ = load_model_from_checkpoint(run.run_dir)
+    handler = get_task_handler(spec.task)
+    data = load_eval_entry(handler, "mnist", model.config, root=tiny_mnist_root, options=MNIST)
+    with torch.no_grad():
+        scores = handler.forward(model, data.tensors).scores.float()
+    targets = data.tensors["targets"]
+    expected = _spread_loss(scores, targets, margin=0.2 + 0.7 * 5 / 12)
+    assert rows[0]["loss"] == pytest.approx(expected, rel=1e-5)
+    assert rows[0]["loss"] != pytest.approx(_spread_loss(scores, targets, margin=0.9), rel=1e-3)
+
+
+def test_without_the_training_state_there_is_no_loss_and_it_says_why(tiny_config, tiny_mnist_root, tmp_path):
+    run = train(tiny_config("run", "max_steps=3"), verbose=False)
+    bare = tmp_path / "copied" / "model.safetensors"  # a weights file copied on its own
+    bare.parent.mkdir()
+    shutil.copy(run.checkpoint.weights, bare)
+    said: list[str] = []
+    rows = _evaluate_checkpoint(bare, tiny_mnist_root, echo=said.append)
+    assert list(rows[0]) == ["data", "accuracy", "examples"]
+    assert rows[0]["accuracy"] == _evaluate_checkpoint(run.run_dir, tiny_mnist_root)[0]["accuracy"]
+    assert len(said) == 1 and said[0].startswith("loss: not reported: ")
+    assert str(bare.with_name("model.state.pt")) in said[0]
+
+    # an unreadable training state beside the weights: the same, naming the file (no crash)
+    bare.with_name("model.state.pt").write_bytes(b"not a torch file")
+    said.clear()
+    rows = _evaluate_checkpoint(bare, tiny_mnist_root, echo=said.append)
+    assert "loss" not in rows[0] and "model.state.pt is corrupt" in said[0]
+
+
+def test_a_data_set_whose_labels_the_loss_does_not_take_is_evaluated_without_a_loss(
+    tiny_config, tiny_mnist_root
+):
+    # a cross-entropy run on MultiMNIST's label pairs: the objective raised, and the evaluation
+    # that reported the accuracy before the loss was added stopped with the loss's error
+    run = train(tiny_config("run", "max_steps=2", "data.canvas=36"), verbose=False)
+    pairs = "multimnist:num_pairs=20"
+    said: list[str] = []
+    rows = _evaluate_checkpoint(run.run_dir, tiny_mnist_root, echo=said.append, more=[pairs])
+    assert [row["data"] for row in rows] == ["mnist/test", "multimnist/test"]
+    assert "loss" in rows[0] and "loss" not in rows[1]
+    assert len(said) == 1
+    assert said[0].startswith("loss: not reported on multimnist/test: the run's loss does not apply to it")
+
+    model, spec, _ = load_model_from_checkpoint(run.run_dir)
+    handler = get_task_handler(spec.task)
+    data = load_eval_entry(handler, pairs, model.config, root=tiny_mnist_root, options=MNIST)
+    assert rows[1]["accuracy"] == evaluate(model, data, handler, batch_size=50)["accuracy"]
