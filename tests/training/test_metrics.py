@@ -156,3 +156,12 @@ def test_a_writer_resumed_from_a_step_cuts_the_records_after_it(tmp_path):
         assert writer.dropped == 2
         writer.write("train", 6, {"loss": 0.5})
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [2, 4, 6]
+
+
+def test_format_table_keeps_a_column_of_numbers_right_aligned_where_one_is_missing():
+    """A row without a loss (evaluate on a set the run's loss does not take) printed its '-' and
+    left-aligned the whole loss column under the others' numbers."""
+    table = format_table([{"data": "mnist/test", "loss": 0.1234}, {"data": "multimnist/test", "loss": None}])
+    header, _, first, second = table.splitlines()
+    end = header.index("loss") + len("loss")
+    assert first[:end].endswith("0.1234") and second[:end].endswith("-")

@@ -203,7 +203,11 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
 
     body = [[cell(key, row.get(key)) for key in columns] for row in rows]
     widths = [max(len(key), *(len(line[i]) for line in body)) for i, key in enumerate(columns)]
-    numeric = [all(_is_number(row.get(key)) for row in rows) for key in columns]
+    numeric = [  # a missing value ("-") does not make a column of numbers text
+        any(_is_number(row.get(key)) for row in rows)
+        and all(_is_number(row.get(key)) or row.get(key) is None for row in rows)
+        for key in columns
+    ]
 
     def render(cells: Sequence[str]) -> str:
         return "  ".join(
