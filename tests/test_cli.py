@@ -68,6 +68,20 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     assert header.split() == ["data", "accuracy", "loss", "examples"]
     assert first.split()[0::2] == ["multimnist/test", "-"] and second.startswith("small-digits/test")
 
+    # the evaluate command training prints reads the data as the run read it (data.root and
+    # data.options: it named the sets only, and found no IDX files)
+    idx_dir = tmp_path / "idx"
+    code, trained, err = run(capsys, "train", "smoke", "max_steps=2", "data.name=mnist", "data.limit=100",
+                             "data.eval_limit=50", f"data.root={tiny_mnist_root}", "data.options.source=idx",
+                             f"run_dir={idx_dir}", *FAST)
+    assert code == 0, err
+    hint = shlex.split(next(line for line in trained.splitlines() if line.startswith("evaluate:"))[9:])
+    assert hint[hint.index("--root") + 1] == str(tiny_mnist_root)
+    assert hint[hint.index("--data-option") + 1] == "source=idx"
+    code, out, err = run(capsys, *hint[1:], "--limit", "50")
+    assert code == 0, err
+    assert "mnist/test" in out
+
     # a weights file copied on its own: no loss column, and one line saying why
     bare = tmp_path / "copied" / "model.safetensors"
     bare.parent.mkdir()

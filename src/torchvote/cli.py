@@ -26,6 +26,7 @@ Ctrl-C saves a checkpoint and exits with status 130. ``TORCHVOTE_DEBUG=1`` shows
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -380,6 +381,21 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
                 raise ConfigError(f"{key}: a resumed run stays in its folder ({run_dir}); omit {key}=")
 
 
+def _evaluate_command(config, run_dir: str | os.PathLike[str]) -> str:
+    """The ``torchvote evaluate`` command that tests a run on its own data sets, read as the run
+    read them: its test set and every ``eval_on`` entry, with ``data.root`` and ``data.options``."""
+    data = config.data
+    words = ["torchvote", "evaluate", str(run_dir)]
+    for entry in (data.eval_name or data.name, *config.eval_on):
+        words += ["--on", entry]
+    if data.root is not None:
+        words += ["--root", str(data.root)]
+    for key, value in data.options.items():
+        text = value if isinstance(value, str) else json.dumps(value)  # YAML reads JSON back
+        words += ["--data-option", f"{key}={text}"]
+    return shlex.join(words)
+
+
 def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
     """Train; on rank 0, say where the checkpoint, metrics and plots went (and, with ``explain``,
     write the ``torchvote explain`` report of the trained model beside them)."""
@@ -391,13 +407,11 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
         return EXIT_INTERRUPTED
     plot_run(result)  # after training: the loop draws nothing
     if result.checkpoint is not None:
-        data = config.data.eval_name or config.data.name
         print(f"\ncheckpoint: {result.checkpoint.weights}")
         print(f"metrics:    {result.metrics_path}")
         if result.plots:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
-        sets = " ".join(f"--on {shlex.quote(entry)}" for entry in (data, *config.eval_on))
-        print(f"evaluate:   torchvote evaluate {shlex.quote(str(result.run_dir))} {sets}")
+        print(f"evaluate:   {_evaluate_command(config, result.run_dir)}")
         if explain:
             run_dir = Path(result.run_dir)
             report = add_explain_arguments(argparse.ArgumentParser()).parse_args(
