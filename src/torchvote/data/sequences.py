@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -57,8 +57,12 @@ _MAX_ADDITION_DIGITS = 18  # sums stay exact in int64
 Task = Literal["copy", "reverse", "sort", "addition"]
 
 
+@overload
+def digit_token(digits: Tensor) -> Tensor: ...
+@overload
+def digit_token(digits: int) -> int: ...
 def digit_token(digits: Tensor | int) -> Tensor | int:
-    """Map digit values 0..9 to their token ids."""
+    """Map digit values 0..9 to their token ids (a tensor to a tensor, an int to an int)."""
     return digits + _DIGIT0
 
 

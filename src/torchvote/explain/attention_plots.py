@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -25,6 +26,9 @@ from torchvote.explain.figures import (
     tick_positions,
 )
 from torchvote.explain.statistics import checked_index, checked_tensor
+
+if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
+    from matplotlib.figure import Figure
 
 __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attention_lines"]
 
@@ -60,7 +64,7 @@ def attention_heatmap(
     *,
     title: str = "",
     annotate: bool | None = None,
-):
+) -> Figure:
     """One attention matrix as a heatmap, queries down, keys across, labelled with tokens.
 
     The colour scale runs from 0 (or the smallest value, if negative) to the largest finite
@@ -126,7 +130,7 @@ def attention_grid(
     *,
     key_tokens: Sequence[str] | None = None,
     title: str = "",
-):
+) -> Figure:
     """Every layer x head attention map of one input, as a grid of small heatmaps.
 
     One colour scale for every panel, 0 (white) to 1 (dark blue) (wider if a weight lies
@@ -186,7 +190,7 @@ def token_attention_lines(
     *,
     key_tokens: Sequence[str] | None = None,
     title: str = "",
-):
+) -> Figure:
     """One query token's attention drawn as lines to every key, thickness and opacity by weight.
 
     Two columns of tokens, queries left and keys right, in the style of the reference articles'

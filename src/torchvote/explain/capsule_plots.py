@@ -14,6 +14,7 @@ is drawn grey, never as 0; figures stop growing at
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,6 +28,9 @@ from torchvote.explain.figures import (
     tick_positions,
 )
 from torchvote.explain.statistics import checked_tensor, patch_attention_map, project_votes
+
+if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
+    from matplotlib.figure import Figure
 
 __all__ = [
     "coupling_passes",
@@ -89,7 +93,7 @@ def coupling_passes(
     input_labels=None,
     output_labels=None,
     totals: bool = False,
-):
+) -> Figure:
     """Routing couplings of one input, one heatmap per pass (outputs down, inputs across): how
     the votes settle.
 
@@ -178,7 +182,7 @@ def _received_totals(figure, axes, couplings: Tensor, output_labels) -> None:
         ax.legend(ncols=min(received.shape[1], 6), fontsize=7)
 
 
-def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, title: str = ""):
+def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, title: str = "") -> Figure:
     """Coupling entropy (and agreement) per pass, averaged over a set, as two line plots.
 
     Pass ``t`` (from 1) is drawn at x = ``t``; a NaN value leaves a gap in its line.
@@ -219,7 +223,7 @@ def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, titl
     return figure
 
 
-def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str = ""):
+def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str = "") -> Figure:
     """One output capsule's votes in 2-D (PCA), sized by their weight, consensus marked, per pass.
 
     Marker area grows with the weight over the largest finite weight (negative weights draw at
@@ -294,7 +298,7 @@ def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str
     return figure
 
 
-def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str = ""):
+def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str = "") -> Figure:
     """Inputs (top row) beside their reconstructions (bottom row).
 
     Args:
@@ -320,7 +324,7 @@ def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str 
     return _image_rows(gray, ("input", "reconstruction"), labels=labels, title=title)
 
 
-def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
+def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = "") -> Figure:
     """Decoder outputs for perturbed poses, one row per dimension (Sabour et al. 2017, Fig. 4).
 
     Drawn as one mosaic image (fast for 16 x 11 tiles) with a 1-pixel gap between tiles.
@@ -379,7 +383,7 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = ""):
 
 def multimnist_reconstructions(
     inputs: Tensor, first: Tensor, second: Tensor, *, labels=None, title: str = ""
-):
+) -> Figure:
     """MultiMNIST inputs above both digits' reconstructions overlaid in two colours.
 
     The first digit's reconstruction goes in red, the second's in green (overlap shows yellow),
@@ -411,7 +415,9 @@ def multimnist_reconstructions(
     return _image_rows([list(inputs), list(colour)], ("input", "red / green"), labels=labels, title=title)
 
 
-def patch_attention_overlay(image: Tensor, weights: Tensor, grid: tuple[int, int], *, title: str = ""):
+def patch_attention_overlay(
+    image: Tensor, weights: Tensor, grid: tuple[int, int], *, title: str = ""
+) -> Figure:
     """A ViT's attention over image patches as a translucent overlay on the image.
 
     Args:

@@ -11,9 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchvote.explain.figures import literal_text, new_figure
 from torchvote.training.metrics import read_metrics
+
+if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
+    from matplotlib.figure import Figure
 
 __all__ = ["metric_curves"]
 
@@ -42,7 +46,7 @@ def _series(record: dict) -> str:
     return " ".join(parts)
 
 
-def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None):
+def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None) -> Figure:
     """Training curves from a ``metrics.jsonl`` file (one JSON object per line, with ``step``), read
     as :func:`~torchvote.training.metrics.read_metrics` reads it.
 

@@ -17,7 +17,7 @@ import copy
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ from torchvote.validation import (
     check_positive_int,
     check_probability,
 )
+
+if TYPE_CHECKING:  # the tokenizer needs the optional `tokenizers` package at run time
+    from torchvote.pretrained.tokenizer import WordPieceTokenizer
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertEncoder", "BertLayer", "EncoderOutput", "mean_pool"]
 
@@ -263,7 +266,7 @@ class BertEncoder(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
-        self.tokenizer = None  # a torchvote.pretrained.tokenizer.WordPieceTokenizer, set by the loader
+        self.tokenizer: WordPieceTokenizer | None = None  # set by the loader
 
     def forward(
         self,

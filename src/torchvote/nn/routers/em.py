@@ -58,7 +58,7 @@ from torchvote.functional.em import (
     em_routing,
     inverse_temperature_schedule,
 )
-from torchvote.functional.em_kernel import STRATEGIES, SenderGroups
+from torchvote.functional.em_kernel import STRATEGIES, PerSenderVotes, SenderGroups
 from torchvote.functional.routing import RoutingVotes, as_routing_votes
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.validation import check_choice, check_float_dtype, check_positive_float, check_positive_int
@@ -148,7 +148,7 @@ class EMRouter(Router):
 
     def route(
         self,
-        votes: Tensor,
+        votes: Tensor | PerSenderVotes,
         activations: Tensor,
         *,
         sender_groups: Tensor | SenderGroups | None = None,
@@ -157,7 +157,8 @@ class EMRouter(Router):
         """:func:`~torchvote.functional.em.em_routing` with this router's offsets and options.
 
         Args:
-            votes: ``(batch..., out_caps, in_caps, pose_dim)``.
+            votes: ``(batch..., out_caps, in_caps, pose_dim)``, or a convolutional layer's
+                :class:`~torchvote.functional.em_kernel.PerSenderVotes` (not yet formed).
             activations: ``(batch..., in_caps)``.
             sender_groups: ``None`` (each batch element on its own), or ``(L, in_caps)`` input
                 capsule ids for the joint normalisation or their prepared
