@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: run test demo clean bench bench-cuda
+.PHONY: run test test-cuda demo clean bench bench-cuda
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: $(STAMP_DEV)
 	sh .ci/install-browser.sh $(BIN)/python
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# The tests that take the `device` fixture, on the GPU (needs CUDA; docs/architecture.md)
+test-cuda: $(STAMP_DEV)
+	$(BIN)/python -m pytest -q --device cuda -m device
 
 demo: $(STAMP_RUN)
 	$(BIN)/torchvote demo

@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # The GPU measurements README's speed section still lacks, in one command that fits a 30-minute
 # GPU lease (about 15 minutes of runs; each step has its own time limit, so one slow step cannot
-# take the others' time). Each step's output goes to its own file under the output folder, and
-# the run goes on when a step fails; the script then exits 1 and names the failed steps. It stops
-# at once (exit 1) when torch sees no CUDA device, and with exit 2 on an unknown step name.
+# take the others' time), after 1 to 2 minutes of the test suite's device sweeps on the GPU
+# (correctness before speed: step device-tests). Each step's output goes to its own file under
+# the output folder, and the run goes on when a step fails; the script then exits 1 and names the
+# failed steps. It stops at once (exit 1) when torch sees no CUDA device, and with exit 2 on an
+# unknown step name.
 #
 #   bash benchmarks/cuda_targets.sh [OUTPUT_FOLDER [STEP...]]
 #
 # OUTPUT_FOLDER defaults to runs/bench-cuda (relative to where you run it; the scripts run from
 # the repository root wherever that is); STEPs (names below) pick some steps, all by default.
-# Where one command may run 10 minutes at most, run it twice: `... OUT routing-em routing-dynamic`
-# (at most 8 minutes) and `... OUT generation-softmax generation-routing training
-# training-compiled` (at most 10.5 minutes; usually far less).
+# Where one command may run 10 minutes at most, run it in parts: `... OUT device-tests` (at most
+# 4 minutes; about 1 to 2), `... OUT routing-em routing-dynamic` (at most 8 minutes) and `... OUT
+# generation-softmax generation-routing training training-compiled` (at most 10.5 minutes; usually
+# far less).
 # PYTHON names the interpreter (default: python3), with torchvote importable (an installed
 # project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
-# step also omegaconf. What each step measures:
+# step also omegaconf; the device tests pytest, hypothesis, omegaconf and PyYAML (the dev extras).
+# What each step measures:
+#   device-tests     not a measurement: every test that takes the `device` fixture, run on the
+#                    GPU (`pytest --device cuda -m device -x`, tests/conftest.py; TF32 off in
+#                    them): edge shapes, half precision, factory keywords, the equivalence loops
+#                    and the routing strategies, against references run on the same GPU
 #   routing-em       ConvMatrixCapsules (EM) at the small smallNORB model's ConvCaps1, the
 #                    paper's full ConvCaps1 and the class capsules, forward + backward, batch 32,
 #                    em_routing "auto" and "compiled" beside the repo-style baseline (issue 8
@@ -29,7 +37,8 @@ out=${1:-runs/bench-cuda}
 shift $(($# > 0 ? 1 : 0))
 chosen=" $* "
 python=${PYTHON:-python3}
-known=" routing-em routing-dynamic generation-softmax generation-routing training training-compiled "
+known=" device-tests routing-em routing-dynamic generation-softmax generation-routing training"
+known+=" training-compiled "
 for name in "$@"; do
     [[ "$known" == *" $name "* ]] || { echo "unknown step '$name'; the steps are:$known" >&2; exit 2; }
 done
@@ -63,6 +72,7 @@ if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     exit 1
 fi
 
+step device-tests 240 "$python" -m pytest -q -p no:randomly --device cuda -m device -x
 step routing-em 300 "$python" benchmarks/routing.py --device cuda --cases em-conv1 em-paper em-class \
     --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10
 step routing-dynamic 180 "$python" benchmarks/routing.py --device cuda --cases dynamic \

@@ -1,8 +1,16 @@
-"""Shared fixtures: a tiny MNIST folder of real digits as IDX files, tiny training runs on it, and
-Hinton et al. 2018's Procedure 1 for a convolutional capsule layer as a loop (``conv_procedure1``).
+"""Shared fixtures: a tiny MNIST folder of real digits as IDX files, tiny training runs on it,
+Hinton et al. 2018's Procedure 1 for a convolutional capsule layer as a loop (``conv_procedure1``),
+and the device the device sweeps run on (``--device``, the ``device`` fixture and marker).
 
 Training runs read it through the ordinary ``mnist`` data set (``data.root=...``,
 ``data.options.source=idx``), so subprocesses (torchrun, signals) start in a blink.
+
+``pytest --device cuda -m device`` runs, on the GPU, every test that takes the ``device`` fixture
+(each is marked ``device`` here, from its fixtures: no list to keep up to date) and nothing else;
+without ``--device`` they run on the CPU as always. Such a test builds its modules on the CPU and
+moves them to ``device`` (the same weights as on the CPU, so a GPU failure points at a kernel, not
+at another random draw), or builds them there with ``device=`` where the factory keywords are what
+it checks; its inputs and its reference (a loop, PyTorch's own function) run there too.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import importlib.util
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +33,92 @@ from torchvote.training.config import TrainConfig, apply_overrides, config_from_
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+_DEVICE = pytest.StashKey[torch.device]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="where the tests that take the `device` fixture run: cpu (default), cuda or cuda:N; "
+        "`-m device` selects just them",
+    )
+
+
+def _chosen_device(value: str) -> torch.device:
+    """``--device``'s value as a device with an index for CUDA (a tensor's ``.device`` has one, so
+    the tests can compare them), or a usage error naming the option: at start-up, not in every test."""
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"--device must be cpu, cuda or cuda:N, got {value!r}")
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {value}: this torch ({torch.__version__}) sees no CUDA device")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= count:
+        raise pytest.UsageError(f"--device {value}: there is no CUDA device {index} (there are {count})")
+    return torch.device("cuda", index)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "device: takes the `device` fixture, so it runs on --device (set from the fixtures)"
+    )
+    config.stash[_DEVICE] = _chosen_device(config.getoption("device"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks ``device`` every test that takes the fixture (not one that parametrizes its own
+    ``device`` argument: that one is not moved by ``--device``)."""
+    for item in items:
+        own = getattr(item, "callspec", None) is not None and "device" in item.callspec.params
+        if "device" in getattr(item, "fixturenames", ()) and not own:
+            item.add_marker(pytest.mark.device)
+
+
+#: What the ``device`` fixture turns off on CUDA, and restores: TF32 keeps 10 of float32's 23
+#: mantissa bits in matmuls and convolutions (cuDNN's default is on), and cuBLAS may sum half
+#: precision matmuls in half precision; the tests' tolerances, the CPU's, allow for neither.
+_CUDA_SETTINGS = (
+    (torch.backends.cuda.matmul, "allow_tf32"),
+    (torch.backends.cudnn, "allow_tf32"),
+    (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+    (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
+)
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> Iterator[torch.device]:
+    """The device of ``--device`` (``cpu`` unless given; ``cuda:N`` with its index).
+
+    On CUDA, for the test, TF32 is off (``torch.backends.cuda.matmul.allow_tf32`` and
+    ``torch.backends.cudnn.allow_tf32`` False) and so are cuBLAS's reduced-precision sums of half
+    precision matmuls (``allow_fp16_reduced_precision_reduction``, ``allow_bf16_...``), and the
+    device is the current one; everything is restored afterwards. Each test keeps its tolerance,
+    the CPU's.
+    """
+    chosen = request.config.stash[_DEVICE]
+    if chosen.type != "cuda":
+        yield chosen
+        return
+    before = [getattr(backend, name) for backend, name in _CUDA_SETTINGS]
+    for backend, name in _CUDA_SETTINGS:
+        setattr(backend, name, False)
+    try:
+        with torch.cuda.device(chosen):  # a bare "cuda" inside the library means this one too
+            yield chosen
+    finally:
+        for (backend, name), value in zip(_CUDA_SETTINGS, before, strict=True):
+            setattr(backend, name, value)
+
 
 TINY_SIZES = {"train": 240, "test": 60}
 IDX_NAMES = {

@@ -426,9 +426,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cuda_targets.sh"
 
 
 def _fake_python(folder: Path, *, cuda: bool, failing: str = "") -> Path:
-    """An interpreter that logs each run; ``-c`` code answers as torch with or without CUDA, a
-    script that is not there (a relative path run from the wrong folder) fails, and a script whose
-    path holds ``failing`` exits 3."""
+    """An interpreter that logs each run; ``-c`` code answers as torch with or without CUDA, ``-m``
+    logs the folder it runs in and exits 3 for a module named ``failing``, a script that is not
+    there (a relative path run from the wrong folder) fails, and a script whose path holds
+    ``failing`` exits 3."""
     log = folder / "python.log"
     fake = folder / "bin" / "python"
     fake.parent.mkdir()
@@ -438,6 +439,11 @@ def _fake_python(folder: Path, *, cuda: bool, failing: str = "") -> Path:
         'if [ "$1" = "-c" ]; then\n'
         f'    case "$2" in *sys.exit*) exit {0 if cuda else 1};; esac\n'
         '    echo "torch fake"; exit 0\n'
+        "fi\n"
+        'if [ "$1" = "-m" ]; then\n'
+        f'    echo "in $PWD" >> {log}\n'
+        f'    [ "$2" != "{failing or "@@"}" ] || exit 3\n'
+        "    exit 0\n"
         "fi\n"
         '[ -f "$1" ] || { echo "no script $1 here" >&2; exit 9; }\n'
         f'case "$1" in *"{failing or "@@"}"*) exit 3;; esac\n'
@@ -472,9 +478,24 @@ def test_cuda_targets_runs_every_step_from_the_repository_and_fails_loudly_at_th
     assert result.returncode == 1, result.stderr
     assert "failed steps: training training-compiled" in result.stderr
     results = tmp_path / "results"
-    for step in ("routing-em", "routing-dynamic", "generation-softmax", "generation-routing"):
+    for step in ("device-tests", "routing-em", "routing-dynamic", "generation-softmax", "generation-routing"):
         assert "exit 0 after" in (results / f"{step}.txt").read_text(), step
     assert "exit 3 after" in (results / "training.txt").read_text()
+
+
+def test_cuda_targets_runs_the_device_tests_first_from_the_repository(tmp_path):
+    """Correctness before speed: the tests that take the ``device`` fixture, on the GPU, run from
+    the repository root (where pyproject.toml configures pytest) before any benchmark; their
+    failure is named at the end like a benchmark's, and the benchmarks still run."""
+    python = _fake_python(tmp_path, cuda=True, failing="pytest")
+    result = _run_script(tmp_path, python, "results")
+    assert result.returncode == 1, result.stderr
+    assert "failed steps: device-tests (their output" in result.stderr
+    runs = [line for line in (tmp_path / "python.log").read_text().splitlines() if not line.startswith("-c ")]
+    assert runs[:2] == ["-m pytest -q -p no:randomly --device cuda -m device -x", f"in {SCRIPT.parents[1]}"]
+    assert runs[2].startswith("benchmarks/routing.py")
+    assert "exit 3 after" in (tmp_path / "results" / "device-tests.txt").read_text()
+    assert "exit 0 after" in (tmp_path / "results" / "training.txt").read_text()
 
 
 def test_cuda_targets_refuses_an_unknown_step(tmp_path):
@@ -485,6 +506,20 @@ def test_cuda_targets_refuses_an_unknown_step(tmp_path):
     assert not (tmp_path / "python.log").exists()
 
 
+def _cuda_target_steps() -> dict[str, list[str]]:
+    """cuda_targets.sh's ``step NAME SECONDS "$python" COMMAND...`` lines, in order: NAME ->
+    [SECONDS, COMMAND...] (the words after the interpreter)."""
+    import shlex
+
+    steps = {}
+    shell = SCRIPT.read_text().replace("\\\n", " ")  # continuation lines joined
+    for line in shell.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["step"] and len(words) > 4:
+            steps[words[1]] = [words[2], *words[4:]]
+    return steps
+
+
 def _quoted_benchmark_commands() -> list[tuple[str, str, list[str]]]:
     """``(where, script, arguments)`` of every benchmark command that cuda_targets.sh runs and that
     the scripts' own docstrings show (README's and docs' are test_docs.py's)."""
@@ -492,11 +527,9 @@ def _quoted_benchmark_commands() -> list[tuple[str, str, list[str]]]:
 
     root = SCRIPT.parents[1]
     commands = []
-    shell = SCRIPT.read_text().replace("\\\n", " ")  # continuation lines joined
-    for line in shell.splitlines():
-        words = shlex.split(line, comments=True)
-        if words[:1] == ["step"] and len(words) > 4:
-            commands.append((f"cuda_targets.sh step {words[1]}", words[4], words[5:]))
+    for name, (_, script, *arguments) in _cuda_target_steps().items():
+        if script != "-m":  # a benchmark script, not a module (pytest)
+            commands.append((f"cuda_targets.sh step {name}", script, arguments))
     for path in sorted((root / "benchmarks").glob("*.py")):
         for line in path.read_text().splitlines():
             start = line.find("python benchmarks/")
@@ -524,11 +557,17 @@ def test_benchmark_commands_quoted_in_the_scripts_parse(load_benchmark, where, s
         assert set(args.impls.split(",")) <= set(module.IMPLEMENTATIONS), where
 
 
-def test_cuda_targets_runs_every_step_it_names():
+def test_cuda_targets_runs_every_step_it_names(tmp_path):
     assert {q[0].split()[-1] for q in QUOTED if q[0].startswith("cuda_targets")} == {
         "routing-em", "routing-dynamic", "generation-softmax", "generation-routing", "training",
         "training-compiled",
     }
+    steps = list(_cuda_target_steps())
+    assert steps[0] == "device-tests"
+    # every step can be chosen by its name
+    result = _run_script(tmp_path, _fake_python(tmp_path, cuda=True), "results", *steps)
+    assert result.returncode == 0, result.stderr
+    assert all((tmp_path / "results" / f"{step}.txt").is_file() for step in steps)
 
 
 def test_em_benchmark_times_the_old_em_routing_on_bfloat16_votes(load_benchmark, monkeypatch):

@@ -23,7 +23,7 @@ equal to (a) ``MultiHeadAttention(shared_qkv=True)`` and (b) ``torchvote.functio
 
 The pseudocode leaves out the softmax's "divide by a constant": for (a) the loop multiplies every
 Dot by ``1 / sqrt(head_dim)``, as multi-head attention does; (b) runs the literal, unscaled
-pseudocode (``DotProductScores(u, u, scale=1.0)``).
+pseudocode (``DotProductScores(u, u, scale=1.0)``). Both run on ``--device``, the loops too.
 """
 
 from __future__ import annotations
@@ -77,14 +77,15 @@ def _split(projected: torch.Tensor, num_heads: int) -> list[list[torch.Tensor]]:
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_pseudocode_equals_shared_qkv_multi_head_attention(need_weights):
+def test_pseudocode_equals_shared_qkv_multi_head_attention(need_weights, device):
     torch.manual_seed(0)
     tokens, embed_dim, num_heads = 6, 12, 3
     module = MultiHeadAttention(embed_dim, num_heads, shared_qkv=True, dtype=F64)
     with torch.no_grad():
         module.in_proj.shared.bias.normal_()
         module.out_proj.bias.normal_()
-    inputs = torch.randn(2, tokens, embed_dim, dtype=F64)
+    module = module.to(device)
+    inputs = torch.randn(2, tokens, embed_dim, dtype=F64).to(device)
 
     output, _ = module(inputs, need_weights=need_weights)
 
@@ -98,11 +99,11 @@ def test_pseudocode_equals_shared_qkv_multi_head_attention(need_weights):
 
 
 @pytest.mark.parametrize("record", [False, True], ids=["fused kernel", "voting loop"])
-def test_pseudocode_equals_vote_with_shared_votes(record):
+def test_pseudocode_equals_vote_with_shared_votes(record, device):
     """The literal (unscaled) pseudocode is one pass of ``vote`` over shared votes ``u``."""
     torch.manual_seed(1)
     tokens, num_heads, head_dim = 5, 2, 4
-    u = torch.randn(num_heads, tokens, head_dim, dtype=F64)  # (h, i, d): one vote set per head
+    u = torch.randn(num_heads, tokens, head_dim, dtype=F64).to(device)  # (h, i, d): one vote set per head
 
     result = vote(SharedVotes(u), DotProductScores(u, u, scale=1.0), normalize_over="senders",
                   record=record)

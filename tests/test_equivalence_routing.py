@@ -4,7 +4,7 @@
 writes dynamic routing, and then multi-head attention "in the style of dynamic routing", as nested
 loops. Its letters: ``i`` capsule, ``j`` prediction (output capsule, or head). Both are run here
 line by line on plain Python floats and compared with :func:`dynamic_routing` and with
-:func:`vote` configured as attention.
+:func:`vote` configured as attention, run on ``--device``.
 """
 
 from __future__ import annotations
@@ -81,42 +81,44 @@ def article_multi_head_attention(u):
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3, 5])
-def test_article_dynamic_routing_equals_dynamic_routing(iterations):
+def test_article_dynamic_routing_equals_dynamic_routing(iterations, device):
     torch.manual_seed(iterations)
-    votes = torch.randn(3, 4, 6, 5, dtype=torch.float64) * 0.8  # (batch, J outputs, I capsules, d)
+    votes = torch.randn(3, 4, 6, 5, dtype=torch.float64).to(device) * 0.8  # (batch, J outputs, I capsules, d)
     outputs, couplings = dynamic_routing(votes, iterations=iterations)
     for n in range(3):
         # The article indexes (I, J): convert at the reference's edge, and its couplings back.
         v, c = article_dynamic_routing(rearrange(votes[n], "j i d -> i j d").tolist(), iterations)
-        expected_c = rearrange(torch.tensor(c, dtype=torch.float64), "i j -> j i")
-        torch.testing.assert_close(outputs[n], torch.tensor(v, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+        expected_c = rearrange(torch.tensor(c, dtype=torch.float64, device=device), "i j -> j i")
+        expected_v = torch.tensor(v, dtype=torch.float64, device=device)
+        torch.testing.assert_close(outputs[n], expected_v, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(couplings[n], expected_c, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("record", [False, True])
-def test_article_multi_head_attention_equals_vote_as_attention(record):
+def test_article_multi_head_attention_equals_vote_as_attention(record, device):
     torch.manual_seed(7)
-    u = torch.randn(2, 5, 3, 4, dtype=torch.float64)  # (batch, I capsules, J heads, d)
+    u = torch.randn(2, 5, 3, 4, dtype=torch.float64).to(device)  # (batch, I capsules, J heads, d)
     per_head = u.transpose(1, 2)  # (batch, heads, I, d): every capsule is query, key and value
     result = vote(SharedVotes(per_head), DotProductScores(per_head, per_head, scale=1.0),
                   normalize_over="senders", record=record)  # one pass, softmax over the senders
     for n in range(2):
         s, c = article_multi_head_attention(u[n].tolist())
-        expected = torch.tensor(s, dtype=torch.float64).transpose(0, 1)  # (heads, I, d)
+        expected = torch.tensor(s, dtype=torch.float64, device=device).transpose(0, 1)  # (heads, I, d)
         torch.testing.assert_close(result.outputs[n], expected, rtol=1e-12, atol=1e-12)
         if record:
-            weights = torch.tensor(c, dtype=torch.float64).permute(2, 0, 1)  # (heads, i0, i1)
+            weights = torch.tensor(c, dtype=torch.float64, device=device).permute(2, 0, 1)  # (heads, i0, i1)
             torch.testing.assert_close(result.weights[0][n], weights, rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(result.weights[0].sum(-1), torch.ones(2, 3, 5, dtype=torch.float64))
+            ones = torch.ones(2, 3, 5, dtype=torch.float64, device=device)
+            torch.testing.assert_close(result.weights[0].sum(-1), ones)
 
 
-def test_the_two_differ_only_in_the_axis_and_the_loop():
+def test_the_two_differ_only_in_the_axis_and_the_loop(device):
     """Attention's weights sum to 1 over the senders; routing's over the receivers."""
     torch.manual_seed(8)
-    u = torch.randn(1, 5, 3, 4, dtype=torch.float64)
+    u = torch.randn(1, 5, 3, 4, dtype=torch.float64).to(device)
     per_head = u.transpose(1, 2)  # (1, J, I, d): receivers first for routing, heads for attention
     _, couplings = dynamic_routing(per_head, iterations=3)  # (1, J, I): each capsule splits one vote
-    torch.testing.assert_close(couplings.sum(-2), torch.ones(1, 5, dtype=torch.float64))
+    torch.testing.assert_close(couplings.sum(-2), torch.ones(1, 5, dtype=torch.float64, device=device))
     attention = vote(SharedVotes(per_head), DotProductScores(per_head, per_head, scale=1.0),
                      normalize_over="senders", record=True).weights[0]
-    torch.testing.assert_close(attention.sum(-1), torch.ones(1, 3, 5, dtype=torch.float64))
+    torch.testing.assert_close(attention.sum(-1), torch.ones(1, 3, 5, dtype=torch.float64, device=device))

@@ -4,11 +4,12 @@ dtype=None)``, passes them to every submodule, and computes on its inputs' devic
 One sweep over the registry (``list_models()``): a model registered without an entry in ``CASES``
 fails :func:`test_every_registered_model_has_a_case`. Each case (the ``tiny`` preset and some
 overrides that build other submodules) is built on ``"meta"`` (every tensor there, the CPU
-generator untouched: nothing was initialised on the CPU and moved), in float64 (every floating
-tensor float64, a float64 forward pass gives float64), with the default keywords spelled out (the
-same numbers as without them), and run forward and backward on ``"meta"`` with inputs there: a
-tensor made inside ``forward`` without its inputs' device lands on the CPU and fails there, as it
-fails with a device mismatch on a GPU.
+generator untouched: nothing was initialised on the CPU and moved), in float64 on ``--device``
+(every floating tensor float64 and every tensor there, a float64 forward pass there gives float64
+there), with the default keywords spelled out (the same numbers as without them), and run forward
+and backward on ``"meta"`` with inputs there: a tensor made inside ``forward`` without its inputs'
+device lands on the CPU and fails there, as it fails with a device mismatch on a GPU. Generation
+runs on ``--device`` too.
 """
 
 from __future__ import annotations
@@ -110,7 +111,9 @@ def _floating_outputs(value: Any) -> list[Tensor]:
     return []
 
 
-def _batch(name: str, model: nn.Module, *, device: str = "cpu", dtype: torch.dtype | None = None):
+def _batch(
+    name: str, model: nn.Module, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+):
     """The task's example batch for ``model``'s config: images in ``dtype``, all on ``device``."""
     batch = get_task_handler(get_model_spec(name).task).example_batch(
         model.config, 2, torch.Generator().manual_seed(0)
@@ -150,16 +153,19 @@ def test_built_on_meta_every_tensor_is_there_and_nothing_was_drawn_on_the_cpu(na
 
 
 @pytest.mark.parametrize(("name", "overrides"), ALL_CASES)
-def test_built_in_float64_every_floating_tensor_is_float64_and_a_forward_pass_runs(name, overrides):
+def test_built_in_float64_every_floating_tensor_is_float64_and_a_forward_pass_runs(name, overrides, device):
     torch.manual_seed(0)
-    model = _build(name, overrides, dtype=torch.float64)
-    floating = {key: t.dtype for key, t in _tensors(model).items() if t.is_floating_point()}
+    model = _build(name, overrides, dtype=torch.float64, device=device)
+    tensors = _tensors(model)
+    assert {key: t.device for key, t in tensors.items()} == dict.fromkeys(tensors, device)
+    floating = {key: t.dtype for key, t in tensors.items() if t.is_floating_point()}
     assert floating == dict.fromkeys(floating, torch.float64)
     model.train()  # a capsule decoder reads the targets
-    outputs = _floating_outputs(_forward(name, model, _batch(name, model, dtype=torch.float64)))
+    batch = _batch(name, model, device=device, dtype=torch.float64)
+    outputs = _floating_outputs(_forward(name, model, batch))
     assert outputs
     for output in outputs:
-        assert output.dtype == torch.float64
+        assert output.dtype == torch.float64 and output.device == device
         assert torch.isfinite(output).all()
 
 
@@ -271,11 +277,11 @@ def test_language_model_generates_on_meta(temperature, use_cache):
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_language_model_in_float64_generates_the_float32_models_tokens(use_cache):
-    model = _lm()
-    double = _lm(dtype=torch.float64)
+def test_language_model_in_float64_generates_the_float32_models_tokens(use_cache, device):
+    model = _lm().to(device)
+    double = _lm(dtype=torch.float64).to(device)
     double.load_state_dict({key: t.double() for key, t in model.state_dict().items()})
-    prompt = torch.tensor([[1, 2, 3]])
+    prompt = torch.tensor([[1, 2, 3]], device=device)
     expected = model.generate(prompt, 6, temperature=0.0, use_cache=use_cache)
     assert torch.equal(double.generate(prompt, 6, temperature=0.0, use_cache=use_cache), expected)
 
@@ -286,10 +292,10 @@ def test_language_model_in_float64_generates_the_float32_models_tokens(use_cache
     ("name", "overrides"),
     [case for case in ALL_CASES if get_model_spec(case.values[0]).task == "seq2seq"],
 )
-def test_encoder_decoders_generate_in_float64(name, overrides):
+def test_encoder_decoders_generate_in_float64(name, overrides, device):
     torch.manual_seed(0)
-    model = _build(name, overrides, dtype=torch.float64)
-    source = _batch(name, model)["source"]
+    model = _build(name, overrides, dtype=torch.float64).to(device)
+    source = _batch(name, model, device=device)["source"]
     tokens = model.generate(source, max_new_tokens=5)
-    assert tokens.dtype == torch.long and tokens.shape[0] == source.shape[0]
+    assert tokens.dtype == torch.long and tokens.device == device and tokens.shape[0] == source.shape[0]
     assert 1 <= tokens.shape[1] <= 6 and bool((tokens[:, 0] == model.config.bos_id).all())

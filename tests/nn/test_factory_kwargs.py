@@ -5,9 +5,9 @@ One sweep (as timm's ``tests/test_models.py`` sweeps its registry) over every ``
 that ``torchvote.nn`` exports, found by introspection: a module exported without an entry in
 ``CASES`` fails :func:`test_every_exported_module_has_a_case`. Each case is built on ``"meta"``
 (every tensor there, and the CPU generator untouched: nothing was initialised on the CPU and
-moved), in float64 (every floating tensor float64, and a float64 forward pass on the CPU works),
-and with the default keywords spelled out (the same numbers as without them, so the keywords do
-not change the initialisation).
+moved), in float64 on ``--device`` (every floating tensor float64 and every tensor there, and a
+float64 forward pass there works), and with the default keywords spelled out (the same numbers as
+without them, so the keywords do not change the initialisation).
 """
 
 from __future__ import annotations
@@ -198,6 +198,20 @@ def _tensors(module: nn.Module) -> dict[str, Tensor]:
     return dict(list(module.named_parameters()) + list(module.named_buffers()))
 
 
+def place(value: Any, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Any:
+    """``value``'s tensors (in tuples, lists, dicts and ``MatrixCapsules``) on ``device``, the
+    floating ones in ``dtype`` too (``None`` keeps what a tensor has)."""
+    if isinstance(value, Tensor):
+        return value.to(device=device, dtype=dtype if value.is_floating_point() else None)
+    if isinstance(value, dict):
+        return {key: place(item, device=device, dtype=dtype) for key, item in value.items()}
+    if isinstance(value, MatrixCapsules):
+        return MatrixCapsules(*(place(t, device=device, dtype=dtype) for t in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(place(t, device=device, dtype=dtype) for t in value)
+    return value
+
+
 def _outputs(value: Any) -> list[Tensor]:
     """The tensors in a forward pass's result (tensors, tuples, dataclasses, dicts)."""
     if isinstance(value, Tensor):
@@ -233,17 +247,19 @@ def test_built_on_meta_every_tensor_is_there_and_nothing_was_drawn_on_the_cpu(ca
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
-def test_built_in_float64_every_floating_tensor_is_float64_and_a_forward_pass_runs(case):
+def test_built_in_float64_every_floating_tensor_is_float64_and_a_forward_pass_runs(case, device):
     torch.manual_seed(0)
-    module = case.build(dtype=torch.float64)
-    floating = {name: t.dtype for name, t in _tensors(module).items() if t.is_floating_point()}
+    module = case.build(dtype=torch.float64, device=device)
+    tensors = _tensors(module)
+    assert {name: t.device for name, t in tensors.items()} == dict.fromkeys(tensors, device)
+    floating = {name: t.dtype for name, t in tensors.items() if t.is_floating_point()}
     assert floating, "the case builds no floating tensor"
     assert floating == dict.fromkeys(floating, torch.float64)
-    args, kwargs = case.inputs(torch.float64)
+    args, kwargs = place(case.inputs(torch.float64), device=device)
     outputs = [t for t in _outputs(module(*args, **kwargs)) if t.is_floating_point()]
     assert outputs
     for output in outputs:
-        assert output.dtype == torch.float64
+        assert output.dtype == torch.float64 and output.device == device
         assert torch.isfinite(output).all()
 
 

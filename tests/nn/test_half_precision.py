@@ -1,6 +1,7 @@
 """Every exported module of ``torchvote.nn`` in float16, in bfloat16, and in float32 under
-``torch.autocast("cpu", dtype=torch.bfloat16)``: forward and backward finite, outputs in the
-expected dtype, and close to float32.
+``torch.autocast(device.type, dtype=torch.bfloat16)``: forward and backward finite, outputs in the
+expected dtype, and close to float32. On ``--device`` (the CPU unless given; the reference runs
+there too).
 
 The sweep reuses the construction table of ``test_factory_kwargs.py`` (every exported module,
 found by introspection there). The reference of a half run is the same module in float32 with its
@@ -26,25 +27,11 @@ import torch
 from torch import Tensor
 
 from torchvote.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
-from torchvote.nn.em_capsules import MatrixCapsules
 
-from .test_factory_kwargs import ALL_CASES, _outputs
+from .test_factory_kwargs import ALL_CASES, _outputs, place
 
 BF16, FP16 = torch.bfloat16, torch.float16
 MODES = {"bfloat16": BF16, "float16": FP16, "autocast": BF16}
-
-
-def _cast(value, dtype: torch.dtype):
-    """Floating tensors (in tuples, dicts and ``MatrixCapsules``) in ``dtype``."""
-    if isinstance(value, dict):
-        return {key: _cast(item, dtype) for key, item in value.items()}
-    if isinstance(value, Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, MatrixCapsules):
-        return MatrixCapsules(*(_cast(t, dtype) for t in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_cast(t, dtype) for t in value)
-    return value
 
 
 def _leaves(value) -> list[Tensor]:
@@ -56,32 +43,32 @@ def _tolerance(dtype: torch.dtype, reference: Tensor) -> dict[str, float]:
     return {"rtol": 0.0, "atol": 4 * torch.finfo(dtype).eps * reference.abs().max().item() + 1e-6}
 
 
-def _inputs(case, cls_name: str):
+def _inputs(case, cls_name: str, device: torch.device):
     args, kwargs = case.inputs(torch.float32)
     if cls_name == "SlotAttention":  # given slots: the sampled ones would differ between the runs
         kwargs = {**kwargs, "slots": torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1))}
-    return args, kwargs
+    return place((args, kwargs), device=device)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("case", ALL_CASES)
-def test_every_module_in_half_precision_is_finite_in_its_dtype_and_close_to_float32(case, mode):
+def test_every_module_in_half_precision_is_finite_in_its_dtype_and_close_to_float32(case, mode, device):
     dtype = MODES[mode]
     torch.manual_seed(0)
-    module = case.build().eval()
+    module = case.build().eval().to(device)
     name = type(module).__name__
-    args, kwargs = _inputs(case, name)
+    args, kwargs = _inputs(case, name, device)
     if mode == "autocast":
         reference_module, reference_args, reference_kwargs = module, args, kwargs
         inputs = [t.requires_grad_() for t in _leaves(args)]
-        with torch.autocast("cpu", dtype=dtype):
+        with torch.autocast(device.type, dtype=dtype):
             outputs = _leaves(module(*args, **kwargs))
         allowed = {dtype, torch.float32}  # autocast decides op by op
     else:
         half = copy.deepcopy(module).to(dtype)
         reference_module = copy.deepcopy(half).float()
-        half_args, half_kwargs = _cast(args, dtype), _cast(kwargs, dtype)
-        reference_args, reference_kwargs = _cast(half_args, torch.float32), _cast(half_kwargs, torch.float32)
+        half_args, half_kwargs = place((args, kwargs), dtype=dtype)
+        reference_args, reference_kwargs = place((half_args, half_kwargs), dtype=torch.float32)
         inputs = [t.requires_grad_() for t in _leaves(half_args)]
         outputs = _leaves(half(*half_args, **half_kwargs))
         allowed = {dtype}
@@ -98,7 +85,7 @@ def test_every_module_in_half_precision_is_finite_in_its_dtype_and_close_to_floa
 
 @pytest.mark.parametrize("strategy", ["blocked", "vectorized"])
 @pytest.mark.parametrize("normalization", ["joint", "per_patch"])
-def test_a_matrix_capsule_network_trains_under_bfloat16_autocast(strategy, normalization):
+def test_a_matrix_capsule_network_trains_under_bfloat16_autocast(strategy, normalization, device):
     """Primary, convolutional and class matrix capsules, as ``EMCapsNet`` stacks them, under the
     training loop's ``bf16`` autocast. Was: the primary capsules' bfloat16 poses met the float32
     vote factors in an ``out=`` product ("Expected out tensor to have dtype float"), and the blocked
@@ -109,10 +96,10 @@ def test_a_matrix_capsule_network_trains_under_bfloat16_autocast(strategy, norma
         ConvMatrixCapsules(2, 3, kernel_size=3, pose_dim=4, iterations=2, strategy=strategy,
                            normalization=normalization),
         ClassMatrixCapsules(3, 4, pose_dim=4, iterations=2, strategy=strategy),
-    )
-    images = torch.randn(2, 3, 7, 7, requires_grad=True)
+    ).to(device)
+    images = torch.randn(2, 3, 7, 7).to(device).requires_grad_()
     expected = layers(images)
-    with torch.autocast("cpu", dtype=BF16):
+    with torch.autocast(device.type, dtype=BF16):
         poses, activations = layers(images)
     for output, reference in ((poses, expected.poses), (activations, expected.activations)):
         assert output.dtype == BF16 and torch.isfinite(output).all()

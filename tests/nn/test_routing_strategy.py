@@ -1,4 +1,8 @@
-"""CapsuleLinear's routing strategies: the same numbers from every kernel, and what "auto" picks."""
+"""CapsuleLinear's routing strategies: the same numbers from every kernel, and what "auto" picks.
+
+The kernels run on ``--device`` (the CPU unless given): "auto" streams on a CPU and materialises
+on a GPU, so it is the device that decides which kernel ``auto`` compares with ``stream``.
+"""
 
 from __future__ import annotations
 
@@ -20,35 +24,38 @@ def _run(layer: CapsuleLinear, inputs: torch.Tensor):
     """Outputs, couplings, and the gradients of a loss of both w.r.t. the inputs and the weight."""
     inputs = inputs.clone().requires_grad_(True)
     result = layer(inputs, return_routing=True)
-    loss = result.outputs.pow(2).sum() + (result.couplings * torch.linspace(0, 1, result.couplings.shape[-1],
-                                                                            dtype=DOUBLE)).sum()
+    ramp = torch.linspace(0, 1, result.couplings.shape[-1], dtype=DOUBLE, device=inputs.device)  # (j,)
+    loss = result.outputs.pow(2).sum() + (result.couplings * ramp).sum()
     grad_x, grad_w = torch.autograd.grad(loss, [inputs, layer.weight])
     return result.outputs, result.couplings, grad_x, grad_w
 
 
-def _pair(strategy: str, routing: str, shared: bool) -> tuple[CapsuleLinear, CapsuleLinear]:
+def _pair(
+    strategy: str, routing: str, shared: bool, device: torch.device = CPU
+) -> tuple[CapsuleLinear, CapsuleLinear]:
+    """The stream strategy's layer and one of ``strategy`` with its weights, both on ``device``."""
     torch.manual_seed(0)
     reference = CapsuleLinear(7, 3, 4, 5, routing=routing, shared_weights=shared, strategy="stream",
                               init_std=0.5, dtype=DOUBLE)
     layer = CapsuleLinear(7, 3, 4, 5, routing=routing, shared_weights=shared, strategy=strategy, dtype=DOUBLE)
     layer.load_state_dict(reference.state_dict())
-    return reference, layer
+    return reference.to(device), layer.to(device)
 
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("routing", ["dynamic", "inverted_dot_product", "self_attention", "uniform"])
 @pytest.mark.parametrize("strategy", ["materialize", "auto"])
-def test_every_strategy_gives_the_stream_numbers(strategy, routing, shared):
-    reference, layer = _pair(strategy, routing, shared)
-    inputs = torch.randn(2, 3, 7, 3, dtype=DOUBLE)  # two batch axes
+def test_every_strategy_gives_the_stream_numbers(strategy, routing, shared, device):
+    reference, layer = _pair(strategy, routing, shared, device)
+    inputs = torch.randn(2, 3, 7, 3, dtype=DOUBLE).to(device)  # two batch axes
     for ours, theirs in zip(_run(layer, inputs), _run(reference, inputs), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
 
 
-def _compile_works() -> str | None:
-    """None if torch.compile runs a tiny function on this machine, else why it does not."""
+def _compile_works(device: torch.device) -> str | None:
+    """None if torch.compile runs a tiny function on ``device``, else why it does not."""
     try:
-        torch.compile(lambda x: x.sin() + 1)(torch.randn(3))
+        torch.compile(lambda x: x.sin() + 1)(torch.randn(3, device=device))
     except Exception as error:  # noqa: BLE001
         return f"torch.compile fails here: {type(error).__name__}: {error}"
     return None
@@ -56,12 +63,12 @@ def _compile_works() -> str | None:
 
 @pytest.mark.slow  # about 30 s of compiling per case on a 2-core CPU
 @pytest.mark.parametrize("shared", [False, True])
-def test_compiled_strategy_gives_the_stream_numbers(shared):
-    reason = _compile_works()
+def test_compiled_strategy_gives_the_stream_numbers(shared, device):
+    reason = _compile_works(device)
     if reason:
         pytest.skip(reason)
-    reference, layer = _pair("compiled", "dynamic", shared)
-    inputs = torch.randn(2, 7, 3, dtype=DOUBLE)
+    reference, layer = _pair("compiled", "dynamic", shared, device)
+    inputs = torch.randn(2, 7, 3, dtype=DOUBLE).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback: the compiled function ran
         first = _run(layer, inputs)
@@ -108,17 +115,20 @@ def test_auto_picks_by_device_and_size():
         assert choose_strategy(forced, device=CPU, vote_bytes=large) == forced
 
 
-def test_auto_on_cpu_streams_the_votes(monkeypatch):
-    layer = CapsuleLinear(7, 3, 4, 5)
+def test_auto_streams_the_votes_on_a_cpu_and_materialises_them_on_a_gpu(monkeypatch, device):
+    layer = CapsuleLinear(7, 3, 4, 5).to(device)
     assert layer.strategy == "auto"
-    monkeypatch.setattr(layer, "_route_materialized", lambda *args: pytest.fail("materialised on a CPU"))
-    layer(torch.randn(2, 7, 3))
+    if device.type == "cpu":
+        monkeypatch.setattr(layer, "_route_materialized", lambda *args: pytest.fail("materialised on a CPU"))
+    else:  # small votes: materialised
+        monkeypatch.setattr(layer, "votes", lambda inputs: pytest.fail(f"streamed on {device}"))
+    assert layer(torch.randn(2, 7, 3).to(device)).shape == (2, 4, 5)
 
 
-def test_materialize_strategy_never_streams(monkeypatch):
-    layer = CapsuleLinear(7, 3, 4, 5, strategy="materialize")
+def test_materialize_strategy_never_streams(monkeypatch, device):
+    layer = CapsuleLinear(7, 3, 4, 5, strategy="materialize").to(device)
     monkeypatch.setattr(layer, "votes", lambda inputs: pytest.fail("streamed"))
-    assert layer(torch.randn(2, 7, 3)).shape == (2, 4, 5)
+    assert layer(torch.randn(2, 7, 3).to(device)).shape == (2, 4, 5)
 
 
 def test_an_unknown_strategy_is_rejected_by_name():
@@ -127,12 +137,12 @@ def test_an_unknown_strategy_is_rejected_by_name():
 
 
 @pytest.mark.parametrize("strategy", ["materialize", "stream"])
-def test_every_strategy_runs_under_bfloat16_autocast(strategy):
+def test_every_strategy_runs_under_bfloat16_autocast(strategy, device):
     torch.manual_seed(0)
-    layer = CapsuleLinear(7, 3, 4, 5, strategy=strategy, init_std=0.5)
-    inputs = torch.randn(2, 7, 3, requires_grad=True)
+    layer = CapsuleLinear(7, 3, 4, 5, strategy=strategy, init_std=0.5).to(device)
+    inputs = torch.randn(2, 7, 3).to(device).requires_grad_()
     exact = layer(inputs)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         mixed = layer(inputs)
     mixed.float().pow(2).sum().backward()
     assert inputs.grad is not None and layer.weight.grad is not None
