@@ -132,7 +132,7 @@ CASES = {
         r"in_channels=3"),
     "PrimaryCapsules maps smaller than the kernel": (
         lambda: PrimaryCapsules(3, 4, 2, kernel_size=3, stride=1)(randn(2, 3, 2, 2)), ValueError,
-        "is smaller than the kernel 3x3"),
+        "is smaller than the kernel's extent 3x3"),
     "PrimaryCapsules integer maps": (
         lambda: PrimaryCapsules(3, 4, 2, kernel_size=3)(torch.ones(2, 3, 9, 9, dtype=torch.int64)), TypeError,
         "features must be a floating-point tensor"),

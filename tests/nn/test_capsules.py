@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from torchvote.functional import squash
 from torchvote.functional.em import em_routing
@@ -15,7 +16,7 @@ from torchvote.functional.routing import (
     slot_routing,
     uniform_routing,
 )
-from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules
+from torchvote.nn.capsules import CapsuleLinear, PrimaryCapsules, check_feature_maps
 from torchvote.nn.routers import DynamicRouter, make_router
 
 DOUBLE = torch.float64
@@ -211,3 +212,26 @@ def test_an_empty_batch_gives_empty_outputs(routing, strategy):
         assert result.activations.shape == (0, 3)
     result.outputs.sum().backward()
     assert inputs.grad.shape == inputs.shape
+
+
+@pytest.mark.parametrize(
+    ("conv", "size", "message"),
+    [
+        (nn.Conv2d(3, 8, 3, padding="same"), 2, None),  # any map: the output keeps its size
+        (nn.Conv2d(3, 8, 3, padding="valid"), 2, "features of 2x2 .* kernel's extent 3x3"),
+        (nn.Conv2d(3, 8, 3, dilation=2), 4, "features of 4x4 .* kernel's extent 5x5"),
+        (nn.Conv2d(3, 8, 3, dilation=2), 5, None),
+    ],
+)
+def test_check_feature_maps_reads_string_padding_and_dilation(conv, size, message):
+    """padding="same"/"valid" raised 'too many values to unpack' (no argument named), and a
+    dilated kernel passed the check and failed inside the convolution."""
+    features = torch.zeros(1, 3, size, size)
+    if message is None:
+        check_feature_maps(features, conv)
+        conv(features)  # the check let through what the convolution takes
+    else:
+        with pytest.raises(ValueError, match=message):
+            check_feature_maps(features, conv)
+        with pytest.raises(RuntimeError):
+            conv(features)  # and refused only what it does not

@@ -48,7 +48,8 @@ def check_feature_maps(features: Tensor, conv: nn.Conv2d, argument: str = "featu
     Raises:
         TypeError: ``features`` not a floating-point tensor of the convolution's dtype (outside
             ``torch.autocast``).
-        ValueError: not 4-D, another channel count, or a map smaller than the kernel.
+        ValueError: not 4-D, another channel count, or a map smaller than the kernel (its
+            dilated extent, after padding).
     """
     check_input_dtype(features, conv.weight.dtype, argument)
     if features.dim() != 4 or features.shape[1] != conv.in_channels:
@@ -56,11 +57,16 @@ def check_feature_maps(features: Tensor, conv: nn.Conv2d, argument: str = "featu
             f"{argument} must have shape (batch, in_channels={conv.in_channels}, height, width), got "
             f"{tuple(features.shape)}"
         )
-    (kh, kw), (ph, pw) = conv.kernel_size, conv.padding
+    if conv.padding == "same":  # any map: the output keeps its size
+        return
+    (ph, pw) = (0, 0) if conv.padding == "valid" else conv.padding
+    # the extent a dilated kernel covers: dilation * (k - 1) + 1
+    kh, kw = (d * (k - 1) + 1 for k, d in zip(conv.kernel_size, conv.dilation, strict=True))
     height, width = features.shape[-2:]
     if height + 2 * ph < kh or width + 2 * pw < kw:
         raise ValueError(
-            f"{argument} of {height}x{width} (padding {ph}x{pw}) is smaller than the kernel {kh}x{kw}"
+            f"{argument} of {height}x{width} (padding {ph}x{pw}) is smaller than the kernel's extent "
+            f"{kh}x{kw}"
         )
 
 
