@@ -59,6 +59,7 @@ from torchvote.functional.voting import (
     SharedVotes,
     VoteResult,
     Votes,
+    _votes_shape,
     vote,
 )
 from torchvote.validation import (
@@ -141,15 +142,6 @@ def _couplings(result: VoteResult, all_passes: bool) -> Tensor:
     return torch.stack(result.weights) if all_passes else result.weights[-1]
 
 
-def _vote_shape(votes: Votes) -> tuple[int, ...] | None:
-    """``(batch..., out_caps, in_caps, out_dim)`` of the votes, read from their shapes (nothing is
-    computed), or ``None`` for a votes object that does not say."""
-    if isinstance(votes, PairwiseVotes):
-        return tuple(votes.votes.shape)
-    sizes = [getattr(votes, name, None) for name in ("batch_shape", "receivers", "senders", "out_dim")]
-    return None if None in sizes else (*sizes[0], *sizes[1:])
-
-
 def _check_fits(tensor: Tensor, target: tuple[int, ...], argument: str, expected: str) -> None:
     """Refuse a ``tensor`` that does not broadcast to ``target`` (without growing it)."""
     if tensor.dim() < 2 or broadcast_shape(tensor.shape, target) != target:
@@ -162,7 +154,7 @@ def _bias_for(bias: Tensor | None, votes: Votes) -> Tensor | None:
     if bias is None:
         return None
     check_input_dtype(bias, votes.dtype, "bias", "the votes")
-    shape = _vote_shape(votes)
+    shape = _votes_shape(votes)
     if shape is None:  # a votes object of unknown shape: only the rank is checked here
         if bias.dim() < 2:
             raise ValueError(f"bias must have shape (..., out_caps, dim), got {tuple(bias.shape)}")
@@ -452,7 +444,7 @@ def self_attention_routing(
         TypeError: a ``log_prior`` not of the votes' floating dtype (outside ``torch.autocast``).
     """
     routed = as_routing_votes(votes)
-    shape = _vote_shape(routed)
+    shape = _votes_shape(routed)
     if shape is not None and shape[-1] == 0:
         raise ValueError(
             f"votes must have at least one feature (out_dim > 0) for self-attention routing, got shape "
@@ -646,7 +638,7 @@ def slot_routing(
     """
     routed = as_routing_votes(votes)
     check_input_dtype(slots, routed.dtype, "slots", "the votes")
-    shape = _vote_shape(routed)
+    shape = _votes_shape(routed)
     if shape is not None:
         _check_fits(slots, (*shape[:-3], shape[-3], shape[-1]), "slots", "(batch..., out_caps, out_dim)")
     check_flag(all_passes, "all_passes")

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import (
     RoutingVotes,
-    _vote_shape,
+    _votes_shape,
     as_routing_votes,
     inverted_dot_product_routing,
 )
@@ -52,7 +52,7 @@ class InvertedDotProductRouter(Router):
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         votes = as_routing_votes(votes)
-        shape, size = _vote_shape(votes), self.norm.normalized_shape[0]
+        shape, size = _votes_shape(votes), self.norm.normalized_shape[0]
         if shape is not None and shape[-1] != size:  # the layer norm's own error names no argument
             raise ValueError(f"votes must have out_dim={size} features (the layer norm's), got shape {shape}")
         weight = self.norm.weight
