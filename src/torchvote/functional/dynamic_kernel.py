@@ -106,7 +106,17 @@ def linear_dynamic_routing(
 
 
 def _squash_grad(sums: Tensor, grad: Tensor) -> Tensor:
-    """The gradient through :func:`squash` at ``sums`` (small ``(i, b, d)`` tensors: autograd)."""
+    """The gradient through :func:`squash` at ``sums`` (small ``(i, b, d)`` tensors: autograd).
+
+    While ``torch.compile`` traces, through ``torch.func.vjp``: ``torch.autograd.grad`` in a
+    backward is a graph break there (dynamo does not trace it; the whole kernel would run
+    eagerly, between two graphs). Eagerly, through ``torch.autograd.grad``: the same numbers,
+    and about 1.5x faster than ``vjp`` at CapsNet's ``(10, 128, 16)`` on a CPU.
+    """
+    if torch.compiler.is_compiling():
+        _, pull_back = torch.func.vjp(lambda s: squash(s, dim=-1), sums)
+        (result,) = pull_back(grad)
+        return result
     with torch.enable_grad():
         sums = sums.detach().requires_grad_(True)
         (result,) = torch.autograd.grad(squash(sums, dim=-1), sums, grad)

@@ -224,9 +224,11 @@ def em_routing(
             from the device; a layer that routes on one grid every call passes them once through
             :func:`~torchvote.functional.em_kernel.prepare_sender_groups` and then the
             :class:`~torchvote.functional.em_kernel.SenderGroups` it returns.
-        strategy: ``"auto"`` (``"blocked"`` on CPU, ``"vectorized"`` on CUDA), ``"blocked"``,
-            ``"vectorized"`` or ``"compiled"`` (``torch.compile``, about 10-20 s per new shape on
-            CPU); the same numbers from each (see :mod:`torchvote.functional.em_kernel`).
+        strategy: ``"auto"`` (``"blocked"`` on CPU, ``"vectorized"`` on CUDA and while
+            ``torch.compile`` traces), ``"blocked"`` (an eager kernel: one graph break under
+            ``torch.compile``), ``"vectorized"`` or ``"compiled"`` (``torch.compile``, about
+            10-20 s per new shape on CPU); the same numbers from each (see
+            :mod:`torchvote.functional.em_kernel`).
         return_assignments: also return the assignments ``R`` of the final M-step.
         all_passes: with ``return_assignments``, the assignments of every iteration stacked on a
             new leading axis.

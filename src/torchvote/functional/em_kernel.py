@@ -29,7 +29,8 @@ logsumexp is taken in two levels: over each patch's receivers (a dense reduction
 patches of each group (a scatter of ``(n, j)`` values only, ``1 / i`` of the logits).
 
 Strategies (every one gives the same numbers; ``"auto"`` is ``"blocked"`` on CPU and
-``"vectorized"`` on CUDA; ``"compiled"`` is only ever an explicit choice):
+``"vectorized"`` on CUDA and while ``torch.compile`` traces; ``"compiled"`` is only ever an
+explicit choice):
 
 - ``"vectorized"``: the loop above on all rows at once, plain autograd (double backward works);
   the fastest eager form on CUDA, but autograd keeps several ``(n, i, j, h)`` temporaries per pass.
@@ -39,7 +40,9 @@ Strategies (every one gives the same numbers; ``"auto"`` is ``"blocked"`` on CPU
   writes that block's gradient. Peak memory is one gradient of the votes plus one block's
   temporaries; with :class:`PerSenderVotes` (a convolutional layer's votes, not yet formed) each
   block's votes are formed in a reused buffer and neither the votes nor their gradient exist
-  whole. Backward once only: double backward raises (use ``"vectorized"``).
+  whole. Backward once only: double backward raises (use ``"vectorized"``). An eager kernel:
+  under ``torch.compile`` it runs as one opaque call (one graph break), and ``"auto"`` picks
+  ``"vectorized"`` there, which traces into the caller's graph.
 - ``"compiled"``: ``torch.compile`` of the vectorized loop (one graph; about 10 s to compile per
   shape on CPU).
 
@@ -76,6 +79,7 @@ __all__ = [
     "SenderGroups",
     "conv_sender_groups",
     "prepare_sender_groups",
+    "prepared_conv_sender_groups",
     "route",
 ]
 
@@ -339,9 +343,11 @@ class _VotesByInput(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, left: Tensor, right: Tensor) -> Tensor:  # (j, n, k), (j, k, c) -> (n, j, c)
+        ctx.save_for_backward(left, right)
+        if torch.compiler.is_compiling():  # an out= of other strides is a graph break: let it lay out
+            return torch.bmm(left, right).transpose(0, 1)  # (n, j, c)
         out = left.new_empty(left.shape[1], left.shape[0], right.shape[-1])
         torch.bmm(left, right, out=out.transpose(0, 1))
-        ctx.save_for_backward(left, right)
         return out
 
     @staticmethod
@@ -536,6 +542,15 @@ class _BlockedEM(torch.autograd.Function):
         return grad_votes, grad_right, *results, None, None
 
 
+@torch.compiler.disable
+def _blocked_em(*args: object) -> tuple[Tensor, ...]:
+    """:class:`_BlockedEM` applied, always eagerly: under ``torch.compile`` one call between two
+    graphs (one graph break, by design). Its reused buffers and ``out=`` products into strided
+    views are what keep its memory low, and they do not trace: followed by dynamo they broke the
+    graph a dozen times. ``"auto"`` gives the compiler the vectorized loop instead."""
+    return _BlockedEM.apply(*args)
+
+
 _COMPILED = {}
 
 
@@ -652,6 +667,57 @@ def prepare_sender_groups(sender_groups: Tensor, *, device: torch.device | str |
     return SenderGroups(compact.to(device), unique.numel(), patches.to(device))
 
 
+def _windows_per_cell(size: int, kernel_size: int, stride: int, device: torch.device | str | None
+                      ) -> tuple[Tensor, Tensor, int]:
+    """Along one axis of ``size`` cells cut into windows of ``kernel_size`` every ``stride``:
+    how many windows hold each cell ``(size,)``, each held cell's rank among the held cells
+    ``(size,)``, and how many cells are held (a stride above the kernel skips cells)."""
+    windows = (size - kernel_size) // stride + 1
+    starts = torch.arange(windows, device=device).unsqueeze(1) * stride  # (windows, 1)
+    cells = torch.arange(size, device=device)  # (size,)
+    holding = ((cells >= starts) & (cells < starts + kernel_size)).sum(0)  # (size,)
+    rank = torch.cumsum(holding > 0, 0) - 1  # (size,)
+    return holding, rank, (windows - 1) * min(stride, kernel_size) + kernel_size
+
+
+def prepared_conv_sender_groups(
+    rows: int,
+    cols: int,
+    in_types: int,
+    kernel_size: int,
+    stride: int,
+    *,
+    device: torch.device | str | None = None,
+) -> SenderGroups:
+    """``prepare_sender_groups(conv_sender_groups(...))``, computed from the sizes alone.
+
+    :func:`prepare_sender_groups` reads the ids (a check and the size of ``torch.unique``); here
+    the compact ids and the patch counts of a convolution's ids follow from the geometry: an input
+    capsule is held by a patch when its row and its column are, so the held capsules are the
+    held rows x held columns x types, numbered in the order of their global ids. Nothing is read
+    back: on a GPU nothing waits, and under ``torch.compile`` it traces into the graph (the
+    check and ``torch.unique`` are graph breaks).
+
+    Args:
+        rows, cols, in_types, kernel_size, stride: as :func:`conv_sender_groups`.
+        device: where the prepared tensors are made (the votes' device).
+
+    Returns:
+        The :class:`SenderGroups` of :func:`conv_sender_groups`'s ids.
+
+    Raises:
+        ValueError: as :func:`conv_sender_groups`.
+    """
+    ids = conv_sender_groups(rows, cols, in_types, kernel_size, stride, device=device)  # (L, j)
+    cell, kind = ids // in_types, ids % in_types  # (L, j) each: grid cell r * cols + c, type t
+    row_holding, row_rank, held_rows = _windows_per_cell(rows, kernel_size, stride, device)
+    col_holding, col_rank, held_cols = _windows_per_cell(cols, kernel_size, stride, device)
+    row, col = cell // cols, cell % cols  # (L, j) each
+    compact = (row_rank[row] * held_cols + col_rank[col]) * in_types + kind  # (L, j)
+    patches = (row_holding[row] * col_holding[col]).to(torch.float64)  # (L, j)
+    return SenderGroups(compact, held_rows * held_cols * in_types, patches)
+
+
 def _prepare_groups(sender_groups: Tensor | SenderGroups, rows: int, senders: int, receivers: int,
                     device: torch.device) -> tuple[Tensor, int, Tensor]:
     """Compact ids ``(L, j)``, their count ``G`` and the initial assignments ``(L, 1, j)``."""
@@ -713,8 +779,8 @@ def route(
         groups, num_groups, initial = _prepare_groups(sender_groups, rows, senders, receivers, votes.device)
     config = _Config(tuple(schedule), eps, groups, num_groups, initial, bool(return_assignments),
                      bool(return_assignments and all_passes))
-    if strategy == "auto":
-        strategy = "vectorized" if votes.device.type == "cuda" else "blocked"
+    if strategy == "auto":  # the blocked kernel's out= products and reused buffers do not trace
+        strategy = "vectorized" if votes.device.type == "cuda" or torch.compiler.is_compiling() else "blocked"
     if factored and votes.left.dtype != votes.right.dtype:  # (under autocast) one dtype for the products
         votes = PerSenderVotes(votes.left.to(votes.dtype), votes.right.to(votes.dtype), votes.batch_shape,
                                votes.receivers)
@@ -726,7 +792,7 @@ def route(
             per_row = receivers * senders * pose_dim
             block_rows = min(rows, period * max(1, _BLOCK_ELEMENTS // (per_row * period)))
             left, right = (votes.left, votes.right) if factored else (votes, None)  # unformed only here
-            outputs = _BlockedEM.apply(left, right, activations, beta_u, beta_a, config, block_rows)
+            outputs = _blocked_em(left, right, activations, beta_u, beta_a, config, block_rows)
         elif strategy == "compiled":
             outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
         else:

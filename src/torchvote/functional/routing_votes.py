@@ -326,22 +326,31 @@ class LinearVotes(_WeightTimesInputs):
         self.batch_shape = tuple(inputs.shape[:-2])
         self.receivers, self.senders, self.out_dim, self.in_dim = receivers, senders, out_dim, in_dim
         self._squared_norm: Tensor | None = None
+        self._gemm_inputs: Tensor | None = None
+        self._gemm_weight: Tensor | None = None
 
     # The GEMM layouts, made on first use and kept for this forward (autograd flows back through
     # these small copies), in one dtype: the kernels run with autocast off, so bfloat16 inputs meet
     # float32 weights in float32 (the routing of a bf16-autocast model streams in float32).
+    # Kept in plain attributes, not functools.cached_property: before Python 3.12 that takes a
+    # lock on every first read, a context manager torch.compile cannot trace (a graph break).
 
-    @functools.cached_property
+    @property
     def gemm_inputs(self) -> Tensor:
         """The inputs as the kernels read them: ``(b, e, j)``, contiguous, in :attr:`dtype`."""
-        x = self.inputs.reshape(-1, self.senders, self.in_dim).transpose(1, 2)
-        return x.to(self.dtype).contiguous()
+        if self._gemm_inputs is None:
+            x = self.inputs.reshape(-1, self.senders, self.in_dim).transpose(1, 2)  # (b, e, j)
+            self._gemm_inputs = x.to(self.dtype).contiguous()
+        return self._gemm_inputs
 
-    @functools.cached_property
+    @property
     def gemm_weight(self) -> Tensor:
         """The weight as the kernels read it: ``(i, e*j, d)``, contiguous, in :attr:`dtype`."""
-        w = self.weight.permute(0, 3, 1, 2).reshape(self.receivers, self.in_dim * self.senders, self.out_dim)
-        return w.to(self.dtype).contiguous()
+        if self._gemm_weight is None:
+            w = self.weight.permute(0, 3, 1, 2)  # (i, e, j, d)
+            w = w.reshape(self.receivers, self.in_dim * self.senders, self.out_dim)  # (i, e*j, d)
+            self._gemm_weight = w.to(self.dtype).contiguous()
+        return self._gemm_weight
 
     def _flat(self, t: Tensor, last: int) -> Tensor:
         """``(..., i, last)`` -> ``(i, b, last)`` contiguous."""

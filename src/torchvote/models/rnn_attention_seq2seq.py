@@ -256,6 +256,10 @@ class RNNAttentionSeq2Seq(nn.Module):
 
         Raises:
             ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token.
+
+        Under ``torch.compile`` ``pack_padded_sequence`` is a graph break that must stay (dynamo
+        skips it: the packing reads the lengths on the host and sizes its batches by them); see
+        :meth:`forward` for the breaks of the whole model.
         """
         check_token_ids(source, "source", vocab_size=self.config.src_vocab_size)
         source_mask = source != self.config.pad_id  # (b, s)
@@ -318,6 +322,13 @@ class RNNAttentionSeq2Seq(nn.Module):
             ValueError: inputs of the wrong rank or dtype, batch sizes that differ, ids outside
                 the vocabularies, or padding before a source token.
             TypeError: a ``need_weights`` that is not a bool.
+
+        Under ``torch.compile`` (``compile=true``) this model is not one graph, by design of
+        its recurrent layers: the packing of the source (:meth:`encode`) is a graph break, and
+        dynamo does not trace ``nn.GRU`` unless ``torch._dynamo.config.allow_rnn`` is set (off by
+        default, experimental: a process-wide switch the library leaves to the user). That
+        break falls inside the decoder's loop over the target, so the loop runs eagerly: three
+        breaks, whatever the target length (``tests/test_graph_breaks.py`` holds them to that).
         """
         check_flag(need_weights, "need_weights")
         check_token_ids(source, "source")  # its ids' range: in encode, below

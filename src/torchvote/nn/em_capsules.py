@@ -38,7 +38,7 @@ from torchvote.functional.em_kernel import (
     PerSenderVotes,
     SenderGroups,
     conv_sender_groups,
-    prepare_sender_groups,
+    prepared_conv_sender_groups,
 )
 from torchvote.nn.capsules import check_feature_maps
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
@@ -272,17 +272,19 @@ class ConvMatrixCapsules(nn.Module):
         return conv_sender_groups(rows, cols, self.in_types, self.kernel_size, self.stride, device=device)
 
     def _routing_groups(self, rows: int, cols: int, device: torch.device) -> SenderGroups | None:
-        """:meth:`sender_groups` checked and compacted once per grid and device, so that a forward
-        pass reads nothing back from the device (see
-        :func:`~torchvote.functional.em_kernel.prepare_sender_groups`). The ids are built and
-        compacted on the CPU and moved: the device never waits for the host, and votes on
-        ``"meta"`` (which has no values to compact) route too."""
+        """:meth:`sender_groups` compacted, from the grid's geometry
+        (:func:`~torchvote.functional.em_kernel.prepared_conv_sender_groups`): nothing is read
+        back from the device (a GPU never waits; votes on ``"meta"`` route too; under
+        ``torch.compile`` it traces into the graph). Kept once per grid and device in eager mode;
+        while compiling it is made in the graph (a cache filled there would recompile the next call)."""
         if self.normalization == "per_patch":
             return None
+        sizes = (rows, cols, self.in_types, self.kernel_size, self.stride)
+        if torch.compiler.is_compiling():
+            return prepared_conv_sender_groups(*sizes, device=device)
         key = (rows, cols, torch.device(device))
         if key not in self._prepared_groups:
-            ids = self.sender_groups(rows, cols, torch.device("cpu"))  # (L, j)
-            self._prepared_groups[key] = prepare_sender_groups(ids, device=device)
+            self._prepared_groups[key] = prepared_conv_sender_groups(*sizes, device=device)
         return self._prepared_groups[key]
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
