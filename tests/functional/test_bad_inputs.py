@@ -238,6 +238,12 @@ CASES = {
         lambda: slot_routing(U, randn(3, 4), query=lambda s: s, update=_update, all_passes="x"),
         TypeError, "all_passes must be True or False"),
     # --- EM routing ----------------------------------------------------------------------------
+    "em_routing votes as a list (was a ValueError printing <class 'list'>)": (
+        lambda: em_routing(U.tolist(), torch.rand(2, 5), 0.0, 0.0), TypeError,
+        "votes must be a tensor or PerSenderVotes, got list"),
+    "em_routing activations as a list": (
+        lambda: em_routing(U, [[0.5] * 5] * 2, 0.0, 0.0), TypeError,
+        "activations must be a tensor, got list"),
     "em_routing integer activations": (
         lambda: em_routing(U, torch.ones(2, 5, dtype=torch.int64), 0.0, 0.0), TypeError,
         "activations must be floating point"),

@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -143,7 +144,7 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
     def as_value(value: object) -> float:
         if not isinstance(value, (bool, str, bytes)):
             try:
-                return float(value)  # type: ignore[arg-type]  (numpy and 0-d tensor scalars too)
+                return float(value)  # type: ignore[arg-type]  # numpy and 0-d tensor scalars too
             except (TypeError, ValueError):
                 pass
         raise TypeError(
@@ -166,6 +167,57 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
     if any(not math.isfinite(v) or v < 0 for v in values):
         raise ValueError(f"inverse_temperature must be finite and >= 0, got {values}")
     return values
+
+
+@overload
+def em_routing(
+    votes: Tensor | PerSenderVotes,
+    activations: Tensor,
+    beta_u: Tensor | float,
+    beta_a: Tensor | float,
+    *,
+    iterations: int = 3,
+    inverse_temperature: InverseTemperature = default_inverse_temperature,
+    eps: float = 1e-6,
+    sender_groups: Tensor | SenderGroups | None = None,
+    strategy: EMStrategy = "auto",
+    return_assignments: Literal[False] = False,
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def em_routing(
+    votes: Tensor | PerSenderVotes,
+    activations: Tensor,
+    beta_u: Tensor | float,
+    beta_a: Tensor | float,
+    *,
+    iterations: int = 3,
+    inverse_temperature: InverseTemperature = default_inverse_temperature,
+    eps: float = 1e-6,
+    sender_groups: Tensor | SenderGroups | None = None,
+    strategy: EMStrategy = "auto",
+    return_assignments: Literal[True],
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+@overload
+def em_routing(
+    votes: Tensor | PerSenderVotes,
+    activations: Tensor,
+    beta_u: Tensor | float,
+    beta_a: Tensor | float,
+    *,
+    iterations: int = 3,
+    inverse_temperature: InverseTemperature = default_inverse_temperature,
+    eps: float = 1e-6,
+    sender_groups: Tensor | SenderGroups | None = None,
+    strategy: EMStrategy = "auto",
+    return_assignments: bool = False,
+    all_passes: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]: ...
 
 
 def em_routing(
@@ -247,7 +299,8 @@ def em_routing(
         ValueError: ``iterations`` < 1, mismatched shapes, votes without input capsules (or
             without output capsules or pose entries), a bad schedule, ``eps``, ``strategy`` or
             ``sender_groups``.
-        TypeError: ``beta_u`` or ``beta_a`` neither a real number nor a tensor; ``activations``
+        TypeError: ``votes`` neither a tensor nor :class:`PerSenderVotes`, ``activations`` not a
+            tensor; ``beta_u`` or ``beta_a`` neither a real number nor a tensor; ``activations``
             not floating point (any float dtype: they are cast to the statistics' dtype);
             ``return_assignments`` or ``all_passes`` not a bool.
         RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
@@ -259,8 +312,12 @@ def em_routing(
     check_flag(return_assignments, "return_assignments")
     check_flag(all_passes, "all_passes")
     factored = isinstance(votes, PerSenderVotes)
-    if not factored and (not isinstance(votes, Tensor) or votes.dim() < 3 or not votes.is_floating_point()):
-        described = f"{votes.dtype} {tuple(votes.shape)}" if isinstance(votes, Tensor) else type(votes)
+    if not factored and not isinstance(votes, Tensor):
+        raise TypeError(f"votes must be a tensor or PerSenderVotes, got {type(votes).__name__}")
+    if not isinstance(activations, Tensor):
+        raise TypeError(f"activations must be a tensor, got {type(activations).__name__}")
+    if not factored and (votes.dim() < 3 or not votes.is_floating_point()):
+        described = f"{votes.dtype} {tuple(votes.shape)}"
         raise ValueError(
             f"votes must be a floating tensor of shape (..., out_caps, in_caps, pose_dim), got {described}"
         )
@@ -270,11 +327,10 @@ def em_routing(
             f"votes must have at least one output capsule, input capsule and pose entry, shape "
             f"(..., out_caps, in_caps, pose_dim), got {tuple(votes.shape)}"
         )
-    if not isinstance(activations, Tensor) or activations.shape != (*batch_shape, in_caps):
-        described = tuple(activations.shape) if isinstance(activations, Tensor) else type(activations)
+    if activations.shape != (*batch_shape, in_caps):
         raise ValueError(
             f"activations must have shape (batch..., in_caps) = {(*batch_shape, in_caps)} to match "
-            f"votes {tuple(votes.shape)}, got {described}"
+            f"votes {tuple(votes.shape)}, got {tuple(activations.shape)}"
         )
     if not activations.is_floating_point():  # bool or integer: 0/1 weights, surely not meant
         raise TypeError(f"activations must be floating point (in [0, 1]), got dtype {activations.dtype}")
