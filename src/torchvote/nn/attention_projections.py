@@ -19,7 +19,14 @@ class _PackedProjection(nn.Module):
     queries, ``[E, 2E)`` the keys, ``[2E, 3E)`` the values.
     """
 
-    def __init__(self, embed_dim: int, *, bias: bool, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        *,
+        bias: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
@@ -51,7 +58,16 @@ class _PackedProjection(nn.Module):
 class _SeparateProjections(nn.Module):
     """Q, K and V from three matrices, needed when keys or values have their own feature size."""
 
-    def __init__(self, embed_dim: int, kdim: int, vdim: int, *, bias: bool, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        kdim: int,
+        vdim: int,
+        *,
+        bias: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.query = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
@@ -79,7 +95,14 @@ class _SharedProjection(nn.Module):
     Each input tensor is projected once, however many of the three roles it plays.
     """
 
-    def __init__(self, embed_dim: int, *, bias: bool, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        *,
+        bias: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.shared = nn.Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
         nn.init.xavier_uniform_(self.shared.weight)

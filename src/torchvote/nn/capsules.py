@@ -102,8 +102,8 @@ class PrimaryCapsules(nn.Module):
         kernel_size: int = 9,
         stride: int = 2,
         padding: int = 0,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(in_channels, "in_channels")
@@ -205,8 +205,8 @@ class CapsuleLinear(nn.Module):
         router_options: Mapping[str, Any] | None = None,
         init_std: float = 0.01,
         strategy: RoutingStrategy = "auto",
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(in_caps, "in_caps")

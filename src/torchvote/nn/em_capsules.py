@@ -159,8 +159,8 @@ class PrimaryMatrixCapsules(nn.Module):
         pose_dim: int = 16,
         kernel_size: int = 1,
         stride: int = 1,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.side = _checked_side(pose_dim, in_channels=in_channels, num_types=num_types,
@@ -231,8 +231,8 @@ class ConvMatrixCapsules(nn.Module):
         stride: int = 1,
         pose_dim: int = 16,
         normalization: ConvNormalization = "joint",
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
         **routing_options,
     ) -> None:
         super().__init__()
@@ -404,8 +404,8 @@ class ClassMatrixCapsules(nn.Module):
         pose_dim: int = 16,
         coordinate_addition: bool = True,
         routing: Router | None = None,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
         **routing_options,
     ) -> None:
         super().__init__()

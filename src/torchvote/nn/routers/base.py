@@ -161,8 +161,8 @@ class BiasedRouter(Router):
         bias: bool = False,
         out_caps: int | None = None,
         out_dim: int | None = None,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.bias: nn.Parameter | None = None
@@ -197,8 +197,8 @@ def make_router(
     out_caps: int,
     out_dim: int,
     iterations: int = 3,
-    device=None,
-    dtype=None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
     **options: Any,
 ) -> Router:
     """Build a router by name (``torchvote.functional.list_routers()`` lists them).

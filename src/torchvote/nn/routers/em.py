@@ -108,8 +108,8 @@ class EMRouter(Router):
         strategy: EMStrategy = "auto",
         empty_activation: float = 0.1,
         data_per_parent: float | None = None,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.iterations = check_positive_int(iterations, "iterations")

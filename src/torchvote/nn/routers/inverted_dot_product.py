@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import (
@@ -40,7 +41,13 @@ class InvertedDotProductRouter(Router):
     iterative = True
 
     def __init__(
-        self, *, out_dim: int, iterations: int = 3, elementwise_affine: bool = True, device=None, dtype=None
+        self,
+        *,
+        out_dim: int,
+        iterations: int = 3,
+        elementwise_affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.iterations = check_positive_int(iterations, "iterations")

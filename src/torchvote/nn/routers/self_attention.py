@@ -37,7 +37,13 @@ class SelfAttentionRouter(Router):
     iterative = False
 
     def __init__(
-        self, *, in_caps: int, out_caps: int, log_prior: bool = True, device=None, dtype=None
+        self,
+        *,
+        in_caps: int,
+        out_caps: int,
+        log_prior: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(in_caps, "in_caps")

@@ -64,8 +64,8 @@ class SlotRouter(Router):
         out_dim: int,
         iterations: int = 3,
         hidden_dim: int | None = None,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": check_float_dtype(dtype)}

@@ -44,8 +44,8 @@ class SlotAttention(nn.Module):
         slot_dim: int = 64,
         iterations: int = 3,
         hidden_dim: int = 128,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(iterations, "iterations")
