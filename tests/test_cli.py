@@ -82,15 +82,14 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     assert code == 0, err
     assert "mnist/test" in out
 
-    # a weights file copied on its own: no loss column, and one line saying why
+    # a weights file copied on its own: the same row, loss included (the weights record the
+    # run's loss settings and length; the training state used to be the only record of them)
     bare = tmp_path / "copied" / "model.safetensors"
     bare.parent.mkdir()
     bare.write_bytes(next((run_dir / "checkpoints").glob("*.safetensors")).read_bytes())
     code, out, err = run(capsys, "evaluate", str(bare), "--on", "small-digits", "--limit", "100")
     assert code == 0, err
-    note, header = out.splitlines()[1:3]
-    assert note.startswith(f"loss: not reported: {bare.with_name('model.state.pt')} does not exist")
-    assert header.split() == ["data", "accuracy", "examples"]
+    assert out.splitlines()[1:] == table
 
 
 def test_evaluate_and_reproduce_help_say_what_they_print_and_how_to_continue(capsys):
@@ -100,7 +99,7 @@ def test_evaluate_and_reproduce_help_say_what_they_print_and_how_to_continue(cap
         cli.main(["evaluate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "The loss is the run's own objective at the checkpoint's step" in text
-    assert "a .safetensors file copied alone gets no loss column" in text
+    assert "a .safetensors file copied alone reports it too" in text
     with pytest.raises(SystemExit):
         cli.main(["reproduce", "--help"])
     text = " ".join(capsys.readouterr().out.split())

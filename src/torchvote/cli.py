@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rebuild the model of a checkpoint and print one row per --on data set (its test "
         "split): accuracy, loss and the number of examples (plus task extras such as "
         "sequence_accuracy). The loss is the run's own objective at the checkpoint's step, as "
-        "training's table reports it; it is read from the training state (<name>.state.pt) beside "
-        "the weights, so a .safetensors file copied alone gets no loss column.",
+        "training's table reports it; the weights record the run's loss settings and length, so a "
+        ".safetensors file copied alone reports it too (a checkpoint written before they did reads "
+        "them from the training state, <name>.state.pt, beside the weights).",
     )
     evaluate.add_argument("checkpoint", help="a run folder, its checkpoints folder or a .safetensors file")
     evaluate.add_argument(

@@ -1,5 +1,6 @@
 """``evaluate_checkpoint`` reports the loss under the run's own objective, at the checkpoint's step,
-when the checkpoint's training state is there, and says why not when it is not."""
+from what the weights (or, for older checkpoints, the training state) record of the run, and says
+why not when nothing does."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torchvote.training.tasks import get_task_handler
 from .test_loop import _StopAfter
 
 MNIST = {"source": "idx"}  # the tiny IDX folder of the conftest, read as the ordinary mnist data set
+OLD_FORMAT = ("loss", "total_steps")  # what the weights did not record before they recorded the loss
 
 
 def _evaluate_checkpoint(location, root, more=(), **kwargs):
@@ -72,23 +74,76 @@ def test_the_spread_loss_takes_the_margin_of_the_checkpoints_step(tiny_config, t
     assert rows[0]["loss"] != pytest.approx(_spread_loss(scores, targets, margin=0.9), rel=1e-3)
 
 
-def test_without_the_training_state_there_is_no_loss_and_it_says_why(tiny_config, tiny_mnist_root, tmp_path):
-    run = train(tiny_config("run", "max_steps=3"), verbose=False)
-    bare = tmp_path / "copied" / "model.safetensors"  # a weights file copied on its own
+def _copy_weights(weights, destination, drop=(), **replace):
+    """Copy a weights file, dropping or replacing metadata entries (a checkpoint written before
+    the weights recorded their run's loss has no ``loss`` / ``total_steps``)."""
+    from safetensors import safe_open
+    from safetensors.torch import load, save
+
+    with safe_open(str(weights), framework="pt") as handle:
+        metadata = {k: v for k, v in handle.metadata().items() if k not in drop} | replace
+    destination.parent.mkdir(exist_ok=True)
+    destination.write_bytes(save(load(weights.read_bytes()), metadata=metadata))
+    return destination
+
+
+def test_a_weights_file_copied_alone_reports_the_runs_loss(tiny_config, tiny_mnist_root, tmp_path):
+    # the weights record the loss config and the run's length: a copied .safetensors had no loss
+    # column; a spread-loss run stopped after 5 of 12 steps keeps its step's margin, not 0.9
+    run = train(tiny_config("spread", "loss.name=spread"), callbacks=[_StopAfter(5)], verbose=False)
+    bare = tmp_path / "copied" / "model.safetensors"
     bare.parent.mkdir()
     shutil.copy(run.checkpoint.weights, bare)
     said: list[str] = []
     rows = _evaluate_checkpoint(bare, tiny_mnist_root, echo=said.append)
+    assert said == []
+    assert rows == _evaluate_checkpoint(run.run_dir, tiny_mnist_root)
+
+    model, spec, _ = load_model_from_checkpoint(bare)
+    handler = get_task_handler(spec.task)
+    data = load_eval_entry(handler, "mnist", model.config, root=tiny_mnist_root, options=MNIST)
+    with torch.no_grad():
+        scores = handler.forward(model, data.tensors).scores.float()
+    expected = _spread_loss(scores, data.tensors["targets"], margin=0.2 + 0.7 * 5 / 12)
+    assert rows[0]["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_an_older_checkpoint_reads_the_loss_from_its_training_state(tiny_config, tiny_mnist_root, tmp_path):
+    # written before the weights recorded the loss: the training state beside them still gives it
+    run = train(tiny_config("spread", "loss.name=spread"), callbacks=[_StopAfter(5)], verbose=False)
+    old = _copy_weights(run.checkpoint.weights, tmp_path / "old" / "model.safetensors", drop=OLD_FORMAT)
+    shutil.copy(run.checkpoint.state, old.with_name("model.state.pt"))
+    said: list[str] = []
+    assert _evaluate_checkpoint(old, tiny_mnist_root, echo=said.append) == _evaluate_checkpoint(
+        run.run_dir, tiny_mnist_root
+    )
+    assert said == []
+
+
+def test_where_nothing_records_the_loss_there_is_none_and_it_says_why(tiny_config, tiny_mnist_root, tmp_path):
+    run = train(tiny_config("run", "max_steps=3"), verbose=False)
+    accuracy = _evaluate_checkpoint(run.run_dir, tiny_mnist_root)[0]["accuracy"]
+    old = _copy_weights(run.checkpoint.weights, tmp_path / "old" / "model.safetensors", drop=OLD_FORMAT)
+    said: list[str] = []
+    rows = _evaluate_checkpoint(old, tiny_mnist_root, echo=said.append)  # no training state beside it
     assert list(rows[0]) == ["data", "accuracy", "examples"]
-    assert rows[0]["accuracy"] == _evaluate_checkpoint(run.run_dir, tiny_mnist_root)[0]["accuracy"]
+    assert rows[0]["accuracy"] == accuracy
     assert len(said) == 1 and said[0].startswith("loss: not reported: ")
-    assert str(bare.with_name("model.state.pt")) in said[0]
+    assert str(old.with_name("model.state.pt")) in said[0]
 
     # an unreadable training state beside the weights: the same, naming the file (no crash)
-    bare.with_name("model.state.pt").write_bytes(b"not a torch file")
+    old.with_name("model.state.pt").write_bytes(b"not a torch file")
     said.clear()
-    rows = _evaluate_checkpoint(bare, tiny_mnist_root, echo=said.append)
+    rows = _evaluate_checkpoint(old, tiny_mnist_root, echo=said.append)
     assert "loss" not in rows[0] and "model.state.pt is corrupt" in said[0]
+
+    # a loss record that is not a loss config: the same, naming the weights file
+    for bad in ('{"name": "hinge"}', '[1, 2]', "{not json", '{"label_smoothing": "high"}'):
+        broken = _copy_weights(run.checkpoint.weights, tmp_path / "broken" / "model.safetensors", loss=bad)
+        said.clear()
+        rows = _evaluate_checkpoint(broken, tiny_mnist_root, echo=said.append)
+        assert "loss" not in rows[0] and rows[0]["accuracy"] == accuracy
+        assert said[0].startswith(f"loss: not reported: {broken} records its run's loss unreadably"), said
 
 
 def test_a_data_set_whose_labels_the_loss_does_not_take_is_evaluated_without_a_loss(

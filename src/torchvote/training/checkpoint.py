@@ -3,7 +3,8 @@
 A checkpoint named ``step-00001200`` in ``<run>/checkpoints/`` is two files:
 
 * ``step-00001200.safetensors``: the model's tensors, plus metadata naming the registered model
-  and its config (JSON), so ``torchvote evaluate`` can rebuild the model from this file alone.
+  and its config (JSON), the step, and the run's loss config (JSON) and length, so ``torchvote
+  evaluate`` can rebuild the model and the run's objective at that step from this file alone.
   Tensors shared between parameters (tied weights) are stored once, their other names listed in
   the metadata.
 * ``step-00001200.state.pt``: optimiser and scheduler state, step, epoch, the data-order state,

@@ -285,18 +285,29 @@ def load_model_from_checkpoint(
     return model.to(device).eval(), spec, {**metadata, "path": str(paths.weights)}
 
 
-def _run_loss(paths: CheckpointPaths) -> tuple[LossConfig, int, int]:
-    """What the run that wrote a checkpoint needs to rebuild its objective, read from the
-    checkpoint's training state: ``(loss config, total_steps, step)``.
+def _run_loss(paths: CheckpointPaths, metadata: dict[str, str]) -> tuple[LossConfig, int, int]:
+    """What the run that wrote a checkpoint needs to rebuild its objective: ``(loss config,
+    total_steps, step)``, read from the weights' ``metadata`` (``loss``, ``total_steps``,
+    ``step``), or, for a checkpoint written before the weights recorded them, from the training
+    state beside the weights.
 
     Raises:
-        CheckpointError: no training state beside the weights, or one that is corrupt or does not
-            record them; the message says which.
+        CheckpointError: the weights do not record them and there is no training state beside
+            them, or what records them is corrupt; the message says which file.
     """
+    if "loss" in metadata:
+        try:
+            recorded = json.loads(metadata["loss"])
+            if not isinstance(recorded, dict):
+                raise TypeError(f"a JSON object expected, got {type(recorded).__name__}")
+            loss = LossConfig(**typed_fields(LossConfig, recorded, "loss"))
+            return loss, int(metadata["total_steps"]), int(metadata["step"])
+        except (KeyError, TypeError, ValueError) as err:  # ConfigError and JSONDecodeError too
+            raise CheckpointError(f"{paths.weights} records its run's loss unreadably ({err})") from None
     if not paths.state.is_file():
         raise CheckpointError(
-            f"{paths.state} does not exist, and the weights alone do not say which loss their run "
-            "trained with"
+            f"{paths.weights} was written before checkpoints recorded their run's loss, and "
+            f"{paths.state}, which records it, does not exist"
         )
     state = load_training_state(paths.state)
     try:
@@ -327,13 +338,13 @@ def evaluate_checkpoint(
     The ``loss`` is the run's own objective (its ``loss`` config, built by
     :func:`~torchvote.training.objectives.make_objective` as the trainer builds it) at the
     checkpoint's step (the spread-loss margin depends on it), so it is the number training's own
-    evaluation reports for the same weights and data. The run's config and length are read from
-    the checkpoint's training state (``<name>.state.pt`` beside the weights). Without it (a
-    ``.safetensors`` file copied on its own) or with one that cannot be read, the rows have no
-    ``loss`` (and ``echo`` says why): the weights name the model, not the loss settings it
-    trained with, and a loss under default settings would not be the run's. Nor has the row of a
-    data set whose labels the run's loss does not take (a cross-entropy run evaluated on
-    MultiMNIST's label pairs): its accuracy is reported all the same.
+    evaluation reports for the same weights and data. The run's loss config and length are read
+    from the weights' metadata, so a ``.safetensors`` file copied on its own reports it too; a
+    checkpoint written before the weights recorded them reads them from its training state
+    (``<name>.state.pt`` beside the weights). Where neither records them, the rows have no
+    ``loss`` (and ``echo`` says why): a loss under default settings would not be the run's. Nor
+    has the row of a data set whose labels the run's loss does not take (a cross-entropy run
+    evaluated on MultiMNIST's label pairs): its accuracy is reported all the same.
 
     Args:
         location: anything :func:`~torchvote.training.checkpoint.find_checkpoint` resolves.
@@ -365,8 +376,8 @@ def evaluate_checkpoint(
     torch_device = resolve_device(device)
     model, spec, metadata = load_model_from_checkpoint(location, torch_device)
     handler = get_task_handler(spec.task)
-    try:  # the training state beside the weights loaded (not the `latest` of now)
-        run_loss: tuple[LossConfig, int, int] | None = _run_loss(find_checkpoint(metadata["path"]))
+    try:  # the run's loss as the weights loaded record it (not the `latest` of now)
+        run_loss: tuple[LossConfig, int, int] | None = _run_loss(find_checkpoint(metadata["path"]), metadata)
     except CheckpointError as err:
         run_loss = None
         if echo is not None:

@@ -281,7 +281,10 @@ class _Run:
             self.last_saved_step = self.step
             return
         epoch, position = self._resume_point()
-        metadata = {**model_metadata(self.spec, self.model_config, self.config), "step": str(self.step)}
+        metadata = {
+            **model_metadata(self.spec, self.model_config, self.config, self.total_steps),
+            "step": str(self.step),
+        }
         state = training_state(self, epoch, position, window)
         self.last_checkpoint = save_checkpoint(
             self.run_dir / "checkpoints",

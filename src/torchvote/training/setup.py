@@ -186,14 +186,18 @@ def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, 
     return train, evaluation, fields
 
 
-def model_metadata(spec: Any, model_config: Any, config: TrainConfig) -> dict[str, str]:
+def model_metadata(spec: Any, model_config: Any, config: TrainConfig, total_steps: int) -> dict[str, str]:
     """The strings stored with a checkpoint's weights: the registered model, its config as JSON
-    (so ``torchvote evaluate`` rebuilds it from the file alone), the task and the data set."""
+    (so ``torchvote evaluate`` rebuilds it from the file alone), the task, the data set, and the
+    run's ``loss`` config (JSON) and length ``total_steps`` (so the file alone also rebuilds the
+    run's objective, whose spread-loss margin depends on the step)."""
     return {
         "model": spec.name,
         "model_config": json.dumps(_plain(dataclasses.asdict(model_config))),
         "task": spec.task,
         "data": config.data.name,
+        "loss": json.dumps(_plain(dataclasses.asdict(config.loss))),
+        "total_steps": str(total_steps),
     }
 
 
