@@ -13,7 +13,8 @@ Index legend: ``b`` batch, ``h`` heads, ``i`` receivers (length ``L``), ``j`` se
 into ``is_causal=True`` (a broadcast ``(1, 1)`` mask means "all allowed", not a causal pattern).
 :func:`fused_kernel_mask` and :func:`voting_mask` are the last step inside ``vote``: the form the
 fused kernel (one of mask or causality, floats in the query's dtype) and the voting loop (one
-boolean mask) take.
+boolean mask) take; :func:`open_rows_without_senders` makes a query with nothing to attend to
+give the fused kernel a finite row, whose output ``vote`` then zeroes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "is_causal_mask",
     "kernel_float_dtype",
     "merge_masks",
+    "open_rows_without_senders",
     "prepare_attention_mask",
     "refuse_per_example_3d_mask",
     "restrict_mask",
@@ -276,6 +278,33 @@ def fused_kernel_mask(
     if mask is not None and mask.is_floating_point() and mask.dtype != dtype:
         mask = mask.to(dtype)
     return mask, is_causal
+
+
+def open_rows_without_senders(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``(mask, dead)``: a fused-kernel mask whose rows that allow no sender allow every sender,
+    and those rows, ``True`` in ``dead``; the caller zeroes their outputs after the kernel.
+
+    What ``F.scaled_dot_product_attention`` gives a query with nothing to attend to depends on the
+    kernel and the torch version: zeros on this torch's CPU kernels, NaN from its math kernel
+    before torch 2.5 and from some CUDA kernels (outputs, and gradients even where the outputs
+    are then zeroed). Opened, the row is a finite uniform average whose output is replaced by zero,
+    so its gradient is zero on every kernel. One reduction over the mask, no host read.
+
+    Args:
+        mask: boolean (True = may attend) or float (``-inf`` forbids), ``(..., i, j)``.
+
+    Returns:
+        The opened mask (same dtype, same shape) and ``dead``, boolean ``(..., i, 1)``.
+    """
+    # Elementwise maxima over the mask (as bytes for a boolean one): on a CPU about 10x faster
+    # than `any` / `|` on booleans and `isneginf().all()` / `masked_fill` on floats.
+    if mask.dtype == torch.bool:
+        as_bytes = mask.view(torch.uint8)
+        dead = as_bytes.amax(dim=-1, keepdim=True) == 0  # (..., i, 1)
+        return torch.maximum(as_bytes, dead.view(torch.uint8)).view(torch.bool), dead
+    dead = mask.amax(dim=-1, keepdim=True) == float("-inf")  # (..., i, 1); no NaN: checked
+    floor = torch.zeros(dead.shape, dtype=mask.dtype, device=mask.device).masked_fill(~dead, float("-inf"))
+    return torch.maximum(mask, floor), dead  # a dead row: max(-inf, 0) = 0; the others unchanged
 
 
 def voting_mask(

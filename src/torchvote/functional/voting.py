@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchvote.functional.masks import fused_kernel_mask, voting_mask
+from torchvote.functional.masks import fused_kernel_mask, open_rows_without_senders, voting_mask
 from torchvote.functional.nonlinearities import _squash
 from torchvote.validation import (
     broadcast_shape,
@@ -510,11 +510,14 @@ def vote(
             _check_mask(mask, (*batch, queries.shape[-2], keys.shape[-2]))  # (..., i, j)
         mask, is_causal = fused_kernel_mask(mask, is_causal, queries.shape[-2], keys.shape[-2],
                                             queries.dtype)
+        dead = None  # (..., i, 1): queries with no sender (causality alone leaves each its first)
+        if mask is not None:
+            mask, dead = open_rows_without_senders(mask)
         outputs = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask,
             dropout_p=dropout_p, is_causal=is_causal, scale=logits.effective_scale,
-        )
-        return VoteResult(outputs)
+        )  # (..., i, d)
+        return VoteResult(outputs if dead is None else outputs.masked_fill(dead, 0.0))
 
     initial = _initial_logits(votes, logits)
     weights_shape = _check_logits(votes, initial)  # (..., i, j)
