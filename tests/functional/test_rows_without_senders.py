@@ -2,11 +2,11 @@
 fused kernel gives such a row.
 
 ``F.scaled_dot_product_attention`` returns zeros for it on this torch's CPU kernels, but NaN from
-its math kernel before torch 2.5 (torchvote supports torch >= 2.4) and from some CUDA kernels,
-which the float64 device tests never reach (float64 runs on the math kernel). So the kernel is
-replaced here by the plain formula, ``softmax(q k^T * scale + mask) v``, which gives NaN for such a
-row as those kernels do, and torchvote's results are compared with the same formula on the other
-rows.
+its math kernel before torch 2.5 and, for some versions, from CUDA's memory-efficient kernel
+(pytorch/pytorch#110213), which the float64 device tests never reach (float64 runs on the math
+kernel). So the kernel is replaced here by the plain formula, ``softmax(q k^T * scale + mask) v``,
+which gives NaN for such a row as those kernels do, and torchvote's results are compared with the
+same formula on the other rows.
 """
 
 from __future__ import annotations

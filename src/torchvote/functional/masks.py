@@ -285,10 +285,12 @@ def open_rows_without_senders(mask: Tensor) -> tuple[Tensor, Tensor]:
     and those rows, ``True`` in ``dead``; the caller zeroes their outputs after the kernel.
 
     What ``F.scaled_dot_product_attention`` gives a query with nothing to attend to depends on the
-    kernel and the torch version: zeros on this torch's CPU kernels, NaN from its math kernel
-    before torch 2.5 and from some CUDA kernels (outputs, and gradients even where the outputs
-    are then zeroed). Opened, the row is a finite uniform average whose output is replaced by zero,
-    so its gradient is zero on every kernel. One reduction over the mask, no host read.
+    kernel and the torch version: zeros from the CPU kernels of the torch versions torchvote
+    supports, NaN from the math kernel before torch 2.5 and, for some versions, from CUDA's
+    memory-efficient kernel (pytorch/pytorch#110213); a NaN row would also make the gradients NaN
+    even where its output is then zeroed. Opened, the row is a finite uniform average whose output
+    is replaced by zero, so its gradient is zero on every kernel. One reduction over the mask, no
+    host read.
 
     Args:
         mask: boolean (True = may attend) or float (``-inf`` forbids), ``(..., i, j)``.
