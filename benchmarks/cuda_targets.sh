@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# The GPU measurements README's speed section still lacks, in one command that fits a 30-minute
-# GPU lease (about 15 minutes of runs; each step has its own time limit, so one slow step cannot
-# take the others' time), after 1 to 2 minutes of the test suite's device sweeps on the GPU
-# (correctness before speed: step device-tests). Each step's output goes to its own file under
-# the output folder, and the run goes on when a step fails; the script then exits 1 and names the
-# failed steps. It stops at once (exit 1) when torch sees no CUDA device, and with exit 2 on an
-# unknown step name.
+# The GPU measurements README's speed section still lacks, in one command: about 15 minutes of
+# runs after 1 to 2 minutes of the test suite's device sweeps on the GPU (correctness before
+# speed: step device-tests). Each step has its own time limit, so one slow step cannot take the
+# others' time; each step's output goes to its own file under the output folder, and the run goes
+# on when a step fails; the script then exits 1 and names the failed steps. It stops at once
+# (exit 1) when torch sees no CUDA device, and with exit 2 on an unknown step name.
 #
 #   bash benchmarks/cuda_targets.sh [OUTPUT_FOLDER [STEP...]]
 #
 # OUTPUT_FOLDER defaults to runs/bench-cuda (relative to where you run it; the scripts run from
 # the repository root wherever that is); STEPs (names below) pick some steps, all by default.
-# Where one command may run 10 minutes at most, run it in parts: `... OUT device-tests` (at most
-# 4 minutes; about 1 to 2), `... OUT routing-em routing-dynamic` (at most 8 minutes) and `... OUT
-# generation-softmax generation-routing training training-compiled` (at most 10.5 minutes; usually
-# far less).
+# The steps run in the order of what they settle, most first: the device tests, then the issue's
+# open targets (EM, dynamic routing, the compiled training step), then the rest. Where one
+# command may run 10 minutes at most and the GPU is lent for about 15 minutes in all (its start
+# included), run it in two parts: `... OUT device-tests routing-em` (at most 9 minutes; usually
+# 4-5) and `... OUT routing-dynamic training-compiled training` (at most 8.5 minutes; usually
+# 3-4); the generation steps (at most 5 minutes) only if time is left.
 # PYTHON names the interpreter (default: python3), with torchvote importable (an installed
 # project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
 # step also omegaconf; the device tests pytest, hypothesis, omegaconf and PyYAML (the dev extras).
@@ -37,8 +38,8 @@ out=${1:-runs/bench-cuda}
 shift $(($# > 0 ? 1 : 0))
 chosen=" $* "
 python=${PYTHON:-python3}
-known=" device-tests routing-em routing-dynamic generation-softmax generation-routing training"
-known+=" training-compiled "
+known=" device-tests routing-em routing-dynamic training-compiled training generation-softmax"
+known+=" generation-routing "
 for name in "$@"; do
     [[ "$known" == *" $name "* ]] || { echo "unknown step '$name'; the steps are:$known" >&2; exit 2; }
 done
@@ -77,13 +78,13 @@ step routing-em 300 "$python" benchmarks/routing.py --device cuda --cases em-con
     --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10
 step routing-dynamic 180 "$python" benchmarks/routing.py --device cuda --cases dynamic \
     --batches 128 512 --modes fwd+bwd --repeats 10
+step training-compiled 180 "$python" benchmarks/training.py --device cuda --compile \
+    --models capsnet,capsnet-small,efficient-capsnet
+step training 150 "$python" benchmarks/training.py --device cuda --models capsnet,capsnet-small,efficient-capsnet
 step generation-softmax 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \
     --num-heads 8 --num-layers 8 --new-tokens 512 --repeats 3
 step generation-routing 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \
     --num-heads 8 --num-layers 8 --new-tokens 512 --repeats 3 --attention routing
-step training 150 "$python" benchmarks/training.py --device cuda --models capsnet,capsnet-small,efficient-capsnet
-step training-compiled 180 "$python" benchmarks/training.py --device cuda --compile \
-    --models capsnet,capsnet-small,efficient-capsnet
 if [ ${#failed[@]} -gt 0 ]; then
     echo "failed steps: ${failed[*]} (their output is in $out/)" >&2
     exit 1

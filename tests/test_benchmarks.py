@@ -476,7 +476,7 @@ def test_cuda_targets_runs_every_step_from_the_repository_and_fails_loudly_at_th
     python = _fake_python(tmp_path, cuda=True, failing="training.py")
     result = _run_script(tmp_path, python, "results")
     assert result.returncode == 1, result.stderr
-    assert "failed steps: training training-compiled" in result.stderr
+    assert "failed steps: training-compiled training" in result.stderr
     results = tmp_path / "results"
     for step in ("device-tests", "routing-em", "routing-dynamic", "generation-softmax", "generation-routing"):
         assert "exit 0 after" in (results / f"{step}.txt").read_text(), step
@@ -568,6 +568,23 @@ def test_cuda_targets_runs_every_step_it_names(tmp_path):
     result = _run_script(tmp_path, _fake_python(tmp_path, cuda=True), "results", *steps)
     assert result.returncode == 0, result.stderr
     assert all((tmp_path / "results" / f"{step}.txt").is_file() for step in steps)
+
+
+def test_the_parts_the_header_names_cover_every_step_and_fit_one_ten_minute_call():
+    """A GPU is lent for about 15 minutes and one command runs 10 at most: the header's parts
+    (``... OUT STEP...`` in backquotes) take every step but the optional generation ones, once,
+    in the script's order, and each part's step limits add up to at most 600 s."""
+    import re
+
+    steps = _cuda_target_steps()
+    parts = [part.split() for part in re.findall(r"`\.\.\. OUT ([^`]*)`", SCRIPT.read_text())]
+    assert len(parts) == 2
+    named = [name for part in parts for name in part]
+    assert named == [name for name in steps if name in named], "the parts follow the script's order"
+    assert sorted(named) == sorted(name for name in steps if not name.startswith("generation-"))
+    for part in parts:
+        assert sum(int(steps[name][0]) for name in part) <= 600, part
+    assert sum(int(steps[name][0]) for name in steps if name.startswith("generation-")) <= 300
 
 
 def test_em_benchmark_times_the_old_em_routing_on_bfloat16_votes(load_benchmark, monkeypatch):
