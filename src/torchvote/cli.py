@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "explain": run_explain,
     }
     from torchvote.data.errors import DataNotFoundError
-    from torchvote.training.loop import TrainingDivergedError
+    from torchvote.training.loop import TrainingDivergedError, TrainingOutOfMemoryError
 
     try:
         return handlers[args.command](args)
@@ -253,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
         return 1
-    except (ValueError, OSError, ImportError, TrainingDivergedError) as err:  # ImportError: scipy for affNIST
+    except (ValueError, OSError, ImportError, TrainingDivergedError, TrainingOutOfMemoryError) as err:
+        # ImportError: scipy for affNIST
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(err).split())  # one line

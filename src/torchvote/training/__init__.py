@@ -20,7 +20,14 @@ from torchvote.training.checkpoint import (
 from torchvote.training.data import BatchPlan, TaskData
 from torchvote.training.distributed import DistributedContext, setup_distributed
 from torchvote.training.evaluate import evaluate, evaluate_checkpoint, load_data, load_model_from_checkpoint
-from torchvote.training.loop import StepInfo, TrainingDivergedError, TrainResult, load_run_config, train
+from torchvote.training.loop import (
+    StepInfo,
+    TrainingDivergedError,
+    TrainingOutOfMemoryError,
+    TrainResult,
+    load_run_config,
+    train,
+)
 from torchvote.training.metrics import MetricsWriter, format_table, read_metrics
 from torchvote.training.plots import plot_run
 from torchvote.training.results import find_resumable_checkpoint
@@ -36,6 +43,7 @@ __all__ = [
     "TaskData",
     "TrainResult",
     "TrainingDivergedError",
+    "TrainingOutOfMemoryError",
     "evaluate",
     "evaluate_checkpoint",
     "find_checkpoint",

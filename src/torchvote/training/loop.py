@@ -81,12 +81,27 @@ from torchvote.training.setup import (
 from torchvote.training.stopping import StopRequest
 from torchvote.training.tasks import get_task_handler, make_objective
 
-__all__ = ["StepInfo", "TrainResult", "TrainingDivergedError", "load_run_config", "train"]
+__all__ = [
+    "StepInfo",
+    "TrainResult",
+    "TrainingDivergedError",
+    "TrainingOutOfMemoryError",
+    "load_run_config",
+    "train",
+]
 
 
 class TrainingDivergedError(RuntimeError):
     """The training loss or the weights became NaN or infinite: the run stops before it saves
     such weights."""
+
+
+class TrainingOutOfMemoryError(torch.cuda.OutOfMemoryError):
+    """The device ran out of memory in a training step or an evaluation. The message says where
+    the run stopped, its last checkpoint, and what to lower: ``batch_size`` (a new run, since its
+    batches differ) or ``eval_batch_size`` (the same run, resumed). A
+    ``torch.cuda.OutOfMemoryError`` (``torch.OutOfMemoryError``), so code that catches that
+    catches this; the original error is its ``__cause__``."""
 
 
 #: The keys of a ``final`` metrics record that say what was evaluated; the rest are the metrics.
@@ -129,6 +144,10 @@ def train(
         ConfigError: a config that does not fit the data or the model.
         CheckpointError: no intact checkpoint to resume from, or one that does not fit.
         ValueError: an unknown data set, model or preset.
+        TrainingDivergedError: the loss or the weights became NaN or infinite.
+        TrainingOutOfMemoryError: the device ran out of memory (the message says what to lower).
+        OSError: a file could not be written (a full disk ...): the last checkpoint is intact,
+            and one line on stderr says where the run stopped and how to continue it.
     """
     context = setup_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
@@ -178,6 +197,7 @@ class _Run:
         self.evaluations: dict[tuple[str, str, int], dict[str, float]] = {}
         self.step = self.epoch = self.position = 0
         self.in_step = False
+        self.evaluating = False  # inside an evaluation (what an out-of-memory error advises)
 
     # --- set-up ---------------------------------------------------------------------------------
 
@@ -299,6 +319,7 @@ class _Run:
     def _evaluate(self, data: TaskData) -> dict[str, float]:
         key = (data.name, data.split, self.step)
         if key not in self.evaluations:  # the last epoch's evaluation is also the final one
+            self.evaluating = True  # reset only when it returns: an error leaves it set
             self.evaluations[key] = evaluate_loss_where_it_applies(  # an eval_on set's labels may not fit
                 self.model,
                 data,
@@ -311,6 +332,7 @@ class _Run:
                 bf16=self.config.bf16,
                 step=self.step,
             )
+            self.evaluating = False
         return self.evaluations[key]
 
     # --- the run and its loop -----------------------------------------------------------------------
@@ -326,6 +348,12 @@ class _Run:
             with self.stop:
                 interrupted = self._loop()
                 results = {} if interrupted else self._final_evaluation()
+        except torch.cuda.OutOfMemoryError as err:
+            raise TrainingOutOfMemoryError(self._out_of_memory_advice()) from err
+        except (OSError, RuntimeError) as err:  # a full disk, a data file gone, a kernel error ...
+            if not isinstance(err, TrainingDivergedError):  # that one says where the run stopped
+                self._log(f"{type(err).__name__} at step {self.step}: {self._where_to_go_on()}")
+            raise
         finally:
             if self.writer is not None:
                 self.writer.close()
@@ -512,15 +540,53 @@ class _Run:
             where = f"{how}; the last checkpoint is {self.last_checkpoint.weights}"
         else:
             where = "no checkpoint was written"
-        if self.last_checkpoint is not None:
-            hint = f"\nresume with: torchvote train --resume {shlex.quote(str(self.run_dir))}"
-        else:  # nothing to resume: the saved config starts the run over in the same folder
-            hint = f"\nstart it again with: torchvote train {shlex.quote(str(self.run_dir / 'config.yaml'))}"
         self._log(
             f"{reason}: stopped at step {self.step} of {self.total_steps}; {where}"
-            + (hint if self.resume_hint else "")
+            + (f"\n{self._continue_command()}" if self.resume_hint else "")
         )
         return True
+
+    def _continue_command(self, *overrides: str) -> str:
+        """``resume with: torchvote train --resume RUN [overrides]``, or, before the first
+        checkpoint (nothing to resume), ``start it again with: torchvote train RUN/config.yaml``
+        (the saved config starts the run over in the same folder)."""
+        if self.last_checkpoint is not None:
+            command = ["torchvote", "train", "--resume", str(self.run_dir), *overrides]
+            return f"resume with: {shlex.join(command)}"
+        command = ["torchvote", "train", str(self.run_dir / "config.yaml"), *overrides]
+        return f"start it again with: {shlex.join(command)}"
+
+    def _kept(self) -> str:
+        """``the last checkpoint is PATH, intact`` or ``no checkpoint was written``."""
+        if self.last_checkpoint is None:
+            return "no checkpoint was written"
+        return f"the last checkpoint is {self.last_checkpoint.weights}, intact"
+
+    def _where_to_go_on(self) -> str:
+        """Where a run stopped by an error stands: its last checkpoint and the command that
+        continues it (without the command when the caller says how, ``resume_hint=False``)."""
+        return self._kept() + (f"; {self._continue_command()}" if self.resume_hint else "")
+
+    def _out_of_memory_advice(self) -> str:
+        """What to lower after the device ran out of memory, and how to go on."""
+        config, device = self.config, self.context.device
+        if self.evaluating:  # a resumed run may change the evaluation batch: the same run
+            smaller = max(1, config.eval_batch_size // 2)
+            advice = f"lower eval_batch_size (now {config.eval_batch_size})"
+            if self.resume_hint:
+                advice += f": {self._continue_command(f'eval_batch_size={smaller}')}"
+            return f"{device} ran out of memory evaluating at step {self.step}; {advice}"
+        smaller = max(1, config.batch_size // 2)
+        new_run = ["torchvote", "train", str(self.run_dir / "config.yaml"), f"batch_size={smaller}",
+                   f"run_dir={self.run_dir}-batch{smaller}"]
+        return (
+            f"{device} ran out of memory in training step {self.step + 1} "
+            f"(batch_size={config.batch_size}{', bf16' if config.bf16 else ''}); {self._kept()}. A smaller "
+            f"batch trains on other batches, so it is a new run: {shlex.join(new_run)}"
+            + ("" if config.bf16 else " (bf16=true also halves the activations' memory)")
+            + (f"; or, with more free memory on the device, {self._continue_command()}"
+               if self.resume_hint and self.last_checkpoint is not None else "")
+        )
 
     def _final_evaluation(self) -> dict[str, dict[str, float]]:
         """Evaluate on the run's test set and each ``eval_on`` entry; write one ``final`` record
