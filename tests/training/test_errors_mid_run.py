@@ -112,3 +112,15 @@ def test_the_command_line_prints_one_line_and_no_traceback(tiny_config, monkeypa
     assert "Traceback" not in err
     (line,) = [line for line in err.splitlines() if line.startswith("torchvote train: error:")]
     assert "ran out of memory in training step 3 (batch_size=40); no checkpoint was written" in line
+
+
+def test_without_resume_hints_the_advice_names_no_command(tiny_config, monkeypatch):
+    # `torchvote reproduce` runs rows of fixed sizes and says itself how to go on (rerun it)
+    with monkeypatch.context() as patch:
+        patch.setattr(loop._Run, "_train_step",
+                      _failing_at(8, loop._Run._train_step, torch.cuda.OutOfMemoryError(OOM)))
+        with pytest.raises(TrainingOutOfMemoryError) as caught:
+            train(tiny_config("quiet"), verbose=False, resume_hint=False)
+    message = str(caught.value)
+    assert message.endswith("intact; it needs a device with more free memory")
+    assert "torchvote train" not in message

@@ -576,16 +576,21 @@ class _Run:
             if self.resume_hint:
                 advice += f": {self._continue_command(f'eval_batch_size={smaller}')}"
             return f"{device} ran out of memory evaluating at step {self.step}; {advice}"
+        stopped = (
+            f"{device} ran out of memory in training step {self.step + 1} "
+            f"(batch_size={config.batch_size}{', bf16' if config.bf16 else ''}); {self._kept()}"
+        )
+        if not self.resume_hint:  # the caller's runs have their sizes: no command of ours fits
+            return f"{stopped}; it needs a device with more free memory"
         smaller = max(1, config.batch_size // 2)
         new_run = ["torchvote", "train", str(self.run_dir / "config.yaml"), f"batch_size={smaller}",
                    f"run_dir={self.run_dir}-batch{smaller}"]
         return (
-            f"{device} ran out of memory in training step {self.step + 1} "
-            f"(batch_size={config.batch_size}{', bf16' if config.bf16 else ''}); {self._kept()}. A smaller "
-            f"batch trains on other batches, so it is a new run: {shlex.join(new_run)}"
+            f"{stopped}. A smaller batch trains on other batches, so it is a new run: "
+            f"{shlex.join(new_run)}"
             + ("" if config.bf16 else " (bf16=true also halves the activations' memory)")
             + (f"; or, with more free memory on the device, {self._continue_command()}"
-               if self.resume_hint and self.last_checkpoint is not None else "")
+               if self.last_checkpoint is not None else "")
         )
 
     def _final_evaluation(self) -> dict[str, dict[str, float]]:
