@@ -213,6 +213,28 @@ def test_evaluate_on_images_that_do_not_fit_suggests_the_fix(tmp_path, capsys, m
         assert code == 2 and f"{flag} must be a positive integer, got {value}" in err
 
 
+def test_evaluate_out_of_device_memory_is_one_line_that_says_what_to_lower(tmp_path, capsys, monkeypatch):
+    # torch's paragraph and a traceback; now one line naming --batch-size and its value
+    import importlib
+
+    import torch
+
+    evaluation = importlib.import_module("torchvote.training.evaluate")  # the module, not the function
+    run_dir = tmp_path / "r"
+    assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has ...")
+
+    monkeypatch.setattr(evaluation, "evaluate_loss_where_it_applies", out_of_memory)
+    code, _, err = run(capsys, "evaluate", str(run_dir), "--on", "mnist", "--batch-size", "256")
+    assert code == 2 and "Traceback" not in err
+    (line,) = err.splitlines()
+    expected = "torchvote evaluate: error: the device ran out of memory: lower --batch-size (now 256)"
+    assert line.startswith(expected)
+    assert line.endswith("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ...")
+
+
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys):
     run_dir = tmp_path / "r"
     assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0

@@ -234,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reproduce": _reproduce,
         "explain": run_explain,
     }
+    import torch
+
     from torchvote.data.errors import DataNotFoundError
     from torchvote.training.loop import TrainingDivergedError, TrainingOutOfMemoryError
 
@@ -253,8 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
         return 1
-    except (ValueError, OSError, ImportError, TrainingDivergedError, TrainingOutOfMemoryError) as err:
-        # ImportError: scipy for affNIST
+    except torch.cuda.OutOfMemoryError as err:  # out of device memory: one line, what to lower
+        if os.environ.get("TORCHVOTE_DEBUG"):
+            raise
+        message = " ".join(str(err).split())  # torch's own is a paragraph
+        if not isinstance(err, TrainingOutOfMemoryError) and getattr(args, "batch_size", None):
+            message = f"the device ran out of memory: lower --batch-size (now {args.batch_size}); {message}"
+        print(f"torchvote {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, OSError, ImportError, TrainingDivergedError) as err:  # ImportError: scipy for affNIST
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(err).split())  # one line
