@@ -156,7 +156,7 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
         weight: the scale of the loss, a finite number >= 0.
 
     Returns:
-        The scalar loss.
+        The scalar loss, in the dtype of ``reconstructions`` (summed in at least float32).
 
     Raises:
         ValueError: a ``weight`` that is negative, NaN or infinite (it would reward reconstructing
@@ -179,7 +179,12 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
         raise ValueError(
             f"reconstructions {tuple(reconstructions.shape)} do not match images {tuple(images.shape)}"
         )
-    return weight * (flat_reconstructions - flat_images).square().sum(dim=1).mean()
+    # squared errors summed in at least float32: a float16 image's sum passes 65504 (784 pixels
+    # off by 10) while the weighted loss is a float16 number; returned in the inputs' dtype
+    compute = torch.promote_types(flat_reconstructions.dtype, torch.float32)
+    differences = flat_reconstructions.to(compute) - flat_images.to(compute)  # (b, c*h*w)
+    loss = weight * differences.square().sum(dim=1).mean()
+    return loss.to(flat_reconstructions.dtype)
 
 
 def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tensor:

@@ -59,6 +59,7 @@ from torchvote.functional.voting import (
     SharedVotes,
     VoteResult,
     Votes,
+    _upcast,
     _votes_shape,
     vote,
 )
@@ -422,7 +423,9 @@ def self_attention_routing(
     As voting: one pass, ``vote(votes, logits, normalize_over="receivers", bias=sum_j b_ij u_ij,
     nonlinearity=efficient_squash)`` with ``logits = votes.dot(votes.weighted_sum(1)) / sqrt(d)``
     (agreement of each vote with the sum of its column: the self-attention matrix's row sums,
-    without forming the ``(in_caps, in_caps)`` matrix). The prior is added after the softmax, as in
+    without forming the ``(in_caps, in_caps)`` matrix; formed as ``in_caps`` times the dot products
+    with the column means, that factor applied in float32 for half-precision votes, whose sums
+    pass float16's 65504 at CapsNet's 1152 inputs). The prior is added after the softmax, as in
     the authors' code, so it enters as a bias ``sum_j b_ij u_ij`` on the aggregate. What differs
     from attention: the softmax runs over the receivers and the agreement needs no queries.
 
@@ -451,8 +454,13 @@ def self_attention_routing(
             f"{shape}"
         )
     zeros = routed.zero_logits()  # (..., i, j)
-    column_sums = routed.weighted_sum(torch.ones_like(zeros))  # sum_k u_ik: (..., i, d)
-    logits = routed.dot(column_sums) / math.sqrt(column_sums.shape[-1])  # (..., i, j)
+    senders = zeros.shape[-1]
+    # u_ij . sum_k u_ik as senders * (u_ij . mean_k u_ik), the factor applied in float32 at least:
+    # in float16 the column sums and their dot products passed 65504 at CapsNet's 1152 senders
+    means = torch.full_like(zeros, 1 / max(senders, 1))  # (..., i, j)
+    column_means = routed.weighted_sum(means)  # mean_k u_ik: (..., i, d)
+    factor = senders / math.sqrt(column_means.shape[-1])
+    logits = _upcast(routed.dot(column_means)) * factor  # (..., i, j)
     bias = None
     if log_prior is not None:
         check_input_dtype(log_prior, routed.dtype, "log_prior", "the votes")
