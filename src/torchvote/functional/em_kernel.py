@@ -21,6 +21,11 @@ Procedure 1, in log space::
         E-step (not after the last M-step):
                  R_ij = softmax over the parents of j of  log a_i + log N(V_ij | mu_i, s2_i)
 
+The statistics are sums over votes centred on each receiver's plain mean ``m_i`` (exact enough
+``E[c^2] - E[c]^2`` in float32), so ``mu_i = m_i + sum_j w_ij (V_ij - m_i) / max(sum_j w_ij, eps)``:
+the same as above except where no vote has weight (``sum_j w_ij = 0``), where ``mu_i`` is ``m_i``
+rather than 0 (the receiver's activation, ``sigmoid(lambda beta_a)``, is the same either way).
+
 The softmax of the E-step runs over the receivers ``i`` of each sender: per row ``n`` by default
 (each patch on its own), or, with ``sender_groups``, jointly over every ``(n, i)`` whose sender
 is the same input capsule (the paper's form for convolutional capsules: an input capsule's parents
