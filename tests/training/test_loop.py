@@ -337,6 +337,24 @@ def test_worker_processes_give_the_same_batches(tiny_config):
     _assert_same_weights(_weights(in_process.model), _weights(with_workers.model))
 
 
+@pytest.mark.slow  # a spawned worker imports torch: about 5 s
+def test_workers_started_by_spawn_get_the_augmentation_too(tiny_config, monkeypatch):
+    """macOS and Windows start DataLoader workers by ``spawn``, Linux from Python 3.14 by
+    ``forkserver``: the dataset, its random shifts included (``data.shift=2`` here), reaches them
+    pickled, and the shifts were a local function ("Can't pickle local object
+    'ClassificationHandler.augment.<locals>.transform'"). Fork, Linux's default before 3.14,
+    copies it without pickling, so the test above never saw it."""
+    import functools
+
+    from torchvote.training import data as training_data
+
+    spawned = functools.partial(torch.utils.data.DataLoader, multiprocessing_context="spawn")
+    monkeypatch.setattr(training_data.torch.utils.data, "DataLoader", spawned)
+    in_process = train(tiny_config("zero", "max_steps=3"), verbose=False)
+    with_workers = train(tiny_config("spawned", "max_steps=3", "num_workers=1"), verbose=False)
+    _assert_same_weights(_weights(in_process.model), _weights(with_workers.model))
+
+
 def test_data_that_does_not_fit_the_model_is_a_clear_error(tiny_config):
     with pytest.raises(
         ConfigError, match="model.num_classes=5 does not fit the data set, which needs num_classes=10 or more"

@@ -9,6 +9,7 @@ follows (config field names, ``forward`` signature, output record).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ __all__ = [
     "ClassificationHandler",
     "LanguageModelHandler",
     "Objective",
+    "RandomShifts",
     "Seq2SeqHandler",
     "TaskHandler",
     "get_task_handler",
@@ -105,6 +107,33 @@ class TaskHandler:
         return metrics
 
 
+@dataclass(frozen=True)
+class RandomShifts:
+    """Shift each image of a batch by a random whole number of pixels, up to ``max_shift`` in each
+    direction (Sabour et al. 2017, sec. 5: "shifted by up to 2 pixels"), each of its digits
+    (MultiMNIST's ``digits``) with it. A module-level class, not a closure, so that
+    ``DataLoader`` workers started by ``spawn`` or ``forkserver`` (macOS, Windows, and Linux from
+    Python 3.14) can be given it: they receive their dataset, this included, pickled.
+
+    Args:
+        max_shift: the largest shift in pixels, at least 1.
+    """
+
+    max_shift: int
+
+    def __call__(self, batch: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
+        from torchvote.data import sample_shifts, shift_images
+
+        images = batch["images"]
+        shifts = sample_shifts(len(images), self.max_shift, generator=generator)  # (b, 2)
+        shifted = {**batch, "images": shift_images(images, shifts)}
+        if "digits" in batch:  # each digit moves with its image
+            digits = batch["digits"]  # (b, k, c, h, w)
+            per_digit = shifts.repeat_interleave(digits.shape[1], dim=0)  # (b * k, 2)
+            shifted["digits"] = shift_images(digits.flatten(0, 1), per_digit).unflatten(0, digits.shape[:2])
+        return shifted
+
+
 class ClassificationHandler(TaskHandler):
     """Images in, class scores out. Single labels ``(n,)`` or several per image ``(n, k)``
     (MultiMNIST: two distinct digits; accuracy counts an image as right when the top-k classes
@@ -167,21 +196,7 @@ class ClassificationHandler(TaskHandler):
             max_shift += (data_config.canvas - data.fields["image_size"]) // 2
         if max_shift == 0:
             return None
-        from torchvote.data import sample_shifts, shift_images
-
-        def transform(batch: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
-            images = batch["images"]
-            shifts = sample_shifts(len(images), max_shift, generator=generator)  # (b, 2)
-            shifted = {**batch, "images": shift_images(images, shifts)}
-            if "digits" in batch:  # each digit moves with its image
-                digits = batch["digits"]
-                per_digit = shifts.repeat_interleave(digits.shape[1], dim=0)  # (b * k, 2)
-                shifted["digits"] = shift_images(digits.flatten(0, 1), per_digit).unflatten(
-                    0, digits.shape[:2]
-                )
-            return shifted
-
-        return transform
+        return RandomShifts(max_shift)
 
     def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> ClassifierOutput:
         output = model(batch["images"], batch["targets"] if model.training else None)
