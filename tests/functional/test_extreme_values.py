@@ -230,3 +230,29 @@ def test_float16_self_attention_routing_of_many_senders_is_finite():
     assert outputs.dtype == torch.float16 and torch.isfinite(couplings).all()
     torch.testing.assert_close(couplings.float().sum(dim=-2), torch.ones(2, 1152), rtol=0.0, atol=4e-3)
     torch.testing.assert_close(outputs.float(), expected, rtol=0.0, atol=4 * torch.finfo(torch.float16).eps)
+
+
+@pytest.mark.parametrize("shared_weights", [False, True])
+@pytest.mark.parametrize("strategy", ["stream", "materialize"])
+def test_float16_distance_agreement_of_long_votes_is_the_float32_routing(strategy, shared_weights):
+    """``agreement="distance"`` forms ``2 u.v - ||u||^2 - ||v||^2``: in float16 the squared lengths
+    passed 65504 once vote entries passed 64 (d = 16), and every logit became -inf or NaN. The
+    float16 layer against the same layer in float32 (weights and inputs float16-representable),
+    both strategies: streamed votes (``LinearVotes`` / ``SharedLinearVotes``) and formed ones."""
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        layer = CapsuleLinear(30, 8, 4, 16, iterations=3, shared_weights=shared_weights, strategy=strategy,
+                              router_options={"agreement": "distance"}, init_std=16.0).half()
+    inputs = (_directions(2, 30, 8, seed=12) * 8).half()
+    reference = CapsuleLinear(30, 8, 4, 16, iterations=3, shared_weights=shared_weights, strategy=strategy,
+                              router_options={"agreement": "distance"})
+    reference.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
+    pattern = "ide,bje->bijd" if shared_weights else "ijde,bje->bijd"
+    votes = torch.einsum(pattern, reference.weight.detach(), inputs.float())  # (b, i, j, d)
+    # every vote's squared length past float16's range: every logit was -inf, the couplings NaN
+    assert votes.pow(2).sum(-1).min() > torch.finfo(torch.float16).max
+    outputs = layer(inputs)
+    assert outputs.dtype == torch.float16 and torch.isfinite(outputs).all()
+    torch.testing.assert_close(
+        outputs.float(), reference(inputs.float()), rtol=0.0, atol=8 * torch.finfo(torch.float16).eps
+    )

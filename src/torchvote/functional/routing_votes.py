@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import autocast_off
+from torchvote.functional.voting import _upcast, autocast_off
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
@@ -375,9 +375,10 @@ class LinearVotes(_WeightTimesInputs):
 
     def squared_norm(self) -> Tensor:
         """``(..., i, j)``: ``||W_ij u_j||^2 = u_j^T (W_ij^T W_ij) u_j``, computed once and kept."""
-        if self._squared_norm is None:
-            gram = torch.einsum("ijde,ijdf->ijef", self.weight, self.weight)  # (i, j, e, e)
-            x = self.inputs.reshape(-1, self.senders, self.in_dim)
+        if self._squared_norm is None:  # in at least float32: weight and inputs are small to upcast
+            weight = _upcast(self.weight)
+            gram = torch.einsum("ijde,ijdf->ijef", weight, weight)  # (i, j, e, e)
+            x = _upcast(self.inputs).reshape(-1, self.senders, self.in_dim)
             outer = torch.einsum("bje,bjf->bjef", x, x).flatten(-2)  # (b, j, e*e)
             norms = torch.einsum("bjk,ijk->bij", outer, gram.flatten(-2))
             self._squared_norm = norms.reshape(*self.batch_shape, self.receivers, self.senders)
@@ -431,8 +432,9 @@ class SharedLinearVotes(_WeightTimesInputs):
         return torch.einsum("...je,...ie->...ij", self.inputs, pulled)
 
     def squared_norm(self) -> Tensor:
-        gram = torch.einsum("ide,idf->ief", self.weight, self.weight)  # (i, e, e)
-        return torch.einsum("...je,ief,...jf->...ij", self.inputs, gram, self.inputs)
+        weight, inputs = _upcast(self.weight), _upcast(self.inputs)  # at least float32
+        gram = torch.einsum("ide,idf->ief", weight, weight)  # (i, e, e)
+        return torch.einsum("...je,ief,...jf->...ij", inputs, gram, inputs)
 
     def materialize(self) -> Tensor:
         """The votes as a tensor ``(..., i, j, d)``."""

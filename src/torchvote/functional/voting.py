@@ -89,7 +89,8 @@ class Votes(Protocol):
         ...
 
     def squared_norm(self) -> Tensor:
-        """Squared length of every vote, broadcastable to ``(..., i, j)``."""
+        """Squared length of every vote, broadcastable to ``(..., i, j)``, in at least float32
+        (half-precision votes' squared lengths pass float16's 65504 once entries pass 64)."""
         ...
 
     def detach(self) -> Votes:
@@ -127,7 +128,7 @@ class SharedVotes:
         return torch.einsum("...jd,...id->...ij", self.values, outputs)
 
     def squared_norm(self) -> Tensor:
-        return self.values.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, j)
+        return _upcast(self.values).pow(2).sum(-1).unsqueeze(-2)  # (..., 1, j)
 
     def detach(self) -> SharedVotes:
         return SharedVotes(self.values.detach())
@@ -165,7 +166,7 @@ class PairwiseVotes:
         return torch.einsum("...ijd,...id->...ij", self.votes, outputs)
 
     def squared_norm(self) -> Tensor:
-        return self.votes.pow(2).sum(-1)
+        return _upcast(self.votes).pow(2).sum(-1)  # (..., i, j)
 
     def detach(self) -> PairwiseVotes:
         return PairwiseVotes(self.votes.detach())
@@ -341,9 +342,10 @@ def _dot_agreement(state: VotingState) -> Tensor:
 
 
 def _distance_agreement(state: VotingState) -> Tensor:
-    """Negative squared Euclidean distance ``-||u - v||^2 = 2 u.v - ||u||^2 - ||v||^2``."""
-    out_sq = state.outputs.pow(2).sum(-1).unsqueeze(-1)  # (..., i, 1)
-    return 2 * state.votes.dot(state.outputs) - state.votes.squared_norm() - out_sq
+    """Negative squared Euclidean distance ``-||u - v||^2 = 2 u.v - ||u||^2 - ||v||^2``, each term
+    in at least float32 (in float16 the squared lengths overflow long before the distance)."""
+    out_sq = _upcast(state.outputs).pow(2).sum(-1).unsqueeze(-1)  # (..., i, 1)
+    return 2 * _upcast(state.votes.dot(state.outputs)) - state.votes.squared_norm() - out_sq
 
 
 _AGREEMENTS: dict[str, AgreementFn] = {
