@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from torchvote.nn import (
-    MultiHeadAttention,
     RoutingAttention,
     TransformerConfig,
     TransformerDecoder,
@@ -30,41 +29,23 @@ def _randomise(module: nn.Module) -> None:
                 parameter.normal_()
 
 
-def _copy_feedforward_and_norms(ours, theirs, pairs):
-    ours.feedforward.expand.load_state_dict(theirs.linear1.state_dict())
-    ours.feedforward.contract.load_state_dict(theirs.linear2.state_dict())
-    for mine, reference in pairs:
-        mine.load_state_dict(reference.state_dict())
+def _torch_layer(torch_class, norm_first, activation="relu"):
+    """A float64 torch layer with random biases and norm affines, in eval mode."""
+    torch.manual_seed(0)
+    theirs = torch_class(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
+                         activation=activation, norm_first=norm_first, batch_first=True, dtype=F64)
+    _randomise(theirs)
+    return theirs.eval()
 
 
 def _encoder_pair(norm_first, activation="relu"):
-    torch.manual_seed(0)
-    theirs = nn.TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
-                                        activation=activation, norm_first=norm_first,
-                                        batch_first=True, dtype=F64)
-    _randomise(theirs)
-    ours = TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
-                                   activation=activation, norm_first=norm_first).double()
-    ours.self_attention = MultiHeadAttention.from_torch(theirs.self_attn)
-    _copy_feedforward_and_norms(ours, theirs, [(ours.attention_norm, theirs.norm1),
-                                               (ours.feedforward_norm, theirs.norm2)])
-    return ours.eval(), theirs.eval()
+    theirs = _torch_layer(nn.TransformerEncoderLayer, norm_first, activation)
+    return TransformerEncoderLayer.from_torch(theirs), theirs
 
 
 def _decoder_pair(norm_first, activation="relu"):
-    torch.manual_seed(0)
-    theirs = nn.TransformerDecoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
-                                        activation=activation, norm_first=norm_first,
-                                        batch_first=True, dtype=F64)
-    _randomise(theirs)
-    ours = TransformerDecoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.1,
-                                   activation=activation, norm_first=norm_first).double()
-    ours.self_attention = MultiHeadAttention.from_torch(theirs.self_attn)
-    ours.cross_attention = MultiHeadAttention.from_torch(theirs.multihead_attn)
-    _copy_feedforward_and_norms(ours, theirs, [(ours.self_attention_norm, theirs.norm1),
-                                               (ours.cross_attention_norm, theirs.norm2),
-                                               (ours.feedforward_norm, theirs.norm3)])
-    return ours.eval(), theirs.eval()
+    theirs = _torch_layer(nn.TransformerDecoderLayer, norm_first, activation)
+    return TransformerDecoderLayer.from_torch(theirs), theirs
 
 
 def _padding(batch, length):
@@ -117,31 +98,12 @@ def test_decoder_layer_matches_torch(norm_first):
                             lambda t, m: theirs(t, m), [target, memory])
 
 
-def test_stacks_match_torch_with_final_norm_for_pre_norm():
-    torch.manual_seed(0)
-    layers = [_encoder_pair(True) for _ in range(2)]
-    theirs = nn.TransformerEncoder(layers[0][1], 2, norm=nn.LayerNorm(D_MODEL, dtype=F64),
-                                   enable_nested_tensor=False)
-    theirs.layers = nn.ModuleList(pair[1] for pair in layers)
-    _randomise(theirs.norm)
-    prepared = iter(pair[0] for pair in layers)  # the factory hands out the copied layers
-    ours = TransformerEncoder(lambda: next(prepared), 2).double()
-    assert isinstance(ours.norm, nn.LayerNorm)
-    ours.norm.load_state_dict(theirs.norm.state_dict())
-    inputs = torch.randn(2, 6, D_MODEL, dtype=F64)
-    _assert_same_with_grads(lambda x: ours(x), lambda x: theirs.eval()(x), [inputs])
-
-    decoder_layers = [_decoder_pair(False) for _ in range(2)]
-    their_decoder = nn.TransformerDecoder(decoder_layers[0][1], 2)
-    their_decoder.layers = nn.ModuleList(pair[1] for pair in decoder_layers)
-    prepared_decoders = iter(pair[0] for pair in decoder_layers)
-    our_decoder = TransformerDecoder(lambda: next(prepared_decoders), 2)
-    assert isinstance(our_decoder.norm, nn.Identity)  # post-norm layers end in a norm already
-    memory = torch.randn(2, 4, D_MODEL, dtype=F64)
-    causal = nn.Transformer.generate_square_subsequent_mask(6, dtype=F64)
-    _assert_same_with_grads(lambda t, m: our_decoder(t, m),
-                            lambda t, m: their_decoder.eval()(t, m, tgt_mask=causal),
-                            [inputs, memory])
+def test_stacks_default_to_a_final_norm_for_pre_norm_layers():
+    """The stacks' numbers against torch's are in test_from_torch_transformer.py."""
+    pre_norm = TransformerEncoder(lambda: TransformerEncoderLayer(8, 2, norm_first=True), 2)
+    assert isinstance(pre_norm.norm, nn.LayerNorm)
+    post_norm = TransformerDecoder(lambda: TransformerDecoderLayer(8, 2), 2)
+    assert isinstance(post_norm.norm, nn.Identity)  # post-norm layers end in a norm already
 
 
 def test_config_builds_fresh_layers():

@@ -26,7 +26,9 @@ queries are the same target positions (a later target token would change earlier
 
 All inputs are batch first ``(b, T, E)``. Masks follow torchvote's convention: True = may attend;
 ``key_mask`` True = real token, False = padding. The stacks of these layers are in
-:mod:`torchvote.nn.transformer_stack`.
+:mod:`torchvote.nn.transformer_stack`. ``from_torch`` copies ``torch.nn``'s layers (and stacks)
+exactly, optionally building the attentions with another factory (softmax attention turned into
+routing-style voting, same weights).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +126,150 @@ def _given(factory: Factory) -> Factory:
     return {name: value for name, value in factory.items() if value is not None}
 
 
+def _check_torch_module(module: nn.Module, torch_class: type[nn.Module], steps: tuple[str, ...]) -> None:
+    """Refuse for ``from_torch`` what is not ``torch_class`` or a subclass that changes its math.
+
+    Args:
+        module: the module to copy.
+        torch_class: the ``torch.nn`` class it must be.
+        steps: the methods of ``torch_class`` that compute its output; a subclass overriding one
+            computes something ``from_torch`` cannot know.
+
+    Raises:
+        TypeError: ``module`` is not a ``torch_class``.
+        ValueError: ``module``'s class overrides one of ``steps``.
+    """
+    if not isinstance(module, torch_class):
+        raise TypeError(f"module must be a torch.nn.{torch_class.__name__}, got {type(module).__name__}")
+    overridden = [step for step in steps if getattr(type(module), step) is not getattr(torch_class, step)]
+    if overridden:
+        raise ValueError(
+            f"from_torch: {type(module).__name__} overrides torch.nn.{torch_class.__name__}'s "
+            f"{', '.join(overridden)}; only torch's own computation can be copied"
+        )
+
+
+def _torch_layer_norm_eps(norm: object, name: str, d_model: int) -> float:
+    """The epsilon of a torch layer's ``nn.LayerNorm`` ``name``, after checking that a torchvote
+    layer norm (over ``d_model`` features, with a learned scale and bias) can take its place.
+
+    Raises:
+        ValueError: ``norm`` is not an ``nn.LayerNorm`` over ``(d_model,)``, or it has no learned
+            scale (``elementwise_affine=False``) or no bias (``bias=False``).
+    """
+    if not isinstance(norm, nn.LayerNorm) or tuple(norm.normalized_shape) != (d_model,):
+        raise ValueError(
+            f"from_torch: {name} must be an nn.LayerNorm over ({d_model},) features, got {norm!r}"
+        )
+    if not norm.elementwise_affine:
+        raise ValueError(
+            f"from_torch: {name}.elementwise_affine=False is not supported: torchvote's layer norms "
+            "learn a scale and a bias"
+        )
+    if norm.bias is None:
+        raise ValueError(f"from_torch: bias=False is not supported ({name} has no bias)")
+    return float(norm.eps)
+
+
+def _torch_activation(activation: object) -> Activation:
+    """The name of a torch layer's ``activation`` (torch turns ``"relu"``/``"gelu"`` into
+    ``F.relu``/``F.gelu`` when it builds the layer).
+
+    Raises:
+        ValueError: any other callable, ``nn.GELU(approximate="tanh")`` included.
+    """
+    if activation is F.relu or activation is torch.relu or type(activation) is nn.ReLU:
+        return "relu"
+    if activation is F.gelu or (type(activation) is nn.GELU and activation.approximate == "none"):
+        return "gelu"
+    raise ValueError(
+        f"from_torch: activation={activation!r} is not supported: torchvote's layers take relu "
+        "('relu', F.relu, nn.ReLU()) or exact gelu ('gelu', F.gelu, nn.GELU()); "
+        "nn.GELU(approximate='tanh') and other callables have no equivalent"
+    )
+
+
+@dataclass(frozen=True)
+class _TorchNames:
+    """Where a ``torch.nn`` transformer layer keeps what :meth:`_TransformerLayer.from_torch`
+    copies: its class, the methods that compute its output, and torch's name for each of our
+    attentions and norms (ours -> torch's), and its dropouts."""
+
+    torch_class: type[nn.Module]
+    steps: tuple[str, ...]
+    attentions: dict[str, str]
+    norms: dict[str, str]
+    dropouts: tuple[str, ...]
+
+
+def _torch_settings(module: nn.Module, names: _TorchNames, allow_sequence_first: bool) -> dict[str, Any]:
+    """The constructor arguments of the torchvote layer equivalent to torch's layer ``module``,
+    after checking that it can express everything ``module`` does.
+
+    Raises:
+        ValueError: as :meth:`_TransformerLayer.from_torch` lists, the message naming the attribute.
+    """
+    first = getattr(module, next(iter(names.attentions.values())))
+    d_model, num_heads = first.embed_dim, first.num_heads
+    for theirs in names.attentions.values():
+        mha = getattr(module, theirs)
+        if (mha.embed_dim, mha.num_heads, mha.kdim, mha.vdim) != (d_model, num_heads, d_model, d_model):
+            raise ValueError(
+                f"from_torch: {theirs} has embed_dim={mha.embed_dim}, num_heads={mha.num_heads}, "
+                f"kdim={mha.kdim}, vdim={mha.vdim}; torchvote's layers need every attention "
+                f"with embed_dim = kdim = vdim = d_model = {d_model} and num_heads={num_heads}"
+            )
+        if not mha.batch_first and not allow_sequence_first:
+            raise ValueError(
+                f"from_torch: {theirs}.batch_first=False: torchvote's layers take batch-first "
+                "(b, T, E) inputs; build torch's layer with batch_first=True, or pass "
+                "allow_sequence_first=True and transpose torch's (T, b, E) inputs"
+            )
+        if mha.in_proj_bias is None or mha.out_proj.bias is None:
+            raise ValueError(f"from_torch: bias=False is not supported ({theirs} has no bias)")
+    expand, contract = module.linear1, module.linear2
+    if not (isinstance(expand, nn.Linear) and isinstance(contract, nn.Linear)):
+        raise ValueError(
+            f"from_torch: linear1 and linear2 must be nn.Linear, got {type(expand).__name__} "
+            f"and {type(contract).__name__}"
+        )
+    if expand.bias is None or contract.bias is None:
+        raise ValueError("from_torch: bias=False is not supported (linear1 or linear2 has no bias)")
+    epsilons = {theirs: _torch_layer_norm_eps(getattr(module, theirs), theirs, d_model)
+                for theirs in names.norms.values()}
+    if len(set(epsilons.values())) > 1:
+        raise ValueError(
+            f"from_torch: the norms' eps differ ({_listed(epsilons, '.eps')}); torchvote's "
+            "layers take one layer_norm_eps"
+        )
+    dropouts = {f"{theirs}.dropout": float(getattr(module, theirs).dropout)
+                for theirs in names.attentions.values()}
+    for name in names.dropouts:
+        dropout = getattr(module, name)
+        if not isinstance(dropout, nn.Dropout):
+            raise ValueError(f"from_torch: {name} must be an nn.Dropout, got {dropout!r}")
+        dropouts[f"{name}.p"] = float(dropout.p)
+    if len(set(dropouts.values())) > 1:
+        raise ValueError(
+            f"from_torch: the dropout probabilities differ ({_listed(dropouts)}); torchvote's "
+            "layers take one dropout for the attention, the feed-forward network and the residuals"
+        )
+    return {
+        "d_model": d_model,
+        "num_heads": num_heads,
+        "dim_feedforward": expand.out_features,
+        "dropout": next(iter(dropouts.values())),
+        "activation": _torch_activation(module.activation),
+        "norm_first": module.norm_first,
+        "layer_norm_eps": next(iter(epsilons.values())),
+    }
+
+
+def _listed(values: dict[str, float], suffix: str = "") -> str:
+    """``"name=value, ..."`` for an error message."""
+    return ", ".join(f"{name}{suffix}={value}" for name, value in values.items())
+
+
 def _cache(cache: KVCache | None) -> dict[str, KVCache]:
     """``{"cache": cache}`` for the attention's call, or nothing (attentions without a cache)."""
     return {} if cache is None else {"cache": cache}
@@ -177,6 +323,9 @@ class AttentionIntermediates:
         return next(reversed(self.weights.values()))
 
 
+_Layer = TypeVar("_Layer", bound="_TransformerLayer")
+
+
 class _TransformerLayer(nn.Module):
     """What the encoder and decoder layers share: sizes, feed-forward network, residual sublayer.
 
@@ -189,6 +338,8 @@ class _TransformerLayer(nn.Module):
     The norms stay attributes of the concrete layers, so the state-dict keys name the sublayer
     they belong to (``attention_norm``, ``feedforward_norm``, ...).
     """
+
+    _torch: ClassVar[_TorchNames]  # the torch.nn layer that from_torch copies
 
     def __init__(
         self,
@@ -265,6 +416,82 @@ class _TransformerLayer(nn.Module):
             dtype=dtype,
         )
 
+    @classmethod
+    def from_torch(
+        cls: type[_Layer],
+        module: nn.Module,
+        *,
+        attention: AttentionFactory | None = None,
+        allow_sequence_first: bool = False,
+    ) -> _Layer:
+        """A layer with exactly the weights and settings of torch's layer ``module``.
+
+        Copies the attentions (through :meth:`MultiHeadAttention.from_torch
+        <torchvote.nn.MultiHeadAttention.from_torch>`), the feed-forward network, the norms, the
+        sizes, ``activation``, ``dropout``, ``norm_first``, ``layer_norm_eps``, the training
+        flag, device and dtype. The forward passes then agree (the class docstring names the
+        parameters; translate the masks as :class:`~torchvote.nn.MultiHeadAttention` shows:
+        ``key_mask=~src_key_padding_mask``, ``is_causal=True`` for torch's causal mask; torch's
+        decoder layer is causal only when given a causal ``tgt_mask``, ours by default).
+
+        Args:
+            module: a ``torch.nn.TransformerEncoderLayer`` (for this encoder layer) or
+                ``torch.nn.TransformerDecoderLayer`` (for the decoder layer).
+            attention: an :class:`AttentionFactory` to build the attentions with instead of
+                :class:`~torchvote.nn.MultiHeadAttention`, e.g.
+                ``attention_factory("routing", iterations=3)``: each attention then loads the
+                copied attention's state dict, so it must take
+                :class:`~torchvote.nn.MultiHeadAttention`'s parameters (as
+                :class:`~torchvote.nn.RoutingAttention` does).
+            allow_sequence_first: accept a ``module`` built with ``batch_first=False`` (torch's
+                default): its weights are the same, but the copy still takes batch-first
+                ``(b, T, E)`` inputs, so transpose torch's ``(T, b, E)`` ones. Without it such a
+                module is refused, since its inputs would be misread without an error.
+
+        Returns:
+            The equivalent layer (a copy: later changes to ``module`` do not carry over).
+
+        Raises:
+            TypeError: ``module`` is not torch's layer of this kind (or it holds an attention
+                that is not an ``nn.MultiheadAttention``); ``allow_sequence_first`` that is not
+                a bool.
+            ValueError: what this layer cannot express, the message naming the attribute:
+                ``batch_first=False`` (unless allowed), an ``activation`` other than relu or
+                exact gelu, ``bias=False``, a norm that is not an ``nn.LayerNorm`` with
+                ``elementwise_affine=True``, norms with different ``eps``, dropout
+                probabilities that differ between the attention and the rest, attentions with
+                other sizes or heads than each other or ``kdim``/``vdim`` other than
+                ``d_model``, what :meth:`MultiHeadAttention.from_torch
+                <torchvote.nn.MultiHeadAttention.from_torch>` refuses (``add_bias_kv``,
+                ``add_zero_attn``), a subclass of torch's layer that overrides its computation,
+                or an ``attention`` whose modules do not take the copied parameters.
+        """
+        names = cls._torch
+        _check_torch_module(module, names.torch_class, names.steps)
+        check_flag(allow_sequence_first, "allow_sequence_first")
+        copies: dict[str, MultiHeadAttention] = {}
+        for ours, theirs in names.attentions.items():
+            try:
+                copies[ours] = MultiHeadAttention.from_torch(getattr(module, theirs))
+            except (TypeError, ValueError) as error:  # name the attention: the message says "module"
+                raise type(error)(f"{theirs}: {error}") from error
+        settings = _torch_settings(module, names, allow_sequence_first)
+        reference = module.linear1.weight
+        layer = cls(**settings, attention=attention, device=reference.device, dtype=reference.dtype)
+        for ours, copy in copies.items():
+            try:
+                getattr(layer, ours).load_state_dict(copy.state_dict())
+            except RuntimeError as error:  # a factory's module without MultiHeadAttention's parameters
+                raise ValueError(
+                    f"from_torch: the attention factory's {type(getattr(layer, ours)).__name__} does "
+                    f"not take MultiHeadAttention's parameters: {error}"
+                ) from error
+        layer.feedforward.expand.load_state_dict(module.linear1.state_dict())
+        layer.feedforward.contract.load_state_dict(module.linear2.state_dict())
+        for ours, theirs in names.norms.items():
+            getattr(layer, ours).load_state_dict(getattr(module, theirs).state_dict())
+        return layer.train(module.training)
+
     def _residual(
         self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], tuple[Tensor, Tensor | None]]
     ) -> tuple[Tensor, Tensor | None]:
@@ -295,7 +522,7 @@ class TransformerEncoderLayer(_TransformerLayer):
     Numerically the same as ``torch.nn.TransformerEncoderLayer(batch_first=True)`` with the same
     weights (its ``self_attn``, ``linear1``, ``linear2``, ``norm1``, ``norm2`` are our
     ``self_attention``, ``feedforward.expand``, ``feedforward.contract``, ``attention_norm``,
-    ``feedforward_norm``).
+    ``feedforward_norm``); :meth:`from_torch` copies one.
 
     Args:
         d_model: model feature size ``E`` (as every argument here, a field of
@@ -317,6 +544,14 @@ class TransformerEncoderLayer(_TransformerLayer):
             ``attention``.
         TypeError: ``norm_first`` or ``shared_qkv`` that is not a bool.
     """
+
+    _torch = _TorchNames(
+        torch_class=nn.TransformerEncoderLayer,
+        steps=("forward", "_sa_block", "_ff_block"),
+        attentions={"self_attention": "self_attn"},
+        norms={"attention_norm": "norm1", "feedforward_norm": "norm2"},
+        dropouts=("dropout", "dropout1", "dropout2"),
+    )
 
     def _build_sublayers(
         self, num_heads: int, dropout: float, layer_norm_eps: float, factory: Factory
@@ -388,7 +623,7 @@ class TransformerDecoderLayer(_TransformerLayer):
     ``multihead_attn``, ``linear1``, ``linear2``, ``norm1``, ``norm2``, ``norm3`` are our
     ``self_attention``, ``cross_attention``, ``feedforward.expand``, ``feedforward.contract``,
     ``self_attention_norm``, ``cross_attention_norm``, ``feedforward_norm``), given torch the
-    causal ``tgt_mask``.
+    causal ``tgt_mask``; :meth:`from_torch` copies one.
 
     Args:
         d_model: model feature size ``E`` (as every argument here, a field of
@@ -414,6 +649,14 @@ class TransformerDecoderLayer(_TransformerLayer):
             ``attention``.
         TypeError: ``norm_first`` or ``shared_qkv`` that is not a bool.
     """
+
+    _torch = _TorchNames(
+        torch_class=nn.TransformerDecoderLayer,
+        steps=("forward", "_sa_block", "_mha_block", "_ff_block"),
+        attentions={"self_attention": "self_attn", "cross_attention": "multihead_attn"},
+        norms={"self_attention_norm": "norm1", "cross_attention_norm": "norm2", "feedforward_norm": "norm3"},
+        dropouts=("dropout", "dropout1", "dropout2", "dropout3"),
+    )
 
     @staticmethod
     def _config_attention(config: TransformerConfig) -> AttentionFactory | None:

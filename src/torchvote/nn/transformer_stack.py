@@ -12,17 +12,20 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer import (
+    AttentionFactory,
     AttentionIntermediates,
     TransformerConfig,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
+    _check_torch_module,
+    _torch_layer_norm_eps,
 )
 from torchvote.validation import check_flag, check_positive_float, check_positive_int
 
@@ -73,10 +76,14 @@ def _final_norm(
     return nn.LayerNorm(first.d_model, eps=layer_norm_eps, device=device, dtype=dtype)
 
 
+_Stack = TypeVar("_Stack", bound="_TransformerStack")
+
+
 class _TransformerStack(nn.Module):
     """Layers built from a config or factory, run in turn, then the final norm (if any)."""
 
     layer_class: type
+    torch_class: type[nn.Module]  # the torch.nn stack that from_torch copies
 
     def __init__(
         self,
@@ -91,6 +98,64 @@ class _TransformerStack(nn.Module):
         super().__init__()
         self.layers = _build_layers(layer, num_layers, self.layer_class, device, dtype)
         self.norm = _final_norm(self.layers, final_norm, layer_norm_eps, device, dtype)
+
+    @classmethod
+    def from_torch(
+        cls: type[_Stack],
+        module: nn.Module,
+        *,
+        attention: AttentionFactory | None = None,
+        allow_sequence_first: bool = False,
+    ) -> _Stack:
+        """A stack with exactly the layers, final norm, training flag, device and dtype of
+        torch's stack ``module``, every layer copied by the layer class's ``from_torch``.
+
+        Torch's ``norm`` (None, or an ``nn.LayerNorm``) becomes ``final_norm`` and its epsilon
+        ``layer_norm_eps``. Translate the masks as the layers' ``from_torch`` says. In inference
+        with a key padding mask, torch's encoder may run its nested-tensor fast path, which
+        returns zeros at the padded positions; the real positions agree.
+
+        Args:
+            module: a ``torch.nn.TransformerEncoder`` (for this encoder stack) or
+                ``torch.nn.TransformerDecoder`` (for the decoder stack).
+            attention: the attention factory of every layer, as in the layers' ``from_torch``.
+            allow_sequence_first: accept layers built with ``batch_first=False``, as in the
+                layers' ``from_torch``.
+
+        Returns:
+            The equivalent stack (a copy: later changes to ``module`` do not carry over).
+
+        Raises:
+            TypeError: ``module`` is not torch's stack of this kind.
+            ValueError: a final ``norm`` that is not an ``nn.LayerNorm`` over ``d_model`` with a
+                learned scale and bias, a subclass that overrides ``forward``, no layers, and
+                whatever the layers' ``from_torch`` refuses in any layer (the message names it).
+        """
+        _check_torch_module(module, cls.torch_class, ("forward",))
+        layers = []
+        for index, torch_layer in enumerate(module.layers):
+            try:
+                layers.append(cls.layer_class.from_torch(
+                    torch_layer, attention=attention, allow_sequence_first=allow_sequence_first
+                ))
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"layers.{index}: {error}") from error
+        if not layers:
+            raise ValueError("from_torch: module has no layers (num_layers=0)")
+        norm, reference = module.norm, next(layers[0].parameters())
+        eps = 1e-5 if norm is None else _torch_layer_norm_eps(norm, "norm", layers[0].d_model)
+        handed_out = iter(layers)
+        stack = cls(
+            lambda: next(handed_out),
+            len(layers),
+            final_norm=norm is not None,
+            layer_norm_eps=eps,
+            device=reference.device,
+            dtype=reference.dtype,
+        )
+        if norm is not None:
+            stack.norm.load_state_dict(norm.state_dict())
+        return stack.train(module.training)
 
     def forward(
         self,
@@ -187,6 +252,7 @@ class TransformerEncoder(_TransformerStack):
     """
 
     layer_class = TransformerEncoderLayer
+    torch_class = nn.TransformerEncoder
 
 
 class TransformerDecoder(_TransformerStack):
@@ -215,3 +281,4 @@ class TransformerDecoder(_TransformerStack):
     """
 
     layer_class = TransformerDecoderLayer
+    torch_class = nn.TransformerDecoder
