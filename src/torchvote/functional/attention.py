@@ -24,7 +24,7 @@ from torchvote.functional.masks import (
     is_causal_mask,
     prepare_attention_mask,
 )
-from torchvote.functional.voting import DotProductScores, SharedVotes, autocast_off, vote
+from torchvote.functional.voting import DotProductScores, SharedVotes, autocast_off, under_transforms, vote
 from torchvote.validation import (
     broadcast_shape,
     check_flag,
@@ -211,7 +211,13 @@ def _softmax_attention(
     # (..., i, 1), True for a query with nothing to attend to; causality alone leaves every
     # query its first key.
     dead = ~allowed.any(dim=-1, keepdim=True) if mask is not None else None
-    if query.dtype in _FLOAT32_LOGITS and query.shape[:-2] == key.shape[:-2]:
+    float32_logits = query.dtype in _FLOAT32_LOGITS and query.shape[:-2] == key.shape[:-2]
+    if float32_logits and under_transforms(query, key, additive):  # no Function there: the logits whole
+        with autocast_off(query.device.type):
+            logits = torch.matmul(query.float() * scale, key.float().transpose(-2, -1))  # (..., i, j)
+            weights, grad = _softmax_(logits, additive, allowed, dead)
+        weights = weights.to(query.dtype)
+    elif float32_logits:
         weights = _Float32BlockWeights.apply(query, key, scale, additive, allowed, dead)  # (..., i, j)
         grad = False  # dead rows are zero already, with zero gradient
     else:
@@ -243,7 +249,9 @@ def _softmax_(
         logits = _masked_fill_(logits, ~allowed, float("-inf"))
     if dead is not None:
         logits = _masked_fill_(logits, dead, 0.0)  # uniform and finite: no NaN, even in backward
-    if logits.requires_grad:  # False under no_grad / inference_mode
+    # requires_grad is False under no_grad / inference_mode; torch.func transforms and
+    # forward-mode AD cannot follow the out= softmax
+    if logits.requires_grad or under_transforms(logits):
         return torch.softmax(logits, dim=-1), True  # the logits are freed once it has run
     weights = torch.softmax(logits, dim=-1, out=logits)
     if dead is not None:
@@ -274,7 +282,9 @@ class _Float32BlockWeights(torch.autograd.Function):
     units; float32 ones for the whole ``(L, S)`` matrix would cost twice the weights. So the
     logits are formed and normalised in float32 blocks of query rows and only the weights are
     kept, in the inputs' dtype; backward recomputes nothing but the softmax's gradient
-    ``dl = w * (g - sum_j g w)``, again in float32 blocks, from the saved half weights.
+    ``dl = w * (g - sum_j g w)``, again in float32 blocks, from the saved half weights. Under
+    ``torch.func`` transforms and forward-mode AD, which it cannot serve, its caller forms the
+    float32 logits whole instead (twice the weights' memory, the same numbers).
     """
 
     @staticmethod

@@ -23,13 +23,17 @@ What forward keeps for backward is the sums ``(r, i, b, d)`` and the couplings o
 batch 128) nor their gradient. The kernel computes in the promoted dtype of weight and inputs, at
 least float32, with autocast off, and gives the numbers of
 :func:`~torchvote.functional.voting.vote` on the same votes (tested in float64 against the paper's
-loop, outputs and gradients, in ``tests/functional/test_dynamic_kernel.py``).
+loop, outputs and gradients, in ``tests/functional/test_dynamic_kernel.py``). Under ``torch.func``
+transforms and forward-mode AD, which the autograd function cannot serve, the same passes run with
+the products as einsums (``tests/functional/test_func_transforms.py``).
 
 Index legend: ``b`` batch, ``i`` receivers (output capsules), ``j`` senders (input capsules),
 ``d`` output (vote) features, ``e`` input features.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -38,7 +42,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torchvote.functional import routing_votes
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes
-from torchvote.functional.voting import autocast_off
+from torchvote.functional.voting import autocast_off, under_transforms
 
 __all__ = ["linear_dynamic_routing", "uniform_sum"]
 
@@ -74,6 +78,11 @@ def linear_dynamic_routing(
     The numbers of :func:`~torchvote.functional.routing.dynamic_routing` with ``agreement="dot"``
     on these votes, which calls it (and checks the arguments).
 
+    Under ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``, per-sample gradients)
+    and forward-mode AD, which cannot run the kernel's autograd Function, the same passes run
+    with the products as einsums (:func:`~torchvote.functional.voting.under_transforms`):
+    the same numbers, differentiable by every transform, with the memory of materialised votes.
+
     Args:
         votes: the layer's votes ``W_ij u_j``.
         iterations: routing passes, at least 1.
@@ -95,6 +104,11 @@ def linear_dynamic_routing(
         if iterations == 1:
             sums = uniform_sum(votes).reshape(-1, receivers, out_dim).transpose(0, 1)
             outputs, later = squash(sums if bias is None else sums + bias, dim=-1), []
+        elif under_transforms(x, flat, bias):  # the kernel's passes in einsums
+            early = (x.detach(), flat.detach()) if detach_votes else (x, flat)
+            sums, later = _passes(x, flat, bias, iterations, routing_votes.plain_weighted_sum,
+                                  routing_votes.plain_agreement, early=early)
+            outputs = squash(sums[-1] if bias is None else sums[-1] + bias, dim=-1)
         else:
             outputs, *later = _Routing.apply(x, flat, bias, iterations, detach_votes)
     outputs = outputs.transpose(0, 1).to(votes.dtype).reshape(shape)  # (i, b, d) -> (..., i, d)
@@ -123,6 +137,43 @@ def _squash_grad(sums: Tensor, grad: Tensor) -> Tensor:
     return result
 
 
+def _passes(
+    x: Tensor,
+    flat: Tensor,
+    bias: Tensor | None,
+    iterations: int,
+    weighted_sum: Callable[[Tensor, Tensor, Tensor], Tensor],
+    agreement: Callable[[Tensor, Tensor, Tensor], Tensor],
+    *,
+    early: tuple[Tensor, Tensor] | None = None,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Procedure 1's passes on ``x`` ``(b, e, j)`` and ``flat`` ``(i, d, e*j)``: the sums ``s``
+    ``(i, b, d)`` of every pass (before bias and squash) and the couplings ``(i, b, j)`` of passes
+    ``1 .. r-1``.
+
+    ``weighted_sum(c, x, w)`` and ``agreement(x, w, v)`` are the two products, on the weight as
+    ``w`` ``(i, e*j, d)``: the tiled kernels of ``routing_votes`` (in :class:`_Routing`'s forward,
+    without autograd) or their einsums (differentiable). ``early`` is the ``(x, flat)`` every
+    pass but the last reads (detached votes; default ``(x, flat)``).
+    """
+    receivers, out_dim, _ = flat.shape
+    x_early, flat_early = (x, flat) if early is None else early
+    w, w_early = flat.transpose(1, 2), flat_early.transpose(1, 2)  # (i, e*j, d)
+    # pass 0: c_ij = 1 / i, so s = (1 / i) W (x flattened): one product, no votes
+    s = (x_early.flatten(1) @ flat_early.flatten(0, 1).t()).div_(receivers)  # (b, i*d)
+    s = s.view(x.shape[0], receivers, out_dim).transpose(0, 1)
+    sums, couplings, logits = [s], [], None
+    for t in range(1, iterations):
+        v = squash(s if bias is None else s + bias, dim=-1)
+        agreed = agreement(x_early, w_early, v.contiguous())  # (i, b, j)
+        logits = agreed if logits is None else logits.add_(agreed)
+        couplings.append(torch.softmax(logits, dim=0))  # over the outputs
+        last = t == iterations - 1
+        s = weighted_sum(couplings[-1], x if last else x_early, w if last else w_early)
+        sums.append(s)
+    return sums, couplings
+
+
 class _Routing(torch.autograd.Function):
     """Procedure 1 on the votes ``W_ij u_j``, never formed: the ``(i, b, d)`` outputs and the
     ``(i, b, j)`` couplings of passes ``1 .. r-1`` (pass 0's are the uniform ``1 / i``).
@@ -140,19 +191,9 @@ class _Routing(torch.autograd.Function):
         iterations: int,
         detach: bool,
     ) -> tuple[Tensor, ...]:
-        receivers, out_dim, _ = flat.shape
-        batch, w = x.shape[0], flat.transpose(1, 2)  # w: (i, e*j, d)
-        # pass 0: c_ij = 1 / i, so s = (1 / i) W (x flattened): one product, no votes
-        s = (x.flatten(1) @ flat.flatten(0, 1).t()).div_(receivers)  # (b, i*d)
-        s = s.view(batch, receivers, out_dim).transpose(0, 1)
-        sums, couplings, logits = [s], [], None
-        for _ in range(1, iterations):
-            v = squash(s if bias is None else s + bias, dim=-1)
-            agreement = routing_votes.agreement(x, w, v.contiguous())  # (i, b, j)
-            logits = agreement if logits is None else logits.add_(agreement)
-            couplings.append(torch.softmax(logits, dim=0))  # over the outputs
-            s = routing_votes.weighted_sum(couplings[-1], x, w)
-            sums.append(s)
+        sums, couplings = _passes(x, flat, bias, iterations, routing_votes.weighted_sum,
+                                  routing_votes.agreement)
+        s = sums[-1]
         outputs = squash(s if bias is None else s + bias, dim=-1)
         ctx.save_for_backward(x, flat, bias, *sums, *couplings)
         ctx.detach = detach

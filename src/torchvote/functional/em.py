@@ -53,7 +53,9 @@ reference), with the joint normalisation added and a choice of strategy (``"bloc
 ``logsigmoid``), so no variance, probability or activation underflows to zero and no gradient
 becomes NaN. Gradients are exact for any order and subset of ``backward`` /
 ``torch.autograd.grad`` calls; double backward works with ``strategy="vectorized"`` and raises a
-clear ``RuntimeError`` with ``"blocked"`` (the CPU default).
+clear ``RuntimeError`` with ``"blocked"`` (the CPU default). ``torch.func`` transforms (``vmap``,
+``grad``, ``jacrev``, ``jvp``, per-sample gradients) and forward-mode AD run the vectorized loop:
+``"auto"`` picks it under them, and ``"blocked"``, asked for by name, raises.
 """
 
 from __future__ import annotations
@@ -276,11 +278,12 @@ def em_routing(
             from the device; a layer that routes on one grid every call passes them once through
             :func:`~torchvote.functional.em_kernel.prepare_sender_groups` and then the
             :class:`~torchvote.functional.em_kernel.SenderGroups` it returns.
-        strategy: ``"auto"`` (``"blocked"`` on CPU, ``"vectorized"`` on CUDA and while
-            ``torch.compile`` traces), ``"blocked"`` (an eager kernel: one graph break under
-            ``torch.compile``), ``"vectorized"`` or ``"compiled"`` (``torch.compile``, about
-            10-20 s per new shape on CPU); the same numbers from each (see
-            :mod:`torchvote.functional.em_kernel`).
+        strategy: ``"auto"`` (``"blocked"`` on CPU; ``"vectorized"`` on CUDA, while
+            ``torch.compile`` traces and under ``torch.func`` transforms or forward-mode AD),
+            ``"blocked"`` (an eager kernel: one graph break under ``torch.compile``; no
+            ``torch.func`` transforms, no forward-mode AD), ``"vectorized"`` or ``"compiled"``
+            (``torch.compile``, about 10-20 s per new shape on CPU); the same numbers from each
+            (see :mod:`torchvote.functional.em_kernel`).
         return_assignments: also return the assignments ``R`` of the final M-step.
         all_passes: with ``return_assignments``, the assignments of every iteration stacked on a
             new leading axis.
@@ -304,7 +307,8 @@ def em_routing(
             not floating point (any float dtype: they are cast to the statistics' dtype);
             ``return_assignments`` or ``all_passes`` not a bool.
         RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
-            again; use ``strategy="vectorized"`` for second derivatives.
+            again; ``strategy="blocked"`` under a ``torch.func`` transform (``vmap``, ``grad``,
+            ``jacrev``, ``jvp``, ...) or forward-mode AD. Use ``strategy="vectorized"`` for both.
     """
     check_positive_int(iterations, "iterations")
     check_positive_float(eps, "eps")

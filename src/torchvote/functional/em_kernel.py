@@ -34,8 +34,8 @@ logsumexp is taken in two levels: over each patch's receivers (a dense reduction
 patches of each group (a scatter of ``(n, j)`` values only, ``1 / i`` of the logits).
 
 Strategies (every one gives the same numbers; ``"auto"`` is ``"blocked"`` on CPU and
-``"vectorized"`` on CUDA and while ``torch.compile`` traces; ``"compiled"`` is only ever an
-explicit choice):
+``"vectorized"`` on CUDA, while ``torch.compile`` traces and under ``torch.func`` transforms or
+forward-mode AD; ``"compiled"`` is only ever an explicit choice):
 
 - ``"vectorized"``: the loop above on all rows at once, plain autograd (double backward works);
   the fastest eager form on CUDA, but autograd keeps several ``(n, i, j, h)`` temporaries per pass.
@@ -45,7 +45,9 @@ explicit choice):
   writes that block's gradient. Peak memory is one gradient of the votes plus one block's
   temporaries; with :class:`PerSenderVotes` (a convolutional layer's votes, not yet formed) each
   block's votes are formed in a reused buffer and neither the votes nor their gradient exist
-  whole. Backward once only: double backward raises (use ``"vectorized"``). An eager kernel:
+  whole. Backward once only: double backward raises (use ``"vectorized"``), and so do
+  ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``) and forward-mode AD, which
+  ``"auto"`` gives the vectorized loop. An eager kernel:
   under ``torch.compile`` it runs as one opaque call (one graph break), and ``"auto"`` picks
   ``"vectorized"`` there, which traces into the caller's graph.
 - ``"compiled"``: ``torch.compile`` of the vectorized loop (one graph; about 10 s to compile per
@@ -74,7 +76,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import autocast_off
+from torchvote.functional.voting import autocast_off, under_transforms
 from torchvote.validation import check_positive_int
 
 __all__ = [
@@ -405,7 +407,10 @@ class PerSenderVotes:
     def materialize(self) -> Tensor:
         """The votes ``(batch..., i, j, h)``: a receivers-first view of ``(n, j, i * h)`` memory."""
         *batch, receivers, senders, pose_dim = self.shape
-        votes = _VotesByInput.apply(self.left, self.right)  # (n, j, i*h)
+        if under_transforms(self.left, self.right):  # the Function's out= product does not transform
+            votes = torch.bmm(self.left, self.right).transpose(0, 1)  # (n, j, i*h)
+        else:
+            votes = _VotesByInput.apply(self.left, self.right)  # (n, j, i*h)
         return votes.view(*batch, senders, receivers, pose_dim).transpose(-3, -2)
 
     def flattened(self) -> PerSenderVotes:
@@ -784,8 +789,16 @@ def route(
         groups, num_groups, initial = _prepare_groups(sender_groups, rows, senders, receivers, votes.device)
     config = _Config(tuple(schedule), eps, groups, num_groups, initial, bool(return_assignments),
                      bool(return_assignments and all_passes))
+    factors = (votes.left, votes.right) if factored else (votes,)
+    transformed = under_transforms(*factors, activations, beta_u, beta_a)
     if strategy == "auto":  # the blocked kernel's out= products and reused buffers do not trace
-        strategy = "vectorized" if votes.device.type == "cuda" or torch.compiler.is_compiling() else "blocked"
+        vectorized = votes.device.type == "cuda" or torch.compiler.is_compiling() or transformed
+        strategy = "vectorized" if vectorized else "blocked"
+    elif strategy == "blocked" and transformed:
+        raise RuntimeError(
+            "em_routing(strategy='blocked') does not run under torch.func transforms (vmap, grad, "
+            "jacrev, jvp, ...) or forward-mode AD: its autograd Function writes into reused buffers; "
+            "use strategy='vectorized' (or 'auto', which picks it there), the same numbers")
     if factored and votes.left.dtype != votes.right.dtype:  # (under autocast) one dtype for the products
         votes = PerSenderVotes(votes.left.to(votes.dtype), votes.right.to(votes.dtype), votes.batch_shape,
                                votes.receivers)

@@ -22,6 +22,12 @@ materialised votes are faster: :class:`~torchvote.nn.capsules.CapsuleLinear` cho
 (``strategy=``, see :mod:`torchvote.nn.routing_strategy`). The kernels run with autocast off, in
 the promoted dtype of weight and inputs.
 
+The kernels write into buffers they allocate and reuse (``out=`` products, in-place gradients),
+which ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``, per-sample gradients)
+and forward-mode AD cannot follow. Under them (:func:`under_transforms`) the same two products
+run as einsums, differentiable by every transform, with the numbers of the kernels (and the
+memory of materialised votes).
+
 Index legend (as everywhere in torchvote): ``b`` batch, ``i`` receivers (output capsules),
 ``j`` senders (input capsules), ``d`` output (vote) features, ``e`` input features.
 """
@@ -37,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import _upcast, autocast_off
+from torchvote.functional.voting import _upcast, autocast_off, under_transforms
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
@@ -132,6 +138,42 @@ def weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
     for r, b, (scratch,) in _tiles(inputs, weight.shape[0], 1):
         torch.bmm(_scale(scratch, couplings[r, b], inputs[b]), weight[r], out=out[r, b])
     return out
+
+
+def plain_weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
+    """:func:`weighted_sum` as one einsum, differentiable by autograd, forward-mode AD and every
+    ``torch.func`` transform: what runs :func:`under_transforms`.
+
+    Args:
+        couplings: ``(i, b, j)``.
+        inputs: ``(b, e, j)``.
+        weight: ``(i, e*j, d)``.
+
+    Returns:
+        ``(i, b, d)``: ``s[i, b, d] = sum_{e, j} c[i, b, j] x[b, e, j] w[i, (e j), d]``.
+    """
+    _, features, senders = inputs.shape
+    weight = weight.unflatten(1, (features, senders))  # (i, e, j, d)
+    with autocast_off(inputs.device.type):  # in the arguments' dtype, as the kernel
+        return torch.einsum("ibj,bej,iejd->ibd", couplings, inputs, weight)
+
+
+def plain_agreement(inputs: Tensor, weight: Tensor, outputs: Tensor) -> Tensor:
+    """:func:`agreement` as one einsum, differentiable by autograd, forward-mode AD and every
+    ``torch.func`` transform: what runs :func:`under_transforms`.
+
+    Args:
+        inputs: ``(b, e, j)``.
+        weight: ``(i, e*j, d)``.
+        outputs: ``(i, b, d)``.
+
+    Returns:
+        ``(i, b, j)``: ``a[i, b, j] = sum_e x[b, e, j] sum_d w[i, (e j), d] v[i, b, d]``.
+    """
+    _, features, senders = inputs.shape
+    weight = weight.unflatten(1, (features, senders))  # (i, e, j, d)
+    with autocast_off(inputs.device.type):  # in the arguments' dtype, as the kernel
+        return torch.einsum("bej,iejd,ibd->ibj", inputs, weight, outputs)
 
 
 def weighted_sum_backward(
@@ -297,7 +339,9 @@ class LinearVotes(_WeightTimesInputs):
     ``weight`` and ``inputs`` directly, each a batched matrix product per receiver over
     cache-sized blocks, with hand-written first-order gradients that recompute rather than store
     (double backward is not supported; use :meth:`materialize` and
-    :class:`~torchvote.functional.voting.PairwiseVotes` for that).
+    :class:`~torchvote.functional.voting.PairwiseVotes` for that). Under ``torch.func``
+    transforms and forward-mode AD the two products run as einsums instead (see
+    :func:`under_transforms`): the same numbers, the memory of materialised votes.
 
     Args:
         weight: ``(i, j, d, e)``: the matrix taking input capsule ``j`` (``e`` features) to its
@@ -364,14 +408,18 @@ class LinearVotes(_WeightTimesInputs):
         """``(..., i, j)`` weights -> ``(..., i, d)``: ``sum_j w_ij W_ij u_j``."""
         weights = weights.expand(*self.batch_shape, self.receivers, self.senders)
         weights = weights.to(self.dtype)
-        sums = _LinearWeightedSum.apply(self._flat(weights, self.senders), self.gemm_inputs, self.gemm_weight)
-        return self._unflat(sums)
+        arguments = (self._flat(weights, self.senders), self.gemm_inputs, self.gemm_weight)
+        if under_transforms(*arguments):
+            return self._unflat(plain_weighted_sum(*arguments))
+        return self._unflat(_LinearWeightedSum.apply(*arguments))
 
     def dot(self, outputs: Tensor) -> Tensor:
         """``(..., i, d)`` outputs -> ``(..., i, j)``: ``(W_ij u_j) . v_i``."""
         outputs = outputs.to(self.dtype).expand(*self.batch_shape, self.receivers, self.out_dim)
-        agreement = _LinearDot.apply(self.gemm_inputs, self.gemm_weight, self._flat(outputs, self.out_dim))
-        return self._unflat(agreement)
+        arguments = (self.gemm_inputs, self.gemm_weight, self._flat(outputs, self.out_dim))
+        if under_transforms(*arguments):
+            return self._unflat(plain_agreement(*arguments))
+        return self._unflat(_LinearDot.apply(*arguments))
 
     def squared_norm(self) -> Tensor:
         """``(..., i, j)``: ``||W_ij u_j||^2 = u_j^T (W_ij^T W_ij) u_j``, computed once and kept."""
