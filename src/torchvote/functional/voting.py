@@ -305,6 +305,8 @@ def under_transforms(*tensors: Tensor | None) -> bool:
     """
     if torch._C._are_functorch_transforms_active():
         return True
+    if fwAD._current_level < 0:  # no dual level entered: no tensor has a tangent (and no call costs)
+        return False
     return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
