@@ -334,7 +334,9 @@ def broadcast_shape(*shapes: Collection[int]) -> tuple[int, ...] | None:
     NumPy's rule (as ``torch.broadcast_shapes``), in plain Python: that function costs about
     0.1 ms a call on a CPU, which an attention layer's checks would pay on every forward pass.
     """
-    if all(shape == shapes[0] for shape in shapes[1:]):  # the common case: nothing to broadcast
+    # the common case: nothing to broadcast (ranks first: under torch.export, a size compared
+    # with another axis's would put a guard on it)
+    if all(len(shape) == len(shapes[0]) and shape == shapes[0] for shape in shapes[1:]):
         return tuple(shapes[0]) if shapes else ()
     result = []
     for sizes in itertools.zip_longest(*(reversed(tuple(shape)) for shape in shapes), fillvalue=1):

@@ -4,7 +4,7 @@
 convolutional layer's unformed votes, and float16 attention weights are autograd Functions that
 write into buffers they allocate: no transform can run them, so under one (and under forward-mode
 AD) the library computes the same numbers with plain differentiable operations
-(``voting.under_transforms``). Each transform is checked, in float64, against the eager
+(``torchvote.tracing.plain_ops_required``). Each transform is checked, in float64, against the eager
 layer (which runs the kernels) differentiated by ``torch.autograd``: per-sample gradients against
 a loop of ``torch.autograd.grad`` over the examples, Jacobians against
 ``torch.autograd.functional.jacobian``, ``jvp`` against that Jacobian times the tangent, ``vmap``

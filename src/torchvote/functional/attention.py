@@ -24,7 +24,8 @@ from torchvote.functional.masks import (
     is_causal_mask,
     prepare_attention_mask,
 )
-from torchvote.functional.voting import DotProductScores, SharedVotes, autocast_off, under_transforms, vote
+from torchvote.functional.voting import DotProductScores, SharedVotes, autocast_off, vote
+from torchvote.tracing import plain_ops_required
 from torchvote.validation import (
     broadcast_shape,
     check_flag,
@@ -212,7 +213,7 @@ def _softmax_attention(
     # query its first key.
     dead = ~allowed.any(dim=-1, keepdim=True) if mask is not None else None
     float32_logits = query.dtype in _FLOAT32_LOGITS and query.shape[:-2] == key.shape[:-2]
-    if float32_logits and under_transforms(query, key, additive):  # no Function there: the logits whole
+    if float32_logits and plain_ops_required(query, key, additive):  # no Function there: the logits whole
         with autocast_off(query.device.type):
             logits = torch.matmul(query.float() * scale, key.float().transpose(-2, -1))  # (..., i, j)
             weights, grad = _softmax_(logits, additive, allowed, dead)
@@ -251,7 +252,7 @@ def _softmax_(
         logits = _masked_fill_(logits, dead, 0.0)  # uniform and finite: no NaN, even in backward
     # requires_grad is False under no_grad / inference_mode; torch.func transforms and
     # forward-mode AD cannot follow the out= softmax
-    if logits.requires_grad or under_transforms(logits):
+    if logits.requires_grad or plain_ops_required(logits):
         return torch.softmax(logits, dim=-1), True  # the logits are freed once it has run
     weights = torch.softmax(logits, dim=-1, out=logits)
     if dead is not None:

@@ -42,7 +42,8 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torchvote.functional import routing_votes
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes
-from torchvote.functional.voting import autocast_off, under_transforms
+from torchvote.functional.voting import autocast_off
+from torchvote.tracing import plain_ops_required
 
 __all__ = ["linear_dynamic_routing", "uniform_sum"]
 
@@ -80,7 +81,7 @@ def linear_dynamic_routing(
 
     Under ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``, per-sample gradients)
     and forward-mode AD, which cannot run the kernel's autograd Function, the same passes run
-    with the products as einsums (:func:`~torchvote.functional.voting.under_transforms`):
+    with the products as einsums (:func:`~torchvote.tracing.plain_ops_required`):
     the same numbers, differentiable by every transform, with the memory of materialised votes.
 
     Args:
@@ -104,7 +105,7 @@ def linear_dynamic_routing(
         if iterations == 1:
             sums = uniform_sum(votes).reshape(-1, receivers, out_dim).transpose(0, 1)
             outputs, later = squash(sums if bias is None else sums + bias, dim=-1), []
-        elif under_transforms(x, flat, bias):  # the kernel's passes in einsums
+        elif plain_ops_required(x, flat, bias):  # the kernel's passes in einsums
             early = (x.detach(), flat.detach()) if detach_votes else (x, flat)
             sums, later = _passes(x, flat, bias, iterations, routing_votes.plain_weighted_sum,
                                   routing_votes.plain_agreement, early=early)

@@ -76,7 +76,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import autocast_off, under_transforms
+from torchvote.functional.voting import autocast_off
+from torchvote.tracing import plain_ops_required
 from torchvote.validation import check_positive_int
 
 __all__ = [
@@ -407,7 +408,7 @@ class PerSenderVotes:
     def materialize(self) -> Tensor:
         """The votes ``(batch..., i, j, h)``: a receivers-first view of ``(n, j, i * h)`` memory."""
         *batch, receivers, senders, pose_dim = self.shape
-        if under_transforms(self.left, self.right):  # the Function's out= product does not transform
+        if plain_ops_required(self.left, self.right):  # the Function's out= product does not transform
             votes = torch.bmm(self.left, self.right).transpose(0, 1)  # (n, j, i*h)
         else:
             votes = _VotesByInput.apply(self.left, self.right)  # (n, j, i*h)
@@ -790,7 +791,7 @@ def route(
     config = _Config(tuple(schedule), eps, groups, num_groups, initial, bool(return_assignments),
                      bool(return_assignments and all_passes))
     factors = (votes.left, votes.right) if factored else (votes,)
-    transformed = under_transforms(*factors, activations, beta_u, beta_a)
+    transformed = plain_ops_required(*factors, activations, beta_u, beta_a)
     if strategy == "auto":  # the blocked kernel's out= products and reused buffers do not trace
         vectorized = votes.device.type == "cuda" or torch.compiler.is_compiling() or transformed
         strategy = "vectorized" if vectorized else "blocked"

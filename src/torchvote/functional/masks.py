@@ -253,8 +253,10 @@ def prepare_attention_mask(
         receivers = receiver_mask.view(batch, *([1] * (len(logits_shape) - 3)), target_len, 1)
         mask = restrict_mask(mask, receivers)  # (b, .., i, j)
     # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask
-    # broadcasts to "all allowed", not to a causal pattern.
-    if mask is not None and tuple(mask.shape) == tuple(logits_shape[-2:]) and is_causal_mask(mask):
+    # broadcasts to "all allowed", not to a causal pattern. The rank first: under torch.export a
+    # batch size compared with L would put a guard on it.
+    full = mask is not None and mask.dim() == 2 and tuple(mask.shape) == tuple(logits_shape[-2:])
+    if full and is_causal_mask(mask):
         mask, is_causal = None, True
     if mask is not None and mask.is_floating_point() and dtype is not None:
         mask = mask.to(kernel_float_dtype(dtype))

@@ -24,9 +24,10 @@ the promoted dtype of weight and inputs.
 
 The kernels write into buffers they allocate and reuse (``out=`` products, in-place gradients),
 which ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``, per-sample gradients)
-and forward-mode AD cannot follow. Under them (:func:`under_transforms`) the same two products
-run as einsums, differentiable by every transform, with the numbers of the kernels (and the
-memory of materialised votes).
+and forward-mode AD cannot follow, and ``torch.export`` would fix in its program. Under them
+(:func:`~torchvote.tracing.plain_ops_required`) the same two products run as einsums,
+differentiable by every transform, with the numbers of the kernels (and the memory of
+materialised votes).
 
 Index legend (as everywhere in torchvote): ``b`` batch, ``i`` receivers (output capsules),
 ``j`` senders (input capsules), ``d`` output (vote) features, ``e`` input features.
@@ -43,7 +44,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import _upcast, autocast_off, under_transforms
+from torchvote.functional.voting import _upcast, autocast_off
+from torchvote.tracing import plain_ops_required
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
@@ -142,7 +144,7 @@ def weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
 
 def plain_weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
     """:func:`weighted_sum` as one einsum, differentiable by autograd, forward-mode AD and every
-    ``torch.func`` transform: what runs :func:`under_transforms`.
+    ``torch.func`` transform: what runs :func:`~torchvote.tracing.plain_ops_required`.
 
     Args:
         couplings: ``(i, b, j)``.
@@ -160,7 +162,7 @@ def plain_weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Ten
 
 def plain_agreement(inputs: Tensor, weight: Tensor, outputs: Tensor) -> Tensor:
     """:func:`agreement` as one einsum, differentiable by autograd, forward-mode AD and every
-    ``torch.func`` transform: what runs :func:`under_transforms`.
+    ``torch.func`` transform: what runs :func:`~torchvote.tracing.plain_ops_required`.
 
     Args:
         inputs: ``(b, e, j)``.
@@ -341,7 +343,7 @@ class LinearVotes(_WeightTimesInputs):
     (double backward is not supported; use :meth:`materialize` and
     :class:`~torchvote.functional.voting.PairwiseVotes` for that). Under ``torch.func``
     transforms and forward-mode AD the two products run as einsums instead (see
-    :func:`under_transforms`): the same numbers, the memory of materialised votes.
+    :func:`~torchvote.tracing.plain_ops_required`): the same numbers, the memory of materialised votes.
 
     Args:
         weight: ``(i, j, d, e)``: the matrix taking input capsule ``j`` (``e`` features) to its
@@ -409,7 +411,7 @@ class LinearVotes(_WeightTimesInputs):
         weights = weights.expand(*self.batch_shape, self.receivers, self.senders)
         weights = weights.to(self.dtype)
         arguments = (self._flat(weights, self.senders), self.gemm_inputs, self.gemm_weight)
-        if under_transforms(*arguments):
+        if plain_ops_required(*arguments):
             return self._unflat(plain_weighted_sum(*arguments))
         return self._unflat(_LinearWeightedSum.apply(*arguments))
 
@@ -417,7 +419,7 @@ class LinearVotes(_WeightTimesInputs):
         """``(..., i, d)`` outputs -> ``(..., i, j)``: ``(W_ij u_j) . v_i``."""
         outputs = outputs.to(self.dtype).expand(*self.batch_shape, self.receivers, self.out_dim)
         arguments = (self.gemm_inputs, self.gemm_weight, self._flat(outputs, self.out_dim))
-        if under_transforms(*arguments):
+        if plain_ops_required(*arguments):
             return self._unflat(plain_agreement(*arguments))
         return self._unflat(_LinearDot.apply(*arguments))
 

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
 import torch
-import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torchvote.functional.masks import fused_kernel_mask, open_rows_without_senders, voting_mask
 from torchvote.functional.nonlinearities import _squash
+from torchvote.tracing import plain_ops_required
 from torchvote.validation import (
     broadcast_shape,
     check_choice,
@@ -285,31 +285,6 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def under_transforms(*tensors: Tensor | None) -> bool:
-    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``, ``jvp``, ...) is running,
-    or one of ``tensors`` carries a forward-mode tangent (``torch.autograd.forward_ad``).
-
-    Then torchvote's blocked kernels (:mod:`~torchvote.functional.routing_votes`,
-    :mod:`~torchvote.functional.dynamic_kernel`, :mod:`~torchvote.functional.em_kernel`, the
-    float16 attention weights), autograd Functions that write into buffers they allocate, cannot
-    run: a transform rejects a Function without ``setup_context``, ``vmap``
-    cannot batch an ``out=`` product or an in-place write of a batched value into an unbatched
-    buffer, and forward-mode AD needs a ``jvp`` they do not have. Their callers then compute the
-    same numbers with plain differentiable tensor operations.
-
-    Args:
-        *tensors: the kernel's tensor arguments (``None`` is skipped).
-
-    Returns:
-        True under a transform or with a tangent on one of ``tensors``.
-    """
-    if torch._C._are_functorch_transforms_active():
-        return True
-    if fwAD._current_level < 0:  # no dual level entered: no tensor has a tangent (and no call costs)
-        return False
-    return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
-
-
 def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tensor:
     """Softmax that gives all-zero weights (and finite gradients) where nothing may vote.
 
@@ -543,7 +518,7 @@ def vote(
         if mask is not None:
             mask, dead = open_rows_without_senders(mask)
         # the fused kernels have no forward-mode AD: under torch.func transforms, the math one
-        transformed = under_transforms(queries, keys, values)
+        transformed = plain_ops_required(queries, keys, values)
         with sdpa_kernel(SDPBackend.MATH) if transformed else contextlib.nullcontext():
             outputs = F.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=mask,

@@ -321,14 +321,23 @@ def rename_state_dict_keys(module: nn.Module, renames: Mapping[str, str]) -> Non
             "head.decoder."}``), applied when the old key is present and the new one is not.
     """
 
-    def hook(state_dict, prefix, *args) -> None:
+    module._register_load_state_dict_pre_hook(_RenameKeys(dict(renames)))
+
+
+class _RenameKeys:
+    """The load-state-dict pre-hook of :func:`rename_state_dict_keys`. A module-level class, not a
+    closure: the model keeps its hooks, and ``torch.save(model)`` (pickle) cannot save a local
+    function."""
+
+    def __init__(self, renames: dict[str, str]) -> None:
+        self.renames = renames
+
+    def __call__(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         for key in list(state_dict):
-            for old, new in renames.items():
+            for old, new in self.renames.items():
                 if key.startswith(prefix + old) and prefix + new + key[len(prefix + old):] not in state_dict:
                     state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
                     break
-
-    module._register_load_state_dict_pre_hook(hook)
 
 
 #: Where the vector-capsule models kept the head's parts before the shared head.

@@ -65,6 +65,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
+from torchvote.tracing import register_output
 from torchvote.validation import check_choice, check_float_dtype
 
 __all__ = [
@@ -120,6 +121,10 @@ class SequenceOutput:
     logits: Tensor
     attention: list[Tensor] | None = None
     intermediates: dict[str, Tensor] = field(default_factory=dict)
+
+
+register_output(ClassifierOutput)  # pytree nodes: torch.export can return them
+register_output(SequenceOutput)
 
 
 @dataclass(frozen=True)

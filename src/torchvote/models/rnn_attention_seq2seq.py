@@ -48,6 +48,7 @@ from torchvote.models.transformer_backbone import (
     greedy_decode,
 )
 from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
+from torchvote.tracing import is_exporting
 from torchvote.validation import (
     check_bool_fields,
     check_choice,
@@ -256,11 +257,19 @@ class RNNAttentionSeq2Seq(nn.Module):
 
         Raises:
             ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token.
+            NotImplementedError: under ``torch.export`` (the packing, below).
 
         Under ``torch.compile`` ``pack_padded_sequence`` is a graph break that must stay (dynamo
         skips it: the packing reads the lengths on the host and sizes its batches by them); see
-        :meth:`forward` for the breaks of the whole model.
+        :meth:`forward` for the breaks of the whole model. For the same reason ``torch.export``,
+        which needs one graph whose shapes do not hang on the values, cannot trace this model.
         """
+        if is_exporting():  # (on torch 2.5, which cannot tell, export fails inside the packing)
+            raise NotImplementedError(
+                "rnn-attention-seq2seq cannot be exported with torch.export: its encoder packs the "
+                "source (pack_padded_sequence), whose sizes depend on the token values; run it "
+                "eagerly or with torch.compile, or export transformer-seq2seq"
+            )
         check_token_ids(source, "source", vocab_size=self.config.src_vocab_size)
         source_mask = source != self.config.pad_id  # (b, s)
         check_tensor_values(

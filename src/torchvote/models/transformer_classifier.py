@@ -196,7 +196,8 @@ class TransformerClassifier(nn.Module):
         patches = self.patch_embedding(images)  # (b, E, h / p, w / p)
         tokens = rearrange(patches, "b e h w -> b (h w) e")  # (b, N, E)
         if self.class_token is not None:
-            class_token = self.class_token.expand(len(images), -1, -1)  # (b, 1, E)
+            # shape[0], not len(images): an int that would fix the batch size of an exported model
+            class_token = self.class_token.expand(images.shape[0], -1, -1)  # (b, 1, E)
             tokens = torch.cat([class_token, tokens], dim=1)  # (b, 1 + N, E)
         x = self.dropout(self.positions(tokens))  # (b, T, E)
         hidden, record = run_stack(self.encoder, x, need_weights=need_weights)  # (b, T, E)

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.kv_cache import KVCache, LayerCache
+from torchvote.tracing import register_output
 from torchvote.validation import (
     check_choice,
     check_flag,
@@ -321,6 +322,9 @@ class AttentionIntermediates:
         if not self.weights:
             raise ValueError("no attention weights were recorded")
         return next(reversed(self.weights.values()))
+
+
+register_output(AttentionIntermediates)  # a pytree node: torch.export can return it
 
 
 _Layer = TypeVar("_Layer", bound="_TransformerLayer")

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.nn import MultiHeadAttention, RoutingAttention
+from torchvote.tracing import register_output
 from torchvote.validation import (
     check_flag,
     check_index_range,
@@ -163,6 +164,9 @@ class EncoderOutput:
     def last_hidden_state(self) -> Tensor:
         """``(b, L, E)``, the last layer's output."""
         return self.hidden_states[-1]
+
+
+register_output(EncoderOutput)  # a pytree node: torch.export can return it
 
 
 class BertEmbeddings(nn.Module):

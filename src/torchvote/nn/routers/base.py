@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, list_routers
+from torchvote.tracing import register_output
 from torchvote.validation import check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router"]
@@ -51,6 +52,9 @@ class RoutingResult:
     outputs: Tensor
     couplings: Tensor
     activations: Tensor | None = None
+
+
+register_output(RoutingResult)  # a pytree node: torch.export can return it
 
 
 class Router(nn.Module):

@@ -1,0 +1,72 @@
+"""How torchvote's code meets PyTorch's tracers: ``torch.export``, ``torch.func`` transforms and
+forward-mode AD (``torch.compile`` needs nothing here: it traces every module in one graph, see
+``tests/test_graph_breaks.py``).
+
+- :func:`plain_ops_required`: whether the blocked CPU kernels (autograd Functions writing into
+  buffers they allocate) must step aside for plain differentiable operations, which give the same
+  numbers.
+- :func:`is_exporting`: ``torch.compiler.is_exporting`` where this torch has it (2.6 and later).
+- :func:`register_output`: a dataclass that a module returns, made a pytree node so that
+  ``torch.export`` can return it and ``torch.export.save`` / ``load`` write and find it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch import Tensor
+
+__all__ = ["is_exporting", "plain_ops_required", "register_output"]
+
+
+def is_exporting() -> bool:
+    """Whether ``torch.export`` is tracing the caller: ``torch.compiler.is_exporting()`` on torch
+    2.6 and later; always False on torch 2.5, which lacks it (an export there traces the code as
+    it is, and fails where it would)."""
+    check = getattr(torch.compiler, "is_exporting", None)
+    return bool(check()) if check is not None else False
+
+
+def plain_ops_required(*tensors: Tensor | None) -> bool:
+    """Whether torchvote's blocked kernels must give way to plain differentiable operations.
+
+    The kernels (:mod:`~torchvote.functional.routing_votes`,
+    :mod:`~torchvote.functional.dynamic_kernel`, :mod:`~torchvote.functional.em_kernel`, the
+    float16 attention weights of :mod:`~torchvote.functional.attention`) are autograd Functions
+    that write into buffers they allocate. Under a ``torch.func`` transform (``vmap``, ``grad``,
+    ``jacrev``, ``jvp``, per-sample gradients) they cannot run: a transform rejects a Function
+    without ``setup_context``, ``vmap`` cannot batch an ``out=`` product or an in-place write of a
+    batched value into an unbatched buffer. Forward-mode AD needs a ``jvp`` they do not have.
+    ``torch.export`` traces a Function's forward as plain operations, whose ``out=`` products
+    fail when the exported program runs with gradients on, and whose tiles, sized by the batch,
+    would fix the program's batch size. Their callers then compute the same numbers with plain
+    tensor operations (the memory of materialised votes).
+
+    Args:
+        *tensors: the kernel's tensor arguments (``None`` is skipped), checked for a forward-mode
+            tangent.
+
+    Returns:
+        True under a transform or ``torch.export``, or with a tangent on one of ``tensors``.
+    """
+    if torch._C._are_functorch_transforms_active() or is_exporting():
+        return True
+    if fwAD._current_level < 0:  # no dual level entered: no tensor has a tangent (and no call costs)
+        return False
+    return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def register_output(cls: type) -> type:
+    """Make the dataclass ``cls``, returned by a module, a pytree node (its fields the children, a
+    ``None`` field kept as ``None``), so that ``torch.export.export`` can return it; its serialized
+    name (module and qualified name) lets ``torch.export.save`` write the output's spec and
+    ``torch.export.load`` find the class again.
+
+    Args:
+        cls: a ``@dataclass`` whose fields are tensors, ``None``, or containers of them.
+
+    Returns:
+        ``cls`` (so it can decorate the class).
+    """
+    torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+    return cls
