@@ -36,7 +36,7 @@ run: $(STAMP_RUN)
 test: $(STAMP_DEV)
 	sh .ci/install-browser.sh $(BIN)/python
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 # The tests that take the `device` fixture, on the GPU (needs CUDA; docs/architecture.md)
 test-cuda: $(STAMP_DEV)

@@ -67,7 +67,21 @@ def _chosen_device(value: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+def _share_the_cores() -> None:
+    """In a pytest-xdist worker (``make test`` runs ``pytest -n auto``): this worker's share of the
+    cores for torch's threads, and for the subprocesses it starts (``OMP_NUM_THREADS``), so the
+    workers do not each spin a thread per core (oversubscribed, torch's CPU kernels slow down
+    several times)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:  # serial, or the user chose already
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _share_the_cores()
     config.addinivalue_line(
         "markers", "device: takes the `device` fixture, so it runs on --device (set from the fixtures)"
     )
