@@ -4,7 +4,7 @@ forward-mode AD (``torch.compile`` needs nothing here: it traces every module in
 
 - :func:`plain_ops_required`: whether the blocked CPU kernels (autograd Functions writing into
   buffers they allocate) must step aside for plain differentiable operations, which give the same
-  numbers.
+  numbers; :func:`under_autograd_transforms`, the same question without ``torch.export``.
 - :func:`is_exporting`: ``torch.compiler.is_exporting`` where this torch has it (2.6 and later).
 - :func:`register_output`: a dataclass that a module returns, made a pytree node so that
   ``torch.export`` can return it and ``torch.export.save`` / ``load`` write and find it.
@@ -16,7 +16,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-__all__ = ["is_exporting", "plain_ops_required", "register_output"]
+__all__ = ["is_exporting", "plain_ops_required", "register_output", "under_autograd_transforms"]
 
 
 def is_exporting() -> bool:
@@ -49,7 +49,23 @@ def plain_ops_required(*tensors: Tensor | None) -> bool:
     Returns:
         True under a transform or ``torch.export``, or with a tangent on one of ``tensors``.
     """
-    if torch._C._are_functorch_transforms_active() or is_exporting():
+    return is_exporting() or under_autograd_transforms(*tensors)
+
+
+def under_autograd_transforms(*tensors: Tensor | None) -> bool:
+    """Whether a ``torch.func`` transform is running or one of ``tensors`` carries a forward-mode
+    tangent (``torch.autograd.forward_ad``): :func:`plain_ops_required` but for ``torch.export``.
+
+    ``F.scaled_dot_product_attention``'s fused CPU kernels have no forward-mode AD, so attention
+    asks for the math kernel here; an exported program keeps the fused kernel it was traced with.
+
+    Args:
+        *tensors: tensors to check for a forward-mode tangent (``None`` is skipped).
+
+    Returns:
+        True under a transform or with a tangent on one of ``tensors``.
+    """
+    if torch._C._are_functorch_transforms_active():
         return True
     if fwAD._current_level < 0:  # no dual level entered: no tensor has a tangent (and no call costs)
         return False

@@ -42,7 +42,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torchvote.functional.masks import fused_kernel_mask, open_rows_without_senders, voting_mask
 from torchvote.functional.nonlinearities import _squash
-from torchvote.tracing import plain_ops_required
+from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import (
     broadcast_shape,
     check_choice,
@@ -518,7 +518,7 @@ def vote(
         if mask is not None:
             mask, dead = open_rows_without_senders(mask)
         # the fused kernels have no forward-mode AD: under torch.func transforms, the math one
-        transformed = plain_ops_required(queries, keys, values)
+        transformed = under_autograd_transforms(queries, keys, values)
         with sdpa_kernel(SDPBackend.MATH) if transformed else contextlib.nullcontext():
             outputs = F.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=mask,
