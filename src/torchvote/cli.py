@@ -115,7 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=500, metavar="N", help="examples per batch (default: 500)"
     )
     evaluate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
-    evaluate.add_argument("--bf16", action="store_true", help="evaluate under bfloat16 autocast")
+    precision = evaluate.add_mutually_exclusive_group()  # one autocast dtype
+    precision.add_argument("--bf16", action="store_true", help="evaluate under bfloat16 autocast")
+    precision.add_argument(
+        "--fp16", action="store_true", help="evaluate under float16 autocast (GPUs without fast bfloat16)"
+    )
     evaluate.add_argument("--root", help="folder of the data files (MNIST IDX files ...)")
     evaluate.add_argument(
         "--data-option",
@@ -498,6 +502,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         limit=args.limit,
         device=args.device,
         bf16=args.bf16,
+        fp16=args.fp16,
         root=args.root,
         options=options,
         echo=print,  # why the table, or a row, has no loss

@@ -28,14 +28,38 @@ from torchvote.training.distributed import DistributedContext, all_reduce_sum, r
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.schema import LossConfig
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler, make_objective
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_flag, check_positive_int
 
 __all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_eval_entry", "load_model_from_checkpoint"]
 
 
-def autocast(device: torch.device, enabled: bool) -> Any:
-    """``torch.autocast`` to bfloat16 on the device's type, or a no-op."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if enabled else nullcontext()
+def autocast_dtype(bf16: bool = False, fp16: bool = False) -> torch.dtype | None:
+    """The autocast dtype the mixed-precision flags of a run (``bf16``, ``fp16``) ask for.
+
+    Args:
+        bf16: autocast to bfloat16.
+        fp16: autocast to float16 (a training step then also scales its loss, see
+            :class:`torch.amp.GradScaler`).
+
+    Returns:
+        ``torch.bfloat16``, ``torch.float16``, or ``None`` (autocast off).
+
+    Raises:
+        TypeError: a flag that is not ``True`` or ``False``.
+        ValueError: both flags set.
+    """
+    check_flag(bf16, "bf16")
+    check_flag(fp16, "fp16")
+    if bf16 and fp16:
+        raise ValueError("bf16 and fp16 are both true: choose one autocast dtype (bf16 or fp16)")
+    return torch.bfloat16 if bf16 else torch.float16 if fp16 else None
+
+
+def autocast(device: torch.device, bf16: bool = False, fp16: bool = False) -> Any:
+    """``torch.autocast`` on the device's type to bfloat16 (``bf16``) or float16 (``fp16``), or a
+    no-op (neither); see :func:`autocast_dtype` for what it raises."""
+    dtype = autocast_dtype(bf16, fp16)
+    return nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
 
 
 @torch.no_grad()
@@ -49,6 +73,7 @@ def evaluate(
     device: torch.device | None = None,
     context: DistributedContext | None = None,
     bf16: bool = False,
+    fp16: bool = False,
     step: int = 0,
 ) -> dict[str, float]:
     """Evaluate ``model`` on all of ``data``.
@@ -65,13 +90,19 @@ def evaluate(
         device: where to compute (default: the model's device).
         context: the data-parallel context (default: single process).
         bf16: evaluate under bfloat16 autocast.
+        fp16: evaluate under float16 autocast (not with ``bf16``).
         step: passed to the objective (the spread-loss margin depends on it).
 
     Returns:
         ``{"accuracy": ..., "loss": ..., "count": ..., "examples": ...}`` (``count``: the images or
         tokens the accuracy counts; plus task extras such as
         ``sequence_accuracy``).
+
+    Raises:
+        ValueError: ``bf16`` and ``fp16`` both set (before anything is evaluated).
+        TypeError: ``bf16`` or ``fp16`` not ``True`` or ``False``.
     """
+    autocast_dtype(bf16, fp16)  # checked before the model is touched
     context = context or DistributedContext()
     device = device or next(model.parameters()).device
     was_training = model.training
@@ -81,7 +112,7 @@ def evaluate(
     try:
         for start in range(0, len(indices), batch_size):
             batch = {k: v.to(device) for k, v in data.select(indices[start : start + batch_size]).items()}
-            with autocast(device, bf16):
+            with autocast(device, bf16, fp16):
                 output = handler.forward(model, batch)
                 sums = handler.metric_sums(output, batch)
                 if objective is not None:
@@ -325,6 +356,7 @@ def evaluate_checkpoint(
     limit: int | None = None,
     device: str = "auto",
     bf16: bool = False,
+    fp16: bool = False,
     root: str | None = None,
     options: dict[str, Any] | None = None,
     echo: Callable[[str], None] | None = None,
@@ -353,6 +385,7 @@ def evaluate_checkpoint(
         limit: evaluate the first ``limit`` examples of each data set; ``None``: all.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
         bf16: evaluate under bfloat16 autocast.
+        fp16: evaluate under float16 autocast (not with ``bf16``).
         root: the folder to read data files from (data sets read from files only), unless an
             entry names its own ``root=``.
         options: keyword arguments of every data set, below each entry's own.
@@ -367,12 +400,14 @@ def evaluate_checkpoint(
     Raises:
         CheckpointError: the checkpoint's weights cannot be loaded.
         ValueError: an unknown data set, one whose images do not fit the model, a
-            ``batch_size`` / ``limit`` below 1, or an unknown or unavailable device.
+            ``batch_size`` / ``limit`` below 1, an unknown or unavailable device, or ``bf16`` and
+            ``fp16`` both set.
         DataNotFoundError: a data set's files are not there.
     """
     check_positive_int(batch_size, "batch_size")
     if limit is not None:
         check_positive_int(limit, "limit")
+    autocast_dtype(bf16, fp16)
     torch_device = resolve_device(device)
     model, spec, metadata = load_model_from_checkpoint(location, torch_device)
     handler = get_task_handler(spec.task)
@@ -392,7 +427,7 @@ def evaluate_checkpoint(
             objective = make_objective(loss, spec, total_steps, pad_id, model_config=model.config)
         metrics = evaluate_loss_where_it_applies(
             model, data, handler, objective, echo=echo,
-            batch_size=batch_size, device=torch_device, bf16=bf16, step=step,
+            batch_size=batch_size, device=torch_device, bf16=bf16, fp16=fp16, step=step,
         )
         rows.append({"data": f"{data.name}/{data.split}", **result_row(metrics)})
     return rows

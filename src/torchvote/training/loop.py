@@ -16,14 +16,15 @@ records a killed run wrote after the checkpoint it resumes from are dropped and 
 ``metrics.jsonl`` reads as the unbroken run's (but for the clock).
 
 **Host-device syncs.** A step only queues work on the device: it reads nothing back, so on a GPU
-the host runs ahead and queues the next step while this one computes. The loss and the metric
-sums of a step are added up on the device (:class:`~torchvote.training.progress.Progress`) and
-read once per metrics record (``log_every``) and at each checkpoint. So is the
-divergence check: a loss that turns NaN or infinite stops the run at the next record or
-checkpoint, not at the step it appeared (the weights are checked before each checkpoint, so NaN
-weights are never saved). A callback that reads :attr:`StepInfo.loss` makes its step wait for the
-device (a callback that does not read it costs no sync); batches bound for a GPU come in pinned
-memory, so their copy to it is asynchronous too.
+the host runs ahead and queues the next step while this one computes (with ``fp16=true`` it reads
+one flag, in ``GradScaler.step``: whether a gradient overflowed and the update is skipped). The
+loss and the metric sums of a step are added up on the device
+(:class:`~torchvote.training.progress.Progress`) and read once per metrics record (``log_every``)
+and at each checkpoint. So is the divergence check: a loss that turns NaN or infinite stops the run
+at the next record or checkpoint, not at the step it appeared (the weights are checked before each
+checkpoint, so NaN weights are never saved). A callback that reads :attr:`StepInfo.loss` makes its
+step wait for the device (a callback that does not read it costs no sync); batches bound for a GPU
+come in pinned memory, so their copy to it is asynchronous too.
 
 **Data parallelism.** Under ``torchrun`` each of the N processes takes a contiguous ``1 / N`` of
 every global batch (``batch_size`` is global), DDP averages the gradients, so one process and N
@@ -35,10 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +232,8 @@ class _Run:
         self.total_steps = min(steps, config.max_steps) if config.max_steps is not None else steps
         self.optimizer = build_optimizer(self.model.parameters(), config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim, self.total_steps)
+        # fp16's loss scaling; with fp16=false every call of it is the plain one (see _train_step)
+        self.scaler = torch.amp.GradScaler(context.device.type, enabled=config.fp16)
         self.objective = make_objective(
             config.loss, self.spec, self.total_steps, fields.get("pad_id"), model_config=self.model_config
         )
@@ -330,6 +335,7 @@ class _Run:
                 device=self.context.device,
                 context=self.context,
                 bf16=self.config.bf16,
+                fp16=self.config.fp16,
                 step=self.step,
             )
             self.evaluating = False
@@ -459,15 +465,25 @@ class _Run:
         batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
         torch.manual_seed(derive_seed(self.config.seed, STEP_STREAM, self.step, self.context.rank))
         self.ddp_model.train()
-        with autocast(device, self.config.bf16):
+        with autocast(device, self.config.bf16, self.config.fp16):
             output = self.handler.forward(self.ddp_model, batch)
             loss, _ = self.objective(output, batch, self.step)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # fp16 (torch.amp's recipe): backward from the loss scaled up, so that small float16
+        # gradients do not flush to zero; the gradients unscaled before clipping, so grad_clip
+        # clips the true ones; step() skips the update when a gradient overflowed, and update()
+        # then lowers the scale. The step reads one flag from the device, inside step() (whether
+        # any gradient was inf or NaN): GradScaler's own sync, the only one fp16 adds. Under DDP
+        # the gradients are all-reduced before unscale_, so every process skips the same steps.
+        # Without fp16 the scaler is disabled and each call is the plain one.
+        self.scaler.scale(loss).backward()
         if self.config.optim.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        with _scheduler_after_a_skipped_step(self.scaler.is_enabled()):
+            self.scheduler.step()  # by the step count, also after a skipped update (as a resume counts)
         sums = self.handler.metric_sums(output, batch)
         return loss.detach(), sums, items
 
@@ -521,11 +537,21 @@ class _Run:
         kept = f"the last checkpoint is {self.last_checkpoint.weights}" if self.last_checkpoint else (
             "no checkpoint was written"
         )
+        lower = f"a lower optim.lr (now {self.config.optim.lr})"
+        advice = {  # float16 overflows past 65504; bfloat16 has float32's range
+            "fp16": f"{lower}, optim.grad_clip=1.0, or fp16=false (bf16=true on a GPU with fast bfloat16)",
+            "bf16": f"{lower}, optim.grad_clip=1.0, or bf16=false",
+            None: f"{lower} or optim.grad_clip=1.0",
+        }[self._mixed_precision]
         raise TrainingDivergedError(
             f"the {what} became NaN or infinite by step {self.step}: stopped without "
-            f"saving these weights; {kept}. Try a "
-            f"lower optim.lr (now {self.config.optim.lr}), optim.grad_clip=1.0, or bf16=false"
+            f"saving these weights; {kept}. Try {advice}"
         )
+
+    @property
+    def _mixed_precision(self) -> str | None:
+        """``"bf16"`` or ``"fp16"``, the config's autocast flag that is on; ``None``: neither."""
+        return "bf16" if self.config.bf16 else "fp16" if self.config.fp16 else None
 
     def _stopped(self, progress: Progress, *, saved: bool) -> bool:
         """Close the bar and say where the run stopped and how to resume it; return ``True``."""
@@ -569,7 +595,7 @@ class _Run:
 
     def _out_of_memory_advice(self) -> str:
         """What to lower after the device ran out of memory, and how to go on."""
-        config, device = self.config, self.context.device
+        config, device, precision = self.config, self.context.device, self._mixed_precision
         if self.evaluating:  # a resumed run may change the evaluation batch: the same run
             smaller = max(1, config.eval_batch_size // 2)
             advice = f"lower eval_batch_size (now {config.eval_batch_size})"
@@ -578,7 +604,7 @@ class _Run:
             return f"{device} ran out of memory evaluating at step {self.step}; {advice}"
         stopped = (
             f"{device} ran out of memory in training step {self.step + 1} "
-            f"(batch_size={config.batch_size}{', bf16' if config.bf16 else ''}); {self._kept()}"
+            f"(batch_size={config.batch_size}{f', {precision}' if precision else ''}); {self._kept()}"
         )
         if not self.resume_hint:  # the caller's runs have their sizes: no command of ours fits
             return f"{stopped}; it needs a device with more free memory"
@@ -588,7 +614,9 @@ class _Run:
         return (
             f"{stopped}. A smaller batch trains on other batches, so it is a new run: "
             f"{shlex.join(new_run)}"
-            + ("" if config.bf16 else " (bf16=true also halves the activations' memory)")
+            # float16 and bfloat16 activations take half float32's memory
+            + ("" if precision else " (bf16=true, or fp16=true on GPUs without fast bfloat16, "
+               "also halves the activations' memory)")
             + (f"; or, with more free memory on the device, {self._continue_command()}"
                if self.last_checkpoint is not None else "")
         )
@@ -669,6 +697,20 @@ class _StepInfo(StepInfo):
     @loss.setter
     def loss(self, value: float | Tensor) -> None:
         self._loss = value
+
+
+@contextlib.contextmanager
+def _scheduler_after_a_skipped_step(scaling: bool) -> Iterator[None]:
+    """Where the loss is scaled (fp16), a context without torch's warning that the scheduler
+    stepped before the optimiser: GradScaler skips the first updates of a run by design (their
+    scaled gradients overflow while it finds its scale), and the warning would call that a
+    misordered loop. Elsewhere the warning means what it says, and is left alone."""
+    if not scaling:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+        yield
 
 
 def _weights_finite(model: nn.Module) -> bool:

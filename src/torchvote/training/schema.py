@@ -166,6 +166,11 @@ class TrainConfig:
         keep_checkpoints: how many checkpoints to keep (the newest).
         seed: seeds the model initialisation, the data order and every random augmentation.
         bf16: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``.
+        fp16: run forward and loss under ``torch.autocast(dtype=torch.float16)``, the gradients
+            through ``torch.amp.GradScaler`` (the loss scaled up so that small float16 gradients
+            do not flush to zero; unscaled before ``optim.grad_clip``, a step whose gradients
+            overflowed skipped and the scale lowered): mixed precision for GPUs without fast
+            bfloat16 (T4, V100). The scaler's state is checkpointed. Not with ``bf16``.
         compile: train through ``torch.compile(model)`` (compiled on the first step; evaluation
             runs the eager model). Checkpoints hold the eager model's weights, whose names carry
             no ``_orig_mod.``: they load into an uncompiled model.
@@ -200,6 +205,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     bf16: bool = False
+    fp16: bool = False
     compile: bool = False
     deterministic: bool = False
     device: str = "auto"
@@ -230,6 +236,10 @@ class TrainConfig:
                 check_positive_int(value, key, minimum=0)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        if self.bf16 and self.fp16:  # one autocast dtype
+            raise ConfigError(
+                "bf16 and fp16 are both true: choose one autocast dtype (bf16=false or fp16=false)"
+            )
         if self.seed >= 2**64:  # torch.manual_seed's limit: the first step failed, naming nothing
             raise ConfigError(f"seed must be an integer in [0, 2**64), got {self.seed}")
         if not isinstance(self.out_dir, str) or not self.out_dir.strip():  # '': runs in the working folder

@@ -218,7 +218,8 @@ def training_state(
 
     Args:
         run: has ``step``, ``config``, ``context``, ``train_data``, ``optimizer``, ``scheduler``,
-            ``total_steps`` and ``wall_s()``.
+            ``scaler`` (a ``torch.amp.GradScaler``, disabled unless ``fp16``), ``total_steps`` and
+            ``wall_s()``.
         epoch, position: where a run resumed from this step starts.
         metrics_window: the metric sums of the steps since the last metrics record, over every
             process (:meth:`~torchvote.training.progress.Progress.window_totals`), so that the
@@ -239,6 +240,7 @@ def training_state(
         },
         "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),  # fp16's loss scale and its growth count; {} without fp16
         "rng": capture_rng_state(),
         "config": config_to_dict(run.config),
         "world_size": run.context.world_size,
@@ -249,7 +251,9 @@ def training_state(
 
 
 def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> int:
-    """Load a checkpoint into ``run`` (model, optimiser, scheduler, RNG states); return its step.
+    """Load a checkpoint into ``run`` (model, optimiser, scheduler, fp16's gradient scaler, RNG
+    states); return its step. A checkpoint written before the scaler was saved (no fp16 run
+    wrote one) leaves the run's scaler fresh.
     The caller has checked the config (:func:`~torchvote.training.results.check_resumable`).
 
     Raises:
@@ -272,8 +276,12 @@ def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> in
     try:
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler") and run.scaler.is_enabled():  # fp16 is not resumable: both or neither
+            run.scaler.load_state_dict(state["scaler"])
     except (ValueError, KeyError, RuntimeError) as err:
-        raise CheckpointError(f"{paths.state}: optimiser or scheduler state does not fit: {err}") from None
+        raise CheckpointError(
+            f"{paths.state}: optimiser, scheduler or gradient scaler state does not fit: {err}"
+        ) from None
     restore_rng_state(state["rng"])
     run.earlier_s = float(state.get("wall_s", 0.0))  # checkpoints before it was recorded: 0
     return int(state["step"])
