@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import _upcast, autocast_off
+from torchvote.functional.voting import _einsum_at_least_float32, _einsum_without_float16, autocast_off
 from torchvote.tracing import plain_ops_required
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
@@ -425,12 +425,11 @@ class LinearVotes(_WeightTimesInputs):
 
     def squared_norm(self) -> Tensor:
         """``(..., i, j)``: ``||W_ij u_j||^2 = u_j^T (W_ij^T W_ij) u_j``, computed once and kept."""
-        if self._squared_norm is None:  # in at least float32: weight and inputs are small to upcast
-            weight = _upcast(self.weight)
-            gram = torch.einsum("ijde,ijdf->ijef", weight, weight)  # (i, j, e, e)
-            x = _upcast(self.inputs).reshape(-1, self.senders, self.in_dim)
-            outer = torch.einsum("bje,bjf->bjef", x, x).flatten(-2)  # (b, j, e*e)
-            norms = torch.einsum("bjk,ijk->bij", outer, gram.flatten(-2))
+        if self._squared_norm is None:  # in at least float32, autocast off: weight and inputs are small
+            gram = _einsum_at_least_float32("ijde,ijdf->ijef", self.weight, self.weight)  # (i, j, e, e)
+            x = self.inputs.reshape(-1, self.senders, self.in_dim)  # (b, j, e)
+            outer = _einsum_at_least_float32("bje,bjf->bjef", x, x).flatten(-2)  # (b, j, e*e)
+            norms = _einsum_at_least_float32("bjk,ijk->bij", outer, gram.flatten(-2))  # (b, i, j)
             self._squared_norm = norms.reshape(*self.batch_shape, self.receivers, self.senders)
         return self._squared_norm
 
@@ -478,13 +477,13 @@ class SharedLinearVotes(_WeightTimesInputs):
         return torch.einsum("ide,...ie->...id", self.weight, pooled)
 
     def dot(self, outputs: Tensor) -> Tensor:
-        pulled = torch.einsum("ide,...id->...ie", self.weight, outputs)  # W_i^T v_i: (..., i, e)
-        return torch.einsum("...je,...ie->...ij", self.inputs, pulled)
+        """``(..., i, j)``: ``u_j . (W_i^T v_i)``, never in float16 (the Votes contract)."""
+        pulled = _einsum_without_float16("ide,...id->...ie", self.weight, outputs)  # W_i^T v_i: (..., i, e)
+        return _einsum_without_float16("...je,...ie->...ij", self.inputs, pulled)
 
     def squared_norm(self) -> Tensor:
-        weight, inputs = _upcast(self.weight), _upcast(self.inputs)  # at least float32
-        gram = torch.einsum("ide,idf->ief", weight, weight)  # (i, e, e)
-        return torch.einsum("...je,ief,...jf->...ij", inputs, gram, inputs)
+        gram = _einsum_at_least_float32("ide,idf->ief", self.weight, self.weight)  # (i, e, e)
+        return _einsum_at_least_float32("...je,ief,...jf->...ij", self.inputs, gram, self.inputs)
 
     def materialize(self) -> Tensor:
         """The votes as a tensor ``(..., i, j, d)``."""

@@ -44,6 +44,7 @@ from torchvote.functional.masks import fused_kernel_mask, open_rows_without_send
 from torchvote.functional.nonlinearities import _squash
 from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import (
+    autocast_enabled,
     broadcast_shape,
     check_choice,
     check_dim,
@@ -87,7 +88,9 @@ class Votes(Protocol):
         ...
 
     def dot(self, outputs: Tensor) -> Tensor:
-        """``(..., i, d)`` outputs -> ``(..., i, j)`` dot product of every vote with its receiver."""
+        """``(..., i, d)`` outputs -> ``(..., i, j)`` dot product of every vote with its receiver,
+        never in float16 (its products pass 65504 once 16-D entries pass about 64): in float32
+        where float16 would compute it; bfloat16, with float32's range, stays bfloat16."""
         ...
 
     def squared_norm(self) -> Tensor:
@@ -127,7 +130,7 @@ class SharedVotes:
         return torch.einsum("...ij,...jd->...id", weights, self.values)
 
     def dot(self, outputs: Tensor) -> Tensor:
-        return torch.einsum("...jd,...id->...ij", self.values, outputs)
+        return _einsum_without_float16("...jd,...id->...ij", self.values, outputs)
 
     def squared_norm(self) -> Tensor:
         return _upcast(self.values).pow(2).sum(-1).unsqueeze(-2)  # (..., 1, j)
@@ -165,7 +168,7 @@ class PairwiseVotes:
         return torch.einsum("...ij,...ijd->...id", weights, self.votes)
 
     def dot(self, outputs: Tensor) -> Tensor:
-        return torch.einsum("...ijd,...id->...ij", self.votes, outputs)
+        return _einsum_without_float16("...ijd,...id->...ij", self.votes, outputs)
 
     def squared_norm(self) -> Tensor:
         return _upcast(self.votes).pow(2).sum(-1)  # (..., i, j)
@@ -206,10 +209,7 @@ class DotProductScores:
     def materialize(self) -> Tensor:
         """The ``(..., i, j)`` logits, computed in at least float32 so half inputs cannot overflow
         (with autocast off: under ``torch.autocast`` the product would be float16 again)."""
-        q, k = _upcast(self.queries), _upcast(self.keys)
-        dtype = torch.promote_types(q.dtype, k.dtype)  # under autocast they may differ
-        with autocast_off(q.device.type):
-            return torch.einsum("...ie,...je->...ij", q.to(dtype), k.to(dtype)) * self.effective_scale
+        return _einsum_at_least_float32("...ie,...je->...ij", self.queries, self.keys) * self.effective_scale
 
 
 Logits = Tensor | DotProductScores
@@ -262,6 +262,31 @@ class VoteResult:
 
 def _upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _einsum_at_least_float32(equation: str, *operands: Tensor) -> Tensor:
+    """``torch.einsum`` of half operands upcast to float32, with autocast off (under
+    ``torch.autocast`` the product would be float16 again), the result in that dtype: for the
+    reductions whose sums pass float16's 65504 (dot products of votes, attention logits). Operands
+    of different dtypes (under autocast) meet in their promoted dtype."""
+    upcast = [_upcast(x) for x in operands]
+    dtype = upcast[0].dtype
+    for x in upcast[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    with autocast_off(upcast[0].device.type):
+        return torch.einsum(equation, *(x.to(dtype) for x in upcast))
+
+
+def _einsum_without_float16(equation: str, *operands: Tensor) -> Tensor:
+    """``torch.einsum``, but in float32 where it would compute in float16 (a float16 operand, or
+    float16 autocast on the device), whose results pass 65504: the dot products of votes
+    (:meth:`Votes.dot`). bfloat16 has float32's range: it computes as before, without the float32
+    copies (twice the votes' bytes, kept for backward) that :func:`_einsum_at_least_float32` makes."""
+    device = operands[0].device.type
+    float16 = any(x.dtype == torch.float16 for x in operands) or (
+        autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+    )
+    return _einsum_at_least_float32(equation, *operands) if float16 else torch.einsum(equation, *operands)
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
