@@ -14,8 +14,8 @@
 # open targets (EM, dynamic routing, the compiled training step), then the rest. Where one
 # command may run 10 minutes at most and the GPU is lent for about 15 minutes in all (its start
 # included), run it in two parts: `... OUT device-tests routing-em` (at most 9 minutes; usually
-# 4-5) and `... OUT routing-dynamic training-compiled training` (at most 8.5 minutes; usually
-# 3-4); the generation steps (at most 5 minutes) only if time is left.
+# 4-5) and `... OUT routing-dynamic routing-float16 training-compiled training` (at most 10
+# minutes; usually 4); the generation steps (at most 5 minutes) only if time is left.
 # PYTHON names the interpreter (default: python3), with torchvote importable (an installed
 # project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
 # step also omegaconf; the device tests pytest, hypothesis, omegaconf and PyYAML (the dev extras).
@@ -30,6 +30,8 @@
 #                    target 2: >= 10x that baseline on a GPU)
 #   routing-dynamic  CapsuleLinear dynamic routing, every strategy, batch 128 and 512 (the
 #                    README's H100 table, rerun on this code)
+#   routing-float16  the same under float16 autocast (fp16=true's, for GPUs without fast
+#                    bfloat16), whose vote dot products are formed in float32 (Votes.dot)
 #   generation-*     greedy generation with and without the key/value cache on a model large
 #                    enough (8 layers, d_model 512) for recomputing the context to dominate
 #   training         one training step per model, float32 and with --compile
@@ -38,7 +40,8 @@ out=${1:-runs/bench-cuda}
 shift $(($# > 0 ? 1 : 0))
 chosen=" $* "
 python=${PYTHON:-python3}
-known=" device-tests routing-em routing-dynamic training-compiled training generation-softmax"
+known=" device-tests routing-em routing-dynamic routing-float16 training-compiled training"
+known+=" generation-softmax"
 known+=" generation-routing "
 for name in "$@"; do
     [[ "$known" == *" $name "* ]] || { echo "unknown step '$name'; the steps are:$known" >&2; exit 2; }
@@ -78,6 +81,8 @@ step routing-em 300 "$python" benchmarks/routing.py --device cuda --cases em-con
     --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10
 step routing-dynamic 180 "$python" benchmarks/routing.py --device cuda --cases dynamic \
     --batches 128 512 --modes fwd+bwd --repeats 10
+step routing-float16 90 "$python" benchmarks/routing.py --device cuda --cases dynamic \
+    --batches 128 512 --modes fwd+bwd --repeats 10 --dtype float16
 step training-compiled 180 "$python" benchmarks/training.py --device cuda --compile \
     --models capsnet,capsnet-small,efficient-capsnet
 step training 150 "$python" benchmarks/training.py --device cuda --models capsnet,capsnet-small,efficient-capsnet

@@ -22,10 +22,11 @@ Cases (all paper-exact: gradients through every routing iteration, no stop-gradi
 
 Timing runs every implementation in this one process, interleaved (ours, baseline, ours, ...), and
 reports medians; on CUDA each step is bracketed by ``torch.cuda.synchronize()``. ``--dtype
-bfloat16`` runs every implementation under ``torch.autocast``. Peak memory on CUDA is
-``torch.cuda.max_memory_allocated()`` over one step minus what was allocated before it. On the CPU
-it is measured honestly in RSS: each (case, implementation, batch, mode) runs
-once in a fresh spawned subprocess, which first warms the libraries up on a tiny batch, then
+bfloat16`` (or ``float16``, ``fp16=true``'s autocast, for GPUs without fast bfloat16) runs every
+implementation under ``torch.autocast`` (timing only: backward runs without a gradient scaler).
+Peak memory on CUDA is ``torch.cuda.max_memory_allocated()`` over one step minus what was
+allocated before it. On the CPU it is measured honestly in RSS: each (case, implementation, batch,
+mode) runs once in a fresh spawned subprocess, which first warms the libraries up on a tiny batch, then
 builds its inputs and module, resets the kernel's resident-set high-water mark
 (``/proc/self/clear_refs``), runs one forward (and backward), and reports the high-water mark
 (``VmHWM``) minus the resident set before the step: the extra resident memory the step needed at
@@ -265,7 +266,7 @@ DEFAULT_CASES = [case for case in CASES if case != "em-paper"]
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):
-    """bfloat16 as mixed precision (autocast), float32 as is."""
+    """bfloat16 or float16 as mixed precision (autocast), float32 as is."""
     return torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
 
 
@@ -416,8 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="em_routing strategies timed in the EM cases, as torchvote-STRATEGY "
                              "rows (default: auto only, the row named torchvote)")
     add_device_argument(parser)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="bfloat16 runs every implementation under torch.autocast")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="bfloat16 / float16 run every implementation under torch.autocast")
     parser.add_argument("--batches", nargs="+", type=positive_int, default=None,
                         help="batch sizes (default: 32 128 for dynamic (CUDA: 128 512), 32 for EM)")
     parser.add_argument("--repeats", type=positive_int, default=None,
