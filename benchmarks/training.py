@@ -15,7 +15,8 @@ one :class:`StepPair` to :data:`PAIRS` (the baseline is the part to write by han
 Run: ``python benchmarks/training.py`` (every pair at batch 128) or ``--quick`` (seconds), or
 ``torchvote bench training [args]``. ``--device cpu|cuda`` (default: cuda if there is one; on CUDA
 each step is timed between ``torch.cuda.synchronize()`` calls), ``--dtype bfloat16`` runs the
-forward pass and loss of both steps under ``torch.autocast`` (as ``bf16=true`` trains), and
+forward pass and loss of both steps under ``torch.autocast`` (as ``bf16=true`` trains; ``float16``
+also scales the loss through a ``torch.amp.GradScaler``, as ``fp16=true``), and
 ``--compile`` times our model under ``torch.compile`` (as ``compile=true`` trains).
 """
 
@@ -42,14 +43,30 @@ from torchvote.training.metrics import format_table
 
 @dataclass(frozen=True)
 class Setting:
-    """Where and how a step runs: the device, bfloat16 autocast or not, our model compiled or not."""
+    """Where and how a step runs: the device, bfloat16 or float16 autocast or neither, our model
+    compiled or not."""
 
     device: torch.device
     bf16: bool = False
     compile: bool = False
+    fp16: bool = False
 
     def autocast(self) -> AbstractContextManager:
-        return autocast(self.device, self.bf16)
+        return autocast(self.device, self.bf16, self.fp16)
+
+    def scaler(self) -> torch.amp.GradScaler:
+        """A step's gradient scaler: float16's (as ``fp16=true`` trains), disabled otherwise."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.fp16)
+
+    @staticmethod
+    def backward_and_step(
+        loss: Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
+    ) -> None:
+        """Backward and the optimiser's step through ``scaler`` (each call the plain one when it
+        is disabled)."""
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
 
 
 #: ``build(batch_size, preset, setting) -> (step, items per step)``: ``step()`` runs one training step.
@@ -80,7 +97,7 @@ def registry_step(
     batch = handler.example_batch(model.config, batch_size, torch.Generator().manual_seed(0))
     batch = {key: value.to(setting.device) for key, value in batch.items()}
     objective = make_objective(LossConfig(), spec, total_steps=1000)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer, scaler = torch.optim.Adam(model.parameters(), lr=1e-3), setting.scaler()
     model.train()
     forward = torch.compile(model) if setting.compile else model
 
@@ -89,8 +106,7 @@ def registry_step(
             output = handler.forward(forward, batch)
             loss, _ = objective(output, batch, 0)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        setting.backward_and_step(loss, optimizer, scaler)
 
     return step, handler.items(batch)
 
@@ -144,15 +160,14 @@ def cnn_baseline_reference(
     model.to(setting.device)
     images = torch.rand(batch_size, 1, 28, 28).to(setting.device)
     labels = torch.randint(10, (batch_size,)).to(setting.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer, scaler = torch.optim.Adam(model.parameters(), lr=1e-3), setting.scaler()
     model.train()
 
     def step() -> None:
         optimizer.zero_grad()
         with setting.autocast():
             loss = F.nll_loss(model(images).float(), labels)
-        loss.backward()
-        optimizer.step()
+        setting.backward_and_step(loss, optimizer, scaler)
 
     return step, batch_size
 
@@ -234,7 +249,7 @@ def _popular_step(model: nn.Module, batch_size: int, image_size: int, setting: S
     model.to(setting.device)
     images = torch.rand(batch_size, 1, image_size, image_size).to(setting.device)
     labels = torch.eye(10).index_select(dim=0, index=torch.randint(10, (batch_size,))).to(setting.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer, scaler = torch.optim.Adam(model.parameters(), lr=1e-3), setting.scaler()
     model.train()
 
     def step() -> None:
@@ -242,8 +257,7 @@ def _popular_step(model: nn.Module, batch_size: int, image_size: int, setting: S
         with setting.autocast():
             lengths, reconstructions = model(images, labels)
             loss = _popular_capsule_loss(lengths.float(), labels, images, reconstructions.float())
-        loss.backward()
-        optimizer.step()
+        setting.backward_and_step(loss, optimizer, scaler)
 
     return step
 
@@ -404,8 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="batch 16, 3 steps: a smoke run")
     add_device_argument(parser)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="bfloat16: forward and loss under torch.autocast (bf16=true)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="bfloat16: forward and loss under torch.autocast (bf16=true); float16: "
+                             "the same, gradients through a GradScaler (fp16=true)")
     parser.add_argument("--compile", action="store_true", help="torch.compile our model (compile=true)")
     return parser
 
@@ -413,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    setting = Setting(chosen_device(parser, args.device), args.dtype == "bfloat16", args.compile)
+    setting = Setting(chosen_device(parser, args.device), args.dtype == "bfloat16", args.compile,
+                      fp16=args.dtype == "float16")
     if args.quick:
         args.batch_size, args.steps, args.warmup = 16, 3, 1
     if args.threads:
