@@ -270,6 +270,10 @@ def _attention_cases() -> list[Any]:
         "key-mask": ((query, memory), {"key_mask": key_mask}),
         "bool-mask": ((query, memory), {"attn_mask": allowed}),
         "float-mask": ((query, memory), {"attn_mask": torch.zeros(5, 3).masked_fill(~allowed, -torch.inf)}),
+        # a square (L, L) causal mask, given explicitly (nn.Transformer.generate_square_subsequent_mask):
+        # eagerly it runs as is_causal, which reading its values decides (a break when traced)
+        "square-bool-mask": ((query,), {"attn_mask": torch.ones(5, 5, dtype=torch.bool).tril()}),
+        "square-float-mask": ((query,), {"attn_mask": nn.Transformer.generate_square_subsequent_mask(5)}),
         "causal": ((query,), {"is_causal": True}),
         "causal-key-mask": ((query,), {"is_causal": True, "key_mask": torch.ones(2, 5, dtype=torch.bool)}),
     }
@@ -333,6 +337,28 @@ def test_compiled_streamed_routing_gives_the_eager_numbers(routing):
         7, 3, 4, 5, routing=routing, strategy="stream", iterations=3, init_std=0.5, dtype=DOUBLE
     )
     assert_compiled_matches_eager(layer, torch.randn(2, 7, 3, dtype=DOUBLE, requires_grad=True))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_compiled_attention_with_a_square_causal_mask_gives_the_eager_numbers(kind):
+    """Eagerly the mask runs as ``is_causal`` (its values read); compiled, as the mask it is."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(8, 2, dtype=DOUBLE)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    mask = causal if kind == "bool" else torch.zeros(5, 5, dtype=DOUBLE).masked_fill(~causal, -torch.inf)
+    tokens = torch.randn(2, 5, 8, dtype=DOUBLE, requires_grad=True)
+    assert_compiled_matches_eager(_WithMask(attention, mask), tokens)
+
+
+class _WithMask(nn.Module):
+    """Self-attention with a fixed ``attn_mask`` (a keyword argument): ``(b, T, E) -> (b, T, E)``."""
+
+    def __init__(self, attention: nn.Module, mask: Tensor) -> None:
+        super().__init__()
+        self.attention, self.mask = attention, mask
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.attention(tokens, attn_mask=self.mask)[0]
 
 
 @pytest.mark.slow  # about 5 s

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from torchvote.models import ClassifierOutput, SequenceOutput, create_model, get_model_spec, list_models
-from torchvote.nn import SlotAttention, TransformerConfig, TransformerEncoder
+from torchvote.nn import MultiHeadAttention, SlotAttention, TransformerConfig, TransformerEncoder
 from torchvote.pretrained.bert import BertConfig, BertEncoder, EncoderOutput
 from torchvote.training.tasks import get_task_handler
 
@@ -200,6 +200,22 @@ def test_a_transformer_stack_exports_its_recorded_attention():
     with torch.no_grad():
         expected = stack(x, return_intermediates=True)
     assert_same_outputs(program.module()(x, return_intermediates=True), expected)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_attention_with_an_explicit_square_causal_mask_exports(kind):
+    """Eagerly such a mask runs as ``is_causal`` (its values read: a data-dependent operator that
+    export refused); traced, as the mask it is, the same numbers."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(8, 2).eval()
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    mask = causal if kind == "bool" else nn.Transformer.generate_square_subsequent_mask(5)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))
+    dynamic = (*_batch_dims((x,)), None)  # the batch of x; the mask as it is
+    program = torch.export.export(attention, (x,), {"attn_mask": mask}, dynamic_shapes=dynamic)
+    with torch.no_grad():
+        expected = attention(x, attn_mask=mask)
+    assert_same_outputs(program.module()(x, attn_mask=mask), expected)
 
 
 # --- torch.save, copy.deepcopy, pickle ------------------------------------------------------------

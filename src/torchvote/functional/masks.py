@@ -81,7 +81,9 @@ def is_causal_mask(mask: Tensor) -> bool:
 
     The values are read (``torch.equal``), which makes an accelerator wait for the host: a 2-D
     square mask costs one synchronisation per call on a GPU (two for a float mask);
-    ``is_causal=True`` costs none.
+    ``is_causal=True`` costs none. Under ``torch.compile`` or ``torch.export`` such a read is a
+    graph break, so the attention functions do not ask while they are traced (the mask is then
+    used as given).
 
     Args:
         mask: a boolean (True = may attend) or float (added to the logits) mask of any shape.
@@ -254,9 +256,11 @@ def prepare_attention_mask(
         mask = restrict_mask(mask, receivers)  # (b, .., i, j)
     # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask
     # broadcasts to "all allowed", not to a causal pattern. The rank first: under torch.export a
-    # batch size compared with L would put a guard on it.
+    # batch size compared with L would put a guard on it. Not while torch.compile or torch.export
+    # traces: reading the mask's values there is a graph break (fullgraph=True and export fail),
+    # so the traced graph takes the mask as it is, with the same numbers.
     full = mask is not None and mask.dim() == 2 and tuple(mask.shape) == tuple(logits_shape[-2:])
-    if full and is_causal_mask(mask):
+    if full and not torch.compiler.is_compiling() and is_causal_mask(mask):
         mask, is_causal = None, True
     if mask is not None and mask.is_floating_point() and dtype is not None:
         mask = mask.to(kernel_float_dtype(dtype))
