@@ -115,6 +115,46 @@ def test_is_causal_mask_recognises_bool_and_float_forms_only():
     assert not is_causal_mask(lower.unsqueeze(0))
 
 
+def _stack_with_a_read_counter(monkeypatch):
+    """A 3-layer encoder in float64, eval mode, and a list that grows by one per read of a mask's
+    values (``is_causal_mask``, one host wait on a GPU)."""
+    from torchvote.functional import masks
+    from torchvote.nn import TransformerConfig, TransformerEncoder
+
+    reads = []
+    real = masks.is_causal_mask
+    monkeypatch.setattr(masks, "is_causal_mask", lambda mask: reads.append(1) or real(mask))
+    torch.manual_seed(0)
+    stack = TransformerEncoder(TransformerConfig(8, 2, dim_feedforward=16, dropout=0.0), 3).double().eval()
+    return stack, reads
+
+
+def test_a_square_mask_given_to_every_layer_is_read_once(monkeypatch):
+    stack, reads = _stack_with_a_read_counter(monkeypatch)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    out = stack(x, attn_mask=mask)
+    assert len(reads) == 1  # was one per layer
+    torch.testing.assert_close(out, stack(x, is_causal=True))  # run as causality, as before
+    stack(x, attn_mask=mask)
+    assert len(reads) == 1  # the same tensor, unchanged: still known
+
+
+def test_a_mask_changed_in_place_is_read_again(monkeypatch):
+    stack, reads = _stack_with_a_read_counter(monkeypatch)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    causal = stack(x, attn_mask=mask)
+    mask[0, 1] = True  # no longer causal: query 0 hears key 1
+    changed = stack(x, attn_mask=mask)
+    assert len(reads) == 2
+    torch.testing.assert_close(changed, stack(x, attn_mask=mask.clone()))  # a new tensor: read afresh
+    assert not torch.allclose(changed, causal)
+    with torch.inference_mode():  # an inference tensor has no version: read on every call
+        fresh = torch.ones(5, 5, dtype=torch.bool).tril()
+        torch.testing.assert_close(stack(x, attn_mask=fresh), causal)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

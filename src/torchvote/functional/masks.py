@@ -19,6 +19,8 @@ give the fused kernel a finite row, whose output ``vote`` then zeroes.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -80,7 +82,8 @@ def is_causal_mask(mask: Tensor) -> bool:
     on CPU as the same mask given explicitly.
 
     The values are read (``torch.equal``), which makes an accelerator wait for the host: a 2-D
-    square mask costs one synchronisation per call on a GPU (two for a float mask);
+    square mask costs one synchronisation per call on a GPU (two for a float mask), which the
+    attention functions pay once for a mask that a stack's layers are given in turn;
     ``is_causal=True`` costs none. Under ``torch.compile`` or ``torch.export`` such a read is a
     graph break, so the attention functions do not ask while they are traced (the mask is then
     used as given).
@@ -106,6 +109,27 @@ def is_causal_mask(mask: Tensor) -> bool:
     allowed = mask == 0
     forbidden = torch.isneginf(mask)
     return bool(torch.equal(allowed, lower) and torch.equal(forbidden, ~lower))
+
+
+#: The last mask :func:`_is_causal_mask_once` read: a weak reference, its version, the answer.
+_last_read: tuple[weakref.ref[Tensor], int, bool] | None = None
+
+
+def _is_causal_mask_once(mask: Tensor) -> bool:
+    """:func:`is_causal_mask`, read once for a mask that every layer of a model is given in turn:
+    on a GPU each read makes the host wait for the device, which a stack of layers would do once
+    per layer. The answer is kept for the last mask read, while it is the same tensor at the same
+    version (an in-place change reads it again); an inference tensor, which has no version, is
+    read every time."""
+    global _last_read
+    if mask.is_inference():
+        return is_causal_mask(mask)
+    last = _last_read
+    if last is not None and last[0]() is mask and last[1] == mask._version:
+        return last[2]
+    answer = is_causal_mask(mask)
+    _last_read = (weakref.ref(mask), mask._version, answer)
+    return answer
 
 
 def causal_mask(receivers: int, senders: int, device: torch.device | None = None) -> Tensor:
@@ -260,7 +284,7 @@ def prepare_attention_mask(
     # traces: reading the mask's values there is a graph break (fullgraph=True and export fail),
     # so the traced graph takes the mask as it is, with the same numbers.
     full = mask is not None and mask.dim() == 2 and tuple(mask.shape) == tuple(logits_shape[-2:])
-    if full and not torch.compiler.is_compiling() and is_causal_mask(mask):
+    if full and not torch.compiler.is_compiling() and _is_causal_mask_once(mask):
         mask, is_causal = None, True
     if mask is not None and mask.is_floating_point() and dtype is not None:
         mask = mask.to(kernel_float_dtype(dtype))
