@@ -798,7 +798,8 @@ def route(
     elif strategy == "blocked" and transformed:
         raise RuntimeError(
             "em_routing(strategy='blocked') does not run under torch.func transforms (vmap, grad, "
-            "jacrev, jvp, ...) or forward-mode AD: its autograd Function writes into reused buffers; "
+            "jacrev, jvp, ...), forward-mode AD or torch.export: its autograd Function writes into "
+            "reused buffers; "
             "use strategy='vectorized' (or 'auto', which picks it there), the same numbers")
     if factored and votes.left.dtype != votes.right.dtype:  # (under autocast) one dtype for the products
         votes = PerSenderVotes(votes.left.to(votes.dtype), votes.right.to(votes.dtype), votes.batch_shape,
