@@ -165,9 +165,54 @@ def test_training_step_with_materialised_votes_is_one_graph(name, monkeypatch):
     assert_one_graph(explanation)
 
 
+@pytest.fixture
+def autocast_availability_untraceable(monkeypatch):
+    """``torch.amp.is_autocast_available`` as ``torch.compile`` sees it before PyTorch 2.13: a call
+    it cannot trace (on torch 2.11 with CUDA, a graph break in every product run with autocast off:
+    the vote dot products, the float32 statistics). torchvote reads it once, at import."""
+    real = torch.amp.is_autocast_available
+
+    def untraceable(device_type: str) -> bool:
+        torch._dynamo.graph_break()
+        return real(device_type)
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", untraceable)
+
+
+@pytest.fixture
+def is_exporting_true_while_compiling(monkeypatch):
+    """``torch.compiler.is_exporting()`` as ``torch.compile`` traced it before PyTorch 2.13: ``True``
+    (pytorch/pytorch#176347; seen on torch 2.11, where compiling the GRU seq2seq raised "cannot be
+    exported" and EM's blocked strategy refused). torchvote reads the export flag instead."""
+
+    def is_exporting_as_traced_before() -> bool:  # True wherever dynamo traces, as export does
+        return torch.compiler.is_compiling()
+
+    monkeypatch.setattr(torch.compiler, "is_exporting", is_exporting_as_traced_before)
+
+
+def test_compiling_is_not_exporting(monkeypatch, is_exporting_true_while_compiling):
+    """The GRU seq2seq, which refuses ``torch.export``, compiles with its documented breaks."""
+    (explanation,) = _training_step("rnn-attention-seq2seq", monkeypatch)
+    assert_model_graphs("rnn-attention-seq2seq", explanation)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("routing", ["dynamic", "self_attention", "em"])
+def test_capsule_layer_under_autocast_is_one_graph_where_autocast_checks_do_not_trace(
+    routing, dtype, autocast_availability_untraceable
+):
+    torch.manual_seed(0)
+    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, strategy="materialize", iterations=2)
+    with torch.autocast("cpu", dtype=dtype):
+        assert_one_graph(explain(layer, torch.randn(2, 7, 3)))
+
+
 @pytest.mark.slow  # about 30 s in all on a 2-core CPU
 @pytest.mark.parametrize("name", list_models())
-def test_training_step_under_bfloat16_autocast_is_one_graph(name, monkeypatch):
+def test_training_step_under_bfloat16_autocast_is_one_graph(
+    name, monkeypatch, autocast_availability_untraceable
+):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # as the loop's bf16=true
         (explanation,) = _training_step(name, monkeypatch)
     assert_model_graphs(name, explanation)
@@ -248,7 +293,7 @@ def test_matrix_capsule_layers_are_one_graph(strategy):
         assert_one_graph(explain(module, _grid(torch.float32)))
 
 
-def test_em_blocked_strategy_is_one_documented_break():
+def test_em_blocked_strategy_is_one_documented_break(is_exporting_true_while_compiling):
     """``strategy="blocked"`` is an eager kernel: one opaque call between two graphs (dynamo
     reports the break once in each frame that holds it: EMRouter.forward, route, em_routing,
     em_kernel.route)."""

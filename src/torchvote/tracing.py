@@ -5,7 +5,8 @@ forward-mode AD (``torch.compile`` needs nothing here: it traces every module in
 - :func:`plain_ops_required`: whether the blocked CPU kernels (autograd Functions writing into
   buffers they allocate) must step aside for plain differentiable operations, which give the same
   numbers; :func:`under_autograd_transforms`, the same question without ``torch.export``.
-- :func:`is_exporting`: ``torch.compiler.is_exporting`` where this torch has it (2.6 and later).
+- :func:`is_exporting`: whether ``torch.export`` (not ``torch.compile``) is tracing, where this
+  torch can tell (2.6 and later).
 - :func:`register_output`: a dataclass that a module returns, made a pytree node so that
   ``torch.export`` can return it and ``torch.export.save`` / ``load`` write and find it.
 """
@@ -20,9 +21,18 @@ __all__ = ["is_exporting", "plain_ops_required", "register_output", "under_autog
 
 
 def is_exporting() -> bool:
-    """Whether ``torch.export`` is tracing the caller: ``torch.compiler.is_exporting()`` on torch
-    2.6 and later; always False on torch 2.5, which lacks it (an export there traces the code as
-    it is, and fails where it would)."""
+    """Whether ``torch.export`` is tracing the caller, and not ``torch.compile``.
+
+    Reads the flag that strict and non-strict export set (``torch.compiler._is_exporting_flag``,
+    torch 2.6 and later) rather than calling ``torch.compiler.is_exporting()``: before PyTorch
+    2.13, ``torch.compile`` traced that call as ``True`` (pytorch/pytorch#176347), which took
+    every compiled model down its export path (plain operations in place of the CPU kernels, the
+    GRU seq2seq refused). Always False on torch 2.5, which has neither (an export there traces
+    the code as it is, and fails where it would).
+    """
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if flag is not None:
+        return bool(flag)
     check = getattr(torch.compiler, "is_exporting", None)
     return bool(check()) if check is not None else False
 

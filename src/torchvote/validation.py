@@ -8,6 +8,7 @@ through :func:`check_tensor_values`, which never makes an accelerator wait for t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "autocast_available",
     "autocast_enabled",
     "broadcast_shape",
     "check_bool_fields",
@@ -177,6 +179,34 @@ def check_float_dtype(dtype: Any, argument: str = "dtype") -> torch.dtype | None
     return dtype
 
 
+def _read_autocast_availability() -> dict[str, bool]:
+    available = {}
+    for device_type in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "privateuseone", "meta"):
+        with contextlib.suppress(RuntimeError):  # a device type this PyTorch does not know
+            available[device_type] = torch.amp.is_autocast_available(device_type)
+    return available
+
+
+#: ``torch.amp.is_autocast_available`` of the usual device types, read once at import: before
+#: PyTorch 2.13, ``torch.compile`` cannot trace that call (a graph break in every product run
+#: with autocast off, seen on torch 2.11 with CUDA), while a dictionary lookup traces.
+_AUTOCAST_AVAILABLE = _read_autocast_availability()
+
+
+def autocast_available(device_type: str) -> bool:
+    """Whether ``torch.autocast`` exists for ``device_type`` (not for ``"meta"``, say), without a
+    graph break under ``torch.compile``.
+
+    Args:
+        device_type: a ``device.type``, e.g. ``"cuda"``.
+
+    Returns:
+        ``torch.amp.is_autocast_available(device_type)``.
+    """
+    known = _AUTOCAST_AVAILABLE.get(device_type)
+    return torch.amp.is_autocast_available(device_type) if known is None else known
+
+
 def autocast_enabled(device_type: str) -> bool:
     """Whether ``torch.autocast`` is on for ``device_type``.
 
@@ -187,7 +217,7 @@ def autocast_enabled(device_type: str) -> bool:
         ``False`` also where autocast does not exist for the device (``"meta"``, on which
         ``torch.is_autocast_enabled`` raises).
     """
-    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    return autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 
 def check_input_dtype(

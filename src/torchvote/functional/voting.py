@@ -44,6 +44,7 @@ from torchvote.functional.masks import fused_kernel_mask, open_rows_without_send
 from torchvote.functional.nonlinearities import _squash
 from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import (
+    autocast_available,
     autocast_enabled,
     broadcast_shape,
     check_choice,
@@ -305,7 +306,7 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     Returns:
         A context manager.
     """
-    if torch.amp.is_autocast_available(device_type):
+    if autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
 
