@@ -11,12 +11,15 @@ a loop of ``torch.autograd.grad`` over the examples, Jacobians against
 against the batched call.
 
 Attention without weights runs ``F.scaled_dot_product_attention``, whose fused CPU kernel has no
-forward-mode AD: under a transform ``vote`` asks for its math kernel. Not covered, and why:
-``vmap(grad(...))`` of the slot router's parameters fails inside ``nn.GRUCell`` (PyTorch's batching
-fallback for ``gru_cell`` with an unbatched hidden state), outside torchvote's code.
+forward-mode AD: under a transform ``vote`` asks for its math kernel. Slot attention's GRU update
+runs as plain operations under a transform: ``vmap(grad(...))`` of ``nn.GRUCell``'s parameters
+failed in PyTorch's batching fallback for ``gru_cell``, and CUDA's fused GRU cell has no
+forward-mode derivative.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -42,8 +45,10 @@ def _probe(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 def _per_sample_check(module, example, inputs, device):
     """``vmap(grad)`` of the parameters, per example, against a loop of ``torch.autograd.grad``
-    on the eager module. ``example(module_or_call, params, *one)`` -> the outputs of one example."""
-    params = {name: p.detach() for name, p in module.named_parameters()}
+    on the eager module. ``example(module_or_call, params, *one)`` -> the outputs of one example.
+    Frozen parameters (``requires_grad=False``) are left out."""
+    trained = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    params = {name: p.detach() for name, p in trained}
     probe = _probe(tuple(example(module, params, *[x[0] for x in inputs]).shape), device)
 
     def loss(p, *one):
@@ -52,8 +57,8 @@ def _per_sample_check(module, example, inputs, device):
     batched = vmap(grad(loss), in_dims=(None, *[0] * len(inputs)))(params, *inputs)
     for k in range(BATCH):
         expected = torch.autograd.grad(
-            (example(module, dict(module.named_parameters()), *[x[k] for x in inputs]) * probe).sum(),
-            list(module.parameters()),
+            (example(module, dict(trained), *[x[k] for x in inputs]) * probe).sum(),
+            [p for _, p in trained],
         )
         for (name, got), want in zip(batched.items(), expected, strict=True):
             torch.testing.assert_close(got[k], want, msg=lambda m, name=name: f"{name}: {m}")
@@ -87,8 +92,7 @@ def _capsule_example(layer, params, inputs):
     return torch.cat([result.outputs.flatten(), result.couplings.flatten()])
 
 
-# slot: vmap(grad) of nn.GRUCell's parameters fails in PyTorch (module docstring)
-@pytest.mark.parametrize("routing", [name for name in ROUTERS if name != "slot"])
+@pytest.mark.parametrize("routing", ROUTERS)
 @pytest.mark.parametrize("strategy", ["auto", "stream", "materialize"])
 def test_capsule_linear_per_sample_gradients_equal_the_loop(routing, strategy, device):
     layer = _capsule_layer(routing, strategy, device)
@@ -103,6 +107,33 @@ def test_capsule_linear_input_transforms_equal_autograd(routing, strategy, devic
     params = dict(layer.named_parameters())
     inputs = torch.randn(BATCH, 5, 3, dtype=DOUBLE, device=device)
     _input_transforms_check(lambda x: _capsule_example(layer, params, x), inputs, device)
+
+
+def _slot_attention_example(module, params, inputs, slots):
+    """One example ``(inputs, input_dim)`` with its initial slots -> the slots and attention."""
+    options = {"slots": slots[None], "return_attention": True}
+    new, attention = functional_call(module, params, (inputs[None],), options)
+    return torch.cat([new.flatten(), attention.flatten()])
+
+
+def test_slot_attention_under_transforms_equals_autograd(device):
+    """Per-sample gradients, jacrev, jvp and vmap of ``nn.SlotAttention`` (its GRU update in plain
+    operations under a transform) against the eager module (``nn.GRUCell``) differentiated by
+    ``torch.autograd``; no batching fallback on the way (PyTorch warns of one for ``gru_cell``)."""
+    from torchvote.nn import SlotAttention
+
+    torch.manual_seed(0)
+    module = SlotAttention(3, 4, slot_dim=5, iterations=3, hidden_dim=6, dtype=DOUBLE).to(device)
+    module.slots_mu.requires_grad_(False)  # the slots are given: the sampling's parameters are unused
+    module.slots_log_sigma.requires_grad_(False)
+    inputs = torch.randn(BATCH, 7, 4, dtype=DOUBLE, device=device)
+    slots = torch.randn(BATCH, 3, 5, dtype=DOUBLE, device=device)
+    params = dict(module.named_parameters())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*performance drop.*")
+        _per_sample_check(module, _slot_attention_example, [inputs, slots], device)
+        one = slots[0]
+        _input_transforms_check(lambda x: _slot_attention_example(module, params, x, one), inputs, device)
 
 
 @pytest.mark.parametrize("detach_votes", [False, True])

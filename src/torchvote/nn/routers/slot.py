@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from torchvote.functional.routing import RoutingVotes, slot_routing
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
+from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import check_float_dtype, check_positive_int
 
 __all__ = ["SlotRouter", "SlotUpdate"]
@@ -32,9 +34,33 @@ class SlotUpdate(nn.Module):
     def forward(self, updates: Tensor, previous: Tensor) -> Tensor:
         """``(..., i, d)`` updates and previous slots -> ``(..., i, d)`` new slots."""
         previous = previous.expand_as(updates)
-        slots = self.gru(updates.reshape(-1, updates.shape[-1]), previous.reshape(-1, updates.shape[-1]))
-        slots = slots.view_as(updates)  # (..., i, d)
+        if under_autograd_transforms(updates, previous):
+            slots = self._gru_step(updates, previous)
+        else:
+            slots = self.gru(updates.reshape(-1, updates.shape[-1]), previous.reshape(-1, updates.shape[-1]))
+            slots = slots.view_as(updates)  # (..., i, d)
         return slots + self.mlp(self.norm(slots))
+
+    def _gru_step(self, inputs: Tensor, hidden: Tensor) -> Tensor:
+        """``self.gru``'s step in plain operations (Cho et al. 2014, as ``nn.GRUCell`` documents it,
+        gates in the order reset, update, new), for ``torch.func`` transforms and forward-mode AD:
+        CUDA's fused GRU cell has no forward-mode derivative, and ``vmap`` has no batching rule for
+        ``gru_cell`` (a slow fallback, which fails for per-sample parameter gradients).
+
+        Args:
+            inputs: ``(..., d)``.
+            hidden: ``(..., d)``, the previous slots.
+
+        Returns:
+            ``(..., d)``: the new hidden state.
+        """
+        gru = self.gru
+        reset_in, update_in, new_in = F.linear(inputs, gru.weight_ih, gru.bias_ih).chunk(3, dim=-1)
+        reset_h, update_h, new_h = F.linear(hidden, gru.weight_hh, gru.bias_hh).chunk(3, dim=-1)
+        reset = torch.sigmoid(reset_in + reset_h)
+        update = torch.sigmoid(update_in + update_h)
+        new = torch.tanh(new_in + reset * new_h)
+        return (1 - update) * new + update * hidden
 
 
 @register_router
