@@ -80,12 +80,23 @@ def _share_the_cores() -> None:
     torch.set_num_threads(threads)
 
 
+def _hide_cuda() -> None:
+    """With ``--device cpu`` (the default) the suite is the one CI runs, also on a machine with a
+    GPU: ``device="auto"`` (the training loop's, the CLI's) would otherwise train on the GPU in
+    tests written for the CPU (bit-identical resumes, pinned-memory checks, toy models building
+    CPU tensors: 20 failures on an H200). ``CUDA_VISIBLE_DEVICES=""`` hides it from this process,
+    whose CUDA starts lazily, after this, and from the subprocesses the tests start."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _share_the_cores()
     config.addinivalue_line(
         "markers", "device: takes the `device` fixture, so it runs on --device (set from the fixtures)"
     )
     config.stash[_DEVICE] = _chosen_device(config.getoption("device"))
+    if config.stash[_DEVICE].type == "cpu":
+        _hide_cuda()
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

@@ -42,6 +42,15 @@ def test_cpu_is_the_cpu():
     assert _chosen_device("cpu") == torch.device("cpu")
 
 
+def test_with_device_cpu_no_test_sees_a_gpu(pytestconfig):
+    """``--device cpu`` hides CUDA from this process and the subprocesses of the tests, so that
+    ``device="auto"`` means the CPU here as in CI."""
+    if pytestconfig.getoption("device") != "cpu":
+        pytest.skip("--device is not cpu")
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+    assert not torch.cuda.is_available()
+
+
 @pytest.mark.parametrize(("value", "expected"), [("cuda", 1), ("cuda:0", 0), ("cuda:1", 1)])
 def test_cuda_gets_the_index_a_tensor_on_it_reports(monkeypatch, value, expected):
     _cuda(monkeypatch, count=2, current=1)

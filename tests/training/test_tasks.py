@@ -70,7 +70,7 @@ def toy_models(scratch_registry):
         def forward(self, source, target_input):
             length = target_input.shape[1]
             aligned = nn.functional.pad(source, (0, max(0, length - source.shape[1])))[:, :length]
-            positions = self.position(torch.arange(length))
+            positions = self.position(torch.arange(length, device=source.device))
             hidden = self.source(aligned) + self.target(target_input) + positions  # (b, t, d)
             return SequenceOutput(logits=self.head(torch.relu(hidden)))
 
