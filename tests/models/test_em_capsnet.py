@@ -126,6 +126,7 @@ def test_zero_images_give_finite_outputs_and_gradients():
         ({"primary_types": 0}, "primary_types must be a positive integer"),
         ({"iterations": 0}, "iterations must be a positive integer"),
         ({"data_per_parent": 0.0}, "data_per_parent must be a positive finite number, got 0.0"),
+        ({"em_strategy": "fast"}, "em_strategy"),
         (
             {"final_inverse_temperature": 0.0},
             "final_inverse_temperature must be a positive finite number, got 0.0",
@@ -155,6 +156,37 @@ def test_every_em_layer_gets_the_amount_of_data_per_parent(overrides, conv, clas
     assert model.head.class_capsules.routing.data_per_parent == classes
     # a vector router takes no such option and is given none
     create_model("em-capsnet", "tiny", router="dynamic")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "conv", "classes"),
+    [
+        ({}, "auto", "auto"),
+        ({"em_strategy": "compiled"}, "compiled", "compiled"),  # every EM layer, the class router too
+        ({"em_strategy": "vectorized", "router_options": {"strategy": "blocked"}}, "vectorized", "blocked"),
+    ],
+)
+def test_every_em_layer_routes_with_the_chosen_strategy(overrides, conv, classes):
+    model = create_model("em-capsnet", "tiny", **overrides)
+    assert [layer.routing.strategy for layer in model.conv_capsules] == [conv, conv]
+    assert model.head.class_capsules.routing.strategy == classes
+    create_model("em-capsnet", "tiny", router="dynamic", em_strategy="vectorized")  # none for a vector router
+
+
+def test_every_em_strategy_gives_the_model_the_same_numbers():
+    """``em_strategy="vectorized"`` against ``"auto"`` (blocked on this CPU): outputs and gradients
+    of the whole model in float64."""
+    images = torch.rand(2, 1, 28, 28, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    results = []
+    for strategy in ("auto", "vectorized"):
+        torch.manual_seed(0)
+        model = create_model("em-capsnet", "tiny", em_strategy=strategy, dtype=torch.float64)
+        output = model(images)
+        (output.scores.square().sum() + output.poses.square().sum()).backward()
+        results.append((output.scores, [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for want, got in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3])

@@ -50,6 +50,7 @@ from torchvote.functional.em import (
     default_inverse_temperature,
     default_schedule_ending_at,
 )
+from torchvote.functional.em_kernel import STRATEGIES
 from torchvote.models.capsule_config import (
     CapsuleClassifierConfig,
     check_classifier_fields,
@@ -69,7 +70,7 @@ from torchvote.nn.em_capsules import (
     pose_side,
 )
 from torchvote.nn.routers import make_router
-from torchvote.validation import check_bool_fields, check_float_dtype, check_positive_float
+from torchvote.validation import check_bool_fields, check_choice, check_float_dtype, check_positive_float
 
 __all__ = ["EMCapsNet", "EMCapsNetConfig"]
 
@@ -108,6 +109,11 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
             the authors' schedule and 1 iteration the class activations vary by 2e-4 between
             classes at initialisation and the network does not learn). Given to the class router
             too when it is ``"em"`` (unless ``router_options`` sets ``inverse_temperature``).
+        em_strategy: how every EM layer routes (:func:`~torchvote.functional.em.em_routing`):
+            ``"auto"`` (blocked on a CPU, vectorized elsewhere), ``"blocked"``, ``"vectorized"``
+            or ``"compiled"`` (the routing loop under ``torch.compile``: on an H200 the paper-size
+            ConvCaps1 layer 4.2x faster than ``"auto"``, compiled on the first call). Given to
+            the class router too when it is ``"em"`` (unless ``router_options`` sets ``strategy``).
 
     Raises:
         ValueError: a bad field, naming it (a grid the layers shrink to nothing names
@@ -130,6 +136,7 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
     router_options: dict[str, Any] = field(default_factory=dict)
     data_per_parent: float | None = 100.0
     final_inverse_temperature: float | None = None
+    em_strategy: str = "auto"
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
@@ -152,6 +159,7 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
         check_positive_scale(self.data_per_parent, "data_per_parent", optional=True)
         if self.final_inverse_temperature is not None:
             check_positive_float(self.final_inverse_temperature, "final_inverse_temperature")
+        check_choice(self.em_strategy, STRATEGIES, "em_strategy")
         check_positive_tuples(self, ("conv_caps_types", "conv_caps_kernels", "conv_caps_strides"))
         if not len(self.conv_caps_types) == len(self.conv_caps_kernels) == len(self.conv_caps_strides):
             raise ValueError(
@@ -260,6 +268,7 @@ class EMCapsNet(CapsuleClassifier):
                     iterations=config.iterations,
                     inverse_temperature=config.inverse_temperature,
                     data_per_parent=config.data_per_parent,
+                    strategy=config.em_strategy,
                     **factory,
                 )
             )
@@ -269,6 +278,7 @@ class EMCapsNet(CapsuleClassifier):
         if config.router == "em":
             router_options.setdefault("data_per_parent", config.data_per_parent)
             router_options.setdefault("inverse_temperature", config.inverse_temperature)
+            router_options.setdefault("strategy", config.em_strategy)
         with router_options_errors(config.router, router_options):
             router = make_router(
                 config.router,
