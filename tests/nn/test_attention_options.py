@@ -93,9 +93,16 @@ def _scored_reference(module, query, key, value, p):
     ],
     ids=["additive", "luong-general", "luong-concat"],
 )
-def test_scored_attention_dropout_matches_the_formula_in_training(make):
+@pytest.mark.parametrize("layout", ["contiguous", "permuted"])
+def test_scored_attention_dropout_matches_the_formula_in_training(make, layout, monkeypatch):
+    """``permuted``: scores laid out transposed in memory, as ``torch.einsum`` returns Luong's
+    three-operand general score where opt_einsum is installed; the dropout mask, drawn in memory
+    order, differed from the formula's then."""
     torch.manual_seed(0)
     module = make().double()
+    if layout == "permuted":
+        score = module.score
+        monkeypatch.setattr(module, "score", lambda q, k: score(q, k).mT.contiguous().mT)
     generator = torch.Generator().manual_seed(1)
     query = torch.randn(2, 3, 5, dtype=F64, generator=generator)
     key = torch.randn(2, 4, 3, dtype=F64, generator=generator)

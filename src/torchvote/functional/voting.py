@@ -578,8 +578,10 @@ def vote(
         vote_weights = weights
         if sender_weights is not None:
             vote_weights = vote_weights * sender_weights.unsqueeze(-2)
-        if dropout_p > 0.0:
-            vote_weights = F.dropout(vote_weights, p=dropout_p)
+        if dropout_p > 0.0:  # contiguous: the mask's draws follow memory order, and the weights'
+            # layout follows the logits' (a 3-operand einsum returns a permuted one where opt_einsum
+            # is installed): the same seed gives the same mask whatever the layout
+            vote_weights = F.dropout(vote_weights.contiguous(), p=dropout_p)
         aggregated = cast.weighted_sum(vote_weights)  # (..., i, d)
         if aggregation == "mean":
             total = vote_weights.sum(-1, keepdim=True)  # (..., i, 1)
