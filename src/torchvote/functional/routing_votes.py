@@ -143,8 +143,11 @@ def weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
 
 
 def plain_weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
-    """:func:`weighted_sum` as one einsum, differentiable by autograd, forward-mode AD and every
-    ``torch.func`` transform: what runs :func:`~torchvote.tracing.plain_ops_required`.
+    """:func:`weighted_sum` in two plain products, differentiable by autograd, forward-mode AD and
+    every ``torch.func`` transform: what runs :func:`~torchvote.tracing.plain_ops_required`. Two
+    two-operand einsums in a fixed order, not one of three: with opt_einsum installed,
+    ``torch.einsum`` picks a three-operand order from the sizes, which fixed the batch size of an
+    exported program.
 
     Args:
         couplings: ``(i, b, j)``.
@@ -157,12 +160,14 @@ def plain_weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Ten
     _, features, senders = inputs.shape
     weight = weight.unflatten(1, (features, senders))  # (i, e, j, d)
     with autocast_off(inputs.device.type):  # in the arguments' dtype, as the kernel
-        return torch.einsum("ibj,bej,iejd->ibd", couplings, inputs, weight)
+        scaled = couplings.unsqueeze(2) * inputs  # (i, b, e, j): each input scaled by its coupling
+        return torch.einsum("ibej,iejd->ibd", scaled, weight)
 
 
 def plain_agreement(inputs: Tensor, weight: Tensor, outputs: Tensor) -> Tensor:
-    """:func:`agreement` as one einsum, differentiable by autograd, forward-mode AD and every
-    ``torch.func`` transform: what runs :func:`~torchvote.tracing.plain_ops_required`.
+    """:func:`agreement` in two plain products, differentiable by autograd, forward-mode AD and
+    every ``torch.func`` transform: what runs :func:`~torchvote.tracing.plain_ops_required` (two
+    einsums in a fixed order, as :func:`plain_weighted_sum`).
 
     Args:
         inputs: ``(b, e, j)``.
@@ -175,7 +180,8 @@ def plain_agreement(inputs: Tensor, weight: Tensor, outputs: Tensor) -> Tensor:
     _, features, senders = inputs.shape
     weight = weight.unflatten(1, (features, senders))  # (i, e, j, d)
     with autocast_off(inputs.device.type):  # in the arguments' dtype, as the kernel
-        return torch.einsum("bej,iejd,ibd->ibj", inputs, weight, outputs)
+        projected = torch.einsum("iejd,ibd->ibej", weight, outputs)  # (i, b, e, j): w^T v per input
+        return torch.einsum("ibej,bej->ibj", projected, inputs)
 
 
 def weighted_sum_backward(
@@ -483,7 +489,8 @@ class SharedLinearVotes(_WeightTimesInputs):
 
     def squared_norm(self) -> Tensor:
         gram = _einsum_at_least_float32("ide,idf->ief", self.weight, self.weight)  # (i, e, e)
-        return _einsum_at_least_float32("...je,ief,...jf->...ij", self.inputs, gram, self.inputs)
+        outer = _einsum_at_least_float32("...je,...jf->...jef", self.inputs, self.inputs)  # (..., j, e, e)
+        return _einsum_at_least_float32("...jk,ik->...ij", outer.flatten(-2), gram.flatten(-2))
 
     def materialize(self) -> Tensor:
         """The votes as a tensor ``(..., i, j, d)``."""

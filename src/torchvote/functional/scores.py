@@ -115,7 +115,9 @@ def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
     """
     _check_pair(query, key)
     _check_parameter("weight", weight, query, (query.shape[-1], key.shape[-1]))  # (Eq, Ek)
-    return torch.einsum("...ie,ef,...jf->...ij", query, weight, key)
+    # (q W) k^T as two products in a fixed order: a three-operand einsum lets opt_einsum, where
+    # installed, choose the order and return the scores transposed in memory
+    return (query @ weight) @ key.mT  # (..., L, Ek) @ (..., Ek, S)
 
 
 def additive_score(
