@@ -562,7 +562,8 @@ def test_benchmark_commands_quoted_in_the_scripts_parse(load_benchmark, where, s
 def test_cuda_targets_runs_every_step_it_names(tmp_path):
     assert {q[0].split()[-1] for q in QUOTED if q[0].startswith("cuda_targets")} == {
         "routing-em", "routing-dynamic", "routing-float16", "generation-softmax", "generation-routing",
-        "training", "training-compiled",
+        "training", "training-compiled", "routing-bfloat16", "attention-weights-bfloat16",
+        "attention-weights-float16", "training-float16",
     }
     steps = list(_cuda_target_steps())
     assert steps[0] == "device-tests"
