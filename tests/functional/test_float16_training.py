@@ -5,7 +5,8 @@ Under ``torch.autocast(dtype=torch.float16)`` every einsum runs in float16 whate
 dtype, so a reduction that is safe for a float16 *model* (upcast inputs) still overflowed past
 65504 under autocast. Each test runs the float32 code under float16 autocast at values where the
 old code gave inf or NaN, against an independent reference: the same product in float64, or the
-same float32 layer with autocast off.
+same float32 layer with autocast off. They take the ``device`` fixture: ``fp16=true`` is meant for
+GPUs, where the materialised votes (``strategy="auto"``) take the float16 tensor-core products.
 """
 
 from __future__ import annotations
@@ -21,22 +22,22 @@ HALF_EPS = torch.finfo(torch.float16).eps
 
 @pytest.mark.parametrize("kind", ["pairwise", "shared"])
 @pytest.mark.parametrize("autocast", [True, False])
-def test_the_dot_of_long_votes_is_the_float64_dot(kind, autocast):
+def test_the_dot_of_long_votes_is_the_float64_dot(kind, autocast, device):
     """Votes with entries near 100 (float16 numbers) against outputs alike: at 16 dimensions their
     dot products, about 16 * 100^2 = 1.6e5, pass 65504, and the float16 einsum gave inf. The dot
     is now formed in float32 (the ``Votes.dot`` contract), equal to the float64 product of the same
     numbers up to float32 rounding."""
     generator = torch.Generator().manual_seed(3)
     shape = (2, 4, 6, 16) if kind == "pairwise" else (2, 6, 16)
-    votes = (100 + torch.rand(shape, generator=generator)).half()  # (b, i, j, d) or (b, j, d)
-    outputs = (100 + torch.rand(2, 4, 16, generator=generator)).half()  # (b, i, d)
+    votes = (100 + torch.rand(shape, generator=generator)).half().to(device)  # (b, i, j, d) or (b, j, d)
+    outputs = (100 + torch.rand(2, 4, 16, generator=generator)).half().to(device)  # (b, i, d)
     if autocast:  # a float32 model under autocast: its tensors are float32 until a product
         votes, outputs = votes.float(), outputs.float()
     wrapped = PairwiseVotes(votes) if kind == "pairwise" else SharedVotes(votes)
     pattern = "bijd,bid->bij" if kind == "pairwise" else "bjd,bid->bij"
     expected = torch.einsum(pattern, votes.double(), outputs.double())  # (b, i, j)
     assert expected.min() > torch.finfo(torch.float16).max
-    with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+    with torch.autocast(device.type, dtype=torch.float16, enabled=autocast):
         dot = wrapped.dot(outputs)
     assert dot.dtype == torch.float32
     torch.testing.assert_close(dot.double(), expected, rtol=16 * torch.finfo(torch.float32).eps, atol=0.0)
@@ -44,18 +45,18 @@ def test_the_dot_of_long_votes_is_the_float64_dot(kind, autocast):
 
 @pytest.mark.parametrize("kind", ["pairwise", "shared"])
 @pytest.mark.parametrize("autocast", [True, False])
-def test_the_dot_stays_bfloat16_where_it_cannot_overflow(kind, autocast):
+def test_the_dot_stays_bfloat16_where_it_cannot_overflow(kind, autocast, device):
     """bfloat16 has float32's range: its dot is not copied to float32 (the copies, twice the votes'
     bytes, would be kept for backward on the GPU's bf16 path), and equals the bfloat16 einsum."""
     generator = torch.Generator().manual_seed(4)
     shape = (2, 4, 6, 16) if kind == "pairwise" else (2, 6, 16)
-    votes = (100 + torch.rand(shape, generator=generator)).bfloat16()
-    outputs = (100 + torch.rand(2, 4, 16, generator=generator)).bfloat16()
+    votes = (100 + torch.rand(shape, generator=generator)).bfloat16().to(device)
+    outputs = (100 + torch.rand(2, 4, 16, generator=generator)).bfloat16().to(device)
     if autocast:
         votes, outputs = votes.float(), outputs.float()
     wrapped = PairwiseVotes(votes) if kind == "pairwise" else SharedVotes(votes)
     pattern = "bijd,bid->bij" if kind == "pairwise" else "bjd,bid->bij"
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
         dot = wrapped.dot(outputs)
         expected = torch.einsum(pattern, votes, outputs)  # (b, i, j), bfloat16 either way
     assert dot.dtype == expected.dtype == torch.bfloat16
@@ -73,7 +74,7 @@ def _float16_numbers(layer: CapsuleLinear) -> CapsuleLinear:
 
 @pytest.mark.parametrize("shared_weights", [False, True])
 @pytest.mark.parametrize("strategy", ["stream", "materialize"])
-def test_the_distance_agreement_of_a_float32_layer_under_float16_autocast(strategy, shared_weights):
+def test_the_distance_agreement_of_a_float32_layer_under_float16_autocast(strategy, shared_weights, device):
     """Long votes (entries past 1000, squared lengths past 65504) through a float32 layer with
     ``agreement="distance"`` under float16 autocast, as ``fp16=true`` trains: the streamed squared
     lengths (``LinearVotes`` / ``SharedLinearVotes.squared_norm``: their inputs were upcast, but
@@ -92,19 +93,19 @@ def test_the_distance_agreement_of_a_float32_layer_under_float16_autocast(strate
             router_options={"agreement": "distance"},
             init_std=16.0,
         )
-    _float16_numbers(layer)
+    _float16_numbers(layer).to(device)
     generator = torch.Generator().manual_seed(12)
-    inputs = (torch.randn(2, 30, 8, generator=generator) * 8).half().float()  # (b, j, e)
+    inputs = (torch.randn(2, 30, 8, generator=generator) * 8).half().float().to(device)  # (b, j, e)
     votes = torch.einsum(
         "ide,bje->bijd" if shared_weights else "ijde,bje->bijd", layer.weight.detach(), inputs
     )
     assert votes.pow(2).sum(-1).min() > torch.finfo(torch.float16).max  # every squared length
-    direction = torch.linspace(-1, 1, 64).reshape(4, 16)  # a loss that reads every output entry
+    direction = torch.linspace(-1, 1, 64, device=device).reshape(4, 16)  # a loss reading every entry
 
     def run(autocast: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = inputs.clone().requires_grad_()
         layer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+        with torch.autocast(device.type, dtype=torch.float16, enabled=autocast):
             outputs = layer(x)  # (b, i, d)
         (outputs.float() * direction).sum().backward()
         return outputs.detach().float(), layer.weight.grad.clone(), x.grad
