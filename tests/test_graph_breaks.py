@@ -19,6 +19,10 @@ where they happen: the GRU encoder-decoder's packing and recurrent layers, and E
 explicit ``strategy="blocked"`` eager kernel. Where a fix changed what runs under compilation,
 the compiled result (dynamo + AOTAutograd, ``backend="aot_eager"``, ``fullgraph=True``) is
 compared with the eager one, outputs and gradients, in float64.
+
+Two fixtures give PyTorch's older tracing behaviour (CI runs 2.13; the project allows 2.5 and
+later), both seen on torch 2.11 with an H200: ``torch.amp.is_autocast_available`` untraceable, and
+``torch.compiler.is_exporting()`` traced as ``True`` while compiling.
 """
 
 from __future__ import annotations
