@@ -579,8 +579,8 @@ def vote(
         if sender_weights is not None:
             vote_weights = vote_weights * sender_weights.unsqueeze(-2)
         if dropout_p > 0.0:  # contiguous: the mask's draws follow memory order, and the weights'
-            # layout follows the logits' (a 3-operand einsum returns a permuted one where opt_einsum
-            # is installed): the same seed gives the same mask whatever the layout
+            # layout follows the logits' (a score function may return them permuted, as an einsum
+            # can): the same seed gives the same mask whatever the layout
             vote_weights = F.dropout(vote_weights.contiguous(), p=dropout_p)
         aggregated = cast.weighted_sum(vote_weights)  # (..., i, d)
         if aggregation == "mean":
