@@ -73,8 +73,9 @@ def test_capsule_linear_equals_its_router_on_materialised_votes(routing, shared)
     elif routing == "self_attention":
         expected = self_attention_routing(votes, log_prior=router.log_prior)
     elif routing == "slot":
-        expected = slot_routing(votes, router.initial_slots,
-                                query=lambda s: router.to_query(router.norm(s)), update=router.update)
+        slots, couplings = slot_routing(router.norm_votes(votes), router.initial_slots,
+                                        query=lambda s: router.to_query(router.norm(s)), update=router.update)
+        expected = (squash(slots, dim=-1), couplings)
     else:
         poses, activations, assignments = em_routing(votes, torch.ones(2, 6, dtype=DOUBLE), router.beta_u,
                                                      router.beta_a, return_assignments=True)

@@ -165,13 +165,42 @@ def test_slot_router_options():
     def query(slots: torch.Tensor) -> torch.Tensor:
         return router.to_query(router.norm(slots))
 
+    # Algorithm 1's layer norm of the inputs, here each vote over its features, by hand
+    centred = u - u.mean(-1, keepdim=True)
+    normed = centred / (centred.pow(2).mean(-1, keepdim=True) + router.norm_votes.eps).sqrt()
+    normed = normed * router.norm_votes.weight + router.norm_votes.bias
     got = router(u)
-    outputs, couplings = slot_routing(u, router.initial_slots, query=query, update=router.update,
-                                      iterations=2)
-    torch.testing.assert_close(got.outputs, outputs)
+    slots, couplings = slot_routing(normed, router.initial_slots, query=query, update=router.update,
+                                    iterations=2)
+    squared = slots.pow(2).sum(-1, keepdim=True)  # Sabour et al. 2017, eq. 1
+    torch.testing.assert_close(got.outputs, squared / (1 + squared) * slots / squared.sqrt())
     torch.testing.assert_close(got.couplings, couplings)
-    longer = slot_routing(u, router.initial_slots, query=query, update=router.update, iterations=3)[0]
-    assert_differs(got.outputs, longer)
+    assert (got.outputs.norm(dim=-1) < 1).all()
+    longer = slot_routing(normed, router.initial_slots, query=query, update=router.update, iterations=3)[0]
+    assert_differs(got.outputs, squash(longer))
+
+    plain = randomize(SlotRouter(out_caps=3, out_dim=4, iterations=2, hidden_dim=5, normalize_votes=False,
+                                 squash_outputs=False, dtype=DOUBLE))
+    assert plain.norm_votes is None and not any("norm_votes" in name for name in plain.state_dict())
+    outputs, couplings = slot_routing(u, plain.initial_slots, query=lambda s: plain.to_query(plain.norm(s)),
+                                      update=plain.update, iterations=2)
+    torch.testing.assert_close(plain(u).outputs, outputs)
+    torch.testing.assert_close(plain(u).couplings, couplings)
+    with pytest.raises(TypeError, match="normalize_votes"):
+        SlotRouter(out_caps=3, out_dim=4, normalize_votes="no")
+    with pytest.raises(TypeError, match="squash_outputs"):
+        SlotRouter(out_caps=3, out_dim=4, squash_outputs=1)
+
+
+def test_slot_router_sees_votes_of_any_scale():
+    """The layer norm makes the slots a function of the votes' directions, not their scale: votes
+    ten times larger give the same capsules (the layer norm's eps aside). Without it, the small
+    votes of a fresh capsule layer left the slots at their learned initial values."""
+    router = SlotRouter(out_caps=3, out_dim=4, iterations=3, dtype=DOUBLE)
+    u = votes()
+    torch.testing.assert_close(router(u * 10).outputs, router(u).outputs, rtol=1e-4, atol=1e-5)
+    tiny, other = router(u * 1e-3).outputs, router(votes(seed=5) * 1e-3).outputs
+    assert (tiny - other).norm(dim=-1).min() > 1e-2  # the capsules still differ with the votes
 
 
 def test_slot_attention_options():
