@@ -35,8 +35,9 @@ it for the EM router; an explicit ``loss.name`` wins), which EM's
 activations were made for: the margin loss's absolute targets push every sigmoid activation to
 zero and the network stops learning (tiny preset, 100 steps on small digits: 9% training accuracy
 with the margin loss, 97% with the spread loss). Every other router gives vectors whose length is
-the score; those whose outputs are not squashed (``inverted_dot_product``: layer-normalised;
-``slot``: GRU states) train with the margin loss too, more slowly, their lengths not being
+the score (``slot`` squashes its last slots for that, see
+:class:`~torchvote.nn.routers.slot.SlotRouter`); ``inverted_dot_product``, whose outputs are
+layer-normalised, not squashed, trains with the margin loss too, more slowly, its lengths not being
 bounded by 1.
 
 Paper size (the ``paper`` preset, the defaults): 8,215,568 parameters with the decoder (6,804,224
