@@ -47,3 +47,11 @@ def test_without_a_model_config_auto_is_the_registered_loss():
     output, batch = _batch()
     _, parts = make_objective(LossConfig(reconstruction_weight=0), spec, 10)(output, batch, 0)
     assert set(parts) == {"margin"}
+
+
+def test_the_spread_loss_refuses_label_sets_and_names_the_loss_that_takes_them():
+    objective = _objective(["model.router=em"], 10)
+    output, batch = _batch()
+    batch["targets"] = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [1, 2]])  # MultiMNIST's (b, 2)
+    with pytest.raises(ValueError, match=r"one label per image.*\(6, 2\).*loss\.name=margin"):
+        objective(output, batch, 0)
