@@ -308,17 +308,27 @@ _ROUTER_DATA = {
 }
 
 
+#: The data sets on which ``em`` trains with the spread loss (``loss.name=auto``); the MultiMNIST
+#: preset names the margin loss (the spread loss takes one label per image), so ``em`` trains
+#: with the margin loss there, as every other router does.
+_SPREAD_LOSS_DATA = ("MNIST", "affNIST-style")
+
+
 def _router_swap() -> Row:
-    variants = tuple(
-        Variant(f"{router} / {data}", preset, (f"model.router={router}", *options))
-        for data, (preset, options) in _ROUTER_DATA.items()
-        for router in _ROUTERS
-    )
+    variants: list[Variant] = []
+    for data, (preset, options) in _ROUTER_DATA.items():
+        for router in _ROUTERS:
+            variants.append(Variant(f"{router} / {data}", preset, (f"model.router={router}", *options)))
+        if data in _SPREAD_LOSS_DATA:  # the controls that tell EM's router from its loss
+            spread = ("model.router=dynamic", "loss.name=spread", *options)
+            variants.append(Variant(f"dynamic, spread loss / {data}", preset, spread))
+            margin = ("model.router=em", "loss.name=margin", *options)
+            variants.append(Variant(f"em, margin loss / {data}", preset, margin))
     return Row(
         "router-swap",
         "f",
         "Router swap: one CapsNet backbone, every router, on MNIST, affNIST-style and MultiMNIST",
-        variants,
+        tuple(variants),
         (
             Metric("test error (%), own test set"),
             Metric("affNIST-style accuracy (%)", dataset="affnist-style/test", transform="percent"),
@@ -329,7 +339,12 @@ def _router_swap() -> Row:
         },
         note=(
             "The small CapsNet (288 primary capsules on 28x28) with each router in place of dynamic "
-            "routing; `em` trains with the spread loss. Paik et al. 2019 and Gu & Tresp 2020 find "
+            "routing. `em` trains with the spread loss on MNIST and affNIST-style (`loss.name=auto`) "
+            "and with the margin loss on MultiMNIST (its preset's loss: the spread loss takes one "
+            "label per image). Two controls tell EM's router from its loss: `dynamic, spread loss` "
+            "(dynamic routing, the spread loss on its capsules' lengths, no reconstruction term, as "
+            "EM's) and `em, margin loss` (EM routing, the margin loss on its activations plus the "
+            "reconstruction term, as dynamic routing's). Paik et al. 2019 and Gu & Tresp 2020 find "
             "uniform routing as good as the routing procedures."
         ),
     )
