@@ -84,12 +84,13 @@ class SlotRouter(Router):
 
     Either alone left the small CapsNet at chance; together they took it from 11.3% to 94.7% MNIST
     test accuracy in 156 steps (seed 0, the router-swap row's CPU budget; ``docs/results.md``,
-    row f). The layer norm makes
-    every vote count alike whatever its length, as slot attention's inputs do: an input capsule's
-    length (or, in :class:`~torchvote.models.em_capsnet.EMCapsNet`, the activation that scales its
-    votes) no longer weighs its vote beyond the layer norm's ``eps``; ``normalize_votes=False``
-    keeps it. Layer-normalising the votes needs them whole: this router materialises streamed
-    votes (``(batch..., out_caps, in_caps, out_dim)``).
+    row f).
+
+    The layer norm makes every vote count alike whatever its length, as slot attention's inputs
+    do: an input capsule's length (or, in :class:`~torchvote.models.em_capsnet.EMCapsNet`, the
+    activation that scales its votes) no longer weighs its vote beyond the layer norm's ``eps``;
+    ``normalize_votes=False`` keeps it. Layer-normalising the votes needs them whole: this router
+    materialises streamed votes (``(batch..., out_caps, in_caps, out_dim)``).
 
     Args:
         out_caps: output capsules (slots).
