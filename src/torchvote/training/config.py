@@ -249,8 +249,9 @@ def resolve_loss_name(loss_name: str, spec: Any, model_config: Any) -> str:
     ``loss.name`` is ``auto`` unless a preset or an override set it, so an explicit
     ``loss.name=margin`` (command line or YAML) always wins. ``auto`` gives the spread loss when
     the model routes its class capsules by EM (``router: em``): EM's output activations are
-    logistic units that the spread loss (Hinton et al. 2018, sec. 3.1) compares with each other,
-    while the margin loss's absolute targets (0.9 / 0.1) push them all towards zero. Otherwise
+    logistic units that the spread loss (Hinton et al. 2018, sec. 3.1) compares with each other
+    rather than with the margin loss's absolute targets (0.9 / 0.1), though the margin loss trains
+    them too (:mod:`torchvote.models.capsnet`'s measurements). Otherwise
     ``auto`` is the loss the model was registered with (``torchvote list models``).
 
     Resolved where the run is built (:func:`~torchvote.training.objectives.make_objective`), not
