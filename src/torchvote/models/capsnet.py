@@ -34,10 +34,10 @@ the input activations); it trains with the spread loss (``loss.name=auto``, the 
 it for the EM router; an explicit ``loss.name`` wins), the loss EM's logistic activations were
 made for (Hinton et al. 2018, sec. 3.1: they are compared with each other, not with absolute
 targets). The margin loss trains it too: the tiny preset, 100 steps on small digits, 88% training
-accuracy against 90% with the spread loss (when the EM router was first added, d7d0d6f, the margin
-loss stalled it at 9%; not so since); the small preset on MNIST, 156 steps, 3 seeds, 2.08% error
-against 2.71% (``docs/results.md``, row f's controls). Every other router gives vectors whose length is
-the score (``slot`` squashes its last slots for that, see
+accuracy against 90% with the spread loss at 07757f2 (when the EM router was first added, d7d0d6f,
+the margin loss stalled it at 9%); the small preset on MNIST, 156 steps, 3 seeds, 2.08% error
+against 2.71% (``docs/results.md``, row f's controls). Every other router gives vectors whose
+length is the score (``slot`` squashes its last slots for that, see
 :class:`~torchvote.nn.routers.slot.SlotRouter`); ``inverted_dot_product``, whose outputs are
 layer-normalised, not squashed, trains with the margin loss too, more slowly, its lengths not being
 bounded by 1.
