@@ -109,13 +109,9 @@ def _spread(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None
     def spread(
         output: ClassifierOutput, batch: dict[str, Tensor], step: int
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        if batch["targets"].dim() != 1:  # the loss's own message would not say what to use
-            raise ValueError(
-                f"the spread loss takes one label per image, got targets of shape "
-                f"{tuple(batch['targets'].shape)}; use loss.name=margin for MultiMNIST's label sets"
-            )
+        scores, targets = handler.logits_and_targets(output, batch)  # refuses MultiMNIST's label sets
         margin_now = schedule(step)
-        value = losses.spread_loss(output.scores.float(), batch["targets"], margin=margin_now)
+        value = losses.spread_loss(scores.float(), targets, margin=margin_now)
         return value, {"spread": value.detach(), "spread_margin": torch.tensor(margin_now)}
 
     return spread

@@ -56,7 +56,8 @@ class TaskHandler:
         raise NotImplementedError
 
     def logits_and_targets(self, output: Any, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """What a cross-entropy compares: ``(logits (..., classes), targets (...))``.
+        """What a cross-entropy (and, for image classification, the spread loss) compares:
+        ``(logits (..., classes), targets (...))``.
 
         Raises:
             ValueError: the batch has no single target per prediction.
@@ -204,9 +205,13 @@ class ClassificationHandler(TaskHandler):
         return output
 
     def logits_and_targets(self, output: ClassifierOutput, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        if batch["targets"].dim() != 1:
-            raise ValueError("cross-entropy takes one label per image; use loss.name=margin for MultiMNIST")
-        return output.scores, batch["targets"]
+        targets = batch["targets"]
+        if targets.dim() != 1:  # what cross-entropy and the spread loss both need
+            raise ValueError(
+                f"cross-entropy and the spread loss take one label per image, got targets of shape "
+                f"{tuple(targets.shape)}; use loss.name=margin for MultiMNIST's label sets"
+            )
+        return output.scores, targets
 
     def metric_sums(self, output: ClassifierOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         targets = batch["targets"]
