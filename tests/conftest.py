@@ -287,6 +287,53 @@ def conv_procedure1():
     return _conv_procedure1
 
 
+def _assert_weights_follow_half_logits(weights, query, key, scale, allowed=None):
+    """The promise of ``softmax_attention`` in half precision, checked against float64 logits.
+
+    Its logits are formed as torch forms them: ``q * scale`` rounded to the dtype, the product
+    (accumulated in float32) rounded again, so logit ``l_ij`` is off by at most
+    ``e_ij = eps * |q_i| |k_j| scale`` (half of ``eps`` for each rounding, Cauchy-Schwarz); each
+    weight is then rounded once (``eps / 2``, relative). So within a row, for two weights of at
+    least 1e-3 (normal numbers in float16 and bfloat16), ``log(w_j / w_m)`` lies within
+    ``e_ij + e_im + 2 eps`` of ``l_ij - l_im``, the logits computed in float64 from the same half
+    inputs. Logits beyond float16's 65504 (clamped) are left out.
+
+    Args:
+        weights: ``(..., L, S)`` half-precision weights.
+        query, key: the half-precision ``(..., L, E)`` and ``(..., S, E)`` they came from.
+        scale: the scale they were given.
+        allowed: boolean, broadcastable to ``(..., L, S)``, True where a query may attend.
+
+    Returns:
+        How many pairs ``j != m`` were checked (a test should see that it is not zero).
+    """
+    eps = torch.finfo(weights.dtype).eps
+    q, k = query.double(), key.double()
+    logits = scale * q @ k.transpose(-2, -1)  # (..., i, j)
+    bound = eps * scale * q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :]  # (..., i, j)
+    w = weights.double()
+    used = (w >= 1e-3) & (logits.abs() <= torch.finfo(torch.float16).max)
+    if allowed is not None:
+        used = used & allowed
+    pairs = used[..., :, None] & used[..., None, :]  # (..., i, j, m)
+    pairs = pairs & ~torch.eye(pairs.shape[-1], dtype=torch.bool)  # j != m
+    observed = w.clamp_min(1e-300).log()
+    gap = (observed[..., :, None] - observed[..., None, :]) - (logits[..., :, None] - logits[..., None, :])
+    tolerance = bound[..., :, None] + bound[..., None, :] + 2 * eps
+    worst = (gap.abs() - tolerance)[pairs]
+    assert worst.numel() == 0 or worst.max().item() <= 0, (
+        f"log weight ratios off their float64 logits by {worst.max().item():.3g} past the rounding bound"
+    )
+    return int(pairs.sum())
+
+
+@pytest.fixture
+def half_logit_rounding():
+    """``check(weights, query, key, scale, allowed=None) -> pairs``: half-precision attention
+    weights against float64 logits, to the rounding ``softmax_attention`` documents."""
+    return _assert_weights_follow_half_logits
+
+
 @pytest.fixture
 def load_benchmark(monkeypatch):
     """``load_benchmark(name)`` -> the module ``benchmarks/<name>.py`` (they are scripts, not a

@@ -77,8 +77,8 @@ def test_the_voting_loop_forms_and_normalises_half_logits_in_float32(dtype, auto
 
 def test_float16_logits_do_not_overflow_under_autocast():
     """float16 autocast (the usual mixed precision on a GPU) computed the "float32" logits of the
-    voting loop and of ``softmax_attention``'s float32 blocks in float16: past 65504 they were
-    ``inf`` and every weight NaN."""
+    voting loop in float16: past 65504 they were ``inf`` and every weight NaN. ``softmax_attention``
+    forms float16 logits and clamps them to float16's range, under autocast as without."""
     generator = torch.Generator().manual_seed(0)
     queries = (torch.randn(1, 4, 16, generator=generator) * 200).half().requires_grad_()
     keys = (torch.randn(1, 4, 16, generator=generator) * 200).half().requires_grad_()

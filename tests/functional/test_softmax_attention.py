@@ -3,8 +3,8 @@
 The reference forms the logits, adds the mask, and normalises with an explicit
 ``exp(l - max) / sum`` in float64, giving rows with nothing to attend to zero weights; it shares
 no code with the function under test. Every mask form, causality, rows with nothing to attend to,
-autograd on and off (the in-place path), dropout, and half precision (float32 blocks for
-float16, bfloat16 logits) are covered.
+autograd on and off (the in-place path), dropout, and half precision (logits in the half dtype,
+as torch forms them, float16's clamped to its finite range) are covered.
 """
 
 from __future__ import annotations
@@ -107,9 +107,8 @@ def test_dropout_returns_the_weights_before_dropout_and_drops_the_votes():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", ["none", "bool", "float"])
 def test_half_precision_weights_and_gradients_follow_float32(dtype, case):
-    """float16: logits and softmax in float32 blocks (130 queries make three), weights kept in
-    float16, custom backward in blocks; bfloat16: logits in bfloat16. Both, and the gradients,
-    equal float32 on the same rounded inputs to the dtype's precision."""
+    """Logits in the half dtype, as torch forms them: at this scale (logits of order 1) the weights,
+    outputs and gradients equal float32's on the same rounded inputs to the dtype's precision."""
     mask, _, _ = _masks(130, 9)[case]
     rounded = [t.to(dtype) for t in _inputs(torch.float32, length=130, source=9, seed=3)]
     half = [t.clone().requires_grad_() for t in rounded]
@@ -127,3 +126,39 @@ def test_half_precision_weights_and_gradients_follow_float32(dtype, case):
     for got, want in zip(ours, theirs, strict=True):
         assert got.dtype == dtype and torch.isfinite(got).all()
         torch.testing.assert_close(got.float(), want, rtol=0, atol=16 * eps * want.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("spread", [1.0, 3.0, 30.0])
+@pytest.mark.parametrize("case", ["none", "bool"])
+def test_half_precision_weights_carry_only_the_documented_rounding(dtype, spread, case, half_logit_rounding):
+    """Log ratios of the half weights against float64 logits of the same inputs, to the bound the
+    docstring gives (``half_logit_rounding``): logits from about 1 to about 1e3."""
+    mask, allowed, _ = _masks(40, 30)[case]
+    query, key, value = (t.mul(spread).to(dtype) for t in _inputs(torch.float32, length=40, source=30,
+                                                                     features=8, seed=7))
+    scale = 8**-0.5
+    _, weights = softmax_attention(query, key, value, mask=mask)
+    assert weights.dtype == dtype
+    assert half_logit_rounding(weights, query, key, scale, allowed) > 0
+
+
+def test_float16_logits_past_its_range_are_clamped_not_nan():
+    """q . k = 90000 and 89700 pass float16's 65504: torch's float16 logits are inf and the row
+    NaN. Clamped to 65504 both, the row shares its weight between them (hand-computed), in float16
+    and for float32 inputs under float16 autocast (whose logits are float16: that gave NaN)."""
+    query = torch.tensor([[300.0, 0.0]])
+    key = torch.tensor([[300.0, 0.0], [299.0, 0.0], [0.0, 1.0]])
+    value = torch.tensor([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    expected_weights = torch.tensor([[0.5, 0.5, 0.0]])
+    half = [t.half().requires_grad_() for t in (query, key, value)]
+    output, weights = softmax_attention(*half, scale=1.0)
+    torch.testing.assert_close(weights.float(), expected_weights, rtol=0, atol=0)
+    torch.testing.assert_close(output.float(), torch.tensor([[0.5, 0.5]]), rtol=0, atol=0)
+    grads = torch.autograd.grad(output.float().sum() + weights.float()[0, 0], half)
+    assert all(torch.isfinite(g).all() for g in grads)
+    with torch.autocast("cpu", dtype=torch.float16):
+        output, weights = softmax_attention(query, key, value, scale=1.0)
+    assert weights.dtype == torch.float16
+    torch.testing.assert_close(weights.float(), expected_weights, rtol=0, atol=0)
+    torch.testing.assert_close(output.float(), torch.tensor([[0.5, 0.5]]), rtol=0, atol=0)

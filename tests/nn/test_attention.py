@@ -353,13 +353,30 @@ def test_float_mask_of_another_dtype_is_accepted_on_both_paths(input_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("training", [False, True])
+def test_half_precision_weights_are_torchs(dtype, training):
+    """In a half dtype the weights are formed as nn.MultiheadAttention forms them (scaled queries,
+    logits and softmax in that dtype): the same weights and outputs to one rounding."""
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(EMBED, HEADS, batch_first=True).to(dtype).train(training)
+    ours = MultiHeadAttention.from_torch(theirs).train(training)
+    x = (torch.randn(BATCH, 9, EMBED) * 2).to(dtype)
+    with torch.no_grad():
+        expected, expected_weights = theirs(x, x, x, need_weights=True)
+        output, weights = ours(x, need_weights=True)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(weights, expected_weights, rtol=0, atol=eps)
+    torch.testing.assert_close(output, expected, rtol=0, atol=eps * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_large_logits_are_finite_and_close_to_float32(dtype):
     torch.manual_seed(0)
     module = MultiHeadAttention(EMBED, HEADS)
     x = torch.randn(BATCH, 6, EMBED)
     half = MultiHeadAttention(EMBED, HEADS).to(dtype)
     half.load_state_dict(module.state_dict())
-    # Inputs x100 make logits of order 1e4: exp of them overflows half, not our float32 softmax.
+    # Inputs x100 make logits of order 1e4: exp of them overflows half, not the softmax's float32 sum.
     output, weights = half((x * 100).to(dtype), need_weights=True)
     assert output.dtype == dtype and torch.isfinite(output).all() and torch.isfinite(weights).all()
     torch.testing.assert_close(weights.float().sum(-1), torch.ones(BATCH, 6), rtol=0, atol=1e-2)

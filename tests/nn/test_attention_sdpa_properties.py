@@ -5,6 +5,8 @@ softmax. Low-precision dtypes: large logits stay finite on the weights path."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -90,9 +92,11 @@ def test_a_3d_mask_broadcasts_as_torch_broadcasts_it(need_weights):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_large_logits_low_precision_weights_path(dtype):
-    """Inputs x100 give logits ~1e4 (exp overflows half): finite, and equal to float32 on the same
-    (rounded) inputs up to the rounding of the weights and the value sum to ``dtype``."""
+def test_large_logits_low_precision_weights_path(dtype, half_logit_rounding):
+    """Inputs x100 give logits ~1e4 (exp overflows half): finite weights that sum to one, off
+    float64's logits by no more than the documented rounding of half logits, and outputs that are
+    those weights' sums of the values; in rows decided beyond the rounding, float32's weights and
+    the fused kernel's outputs."""
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(2, 3, 7, 8, generator=generator).mul(100).to(dtype)
                          for _ in range(3))
@@ -102,12 +106,22 @@ def test_large_logits_low_precision_weights_path(dtype):
                                                    need_weights=True)
     assert output.dtype == dtype and weights.dtype == dtype
     assert torch.isfinite(output).all() and torch.isfinite(weights).all()
-    expected, expected_weights = scaled_dot_product_attention(
-        query.float(), key.float(), value.float(), attn_mask=allowed, need_weights=True)
     eps = torch.finfo(dtype).eps
-    torch.testing.assert_close(weights.float(), expected_weights, rtol=0, atol=eps)
+    torch.testing.assert_close(weights.float().sum(-1), torch.ones(2, 3, 7), rtol=0, atol=7 * eps)
+    half_logit_rounding(weights, query, key, 8**-0.5, allowed)
     scale = value.float().abs().max().item()
-    torch.testing.assert_close(output.float(), expected, rtol=0, atol=4 * eps * scale)
+    torch.testing.assert_close(output.float(), weights.float() @ value.float(), rtol=0, atol=4 * eps * scale)
+    expected_weights = scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=allowed, need_weights=True)[1]
+    # A row whose largest logit leads the next by more than both their rounding errors and
+    # log(2 / eps) is one-hot to the dtype's precision, in half and in float32 alike.
+    q, k = query.double(), key.double()
+    logits = (8**-0.5 * q @ k.transpose(-2, -1)).masked_fill(~allowed, float("-inf"))
+    errors = eps * 8**-0.5 * q.norm(dim=-1)[..., None] * k.norm(dim=-1)[..., None, :]  # (.., i, j)
+    top = logits.topk(2, dim=-1).values
+    decided = top[..., 0] - top[..., 1] > 2 * errors.amax(-1) + math.log(2 / eps)  # (2, 3, 7) rows
+    same = ((weights.float() - expected_weights).abs() <= eps).all(-1)
+    assert decided.any() and same[decided].all()
     expected_sdpa = F.scaled_dot_product_attention(query.float(), key.float(), value.float(),
                                                    attn_mask=allowed)
-    torch.testing.assert_close(output.float(), expected_sdpa, rtol=0, atol=4 * eps * scale)
+    torch.testing.assert_close(output.float()[same], expected_sdpa[same], rtol=0, atol=4 * eps * scale)

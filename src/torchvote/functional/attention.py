@@ -24,7 +24,7 @@ from torchvote.functional.masks import (
     is_causal_mask,
     prepare_attention_mask,
 )
-from torchvote.functional.voting import DotProductScores, SharedVotes, autocast_off, vote
+from torchvote.functional.voting import DotProductScores, SharedVotes, vote
 from torchvote.tracing import plain_ops_required
 from torchvote.validation import (
     broadcast_shape,
@@ -147,18 +147,16 @@ def softmax_attention(
     gradient); otherwise the logits are freed once it has run, so one ``(..., L, S)`` tensor is
     kept for backward, as in torch (two with dropout: the weights and the dropped weights).
 
-    bfloat16 has float32's range, so its logits are formed in bfloat16 like any other dtype (as
-    torch does). float16 ends at 65504: a logit beyond it would be ``inf``, and one of order 1e4
-    is rounded by several units. So for float16 (``q`` and ``k`` of one batch shape) the logits
-    are formed and normalised in float32, one block of query rows at a time, and only the
-    weights are kept, in float16; a custom backward does the same in blocks. Accurate, as much
-    memory as torch's float16 weights, but a loop of small kernels: on a GPU about 2-3x slower
-    than float16 logits would be. A query with nothing to
-    attend to gets zero weights and a zero output with finite gradients: its logits are made
-    uniform before the softmax and its weights and output zeroed after (under autograd the
-    returned weights are then a masked copy, not the tensor kept for backward). The voting loop
-    (:func:`~torchvote.functional.vote`) computes the same weights in float32; this path is for
-    one pass only.
+    The logits are those of ``torch.nn.MultiheadAttention``: in the compute dtype, so in a half
+    dtype they carry its rounding (a logit ``l`` is off by up to ``|l| * eps / 2``); the voting
+    loop (:func:`~torchvote.functional.vote`) forms the same weights in float32, and is the path
+    for several passes. float16 ends at 65504: float16 logits (float16 inputs, or any under
+    float16 autocast) are clamped to ``[-65504, 65504]`` once a float mask is added, where
+    torch's would be ``inf`` and their weights NaN; a row whose largest logits pass 65504 shares
+    its weight among them. A query with nothing to attend to gets zero weights and a zero output
+    with finite gradients: its logits are made uniform before the softmax and its weights and
+    output zeroed after (under autograd the returned weights are then a masked copy, not the
+    tensor kept for backward).
 
     Args:
         query: ``(..., L, E)``.
@@ -212,18 +210,8 @@ def _softmax_attention(
     # (..., i, 1), True for a query with nothing to attend to; causality alone leaves every
     # query its first key.
     dead = ~allowed.any(dim=-1, keepdim=True) if mask is not None else None
-    float32_logits = query.dtype in _FLOAT32_LOGITS and query.shape[:-2] == key.shape[:-2]
-    if float32_logits and plain_ops_required(query, key, additive):  # no Function there: the logits whole
-        with autocast_off(query.device.type):
-            logits = torch.matmul(query.float() * scale, key.float().transpose(-2, -1))  # (..., i, j)
-            weights, grad = _softmax_(logits, additive, allowed, dead)
-        weights = weights.to(query.dtype)
-    elif float32_logits:
-        weights = _Float32BlockWeights.apply(query, key, scale, additive, allowed, dead)  # (..., i, j)
-        grad = False  # dead rows are zero already, with zero gradient
-    else:
-        logits = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., i, j)
-        weights, grad = _softmax_(logits, additive, allowed, dead)  # (..., i, j)
+    logits = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., i, j)
+    weights, grad = _softmax_(logits, additive, allowed, dead)  # (..., i, j)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     output = torch.matmul(dropped, value)  # (..., i, Ev)
     if grad and dead is not None:
@@ -232,7 +220,18 @@ def _softmax_attention(
     return output, weights
 
 
-_FLOAT32_LOGITS = (torch.float16,)  # dtypes whose logits are formed in float32 blocks (see above)
+_FLOAT16_MAX = torch.finfo(torch.float16).max  # 65504
+
+
+def _clamp_to_float16_(logits: Tensor) -> Tensor:
+    """float16 ``logits`` clamped to float16's finite range, in place: an overflowed logit is
+    ``inf`` (finite float16 lies within +-65504), so ``inf`` becomes 65504; NaN stays NaN.
+
+    Autograd does not record it (as :func:`_masked_fill_`): a clamped logit's gradient is the one
+    it would have at the bound, finite, and recording would keep a copy of the logits for backward.
+    """
+    with torch.no_grad():
+        return logits.nan_to_num_(nan=math.nan, posinf=_FLOAT16_MAX, neginf=-_FLOAT16_MAX)
 
 
 def _softmax_(
@@ -246,6 +245,8 @@ def _softmax_(
     """
     if additive is not None:
         logits = _add_(logits, additive)
+    if logits.dtype == torch.float16:  # past 65504 a logit is inf, and its row's weights NaN
+        logits = _clamp_to_float16_(logits)  # forbidden entries (inf - inf too) are refilled below
     if allowed is not None:
         logits = _masked_fill_(logits, ~allowed, float("-inf"))
     if dead is not None:
@@ -258,67 +259,6 @@ def _softmax_(
     if dead is not None:
         weights.masked_fill_(dead, 0.0)
     return weights, False
-
-
-_BLOCKS = 8  # row blocks of the half-precision weights: a float32 block costs 2 / _BLOCKS of them
-
-
-def _row_blocks(receivers: int, senders: int) -> list[slice]:
-    """Query rows per float32 block: ``1 / _BLOCKS`` of the rows, at least 64 (or all)."""
-    step = max(64, -(-receivers // _BLOCKS))
-    return [slice(start, min(start + step, receivers)) for start in range(0, receivers, step)]
-
-
-def _rows(mask: Tensor | None, rows: slice) -> Tensor | None:
-    """The query rows ``rows`` of a mask broadcastable to ``(..., i, j)`` (or ``(..., i, 1)``)."""
-    if mask is None or mask.dim() < 2 or mask.shape[-2] == 1:
-        return mask
-    return mask[..., rows, :]
-
-
-class _Float32BlockWeights(torch.autograd.Function):
-    """Attention weights of float16 ``q, k``: logits and softmax in float32, kept in float16.
-
-    float16 logits would overflow beyond 65504 and round ``q . k`` of order 1e4 by several
-    units; float32 ones for the whole ``(L, S)`` matrix would cost twice the weights. So the
-    logits are formed and normalised in float32 blocks of query rows and only the weights are
-    kept, in the inputs' dtype; backward recomputes nothing but the softmax's gradient
-    ``dl = w * (g - sum_j g w)``, again in float32 blocks, from the saved half weights. Under
-    ``torch.func`` transforms and forward-mode AD, which it cannot serve, its caller forms the
-    float32 logits whole instead (twice the weights' memory, the same numbers).
-    """
-
-    @staticmethod
-    def forward(ctx, query, key, scale, additive, allowed, dead):  # noqa: D102
-        shape = (*query.shape[:-1], key.shape[-2])  # (..., i, j)
-        weights = query.new_empty(shape)
-        with autocast_off(query.device.type):  # autocast would form the float32 blocks in float16
-            query32, key32 = query.float() * scale, key.float().transpose(-2, -1)  # small: (.., d)
-            for rows in _row_blocks(shape[-2], shape[-1]):
-                logits = torch.matmul(query32[..., rows, :], key32)  # (..., r, j), float32
-                block, _ = _softmax_(logits, _rows(additive, rows), _rows(allowed, rows), _rows(dead, rows))
-                weights[..., rows, :] = block
-        ctx.save_for_backward(query, key, weights)
-        ctx.scale = scale
-        return weights
-
-    @staticmethod
-    def backward(ctx, grad_weights):  # noqa: D102
-        query, key, weights = ctx.saved_tensors
-        query32, key32 = query.float(), key.float()
-        grad_query = torch.empty_like(query) if ctx.needs_input_grad[0] else None
-        grad_key = torch.zeros_like(key32) if ctx.needs_input_grad[1] else None
-        with autocast_off(query.device.type):  # float32 blocks, as in forward
-            for rows in _row_blocks(weights.shape[-2], weights.shape[-1]):
-                w = weights[..., rows, :].float()  # (..., r, j)
-                g = grad_weights[..., rows, :].float()
-                grad_logits = w * (g - (g * w).sum(dim=-1, keepdim=True)) * ctx.scale  # (..., r, j)
-                if grad_query is not None:
-                    grad_query[..., rows, :] = torch.matmul(grad_logits, key32)
-                if grad_key is not None:
-                    grad_key += torch.matmul(grad_logits.transpose(-2, -1), query32[..., rows, :])
-        grad_key = grad_key.to(key.dtype) if grad_key is not None else None
-        return grad_query, grad_key, None, None, None, None
 
 
 def _add_(logits: Tensor, mask: Tensor) -> Tensor:
