@@ -117,7 +117,7 @@ def scaled_dot_product_attention(
     check_flag(need_weights, "need_weights")
     scale = check_scale(scale)
     check_probability(dropout_p, "dropout_p")
-    target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]),
+    target = (*broadcast_shape(query.shape[:-2], key.shape[:-2]),  # checked by _check_qkv
               query.shape[-2], key.shape[-2])
     attn_mask, is_causal = prepare_attention_mask(attn_mask, None, target, is_causal=is_causal)
     if need_weights:
@@ -182,7 +182,7 @@ def softmax_attention(
     check_flag(is_causal, "is_causal")
     scale = check_scale(scale)
     check_probability(dropout_p, "dropout_p")
-    target = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]), query.shape[-2], key.shape[-2])
+    target = (*broadcast_shape(query.shape[:-2], key.shape[:-2]), query.shape[-2], key.shape[-2])
     check_attention_mask(mask, target, "mask")
     return _softmax_attention(query, key, value, mask=mask, is_causal=is_causal, dropout_p=dropout_p,
                               scale=scale)
@@ -263,7 +263,7 @@ def _softmax_(
 
 def _add_(logits: Tensor, mask: Tensor) -> Tensor:
     """``logits + mask``, in place when the mask broadcasts to the logits' shape."""
-    if torch.broadcast_shapes(logits.shape, mask.shape) == logits.shape:
+    if broadcast_shape(logits.shape, mask.shape) == tuple(logits.shape):
         return logits.add_(mask)
     return logits + mask
 
@@ -275,7 +275,7 @@ def _masked_fill_(logits: Tensor, where: Tensor, value: float) -> Tensor:
     belong to rows whose weights and outputs are zeroed afterwards, so the softmax's backward
     gives them zero gradient anyway, and recording would cost one more pass over the logits.
     """
-    if torch.broadcast_shapes(logits.shape, where.shape) == logits.shape:
+    if broadcast_shape(logits.shape, where.shape) == tuple(logits.shape):
         with torch.no_grad():
             return logits.masked_fill_(where, value)
     return logits.masked_fill(where, value)
