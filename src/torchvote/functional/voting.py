@@ -538,19 +538,8 @@ def vote(
         if mask is not None:  # the batch axes broadcast: _check_scores said so
             batch = broadcast_shape(queries.shape[:-2], keys.shape[:-2], values.shape[:-2])
             _check_mask(mask, (*batch, queries.shape[-2], keys.shape[-2]))  # (..., i, j)
-        mask, is_causal = fused_kernel_mask(mask, is_causal, queries.shape[-2], keys.shape[-2],
-                                            queries.dtype)
-        dead = None  # (..., i, 1): queries with no sender (causality alone leaves each its first)
-        if mask is not None:
-            mask, dead = open_rows_without_senders(mask)
-        # the fused kernels have no forward-mode AD: under torch.func transforms, the math one
-        transformed = under_autograd_transforms(queries, keys, values)
-        with sdpa_kernel(SDPBackend.MATH) if transformed else contextlib.nullcontext():
-            outputs = F.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=mask,
-                dropout_p=dropout_p, is_causal=is_causal, scale=logits.effective_scale,
-            )  # (..., i, d)
-        return VoteResult(outputs if dead is None else outputs.masked_fill(dead, 0.0))
+        return VoteResult(_fused_softmax_attention(queries, keys, values, mask, is_causal, dropout_p,
+                                                  logits.effective_scale))
 
     initial = _initial_logits(votes, logits)
     weights_shape = _check_logits(votes, initial)  # (..., i, j)
@@ -607,6 +596,39 @@ def vote(
         previous = outputs
     result.outputs = outputs
     return result
+
+
+def _fused_softmax_attention(
+    queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_causal: bool,
+    dropout_p: float, scale: float,
+) -> Tensor:
+    """One pass of softmax attention on ``F.scaled_dot_product_attention``: what :func:`vote` runs
+    when its configuration is exactly that (:func:`_can_fuse`), on arguments checked by the caller
+    (``vote``, or an attention module that checked them where they entered).
+
+    Args:
+        queries: ``(..., i, e)``; keys ``(..., j, e)``; values ``(..., j, d)``.
+        mask: boolean (True = may attend) or float, broadcastable to ``(..., i, j)``, or None.
+        is_causal: query ``i`` hears only keys ``j <= i``.
+        dropout_p: dropout on the weights.
+        scale: multiplies ``q . k``.
+
+    Returns:
+        ``(..., i, d)``; zero for a query with nothing to attend to.
+    """
+    mask, is_causal = fused_kernel_mask(mask, is_causal, queries.shape[-2], keys.shape[-2],
+                                        queries.dtype)
+    dead = None  # (..., i, 1): queries with no sender (causality alone leaves each its first)
+    if mask is not None:
+        mask, dead = open_rows_without_senders(mask)
+    # the fused kernels have no forward-mode AD: under torch.func transforms, the math one
+    transformed = under_autograd_transforms(queries, keys, values)
+    with sdpa_kernel(SDPBackend.MATH) if transformed else contextlib.nullcontext():
+        outputs = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale,
+        )  # (..., i, d)
+    return outputs if dead is None else outputs.masked_fill(dead, 0.0)
 
 
 def _as_votes(votes: Votes | Tensor, logits: Logits | None) -> Votes:

@@ -1,7 +1,8 @@
 """Multi-head attention: projections and heads around one pass of weighted voting.
 
-The math is one pass of :func:`torchvote.functional.vote`, normalised over the senders; this
-module owns the parameters: the input projections that turn tokens into queries, keys and values
+The math is one pass of :func:`torchvote.functional.vote`, normalised over the senders (without
+weights, vote's fused branch itself, called without vote's argument checks); this module owns the
+parameters: the input projections that turn tokens into queries, keys and values
 (the votes), and the output projection that mixes the heads. As in x-transformers' split of
 ``Attend`` from ``Attention``, :meth:`MultiHeadAttention.forward` checks the inputs, prepares the
 masks (:func:`torchvote.functional.prepare_attention_mask`), projects and splits the heads, and
@@ -31,6 +32,7 @@ from torch import Tensor, nn
 from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
 from torchvote.functional.attention import _softmax_attention
 from torchvote.functional.masks import refuse_per_example_3d_mask
+from torchvote.functional.voting import _fused_softmax_attention
 from torchvote.nn.attention_projections import (
     _check_inputs,
     _PackedProjection,
@@ -349,7 +351,11 @@ class MultiHeadAttention(nn.Module):
             return _softmax_attention(q, k, v, mask=mask, is_causal=is_causal,
                                       dropout_p=self.dropout if self.training else 0.0,
                                       scale=self.scale)
-        return self._vote(q, k, v, mask, is_causal, need_weights)  # one pass: the fused kernel
+        # one pass without weights: vote's fused branch, called without vote's checks of what
+        # forward checked already (they cost about a fifth of a small call)
+        attended = _fused_softmax_attention(q, k, v, mask, is_causal,
+                                           self.dropout if self.training else 0.0, self.scale)
+        return attended, None  # (b, h, i, d)
 
     def _vote(
         self,
