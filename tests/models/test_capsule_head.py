@@ -64,6 +64,21 @@ def test_vector_head_hands_capsule_lengths_to_a_router_that_uses_activations():
     assert not torch.allclose(output.scores, ones.activations)
 
 
+@pytest.mark.parametrize("router", ["dynamic", "em"])
+def test_linear_scores_are_one_shared_map_of_each_class_capsule(router):
+    """``scores="linear"`` (Tsai et al. 2020): logit ``i`` is ``w . v_i + b`` with one ``(w, b)``
+    for every class capsule ``v_i``, written out here, also where EM gives activations."""
+    torch.manual_seed(3)
+    model = create_model("capsnet", "tiny", router=router, scores="linear").double().eval()
+    output = model(torch.rand(3, 1, 28, 28, dtype=DOUBLE))
+    weight, bias = model.head.scorer.weight[0], model.head.scorer.bias[0]  # (d,), ()
+    expected = torch.stack([output.poses[:, i] @ weight + bias for i in range(output.poses.shape[1])], 1)
+    torch.testing.assert_close(output.scores, expected)
+    assert create_model("capsnet", "tiny").head.scorer is None
+    with pytest.raises(ValueError, match="scores"):
+        create_model("capsnet", "tiny", scores="logits")
+
+
 def test_class_matrix_capsules_take_another_router():
     torch.manual_seed(3)
     router = DynamicRouter(iterations=2, bias=True, out_caps=3, out_dim=16).double()

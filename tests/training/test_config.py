@@ -354,6 +354,9 @@ def _run_loss(config: TrainConfig) -> str:
         (["loss.name=margin", "model.router=em"], "margin"),  # in either order
         (["model.router=em", "loss.name=cross-entropy"], "cross-entropy"),
         (["model.router=self_attention"], "margin"),
+        (["model.scores=linear"], "cross-entropy"),  # logits (Tsai et al. 2020): cross-entropy
+        (["model.router=em", "model.scores=linear"], "cross-entropy"),  # the scorer, not EM, scores
+        (["model.scores=linear", "loss.name=margin"], "margin"),
     ],
 )
 def test_the_loss_follows_the_router_unless_the_command_line_names_one(overrides, expected):

@@ -23,14 +23,13 @@ STEPS = 120
 MIN_ACCURACY = 0.3
 
 
-@pytest.mark.parametrize("router", sorted(list_routers()))
-def test_every_router_learns_in_the_capsnet_backbone(router, tiny_mnist_root, tmp_path):
-    config = apply_overrides(
+def _tiny_config(router, root, run_dir, *extra):
+    return apply_overrides(
         load_config("capsnet-mnist"),
         [
             "model.preset=tiny",
             f"model.router={router}",
-            f"data.root={tiny_mnist_root}",
+            f"data.root={root}",
             "data.options.source=idx",
             "batch_size=20",
             f"max_steps={STEPS}",
@@ -42,9 +41,24 @@ def test_every_router_learns_in_the_capsnet_backbone(router, tiny_mnist_root, tm
             "progress=false",
             "tensorboard=false",
             "seed=0",
-            f"run_dir={tmp_path / 'run'}",
+            f"run_dir={run_dir}",
+            *extra,
         ],
     )
+
+
+@pytest.mark.parametrize("router", sorted(list_routers()))
+def test_every_router_learns_in_the_capsnet_backbone(router, tiny_mnist_root, tmp_path):
+    result = train(_tiny_config(router, tiny_mnist_root, tmp_path / "run"), verbose=False)
+    accuracy = result.results["mnist/test"]["accuracy"]
+    assert accuracy >= MIN_ACCURACY, f"router={router}: held-out accuracy {accuracy:.2f} after {STEPS} steps"
+
+
+@pytest.mark.parametrize("router", ["dynamic", "inverted_dot_product"])
+def test_linear_class_scores_learn_with_cross_entropy(router, tiny_mnist_root, tmp_path):
+    """``model.scores=linear`` (Tsai et al. 2020's readout, trained with cross-entropy under
+    ``loss.name=auto``): the held-out digits are told apart as with lengths."""
+    config = _tiny_config(router, tiny_mnist_root, tmp_path / "run", "model.scores=linear")
     result = train(config, verbose=False)
     accuracy = result.results["mnist/test"]["accuracy"]
     assert accuracy >= MIN_ACCURACY, f"router={router}: held-out accuracy {accuracy:.2f} after {STEPS} steps"

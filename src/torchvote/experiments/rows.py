@@ -310,7 +310,8 @@ _ROUTER_DATA = {
 
 #: The data sets on which ``em`` trains with the spread loss (``loss.name=auto``); the MultiMNIST
 #: preset names the margin loss (the spread loss takes one label per image), so ``em`` trains
-#: with the margin loss there, as every other router does.
+#: with the margin loss there, as every other router does. The linear-scores controls train with
+#: cross-entropy, one label per image too, so they run on these data sets alone.
 _SPREAD_LOSS_DATA = ("MNIST", "affNIST-style")
 
 
@@ -324,6 +325,10 @@ def _router_swap() -> Row:
             variants.append(Variant(f"dynamic, spread loss / {data}", preset, spread))
             margin = ("model.router=em", "loss.name=margin", *options)
             variants.append(Variant(f"em, margin loss / {data}", preset, margin))
+            for router in ("dynamic", "inverted_dot_product"):  # Tsai et al. 2020's readout
+                linear = (f"model.router={router}", "model.scores=linear", "model.decoder=false",
+                          *options)
+                variants.append(Variant(f"{router}, linear scores / {data}", preset, linear))
     return Row(
         "router-swap",
         "f",
@@ -344,8 +349,11 @@ def _router_swap() -> Row:
             "label per image). Two controls tell EM's router from its loss: `dynamic, spread loss` "
             "(dynamic routing, the spread loss on its capsules' lengths, no reconstruction term, as "
             "EM's) and `em, margin loss` (EM routing, the margin loss on its activations plus the "
-            "reconstruction term, as dynamic routing's). Paik et al. 2019 and Gu & Tresp 2020 find "
-            "uniform routing as good as the routing procedures."
+            "reconstruction term, as dynamic routing's). Two more score the class capsules as Tsai "
+            "et al. 2020 do for inverted dot-product routing, by one linear map shared by every class "
+            "capsule, trained with cross-entropy and no decoder (`model.scores=linear`): `"
+            "inverted_dot_product, linear scores` and, beside it, `dynamic, linear scores`. Paik et "
+            "al. 2019 and Gu & Tresp 2020 find uniform routing as good as the routing procedures."
         ),
     )
 

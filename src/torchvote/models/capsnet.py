@@ -67,10 +67,10 @@ from torchvote.models.capsule_config import (
     check_router,
     to_tuple,
 )
-from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
+from torchvote.models.capsule_head import CLASS_SCORES, VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
 from torchvote.nn.capsules import PrimaryCapsules
-from torchvote.validation import check_bool_fields, check_float_dtype
+from torchvote.validation import check_bool_fields, check_choice, check_float_dtype
 
 __all__ = ["CAPSNET_PRESETS", "CapsNet", "CapsNetConfig"]
 
@@ -100,11 +100,17 @@ class CapsNetConfig(CapsuleClassifierConfig):
         decoder: add the reconstruction network (its loss weight is
             ``LossConfig.reconstruction_weight``, 0.0005).
         decoder_hidden: widths of the decoder's hidden layers (512, 1024).
+        scores: how the class capsules become class scores: ``"length"`` (Sabour et al. 2017,
+            sec. 2: their lengths, for the margin loss; EM routing's activations where the router
+            gives them) or ``"linear"`` (Tsai et al. 2020, sec. 4: one linear map ``R^d -> R``
+            shared by every class capsule gives its logit, trained with cross-entropy, which
+            ``loss.name=auto`` then picks; one label per image).
 
     Raises:
         ValueError: a bad field, naming it (sizes that leave no capsule name the geometry): among
-            them ``decoder_hidden`` that is not a tuple of positive integers and an ``init_std``
-            that is not a positive finite number.
+            them ``decoder_hidden`` that is not a tuple of positive integers, an ``init_std``
+            that is not a positive finite number and ``scores`` that is neither ``"length"`` nor
+            ``"linear"``.
     """
 
     conv_channels: int = 256
@@ -121,9 +127,11 @@ class CapsNetConfig(CapsuleClassifierConfig):
     init_std: float = 0.01
     decoder: bool = True
     decoder_hidden: tuple[int, ...] = (512, 1024)
+    scores: str = "length"
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
+        check_choice(self.scores, CLASS_SCORES, "scores")
         self.decoder_hidden = to_tuple(self.decoder_hidden, "decoder_hidden")
         check_classifier_fields(
             self,

@@ -11,8 +11,10 @@ Each capsule model is a stem (convolutions), primary capsules and one :class:`Ca
   :class:`~torchvote.nn.em_capsules.ClassMatrixCapsules` class layer, no decoder.
 
 The scores are the router's output activations when it has them (EM routing), else the class
-capsules' lengths (Sabour et al. 2017, sec. 2). A router that weighs votes by activations
-(``router.uses_activations``) gets, from vector capsules, their lengths.
+capsules' lengths (Sabour et al. 2017, sec. 2); or, with a linear scorer (``scores="linear"``, Tsai
+et al. 2020), logits that one linear map shared by every class capsule makes of its pose. A router
+that weighs votes by activations (``router.uses_activations``) gets, from vector capsules, their
+lengths.
 
 Each model subclasses :class:`CapsuleClassifier`, which owns ``forward`` (check the images, run
 the model's stem and primary capsules, :meth:`CapsuleClassifier.capsules`, then the head) and the
@@ -39,6 +41,7 @@ from torchvote.nn.routers import Router, RoutingResult
 from torchvote.validation import check_float_dtype, check_index_range, check_integer_tensor
 
 __all__ = [
+    "CLASS_SCORES",
     "VECTOR_HEAD_RENAMES",
     "CapsuleClassifier",
     "CapsuleDecoder",
@@ -51,6 +54,9 @@ __all__ = [
 ]
 
 # --- the head's parts -------------------------------------------------------------------------------
+
+#: How class capsules become class scores (``scores`` of the vector-capsule model configs).
+CLASS_SCORES = ("length", "linear")
 
 
 def build_class_capsules(
@@ -89,9 +95,12 @@ def build_class_capsules(
         )
 
 
-def class_scores(routed: RoutingResult) -> Tensor:
-    """``(b, num_classes)`` class scores: EM's activations if the router gives them, else the
-    lengths of the class capsules (Sabour et al. 2017, sec. 2)."""
+def class_scores(routed: RoutingResult, scorer: nn.Module | None = None) -> Tensor:
+    """``(b, num_classes)`` class scores: with a ``scorer`` (``(b, i, d) -> (b, i, 1)``, shared by
+    every class capsule: Tsai et al. 2020's linear readout) its logits; else EM's activations if
+    the router gives them, else the lengths of the class capsules (Sabour et al. 2017, sec. 2)."""
+    if scorer is not None:
+        return scorer(routed.outputs).squeeze(-1)  # (b, i, d) -> (b, i)
     if routed.activations is not None:
         return routed.activations
     return torch.linalg.vector_norm(routed.outputs, dim=-1)  # (b, i); zero vectors: zero gradient
@@ -224,16 +233,19 @@ class CapsuleHead(nn.Module):
         decoder: the reconstruction network, or ``None``.
         lengths_as_activations: for vector capsules ``(b, in_caps, dim)``: hand their lengths to a
             router that uses activations (``router.uses_activations``, EM routing).
+        scorer: ``None`` (lengths or activations score the classes) or a module ``(b, i, d) ->
+            (b, i, 1)`` applied to every class capsule (see :func:`class_scores`).
     """
 
     def __init__(
         self, class_capsules: nn.Module, *, decoder: CapsuleDecoder | None = None,
-        lengths_as_activations: bool = False,
+        lengths_as_activations: bool = False, scorer: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.class_capsules = class_capsules
         self.decoder = decoder
         self.lengths_as_activations = lengths_as_activations
+        self.scorer = scorer
 
     @property
     def router(self) -> Router:
@@ -256,7 +268,8 @@ class CapsuleHead(nn.Module):
         Args:
             config: reads ``num_primary_caps``, ``primary_dim``, ``num_classes``, ``class_dim``,
                 ``router``, ``iterations``, ``router_options``, ``decoder``, ``decoder_hidden``,
-                ``in_channels``, ``image_size`` and, when the config has it, ``shared_weights``.
+                ``in_channels``, ``image_size`` and, when the config has them, ``shared_weights``
+                and ``scores`` (``"linear"``: a shared ``nn.Linear(class_dim, 1)`` scorer).
             init_std: the class layer's initialisation scale (each model derives its own).
             device: where to create the parameters.
             dtype: the parameters' dtype.
@@ -277,7 +290,10 @@ class CapsuleHead(nn.Module):
                 config.num_classes, config.class_dim, image_shape, hidden=config.decoder_hidden,
                 device=device, dtype=dtype,
             )
-        return cls(class_capsules, decoder=decoder, lengths_as_activations=True)
+        scorer = None
+        if getattr(config, "scores", "length") == "linear":
+            scorer = nn.Linear(config.class_dim, 1, device=device, dtype=dtype)
+        return cls(class_capsules, decoder=decoder, lengths_as_activations=True, scorer=scorer)
 
     def forward(self, capsules: Any, targets: Tensor | None = None) -> ClassifierOutput:
         """Route the capsules to the classes, score them and reconstruct.
@@ -303,7 +319,7 @@ class CapsuleHead(nn.Module):
             routed = self.class_capsules(capsules, activations=activations, return_routing=True)
         else:
             routed = self.class_capsules(capsules, return_routing=True)
-        scores = class_scores(routed)  # (b, i)
+        scores = class_scores(routed, self.scorer)  # (b, i)
         return ClassifierOutput(
             scores=scores,
             reconstructions=reconstruct(self.decoder, routed.outputs, scores, targets),

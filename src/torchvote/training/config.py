@@ -251,8 +251,10 @@ def resolve_loss_name(loss_name: str, spec: Any, model_config: Any) -> str:
     the model routes its class capsules by EM (``router: em``): EM's output activations are
     logistic units that the spread loss (Hinton et al. 2018, sec. 3.1) compares with each other
     rather than with the margin loss's absolute targets (0.9 / 0.1), though the margin loss trains
-    them too (:mod:`torchvote.models.capsnet`'s measurements). Otherwise
-    ``auto`` is the loss the model was registered with (``torchvote list models``).
+    them too (:mod:`torchvote.models.capsnet`'s measurements). It gives cross-entropy when the
+    class capsules are scored by a linear map (``scores: linear``, Tsai et al. 2020): their scores
+    are logits. Otherwise ``auto`` is the loss the model was registered with (``torchvote list
+    models``).
 
     Resolved where the run is built (:func:`~torchvote.training.objectives.make_objective`), not
     when the config is loaded: a later ``model.router=...`` override still changes it, and the
@@ -268,6 +270,8 @@ def resolve_loss_name(loss_name: str, spec: Any, model_config: Any) -> str:
     """
     if loss_name != "auto":
         return loss_name
+    if getattr(model_config, "scores", None) == "linear":
+        return "cross-entropy"
     if getattr(model_config, "router", None) == "em":
         return "spread"
     return spec.loss
