@@ -148,7 +148,8 @@ def softmax_attention(
     kept for backward, as in torch (two with dropout: the weights and the dropped weights).
 
     The logits are those of ``torch.nn.MultiheadAttention``: in the compute dtype, so in a half
-    dtype they carry its rounding (a logit ``l`` is off by up to ``|l| * eps / 2``); the voting
+    dtype they carry its rounding (the scaled queries and the product are each rounded once: a
+    logit is off by up to ``eps |q| |k| scale``, tested against float64); the voting
     loop (:func:`~torchvote.functional.vote`) forms the same weights in float32, and is the path
     for several passes. float16 ends at 65504: float16 logits (float16 inputs, or any under
     float16 autocast) are clamped to ``[-65504, 65504]`` once a float mask is added, where
