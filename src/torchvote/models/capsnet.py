@@ -102,7 +102,7 @@ class CapsNetConfig(CapsuleClassifierConfig):
         decoder_hidden: widths of the decoder's hidden layers (512, 1024).
         scores: how the class capsules become class scores: ``"length"`` (Sabour et al. 2017,
             sec. 2: their lengths, for the margin loss; EM routing's activations where the router
-            gives them) or ``"linear"`` (Tsai et al. 2020, sec. 4: one linear map ``R^d -> R``
+            gives them) or ``"linear"`` (Tsai et al. 2020, their classifier: one linear map ``R^d -> R``
             shared by every class capsule gives its logit, trained with cross-entropy, which
             ``loss.name=auto`` then picks; one label per image).
 
