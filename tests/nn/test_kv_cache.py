@@ -177,3 +177,58 @@ def test_an_appending_cache_refuses_keys_of_another_dtype_or_device(dtype, devic
     static = KVCache(static=True)  # a fixed memory: replaced on a new call, never extended
     static.update(held, held)
     assert static.update(new, new)[0] is new
+
+
+def _appended(steps, grad=False):
+    """Feed ``steps`` (b, h, n, d) key chunks (values: the keys + 1) to one cache; return what each
+    update returned, cloned at once, and the cache."""
+    cache, seen = KVCache(), []
+    with torch.set_grad_enabled(grad):
+        for keys in steps:
+            held_keys, held_values = cache.update(keys, keys + 1)
+            seen.append((held_keys, held_values, held_keys.clone(), held_values.clone()))
+    return seen, cache
+
+
+def test_appending_writes_into_a_buffer_and_returns_what_concatenation_would():
+    """Without autograd, the keys of each step go into a buffer that grows by half when full (not
+    a torch.cat of the whole past every step); every update returns the concatenation of all keys
+    so far, and what an earlier update returned still holds its values after later writes."""
+    generator = torch.Generator().manual_seed(0)
+    steps = [torch.randn(2, 3, n, 4, generator=generator) for n in (5, 1, 1, 3) + (1,) * 70]
+    seen, cache = _appended(steps)
+    for t, (keys, values, keys_then, values_then) in enumerate(seen):
+        expected = torch.cat(steps[: t + 1], dim=-2)
+        torch.testing.assert_close(keys_then, expected, rtol=0, atol=0)
+        torch.testing.assert_close(values_then, expected + 1, rtol=0, atol=0)
+        torch.testing.assert_close(keys, keys_then, rtol=0, atol=0)  # later writes left it alone
+        torch.testing.assert_close(values, values_then, rtol=0, atol=0)
+    storages = {keys.untyped_storage().data_ptr() for keys, *_ in seen[1:]}
+    assert len(storages) == 2  # 73 appends, one growth past 64 + 6 positions: two buffers
+    assert cache.length == sum(step.shape[-2] for step in steps)
+
+
+def test_appending_under_autograd_concatenates_and_gradients_flow():
+    """Keys that need a gradient are concatenated (a buffer written in place would change tensors
+    autograd saved): the gradient of every step's keys is what the concatenation gives."""
+    steps = [torch.randn(1, 2, n, 4, requires_grad=True) for n in (3, 1, 2)]
+    seen, cache = _appended(steps, grad=True)
+    assert cache._buffers is None
+    loss = sum((keys * (t + 1)).sum() + values.sum() for t, (keys, values, _, _) in enumerate(seen))
+    loss.backward()
+    for index, step in enumerate(steps):  # step `index` is in every later update's keys
+        expected = sum(t + 1 for t in range(index, len(steps))) + (len(steps) - index)
+        torch.testing.assert_close(step.grad, torch.full_like(step, float(expected)))
+
+
+def test_keys_set_by_the_caller_are_extended_not_the_stale_buffer():
+    generator = torch.Generator().manual_seed(1)
+    steps = [torch.randn(1, 2, n, 4, generator=generator) for n in (2, 1)]
+    _, cache = _appended(steps)
+    replaced = torch.randn(1, 2, 5, 4, generator=generator)
+    cache.keys, cache.values = replaced, replaced + 1
+    new = torch.randn(1, 2, 1, 4, generator=generator)
+    with torch.no_grad():
+        keys, values = cache.update(new, new + 1)
+    torch.testing.assert_close(keys, torch.cat([replaced, new], dim=-2), rtol=0, atol=0)
+    torch.testing.assert_close(values, torch.cat([replaced, new], dim=-2) + 1, rtol=0, atol=0)
