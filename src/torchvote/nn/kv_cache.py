@@ -37,8 +37,10 @@ class KVCache:
     """The keys and values one attention module has projected, split into heads.
 
     Attributes:
-        keys: ``(b, h, S, d)``, or ``None`` before the first call.
-        values: ``(b, h, S, d)``, or ``None`` before the first call.
+        keys: ``(b, h, S, d)``, or ``None`` before the first call. Once appended to without
+            autograd (decoding under ``no_grad``), a view of the first ``S`` positions of a larger
+            buffer that later calls write into; what an earlier call returned keeps its values.
+        values: ``(b, h, S, d)``, or ``None`` before the first call; as ``keys``.
         static: the keys and values are computed on the first call and reused by every later
             one (cross-attention to a fixed memory); otherwise every call appends the keys and
             values of its new tokens (causal self-attention).
