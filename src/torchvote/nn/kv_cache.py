@@ -51,7 +51,7 @@ class KVCache:
     static: bool = False
     # Where appended keys and values live: (b, h, capacity, d) buffers that ``keys`` and ``values``
     # are the first S positions of, so that a decoding step writes its token's keys in place instead
-    # of copying the whole past (``torch.cat``: O(S) a step, a fifth of a 2,048-token generation).
+    # of copying the whole past (``torch.cat``: O(S) a step).
     _buffers: tuple[Tensor, Tensor] | None = field(default=None, repr=False, compare=False)
 
     @property
