@@ -308,11 +308,11 @@ _ROUTER_DATA = {
 }
 
 
-#: The data sets on which ``em`` trains with the spread loss (``loss.name=auto``); the MultiMNIST
-#: preset names the margin loss (the spread loss takes one label per image), so ``em`` trains
-#: with the margin loss there, as every other router does. The linear-scores controls train with
-#: cross-entropy, one label per image too, so they run on these data sets alone.
-_SPREAD_LOSS_DATA = ("MNIST", "affNIST-style")
+#: The data sets of one label per image, where row f's controls run: ``em`` trains with the spread
+#: loss there (``loss.name=auto``), and the linear-scores controls with cross-entropy, both of
+#: which take one label per image. The MultiMNIST preset names the margin loss, so ``em`` trains
+#: with the margin loss there, as every other router does.
+_SINGLE_LABEL_DATA = ("MNIST", "affNIST-style")
 
 
 def _router_swap() -> Row:
@@ -320,7 +320,7 @@ def _router_swap() -> Row:
     for data, (preset, options) in _ROUTER_DATA.items():
         for router in _ROUTERS:
             variants.append(Variant(f"{router} / {data}", preset, (f"model.router={router}", *options)))
-        if data in _SPREAD_LOSS_DATA:  # the controls that tell EM's router from its loss
+        if data in _SINGLE_LABEL_DATA:  # the controls: EM's router against its loss, readouts
             spread = ("model.router=dynamic", "loss.name=spread", *options)
             variants.append(Variant(f"dynamic, spread loss / {data}", preset, spread))
             margin = ("model.router=em", "loss.name=margin", *options)

@@ -40,7 +40,8 @@ against 2.71% (``docs/results.md``, row f's controls). Every other router gives 
 length is the score (``slot`` squashes its last slots for that, see
 :class:`~torchvote.nn.routers.slot.SlotRouter`); ``inverted_dot_product``, whose outputs are
 layer-normalised, not squashed, trains with the margin loss too, more slowly, its lengths not being
-bounded by 1.
+bounded by 1; ``scores="linear"`` gives it Tsai et al. 2020's own readout (row f of
+``docs/results.md``: level with EM routing there).
 
 Paper size (the ``paper`` preset, the defaults): 8,215,568 parameters with the decoder (6,804,224
 without), the paper's "8.2M" and "6.8M" (sec. 5). ``small`` is a CPU-sized preset (64 @ 9x9,
