@@ -333,11 +333,13 @@ def check_dim(dim: Any, rank: int, argument: str = "dim") -> int:
         ``dim``, unchanged.
 
     Raises:
-        ValueError: ``dim`` not an integer (bools are not) in ``[-rank, rank)``.
+        ValueError: ``dim`` not an integer (bools are not) in ``[-rank, rank)`` (``[-1, 1)`` for a
+            0-D tensor, which torch's reductions read as one entry).
     """
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -rank <= dim < max(rank, 1):
+    axes = max(rank, 1)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -axes <= dim < axes:
         raise ValueError(
-            f"{argument} must be an axis of the {rank}-D input, in [{-rank}, {rank}), got {dim!r}"
+            f"{argument} must be an axis of the {rank}-D input, in [{-axes}, {axes}), got {dim!r}"
         )
     return dim
 

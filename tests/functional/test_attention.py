@@ -110,7 +110,8 @@ def test_is_causal_mask_recognises_bool_and_float_forms_only():
     additive = torch.zeros(4, 4).masked_fill(~lower, -math.inf)
     assert is_causal_mask(lower) and is_causal_mask(additive)
     assert not is_causal_mask(~lower)
-    assert not is_causal_mask(torch.ones(4, 5, dtype=torch.bool).tril())
+    assert is_causal_mask(torch.ones(4, 5, dtype=torch.bool).tril())  # (L, S): top-left, as is_causal
+    assert not is_causal_mask(torch.ones(4, 5, dtype=torch.bool).tril(1))
     assert not is_causal_mask(additive.masked_fill(~lower, -1e4))
     assert not is_causal_mask(lower.unsqueeze(0))
 
@@ -290,3 +291,35 @@ def test_a_float_mask_of_another_dtype_works_on_both_paths(mask_dtype):
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.float())
     torch.testing.assert_close(fused, expected)
     torch.testing.assert_close(looped, expected)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_queries_and_keys_without_features_average_the_values_as_torch_does(need_weights):
+    """``E = 0``: every dot product is 0, so the weights are uniform (the default scale
+    ``1 / sqrt(E)`` would divide by zero)."""
+    q, k, v = torch.randn(2, 3, 0), torch.randn(2, 4, 0), torch.randn(2, 4, 5)
+    out, _ = scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(out, v.mean(dim=1, keepdim=True).expand(2, 3, 5))
+    assert torch.equal(scaled_dot_score(q, k), torch.zeros(2, 3, 4))
+
+
+@pytest.mark.parametrize("mask", [torch.ones(3, 0, dtype=torch.bool), torch.zeros(3, 0)])
+def test_no_keys_with_a_mask_gives_zeros(mask):
+    q = torch.randn(2, 3, 4, requires_grad=True)
+    k, v = torch.randn(2, 0, 4), torch.randn(2, 0, 5)
+    for need_weights in (False, True):
+        out, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=need_weights)
+        assert out.shape == (2, 3, 5) and not out.any()
+        (grad,) = torch.autograd.grad(out.sum(), q)
+        assert not grad.any()
+
+
+def test_concat_score_names_the_vector_or_weight_that_does_not_fit():
+    q, k = torch.randn(2, 3), torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"weight must have shape \(8, 6\), got \(7, 6\)"):
+        concat_score(q, k, torch.randn(7, 6), torch.randn(8))
+    with pytest.raises(TypeError, match="weight must be a floating-point tensor, got torch.int64"):
+        concat_score(q, k, torch.ones(8, 6, dtype=torch.int64), torch.randn(8))
+    with pytest.raises(ValueError, match=r"vector must have shape \(hidden,\)"):
+        concat_score(q, k, torch.randn(8, 6), torch.randn(8, 1))

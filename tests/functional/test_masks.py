@@ -79,3 +79,74 @@ def test_moved_checks_are_still_exported_from_functional():
     assert is_causal_mask(_causal())
     with pytest.raises(ValueError, match="attn_mask of shape"):
         check_attention_mask(torch.ones(3, 5, dtype=torch.bool), SHAPE, "attn_mask")
+
+
+def test_a_causal_mask_that_needs_a_gradient_stays_a_mask():
+    """A learned float bias that starts as the causal pattern must get its gradient (run as
+    ``is_causal`` it would drop out of the graph), as ``F.scaled_dot_product_attention`` gives it."""
+    from torch.nn import functional as F
+
+    from torchvote.functional import scaled_dot_product_attention
+
+    start = torch.zeros(4, 4).masked_fill(~_causal(), float("-inf"))
+    bias = start.clone().requires_grad_(True)
+    mask, is_causal = prepare_attention_mask(bias, None, SHAPE)
+    assert mask is bias and not is_causal
+    query = torch.randn(2, 4, 3, dtype=torch.float64)
+    scaled_dot_product_attention(query, query, query, attn_mask=bias)[0].square().sum().backward()
+    reference = start.clone().double().requires_grad_(True)
+    F.scaled_dot_product_attention(query, query, query, attn_mask=reference).square().sum().backward()
+    assert bias.grad is not None and bias.grad.abs().sum() > 0
+    torch.testing.assert_close(bias.grad, reference.grad.float())
+
+
+def test_a_top_left_causal_mask_of_other_lengths_is_causal():
+    for receivers, senders in ((3, 5), (5, 3)):
+        lower = torch.ones(receivers, senders, dtype=torch.bool).tril()
+        assert is_causal_mask(lower)
+        assert is_causal_mask(torch.zeros(receivers, senders).masked_fill(~lower, float("-inf")))
+        assert not is_causal_mask(torch.ones(receivers, senders, dtype=torch.bool).tril(1))
+        shape = (2, 3, receivers, senders)
+        assert prepare_attention_mask(lower, None, shape) == (None, True)
+
+
+def test_fit_float16_mask_keeps_the_weights_of_masks_beyond_float16():
+    """Rows shifted by a constant give the same softmax; nothing finite becomes -inf in float16."""
+    from torchvote.functional.masks import fit_float16_mask
+
+    inf = float("-inf")
+    mask = torch.tensor([[0.0, -1e5, 0.0], [-7e4, -7.0001e4, inf], [inf, inf, inf], [-3.0, 2.0, -1e6]])
+    fitted = fit_float16_mask(mask).half()
+    assert torch.equal(torch.isneginf(fitted), torch.isneginf(mask))  # only -inf forbids
+    logits = torch.randn(4, 3, dtype=torch.float64)
+    rows = slice(0, 2), slice(3, 4)  # row 2 allows nothing
+    for row in rows:
+        expected = torch.softmax(logits[row] + mask[row].double(), dim=-1)
+        torch.testing.assert_close(torch.softmax(logits[row] + fitted[row].double(), dim=-1), expected,
+                                   atol=2e-3, rtol=0)  # float16 rounding of the shifted entries
+    assert torch.equal(fitted[3], torch.tensor([-5.0, 0.0, torch.finfo(torch.float16).min]).half())
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_float16_attention_with_a_float32_mask_below_float16s_range(need_weights):
+    """A float32 mask row of -7e4 (shifted by a constant) must not turn into -inf in float16: the
+    output is the float32 one, as ``F.scaled_dot_product_attention`` gives it."""
+    from torch.nn import functional as F
+
+    from torchvote.functional import scaled_dot_product_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 4), torch.randn(1, 3, 4), torch.randn(1, 3, 2)
+    mask = torch.tensor([[0.0, 0.0, 0.0], [-7e4, -7e4 - 2.0, -7e4]])
+    out, _ = scaled_dot_product_attention(q.half(), k.half(), v.half(), attn_mask=mask,
+                                          need_weights=need_weights)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out.float(), expected, atol=3e-3, rtol=3e-3)
+
+
+def test_open_rows_without_senders_with_no_senders_at_all():
+    from torchvote.functional.masks import open_rows_without_senders
+
+    for mask in (torch.ones(2, 3, 0, dtype=torch.bool), torch.zeros(2, 3, 0)):
+        opened, dead = open_rows_without_senders(mask)
+        assert opened.shape == (2, 3, 0) and dead.shape == (2, 3, 1) and bool(dead.all())

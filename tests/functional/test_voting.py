@@ -363,3 +363,19 @@ def test_every_votes_class_starts_from_zero_logits_and_materializes():
     assert shared.materialize().shape == (2, 1, 4, 6)
     with pytest.raises(ValueError, match="need logits"):
         shared.zero_logits()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64])
+def test_an_integer_mask_is_refused_by_name_on_every_branch(dtype):
+    values, queries, keys = torch.randn(3, 5, 2), torch.randn(3, 4, 6), torch.randn(3, 5, 6)
+    mask = torch.ones(4, 5, dtype=dtype)
+    for normalize_over in ("senders", "receivers"):  # the fused kernel's branch, the voting loop
+        with pytest.raises(TypeError, match="mask must be boolean .* or floating point"):
+            vote(SharedVotes(values), DotProductScores(queries, keys), normalize_over=normalize_over,
+                 mask=mask)
+
+
+def test_masked_softmax_of_a_0_d_tensor_is_that_of_one_entry():
+    assert torch.equal(masked_softmax(torch.tensor(2.5), 0), torch.softmax(torch.tensor(2.5), 0))
+    assert torch.equal(masked_softmax(torch.tensor(2.5), -1, torch.tensor(False)), torch.tensor(0.0))
+    assert torch.equal(masked_softmax(torch.tensor(float("-inf")), 0), torch.tensor(0.0))

@@ -162,3 +162,13 @@ def test_slot_attention_with_a_fully_masked_item_updates_from_nothing(device):
         expected = module.update(torch.zeros_like(expected), expected)
     torch.testing.assert_close(output[1], expected)
     torch.testing.assert_close(output[0], module(inputs[:1], slots=slots[:1])[0])
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_multi_head_attention_with_no_keys_and_a_key_mask(need_weights):
+    """No key at all: every query has nothing to attend to and its output is ``out_proj``'s bias,
+    with a key mask as without one."""
+    attention = MultiHeadAttention(8, 2)
+    query, memory = torch.randn(2, 3, 8), torch.randn(2, 0, 8)
+    out, _ = attention(query, memory, key_mask=torch.ones(2, 0, dtype=torch.bool), need_weights=need_weights)
+    torch.testing.assert_close(out, attention.out_proj.bias.expand(2, 3, 8))

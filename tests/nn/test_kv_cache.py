@@ -232,3 +232,22 @@ def test_keys_set_by_the_caller_are_extended_not_the_stale_buffer():
         keys, values = cache.update(new, new + 1)
     torch.testing.assert_close(keys, torch.cat([replaced, new], dim=-2), rtol=0, atol=0)
     torch.testing.assert_close(values, torch.cat([replaced, new], dim=-2) + 1, rtol=0, atol=0)
+
+
+def test_an_appending_cache_aligns_causality_as_its_docstring_says():
+    """Query ``l`` is position ``P + l``: with an empty cache that is the uncached call's top-left
+    causality, even where the call brings more keys than queries; after ``P`` cached keys each
+    query hears keys ``<= P + l``."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(8, 2).double().eval()
+    query, keys = torch.randn(1, 2, 8, dtype=torch.float64), torch.randn(1, 4, 8, dtype=torch.float64)
+    uncached, _ = attention(query, keys, keys, is_causal=True)
+    cache = KVCache()
+    cached, _ = attention(query, keys, keys, is_causal=True, cache=cache)
+    torch.testing.assert_close(cached, uncached)
+    more = torch.randn(1, 3, 8, dtype=torch.float64)  # 4 cached keys, 3 new: 7 in all
+    after, _ = attention(query, more, more, is_causal=True, cache=cache)
+    allowed = torch.ones(2, 7, dtype=torch.bool).tril(4)  # query l hears keys <= 4 + l
+    everything = torch.cat([keys, more], dim=1)
+    expected, _ = attention(query, everything, everything, attn_mask=allowed)
+    torch.testing.assert_close(after, expected)

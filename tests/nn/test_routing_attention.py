@@ -461,6 +461,9 @@ def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
     routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
     with pytest.raises(ValueError, match="causal attn_mask"):
         routing(torch.randn(1, 4, EMBED), attn_mask=mask)
+    memory = torch.randn(1, 6, EMBED)  # cross-attention: a causal (4, 6) mask, top-left as is_causal
+    with pytest.raises(ValueError, match="causal attn_mask"):
+        routing(torch.randn(1, 4, EMBED), memory, attn_mask=torch.ones(4, 6, dtype=torch.bool).tril())
     # A mask that is not causal is taken, and the senders' normalisation takes the causal one.
     routing(torch.randn(1, 4, EMBED), attn_mask=~allowed | torch.eye(4, dtype=torch.bool))
     RoutingAttention(EMBED, HEADS)(torch.randn(1, 4, EMBED), attn_mask=mask)

@@ -227,3 +227,9 @@ def test_module_wide_reset_reaches_every_parameter_of_a_seq2seq_attention():
             if hasattr(submodule, "reset_parameters"):
                 submodule.reset_parameters()
         assert all(torch.isfinite(p).all() for p in module.parameters()), kind
+
+
+def test_the_parameterless_dot_score_names_the_queries_in_a_dtype_error():
+    attention = LuongAttention(4, 4, score="dot")
+    with pytest.raises(TypeError, match="key has dtype torch.float64 but the queries are torch.float32"):
+        attention(torch.randn(1, 2, 4), torch.randn(1, 3, 4, dtype=torch.float64))

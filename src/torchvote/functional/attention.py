@@ -21,9 +21,11 @@ from torch import Tensor
 from torchvote.functional.masks import (
     causal_mask,
     check_attention_mask,
+    fit_float16_mask,
     is_causal_mask,
     prepare_attention_mask,
 )
+from torchvote.functional.scores import default_scale
 from torchvote.functional.voting import DotProductScores, SharedVotes, vote
 from torchvote.tracing import plain_ops_required
 from torchvote.validation import (
@@ -195,7 +197,7 @@ def _softmax_attention(
 ) -> tuple[Tensor, Tensor]:
     """:func:`softmax_attention` on arguments checked by the caller (the attention modules and
     :func:`scaled_dot_product_attention`, which check theirs where they enter)."""
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scale = default_scale(query.shape[-1]) if scale is None else scale
     receivers, senders = query.shape[-2], key.shape[-2]
     additive, allowed = None, None  # float mask; boolean, True = may attend
     if mask is not None:
@@ -245,6 +247,8 @@ def _softmax_(
         uniform and the caller zeroes what it returns; without, they are zero already.
     """
     if additive is not None:
+        if logits.dtype == torch.float16 and additive.dtype != torch.float16:  # no -inf from -7e4
+            additive = fit_float16_mask(additive)
         logits = _add_(logits, additive)
     if logits.dtype == torch.float16:  # past 65504 a logit is inf, and its row's weights NaN
         logits = _clamp_to_float16_(logits)  # forbidden entries (inf - inf too) are refilled below

@@ -29,6 +29,7 @@ from torchvote.validation import broadcast_shape, check_flag, check_tensor_value
 __all__ = [
     "causal_mask",
     "check_attention_mask",
+    "fit_float16_mask",
     "fused_kernel_mask",
     "is_causal_mask",
     "kernel_float_dtype",
@@ -76,7 +77,8 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
 
 
 def is_causal_mask(mask: Tensor) -> bool:
-    """True if ``mask`` is a 2-D square causal mask (bool lower triangle, or 0 / -inf float).
+    """True if ``mask`` is a 2-D causal mask (bool lower triangle, or 0 / -inf float), square or
+    ``(L, S)`` with ``L != S`` (top-left aligned, as ``is_causal=True`` reads it).
 
     Such a mask is replaced by ``is_causal=True``, which the fused kernel runs about twice as fast
     on CPU as the same mask given explicitly.
@@ -92,7 +94,7 @@ def is_causal_mask(mask: Tensor) -> bool:
         mask: a boolean (True = may attend) or float (added to the logits) mask of any shape.
 
     Returns:
-        Whether ``mask`` is ``(n, n)`` and allows exactly ``j <= i``: True below and on the
+        Whether ``mask`` is ``(L, S)`` and allows exactly ``j <= i``: True below and on the
         diagonal (0 for a float mask) and False above it (``-inf``). False for a mask on the
         ``"meta"`` device, which has no values to read (it is then used as the mask it is).
 
@@ -101,7 +103,7 @@ def is_causal_mask(mask: Tensor) -> bool:
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a tensor, got {type(mask).__name__}")
-    if mask.dim() != 2 or mask.shape[0] != mask.shape[1] or mask.is_meta:
+    if mask.dim() != 2 or mask.is_meta:
         return False
     lower = torch.ones(mask.shape, dtype=torch.bool, device=mask.device).tril()
     if mask.dtype == torch.bool:
@@ -120,7 +122,8 @@ def _is_causal_mask_once(mask: Tensor) -> bool:
     on a GPU each read makes the host wait for the device, which a stack of layers would do once
     per layer. The answer is kept for the last mask read, while it is the same tensor at the same
     version (an in-place change reads it again); an inference tensor, which has no version, is
-    read every time."""
+    read every time. A change that bypasses autograd's version counter (through ``.data`` or a
+    NumPy view of the tensor) is not seen: give the changed mask as a new tensor."""
     global _last_read
     if mask.is_inference():
         return is_causal_mask(mask)
@@ -283,7 +286,9 @@ def prepare_attention_mask(
     # batch size compared with L would put a guard on it. Not while torch.compile or torch.export
     # traces: reading the mask's values there is a graph break (fullgraph=True and export fail),
     # so the traced graph takes the mask as it is, with the same numbers.
+    # A float mask that needs a gradient (a learned bias) stays a mask, whatever its values.
     full = mask is not None and mask.dim() == 2 and tuple(mask.shape) == tuple(logits_shape[-2:])
+    full = full and not mask.requires_grad
     if full and not torch.compiler.is_compiling() and _is_causal_mask_once(mask):
         mask, is_causal = None, True
     if mask is not None and mask.is_floating_point() and dtype is not None:
@@ -297,8 +302,9 @@ def fused_kernel_mask(
     """``(mask, is_causal)`` as ``F.scaled_dot_product_attention`` takes them.
 
     The kernel takes a mask or causality, not both, so causality is folded into a given mask; a
-    float mask is cast to the queries' ``dtype``; a mask of fewer than 2 axes (which broadcasts,
-    but which the kernel refuses) gains leading ones.
+    float mask is cast to the queries' ``dtype`` (to float16 through :func:`fit_float16_mask`,
+    whose values cannot overflow); a mask of fewer than 2 axes (which broadcasts, but which the
+    kernel refuses) gains leading ones.
     """
     if mask is not None and mask.dim() < 2:
         mask = mask.view(*([1] * (2 - mask.dim())), *mask.shape)  # (1.., j): the kernel needs (.., i, j)
@@ -306,8 +312,34 @@ def fused_kernel_mask(
         mask = restrict_mask(mask, causal_mask(receivers, senders, mask.device))  # (.., i, j)
         is_causal = False
     if mask is not None and mask.is_floating_point() and mask.dtype != dtype:
-        mask = mask.to(dtype)
+        mask = (fit_float16_mask(mask) if dtype == torch.float16 else mask).to(dtype)
     return mask, is_causal
+
+
+_FLOAT16_LOWEST = torch.finfo(torch.float16).min  # -65504
+
+
+def fit_float16_mask(mask: Tensor) -> Tensor:
+    """A wider float mask made safe to meet float16 logits, with the same weights.
+
+    A float32 mask entry below -65504 becomes ``-inf`` in float16, and a row of such entries
+    would allow nothing (``F.scaled_dot_product_attention`` itself keeps a float32 mask in
+    float32). A row's softmax does not change when a constant is added to it, so each row is
+    shifted until its largest finite entry is 0, and finite entries still below -65504 (whose
+    weights are then exactly 0 in float16 and float32 alike) are clamped to it; ``-inf`` stays
+    ``-inf``. The shift is a constant of the row without gradient: a mask that needs one gets the
+    gradient it would get unshifted.
+
+    Args:
+        mask: a floating-point mask ``(..., i, j)`` (finite or ``-inf``), added to the logits.
+
+    Returns:
+        The mask, shifted and clamped, in its own dtype (the caller casts it).
+    """
+    finite = torch.isfinite(mask)
+    peak = mask.detach().masked_fill(~finite, float("-inf")).amax(dim=-1, keepdim=True)  # (..., i, 1)
+    shifted = mask - peak.nan_to_num(neginf=0.0)  # a row with nothing allowed stays -inf
+    return torch.where(finite, shifted.clamp(min=_FLOAT16_LOWEST), shifted)
 
 
 def open_rows_without_senders(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -328,6 +360,8 @@ def open_rows_without_senders(mask: Tensor) -> tuple[Tensor, Tensor]:
     Returns:
         The opened mask (same dtype, same shape) and ``dead``, boolean ``(..., i, 1)``.
     """
+    if mask.shape[-1] == 0:  # no senders at all: every row is dead, and nothing to open
+        return mask, torch.ones((*mask.shape[:-1], 1), dtype=torch.bool, device=mask.device)
     # Elementwise maxima over the mask (as bytes for a boolean one): on a CPU about 10x faster
     # than `any` / `|` on booleans and `isneginf().all()` / `masked_fill` on floats.
     if mask.dtype == torch.bool:

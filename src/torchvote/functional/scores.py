@@ -22,6 +22,13 @@ from torchvote.validation import broadcast_shape, check_input_dtype, check_scale
 __all__ = ["dot_score", "general_score", "scaled_dot_score", "additive_score", "concat_score"]
 
 
+def default_scale(features: int) -> float:
+    """``1 / sqrt(E)`` for ``E`` query features, the scaled dot product's default (Vaswani et al.
+    2017, eq. 1). ``E = 0`` gives 1: dot products over no features are all zero whatever the
+    scale, and the weights uniform (as ``F.scaled_dot_product_attention`` gives them)."""
+    return 1.0 / math.sqrt(features) if features > 0 else 1.0
+
+
 def _check_pair(query: Tensor, key: Tensor) -> None:
     """Queries ``(..., L, Eq)`` and keys ``(..., S, Ek)``: floating-point tensors of one dtype
     (outside ``torch.autocast``) whose batch axes broadcast (shapes and dtypes only).
@@ -95,7 +102,7 @@ def scaled_dot_score(query: Tensor, key: Tensor, scale: float | None = None) -> 
     """
     scale = check_scale(scale)
     logits = dot_score(query, key)  # checks the inputs
-    return logits * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    return logits * (default_scale(query.shape[-1]) if scale is None else scale)
 
 
 def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
@@ -118,6 +125,20 @@ def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
     # (q W) k^T as two products in a fixed order: a three-operand einsum lets opt_einsum, where
     # installed, choose the order and return the scores transposed in memory
     return (query @ weight) @ key.mT  # (..., L, Ek) @ (..., Ek, S)
+
+
+def _hidden_size(vector: Tensor, query: Tensor) -> int:
+    """``H`` of the additive and concat scores' ``vector`` ``(H,)``, checked (shape, dtype).
+
+    Raises:
+        ValueError: ``vector`` not 1-D.
+        TypeError: as :func:`_check_parameter`.
+    """
+    if not isinstance(vector, Tensor) or vector.dim() != 1:
+        described = tuple(vector.shape) if isinstance(vector, Tensor) else type(vector).__name__
+        raise ValueError(f"vector must have shape (hidden,), got {described}")
+    _check_parameter("vector", vector, query, (vector.shape[0],))
+    return vector.shape[0]
 
 
 def additive_score(
@@ -144,11 +165,7 @@ def additive_score(
         TypeError: inputs or parameters not floating-point tensors of one dtype.
     """
     _check_pair(query, key)
-    if not isinstance(vector, Tensor) or vector.dim() != 1:
-        described = tuple(vector.shape) if isinstance(vector, Tensor) else type(vector).__name__
-        raise ValueError(f"vector must have shape (hidden,), got {described}")
-    hidden = vector.shape[0]
-    _check_parameter("vector", vector, query, (hidden,))
+    hidden = _hidden_size(vector, query)
     _check_parameter("query_weight", query_weight, query, (hidden, query.shape[-1]))  # (H, Eq)
     _check_parameter("key_weight", key_weight, query, (hidden, key.shape[-1]))  # (H, Ek)
     projected_q = query @ query_weight.T  # (..., L, H)
@@ -179,9 +196,5 @@ def concat_score(query: Tensor, key: Tensor, weight: Tensor, vector: Tensor) -> 
     """
     _check_pair(query, key)
     q_features = query.shape[-1]
-    if not isinstance(weight, Tensor):
-        raise TypeError(f"weight must be a tensor, got {type(weight).__name__}")
-    if weight.dim() != 2 or weight.shape[1] != q_features + key.shape[-1]:
-        raise ValueError(f"weight must have shape (hidden, {q_features + key.shape[-1]}), "
-                         f"got {tuple(weight.shape)}")
+    _check_parameter("weight", weight, query, (_hidden_size(vector, query), q_features + key.shape[-1]))
     return additive_score(query, key, weight[:, :q_features], weight[:, q_features:], vector)

@@ -30,7 +30,6 @@ follow are read together; the mask preparation leaves for ``functional/masks.py`
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
@@ -42,6 +41,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torchvote.functional.masks import fused_kernel_mask, open_rows_without_senders, voting_mask
 from torchvote.functional.nonlinearities import _squash
+from torchvote.functional.scores import default_scale
 from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import (
     autocast_available,
@@ -205,7 +205,7 @@ class DotProductScores:
 
     @property
     def effective_scale(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.queries.shape[-1])
+        return self.scale if self.scale is not None else default_scale(self.queries.shape[-1])
 
     def materialize(self) -> Tensor:
         """The ``(..., i, j)`` logits, computed in at least float32 so half inputs cannot overflow
@@ -344,6 +344,8 @@ def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tens
             )
         _check_mask_shape(mask, logits.shape)
         logits = logits.masked_fill(~mask, float("-inf"))
+    if logits.dim() == 0:  # one entry along dim 0, as torch.softmax reads a 0-d tensor
+        return masked_softmax(logits.reshape(1), 0).reshape(())
     if logits.shape[dim] == 0:  # nothing to normalise over: no weights at all
         return logits
     peak = logits.amax(dim=dim, keepdim=True).detach()
@@ -776,13 +778,18 @@ def _check_mask(mask: Tensor | None, weights_shape: tuple[int, ...]) -> None:
     ``weights_shape`` without growing it (shapes only).
 
     Raises:
-        TypeError: a ``mask`` that is not a tensor.
+        TypeError: a ``mask`` that is not a tensor, or neither boolean nor floating point.
         ValueError: naming ``mask`` and the shapes.
     """
     if mask is None:
         return
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():  # the fused kernel names nothing
+        raise TypeError(
+            f"mask must be boolean (True = may vote) or floating point (added to the logits), got "
+            f"dtype {mask.dtype}"
+        )
     if broadcast_shape(mask.shape, weights_shape) != tuple(weights_shape):
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the weights' shape "

@@ -267,8 +267,8 @@ class MultiHeadAttention(nn.Module):
                 cache.check_memory(batch, source_len)
         elif cache is not None:  # the queries follow the cached keys: causality shifts with them
             source_len += cache.length
-            attn_mask, is_causal = offset_causality(attn_mask, is_causal, target_len, source_len,
-                                                    query.device)
+            attn_mask, is_causal = offset_causality(attn_mask, is_causal, cache.length, target_len,
+                                                    source_len, query.device)
         receiver_mask = self._receiver_mask(key_mask, is_causal=is_causal, self_attention=self_attention)
         asked_causal = is_causal
         refuse_per_example_3d_mask(attn_mask, (batch, self.num_heads, target_len, source_len))

@@ -204,19 +204,22 @@ class TransformerCache:
 
 
 def offset_causality(
-    attn_mask: Tensor | None, is_causal: bool, target_len: int, source_len: int,
+    attn_mask: Tensor | None, is_causal: bool, past: int, target_len: int, source_len: int,
     device: torch.device,
 ) -> tuple[Tensor | None, bool]:
-    """Causality for ``target_len`` queries that are the last of ``source_len`` positions.
+    """Causality for ``target_len`` new queries after ``past`` cached keys.
 
-    ``is_causal`` is top-left aligned (query ``l`` hears keys ``<= l``); with ``P = source_len -
-    target_len`` keys from a cache before them, query ``l`` is position ``P + l`` and hears keys
-    ``<= P + l``: bottom-right aligned. One query hears every key (no mask at all); several get
-    an explicit ``(L, S)`` mask, combined with ``attn_mask``.
+    ``is_causal`` is top-left aligned (query ``l`` hears keys ``<= l``); after ``P = past``
+    keys from a cache, query ``l`` is position ``P + l`` and hears keys ``<= P + l``. When the
+    call brings one key per query (self-attention, ``source_len = P + target_len``), that is
+    bottom-right alignment; with no past it is the uncached call's. Queries that hear every key
+    need no mask at all (one query after its own key); otherwise an explicit ``(L, S)`` mask,
+    combined with ``attn_mask``.
 
     Args:
         attn_mask: the call's mask (boolean or float, ``(L, S)`` or broadcastable), or None.
         is_causal: the call's causality.
+        past: ``P``, the keys the cache held before this call.
         target_len: ``L``, the new queries.
         source_len: ``S``, every key: the cached ones and the new ones.
         device: where to build the mask.
@@ -224,10 +227,9 @@ def offset_causality(
     Returns:
         ``(attn_mask, is_causal)`` for :func:`~torchvote.functional.prepare_attention_mask`.
     """
-    past = source_len - target_len
     if not is_causal or past == 0:
         return attn_mask, is_causal
-    if target_len == 1:
+    if past >= source_len - 1:  # even query 0 (position P) hears every key
         return attn_mask, False
     allowed = torch.ones(target_len, source_len, dtype=torch.bool, device=device).tril(past)  # (i, j)
     return restrict_mask(attn_mask, allowed), False

@@ -105,7 +105,10 @@ class ScoredAttention(nn.Module, abc.ABC):
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
         parameter = next(self.parameters(), None)  # the dot score has none: query's dtype rules
         for name, tensor in (("query", query), ("key", key), ("value", value)):
-            check_input_dtype(tensor, query.dtype if parameter is None else parameter.dtype, name)
+            if parameter is None:
+                check_input_dtype(tensor, query.dtype, name, "the queries")
+            else:
+                check_input_dtype(tensor, parameter.dtype, name)
         mask = merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
         scores = self.score(query, key)  # (b, i, j)
         return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
