@@ -95,9 +95,12 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
         router_options: keyword arguments of that router.
         data_per_parent: the EM layers' amount of data per parent capsule (Gritzman 2019, sec.
             2.2; IBM's implementation: 100): each layer's ``sum_j R_ij a_j`` is rescaled so that
-            a uniform share of fully active inputs counts as this many units, which puts the
-            activations of the small convolutional layers (about 4.5 votes per parent) on the
-            scale ``lambda`` was chosen for (the paper's class capsules, about 100); ``None``: the
+            a uniform share of fully active inputs of one patch counts as this many units, which
+            moves the activations of the small convolutional layers (about 4.5 votes per parent)
+            toward the scale ``lambda`` was chosen for (the paper's class capsules, about 100;
+            their joint normalisation over overlapping patches leaves a parent inside the grid
+            four ninths of it at K = 3, stride 2, a ninth at stride 1: see
+            :class:`~torchvote.nn.routers.EMRouter`); ``None``: the
             paper's raw sums, with which every convolutional activation stays within 0.02 of its
             start. Given to the class router too when it is ``"em"`` (unless ``router_options``
             sets it). See :class:`~torchvote.nn.routers.EMRouter`.

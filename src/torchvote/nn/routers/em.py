@@ -34,7 +34,13 @@ with it every activation, barely moves away from ``logistic(activation_bias)`` i
 ``data_per_parent`` rescales the data to that many units for a parent that receives its uniform
 share of fully active inputs (the cost is multiplied by ``data_per_parent * out_caps /
 in_caps``), Gritzman 2019, "Avoiding implementation pitfalls of 'Matrix capsules with EM
-routing'", sec. 2.2, and IBM's ``layer_norm_factor = 100 / (child_caps / parent_caps)``. It is
+routing'", sec. 2.2, and IBM's ``layer_norm_factor = 100 / (child_caps / parent_caps)``. The
+factor counts the capsules of one patch: under a convolutional layer's joint normalisation
+(the default of :class:`~torchvote.nn.ConvMatrixCapsules`) an input's assignments are shared among
+the parents of every patch that holds it, up to ``ceil(K / stride)^2`` patches, so a parent
+receives ``data_per_parent`` times the mean over its patch of one over the patches that hold each
+input: inside the grid 11.1 of 100 at K = 3, stride 1 (every input in 9 patches), 44.4 at stride 2
+(inputs in 1, 2 or 4 patches), more at the border. It is
 applied as the equivalent scaling of ``lambda`` (so the routing function is untouched), and is off
 by default (``None``): vector capsules routed by EM (CapsNet's class layer) already receive about
 29 inputs per parent, and their tiny votes (variances at the ``eps`` floor) saturate every
@@ -84,8 +90,10 @@ class EMRouter(Router):
             in (0, 1): ``activation_bias`` starts at its logit (0.1: -2.197). See the module
             docstring for why not 0.5.
         data_per_parent: rescale the data each parent receives so that a uniform share of fully
-            active inputs counts as this many units (100 in IBM's implementation); ``None``: the
-            paper's raw ``sum_j R_ij a_j``.
+            active inputs counts as this many units (100 in IBM's implementation) when each input
+            is shared by the parents of one patch; jointly normalised convolutional inputs are
+            shared by several patches and give a fraction of it (see the module docstring);
+            ``None``: the paper's raw ``sum_j R_ij a_j``.
         device: where to create the parameters.
         dtype: the parameters' dtype.
 
