@@ -9,6 +9,7 @@ from torchvote.validation import (
     autocast_enabled,
     check_choice,
     check_float_dtype,
+    check_float_tensor,
     check_input_dtype,
     check_positive_float,
     check_positive_int,
@@ -152,6 +153,27 @@ def test_check_float_dtype_takes_none_and_floating_dtypes(dtype):
 def test_check_float_dtype_refuses_the_rest_by_name(dtype):
     with pytest.raises(TypeError, match=r"table_dtype must be a floating-point torch.dtype or None, got"):
         check_float_dtype(dtype, "table_dtype")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_check_float_tensor_takes_floating_tensors_on_any_device(dtype):
+    check_float_tensor(torch.zeros(2, dtype=dtype), "weight")
+    check_float_tensor(torch.zeros(2, dtype=dtype, device="meta"), "weight")
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ([[1.0]], "weight must be a floating-point tensor, got list"),
+        (None, "weight must be a floating-point tensor, got NoneType"),
+        (torch.ones(2, dtype=torch.int64), "weight must be floating point, got dtype torch.int64"),
+        (torch.ones(2, dtype=torch.bool), "weight must be floating point, got dtype torch.bool"),
+        (torch.ones(2, dtype=torch.complex64), "weight must be floating point, got dtype torch.complex64"),
+    ],
+)
+def test_check_float_tensor_refuses_the_rest_by_name(value, match):
+    with pytest.raises(TypeError, match=match):
+        check_float_tensor(value, "weight")
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])

@@ -27,6 +27,7 @@ __all__ = [
     "check_dim",
     "check_flag",
     "check_float_dtype",
+    "check_float_tensor",
     "check_index_range",
     "check_input_dtype",
     "check_integer_tensor",
@@ -177,6 +178,25 @@ def check_float_dtype(dtype: Any, argument: str = "dtype") -> torch.dtype | None
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"{argument} must be a floating-point torch.dtype or None, got {dtype!r}")
     return dtype
+
+
+def check_float_tensor(value: Any, argument: str) -> None:
+    """Refuse anything but a floating-point tensor (reads the dtype, never the values): an integer
+    tensor would be computed in integers, a list fail inside PyTorch naming no argument.
+
+    Args:
+        value: the input to check.
+        argument: its name, for the message.
+
+    Raises:
+        TypeError: ``value`` not a tensor (``"{argument} must be a floating-point tensor, got
+            list"``) or not floating point (``"{argument} must be floating point, got dtype
+            torch.int64"``).
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{argument} must be a floating-point tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(f"{argument} must be floating point, got dtype {value.dtype}")
 
 
 def _read_autocast_availability() -> dict[str, bool]:

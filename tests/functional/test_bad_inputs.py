@@ -14,7 +14,9 @@ import torch
 
 from torchvote.functional import (
     DotProductScores,
+    LinearVotes,
     PairwiseVotes,
+    SharedLinearVotes,
     SharedVotes,
     additive_score,
     as_routing_votes,
@@ -214,6 +216,25 @@ CASES = {
     "as_routing_votes of a list (was: returned as votes)": (
         lambda: as_routing_votes([1.0]), TypeError, "votes must be a tensor"),
     "dynamic_routing of a list": (lambda: dynamic_routing([1.0]), TypeError, "votes must be a tensor"),
+    "dynamic_routing integer LinearVotes (was: int64 zeros)": (
+        lambda: dynamic_routing(
+            LinearVotes(torch.randint(-2, 3, (3, 4, 5, 2)), torch.randint(-2, 3, (2, 4, 2)))),
+        TypeError, "weight must be floating point, got dtype torch.int64"),
+    "LinearVotes integer inputs": (
+        lambda: LinearVotes(randn(3, 4, 5, 2), torch.ones(2, 4, 2, dtype=torch.int64)), TypeError,
+        "inputs must be floating point, got dtype torch.int64"),
+    "LinearVotes weight a list (was: an AttributeError)": (
+        lambda: LinearVotes([[1.0]], randn(2, 4, 2)), TypeError,
+        "weight must be a floating-point tensor, got list"),
+    "SharedLinearVotes weight a list (was: an AttributeError)": (
+        lambda: SharedLinearVotes([[1.0]], randn(2, 4, 2)), TypeError,
+        "weight must be a floating-point tensor, got list"),
+    "SharedLinearVotes inputs a list": (
+        lambda: SharedLinearVotes(randn(3, 5, 2), [[1.0, 2.0]]), TypeError,
+        "inputs must be a floating-point tensor, got list"),
+    "SharedLinearVotes boolean inputs": (
+        lambda: SharedLinearVotes(randn(3, 5, 2), torch.ones(2, 4, 2, dtype=torch.bool)), TypeError,
+        "inputs must be floating point, got dtype torch.bool"),
     "dynamic_routing all_passes='no'": (
         lambda: dynamic_routing(U, all_passes="no"), TypeError, "all_passes must be True or False"),
     "dynamic_routing detach_votes='no'": (
@@ -234,6 +255,48 @@ CASES = {
         lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4), query=lambda s: s,
                                update=_update, mask=[1]),
         TypeError, "mask must be a boolean tensor"),
+    "slot_attention update=5 (was: a ValueError naming nonlinearity)": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4), query=lambda s: s, update=5),
+        TypeError, "update must be a callable, got 5"),
+    "slot_attention update='squash' (not documented: refused)": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4), query=lambda s: s,
+                               update="squash"),
+        TypeError, "update must be a callable, got 'squash'"),
+    "slot_attention query=None (was: 'NoneType' object is not callable)": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4), query=None, update=_update),
+        TypeError, "query must be a callable, got None"),
+    "slot_attention update of the wrong shape, one pass (was: returned as the slots)": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4), query=lambda s: s,
+                               update=lambda means, previous: means[..., :2], iterations=1),
+        ValueError, r"update\(updates, slots\) must return shape \(batch\.\.\., num_slots, slot_dim=4\) = "
+                    r"\(2, 3, 4\), got \(2, 3, 2\)"),
+    "slot_attention update of the wrong shape, three passes (was: blamed on query)": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4), query=lambda s: s,
+                               update=lambda means, previous: means[..., :2], iterations=3),
+        ValueError, r"update\(updates, slots\) must return shape"),
+    "slot_attention query of the wrong shape": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(3, 4), query=lambda s: s[..., :2],
+                               update=_update),
+        ValueError, r"query\(slots\) must return shape \(batch\.\.\., num_slots, key_dim=4\) = \(3, 4\), "
+                    r"got \(3, 2\)"),
+    "slot_attention query that grows the batch": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4),
+                               query=lambda s: s.expand(5, 2, 3, 4), update=_update),
+        ValueError, r"query\(slots\) must return shape .* = \(2, 3, 4\), got \(5, 2, 3, 4\)"),
+    "slot_routing update=None": (
+        lambda: slot_routing(U, randn(3, 4), query=lambda s: s, update=None), TypeError,
+        "update must be a callable, got None"),
+    "slot_routing query='x'": (
+        lambda: slot_routing(U, randn(3, 4), query="x", update=_update), TypeError,
+        "query must be a callable, got 'x'"),
+    "slot_routing update of the wrong shape, one pass (was: returned as the slots)": (
+        lambda: slot_routing(U, randn(3, 4), query=lambda s: s, update=lambda means, previous: means[..., :3],
+                             iterations=1),
+        ValueError, r"update\(updates, slots\) must return shape \(batch\.\.\., out_caps, out_dim=4\) = "
+                    r"\(2, 3, 4\), got \(2, 3, 3\)"),
+    "slot_routing query that returns no tensor": (
+        lambda: slot_routing(U, randn(3, 4), query=lambda s: 3, update=_update), ValueError,
+        r"query\(slots\) must return shape .* got int"),
     "slot_routing all_passes='x'": (
         lambda: slot_routing(U, randn(3, 4), query=lambda s: s, update=_update, all_passes="x"),
         TypeError, "all_passes must be True or False"),

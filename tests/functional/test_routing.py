@@ -16,7 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchvote.functional.routing_votes as routing_votes_module
-from torchvote.functional.routing import as_routing_votes, dynamic_routing, uniform_routing
+from torchvote.functional.routing import (
+    as_routing_votes,
+    dynamic_routing,
+    inverted_dot_product_routing,
+    list_routers,
+    self_attention_routing,
+    uniform_routing,
+)
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.functional.voting import PairwiseVotes
 
@@ -287,6 +294,46 @@ def test_dynamic_routing_on_linear_votes_matches_the_reference(agreement, detach
     ref_grads = torch.autograd.grad(ref_out.pow(2).sum(), [weight, inputs])
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-12)
+
+
+# the routers of list_routers() that take plain votes (EM needs activations, slot a query and an update)
+PLAIN_VOTE_ROUTERS = {
+    "dynamic": dynamic_routing,
+    "inverted_dot_product": inverted_dot_product_routing,
+    "self_attention": self_attention_routing,
+    "uniform": uniform_routing,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_VOTE_ROUTERS))
+@pytest.mark.parametrize("weight_dtype", [DOUBLE, torch.float32], ids=["float64 weight", "float32 weight"])
+def test_shared_linear_votes_of_two_dtypes_route_in_their_promotion(name, weight_dtype):
+    """SharedLinearVotes computed in the inputs' dtype: a float64 weight on float32 inputs failed in
+    its einsums ("expected scalar type Float but found Double") where LinearVotes promotes. Both
+    now route as the same votes in float64."""
+    assert name in list_routers()
+    route = PLAIN_VOTE_ROUTERS[name]
+    torch.manual_seed(11)
+    weight = torch.randn(3, 5, 2).to(weight_dtype)  # (i, d, e)
+    inputs = torch.randn(2, 4, 2).to(DOUBLE if weight_dtype == torch.float32 else torch.float32)  # (b, j, e)
+    mixed = SharedLinearVotes(weight, inputs)
+    assert mixed.dtype == DOUBLE and mixed.zero_logits().dtype == DOUBLE
+    outputs, couplings = route(mixed)
+    expected_outputs, expected_couplings = route(SharedLinearVotes(weight.double(), inputs.double()))
+    assert outputs.dtype == DOUBLE and couplings.dtype == DOUBLE
+    torch.testing.assert_close(outputs, expected_outputs)
+    torch.testing.assert_close(couplings, expected_couplings)
+
+
+@pytest.mark.parametrize("votes_class", [LinearVotes, SharedLinearVotes])
+def test_linear_votes_of_two_dtypes_materialize_in_their_promotion(votes_class):
+    """``materialize`` ran its einsum on the raw operands: a float64 weight on float32 inputs failed."""
+    torch.manual_seed(12)
+    shape = (3, 4, 5, 2) if votes_class is LinearVotes else (3, 5, 2)
+    weight, inputs = torch.randn(shape, dtype=DOUBLE), torch.randn(2, 4, 2)
+    got = votes_class(weight, inputs).materialize()
+    assert got.dtype == DOUBLE
+    torch.testing.assert_close(got, votes_class(weight, inputs.double()).materialize())
 
 
 def test_linear_votes_reject_mismatched_shapes():

@@ -98,6 +98,20 @@ def test_geometry_is_derived_from_the_config(image_size, in_channels, primary_ke
     assert output.reconstructions.shape == (2, in_channels, image_size, image_size)
 
 
+@pytest.mark.parametrize(
+    ("sizes", "kernel_size", "match"),
+    [
+        ((8, 2, 4), 0, "kernel_size must be a positive integer, got 0"),  # was: accepted
+        ((8, 2, 4), 2.5, "kernel_size must be a positive integer, got 2.5"),
+        ((0, 0, 4), 3, "channels must be a positive integer, got 0"),
+        ((8, -2, -4), 3, "num_types must be a positive integer, got -2"),
+    ],
+)
+def test_depthwise_primary_capsules_refuse_sizes_that_are_not_positive_integers(sizes, kernel_size, match):
+    with pytest.raises(ValueError, match=match):
+        DepthwisePrimaryCapsules(*sizes, kernel_size=kernel_size)
+
+
 @pytest.mark.parametrize("map_size", [9, 12])
 def test_depthwise_primary_capsules_match_the_grouped_convolution_and_efficient_squash(map_size):
     torch.manual_seed(0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torchvote.functional import LinearVotes
 from torchvote.nn import (
     CapsuleLinear,
     ClassMatrixCapsules,
@@ -29,6 +30,7 @@ from torchvote.nn import (
     ScaledDotAgreement,
     SelfAttentionRouter,
     SlotAttention,
+    SlotRouter,
     TransformerConfig,
     TransformerDecoderLayer,
     TransformerEncoder,
@@ -144,6 +146,16 @@ CASES = {
         TypeError, "shared_weights must be True or False"),
     "CapsuleLinear router_options a list": (
         lambda: CapsuleLinear(5, 4, 3, 6, router_options=[1]), TypeError, "router_options must be a mapping"),
+    **{
+        f"CapsuleLinear router_options={{{key!r}: ...}} (was: 'got multiple values for keyword argument')": (
+            lambda key=key, value=value: CapsuleLinear(5, 3, 4, 6, router_options={key: value}), ValueError,
+            f"router_options must not set '{key}': the layer's own argument sets it")
+        for key, value in (("iterations", 2), ("dtype", torch.float64), ("out_caps", 4), ("in_caps", 5),
+                           ("out_dim", 6), ("device", "cpu"))
+    },
+    "CapsuleLinear iterations with a Router module (was: ignored)": (
+        lambda: CapsuleLinear(5, 3, 4, 6, routing=DynamicRouter(iterations=2), iterations=7), ValueError,
+        "iterations only applies when routing is given by name; the Router module has its own"),
     "CapsuleLinear return_routing='no' (was: the result)": (
         lambda: CapsuleLinear(5, 4, 3, 6)(randn(2, 5, 4), return_routing="no"), TypeError,
         "return_routing must be True or False"),
@@ -166,6 +178,16 @@ CASES = {
     "InvertedDotProductRouter float64 votes (was: a layer_norm error)": (
         lambda: InvertedDotProductRouter(out_dim=6)(U.double()), TypeError,
         "votes have dtype torch.float64 but the router's parameters are torch.float32"),
+    "SlotRouter votes of another out_dim (was: a layer_norm error)": (
+        lambda: SlotRouter(out_caps=3, out_dim=5)(randn(1, 3, 4, 6)), ValueError,
+        r"votes must have out_dim=5 features \(the layer norm's\), got shape \(1, 3, 4, 6\)"),
+    "SlotRouter float64 votes (was: a layer_norm 'mixed dtype' error)": (
+        lambda: SlotRouter(out_caps=3, out_dim=6)(U.double()), TypeError,
+        "votes have dtype torch.float64 but the router's parameters are torch.float32"),
+    "SlotRouter float64 LinearVotes (was: a layer_norm 'mixed dtype' error)": (
+        lambda: SlotRouter(out_caps=3, out_dim=6)(
+            LinearVotes(randn(3, 5, 6, 2).double(), randn(2, 5, 2).double())),
+        TypeError, "votes have dtype torch.float64 but the router's parameters are torch.float32"),
     "SelfAttentionRouter log_prior='no' (was: a prior)": (
         lambda: SelfAttentionRouter(in_caps=5, out_caps=3, log_prior="no"), TypeError,
         "log_prior must be True or False"),
@@ -173,6 +195,9 @@ CASES = {
     "make_router iterations=0 for a one-pass router": (
         lambda: make_router("uniform", in_caps=5, out_caps=3, out_dim=6, iterations=0), ValueError,
         "iterations must be a positive integer"),
+    "make_router options={'factory': ...}": (
+        lambda: make_router("dynamic", in_caps=5, out_caps=3, out_dim=6, factory={}), ValueError,
+        "options must not set 'factory'"),
     "make_router name a list": (
         lambda: make_router(["dynamic"], in_caps=5, out_caps=3, out_dim=6),
         ValueError, "routing must be one of"),
@@ -210,6 +235,16 @@ CASES = {
     "ClassMatrixCapsules integer activations (was: taken)": (
         lambda: _class_capsules()(MatrixCapsules(_grid().poses, torch.ones(2, 5, 5, 2, dtype=torch.int64))),
         TypeError, "capsules.activations must be a floating-point tensor"),
+    "ConvMatrixCapsules unknown routing option (was: EMRouter's TypeError)": (
+        lambda: ConvMatrixCapsules(2, 2, foo=1), ValueError,
+        r"bad option for routing='em': .*unexpected keyword argument 'foo'"),
+    "ConvMatrixCapsules out_caps (was: 'got multiple values for keyword argument')": (
+        lambda: ConvMatrixCapsules(2, 2, out_caps=3), ValueError,
+        "routing_options must not set 'out_caps': the layer's own argument sets it"),
+    "ClassMatrixCapsules unknown routing option (was: EMRouter's TypeError)": (
+        lambda: _class_capsules(foo=1), ValueError, r"bad option for routing='em': .*'foo'"),
+    "ClassMatrixCapsules out_caps (was: 'got multiple values for keyword argument')": (
+        lambda: _class_capsules(out_caps=3), ValueError, "routing_options must not set 'out_caps'"),
     "ClassMatrixCapsules routing=3": (
         lambda: _class_capsules(routing=3), TypeError, "routing must be a Router module or None"),
     "ClassMatrixCapsules coordinate_addition='no' (was: added)": (

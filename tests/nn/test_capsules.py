@@ -110,6 +110,20 @@ def test_capsule_linear_router_options_and_instances():
         CapsuleLinear(5, 2, 3, 4, routing=custom, router_options={"bias": True})
 
 
+def test_capsule_linear_iterations_reach_a_router_given_by_name_and_never_an_instance():
+    """``iterations`` defaults to None (3 for a router built by name); with a Router module, whose
+    iterations are its own, an explicit ``iterations=7`` was silently ignored and is now refused."""
+    assert CapsuleLinear(5, 2, 3, 4).router.iterations == 3
+    assert CapsuleLinear(5, 2, 3, 4, iterations=5).router.iterations == 5
+    assert CapsuleLinear(5, 2, 3, 4, routing="slot", iterations=2).router.iterations == 2
+    custom = DynamicRouter(iterations=2)
+    assert CapsuleLinear(5, 2, 3, 4, routing=custom).router.iterations == 2
+    with pytest.raises(ValueError, match="the Router module has its own iterations"):
+        CapsuleLinear(5, 2, 3, 4, routing=custom, iterations=7)
+    with pytest.raises(ValueError, match="router_options must not set 'iterations'"):
+        CapsuleLinear(5, 2, 3, 4, router_options={"iterations": 2})
+
+
 def test_capsule_linear_rejects_mismatched_inputs():
     layer = CapsuleLinear(5, 2, 3, 4)
     with pytest.raises(ValueError, match="in_caps=5"):

@@ -340,3 +340,10 @@ def test_a_users_registered_router_is_built_by_name_beside_torchvotes(monkeypatc
     torch.testing.assert_close(layer(inputs), reference(inputs) / 2)
     with pytest.raises(ValueError, match="already registered"):
         register_router(HalfUniform)
+
+    class Nameless(UniformRouter):
+        name = ""
+
+    with pytest.raises(ValueError, match="Nameless needs a non-empty `name`"):  # was: registered as ""
+        register_router(Nameless)
+    assert "" not in base._REGISTRY

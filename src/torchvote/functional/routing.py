@@ -479,23 +479,70 @@ def self_attention_routing(
     return result.outputs, _couplings(result, False)
 
 
+def _check_returned(value: object, expected: tuple[int, ...], call: str, axes: tuple[str, str]) -> None:
+    """Refuse what a caller's function returned unless it is a tensor of the ``expected`` shape
+    (``(..., slots, features)``, whose last two axes are named ``axes``)."""
+    if not isinstance(value, Tensor) or tuple(value.shape) != expected:
+        described = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        layout = f"(batch..., {axes[0]}, {axes[1]}={expected[-1]})"
+        raise ValueError(f"{call} must return shape {layout} = {expected}, got {described}")
+
+
 def _slot_loop(
     votes: Votes,
-    scores: Callable[[Tensor], Tensor],
     slots: Tensor,
     *,
+    query: Callable[[Tensor], Tensor],
+    score: Callable[[Tensor], Tensor],
+    query_dim: int,
     update: Callable[[Tensor, Tensor], Tensor],
+    axes: tuple[str, str, str],
     iterations: int,
     all_passes: bool,
     mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The loop :func:`slot_attention` and :func:`slot_routing` share: logits ``scores(slots)``
-    ``(..., i, j)`` normalised over the slots (receivers), a weighted mean, ``update``, and the
-    fresh scores of the new slots as the next pass's logits (``update="replace"``).
+    """The loop :func:`slot_attention` and :func:`slot_routing` share: logits
+    ``score(query(slots))`` ``(..., i, j)`` normalised over the slots (receivers), a weighted
+    mean, ``update``, and the fresh scores of the new slots as the next pass's logits
+    (``update="replace"``). The caller's ``query`` and ``update`` are checked here: callables, and
+    every result's shape right after the call (a wrong one was returned as the slots, or blamed
+    on ``query`` a pass later).
+
+    Args:
+        votes: what the slots aggregate.
+        slots: ``(..., i, slot_dim)`` the initial slots.
+        query: the caller's ``slots -> (..., i, query_dim)``.
+        score: ``(..., i, query_dim)`` queries -> ``(..., i, j)`` logits.
+        query_dim: the features ``query`` must give.
+        update: the caller's ``(updates (..., i, d), previous slots) -> (..., i, slot_dim)``.
+        axes: the caller's names of the slot axis, the queries' features and the slots'
+            features, for the messages, e.g. ``("num_slots", "key_dim", "slot_dim")``.
 
     Returns:
         ``(slots, couplings)``: the last slots and :func:`_couplings` of the passes.
+
+    Raises:
+        TypeError: ``query`` or ``update`` not callable.
+        ValueError: ``query`` or ``update`` returning another shape than the slots' with
+            ``query_dim`` or ``slot_dim`` features.
     """
+    for function, argument in ((query, "query"), (update, "update")):
+        if not callable(function):
+            raise TypeError(f"{argument} must be a callable, got {function!r}")
+    slot_dim = slots.shape[-1]
+
+    def scores(current: Tensor) -> Tensor:
+        queries = query(current)  # (..., i, query_dim)
+        expected = (*current.shape[:-1], query_dim)
+        _check_returned(queries, expected, "query(slots)", (axes[0], axes[1]))
+        return score(queries)  # (..., i, j)
+
+    def checked_update(updates: Tensor, previous: Tensor) -> Tensor:
+        new_slots = update(updates, previous)
+        expected = (*updates.shape[:-1], slot_dim)  # (..., i, slot_dim)
+        _check_returned(new_slots, expected, "update(updates, slots)", (axes[0], axes[2]))
+        return new_slots
+
     result = vote(
         votes,
         scores(slots),
@@ -504,7 +551,7 @@ def _slot_loop(
         agreement=lambda state: scores(state.outputs),
         update="replace",
         aggregation="mean",
-        nonlinearity=update,
+        nonlinearity=checked_update,
         initial_outputs=slots,
         mask=mask,
         record=True,
@@ -557,10 +604,12 @@ def slot_attention(
 
     Raises:
         ValueError: ``iterations`` < 1 or mismatched shapes (``slots`` whose batch axes do not
-            broadcast to the keys' without growing them), a bad ``mask`` or ``scale``.
+            broadcast to the keys' without growing them), a bad ``mask`` or ``scale``; a
+            ``query`` that does not return ``(batch..., num_slots, key_dim)`` of its slots, an
+            ``update`` that does not return ``(batch..., num_slots, slot_dim)``.
         TypeError: ``keys``, ``values`` or ``slots`` not floating point or not of one dtype
             (outside ``torch.autocast``); a ``scale`` that is not a real number, an
-            ``all_passes`` that is not a bool.
+            ``all_passes`` that is not a bool; ``query`` or ``update`` not callable.
     """
     check_input_dtype(keys, keys.dtype, "keys", "the keys")  # floating point
     check_input_dtype(values, keys.dtype, "values", "the keys")
@@ -579,13 +628,8 @@ def slot_attention(
     scale = check_scale(scale)
     scale = 1.0 / math.sqrt(keys.shape[-1]) if scale is None else scale
 
-    def scores(current_slots: Tensor) -> Tensor:
-        queries = query(current_slots)  # (..., i, key_dim)
-        if queries.shape[-1] != keys.shape[-1]:
-            raise ValueError(
-                f"query(slots) must have key_dim={keys.shape[-1]} features, got {tuple(queries.shape)}"
-            )
-        return torch.einsum("...ie,...je->...ij", queries, keys) * scale
+    def score(queries: Tensor) -> Tensor:
+        return torch.einsum("...ie,...je->...ij", queries, keys) * scale  # (..., i, j)
 
     bool_mask = None
     if mask is not None:
@@ -598,7 +642,8 @@ def slot_attention(
             )
         bool_mask = mask.unsqueeze(-2)  # (..., 1, j)
     return _slot_loop(
-        SharedVotes(values), scores, slots, update=update, iterations=iterations, mask=bool_mask,
+        SharedVotes(values), slots, query=query, score=score, query_dim=keys.shape[-1], update=update,
+        axes=("num_slots", "key_dim", "slot_dim"), iterations=iterations, mask=bool_mask,
         all_passes=all_passes,
     )
 
@@ -640,9 +685,11 @@ def slot_routing(
 
     Raises:
         ValueError: ``iterations`` < 1, bad votes, ``slots`` that do not broadcast to
-            ``(batch..., out_caps, out_dim)``, a ``query`` that does not give ``out_dim`` features.
+            ``(batch..., out_caps, out_dim)``; a ``query`` or an ``update`` that does not return
+            ``(batch..., out_caps, out_dim)`` (``query`` of the slots it is given).
         TypeError: ``slots`` not of the votes' floating dtype (outside ``torch.autocast``); a
-            ``scale`` that is not a real number, an ``all_passes`` that is not a bool.
+            ``scale`` that is not a real number, an ``all_passes`` that is not a bool; ``query``
+            or ``update`` not callable.
     """
     routed = as_routing_votes(votes)
     check_input_dtype(slots, routed.dtype, "slots", "the votes")
@@ -653,12 +700,11 @@ def slot_routing(
     scale = check_scale(scale)
     scale = 1.0 / math.sqrt(slots.shape[-1]) if scale is None else scale
 
-    def scores(current_slots: Tensor) -> Tensor:
-        queries = query(current_slots)  # (..., i, d)
-        if shape is not None and queries.shape[-1] != shape[-1]:
-            raise ValueError(
-                f"query(slots) must have out_dim={shape[-1]} features, got {tuple(queries.shape)}"
-            )
+    def score(queries: Tensor) -> Tensor:
         return routed.dot(queries) * scale  # (..., i, j)
 
-    return _slot_loop(routed, scores, slots, update=update, iterations=iterations, all_passes=all_passes)
+    # the slots have the votes' out_dim (checked above where the votes tell their shape)
+    return _slot_loop(
+        routed, slots, query=query, score=score, query_dim=slots.shape[-1], update=update,
+        axes=("out_caps", "out_dim", "out_dim"), iterations=iterations, all_passes=all_passes,
+    )

@@ -46,6 +46,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from torchvote.functional.voting import _einsum_at_least_float32, _einsum_without_float16, autocast_off
 from torchvote.tracing import plain_ops_required
+from torchvote.validation import check_float_tensor
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
@@ -334,7 +335,13 @@ class _WeightTimesInputs:
 
     def zero_logits(self) -> Tensor:
         """``(..., i, j)`` zeros: routing's ``b_ij = 0`` start, in the votes' device and dtype."""
-        return self.inputs.new_zeros(*self.batch_shape, self.receivers, self.senders)
+        return self.inputs.new_zeros(*self.batch_shape, self.receivers, self.senders, dtype=self.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the votes compute in: the promotion of the weight's and the inputs' (as
+        ``weight @ inputs`` would give)."""
+        return torch.promote_types(self.weight.dtype, self.inputs.dtype)
 
 
 class LinearVotes(_WeightTimesInputs):
@@ -357,11 +364,14 @@ class LinearVotes(_WeightTimesInputs):
         inputs: ``(..., j, e)``: the input capsules.
 
     Raises:
+        TypeError: if ``weight`` or ``inputs`` is not a floating-point tensor.
         ValueError: if ``weight`` is not 4-D, has a size 0, or its ``(j, e)`` do not match
             ``inputs``.
     """
 
     def __init__(self, weight: Tensor, inputs: Tensor) -> None:
+        check_float_tensor(weight, "weight")
+        check_float_tensor(inputs, "inputs")
         if weight.dim() != 4 or 0 in weight.shape:  # the blocked kernels need every size >= 1
             raise ValueError(
                 "weight must have shape (out_caps, in_caps, out_dim, in_dim), every size >= 1, "
@@ -441,12 +451,7 @@ class LinearVotes(_WeightTimesInputs):
 
     def materialize(self) -> Tensor:
         """The votes as a tensor ``(..., i, j, d)`` (for routers that need them elementwise)."""
-        return torch.einsum("ijde,...je->...ijd", self.weight, self.inputs)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype the kernels compute in: the promotion of the weight's and the inputs'."""
-        return torch.promote_types(self.weight.dtype, self.inputs.dtype)
+        return torch.einsum("ijde,...je->...ijd", self.weight.to(self.dtype), self.inputs.to(self.dtype))
 
 
 class SharedLinearVotes(_WeightTimesInputs):
@@ -462,10 +467,13 @@ class SharedLinearVotes(_WeightTimesInputs):
         inputs: ``(..., j, e)``.
 
     Raises:
+        TypeError: if ``weight`` or ``inputs`` is not a floating-point tensor.
         ValueError: if ``weight`` is not 3-D or its ``e`` does not match ``inputs``.
     """
 
     def __init__(self, weight: Tensor, inputs: Tensor) -> None:
+        check_float_tensor(weight, "weight")
+        check_float_tensor(inputs, "inputs")
         if weight.dim() != 3:
             raise ValueError(f"weight must have shape (out_caps, out_dim, in_dim), got {tuple(weight.shape)}")
         if inputs.dim() < 2 or inputs.shape[-1] != weight.shape[-1]:
@@ -478,14 +486,22 @@ class SharedLinearVotes(_WeightTimesInputs):
         self.senders = inputs.shape[-2]
         self.batch_shape = tuple(inputs.shape[:-2])
 
+    # Every product runs on operands cast to :attr:`dtype` (free where they have it): weight and
+    # inputs of two dtypes meet in their promotion, as in LinearVotes; under torch.autocast the
+    # einsums cast them again themselves.
+
     def weighted_sum(self, weights: Tensor) -> Tensor:
-        pooled = torch.einsum("...ij,...je->...ie", weights, self.inputs)  # (..., i, e)
-        return torch.einsum("ide,...ie->...id", self.weight, pooled)
+        """``(..., i, j)`` weights -> ``(..., i, d)``: ``W_i (sum_j w_ij u_j)``."""
+        dtype = self.dtype
+        pooled = torch.einsum("...ij,...je->...ie", weights.to(dtype), self.inputs.to(dtype))  # (..., i, e)
+        return torch.einsum("ide,...ie->...id", self.weight.to(dtype), pooled)
 
     def dot(self, outputs: Tensor) -> Tensor:
         """``(..., i, j)``: ``u_j . (W_i^T v_i)``, never in float16 (the Votes contract)."""
-        pulled = _einsum_without_float16("ide,...id->...ie", self.weight, outputs)  # W_i^T v_i: (..., i, e)
-        return _einsum_without_float16("...je,...ie->...ij", self.inputs, pulled)
+        dtype = self.dtype
+        weight, inputs = self.weight.to(dtype), self.inputs.to(dtype)
+        pulled = _einsum_without_float16("ide,...id->...ie", weight, outputs.to(dtype))  # W_i^T v_i
+        return _einsum_without_float16("...je,...ie->...ij", inputs, pulled)
 
     def squared_norm(self) -> Tensor:
         gram = _einsum_at_least_float32("ide,idf->ief", self.weight, self.weight)  # (i, e, e)
@@ -494,8 +510,4 @@ class SharedLinearVotes(_WeightTimesInputs):
 
     def materialize(self) -> Tensor:
         """The votes as a tensor ``(..., i, j, d)``."""
-        return torch.einsum("ide,...je->...ijd", self.weight, self.inputs)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.inputs.dtype
+        return torch.einsum("ide,...je->...ijd", self.weight.to(self.dtype), self.inputs.to(self.dtype))

@@ -56,7 +56,7 @@ from torchvote.models.capsule_config import (
 )
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
-from torchvote.validation import check_bool_fields, check_float_dtype
+from torchvote.validation import check_bool_fields, check_float_dtype, check_positive_int
 
 __all__ = ["DepthwisePrimaryCapsules", "EfficientCapsNet", "EfficientCapsNetConfig"]
 
@@ -190,7 +190,8 @@ class DepthwisePrimaryCapsules(nn.Module):
         dtype: the parameters' dtype.
 
     Raises:
-        ValueError: ``channels`` is not ``num_types * caps_dim``.
+        ValueError: a size that is not a positive integer, ``channels`` not
+            ``num_types * caps_dim``.
         TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
 
@@ -205,6 +206,11 @@ class DepthwisePrimaryCapsules(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        for argument, size in (
+            ("channels", channels), ("num_types", num_types), ("caps_dim", caps_dim),
+            ("kernel_size", kernel_size),
+        ):
+            check_positive_int(size, argument)
         if channels != num_types * caps_dim:
             raise ValueError(
                 f"channels ({channels}) must equal num_types * caps_dim ({num_types} * {caps_dim})"

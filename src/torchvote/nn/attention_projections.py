@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torchvote.validation import check_float_tensor
+
 
 class _PackedProjection(nn.Module):
     """Q, K and V from one ``(3E, E)`` matrix, so self-attention projects with a single matmul.
@@ -141,10 +143,7 @@ def _same_map(fn, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Te
 def _check_inputs(query: Tensor, key: Tensor, value: Tensor, embed_dim: int, kdim: int, vdim: int) -> bool:
     """Validate ranks and sizes; return True for unbatched (2-D) inputs."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
+        check_float_tensor(t, name)
     if query.dim() not in (2, 3):
         raise ValueError(
             f"query must have shape (batch, L, {embed_dim}) (or (L, batch, {embed_dim}) with "

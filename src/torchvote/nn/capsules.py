@@ -11,6 +11,7 @@ Index legend: ``b`` batch, ``i`` receivers (output capsules), ``j`` senders (inp
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.nn.routers import Router, RoutingResult, make_router
+from torchvote.nn.routers.base import build_router
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
 from torchvote.validation import (
     check_choice,
@@ -170,11 +172,15 @@ class CapsuleLinear(nn.Module):
             ``"self_attention"``, ``"slot"``, ``"uniform"``) or a :class:`Router` module, whose
             parameters must have been built for this layer's sizes (see
             :meth:`Router.layer_sizes`).
-        iterations: routing iterations (for the iterative routers); at least 1.
+        iterations: routing iterations of a router given by name (for the iterative routers); at
+            least 1; ``None`` (the default) means 3. Not with a :class:`Router` module, which has
+            its own.
         shared_weights: one matrix ``W_i`` per output capsule shared by all inputs (the
             weighted-voting article's parameter sharing) instead of one per pair.
-        router_options: extra keyword arguments for the router (e.g. ``{"agreement":
-            "distance"}``, ``{"detach_votes": True}``, ``{"bias": True}``).
+        router_options: extra keyword arguments for a router given by name (e.g.
+            ``{"agreement": "distance"}``, ``{"detach_votes": True}``, ``{"bias": True}``); not
+            the ones the layer's own arguments set (``in_caps``, ``out_caps``, ``out_dim``,
+            ``iterations``, ``device``, ``dtype``).
         init_std: standard deviation of the normal initialisation of ``W``; positive and finite.
         strategy: how the votes reach the router, an implementation detail: ``"auto"`` (the
             default: ``"stream"`` on a CPU, where cache-tiled products beat small vote GEMMs;
@@ -188,7 +194,9 @@ class CapsuleLinear(nn.Module):
 
     Raises:
         ValueError: non-positive sizes or ``iterations``, a bad ``init_std``, an unknown router,
-            option or strategy, a :class:`Router` module built for other sizes.
+            option or strategy, a ``router_options`` key that one of the layer's own arguments
+            sets, a :class:`Router` module built for other sizes or given with ``iterations`` or
+            ``router_options``.
         TypeError: ``shared_weights`` not a bool, ``router_options`` not a mapping.
     """
 
@@ -200,7 +208,7 @@ class CapsuleLinear(nn.Module):
         out_dim: int,
         *,
         routing: str | Router = "dynamic",
-        iterations: int = 3,
+        iterations: int | None = None,
         shared_weights: bool = False,
         router_options: Mapping[str, Any] | None = None,
         init_std: float = 0.01,
@@ -213,7 +221,8 @@ class CapsuleLinear(nn.Module):
         check_positive_int(in_dim, "in_dim")
         check_positive_int(out_caps, "out_caps")
         check_positive_int(out_dim, "out_dim")
-        check_positive_int(iterations, "iterations")
+        if iterations is not None:
+            check_positive_int(iterations, "iterations")
         check_positive_float(init_std, "init_std")
         check_flag(shared_weights, "shared_weights")  # "no" would have shared the weights
         if router_options is not None and not isinstance(router_options, Mapping):
@@ -230,17 +239,19 @@ class CapsuleLinear(nn.Module):
         if isinstance(routing, Router):
             if router_options:
                 raise ValueError("router_options only apply when routing is given by name")
+            if iterations is not None:  # it would be ignored: the router has its own
+                raise ValueError(
+                    "iterations only applies when routing is given by name; the Router module has "
+                    "its own iterations: set them when building it"
+                )
             routing.check_layer_sizes("routing", in_caps=in_caps, out_caps=out_caps, out_dim=out_dim)
             self.router = routing
         else:
-            self.router = make_router(
-                routing,
-                in_caps=in_caps,
-                out_caps=out_caps,
-                out_dim=out_dim,
-                iterations=iterations,
-                **factory,
-                **dict(router_options or {}),
+            iterations = 3 if iterations is None else iterations
+            layer = {"in_caps": in_caps, "out_caps": out_caps, "out_dim": out_dim, "iterations": iterations}
+            self.router = build_router(
+                functools.partial(make_router, routing), routing, fixed={**layer, **factory},
+                options=router_options or {}, argument="router_options",
             )
 
     def votes(self, inputs: Tensor) -> LinearVotes | SharedLinearVotes:

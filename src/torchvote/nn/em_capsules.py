@@ -42,6 +42,7 @@ from torchvote.functional.em_kernel import (
 )
 from torchvote.nn.capsules import check_feature_maps
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
+from torchvote.nn.routers.base import build_router
 from torchvote.validation import (
     check_choice,
     check_flag,
@@ -219,7 +220,8 @@ class ConvMatrixCapsules(nn.Module):
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, an unknown
-            ``normalization``, a bad routing option.
+            ``normalization``, a bad routing option (one the router does not take, or
+            ``out_caps``, which ``out_types`` sets).
     """
 
     def __init__(
@@ -250,7 +252,10 @@ class ConvMatrixCapsules(nn.Module):
         self.weight = nn.Parameter(
             eye + 0.1 * torch.randn(in_caps, out_types, self.side, self.side, **factory)
         )
-        self.routing = EMRouter(out_caps=out_types, **routing_options, **factory)
+        self.routing = build_router(
+            EMRouter, EMRouter.name, fixed={"out_caps": out_types, **factory}, options=routing_options,
+            argument="routing_options",
+        )
 
     def output_size(self, rows: int, cols: int) -> tuple[int, int]:
         """The output grid for an input grid of ``rows x cols``."""
@@ -390,8 +395,9 @@ class ClassMatrixCapsules(nn.Module):
 
     Raises:
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, a pose smaller
-            than 2x2 with coordinate addition, a bad routing option, routing options given
-            with ``routing``, or a ``routing`` built for other sizes.
+            than 2x2 with coordinate addition, a bad routing option (one the router does not
+            take, or ``out_caps``, which ``num_classes`` sets), routing options given with
+            ``routing``, or a ``routing`` built for other sizes.
         TypeError: ``routing`` neither a :class:`~torchvote.nn.routers.Router` nor None,
             ``coordinate_addition`` not a bool.
     """
@@ -429,8 +435,9 @@ class ClassMatrixCapsules(nn.Module):
         )
         if routing is not None:
             routing.check_layer_sizes("routing", out_caps=num_classes, out_dim=pose_dim)
-        self.routing = routing if routing is not None else EMRouter(
-            out_caps=num_classes, **routing_options, **factory
+        self.routing = routing if routing is not None else build_router(
+            EMRouter, EMRouter.name, fixed={"out_caps": num_classes, **factory}, options=routing_options,
+            argument="routing_options",
         )
 
     @property

@@ -25,15 +25,17 @@ dim)``, couplings ``(batch..., out_caps, in_caps)``, input activations ``(batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from torchvote.functional.routing import RoutingVotes, list_routers
+from torchvote.functional.routing import RoutingVotes, _votes_shape, as_routing_votes, list_routers
+from torchvote.functional.voting import Votes
 from torchvote.tracing import register_output
-from torchvote.validation import check_flag, check_float_dtype, check_positive_int
+from torchvote.validation import autocast_enabled, check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router"]
 
@@ -87,6 +89,35 @@ class Router(nn.Module):
                 f"router); the {self.name!r} router would ignore them"
             )
 
+    def check_votes_for_norm(self, votes: RoutingVotes, norm: nn.LayerNorm) -> Votes:
+        """What ``forward`` of a router that layer-normalises the votes (or the poses formed from
+        them) calls before the norm, whose own errors name no argument of the router.
+
+        Args:
+            votes: the router's ``votes``.
+            norm: the router's layer norm over the votes' features.
+
+        Returns:
+            ``votes`` as a votes object (:func:`~torchvote.functional.routing.as_routing_votes`).
+
+        Raises:
+            ValueError: votes of another ``out_dim`` than ``norm`` normalises; a votes tensor of
+                fewer than 3 dimensions or not floating point.
+            TypeError: votes neither a tensor nor a votes object; votes not of ``norm``'s dtype
+                (outside ``torch.autocast``).
+        """
+        votes = as_routing_votes(votes)
+        shape, size = _votes_shape(votes), norm.normalized_shape[0]
+        if shape is not None and shape[-1] != size:
+            raise ValueError(f"votes must have out_dim={size} features (the layer norm's), got shape {shape}")
+        weight = norm.weight
+        if weight is not None and votes.dtype != weight.dtype and not autocast_enabled(weight.device.type):
+            raise TypeError(  # votes may be a Votes object: its dtype, not check_input_dtype's tensor
+                f"votes have dtype {votes.dtype} but the router's parameters are {weight.dtype}: "
+                f"convert the votes or the router, or run under torch.autocast"
+            )
+        return votes
+
     def layer_sizes(self) -> dict[str, int]:
         """The layer sizes (of ``in_caps``, ``out_caps``, ``out_dim``) this router's parameters were
         built for; empty if it fits any layer."""
@@ -132,8 +163,14 @@ def register_router(cls: type[Router]) -> type[Router]:
         ``cls``, registered.
 
     Raises:
-        ValueError: a router of that name is already registered.
+        ValueError: ``cls`` has no ``name`` (a non-empty string), or a router of that name is
+            already registered.
     """
+    if not isinstance(cls.name, str) or not cls.name:
+        raise ValueError(
+            f"{cls.__name__} needs a non-empty `name` (a class attribute, the name make_router "
+            f"knows it by) to be registered, got {cls.name!r}"
+        )
     if cls.name in _REGISTRY:
         raise ValueError(f"a router named {cls.name!r} is already registered")
     _REGISTRY[cls.name] = cls
@@ -223,7 +260,8 @@ def make_router(
         The router module.
 
     Raises:
-        ValueError: an unknown name or option, ``iterations`` < 1 (checked for the one-pass
+        ValueError: an unknown name or option (one the router does not take, or ``factory``,
+            which ``device`` and ``dtype`` make), ``iterations`` < 1 (checked for the one-pass
             routers too, which ignore it).
     """
     # torchvote's own routers are all registered; a user's (register_router) may join them
@@ -232,10 +270,48 @@ def make_router(
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"routing must be one of {sorted(_REGISTRY)}, got {name!r}")
     factory = {"device": device, "dtype": check_float_dtype(dtype)}
-    try:
-        return _REGISTRY[name].from_layer(
-            in_caps=in_caps, out_caps=out_caps, out_dim=out_dim, iterations=iterations, factory=factory,
-            **options,
+    layer = {"in_caps": in_caps, "out_caps": out_caps, "out_dim": out_dim, "iterations": iterations}
+    return build_router(
+        _REGISTRY[name].from_layer, name, fixed={**layer, "factory": factory}, options=options,
+        argument="options",
+    )
+
+
+def build_router(
+    build: Callable[..., Router],
+    name: str,
+    *,
+    fixed: Mapping[str, Any],
+    options: Mapping[str, Any],
+    argument: str,
+) -> Router:
+    """``build(**fixed, **options)``: a router from what a layer sets with its own arguments and
+    the options a user gave it, with every bad option a ``ValueError`` that names it (what
+    :func:`make_router` and the layers that build their router call; Python's own error of a
+    repeated or unknown keyword names none of the user's arguments).
+
+    Args:
+        build: the router's class, its ``from_layer``, or :func:`make_router` of a name.
+        name: the router's name, for the message.
+        fixed: the keyword arguments the layer sets itself (sizes, ``iterations``, ``device``,
+            ``dtype``).
+        options: the user's options.
+        argument: the name the user gave ``options`` by, for the message (``"router_options"``).
+
+    Returns:
+        The router.
+
+    Raises:
+        ValueError: an option that ``fixed`` already sets (naming ``argument`` and the key), or
+            one the router does not take (its constructor's ``TypeError``).
+    """
+    clashes = sorted(set(options) & set(fixed))
+    if clashes:
+        raise ValueError(
+            f"{argument} must not set {clashes[0]!r}: the layer's own argument sets it (for "
+            f"routing={name!r})"
         )
+    try:
+        return build(**fixed, **options)
     except TypeError as error:  # an option this router does not take
         raise ValueError(f"bad option for routing={name!r}: {error}") from None

@@ -6,14 +6,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from torchvote.functional.routing import (
-    RoutingVotes,
-    _votes_shape,
-    as_routing_votes,
-    inverted_dot_product_routing,
-)
+from torchvote.functional.routing import RoutingVotes, inverted_dot_product_routing
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import autocast_enabled, check_flag, check_float_dtype, check_positive_int
+from torchvote.validation import check_flag, check_float_dtype, check_positive_int
 
 __all__ = ["InvertedDotProductRouter"]
 
@@ -58,16 +53,7 @@ class InvertedDotProductRouter(Router):
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
-        votes = as_routing_votes(votes)
-        shape, size = _votes_shape(votes), self.norm.normalized_shape[0]
-        if shape is not None and shape[-1] != size:  # the layer norm's own error names no argument
-            raise ValueError(f"votes must have out_dim={size} features (the layer norm's), got shape {shape}")
-        weight = self.norm.weight
-        if weight is not None and votes.dtype != weight.dtype and not autocast_enabled(weight.device.type):
-            raise TypeError(  # votes may be a Votes object: its dtype, not check_input_dtype's tensor
-                f"votes have dtype {votes.dtype} but the router's parameters are {weight.dtype}: "
-                f"convert the votes or the router, or run under torch.autocast"
-            )
+        votes = self.check_votes_for_norm(votes, self.norm)
         outputs, couplings = inverted_dot_product_routing(
             votes, iterations=self.iterations, normalization=self.norm
         )

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from torchvote.functional.nonlinearities import squash
-from torchvote.functional.routing import RoutingVotes, as_routing_votes, slot_routing
+from torchvote.functional.routing import RoutingVotes, slot_routing
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import check_flag, check_float_dtype, check_positive_int
@@ -108,8 +108,9 @@ class SlotRouter(Router):
 
     Raises:
         ValueError: ``iterations`` < 1 or non-positive sizes; (in ``forward``) ``activations``,
-            which slot routing does not use.
-        TypeError: ``normalize_votes`` or ``squash_outputs`` not a bool.
+            which slot routing does not use, or votes of another ``out_dim``.
+        TypeError: ``normalize_votes`` or ``squash_outputs`` not a bool; (in ``forward``) votes
+            not of the parameters' dtype (outside ``torch.autocast``).
     """
 
     name = "slot"
@@ -144,7 +145,8 @@ class SlotRouter(Router):
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         if self.norm_votes is not None:
-            votes = self.norm_votes(as_routing_votes(votes).materialize())  # (..., i, j, d)
+            votes = self.check_votes_for_norm(votes, self.norm_votes)
+            votes = self.norm_votes(votes.materialize())  # (..., i, j, d)
         outputs, couplings = slot_routing(
             votes,
             self.initial_slots,
