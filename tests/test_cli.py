@@ -69,18 +69,21 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     assert first.split()[0::2] == ["multimnist/test", "-"] and second.startswith("small-digits/test")
 
     # the evaluate command training prints reads the data as the run read it (data.root and
-    # data.options: it named the sets only, and found no IDX files)
+    # data.options: it named the sets only, and found no IDX files; data.eval_limit and
+    # data.eval_split: it evaluated all of the test split) and prints the run's own rows
     idx_dir = tmp_path / "idx"
     code, trained, err = run(capsys, "train", "smoke", "max_steps=2", "data.name=mnist", "data.limit=100",
-                             "data.eval_limit=50", f"data.root={tiny_mnist_root}", "data.options.source=idx",
-                             f"run_dir={idx_dir}", *FAST)
+                             "data.eval_limit=50", "data.eval_split=train", f"data.root={tiny_mnist_root}",
+                             "data.options.source=idx", f"run_dir={idx_dir}", *FAST)
     assert code == 0, err
     hint = shlex.split(next(line for line in trained.splitlines() if line.startswith("evaluate:"))[9:])
     assert hint[hint.index("--root") + 1] == str(tiny_mnist_root)
     assert hint[hint.index("--data-option") + 1] == "source=idx"
-    code, out, err = run(capsys, *hint[1:], "--limit", "50")
+    assert hint[hint.index("--on") + 1] == "mnist:split=train" and hint[hint.index("--limit") + 1] == "50"
+    code, out, err = run(capsys, *hint[1:])
     assert code == 0, err
-    assert "mnist/test" in out
+    row = next(line for line in trained.splitlines() if line.startswith("mnist/train"))
+    assert row.split()[-1] == "50" and out.splitlines()[-1] == row  # the same numbers
 
     # a weights file copied on its own: the same row, loss included (the weights record the
     # run's loss settings and length; the training state used to be the only record of them)
@@ -160,6 +163,10 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         (["train", "smoke", "model.dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
         (["train", "capsnet-mnist", "model.router_options={iterations:2}"], "must not set ['iterations']"),
         (["train", "smoke", "eval_on=affnist:canvas"], "eval_on entry 'affnist:canvas': options must be"),
+        # options that were silently ignored
+        (["train", "seq2seq-reverse", "data.canvas=40"], "data.canvas: only image models take it"),
+        (["data", "shakespeare", "--pip"], "--pip changes how --download downloads; give --download too"),
+        (["data", "affnist", "--force"], "--force changes how --download downloads; give --download too"),
         # values that trained on silently or failed deep inside
         (["train", "smoke", "optim.lr=inf"], "optim.lr must be a finite number in (0.0, inf), got inf"),
         (["train", "smoke", "optim.grad_clip=-1"], "optim.grad_clip must be a finite number in (0.0, inf)"),

@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="DATASET",
         help="data set to evaluate on (repeat or comma-separate; torchvote list datasets), with "
-        "options of its own as in eval_on: affnist-style:canvas=28",
+        "options of its own as in eval_on (affnist-style:canvas=28) and its split (default test: "
+        "mnist:split=train)",
     )
     evaluate.add_argument(
         "--limit",
@@ -398,11 +399,17 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
 
 def _evaluate_command(config, run_dir: str | os.PathLike[str]) -> str:
     """The ``torchvote evaluate`` command that tests a run on its own data sets, read as the run
-    read them: its test set and every ``eval_on`` entry, with ``data.root`` and ``data.options``."""
+    read them: its evaluated split (``data.eval_split``) and every ``eval_on`` entry, with
+    ``data.root``, ``data.options`` and ``data.eval_limit``."""
     data = config.data
     words = ["torchvote", "evaluate", str(run_dir)]
-    for entry in (data.eval_name or data.name, *config.eval_on):
+    evaluated = data.eval_name or data.name
+    if data.eval_split is not None:
+        evaluated += f":split={data.eval_split}"
+    for entry in (evaluated, *config.eval_on):
         words += ["--on", entry]
+    if data.eval_limit is not None:
+        words += ["--limit", str(data.eval_limit)]
     if data.root is not None:
         words += ["--root", str(data.root)]
     for key, value in data.options.items():
@@ -636,6 +643,9 @@ def _data(args: argparse.Namespace) -> int:
     for option, datasets in applies.items():
         if getattr(args, option) and args.dataset not in datasets:
             raise ValueError(f"--{option} applies to {' and '.join(datasets)}, not to {args.dataset!r}")
+    for option in ("force", "pip"):  # each changes how --download downloads: alone, it was ignored
+        if getattr(args, option) and not args.download:
+            raise ValueError(f"--{option} changes how --download downloads; give --download too")
     argv = [args.dataset]
     if args.dataset in ("mnist", "affnist"):
         argv += ["--download"] if args.download else []

@@ -485,3 +485,13 @@ def test_a_preset_file_without_the_suffix_is_named_by_its_stem(tmp_path):
 def test_a_config_built_in_python_refuses_a_seed_torch_cannot_take_and_an_empty_out_dir(change, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         dataclasses.replace(TrainConfig(), **change)
+
+
+@pytest.mark.parametrize("preset", ["seq2seq-reverse", "lm-shakespeare"])
+@pytest.mark.parametrize("override", ["data.shift=2", "data.canvas=40"])
+def test_image_placement_is_refused_for_models_of_other_tasks(preset, override):
+    """A misplaced image override on a sequence task trained as if it were not set."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key}: only image models take it"):
+        load_config(preset, [override])
+    load_config("smoke", [override])  # an image model takes both

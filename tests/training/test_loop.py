@@ -210,6 +210,15 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over(tiny_config):
     (Path(other.run_dir) / "thesis.tex").write_text("mine")
     with pytest.raises(ConfigError, match="is not empty"):
         train(other, verbose=False)
+    # a user's own config.yaml and notes, under a run's file names: not a stopped run
+    users = tiny_config("users", "max_steps=1", "eval_every=0")
+    Path(users.run_dir).mkdir()
+    for name, text in (("config.yaml", "mycfg: 1\n"), ("metrics.jsonl", "my notes\n")):
+        (Path(users.run_dir) / name).write_text(text)
+    with pytest.raises(ConfigError, match="is not empty"):
+        train(users, verbose=False)
+    assert (Path(users.run_dir) / "config.yaml").read_text() == "mycfg: 1\n"
+    assert (Path(users.run_dir) / "metrics.jsonl").read_text() == "my notes\n"
 
 
 def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(

@@ -114,7 +114,27 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
     config.model.overrides = _typed_model_overrides(config.model)
     build_model_config(config.model)  # the model config's own checks, once, at load time
     _check_data_names(config)
+    _check_image_options(config)
     return config
+
+
+def _check_image_options(config: TrainConfig) -> None:
+    """``data.shift`` and ``data.canvas`` move training images: refused for a model of another
+    task, which would train as if they were not set (a misplaced override, silently dropped).
+
+    Raises:
+        ConfigError: naming the key, the model and its task.
+    """
+    task = _model_spec(config.model.name).task
+    if task == "image-classification":
+        return
+    data = config.data
+    for key, value, unset in (("data.shift", data.shift, 0), ("data.canvas", data.canvas, None)):
+        if value != unset:
+            raise ConfigError(
+                f"{key}: only image models take it (it moves the training images); model "
+                f"{config.model.name!r} has task {task!r}"
+            )
 
 
 def _check_data_names(config: TrainConfig) -> None:

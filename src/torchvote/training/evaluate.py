@@ -232,12 +232,14 @@ def load_eval_entry(
     limit: int | None = None,
     options: dict[str, Any] | None = None,
 ) -> TaskData:
-    """The test split an ``eval_on``-style entry names (``"mnist"``,
-    ``"affnist-style:canvas=28"``), finalised for a model of ``model_config``.
+    """The split an ``eval_on``-style entry names (``"mnist"``, ``"affnist-style:canvas=28"``,
+    ``"mnist:split=train"``), finalised for a model of ``model_config``.
 
     Args:
         handler: the model's task handler.
-        entry: ``"name"`` or ``"name:key=value,..."``; the entry's options win over ``options``.
+        entry: ``"name"`` or ``"name:key=value,..."``; the entry's options win over ``options``;
+            ``split=`` chooses the split (default: ``test``, or ``val`` for a data set without
+            one), as ``data.eval_split`` does for a run's own data set.
         model_config: the config of the model that will see the data (its image size is checked).
         root: the folder to read files from unless the entry names its own ``root=``; data sets
             generated rather than read (the sequence tasks) ignore it.
@@ -256,8 +258,11 @@ def load_eval_entry(
     own = {**(options or {}), **own}
     shared_root = root if dataset_reads_files(name) else None
     entry_root = own.pop("root", shared_root)  # an entry's own root wins
+    split = own.pop("split", None)
+    if split is not None and not isinstance(split, str):
+        raise ValueError(f"eval_on entry {entry!r}: split must be a split's name, got {split!r}")
     data = load_data(
-        handler, name, None, options=own, root=None if entry_root is None else str(entry_root), limit=limit
+        handler, name, split, options=own, root=None if entry_root is None else str(entry_root), limit=limit
     )
     return handler.finalize(data, model_config)
 
@@ -361,11 +366,13 @@ def evaluate_checkpoint(
     options: dict[str, Any] | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate a checkpoint on the test split of each data set; one result row per data set.
+    """Evaluate a checkpoint on the test split of each data set (or the split an entry names with
+    ``split=``); one result row per data set.
 
     ``datasets`` are names or ``eval_on``-style entries ``"name:key=value,..."`` whose options
-    apply to that data set alone (``"affnist-style:canvas=28"``); ``options`` are keyword
-    arguments of every data set (``max_len=``, ``num_pairs=`` ...), an entry's own ones win.
+    apply to that data set alone (``"affnist-style:canvas=28"``, ``"mnist:split=train"``);
+    ``options`` are keyword arguments of every data set (``max_len=``, ``num_pairs=`` ...), an
+    entry's own ones win.
 
     The ``loss`` is the run's own objective (its ``loss`` config, built by
     :func:`~torchvote.training.objectives.make_objective` as the trainer builds it) at the

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 from torch import nn
 
 from torchvote.training.checkpoint import (
@@ -54,7 +55,9 @@ def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
         ConfigError: ``run_dir`` is empty text, already holds a run (its ``latest`` pointer, or
             an intact checkpoint without it: it is resumed, never overwritten), or is a file or a
             folder with other files in it (a run writes ``config.yaml``, ``metrics.jsonl``,
-            ``checkpoints/`` and plots there, and would replace the user's files of those names).
+            ``checkpoints/`` and plots there, and would replace the user's files of those names;
+            a folder of those names only is a stopped run, started over, if its ``config.yaml``
+            reads as a run's).
     """
     if config.run_dir is not None:
         path = _check_new_run_dir(config.run_dir)
@@ -90,7 +93,7 @@ def _check_new_run_dir(run_dir: str) -> Path:
         raise ConfigError(f"run_dir {path} is a file; a run needs a folder (new or empty)")
     if path.is_dir():
         present = sorted(entry.name for entry in path.iterdir())
-        if "config.yaml" in present and set(present) <= _RUN_FILES:
+        if "config.yaml" in present and set(present) <= _RUN_FILES and _is_run_config(path / "config.yaml"):
             return path  # a run stopped before its first checkpoint: it starts over (reproduce reruns it)
         if present:
             shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
@@ -100,6 +103,17 @@ def _check_new_run_dir(run_dir: str) -> Path:
                 f"new or empty folder"
             )
     return path
+
+
+def _is_run_config(path: Path) -> bool:
+    """Whether ``path`` reads as a run's ``config.yaml``: a YAML mapping of training-config keys
+    (a user's own ``config.yaml`` is not a stopped run to start over on)."""
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    keys = {field.name for field in dataclasses.fields(TrainConfig)}
+    return isinstance(values, dict) and set(values) <= keys
 
 
 def _holds_an_intact_checkpoint(run_dir: Path) -> bool:
