@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
 import torch
 
+import torchvote.explain.sentences as sentences
+from torchvote.explain.command import add_explain_arguments, run_explain
 from torchvote.explain.from_run import record_from_run
 from torchvote.explain.record import load_record
 from torchvote.functional.routing import dynamic_routing
 from torchvote.training import train
+from torchvote.training.checkpoint import CHECKPOINT_FORMAT, find_checkpoint
 from torchvote.training.config import config_from_dict
 from torchvote.training.evaluate import load_data, load_model_from_checkpoint
 from torchvote.training.tasks import get_task_handler
@@ -47,3 +53,64 @@ def test_record_from_a_capsnet_run(tiny_values, tiny_mnist_root, tmp_path):
     for k in range(dims):
         torch.testing.assert_close(record["perturbations"][k, steps // 2], record["reconstructions"][0],
                                    rtol=1e-5, atol=1e-6)
+
+
+def _explain(capsys, checkpoint, out):
+    """``torchvote explain --checkpoint CHECKPOINT --out OUT`` -> (exit code, stderr)."""
+    parser = add_explain_arguments(argparse.ArgumentParser())
+    code = run_explain(parser.parse_args(["x", "--out", str(out), "--checkpoint", str(checkpoint)]))
+    return code, capsys.readouterr().err
+
+
+def test_a_checkpoint_file_is_read_as_that_checkpoint_of_its_run(tiny_values, tmp_path, capsys, monkeypatch):
+    # A checkpoint's weights file was read as a record of no known key: exit 0, and not one of
+    # the model's pictures on the page; its state file was "a dict of tensors, got dict".
+    pytest.importorskip("matplotlib", reason='the report needs matplotlib: pip install "torchvote[plots]"')
+    values = tiny_values(tmp_path / "caps", max_steps=2, epochs=1)
+    values["model"] = {"name": "capsnet", "preset": "tiny"}
+    run = train(config_from_dict(values)).run_dir
+    record = load_record(run)
+    paths = find_checkpoint(run)
+    for location in (paths.weights, paths.state, run / "checkpoints"):
+        from_location = load_record(location)
+        assert from_location.keys() == record.keys(), location
+        for key, tensor in record.items():
+            torch.testing.assert_close(from_location[key], tensor, msg=f"{location}: {key}")
+
+    monkeypatch.setattr(sentences, "explain_sentences", lambda *args, **kwargs: None)  # the model's part only
+    drawn = {}
+    for location in (run, paths.weights):
+        out = tmp_path / f"out-{location.name}"
+        code, err = _explain(capsys, location, out)
+        assert code == 0 and "Picture skipped" not in err, err
+        drawn[location] = sorted(path.name for path in out.iterdir())
+    assert drawn[paths.weights] == drawn[run]
+    assert {"couplings.png", "votes-2d.png", "reconstructions.png", "perturbations.png"} <= set(drawn[run])
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ([1, 2], "it holds a list"),
+        ({"step": 3, "weight": torch.ones(2)}, "it holds a dict whose 'step' is int, not a tensor"),
+        ({"conv.weight": torch.ones(2)}, "its tensors ('conv.weight') have none of a record's names"),
+        ({"format": CHECKPOINT_FORMAT, "step": 3}, "no checkpoint at"),  # a state file without its weights
+    ],
+    ids=["list", "dict-of-int", "state-dict", "lone-state"],
+)
+def test_a_file_that_is_no_record_nor_checkpoint_is_refused(tmp_path, capsys, content, says):
+    # "must hold a dict of tensors, got dict" for a checkpoint's state; a model's state dict was
+    # taken for a record and drew nothing.
+    path = tmp_path / "step-00000003.state.pt"
+    torch.save(content, path)
+    code, err = _explain(capsys, path, tmp_path / "out")
+    assert code == 2 and err.startswith("torchvote explain: error: --checkpoint: ") and says in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    if "no checkpoint" not in says:
+        assert "neither a record" in err and "nor a training checkpoint's file" in err
+
+
+def test_a_checkpoint_of_a_model_without_capsules_is_refused(tiny_values, tmp_path, capsys):
+    run = train(config_from_dict(tiny_values(tmp_path / "cnn", max_steps=1, epochs=1))).run_dir
+    code, err = _explain(capsys, find_checkpoint(run).weights, tmp_path / "out")
+    assert code == 2 and "--checkpoint: " in err and "has no vector capsule layer to draw" in err, err

@@ -1,7 +1,9 @@
 """``torchvote explain [SENTENCE ...] [--out DIR] [--checkpoint RUN]``: the report from the command line.
 
-``--checkpoint`` takes a record file (``.safetensors`` / ``.pt`` of named tensors) or a training
-run's folder, from which :func:`torchvote.explain.from_run.record_from_run` makes the record.
+``--checkpoint`` takes a record file (``.safetensors`` / ``.pt`` of named tensors), or a training
+run's folder, its ``checkpoints/`` folder or one checkpoint's file (``step-N.safetensors`` /
+``step-N.state.pt``), from which :func:`torchvote.explain.from_run.record_from_run` makes the
+record.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["add_explain_arguments", "run_explain"]
 
@@ -42,7 +48,8 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         type=Path,
         default=None,
         metavar="RUN",
-        help="a training run's folder (e.g. runs/main-...) of a capsule model, or a record of its "
+        help="a training run's folder (e.g. runs/main-...) of a capsule model, its checkpoints/ "
+        "folder or one checkpoint's file (step-N.safetensors or step-N.state.pt), or a record of its "
         "tensors (.safetensors/.pt): adds routing, reconstruction and perturbation pictures",
     )
     parser.add_argument("--layer", type=int, default=2, help="layer shown in the heatmaps and made to route")
@@ -80,6 +87,22 @@ def _check_out_dir(out_dir: Path) -> None:
             )
 
 
+def _load_checkpoint(path: Path) -> dict[str, Tensor]:
+    """The record ``--checkpoint`` names (:func:`torchvote.explain.record.load_record`).
+
+    Raises:
+        ValueError: anything ``load_record`` refuses (a file that is neither a record nor a
+            training checkpoint's, a folder that is no run's, nothing there ...), its message led
+            by ``--checkpoint``.
+    """
+    from torchvote.explain.record import load_record
+
+    try:
+        return load_record(path)
+    except (ValueError, TypeError, OSError) as error:
+        raise ValueError(f"--checkpoint: {error}") from error
+
+
 def run_explain(args: argparse.Namespace) -> int:
     """Write the report; print its path. Returns 0, or 2 on bad input or a missing dependency.
 
@@ -96,9 +119,7 @@ def run_explain(args: argparse.Namespace) -> int:
         report = HtmlReport(_TITLE, Path(args.out))
         record = None
         if args.checkpoint is not None:
-            from torchvote.explain.record import load_record
-
-            record = load_record(args.checkpoint)  # fail before the slow part
+            record = _load_checkpoint(Path(args.checkpoint))  # fail before the slow part
         from torchvote.explain.sentences import explain_sentences
 
         with warnings.catch_warnings(record=True) as caught:

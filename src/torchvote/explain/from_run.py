@@ -37,8 +37,10 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
     """The tensors the capsule pictures read, from a capsule classifier's training run.
 
     Args:
-        run: the run folder (``runs/NAME``): its newest intact checkpoint and the data it was
-            evaluated on (``data.eval_name`` or ``data.name``, same root and options).
+        run: the run folder (``runs/NAME``), its ``checkpoints/`` folder (for either, the
+            ``latest`` checkpoint), or either file of one checkpoint (``step-N.safetensors``,
+            ``step-N.state.pt``: that checkpoint); the model is that checkpoint's, the data the
+            run was evaluated on (``data.eval_name`` or ``data.name``, same root and options).
         examples: how many test images to record (the first of the evaluation split).
         device: where to run the model.
 
@@ -48,7 +50,8 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
     Raises:
         ValueError: the run's model is not a capsule classifier with a vector class layer (say
             which models are), or ``examples`` < 1.
-        torchvote.training.CheckpointError: nothing loadable at ``run``.
+        torchvote.training.CheckpointError: nothing loadable at ``run`` (a checkpoint without
+            its ``.state.pt``, which holds the run's config, too).
     """
     from torchvote.models.capsule_head import CapsuleClassifier
     from torchvote.nn.capsules import CapsuleLinear

@@ -2,11 +2,13 @@
 
 ``torchvote explain --checkpoint RUN`` reads ``RUN`` as a record file (``.safetensors`` or a
 ``torch.save`` dict of tensors), or a run folder holding ``explain_record.safetensors``. A
-training run's folder (one with ``checkpoints/``) holds weights, not intermediates: for it
-:func:`torchvote.explain.from_run.record_from_run` loads the run's model, runs it on the first
-test images and returns the keys below.
+training checkpoint holds weights, not intermediates: for a training run's folder (one with
+``checkpoints/``), its ``checkpoints/`` folder, or either file of one of its checkpoints (the
+``.safetensors`` weights, whose metadata names the checkpoint format, or the ``.state.pt``
+training state), :func:`torchvote.explain.from_run.record_from_run` loads that checkpoint's
+model, runs it on the first test images and returns the keys below.
 
-Record keys (any subset; each picture names what it lacks):
+Record keys (any subset but none; each picture names what it lacks):
 
 ==========================  =======================  ===========================================
 key                         shape                    picture
@@ -42,6 +44,10 @@ from torchvote.explain.statistics import coupling_entropy, routing_agreement
 __all__ = ["RECORD_FILE", "explain_record", "load_record"]
 
 RECORD_FILE = "explain_record.safetensors"
+_KEYS = (  # every key of the table above: a file with none of them is no record
+    "couplings", "votes", "outputs", "inputs", "reconstructions", "perturbations", "multimnist_inputs",
+    "multimnist_first", "multimnist_second", "patch_image", "patch_attention", "patch_grid",
+)
 
 _HOW = (
     "save it from your model's forward with record=True (e.g. torchvote.functional.vote(..., record=True) "
@@ -50,28 +56,34 @@ _HOW = (
 
 
 def load_record(path: str | Path) -> dict[str, Tensor]:
-    """Read a record file or a run folder's record.
+    """Read a record file or a run folder's record, or make one from a training checkpoint.
 
     Args:
         path: a ``.safetensors`` file, a ``.pt``/``.pth`` file of a dict of tensors, or a folder
-            with :data:`RECORD_FILE`.
+            with :data:`RECORD_FILE`; or a training run's folder, its ``checkpoints/`` folder, or
+            either file of one of its checkpoints (``step-N.safetensors``, ``step-N.state.pt``),
+            from which :func:`~torchvote.explain.from_run.record_from_run` makes the record.
 
     Returns:
         name -> tensor.
 
     Raises:
-        FileNotFoundError: nothing at ``path``, or a run folder without a record (the message says
-            how to make one).
-        ValueError: a file that is not a dict of tensors, or not readable as its suffix says.
+        FileNotFoundError: nothing at ``path``, or a folder that is neither a run's nor holds a
+            record (the message says how to make one).
+        ValueError: a file that is neither a record (a dict of tensors, at least one named as
+            in the table above) nor a training checkpoint's (the message says what it holds), or
+            not readable as its suffix says; the errors of
+            :func:`~torchvote.explain.from_run.record_from_run` for a checkpoint (a
+            :class:`~torchvote.training.CheckpointError` is one).
         ModuleNotFoundError: reading ``.safetensors`` without ``safetensors`` (names the extra).
     """
+    from torchvote.explain.from_run import record_from_run
+
     path = Path(path)
     if path.is_dir():
         if (path / RECORD_FILE).is_file():
             path = path / RECORD_FILE
-        elif (path / "checkpoints").is_dir():
-            from torchvote.explain.from_run import record_from_run
-
+        elif _is_checkpoint_folder(path):
             return record_from_run(path)
         else:
             raise FileNotFoundError(
@@ -88,10 +100,13 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
                 'reading a .safetensors record needs safetensors: pip install "torchvote[pretrained]"',
                 name="safetensors",
             ) from error
+        if _is_checkpoint_weights(path):
+            return record_from_run(path)
         try:
-            return load_file(str(path))
+            tensors = load_file(str(path))
         except Exception as err:  # safetensors raises its own error types for corrupt headers
             raise ValueError(f"checkpoint {str(path)!r} is not a readable safetensors file: {err}") from None
+        return _check_keys(tensors, path)
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle's and zipfile's errors for a file that is not a torch.save
@@ -100,9 +115,68 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
             f"checkpoint {str(path)!r} is not a record torch.load can read safely (a dict of tensors "
             f"saved by torch.save): {first_line}"
         ) from None
+    if _is_training_state(record):
+        return record_from_run(path)  # its checkpoint: the weights file beside it
     if not isinstance(record, Mapping) or not all(isinstance(v, Tensor) for v in record.values()):
-        raise ValueError(f"checkpoint {str(path)!r} must hold a dict of tensors, got {type(record).__name__}")
-    return dict(record)
+        raise ValueError(
+            f"checkpoint {str(path)!r} is neither a record (a dict of tensors) nor a training "
+            f"checkpoint's file: it holds {_what_it_holds(record)}"
+        )
+    return _check_keys(dict(record), path)
+
+
+def _check_keys(record: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
+    """``record``, if it has a key of the table above.
+
+    Raises:
+        ValueError: it has none (another model's weights, say), naming a few of its keys.
+    """
+    if not any(key in record for key in _KEYS):
+        found = ", ".join(repr(key) for key in list(record)[:3]) + (", ..." if len(record) > 3 else "")
+        raise ValueError(
+            f"checkpoint {str(path)!r} is neither a record nor a training checkpoint's file: its tensors "
+            f"({found or 'none'}) have none of a record's names ({', '.join(_KEYS)})"
+        )
+    return record
+
+
+def _is_checkpoint_folder(path: Path) -> bool:
+    """Whether the folder ``path`` is a training run's (it has ``checkpoints/``) or its
+    checkpoints folder (it has the ``latest`` pointer): the folders
+    :func:`~torchvote.training.checkpoint.find_checkpoint` resolves. A broken one is still one:
+    :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it."""
+    from torchvote.training.checkpoint import LATEST
+
+    return (path / "checkpoints").is_dir() or (path / LATEST).is_file()
+
+
+def _is_checkpoint_weights(path: Path) -> bool:
+    """Whether the ``.safetensors`` file ``path`` is a training checkpoint's weights: its
+    metadata names :data:`~torchvote.training.checkpoint.CHECKPOINT_FORMAT` (a record's does
+    not). An unreadable header is no checkpoint's; reading it as a record then says why."""
+    from torchvote.training.checkpoint import CHECKPOINT_FORMAT, CheckpointError, read_model_metadata
+
+    try:
+        return read_model_metadata(path).get("format") == CHECKPOINT_FORMAT
+    except CheckpointError:
+        return False
+
+
+def _is_training_state(loaded: object) -> bool:
+    """Whether what ``torch.load`` read is a training checkpoint's ``.state.pt`` (its ``format``
+    is :data:`~torchvote.training.checkpoint.CHECKPOINT_FORMAT`)."""
+    from torchvote.training.checkpoint import CHECKPOINT_FORMAT
+
+    return isinstance(loaded, Mapping) and loaded.get("format") == CHECKPOINT_FORMAT
+
+
+def _what_it_holds(loaded: object) -> str:
+    """A few words on what a file that is no record holds: its type, or a dict's first value that
+    is not a tensor."""
+    if not isinstance(loaded, Mapping):
+        return f"a {type(loaded).__name__}"
+    key, value = next((k, v) for k, v in loaded.items() if not isinstance(v, Tensor))
+    return f"a dict whose {key!r} is {type(value).__name__}, not a tensor"
 
 
 def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str]:
