@@ -328,3 +328,25 @@ def test_target_values_are_checked_without_a_read_off_the_cpu():
     pairs = torch.zeros(3, 10, device="meta")
     assert loss.shape == () and margin_loss(scores, pairs).shape == ()
     assert spread_loss(scores, torch.tensor([1, 2, 3], device="meta"), margin=0.2).shape == ()
+
+
+def test_the_spread_margin_reaches_its_end_exactly():
+    schedule = SpreadMarginSchedule(steps=10)
+    assert schedule(0) == schedule.start and schedule(10) == schedule(20) == schedule.end == 0.9
+
+
+def test_cross_entropy_checks_label_smoothing_and_keeps_float64():
+    logits, targets = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 2, 1, 1])
+    with pytest.raises(ValueError, match="label_smoothing"):
+        cross_entropy(logits, targets, label_smoothing=1.5)
+    loss = cross_entropy(logits, targets, label_smoothing=0.1)
+    assert loss.dtype == torch.float64
+    torch.testing.assert_close(loss, F.cross_entropy(logits, targets, label_smoothing=0.1))
+    with pytest.raises(TypeError, match="logits must be floating point"):
+        cross_entropy(torch.ones(4, 3, dtype=torch.int64), targets)
+
+
+def test_reconstruction_loss_refuses_integer_pixels():
+    """uint8 pixels of 0-255 against reconstructions in [0, 1] gave a loss 255^2 too large."""
+    with pytest.raises(TypeError, match="images must be floating point, got dtype torch.uint8"):
+        reconstruction_loss(torch.rand(2, 16), torch.randint(0, 256, (2, 1, 4, 4), dtype=torch.uint8))

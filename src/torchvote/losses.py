@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchvote.validation import (
+    check_float_tensor,
     check_in_range,
     check_index_range,
     check_positive_int,
@@ -163,9 +164,12 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
             badly, or poison the loss).
         ValueError: either without a batch axis (a single image needs one: ``image[None]``), an
             empty batch, or the two do not have the same number of values per image.
+        TypeError: either not floating point (``uint8`` pixels of 0-255 against reconstructions
+            in [0, 1] gave a loss 255^2 too large: divide them by 255).
     """
     check_in_range(weight, "weight", 0.0)
     for name, tensor in (("reconstructions", reconstructions), ("images", images)):
+        check_float_tensor(tensor, name)
         if tensor.dim() < 2:
             raise ValueError(
                 f"{name} must be batched, (b, c*h*w) or (b, c, h, w), got shape {tuple(tensor.shape)}; "
@@ -262,7 +266,7 @@ class SpreadMarginSchedule:
 
     def __call__(self, step: int) -> float:
         fraction = min(max(step, 0), self.steps) / self.steps
-        return self.start + (self.end - self.start) * fraction
+        return self.start * (1.0 - fraction) + self.end * fraction  # exactly end from `steps` on
 
 
 def cross_entropy(
@@ -288,10 +292,12 @@ def cross_entropy(
         the loss is 0, still a function of ``logits``: ``backward`` works and gives zero gradients.
 
     Raises:
-        ValueError: ``logits`` without a batch and a class axis, an empty batch, or ``targets``
-            whose shape is not ``logits.shape[:-1]``.
-        TypeError: ``targets`` that are not integer class indices.
+        ValueError: ``logits`` without a batch and a class axis, an empty batch, ``targets``
+            whose shape is not ``logits.shape[:-1]``, or a ``label_smoothing`` outside [0, 1].
+        TypeError: ``logits`` not floating point, ``targets`` that are not integer class indices.
     """
+    check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
+    check_float_tensor(logits, "logits")
     if logits.dim() < 2:
         raise ValueError(f"logits must be (b, k) or (b, t, k), got shape {tuple(logits.shape)}")
     if logits.shape[0] == 0:
@@ -307,7 +313,8 @@ def cross_entropy(
             f"without the class axis, {tuple(logits.shape[:-1])}; the classes are the last axis of "
             "logits, (b, t, k) not (b, k, t)"
         )
-    logits = logits.flatten(0, -2).float()  # (b*t, k)
+    logits = logits.flatten(0, -2)  # (b*t, k), in at least float32
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     targets = targets.flatten().long()  # (b*t,)
     total = F.cross_entropy(
         logits, targets, label_smoothing=label_smoothing, ignore_index=ignore_index, reduction="sum"

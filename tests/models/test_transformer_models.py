@@ -361,6 +361,8 @@ def test_bad_inputs_name_the_argument():
     memory, source_mask = seq2seq.encode(_sources())
     with pytest.raises(ValueError, match="source_mask must be encode"):
         seq2seq.decode(_targets(), memory, source_mask[:, :3])
+    with pytest.raises(ValueError, match=r"source_mask must be encode.*got torch.float32 \("):
+        seq2seq.decode(_targets(), memory, source_mask.float())  # the shape fits: the dtype is named
     with pytest.raises(ValueError, match="memory and target_input must have the same batch size"):
         seq2seq.decode(_targets()[:1], memory, source_mask)
     with pytest.raises(TypeError, match="cache must be a TransformerCache"):

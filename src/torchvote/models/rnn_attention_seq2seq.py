@@ -76,7 +76,9 @@ class RNNAttentionSeq2SeqConfig:
     Args:
         src_vocab_size: source token ids (filled from the data set when training).
         tgt_vocab_size: target token ids (filled from the data set when training).
-        max_len: longest source or target sequence (``generate``'s default length).
+        max_len: the longest target ``generate`` writes (its default length); the GRUs take
+            sequences of any length, so the forward pass does not limit them (the Transformer's,
+            whose positions are learned up to ``max_len``, does).
         pad_id: the padding id of both sequences.
         bos_id: the id that starts every target (the decoder's first input in ``generate``).
         eos_id: the id that ends every target (``generate`` stops after it).

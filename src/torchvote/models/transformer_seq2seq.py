@@ -300,10 +300,10 @@ class TransformerSeq2Seq(nn.Module):
             or tuple(source_mask.shape) != tuple(memory.shape[:2])
         ):
             mask = source_mask
-            shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+            got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
             raise ValueError(
                 f"source_mask must be encode()'s boolean (batch, s) = {tuple(memory.shape[:2])} mask, "
-                f"got {shape}"
+                f"got {got}"
             )
 
     def _check_target_input(self, target_input: Tensor, offset: int) -> None:
