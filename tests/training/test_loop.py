@@ -543,3 +543,19 @@ def test_a_diverged_run_stops_and_keeps_the_last_finite_checkpoint(tiny_config, 
     assert weights, "the checkpoint of step 6 is kept"
     for path in weights:
         assert all(torch.isfinite(t).all() for t in load_file(path).values()), path
+
+
+def test_a_train_record_gives_the_learning_rate_its_last_step_used(tiny_config):
+    """The record read the optimiser's lr after the scheduler had stepped: one step ahead (the
+    warm-up's first value never appeared, the last record showed the value after the last)."""
+    from torchvote.training.optim import lr_multiplier
+
+    config = tiny_config("lr", "max_steps=6", "log_every=1", "eval_every=0", "optim.schedule=cosine",
+                         "optim.warmup_steps=2", "optim.lr=0.01")
+    result = train(config, verbose=False)
+    multiplier = lr_multiplier(config.optim, result.step)
+    records = [r for r in read_metrics(result.metrics_path) if r["event"] == "train"]
+    assert [r["step"] for r in records] == list(range(1, 7))
+    for record in records:  # the record of step s holds the lr of step s - 1, counted from 0
+        assert record["lr"] == pytest.approx(config.optim.lr * multiplier(record["step"] - 1), rel=1e-3)
+    assert records[0]["lr"] == pytest.approx(0.005)  # the warm-up's first step: half the peak

@@ -200,6 +200,7 @@ class _Run:
         self.evaluations: dict[tuple[str, str, int], dict[str, float]] = {}
         self.step = self.epoch = self.position = 0
         self.in_step = False
+        self.step_lr = 0.0  # the learning rate the last optimiser step used (set by each step)
         self.evaluating = False  # inside an evaluation (what an out-of-memory error advises)
 
     # --- set-up ---------------------------------------------------------------------------------
@@ -482,6 +483,7 @@ class _Run:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self.step_lr = self.optimizer.param_groups[0]["lr"]  # this step's: the record's, not the next's
         with _scheduler_after_a_skipped_step(self.scaler.is_enabled()):
             self.scheduler.step()  # by the step count, also after a skipped update (as a resume counts)
         sums = self.handler.metric_sums(output, batch)
@@ -497,7 +499,7 @@ class _Run:
         last = self.step == self.total_steps
         if not (self.step % self.config.log_every == 0 or self._end_of_epoch or last):
             return
-        record = progress.report(self.handler, self.context, lr=self.optimizer.param_groups[0]["lr"])
+        record = progress.report(self.handler, self.context, lr=self.step_lr)
         self._check_finite(math.isfinite(record["loss"]))
         if self.writer is not None:
             self.writer.write("train", self.step, record, epoch=self.epoch)

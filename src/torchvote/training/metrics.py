@@ -19,7 +19,10 @@ class MetricsWriter:
     """Appends one JSON object per line to ``<run>/metrics.jsonl`` (and TensorBoard scalars).
 
     Each line has an ``event`` (``train``, ``eval``, ``final``), the ``step`` and ``epoch``, a wall
-    clock ``time`` and the metrics. A resumed run appends to the same file, after cutting off a
+    clock ``time`` and the metrics. ``step`` counts the optimiser steps taken; a ``train``
+    record's ``epoch`` is the epoch in progress, from 0, and its ``lr`` the learning rate its last
+    step used; an ``eval`` record's ``epoch`` is the epochs completed (the evaluation after the
+    first epoch says 1, as the printed line does). A resumed run appends to the same file, after cutting off a
     last line torn by the killed run (else the first new record would run on from it and both be
     lost). TensorBoard events go to ``<run>/tensorboard`` when ``tensorboard=True`` and the
     ``tensorboard`` package is importable.

@@ -38,8 +38,9 @@ def build_optimizer(parameters: Iterable[nn.Parameter], config: OptimConfig) -> 
 
 
 def lr_multiplier(config: OptimConfig, total_steps: int) -> Callable[[int], float]:
-    """The learning rate at a step, relative to ``config.lr`` (constant / exponential / cosine),
-    with the linear warm-up in front."""
+    """The learning rate at a step (from 0), relative to ``config.lr`` (constant / exponential /
+    cosine), with the linear warm-up in front: ``(step + 1) / warmup_steps`` for the first
+    ``warmup_steps`` steps, then the schedule counted from the warm-up's end."""
     warmup = config.warmup_steps
 
     def multiplier(step: int) -> float:

@@ -60,7 +60,7 @@ class Progress:
         Args:
             handler: the task handler (its ``summarize`` and ``unit``).
             context: the data-parallel context.
-            lr: the current learning rate, for the record.
+            lr: the learning rate of the window's last step, for the record.
 
         Returns:
             The metrics record: ``loss``, ``accuracy``, ``lr`` and ``<unit>_per_second``.

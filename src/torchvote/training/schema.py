@@ -82,14 +82,18 @@ class OptimConfig:
         weight_decay: L2 (adam, sgd) or decoupled (adamw) weight decay.
         momentum: SGD momentum.
         beta1, beta2: Adam betas.
-        schedule: ``constant``; ``exponential`` (``lr * decay_rate ** (step / decay_steps)``, the
-            CapsNet schedule); ``cosine`` (reaching ``min_lr_ratio * lr`` one step after
-            the last, as Hugging Face's cosine schedule; a resume with other ``epochs`` or
-            ``max_steps`` redraws it over the new length, and says so);
+        schedule: ``constant``; ``exponential`` (``lr * decay_rate ** (t / decay_steps)``, ``t``
+            the steps since the warm-up, the CapsNet schedule); ``cosine`` (from ``lr`` at the
+            end of the warm-up to ``min_lr_ratio * lr`` one step after the last, the curve of
+            Hugging Face's cosine schedule; a resume with other ``epochs`` or ``max_steps``
+            redraws it over the new length, and says so);
             ``onecycle`` (``torch.optim.lr_scheduler.OneCycleLR``; a resume may not change its
             length).
         decay_rate, decay_steps: of the exponential schedule.
-        warmup_steps: linear warm-up from 0 (constant, exponential, cosine).
+        warmup_steps: linear warm-up (constant, exponential, cosine): step ``k`` (from 0) of
+            the first ``warmup_steps`` takes ``lr * (k + 1) / warmup_steps``, so the first step
+            already moves (Hugging Face's warm-up starts at 0, a step that changes nothing, and
+            reaches ``lr`` one step later).
         min_lr_ratio: final learning rate of the cosine schedule, relative to ``lr``.
         grad_clip: clip the global gradient norm to this value; ``None``: no clipping.
     """
