@@ -371,3 +371,13 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_routing_statistics_label_nearly_equal_values_without_an_offset():
+    """Agreement that moves by 1e-7 around 1e-3 was labelled "1e-7+1.079e-3" above the axis."""
+    figure = capsule_plots.routing_statistics(torch.tensor([0.5, 0.4, 0.3]),
+                                              torch.tensor([1.0790e-3, 1.0791e-3, 1.0792e-3]))
+    figure.canvas.draw()
+    for ax in figure.axes:
+        assert ax.yaxis.get_offset_text().get_text() == ""
+    pyplot().close(figure)

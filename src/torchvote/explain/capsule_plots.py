@@ -217,6 +217,7 @@ def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, titl
     for ax in axes[0]:
         ax.set_xlabel("pass")
         ax.set_xticks(list(passes))
+        ax.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "1e-7+1.079e-3"
         ax.grid(alpha=0.3)
     if title:
         figure.suptitle(literal_text(title))
