@@ -84,6 +84,20 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     assert code == 0, err
     row = next(line for line in trained.splitlines() if line.startswith("mnist/train"))
     assert row.split()[-1] == "50" and out.splitlines()[-1] == row  # the same numbers
+    # data.options went to the evaluated set only, never to the eval_on entries (mnist takes no
+    # seed): beside those, they stand in the evaluated set's own entry
+    seeded = tmp_path / "seeded"
+    code, trained, err = run(capsys, "train", "smoke", "max_steps=2", "data.options.seed=1",
+                             "data.eval_limit=40", f"eval_on=[mnist:root={tiny_mnist_root},source=idx]",
+                             f"run_dir={seeded}", *FAST)
+    assert code == 0, err
+    hint = shlex.split(next(line for line in trained.splitlines() if line.startswith("evaluate:"))[9:])
+    assert hint[hint.index("--on") + 1] == "small-digits:seed=1" and "--data-option" not in hint
+    code, out, err = run(capsys, *hint[1:])
+    assert code == 0, err
+    for name in ("small-digits/test", "mnist/test"):
+        row = next(line for line in trained.splitlines() if line.startswith(name))
+        assert next(line for line in out.splitlines() if line.startswith(name)) == row
 
     # a weights file copied on its own: the same row, loss included (the weights record the
     # run's loss settings and length; the training state used to be the only record of them)

@@ -33,6 +33,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torchvote import __version__
 from torchvote.explain.command import add_explain_arguments, run_explain
@@ -400,22 +401,38 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
 def _evaluate_command(config, run_dir: str | os.PathLike[str]) -> str:
     """The ``torchvote evaluate`` command that tests a run on its own data sets, read as the run
     read them: its evaluated split (``data.eval_split``) and every ``eval_on`` entry, with
-    ``data.root``, ``data.options`` and ``data.eval_limit``."""
+    ``data.root``, ``data.eval_limit`` and ``data.options`` (which the run gave its evaluated set
+    only when that is ``data.name``, and never the ``eval_on`` entries: beside those, the options
+    go into the evaluated set's own entry where their text allows, else to every set)."""
     data = config.data
-    words = ["torchvote", "evaluate", str(run_dir)]
     evaluated = data.eval_name or data.name
-    if data.eval_split is not None:
-        evaluated += f":split={data.eval_split}"
+    options = dict(data.options) if evaluated == data.name else {}
+    own = {} if data.eval_split is None else {"split": data.eval_split}
+    if config.eval_on and all(_fits_an_entry(value) for value in options.values()):
+        own, options = {**own, **options}, {}
+    if own:
+        evaluated += ":" + ",".join(f"{key}={_option_text(value)}" for key, value in own.items())
+    words = ["torchvote", "evaluate", str(run_dir)]
     for entry in (evaluated, *config.eval_on):
         words += ["--on", entry]
     if data.eval_limit is not None:
         words += ["--limit", str(data.eval_limit)]
     if data.root is not None:
         words += ["--root", str(data.root)]
-    for key, value in data.options.items():
-        text = value if isinstance(value, str) else json.dumps(value)  # YAML reads JSON back
-        words += ["--data-option", f"{key}={text}"]
+    for key, value in options.items():
+        words += ["--data-option", f"{key}={_option_text(value)}"]
     return shlex.join(words)
+
+
+def _option_text(value: Any) -> str:
+    """A data option as ``key=value`` text gives it back (YAML reads JSON)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _fits_an_entry(value: Any) -> bool:
+    """Whether an option's text can stand in an ``eval_on``-style entry (no ``,`` or ``:``)."""
+    text = _option_text(value)
+    return "," not in text and ":" not in text
 
 
 def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
