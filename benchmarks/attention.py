@@ -32,7 +32,7 @@ the GPU (time with ``torch.cuda.synchronize``; memory = ``torch.cuda.max_memory_
 growth during one call, in this process); ``--dtype bfloat16`` casts modules and inputs.
 
 Run: ``python benchmarks/attention.py`` (full; ~20-40 min on 2 CPU cores) or ``--quick`` (tiny
-smoke run, seconds).
+smoke run without the memory column, seconds).
 """
 
 from __future__ import annotations
@@ -247,9 +247,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.device = chosen_device(parser, args.device).type
-    if args.quick:
+    if args.quick:  # seconds: no memory column, whose spawned processes took over a minute
         args.batches, args.lengths, args.repeats = [1], [128], 3
         args.embed_dim, args.num_heads = 64, 4
+        args.no_memory = True
     if args.embed_dim % args.num_heads:
         parser.error(f"--embed-dim {args.embed_dim} must be divisible by --num-heads {args.num_heads}")
     if args.device == "cpu" and not args.no_memory and not can_reset_peak_rss():

@@ -481,8 +481,10 @@ def main(argv: list[str] | None = None) -> int:
                     speed = medians["baseline"] / medians[impl]
                     ratio = peaks[impl] / peaks["baseline"] if peaks["baseline"] > 0 else float("nan")
                     summary[(case, batch, mode, impl)] = (speed, ratio, medians[impl], peaks[impl])
+                    memory = "-" if math.isnan(peaks[impl]) else f"{peaks[impl]:.0f} MiB"  # not measured
+                    relative = "-" if math.isnan(ratio) else f"{ratio:.2f}"
                     print(f"| {case} | {batch} | {mode} | {impl} | {medians[impl] * 1e3:.1f} ms | "
-                          f"{speed:.1f}x | {peaks[impl]:.0f} MiB | {ratio:.2f} |", flush=True)
+                          f"{speed:.1f}x | {memory} | {relative} |", flush=True)
     print()
     for note in notes:
         print("note:", note)

@@ -559,7 +559,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         "out_dir": args.out,
         "variants": args.variant or (),
     }
-    if args.dry_run:  # checks what a real run checks, then says what it would run
+    if args.dry_run:  # checks what a real run checks (not whether --device exists here: the lines may be
+        # for another machine), then says what it would run
         seeds, variants = check_request(row, **request)
         if row.measure is not None:
             print(f"{row.name} trains nothing: it measures ({row.title}), in this process")

@@ -309,3 +309,21 @@ def test_each_run_is_announced_with_the_command_the_dry_run_prints(capsys, tmp_p
     assert main(argv) == 130
     announced = capsys.readouterr().out.strip().splitlines()
     assert len(announced) == 1 and announced[0].endswith(f": {dry_run}")
+
+
+def test_the_summary_names_the_seed_of_the_commands_it_shows(tmp_path):
+    """It said "seed 0" over the command of seed 5 when --seeds 5 6 ran."""
+    row = Row("tiny", "z", "a tiny row", (Variant("plain", "unused.yaml", ()),), (Metric("error (%)"),),
+              {"cpu": (), "paper": ()})
+    cell = {"n": 2, "mean": 1.0, "std": 0.5, "min": 0.5, "max": 1.5}
+    variant = {"label": "plain", "paper": None, "seeds": [5, 6], "metrics": {"error (%)": cell},
+               "wall_s": cell, "commands": ["torchvote train x seed=5", "torchvote train x seed=6"],
+               "devices": ["cpu"]}
+    summary = {"row": "tiny", "letter": "z", "title": "a tiny row", "budget": "cpu", "variants": [variant]}
+    text = write_summary(row, tmp_path, summary).read_text()
+    assert "Commands (seed 5; the other seeds change `seed=`)" in text and "seed 0" not in text
+
+
+def test_dry_run_refuses_seeds_a_run_would_refuse(capsys):
+    assert main(["reproduce", "capsnet-routing", "--dry-run", "--seeds", str(2**64)]) == 2
+    assert "seeds must be integers in [0, 2**64)" in capsys.readouterr().err

@@ -148,8 +148,10 @@ def _markdown(row: Row, summary: dict[str, Any]) -> str:
             f"Device: {'; '.join(devices) or '-'}. Mean +/- sample standard deviation over every seed run.",
         ]
         commands = [c for v in summary["variants"] for c in v["commands"][:1]]
-        if commands:
-            lines += ["", "Commands (seed 0; the other seeds change `seed=`):", "", "```"]
+        if commands:  # each variant's lowest seed run: 0 unless --seeds left it out
+            first = sorted({v["seeds"][0] for v in summary["variants"] if v["seeds"]})
+            which = f"seed {first[0]}" if len(first) == 1 else "each variant's lowest seed"
+            lines += ["", f"Commands ({which}; the other seeds change `seed=`):", "", "```"]
             lines += commands + ["```"]
     if row.note:
         lines += ["", row.note]

@@ -118,7 +118,9 @@ def check_request(
     out_dir: str | Path,
     variants: Sequence[str],
 ) -> tuple[list[int], list[Variant]]:
-    """Check a request to reproduce ``row`` before anything runs (``--dry-run`` checks the same).
+    """Check a request to reproduce ``row`` before anything runs (``--dry-run`` checks the same;
+    whether ``device`` exists on this machine is left to the runs, so a dry run may print the
+    lines for another machine).
 
     Args:
         row, budget, seeds, device, out_dir, variants: as :func:`reproduce` takes them.
@@ -149,6 +151,8 @@ def check_request(
     seeds = list(range(row.seeds)) if seeds is None else list(seeds)
     for seed in seeds:
         check_positive_int(seed, "seeds", minimum=0)
+        if seed >= 2**64:  # torch.manual_seed's limit, which the run's config checks
+            raise ValueError(f"seeds must be integers in [0, 2**64), got {seed}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct, got {seeds}")
     return seeds, select_variants(row, variants)
