@@ -154,8 +154,13 @@ def test_empty_sentence_is_refused(encoder):
 
 
 def test_long_input_is_truncated_with_a_warning(encoder):
-    with pytest.warns(UserWarning, match=r"sentences\[0\] is longer than the model's limit of 16 tokens"):
+    limit = r"sentences\[0\] is longer than the model's limit of 16 tokens"
+    with pytest.warns(UserWarning, match=limit) as caught:
         output = encoder.explain(["word " * 40])
+    assert caught[0].filename == __file__  # the caller's line, not torch's no_grad wrapper's
+    with pytest.warns(UserWarning) as caught:
+        encoder.tokenizer(["word " * 40])
+    assert caught[0].filename == __file__
     assert output.truncated == [True]
     assert len(output.tokens[0]) == 16 and output.tokens[0][-1] == "[SEP]"
     assert output.attentions[0].shape == (1, 12, 16, 16)
