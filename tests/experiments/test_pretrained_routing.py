@@ -179,3 +179,29 @@ def test_the_default_sentences_and_bad_grids(encoder):
         measure_routing_drift(SENTENCES, layers=(6,), encoder=encoder)
     with pytest.raises(ValueError, match="normalize_over"):
         measure_routing_drift(SENTENCES, normalize_over=("keys",), encoder=encoder)
+
+
+def test_bad_pass_counts_are_refused_before_the_model_loads(monkeypatch):
+    import torchvote.pretrained
+
+    monkeypatch.setattr(torchvote.pretrained, "load_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(ValueError, match="iterations must be a positive integer, got 0"):
+        measure_routing_drift(SENTENCES, iterations=(0,))
+    with pytest.raises(ValueError, match="normalize_over"):
+        measure_routing_drift(SENTENCES, normalize_over=("keys",))
+
+
+@needs_encoder
+def test_a_bad_layer_is_refused_before_any_sentence_is_encoded(encoder, monkeypatch, capsys):
+    """It failed after encoding all 88 sentences, and the module's command ended in a traceback."""
+    from torchvote.experiments import pretrained_routing
+
+    monkeypatch.setattr(type(encoder), "encode", lambda *a, **k: pytest.fail("encoded"))
+    with pytest.raises(ValueError, match="layers must hold indices"):
+        measure_routing_drift(SENTENCES, layers=(6,), encoder=encoder)
+    monkeypatch.setattr(pretrained_routing, "measure_routing_drift",
+                        lambda **k: measure_routing_drift(SENTENCES, encoder=encoder, **k))
+    with pytest.raises(SystemExit) as exit_:
+        pretrained_routing.main(["--layers", "7"])
+    assert exit_.value.code == 2
+    assert "error: layers must hold indices in [-6, 6), got 7" in capsys.readouterr().err

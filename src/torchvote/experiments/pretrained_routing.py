@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchvote.pretrained.tokenizer import check_sentences
+from torchvote.validation import check_choice, check_positive_int
 
 __all__ = [
     "ParaphraseSet",
@@ -259,10 +260,15 @@ def measure_routing_drift(
             f"layers, iterations and normalize_over must each hold a value, got {tuple(layers)}, "
             f"{tuple(iterations)}, {tuple(normalize_over)}"
         )
+    for passes in iterations:  # before the model loads and the sentences are encoded
+        check_positive_int(passes, "iterations")
+    for axis in normalize_over:
+        check_choice(axis, ("senders", "receivers"), "normalize_over")
     if encoder is None:
         from torchvote.pretrained import load_pretrained
 
         encoder = load_pretrained("all-MiniLM-L6-v2")
+    encoder.with_routing(list(layers), iterations=1)  # the layer indices, checked before encoding
     original = encoder.encode(texts)  # (N, E)
     rows = []
     for layer in layers:
@@ -317,9 +323,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "--normalize-over", nargs="+", default=["senders", "receivers"], choices=["senders", "receivers"]
     )
     args = parser.parse_args(argv)
-    rows = measure_routing_drift(
-        layers=args.layers, iterations=args.iterations, normalize_over=args.normalize_over
-    )
+    try:
+        rows = measure_routing_drift(
+            layers=args.layers, iterations=args.iterations, normalize_over=args.normalize_over
+        )
+    except ValueError as error:  # a layer or a pass count out of range: a usage line, not a traceback
+        parser.error(str(error))
     default = load_paraphrases()
     print(
         f"{len(default.sentences)} sentences ({len(default.pairs)} paraphrase pairs); original "
