@@ -21,6 +21,7 @@ from torch import Tensor
 from torchvote.functional.masks import (
     causal_mask,
     check_attention_mask,
+    check_mask_dtype,
     fit_float16_mask,
     is_causal_mask,
     prepare_attention_mask,
@@ -201,12 +202,11 @@ def _softmax_attention(
     receivers, senders = query.shape[-2], key.shape[-2]
     additive, allowed = None, None  # float mask; boolean, True = may attend
     if mask is not None:
+        check_mask_dtype(mask)
         if mask.dtype == torch.bool:
             allowed = mask
-        elif mask.is_floating_point():
-            additive, allowed = mask, ~mask.isneginf()
         else:
-            raise TypeError(f"mask must be boolean or floating point, got dtype {mask.dtype}")
+            additive, allowed = mask, ~mask.isneginf()
     if is_causal:
         causal = causal_mask(receivers, senders, query.device)  # (i, j)
         allowed = causal if allowed is None else allowed & causal

@@ -29,6 +29,7 @@ from torchvote.validation import broadcast_shape, check_flag, check_tensor_value
 __all__ = [
     "causal_mask",
     "check_attention_mask",
+    "check_mask_dtype",
     "fit_float16_mask",
     "fused_kernel_mask",
     "is_causal_mask",
@@ -59,11 +60,7 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
         return
     if not isinstance(mask, Tensor):
         raise TypeError(f"{argument} must be a tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise TypeError(
-            f"{argument} must be boolean (True = may attend) or floating point (added to the "
-            f"logits), got dtype {mask.dtype}"
-        )
+    check_mask_dtype(mask, argument)
     if broadcast_shape(mask.shape, target) != tuple(target):
         raise ValueError(
             f"{argument} of shape {tuple(mask.shape)} does not broadcast to the attention logits' "
@@ -73,6 +70,23 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
         check_tensor_values(
             ~(torch.isnan(mask) | torch.isposinf(mask)).any(),
             f"{argument} contains NaN or +inf; use -inf to forbid a position",
+        )
+
+
+def check_mask_dtype(mask: Tensor, argument: str = "mask") -> None:
+    """Refuse a mask tensor that is neither boolean nor floating point (reads the dtype only).
+
+    Args:
+        mask: the mask tensor.
+        argument: its name, for the message.
+
+    Raises:
+        TypeError: naming ``argument``, what each kind means and the dtype given.
+    """
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{argument} must be boolean (True = may attend) or floating point (added to the "
+            f"logits), got dtype {mask.dtype}"
         )
 
 
@@ -385,10 +399,8 @@ def voting_mask(
     """
     bool_mask = None
     if mask is not None:
-        if mask.dtype == torch.bool:
-            bool_mask = mask
-        elif not mask.is_floating_point():
-            raise TypeError(f"mask must be boolean or floating point, got dtype {mask.dtype}")
+        check_mask_dtype(mask)
+        bool_mask = mask if mask.dtype == torch.bool else None
     if is_causal:
         bool_mask = restrict_mask(bool_mask, causal_mask(receivers, senders, device))
     return bool_mask

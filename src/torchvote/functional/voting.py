@@ -39,7 +39,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from torchvote.functional.masks import fused_kernel_mask, open_rows_without_senders, voting_mask
+from torchvote.functional.masks import (
+    check_mask_dtype,
+    fused_kernel_mask,
+    open_rows_without_senders,
+    voting_mask,
+)
 from torchvote.functional.nonlinearities import _squash
 from torchvote.functional.scores import default_scale
 from torchvote.tracing import under_autograd_transforms
@@ -785,11 +790,7 @@ def _check_mask(mask: Tensor | None, weights_shape: tuple[int, ...]) -> None:
         return
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a tensor or None, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and not mask.is_floating_point():  # the fused kernel names nothing
-        raise TypeError(
-            f"mask must be boolean (True = may vote) or floating point (added to the logits), got "
-            f"dtype {mask.dtype}"
-        )
+    check_mask_dtype(mask)  # the fused kernel's own error names nothing
     if broadcast_shape(mask.shape, weights_shape) != tuple(weights_shape):
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the weights' shape "
