@@ -268,16 +268,16 @@ def measure_routing_drift(
         from torchvote.pretrained import load_pretrained
 
         encoder = load_pretrained("all-MiniLM-L6-v2")
-    encoder.with_routing(list(layers), iterations=1)  # the layer indices, checked before encoding
+    chosen = [encoder.layer_index(layer) for layer in layers]  # checked before any encoding
     original = encoder.encode(texts)  # (N, E)
     rows = []
-    for layer in layers:
+    for layer in chosen:
         for passes in iterations:
             for axis in normalize_over:
                 routed = encoder.with_routing([layer], iterations=passes, normalize_over=axis)
                 rows.append(
                     {
-                        "layer": layer % len(encoder.layers),
+                        "layer": layer,
                         "iterations": passes,
                         "normalize_over": axis,
                         **compare_embeddings(original, routed.encode(texts), pairs=pairs),

@@ -429,6 +429,20 @@ class BertEncoder(nn.Module):
         finally:
             self.train(was_training)
 
+    def layer_index(self, index: object) -> int:
+        """``index`` of one of :attr:`layers` (negative counts from the end), as ``0 .. n - 1``.
+
+        Args:
+            index: an integer (Python's or NumPy's).
+
+        Returns:
+            The non-negative index.
+
+        Raises:
+            ValueError: not an integer, or out of range (as :meth:`with_routing` says it).
+        """
+        return _layer_index(index, len(self.layers)) % len(self.layers)
+
     def with_routing(
         self,
         layers: Sequence[int] | None = None,
