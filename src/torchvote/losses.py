@@ -313,8 +313,8 @@ def cross_entropy(
             f"without the class axis, {tuple(logits.shape[:-1])}; the classes are the last axis of "
             "logits, (b, t, k) not (b, k, t)"
         )
-    logits = logits.flatten(0, -2)  # (b*t, k), in at least float32
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    logits = logits.flatten(0, -2)  # (b*t, k), in at least float32, as reconstruction_loss sums
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     targets = targets.flatten().long()  # (b*t,)
     total = F.cross_entropy(
         logits, targets, label_smoothing=label_smoothing, ignore_index=ignore_index, reduction="sum"
