@@ -8,6 +8,8 @@ folder is on ``sys.path`` and they import this module by its bare name.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import resource
 import sys
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from torchvote.validation import check_positive_float, check_positive_int
 
 __all__ = [
     "add_device_argument",
+    "release_free_heap",
     "can_reset_peak_rss",
     "chosen_device",
     "error_line",
@@ -99,6 +102,14 @@ def can_reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
+
+
+def release_free_heap() -> None:
+    """Return freed heap memory to the OS (glibc's ``malloc_trim``), so that the resident set
+    before a measured step is what is live, not what an earlier step (a warm-up that compiled at
+    the measured size) left cached: otherwise the step reuses that memory and shows no growth."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def peak_rss_growth_mib(call: Callable[[], object]) -> float:

@@ -42,8 +42,6 @@ spinning OpenMP workers otherwise stall every small operation of a routing loop.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import gc
 import math
 import multiprocessing as mp
@@ -66,6 +64,7 @@ from _common import (
     chosen_device,
     peak_rss_growth_mib,
     positive_int,
+    release_free_heap,
     synchronize,
 )
 from torchvote.functional.em import default_inverse_temperature, em_routing
@@ -163,13 +162,6 @@ def build(impl: str, batch: int, quick: bool, device: str, dtype: torch.dtype,
     return step
 
 
-def _release_free_heap() -> None:
-    """Return freed heap memory to the OS (glibc), so that the resident set before a step is
-    what is live, not what an earlier step left cached."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def _peak_worker(impl, batch, quick, device, dtype, baseline, queue) -> None:
     try:
         build(impl, 1, True, device, dtype, baseline)()  # warm the libraries up on a tiny case
@@ -177,7 +169,7 @@ def _peak_worker(impl, batch, quick, device, dtype, baseline, queue) -> None:
         if impl == "kernel-compiled":  # compile for this shape outside the measured step
             step()
             gc.collect()
-            _release_free_heap()
+            release_free_heap()
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

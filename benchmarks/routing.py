@@ -59,6 +59,7 @@ read in one file.)
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import multiprocessing as mp
 import os
@@ -80,6 +81,7 @@ from _common import (
     max_rss_kib,
     peak_rss_growth_mib,
     positive_int,
+    release_free_heap,
     synchronize,
 )
 from torchvote.functional.em import default_inverse_temperature
@@ -298,6 +300,8 @@ def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, dtyp
         if not compiled:
             del run, params
             run, params = CASES[case].build(impl, batch, 0, cpu)
+        gc.collect()
+        release_free_heap()  # what the warm-up freed: at the measured size it would hide the growth
         try:
             queue.put(peak_rss_growth_mib(lambda: _step(run, params, mode, cpu, dtype_)))
         except OSError:  # no /proc: ru_maxrss, which only counts growth above the process's old peak

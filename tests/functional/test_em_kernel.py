@@ -317,19 +317,49 @@ def test_conv_sender_groups_follow_conv_matrix_capsules_patch_order():
     assert torch.equal(conv_sender_groups(rows, cols, types, k, stride), patches.long())
 
 
-@pytest.mark.parametrize("grouped", [False, True])
-def test_compiled_strategy_matches_reference(grouped):
-    """Compiled against the vote configuration, or (with groups) against the vectorized
-    strategy, itself checked against the paper loop above."""
+# --- "compiled" on a CPU: the compiled loop, block by block --------------------------------------
+
+
+@pytest.fixture
+def compiled_blocks(monkeypatch):
+    """The compiled strategy's blocks on a CPU with the loop run eagerly (what is compiled is
+    :func:`test_compiled_strategy_matches_reference`'s; compiling every shape here would take
+    minutes): the rows of each block are recorded, and a block is 4 rows of the default sample
+    (a 6-row call runs as blocks of 4 and 2 rows, the shorter last block included)."""
+    rows = []
+
+    def eager_loop(*args):
+        rows.append(args[-1])
+        return kernel_module._fused_loop(*args)
+
+    monkeypatch.setattr(kernel_module, "_compiled_loop", lambda: eager_loop)
+    monkeypatch.setattr(kernel_module, "_COMPILED_BLOCK_ELEMENTS", 4 * 3 * 5 * 4)
+    return rows
+
+
+def compile_or_skip(call):
+    """``call()``, skipping the test where torch.compile itself fails (no C++ toolchain): an error
+    raised by dynamo or inductor, never a wrong answer."""
     if not hasattr(torch, "compile"):
         pytest.skip("torch.compile is unavailable in this torch")
+    try:
+        return call()
+    except Exception as error:
+        if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            pytest.skip(f"torch.compile does not work here: {type(error).__name__}: {error}")
+        raise
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_compiled_strategy_matches_reference(grouped):
+    """Compiled (on a CPU one compiled block here, as ``_compiled_blocks`` runs it) against
+    the vote configuration, or (with groups) against the vectorized strategy, itself checked
+    against the paper loop above; double backward raises torch's error, as documented."""
     inputs = sample(8, rows=2, receivers=2, senders=3, pose_dim=2)
     groups = torch.tensor([[0, 1, 2], [2, 3, 0]]) if grouped else None
-    try:
-        ours = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="compiled",
-                                 sender_groups=groups, return_assignments=True)
-    except Exception as error:  # a missing compiler toolchain, not a wrong answer
-        pytest.skip(f"torch.compile does not work here: {type(error).__name__}: {error}")
+    ours = compile_or_skip(lambda: em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0],
+                                                     strategy="compiled", sender_groups=groups,
+                                                     return_assignments=True))
     if grouped:
         ref = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="vectorized",
                                 sender_groups=groups, return_assignments=True)
@@ -337,9 +367,45 @@ def test_compiled_strategy_matches_reference(grouped):
         ref = vote_em(*inputs, [0.5, 1.0], return_assignments=True)
     for x, y in zip(ours, ref, strict=True):
         torch.testing.assert_close(x, y, **TIGHT)
-    grads = torch.autograd.grad(loss_of(*ours), inputs)
-    for g, r in zip(grads, torch.autograd.grad(loss_of(*ref), inputs), strict=True):
-        torch.testing.assert_close(g, r, **TIGHT)
+    loss, ref_loss = loss_of(*ours), loss_of(*ref)
+    for index in (2, 0, 3, 1):  # each input alone, the graph kept (retain_graph) between them
+        (piece,) = torch.autograd.grad(loss, [inputs[index]], retain_graph=True)
+        (expected,) = torch.autograd.grad(ref_loss, [inputs[index]], retain_graph=True)
+        torch.testing.assert_close(piece, expected, **TIGHT)
+    (first,) = torch.autograd.grad(loss, [inputs[0]], create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):  # torch's own, as the docstring says
+        torch.autograd.grad(first.square().sum(), inputs[0])
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_compiled_blocks_on_cpu_match_the_vectorized_strategy(grouped, compiled_blocks):
+    """On a CPU "compiled" runs the compiled loop per block of rows, differentiated by autograd
+    through each block's compiled graph: outputs, every pass's assignments and the gradients of
+    every input equal the vectorized strategy's, itself checked against the vote configuration
+    and the paper's loop."""
+    inputs = sample(12)
+    groups = torch.tensor([[0, 1, 2, 3, 4], [2, 5, 0, 6, 1]]) if grouped else None  # period 2 rows
+    options = {"inverse_temperatures": [0.5, 1.0, 1.5], "sender_groups": groups, "return_assignments": True,
+               "all_passes": True}
+    ours = em_routing_kernel(*inputs, strategy="compiled", **options)
+    assert compiled_blocks == [4, 2]
+    ref = em_routing_kernel(*inputs, strategy="vectorized", **options)
+    assert_same_routing(ours, ref, inputs)
+
+
+def test_compiled_blocks_gradients_alone_and_in_any_order(compiled_blocks):
+    inputs = sample(13)
+    outputs = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], strategy="compiled",
+                                return_assignments=True)
+    assert compiled_blocks == [4, 2]
+    ref = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0, 1.5], strategy="vectorized",
+                            return_assignments=True)
+    loss, ref_loss = loss_of(*outputs), loss_of(*ref)
+    for order in ([1], [3, 0], [2, 1, 0, 3]):
+        for index in order:
+            (piece,) = torch.autograd.grad(loss, [inputs[index]], retain_graph=True)
+            (expected,) = torch.autograd.grad(ref_loss, [inputs[index]], retain_graph=True)
+            torch.testing.assert_close(piece, expected, **TIGHT)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -359,12 +425,14 @@ def test_bfloat16_votes_route_with_float32_statistics(strategy):
 # --- votes cast by per-sender linear maps, formed block by block ---------------------------------
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "compiled"])
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("wanted", [[0, 1, 2, 3, 4], [1], [2, 0]])  # all, the weights alone, a subset
-def test_per_sender_votes_route_as_their_formed_votes(strategy, grouped, wanted, block_size):
-    """Unformed votes (formed per block by ``"blocked"``, materialised otherwise) give the outputs
-    and, through the formation, the gradients of the votes formed first with einsum."""
+def test_per_sender_votes_route_as_their_formed_votes(strategy, grouped, wanted, block_size, request):
+    """Unformed votes (formed per block by ``"blocked"`` and by ``"compiled"``'s CPU blocks, here
+    with the loop run eagerly, materialised by ``"vectorized"``) give the outputs and, through the
+    formation, the gradients of the votes formed first with einsum."""
+    compiled_rows = request.getfixturevalue("compiled_blocks") if strategy == "compiled" else None
     generator = torch.Generator().manual_seed(11)
     batch, positions, senders, receivers, side = 2, 4, 6, 3, 2
     left = torch.randn(senders, batch * positions, side * side, generator=generator, dtype=DOUBLE)
@@ -378,6 +446,8 @@ def test_per_sender_votes_route_as_their_formed_votes(strategy, grouped, wanted,
     votes = PerSenderVotes(left, right, (batch, positions), receivers)
     assert votes.shape == (batch, positions, receivers, senders, side * side)
     ours = em_routing_kernel(votes, *leaves[2:], strategy=strategy, **options)
+    if compiled_rows is not None:  # blocks of whole periods (4 rows) with groups, else of 3 rows
+        assert compiled_rows == ([4, 4] if grouped else [3, 3, 2])
     formed = rearrange(torch.einsum("jnk,jkc->njc", left, right), "(b l) j (i h) -> b l i j h",
                        b=batch, i=receivers)
     ref = em_routing_kernel(formed, *leaves[2:], strategy="vectorized", **options)

@@ -53,9 +53,9 @@ reference), with the joint normalisation added and a choice of strategy (``"bloc
 ``logsigmoid``), so no variance, probability or activation underflows to zero and no gradient
 becomes NaN. Gradients are exact for any order and subset of ``backward`` /
 ``torch.autograd.grad`` calls; double backward works with ``strategy="vectorized"`` and raises a
-clear ``RuntimeError`` with ``"blocked"`` (the CPU default). ``torch.func`` transforms (``vmap``,
-``grad``, ``jacrev``, ``jvp``, per-sample gradients) and forward-mode AD run the vectorized loop:
-``"auto"`` picks it under them, and ``"blocked"``, asked for by name, raises.
+clear ``RuntimeError`` with ``"blocked"`` (the CPU default) and ``"compiled"``. ``torch.func``
+transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``, per-sample gradients) and forward-mode AD run
+the vectorized loop: ``"auto"`` picks it under them, and ``"blocked"``, asked for by name, raises.
 """
 
 from __future__ import annotations
@@ -282,8 +282,9 @@ def em_routing(
             ``torch.compile`` traces and under ``torch.func`` transforms or forward-mode AD),
             ``"blocked"`` (an eager kernel: one graph break under ``torch.compile``; no
             ``torch.func`` transforms, no forward-mode AD), ``"vectorized"`` or ``"compiled"``
-            (``torch.compile``, about 10-20 s per new shape on CPU); the same numbers from each
-            (see :mod:`torchvote.functional.em_kernel`).
+            (``torch.compile``, about 10-30 s per new shape on CPU, where it runs in blocks of
+            rows; the fastest on either device); the same numbers from each (see
+            :mod:`torchvote.functional.em_kernel`).
         return_assignments: also return the assignments ``R`` of the final M-step.
         all_passes: with ``return_assignments``, the assignments of every iteration stacked on a
             new leading axis.
