@@ -590,6 +590,9 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
     with dynamo's recompilation limit raised to :data:`_RECOMPILE_LIMIT` and without donated
     buffers (so that gradients can be taken in any order, with ``retain_graph=True``)."""
     if "loop" not in _COMPILED:
+        from torch._dynamo import config as dynamo_config
+        from torch._functorch import config as functorch_config
+
         compiled = torch.compile(_fused_loop, dynamic=False)
 
         def call(*args: object) -> tuple[Tensor, ...]:
@@ -597,8 +600,8 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
                 return _fused_loop(*args)
             # donated buffers (backward reusing the saved tensors' memory) would refuse a second
             # backward through the graph (retain_graph=True), which every strategy allows
-            with (torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT),
-                  torch._functorch.config.patch(donated_buffer=False)):
+            with (dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT),
+                  functorch_config.patch(donated_buffer=False)):
                 return compiled(*args)
 
         _COMPILED["loop"] = call
