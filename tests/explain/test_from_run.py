@@ -86,6 +86,11 @@ def test_a_checkpoint_file_is_read_as_that_checkpoint_of_its_run(tiny_values, tm
         drawn[location] = sorted(path.name for path in out.iterdir())
     assert drawn[paths.weights] == drawn[run]
     assert {"couplings.png", "votes-2d.png", "reconstructions.png", "perturbations.png"} <= set(drawn[run])
+    # weights without their training state (the run's config): refused, saying why (it said "a
+    # weights-only checkpoint cannot be resumed", when nothing was being resumed)
+    paths.state.unlink()
+    code, err = _explain(capsys, paths.weights, tmp_path / "out-lone")
+    assert code != 0 and "does not exist" in err and "rebuilt into their model" in err, err
 
 
 @pytest.mark.parametrize(

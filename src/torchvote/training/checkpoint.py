@@ -437,7 +437,8 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
-            f"training state {path} does not exist (a weights-only checkpoint cannot be resumed)"
+            f"training state {path} does not exist (it holds the run's config, without which the "
+            "weights beside it can be neither rebuilt into their model nor resumed)"
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
