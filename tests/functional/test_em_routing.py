@@ -253,7 +253,7 @@ def test_the_authors_schedule_rescaled_to_end_at_a_value():
         default_schedule_ending_at(0.001, 0)
 
 
-@pytest.mark.parametrize("strategy", ["auto", "blocked", "vectorized"])
+@pytest.mark.parametrize("strategy", ["auto", "blocked", "vectorized", "compiled"])
 def test_an_empty_batch_gives_empty_outputs(strategy):
     votes = torch.randn(0, 3, 5, 4, requires_grad=True)
     poses, activations, assignments = em_routing(votes, torch.rand(0, 5), torch.zeros(3), 0.0,

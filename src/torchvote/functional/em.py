@@ -341,8 +341,8 @@ def em_routing(
     if not activations.is_floating_point():  # bool or integer: 0/1 weights, surely not meant
         raise TypeError(f"activations must be floating point (in [0, 1]), got dtype {activations.dtype}")
     schedule = inverse_temperature_schedule(inverse_temperature, iterations)
-    if math.prod(batch_shape) == 0 and strategy in ("auto", "blocked"):
-        strategy = "vectorized"  # nothing to cut into blocks: the vectorized loop gives empty outputs
+    if math.prod(batch_shape) == 0:  # nothing to cut into blocks or to compile
+        strategy = "vectorized"  # whose loop gives empty outputs
     offsets = []
     for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
         if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)):
