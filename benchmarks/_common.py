@@ -20,7 +20,6 @@ from torchvote.validation import check_positive_float, check_positive_int
 
 __all__ = [
     "add_device_argument",
-    "release_free_heap",
     "can_reset_peak_rss",
     "chosen_device",
     "error_line",
@@ -28,6 +27,7 @@ __all__ = [
     "peak_rss_growth_mib",
     "positive_float",
     "positive_int",
+    "release_free_heap",
     "reset_peak_rss",
     "status_kib",
     "synchronize",

@@ -307,10 +307,11 @@ def em_routing(
             tensor; ``beta_u`` or ``beta_a`` neither a real number nor a tensor; ``activations``
             not floating point (any float dtype: they are cast to the statistics' dtype);
             ``return_assignments`` or ``all_passes`` not a bool.
-        RuntimeError: (at double backward) differentiating the ``"blocked"`` strategy's gradient
-            again; ``strategy="blocked"`` under ``torch.export``, a ``torch.func`` transform
-            (``vmap``, ``grad``, ``jacrev``, ``jvp``, ...) or forward-mode AD. Use
-            ``strategy="vectorized"`` for both.
+        RuntimeError: (at double backward) differentiating the ``"blocked"`` or ``"compiled"``
+            strategy's gradient again (for ``"compiled"``, torch's own error);
+            ``strategy="blocked"`` under ``torch.export``, a ``torch.func`` transform (``vmap``,
+            ``grad``, ``jacrev``, ``jvp``, ...) or forward-mode AD. Use ``strategy="vectorized"``
+            for both.
     """
     check_positive_int(iterations, "iterations")
     check_positive_float(eps, "eps")
