@@ -52,12 +52,12 @@ forward-mode AD; ``"compiled"`` is only ever an explicit choice):
   ``"vectorized"`` there, which traces into the caller's graph.
 - ``"compiled"``: ``torch.compile`` of the vectorized loop (about 10-30 s to compile per shape on
   CPU). On a GPU one graph for all rows; on a CPU the rows run in blocks of whole periods
-  (:func:`_compiled_blocks`, 16 MB of votes each), one compiled graph per block shape, each
-  differentiated by autograd: Inductor fuses each pass over a block into one loop that reads the
-  votes once (the blocked strategy's eager products read ``[c, c^2]``, twice their size), and its
-  backward recomputes the ``(n, i, j, h)`` temporaries, so a block's graph keeps its votes and a
-  few ``(n, i, j)`` tensors. Double backward raises (torch's "does not currently support double
-  backward").
+  (:func:`_compiled_blocks`, about 16 MB of votes each, at least one period), one compiled graph
+  per block shape, each differentiated by autograd: Inductor fuses each pass over a block into one
+  loop that reads the votes once (the blocked strategy's eager products read ``[c, c^2]``, twice
+  their size), and its backward recomputes the ``(n, i, j, h)`` temporaries, so a block's graph
+  keeps its votes and a few ``(n, i, j)`` tensors. Double backward raises (torch's "does not
+  currently support double backward").
 
 Votes in bfloat16 or float16 are routed with float32 statistics (cast per block in ``"blocked"``);
 poses, activations and assignments come back in the votes' dtype. Every strategy runs with
@@ -867,22 +867,23 @@ def route(
     compiled_blocks = (strategy == "compiled" and votes.device.type == "cpu" and not transformed
                        and not torch.compiler.is_compiling())
     with autocast_off(votes.device.type):  # float32 statistics, products in their inputs' dtype
-        if factored and strategy != "blocked" and not compiled_blocks:
-            votes = votes.materialize()  # (n, i, j, h)
-        if strategy == "blocked" or compiled_blocks:
+        if strategy == "blocked" or compiled_blocks:  # blocks of whole periods; votes formed per block
             period = 1 if groups is None else groups.shape[0]
             per_row = receivers * senders * pose_dim
             target = _COMPILED_BLOCK_ELEMENTS if compiled_blocks else _BLOCK_ELEMENTS
             block_rows = min(rows, period * max(1, target // (per_row * period)))
-        if compiled_blocks:
-            outputs = _compiled_blocks(votes, activations, beta_u, beta_a, config, block_rows)
-        elif strategy == "blocked":
-            left, right = (votes.left, votes.right) if factored else (votes, None)  # unformed only here
-            outputs = _blocked_em(left, right, activations, beta_u, beta_a, config, block_rows)
-        elif strategy == "compiled":
-            outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
-        else:
-            outputs = _em_loop(_DenseStatistics(votes), activations, beta_u, beta_a, config, rows)
+            if compiled_blocks:
+                outputs = _compiled_blocks(votes, activations, beta_u, beta_a, config, block_rows)
+            else:
+                left, right = (votes.left, votes.right) if factored else (votes, None)
+                outputs = _blocked_em(left, right, activations, beta_u, beta_a, config, block_rows)
+        else:  # every row at once, on materialised votes
+            if factored:
+                votes = votes.materialize()  # (n, i, j, h)
+            if strategy == "compiled":
+                outputs = _compiled_loop()(votes, activations, beta_u, beta_a, config, rows)
+            else:
+                outputs = _em_loop(_DenseStatistics(votes), activations, beta_u, beta_a, config, rows)
     poses, out_activations = outputs[0].to(votes.dtype), torch.sigmoid(outputs[1]).to(votes.dtype)
     if not return_assignments:
         return poses, out_activations
