@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from torch.utils.checkpoint import checkpoint
 
 import torchvote.functional.em_kernel as kernel_module
 from torchvote.functional.em import default_inverse_temperature, em_routing
@@ -408,6 +409,133 @@ def test_compiled_blocks_gradients_alone_and_in_any_order(compiled_blocks):
             torch.testing.assert_close(piece, expected, **TIGHT)
 
 
+def per_sender_sample(seed, batch=2, positions=4, senders=6, receivers=3, pose_dim=4, features=4):
+    """:class:`PerSenderVotes` leaves ``[left, right, activations, beta_u, beta_a]`` (float64, all
+    requiring gradients) and the votes they stand for, formed first with einsum ``(b, l, i, j, h)``."""
+    generator = torch.Generator().manual_seed(seed)
+    left = torch.randn(senders, batch * positions, features, generator=generator, dtype=DOUBLE)
+    right = torch.randn(senders, features, receivers * pose_dim, generator=generator, dtype=DOUBLE)
+    activations = torch.rand(batch, positions, senders, generator=generator, dtype=DOUBLE)
+    beta_u, beta_a = torch.randn(2, receivers, generator=generator, dtype=DOUBLE)
+    leaves = [t.requires_grad_(True) for t in (left, right, activations, beta_u, beta_a)]
+    formed = rearrange(torch.einsum("jnk,jkc->njc", left, right), "(b l) j (i h) -> b l i j h",
+                       b=batch, i=receivers)
+    return leaves, PerSenderVotes(left, right, (batch, positions), receivers), formed
+
+
+@pytest.fixture
+def formed_blocks(monkeypatch):
+    """Every block of votes ``_compiled_blocks`` forms from :class:`PerSenderVotes` (forward, and
+    again in backward), as weak references; no block's votes kept as they are (a budget of 0)."""
+    monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", 0)
+    formed = []
+
+    def spy(*args, **kwargs):
+        block = original(*args, **kwargs)
+        formed.append(weakref.ref(block))
+        return block
+
+    original = kernel_module._formed_block
+    monkeypatch.setattr(kernel_module, "_formed_block", spy)
+    return formed
+
+
+# Per-sender votes whose one block is the votes of test_compiled_strategy_matches_reference (the
+# same compiled graph: compiled once per process), routed by the compiled strategy's CPU blocks.
+SCHEDULE = {"inverse_temperatures": [0.5, 1.0, 1.5], "return_assignments": True}
+COMPILED_SHAPES = {"batch": 1, "positions": 2, "senders": 3, "receivers": 2, "pose_dim": 2, "features": 3}
+SHORT = {"inverse_temperatures": [0.5, 1.0], "return_assignments": True}
+
+
+def assert_gradients_of_formed_votes(outputs, leaves, formed, wanted=slice(None)):
+    """The gradients of ``leaves[wanted]`` through ``outputs`` equal those through the votes formed
+    first (routed by the vectorized strategy)."""
+    ref = em_routing_kernel(formed, *leaves[2:], strategy="vectorized", **SHORT)
+    grads = torch.autograd.grad(loss_of(*outputs), leaves[wanted])
+    for g, r in zip(grads, torch.autograd.grad(loss_of(*ref), leaves[wanted]), strict=True):
+        torch.testing.assert_close(g, r, **TIGHT)
+
+
+def test_compiled_blocks_keep_formed_votes_as_their_product(formed_blocks):
+    """A block's votes formed from :class:`PerSenderVotes` are not kept for backward (they would
+    be the whole votes, block after block): backward forms them again, once per use (here two,
+    through ``retain_graph``), and the gradients are those of the votes formed first."""
+    leaves, votes, formed = per_sender_sample(21, **COMPILED_SHAPES)
+    ours = compile_or_skip(lambda: em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SHORT))
+    gc.collect()
+    assert len(formed_blocks) == 1 and formed_blocks[0]() is None  # formed, then freed
+    torch.autograd.grad(loss_of(*ours), leaves[2], retain_graph=True)
+    assert len(formed_blocks) == 2
+    assert_gradients_of_formed_votes(ours, leaves, formed)  # the second use: right again
+    assert len(formed_blocks) == 3
+
+
+def test_compiled_blocks_refuse_factors_modified_in_place(monkeypatch):
+    """Votes formed again in backward from a factor changed since forward would give a wrong
+    gradient silently (autograd itself keeps no copy of ``left`` when only ``left`` needs a
+    gradient): it raises, as autograd does for a tensor it saved."""
+    monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", 0)
+    leaves, votes, _ = per_sender_sample(22, **COMPILED_SHAPES)
+    right = leaves[1].detach()
+    ours = compile_or_skip(lambda: em_routing_kernel(PerSenderVotes(leaves[0], right, votes.batch_shape,
+                                                                    votes.receivers),
+                                                     *leaves[2:], strategy="compiled", **SHORT))
+    with torch.no_grad():
+        leaves[0].mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(loss_of(*ours), leaves[0])
+
+
+@pytest.mark.parametrize("votes_kind", ["per_sender", "strided", "contiguous"])
+def test_compiled_blocks_keep_votes_up_to_the_budget(votes_kind, compiled_blocks, monkeypatch):
+    """The votes a block forms (or copies, from strided votes) are kept as they are until the
+    call's budget is spent; later blocks are formed again in backward. A block that is a view of
+    the caller's contiguous votes costs nothing to keep and never counts."""
+    recipes = []
+    original = kernel_module._saved_as_recipe
+
+    def spy(tensor, *args):
+        recipes.append(tensor.shape[0])
+        return original(tensor, *args)
+
+    monkeypatch.setattr(kernel_module, "_saved_as_recipe", spy)
+    leaves, votes, formed = per_sender_sample(24)  # 8 rows of (3, 6, 4) votes: blocks of 3, 3, 2 rows
+    monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", 3 * 3 * 6 * 4 * 8)  # one block, in float64
+    if votes_kind == "strided":
+        votes = formed.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(True)
+    elif votes_kind == "contiguous":
+        votes = formed.detach().contiguous().requires_grad_(True)
+    ours = em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SCHEDULE)
+    assert compiled_blocks == [3, 3, 2]
+    assert recipes == ([] if votes_kind == "contiguous" else [3, 2])
+    sources = leaves if votes_kind == "per_sender" else [votes, *leaves[2:]]
+    ref = em_routing_kernel(formed if votes_kind == "per_sender" else votes, *leaves[2:],
+                            strategy="vectorized", **SCHEDULE)
+    grads = torch.autograd.grad(loss_of(*ours), sources)
+    for g, r in zip(grads, torch.autograd.grad(loss_of(*ref), sources), strict=True):
+        torch.testing.assert_close(g, r, **TIGHT)
+
+
+@pytest.mark.parametrize("caller", ["saved_tensors_hooks", "checkpoint"])
+def test_compiled_blocks_leave_a_callers_saved_tensor_hooks_alone(caller, formed_blocks):
+    """Under the caller's saved-tensor hooks (offloading, activation checkpointing) theirs decide
+    what is kept: the blocks are not formed again by this strategy, and the gradients are right."""
+    leaves, votes, formed = per_sender_sample(23, **COMPILED_SHAPES)
+    seen = []
+
+    def route(*args):
+        return em_routing_kernel(votes, *args, strategy="compiled", **SHORT)
+
+    if caller == "checkpoint":
+        ours = compile_or_skip(lambda: checkpoint(route, *leaves[2:], use_reentrant=False))
+    else:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+            ours = compile_or_skip(lambda: route(*leaves[2:]))
+        assert any(t.shape == (2, 2, 3, 2) for t in seen)  # the block's votes, given to the caller's hook
+    assert_gradients_of_formed_votes(ours, leaves, formed)
+    assert len(formed_blocks) == (2 if caller == "checkpoint" else 1)  # checkpoint's own recomputation
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_bfloat16_votes_route_with_float32_statistics(strategy):
     votes, activations, beta_u, beta_a = sample(9, rows=4, receivers=4, senders=12, dtype=torch.float32)
@@ -433,23 +561,13 @@ def test_per_sender_votes_route_as_their_formed_votes(strategy, grouped, wanted,
     with the loop run eagerly, materialised by ``"vectorized"``) give the outputs and, through the
     formation, the gradients of the votes formed first with einsum."""
     compiled_rows = request.getfixturevalue("compiled_blocks") if strategy == "compiled" else None
-    generator = torch.Generator().manual_seed(11)
-    batch, positions, senders, receivers, side = 2, 4, 6, 3, 2
-    left = torch.randn(senders, batch * positions, side * side, generator=generator, dtype=DOUBLE)
-    right = torch.randn(senders, side * side, receivers * side * side, generator=generator, dtype=DOUBLE)
-    activations = torch.rand(batch, positions, senders, generator=generator, dtype=DOUBLE)
-    beta_u, beta_a = torch.randn(2, receivers, generator=generator, dtype=DOUBLE)
-    leaves = [t.requires_grad_(True) for t in (left, right, activations, beta_u, beta_a)]
-    groups = torch.randint(0, 9, (positions, senders), generator=generator) if grouped else None
+    leaves, votes, formed = per_sender_sample(11, pose_dim=4)
+    groups = torch.randint(0, 9, (4, 6), generator=torch.Generator().manual_seed(12)) if grouped else None
     options = {"inverse_temperatures": [0.5, 1.0, 1.5], "sender_groups": groups, "return_assignments": True}
-
-    votes = PerSenderVotes(left, right, (batch, positions), receivers)
-    assert votes.shape == (batch, positions, receivers, senders, side * side)
+    assert votes.shape == (2, 4, 3, 6, 4)
     ours = em_routing_kernel(votes, *leaves[2:], strategy=strategy, **options)
     if compiled_rows is not None:  # blocks of whole periods (4 rows) with groups, else of 3 rows
         assert compiled_rows == ([4, 4] if grouped else [3, 3, 2])
-    formed = rearrange(torch.einsum("jnk,jkc->njc", left, right), "(b l) j (i h) -> b l i j h",
-                       b=batch, i=receivers)
     ref = em_routing_kernel(formed, *leaves[2:], strategy="vectorized", **options)
     for x, y in zip(ours, ref, strict=True):
         torch.testing.assert_close(x, y, **TIGHT)

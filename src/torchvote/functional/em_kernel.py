@@ -56,8 +56,12 @@ forward-mode AD; ``"compiled"`` is only ever an explicit choice):
   per block shape, each differentiated by autograd: Inductor fuses each pass over a block into one
   loop that reads the votes once (the blocked strategy's eager products read ``[c, c^2]``, twice
   their size), and its backward recomputes the ``(n, i, j, h)`` temporaries, so a block's graph
-  keeps its votes and a few ``(n, i, j)`` tensors. Double backward raises (torch's "does not
-  currently support double backward").
+  keeps its votes and a few ``(n, i, j)`` tensors; votes the strategy formed or copied (from
+  :class:`PerSenderVotes`, or strided) past :data:`_KEPT_VOTES_BYTES` per call (512 MiB) are kept
+  as the product or copy that made them and formed again in backward (:func:`_saved_as_recipe`),
+  so memory stops growing with the batch. Double backward raises
+  (torch's "does not currently support double backward"), and so does backward after a factor of
+  the votes was modified in place.
 
 Votes in bfloat16 or float16 are routed with float32 statistics (cast per block in ``"blocked"``);
 poses, activations and assignments come back in the votes' dtype. Every strategy runs with
@@ -72,8 +76,11 @@ invariants that make the gradients right would live in different files.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
@@ -107,6 +114,11 @@ _BLOCK_ELEMENTS = 1 << 19
 # its block once whatever its size, so blocks are large, to spread the per-call cost of the compiled
 # forward and backward over many rows.
 _COMPILED_BLOCK_ELEMENTS = 1 << 22
+# Bytes of block votes the compiled strategy forms or copies on a CPU and keeps for backward, per call;
+# later blocks are kept as the product or copy that made them and formed again in backward (about
+# 9 ms a 21 MB block here: 0.3 s of a 1.6 s step if all of the paper's ConvCaps1 were formed again).
+# The first blocks cost no time, and past the budget the memory no longer grows with the batch.
+_KEPT_VOTES_BYTES = 1 << 29
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -608,6 +620,61 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
     return _COMPILED["loop"]
 
 
+class _Recipe(NamedTuple):
+    """How to form a saved tensor again: ``form(*sources)``, with the sources' versions when saved."""
+
+    form: Callable[..., Tensor]
+    sources: tuple[Tensor, ...]
+    versions: tuple[int, ...]
+
+
+@contextlib.contextmanager
+def _saved_as_recipe(tensor: Tensor, form: Callable[..., Tensor], *sources: Tensor) -> Iterator[None]:
+    """While active, autograd keeps ``tensor`` (a copy formed as ``form(*sources)``) for backward as
+    that recipe and forms it again when backward needs it; every other saved tensor is kept as
+    usual. Not applied under a caller's saved-tensor hooks (activation checkpointing, offloading:
+    theirs decide what is kept) nor where hooks are disabled.
+
+    Raises (in backward):
+        RuntimeError: a source was modified in place after the forward pass, as autograd raises
+            for a saved tensor.
+    """
+    hooks = torch._C._autograd
+    if (not torch.is_grad_enabled() or not hooks._saved_tensors_hooks_is_enabled()
+            or hooks._top_saved_tensors_default_hooks(False) is not None):
+        yield
+        return
+
+    kept = weakref.ref(tensor)  # autograd may keep the hooks as long as the graph: not the tensor
+
+    def pack(saved: Tensor) -> Tensor | _Recipe:
+        if saved is kept():  # the compiled graph saves its input itself, not an alias
+            return _Recipe(form, sources, tuple(source._version for source in sources))
+        return saved
+
+    def unpack(packed: Tensor | _Recipe) -> Tensor:
+        if not isinstance(packed, _Recipe):
+            return packed
+        if any(source._version != version for source, version in zip(packed.sources, packed.versions,
+                                                                       strict=True)):
+            raise RuntimeError(
+                "em_routing(strategy='compiled'): a tensor the votes are formed from was modified by "
+                "an inplace operation after the forward pass; the gradient needs it unchanged")
+        with torch.no_grad():
+            return packed.form(*packed.sources)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+def _formed_block(left: Tensor, right: Tensor, *, receivers: int) -> Tensor:
+    """``(rows, i, j, h)`` contiguous votes of a block of :class:`PerSenderVotes`, from its factors
+    ``left`` ``(j, rows, e)`` and ``right`` ``(j, e, i h)``, in one batched product."""
+    senders, rows = left.shape[:2]
+    formed = torch.bmm(left, right)  # (j, rows, i h)
+    return formed.view(senders, rows, receivers, -1).permute(1, 2, 0, 3).contiguous()
+
+
 def _compiled_blocks(votes: Tensor | PerSenderVotes, activations: Tensor, beta_u: Tensor, beta_a: Tensor,
                      config: _Config, block_rows: int) -> tuple[Tensor, ...]:
     """The compiled loop on blocks of ``block_rows`` rows (whole periods of ``sender_groups``), the
@@ -615,23 +682,30 @@ def _compiled_blocks(votes: Tensor | PerSenderVotes, activations: Tensor, beta_u
 
     A block's votes are made contiguous first (formed by one batched product if unformed): the
     compiled passes stream a contiguous block about 1.8x faster than the strided view of
-    :class:`PerSenderVotes`. With gradients, each block's graph keeps its votes and a few
-    ``(rows, i, j)`` tensors (Inductor recomputes the ``(rows, i, j, h)`` temporaries in backward),
-    so the votes exist whole once (680 MB at the paper's ConvCaps1 size, batch 32), their gradient
-    one block at a time; without, one block's.
+    :class:`PerSenderVotes`. With gradients, each block's graph keeps a few ``(rows, i, j)`` tensors
+    (Inductor recomputes the ``(rows, i, j, h)`` temporaries in backward) and its votes: the first
+    :data:`_KEPT_VOTES_BYTES` of formed or copied votes as they are, later blocks as the product or
+    copy that made them, formed again in backward (:func:`_saved_as_recipe`), so that memory stops
+    growing with the batch past that budget (the paper's ConvCaps1 at batch 32 has 680 MB of
+    votes; at batch 128, 2.7 GB).
     """
     factored = isinstance(votes, PerSenderVotes)
-    rows, receivers, senders, pose_dim = (votes.left.shape[1], *votes.shape[-3:]) if factored else votes.shape
-    loop, pieces = _compiled_loop(), []
+    rows = votes.left.shape[1] if factored else votes.shape[0]
+    # (j, rows, e) x (j, e, i h) -> (rows, i, j, h); or a copy where a block of votes is strided
+    form = functools.partial(_formed_block, receivers=votes.receivers) if factored else Tensor.contiguous
+    loop, pieces, kept_bytes = _compiled_loop(), [], 0
     for start in range(0, rows, block_rows):
         block = slice(start, start + block_rows)
-        if factored:  # (j, rows, i h) -> (rows, i, j, h)
-            formed = torch.bmm(votes.left[:, block], votes.right)
-            block_votes = formed.view(senders, -1, receivers, pose_dim).permute(1, 2, 0, 3).contiguous()
-        else:
-            block_votes = votes[block].contiguous()
-        pieces.append(loop(block_votes, activations[block], beta_u[block], beta_a[block], config,
-                           block_votes.shape[0]))
+        sources = (votes.left[:, block], votes.right) if factored else (votes[block],)
+        block_votes = form(*sources)
+        kept = contextlib.nullcontext()
+        if block_votes.data_ptr() != sources[0].data_ptr():  # made here (else a view of the caller's)
+            kept_bytes += block_votes.numel() * block_votes.element_size()
+            if kept_bytes > _KEPT_VOTES_BYTES:
+                kept = _saved_as_recipe(block_votes, form, *sources)
+        with kept:
+            pieces.append(loop(block_votes, activations[block], beta_u[block], beta_a[block], config,
+                               block_votes.shape[0]))
     return tuple(torch.cat([piece[k] for piece in pieces]) for k in range(len(pieces[0])))
 
 
