@@ -543,7 +543,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _reproduce(args: argparse.Namespace) -> int:
     from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of, train_command
-    from torchvote.experiments.runner import RESULT_FILE
+    from torchvote.experiments.runner import RESULT_FILE, measured_result_of
     from torchvote.training.distributed import check_device_name
 
     if args.list or args.name is None:
@@ -563,7 +563,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         # for another machine), then says what it would run
         seeds, variants = check_request(row, **request)
         if row.measure is not None:
+            measured = measured_result_of(args.out, row, args.budget)
             print(f"{row.name} trains nothing: it measures ({row.title}), in this process")
+            if measured.is_file():  # as a training row's finished runs are marked
+                print(f"# finished: measured earlier, {measured} (delete it to measure again)")
         for variant in variants:  # the commands as the run makes them: its run folder and device
             for seed in seeds:
                 run_dir = run_dir_of(args.out, row, args.budget, variant, seed)

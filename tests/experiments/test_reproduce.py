@@ -254,8 +254,14 @@ def test_dry_run_checks_what_a_run_checks(capsys, argv, message):
 
 def test_a_measuring_row_dry_runs_and_refuses_training_options(capsys, tmp_path):
     # pretrained-routing's dry run said "variants: none of [] is in a label of []"
-    assert main(["reproduce", "pretrained-routing", "--dry-run"]) == 0
-    assert "pretrained-routing trains nothing: it measures" in capsys.readouterr().out
+    assert main(["reproduce", "pretrained-routing", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "pretrained-routing trains nothing: it measures" in out and "# finished" not in out
+    measured = tmp_path / "pretrained-routing" / "cpu" / "result.json"  # what a measurement writes
+    measured.parent.mkdir(parents=True)
+    measured.write_text("{}")
+    assert main(["reproduce", "h", "--dry-run", "--out", str(tmp_path)]) == 0
+    assert f"# finished: measured earlier, {measured}" in capsys.readouterr().out
     assert main(["reproduce", "h", "--dry-run", "--seeds", "1"]) == 2
     assert "--seeds: pretrained-routing trains nothing" in capsys.readouterr().err
     a_file = tmp_path / "notes.txt"

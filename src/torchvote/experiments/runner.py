@@ -34,6 +34,7 @@ __all__ = [
     "RESULT_FILE",
     "check_request",
     "describe_device",
+    "measured_result_of",
     "reproduce",
     "run_dir_of",
     "select_variants",
@@ -46,6 +47,21 @@ RESULT_FILE = "result.json"
 
 def _slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def measured_result_of(out_dir: str | Path, row: Row, budget: str) -> Path:
+    """The result file of a row that measures instead of training: ``<out>/<row>/<budget>/result.json``
+    (its presence means the row was measured and is not measured again).
+
+    Args:
+        out_dir: the folder all reproduced runs go to.
+        row: the experiment (``row.measure`` set).
+        budget: ``cpu`` or ``paper`` (not checked here).
+
+    Returns:
+        The path (not created).
+    """
+    return Path(out_dir) / row.name / budget / RESULT_FILE
 
 
 def run_dir_of(out_dir: str | Path, row: Row, budget: str, variant: Variant, seed: int) -> Path:
@@ -265,7 +281,7 @@ def reproduce(
     )
     base = Path(out_dir) / row.name / budget
     if row.measure is not None:
-        result_path = base / RESULT_FILE
+        result_path = measured_result_of(out_dir, row, budget)
         if not result_path.is_file():
             echo(f"[{row.name}] measuring")
             started = time.perf_counter()
