@@ -409,14 +409,15 @@ def test_compiled_blocks_gradients_alone_and_in_any_order(compiled_blocks):
             torch.testing.assert_close(piece, expected, **TIGHT)
 
 
-def per_sender_sample(seed, batch=2, positions=4, senders=6, receivers=3, pose_dim=4, features=4):
-    """:class:`PerSenderVotes` leaves ``[left, right, activations, beta_u, beta_a]`` (float64, all
-    requiring gradients) and the votes they stand for, formed first with einsum ``(b, l, i, j, h)``."""
+def per_sender_sample(seed, batch=2, positions=4, senders=6, receivers=3, pose_dim=4, features=4,
+                      dtype=DOUBLE):
+    """:class:`PerSenderVotes` leaves ``[left, right, activations, beta_u, beta_a]`` (all requiring
+    gradients) and the votes they stand for, formed first with einsum ``(b, l, i, j, h)``."""
     generator = torch.Generator().manual_seed(seed)
-    left = torch.randn(senders, batch * positions, features, generator=generator, dtype=DOUBLE)
-    right = torch.randn(senders, features, receivers * pose_dim, generator=generator, dtype=DOUBLE)
-    activations = torch.rand(batch, positions, senders, generator=generator, dtype=DOUBLE)
-    beta_u, beta_a = torch.randn(2, receivers, generator=generator, dtype=DOUBLE)
+    left = torch.randn(senders, batch * positions, features, generator=generator, dtype=dtype)
+    right = torch.randn(senders, features, receivers * pose_dim, generator=generator, dtype=dtype)
+    activations = torch.rand(batch, positions, senders, generator=generator, dtype=dtype)
+    beta_u, beta_a = torch.randn(2, receivers, generator=generator, dtype=dtype)
     leaves = [t.requires_grad_(True) for t in (left, right, activations, beta_u, beta_a)]
     formed = rearrange(torch.einsum("jnk,jkc->njc", left, right), "(b l) j (i h) -> b l i j h",
                        b=batch, i=receivers)
@@ -470,10 +471,12 @@ def test_compiled_blocks_keep_formed_votes_as_their_product(formed_blocks):
     assert len(formed_blocks) == 3
 
 
-def test_compiled_blocks_refuse_factors_modified_in_place(monkeypatch):
+@pytest.mark.parametrize("modified", ["left", "activations"])
+def test_compiled_blocks_refuse_saved_tensors_modified_in_place(modified, monkeypatch):
     """Votes formed again in backward from a factor changed since forward would give a wrong
     gradient silently (autograd itself keeps no copy of ``left`` when only ``left`` needs a
-    gradient): it raises, as autograd does for a tensor it saved."""
+    gradient), and so would any other tensor the block's graph saved, which autograd does not check
+    under saved-tensor hooks: both raise, as autograd does for a tensor it saved."""
     monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", 0)
     leaves, votes, _ = per_sender_sample(22, **COMPILED_SHAPES)
     right = leaves[1].detach()
@@ -481,16 +484,50 @@ def test_compiled_blocks_refuse_factors_modified_in_place(monkeypatch):
                                                                     votes.receivers),
                                                      *leaves[2:], strategy="compiled", **SHORT))
     with torch.no_grad():
-        leaves[0].mul_(2)
+        leaves[0 if modified == "left" else 2].mul_(0.5)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(loss_of(*ours), leaves[0])
 
 
+def test_compiled_blocks_formed_again_under_autocast_as_in_forward(monkeypatch):
+    """A backward run inside ``torch.autocast`` forms the blocks again in float32, as forward did
+    (formed in bfloat16 they were read as float32: NaN): the gradients equal those of kept votes."""
+    leaves, votes, _ = per_sender_sample(25, **COMPILED_SHAPES, dtype=torch.float32)
+    grads = {}
+    for budget in (1 << 62, 0):  # every block kept, every block formed again
+        monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", budget)
+        ours = compile_or_skip(lambda: em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SHORT))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            grads[budget] = torch.autograd.grad(loss_of(*ours), leaves)
+    for kept, formed in zip(grads[1 << 62], grads[0], strict=True):
+        torch.testing.assert_close(formed, kept, rtol=0, atol=0)
+
+
+def test_compiled_blocks_dropped_without_backward_leave_nothing_alive(compiled_blocks, monkeypatch):
+    """A forward pass whose graph is dropped without backward (evaluation with gradients on) frees
+    everything, also with the blocks' votes kept as their product: tensors the hooks keep hold no
+    reference cycle through their own graph (an eager loop saves outputs of its own operations)."""
+    monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", 0)
+    leaves, votes, _ = per_sender_sample(26)
+
+    def live_tensors():
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+
+    em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SCHEDULE)  # warm-up, dropped
+    before = live_tensors()
+    for _ in range(3):
+        outputs = em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SCHEDULE)
+        del outputs
+    assert live_tensors() <= before  # (a cycle would keep dozens per call)
+
+
 @pytest.mark.parametrize("votes_kind", ["per_sender", "strided", "contiguous"])
 def test_compiled_blocks_keep_votes_up_to_the_budget(votes_kind, compiled_blocks, monkeypatch):
-    """The votes a block forms (or copies, from strided votes) are kept as they are until the
-    call's budget is spent; later blocks are formed again in backward. A block that is a view of
-    the caller's contiguous votes costs nothing to keep and never counts."""
+    """The votes a block forms from :class:`PerSenderVotes` are kept as they are until the call's
+    budget is spent; later blocks are formed again in backward. Blocks of dense votes are never
+    formed again: views of contiguous votes cost nothing to keep, and a recipe for copies of
+    strided ones would keep the caller's whole votes (and their base) instead."""
     recipes = []
     original = kernel_module._saved_as_recipe
 
@@ -507,7 +544,7 @@ def test_compiled_blocks_keep_votes_up_to_the_budget(votes_kind, compiled_blocks
         votes = formed.detach().contiguous().requires_grad_(True)
     ours = em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SCHEDULE)
     assert compiled_blocks == [3, 3, 2]
-    assert recipes == ([] if votes_kind == "contiguous" else [3, 2])
+    assert recipes == ([3, 2] if votes_kind == "per_sender" else [])
     sources = leaves if votes_kind == "per_sender" else [votes, *leaves[2:]]
     ref = em_routing_kernel(formed if votes_kind == "per_sender" else votes, *leaves[2:],
                             strategy="vectorized", **SCHEDULE)

@@ -251,7 +251,8 @@ def em_routing(
             routed with float32 statistics). Or
             :class:`~torchvote.functional.em_kernel.PerSenderVotes` of that shape: votes not yet
             formed, which the ``"blocked"`` and (on a CPU) ``"compiled"`` strategies form one
-            block at a time (``"compiled"`` forms each block again in backward).
+            block at a time (``"compiled"`` keeps 512 MiB of them per call for backward and
+            forms later blocks again there).
         activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``. The range
             is the caller's contract and is not checked: checking it would read the values back
             from the device on every call of every EM layer (a synchronisation, and a graph break
@@ -310,8 +311,8 @@ def em_routing(
             ``return_assignments`` or ``all_passes`` not a bool.
         RuntimeError: (at double backward) differentiating the ``"blocked"`` or ``"compiled"``
             strategy's gradient again (for ``"compiled"``, torch's own error); (at backward)
-            ``"compiled"`` on a CPU after the factors of :class:`PerSenderVotes` (or strided
-            votes) were modified in place since forward, whose blocks it forms again;
+            ``"compiled"`` on a CPU after the factors of :class:`PerSenderVotes` whose blocks it
+            forms again (past 512 MiB) were modified in place since forward;
             ``strategy="blocked"`` under ``torch.export``, a ``torch.func`` transform (``vmap``,
             ``grad``, ``jacrev``, ``jvp``, ...) or forward-mode AD. Use ``strategy="vectorized"``
             for both.

@@ -56,12 +56,11 @@ forward-mode AD; ``"compiled"`` is only ever an explicit choice):
   per block shape, each differentiated by autograd: Inductor fuses each pass over a block into one
   loop that reads the votes once (the blocked strategy's eager products read ``[c, c^2]``, twice
   their size), and its backward recomputes the ``(n, i, j, h)`` temporaries, so a block's graph
-  keeps its votes and a few ``(n, i, j)`` tensors; votes the strategy formed or copied (from
-  :class:`PerSenderVotes`, or strided) past :data:`_KEPT_VOTES_BYTES` per call (512 MiB) are kept
-  as the product or copy that made them and formed again in backward (:func:`_saved_as_recipe`),
-  so memory stops growing with the batch. Double backward raises
-  (torch's "does not currently support double backward"), and so does backward after a factor of
-  the votes was modified in place.
+  keeps its votes and a few ``(n, i, j)`` tensors; votes formed from :class:`PerSenderVotes` past
+  :data:`_KEPT_VOTES_BYTES` per call (512 MiB) are kept as the product that formed them and formed
+  again in backward (:func:`_saved_as_recipe`), so memory stops growing with the batch. Double
+  backward raises (torch's "does not currently support double backward"); so does backward after
+  a factor of votes formed again was modified in place since forward.
 
 Votes in bfloat16 or float16 are routed with float32 statistics (cast per block in ``"blocked"``);
 poses, activations and assignments come back in the votes' dtype. Every strategy runs with
@@ -621,23 +620,39 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
 
 
 class _Recipe(NamedTuple):
-    """How to form a saved tensor again: ``form(*sources)``, with the sources' versions when saved."""
+    """How to form a saved tensor again: ``form(*sources)``, with the sources' versions when saved
+    and the dtype and shape it had."""
 
     form: Callable[..., Tensor]
     sources: tuple[Tensor, ...]
     versions: tuple[int, ...]
+    dtype: torch.dtype
+    shape: torch.Size
+
+
+class _Kept(NamedTuple):
+    """A saved tensor kept as it is (detached: an output saved by its own operation would otherwise
+    hold its graph in a reference cycle) and its version when saved."""
+
+    tensor: Tensor
+    version: int
+
+
+_MODIFIED = ("one of the variables needed for gradient computation has been modified by an inplace "
+             "operation after the forward pass of em_routing(strategy='compiled')")
 
 
 @contextlib.contextmanager
 def _saved_as_recipe(tensor: Tensor, form: Callable[..., Tensor], *sources: Tensor) -> Iterator[None]:
-    """While active, autograd keeps ``tensor`` (a copy formed as ``form(*sources)``) for backward as
-    that recipe and forms it again when backward needs it; every other saved tensor is kept as
-    usual. Not applied under a caller's saved-tensor hooks (activation checkpointing, offloading:
-    theirs decide what is kept) nor where hooks are disabled.
+    """While active, autograd keeps ``tensor`` (formed as ``form(*sources)``) for backward as that
+    recipe and forms it again (without autocast) when backward needs it. Every other saved tensor is
+    kept as it is, with the check autograd makes without hooks: backward raises if it was modified
+    in place since. Not applied under a caller's saved-tensor hooks (activation checkpointing,
+    offloading: theirs decide what is kept) nor where hooks are disabled.
 
     Raises (in backward):
-        RuntimeError: a source was modified in place after the forward pass, as autograd raises
-            for a saved tensor.
+        RuntimeError: a source of ``tensor``, or another saved tensor, was modified in place after
+            the forward pass, as autograd raises for a saved tensor.
     """
     hooks = torch._C._autograd
     if (not torch.is_grad_enabled() or not hooks._saved_tensors_hooks_is_enabled()
@@ -647,21 +662,26 @@ def _saved_as_recipe(tensor: Tensor, form: Callable[..., Tensor], *sources: Tens
 
     kept = weakref.ref(tensor)  # autograd may keep the hooks as long as the graph: not the tensor
 
-    def pack(saved: Tensor) -> Tensor | _Recipe:
+    def pack(saved: Tensor) -> _Kept | _Recipe:
         if saved is kept():  # the compiled graph saves its input itself, not an alias
-            return _Recipe(form, sources, tuple(source._version for source in sources))
-        return saved
+            versions = tuple(source._version for source in sources)
+            return _Recipe(form, sources, versions, saved.dtype, saved.shape)
+        return _Kept(saved.detach(), saved._version)  # detach() shares the version counter
 
-    def unpack(packed: Tensor | _Recipe) -> Tensor:
-        if not isinstance(packed, _Recipe):
-            return packed
+    def unpack(packed: _Kept | _Recipe) -> Tensor:
+        if isinstance(packed, _Kept):
+            if packed.tensor._version != packed.version:
+                raise RuntimeError(_MODIFIED)
+            return packed.tensor
         if any(source._version != version for source, version in zip(packed.sources, packed.versions,
                                                                        strict=True)):
-            raise RuntimeError(
-                "em_routing(strategy='compiled'): a tensor the votes are formed from was modified by "
-                "an inplace operation after the forward pass; the gradient needs it unchanged")
-        with torch.no_grad():
-            return packed.form(*packed.sources)
+            raise RuntimeError(f"{_MODIFIED} (a tensor its votes are formed from)")
+        with torch.no_grad(), autocast_off(packed.sources[0].device.type):  # as in forward
+            formed = packed.form(*packed.sources)
+        if formed.dtype != packed.dtype or formed.shape != packed.shape:  # never: forward made it so
+            raise RuntimeError(f"em_routing: votes formed again as {formed.dtype} {tuple(formed.shape)}, "
+                               f"saved as {packed.dtype} {tuple(packed.shape)}")
+        return formed
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
@@ -683,23 +703,26 @@ def _compiled_blocks(votes: Tensor | PerSenderVotes, activations: Tensor, beta_u
     A block's votes are made contiguous first (formed by one batched product if unformed): the
     compiled passes stream a contiguous block about 1.8x faster than the strided view of
     :class:`PerSenderVotes`. With gradients, each block's graph keeps a few ``(rows, i, j)`` tensors
-    (Inductor recomputes the ``(rows, i, j, h)`` temporaries in backward) and its votes: the first
-    :data:`_KEPT_VOTES_BYTES` of formed or copied votes as they are, later blocks as the product or
-    copy that made them, formed again in backward (:func:`_saved_as_recipe`), so that memory stops
-    growing with the batch past that budget (the paper's ConvCaps1 at batch 32 has 680 MB of
-    votes; at batch 128, 2.7 GB).
+    (Inductor recomputes the ``(rows, i, j, h)`` temporaries in backward) and its votes. Votes formed
+    from :class:`PerSenderVotes`: the first :data:`_KEPT_VOTES_BYTES` as they are, later blocks as
+    the product that formed them, formed again in backward (:func:`_saved_as_recipe`), so that
+    memory stops growing with the batch past that budget (the paper's ConvCaps1 at batch 32 has
+    680 MB of votes; at batch 128, 2.7 GB). Blocks of dense votes are views, or copies of strided
+    votes kept as they are (forming them again would keep the caller's whole votes instead).
     """
     factored = isinstance(votes, PerSenderVotes)
     rows = votes.left.shape[1] if factored else votes.shape[0]
-    # (j, rows, e) x (j, e, i h) -> (rows, i, j, h); or a copy where a block of votes is strided
-    form = functools.partial(_formed_block, receivers=votes.receivers) if factored else Tensor.contiguous
+    # (j, rows, e) x (j, e, i h) -> (rows, i, j, h)
+    form = functools.partial(_formed_block, receivers=votes.receivers) if factored else None
     loop, pieces, kept_bytes = _compiled_loop(), [], 0
     for start in range(0, rows, block_rows):
         block = slice(start, start + block_rows)
-        sources = (votes.left[:, block], votes.right) if factored else (votes[block],)
-        block_votes = form(*sources)
         kept = contextlib.nullcontext()
-        if block_votes.data_ptr() != sources[0].data_ptr():  # made here (else a view of the caller's)
+        if form is None:  # a view of contiguous votes, else a copy of strided ones (kept whole)
+            block_votes = votes[block].contiguous()
+        else:
+            sources = (votes.left[:, block], votes.right)
+            block_votes = form(*sources)
             kept_bytes += block_votes.numel() * block_votes.element_size()
             if kept_bytes > _KEPT_VOTES_BYTES:
                 kept = _saved_as_recipe(block_votes, form, *sources)
