@@ -18,7 +18,9 @@ Cases (all paper-exact: gradients through every routing iteration, no stop-gradi
   patches, repeats the weights over batch and positions (and the poses over the output types),
   and runs EM per patch with the usual broadcast tensors. ``--em-strategies`` adds a row per
   ``em_routing`` strategy forced on the layer (``torchvote-compiled``, ...); ``torchvote`` is
-  ``"auto"``.
+  ``"auto"``; ``torchvote-compiled-keep-all`` is ``"compiled"`` keeping every block of votes it
+  forms for backward, where ``"compiled"`` keeps 512 MiB per layer and forms the later blocks
+  again in backward.
 
 Timing runs every implementation in this one process, interleaved (ours, baseline, ours, ...), and
 reports medians; on CUDA each step is bracketed by ``torch.cuda.synchronize()``. ``--dtype
@@ -67,7 +69,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +86,7 @@ from _common import (
     release_free_heap,
     synchronize,
 )
+from torchvote.functional import em_kernel
 from torchvote.functional.em import default_inverse_temperature
 from torchvote.functional.em_kernel import STRATEGIES as EM_STRATEGIES
 from torchvote.nn.capsules import CapsuleLinear
@@ -223,12 +226,32 @@ def _grid(batch: int, rows: int, types: int, device: torch.device) -> MatrixCaps
     return MatrixCapsules(poses, activations)
 
 
+# The compiled strategy with every formed block of votes kept for backward (none formed again), to
+# measure what its kept-votes budget (em_kernel._KEPT_VOTES_BYTES) costs and saves.
+KEEP_ALL = "compiled-keep-all"
+
+
+@contextmanager
+def _kept_votes(keep_all: bool):
+    """No limit on the votes the compiled strategy keeps, where ``keep_all`` (the choice is made in
+    forward: backward needs nothing here)."""
+    budget = em_kernel._KEPT_VOTES_BYTES
+    if keep_all:
+        em_kernel._KEPT_VOTES_BYTES = sys.maxsize
+    try:
+        yield
+    finally:
+        em_kernel._KEPT_VOTES_BYTES = budget
+
+
 def _build_em(rows: int, in_types: int, out_types: int, kernel: int, stride: int, class_caps: bool):
     def build(impl: str, batch: int, seed: int, device: torch.device):
         torch.manual_seed(seed)
         capsules = _grid(batch, rows, in_types, device)
         if impl.startswith("torchvote"):  # "torchvote" (strategy "auto") or "torchvote-STRATEGY"
             strategy = impl.removeprefix("torchvote").removeprefix("-") or "auto"
+            keep_all = strategy == KEEP_ALL
+            strategy = "compiled" if keep_all else strategy
             if class_caps:
                 layer = ClassMatrixCapsules(in_types, out_types, strategy=strategy).to(device)
             else:
@@ -236,7 +259,8 @@ def _build_em(rows: int, in_types: int, out_types: int, kernel: int, stride: int
                                            strategy=strategy).to(device)
 
             def run() -> Tensor:
-                out = layer(capsules)
+                with _kept_votes(keep_all):
+                    out = layer(capsules)
                 return out.poses.float().sum() + out.activations.float().sum()
         else:
             layer = BaselineEM(in_types, out_types, kernel_size=kernel, stride=stride,
@@ -294,7 +318,7 @@ def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, dtyp
         # Warm the libraries up on a tiny batch (a compiled strategy, "compiled" or
         # "torchvote-compiled", on the batch itself: a new shape would compile again inside the
         # measured step).
-        compiled = impl.endswith("compiled")
+        compiled = "compiled" in impl
         run, params = CASES[case].build(impl, batch if compiled else 2, 0, cpu)
         _step(run, params, mode, cpu, dtype_)
         if not compiled:
@@ -417,9 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: all but em-paper (the paper's full-size ConvCaps1)")
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None,
                         help="CapsuleLinear strategies timed in the dynamic case (default: all)")
-    parser.add_argument("--em-strategies", nargs="+", choices=EM_STRATEGIES, default=["auto"],
+    parser.add_argument("--em-strategies", nargs="+", choices=(*EM_STRATEGIES, KEEP_ALL), default=["auto"],
                         help="em_routing strategies timed in the EM cases, as torchvote-STRATEGY "
-                             "rows (default: auto only, the row named torchvote)")
+                             f"rows (default: auto only, the row named torchvote); {KEEP_ALL}: "
+                             "compiled, keeping every block of votes for backward instead of 512 MiB")
     add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                         help="bfloat16 / float16 run every implementation under torch.autocast")

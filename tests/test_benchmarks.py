@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,6 +47,25 @@ def test_routing_benchmark_em_strategy_rows_route_with_that_strategy(load_benchm
     assert chosen == ["auto", "blocked", "vectorized"]
     for value in values.values():
         assert abs(value - values["torchvote"]) <= 1e-4 * abs(values["torchvote"])
+
+
+def test_routing_benchmark_keep_all_row_lifts_the_votes_budget_in_its_forward(load_benchmark, monkeypatch):
+    """``torchvote-compiled-keep-all``: the compiled strategy with no limit on the votes it keeps,
+    during that row's forward only (the other rows keep the library's budget)."""
+    routing = load_benchmark("routing")
+    seen = []
+
+    def spy(layer, capsules):  # records, and routes nothing (no compilation here)
+        seen.append((layer.routing.strategy, routing.em_kernel._KEPT_VOTES_BYTES))
+        return SimpleNamespace(poses=torch.zeros(1), activations=torch.zeros(1))
+
+    monkeypatch.setattr(routing.ConvMatrixCapsules, "forward", spy)
+    budget = routing.em_kernel._KEPT_VOTES_BYTES
+    for impl in ("torchvote-compiled-keep-all", "torchvote-compiled"):
+        run, _ = routing.CASES["em-conv2"].build(impl, 2, 0, torch.device("cpu"))
+        run()
+    assert seen == [("compiled", sys.maxsize), ("compiled", budget)]
+    assert budget == routing.em_kernel._KEPT_VOTES_BYTES
 
 
 def test_generation_benchmark_prints_the_cached_over_uncached_ratio_of_the_same_tokens(
