@@ -315,9 +315,9 @@ def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, dtyp
     try:
         torch.set_num_threads(threads)
         cpu, dtype_ = torch.device("cpu"), getattr(torch, dtype)
-        # Warm the libraries up on a tiny batch (a compiled strategy, "compiled" or
-        # "torchvote-compiled", on the batch itself: a new shape would compile again inside the
-        # measured step).
+        # Warm the libraries up on a tiny batch (a compiled strategy, "compiled",
+        # "torchvote-compiled" or "torchvote-compiled-keep-all", on the batch itself: a new shape
+        # would compile again inside the measured step).
         compiled = "compiled" in impl
         run, params = CASES[case].build(impl, batch if compiled else 2, 0, cpu)
         _step(run, params, mode, cpu, dtype_)

@@ -113,10 +113,11 @@ _BLOCK_ELEMENTS = 1 << 19
 # its block once whatever its size, so blocks are large, to spread the per-call cost of the compiled
 # forward and backward over many rows.
 _COMPILED_BLOCK_ELEMENTS = 1 << 22
-# Bytes of block votes the compiled strategy forms or copies on a CPU and keeps for backward, per call;
-# later blocks are kept as the product or copy that made them and formed again in backward (about
-# 9 ms a 21 MB block here: 0.3 s of a 1.6 s step if all of the paper's ConvCaps1 were formed again).
-# The first blocks cost no time, and past the budget the memory no longer grows with the batch.
+# Bytes of block votes the compiled strategy forms from PerSenderVotes on a CPU and keeps for backward,
+# per call; later blocks are kept as the product that formed them and formed again in backward
+# (about 9 ms a 21 MB block on the 2-core CPU: 0.3 s a step were all 32 blocks of the paper's
+# ConvCaps1 at batch 32 formed again). Blocks within the budget cost no time, and past it the memory
+# no longer grows with the batch.
 _KEPT_VOTES_BYTES = 1 << 29
 _LOG_2PI = math.log(2 * math.pi)
 
