@@ -116,7 +116,7 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
             ``"auto"`` (blocked on a CPU, vectorized elsewhere), ``"blocked"``, ``"vectorized"``
             or ``"compiled"`` (the routing loop under ``torch.compile``, compiled on the first call
             of each shape: the paper-size ConvCaps1 layer 4.2x faster than ``"auto"`` on an H200,
-            1.6-2.1x on a 2-core CPU, where it runs block by block: README, "EM routing"). Given to
+            1.6-2.2x on a 2-core CPU, where it runs block by block: docs/performance.md). Given to
             the class router too when it is ``"em"`` (unless ``router_options`` sets ``strategy``).
 
     Raises:
