@@ -68,6 +68,30 @@ def test_routing_benchmark_keep_all_row_lifts_the_votes_budget_in_its_forward(lo
     assert budget == routing.em_kernel._KEPT_VOTES_BYTES
 
 
+@pytest.mark.parametrize(
+    ("device", "row", "figures", "verdict"),
+    [
+        ("cpu", ("dynamic", 128, "fwd+bwd", "stream"), (19.0, 0.05, 0.08, 60.0), "met"),
+        ("cpu", ("dynamic", 128, "fwd+bwd", "stream"), (17.9, 0.05, 0.08, 60.0), "MISSED"),  # ratio
+        ("cpu", ("dynamic", 128, "fwd+bwd", "stream"), (19.0, 0.05, 0.101, 60.0), "MISSED"),  # time
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (9.0, 0.1, 1.4, 1500.0), "met"),  # no ratio
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (9.0, 0.1, 1.4, 1600.0), "MISSED"),  # memory
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (9.0, 0.1, 1.4, float("nan")), "MISSED"),
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (30.0, 0.1, 1.6, 300.0), "MISSED"),  # time
+        ("cuda", ("dynamic", 512, "fwd+bwd", "materialize"), (3.1, 0.3, 9.0, 900.0), "met"),  # no time
+        ("cuda", ("em-paper", 32, "fwd+bwd", "torchvote-compiled"), (9.9, 0.1, 0.01, 900.0), "MISSED"),
+    ],
+)
+def test_routing_benchmark_judges_issue_8_targets_by_device(load_benchmark, device, row, figures, verdict):
+    """The target lines: on a CPU dynamic routing needs both >= 18x and <= 100 ms, EM at the paper's
+    size <= 1.5 s and <= 1.5 GB (no ratio); on CUDA, ratios only (>= 3x, >= 10x); rows not run
+    print nothing."""
+    routing = load_benchmark("routing")  # torch.device("cuda") needs no CUDA device: nothing runs
+    lines = routing.target_lines({row: figures}, torch.device(device))
+    assert len(lines) == 1 and f": {verdict} (" in lines[0]
+    assert routing.target_lines({}, torch.device(device)) == []
+
+
 def test_generation_benchmark_prints_the_cached_over_uncached_ratio_of_the_same_tokens(
     load_benchmark, capsys
 ):
