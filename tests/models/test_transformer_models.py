@@ -437,12 +437,45 @@ def test_classifier_images_that_are_not_a_tensor_are_a_type_error():
         vit(torch.rand(1, 1, 28, 28).tolist())
 
 
-def test_a_tiny_temperature_samples_the_most_likely_token_without_nan():
-    # logits / 1e-40 overflowed to inf, and softmax(inf - inf) to NaN: multinomial refused it.
+@pytest.mark.parametrize("temperature", [1e-40, 1e-46, 1e-300])
+def test_a_tiny_temperature_samples_the_most_likely_token_without_nan(temperature):
+    # logits / 1e-40 overflowed to inf, and softmax(inf - inf) to NaN: multinomial refused it;
+    # below float32's smallest number (1.4e-45) the temperature itself became 0 in float32: 0 / 0.
     lm = _model("transformer-lm")
     prompt = torch.randint(lm.config.vocab_size, (2, 5))
-    cold = lm.generate(prompt, 6, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    cold = lm.generate(prompt, 6, temperature=temperature, generator=torch.Generator().manual_seed(0))
     assert torch.equal(cold, lm.generate(prompt, 6, temperature=0.0))
+
+
+@pytest.mark.parametrize("name", ["transformer-lm", "transformer-seq2seq"])
+def test_generate_gives_back_every_submodule_its_own_mode(name):
+    # generate restored the top module's mode to every submodule: a part the user kept in
+    # evaluation mode inside a training model came back training.
+    model = _model(name, dropout=0.1)
+    model.train()
+    kept = model.dropout if name == "transformer-lm" else model.encoder
+    kept.eval()
+    before = {part_name: part.training for part_name, part in model.named_modules()}
+    if name == "transformer-lm":
+        model.generate(torch.randint(model.config.vocab_size, (2, 3)), 2)
+    else:
+        model.generate(_sources(), max_new_tokens=2)
+    assert {part_name: part.training for part_name, part in model.named_modules()} == before
+    assert model.training and not kept.training
+
+
+def test_lm_generate_without_new_tokens_returns_a_new_tensor():
+    # max_new_tokens=0 returned the prompt itself: editing the result edited the caller's prompt.
+    lm = _model("transformer-lm")
+    for prompt in (torch.tensor([1, 2, 3]), torch.tensor([[1, 2, 3]])):
+        out = lm.generate(prompt, 0)
+        assert torch.equal(out, prompt) and out.data_ptr() != prompt.data_ptr()
+
+
+def test_lm_generate_names_the_shape_of_an_empty_prompt_as_given():
+    lm = _model("transformer-lm")
+    with pytest.raises(ValueError, match=r"prompt must hold at least one .*got shape \(0,\)"):
+        lm.generate(torch.zeros(0, dtype=torch.long), 2)
 
 
 def test_token_ids_outside_the_vocabulary_name_the_argument():

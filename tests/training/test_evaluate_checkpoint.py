@@ -164,3 +164,19 @@ def test_a_data_set_whose_labels_the_loss_does_not_take_is_evaluated_without_a_l
     handler = get_task_handler(spec.task)
     data = load_eval_entry(handler, pairs, model.config, root=tiny_mnist_root, options=MNIST)
     assert rows[1]["accuracy"] == evaluate(model, data, handler, batch_size=50)["accuracy"]
+
+
+def test_evaluate_gives_back_every_submodule_its_own_mode(tiny_config, tiny_mnist_root):
+    # evaluate() put the model back with model.train(was_training): a part kept in evaluation mode
+    # inside a training model (a frozen batch norm, say) came back training after each evaluation.
+    result = train(tiny_config("run"), verbose=False)
+    model, spec, _ = load_model_from_checkpoint(result.run_dir)
+    handler = get_task_handler(spec.task)
+    data = load_eval_entry(handler, "mnist", model.config, root=tiny_mnist_root, options=MNIST)
+    model.train()
+    kept = next(part for part in model.modules() if part is not model)
+    kept.eval()
+    before = {name: part.training for name, part in model.named_modules()}
+    evaluate(model, data, handler, batch_size=50)
+    assert {name: part.training for name, part in model.named_modules()} == before
+    assert model.training and not kept.training

@@ -14,8 +14,8 @@ those parts once:
 * :func:`check_special_ids`: ``pad_id``, ``bos_id``, ``eos_id`` against the vocabularies.
 * :func:`check_token_ids`: a ``(b, t)`` tensor of integer ids that fits.
 * :func:`run_stack`: a Transformer stack with or without its attention record.
-* :func:`greedy_decode` and :func:`evaluating`: the greedy loop and evaluation mode of
-  ``generate``.
+* :func:`greedy_decode`: the greedy loop of ``generate`` (in evaluation mode:
+  :func:`~torchvote.nn.modes.evaluating`, re-exported here).
 
 The modules keep their own attribute names (``token_embedding``, ``positions``, ``encoder``,
 ...), so state-dict keys of presets and checkpoints do not change.
@@ -23,8 +23,7 @@ The modules keep their own attribute names (``token_embedding``, ``positions``, 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 import torch
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.kv_cache import TransformerCache
+from torchvote.nn.modes import evaluating
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
 from torchvote.nn.transformer import AttentionFactory, AttentionIntermediates, TransformerConfig
@@ -239,17 +239,6 @@ def run_stack(
     if not need_weights:
         return stack(*args, **kwargs), None
     return stack(*args, return_intermediates=True, **kwargs)
-
-
-@contextlib.contextmanager
-def evaluating(module: nn.Module) -> Iterator[None]:
-    """Evaluation mode (no dropout) inside the block; the previous mode afterwards."""
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 def check_max_new_tokens(max_new_tokens: Any, max_len: int) -> int:

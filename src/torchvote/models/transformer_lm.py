@@ -258,6 +258,8 @@ class TransformerLM(nn.Module):
                 "length into a tensor)"
             )
         unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
+        if unbatched and prompt.shape[0] == 0:  # named as given, not as the (1, 0) batch it becomes
+            raise ValueError(f"prompt must hold at least one token, got shape {tuple(prompt.shape)}")
         tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
         check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
@@ -279,14 +281,17 @@ class TransformerLM(nn.Module):
                 logits = output.logits[:, -1].float()  # (b, vocab)
                 if temperature == 0.0:
                     next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
-                else:  # from the peak: a tiny temperature gives -inf, never inf - inf = NaN
-                    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+                else:  # from the peak: a tiny temperature gives -inf, never inf - inf = NaN;
+                    # in float64, where a temperature below float32's smallest number is still > 0
+                    logits = (logits.double() - logits.amax(dim=-1, keepdim=True)) / temperature
                     if top_k is not None and top_k < logits.shape[-1]:
                         threshold = logits.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
                         logits = logits.masked_fill(logits < threshold, float("-inf"))
                     probabilities = torch.softmax(logits, dim=-1)
                     next_token = torch.multinomial(probabilities, 1, generator=generator)  # (b, 1)
                 tokens = torch.cat([tokens, next_token.to(tokens.dtype)], dim=1)  # (b, t + 1)
+        if max_new_tokens == 0:  # a new tensor, as with new tokens: never the caller's prompt
+            tokens = tokens.clone()
         return tokens.squeeze(0) if unbatched else tokens
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.nn import MultiHeadAttention, RoutingAttention
+from torchvote.nn.modes import evaluating
 from torchvote.tracing import register_output
 from torchvote.validation import (
     check_flag,
@@ -415,10 +416,8 @@ class BertEncoder(nn.Module):
     def _run(
         self, input_ids: Tensor, key_mask: Tensor, token_type_ids: Tensor, *, record_attention: bool
     ) -> EncoderOutput:
-        """Run once in eval mode on the model's device, then restore the training mode."""
-        was_training = self.training
-        self.eval()
-        try:
+        """Run once in eval mode on the model's device, then give every part back its mode."""
+        with evaluating(self):
             device = self.embeddings.word_embeddings.weight.device
             return self(
                 input_ids.to(device),
@@ -426,8 +425,6 @@ class BertEncoder(nn.Module):
                 token_type_ids.to(device),
                 record_attention=record_attention,
             )
-        finally:
-            self.train(was_training)
 
     def layer_index(self, index: object) -> int:
         """``index`` of one of :attr:`layers` (negative counts from the end), as ``0 .. n - 1``.

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from torchvote.models.registry import ModelSpec, get_model_spec
+from torchvote.nn.modes import evaluating
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
@@ -105,11 +106,9 @@ def evaluate(
     autocast_dtype(bf16, fp16)  # checked before the model is touched
     context = context or DistributedContext()
     device = device or next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     indices = torch.arange(context.rank, len(data), context.world_size)
     totals: dict[str, torch.Tensor] = {}
-    try:
+    with evaluating(model):
         for start in range(0, len(indices), batch_size):
             batch = {k: v.to(device) for k, v in data.select(indices[start : start + batch_size]).items()}
             with autocast(device, bf16, fp16):
@@ -125,8 +124,6 @@ def evaluate(
                     sums = {**sums, "loss_sum": loss.float() * count, "loss_count": count}
             for key, value in sums.items():
                 totals[key] = totals.get(key, torch.zeros((), device=device)) + value.float()
-    finally:
-        model.train(was_training)
     keys = sorted(totals)
     stacked = all_reduce_sum(
         torch.stack([totals[k] for k in keys]) if keys else torch.zeros(0, device=device), context
