@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from torchvote.training import (
 )
 from torchvote.training.checkpoint import checkpoint_name
 from torchvote.training.config import ConfigError, config_to_dict
+from torchvote.training.optim import lr_multiplier
 from torchvote.training.plots import plot_run
 
 
@@ -246,6 +248,32 @@ def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(
     assert find_checkpoint(run_dir).weights.is_file()
 
 
+def test_a_generated_run_folder_stopped_before_its_first_checkpoint_starts_again_in_itself(
+    tiny_config, tmp_path, monkeypatch, capsys
+):
+    """The saved config of a generated folder says run_dir: null: "torchvote train RUN/config.yaml"
+    made a second folder and left the stopped one behind."""
+    from torchvote.cli import main
+    from torchvote.training import loop
+
+    outs = tmp_path / "outs"
+    config = tiny_config("unused", "max_steps=2", "eval_every=0", "run_dir=null", f"out_dir={outs}")
+
+    def interrupted(self, batch):
+        raise KeyboardInterrupt  # inside the first step: no checkpoint may be written
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loop._Run, "_train_step", interrupted)
+        result = train(config, verbose=False)
+    assert result.checkpoint is None and result.run_dir.parent == outs
+    line = next(line for line in capsys.readouterr().err.splitlines() if "start it again with: " in line)
+    command = shlex.split(line.split("start it again with: ", 1)[1])
+    assert command[:2] == ["torchvote", "train"] and f"run_dir={result.run_dir}" in command
+    assert main(command[1:]) == 0
+    assert [path.name for path in outs.iterdir()] == [result.run_dir.name]  # no second folder
+    assert find_checkpoint(result.run_dir).weights.is_file()
+
+
 def test_a_fresh_run_may_use_an_empty_folder(tiny_config):
     config = tiny_config("empty", "max_steps=1", "eval_every=0")
     Path(config.run_dir).mkdir()
@@ -316,6 +344,29 @@ def test_a_resume_that_redraws_a_cosine_schedule_says_so(tiny_config, capsys):
     train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
     expected = "redrawn over 12 steps (was 6): the learning rate goes from 0 to 0.002 at step 6"
     assert f"the cosine schedule is {expected}" in capsys.readouterr().err
+
+
+def test_the_first_step_after_a_redrawn_schedule_takes_the_new_rate(tiny_config):
+    """The optimiser kept its saved rate, the old curve's (0 at the end of 6 steps), for the first
+    resumed step; the scheduler's new curve began one step late."""
+    first = train(tiny_config("run", "epochs=1", "optim.lr=0.004", "optim.warmup_steps=0", "log_every=1"),
+                  verbose=False)
+    resumed = train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
+    rates = {r["step"]: r["lr"] for r in read_metrics(resumed.metrics_path) if r["event"] == "train"}
+    multiplier = lr_multiplier(resumed.config.optim, 12)
+    for step in (7, 8, 12):  # the rate a step trained with: the new curve's at its index (step - 1)
+        assert rates[step] == pytest.approx(0.004 * multiplier(step - 1), abs=5e-7)  # records: 6 decimals
+    assert rates[7] == pytest.approx(0.002, abs=5e-7)  # the old curve's was 0
+
+
+def test_a_resume_that_ends_before_the_checkpoint_is_refused(tiny_config):
+    """max_steps below the checkpoint's step was neither applied nor refused: the run said it had
+    finished its 3 steps and reported the step-6 weights as its result."""
+    first = train(tiny_config("run", "epochs=1"), verbose=False)
+    with pytest.raises(ConfigError, match=r"step-00000006.safetensors is at step 6, past the 3 steps"):
+        train(load_run_config(first.run_dir, ["max_steps=3"]), resume=first.run_dir, verbose=False)
+    again = train(load_run_config(first.run_dir, ["max_steps=6"]), resume=first.run_dir, verbose=False)
+    assert again.step == 6  # as many steps as were taken: finished, as before
 
 
 def test_deterministic_algorithms_are_on_for_the_run_only(tiny_config):

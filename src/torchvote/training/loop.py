@@ -577,11 +577,13 @@ class _Run:
     def _continue_command(self, *overrides: str) -> str:
         """``resume with: torchvote train --resume RUN [overrides]``, or, before the first
         checkpoint (nothing to resume), ``start it again with: torchvote train RUN/config.yaml``
-        (the saved config starts the run over in the same folder)."""
+        (the saved config starts the run over in the same folder; ``run_dir=RUN`` is added when
+        the folder was generated, as the saved config then names none and would make another)."""
         if self.last_checkpoint is not None:
             command = ["torchvote", "train", "--resume", str(self.run_dir), *overrides]
             return f"resume with: {shlex.join(command)}"
-        command = ["torchvote", "train", str(self.run_dir / "config.yaml"), *overrides]
+        same_folder = [f"run_dir={self.run_dir}"] if self.config.run_dir is None else []
+        command = ["torchvote", "train", str(self.run_dir / "config.yaml"), *same_folder, *overrides]
         return f"start it again with: {shlex.join(command)}"
 
     def _kept(self) -> str:

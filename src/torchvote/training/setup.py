@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import yaml
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 from torchvote.training.checkpoint import (
     CheckpointError,
@@ -271,9 +272,16 @@ def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> in
     The caller has checked the config (:func:`~torchvote.training.results.check_resumable`).
 
     Raises:
-        ConfigError: a onecycle schedule would be stretched.
+        ConfigError: a onecycle schedule would be stretched, or ``epochs`` / ``max_steps`` end the
+            run before the checkpoint's step.
         CheckpointError: the checkpoint was written for other data or does not fit the model.
     """
+    if int(state["step"]) > run.total_steps:  # neither applicable (the steps are taken) nor finished
+        raise ConfigError(
+            f"{paths.weights.name} is at step {state['step']}, past the {run.total_steps} steps that "
+            f"epochs={run.config.epochs} and max_steps={run.config.max_steps} give this run: resume with "
+            f"at least {state['step']} steps (or evaluate that checkpoint: torchvote evaluate)"
+        )
     order = state["data_order"]
     if order["num_examples"] != len(run.train_data) or order["global_batch"] != run.config.batch_size:
         raise CheckpointError(
@@ -290,6 +298,12 @@ def restore_state(run: Any, paths: CheckpointPaths, state: dict[str, Any]) -> in
     try:
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
+        if isinstance(run.scheduler, LambdaLR):  # the next step's rate from this run's schedule:
+            # the optimiser's saved rate is the old schedule's where epochs / max_steps redraw it
+            scheduler = run.scheduler
+            schedule = zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+            for group, (base, rate) in zip(run.optimizer.param_groups, schedule, strict=True):
+                group["lr"] = base * rate(scheduler.last_epoch)
         if state.get("scaler") and run.scaler.is_enabled():  # fp16 is not resumable: both or neither
             run.scaler.load_state_dict(state["scaler"])
     except (ValueError, KeyError, RuntimeError) as err:
