@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes"]
+__all__ = ["atomic_write", "atomic_write_bytes", "remove_abandoned_temporaries"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
@@ -53,6 +53,42 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         data: its new contents.
     """
     atomic_write(path, lambda handle: handle.write(data))
+
+
+def remove_abandoned_temporaries(directory: str | os.PathLike[str], name_glob: str = "*") -> list[Path]:
+    """Delete the temporary files :func:`atomic_write` left in ``directory`` when its process was
+    killed mid-write (a ``SIGKILL`` or a power loss skips its clean-up): a hidden file the size of
+    what was being written, never read. Only files whose writing process no longer runs on this
+    machine are deleted, so a write in progress (this process's or another's) is left alone.
+
+    Args:
+        directory: the folder to clean (nothing happens if it does not exist).
+        name_glob: the written files' names to match (``"step-*"``: checkpoints only).
+
+    Returns:
+        The files deleted.
+    """
+    removed = []
+    for temporary in Path(directory).glob(f".{name_glob}.tmp"):
+        pid = temporary.name.rsplit(".", 3)[1]  # .NAME.PID.HEX.tmp
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_runs(int(pid)):
+            temporary.unlink(missing_ok=True)
+            removed.append(temporary)
+    return removed
+
+
+def _process_runs(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (signal 0 checks without sending; on
+    Windows ``os.kill`` would end the process instead, so there every process counts as running)."""
+    if os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it runs, under another user (PermissionError), or the check is not allowed
+        return True
+    return True
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -133,6 +136,29 @@ def test_keep_prunes_old_checkpoints_after_the_pointer_moved(tmp_path):
         "step-00000003.state.pt",
         "step-00000004.state.pt",
     ]
+
+
+def test_a_write_killed_midway_leaves_a_temporary_file_the_next_save_removes(tmp_path):
+    """A SIGKILL inside atomic_write skips its clean-up: a hidden .tmp the size of a checkpoint
+    stayed in checkpoints/ for good. Writes of running processes (this one's, another's) stay."""
+    killed = (
+        "import os, signal\n"
+        "from torchvote.files import atomic_write\n"
+        "def write(handle):\n"
+        "    handle.write(b'x' * 4096); handle.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"atomic_write({str(tmp_path / 'step-00000003.state.pt')!r}, write)\n"
+    )
+    process = subprocess.run([sys.executable, "-c", killed], check=False)
+    assert process.returncode == -signal.SIGKILL
+    (abandoned,) = tmp_path.glob(".step-00000003.state.pt.*.tmp")
+    assert abandoned.stat().st_size == 4096
+    pids = (os.getpid(), os.getppid())  # this process, and its parent (alive while it runs)
+    running = [tmp_path / f".step-00000004.safetensors.{pid}.0123abcd.tmp" for pid in pids]
+    for path in running:
+        path.write_bytes(b"in progress")
+    _save(tmp_path, 4, _tiny_model())
+    assert not abandoned.exists()
+    assert all(path.exists() for path in running)
 
 
 def test_shape_mismatch_names_the_tensor_and_loads_nothing(tmp_path):

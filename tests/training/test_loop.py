@@ -540,6 +540,34 @@ def test_signal_saves_a_consistent_checkpoint_and_exits_cleanly(tiny_values, tmp
     _assert_same_weights(_weights(expected), _weights(saved))
 
 
+def test_ctrl_c_in_the_final_evaluation_stops_it_and_a_resume_finishes_it(tiny_config, monkeypatch, capsys):
+    """The stop request was still listening during the final evaluation: Ctrl-C printed "saving a
+    checkpoint after this step" and the evaluation ran on to the end (SIGTERM was ignored too)."""
+    from torchvote.training import loop
+
+    config = tiny_config("run", "epochs=1", "eval_every=0")
+    evaluate = loop._Run._evaluate
+
+    def interrupted(self, data):  # the first evaluation is the final one (eval_every=0)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the signal is handled here, as it would be inside a long evaluation
+        return evaluate(self, data)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+            patch.setattr(loop._Run, "_evaluate", interrupted)
+            train(config, verbose=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert "saving a checkpoint after this step" not in err
+    assert "KeyboardInterrupt: stopped in the final evaluation at step 6; the last checkpoint is" in err
+    assert f"resume with: torchvote train --resume {config.run_dir}" in err
+    resumed = train(load_run_config(Path(config.run_dir)), resume=Path(config.run_dir), verbose=False)
+    assert resumed.step == 6 and "mnist/test" in resumed.results
+
+
 def test_multimnist_batches_carry_the_digits_and_shift_them_with_the_image(tiny_config):
     import torchvote.data as data_package
     from torchvote.training.data import BatchPlan, iterate_batches

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from torchvote.files import atomic_write_bytes
+from torchvote.files import atomic_write_bytes, remove_abandoned_temporaries
 from torchvote.validation import check_positive_int
 
 __all__ = [
@@ -305,7 +305,9 @@ def save_checkpoint(
 
     A file already at the checkpoint's name (a run resumed from an older checkpoint because this
     one was unreadable) is never overwritten: it is renamed to ``<name>.old`` (``.old-2`` ...)
-    first, so nothing a run wrote is ever deleted except by ``keep``.
+    first, so nothing a run wrote is ever deleted except by ``keep``. The one other deletion:
+    the hidden temporary files of a write whose process was killed mid-write (never read, the
+    size of a checkpoint; :func:`~torchvote.files.remove_abandoned_temporaries`).
 
     Returns:
         the paths written.
@@ -331,6 +333,7 @@ def save_checkpoint(
     atomic_write_bytes(directory / LATEST, (paths.name + "\n").encode())
     if keep is not None:
         _prune(directory, keep, current=paths.name)
+    remove_abandoned_temporaries(directory)
     return paths
 
 

@@ -354,7 +354,7 @@ class _Run:
         try:
             with self.stop:
                 interrupted = self._loop()
-                results = {} if interrupted else self._final_evaluation()
+            results = {} if interrupted else self._final_results()
         except torch.cuda.OutOfMemoryError as err:
             raise TrainingOutOfMemoryError(self._out_of_memory_advice()) from err
         except (OSError, RuntimeError) as err:  # a full disk, a data file gone, a kernel error ...
@@ -624,6 +624,17 @@ class _Run:
             + (f"; or, with more free memory on the device, {self._continue_command()}"
                if self.last_checkpoint is not None else "")
         )
+
+    def _final_results(self) -> dict[str, dict[str, float]]:
+        """:meth:`_final_evaluation`, run outside the stop request: the last checkpoint is written,
+        so Ctrl-C stops the evaluation at once (saying so; a resume runs the evaluations not yet
+        recorded) and SIGTERM ends the process, instead of a request nothing would read."""
+        try:
+            return self._final_evaluation()
+        except KeyboardInterrupt:
+            self._log(f"KeyboardInterrupt: stopped in the final evaluation at step {self.step}; "
+                      f"{self._where_to_go_on()}")
+            raise
 
     def _final_evaluation(self) -> dict[str, dict[str, float]]:
         """Evaluate on the run's test set and each ``eval_on`` entry; write one ``final`` record
