@@ -440,6 +440,18 @@ def test_margin_and_spread_losses_train_a_classifier(tiny_config):
         assert result.results["mnist/test"]["loss"] >= 0
 
 
+def test_an_eval_on_entry_of_the_runs_own_data_set_is_reported_beside_it(tiny_config):
+    """Results were keyed by "name/split" alone: an eval_on entry of the run's own data set with
+    other options replaced the run's test result in the table (both records were written)."""
+    result = train(tiny_config("run", "epochs=1", "eval_on=[mnist:source=idx,limit=10]"), verbose=False)
+    labels = ["mnist/test", "mnist/test (mnist:source=idx,limit=10)"]
+    assert list(result.results) == labels
+    finals = [r for r in read_metrics(result.metrics_path) if r["event"] == "final"]
+    assert [r["dataset"] for r in finals] == labels
+    again = train(load_run_config(result.run_dir), resume=result.run_dir, verbose=False)  # recorded
+    assert again.results.keys() == result.results.keys()
+
+
 def test_canvas_trains_on_40x40_and_evaluates_on_affnist_style(tiny_config):
     config = tiny_config("run", "data.canvas=40", "epochs=1", "data.eval_limit=30")
     config.eval_on = ("affnist-style",)

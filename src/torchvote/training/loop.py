@@ -651,6 +651,8 @@ class _Run:
             if any_process(not reuse, self.context):  # every process evaluates, or none does
                 data = load()
                 label = f"{data.name}/{data.split}"
+                if label in results:  # another entry of one data set (other options): both stay
+                    label = f"{label} ({source})"
                 results[label] = self._evaluate(data)
                 if self.writer is not None:
                     self.writer.write(
