@@ -346,6 +346,21 @@ def test_a_resume_that_redraws_a_cosine_schedule_says_so(tiny_config, capsys):
     assert f"the cosine schedule is {expected}" in capsys.readouterr().err
 
 
+def test_a_resume_that_redraws_the_spread_margin_ramp_says_so(tiny_config, capsys):
+    """The margin ramp spans the run unless loss.spread_ramp_steps is set: a longer resumed run
+    redrew it silently (the margin fell from 0.9 back to the middle of the ramp)."""
+    first = train(tiny_config("run", "epochs=1", "loss.name=spread"), verbose=False)
+    capsys.readouterr()
+    train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
+    expected = "redrawn over 12 steps (was 6): the margin goes from 0.9 to 0.55 at step 6"
+    assert f"the spread loss's margin ramp is {expected}" in capsys.readouterr().err
+    fixed_ramp = tiny_config("fixed", "epochs=1", "loss.name=spread", "loss.spread_ramp_steps=4")
+    fixed = train(fixed_ramp, verbose=False)
+    capsys.readouterr()
+    train(load_run_config(fixed.run_dir, ["epochs=2"]), resume=fixed.run_dir, verbose=False)
+    assert "margin ramp" not in capsys.readouterr().err  # a ramp of its own length is not redrawn
+
+
 def test_the_first_step_after_a_redrawn_schedule_takes_the_new_rate(tiny_config):
     """The optimiser kept its saved rate, the old curve's (0 at the end of 6 steps), for the first
     resumed step; the scheduler's new curve began one step late."""

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.files import atomic_write_bytes
+from torchvote.losses import SpreadMarginSchedule
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
 from torchvote.training.config import TrainConfig, config_from_dict, config_to_dict, model_config_from
@@ -416,18 +417,27 @@ class _Run:
         return False
 
     def _note_a_redrawn_schedule(self, saved_total: int | None) -> None:
-        """Say so when a resume with other ``epochs`` / ``max_steps`` redraws a cosine schedule
-        over the new length (onecycle refuses it; the other schedules do not depend on it): the
-        learning rate jumps at the resumed step."""
-        optim = self.config.optim
-        if optim.schedule != "cosine" or saved_total in (None, self.total_steps):
+        """Say so when a resume with other ``epochs`` / ``max_steps`` redraws a schedule over the
+        new length: a cosine learning rate (onecycle refuses it; the other schedules do not depend
+        on it) or the spread loss's margin ramp (unless ``loss.spread_ramp_steps`` fixes it). The
+        value jumps at the resumed step."""
+        if saved_total in (None, self.total_steps):
             return
-        lengths = (saved_total, self.total_steps)
-        before, after = (optim.lr * lr_multiplier(optim, total)(self.step) for total in lengths)
-        self._log(
-            f"the cosine schedule is redrawn over {self.total_steps} steps (was {saved_total}): the "
-            f"learning rate goes from {before:.3g} to {after:.3g} at step {self.step}"
-        )
+        optim, loss, lengths = self.config.optim, self.config.loss, (saved_total, self.total_steps)
+        if optim.schedule == "cosine":
+            before, after = (optim.lr * lr_multiplier(optim, total)(self.step) for total in lengths)
+            self._log(
+                f"the cosine schedule is redrawn over {self.total_steps} steps (was {saved_total}): the "
+                f"learning rate goes from {before:.3g} to {after:.3g} at step {self.step}"
+            )
+        if loss.name == "spread" and not loss.spread_ramp_steps:
+            ramps = (SpreadMarginSchedule(max(total, 1), loss.spread_margin_start, loss.spread_margin_end)
+                     for total in lengths)
+            before, after = (ramp(self.step) for ramp in ramps)
+            self._log(
+                f"the spread loss's margin ramp is redrawn over {self.total_steps} steps (was "
+                f"{saved_total}): the margin goes from {before:.3g} to {after:.3g} at step {self.step}"
+            )
 
     def _epoch_batches(self) -> Any:
         """The batches of the current epoch from the current position (a resumed run starts
