@@ -131,6 +131,34 @@ def test_materialize_strategy_never_streams(monkeypatch, device):
     assert layer(torch.randn(2, 7, 3).to(device)).shape == (2, 4, 5)
 
 
+@pytest.mark.parametrize("routing", ["dynamic", "uniform", "inverted_dot_product", "self_attention"])
+def test_double_backward_needs_materialised_votes_and_the_streamed_ones_say_so(routing):
+    """Streamed votes let grad(create_graph=True) return a detached first derivative; the second
+    then failed with autograd's "appears to not have been used in the graph" (or "differentiate
+    twice a function marked once_differentiable"). Materialised votes give the second derivative,
+    equal to a finite difference of the first (float64)."""
+    torch.manual_seed(0)
+    layer = CapsuleLinear(5, 4, 3, 4, routing=routing, strategy="stream", init_std=0.5, dtype=torch.float64)
+    x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="differentiated once only.*strategy='materialize'"):
+        torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+    layer.strategy = "materialize"
+
+    def penalty() -> torch.Tensor:  # the squared input gradient of the layer's output energy
+        (grad,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+        return grad.square().sum()
+
+    (second,) = torch.autograd.grad(penalty(), layer.weight)
+    direction = torch.randn_like(layer.weight)
+    with torch.no_grad():
+        layer.weight += 1e-6 * direction
+    above = penalty().item()
+    with torch.no_grad():
+        layer.weight -= 2e-6 * direction
+    below = penalty().item()
+    assert (second * direction).sum().item() == pytest.approx((above - below) / 2e-6, rel=1e-4)
+
+
 def test_an_unknown_strategy_is_rejected_by_name():
     with pytest.raises(ValueError, match="strategy"):
         CapsuleLinear(7, 3, 4, 5, strategy="fast")

@@ -204,6 +204,7 @@ class _Routing(torch.autograd.Function):
         return (outputs, *couplings)
 
     @staticmethod
+    @routing_votes.differentiable_once
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_outputs: Tensor | None, *grad_couplings: Tensor | None):
         x, flat, bias, *saved = ctx.saved_tensors

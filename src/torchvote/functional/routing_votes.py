@@ -126,6 +126,27 @@ def _exact(method: Callable[..., _T]) -> Callable[..., _T]:
     return run
 
 
+def differentiable_once(backward: Callable[..., _T]) -> Callable[..., _T]:
+    """Refuse a backward asked for a graph of its own (``create_graph=True``: a gradient penalty,
+    a second derivative) with a message that says what to use instead. Under
+    ``once_differentiable`` alone the first derivative came back silently detached, and the second
+    failed later with autograd's "appears to not have been used in the graph". Not checked while
+    ``torch.compile`` traces the backward (it decides its own grad mode there)."""
+
+    @functools.wraps(backward)
+    def run(ctx: FunctionCtx, *grads: Tensor | None) -> _T:
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            raise RuntimeError(
+                "capsule votes streamed without being formed (LinearVotes: CapsuleLinear's "
+                "strategy='stream', what strategy='auto' picks on a CPU) can be differentiated once "
+                "only: their backward recomputes the products and is not itself differentiable; use "
+                "strategy='materialize' for double backward (create_graph=True)"
+            )
+        return backward(ctx, *grads)
+
+    return run
+
+
 def weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:
     """``s[i, b, d] = sum_{e, j} c[i, b, j] x[b, e, j] w[i, (e j), d]``, tile by tile.
 
@@ -269,6 +290,7 @@ class _LinearWeightedSum(torch.autograd.Function):
         return weighted_sum(couplings, inputs, weight)
 
     @staticmethod
+    @differentiable_once
     @once_differentiable
     @_exact
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -299,6 +321,7 @@ class _LinearDot(torch.autograd.Function):
         return agreement(inputs, weight, outputs)
 
     @staticmethod
+    @differentiable_once
     @once_differentiable
     @_exact
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -353,7 +376,7 @@ class LinearVotes(_WeightTimesInputs):
     the input capsule the sender ``j``). :meth:`weighted_sum` and :meth:`dot` are computed from
     ``weight`` and ``inputs`` directly, each a batched matrix product per receiver over
     cache-sized blocks, with hand-written first-order gradients that recompute rather than store
-    (double backward is not supported; use :meth:`materialize` and
+    (double backward raises a RuntimeError that says so; use :meth:`materialize` and
     :class:`~torchvote.functional.voting.PairwiseVotes` for that). Under ``torch.func``
     transforms and forward-mode AD the two products run as einsums instead (see
     :func:`~torchvote.tracing.plain_ops_required`): the same numbers, the memory of materialised votes.

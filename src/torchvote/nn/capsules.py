@@ -160,8 +160,12 @@ class CapsuleLinear(nn.Module):
     :class:`~torchvote.functional.routing_votes.SharedLinearVotes`), which never materialise the
     ``(batch, out_caps, in_caps, out_dim)`` tensor, or as that tensor, formed by one einsum:
     ``strategy`` chooses (see :mod:`torchvote.nn.routing_strategy`). Every strategy gives the same
-    numbers; they differ in speed and memory by device. EM routing, which needs the votes
-    elementwise, materialises them whatever the strategy.
+    numbers; they differ in speed and memory by device, and in one more way: votes that are never
+    formed (``"stream"``, what ``"auto"`` picks on a CPU) can be differentiated once only, so a
+    gradient penalty or any double backward (``create_graph=True``) needs ``"materialize"``
+    (``"stream"`` refuses it with a RuntimeError that says so; the slot router, which forms its
+    own, is not concerned). EM routing, which needs the votes elementwise, materialises them
+    whatever the strategy.
 
     Args:
         in_caps: input capsules ``j``.
