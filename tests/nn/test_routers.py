@@ -88,6 +88,24 @@ def test_em_router_strategy(strategy):
         EMRouter(out_caps=3, strategy="fast")
 
 
+def test_em_router_refuses_votes_of_another_dtype_as_every_router_does():
+    """A float32 EMRouter took float64 votes and gave float64 outputs: a float64 CapsuleLinear
+    with a float32 EM router was silently of two precisions (the other routers refuse)."""
+    from torchvote.nn.capsules import CapsuleLinear
+
+    router = EMRouter(out_caps=3)
+    votes = torch.randn(2, 3, 5, 4, dtype=DOUBLE)
+    refused = "votes has dtype torch.float64 but the router's parameters are torch.float32"
+    with pytest.raises(TypeError, match=refused):
+        router(votes)
+    layer = CapsuleLinear(5, 4, 3, 4, routing=EMRouter(out_caps=3), dtype=DOUBLE)  # the router's own dtype
+    with pytest.raises(TypeError, match=refused):
+        layer(torch.randn(2, 5, 4, dtype=DOUBLE))
+    assert router.double()(votes).outputs.dtype == DOUBLE  # converted together: fine
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed dtypes are autocast's to manage
+        assert torch.isfinite(EMRouter(out_caps=3)(votes.bfloat16()).outputs).all()
+
+
 def algorithm1(module: SlotAttention, inputs, slots, iterations, eps=1e-8):
     """Locatello et al. 2020, Algorithm 1 for one example, with the module's own parameters."""
     inputs = module.norm_inputs(inputs)

@@ -67,7 +67,13 @@ from torchvote.functional.em import (
 from torchvote.functional.em_kernel import STRATEGIES, PerSenderVotes, SenderGroups
 from torchvote.functional.routing import RoutingVotes, as_routing_votes
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
-from torchvote.validation import check_choice, check_float_dtype, check_positive_float, check_positive_int
+from torchvote.validation import (
+    check_choice,
+    check_float_dtype,
+    check_input_dtype,
+    check_positive_float,
+    check_positive_int,
+)
 
 __all__ = ["EMRouter"]
 
@@ -201,10 +207,13 @@ class EMRouter(Router):
 
         Raises:
             TypeError, ValueError: votes neither a floating-point tensor ``(batch..., out_caps,
-                in_caps, pose_dim)`` nor a votes object; what
+                in_caps, pose_dim)`` nor a votes object; votes not of the router's dtype (outside
+                ``torch.autocast``), as every router refuses them; what
                 :func:`~torchvote.functional.em.em_routing` raises.
         """
         tensor = as_routing_votes(votes).materialize()  # EM reads them elementwise
+        # float64 votes made float64 outputs of a float32 router: a layer silently of two precisions
+        check_input_dtype(tensor, self.beta_u.dtype, "votes", reference="the router's parameters")
         if activations is None:
             activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (batch..., in_caps)
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)
