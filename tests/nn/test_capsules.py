@@ -216,6 +216,28 @@ def test_capsule_linear_and_primary_capsules_check_their_other_arguments():
     assert PrimaryCapsules(1, 2, 4, kernel_size=3, padding=1).num_capsules(5, 5) == 2 * 3 * 3
 
 
+def test_capsule_counts_agree_with_forward_and_refuse_what_it_refuses():
+    """num_capsules(5, 5) of a 9x9 kernel said 32 (two grid sizes of -1 multiplied), and
+    output_size(5, 5) (-1, -1), for an input forward refuses; num_capsules(0, 0) said 512."""
+    from torchvote.nn.em_capsules import ConvMatrixCapsules
+
+    layer = PrimaryCapsules(1, 32, 8)  # 9x9, stride 2: the paper's
+    for size in (9, 10, 20, 28):  # the counts of the capsules forward makes, down to the kernel's size
+        assert layer(torch.rand(1, 1, size, size)).shape[1] == layer.num_capsules(size, size)
+    for bad, message in (((5, 5), "5x5 .* smaller than the 9x9 kernel"), ((0, 0), "height must be")):
+        with pytest.raises(ValueError, match=message):
+            layer.num_capsules(*bad)
+        with pytest.raises(ValueError, match=message):
+            layer.output_size(*bad)
+    with pytest.raises(ValueError, match="smaller than the kernel's extent"):  # forward agrees
+        layer(torch.rand(1, 1, 5, 5))
+    conv = ConvMatrixCapsules(2, 2, kernel_size=3, pose_dim=4, stride=2)
+    assert conv.output_size(3, 7) == (1, 3)
+    for bad, message in (((1, 1), "1x1 is smaller than the kernel_size=3"), ((0, 4), "rows must be")):
+        with pytest.raises(ValueError, match=message):
+            conv.output_size(*bad)
+
+
 @pytest.mark.parametrize("strategy", ["materialize", "stream"])
 @pytest.mark.parametrize("routing", sorted(list_routers()))
 def test_an_empty_batch_gives_empty_outputs(routing, strategy):

@@ -128,12 +128,28 @@ class PrimaryCapsules(nn.Module):
         )
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
-        """The ``(rows, columns)`` of the capsule grid for an input of ``height x width``."""
+        """The ``(rows, columns)`` of the capsule grid for an input of ``height x width``.
+
+        Raises:
+            ValueError: ``height`` or ``width`` not a positive integer, or smaller than the kernel
+                (after padding): ``forward`` refuses such an input (the sizes came out negative,
+                and their product a plausible capsule count).
+        """
+        height, width = check_positive_int(height, "height"), check_positive_int(width, "width")
         (kh, kw), (sh, sw), (ph, pw) = self.conv.kernel_size, self.conv.stride, self.conv.padding
+        if height + 2 * ph < kh or width + 2 * pw < kw:
+            raise ValueError(
+                f"an input of {height}x{width} (padding {ph}x{pw}) is smaller than the {kh}x{kw} kernel: "
+                "the layer makes no capsule from it"
+            )
         return (height + 2 * ph - kh) // sh + 1, (width + 2 * pw - kw) // sw + 1
 
     def num_capsules(self, height: int, width: int) -> int:
-        """Capsules produced from an input of ``height x width`` (the next layer's ``in_caps``)."""
+        """Capsules produced from an input of ``height x width`` (the next layer's ``in_caps``).
+
+        Raises:
+            ValueError: what :meth:`output_size` refuses.
+        """
         rows, columns = self.output_size(height, width)
         return self.num_types * rows * columns
 

@@ -258,7 +258,18 @@ class ConvMatrixCapsules(nn.Module):
         )
 
     def output_size(self, rows: int, cols: int) -> tuple[int, int]:
-        """The output grid for an input grid of ``rows x cols``."""
+        """The output grid for an input grid of ``rows x cols``.
+
+        Raises:
+            ValueError: ``rows`` or ``cols`` not a positive integer, or smaller than the kernel
+                (the sizes came out negative).
+        """
+        rows, cols = check_positive_int(rows, "rows"), check_positive_int(cols, "cols")
+        if min(rows, cols) < self.kernel_size:
+            raise ValueError(
+                f"an input grid of {rows}x{cols} is smaller than the kernel_size={self.kernel_size}: "
+                "the layer makes no capsule from it"
+            )
         return (rows - self.kernel_size) // self.stride + 1, (cols - self.kernel_size) // self.stride + 1
 
     def sender_groups(self, rows: int, cols: int, device: torch.device | None = None) -> Tensor | None:
