@@ -106,6 +106,25 @@ def test_em_router_refuses_votes_of_another_dtype_as_every_router_does():
         assert torch.isfinite(EMRouter(out_caps=3)(votes.bfloat16()).outputs).all()
 
 
+def test_em_inverse_temperature_given_as_an_iterator_or_a_0d_tensor():
+    """EMRouter checked an iterator schedule by consuming it, then routed with the empty iterator
+    ("got 0" values); em_routing refused a 0-d tensor constant ("iteration over a 0-d tensor")."""
+    from torchvote.functional.em import em_routing
+
+    torch.manual_seed(0)
+    votes = torch.randn(2, 3, 5, 4, dtype=DOUBLE)
+    listed = EMRouter(out_caps=3, inverse_temperature=[0.1, 0.2, 0.3], dtype=DOUBLE)
+    iterated = EMRouter(out_caps=3, inverse_temperature=iter([0.1, 0.2, 0.3]), dtype=DOUBLE)
+    torch.testing.assert_close(iterated(votes).outputs, listed(votes).outputs)
+    torch.testing.assert_close(iterated(votes).outputs, iterated(votes).outputs)  # not used up
+    activations, zeros = torch.ones(2, 5, dtype=DOUBLE), torch.zeros(3, dtype=DOUBLE)
+    constant = em_routing(votes, activations, zeros, zeros, inverse_temperature=0.01)
+    for scalar in (torch.tensor(0.01), torch.tensor(0.01, dtype=DOUBLE)):
+        for got, expected in zip(em_routing(votes, activations, zeros, zeros, inverse_temperature=scalar),
+                                 constant, strict=True):
+            torch.testing.assert_close(got, expected)
+
+
 def algorithm1(module: SlotAttention, inputs, slots, iterations, eps=1e-8):
     """Locatello et al. 2020, Algorithm 1 for one example, with the module's own parameters."""
     inputs = module.norm_inputs(inputs)

@@ -156,8 +156,10 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
 
     if callable(inverse_temperature):
         values = [as_value(inverse_temperature(t)) for t in range(iterations)]
-    elif isinstance(inverse_temperature, (numbers.Real, bool, str, bytes)) or not hasattr(
-        inverse_temperature, "__iter__"
+    elif (
+        isinstance(inverse_temperature, (numbers.Real, bool, str, bytes))
+        or not hasattr(inverse_temperature, "__iter__")
+        or getattr(inverse_temperature, "ndim", None) == 0  # a 0-d tensor or array: not iterable
     ):
         values = [as_value(inverse_temperature)] * iterations  # a constant (refused if not a number)
     else:

@@ -128,7 +128,9 @@ class EMRouter(Router):
         super().__init__()
         self.iterations = check_positive_int(iterations, "iterations")
         schedule = inverse_temperature_schedule(inverse_temperature, iterations)  # checked where it enters
-        self.inverse_temperature = inverse_temperature
+        # a callable is kept (it may read its own state); anything else as the values checked, once:
+        # an iterator given here was consumed by the check, and routing found it empty
+        self.inverse_temperature = inverse_temperature if callable(inverse_temperature) else schedule
         self.eps = check_positive_float(eps, "eps")
         self.strategy = check_choice(strategy, STRATEGIES, "strategy")
         check_positive_int(out_caps, "out_caps")
