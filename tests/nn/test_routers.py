@@ -9,6 +9,7 @@ import torch
 
 from torchvote.functional.routing import list_routers
 from torchvote.functional.routing_votes import LinearVotes
+from torchvote.nn.capsules import PrimaryCapsules
 from torchvote.nn.routers import EMRouter, RoutingResult, SlotAttention, make_router
 
 DOUBLE = torch.float64
@@ -123,6 +124,28 @@ def test_em_inverse_temperature_given_as_an_iterator_or_a_0d_tensor():
         for got, expected in zip(em_routing(votes, activations, zeros, zeros, inverse_temperature=scalar),
                                  constant, strict=True):
             torch.testing.assert_close(got, expected)
+
+
+_SIZES = {"in_caps": 5, "out_caps": 3, "out_dim": 4}
+
+
+@pytest.mark.parametrize(
+    ("build", "shown"),
+    [
+        (lambda: make_router("dynamic", **_SIZES, bias=True, iterations=5),
+         "iterations=5, agreement='dot', detach_votes=False, bias=True"),
+        (lambda: make_router("uniform", **_SIZES, nonlinearity="layer_norm"), "nonlinearity='layer_norm'"),
+        (lambda: make_router("self_attention", **_SIZES, log_prior=False), "log_prior=False"),
+        (lambda: make_router("inverted_dot_product", **_SIZES, iterations=7), "iterations=7"),
+        (lambda: make_router("slot", **_SIZES, iterations=7, squash_outputs=False),
+         "iterations=7, squash_outputs=False"),
+        (lambda: EMRouter(out_caps=3, eps=1e-3, empty_activation=0.3), "eps=0.001, empty_activation=0.3"),
+        (lambda: PrimaryCapsules(1, 32, 8), "num_types=32, caps_dim=8"),
+    ],
+)
+def test_a_module_repr_shows_the_options_that_change_what_it_computes(build, shown):
+    """Each of these printed none of them (a bias, iterations, the nonlinearity, the prior...)."""
+    assert shown in repr(build())
 
 
 def algorithm1(module: SlotAttention, inputs, slots, iterations, eps=1e-8):

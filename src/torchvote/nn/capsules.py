@@ -127,6 +127,9 @@ class PrimaryCapsules(nn.Module):
             dtype=dtype,
         )
 
+    def extra_repr(self) -> str:
+        return f"num_types={self.num_types}, caps_dim={self.caps_dim}"
+
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """The ``(rows, columns)`` of the capsule grid for an input of ``height x width``.
 

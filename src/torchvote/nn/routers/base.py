@@ -220,6 +220,14 @@ class BiasedRouter(Router):
             return {}
         return {"out_caps": self.bias.shape[0], "out_dim": self.bias.shape[1]}
 
+    def extra_repr(self) -> str:
+        """``bias=True`` where the router learns one (a parameter: ``repr`` lists no parameter)."""
+        return "" if self.bias is None else "bias=True"
+
+    def _with_bias(self, options: str) -> str:
+        """A subclass's ``extra_repr``: its ``options``, then the bias where there is one."""
+        return ", ".join(text for text in (options, BiasedRouter.extra_repr(self)) if text)
+
     @classmethod
     def from_layer(
         cls, *, in_caps: int, out_caps: int, out_dim: int, iterations: int, factory: dict, **options: Any

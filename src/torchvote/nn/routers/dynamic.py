@@ -60,4 +60,6 @@ class DynamicRouter(BiasedRouter):
         return RoutingResult(outputs, couplings)
 
     def extra_repr(self) -> str:
-        return f"iterations={self.iterations}, agreement={self.agreement!r}, detach_votes={self.detach_votes}"
+        return self._with_bias(
+            f"iterations={self.iterations}, agreement={self.agreement!r}, detach_votes={self.detach_votes}"
+        )

@@ -229,7 +229,8 @@ class EMRouter(Router):
         return cls(out_caps=out_caps, iterations=iterations, **factory, **options)
 
     def extra_repr(self) -> str:
-        text = f"out_caps={self.beta_u.shape[0]}, iterations={self.iterations}, strategy={self.strategy!r}"
+        text = (f"out_caps={self.beta_u.shape[0]}, iterations={self.iterations}, strategy={self.strategy!r}, "
+                f"eps={self.eps}, empty_activation={self.empty_activation}")
         if self.data_per_parent is not None:
             text += f", data_per_parent={self.data_per_parent}"
         return text

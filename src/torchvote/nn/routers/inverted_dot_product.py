@@ -51,6 +51,9 @@ class InvertedDotProductRouter(Router):
         check_float_dtype(dtype)
         self.norm = nn.LayerNorm(out_dim, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
 
+    def extra_repr(self) -> str:
+        return f"iterations={self.iterations}"
+
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         votes = self.check_votes_for_norm(votes, self.norm)

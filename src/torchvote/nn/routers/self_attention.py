@@ -61,6 +61,9 @@ class SelfAttentionRouter(Router):
         )
         return RoutingResult(outputs, couplings)
 
+    def extra_repr(self) -> str:
+        return f"log_prior={self.log_prior is not None}"
+
     def layer_sizes(self) -> dict[str, int]:
         if self.log_prior is None:
             return {}

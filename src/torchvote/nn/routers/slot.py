@@ -142,6 +142,9 @@ class SlotRouter(Router):
         self.to_query = nn.Linear(out_dim, out_dim, bias=False, **factory)
         self.update = SlotUpdate(out_dim, hidden_dim, factory)
 
+    def extra_repr(self) -> str:
+        return f"iterations={self.iterations}, squash_outputs={self.squash_outputs}"
+
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         if self.norm_votes is not None:

@@ -44,6 +44,9 @@ class UniformRouter(BiasedRouter):
             nonlinearity, ("squash", "efficient_squash", "layer_norm", "identity"), "nonlinearity"
         )
 
+    def extra_repr(self) -> str:
+        return self._with_bias(f"nonlinearity={self.nonlinearity!r}")
+
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         outputs, couplings = uniform_routing(votes, nonlinearity=self.nonlinearity, bias=self.bias)
