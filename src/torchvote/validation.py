@@ -275,6 +275,33 @@ def check_input_dtype(
     )
 
 
+def check_device(
+    tensor: torch.Tensor, device: torch.device, argument: str, reference: str | None = None
+) -> None:
+    """Refuse a ``tensor`` on another device than ``device``, before an operation fails on it with
+    an error that names no argument (or, for some pairs such as a CPU tensor beside a ``meta``
+    one, computes on uninitialised memory without a word).
+
+    Args:
+        tensor: the input to check.
+        device: where it must be: a module's parameters' device (the default ``reference``) or that
+            of the tensor it is combined with.
+        argument: its name, for the message.
+        reference: what ``device`` belongs to, e.g. ``"the inputs"``; ``None`` for a module's
+            parameters.
+
+    Raises:
+        ValueError: naming the argument, its device and the one expected.
+    """
+    if tensor.device == device:
+        return
+    where = "the module's parameters" if reference is None else reference
+    raise ValueError(
+        f"{argument} is on {tensor.device} but {where} are on {device}: move one of them "
+        f"(e.g. {argument}.to({str(device)!r}))"
+    )
+
+
 def check_integer_tensor(value: Any, argument: str, expected: str) -> None:
     """Refuse anything but a tensor of integers (not bool): ids and class indices, which a float
     tensor would reach truncated. Reads only the dtype.

@@ -238,6 +238,32 @@ def test_capsule_counts_agree_with_forward_and_refuse_what_it_refuses():
             conv.output_size(*bad)
 
 
+def test_inputs_on_another_device_than_the_parameters_are_refused_by_name():
+    """Nothing checked the device: CPU inputs of a layer on another device failed deep in torch,
+    and beside a meta layer an einsum computed on uninitialised memory without a word (the meta
+    device stands in here for a GPU, which this test cannot assume)."""
+    from torchvote.nn.em_capsules import ClassMatrixCapsules, ConvMatrixCapsules, MatrixCapsules
+
+    meta = torch.device("meta")
+    for strategy in ("materialize", "stream"):
+        layer = CapsuleLinear(5, 4, 3, 4, strategy=strategy, device=meta)
+        with pytest.raises(ValueError, match="inputs is on cpu but the module's parameters are on meta"):
+            layer(torch.randn(2, 5, 4))
+    em_layer = CapsuleLinear(5, 4, 3, 4, routing="em")
+    with pytest.raises(ValueError, match="activations is on meta but the inputs are on cpu"):
+        em_layer(torch.randn(2, 5, 4), activations=torch.ones(2, 5, device=meta))
+    with pytest.raises(ValueError, match="features is on cpu but the module's parameters are on meta"):
+        PrimaryCapsules(1, 2, 4, kernel_size=3, device=meta)(torch.rand(1, 1, 5, 5))
+    grid = MatrixCapsules(torch.randn(1, 3, 3, 2, 4, 4), torch.rand(1, 3, 3, 2))
+    with pytest.raises(ValueError, match="capsules.poses is on cpu but the module's parameters are on meta"):
+        ConvMatrixCapsules(2, 2, kernel_size=3, pose_dim=4, device=meta)(grid)
+    with pytest.raises(ValueError, match="capsules.poses is on cpu"):
+        ClassMatrixCapsules(2, 3, pose_dim=4, device=meta)(grid)
+    mixed = MatrixCapsules(grid.poses, grid.activations.to(meta))
+    with pytest.raises(ValueError, match="capsules.activations is on meta but the poses are on cpu"):
+        ConvMatrixCapsules(2, 2, kernel_size=3, pose_dim=4)(mixed)
+
+
 @pytest.mark.parametrize("strategy", ["materialize", "stream"])
 @pytest.mark.parametrize("routing", sorted(list_routers()))
 def test_an_empty_batch_gives_empty_outputs(routing, strategy):

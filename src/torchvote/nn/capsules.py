@@ -27,6 +27,7 @@ from torchvote.nn.routers.base import build_router
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
 from torchvote.validation import (
     check_choice,
+    check_device,
     check_flag,
     check_float_dtype,
     check_input_dtype,
@@ -50,10 +51,11 @@ def check_feature_maps(features: Tensor, conv: nn.Conv2d, argument: str = "featu
     Raises:
         TypeError: ``features`` not a floating-point tensor of the convolution's dtype (outside
             ``torch.autocast``).
-        ValueError: not 4-D, another channel count, or a map smaller than the kernel (its
-            dilated extent, after padding).
+        ValueError: not 4-D, another channel count, a map smaller than the kernel (its
+            dilated extent, after padding), or on another device than the convolution.
     """
     check_input_dtype(features, conv.weight.dtype, argument)
+    check_device(features, conv.weight.device, argument)
     if features.dim() != 4 or features.shape[1] != conv.in_channels:
         raise ValueError(
             f"{argument} must have shape (batch, in_channels={conv.in_channels}, height, width), got "
@@ -294,6 +296,7 @@ class CapsuleLinear(nn.Module):
         # Every strategy refuses what one of them cannot take: "stream" would promote the dtypes,
         # "materialize" fail in its einsum.
         check_input_dtype(inputs, self.weight.dtype, "inputs")
+        check_device(inputs, self.weight.device, "inputs")
         if inputs.dim() < 2 or inputs.shape[-2] != self.in_caps:
             raise ValueError(
                 f"inputs must have in_caps={self.in_caps} capsules, shape (batch..., {self.in_caps}, "
@@ -322,6 +325,7 @@ class CapsuleLinear(nn.Module):
             )
         if not activations.is_floating_point():  # bool or integer: 0/1 weights, surely not meant
             raise TypeError(f"activations must be floating point (in [0, 1]), got dtype {activations.dtype}")
+        check_device(activations, inputs.device, "activations", "the inputs")
 
     def forward(
         self, inputs: Tensor, *, activations: Tensor | None = None, return_routing: bool = False
@@ -340,8 +344,9 @@ class CapsuleLinear(nn.Module):
             ``(batch..., out_caps, out_dim)``, or the :class:`RoutingResult`.
 
         Raises:
-            ValueError: if ``inputs`` does not match ``in_caps`` and ``in_dim``; ``activations``
-                given to a router that does not use them, or not of shape ``(batch..., in_caps)``.
+            ValueError: if ``inputs`` does not match ``in_caps`` and ``in_dim`` or is on another
+                device than the weights; ``activations`` given to a router that does not use them,
+                not of shape ``(batch..., in_caps)`` or not on the inputs' device.
             TypeError: if ``inputs`` is not floating point or not of the weights' dtype (outside
                 ``torch.autocast``); ``activations`` not floating point; a ``return_routing``
                 that is not a bool.

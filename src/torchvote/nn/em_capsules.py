@@ -45,6 +45,7 @@ from torchvote.nn.routers import EMRouter, Router, RoutingResult
 from torchvote.nn.routers.base import build_router
 from torchvote.validation import (
     check_choice,
+    check_device,
     check_flag,
     check_float_dtype,
     check_input_dtype,
@@ -101,25 +102,28 @@ def _checked_side(pose_dim: int, **sizes: int) -> int:
 
 
 def _check_grid(
-    capsules: MatrixCapsules, types: int, side: int, dtype: torch.dtype, argument: str = "capsules"
+    capsules: MatrixCapsules, types: int, side: int, parameter: Tensor, argument: str = "capsules"
 ) -> None:
-    """Refuse a grid of capsules a layer whose parameters are ``dtype`` cannot route: shapes and
-    dtypes only.
+    """Refuse a grid of capsules a layer whose parameters are ``parameter``'s dtype and device
+    cannot route: shapes, dtypes and devices only.
 
     Raises:
-        TypeError: not a pair of tensors, poses not floating point of ``dtype`` or activations not
-            of the poses' dtype (outside ``torch.autocast``; a bool or integer activation would be
-            read as 0 or 1).
+        TypeError: not a pair of tensors, poses not floating point of ``parameter``'s dtype or
+            activations not of the poses' dtype (outside ``torch.autocast``; a bool or integer
+            activation would be read as 0 or 1).
         ValueError: poses not ``(batch, rows, cols, types, side, side)`` or activations not
-            ``(batch, rows, cols, types)``.
+            ``(batch, rows, cols, types)``; poses not on ``parameter``'s device, activations not
+            on the poses'.
     """
     if not isinstance(capsules, (tuple, list)) or len(capsules) != 2:
         raise TypeError(
             f"{argument} must be MatrixCapsules(poses, activations), got {type(capsules).__name__}"
         )
     poses, activations = capsules
-    check_input_dtype(poses, dtype, f"{argument}.poses")
+    check_input_dtype(poses, parameter.dtype, f"{argument}.poses")
     check_input_dtype(activations, poses.dtype, f"{argument}.activations", "the poses")
+    check_device(poses, parameter.device, f"{argument}.poses")
+    check_device(activations, poses.device, f"{argument}.activations", "the poses")
     if poses.dim() != 6 or poses.shape[-3:] != (types, side, side):
         raise ValueError(
             f"{argument}.poses must have shape (batch, rows, cols, types={types}, {side}, {side}), "
@@ -305,7 +309,7 @@ class ConvMatrixCapsules(nn.Module):
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
         """:meth:`votes` as unformed :class:`PerSenderVotes` (checks as there)."""
-        _check_grid(capsules, self.in_types, self.side, self.weight.dtype)
+        _check_grid(capsules, self.in_types, self.side, self.weight)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
         if rows < self.kernel_size or cols < self.kernel_size:
@@ -472,7 +476,7 @@ class ClassMatrixCapsules(nn.Module):
         Raises:
             TypeError, ValueError: a grid of the wrong types, pose size or dtype.
         """
-        _check_grid(capsules, self.in_types, self.side, self.weight.dtype)
+        _check_grid(capsules, self.in_types, self.side, self.weight)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
         votes = torch.einsum("bhwtpq,tiqr->bihwtpr", poses, self.weight).flatten(-2)  # (b, i, h, w, t, P*P)
