@@ -55,7 +55,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     atomic_write(path, lambda handle: handle.write(data))
 
 
-def remove_abandoned_temporaries(directory: str | os.PathLike[str], name_glob: str = "*") -> list[Path]:
+def remove_abandoned_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
     """Delete the temporary files :func:`atomic_write` left in ``directory`` when its process was
     killed mid-write (a ``SIGKILL`` or a power loss skips its clean-up): a hidden file the size of
     what was being written, never read. Only files whose writing process no longer runs on this
@@ -63,13 +63,12 @@ def remove_abandoned_temporaries(directory: str | os.PathLike[str], name_glob: s
 
     Args:
         directory: the folder to clean (nothing happens if it does not exist).
-        name_glob: the written files' names to match (``"step-*"``: checkpoints only).
 
     Returns:
         The files deleted.
     """
     removed = []
-    for temporary in Path(directory).glob(f".{name_glob}.tmp"):
+    for temporary in Path(directory).glob(".*.tmp"):
         pid = temporary.name.rsplit(".", 3)[1]  # .NAME.PID.HEX.tmp
         if pid.isdigit() and int(pid) != os.getpid() and not _process_runs(int(pid)):
             temporary.unlink(missing_ok=True)

@@ -49,7 +49,6 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.files import atomic_write_bytes
-from torchvote.losses import SpreadMarginSchedule
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
 from torchvote.training.config import TrainConfig, config_from_dict, config_to_dict, model_config_from
@@ -64,6 +63,7 @@ from torchvote.training.data import (
 from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
 from torchvote.training.evaluate import autocast, evaluate_loss_where_it_applies, load_eval_entry
 from torchvote.training.metrics import MetricsWriter, read_metrics
+from torchvote.training.objectives import spread_margin_schedule
 from torchvote.training.optim import build_optimizer, build_scheduler, lr_multiplier
 from torchvote.training.progress import Progress
 from torchvote.training.results import (
@@ -431,9 +431,7 @@ class _Run:
                 f"learning rate goes from {before:.3g} to {after:.3g} at step {self.step}"
             )
         if loss.name == "spread" and not loss.spread_ramp_steps:
-            ramps = (SpreadMarginSchedule(max(total, 1), loss.spread_margin_start, loss.spread_margin_end)
-                     for total in lengths)
-            before, after = (ramp(self.step) for ramp in ramps)
+            before, after = (spread_margin_schedule(loss, total)(self.step) for total in lengths)
             self._log(
                 f"the spread loss's margin ramp is redrawn over {self.total_steps} steps (was "
                 f"{saved_total}): the margin goes from {before:.3g} to {after:.3g} at step {self.step}"

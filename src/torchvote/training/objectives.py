@@ -19,7 +19,7 @@ from torchvote.models.registry import ClassifierOutput, ModelSpec
 from torchvote.training.config import resolve_loss_name
 from torchvote.training.schema import LossConfig
 
-__all__ = ["Objective", "make_objective"]
+__all__ = ["Objective", "make_objective", "spread_margin_schedule"]
 
 #: ``objective(output, batch, step) -> (loss, {name: value})``.
 Objective = Callable[[Any, dict[str, Tensor], int], tuple[Tensor, dict[str, Tensor]]]
@@ -99,12 +99,17 @@ def _margin(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None
     return margin
 
 
-def _spread(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None) -> Objective:
-    schedule = losses.SpreadMarginSchedule(
+def spread_margin_schedule(loss: LossConfig, total_steps: int) -> losses.SpreadMarginSchedule:
+    """The spread loss's margin ramp: over ``loss.spread_ramp_steps``, or the whole run."""
+    return losses.SpreadMarginSchedule(
         steps=loss.spread_ramp_steps or max(total_steps, 1),
         start=loss.spread_margin_start,
         end=loss.spread_margin_end,
     )
+
+
+def _spread(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None) -> Objective:
+    schedule = spread_margin_schedule(loss, total_steps)
 
     def spread(
         output: ClassifierOutput, batch: dict[str, Tensor], step: int
