@@ -215,3 +215,21 @@ def test_a_name_that_is_not_a_string_is_named(name: object) -> None:
     for call in (get_dataset, dataset_splits, dataset_reads_files, dataset_options):
         with pytest.raises(TypeError, match="name"):
             call(name)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("options", [{}, {"seed": 3}, {"seed": 0}])
+def test_a_sequence_task_draws_its_splits_from_different_seeds_whatever_seed_is_given(options):
+    """data.options reach both splits: seed=3 drew the evaluation set with the training set's seed,
+    so it was the training set. Each split now draws from 2 * seed + (0 train, 1 test); seed 0
+    gives the defaults' data."""
+    from torchvote.data.sequences import make_sequence_task
+
+    train = get_dataset("reverse", "train", num_samples=50, **options)
+    test = get_dataset("reverse", "test", num_samples=50, **options)
+    assert not torch.equal(train[0], test[0])
+    seed = options.get("seed", 0)
+    for split, data in (("train", train), ("test", test)):
+        expected = make_sequence_task("reverse", num_samples=50, seed=2 * seed + (split == "test"))
+        assert all(torch.equal(a, b) for a, b in zip(data, expected, strict=True))
+    with pytest.raises(ValueError, match="seed"):
+        get_dataset("reverse", "train", seed=-1)

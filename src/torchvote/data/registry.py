@@ -117,8 +117,13 @@ def _shakespeare(split: str, *, val_fraction: float = 0.1, root: str | None = No
 def _sequence(task: str) -> Callable[..., Any]:
     def build(split: str, **kwargs: Any) -> Any:
         kwargs.setdefault("num_samples", 10_000 if split == "train" else 1_000)
-        kwargs.setdefault("seed", _DEFAULT_SEED[split])
-        return make_sequence_task(task, **kwargs)  # type: ignore[arg-type]
+        # The split's own seed, 2 * seed + (0 train, 1 test): seed 0 gives the default 0 and 1. A
+        # seed given as an option went to both splits as it was (data.options reach both), and
+        # the evaluation set was the training set.
+        seed = kwargs.pop("seed", 0)
+        if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+            seed = (2 * seed + _DEFAULT_SEED[split]) % 2**64
+        return make_sequence_task(task, seed=seed, **kwargs)  # type: ignore[arg-type]  # a bad seed: refused there
 
     return build
 
