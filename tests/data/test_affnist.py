@@ -138,6 +138,21 @@ def test_mat_loader_reads_a_mat_v5_file_and_its_limit(tmp_path: Path) -> None:
         load_affnist_mat(path, limit=0)
 
 
+def test_a_folder_of_other_mat_files_is_not_the_test_set(tmp_path: Path) -> None:
+    """Any .mat file made a folder the test set: the affNIST page's training and validation files,
+    there without test.mat, were read and reported as "affnist/test"."""
+    images, labels = tiny_set(6)
+    for name in ("training_and_validation.mat", "validation.mat"):
+        write_mat(tmp_path / name, images, labels)
+    with pytest.raises(DataNotFoundError, match="real affNIST test set"):
+        find_affnist(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no test.mat or numbered test batches"):
+        load_affnist_mat(tmp_path)
+    write_mat(tmp_path / "test.mat", images[:2], labels[:2])  # beside them: only it is read
+    assert find_affnist(tmp_path) == tmp_path / "test.mat"
+    assert load_affnist_mat(tmp_path)[1].tolist() == labels[:2].tolist()
+
+
 def test_mat_loader_reads_numbered_batches_in_natural_order(tmp_path: Path) -> None:
     parts = {number: tiny_set(3, seed=number) for number in (1, 2, 10)}
     for number, (images, labels) in parts.items():
@@ -176,7 +191,7 @@ def test_mat_loader_without_scipy_says_how_to_install(
 def test_mat_loader_missing_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_affnist_mat(tmp_path / "absent.mat")
-    with pytest.raises(FileNotFoundError, match="no .mat files"):
+    with pytest.raises(FileNotFoundError, match="no test.mat or numbered test batches"):
         load_affnist_mat(tmp_path)
 
 
@@ -202,9 +217,9 @@ def test_found_in_the_cache_in_a_folder_or_as_a_file(_isolated_data_dirs: Path, 
     assert find_affnist() == cached
     loaded, loaded_labels = load_affnist()
     np.testing.assert_array_equal((loaded[:, 0] * 255).round().numpy(), images)
-    other = write_mat(tmp_path / "mine" / "anything.mat", images[:5], labels[:5])
+    other = write_mat(tmp_path / "mine" / "1.mat", images[:5], labels[:5])
     assert find_affnist(other) == other
-    assert find_affnist(other.parent) == other.parent  # a folder of .mat files
+    assert find_affnist(other.parent) == other.parent  # a folder of numbered test batches
     by_root, by_root_labels = get_dataset("affnist", "test", root=str(other.parent), limit=3)
     assert by_root.shape == (3, 1, 40, 40) and by_root_labels.tolist() == [0, 1, 2]
     train, train_labels = get_dataset("affnist", "train", limit=4)  # translated MNIST

@@ -182,11 +182,22 @@ def _check_values(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
             raise ValueError(f"{path}: expected {name!r} to hold whole numbers in 0-{high}, got {shown}")
 
 
+def _test_batches(directory: Path) -> list[Path]:
+    """The test set's files in a folder: ``test.mat``, or the numbered batches of
+    ``test_batches.zip`` (``1.mat ... 32.mat``) in order. Any other ``.mat`` file (the training
+    and validation sets of the same page) is not the test set."""
+    whole = directory / AFFNIST_TEST.member
+    if whole.is_file():
+        return [whole]
+    numbered = [p for p in directory.glob("*.mat") if p.stem.isdigit()]
+    return sorted(numbered, key=lambda p: int(p.stem))
+
+
 def _mat_files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(path.glob("*.mat"), key=lambda p: (len(p.stem), p.stem))
+        files = _test_batches(path)
         if not files:
-            raise FileNotFoundError(f"no .mat files in {path}")
+            raise FileNotFoundError(f"no test.mat or numbered test batches (1.mat ... 32.mat) in {path}")
         return files
     if path.is_file():
         return [path]
@@ -201,8 +212,9 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
     the optional dependency ``scipy`` (``scipy.io.loadmat``); it is imported only here.
 
     Args:
-        path: One ``.mat`` file, or a directory whose ``*.mat`` files are read in natural
-            order (``1.mat, 2.mat, ..., 32.mat``) and concatenated.
+        path: One ``.mat`` file, or a directory holding ``test.mat`` or the numbered test
+            batches, read in natural order (``1.mat, 2.mat, ..., 32.mat``) and concatenated;
+            its other ``.mat`` files (the training and validation sets) are not read.
         limit: Keep only the first ``limit`` images (converted to float only those).
 
     Returns:
@@ -438,9 +450,9 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
         mat = directory / AFFNIST_TEST.member
         if mat.is_file():
             return mat
-        if given is not None and given.is_dir() and any(given.glob("*.mat")):
+        if given is not None and given.is_dir() and _test_batches(given):
             return given
-        looked = [mat] if given is None else [mat, directory / "*.mat"]
+        looked = [mat] if given is None else [mat, directory / "<n>.mat"]
     command = AFFNIST_DOWNLOAD_COMMAND
     if given is not None:
         command += f" --root {shlex.quote(str(directory))}"
