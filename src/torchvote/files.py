@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "remove_abandoned_temporaries"]
+__all__ = ["atomic_write", "atomic_write_bytes", "create_temporary", "remove_abandoned_temporaries"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
@@ -31,8 +31,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    descriptor, temporary = create_temporary(path)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             write(handle)
@@ -43,6 +42,26 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         temporary.unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+def create_temporary(path: str | os.PathLike[str], suffix: str = ".tmp") -> tuple[int, Path]:
+    """A new, empty file beside ``path`` to write and then rename to it: ``.NAME.PID.HEX`` plus
+    ``suffix``, opened for writing, with the usual permissions (``0o666`` less the umask, where
+    ``tempfile.mkstemp`` gives ``0o600``: a shared data folder's files became unreadable to the
+    other users). The pid in the name lets :func:`remove_abandoned_temporaries` tell a write whose
+    process was killed from one in progress.
+
+    Args:
+        path: the file the temporary one will become (its folder must exist).
+        suffix: the temporary file's last suffix.
+
+    Returns:
+        ``(descriptor, temporary path)``; the caller closes the one and renames or removes the other.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)  # O_BINARY: Windows only
+    return os.open(temporary, flags, 0o666), temporary
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -68,8 +87,8 @@ def remove_abandoned_temporaries(directory: str | os.PathLike[str]) -> list[Path
         The files deleted.
     """
     removed = []
-    for temporary in Path(directory).glob(".*.tmp"):
-        pid = temporary.name.rsplit(".", 3)[1]  # .NAME.PID.HEX.tmp
+    for temporary in (*Path(directory).glob(".*.tmp"), *Path(directory).glob(".*.part")):
+        pid = temporary.name.rsplit(".", 3)[1]  # .NAME.PID.HEX.tmp (or .part)
         if pid.isdigit() and int(pid) != os.getpid() and not _process_runs(int(pid)):
             temporary.unlink(missing_ok=True)
             removed.append(temporary)

@@ -212,3 +212,22 @@ def test_the_bytes_reach_the_disk_before_the_rename(
     server.routes["https://a/file.bin"] = PAYLOAD
     download_file("https://a/file.bin", tmp_path / "file.bin", checksum=PAYLOAD_MD5)
     assert renamed == [True]  # a crash after the rename cannot leave the name on unwritten bytes
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX permission bits")
+def test_downloaded_and_written_data_files_get_the_usual_permissions(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """Data files were created through tempfile.mkstemp, mode 0o600 whatever the umask: a shared
+    TORCHVOTE_DATA folder's downloads were unreadable to its other users."""
+    from torchvote.data import write_idx
+
+    server.routes["https://a/file.bin"] = PAYLOAD
+    previous = os.umask(0o022)
+    try:
+        downloaded = download_file("https://a/file.bin", tmp_path / "file.bin", checksum=PAYLOAD_MD5)
+        written = write_idx(tmp_path / "images.idx", np.zeros((2, 3, 3), np.uint8))
+    finally:
+        os.umask(previous)
+    assert downloaded.stat().st_mode & 0o777 == 0o644
+    assert written.stat().st_mode & 0o777 == 0o644

@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import shlex
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.mnist import _validate_limit
 from torchvote.data.paths import as_path, dataset_dir
-from torchvote.files import atomic_write_bytes
+from torchvote.files import atomic_write_bytes, create_temporary
 
 __all__ = [
     "AFFNIST_DOWNLOAD_COMMAND",
@@ -306,8 +305,7 @@ def _extract_member(archive: Path, member: str, directory: Path) -> tuple[Path, 
         ValueError: If the archive is not a zip, lacks ``member``, or a CRC does not match.
     """
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{member}.", suffix=".part")
-    tmp = Path(tmp_name)
+    fd, tmp = create_temporary(directory / member, ".part")
     complete = False
     try:
         with os.fdopen(fd, "wb") as out, zipfile.ZipFile(archive) as zf:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import tempfile
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -24,6 +23,7 @@ from urllib.request import Request, urlopen
 
 from torchvote.data.errors import ChecksumError
 from torchvote.data.paths import as_path, dataset_dir
+from torchvote.files import create_temporary
 
 __all__ = [
     "MNIST_FILES",
@@ -86,8 +86,7 @@ def _check_checksum(checksum: object, algorithm: str) -> None:
 def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: float) -> None:
     """Stream ``url`` into a temporary file next to ``dest``; rename it if the digest matches."""
     digest = hashlib.new(algorithm)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
+    fd, tmp = create_temporary(dest, ".part")
     try:
         with os.fdopen(fd, "wb") as out:
             request = Request(url, headers={"User-Agent": _USER_AGENT})

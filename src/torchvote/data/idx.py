@@ -9,9 +9,7 @@ compression is detected from the gzip magic bytes, not from the file name.
 from __future__ import annotations
 
 import gzip
-import os
 import struct
-import tempfile
 import zlib
 from os import PathLike
 from pathlib import Path
@@ -21,6 +19,7 @@ import torch
 from torch import Tensor
 
 from torchvote.data.paths import as_path
+from torchvote.files import atomic_write_bytes
 
 __all__ = ["IDX_DTYPES", "read_idx", "write_idx"]
 
@@ -134,13 +133,5 @@ def write_idx(
         compress = path.suffix == ".gz"
     if compress:
         blob = gzip.compress(blob, mtime=0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, blob)  # its folder made too
     return path
