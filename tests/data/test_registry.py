@@ -122,7 +122,7 @@ def test_unknown_name_and_split() -> None:
 # What each split takes, written from the loaders' documented arguments (the registry reads them
 # from the signatures: this is the independent check that it reads the right ones).
 MNIST_OPTIONS = ("limit", "root", "source")
-SEQUENCE_OPTIONS = ("max_len", "min_len", "num_samples", "seed")
+SEQUENCE_OPTIONS = ("max_len", "min_len", "num_samples", "seed", "test_fraction")
 EXPECTED_OPTIONS = {
     ("mnist", "test"): MNIST_OPTIONS,
     ("small-digits", "train"): ("root", "seed", "size", "source"),
@@ -229,7 +229,19 @@ def test_a_sequence_task_draws_its_splits_from_different_seeds_whatever_seed_is_
     assert not torch.equal(train[0], test[0])
     seed = options.get("seed", 0)
     for split, data in (("train", train), ("test", test)):
-        expected = make_sequence_task("reverse", num_samples=50, seed=2 * seed + (split == "test"))
+        split_seed = 2 * seed + (split == "test")
+        expected = make_sequence_task("reverse", num_samples=50, seed=split_seed, split=split)
         assert all(torch.equal(a, b) for a, b in zip(data, expected, strict=True))
     with pytest.raises(ValueError, match="seed"):
         get_dataset("reverse", "train", seed=-1)
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort", "addition"])
+def test_no_test_source_of_a_sequence_task_is_a_training_source(task: str) -> None:
+    """With the defaults (10,000 training and 1,000 test examples of 1 to 8 digits) a third of the
+    test sources used to be training sources: every string of up to 3 digits is drawn in training."""
+    train_src, _ = get_dataset(task, "train")
+    test_src, _ = get_dataset(task, "test")
+    train = {tuple(row.tolist()) for row in train_src}
+    assert not [row for row in test_src.tolist() if tuple(row) in train]
+    assert len(test_src) == 1_000 and len(train_src) == 10_000

@@ -12,6 +12,7 @@ from torchvote.data import (
     SEQ_SYMBOLS,
     SEQUENCE_TASKS,
     decode_sequence,
+    in_test_part,
     make_sequence_task,
     reverse_task,
 )
@@ -167,3 +168,101 @@ def test_the_seed_alone_fixes_the_data(task: str) -> None:
     torch.manual_seed(1)
     make_sequence_task(task, num_samples=50, seed=3)  # type: ignore[arg-type]
     assert torch.equal(torch.get_rng_state(), state)  # the global generator was not touched
+
+
+# Held-out splits: disjoint parts of the task's inputs -------------------------------------------
+
+
+def source_texts(src: torch.Tensor) -> list[str]:
+    return [text(body(row, starts_with_bos=False)) for row in src]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    task=st.sampled_from(SEQUENCE_TASKS),
+    bounds=st.integers(1, 4).flatmap(lambda lo: st.tuples(st.just(lo), st.integers(lo, 6))),
+    seeds=st.tuples(st.integers(0, 2**31), st.integers(0, 2**31)),
+    fraction=st.sampled_from([0.1, 0.25, 0.5]),
+)
+def test_train_and_test_splits_never_share_a_source(
+    task: str, bounds: tuple[int, int], seeds: tuple[int, int], fraction: float
+) -> None:
+    """Whatever the seeds, a test source is never a training source, every example is still a
+    right answer of the task, and a split keeps only its own part's sources."""
+    min_len, max_len = bounds
+    options = {"num_samples": 300, "min_len": min_len, "max_len": max_len, "test_fraction": fraction}
+    train = make_sequence_task(task, seed=seeds[0], split="train", **options)
+    test = make_sequence_task(task, seed=seeds[1], split="test", **options)
+    assert train[0].shape == (300, train[0].shape[1]) and test[0].shape == train[0].shape
+    assert not set(source_texts(train[0])) & set(source_texts(test[0]))
+    assert not in_test_part(train[0], fraction).any() and in_test_part(test[0], fraction).all()
+    reference = make_sequence_task(task, num_samples=1, min_len=min_len, max_len=max_len)
+    assert train[0].shape[1] == reference[0].shape[1] and test[1].shape[1] == reference[1].shape[1]
+    for source_row, target_row in zip(test[0][:40], test[1][:40], strict=True):
+        x = text(body(source_row, starts_with_bos=False))
+        y = text(body(target_row, starts_with_bos=True))
+        if task == "addition":
+            left, right = x[:-1].split("+")
+            assert y == str(int(left) + int(right))
+        else:
+            assert y == {"copy": x, "reverse": x[::-1], "sort": "".join(sorted(x))}[task]
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3])
+def test_the_test_part_holds_its_fraction_of_long_sources(fraction: float) -> None:
+    """6-digit strings (10**6 of them) fall in the test part at the rate asked, within 5 sigma."""
+    src, _ = make_sequence_task("copy", num_samples=100_000, min_len=6, max_len=6, seed=0)
+    share = in_test_part(src, fraction).double().mean().item()
+    sigma = (fraction * (1 - fraction) / len(src)) ** 0.5
+    assert abs(share - fraction) < 5 * sigma
+
+
+def test_the_part_depends_on_the_tokens_only() -> None:
+    """The same strings drawn with another max_len (so another padding width) or seed fall in the
+    same part: otherwise a split with other options could meet the training sources again."""
+    short, _ = make_sequence_task("reverse", num_samples=500, min_len=3, max_len=3, seed=4)
+    wide = torch.cat([short, torch.full((500, 6), PAD)], dim=1)
+    assert torch.equal(in_test_part(short), in_test_part(wide))
+    assert torch.equal(in_test_part(short.int()), in_test_part(short))
+    # another seed's copy of the same strings, found by their text
+    other, _ = make_sequence_task("reverse", num_samples=5000, min_len=3, max_len=3, seed=9)
+    membership = dict(zip(source_texts(short), in_test_part(short).tolist(), strict=True))
+    for key, member in zip(source_texts(other), in_test_part(other).tolist(), strict=True):
+        assert membership.get(key, member) == member
+
+
+def test_short_strings_appear_in_the_test_set_in_proportion() -> None:
+    """Of the 10 one-digit strings only the test part's few are tested, as often as a length's
+    share says (1/8 of the draws), never the 10 a model saw in training."""
+    src, _ = make_sequence_task("reverse", num_samples=4000, seed=1, split="test")
+    lengths = (src != PAD).sum(dim=1) - 1
+    one_digit = set(source_texts(src[lengths == 1]))
+    assert 0 < len(one_digit) <= 3
+    assert abs((lengths == 1).double().mean().item() - 1 / 8) < 0.03
+    train, _ = make_sequence_task("reverse", num_samples=4000, seed=0, split="train")
+    assert not one_digit & set(source_texts(train))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"split": "valid"}, "split"),
+        ({"split": "test", "test_fraction": 0.0}, "test_fraction"),
+        ({"split": "test", "test_fraction": 1.0}, "test_fraction"),
+        ({"test_fraction": float("nan")}, "test_fraction"),
+        ({"test_fraction": True}, "test_fraction"),
+        # 10 one-digit strings, none of them in a test part of a millionth
+        ({"split": "test", "min_len": 1, "max_len": 1, "test_fraction": 1e-6}, "split='test'.*max_len=1"),
+    ],
+)
+def test_bad_split_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make_sequence_task("copy", num_samples=4, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "src", [torch.zeros(3), torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool), [[1, 2]]]
+)
+def test_in_test_part_refuses_what_is_not_a_batch_of_sources(src: object) -> None:
+    with pytest.raises(ValueError, match="src"):
+        in_test_part(src)  # type: ignore[arg-type]

@@ -17,18 +17,28 @@ Layout of every example (then ``<pad>`` up to a fixed width, so shapes depend on
     tgt: <bos> y_1 ... y_m <eos>
 
 A decoder is fed ``tgt[:, :-1]`` and trained to predict ``tgt[:, 1:]``.
+
+Held-out splits: ``split="train"`` and ``split="test"`` draw from two disjoint parts of the task's
+inputs, so no test source is ever a training source. Without it, a test set of short strings is
+mostly memorised: 10,000 reversals of 1 to 8 digits contain every string of up to 3 digits, 3/8
+of all test examples. The part a source belongs to is a hash of its tokens alone (not of the
+seed, the padding or ``max_len``), a fraction ``test_fraction`` of all sources; each split keeps
+the draws of its own part, so it follows the task's distribution restricted to that part. The
+short lengths then have few test sources (of the 10 one-digit strings, about one) and appear in
+the test set in proportion.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Literal, Protocol, overload
 
 import torch
 from torch import Tensor
 
 from torchvote.data.transforms import _check_int, _check_seed
+from torchvote.validation import check_choice, check_in_range
 
 __all__ = [
     "BOS",
@@ -42,6 +52,7 @@ __all__ = [
     "copy_task",
     "decode_sequence",
     "digit_token",
+    "in_test_part",
     "make_sequence_task",
     "reverse_task",
     "sort_task",
@@ -55,6 +66,13 @@ SEQUENCE_TASKS: tuple[str, ...] = ("copy", "reverse", "sort", "addition")
 _MAX_ADDITION_DIGITS = 18  # sums stay exact in int64
 
 Task = Literal["copy", "reverse", "sort", "addition"]
+Split = Literal["train", "test"]
+_SPLITS: tuple[str, ...] = ("train", "test")
+# The partition's hash: a polynomial in the tokens modulo a Mersenne prime (every product of two
+# residues fits in int64), then an integer mixer so that near-equal strings fall independently.
+_HASH_MODULUS = 2**31 - 1
+_HASH_BASE = 48_271
+_MIN_DRAWS = 1024  # a round of this many draws that keeps none: the split's part is (nearly) empty
 
 
 @overload
@@ -165,6 +183,8 @@ def make_sequence_task(
     min_len: int = 1,
     max_len: int = 8,
     seed: int = 0,
+    split: Split | None = None,
+    test_fraction: float = 0.1,
 ) -> tuple[Tensor, Tensor]:
     """Generate one algorithmic task as padded source/target id tensors.
 
@@ -175,6 +195,10 @@ def make_sequence_task(
         min_len: Shortest sequence (for addition: fewest digits of an operand), >= 1.
         max_len: Longest sequence (for addition: most digits, at most 18), >= min_len.
         seed: Seed of the private generator; equal seeds give equal tensors.
+        split: ``"train"`` or ``"test"``: only sources of that part of the task's inputs (the
+            two never share a source; :func:`in_test_part` tells them apart); ``None``: any.
+        test_fraction: Share of all sources in the test part, in (0, 1); both splits of one
+            data set must use the same.
 
     Returns:
         ``(src, tgt)`` int64 tensors: for copy/reverse/sort of shapes (N, max_len + 1) and
@@ -182,8 +206,9 @@ def make_sequence_task(
         the module docstring.
 
     Raises:
-        ValueError: If ``task`` is unknown, a length is out of range, or ``seed`` is not an int
-            in ``[0, 2**64)``.
+        ValueError: If ``task`` or ``split`` is unknown, a length is out of range, ``seed`` is not
+            an int in ``[0, 2**64)``, ``test_fraction`` is not in (0, 1), or ``split``'s part holds
+            (nearly) no source of these lengths (1-digit strings with a ``test_fraction`` of 0.01).
         TypeError: If a count or length is not an int.
     """
     if task not in SEQUENCE_TASKS:
@@ -196,7 +221,84 @@ def make_sequence_task(
     _check_seed(seed)
     if task == "addition" and max_len > _MAX_ADDITION_DIGITS:
         raise ValueError(f"max_len: addition supports at most {_MAX_ADDITION_DIGITS} digits")
+    if split is not None:
+        check_choice(split, _SPLITS, "split")
+    fraction = check_in_range(test_fraction, "test_fraction", 0.0, 1.0, include_low=False, include_high=False)
     generator = torch.Generator().manual_seed(seed)
+    if split is None:
+        return _draw(task, num_samples, min_len, max_len, generator)
+    return _draw_held_out(task, num_samples, min_len, max_len, generator, split == "test", fraction)
+
+
+def in_test_part(src: Tensor, test_fraction: float = 0.1) -> Tensor:
+    """Which sources belong to the held-out (test) part of their task's inputs.
+
+    The answer depends on the tokens before the first ``<pad>`` only, so a source is in the same
+    part whatever the padding width, ``max_len`` or seed that drew it.
+
+    Args:
+        src: int64 (N, W) sources laid out as :func:`make_sequence_task` returns them.
+        test_fraction: Share of all possible sources in the test part, in (0, 1).
+
+    Returns:
+        bool (N,): True where the source is in the test part.
+
+    Raises:
+        ValueError: If ``src`` is not a 2-D integer tensor or ``test_fraction`` is not in (0, 1).
+    """
+    if not isinstance(src, Tensor) or src.ndim != 2 or src.dtype.is_floating_point or src.dtype == torch.bool:
+        got = type(src).__name__
+        if isinstance(src, Tensor):
+            got = f"a {src.dtype} tensor of shape {tuple(src.shape)}"
+        raise ValueError(f"src: expected a 2-D integer tensor of token ids, got {got}")
+    fraction = check_in_range(test_fraction, "test_fraction", 0.0, 1.0, include_low=False, include_high=False)
+    tokens = src.long()
+    value = torch.zeros(tokens.shape[0], dtype=torch.long)  # (N,)
+    ended = torch.zeros(tokens.shape[0], dtype=torch.bool)  # (N,) past the first <pad>
+    for column in tokens.T:  # a few dozen columns, never a loop over examples
+        ended |= column == PAD
+        value = torch.where(ended, value, (value * _HASH_BASE + column + 1) % _HASH_MODULUS)
+    for _ in range(2):  # mix: xor-shift and multiply by an odd constant, 32 bits at a time
+        value = ((value ^ (value >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    value = value ^ (value >> 16)
+    return value < round(fraction * 2**32)
+
+
+def _draw_held_out(
+    task: Task,
+    num_samples: int,
+    min_len: int,
+    max_len: int,
+    generator: torch.Generator,
+    test: bool,
+    fraction: float,
+) -> tuple[Tensor, Tensor]:
+    """Draw until ``num_samples`` examples of one part (test or train) are kept, in draw order."""
+    share = fraction if test else 1.0 - fraction
+    sources: list[Tensor] = []
+    targets: list[Tensor] = []
+    kept = 0
+    while kept < num_samples:
+        draws = max(_MIN_DRAWS, int(1.2 * (num_samples - kept) / share))
+        src, tgt = _draw(task, draws, min_len, max_len, generator)
+        keep = in_test_part(src, fraction) == test  # (draws,)
+        if not keep.any():
+            part = "test" if test else "train"
+            raise ValueError(
+                f"split={part!r}: none of {draws} {task} examples with min_len={min_len}, max_len={max_len} "
+                f"falls in the {part} part of test_fraction={fraction} (so few sources exist that this part "
+                "is empty or nearly so); expected longer sequences or another test_fraction"
+            )
+        sources.append(src[keep])
+        targets.append(tgt[keep])
+        kept += int(keep.sum())
+    return torch.cat(sources)[:num_samples], torch.cat(targets)[:num_samples]
+
+
+def _draw(
+    task: Task, num_samples: int, min_len: int, max_len: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """``num_samples`` examples of ``task`` from ``generator``, every part of the inputs."""
     eos, bos = _ones(num_samples, EOS), _ones(num_samples, BOS)
 
     if task == "addition":
@@ -224,88 +326,72 @@ def make_sequence_task(
     return src, tgt
 
 
-def copy_task(
-    num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
-) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("copy", ...)``: the target repeats the source.
+class TaskFunction(Protocol):
+    """The signature of :func:`copy_task`, :func:`reverse_task`, :func:`sort_task` and
+    :func:`addition_task`: :func:`make_sequence_task` with its ``task`` fixed."""
+
+    def __call__(
+        self,
+        num_samples: int,
+        *,
+        min_len: int = 1,
+        max_len: int = 8,
+        seed: int = 0,
+        split: Split | None = None,
+        test_fraction: float = 0.1,
+    ) -> tuple[Tensor, Tensor]: ...
+
+
+def _task_function(task: Task, summary: str, shapes: str) -> TaskFunction:
+    """:func:`make_sequence_task` with ``task`` fixed, under its own name and docstring."""
+
+    def generate(
+        num_samples: int,
+        *,
+        min_len: int = 1,
+        max_len: int = 8,
+        seed: int = 0,
+        split: Split | None = None,
+        test_fraction: float = 0.1,
+    ) -> tuple[Tensor, Tensor]:
+        return make_sequence_task(
+            task,
+            num_samples=num_samples,
+            min_len=min_len,
+            max_len=max_len,
+            seed=seed,
+            split=split,
+            test_fraction=test_fraction,
+        )
+
+    lengths = "most digits of an operand, at most 18" if task == "addition" else "longest sequence"
+    generate.__name__ = generate.__qualname__ = f"{task}_task"
+    generate.__doc__ = f"""``make_sequence_task("{task}", ...)``: {summary}
 
     Args:
         num_samples: Number of examples N.
-        min_len: Shortest sequence, >= 1.
-        max_len: Longest sequence, >= min_len.
+        min_len: Shortest sequence{" (fewest digits of an operand)" if task == "addition" else ""}, >= 1.
+        max_len: {lengths.capitalize()}, >= min_len.
         seed: Seed of the private generator; equal seeds give equal tensors.
+        split: ``"train"`` / ``"test"``: that part of the inputs only; ``None``: any (as in
+            :func:`make_sequence_task`).
+        test_fraction: Share of all sources in the test part, in (0, 1).
 
     Returns:
-        ``(src, tgt)`` int64 tensors of shapes (N, max_len + 1) and (N, max_len + 2).
+        ``(src, tgt)`` int64 tensors of shapes {shapes}.
 
     Raises:
-        ValueError: If a length is out of range or ``seed`` is not an int in ``[0, 2**64)``.
+        ValueError: If a length is out of range, ``seed`` is not an int in ``[0, 2**64)``, or
+            ``split`` / ``test_fraction`` is refused as by :func:`make_sequence_task`.
         TypeError: If ``num_samples`` or a length is not an int.
     """
-    return make_sequence_task("copy", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed)
+    return generate
 
 
-def reverse_task(
-    num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
-) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("reverse", ...)``: the target is the source reversed.
-
-    Args:
-        num_samples: Number of examples N.
-        min_len: Shortest sequence, >= 1.
-        max_len: Longest sequence, >= min_len.
-        seed: Seed of the private generator; equal seeds give equal tensors.
-
-    Returns:
-        ``(src, tgt)`` int64 tensors of shapes (N, max_len + 1) and (N, max_len + 2).
-
-    Raises:
-        ValueError: If a length is out of range or ``seed`` is not an int in ``[0, 2**64)``.
-        TypeError: If ``num_samples`` or a length is not an int.
-    """
-    return make_sequence_task("reverse", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed)
-
-
-def sort_task(
-    num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
-) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("sort", ...)``: the target is the source in ascending order.
-
-    Args:
-        num_samples: Number of examples N.
-        min_len: Shortest sequence, >= 1.
-        max_len: Longest sequence, >= min_len.
-        seed: Seed of the private generator; equal seeds give equal tensors.
-
-    Returns:
-        ``(src, tgt)`` int64 tensors of shapes (N, max_len + 1) and (N, max_len + 2).
-
-    Raises:
-        ValueError: If a length is out of range or ``seed`` is not an int in ``[0, 2**64)``.
-        TypeError: If ``num_samples`` or a length is not an int.
-    """
-    return make_sequence_task("sort", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed)
-
-
-def addition_task(
-    num_samples: int, *, min_len: int = 1, max_len: int = 8, seed: int = 0
-) -> tuple[Tensor, Tensor]:
-    """``make_sequence_task("addition", ...)``: ``a+b=`` maps to the digits of ``a + b``.
-
-    Args:
-        num_samples: Number of examples N.
-        min_len: Shortest sequence (fewest digits of an operand), >= 1.
-        max_len: Longest sequence (most digits of an operand, at most 18), >= min_len.
-        seed: Seed of the private generator; equal seeds give equal tensors.
-
-    Returns:
-        ``(src, tgt)`` int64 tensors of shapes (N, 2 * max_len + 3) and (N, max_len + 3).
-
-    Raises:
-        ValueError: If a length is out of range (``max_len`` over 18 included) or ``seed`` is not
-            an int in ``[0, 2**64)``.
-        TypeError: If ``num_samples`` or a length is not an int.
-    """
-    return make_sequence_task(
-        "addition", num_samples=num_samples, min_len=min_len, max_len=max_len, seed=seed
-    )
+_DIGIT_SHAPES = "(N, max_len + 1) and (N, max_len + 2)"
+copy_task = _task_function("copy", "the target repeats the source.", _DIGIT_SHAPES)
+reverse_task = _task_function("reverse", "the target is the source reversed.", _DIGIT_SHAPES)
+sort_task = _task_function("sort", "the target is the source in ascending order.", _DIGIT_SHAPES)
+addition_task = _task_function(
+    "addition", "``a+b=`` maps to the digits of ``a + b``.", "(N, 2 * max_len + 3) and (N, max_len + 3)"
+)
