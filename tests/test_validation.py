@@ -193,3 +193,24 @@ def test_input_dtype_mismatch_passes_under_autocast():
         check_input_dtype(votes, torch.float32, "votes")
     with pytest.raises(TypeError, match="votes has dtype torch.bfloat16"):
         check_input_dtype(votes, torch.float32, "votes")
+
+
+def test_numpy_scalars_are_numbers() -> None:
+    """A size or rate read from a NumPy array (np.int64(16), np.float32(0.1)) is a number, taken as
+    its Python value; NumPy's bool is not, as Python's is not."""
+    import numpy as np
+
+    from torchvote.nn import MultiHeadAttention
+
+    assert check_positive_int(np.int64(16), "embed_dim") == 16
+    assert type(check_positive_int(np.int32(3), "n")) is int
+    assert check_positive_float(np.float32(0.5), "eps") == 0.5
+    assert check_probability(np.float32(0.25), "dropout") == 0.25
+    for bad in (np.bool_(True), np.float64(2.0), np.int64(0)):
+        with pytest.raises(ValueError, match="n must be a positive integer"):
+            check_positive_int(bad, "n")
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+        check_probability(np.bool_(False), "dropout")
+    layer = MultiHeadAttention(np.int64(16), np.int64(2), dropout=np.float32(0.1))
+    x = torch.randn(2, 3, 16)
+    assert layer(x, x, x)[0].shape == (2, 3, 16)

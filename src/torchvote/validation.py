@@ -49,15 +49,15 @@ def check_positive_int(value: Any, argument: str, *, minimum: int = 1) -> int:
         minimum: the smallest value allowed (1 unless given).
 
     Returns:
-        ``value``, unchanged.
+        ``value`` as a Python int (a NumPy integer is taken as its value).
 
     Raises:
         ValueError: if ``value`` is not an integer or is smaller than ``minimum``.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not _is_integer(value) or value < minimum:
         expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{argument} must be {expected}, got {value!r}")
-    return value
+    return int(value)
 
 
 def check_positive_float(value: Any, argument: str) -> float:
@@ -73,8 +73,7 @@ def check_positive_float(value: Any, argument: str) -> float:
     Raises:
         ValueError: if ``value`` is not a real number, not finite, or not positive.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
     return float(value)
 
@@ -113,7 +112,14 @@ def check_in_range(
 
 
 def _is_real(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
+    """A real number that is not a bool: Python's int and float, NumPy's integer and float scalars
+    (``numbers.Real``); a 0-d tensor or an array is not one."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_integer(value: Any) -> bool:
+    """An integer that is not a bool: Python's int or a NumPy integer scalar (``numbers.Integral``)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_probability(value: Any, argument: str) -> float:
@@ -129,7 +135,7 @@ def check_probability(value: Any, argument: str) -> float:
     Raises:
         ValueError: if ``value`` is not a real number in ``[0, 1)``.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if not _is_real(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"{argument} must be in [0, 1), got {value!r}")
     return float(value)
 
@@ -361,7 +367,7 @@ def check_scale(value: Any, argument: str = "scale") -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not _is_real(value):
         raise TypeError(f"{argument} must be a real number or None, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{argument} must be finite, got {value!r}")
