@@ -16,7 +16,9 @@ from typing import BinaryIO
 __all__ = ["atomic_write", "atomic_write_bytes", "create_temporary", "remove_abandoned_temporaries"]
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, suffix: str = ".tmp"
+) -> None:
     """Call ``write(binary_file)`` on a new file beside ``path``, then rename it to ``path``: a
     reader sees the old file or the whole new one, never a torn one.
 
@@ -27,11 +29,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
 
     Args:
         path: the file to write (its folder is created if missing).
-        write: a callable given the open binary file.
+        write: a callable given the open binary file; an exception it raises (a checksum that
+            does not match) leaves ``path`` as it was.
+        suffix: the temporary file's last suffix (``.part`` for a download).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = create_temporary(path)
+    descriptor, temporary = create_temporary(path, suffix)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             write(handle)

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
+from typing import BinaryIO
 from urllib.request import Request, urlopen
 
 from torchvote.data.errors import ChecksumError
 from torchvote.data.paths import as_path, dataset_dir
-from torchvote.files import create_temporary
+from torchvote.files import atomic_write
 
 __all__ = [
     "MNIST_FILES",
@@ -85,23 +85,19 @@ def _check_checksum(checksum: object, algorithm: str) -> None:
 
 def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: float) -> None:
     """Stream ``url`` into a temporary file next to ``dest``; rename it if the digest matches."""
-    digest = hashlib.new(algorithm)
-    fd, tmp = create_temporary(dest, ".part")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            request = Request(url, headers={"User-Agent": _USER_AGENT})
-            with urlopen(request, timeout=timeout) as response:
-                for chunk in iter(lambda: response.read(_CHUNK), b""):
-                    digest.update(chunk)
-                    out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())  # the bytes reach the disk before the rename makes them final
+
+    def write_verified(out: BinaryIO) -> None:
+        digest = hashlib.new(algorithm)
+        request = Request(url, headers={"User-Agent": _USER_AGENT})
+        with urlopen(request, timeout=timeout) as response:
+            for chunk in iter(lambda: response.read(_CHUNK), b""):
+                digest.update(chunk)
+                out.write(chunk)
         actual = digest.hexdigest()
-        if actual != expected.lower():
+        if actual != expected.lower():  # raised inside the write: the temporary file goes, dest stays
             raise ChecksumError(url, algorithm, expected.lower(), actual)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)  # no-op after a successful os.replace
+
+    atomic_write(dest, write_verified, suffix=".part")
 
 
 def download_file(
