@@ -88,7 +88,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import autocast_off
+from torchvote.functional.voting import autocast_off, refuse_double_backward
 from torchvote.tracing import plain_ops_required
 from torchvote.validation import check_positive_int
 
@@ -508,6 +508,11 @@ class _BlockedEM(torch.autograd.Function):
         return tuple(torch.cat([p[k] for p in pieces]) for k in range(len(pieces[0])))
 
     @staticmethod
+    @refuse_double_backward(
+        "em_routing(strategy='blocked') can be differentiated once only (its backward recomputes "
+        "each block and is not itself differentiable); use strategy='vectorized' for double "
+        "backward (create_graph=True)"
+    )
     def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         with autocast_off(ctx.device_type):  # recompute as forward ran, whatever autocast is on now
             return _BlockedEM.recompute_backward(ctx, *grads)
@@ -515,11 +520,6 @@ class _BlockedEM(torch.autograd.Function):
     @staticmethod
     def recompute_backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         """:meth:`backward` (autocast off): each block recomputed, its gradient written."""
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                "em_routing(strategy='blocked') can be differentiated once only (its backward "
-                "recomputes each block and is not itself differentiable); use strategy='vectorized' "
-                "for double backward (create_graph=True)")
         votes, right, *small = ctx.saved_tensors
         needs = ctx.needs_input_grad[:5]
         votes_needed = needs[0] or needs[1]  # the votes' gradient, or the factors' it feeds

@@ -44,7 +44,12 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import _einsum_at_least_float32, _einsum_without_float16, autocast_off
+from torchvote.functional.voting import (
+    _einsum_at_least_float32,
+    _einsum_without_float16,
+    autocast_off,
+    refuse_double_backward,
+)
 from torchvote.tracing import plain_ops_required
 from torchvote.validation import check_float_tensor
 
@@ -126,25 +131,13 @@ def _exact(method: Callable[..., _T]) -> Callable[..., _T]:
     return run
 
 
-def differentiable_once(backward: Callable[..., _T]) -> Callable[..., _T]:
-    """Refuse a backward asked for a graph of its own (``create_graph=True``: a gradient penalty,
-    a second derivative) with a message that says what to use instead. Under
-    ``once_differentiable`` alone the first derivative came back silently detached, and the second
-    failed later with autograd's "appears to not have been used in the graph". Not checked while
-    ``torch.compile`` traces the backward (it decides its own grad mode there)."""
-
-    @functools.wraps(backward)
-    def run(ctx: FunctionCtx, *grads: Tensor | None) -> _T:
-        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            raise RuntimeError(
-                "capsule votes streamed without being formed (LinearVotes: CapsuleLinear's "
-                "strategy='stream', what strategy='auto' picks on a CPU) can be differentiated once "
-                "only: their backward recomputes the products and is not itself differentiable; use "
-                "strategy='materialize' for double backward (create_graph=True)"
-            )
-        return backward(ctx, *grads)
-
-    return run
+# Every streamed-votes backward: it recomputes the products and is not itself differentiable.
+differentiable_once = refuse_double_backward(
+    "capsule votes streamed without being formed (LinearVotes: CapsuleLinear's strategy='stream', "
+    "what strategy='auto' picks on a CPU) can be differentiated once only: their backward recomputes "
+    "the products and is not itself differentiable; use strategy='materialize' for double backward "
+    "(create_graph=True)"
+)
 
 
 def weighted_sum(couplings: Tensor, inputs: Tensor, weight: Tensor) -> Tensor:

@@ -30,9 +30,10 @@ follow are read together; the mask preparation leaves for ``functional/masks.py`
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +75,7 @@ __all__ = [
     "vote",
 ]
 
+_T = TypeVar("_T")
 NormalizeOver = Literal["senders", "receivers"]
 #: How the agreement of one pass becomes the next pass's logits (see :func:`vote`).
 Update = Literal["accumulate", "replace", "prior"]
@@ -314,6 +316,33 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     if autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+def refuse_double_backward(message: str) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    """Decorate a custom autograd backward that is not itself differentiable so that a backward
+    asked for a graph of its own (``create_graph=True``: a gradient penalty, a second derivative)
+    raises ``RuntimeError(message)`` at once. Under ``once_differentiable`` alone the first
+    derivative came back silently detached, and the second failed later with autograd's "appears
+    to not have been used in the graph". Not checked while ``torch.compile`` traces the backward
+    (it decides its own grad mode there).
+
+    Args:
+        message: what cannot be differentiated twice, and what to use instead.
+
+    Returns:
+        The decorator.
+    """
+
+    def decorate(backward: Callable[..., _T]) -> Callable[..., _T]:
+        @functools.wraps(backward)
+        def run(ctx: Any, *grads: Tensor | None) -> _T:
+            if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                raise RuntimeError(message)
+            return backward(ctx, *grads)
+
+        return run
+
+    return decorate
 
 
 def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tensor:
