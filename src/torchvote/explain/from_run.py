@@ -12,7 +12,8 @@ run's model, runs it on the first test images and keeps what the pictures read:
   ``iterations``-pass routing. Nothing is re-implemented here: the model's layers do the work.
 - ``votes`` ``(b, i, j, d)``: the class layer's votes, materialised for these few images.
 - ``inputs`` / ``reconstructions`` ``(N, H, W)`` and ``perturbations`` ``(d, 11, H, W)``: the
-  decoder's output for the winning capsule, and for that capsule with one dimension moved by
+  decoder's output for the winning capsule (the model's predicted class: by EM activations, a
+  linear scorer or lengths, as the model scores), and for that capsule with one dimension moved by
   -0.25 .. 0.25 (Sabour et al. 2017, sec. 5.1, Fig. 4), when the model has a decoder.
 
 Index legend: ``t`` passes, ``b`` images, ``i`` class capsules, ``j`` primary capsules, ``d``
@@ -40,7 +41,8 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
         run: the run folder (``runs/NAME``), its ``checkpoints/`` folder (for either, the
             ``latest`` checkpoint), or either file of one checkpoint (``step-N.safetensors``,
             ``step-N.state.pt``: that checkpoint); the model is that checkpoint's, the data the
-            run was evaluated on (``data.eval_name`` or ``data.name``, same root and options).
+            run was evaluated on (``data.eval_name`` or ``data.name``, same root; the run's data
+            options when it is the training set, as training loads it).
         examples: how many test images to record (the first of the evaluation split).
         device: where to run the model.
 
@@ -53,10 +55,11 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
         torchvote.training.CheckpointError: nothing loadable at ``run`` (a checkpoint without
             its ``.state.pt``, which holds the run's config, too).
     """
-    from torchvote.models.capsule_head import CapsuleClassifier
+    from torchvote.models.capsule_head import CapsuleClassifier, class_scores, decoder_classes
     from torchvote.nn.capsules import CapsuleLinear
-    from torchvote.training.evaluate import load_data, load_model_from_checkpoint
+    from torchvote.training.evaluate import load_model_from_checkpoint
     from torchvote.training.results import load_run_config
+    from torchvote.training.setup import load_eval_data
     from torchvote.training.tasks import get_task_handler
     from torchvote.validation import check_positive_int
 
@@ -68,22 +71,22 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
             "pictures need a run of capsnet or efficient-capsnet (torchvote train capsnet-mnist)"
         )
     handler = get_task_handler(spec.task)
-    data = load_run_config(run).data
-    raw = load_data(handler, data.eval_name or data.name, data.eval_split, options=dict(data.options),
-                    root=data.root, limit=examples)
+    raw = load_eval_data(handler, load_run_config(run).data, limit=examples)
     test = handler.finalize(raw, model.config)
     images = test.tensors["images"].to(device)  # (b, c, h, w)
 
     primary, _ = model.capsules(images)  # (b, j, in_dim)
-    layer = model.head.class_capsules
+    head = model.head
+    layer = head.class_capsules
     votes = layer.votes(primary)
+    activations = head.input_activations(primary)  # (b, j) for EM routing, as the model routes
     couplings, outputs = [], []
     iterations = layer.router.iterations if layer.router.iterative else 1
     for passes in range(1, iterations + 1):
         router = copy.copy(layer.router)  # shares the parameters; only the pass count differs
         if router.iterative:
             router.iterations = passes
-        routed = router(votes)
+        routed = router(votes, activations=activations)
         couplings.append(routed.couplings)  # (b, i, j)
         outputs.append(routed.outputs)  # (b, i, d)
     record = {
@@ -92,10 +95,11 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
         "votes": votes.materialize().float().cpu(),  # (b, i, j, d)
     }
 
-    decoder = model.head.decoder
+    decoder = head.decoder
     if decoder is not None and images.shape[1] == 1:
         poses = outputs[-1]  # (b, i, d)
-        winners = torch.linalg.vector_norm(poses, dim=-1).argmax(-1, keepdim=True)  # (b, 1)
+        # the model's own prediction (EM activations, a linear scorer or lengths), as it reconstructs
+        winners = decoder_classes(class_scores(routed, head.scorer), None)  # (b, 1)
         reconstructions = decoder(poses, winners)[:, 0, 0]  # (b, h, w)
         record["inputs"] = images[:, 0].float().cpu()
         record["reconstructions"] = reconstructions.float().cpu()

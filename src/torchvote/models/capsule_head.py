@@ -295,6 +295,14 @@ class CapsuleHead(nn.Module):
             scorer = nn.Linear(config.class_dim, 1, device=device, dtype=dtype)
         return cls(class_capsules, decoder=decoder, lengths_as_activations=True, scorer=scorer)
 
+    def input_activations(self, capsules: Any) -> Tensor | None:
+        """The activations :meth:`forward` gives the router with ``capsules``: the vector
+        capsules' lengths ``(b, in_caps)`` for a router that weighs votes by activations (EM), else
+        ``None`` (the router's default)."""
+        if self.lengths_as_activations and self.router.uses_activations:
+            return torch.linalg.vector_norm(capsules, dim=-1)  # (b, j): a vector's length
+        return None
+
     def forward(self, capsules: Any, targets: Tensor | None = None) -> ClassifierOutput:
         """Route the capsules to the classes, score them and reconstruct.
 
@@ -314,8 +322,8 @@ class CapsuleHead(nn.Module):
             ValueError: targets of the wrong shape, or a class index outside ``[0,
                 num_classes)`` (with a decoder, the only part that reads them).
         """
-        if self.lengths_as_activations and self.router.uses_activations:
-            activations = torch.linalg.vector_norm(capsules, dim=-1)  # (b, j): a vector's length
+        activations = self.input_activations(capsules)
+        if activations is not None:
             routed = self.class_capsules(capsules, activations=activations, return_routing=True)
         else:
             routed = self.class_capsules(capsules, return_routing=True)

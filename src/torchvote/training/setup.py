@@ -32,10 +32,12 @@ from torchvote.training.data import TaskData
 from torchvote.training.distributed import DistributedContext
 from torchvote.training.evaluate import load_data
 from torchvote.training.results import find_resumable_checkpoint
+from torchvote.training.schema import DataConfig
 from torchvote.training.tasks import TaskHandler
 
 __all__ = [
     "compile_model",
+    "load_eval_data",
     "load_run_data",
     "model_metadata",
     "new_run_dir",
@@ -182,15 +184,7 @@ def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, 
     """
     data = config.data
     train = load_data(handler, data.name, "train", options=data.options, root=data.root, limit=data.limit)
-    eval_name = data.eval_name or data.name
-    evaluation = load_data(
-        handler,
-        eval_name,
-        data.eval_split,
-        options=data.options if eval_name == data.name else {},
-        root=data.root,
-        limit=data.eval_limit,
-    )
+    evaluation = load_eval_data(handler, data, limit=data.eval_limit)
     fields = dict(train.fields)
     if data.canvas is not None:
         if data.canvas < fields.get("image_size", 0):
@@ -199,6 +193,24 @@ def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, 
             )
         fields["image_size"] = data.canvas
     return train, evaluation, fields
+
+
+def load_eval_data(handler: TaskHandler, data: DataConfig, *, limit: int | None) -> TaskData:
+    """The evaluation split of a run's data: ``data.eval_name`` (or ``data.name``) from
+    ``data.root``, with ``data.options`` only when it is the training set itself (another set's
+    options are its own: ``canvas`` of affnist-style is no option of mnist).
+
+    Args:
+        handler: the task's handler.
+        data: the run's data section.
+        limit: keep the first ``limit`` examples (``None``: all).
+
+    Returns:
+        The evaluation data, not yet finalised for a model.
+    """
+    eval_name = data.eval_name or data.name
+    options = data.options if eval_name == data.name else {}
+    return load_data(handler, eval_name, data.eval_split, options=options, root=data.root, limit=limit)
 
 
 def model_metadata(spec: Any, model_config: Any, config: TrainConfig, total_steps: int) -> dict[str, str]:
