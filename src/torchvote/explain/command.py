@@ -68,8 +68,9 @@ _TITLE = "torchvote explain: attention as weighted voting"
 
 
 def _check_out_dir(out_dir: Path) -> None:
-    """``--out`` is a folder, or will be one, and its ``index.html``, if any, is a report this
-    command wrote (rewritten on each run): a user's own page there (``--out .``) was overwritten.
+    """``--out`` is a folder, or will be one, that is new, empty or holds a report this command
+    wrote (rewritten on each run): a user's own page or pictures there (``--out .``: an
+    ``index.html``, a ``couplings.png``) were overwritten.
 
     Raises:
         ValueError: naming ``--out`` and what is in the way.
@@ -77,6 +78,11 @@ def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out: {out_dir} is a file; expected a folder for index.html and the pictures")
     page = out_dir / "index.html"
+    if out_dir.is_dir() and not page.exists() and any(out_dir.iterdir()):
+        raise ValueError(
+            f"--out: {out_dir} holds other files and no explain report; its pictures would overwrite "
+            "files of the same names: choose a new or empty folder"
+        )
     if page.exists():
         with open(page, "rb") as file:
             head = file.read(4096)
@@ -115,20 +121,28 @@ def run_explain(args: argparse.Namespace) -> int:
     from torchvote.explain.report import HtmlReport
 
     try:
+        # Every check first, so that a refusal leaves no folder behind and costs no slow step.
         _check_out_dir(Path(args.out))
-        report = HtmlReport(_TITLE, Path(args.out))
+        from torchvote.explain.sentences import check_iterations, check_layer, explain_sentences
+        from torchvote.pretrained import check_sentences, load_pretrained
+
+        if args.sentences:
+            check_sentences(args.sentences)
+        iterations = check_iterations(args.iterations, "--iterations")
+        model = load_pretrained("all-MiniLM-L6-v2")
+        layer = check_layer(args.layer, len(model.layers), "--layer")
         record = None
         if args.checkpoint is not None:
-            record = _load_checkpoint(Path(args.checkpoint))  # fail before the slow part
-        from torchvote.explain.sentences import explain_sentences
-
+            record = _load_checkpoint(Path(args.checkpoint))  # its tensors checked too
+        report = HtmlReport(_TITLE, Path(args.out))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             explain_sentences(
                 args.sentences or None,
                 args.out,
-                layer=args.layer,
-                iterations=tuple(args.iterations),
+                model=model,
+                layer=layer,
+                iterations=iterations,
                 report=report,
             )
         for warning in caught:

@@ -41,13 +41,30 @@ from torchvote.explain import capsule_plots as plots
 from torchvote.explain.report import HtmlReport
 from torchvote.explain.statistics import coupling_entropy, routing_agreement
 
-__all__ = ["RECORD_FILE", "explain_record", "load_record"]
+__all__ = ["RECORD_FILE", "check_record", "explain_record", "load_record"]
 
 RECORD_FILE = "explain_record.safetensors"
 _KEYS = (  # every key of the table above: a file with none of them is no record
     "couplings", "votes", "outputs", "inputs", "reconstructions", "perturbations", "multimnist_inputs",
     "multimnist_first", "multimnist_second", "patch_image", "patch_attention", "patch_grid",
 )
+
+# Each key's axes: a letter shared by two keys must have one size (names in the table above);
+# the MultiMNIST and ViT pictures have their own images (M, Y, X / rows, cols).
+_AXES: dict[str, tuple[str, ...]] = {
+    "couplings": ("t", "b", "i", "j"),
+    "votes": ("b", "i", "j", "d"),
+    "outputs": ("t", "b", "i", "d"),
+    "inputs": ("N", "H", "W"),
+    "reconstructions": ("N", "H", "W"),
+    "perturbations": ("dims", "s", "H", "W"),
+    "multimnist_inputs": ("M", "Y", "X"),
+    "multimnist_first": ("M", "Y", "X"),
+    "multimnist_second": ("M", "Y", "X"),
+    "patch_image": ("rows_px", "cols_px"),
+    "patch_attention": ("P",),
+    "patch_grid": ("two",),
+}
 
 _HOW = (
     "save it from your model's forward with record=True (e.g. torchvote.functional.vote(..., record=True) "
@@ -137,7 +154,58 @@ def _check_keys(record: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
             f"checkpoint {str(path)!r} is neither a record nor a training checkpoint's file: its tensors "
             f"({found or 'none'}) have none of a record's names ({', '.join(_KEYS)})"
         )
+    try:
+        check_record(record)
+    except ValueError as error:
+        raise ValueError(f"checkpoint {str(path)!r}: {error}") from None
     return record
+
+
+def check_record(record: Mapping[str, Tensor]) -> None:
+    """Check that a record's tensors fit their pictures and one another, before any is drawn.
+
+    Every key of the table above that is present must be a tensor of its rank with no empty axis,
+    and an axis two keys share (``t`` of ``couplings`` and ``outputs``; ``b``, ``i``, ``j``, ``d``;
+    the images' ``N``, ``H``, ``W``) must have one size. ``patch_grid`` must be two whole numbers
+    whose product is the number of ``patch_attention`` weights.
+
+    Args:
+        record: name -> tensor.
+
+    Raises:
+        ValueError: the first tensor that does not fit, named with what was expected.
+    """
+    seen: dict[str, tuple[int, str]] = {}  # axis -> (size, the key that set it)
+    for key, axes in _AXES.items():
+        if key not in record:
+            continue
+        value = record[key]
+        layout = "(" + ", ".join(axes) + ")"
+        if not isinstance(value, Tensor):
+            raise ValueError(f"record {key!r} must be a tensor {layout}, got {type(value).__name__}")
+        if value.dim() != len(axes) or 0 in value.shape:
+            raise ValueError(f"record {key!r} must be {layout} with no empty axis, got {tuple(value.shape)}")
+        for axis, size in zip(axes, value.shape, strict=True):
+            first, owner = seen.setdefault(axis, (size, key))
+            if size != first:
+                raise ValueError(
+                    f"record {key!r} {tuple(value.shape)} has {axis}={size} where {owner!r} has "
+                    f"{axis}={first}: the tensors must come from the same inputs and passes {layout}"
+                )
+    if "patch_grid" in record:
+        grid = record["patch_grid"]
+        values = [] if grid.is_complex() else grid.flatten().tolist()
+        whole = len(values) == 2 and all(math.isfinite(v) and v == int(v) and v >= 1 for v in values)
+        if not whole:
+            raise ValueError(
+                f"record 'patch_grid' must be 2 whole numbers (rows, cols), got {grid.tolist()!r}"
+            )
+        patches = record.get("patch_attention")
+        if patches is not None and patches.shape[0] != int(values[0]) * int(values[1]):
+            raise ValueError(
+                f"record 'patch_attention' has {patches.shape[0]} weights; 'patch_grid' "
+                f"{[int(v) for v in values]} has {int(values[0]) * int(values[1])} patches"
+            )
 
 
 def _is_checkpoint_folder(path: Path) -> bool:
@@ -190,8 +258,10 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
         The notices written for pictures that could not be drawn.
 
     Raises:
-        ValueError: a tensor whose shape does not fit its picture (named).
+        ValueError: a tensor whose shape does not fit its picture or the other tensors (named;
+            see :func:`check_record`), before anything is drawn.
     """
+    check_record(record)
     missing: list[str] = []
 
     def has(*keys: str, optional: bool = False) -> bool:
@@ -205,10 +275,6 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
     report.heading("Trained model: routing, reconstructions, perturbations")
     if has("couplings"):
         couplings = record["couplings"].float()
-        if couplings.dim() != 4 or 0 in couplings.shape:
-            raise ValueError(
-                f"record 'couplings' must be (t, b, i, j) with no empty axis, got {tuple(couplings.shape)}"
-            )
         report.figure(
             plots.coupling_passes(couplings[:, 0], title="couplings of input 0"),
             "couplings",
@@ -277,14 +343,7 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
             caption="MultiMNIST inputs; first digit's reconstruction red, second's green.",
         )
     if has("patch_image", "patch_attention", "patch_grid", optional=True):
-        grid = record["patch_grid"]
-        values = [] if grid.is_complex() else grid.flatten().tolist()
-        whole = len(values) == 2 and all(math.isfinite(v) and v == int(v) for v in values)
-        if grid.shape != (2,) or not whole:
-            raise ValueError(
-                f"record 'patch_grid' must be 2 whole numbers (rows, cols), got {grid.tolist()!r}"
-            )
-        grid = tuple(int(v) for v in grid.tolist())
+        grid = tuple(int(v) for v in record["patch_grid"].tolist())  # (rows, cols), checked above
         weights = record["patch_attention"].float()
         report.figure(
             plots.patch_attention_overlay(record["patch_image"], weights, grid),

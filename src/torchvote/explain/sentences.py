@@ -65,6 +65,49 @@ def _focus_index(tokens: list[str], focus: str | None) -> int:
     return max(words, key=lambda k: (len(tokens[k]), -k))
 
 
+def check_iterations(iterations: Sequence[int], argument: str = "iterations") -> list[int]:
+    """The passes of voting to run, sorted without repeats (the cosine curve is drawn through
+    them in this order).
+
+    Args:
+        iterations: a non-empty sequence of ints >= 1.
+        argument: the name in the message (``--iterations`` on the command line).
+
+    Returns:
+        The sorted distinct values.
+
+    Raises:
+        ValueError: an empty sequence or a value that is not an int >= 1.
+    """
+    values = None
+    if isinstance(iterations, Sequence) and not isinstance(iterations, str):
+        values = list(iterations)
+    if not values or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in values):
+        raise ValueError(f"{argument} must be integers >= 1, got {iterations!r}")
+    return sorted(set(values))
+
+
+def check_layer(layer: int, count: int, argument: str = "layer") -> int:
+    """``layer`` of an encoder of ``count`` layers as an index in ``[0, count)``.
+
+    Args:
+        layer: an int in ``[-count, count)`` (negative counts from the end).
+        count: the encoder's number of layers.
+        argument: the name in the message (``--layer`` on the command line).
+
+    Returns:
+        ``layer % count``.
+
+    Raises:
+        ValueError: anything else, with the allowed range.
+    """
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -count <= layer < count:
+        raise ValueError(
+            f"{argument} must be in [-{count}, {count}) (the encoder has {count} layers), got {layer!r}"
+        )
+    return layer % count
+
+
 def explain_sentences(
     sentences: Sequence[str] | None,
     out_dir: str | Path,
@@ -103,17 +146,13 @@ def explain_sentences(
         examples = list(EXAMPLES)
     else:
         examples = [Example(s, "", "given on the command line") for s in check_sentences(sentences)]
-    if not iterations or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in iterations):
-        raise ValueError(f"iterations must be integers >= 1, got {list(iterations)!r}")
-    iterations = sorted(set(iterations))  # the cosine curve is drawn through them in this order
+    iterations = check_iterations(iterations)
     if model is None:
         from torchvote.pretrained import load_pretrained
 
         model = load_pretrained("all-MiniLM-L6-v2")
     count = len(model.layers)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not -count <= layer < count:
-        raise ValueError(f"layer must be in [-{count}, {count}), got {layer!r}")
-    layer %= count
+    layer = check_layer(layer, count)
     own_report = report is None
     report = report or HtmlReport("torchvote explain: attention as weighted voting", Path(out_dir))
     report.text(
