@@ -542,8 +542,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of, train_command
-    from torchvote.experiments.runner import RESULT_FILE, measured_result_of
+    from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of
+    from torchvote.experiments.runner import measured_result_of, plan_run
     from torchvote.training.distributed import check_device_name
 
     if args.list or args.name is None:
@@ -570,8 +570,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         for variant in variants:  # the commands as the run makes them: its run folder and device
             for seed in seeds:
                 run_dir = run_dir_of(args.out, row, args.budget, variant, seed)
-                command = train_command(row, variant, args.budget, seed, run_dir=run_dir, device=args.device)
-                print(f"# finished: {command}" if (run_dir / RESULT_FILE).is_file() else command)
+                planned = plan_run(row, variant, args.budget, seed, run_dir, args.device)
+                if planned.state == "finished":
+                    print(f"# finished: {planned.command}")
+                else:
+                    print(planned.command + (f"  # {planned.note}" if planned.note else ""))
         return 0
     try:
         summary = reproduce(row, **request)

@@ -22,8 +22,9 @@ from torchvote.experiments import (
     train_command,
 )
 from torchvote.experiments.report import metric_value, summarize, write_summary
+from torchvote.experiments.runner import plan_run
 from torchvote.training import read_metrics, train
-from torchvote.training.config import ConfigError, build_model_config, load_config
+from torchvote.training.config import ConfigError, build_model_config, config_to_dict, load_config
 
 
 def test_every_row_of_every_budget_loads_as_a_valid_config():
@@ -155,7 +156,7 @@ def test_a_run_folder_from_an_edited_row_is_refused_and_kept(tmp_path, tiny_valu
 
     train(config, callbacks=[stop], verbose=False)
     files = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    with pytest.raises(ConfigError, match=r"optim.lr \(run: 0.01, now: 0.003\)"):
+    with pytest.raises(ConfigError, match=r"optim.lr \(run: 0.01, row now: 0.003\)"):
         reproduce(row, seeds=[0], out_dir=tmp_path / "out", variants=["plain"], echo=lambda _: None)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == files
 
@@ -217,13 +218,24 @@ def test_dry_run_prints_what_the_run_trains_where_it_trains_it(capsys, tmp_path,
             reproduce(row, seeds=[0], out_dir=out, device="cpu", variants=[variant.label], echo=print)
         assert trained[-1] == command[2:]  # preset and overrides, exactly as printed
     capsys.readouterr()
+    monkeypatch.undo()
     # a finished run is marked: rerunning skips it
     finished = run_dir_of(out, row, "cpu", row.variants[0], 0)
     finished.mkdir(parents=True)
-    (finished / "result.json").write_text("{}")
+    _write_finished_run(finished, commands[0], row.variants[0].label)
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("# finished: torchvote train") and not lines[1].startswith("#")
+
+
+def _write_finished_run(run_dir, command, label, **changes):
+    """A finished run's two files, as reproduce leaves them, for the run ``command`` trains
+    (``torchvote train PRESET OVERRIDES...``), its config changed by ``changes`` (dotted keys)."""
+    config = load_config(command[2], [*command[3:], *(f"{k}={v}" for k, v in changes.items())])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    record = {"variant": label, "seed": config.seed, "results": {}, "wall_s": 1.0, "command": ""}
+    record["device"] = "cpu"
+    (run_dir / "result.json").write_text(json.dumps(record))
 
 
 def test_an_empty_variant_filter_is_refused(capsys):
@@ -333,3 +345,88 @@ def test_the_summary_names_the_seed_of_the_commands_it_shows(tmp_path):
 def test_dry_run_refuses_seeds_a_run_would_refuse(capsys):
     assert main(["reproduce", "capsnet-routing", "--dry-run", "--seeds", str(2**64)]) == 2
     assert "seeds must be integers in [0, 2**64)" in capsys.readouterr().err
+
+
+def test_a_finished_run_of_an_edited_row_is_refused_not_averaged(tmp_path, tiny_values):
+    """A finished run was skipped as 'finished earlier' and averaged with the new runs whatever
+    the row said now (row e's data.limit went from 2000 to 10000 in one commit): a 3-step and a
+    6-step run made one mean. Every finished run of the row is checked, chosen or not."""
+    row = _tiny_row(tmp_path, tiny_values)
+    out = tmp_path / "out"
+    for variant in row.variants:
+        run_dir = run_dir_of(out, row, "cpu", variant, 0)
+        run_dir.mkdir(parents=True)
+        command = shlex.split(train_command(row, variant, "cpu", 0, run_dir=run_dir))
+        edits = {"max_steps": 3} if variant.label == "slower" else {}
+        _write_finished_run(run_dir, command, variant.label, **edits)
+    with pytest.raises(ConfigError, match=r"slower/seed-0 was run with .*max_steps \(run: 3, row now: 8\)"):
+        reproduce(row, seeds=[0, 1], out_dir=out, variants=["plain"], echo=lambda _: None)
+    assert not run_dir_of(out, row, "cpu", row.variants[0], 1).exists()  # refused before training
+    # where and how a run ran may differ: device, logging, checkpoints
+    slower = run_dir_of(out, row, "cpu", row.variants[1], 0)
+    command = shlex.split(train_command(row, row.variants[1], "cpu", 0, run_dir=slower))
+    free = {"device": "cpu", "log_every": 7, "checkpoint_every": 2, "progress": True}
+    _write_finished_run(slower, command, "slower", **free)
+    lines: list[str] = []
+    reproduce(row, seeds=[0], out_dir=out, echo=lines.append)
+    assert all("finished earlier" in line for line in lines) and len(lines) == 2
+
+
+@pytest.mark.parametrize("content", ['{"variant": "pl', "{}", "[1, 2]"])
+def test_a_torn_or_foreign_result_file_is_refused_by_name(tmp_path, tiny_values, content):
+    """A truncated result.json stopped the summary with 'Invalid control character at: line 1'
+    (no file named); {} with KeyError: 'variant'; and either counted as a finished run."""
+    row = _tiny_row(tmp_path, tiny_values)
+    out = tmp_path / "out"
+    run_dir = run_dir_of(out, row, "cpu", row.variants[1], 2)
+    run_dir.mkdir(parents=True)
+    (run_dir / "result.json").write_text(content)
+    with pytest.raises(ValueError, match=r"slower/seed-2/result.json .*delete it to run that seed again"):
+        reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
+    with pytest.raises(ValueError, match="seed-2/result.json"):
+        summarize(row, "cpu", out / "tiny" / "cpu")
+
+
+def test_a_stopped_run_is_shown_and_continued_as_a_resume(tmp_path, tiny_values, capsys, monkeypatch):
+    """--dry-run (and the progress line) printed a fresh `torchvote train ... run_dir=DIR` for a
+    run that reproduce resumes; pasted, it fails ('already holds a run')."""
+    row = _tiny_row(tmp_path, tiny_values)
+    variant = row.variants[0]
+    out = tmp_path / "out"
+    run_dir = run_dir_of(out, row, "cpu", variant, 0)
+    overrides = [*row.overrides(variant, "cpu", 0), f"run_dir={run_dir}", "checkpoint_every=3"]
+    config = load_config(variant.preset, overrides)
+
+    def stop_after_four(info):
+        if info.step == 4:
+            raise KeyboardInterrupt
+
+    assert train(config, callbacks=[stop_after_four], verbose=False).interrupted
+    planned = plan_run(row, variant, "cpu", 0, run_dir, "auto")
+    assert planned.state == "resume" and planned.command == f"torchvote train --resume {run_dir}"
+    assert planned.note == "resumes from step 4"  # the checkpoint saved at the stop
+    lines: list[str] = []
+    reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lines.append)
+    assert lines[0].endswith(f"torchvote train --resume {run_dir} (resumes from step 4)")
+    assert json.loads((run_dir / "result.json").read_text())["resumed"]
+
+
+def test_a_run_killed_while_writing_its_first_checkpoint_is_trained_afresh(tmp_path, tiny_values):
+    """Weights written, training state not (a full disk, a kill): every rerun failed with 'no intact
+    checkpoint' and no way on, while the folder holds nothing to resume."""
+    row = _tiny_row(tmp_path, tiny_values)
+    variant = row.variants[0]
+    out = tmp_path / "out"
+    reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
+    run_dir = run_dir_of(out, row, "cpu", variant, 0)
+    expected = _final_accuracy(run_dir)
+    (run_dir / "result.json").unlink()
+    for state in (run_dir / "checkpoints").glob("*.state.pt"):
+        state.unlink()
+    (run_dir / "checkpoints" / "latest").unlink(missing_ok=True)
+    lines: list[str] = []
+    reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lines.append)
+    assert "no intact checkpoint to resume" in lines[0] and "trained afresh" in lines[0]
+    record = json.loads((run_dir / "result.json").read_text())
+    assert not record["resumed"] and record["steps"] == 8
+    assert _final_accuracy(run_dir) == expected  # the same seed's run, from the start

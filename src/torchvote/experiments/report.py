@@ -17,7 +17,7 @@ from typing import Any
 from torchvote.experiments.rows import Metric, Row
 from torchvote.files import atomic_write_bytes
 
-__all__ = ["format_cell", "metric_value", "summarize", "write_summary"]
+__all__ = ["format_cell", "metric_value", "read_result", "summarize", "write_summary"]
 
 
 def metric_value(results: dict[str, dict[str, float]], metric: Metric) -> float | None:
@@ -55,11 +55,41 @@ def _stats(values: list[float]) -> dict[str, Any]:
     }
 
 
+_RESULT_KEYS = ("variant", "seed", "results", "wall_s", "command", "device")
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    """One finished run's ``result.json``, as :func:`~torchvote.experiments.runner.reproduce`
+    writes it.
+
+    Args:
+        path: the file.
+
+    Returns:
+        Its record.
+
+    Raises:
+        ValueError: the file is not JSON or lacks a field of a run's record (named with the file,
+            and how to run that seed again).
+    """
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        problem = f"is unreadable ({error})"
+    else:
+        missing = [key for key in _RESULT_KEYS if key not in record] if isinstance(record, dict) else None
+        if missing == []:
+            return record
+        kind = type(record).__name__
+        problem = f"lacks {', '.join(missing)}" if missing else f"holds a {kind}, not a record"
+    raise ValueError(
+        f"{path} {problem}: it is not a run's record as reproduce writes it; delete it to run that seed again"
+    )
+
+
 def _read_results(base: Path) -> list[dict[str, Any]]:
-    records = []
-    for path in sorted(base.glob("*/seed-*/result.json")):
-        records.append(json.loads(path.read_text()))
-    return records
+    return [read_result(path) for path in sorted(base.glob("*/seed-*/result.json"))]
 
 
 def summarize(row: Row, budget: str, base: str | Path) -> dict[str, Any]:

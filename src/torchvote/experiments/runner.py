@@ -3,10 +3,11 @@
 ``torchvote reproduce NAME`` calls :func:`reproduce`. Runs go to
 ``<out>/<row>/<budget>/<variant>/seed-<n>/`` (a normal run folder: config, metrics, checkpoints).
 A run that finished holds ``result.json`` (written atomically) and is not run again; a run that
-stopped (Ctrl-C, a killed process, a full disk) is resumed from its newest intact checkpoint, so
-rerunning the same command after any stop carries on where it stopped. A run folder whose saved
-config no longer matches the row (the row was edited) is refused with the keys that differ, never
-overwritten. The summary (:mod:`torchvote.experiments.report`) is rewritten after every run.
+stopped (Ctrl-C, a killed process, a full disk) is resumed from its newest intact checkpoint (or
+trained afresh when it was killed while writing its first), so rerunning the same command after
+any stop carries on where it stopped. A run folder, finished or stopped, whose config no longer
+matches the row (the row was edited) is refused with the keys that differ, never overwritten nor
+counted with the new runs. The summary (:mod:`torchvote.experiments.report`) is rewritten after every run.
 """
 
 from __future__ import annotations
@@ -17,24 +18,28 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from torchvote.experiments.report import summarize, write_summary
+from torchvote.experiments.report import read_result, summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
 from torchvote.files import atomic_write_bytes
-from torchvote.training.config import config_from_dict, load_config
+from torchvote.training.checkpoint import CheckpointError
+from torchvote.training.config import ConfigError, TrainConfig, config_diff, config_from_dict, load_config
 from torchvote.training.distributed import check_device_name, resolve_device
-from torchvote.training.results import check_resumable, find_resumable_checkpoint
+from torchvote.training.results import find_resumable_checkpoint
 from torchvote.validation import check_positive_int
 
 __all__ = [
     "RESULT_FILE",
+    "PlannedRun",
     "check_request",
     "describe_device",
     "measured_result_of",
+    "plan_run",
     "reproduce",
     "run_dir_of",
     "select_variants",
@@ -183,18 +188,123 @@ def describe_device(device: str) -> str:
     return f"CPU {cpu}, {torch.get_num_threads()} threads (torch {torch.__version__})"
 
 
+# Keys a rerun of a row may set otherwise than the run folder's config (where and how it runs, what
+# it prints); any other difference means the row was edited and the folder's result is another's.
+_FREE_KEYS = frozenset(
+    {
+        "run_dir",
+        "out_dir",
+        "device",
+        "compile",
+        "num_workers",
+        "log_every",
+        "progress",
+        "tensorboard",
+        "eval_batch_size",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "description",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """What :func:`reproduce` does with one run of a row.
+
+    Attributes:
+        state: ``"finished"`` (its ``result.json`` stands), ``"resume"`` (from its newest intact
+            checkpoint) or ``"new"``.
+        config: the run's config, as the row makes it.
+        command: the command that does the same by hand: the row's ``torchvote train`` line (run
+            folder and device included), or ``torchvote train --resume RUN_DIR`` for a resumed run.
+        note: a remark for the progress line (``""`` when there is none).
+    """
+
+    state: str
+    config: TrainConfig
+    command: str
+    note: str = ""
+
+
+def plan_run(row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, device: str) -> PlannedRun:
+    """Whether one run of a row is finished, to resume or new, after checking that a finished or
+    stopped run was made with the row's present configuration.
+
+    Args:
+        row, variant, budget, seed: the run.
+        run_dir: its folder (:func:`run_dir_of`).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
+
+    Returns:
+        The :class:`PlannedRun`.
+
+    Raises:
+        ConfigError: the folder's run (finished or stopped) was made with another configuration
+            than the row's (the row was edited since), naming every key that differs; the folder
+            is kept. Only where and how a run runs may differ (device, logging, checkpoints).
+    """
+    config = load_config(variant.preset, _run_overrides(row, variant, budget, seed, run_dir, device))
+    command = train_command(row, variant, budget, seed, run_dir=run_dir, device=device)
+    if (run_dir / RESULT_FILE).is_file():
+        read_result(run_dir / RESULT_FILE)  # a torn or foreign file is refused, not counted
+        _check_same_run(_finished_config(run_dir), config, run_dir)
+        return PlannedRun("finished", config, command)
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        try:
+            _, state, _ = find_resumable_checkpoint(run_dir)
+        except CheckpointError as error:  # killed while writing its first checkpoint
+            note = f"no intact checkpoint to resume ({error}); trained afresh, the torn files set aside"
+            return PlannedRun("new", config, command, note)
+        _check_same_run(config_from_dict(state["config"]), config, run_dir)
+        resume = ["torchvote", "train", "--resume", str(run_dir)]
+        resume += [f"device={device}"] if device != "auto" else []
+        return PlannedRun("resume", config, shlex.join(resume), f"resumes from step {state.get('step', '?')}")
+    return PlannedRun("new", config, command)
+
+
+def _finished_config(run_dir: Path) -> TrainConfig:
+    """The config a finished run was made with (its ``config.yaml``).
+
+    Raises:
+        ConfigError: the file is missing or unreadable: the result cannot be told to be the row's.
+    """
+    path = run_dir / "config.yaml"
+    try:
+        return load_config(str(path))
+    except (ConfigError, OSError) as error:
+        raise ConfigError(
+            f"{run_dir} holds {RESULT_FILE} but no readable config.yaml to tell which configuration "
+            f"it ran ({error}); move the folder away to run it again"
+        ) from None
+
+
+def _check_same_run(saved: TrainConfig, config: TrainConfig, run_dir: Path) -> None:
+    """Refuse a run folder made with another configuration than ``config``.
+
+    Raises:
+        ConfigError: naming every key that differs beyond :data:`_FREE_KEYS`, with both values.
+    """
+    changed = {k: v for k, v in config_diff(saved, config).items() if k not in _FREE_KEYS}
+    if changed:
+        details = ", ".join(f"{k} (run: {a!r}, row now: {b!r})" for k, (a, b) in changed.items())
+        raise ConfigError(
+            f"{run_dir} was run with another configuration than the row's now (the row was edited "
+            f"since): {details}; its result would be mixed with the new runs'. Move that folder away, "
+            "or give another --out, to run it as the row is now"
+        )
+
+
 def _train_one(
-    row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, device: str
+    row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, planned: PlannedRun
 ) -> dict[str, Any] | None:
     """Train (or resume) one run; ``None`` if it was interrupted."""
     from torchvote.training import train
 
-    config = load_config(variant.preset, _run_overrides(row, variant, budget, seed, run_dir, device))
-    resume = None
-    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
-        _, state, _ = find_resumable_checkpoint(run_dir)
-        check_resumable(config_from_dict(state["config"]), config)  # refuses an edited row
-        resume = run_dir
+    config = planned.config
+    resume = run_dir if planned.state == "resume" else None
     # the loop's own "resume with: torchvote train --resume" is not the way on here: reproduce
     # says its own (rerun the same command), so that the user reads one instruction
     result = train(config, resume=resume, verbose=False, resume_hint=False)
@@ -246,6 +356,22 @@ def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
     return chosen
 
 
+def _check_finished_runs(row: Row, budget: str, out_dir: str | Path, device: str) -> None:
+    """:func:`plan_run`'s checks on every finished run of ``row`` under ``out_dir``, whatever its
+    variant or seed: the summary averages them all, so one made before the row was edited, or a
+    torn ``result.json``, is refused before anything runs.
+
+    Raises:
+        ConfigError, ValueError: as :func:`plan_run`.
+    """
+    for variant in row.variants:
+        folder = run_dir_of(out_dir, row, budget, variant, 0).parent
+        for result in sorted(folder.glob(f"seed-*/{RESULT_FILE}")):
+            seed = result.parent.name.removeprefix("seed-")
+            if seed.isdigit():
+                plan_run(row, variant, budget, int(seed), result.parent, device)
+
+
 def reproduce(
     row: Row,
     *,
@@ -272,8 +398,10 @@ def reproduce(
         The summary file (markdown); ``summary.json`` lies beside it.
 
     Raises:
-        ValueError: a bad request (see :func:`check_request`).
-        ConfigError: a run folder whose saved config differs from the row's (it is kept).
+        ValueError: a bad request (see :func:`check_request`), or a finished run's
+            ``result.json`` that is not a run's record.
+        ConfigError: a run folder, finished or stopped, whose config differs from the row's
+            (:func:`plan_run`; it is kept).
         KeyboardInterrupt: a run was interrupted (its checkpoint is saved; rerun to continue).
     """
     seeds, chosen = check_request(
@@ -295,19 +423,21 @@ def reproduce(
             record["device"] = describe_device("cpu")
             atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
         return write_summary(row, base, summarize(row, budget, base))
+    _check_finished_runs(row, budget, out_dir, device)  # the summary counts them all, chosen or not
     total = len(chosen) * len(seeds)
     done = 0
     for variant in chosen:
         for seed in seeds:
             done += 1
             run_dir = run_dir_of(out_dir, row, budget, variant, seed)
-            if (run_dir / RESULT_FILE).is_file():
+            planned = plan_run(row, variant, budget, seed, run_dir, device)  # refuses an edited row
+            if planned.state == "finished":
                 echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: finished earlier")
                 continue
             # the command as it runs, as --dry-run prints it (run folder and device included)
-            command = train_command(row, variant, budget, seed, run_dir=run_dir, device=device)
-            echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: {command}")
-            record = _train_one(row, variant, budget, seed, run_dir, device)
+            note = f" ({planned.note})" if planned.note else ""
+            echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: {planned.command}{note}")
+            record = _train_one(row, variant, budget, seed, run_dir, planned)
             if record is None:
                 raise KeyboardInterrupt(f"run {run_dir} interrupted; rerun the same command to continue")
             atomic_write_bytes(run_dir / RESULT_FILE, json.dumps(record, indent=1).encode())
