@@ -28,7 +28,14 @@ from torchvote.experiments.report import read_result, summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
 from torchvote.files import atomic_write_bytes
 from torchvote.training.checkpoint import CheckpointError
-from torchvote.training.config import ConfigError, TrainConfig, config_diff, config_from_dict, load_config
+from torchvote.training.config import (
+    RESUMABLE_KEYS,
+    ConfigError,
+    TrainConfig,
+    config_diff,
+    config_from_dict,
+    load_config,
+)
 from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import find_resumable_checkpoint
 from torchvote.validation import check_positive_int
@@ -188,25 +195,17 @@ def describe_device(device: str) -> str:
     return f"CPU {cpu}, {torch.get_num_threads()} threads (torch {torch.__version__})"
 
 
-# Keys a rerun of a row may set otherwise than the run folder's config (where and how it runs, what
-# it prints); any other difference means the row was edited and the folder's result is another's.
-_FREE_KEYS = frozenset(
-    {
-        "run_dir",
-        "out_dir",
-        "device",
-        "compile",
-        "num_workers",
-        "log_every",
-        "progress",
-        "tensorboard",
-        "eval_batch_size",
-        "eval_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "description",
-    }
-)
+# Keys a rerun of a row may set otherwise than the run folder's config: where and how it runs and
+# what it prints (those a resumed run may change, less those that change the row's numbers); any
+# other difference means the row was edited and the folder's result is another configuration's.
+_FREE_KEYS = (RESUMABLE_KEYS | {"run_dir", "out_dir"}) - {
+    "epochs",
+    "max_steps",
+    "eval_on",
+    "data.eval_name",
+    "data.eval_split",
+    "data.eval_limit",
+}
 
 
 @dataclass(frozen=True)
