@@ -297,3 +297,13 @@ def test_command_refuses_a_folder_of_other_files(tmp_path, capsys):
     assert run_explain(_parse("x", "--out", str(tmp_path))) == 2
     assert "holds other files and no explain report" in capsys.readouterr().err
     assert (tmp_path / "couplings.png").read_bytes() == b"a user's picture"
+
+
+def test_one_pass_of_voting_lists_no_largest_change(small_model, tmp_path):
+    """With 1 pass over the senders nothing changes, and the table listed a 'largest change' key
+    (argmax of zeros: the first token) for every query."""
+    from torchvote.explain.sentences import explain_sentences
+
+    path = explain_sentences(["the cat sat"], tmp_path, model=small_model, layer=0, iterations=(1,))
+    page = path.read_text()
+    assert "no weight changed" in page

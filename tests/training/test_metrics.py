@@ -124,6 +124,23 @@ def test_read_metrics_warns_about_a_corrupt_line_in_the_middle_naming_it(tmp_pat
     assert [r["step"] for r in records] == [1, 3]
 
 
+@pytest.mark.parametrize("line", ["[1, 2]", "3", '"train"', "null"])
+def test_read_metrics_skips_json_that_is_no_record_naming_the_line(tmp_path, line):
+    """A JSON array in the file reached the readers as a record: metric_curves stopped with
+    "'list' object has no attribute 'items'"."""
+    path = tmp_path / "metrics.jsonl"
+    first, last = '{"event": "train", "step": 1, "loss": 0.5}', '{"event": "train", "step": 2, "loss": 0.4}'
+    path.write_text(f"{first}\n{line}\n{last}\n")
+    with pytest.warns(RuntimeWarning, match=rf"{path}: line 2 is a JSON \w+, not a record"):
+        records = read_metrics(path)
+    assert [r["step"] for r in records] == [1, 2]
+    from torchvote.explain.metric_plots import metric_curves
+
+    with pytest.warns(RuntimeWarning):
+        figure = metric_curves(path)
+    assert len(figure.axes) == 1
+
+
 def test_read_metrics_skips_a_torn_last_line_without_a_warning(tmp_path, recwarn):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"event": "train", "step": 1}\n\n{"event": "train", "step": 2}\n{"event": "tr')

@@ -318,17 +318,16 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
         length = len(tokens)
         routed = routed_records[("senders", r)].attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
         before = record.attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
-        changed = (routed - before).abs().argmax(dim=-1).tolist()  # (i,): the key that moved most
+        change = (routed - before).abs().max(dim=-1)  # (i,): how far, and which key moved most
+        moved = [(i, int(j)) for i, j in enumerate(change.indices) if float(change.values[i]) > 0]
         report.figure(
             attention_heatmap(routed, tokens, title=f"layer {layer} after {r} passes (senders)"),
             f"s{n + 1}-routing-layer{layer}-r{r}",
             caption=f"Sentence {n + 1}: layer {layer}'s last-pass weights after {r} passes, mean of heads.",
             table=(
                 ["query", "largest change", "weight before", "weight after"],
-                [
-                    [tokens[i], tokens[j], float(before[i, j]), float(routed[i, j])]
-                    for i, j in enumerate(changed)
-                ],
+                [[tokens[i], tokens[j], float(before[i, j]), float(routed[i, j])] for i, j in moved]
+                or [["(none)", "no weight changed", "", ""]],
             ),
         )
 

@@ -154,7 +154,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         FileNotFoundError: ``path`` does not exist.
 
     Warns:
-        RuntimeWarning: a line other than the last does not parse as JSON.
+        RuntimeWarning: a line other than the last does not parse as JSON, or a line is JSON but
+            not an object (skipped).
     """
     records = []
     lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -162,7 +163,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
             if number < len(lines):
                 warnings.warn(
@@ -171,6 +172,16 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:  # JSON, but no record: every reader takes fields by name
+            warnings.warn(
+                f"{path}: line {number} is a JSON {type(record).__name__}, not a record (an object); "
+                "skipped it",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return records
 
 
