@@ -207,6 +207,32 @@ def test_cross_entropy_rejects_targets_that_do_not_fit():
         cross_entropy(logits, targets.float() + 0.7)  # truncated to targets before
     with pytest.raises(TypeError, match="targets must be integer class indices"):
         cross_entropy(logits, torch.softmax(torch.randn(4, 3, generator=generator), dim=-1))
+    # torch's own IndexError on the CPU (a device-side assert on CUDA), and bools read as 0 and 1
+    for bad in ([-1, 0, 1, 2], [3, 0, 1, 2]):
+        with pytest.raises(ValueError, match=r"class indices in \[0, 3\) or ignore_index=-100, got \[-?3?"):
+            cross_entropy(logits, torch.tensor(bad))
+    with pytest.raises(TypeError, match="targets must be integer class indices, got dtype torch.bool"):
+        cross_entropy(logits, torch.tensor([True, False, True, False]))
+    padded = torch.tensor([0, -100, 2, -100])  # the ignored positions stay allowed
+    expected = torch.nn.functional.cross_entropy(logits, padded)  # mean over the counted positions
+    assert cross_entropy(logits, padded) == pytest.approx(float(expected))
+
+
+def test_bool_class_indices_are_refused_and_bool_multi_hot_taken():
+    scores = torch.rand(2, 3)
+    with pytest.raises(TypeError, match="class indices must be integers, got dtype torch.bool"):
+        margin_loss(scores, torch.tensor([True, False]))
+    multi_hot = torch.tensor([[True, False, True], [False, True, False]])
+    assert margin_loss(scores, multi_hot) == margin_loss(scores, multi_hot.long())
+
+
+def test_reconstructions_laid_out_otherwise_than_the_images_are_refused():
+    """Channels last against channels first: the same number of values per image, a wrong loss."""
+    images = torch.rand(2, 3, 4, 5)
+    with pytest.raises(ValueError, match=r"not laid out as images .*last 3 axes differ"):
+        reconstruction_loss(images.permute(0, 2, 3, 1).contiguous(), images)
+    flat = reconstruction_loss(images.flatten(1), images)
+    assert reconstruction_loss(images[:, None], images) == flat == 0  # (b, 1, c, h, w): one per image
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

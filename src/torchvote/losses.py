@@ -50,11 +50,12 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
             (multi-)hot targets with a value other than 0 or 1 (values are checked with
             :func:`~torchvote.validation.check_tensor_values`: at once on the CPU, on the device's
             stream elsewhere).
-        TypeError: class indices ``(b,)`` that are not integers.
+        TypeError: class indices ``(b,)`` that are not integers (bools included; a bool
+            ``(b, num_classes)`` multi-hot tensor is taken).
     """
     check_positive_int(num_classes, "num_classes")
     if targets.dim() == 1:
-        if targets.is_floating_point() or targets.is_complex():
+        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
             raise TypeError(f"class indices must be integers, got dtype {targets.dtype}")
         check_index_range(targets, num_classes, f"class indices must be in [0, {num_classes})")
         return F.one_hot(targets.long(), num_classes).to(dtype)
@@ -163,7 +164,8 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
         ValueError: a ``weight`` that is negative, NaN or infinite (it would reward reconstructing
             badly, or poison the loss).
         ValueError: either without a batch axis (a single image needs one: ``image[None]``), an
-            empty batch, or the two do not have the same number of values per image.
+            empty batch, the two do not have the same number of values per image, or both are
+            shaped as images whose trailing axes differ (channels last against channels first).
         TypeError: either not floating point (``uint8`` pixels of 0-255 against reconstructions
             in [0, 1] gave a loss 255^2 too large: divide them by 255).
     """
@@ -177,6 +179,12 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
             )
         if tensor.shape[0] == 0:
             raise ValueError(f"{name} must hold at least one image, got shape {tuple(tensor.shape)}")
+    image_axes = min(reconstructions.dim(), images.dim()) - 1  # the image axes both have
+    if image_axes >= 2 and reconstructions.shape[-image_axes:] != images.shape[-image_axes:]:
+        raise ValueError(  # the same number of values in another layout: (b, h, w, c) vs (b, c, h, w)
+            f"reconstructions {tuple(reconstructions.shape)} are not laid out as images "
+            f"{tuple(images.shape)}: their last {image_axes} axes differ (channels first or last?)"
+        )
     flat_reconstructions = reconstructions.flatten(1)  # (b, c*h*w)
     flat_images = images.flatten(1).to(flat_reconstructions.dtype)  # (b, c*h*w)
     if flat_reconstructions.shape != flat_images.shape:
@@ -293,8 +301,11 @@ def cross_entropy(
 
     Raises:
         ValueError: ``logits`` without a batch and a class axis, an empty batch, ``targets``
-            whose shape is not ``logits.shape[:-1]``, or a ``label_smoothing`` outside [0, 1].
-        TypeError: ``logits`` not floating point, ``targets`` that are not integer class indices.
+            whose shape is not ``logits.shape[:-1]``, a target outside ``[0, k)`` that is not
+            ``ignore_index`` (checked with :func:`~torchvote.validation.check_tensor_values`), or a
+            ``label_smoothing`` outside [0, 1].
+        TypeError: ``logits`` not floating point, ``targets`` that are not integer class indices
+            (bools included).
     """
     check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
     check_float_tensor(logits, "logits")
@@ -302,8 +313,8 @@ def cross_entropy(
         raise ValueError(f"logits must be (b, k) or (b, t, k), got shape {tuple(logits.shape)}")
     if logits.shape[0] == 0:
         raise ValueError(f"logits must hold at least one example, got shape {tuple(logits.shape)}")
-    if targets.is_floating_point() or targets.is_complex():  # 2.7 would be truncated to class 2
-        raise TypeError(
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise TypeError(  # 2.7 would be truncated to class 2, True read as class 1
             f"targets must be integer class indices, got dtype {targets.dtype} (soft labels, class "
             "probabilities, are not taken)"
         )
@@ -316,6 +327,13 @@ def cross_entropy(
     logits = logits.flatten(0, -2)  # (b*t, k), in at least float32, as reconstruction_loss sums
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     targets = targets.flatten().long()  # (b*t,)
+    classes = logits.shape[-1]
+    counted_ok = (targets == ignore_index) | ((targets >= 0) & (targets < classes))  # (b*t,)
+    check_tensor_values(  # torch's IndexError on the CPU, a device-side assert on CUDA otherwise
+        counted_ok.all(),
+        f"targets must be class indices in [0, {classes}) or ignore_index={ignore_index}",
+        detail=lambda: f", got {sorted(set(targets[~counted_ok].tolist()))[:5]}",
+    )
     total = F.cross_entropy(
         logits, targets, label_smoothing=label_smoothing, ignore_index=ignore_index, reduction="sum"
     )

@@ -123,6 +123,10 @@ def test_targets_that_are_not_class_indices_are_named(name):
     with pytest.raises(TypeError, match="targets must be a tensor of integer class indices.*list"):
         model(images, [3, 7])
     assert model(images, torch.tensor([3, 7])).reconstructions.shape == (2, 1, 28, 28)
+    # F.one_hot's own int64 rows reconstructed ten images an example, from capsules 0 and 1
+    with pytest.raises(ValueError, match=r"targets \(b, 10\) of only 0 and 1 look one-hot.*argmax"):
+        model(images, torch.nn.functional.one_hot(torch.tensor([3, 7]), 10))
+    assert model(images, torch.tensor([[3, 7], [1, 0]])).reconstructions.shape == (2, 2, 1, 28, 28)
 
 
 @pytest.mark.parametrize("name", ["capsnet", "efficient-capsnet"])

@@ -18,8 +18,14 @@ from torchvote.training import StepInfo, read_metrics, train
 
 _READS = ("item", "__float__", "__int__", "__index__", "__bool__", "tolist", "cpu", "numpy")
 _PACKAGE = Path(torchvote.__file__).resolve().parent
-# where batches are assembled: on the host, from host tensors (no device to wait for)
-_HOST_SIDE = (str(_PACKAGE / "data"), str(_PACKAGE / "training" / "data.py"))
+# where batches are assembled: on the host, from host tensors (no device to wait for); and the
+# value checks of validation.check_tensor_values, which read only where reads are free (eager on
+# the CPU) and queue an assertion on a device instead (tests/test_validation.py)
+_HOST_SIDE = (
+    str(_PACKAGE / "data"),
+    str(_PACKAGE / "training" / "data.py"),
+    str(_PACKAGE / "validation.py"),
+)
 
 
 class _HostReads:

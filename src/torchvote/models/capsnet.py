@@ -18,8 +18,10 @@ The network of sec. 4 (Fig. 1 and 2), every size from :class:`CapsNetConfig`:
 5. the decoder (sec. 4.1, Fig. 2): all class capsules but one are masked to zero, and three fully
    connected layers (512 and 1024 ReLU units, then ``in_channels * image_size**2`` sigmoid units)
    reconstruct the image. The kept capsule is the true class during training (``targets`` given)
-   and the longest capsule otherwise. Its loss (sum of squared errors, scaled by 0.0005) is
-   ``LossConfig.reconstruction_weight`` of the training config, not a model field.
+   and the highest-scoring one otherwise (the longest capsule; the highest activation with
+   ``router="em"``, the highest logit with ``scores="linear"``). Its loss (sum of squared
+   errors, scaled by 0.0005) is ``LossConfig.reconstruction_weight`` of the training config, not
+   a model field.
 
 Steps 3 to 5 are the :class:`~torchvote.models.capsule_head.CapsuleHead` every capsule model
 shares (``model.head``); the model itself is the stem (Conv1) and the primary capsules.

@@ -38,7 +38,12 @@ from torchvote.models.capsule_config import check_images, router_options_errors
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
-from torchvote.validation import check_float_dtype, check_index_range, check_integer_tensor
+from torchvote.validation import (
+    check_float_dtype,
+    check_index_range,
+    check_integer_tensor,
+    check_tensor_values,
+)
 
 __all__ = [
     "CLASS_SCORES",
@@ -112,16 +117,18 @@ def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
     Args:
         scores: ``(b, num_classes)`` class scores.
         targets: ``(b,)`` true classes, ``(b, k)`` the classes present in each image
-            (MultiMNIST), or ``None`` (evaluation: the highest score, the longest capsule).
+            (MultiMNIST), or ``None`` (evaluation: the highest score: the longest capsule
+            unless EM activations or a linear scorer give the scores).
 
     Returns:
         ``(b, 1)`` for ``(b,)`` or ``None`` targets, ``(b, k)`` for ``(b, k)`` targets.
 
     Raises:
-        TypeError: targets that are not a tensor of integer class indices (float or one-hot
+        TypeError: targets that are not a tensor of integer class indices (float one-hot
             targets would be read as lists of classes 0 and 1).
-        ValueError: targets of another shape or batch size, or a class index outside
-            ``[0, num_classes)`` (checked by :func:`~torchvote.validation.check_tensor_values`: on
+        ValueError: targets of another shape or batch size, integer one-hot targets (a
+            ``(b, num_classes)`` row of only 0 and 1, for more than 2 classes), or a class index
+            outside ``[0, num_classes)`` (checked by :func:`~torchvote.validation.check_tensor_values`: on
             an accelerator an assertion queued on the device, nothing read back).
     """
     if targets is None:
@@ -136,6 +143,13 @@ def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
     num_classes = scores.shape[-1]
     message = f"targets holds class indices outside [0, num_classes={num_classes})"
     check_index_range(targets, num_classes, message)
+    if targets.dim() == 2 and targets.shape[1] == num_classes > 2:
+        # F.one_hot's int64 rows would be read as num_classes classes, each 0 or 1
+        check_tensor_values(
+            ~((targets == 0) | (targets == 1)).all(dim=1).any(),
+            f"targets (b, {num_classes}) of only 0 and 1 look one-hot; the decoder takes class "
+            "indices: pass targets.argmax(-1), or (b, k) lists of the k classes in each image",
+        )
     classes = targets.long()
     return classes if classes.dim() == 2 else classes[:, None]  # (b, k); reshape fails on b = 0
 
