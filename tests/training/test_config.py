@@ -495,3 +495,47 @@ def test_image_placement_is_refused_for_models_of_other_tasks(preset, override):
     with pytest.raises(ConfigError, match=f"^{key}: only image models take it"):
         load_config(preset, [override])
     load_config("smoke", [override])  # an image model takes both
+
+
+@pytest.mark.parametrize(
+    ("preset", "override", "message"),
+    [
+        (None, "data.options=[1,2]", "data.options: expected dict, got [1, 2]"),
+        (None, "data.options=null", "data.options: expected dict, got None"),
+        ("capsnet-mnist", "model.router_options=[1]", "model.router_options: expected dict, got [1]"),
+        ("main", "model.router_options=null", "model.router_options: expected dict, got None"),
+        ("smoke", "model.channels.x=5", "model.channels: expected comma-separated ints"),
+    ],
+)
+def test_a_list_or_null_where_a_mapping_goes_is_named(preset, override, message):
+    """OmegaConf's TypeError ('Cannot merge incompatible container types') and a StopIteration of
+    the search for the failing field reached the user as tracebacks."""
+    with pytest.raises(ConfigError) as error:
+        load_config(preset, [override])
+    assert message in str(error.value)
+
+
+def test_a_shipped_preset_is_not_shadowed_by_a_file_of_its_name(tmp_path, monkeypatch):
+    """`torchvote main` in a folder holding a file 'main' read that file (a C source: 'unknown key
+    int main()'; a YAML file trained the defaults under the preset's name)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "main").write_text("int main() { return 0; }\n")
+    (tmp_path / "smoke").write_text("description: my notes\n")
+    assert load_config("main") == load_config(str(_shipped("main")))
+    assert load_config("smoke").model == load_config(str(_shipped("smoke"))).model
+    assert load_config("./smoke").description == "my notes"  # the file, named as a path
+    (tmp_path / "mine").write_text("description: mine\n")  # no preset of that name: the file
+    assert load_config("mine").description == "mine"
+
+
+def _shipped(name: str):
+    import importlib.resources
+
+    return importlib.resources.files("torchvote.presets") / f"{name}.yaml"
+
+
+def test_preset_is_not_an_override():
+    """preset=mnist-cnn trained smoke under the name mnist-cnn (run folder, config.yaml, and a
+    resume check that then took `torchvote train mnist-cnn --resume` for it)."""
+    with pytest.raises(ConfigError, match="'preset=mnist-cnn': preset is not an override"):
+        load_config("smoke", ["preset=mnist-cnn"])

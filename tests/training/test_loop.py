@@ -203,7 +203,8 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over(tiny_config):
     config = tiny_config("early", "max_steps=1", "eval_every=0")
     run_dir = Path(config.run_dir)
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text("{}")
+    # a run writes its config.yaml whole (atomically), every key in it
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     (run_dir / "metrics.jsonl").write_text("")
     assert train(config, verbose=False).checkpoint is not None
     other = tiny_config("mixed", "max_steps=1", "eval_every=0")
@@ -221,6 +222,15 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over(tiny_config):
         train(users, verbose=False)
     assert (Path(users.run_dir) / "config.yaml").read_text() == "mycfg: 1\n"
     assert (Path(users.run_dir) / "metrics.jsonl").read_text() == "my notes\n"
+    # a user's preset of a few config keys, with comments, trained into its own folder: it was
+    # taken for a stopped run's and overwritten by the full dumped config
+    notes = tiny_config("notes", "max_steps=1", "eval_every=0")
+    Path(notes.run_dir).mkdir()
+    preset = "# my notes\nmodel:\n  name: cnn-baseline\n  preset: tiny\nmax_steps: 1  # quick\n"
+    (Path(notes.run_dir) / "config.yaml").write_text(preset)
+    with pytest.raises(ConfigError, match="is not empty"):
+        train(notes, verbose=False)
+    assert (Path(notes.run_dir) / "config.yaml").read_text() == preset
 
 
 def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(
@@ -665,3 +675,14 @@ def test_a_train_record_gives_the_learning_rate_its_last_step_used(tiny_config):
     for record in records:  # the record of step s holds the lr of step s - 1, counted from 0
         assert record["lr"] == pytest.approx(config.optim.lr * multiplier(record["step"] - 1), rel=1e-3)
     assert records[0]["lr"] == pytest.approx(0.005)  # the warm-up's first step: half the peak
+
+
+def test_a_single_label_loss_on_label_sets_is_refused_before_the_run_starts(tiny_config, tmp_path):
+    """Cross-entropy (or the spread loss) on MultiMNIST's two labels an image failed at the first
+    step, after the run folder, its config.yaml and an empty metrics.jsonl were written."""
+    config = tiny_config("mm", "data.name=multimnist", "data.limit=40", "data.eval_limit=20", "max_steps=1")
+    config.run_dir = None
+    config.out_dir = str(tmp_path / "runs")
+    with pytest.raises(ValueError, match=r"take one label per image, got targets of shape \(20, 2\)"):
+        train(config, verbose=False)
+    assert not list((tmp_path / "runs").glob("*"))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import os
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -430,9 +431,16 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
 
 def _names_a_file(name_or_path: str) -> bool:
     """Whether a preset argument names a YAML file (a ``.yaml`` / ``.yml`` path, or any existing
-    file) rather than a shipped preset."""
+    file) rather than a shipped preset. A shipped preset's bare name is the preset even where a
+    file of that name lies in the working folder (``torchvote main`` beside a file ``main``
+    read that file): such a file is named ``./main``."""
     path = Path(name_or_path)
-    return path.suffix in (".yaml", ".yml") or path.is_file()
+    if path.suffix in (".yaml", ".yml"):
+        return True
+    bare = os.sep not in name_or_path and (os.altsep is None or os.altsep not in name_or_path)
+    if bare and (_preset_dir() / f"{name_or_path}.yaml").is_file():
+        return False
+    return path.is_file()
 
 
 def _read_yaml(text: str, name: str) -> dict[str, Any]:
@@ -456,6 +464,12 @@ def load_config(preset: str | None = None, overrides: Iterable[str] = ()) -> Tra
     Raises:
         ConfigError: an unknown preset, key or value; the message lists what exists.
     """
+    overrides = list(overrides)
+    for text in overrides:  # it would rename the run only: the preset argument chooses the preset
+        if isinstance(text, str) and text.partition("=")[0].strip() == "preset":
+            raise ConfigError(
+                f"{text!r}: preset is not an override; name the preset first (torchvote train NAME ...)"
+            )
     values = load_preset(preset) if preset is not None else {}
     if preset is not None:  # a file's name without its folders: the run folder is <out_dir>/<preset>-<time>
         values.setdefault("preset", Path(preset).stem if _names_a_file(preset) else preset)

@@ -280,13 +280,25 @@ def typed_fields(cls: type, values: Mapping[str, Any], prefix: str = "") -> dict
         merged = OmegaConf.merge(OmegaConf.structured(cls), prepared)
     except (ConfigAttributeError, ConfigKeyError) as err:  # pragma: no cover - caught above
         raise unknown_key(f"{dotted}{err.full_key}", [f"{dotted}{n}" for n in types_]) from None
-    except OmegaConfBaseException as err:
-        name = str(err.key) if err.key is not None and str(err.key) in types_ else None
-        if name is None:  # an element of a sequence: find the field it belongs to
-            name = next(n for n in prepared if isinstance(prepared[n], (list, tuple)))
+    except (OmegaConfBaseException, TypeError) as err:  # TypeError: a list merged into a dict
+        key = getattr(err, "key", None)
+        name = str(key) if key is not None and str(key) in types_ else None
+        if name is None:  # an element of a sequence, or no key named: the field that fails alone
+            name = next((n for n in prepared if not _merges(cls, n, prepared[n])), None)
+        if name is None:
+            raise ConfigError(f"{dotted.rstrip('.') or 'config'}: {err}") from None
         raise _type_error(types_[name], prepared[name], f"{dotted}{name}") from None
     converted = OmegaConf.to_container(merged)
     return {name: converted[name] for name in values}
+
+
+def _merges(cls: type, name: str, value: Any) -> bool:
+    """Whether field ``name`` of the dataclass ``cls`` takes ``value`` (OmegaConf's check)."""
+    try:
+        OmegaConf.merge(OmegaConf.structured(cls), {name: value})
+    except (OmegaConfBaseException, TypeError):
+        return False
+    return True
 
 
 def coerce_value(value: Any, annotation: Any, key: str) -> Any:

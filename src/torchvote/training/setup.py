@@ -109,14 +109,15 @@ def _check_new_run_dir(run_dir: str) -> Path:
 
 
 def _is_run_config(path: Path) -> bool:
-    """Whether ``path`` reads as a run's ``config.yaml``: a YAML mapping of training-config keys
-    (a user's own ``config.yaml`` is not a stopped run to start over on)."""
+    """Whether ``path`` reads as a run's ``config.yaml``: a YAML mapping of every training-config
+    key, as a run writes it whole (a user's own ``config.yaml``, a preset of a few keys beside its
+    notes, is not a stopped run to start over on: it was overwritten)."""
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     keys = {field.name for field in dataclasses.fields(TrainConfig)}
-    return isinstance(values, dict) and set(values) <= keys
+    return isinstance(values, dict) and set(values) == keys
 
 
 def _holds_an_intact_checkpoint(run_dir: Path) -> bool:

@@ -87,7 +87,8 @@ class TaskHandler:
         """A random batch that fits a model config (for the registry sweep and benchmarks)."""
         raise NotImplementedError
 
-    def check_loss(self, loss_name: str) -> None:
+    def check_loss(self, loss_name: str, data: TaskData | None = None) -> None:
+        """Refuse a loss that does not apply to this task, or (``data`` given) to its targets."""
         if loss_name != "cross-entropy":
             raise ValueError(f"loss {loss_name!r} does not apply to {self.task}; use cross-entropy")
 
@@ -106,6 +107,12 @@ class TaskHandler:
         metrics["count"] = sums.get("count", 0.0)  # what the accuracy counts: images or tokens
         metrics["examples"] = sums.get("examples", metrics["count"])  # images or sequences
         return metrics
+
+
+_ONE_LABEL = (
+    "cross-entropy and the spread loss take one label per image, got targets of shape {shape}; "
+    "use loss.name=margin for MultiMNIST's label sets"
+)
 
 
 @dataclass(frozen=True)
@@ -207,10 +214,7 @@ class ClassificationHandler(TaskHandler):
     def logits_and_targets(self, output: ClassifierOutput, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         targets = batch["targets"]
         if targets.dim() != 1:  # what cross-entropy and the spread loss both need
-            raise ValueError(
-                f"cross-entropy and the spread loss take one label per image, got targets of shape "
-                f"{tuple(targets.shape)}; use loss.name=margin for MultiMNIST's label sets"
-            )
+            raise ValueError(_ONE_LABEL.format(shape=tuple(targets.shape)))
         return output.scores, targets
 
     def metric_sums(self, output: ClassifierOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -230,8 +234,11 @@ class ClassificationHandler(TaskHandler):
     def items(self, batch: dict[str, Tensor]) -> int:
         return len(batch["images"])
 
-    def check_loss(self, loss_name: str) -> None:
-        return None
+    def check_loss(self, loss_name: str, data: TaskData | None = None) -> None:
+        # every loss applies to images; a label set per image (MultiMNIST) only to the margin loss
+        targets = None if data is None else data.tensors.get("targets")
+        if loss_name != "margin" and targets is not None and targets.dim() != 1:
+            raise ValueError(_ONE_LABEL.format(shape=tuple(targets.shape)))
 
     def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
         images = torch.rand(
