@@ -377,7 +377,7 @@ def test_file_system_errors_are_one_line(tmp_path, capsys):
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
     code, _, err = run(capsys, "train", "smoke", "max_steps=1", f"run_dir={a_file}/run", *FAST)
-    assert code == 2 and "Not a directory" in err and "Traceback" not in err
+    assert code == 2 and f"run_dir: {a_file} is a file" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert a_file.read_text() == "mine"
 
@@ -631,3 +631,31 @@ def test_make_run_says_where_the_torchvote_command_is(tmp_path):
     ).stdout.splitlines()
     assert lines[-2] == f"{venv}/bin/torchvote main"
     assert f"{venv}/bin/activate" in lines[-1] and f"{venv}/bin/torchvote" in lines[-1]
+
+
+def test_a_preset_file_under_a_folder_named_with_an_equals_sign_is_a_preset(tmp_path, capsys):
+    """`torchvote train /runs/lr=0.1/p.yaml` was read as the override '/runs/lr' (sweep folders are
+    often named so, and the commands a run prints name RUN/config.yaml)."""
+    folder = tmp_path / "lr=0.1"
+    folder.mkdir()
+    preset = folder / "p.yaml"
+    preset.write_text("model: {name: cnn-baseline, preset: tiny}\ndata: {name: small-digits}\n")
+    quiet = ["max_steps=1", "batch_size=50", "progress=false", "tensorboard=false"]
+    argv = ["train", str(preset), *quiet, f"run_dir={tmp_path / 'run'}"]
+    assert cli.main(argv) == 0
+    assert (tmp_path / "run" / "config.yaml").is_file()
+
+
+def test_run_folders_expand_the_home_folder_and_name_a_file_in_the_way(tmp_path, capsys, monkeypatch):
+    """run_dir='~/x' made a folder literally named '~'; out_dir naming a file said only
+    '[Errno 17] File exists'."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    quiet = ["max_steps=1", "progress=false", "tensorboard=false"]
+    assert cli.main(["train", "smoke", "run_dir=~/x", *quiet]) == 0
+    assert (tmp_path / "home" / "x" / "config.yaml").is_file() and not (tmp_path / "~").exists()
+    (tmp_path / "afile").write_text("mine")
+    for key in ("out_dir", "run_dir"):
+        value = tmp_path / "afile" / ("sub" if key == "run_dir" else "")
+        assert cli.main(["train", "smoke", f"{key}={value}", *quiet]) == 2
+        assert f"{key}: {tmp_path / 'afile'} is a file" in capsys.readouterr().err

@@ -310,7 +310,7 @@ def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
     preset = None
     overrides = []
     for index, value in enumerate(values):
-        if "=" in value:
+        if "=" in value and not (index == 0 and _names_a_preset_file(value)):
             overrides.append(value)
         elif index == 0:
             preset = value
@@ -318,6 +318,17 @@ def _split_train_args(values: Sequence[str]) -> tuple[str | None, list[str]]:
             raise ConfigError(f"expected key=value after the preset, got {value!r}")
     _check_keys_given_once(overrides)
     return preset, overrides
+
+
+def _names_a_preset_file(value: str) -> bool:
+    """Whether a first argument holding ``=`` is a preset file's path, not an override: a
+    ``.yaml`` / ``.yml`` path or an existing file (sweep folders are often named ``lr=0.1``; the
+    commands a run prints, ``torchvote train RUN/config.yaml ...``, name such paths). An override's
+    key is never a path: ``a/b=1`` is refused as a key anyway."""
+    from pathlib import Path
+
+    key = value.partition("=")[0]
+    return "/" in key or os.sep in key or Path(value).suffix in (".yaml", ".yml") or Path(value).is_file()
 
 
 def _override_key(text: str) -> str:

@@ -65,7 +65,7 @@ def new_run_dir(config: TrainConfig, context: DistributedContext) -> Path:
     if config.run_dir is not None:
         path = _check_new_run_dir(config.run_dir)
     elif context.is_main:
-        path = _claim_run_dir(Path(config.out_dir), config.preset or config.model.name)
+        path = _claim_run_dir(Path(config.out_dir).expanduser(), config.preset or config.model.name)
     else:
         path = Path()  # replaced by rank 0's choice below
     if context.is_distributed:  # every process uses rank 0's choice
@@ -86,7 +86,8 @@ def _check_new_run_dir(run_dir: str) -> Path:
     checkpoint interval starts over)."""
     if not run_dir.strip():
         raise ConfigError("run_dir must name a folder (or be null for <out_dir>/<preset>-<time>), got ''")
-    path = Path(run_dir)
+    path = Path(run_dir).expanduser()  # '~/runs/x' quoted, or from a YAML file, as data.root is
+    _check_no_file_on_the_way(path.parent, "run_dir")
     if (path / "checkpoints" / "latest").exists() or _holds_an_intact_checkpoint(path):
         raise ConfigError(
             f"run folder {path} already holds a run; continue it with "
@@ -132,9 +133,24 @@ def _holds_an_intact_checkpoint(run_dir: Path) -> bool:
     return True
 
 
+def _check_no_file_on_the_way(folder: Path, key: str) -> None:
+    """Refuse a folder to create whose path runs through a file (``[Errno 17] File exists`` or
+    ``[Errno 20] Not a directory`` otherwise, without the key).
+
+    Raises:
+        ConfigError: naming ``key`` and the file.
+    """
+    for part in (folder, *folder.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"{key}: {part} is a file; a run needs a folder there")
+            return
+
+
 def _claim_run_dir(out_dir: Path, prefix: str) -> Path:
     """Create and return ``out_dir/<prefix>-<time>``, or the first free ``-<k>`` suffix of it."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    _check_no_file_on_the_way(out_dir, "out_dir")
     out_dir.mkdir(parents=True, exist_ok=True)
     suffix = 1
     while True:
