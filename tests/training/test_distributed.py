@@ -154,3 +154,16 @@ def test_one_gpu_named_for_several_processes_on_a_machine_is_refused(monkeypatch
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match="device=cuda:1 would put every process on this machine on one GPU"):
         setup_distributed("cuda:1")
+
+
+def test_a_cuda_index_past_the_last_device_is_named(monkeypatch):
+    """device=cuda:3 on a machine of one GPU passed the checks and failed in .to(device) with a
+    RuntimeError the command line printed as a traceback."""
+    from torchvote.training.distributed import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    assert resolve_device("cuda") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match=r"'cuda:3' requested but this machine has 1 CUDA device\(s\)"):
+        resolve_device("cuda:3")

@@ -79,7 +79,8 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     (``cuda`` becomes ``cuda:<local_rank>``).
 
     Raises:
-        ValueError: an unknown device name, or CUDA requested but not available.
+        ValueError: an unknown device name, CUDA requested but not available, or a CUDA index
+            past the last device.
     """
     check_device_name(name)
     if name == "auto":
@@ -90,7 +91,14 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
                 f"device {name!r} requested but CUDA is not available; use the CPU (device=cpu, or "
                 "--device cpu on the command line) or auto"
             )
-        return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
+        device = torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:  # .to(device) fails deep in torch
+            raise ValueError(
+                f"device {str(device)!r} requested but this machine has {count} CUDA device(s), "
+                f"cuda:0 .. cuda:{count - 1}"
+            )
+        return device
     return torch.device(name)
 
 
