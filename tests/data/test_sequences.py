@@ -115,10 +115,12 @@ def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match:
         make_sequence_task(**arguments)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("split", [None, "train", "test"])
 @pytest.mark.parametrize("task", SEQUENCE_TASKS)
-def test_empty_sets(task: str) -> None:
-    src, tgt = make_sequence_task(task, num_samples=0)
-    assert src.shape[0] == tgt.shape[0] == 0
+def test_empty_sets(task: str, split: str | None) -> None:
+    src, tgt = make_sequence_task(task, num_samples=0, split=split)  # type: ignore[arg-type]
+    full_src, full_tgt = make_sequence_task(task, num_samples=1)
+    assert src.shape == (0, full_src.shape[1]) and tgt.shape == (0, full_tgt.shape[1])
 
 
 @pytest.mark.parametrize("seed", [1.5, None, "3", -1, 2**64])

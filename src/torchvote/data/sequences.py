@@ -275,8 +275,9 @@ def _draw_held_out(
 ) -> tuple[Tensor, Tensor]:
     """Draw until ``num_samples`` examples of one part (test or train) are kept, in draw order."""
     share = fraction if test else 1.0 - fraction
-    sources: list[Tensor] = []
-    targets: list[Tensor] = []
+    empty_src, empty_tgt = _draw(task, 0, min_len, max_len, generator)  # the shapes of N = 0
+    sources: list[Tensor] = [empty_src]
+    targets: list[Tensor] = [empty_tgt]
     kept = 0
     while kept < num_samples:
         draws = max(_MIN_DRAWS, int(1.2 * (num_samples - kept) / share))
