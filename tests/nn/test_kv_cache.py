@@ -251,3 +251,26 @@ def test_an_appending_cache_aligns_causality_as_its_docstring_says():
     everything = torch.cat([keys, more], dim=1)
     expected, _ = attention(query, everything, everything, attn_mask=allowed)
     torch.testing.assert_close(after, expected)
+
+
+@pytest.mark.parametrize(
+    ("mask", "error", "says"),
+    [
+        (torch.ones(2, 2, dtype=torch.bool), ValueError, r"attn_mask of shape \(2, 2\) does not broadcast"),
+        (torch.ones(2, 5, dtype=torch.long), TypeError, "attn_mask must be boolean"),
+        ([[True]], TypeError, "attn_mask must be a tensor"),
+    ],
+)
+def test_a_decoding_mask_is_checked_before_causality_shifts_it(mask, error, says):
+    """With keys cached and is_causal=True the mask went to offset_causality unchecked: a mask of
+    the new tokens only (the docstring asks for all P + S keys) gave 'size of tensor a (2) must
+    match ... (5)', an integer mask an int64 overflow, a list an AttributeError."""
+    from torchvote.nn.kv_cache import KVCache
+
+    layer, cache = MultiHeadAttention(8, 2).eval(), KVCache()
+    layer(torch.randn(2, 3, 8), is_causal=True, cache=cache)  # 3 keys cached
+    with pytest.raises(error, match=says):
+        layer(torch.randn(2, 2, 8), is_causal=True, cache=cache, attn_mask=mask)
+    assert cache.length == 3  # refused before the cache took the new keys
+    every_key = torch.ones(2, 5, dtype=torch.bool)
+    assert layer(torch.randn(2, 2, 8), is_causal=True, cache=cache, attn_mask=every_key)[0].shape == (2, 2, 8)

@@ -233,3 +233,42 @@ def test_the_parameterless_dot_score_names_the_queries_in_a_dtype_error():
     attention = LuongAttention(4, 4, score="dot")
     with pytest.raises(TypeError, match="key has dtype torch.float64 but the queries are torch.float32"):
         attention(torch.randn(1, 2, 4), torch.randn(1, 3, 4, dtype=torch.float64))
+
+
+def test_inputs_on_another_device_than_the_weights_are_named():
+    """A CPU query beside meta weights (a module built on meta, its weights never materialised)
+    computed on uninitialised memory and returned CPU numbers that changed from call to call; the
+    dot score returned a meta tensor for a meta key; MultiHeadAttention failed 23 frames down."""
+    from torchvote.nn import MultiHeadAttention
+
+    query = torch.randn(2, 3, 8)
+    luong = LuongAttention(8, 8, score="general", device="meta")
+    additive = AdditiveAttention(8, 8, 8, device="meta")
+    for layer in (luong, additive):
+        with pytest.raises(ValueError, match="query is on cpu but the module's parameters are on meta"):
+            layer(query, query)
+    with pytest.raises(ValueError, match="key is on meta but the queries are on cpu"):
+        LuongAttention(8, 8)(query, query.to("meta"))
+    with pytest.raises(ValueError, match="query is on cpu but the module's parameters are on meta"):
+        MultiHeadAttention(8, 2, device="meta")(query)
+    with pytest.raises(ValueError, match="attn_mask is on meta but the module's parameters are on cpu"):
+        MultiHeadAttention(8, 2)(query, attn_mask=torch.ones(3, 3, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match="key_mask is on meta"):
+        meta_mask = torch.ones(2, 3, dtype=torch.bool, device="meta")
+        LuongAttention(8, 8, score="general")(query, query, key_mask=meta_mask)
+
+
+def test_multi_head_weights_in_training_are_the_softmax_before_dropout():
+    """The documented difference from nn.MultiheadAttention (its weights come after dropout): ours
+    sum to 1 per row, and the outputs agree."""
+    from torchvote.nn import MultiHeadAttention
+
+    theirs = torch.nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True, dtype=torch.float64)
+    ours = MultiHeadAttention.from_torch(theirs)
+    x = torch.randn(1, 4, 8, dtype=torch.float64)
+    torch.manual_seed(1)
+    expected, _ = theirs(x, x, x)
+    torch.manual_seed(1)
+    output, weights = ours(x, need_weights=True, average_weights=False)
+    torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 4, dtype=torch.float64))

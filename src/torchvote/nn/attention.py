@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
 from torchvote.functional.attention import _softmax_attention
-from torchvote.functional.masks import refuse_per_example_3d_mask
+from torchvote.functional.masks import check_attention_mask, refuse_per_example_3d_mask
 from torchvote.functional.voting import _fused_softmax_attention
 from torchvote.nn.attention_projections import (
     _check_inputs,
@@ -42,6 +42,7 @@ from torchvote.nn.attention_projections import (
 )
 from torchvote.nn.kv_cache import KVCache, offset_causality
 from torchvote.validation import (
+    check_device,
     check_flag,
     check_float_dtype,
     check_input_dtype,
@@ -205,7 +206,10 @@ class MultiHeadAttention(nn.Module):
                 of torch's ``key_padding_mask``).
             is_causal: query ``l`` attends only to keys ``s <= l`` (top-left aligned); combined
                 with ``attn_mask`` and ``key_mask`` if those are given too.
-            need_weights: also return the attention weights (forms the ``(b, h, L, S)`` matrix).
+            need_weights: also return the attention weights (forms the ``(b, h, L, S)`` matrix),
+                before dropout: in training with ``dropout > 0`` they are the softmax's, each row
+                summing to 1, where ``nn.MultiheadAttention`` returns them after dropout (the
+                outputs agree).
             average_weights: average the weights over the heads.
             cache: keys and values kept between calls (incremental decoding), filled in place.
                 An appending cache (self-attention) adds this call's keys and values after the
@@ -244,6 +248,10 @@ class MultiHeadAttention(nn.Module):
         unbatched = _check_inputs(query, key, value, self.embed_dim, self.kdim, self.vdim)
         for name, tensor in (("query", query), ("key", key), ("value", value)):
             check_input_dtype(tensor, self.out_proj.weight.dtype, name)
+        for name, tensor in (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask),
+                             ("key_mask", key_mask)):
+            if isinstance(tensor, Tensor):  # torch's own error names no argument
+                check_device(tensor, self.out_proj.weight.device, name)
         if unbatched:
             if isinstance(key_mask, Tensor) and key_mask.dim() != 1:
                 raise ValueError(
@@ -267,6 +275,8 @@ class MultiHeadAttention(nn.Module):
                 cache.check_memory(batch, source_len)
         elif cache is not None:  # the queries follow the cached keys: causality shifts with them
             source_len += cache.length
+            # the user's mask covers every key, the cached ones too: checked before it is shifted
+            check_attention_mask(attn_mask, (batch, self.num_heads, target_len, source_len), "attn_mask")
             attn_mask, is_causal = offset_causality(attn_mask, is_causal, cache.length, target_len,
                                                     source_len, query.device)
         receiver_mask = self._receiver_mask(key_mask, is_causal=is_causal, self_attention=self_attention)

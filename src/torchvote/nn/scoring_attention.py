@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score, merge_masks
 from torchvote.validation import (
     check_choice,
+    check_device,
     check_float_dtype,
     check_input_dtype,
     check_positive_int,
@@ -104,7 +105,15 @@ class ScoredAttention(nn.Module, abc.ABC):
         value = key if value is None else value
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
         parameter = next(self.parameters(), None)  # the dot score has none: query's dtype rules
-        for name, tensor in (("query", query), ("key", key), ("value", value)):
+        inputs = (("query", query), ("key", key), ("value", value))
+        inputs += (("attn_mask", attn_mask), ("key_mask", key_mask))
+        for name, tensor in inputs:
+            # a CPU input beside meta weights computed on uninitialised memory without a word
+            if isinstance(tensor, Tensor):
+                reference = None if parameter is not None else "the queries"
+                check_device(tensor, query.device if parameter is None else parameter.device, name, reference)
+            if name in ("attn_mask", "key_mask"):
+                continue
             if parameter is None:
                 check_input_dtype(tensor, query.dtype, name, "the queries")
             else:
