@@ -187,6 +187,8 @@ def test_bad_shapes_raise_clear_errors():
         scaled_dot_product_attention(q, k[:1].expand(3, -1, -1, -1), v[:1].expand(3, -1, -1, -1))
     with pytest.raises(ValueError, match="inputs must be a tensor of shape"):
         self_attention(torch.randn(8))
+    with pytest.raises(TypeError, match=r"inputs must be a tensor of shape \(\.\.\., T, D\), got list"):
+        self_attention([[1.0, 2.0]])  # a ValueError, where every other attention function says TypeError
     # Batch axes that broadcast are taken, as by torch's kernel.
     out, _ = scaled_dot_product_attention(q, k[:1], v[:1])
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k[:1].expand_as(k), v[:1].expand_as(v)))

@@ -350,11 +350,10 @@ def self_attention(
         TypeError, ValueError: ``inputs`` not a floating-point ``(..., T, D)`` tensor, a bad
             ``scale`` or ``need_weights`` (as :func:`scaled_dot_product_attention`).
     """
-    if not isinstance(inputs, Tensor) or inputs.dim() < 2:
-        raise ValueError(
-            f"inputs must be a tensor of shape (..., T, D), got "
-            f"{tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__}"
-        )
+    if not isinstance(inputs, Tensor):  # a TypeError, as scaled_dot_product_attention's
+        raise TypeError(f"inputs must be a tensor of shape (..., T, D), got {type(inputs).__name__}")
+    if inputs.dim() < 2:
+        raise ValueError(f"inputs must be a tensor of shape (..., T, D), got {tuple(inputs.shape)}")
     if not inputs.is_floating_point():
         raise TypeError(f"inputs must be floating point, got dtype {inputs.dtype}")
     return scaled_dot_product_attention(inputs, inputs, inputs, scale=scale,
