@@ -55,3 +55,22 @@ def test_the_spread_loss_refuses_label_sets_and_names_the_loss_that_takes_them()
     batch["targets"] = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [1, 2]])  # MultiMNIST's (b, 2)
     with pytest.raises(ValueError, match=r"one label per image.*\(6, 2\).*loss\.name=margin"):
         objective(output, batch, 0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "dtype", "expected"),
+    [
+        (["loss.name=margin"], torch.float64, torch.float64),
+        (["model.router=em"], torch.float64, torch.float64),
+        (["loss.name=margin"], torch.bfloat16, torch.float32),
+        (["model.router=em"], torch.bfloat16, torch.float32),
+    ],
+)
+def test_the_capsule_objectives_keep_float64_and_lift_half_precision(overrides, dtype, expected):
+    """The margin and spread objectives cast the scores with .float(): a float64 model's loss was
+    float32 (1.8e-8 off); half precision is still summed in float32."""
+    objective = _objective([*overrides, "loss.reconstruction_weight=0"], 10)
+    output, batch = _batch()
+    output = ClassifierOutput(scores=output.scores.to(dtype))
+    value, _ = objective(output, batch, 0)
+    assert value.dtype == expected

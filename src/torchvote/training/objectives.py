@@ -74,13 +74,19 @@ def _cross_entropy(loss: LossConfig, handler: Any, total_steps: int, pad_id: int
     return cross_entropy
 
 
+def _at_least_float32(tensor: Tensor) -> Tensor:
+    """Half-precision scores (autocast) in float32 for the loss; float64 kept (``.float()`` cast a
+    float64 model's scores down)."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def _margin(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None) -> Objective:
     def margin(
         output: ClassifierOutput, batch: dict[str, Tensor], step: int
     ) -> tuple[Tensor, dict[str, Tensor]]:
         targets = _multi_hot(batch["targets"], output.scores.shape[-1])
         value = losses.margin_loss(
-            output.scores.float(),
+            _at_least_float32(output.scores),
             targets,
             positive_margin=loss.positive_margin,
             negative_margin=loss.negative_margin,
@@ -90,7 +96,7 @@ def _margin(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None
         reference = _reconstruction_targets(output, batch)
         if reference is not None and loss.reconstruction_weight > 0:
             term = losses.reconstruction_loss(
-                output.reconstructions.float(), reference, weight=loss.reconstruction_weight
+                _at_least_float32(output.reconstructions), reference, weight=loss.reconstruction_weight
             )
             parts["reconstruction"] = term.detach()
             value = value + term
@@ -116,7 +122,7 @@ def _spread(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         scores, targets = handler.logits_and_targets(output, batch)  # refuses MultiMNIST's label sets
         margin_now = schedule(step)
-        value = losses.spread_loss(scores.float(), targets, margin=margin_now)
+        value = losses.spread_loss(_at_least_float32(scores), targets, margin=margin_now)
         return value, {"spread": value.detach(), "spread_margin": torch.tensor(margin_now)}
 
     return spread
