@@ -31,8 +31,8 @@ the test set in proportion.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
-from typing import Literal, Protocol, overload
+from collections.abc import Callable, Sequence
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -223,7 +223,7 @@ def make_sequence_task(
         raise ValueError(f"max_len: addition supports at most {_MAX_ADDITION_DIGITS} digits")
     if split is not None:
         check_choice(split, _SPLITS, "split")
-    fraction = check_in_range(test_fraction, "test_fraction", 0.0, 1.0, include_low=False, include_high=False)
+    fraction = _check_test_fraction(test_fraction)
     generator = torch.Generator().manual_seed(seed)
     if split is None:
         return _draw(task, num_samples, min_len, max_len, generator)
@@ -251,7 +251,7 @@ def in_test_part(src: Tensor, test_fraction: float = 0.1) -> Tensor:
         if isinstance(src, Tensor):
             got = f"a {src.dtype} tensor of shape {tuple(src.shape)}"
         raise ValueError(f"src: expected a 2-D integer tensor of token ids, got {got}")
-    fraction = check_in_range(test_fraction, "test_fraction", 0.0, 1.0, include_low=False, include_high=False)
+    fraction = _check_test_fraction(test_fraction)
     tokens = src.long()
     value = torch.zeros(tokens.shape[0], dtype=torch.long)  # (N,)
     ended = torch.zeros(tokens.shape[0], dtype=torch.bool)  # (N,) past the first <pad>
@@ -262,6 +262,11 @@ def in_test_part(src: Tensor, test_fraction: float = 0.1) -> Tensor:
         value = ((value ^ (value >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
     value = value ^ (value >> 16)
     return value < round(fraction * 2**32)
+
+
+def _check_test_fraction(value: object) -> float:
+    """``test_fraction`` as a float in the open interval (0, 1): each part holds some sources."""
+    return check_in_range(value, "test_fraction", 0.0, 1.0, include_low=False, include_high=False)
 
 
 def _draw_held_out(
@@ -327,23 +332,7 @@ def _draw(
     return src, tgt
 
 
-class TaskFunction(Protocol):
-    """The signature of :func:`copy_task`, :func:`reverse_task`, :func:`sort_task` and
-    :func:`addition_task`: :func:`make_sequence_task` with its ``task`` fixed."""
-
-    def __call__(
-        self,
-        num_samples: int,
-        *,
-        min_len: int = 1,
-        max_len: int = 8,
-        seed: int = 0,
-        split: Split | None = None,
-        test_fraction: float = 0.1,
-    ) -> tuple[Tensor, Tensor]: ...
-
-
-def _task_function(task: Task, summary: str, shapes: str) -> TaskFunction:
+def _task_function(task: Task, summary: str, shapes: str) -> Callable[..., tuple[Tensor, Tensor]]:
     """:func:`make_sequence_task` with ``task`` fixed, under its own name and docstring."""
 
     def generate(
