@@ -51,13 +51,7 @@ from torch import Tensor, nn
 from torchvote.files import atomic_write_bytes
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
-from torchvote.training.config import (
-    TrainConfig,
-    config_from_dict,
-    config_to_dict,
-    model_config_from,
-    resolve_loss_name,
-)
+from torchvote.training.config import TrainConfig, config_from_dict, config_to_dict, model_config_from
 from torchvote.training.data import (
     STEP_STREAM,
     BatchPlan,
@@ -243,12 +237,13 @@ class _Run:
         # fp16's loss scaling; with fp16=false every call of it is the plain one (see _train_step)
         self.scaler = torch.amp.GradScaler(context.device.type, enabled=config.fp16)
         self.objective = make_objective(
-            config.loss, self.spec, self.total_steps, fields.get("pad_id"), model_config=self.model_config
+            config.loss,
+            self.spec,
+            self.total_steps,
+            fields.get("pad_id"),
+            model_config=self.model_config,
+            data=[data for data in (self.eval_data, self.train_data) if isinstance(data, TaskData)],
         )
-        loss_name = resolve_loss_name(config.loss.name, self.spec, self.model_config)
-        for data in (self.eval_data, self.train_data):  # MultiMNIST's label sets: before the run starts
-            if isinstance(data, TaskData):
-                self.handler.check_loss(loss_name, data)
         if self.resume_from is not None:
             paths, state = self.resume_from
             self.step = restore_state(self, paths, state)

@@ -8,7 +8,7 @@ objective looks at the task's name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ def make_objective(
     pad_id: int | None = None,
     *,
     model_config: Any = None,
+    data: Sequence[Any] = (),
 ) -> Objective:
     """The training objective of a run: the configured loss, or with ``loss.name=auto`` the
     model's default (:func:`~torchvote.training.config.resolve_loss_name`: the spread loss for a
@@ -45,19 +46,24 @@ def make_objective(
         pad_id: the padding id of sequence data (skipped by a seq2seq cross-entropy).
         model_config: the model's own config (its ``router`` decides ``auto``); ``None``: the
             registered loss.
+        data: the run's data sets (:class:`~torchvote.training.data.TaskData`), whose targets the
+            loss must take (MultiMNIST's label sets only the margin loss): refused before the run
+            starts, not at its first step.
 
     Returns:
         ``objective(output, batch, step) -> (loss, parts)``; ``parts`` holds the terms of the
         loss (``margin``, ``reconstruction`` ...) and, for the spread loss, the current margin.
 
     Raises:
-        ValueError: a loss that does not apply to the model's task.
+        ValueError: a loss that does not apply to the model's task or to the targets of ``data``.
     """
     from torchvote.training.tasks import get_task_handler
 
     name = resolve_loss_name(loss.name, spec, model_config)
     handler = get_task_handler(spec.task)
     handler.check_loss(name)
+    for task_data in data:
+        handler.check_loss(name, task_data)
     return _BUILDERS[name](loss, handler, total_steps, pad_id)
 
 
