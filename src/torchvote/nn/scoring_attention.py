@@ -104,20 +104,15 @@ class ScoredAttention(nn.Module, abc.ABC):
         """
         value = key if value is None else value
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
-        parameter = next(self.parameters(), None)  # the dot score has none: query's dtype rules
+        # the dot score has no parameter: the queries' dtype and device rule
+        parameter = next(self.parameters(), None)
+        reference, where = (query, "the queries") if parameter is None else (parameter, None)
         inputs = (("query", query), ("key", key), ("value", value))
-        inputs += (("attn_mask", attn_mask), ("key_mask", key_mask))
         for name, tensor in inputs:
-            # a CPU input beside meta weights computed on uninitialised memory without a word
-            if isinstance(tensor, Tensor):
-                reference = None if parameter is not None else "the queries"
-                check_device(tensor, query.device if parameter is None else parameter.device, name, reference)
-            if name in ("attn_mask", "key_mask"):
-                continue
-            if parameter is None:
-                check_input_dtype(tensor, query.dtype, name, "the queries")
-            else:
-                check_input_dtype(tensor, parameter.dtype, name)
+            check_input_dtype(tensor, reference.dtype, name, where)
+        for name, tensor in (*inputs, ("attn_mask", attn_mask), ("key_mask", key_mask)):
+            if isinstance(tensor, Tensor):  # a CPU input beside meta weights read uninitialised memory
+                check_device(tensor, reference.device, name, where)
         mask = merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
         scores = self.score(query, key)  # (b, i, j)
         return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
