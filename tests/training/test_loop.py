@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import signal
@@ -675,6 +676,28 @@ def test_a_train_record_gives_the_learning_rate_its_last_step_used(tiny_config):
     for record in records:  # the record of step s holds the lr of step s - 1, counted from 0
         assert record["lr"] == pytest.approx(config.optim.lr * multiplier(record["step"] - 1), rel=1e-3)
     assert records[0]["lr"] == pytest.approx(0.005)  # the warm-up's first step: half the peak
+
+
+@pytest.mark.parametrize("warmup", [0, 6])
+def test_onecycle_rises_over_the_warmup_steps(tiny_config, warmup):
+    """``optim.warmup_steps`` was ignored by the onecycle schedule (its rise took 30% of the run
+    whatever the user set). Smith & Topin's cycle: from lr / 25 up to lr at the last warm-up step,
+    then down; 30% of the 10 steps when warmup_steps is 0."""
+    config = tiny_config("lr", "max_steps=10", "log_every=1", "eval_every=0", "optim.schedule=onecycle",
+                         f"optim.warmup_steps={warmup}", "optim.lr=0.01")
+    result = train(config, verbose=False)
+    lrs = [r["lr"] for r in read_metrics(result.metrics_path) if r["event"] == "train"]  # step 1..10
+    peak = warmup or 3  # the step (from 1) that runs at lr
+    assert lrs[0] == pytest.approx(0.01 / 25)
+    assert lrs[peak - 1] == pytest.approx(0.01)
+    assert all(a < b for a, b in itertools.pairwise(lrs[:peak]))  # rising to the peak
+    assert all(a > b for a, b in itertools.pairwise(lrs[peak - 1:]))  # then falling
+
+
+def test_onecycle_refuses_a_warmup_as_long_as_the_run(tiny_config):
+    config = tiny_config("lr", "max_steps=6", "optim.schedule=onecycle", "optim.warmup_steps=6")
+    with pytest.raises(ConfigError, match=r"optim\.warmup_steps=6 leaves no step of the onecycle .*6 steps"):
+        train(config, verbose=False)
 
 
 def test_a_single_label_loss_on_label_sets_is_refused_before_the_run_starts(tiny_config, tmp_path):

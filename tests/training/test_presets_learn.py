@@ -90,6 +90,16 @@ def test_a_canvas_smaller_than_the_images_is_refused(tiny_mnist_root, tmp_path):
         train(_short_run("capsnet-multimnist", 28, tiny_mnist_root, tmp_path / "run"), verbose=False)
 
 
+@pytest.mark.parametrize(("canvas", "shift"), [(28, 28), (40, 40), (40, 100)])
+def test_a_shift_that_moves_images_out_of_the_frame_is_refused(tiny_mnist_root, tmp_path, canvas, shift):
+    config = apply_overrides(
+        _short_run("capsnet-mnist", canvas, tiny_mnist_root, tmp_path / "run"), [f"data.shift={shift}"]
+    )
+    message = rf"data\.shift={shift} can move the {canvas}-pixel training images out of their frame: "
+    with pytest.raises(ConfigError, match=message + rf"expected at most {canvas - 1}"):
+        train(config, verbose=False)
+
+
 def test_the_image_presets_are_all_found():
     presets = _image_presets()
     assert {"capsnet-mnist", "cnn-paper", "mnist-cnn", "em-capsnet-mnist", "vit-mnist"} <= set(presets)

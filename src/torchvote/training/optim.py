@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 
-from torchvote.training.config import OptimConfig
+from torchvote.training.config import ConfigError, OptimConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_multiplier"]
 
@@ -59,9 +59,28 @@ def lr_multiplier(config: OptimConfig, total_steps: int) -> Callable[[int], floa
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> LRScheduler:
-    """The configured schedule over ``total_steps`` optimiser steps."""
+    """The configured schedule over ``total_steps`` optimiser steps.
+
+    ``onecycle`` (Smith & Topin 2017) has a warm-up of its own, the rise from ``lr / 25`` to
+    ``lr``: ``warmup_steps`` sets its length (OneCycleLR's ``pct_start``), 30% of the run when 0.
+
+    Raises:
+        ConfigError: ``onecycle`` with ``warmup_steps`` not fewer than ``total_steps`` (no steps
+            would be left for the annealing).
+    """
     if config.schedule == "onecycle":
+        total_steps = max(total_steps, 1)
+        if config.warmup_steps >= total_steps:
+            raise ConfigError(
+                f"optim.warmup_steps={config.warmup_steps} leaves no step of the onecycle schedule's "
+                f"annealing: this run has {total_steps} steps (optim.warmup_steps=0: the first 30%)"
+            )
+        warmup_fraction = config.warmup_steps / total_steps if config.warmup_steps else 0.3
         return OneCycleLR(
-            optimizer, max_lr=config.lr, total_steps=max(total_steps, 1), cycle_momentum=config.name == "sgd"
+            optimizer,
+            max_lr=config.lr,
+            total_steps=total_steps,
+            pct_start=warmup_fraction,
+            cycle_momentum=config.name == "sgd",
         )
     return LambdaLR(optimizer, lr_multiplier(config, total_steps))

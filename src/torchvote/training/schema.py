@@ -87,10 +87,12 @@ class OptimConfig:
             end of the warm-up to ``min_lr_ratio * lr`` one step after the last, the curve of
             Hugging Face's cosine schedule; a resume with other ``epochs`` or ``max_steps``
             redraws it over the new length, and says so);
-            ``onecycle`` (``torch.optim.lr_scheduler.OneCycleLR``; a resume may not change its
-            length).
+            ``onecycle`` (``torch.optim.lr_scheduler.OneCycleLR``, from ``lr / 25`` up to ``lr``
+            over ``warmup_steps``, or the first 30% of the run when 0, then down to
+            ``lr / 2.5e5``; a resume may not change its length).
         decay_rate, decay_steps: of the exponential schedule.
-        warmup_steps: linear warm-up (constant, exponential, cosine): step ``k`` (from 0) of
+        warmup_steps: linear warm-up (constant, exponential, cosine; onecycle's own rise takes
+            this many steps): step ``k`` (from 0) of
             the first ``warmup_steps`` takes ``lr * (k + 1) / warmup_steps``, so the first step
             already moves (Hugging Face's warm-up starts at 0, a step that changes nothing, and
             reaches ``lr`` one step later).

@@ -196,7 +196,8 @@ def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, 
         ``(train, eval, fields)``; ``fields["image_size"]`` is ``data.canvas`` when set.
 
     Raises:
-        ConfigError: a canvas smaller than the images.
+        ConfigError: a canvas smaller than the images, or a shift that moves every image
+            entirely out of its frame.
         ValueError: an unknown data set.
     """
     data = config.data
@@ -209,6 +210,12 @@ def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, 
                 f"data.canvas={data.canvas} is smaller than the {fields['image_size']}-pixel images"
             )
         fields["image_size"] = data.canvas
+    side = fields.get("image_size")
+    if side is not None and data.shift >= side:  # the largest shifts would train on blank images
+        raise ConfigError(
+            f"data.shift={data.shift} can move the {side}-pixel training images out of their frame: "
+            f"expected at most {side - 1} (CapsNet shifts by up to 2)"
+        )
     return train, evaluation, fields
 
 
