@@ -48,6 +48,22 @@ def test_report_is_self_contained_with_files_and_tables(tmp_path):
         report.table(["a", "b"], [[1]])
 
 
+def test_a_rewritten_report_removes_only_the_pictures_its_last_page_listed(tmp_path):
+    """A report rewritten with fewer figures (explain without --checkpoint after a run with it)
+    left the old pictures beside a page that no longer showed them."""
+    entropy = torch.tensor([1.0, 0.5])
+    first = HtmlReport("t", tmp_path)
+    for name in ("kept", "dropped"):
+        first.figure(capsule_plots.routing_statistics(entropy), name)
+    first.write()
+    (tmp_path / "mine.png").write_bytes(b"a user's picture")  # listed by no page
+    second = HtmlReport("t", tmp_path)
+    second.figure(capsule_plots.routing_statistics(entropy), "kept")
+    second.write()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "kept.png", "kept.svg", "mine.png"]
+    assert "dropped.png" not in (tmp_path / "index.html").read_text()
+
+
 def test_the_constructor_takes_only_the_public_fields(tmp_path):
     # the page's parts are built by the methods; a third positional argument used to become them
     with pytest.raises(TypeError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import numbers
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,7 +178,10 @@ class HtmlReport:
 
     def write(self, name: str = "index.html") -> Path:
         """Write the page into ``out_dir`` (atomically: a reader finds the old page or the whole
-        new one) and return its path.
+        new one) and return its path. A page it replaces lists the pictures it came with: those
+        this report did not write again are removed (a report rewritten without ``--checkpoint``
+        left the capsule pictures of the last one beside a page that no longer shows them); no
+        other file is touched.
 
         Args:
             name: the page's file name.
@@ -186,9 +190,26 @@ class HtmlReport:
             The page's path.
         """
         path = self.out_dir / name
+        stale = _listed_pictures(path) - {file.name for file in self.files}
         page = self.render().encode("utf-8")
         atomic_write(path, lambda stream: stream.write(page))
+        for file_name in sorted(stale):
+            (self.out_dir / file_name).unlink(missing_ok=True)
         return path
+
+
+def _listed_pictures(page: Path) -> set[str]:
+    """The picture files a page :class:`HtmlReport` wrote lists (``<span class=files>[a.png
+    a.svg]</span>`` under each figure); none for a page that is not there or not one of ours."""
+    try:
+        text = page.read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, IsADirectoryError):
+        return set()
+    names = set()
+    for listed in re.findall(r"<span class=files>\[([^\]<]*)\]</span>", text):
+        names.update(html.unescape(listed).split())
+    # only the names figure() writes: a stem of letters, digits, '-', '_' and a picture suffix
+    return {n for n in names if re.fullmatch(r"[A-Za-z0-9_-]+\.(png|svg)", n)}
 
 
 def _fmt(value: object) -> str:
