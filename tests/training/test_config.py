@@ -107,6 +107,8 @@ def test_model_name_can_come_after_model_overrides():
         ("model.preset=huge", "unknown preset 'huge' for model 'cnn-baseline'; presets: paper, small, tiny"),
         ("model.dropout=1.5", "dropout must be in [0, 1), got 1.5"),
         ("optim=adam", "optim is a section; set one of its keys: optim.name, optim.lr"),
+        # the model's own fields, not model.overrides (how they are stored)
+        ("model=capsnet", "model is a section; set one of its keys: model.name, model.preset, model.image"),
         ("epochs.x=1", "epochs is not a section; cannot set epochs.x"),
         ("epochs", "expected key=value (e.g. optim.lr=3e-4), got 'epochs'"),
         ("=3", "expected key=value"),
@@ -245,6 +247,9 @@ def test_yaml_files_are_checked_like_overrides(tmp_path):
         load_config(str(path))
     path.write_text("- a list\n- not a mapping\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        load_config(str(path))
+    path.write_text("model: capsnet\n")  # its message listed model.overrides, no key of a file
+    with pytest.raises(ConfigError, match=r"model is a section, got 'capsnet'; set its keys: model\.name, "):
         load_config(str(path))
     path.write_text(yaml.safe_dump({"epochs": 4, "model": {"preset": "tiny", "hidden": [16]}}))
     config = load_config(str(path), ["epochs=5"])

@@ -102,6 +102,11 @@ def config_from_dict(values: Mapping[str, Any]) -> TrainConfig:
     if isinstance(model, Mapping):  # any other key under `model:` is a field of the model's config
         overrides = {k: v for k, v in model.items() if k not in _MODEL_KEYS}
         values["model"] = {**{k: model[k] for k in _MODEL_KEYS if k in model}, "overrides": overrides}
+    elif "model" in values:  # `model: capsnet` (typed_fields would list model.overrides, no key)
+        raise ConfigError(
+            f"model is a section, got {model!r}; set its keys: model.name, model.preset and the "
+            "fields of the model's config (e.g. model: {name: capsnet, iterations: 3})"
+        )
     checked = typed_fields(TrainConfig, values)
     try:
         config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), checked))
@@ -204,9 +209,21 @@ def _typed_model_overrides(model: ModelConfig) -> dict[str, Any]:
     names = field_types(spec.config_cls)
     for name in model.overrides:
         if name not in names:
-            valid = ["model.name", "model.preset", *(f"model.{n}" for n in names)]
-            raise unknown_key(f"model.{name}", valid, f" for model {model.name!r}")
+            raise unknown_key(f"model.{name}", _model_keys(model.name), f" for model {model.name!r}")
     return typed_fields(spec.config_cls, model.overrides, "model")
+
+
+def _model_keys(name: Any) -> list[str]:
+    """The keys a user sets under ``model``: its name, its preset and the fields of the named
+    model's config (``model.overrides`` is how they are stored, never a key of its own); only
+    the first two when ``name`` names no model."""
+    from torchvote.models.registry import get_model_spec
+
+    try:
+        fields = list(field_types(get_model_spec(name).config_cls))
+    except (ValueError, TypeError):
+        fields = []
+    return ["model.name", "model.preset", *(f"model.{n}" for n in fields)]
 
 
 #: Data-dictated model fields that must match exactly (the others are sizes the model may exceed).
@@ -334,8 +351,10 @@ def _set_override(values: dict[str, Any], parts: list[str], raw: str) -> None:
         annotation = types_[part]
         if last:
             if dataclasses.is_dataclass(annotation):
-                sub = ", ".join(f"{key}.{n}" for n in field_types(annotation))
-                raise ConfigError(f"{key} is a section; set one of its keys: {sub}")
+                keys = [f"{key}.{n}" for n in field_types(annotation)]
+                if annotation is ModelConfig:
+                    keys = _model_keys(values["model"].get("name"))
+                raise ConfigError(f"{key} is a section; set one of its keys: {', '.join(keys)}")
             node[part] = raw
         elif dataclasses.is_dataclass(annotation):
             node, cls = node[part], annotation
