@@ -116,6 +116,8 @@ def test_run_demo_draws_few_queries_and_keys_and_labels_receivers_by_their_seed(
         # more digits than the split holds: the printed counts would overstate what ran
         ({"num_queries": 61}, r"num_queries must be at most 60 \(the MNIST test split\), got 61"),
         ({"num_keys": 241}, r"num_keys must be at most 240 \(the MNIST train split\), got 241"),
+        # was: each class cut at its own end, unequal classes (3143 digits for 5000 x 3)
+        ({"cluster_size": 61}, r"cluster_size must be at most \d+ \(the test split.s digits of the smallest"),
     ],
 )
 def test_run_demo_refuses_bad_arguments_by_name(tiny_mnist_data, tmp_path, arguments, message):

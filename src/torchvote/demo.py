@@ -167,6 +167,12 @@ def run_demo(
                                      (num_keys, "num_keys", "train", len(train_x))):
         if value > size:  # the printed counts would otherwise overstate what ran
             raise ValueError(f"{name} must be at most {size} (the MNIST {split} split), got {value}")
+    smallest = min(int((test_y == d).sum()) for d in digits)
+    if cluster_size > smallest:  # classes of unequal size, each cut at its own end
+        raise ValueError(
+            f"cluster_size must be at most {smallest} (the test split's digits of the smallest class "
+            f"of {list(digits)}), got {cluster_size}"
+        )
     generator = torch.Generator().manual_seed(0)
     key_index = torch.randperm(train_x.shape[0], generator=generator)[:num_keys]
     distribution, weights = attention_retrieval(test_x[:num_queries], train_x[key_index],

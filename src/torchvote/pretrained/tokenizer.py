@@ -6,6 +6,7 @@ limit with a warning (never silently), and a batch is padded to its longest sent
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -144,7 +145,10 @@ class WordPieceTokenizer:
         return TokenBatch(input_ids, token_type_ids, key_mask, tokens, truncated)
 
 
-_INTERNAL = tuple(str(Path(module.__file__).parent) for module in (torch, sys.modules["torchvote"]))
+# the packages' folders with a separator: ".../torch" alone would also match torchvision's files
+_INTERNAL = tuple(
+    os.path.join(Path(module.__file__).parent, "") for module in (torch, sys.modules["torchvote"])
+)
 
 
 def _callers_level() -> int:
