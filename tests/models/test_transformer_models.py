@@ -295,7 +295,9 @@ def test_seq2seq_greedy_generation_agrees_with_teacher_forcing(attention):
     source = _sources()
     tokens = model.generate(source, max_new_tokens=6)
     assert tokens.shape[0] == 3 and 2 <= tokens.shape[1] <= 7 and (tokens[:, 0] == BOS).all()
-    predicted = model(source, tokens[:, :-1]).logits.argmax(-1)  # (b, n)
+    logits = model(source, tokens[:, :-1]).logits  # (b, n, vocab)
+    logits[..., [PAD, BOS]] = -torch.inf  # generation never picks them
+    predicted = logits.argmax(-1)  # (b, n)
     ended = (tokens[:, 1:-1] == EOS).cumsum(dim=1) > 0  # positions after an <eos>
     ended = torch.cat([torch.zeros(3, 1, dtype=torch.bool), ended], dim=1)
     assert torch.equal(predicted[~ended], tokens[:, 1:][~ended])

@@ -23,6 +23,7 @@ The modules keep their own attribute names (``token_embedding``, ``positions``, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
@@ -280,6 +281,9 @@ def greedy_decode(
 ) -> Tensor:
     """From ``<bos>``, append the most likely token until every sequence has produced ``<eos>``.
 
+    ``<pad>`` and ``<bos>`` are never chosen (as fairseq's generator never picks padding): neither
+    is a token of a sentence, and a ``<pad>`` before ``<eos>`` would read as the sequence's end.
+
     Args:
         next_logits: ``tokens (b, t) -> (b, vocab)``, the logits of the next token.
         batch: sequences decoded at once.
@@ -292,8 +296,10 @@ def greedy_decode(
     """
     tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)  # (b, 1)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (b,)
+    never = torch.tensor([pad_id, bos_id], device=device)  # (2,)
     for _ in range(limit):
-        next_token = next_logits(tokens).argmax(dim=-1)  # (b,)
+        logits = next_logits(tokens)  # (b, vocab)
+        next_token = logits.index_fill(-1, never, -math.inf).argmax(dim=-1)  # (b,)
         next_token = next_token.masked_fill(finished, pad_id)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (b, t + 1)
         finished |= next_token == eos_id

@@ -161,7 +161,8 @@ class TransformerLM(nn.Module):
 
         Returns:
             A :class:`~torchvote.models.SequenceOutput` with ``logits`` ``(b, t, vocab_size)``;
-            with ``need_weights``, ``attention`` holds one ``(b, t, t)`` tensor per layer and
+            with ``need_weights``, ``attention`` holds one ``(b, t, t)`` tensor per layer
+            (``(b, t, P + t)`` with a cache) and
             ``intermediates`` the same under the modules' names.
 
         Raises:
@@ -278,7 +279,8 @@ class TransformerLM(nn.Module):
                 else:
                     inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
                 output = self._logits(inputs, need_weights=False, cache=step_cache)
-                logits = output.logits[:, -1].float()  # (b, vocab)
+                logits = output.logits[:, -1]  # (b, vocab); half precision raised, float64 kept
+                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
                 if temperature == 0.0:
                     next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
                 else:  # from the peak: a tiny temperature gives -inf, never inf - inf = NaN;

@@ -202,6 +202,20 @@ class TransformerCache:
         """Tokens already decoded: the position of the next token."""
         return self.layers[0].self_attention.length
 
+    def held(self) -> list[tuple[Tensor | None, Tensor | None]]:
+        """What every cache holds now, for :meth:`restore` (references, no copy: an append
+        writes past the held keys' end or into a new buffer, never into them)."""
+        return [(cache.keys, cache.values) for cache in self._caches()]
+
+    def restore(self, held: list[tuple[Tensor | None, Tensor | None]]) -> None:
+        """Put back what :meth:`held` returned: a call that failed halfway through a stack (a
+        later layer refusing its memory) left its first layers one token ahead of the others."""
+        for cache, (keys, values) in zip(self._caches(), held, strict=True):
+            cache.keys, cache.values = keys, values
+
+    def _caches(self) -> list[KVCache]:
+        return [cache for layer in self.layers for cache in (layer.self_attention, layer.cross_attention)]
+
 
 def offset_causality(
     attn_mask: Tensor | None, is_causal: bool, past: int, target_len: int, source_len: int,

@@ -59,7 +59,10 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     The table is a non-persistent buffer (it is not saved in ``state_dict``: it is a function of
     the sizes alone), computed in float64 and stored in ``dtype`` (default: the default dtype);
-    it follows the module's ``.to()`` and is cast to the inputs' dtype when added. Built on the
+    it follows the module's ``.to()`` and is cast to the inputs' dtype when added. ``.to()``
+    converts the stored values: a float32 table widened by ``.double()`` keeps float32's
+    rounding (about 3e-8); build with ``dtype=torch.float64``, or call :meth:`reset_parameters`
+    after the conversion, for a table exact in float64. Built on the
     ``"meta"`` device it holds no values: after ``to_empty()``, :meth:`reset_parameters` fills it.
 
     Args:

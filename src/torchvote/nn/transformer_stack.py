@@ -173,7 +173,8 @@ class _TransformerStack(nn.Module):
             return_intermediates: also return every layer's attention weights.
             cache: one cache per layer (incremental decoding, :meth:`new_cache`), filled in
                 place; ``x`` then holds the new tokens only. With more than one layer the
-                self-attention must be causal (``is_causal=True``).
+                self-attention must be causal (``is_causal=True``). A call that raises leaves
+                the cache as it found it (outside ``torch.compile``).
             **options: the masks and ``is_causal``, passed to every layer as its ``forward``
                 names them.
 
@@ -200,6 +201,24 @@ class _TransformerStack(nn.Module):
                 "tokens' states, which attention to later tokens would change in every layer above "
                 "the first (call without a cache instead)"
             )
+        if cache is None or torch.compiler.is_compiling():  # nothing to put back (or no try to trace)
+            return self._run_layers(x, args, return_intermediates, cache, options)
+        held = cache.held()
+        try:
+            return self._run_layers(x, args, return_intermediates, cache, options)
+        except Exception:  # e.g. the second layer refusing a memory the first layer's cache took
+            cache.restore(held)
+            raise
+
+    def _run_layers(
+        self,
+        x: Tensor,
+        args: tuple[Tensor, ...],
+        return_intermediates: bool,
+        cache: TransformerCache | None,
+        options: dict[str, Any],
+    ) -> Tensor | tuple[Tensor, AttentionIntermediates]:
+        """The layers in turn, then the final norm (see :meth:`forward`)."""
         record = AttentionIntermediates()
         if return_intermediates:  # only then: a custom layer need not know the argument
             options["return_intermediates"] = True
