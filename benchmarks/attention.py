@@ -135,9 +135,11 @@ def build(impl: str, config: Config, embed_dim: int, num_heads: int, seed: int =
         x.requires_grad_(True)
 
         def call() -> None:
+            forward(x).sum().backward()
+            # freed here, not at the next call's start: a memory reading after a warm-up call
+            # would otherwise count the gradients as held before the measured call
             x.grad = None
             module.zero_grad(set_to_none=True)
-            forward(x).sum().backward()
 
     return module, call
 

@@ -49,6 +49,27 @@ def test_routing_benchmark_em_strategy_rows_route_with_that_strategy(load_benchm
         assert abs(value - values["torchvote"]) <= 1e-4 * abs(values["torchvote"])
 
 
+def test_routing_benchmark_times_the_checked_normalisation_and_the_default_apart(load_benchmark, monkeypatch):
+    """The convolutional EM rows timed the layer's default (joint) normalisation beside a baseline
+    that normalises per patch, which check_agreement compared with a per-patch layer: two different
+    functions. Now every row but ``torchvote-joint`` is the checked, per-patch one."""
+    routing = load_benchmark("routing")
+    seen = []
+    route = routing.ConvMatrixCapsules.forward
+
+    def spy(layer, capsules):
+        seen.append(layer.normalization)
+        return route(layer, capsules)
+
+    monkeypatch.setattr(routing.ConvMatrixCapsules, "forward", spy)
+    routing.check_agreement(torch.device("cpu"))
+    checked = seen[-1]
+    for impl in ("torchvote", "torchvote-blocked", "torchvote-joint"):
+        routing.CASES["em-conv2"].build(impl, 2, 0, torch.device("cpu"))[0]()
+    assert seen[-3:] == [checked, checked, "joint"] and checked == "per_patch"
+    assert routing.CASES["em-paper"].implementations == ("torchvote", "torchvote-joint", "baseline")
+
+
 def test_routing_benchmark_keep_all_row_lifts_the_votes_budget_in_its_forward(load_benchmark, monkeypatch):
     """``torchvote-compiled-keep-all``: the compiled strategy with no limit on the votes it keeps,
     during that row's forward only (the other rows keep the library's budget)."""
@@ -74,10 +95,10 @@ def test_routing_benchmark_keep_all_row_lifts_the_votes_budget_in_its_forward(lo
         ("cpu", ("dynamic", 128, "fwd+bwd", "stream"), (19.0, 0.05, 0.08, 60.0), "met"),
         ("cpu", ("dynamic", 128, "fwd+bwd", "stream"), (17.9, 0.05, 0.08, 60.0), "MISSED"),  # ratio
         ("cpu", ("dynamic", 128, "fwd+bwd", "stream"), (19.0, 0.05, 0.101, 60.0), "MISSED"),  # time
-        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (9.0, 0.1, 1.4, 1500.0), "met"),  # no ratio
-        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (9.0, 0.1, 1.4, 1600.0), "MISSED"),  # memory
-        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (9.0, 0.1, 1.4, float("nan")), "MISSED"),
-        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote"), (30.0, 0.1, 1.6, 300.0), "MISSED"),  # time
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote-joint"), (9.0, 0.1, 1.4, 1500.0), "met"),  # no ratio
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote-joint"), (9.0, 0.1, 1.4, 1600.0), "MISSED"),  # memory
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote-joint"), (9.0, 0.1, 1.4, float("nan")), "MISSED"),
+        ("cpu", ("em-paper", 32, "fwd+bwd", "torchvote-joint"), (30.0, 0.1, 1.6, 300.0), "MISSED"),  # time
         ("cuda", ("dynamic", 512, "fwd+bwd", "materialize"), (3.1, 0.3, 9.0, 900.0), "met"),  # no time
         ("cuda", ("em-paper", 32, "fwd+bwd", "torchvote-compiled"), (9.9, 0.1, 0.01, 900.0), "MISSED"),
     ],
@@ -329,6 +350,18 @@ def test_routing_memory_worker_warms_a_compiled_em_row_up_at_the_measured_batch(
                          queue)
     assert built == [8]
     assert len(queue.items) == 1 and isinstance(queue.items[0], float)
+
+
+@pytest.mark.parametrize("impl", ["ours", "mha", "sdpa"])
+def test_attention_training_calls_hold_no_gradients_between_calls(load_benchmark, impl):
+    """The CUDA memory reading after a warm-up call counted the warm-up's gradients as held before
+    the measured call, which freed and made them again: every training figure lacked them."""
+    attention = load_benchmark("attention")
+    module, call = attention.build(impl, attention.Config(1, 8, True, "train"), 16, 2)
+    call()
+    assert all(p.grad is None for p in module.parameters())
+    inputs = [cell.cell_contents for cell in call.__closure__ if isinstance(cell.cell_contents, torch.Tensor)]
+    assert len(inputs) == 1 and inputs[0].requires_grad and inputs[0].grad is None
 
 
 def test_attention_memory_child_reports_a_failure_as_an_error_not_as_out_of_memory(
