@@ -14,6 +14,7 @@ from torchvote.validation import (
     check_positive_float,
     check_positive_int,
     check_probability,
+    is_integer,
 )
 
 
@@ -214,3 +215,35 @@ def test_numpy_scalars_are_numbers() -> None:
     layer = MultiHeadAttention(np.int64(16), np.int64(2), dropout=np.float32(0.1))
     x = torch.randn(2, 3, 16)
     assert layer(x, x, x)[0].shape == (2, 3, 16)
+
+
+def test_numpy_integers_are_taken_where_an_integer_argument_is_checked_by_hand() -> None:
+    """About a dozen arguments were checked with ``isinstance(x, int)``, which refuses np.int64(2)
+    (an index or count read from an array) that check_positive_int takes."""
+    import numpy as np
+
+    from torchvote.data.mnist import _validate_limit
+    from torchvote.data.text import sample_char_batch
+    from torchvote.data.transforms import random_shift
+    from torchvote.explain.sentences import check_iterations, check_layer
+    from torchvote.explain.statistics import perturbation_poses
+    from torchvote.models import create_model
+    from torchvote.models.transformer_backbone import check_max_new_tokens
+    from torchvote.nn import SinusoidalPositionalEncoding
+
+    two = np.int64(2)
+    assert not is_integer(np.bool_(True)) and not is_integer(2.0) and is_integer(two)
+    encoding = SinusoidalPositionalEncoding(4, max_len=8)
+    inputs = torch.zeros(1, 3, 4)
+    torch.testing.assert_close(encoding(inputs, offset=two), encoding(inputs, offset=2))
+    assert perturbation_poses(torch.ones(16), steps=np.int64(3)).shape == (16, 3, 16)
+    assert check_iterations([two, np.int32(3)], "--iterations") == [2, 3]
+    assert check_layer(np.int64(-1), 6, "--layer") == 5
+    assert check_max_new_tokens(two, 10) == 2
+    assert _validate_limit(np.int64(5)) == 5 and type(_validate_limit(np.int64(5))) is int
+    assert random_shift(torch.ones(2, 1, 5, 5), max_shift=two).shape == (2, 1, 5, 5)
+    batch = sample_char_batch(torch.arange(20), two, np.int64(3), generator=torch.Generator().manual_seed(0))
+    assert batch[0].shape == (3, 2)
+    torch.manual_seed(0)
+    model = create_model("transformer-lm", "tiny").eval()
+    assert model.generate(torch.tensor([[1, 2]]), 2, top_k=two).shape == (1, 4)

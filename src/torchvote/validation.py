@@ -37,6 +37,7 @@ __all__ = [
     "check_probability",
     "check_scale",
     "check_tensor_values",
+    "is_integer",
 ]
 
 
@@ -54,7 +55,7 @@ def check_positive_int(value: Any, argument: str, *, minimum: int = 1) -> int:
     Raises:
         ValueError: if ``value`` is not an integer or is smaller than ``minimum``.
     """
-    if not _is_integer(value) or value < minimum:
+    if not is_integer(value) or value < minimum:
         expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{argument} must be {expected}, got {value!r}")
     return int(value)
@@ -117,8 +118,16 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _is_integer(value: Any) -> bool:
-    """An integer that is not a bool: Python's int or a NumPy integer scalar (``numbers.Integral``)."""
+def is_integer(value: Any) -> bool:
+    """Whether ``value`` is an integer that is not a bool: Python's int or a NumPy integer scalar
+    (``numbers.Integral``; ``np.int64(3)`` from an array is as good as ``3``).
+
+    Args:
+        value: the value to test.
+
+    Returns:
+        True for an integer, False for a bool, a float, a tensor or anything else.
+    """
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

@@ -33,6 +33,7 @@ from torch import Tensor
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.idx import read_idx
 from torchvote.data.paths import dataset_dir
+from torchvote.validation import is_integer
 
 __all__ = [
     "HUB_INSTALL_COMMAND",
@@ -78,11 +79,11 @@ def validate_split(split: str, allowed: tuple[str, ...] = SPLITS) -> str:
 def _validate_limit(limit: int | None) -> int | None:
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, int):
+    if not is_integer(limit):
         raise TypeError(f"limit: expected a positive int or None, got {type(limit).__name__}")
     if limit <= 0:
         raise ValueError(f"limit: expected a positive int or None, got {limit}")
-    return limit
+    return int(limit)
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError
 from torchvote.data.paths import as_path, dataset_dir
 from torchvote.data.transforms import _check_generator
-from torchvote.validation import check_in_range, check_integer_tensor, check_positive_int
+from torchvote.validation import check_in_range, check_integer_tensor, check_positive_int, is_integer
 
 __all__ = [
     "SHAKESPEARE_ARCHIVE",
@@ -439,7 +439,7 @@ def sample_char_batch(
         raise ValueError(f"tokens: expected a 1-D tensor, got shape {tuple(tokens.shape)}")
     _check_generator(generator)
     for name, value in (("block_size", block_size), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_integer(value) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
     if len(tokens) <= block_size:
         raise ValueError(f"tokens: need more than block_size={block_size} tokens, got {len(tokens)}")

@@ -26,6 +26,7 @@ from torchvote.validation import (
     check_positive_float,
     check_positive_int,
     check_tensor_values,
+    is_integer,
 )
 
 __all__ = [
@@ -56,11 +57,11 @@ def _check_images(images: Tensor, *, floating: bool = False) -> None:
 
 
 def _check_int(value: object, name: str, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise TypeError(f"{name}: expected an int >= {minimum}, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def _check_seed(seed: object) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from torch import Tensor
 
 from torchvote.files import atomic_write
+from torchvote.validation import is_integer
 
 __all__ = [
     "BAD_COLOUR",
@@ -182,7 +183,7 @@ def save_figure(
         unknown = [fmt for fmt in formats if fmt not in _FORMATS]
         if unknown or not formats or len(set(formats)) != len(formats):
             raise ValueError(f"formats must be distinct names among {sorted(_FORMATS)}, got {formats!r}")
-        if isinstance(dpi, bool) or not isinstance(dpi, int) or dpi < 1:
+        if not is_integer(dpi) or dpi < 1:
             raise ValueError(f"dpi must be a positive integer, got {dpi!r}")
         stem = Path(stem)
         stem.parent.mkdir(parents=True, exist_ok=True)

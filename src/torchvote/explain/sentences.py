@@ -20,6 +20,7 @@ from torchvote.explain.figures import literal_text, new_figure
 from torchvote.explain.report import HtmlReport
 from torchvote.explain.statistics import attention_rollout, top_attended
 from torchvote.pretrained.tokenizer import check_sentences
+from torchvote.validation import is_integer
 
 __all__ = ["EXAMPLES", "Example", "explain_sentences"]
 
@@ -82,9 +83,9 @@ def check_iterations(iterations: Sequence[int], argument: str = "iterations") ->
     values = None
     if isinstance(iterations, Sequence) and not isinstance(iterations, str):
         values = list(iterations)
-    if not values or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in values):
+    if not values or any(not is_integer(r) or r < 1 for r in values):
         raise ValueError(f"{argument} must be integers >= 1, got {iterations!r}")
-    return sorted(set(values))
+    return sorted({int(r) for r in values})
 
 
 def check_layer(layer: int, count: int, argument: str = "layer") -> int:
@@ -101,11 +102,11 @@ def check_layer(layer: int, count: int, argument: str = "layer") -> int:
     Raises:
         ValueError: anything else, with the allowed range.
     """
-    if isinstance(layer, bool) or not isinstance(layer, int) or not -count <= layer < count:
+    if not is_integer(layer) or not -count <= layer < count:
         raise ValueError(
             f"{argument} must be in [-{count}, {count}) (the encoder has {count} layers), got {layer!r}"
         )
-    return layer % count
+    return int(layer) % count
 
 
 def explain_sentences(

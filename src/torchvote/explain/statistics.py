@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchvote.validation import is_integer
+
 __all__ = [
     "attention_rollout",
     "coupling_entropy",
@@ -296,7 +298,7 @@ def perturbation_poses(pose: Tensor, *, steps: int = 11, span: float = 0.25) -> 
         raise ValueError(f"pose must be a 1-D tensor (d,), got {tuple(pose.shape)}")
     if not pose.is_floating_point():
         pose = pose.to(torch.get_default_dtype())
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+    if not is_integer(steps) or steps < 2:
         raise ValueError(f"steps must be an integer >= 2, got {steps!r}")
     if not span > 0:
         raise ValueError(f"span must be positive, got {span!r}")

@@ -36,7 +36,13 @@ from torchvote.nn.modes import evaluating
 from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
 from torchvote.nn.transformer import AttentionFactory, AttentionIntermediates, TransformerConfig
-from torchvote.validation import check_choice, check_index_range, check_positive_int, check_probability
+from torchvote.validation import (
+    check_choice,
+    check_index_range,
+    check_positive_int,
+    check_probability,
+    is_integer,
+)
 
 __all__ = [
     "TransformerBackboneFields",
@@ -261,7 +267,7 @@ def check_max_new_tokens(max_new_tokens: Any, max_len: int) -> int:
             the range.
     """
     limit = max_len - 1 if max_new_tokens is None else max_new_tokens
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < max_len:
+    if not is_integer(limit) or not 0 <= limit < max_len:
         raise ValueError(
             f"max_new_tokens must be an integer in [0, max_len - 1 = {max_len - 1}], "
             f"got {max_new_tokens!r}"

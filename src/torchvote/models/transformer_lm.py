@@ -43,7 +43,13 @@ from torchvote.models.transformer_backbone import (
 )
 from torchvote.nn.kv_cache import TransformerCache
 from torchvote.nn.transformer_stack import TransformerEncoder
-from torchvote.validation import check_bool_fields, check_flag, check_float_dtype, check_positive_int
+from torchvote.validation import (
+    check_bool_fields,
+    check_flag,
+    check_float_dtype,
+    check_positive_int,
+    is_integer,
+)
 
 __all__ = ["TransformerLM", "TransformerLMConfig"]
 
@@ -265,7 +271,7 @@ class TransformerLM(nn.Module):
         check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
         temperature = _check_temperature(temperature)
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        if top_k is not None and (not is_integer(top_k) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")

@@ -13,7 +13,13 @@ import math
 import torch
 from torch import Tensor, nn
 
-from torchvote.validation import check_float_dtype, check_input_dtype, check_positive_int, check_probability
+from torchvote.validation import (
+    check_float_dtype,
+    check_input_dtype,
+    check_positive_int,
+    check_probability,
+    is_integer,
+)
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 
@@ -25,7 +31,7 @@ def _check_positions(inputs: Tensor, embed_dim: int, max_len: int, offset: int) 
         raise ValueError(f"inputs must have shape (..., T, {embed_dim}), got {tuple(inputs.shape)}")
     if not inputs.is_floating_point():  # integer features would truncate the encodings away
         raise TypeError(f"inputs must be floating point, got dtype {inputs.dtype}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+    if not is_integer(offset) or offset < 0:
         raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
     length = inputs.shape[-2]
     if offset + length > max_len:
