@@ -13,11 +13,13 @@
 # The steps run in the order of what they settle, most first: the device tests, then the issue's
 # open targets (EM, dynamic routing, the compiled training step), then the rest. Where one
 # command may run 10 minutes at most and the GPU is lent for about 15 minutes in all (its start
-# included), run it in two parts, each within 10 minutes by its steps' limits:
+# included), run it in parts, each within 9.5 minutes by its steps' limits (half a minute left
+# for the device check before the first step):
 # `... OUT device-tests routing-em routing-dynamic routing-float16`
 # `... OUT training-compiled training routing-bfloat16 attention-weights-bfloat16 attention-weights-float16 training-float16`
+# `... OUT attention-bfloat16 generation-softmax generation-routing`
 # (on an H200 on 2026-11-27 the first part and the two training steps took 4 minutes in all, the
-# device tests 54 s); the generation steps (at most 5 minutes) only if time is left (2 minutes).
+# device tests 54 s); the third part only if time is left (2 minutes).
 # PYTHON names the interpreter (default: python3), with torchvote importable (an installed
 # project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
 # step also omegaconf; the device tests pytest, hypothesis, omegaconf and PyYAML (the dev extras)
@@ -30,12 +32,15 @@
 #   routing-em       ConvMatrixCapsules (EM) at the small smallNORB model's ConvCaps1, the
 #                    paper's full ConvCaps1 and the class capsules, forward + backward, batch 32,
 #                    em_routing "auto" and "compiled" beside the repo-style baseline (issue 8
-#                    target 2: >= 10x that baseline on a GPU)
+#                    target 2: >= 10x that baseline on a GPU), normalising per patch as the
+#                    baseline does, and the layer's default joint normalisation (torchvote-joint)
 #   routing-dynamic  CapsuleLinear dynamic routing, every strategy, batch 128 and 512 (the
 #                    README's H100 table, rerun on this code)
 #   routing-float16  the same under float16 autocast (fp16=true's, for GPUs without fast
 #                    bfloat16), whose vote dot products are formed in float32 (Votes.dot)
 #   routing-bfloat16 the same under bfloat16 autocast (README's H100 bf16 rows)
+#   attention-bfloat16  MultiHeadAttention without weights beside raw SDPA and
+#                    nn.MultiheadAttention, bfloat16, batch 2, T 1024 and 2048, inference and training
 #   attention-weights-*  MultiHeadAttention(need_weights=True) beside nn.MultiheadAttention,
 #                    batch 2, T 1024 and 2048, inference and training (issue 8 target 3: time
 #                    and memory <= 1.2x; float16 missed it on the H100)
@@ -50,7 +55,7 @@ chosen=" $* "
 python=${PYTHON:-python3}
 known=" device-tests routing-em routing-dynamic routing-float16 training-compiled training"
 known+=" routing-bfloat16 attention-weights-bfloat16 attention-weights-float16 training-float16"
-known+=" generation-softmax"
+known+=" attention-bfloat16 generation-softmax"
 known+=" generation-routing "
 for name in "$@"; do
     [[ "$known" == *" $name "* ]] || { echo "unknown step '$name'; the steps are:$known" >&2; exit 2; }
@@ -90,7 +95,7 @@ fi
 parallel=()
 "$python" -c 'import xdist' 2>/dev/null && parallel=(-n 4 --dist worksteal)
 step device-tests 150 "$python" -m pytest -q -p no:randomly --device cuda -m device --maxfail=10 \
-    "${parallel[@]}"
+    ${parallel[@]+"${parallel[@]}"}  # (an empty array is "unbound" to bash 3.2's set -u)
 step routing-em 200 "$python" benchmarks/routing.py --device cuda --cases em-conv1 em-paper em-class \
     --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10
 step routing-dynamic 120 "$python" benchmarks/routing.py --device cuda --cases dynamic \
@@ -102,12 +107,14 @@ step training-compiled 150 "$python" benchmarks/training.py --device cuda --comp
 step training 90 "$python" benchmarks/training.py --device cuda --models capsnet,capsnet-small,efficient-capsnet
 step routing-bfloat16 60 "$python" benchmarks/routing.py --device cuda --cases dynamic \
     --batches 128 512 --modes fwd+bwd --repeats 10 --dtype bfloat16
-step attention-weights-bfloat16 120 "$python" benchmarks/attention.py --device cuda --weights \
+step attention-weights-bfloat16 105 "$python" benchmarks/attention.py --device cuda --weights \
     --batches 2 --lengths 1024 2048 --modes infer train --repeats 20 --dtype bfloat16
-step attention-weights-float16 120 "$python" benchmarks/attention.py --device cuda --weights \
+step attention-weights-float16 105 "$python" benchmarks/attention.py --device cuda --weights \
     --batches 2 --lengths 1024 2048 --modes infer train --repeats 20 --dtype float16
 step training-float16 60 "$python" benchmarks/training.py --device cuda --dtype float16 \
     --models capsnet,capsnet-small,efficient-capsnet
+step attention-bfloat16 120 "$python" benchmarks/attention.py --device cuda --batches 2 \
+    --lengths 1024 2048 --modes infer train --repeats 20 --dtype bfloat16
 step generation-softmax 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \
     --num-heads 8 --num-layers 8 --new-tokens 512 --repeats 3
 step generation-routing 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \

@@ -640,7 +640,7 @@ def test_cuda_targets_runs_every_step_it_names(tmp_path):
     assert {q[0].split()[-1] for q in QUOTED if q[0].startswith("cuda_targets")} == {
         "routing-em", "routing-dynamic", "routing-float16", "generation-softmax", "generation-routing",
         "training", "training-compiled", "routing-bfloat16", "attention-weights-bfloat16",
-        "attention-weights-float16", "training-float16",
+        "attention-weights-float16", "training-float16", "attention-bfloat16",
     }
     steps = list(_cuda_target_steps())
     assert steps[0] == "device-tests"
@@ -652,19 +652,17 @@ def test_cuda_targets_runs_every_step_it_names(tmp_path):
 
 def test_the_parts_the_header_names_cover_every_step_and_fit_one_ten_minute_call():
     """A GPU is lent for about 15 minutes and one command runs 10 at most: the header's parts
-    (``... OUT STEP...`` in backquotes) take every step but the optional generation ones, once,
-    in the script's order, and each part's step limits add up to at most 600 s."""
+    (``... OUT STEP...`` in backquotes) take every step once, in the script's order, and each
+    part's step limits add up to at most 570 s (the device check before the first step takes
+    some seconds; a part of exactly 600 s could lose its last step and the summary)."""
     import re
 
     steps = _cuda_target_steps()
     parts = [part.split() for part in re.findall(r"`\.\.\. OUT ([^`]*)`", SCRIPT.read_text())]
-    assert len(parts) == 2
     named = [name for part in parts for name in part]
-    assert named == [name for name in steps if name in named], "the parts follow the script's order"
-    assert sorted(named) == sorted(name for name in steps if not name.startswith("generation-"))
+    assert named == list(steps), "the parts take every step once, in the script's order"
     for part in parts:
-        assert sum(int(steps[name][0]) for name in part) <= 600, part
-    assert sum(int(steps[name][0]) for name in steps if name.startswith("generation-")) <= 300
+        assert sum(int(steps[name][0]) for name in part) <= 570, part
 
 
 def test_em_benchmark_times_the_old_em_routing_on_bfloat16_votes(load_benchmark, monkeypatch):
