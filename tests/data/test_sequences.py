@@ -263,8 +263,20 @@ def test_bad_split_arguments(kwargs: dict[str, object], match: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "src", [torch.zeros(3), torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool), [[1, 2]]]
+    ("src", "error"),
+    [
+        (torch.zeros(3, dtype=torch.long), ValueError),
+        (torch.zeros(2, 3), TypeError),  # a value of the wrong type: TypeError, as elsewhere
+        (torch.zeros(2, 3, dtype=torch.bool), TypeError),
+        ([[1, 2]], TypeError),
+    ],
 )
-def test_in_test_part_refuses_what_is_not_a_batch_of_sources(src: object) -> None:
-    with pytest.raises(ValueError, match="src"):
+def test_in_test_part_refuses_what_is_not_a_batch_of_sources(src: object, error: type) -> None:
+    with pytest.raises(error, match="src must be a 2-D integer tensor of token ids, got"):
         in_test_part(src)  # type: ignore[arg-type]
+
+
+def test_in_test_part_runs_where_the_sources_are(device: torch.device) -> None:
+    """Its running hash was made on the CPU whatever the sources' device (a CUDA batch failed)."""
+    src, _ = make_sequence_task("reverse", num_samples=64, seed=0)
+    torch.testing.assert_close(in_test_part(src.to(device)).cpu(), in_test_part(src), rtol=0, atol=0)

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from torchvote.data.transforms import _check_int, _check_seed
-from torchvote.validation import check_choice, check_in_range
+from torchvote.validation import check_choice, check_in_range, check_integer_tensor
 
 __all__ = [
     "BOS",
@@ -244,17 +244,16 @@ def in_test_part(src: Tensor, test_fraction: float = 0.1) -> Tensor:
         bool (N,): True where the source is in the test part.
 
     Raises:
-        ValueError: If ``src`` is not a 2-D integer tensor or ``test_fraction`` is not in (0, 1).
+        TypeError: If ``src`` is not an integer tensor.
+        ValueError: If ``src`` is not 2-D or ``test_fraction`` is not in (0, 1).
     """
-    if not isinstance(src, Tensor) or src.ndim != 2 or src.dtype.is_floating_point or src.dtype == torch.bool:
-        got = type(src).__name__
-        if isinstance(src, Tensor):
-            got = f"a {src.dtype} tensor of shape {tuple(src.shape)}"
-        raise ValueError(f"src: expected a 2-D integer tensor of token ids, got {got}")
+    check_integer_tensor(src, "src", "a 2-D integer tensor of token ids")
+    if src.ndim != 2:
+        raise ValueError(f"src must be a 2-D integer tensor of token ids, got shape {tuple(src.shape)}")
     fraction = _check_test_fraction(test_fraction)
     tokens = src.long()
-    value = torch.zeros(tokens.shape[0], dtype=torch.long)  # (N,)
-    ended = torch.zeros(tokens.shape[0], dtype=torch.bool)  # (N,) past the first <pad>
+    value = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)  # (N,)
+    ended = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)  # (N,) past the first <pad>
     for column in tokens.T:  # a few dozen columns, never a loop over examples
         ended |= column == PAD
         value = torch.where(ended, value, (value * _HASH_BASE + column + 1) % _HASH_MODULUS)
