@@ -210,3 +210,27 @@ def test_factory_returning_one_module_twice_is_rejected():
     layer = TransformerEncoderLayer(8, 2)
     with pytest.raises(ValueError, match="same module twice"):
         TransformerEncoder(lambda: layer, 2)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"memory_key_mask": torch.ones(2, 5, dtype=torch.bool)}, ValueError,
+         r"memory_key_mask must have shape \(batch, S\) = \(2, 4\), got \(2, 5\)"),
+        ({"target_key_mask": torch.ones(2, 4, dtype=torch.bool)}, ValueError,
+         r"target_key_mask must have shape \(batch, S\) = \(2, 3\), got \(2, 4\)"),
+        ({"memory_mask": torch.ones(3, 5, dtype=torch.bool)}, ValueError, r"memory_mask of shape \(3, 5\)"),
+        ({"target_mask": torch.ones(4, 4, dtype=torch.bool)}, ValueError, r"target_mask of shape \(4, 4\)"),
+        ({"memory_key_mask": [[True]]}, TypeError, "memory_key_mask must be a tensor, got list"),
+        ({"memory_key_mask": torch.ones(2, 4)}, TypeError, "memory_key_mask must be boolean"),
+        ({"memory": torch.randn(2, 4, 7)}, ValueError,
+         r"memory must have shape \(batch, S, d_model\) = \(2, S, 8\) .*got \(2, 4, 7\)"),
+        ({"memory": torch.randn(3, 4, 8)}, ValueError, r"memory must have shape .*got \(3, 4, 8\)"),
+    ],
+)
+def test_decoder_layer_names_its_own_arguments_in_errors(options, error, match):
+    """The errors named the attentions' arguments (key_mask, attn_mask, key), not the layer's."""
+    layer = TransformerDecoderLayer(8, 2, dim_feedforward=16)
+    options = {"memory": torch.randn(2, 4, 8), **options}
+    with pytest.raises(error, match=match):
+        layer(torch.randn(2, 3, 8), **options)

@@ -29,6 +29,7 @@ from torchvote.validation import broadcast_shape, check_flag, check_tensor_value
 __all__ = [
     "causal_mask",
     "check_attention_mask",
+    "check_key_mask",
     "check_mask_dtype",
     "fit_float16_mask",
     "fused_kernel_mask",
@@ -209,18 +210,37 @@ def merge_masks(
     check_attention_mask(attn_mask, logits_shape, "attn_mask")
     if key_mask is None:
         return attn_mask
+    check_key_mask(key_mask, batch, source_len, "key_mask")
+    padding = key_mask.view(batch, *([1] * (len(logits_shape) - 2)), source_len)  # (b, 1.., 1, j)
+    return restrict_mask(attn_mask, padding)  # (b, .., i, j)
+
+
+def check_key_mask(key_mask: Tensor | None, batch: int, source_len: int, argument: str) -> None:
+    """Raise a clear error unless ``key_mask`` is ``None`` or a boolean ``(batch, source_len)``
+    padding mask (True = a real key).
+
+    Args:
+        key_mask: the mask given.
+        batch, source_len: the shape it must have.
+        argument: its name, for the message (a layer's ``memory_key_mask``, not the ``key_mask``
+            of the attention inside it).
+
+    Raises:
+        TypeError: not a tensor, or not boolean.
+        ValueError: another shape.
+    """
+    if key_mask is None:
+        return
     if not isinstance(key_mask, Tensor):
-        raise TypeError(f"key_mask must be a tensor, got {type(key_mask).__name__}")
+        raise TypeError(f"{argument} must be a tensor, got {type(key_mask).__name__}")
     if key_mask.dtype != torch.bool:
         raise TypeError(
-            f"key_mask must be boolean (True = real key, False = padding), got dtype {key_mask.dtype}"
+            f"{argument} must be boolean (True = real key, False = padding), got dtype {key_mask.dtype}"
         )
     if tuple(key_mask.shape) != (batch, source_len):
         raise ValueError(
-            f"key_mask must have shape (batch, S) = {(batch, source_len)}, got {tuple(key_mask.shape)}"
+            f"{argument} must have shape (batch, S) = {(batch, source_len)}, got {tuple(key_mask.shape)}"
         )
-    padding = key_mask.view(batch, *([1] * (len(logits_shape) - 2)), source_len)  # (b, 1.., 1, j)
-    return restrict_mask(attn_mask, padding)  # (b, .., i, j)
 
 
 def kernel_float_dtype(dtype: torch.dtype) -> torch.dtype:

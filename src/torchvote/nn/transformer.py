@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torchvote.functional.masks import check_attention_mask, check_key_mask
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.kv_cache import KVCache, LayerCache
 from torchvote.tracing import register_output
@@ -372,7 +373,7 @@ class _TransformerLayer(nn.Module):
         check_flag(norm_first, "norm_first")  # "no" would have meant pre-norm
         check_flag(shared_qkv, "shared_qkv")
         self.make_attention = _attention_factory(attention, shared_qkv)
-        self.d_model, self.norm_first = d_model, norm_first
+        self.d_model, self.norm_first, self.num_heads = d_model, norm_first, num_heads
         # Attentions before the feed-forward network: the order the parameters draw their
         # initial values in (and so a seeded model's numbers) stays as it was.
         factory: Factory = {"device": device, "dtype": check_float_dtype(dtype)}
@@ -712,11 +713,16 @@ class TransformerDecoderLayer(_TransformerLayer):
             ``(b, T, S)``.
 
         Raises:
-            TypeError: ``is_causal`` or ``return_intermediates`` that is not a bool; and what the
-                attentions raise for their inputs and masks.
+            TypeError: ``is_causal`` or ``return_intermediates`` that is not a bool; a mask that
+                is not a tensor or of the wrong dtype (named as this method names it); and what
+                the attentions raise for their inputs.
+            ValueError: a batched ``memory`` that is not ``(b, S, d_model)`` for ``b`` target
+                sequences, or a mask of the wrong shape, named as this method names it.
         """
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
+        self._check_decoder_inputs(target, memory, target_mask, target_key_mask, memory_mask, memory_key_mask,
+                                   0 if cache is None else cache.self_attention.length)
 
         def self_attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attention(
@@ -737,3 +743,30 @@ class TransformerDecoderLayer(_TransformerLayer):
         if not return_intermediates:
             return x
         return x, AttentionIntermediates({"self_attention": self_weights, "cross_attention": cross_weights})
+
+    def _check_decoder_inputs(
+        self,
+        target: Tensor,
+        memory: Tensor,
+        target_mask: Tensor | None,
+        target_key_mask: Tensor | None,
+        memory_mask: Tensor | None,
+        memory_key_mask: Tensor | None,
+        past: int,
+    ) -> None:
+        """The memory and the masks of a batched call, named as :meth:`forward` names them (the
+        attentions inside would name their own ``key``, ``key_mask`` and ``attn_mask``).
+        ``past``: the target keys a cache holds before this call."""
+        if not (isinstance(target, Tensor) and target.dim() == 3 and isinstance(memory, Tensor)):
+            return  # unbatched, or not tensors: the attentions' own checks
+        batch, length = target.shape[0], target.shape[1]
+        if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[-1] != self.d_model:
+            raise ValueError(
+                f"memory must have shape (batch, S, d_model) = ({batch}, S, {self.d_model}) for "
+                f"a target of shape {tuple(target.shape)}, got {tuple(memory.shape)}"
+            )
+        heads, source_len = self.num_heads, memory.shape[1]
+        check_attention_mask(target_mask, (batch, heads, length, past + length), "target_mask")
+        check_key_mask(target_key_mask, batch, past + length, "target_key_mask")
+        check_attention_mask(memory_mask, (batch, heads, length, source_len), "memory_mask")
+        check_key_mask(memory_key_mask, batch, source_len, "memory_key_mask")
