@@ -371,7 +371,8 @@ class RNNAttentionSeq2Seq(nn.Module):
     def generate(
         self, source: Tensor, *, max_new_tokens: int | None = None, use_cache: bool = True
     ) -> Tensor:
-        """Greedy decoding: from ``<bos>``, feed back the most likely token until ``<eos>``.
+        """Greedy decoding: from ``<bos>``, feed back the most likely token (never ``<pad>`` or
+        ``<bos>``) until ``<eos>``.
 
         Runs in evaluation mode (no dropout) and returns the model to its previous mode. Takes
         the arguments of
