@@ -25,7 +25,7 @@ def dot(a: list[float], b: list[float]) -> float:
 
 def squash(s: list[float]) -> list[float]:
     n2 = dot(s, s)
-    return [x * n2 / (1 + n2) / math.sqrt(n2 + 1e-8) for x in s]  # eps as torchvote's squash
+    return [x * n2 / (1 + n2) / math.sqrt(n2) if n2 > 0 else 0.0 for x in s]  # eq. 1 exactly
 
 
 def softmax(xs: list[float]) -> list[float]:

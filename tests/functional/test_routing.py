@@ -31,9 +31,9 @@ DOUBLE = torch.float64
 
 
 def paper_squash(s: torch.Tensor) -> torch.Tensor:
-    """Eq. 1, ``||s||^2 / (1 + ||s||^2) s / ||s||``, with torchvote's 1e-8 under the root."""
+    """Eq. 1, ``||s||^2 / (1 + ||s||^2) s / ||s||``, exactly (zero for the zero vector)."""
     n2 = (s * s).sum()
-    return s * (n2 / (1 + n2)) / torch.sqrt(n2 + 1e-8)
+    return s * (n2 / (1 + n2)) / torch.sqrt(n2) if n2 > 0 else torch.zeros_like(s)
 
 
 def procedure1(u_hat, iterations, *, agreement="dot", bias=None, detach=False):

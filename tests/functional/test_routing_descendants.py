@@ -166,13 +166,29 @@ def test_slot_attention_matches_algorithm1():
     out, attention = slot_attention(keys, values, slots, query=query, update=update, iterations=3)
     refs = [slot_loop(keys[n], values[n], slots[n], query, update, 3) for n in range(2)]
     ref_out = torch.stack([s for s, _ in refs])
-    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-7)  # eps on weights vs clamp
-    torch.testing.assert_close(attention, torch.stack([a for _, a in refs]), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)  # the paper's eps on the weights
+    torch.testing.assert_close(attention, torch.stack([a for _, a in refs]), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(attention.sum(-2), torch.ones(2, 6, dtype=DOUBLE))
     grads = torch.autograd.grad(out.sum(), [keys, values])
     ref_grads = torch.autograd.grad(ref_out.sum(), [keys, values])
     for g, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, DOUBLE])
+def test_a_slot_every_input_left_takes_the_mean_of_the_values(dtype):
+    """Its weights summed to 8e-9, under float32's epsilon, where the denominator was clamped: the
+    "mean" of values 1 to 4 came out 0.17. Algorithm 1's eps on each weight gives their mean."""
+    keys = torch.ones(1, 4, 1, dtype=dtype)
+    values = torch.tensor([[[1.0], [2.0], [3.0], [4.0]]], dtype=dtype)
+    slots = torch.tensor([[[-20.0], [0.0]]], dtype=dtype)  # slot 0 loses every input to slot 1
+    out, attention = slot_attention(keys, values, slots, query=lambda s: s, update=lambda u, p: u,
+                                    iterations=1, scale=1.0)
+    assert float(attention[0, 0].sum()) < 1e-8
+    weights = attention[0, 0] + 1e-8
+    expected = (weights * values[0, :, 0]).sum() / weights.sum()
+    torch.testing.assert_close(out[0, 0, 0], expected)
+    assert 1.0 <= float(out[0, 0, 0]) <= 4.0
 
 
 def test_slot_attention_ignores_masked_inputs():

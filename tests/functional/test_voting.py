@@ -44,12 +44,13 @@ def loop_vote(votes, logits, *, over, iterations, agreement, update, aggregation
         outputs = []
         for i in range(receivers):
             s = sum(weights[i, j] * votes[i, j] for j in range(senders))
-            if aggregation == "mean":
-                s = s / sum(weights[i, j] for j in range(senders))
+            if aggregation == "mean":  # Locatello et al. 2020, Algorithm 1: 1e-8 on every weight
+                s = sum((weights[i, j] + 1e-8) * votes[i, j] for j in range(senders))
+                s = s / sum(weights[i, j] + 1e-8 for j in range(senders))
             if nonlinearity == "squash":
-                # Sabour et al. eq. 1 with torchvote's eps = 1e-8 under the root (tested apart).
+                # Sabour et al. eq. 1, exactly
                 n2 = float((s * s).sum())
-                s = s * (n2 / (1 + n2)) / math.sqrt(n2 + 1e-8)
+                s = s * (n2 / (1 + n2)) / math.sqrt(n2)
             outputs.append(s)
         outputs = torch.stack(outputs)
         if t < iterations - 1:

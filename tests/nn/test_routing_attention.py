@@ -107,8 +107,9 @@ def reference_routing_attention(
                         for i in range(target_len):
                             weights[i][j] = column[i]
                 used = [row[:] for row in weights]  # the weights the votes are summed with
-                if module.aggregation == "mean":
+                if module.aggregation == "mean":  # Locatello et al. 2020: 1e-8 on each allowed weight
                     for i in range(target_len):
+                        used[i] = [w + 1e-8 if allowed[i][j] else w for j, w in enumerate(used[i])]
                         total = sum(used[i])
                         if total > 0:
                             used[i] = [w / total for w in used[i]]

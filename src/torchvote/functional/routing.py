@@ -584,8 +584,8 @@ def slot_attention(
     aggregation="mean", nonlinearity=update, agreement=q(slots) . k / sqrt(D),
     update="replace")``: routing's axis (inputs compete for slots) with attention's shared values
     and queries. The logits are re-scored from the new slots in every pass (``update="replace"``:
-    the fresh scores are the new logits). The paper adds ``eps = 1e-8`` to every weight before the
-    mean; here the denominator is clamped instead (the same where any input votes).
+    the fresh scores are the new logits). As in the paper, ``eps = 1e-8`` is added to every
+    weight before the mean: a slot every input left takes the plain mean of the values.
 
     Args:
         keys: ``(batch..., inputs, key_dim)``: ``k(LayerNorm(inputs))``.

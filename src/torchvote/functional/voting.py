@@ -476,7 +476,9 @@ def vote(
 
         w      = softmax(logits, over j if normalize_over == "senders" else over i)   (masked)
         w_eff  = w * sender_weights[..., None, j]                     (if sender weights are given)
-        s_i    = sum_j w_eff_ij u_ij   (aggregation "sum")  or  that / sum_j w_eff_ij  ("mean")
+        s_i    = sum_j w_eff_ij u_ij   (aggregation "sum")
+                 sum_j (w_eff_ij + eps) u_ij / sum_j (w_eff_ij + eps)    ("mean", eps = 1e-8 on
+                                                                 the senders that may vote)
         out_i  = nonlinearity(s_i + bias_i, previous out_i)
         logits = logits + agreement(u, out)          update="accumulate"  (dynamic routing)
                  agreement(u, out)                   update="replace"     (EM, inverted
@@ -509,7 +511,9 @@ def vote(
             which act as a fixed prior in every pass. A float ``mask`` is added to the logits of
             every pass whichever the update.
         aggregation: ``"sum"`` (weighted sum) or ``"mean"`` (weighted mean, weights
-            renormalised over senders).
+            renormalised over senders after ``1e-8`` is added to each that may vote, as slot
+            attention does, Locatello et al. 2020, Algorithm 1: a receiver every sender left
+            still takes a mean of the votes, never a sum scaled up by a clamped denominator).
         nonlinearity: ``"identity"``, ``"squash"``, ``"layer_norm"``, or a callable
             ``f(aggregated, previous_outputs)`` (``previous_outputs`` is ``initial_outputs`` in
             the first pass).
@@ -607,10 +611,12 @@ def vote(
             # layout follows the logits' (a score function may return them permuted, as an einsum
             # can): the same seed gives the same mask whatever the layout
             vote_weights = F.dropout(vote_weights.contiguous(), p=dropout_p)
+        if aggregation == "mean":  # Locatello et al. 2020, Algorithm 1: eps on every weight
+            vote_weights = vote_weights + (_MEAN_EPS if bool_mask is None else _MEAN_EPS * bool_mask)
         aggregated = cast.weighted_sum(vote_weights)  # (..., i, d)
-        if aggregation == "mean":
+        if aggregation == "mean":  # every sender masked: 0 / tiny = 0, not 0 / 0
             total = vote_weights.sum(-1, keepdim=True)  # (..., i, 1)
-            aggregated = aggregated / total.clamp_min(torch.finfo(aggregated.dtype).eps)
+            aggregated = aggregated / total.clamp_min(torch.finfo(aggregated.dtype).tiny)
         if bias is not None:
             aggregated = aggregated + bias
         outputs = update_fn(aggregated, previous)
@@ -879,6 +885,10 @@ def _check_mask_shape(mask: Tensor, logits_shape: torch.Size) -> None:
             f"mask of shape {tuple(mask.shape)} does not broadcast to the logits' shape "
             f"{tuple(logits_shape)}"
         )
+
+
+#: What aggregation="mean" adds to each weight before normalising (slot attention's epsilon).
+_MEAN_EPS = 1e-8
 
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:
