@@ -180,7 +180,7 @@ CASES = {
         "votes have dtype torch.float64 but the router's parameters are torch.float32"),
     "SlotRouter votes of another out_dim (was: a layer_norm error)": (
         lambda: SlotRouter(out_caps=3, out_dim=5)(randn(1, 3, 4, 6)), ValueError,
-        r"votes must have out_dim=5 features \(the layer norm's\), got shape \(1, 3, 4, 6\)"),
+        r"votes must have out_dim=5 .*got shape \(1, 3, 4, 6\)"),
     "SlotRouter float64 votes (was: a layer_norm 'mixed dtype' error)": (
         lambda: SlotRouter(out_caps=3, out_dim=6)(U.double()), TypeError,
         "votes have dtype torch.float64 but the router's parameters are torch.float32"),

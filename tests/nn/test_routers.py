@@ -407,3 +407,19 @@ def test_a_users_registered_router_is_built_by_name_beside_torchvotes(monkeypatc
     with pytest.raises(ValueError, match="Nameless needs a non-empty `name`"):  # was: registered as ""
         register_router(Nameless)
     assert "" not in base._REGISTRY
+
+
+@pytest.mark.parametrize(
+    ("router", "message"),
+    [
+        (lambda: EMRouter(out_caps=2), "out_caps=2 .*'em'"),  # was: "beta_u must broadcast ..."
+        (lambda: make_router("slot", in_caps=4, out_caps=2, out_dim=5), "out_caps=2 .*'slot'"),  # "slots"
+        (lambda: make_router("self_attention", in_caps=5, out_caps=3, out_dim=5), "in_caps=5"),  # "log_prior"
+        (lambda: make_router("dynamic", in_caps=4, out_caps=2, out_dim=5, bias=True), "out_caps=2"),
+        (lambda: make_router("uniform", in_caps=4, out_caps=3, out_dim=4, bias=True), "out_dim=4"),
+    ],
+)
+def test_votes_of_other_sizes_than_a_router_was_built_for_are_named(router, message):
+    votes = torch.randn(2, 3, 4, 5)  # (batch, out_caps 3, in_caps 4, out_dim 5)
+    with pytest.raises(ValueError, match=rf"votes must have {message}.*got shape \(2, 3, 4, 5\)"):
+        router()(votes)

@@ -372,7 +372,9 @@ def inverted_dot_product_routing(
     As voting: ``vote(votes, 0, normalize_over="receivers", iterations=r, agreement="dot",
     update="replace", nonlinearity="layer_norm")``. Unlike dynamic routing the logits are replaced,
     not accumulated, and layer normalisation replaces the squash. Unlike attention the softmax runs
-    over the output capsules (the receivers), i.e. the "inverted" direction.
+    over the output capsules (the receivers), i.e. the "inverted" direction. The agreement is the
+    paper's eq. 2, unscaled; the authors' released code divides it by ``sqrt(out_dim)``, so their
+    checkpoints route with other couplings here (scale the votes, or the poses' norm, to port one).
 
     Args:
         votes: ``(batch..., out_caps, in_caps, out_dim)`` or a votes object.

@@ -123,6 +123,25 @@ class Router(nn.Module):
         built for; empty if it fits any layer."""
         return {}
 
+    def check_vote_sizes(self, votes: RoutingVotes) -> None:
+        """What ``forward`` of a router with sized parameters calls first: votes ``(batch...,
+        out_caps, in_caps, out_dim)`` of the sizes of :meth:`layer_sizes` (the parameters' own
+        broadcast errors named ``beta_u``, ``slots`` or ``log_prior``, no argument of the call).
+
+        Raises:
+            ValueError: naming the first size that differs and the votes' shape.
+        """
+        shape = _votes_shape(as_routing_votes(votes))
+        if shape is None or len(shape) < 3:
+            return  # a votes object that does not say, or too few axes: the routing's own checks
+        given = {"out_caps": shape[-3], "in_caps": shape[-2], "out_dim": shape[-1]}
+        for name, built in self.layer_sizes().items():
+            if given[name] not in (built, -1):  # -1: shared votes, receivers from the logits
+                raise ValueError(
+                    f"votes must have {name}={built} (what the {self.name!r} router was built for; "
+                    f"votes are (batch..., out_caps, in_caps, out_dim)), got shape {shape}"
+                )
+
     def check_layer_sizes(self, argument: str, **sizes: int) -> None:
         """Refuse to serve a layer of other ``sizes`` than :meth:`layer_sizes`.
 

@@ -50,6 +50,7 @@ class DynamicRouter(BiasedRouter):
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
+        self.check_vote_sizes(votes)  # the bias's own error named the bias
         outputs, couplings = dynamic_routing(
             votes,
             iterations=self.iterations,

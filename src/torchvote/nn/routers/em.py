@@ -213,6 +213,7 @@ class EMRouter(Router):
                 ``torch.autocast``), as every router refuses them; what
                 :func:`~torchvote.functional.em.em_routing` raises.
         """
+        self.check_vote_sizes(votes)
         tensor = as_routing_votes(votes).materialize()  # EM reads them elementwise
         # float64 votes made float64 outputs of a float32 router: a layer silently of two precisions
         check_input_dtype(tensor, self.beta_u.dtype, "votes", reference="the router's parameters")

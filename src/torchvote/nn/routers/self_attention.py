@@ -22,8 +22,10 @@ class SelfAttentionRouter(Router):
         in_caps: input capsules, for the log prior.
         out_caps: output capsules, for the log prior.
         log_prior: learn the ``(out_caps, in_caps)`` prior added to the couplings (zeros at start).
-            A checkpoint's ``(in_caps, out_caps)`` prior (the layout before receivers came first)
-            is transposed on loading.
+            A checkpoint's ``(in_caps, out_caps)`` prior (the layout before receivers came first,
+            e4e8d18) is transposed on loading when the two sizes differ; with ``in_caps ==
+            out_caps`` the two layouts have one shape and the prior loads as saved (transpose
+            such an old checkpoint's ``log_prior`` yourself).
         device: where to create the parameters.
         dtype: the parameters' dtype.
 
@@ -56,6 +58,7 @@ class SelfAttentionRouter(Router):
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
+        self.check_vote_sizes(votes)
         outputs, couplings = self_attention_routing(
             votes, log_prior=self.log_prior, nonlinearity=efficient_squash
         )

@@ -147,6 +147,7 @@ class SlotRouter(Router):
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
+        self.check_vote_sizes(votes)
         if self.norm_votes is not None:
             votes = self.check_votes_for_norm(votes, self.norm_votes)
             votes = self.norm_votes(votes.materialize())  # (..., i, j, d)

@@ -49,5 +49,6 @@ class UniformRouter(BiasedRouter):
 
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
+        self.check_vote_sizes(votes)  # the bias's own error named the bias
         outputs, couplings = uniform_routing(votes, nonlinearity=self.nonlinearity, bias=self.bias)
         return RoutingResult(outputs, couplings)
