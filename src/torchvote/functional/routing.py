@@ -374,7 +374,8 @@ def inverted_dot_product_routing(
     not accumulated, and layer normalisation replaces the squash. Unlike attention the softmax runs
     over the output capsules (the receivers), i.e. the "inverted" direction. The agreement is the
     paper's eq. 2, unscaled; the authors' released code divides it by ``sqrt(out_dim)``, so their
-    checkpoints route with other couplings here (scale the votes, or the poses' norm, to port one).
+    checkpoints route with other couplings here (dividing the votes by ``sqrt(out_dim)`` gives
+    theirs: the layer norm takes the scale out of the poses, up to its epsilon).
 
     Args:
         votes: ``(batch..., out_caps, in_caps, out_dim)`` or a votes object.
