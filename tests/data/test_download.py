@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import torchvote.data.download as download_module
-from torchvote.data import ChecksumError, download_file, download_mnist, load_mnist, write_idx
+from torchvote.data import ChecksumError, DownloadError, download_file, download_mnist, load_mnist, write_idx
 from torchvote.data.mnist import MNIST_IDX_NAMES
 
 
@@ -96,6 +96,54 @@ def test_every_mirror_unreachable(server: FakeServer, tmp_path: Path) -> None:
         download_file(["https://x/f", "https://y/f"], tmp_path / "f", checksum=PAYLOAD_MD5)
     assert "https://x/f" in str(info.value) and "https://y/f" in str(info.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_mirror_failing_is_a_download_error_and_a_url_that_is_none_falls_through(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    server.routes["https://good/f"] = PAYLOAD
+    download_file(["not a url", "https://good/f"], tmp_path / "f", checksum=PAYLOAD_MD5)  # was: ValueError
+    assert (tmp_path / "f").read_bytes() == PAYLOAD
+    with pytest.raises(DownloadError, match="every mirror failed"):
+        download_file(["https://x/g"], tmp_path / "g", checksum=PAYLOAD_MD5)
+
+
+def test_a_local_write_error_stops_at_once_and_is_not_called_offline(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder where the file goes (a read-only folder or a full disk alike) made every mirror
+    serve the file again, then the command blamed the network."""
+    from torchvote.data.command import main
+
+    name, digest = "train-images-idx3-ubyte.gz", hashlib.md5(b"bytes").hexdigest()
+    mirrors = download_module.MNIST_MIRRORS
+    for mirror in mirrors:
+        server.routes[mirror + name] = b"bytes"
+    (tmp_path / name).mkdir()  # the rename into place fails: "Is a directory"
+    with pytest.raises(OSError) as info:
+        download_file([m + name for m in mirrors], tmp_path / name, checksum=digest)
+    assert not isinstance(info.value, DownloadError) and server.requested == [mirrors[0] + name]
+    server.requested.clear()
+    monkeypatch.setitem(download_module.MNIST_FILES, name, digest)
+    assert main(["mnist", "--download", "--root", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "without the internet" not in error and server.requested == [mirrors[0] + name], error
+
+
+def test_a_download_clears_what_a_killed_download_left(server: FakeServer, tmp_path: Path) -> None:
+    """A SIGKILL mid-download left a hidden .part file (affNIST: up to 512 MB) that nothing removed."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    left = tmp_path / f".file.bin.{dead.stdout.strip()}.abc123.part"
+    left.write_bytes(b"half a download")
+    running = tmp_path / f".other.bin.{os.getpid()}.def456.part"  # this process: in progress
+    running.write_bytes(b"being written")
+    server.routes["https://a/file.bin"] = PAYLOAD
+    download_file("https://a/file.bin", tmp_path / "file.bin", checksum=PAYLOAD_MD5)
+    assert not left.exists() and running.exists()
 
 
 def test_interrupted_download_keeps_the_old_file(server: FakeServer, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from torchvote.data.affnist import download_affnist, find_affnist
 from torchvote.data.download import download_mnist
-from torchvote.data.errors import ChecksumError, DataNotFoundError
+from torchvote.data.errors import ChecksumError, DataNotFoundError, DownloadError
 from torchvote.data.mnist import (
     HUB_INSTALL_COMMAND,
     IDX_DOWNLOAD_COMMAND,
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(err).split())  # one line
-        offline = type(err) is OSError and args.command in _OFFLINE_HINTS  # "every mirror failed"
+        offline = isinstance(err, DownloadError) and args.command in _OFFLINE_HINTS  # no mirror served
         hint = f"; {_OFFLINE_HINTS[args.command]}" if offline else ""
         print(f"torchvote data: error: {message}{hint}", file=sys.stderr)
         return 2

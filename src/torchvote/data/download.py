@@ -18,12 +18,12 @@ import http.client
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.request import Request, urlopen
 
-from torchvote.data.errors import ChecksumError
+from torchvote.data.errors import ChecksumError, DownloadError
 from torchvote.data.paths import as_path, dataset_dir
-from torchvote.files import atomic_write
+from torchvote.files import atomic_write, remove_abandoned_temporaries
 
 __all__ = [
     "MNIST_FILES",
@@ -83,14 +83,35 @@ def _check_checksum(checksum: object, algorithm: str) -> None:
         raise ValueError(f"checksum: expected {length} hex digits (a {algorithm} digest), got {checksum!r}")
 
 
+class _MirrorFailed(Exception):
+    """The mirror's own failure (raised from the error it met), where the next mirror may serve:
+    unlike an error writing the file here, which every mirror would meet again."""
+
+
 def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: float) -> None:
-    """Stream ``url`` into a temporary file next to ``dest``; rename it if the digest matches."""
+    """Stream ``url`` into a temporary file next to ``dest``; rename it if the digest matches.
+
+    Raises:
+        _MirrorFailed: the address, the connection or the stream failed.
+        ChecksumError: the bytes are not the expected ones.
+        OSError: writing the file here failed.
+    """
+
+    def read(response: Any) -> bytes:
+        try:
+            return response.read(_CHUNK)
+        except (OSError, http.client.HTTPException) as err:
+            raise _MirrorFailed(err) from err
 
     def write_verified(out: BinaryIO) -> None:
         digest = hashlib.new(algorithm)
-        request = Request(url, headers={"User-Agent": _USER_AGENT})
-        with urlopen(request, timeout=timeout) as response:
-            for chunk in iter(lambda: response.read(_CHUNK), b""):
+        try:
+            request = Request(url, headers={"User-Agent": _USER_AGENT})
+            response = urlopen(request, timeout=timeout)
+        except (OSError, http.client.HTTPException, ValueError) as err:  # ValueError: no URL
+            raise _MirrorFailed(err) from err
+        with response:
+            for chunk in iter(lambda: read(response), b""):
                 digest.update(chunk)
                 out.write(chunk)
         actual = digest.hexdigest()
@@ -119,6 +140,9 @@ def download_file(
         timeout: Socket timeout in seconds for each request.
         force: Download even if ``dest`` already exists with the right digest.
 
+    Hidden temporary files that a download or extraction killed mid-write (``SIGKILL``, a power
+    cut) left beside ``dest`` are deleted first (:func:`~torchvote.files.remove_abandoned_temporaries`).
+
     Returns:
         ``dest`` as a :class:`~pathlib.Path`.
 
@@ -128,7 +152,9 @@ def download_file(
         ValueError: If ``urls`` is empty, ``algorithm`` unknown to :mod:`hashlib`, or
             ``checksum`` not a hex digest of that algorithm's length (no file could match it).
         ChecksumError: If every mirror answered but none with the expected digest.
-        OSError: If no mirror could be reached (the message lists each mirror's error).
+        DownloadError: If no mirror served the file (the message lists each mirror's error).
+        OSError: If writing the file here failed (a full disk, a read-only folder): raised at
+            once, not tried again from the next mirror.
     """
     mirrors = [urls] if isinstance(urls, str) else list(urls) if isinstance(urls, Sequence) else None
     if mirrors is None or not all(isinstance(url, str) for url in mirrors):
@@ -137,6 +163,8 @@ def download_file(
         raise ValueError("urls: expected at least one URL, got none")
     _check_checksum(checksum, algorithm)
     dest = as_path(dest, "dest")
+    # what a download (or an extraction) killed mid-write left here: a hidden file, never read
+    remove_abandoned_temporaries(dest.parent)
     if not force and dest.is_file() and file_digest(dest, algorithm) == checksum.lower():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -145,13 +173,15 @@ def download_file(
         try:
             _fetch_one(url, dest, algorithm, checksum, timeout)
             return dest
-        except (ChecksumError, OSError, http.client.HTTPException) as err:
+        except ChecksumError as err:
             failures.append((url, err))
+        except _MirrorFailed as err:
+            failures.append((url, err.__cause__ or err))
     checksum_errors = [err for _, err in failures if isinstance(err, ChecksumError)]
     report = "\n".join(f"  - {url}: {err}" for url, err in failures)
     if checksum_errors and len(checksum_errors) == len(failures):
         raise checksum_errors[0]
-    raise OSError(f"could not download {dest.name}; every mirror failed:\n{report}")
+    raise DownloadError(f"could not download {dest.name}; every mirror failed:\n{report}")
 
 
 def download_mnist(

@@ -6,6 +6,8 @@ Two failure modes deserve their own types because callers react to them differen
   path that was tried and the one command that provides the data, so the fix is a copy-paste.
 * :class:`ChecksumError` -- a downloaded file does not match its published digest (a corrupt or
   tampered download). The partial file is never left under its final name.
+* :class:`DownloadError` -- no mirror could be reached (offline, or every server failed); an
+  error writing the file on this machine (a full disk, a read-only folder) is not one.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from os import PathLike
 
-__all__ = ["ChecksumError", "DataNotFoundError"]
+__all__ = ["ChecksumError", "DataNotFoundError", "DownloadError"]
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -68,3 +70,10 @@ class ChecksumError(RuntimeError):
             f"{algorithm} mismatch for {source}: expected {expected}, got {actual}. "
             "The download is corrupt or was altered; it was discarded."
         )
+
+
+class DownloadError(OSError):
+    """Every mirror of a file failed to serve it: unreachable, an HTTP error, a broken stream or
+    an address that is no URL (the message lists each mirror's error). Subclasses
+    :class:`OSError`, so ``except OSError`` also catches it.
+    """
