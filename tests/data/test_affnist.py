@@ -415,6 +415,9 @@ def test_an_unreadable_mat_file_names_the_file_and_the_fix(tmp_path: Path, damag
         ("label_int", np.arange(20) % 10 + 0.5, "'label_int'.*0-9"),
         ("image", np.full((1600, 20), 300.0), "'image'.*0-255"),
         ("image", np.full((1600, 20), 0.5), "'image'.*0-255"),  # already scaled: not 8-bit levels
+        # the message listed the first ten distinct values, 0. 1. ... 9., never the NaN
+        ("image", np.where(np.arange(1600) == 7, np.nan, np.arange(1600) % 20)[:, None] * np.ones(20),
+         "'image'.*0-255, got NaN"),
     ],
 )
 def test_values_outside_the_affnist_ranges_are_refused(

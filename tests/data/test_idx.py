@@ -69,6 +69,21 @@ def test_truncated_payload_names_the_file(good_file: Path) -> None:
     assert str(good_file) in str(info.value)
 
 
+@pytest.mark.parametrize("shape", [(2**32 - 1,) * 3, (2**16,) * 4])
+def test_a_header_whose_size_passes_64_bits_names_the_file_and_the_true_size(tmp_path: Path, shape) -> None:
+    """np.prod in int64 wrapped: the message gave a wrong byte count, or (2^16)^4 became 0 bytes and
+    numpy's reshape error named no file."""
+    import struct
+
+    path = tmp_path / "huge.idx"
+    path.write_bytes(struct.pack(">HBB", 0, 0x08, len(shape)) + struct.pack(f">{len(shape)}I", *shape))
+    size = 1
+    for n in shape:
+        size *= n
+    with pytest.raises(ValueError, match=rf"{path.name}: truncated IDX data: .* needs {size} bytes"):
+        read_idx(path)
+
+
 def test_truncated_header(good_file: Path) -> None:
     good_file.write_bytes(good_file.read_bytes()[:9])  # 3 dims need 16 header bytes
     with pytest.raises(ValueError, match="truncated IDX header"):

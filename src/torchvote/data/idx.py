@@ -9,6 +9,7 @@ compression is detected from the gzip magic bytes, not from the file name.
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 import zlib
 from os import PathLike
@@ -81,7 +82,7 @@ def read_idx(path: str | PathLike[str]) -> Tensor:
         raise ValueError(f"{path}: truncated IDX header ({len(data)} bytes, {ndim} dims need {header_len})")
     shape = struct.unpack(f">{ndim}I", data[4:header_len])
     dtype = IDX_DTYPES[code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: np.prod's int64 wrapped around
     payload = len(data) - header_len
     if payload < expected:
         raise ValueError(

@@ -108,7 +108,11 @@ def _affnist_style(split: str, **kwargs: Any) -> Any:
 
 def _shakespeare(split: str, *, val_fraction: float = 0.1, root: str | None = None, **kwargs: Any) -> Any:
     if root is not None:  # like the image sets, ``root`` names the folder of the data file
-        kwargs.setdefault("archive", root)
+        if kwargs.get("archive") is not None:  # one of them would be dropped in silence
+            raise ValueError(
+                f"shakespeare: give root ({root!r}) or archive ({kwargs['archive']!r}), not both"
+            )
+        kwargs["archive"] = root
     text = load_shakespeare(**kwargs)
     vocab = CharVocab.from_text(text)
     train, val = train_val_split(vocab.encode(text), val_fraction)
