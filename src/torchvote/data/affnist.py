@@ -47,7 +47,7 @@ from torch import Tensor
 from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.mnist import _validate_limit
-from torchvote.data.paths import as_path, dataset_dir
+from torchvote.data.paths import as_path, dataset_dir, download_dir
 from torchvote.files import atomic_write_bytes, create_temporary
 
 __all__ = [
@@ -373,10 +373,11 @@ def download_affnist(
     Raises:
         ChecksumError: If the archive's bytes do not match the published SHA-256.
         OSError: If no address could be reached.
-        ValueError: If the archive or the extracted file is damaged or not the affNIST layout.
+        ValueError: If the archive or the extracted file is damaged or not the affNIST layout,
+            or ``root`` names a file rather than the folder to download into.
         ImportError: If scipy (needed to check the layout) is missing.
     """
-    directory = dataset_dir("affnist", root)
+    directory = download_dir("affnist", root, "root (--root)", ".mat", ".zip")
     mat = directory / release.member
     if not force and mat.is_file():
         try:
@@ -444,8 +445,10 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
     given = as_path(root, "root") if root is not None else None
     if given is not None and given.is_file():
         return given
+    note = ""
     if given is not None and given.suffix == ".mat" and not given.exists():  # a file, not a folder
         looked, directory = [given], given.parent
+        note = f"The download writes {directory / AFFNIST_TEST.member}: pass that file or its folder. "
     else:
         directory = dataset_dir("affnist", given)
         mat = directory / AFFNIST_TEST.member
@@ -461,7 +464,7 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
         "The real affNIST test set (test.mat, 320,000 images)",
         looked,
         command,
-        note="Without it, the generated stand-in is the data set 'affnist-style' "
+        note=f"{note}Without it, the generated stand-in is the data set 'affnist-style' "
         "(e.g. eval_on=[affnist-style]).",
     )
 

