@@ -186,8 +186,10 @@ def _check_values(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
 
 def _test_batches(directory: Path) -> list[Path]:
     """The test set's files in a folder: ``test.mat``, or the numbered batches of
-    ``test_batches.zip`` (``1.mat ... 32.mat``) in order. Any other ``.mat`` file (the training
-    and validation sets of the same page) is not the test set."""
+    ``test_batches.zip`` (``1.mat ... 32.mat``) in order. Other ``.mat`` names (``training.mat``,
+    ``validation.mat``) are not read; the training and validation batches of the same page are
+    numbered the same way and cannot be told from the test batches by name (``torchvote data
+    affnist --verify`` counts the images: 10,000 a test batch, 320,000 in all)."""
     whole = directory / AFFNIST_TEST.member
     if whole.is_file():
         return [whole]
