@@ -380,3 +380,19 @@ def test_masked_softmax_of_a_0_d_tensor_is_that_of_one_entry():
     assert torch.equal(masked_softmax(torch.tensor(2.5), 0), torch.softmax(torch.tensor(2.5), 0))
     assert torch.equal(masked_softmax(torch.tensor(2.5), -1, torch.tensor(False)), torch.tensor(0.0))
     assert torch.equal(masked_softmax(torch.tensor(float("-inf")), 0), torch.tensor(0.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_a_masked_weighted_mean_keeps_the_votes_dtype(dtype):
+    """The mean's eps on the weights that may vote, made from a boolean mask, was a float32
+    tensor: half-precision weights became float32 ones."""
+    votes = SharedVotes(torch.randn(2, 5, 4).to(dtype))
+    mask = torch.tensor([[True] * 3 + [False] * 2] * 3)
+    result = vote(votes, torch.randn(2, 3, 5).to(dtype), normalize_over="receivers", aggregation="mean",
+                  mask=mask, iterations=2, record=True)
+    assert result.outputs.dtype == dtype and result.weights[-1].dtype == dtype
+    zeros = torch.zeros(2, 3, 5, dtype=dtype)
+    short = vote(SharedVotes(votes.values[:, :3]), zeros[..., :3], normalize_over="receivers",
+                 aggregation="mean", iterations=1)
+    masked = vote(votes, zeros, normalize_over="receivers", aggregation="mean", mask=mask, iterations=1)
+    torch.testing.assert_close(masked.outputs, short.outputs)  # masked senders take no eps either

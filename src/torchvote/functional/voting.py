@@ -612,7 +612,8 @@ def vote(
             # can): the same seed gives the same mask whatever the layout
             vote_weights = F.dropout(vote_weights.contiguous(), p=dropout_p)
         if aggregation == "mean":  # Locatello et al. 2020, Algorithm 1: eps on every weight
-            vote_weights = vote_weights + (_MEAN_EPS if bool_mask is None else _MEAN_EPS * bool_mask)
+            raised = vote_weights + _MEAN_EPS  # a Python number keeps the weights' dtype
+            vote_weights = raised if bool_mask is None else torch.where(bool_mask, raised, vote_weights)
         aggregated = cast.weighted_sum(vote_weights)  # (..., i, d)
         if aggregation == "mean":  # every sender masked: 0 / tiny = 0, not 0 / 0
             total = vote_weights.sum(-1, keepdim=True)  # (..., i, 1)
