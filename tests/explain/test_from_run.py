@@ -121,7 +121,16 @@ def test_a_checkpoint_of_a_model_without_capsules_is_refused(tiny_values, tmp_pa
     assert code == 2 and "--checkpoint: " in err and "has no vector capsule layer to draw" in err, err
 
 
-@pytest.mark.parametrize("options", [{"router": "em"}, {"scores": "linear"}], ids=["em", "linear-scores"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"router": "em"},
+        # one value per pass: each earlier pass's copy was refused ("one value per iteration (1)")
+        {"router": "em", "iterations": 3, "router_options": {"inverse_temperature": [0.001, 0.002, 0.004]}},
+        {"scores": "linear"},
+    ],
+    ids=["em", "em-schedule-list", "linear-scores"],
+)
 def test_a_record_routes_and_reconstructs_as_the_model_does(tiny_values, tiny_mnist_root, tmp_path, options):
     """EM routing weighs the votes by the input capsules' lengths, and an EM or linear-scored model
     predicts by activations or scores, not by lengths: the record called the router without the

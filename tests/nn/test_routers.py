@@ -423,3 +423,24 @@ def test_votes_of_other_sizes_than_a_router_was_built_for_are_named(router, mess
     votes = torch.randn(2, 3, 4, 5)  # (batch, out_caps 3, in_caps 4, out_dim 5)
     with pytest.raises(ValueError, match=rf"votes must have {message}.*got shape \(2, 3, 4, 5\)"):
         router()(votes)
+
+
+def test_first_passes_of_an_em_router_with_a_schedule_list_route_its_first_values():
+    """A copy with fewer passes kept the whole list and was refused; the prefix of the passes is
+    em_routing with the schedule's first values and the full router's beta_a."""
+    from torchvote.functional.em import em_routing
+
+    torch.manual_seed(0)
+    router = EMRouter(out_caps=3, iterations=3, inverse_temperature=[0.01, 0.02, 0.05]).double()
+    votes = torch.randn(2, 3, 5, 16, dtype=torch.float64)  # (b, i, j, pose)
+    activations = torch.rand(2, 5, dtype=torch.float64)
+    for passes in (1, 2, 3):
+        got = router.first_passes(passes)(votes, activations=activations)
+        schedule = [0.01, 0.02, 0.05][:passes]
+        poses, out_activations = em_routing(votes, activations, router.beta_u, router.beta_a,
+                                            iterations=passes, inverse_temperature=schedule)
+        torch.testing.assert_close(got.outputs, poses)
+        torch.testing.assert_close(got.activations, out_activations)
+    assert router.iterations == 3 and router.inverse_temperature == [0.01, 0.02, 0.05]
+    with pytest.raises(ValueError, match=r"passes must be an integer in \[1, 3\], got 4"):
+        router.first_passes(4)

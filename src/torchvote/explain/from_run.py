@@ -22,7 +22,6 @@ capsule dimensions.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -83,10 +82,7 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
     couplings, outputs = [], []
     iterations = layer.router.iterations if layer.router.iterative else 1
     for passes in range(1, iterations + 1):
-        router = copy.copy(layer.router)  # shares the parameters; only the pass count differs
-        if router.iterative:
-            router.iterations = passes
-        routed = router(votes, activations=activations)
+        routed = layer.router.first_passes(passes)(votes, activations=activations)
         couplings.append(routed.couplings)  # (b, i, j)
         outputs.append(routed.outputs)  # (b, i, d)
     record = {

@@ -25,6 +25,7 @@ dim)``, couplings ``(batch..., out_caps, in_caps)``, input activations ``(batch.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -35,7 +36,13 @@ from torch import Tensor, nn
 from torchvote.functional.routing import RoutingVotes, _votes_shape, as_routing_votes, list_routers
 from torchvote.functional.voting import Votes
 from torchvote.tracing import register_output
-from torchvote.validation import autocast_enabled, check_flag, check_float_dtype, check_positive_int
+from torchvote.validation import (
+    autocast_enabled,
+    check_flag,
+    check_float_dtype,
+    check_positive_int,
+    is_integer,
+)
 
 __all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router"]
 
@@ -122,6 +129,23 @@ class Router(nn.Module):
         """The layer sizes (of ``in_caps``, ``out_caps``, ``out_dim``) this router's parameters were
         built for; empty if it fits any layer."""
         return {}
+
+    def first_passes(self, passes: int) -> Router:
+        """This router stopped after its first ``passes`` passes: a shallow copy sharing the
+        parameters (what the pictures of each pass route with). A router that does not iterate
+        is returned as it is.
+
+        Raises:
+            ValueError: ``passes`` not in ``1 .. iterations``.
+        """
+        if not self.iterative:
+            return self
+        total = self.iterations  # type: ignore[attr-defined]  # every iterative router has it
+        if not (is_integer(passes) and 1 <= passes <= total):
+            raise ValueError(f"passes must be an integer in [1, {total}], got {passes!r}")
+        router = copy.copy(self)
+        router.iterations = int(passes)
+        return router
 
     def check_vote_sizes(self, votes: RoutingVotes) -> None:
         """What ``forward`` of a router with sized parameters calls first: votes ``(batch...,

@@ -225,6 +225,14 @@ class EMRouter(Router):
     def layer_sizes(self) -> dict[str, int]:
         return {"out_caps": self.beta_u.shape[0]}
 
+    def first_passes(self, passes: int) -> EMRouter:
+        """As :meth:`Router.first_passes`; a schedule given as one value per pass is cut to its
+        first ``passes`` values (``beta_a`` stays the full router's: the same logits)."""
+        router = super().first_passes(passes)
+        if not callable(router.inverse_temperature):
+            router.inverse_temperature = list(router.inverse_temperature)[: router.iterations]
+        return router
+
     @classmethod
     def from_layer(cls, *, in_caps, out_caps, out_dim, iterations, factory, **options) -> EMRouter:
         return cls(out_caps=out_caps, iterations=iterations, **factory, **options)
