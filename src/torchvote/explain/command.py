@@ -120,33 +120,42 @@ def run_explain(args: argparse.Namespace) -> int:
     """
     from torchvote.explain.report import HtmlReport
 
+    out_dir, report = Path(args.out), None
+    had_folder, had_page = out_dir.exists(), (out_dir / "index.html").exists()
     try:
         # Every check first, so that a refusal leaves no folder behind and costs no slow step.
-        _check_out_dir(Path(args.out))
+        _check_out_dir(out_dir)
         from torchvote.explain.sentences import check_iterations, check_layer, explain_sentences
         from torchvote.pretrained import check_sentences, load_pretrained
 
         if args.sentences:
             check_sentences(args.sentences)
         iterations = check_iterations(args.iterations, "--iterations")
-        model = load_pretrained("all-MiniLM-L6-v2")
-        layer = check_layer(args.layer, len(model.layers), "--layer")
+        try:
+            model = load_pretrained("all-MiniLM-L6-v2")
+        except ModuleNotFoundError as error:
+            if args.checkpoint is None:
+                raise
+            model = None  # the routing pictures of --checkpoint need no encoder: drawn without it
+            print(f"torchvote explain: notice: no sentence section ({error})", file=sys.stderr)
+        layer = None if model is None else check_layer(args.layer, len(model.layers), "--layer")
         record = None
         if args.checkpoint is not None:
             record = _load_checkpoint(Path(args.checkpoint))  # its tensors checked too
-        report = HtmlReport(_TITLE, Path(args.out))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            explain_sentences(
-                args.sentences or None,
-                args.out,
-                model=model,
-                layer=layer,
-                iterations=iterations,
-                report=report,
-            )
-        for warning in caught:
-            print(f"torchvote explain: notice: {warning.message}", file=sys.stderr)
+        report = HtmlReport(_TITLE, out_dir)
+        if model is not None:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                explain_sentences(
+                    args.sentences or None,
+                    args.out,
+                    model=model,
+                    layer=layer,
+                    iterations=iterations,
+                    report=report,
+                )
+            for warning in caught:
+                print(f"torchvote explain: notice: {warning.message}", file=sys.stderr)
         if record is not None:
             from torchvote.explain.record import explain_record
 
@@ -154,9 +163,11 @@ def run_explain(args: argparse.Namespace) -> int:
                 print(f"torchvote explain: {notice}", file=sys.stderr)
         path = report.write()
     except ModuleNotFoundError as error:
+        _discard_pictures(report, out_dir, had_folder, had_page)
         print(f"torchvote explain: missing optional dependency: {error}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, OSError) as error:
+        _discard_pictures(report, out_dir, had_folder, had_page)
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(error).split())  # one line
@@ -164,6 +175,19 @@ def run_explain(args: argparse.Namespace) -> int:
         return 2
     print(f"report: {path.resolve()}")
     return 0
+
+
+def _discard_pictures(report, out_dir: Path, had_folder: bool, had_page: bool) -> None:
+    """After a failure while drawing: delete the pictures of a report that never got its page
+    (left beside no page, they made ``--out`` refuse that folder as "other files" ever after), and
+    the folder if this run made it and left it empty. A folder that held a report keeps its page;
+    the pictures already redrawn beside it are the new run's."""
+    if report is None or had_page:
+        return
+    for path in report.files:
+        path.unlink(missing_ok=True)
+    if not had_folder and out_dir.is_dir() and not any(out_dir.iterdir()):
+        out_dir.rmdir()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -164,10 +164,12 @@ def _check_keys(record: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
 def check_record(record: Mapping[str, Tensor]) -> None:
     """Check that a record's tensors fit their pictures and one another, before any is drawn.
 
-    Every key of the table above that is present must be a tensor of its rank with no empty axis,
-    and an axis two keys share (``t`` of ``couplings`` and ``outputs``; ``b``, ``i``, ``j``, ``d``;
-    the images' ``N``, ``H``, ``W``) must have one size. ``patch_grid`` must be two whole numbers
-    whose product is the number of ``patch_attention`` weights.
+    Every key of the table above that is present must be a tensor of real numbers, all finite, of
+    its rank with no empty axis, and an axis two keys share (``t`` of ``couplings`` and
+    ``outputs``; ``b``, ``i``, ``j``, ``d``; the images' ``N``, ``H``, ``W``) must have one size.
+    ``patch_grid`` must be two whole numbers whose product is the number of ``patch_attention``
+    weights, and divide ``patch_image``'s height and width. (A record that failed while drawing
+    left half its pictures in the report's folder.)
 
     Args:
         record: name -> tensor.
@@ -185,6 +187,11 @@ def check_record(record: Mapping[str, Tensor]) -> None:
             raise ValueError(f"record {key!r} must be a tensor {layout}, got {type(value).__name__}")
         if value.dim() != len(axes) or 0 in value.shape:
             raise ValueError(f"record {key!r} must be {layout} with no empty axis, got {tuple(value.shape)}")
+        if value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"record {key!r} must hold real numbers, got dtype {value.dtype}")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise ValueError(f"record {key!r} must be finite, got {bad} NaN or infinite values")
         for axis, size in zip(axes, value.shape, strict=True):
             first, owner = seen.setdefault(axis, (size, key))
             if size != first:
@@ -200,11 +207,18 @@ def check_record(record: Mapping[str, Tensor]) -> None:
             raise ValueError(
                 f"record 'patch_grid' must be 2 whole numbers (rows, cols), got {grid.tolist()!r}"
             )
+        rows, cols = int(values[0]), int(values[1])
         patches = record.get("patch_attention")
-        if patches is not None and patches.shape[0] != int(values[0]) * int(values[1]):
+        if patches is not None and patches.shape[0] != rows * cols:
             raise ValueError(
                 f"record 'patch_attention' has {patches.shape[0]} weights; 'patch_grid' "
-                f"{[int(v) for v in values]} has {int(values[0]) * int(values[1])} patches"
+                f"{[rows, cols]} has {rows * cols} patches"
+            )
+        image = record.get("patch_image")
+        if image is not None and (image.shape[0] % rows or image.shape[1] % cols):
+            raise ValueError(
+                f"record 'patch_image' {tuple(image.shape)} must divide into the 'patch_grid' "
+                f"{[rows, cols]}: its height a multiple of {rows}, its width of {cols}"
             )
 
 
