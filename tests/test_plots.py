@@ -116,3 +116,53 @@ def test_metric_curves_wrap_many_fields_into_rows(tmp_path):
     figure = metric_curves(metrics)
     assert len(figure.axes) == 9
     assert max(figure.get_size_inches()) <= 16.0  # 4 panels a row, not 36 inches in one
+
+
+def test_metric_curves_keep_the_last_value_of_a_step_logged_twice(tmp_path):
+    """An older writer's log of a resumed run repeats steps: the line ran back from 30 to 20."""
+    records = [{"event": "train", "step": s, "loss": v} for s, v in ((10, 1.0), (20, 0.8), (30, 0.6),
+                                                                      (20, 0.7), (30, 0.5), (40, 0.4))]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
+    panels = {ax.get_title(): ax for ax in metric_curves(metrics).axes}
+    assert _lines(panels["loss"]) == {"train": ([10, 20, 30, 40], [1.0, 0.7, 0.5, 0.4])}
+
+
+def test_training_curves_read_each_panel_on_its_own_and_write_atomically(tmp_path):
+    """Evaluation records without a loss lost their accuracy, an accuracy of "nan" became a text
+    category, and a record without a step raised KeyError with its figure left open."""
+    import matplotlib.pyplot as plt
+
+    from torchvote.training.plots import plot_training_curves
+
+    records = [
+        {"event": "train", "step": 10, "loss": 0.9, "accuracy": 0.5},
+        {"event": "train", "step": 20, "loss": 0.7, "accuracy": "nan"},
+        {"event": "eval", "step": 20, "dataset": "multimnist/test", "accuracy": 0.6},  # no loss
+        {"event": "train", "loss": 0.5},  # no step
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
+    figures_before = len(plt.get_fignums())
+    path = plot_training_curves(metrics, tmp_path / "plots" / "training_curves.png")
+    assert path == tmp_path / "plots" / "training_curves.png" and path.stat().st_size > 0
+    assert len(plt.get_fignums()) == figures_before  # closed
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["training_curves.png"]
+
+    import torchvote.explain.figures as figures
+
+    drawn = []
+    save = figures.save_figure
+
+    def keep(figure, stem, **kwargs):
+        drawn.append({ax.get_title(): _lines(ax) for ax in figure.axes})
+        return save(figure, stem, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "save_figure", keep)
+        plot_training_curves(metrics, tmp_path / "again.png")
+    accuracy = drawn[0]["accuracy"]
+    assert accuracy["eval multimnist/test"] == ([20.0], [60.0])  # drawn without a loss
+    steps, values = accuracy["train"]
+    assert steps == [10.0, 20.0] and values[0] == 50.0 and np.isnan(values[1])  # a gap, not a category
+    assert drawn[0]["loss"]["train"] == ([3.0, 10.0, 20.0], [0.5, 0.9, 0.7])  # no step: its index

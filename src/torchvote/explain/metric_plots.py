@@ -19,7 +19,7 @@ from torchvote.training.metrics import read_metrics
 if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
     from matplotlib.figure import Figure
 
-__all__ = ["metric_curves"]
+__all__ = ["metric_curves", "metric_points"]
 
 # the x axis, its coarse twin, the wall clock, and a setting MetricsWriter records beside results
 NOT_CURVES = ("step", "epoch", "time", "eval_limit")
@@ -46,13 +46,36 @@ def _series(record: dict) -> str:
     return " ".join(parts)
 
 
+def metric_points(records: Sequence[dict], key: str) -> dict[str, list[tuple[float, float]]]:
+    """The ``(step, value)`` points of field ``key``, per series (:func:`_series`), in step order.
+
+    A record without ``step`` is placed at its index; a step logged twice (a resumed run's log
+    from an older writer) keeps its last value, so a line never runs back.
+
+    Args:
+        records: the records, as :func:`~torchvote.training.metrics.read_metrics` returns them.
+        key: the field.
+
+    Returns:
+        Series name -> points (empty when no record holds a number under ``key``).
+    """
+    lines: dict[str, dict[float, float]] = {}
+    for index, record in enumerate(records):
+        value = _number(record.get(key))
+        if value is not None:
+            step = _number(record.get("step"))
+            lines.setdefault(_series(record), {})[float(index) if step is None else step] = value
+    return {name: sorted(points.items()) for name, points in lines.items()}
+
+
 def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None) -> Figure:
     """Training curves from a ``metrics.jsonl`` file (one JSON object per line, with ``step``), read
     as :func:`~torchvote.training.metrics.read_metrics` reads it.
 
     Each panel draws one line per series (``event`` and ``dataset`` of the records, named in a
-    legend); a record without ``step`` is placed at its line number. Non-finite values
-    (written as ``"nan"``) leave a gap; other non-numeric values and booleans are not metrics.
+    legend), in step order (:func:`metric_points`: a step logged twice keeps its last value); a
+    record without ``step`` is placed at its line number. Non-finite values (written as
+    ``"nan"``) leave a gap; other non-numeric values and booleans are not metrics.
     Panels wrap after :data:`COLUMNS` per row.
 
     Args:
@@ -89,12 +112,7 @@ def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None) -> Fig
     for ax in axes.ravel()[len(keys):]:
         ax.remove()  # the last row's empty cells
     for ax, key in zip(axes.ravel(), keys, strict=False):
-        lines: dict[str, list[tuple[float, float]]] = {}
-        for index, record in enumerate(records):
-            value = _number(record.get(key))
-            if value is not None:
-                step = _number(record.get("step"))
-                lines.setdefault(_series(record), []).append((index if step is None else step, value))
+        lines = metric_points(records, key)
         for name, points in lines.items():
             ax.plot(
                 [p[0] for p in points],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,42 +12,41 @@ __all__ = ["plot_run", "plot_training_curves"]
 
 
 def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
-    """Loss and accuracy against the step, training and evaluation, in one PNG.
+    """Loss and accuracy against the step, one line per series (training, each evaluated data
+    set), in one PNG written atomically.
+
+    Each panel reads its own field (an evaluation without a loss still draws its accuracy), in
+    step order with a step logged twice kept once, and a non-finite value leaves a gap
+    (:func:`torchvote.explain.metric_plots.metric_points`).
 
     Returns:
         the PNG written, or ``None`` when matplotlib is not installed or nothing was logged.
     """
-    try:
-        import matplotlib
+    from torchvote.explain.figures import new_figure, save_figure  # matplotlib: in new_figure
+    from torchvote.explain.metric_plots import metric_points
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    records = [r for r in read_metrics(metrics_path) if r.get("event") in ("train", "eval")]
+    losses, accuracies = metric_points(records, "loss"), metric_points(records, "accuracy")
+    if not any(losses.values()) and not any(accuracies.values()):
+        return None
+    try:
+        figure, axes = new_figure(1, 2, size=(10, 4))
     except ImportError:
         return None
-    records = read_metrics(metrics_path)
-    train = [r for r in records if r.get("event") == "train"]
-    evals = [r for r in records if r.get("event") == "eval"]
-    if not train and not evals:
-        return None
-    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for rows, label, style in ((train, "train", "-"), (evals, "eval", "o-")):
-        rows = [r for r in rows if isinstance(r.get("loss"), (int, float))]
-        if rows:
-            loss_axis.plot([r["step"] for r in rows], [r["loss"] for r in rows], style, label=label)
-            accuracy_axis.plot(
-                [r["step"] for r in rows], [100 * r["accuracy"] for r in rows], style, label=label
-            )
-    loss_axis.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
-    accuracy_axis.set(xlabel="step", ylabel="accuracy (%)", title="accuracy")
-    for axis in (loss_axis, accuracy_axis):
+    loss_axis, accuracy_axis = axes[0]
+    for axis, lines, scale in ((loss_axis, losses, 1.0), (accuracy_axis, accuracies, 100.0)):
+        for name, points in lines.items():
+            style = "-" if name == "train" else "o-"
+            axis.plot([p[0] for p in points], [scale * p[1] for p in points], style, label=name)
         axis.grid(alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
+        if lines:
+            axis.legend()
+    positive = all(v > 0 for points in losses.values() for _, v in points if math.isfinite(v))
+    loss_axis.set(xlabel="step", ylabel="loss", yscale="log" if positive else "linear", title="loss")
+    accuracy_axis.set(xlabel="step", ylabel="accuracy (%)", title="accuracy")
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_path, dpi=100)
-    plt.close(figure)
-    return out_path
+    (written,) = save_figure(figure, out_path.with_suffix(""), formats=("png",), dpi=100)
+    return written
 
 
 def plot_run(result: Any) -> list[Path]:
