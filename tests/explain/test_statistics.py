@@ -55,6 +55,23 @@ def test_rollout_rejects_bad_input():
         attention_rollout([[[1.0]]])
 
 
+def test_rollout_reads_nan_as_a_masked_position():
+    """One NaN query row (a padded query, as the figures mark it) made every entry NaN."""
+    torch.manual_seed(3)
+    weights = torch.softmax(torch.randn(2, 4, 4), dim=-1)  # (layers, i, j)
+    masked = weights.clone()
+    masked[0, 3] = float("nan")  # query 3 of layer 0 takes no vote
+    zeroed = weights.clone()
+    zeroed[0, 3] = 0.0
+    rollout = attention_rollout(masked)
+    assert torch.isfinite(rollout).all()
+    torch.testing.assert_close(rollout, attention_rollout(zeroed))
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(4))
+    masked[1, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"attentions\[1\] holds infinite weights"):
+        attention_rollout(masked)
+
+
 def test_coupling_entropy_by_hand():
     uniform = torch.full((2, 2), 0.5)  # pass 1: every input splits evenly: ln 2 each
     decided = torch.tensor([[1.0, 0.5], [0.0, 0.5]])  # pass 2: input 0 chose output 0 (entropy 0)

@@ -78,7 +78,9 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
 
     Args:
         attentions: ``(layers, h, i, j)`` or ``(layers, i, j)`` (already head-averaged), or a list
-            of per-layer ``(h, i, j)`` / ``(i, j)``; square, rows summing to one.
+            of per-layer ``(h, i, j)`` / ``(i, j)``; square, rows summing to one. A 3-D tensor is
+            read as layers: one layer's ``(h, i, j)`` goes in a list (``[weights]``). NaN marks a
+            masked position, as the figures draw it: no attention there.
         residual: weight of the identity, in ``[0, 1]``; 0.5 as in the paper.
 
     Returns:
@@ -86,7 +88,7 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
 
     Raises:
         ValueError: non-square or inconsistent shapes, a tensor that is not 3-D or 4-D, no layers,
-            ``residual`` outside ``[0, 1]``.
+            infinite weights, ``residual`` outside ``[0, 1]``.
         TypeError: not tensors.
     """
     if not 0.0 <= residual <= 1.0:
@@ -98,6 +100,9 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
     rollout = None
     for index, weights in enumerate(attentions):
         weights = checked_tensor(weights, f"attentions[{index}]", dims=(2, 3))
+        if bool(torch.isinf(weights).any()):
+            raise ValueError(f"attentions[{index}] holds infinite weights")
+        weights = weights.nan_to_num(nan=0.0)  # a masked position: one NaN made the whole rollout NaN
         if weights.dim() == 3:
             weights = weights.mean(dim=0)  # (i, j): average the heads
         if weights.shape[0] != weights.shape[1]:
