@@ -150,6 +150,7 @@ def test_a_record_routes_and_reconstructs_as_the_model_does(tiny_values, tiny_mn
     torch.testing.assert_close(record["couplings"][-1], output.couplings)
     torch.testing.assert_close(record["outputs"][-1], output.poses)
     torch.testing.assert_close(record["reconstructions"], output.reconstructions[:, 0])
+    assert torch.equal(record["winners"], output.scores.argmax(-1))  # what the votes picture shows
 
 
 def test_a_record_reads_another_evaluation_set_without_the_training_sets_options(tiny_values, tmp_path):

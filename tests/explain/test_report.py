@@ -130,6 +130,32 @@ def test_command_errors_return_2_with_a_message(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_the_votes_picture_shows_the_capsule_the_model_predicts(tmp_path):
+    """It showed the longest output capsule, which an EM or linear-scored model does not predict,
+    under the caption "winning capsule"."""
+    from torchvote.explain.record import check_record
+
+    record = synthetic_record()
+    longest = int(record["outputs"][-1, 0].norm(dim=-1).argmax())
+    predicted = (longest + 1) % record["outputs"].shape[2]
+    record["winners"] = torch.full((record["votes"].shape[0],), predicted)
+    report = HtmlReport("t", tmp_path)
+    explain_record(record, report)
+    page = report.render()
+    assert f"votes for capsule {predicted} (PCA)" in page and f"votes for capsule {longest} (PCA)" not in page
+    record["winners"][1] = 10  # 10 output capsules: 0 to 9
+    with pytest.raises(ValueError, match=r"'winners' must hold output capsule indices in \[0, 10\)"):
+        check_record(record)
+
+
+def test_long_sentences_are_shortened_with_a_mark():
+    from torchvote.explain.sentences import _shortened
+
+    assert _shortened("the train left", 28) == "the train left"
+    cut = _shortened("the train left the station on time", 28)
+    assert len(cut) <= 28 and cut.endswith("\u2026") and cut.startswith("the train left the station")
+
+
 def test_a_drawing_failure_leaves_no_pictures_and_the_folder_usable(tmp_path, capsys, monkeypatch):
     """Pictures drawn before a failure stayed in --out with no page, and every later run refused
     the folder as one of "other files"."""

@@ -90,12 +90,13 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
         "outputs": torch.stack(outputs).float().cpu(),  # (t, b, i, d)
         "votes": votes.materialize().float().cpu(),  # (b, i, j, d)
     }
+    # the model's own prediction (EM activations, a linear scorer or lengths), as it reconstructs
+    winners = decoder_classes(class_scores(routed, head.scorer), None)  # (b, 1)
+    record["winners"] = winners[:, 0].cpu()  # (b,)
 
     decoder = head.decoder
     if decoder is not None and images.shape[1] == 1:
         poses = outputs[-1]  # (b, i, d)
-        # the model's own prediction (EM activations, a linear scorer or lengths), as it reconstructs
-        winners = decoder_classes(class_scores(routed, head.scorer), None)  # (b, 1)
         reconstructions = decoder(poses, winners)[:, 0, 0]  # (b, h, w)
         record["inputs"] = images[:, 0].float().cpu()
         record["reconstructions"] = reconstructions.float().cpu()

@@ -16,6 +16,9 @@ key                         shape                    picture
 ``couplings``               ``(t, b, i, j)``         couplings pass by pass (input 0); entropy
 ``votes``, ``outputs``      ``(b, i, j, d)``,        agreement per pass; input 0's winning
                             ``(t, b, i, d)``         capsule's votes in 2-D, pass by pass
+``winners``                 ``(b,)`` int             the capsule each input's model predicts
+                                                     (EM activations, a linear scorer); without
+                                                     it, the longest output capsule
 ``inputs``,                 ``(N, H, W)`` each       inputs beside reconstructions
 ``reconstructions``
 ``perturbations``           ``(d, s, H, W)``         perturbation grid (Sabour et al. 2017 Fig. 4)
@@ -45,8 +48,9 @@ __all__ = ["RECORD_FILE", "check_record", "explain_record", "load_record"]
 
 RECORD_FILE = "explain_record.safetensors"
 _KEYS = (  # every key of the table above: a file with none of them is no record
-    "couplings", "votes", "outputs", "inputs", "reconstructions", "perturbations", "multimnist_inputs",
-    "multimnist_first", "multimnist_second", "patch_image", "patch_attention", "patch_grid",
+    "couplings", "votes", "outputs", "winners", "inputs", "reconstructions", "perturbations",
+    "multimnist_inputs", "multimnist_first", "multimnist_second", "patch_image", "patch_attention",
+    "patch_grid",
 )
 
 # Each key's axes: a letter shared by two keys must have one size (names in the table above);
@@ -55,6 +59,7 @@ _AXES: dict[str, tuple[str, ...]] = {
     "couplings": ("t", "b", "i", "j"),
     "votes": ("b", "i", "j", "d"),
     "outputs": ("t", "b", "i", "d"),
+    "winners": ("b",),
     "inputs": ("N", "H", "W"),
     "reconstructions": ("N", "H", "W"),
     "perturbations": ("dims", "s", "H", "W"),
@@ -199,6 +204,14 @@ def check_record(record: Mapping[str, Tensor]) -> None:
                     f"record {key!r} {tuple(value.shape)} has {axis}={size} where {owner!r} has "
                     f"{axis}={first}: the tensors must come from the same inputs and passes {layout}"
                 )
+    if "winners" in record:
+        winners, receivers = record["winners"], seen.get("i", (None, ""))[0]
+        if winners.is_floating_point() or (receivers is not None and not bool(
+                ((winners >= 0) & (winners < receivers)).all())):
+            raise ValueError(
+                f"record 'winners' must hold output capsule indices in [0, {receivers}), got "
+                f"{winners.tolist()[:8]}"
+            )
     if "patch_grid" in record:
         grid = record["patch_grid"]
         values = [] if grid.is_complex() else grid.flatten().tolist()
@@ -308,7 +321,9 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
         )
         if "votes" in record and "outputs" in record:
             votes, outputs = record["votes"].float(), record["outputs"].float()  # (b, i, j, d), (t, b, i, d)
-            winner = int(outputs[-1, 0].norm(dim=-1).argmax())  # the longest output capsule
+            # the model's prediction where the record has it, else the longest output capsule
+            longest = outputs[-1, 0].norm(dim=-1).argmax()
+            winner = int(record["winners"][0] if "winners" in record else longest)
             report.figure(
                 plots.vote_passes(
                     votes[0, winner],

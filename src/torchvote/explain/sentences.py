@@ -173,12 +173,18 @@ def explain_sentences(
     return report.write() if own_report else report.out_dir / "index.html"
 
 
+def _shortened(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with an ellipsis (a heading, legend or
+    table cell that ends mid-word read as the whole sentence)."""
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "\u2026"
+
+
 def _sentence_section(report: HtmlReport, record, number: int, example: Example, layer: int) -> None:
     tokens = record.tokens[number]
     length = len(tokens)
     weights = torch.stack([a[number, :, :length, :length] for a in record.attentions])  # (layers, h, i, j)
     focus = _focus_index(tokens, example.focus or None)
-    report.heading(f"Sentence {number + 1}: {example.sentence[:80]}")
+    report.heading(f"Sentence {number + 1}: {_shortened(example.sentence, 80)}")
     report.text(f"Source: {example.source}. {length} word pieces; followed token: {tokens[focus]!r}.")
     if record.truncated[number]:
         report.text(
@@ -292,7 +298,7 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
                 # one pass over the senders is the pretrained softmax: cosine 1 by definition.
                 # One pass over the receivers is not, so that line starts at its first run.
                 passes, values = [1, *passes], [1.0, *values]
-            label = literal_text(f"{normalize_over}: {example.sentence[:28]}")
+            label = literal_text(f"{normalize_over}: {_shortened(example.sentence, 28)}")
             ax.plot(passes, values, style, label=label, alpha=0.8)
     ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle=":")  # the softmax embedding itself
     ax.set_xlabel(f"passes of voting in layer {layer}")
@@ -301,7 +307,7 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="lower left")
     rows = [
-        [example.sentence[:60], normalize_over, r, similarities[normalize_over][k][n]]
+        [_shortened(example.sentence, 60), normalize_over, r, similarities[normalize_over][k][n]]
         for n, example in enumerate(examples)
         for normalize_over in ("senders", "receivers")
         for k, r in enumerate(iterations)
