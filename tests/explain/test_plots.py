@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("matplotlib", reason='the pictures need matplotlib: pip install "torchvote[plots]"')
 
 from torchvote.explain import attention_plots, capsule_plots  # noqa: E402
-from torchvote.explain.figures import save_figure  # noqa: E402
+from torchvote.explain.figures import close_figure, save_figure  # noqa: E402
 from torchvote.explain.statistics import coupling_entropy, project_votes  # noqa: E402
 
 TOKENS = ["[CLS]", "the", "train", "left", "[SEP]"]
@@ -98,7 +98,11 @@ def test_images_reconstructions_perturbations_multimnist_patches(tmp_path):
     grid = torch.rand(16, 11, 28, 28)
     figure = capsule_plots.perturbation_grid(grid)
     ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
-    assert len(ticks) == 11 and ticks[0] == "-0.25" and ticks[5] == "+0.00" and ticks[10] == "+0.25"
+    assert len(ticks) == 11 and ticks[0] == "-0.25" and ticks[5] == "+0" and ticks[10] == "+0.25"
+    five = capsule_plots.perturbation_grid(torch.rand(2, 5, 4, 4))  # +-0.125 read "+-0.12"
+    labels = [t.get_text() for t in five.axes[0].get_xticklabels()]
+    assert labels == ["-0.25", "-0.125", "+0", "+0.125", "+0.25"]
+    close_figure(five)
     mosaic = figure.axes[0].images[0].get_array()  # tiles 28 x 28 with 1-pixel gaps
     np.testing.assert_allclose(mosaic[2 * 29 : 2 * 29 + 28, 7 * 29 : 7 * 29 + 28], grid[2, 7].numpy())
     _saved(figure, tmp_path, "perturbations")

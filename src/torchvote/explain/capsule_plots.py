@@ -367,7 +367,7 @@ def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = "") ->
     deltas = torch.linspace(-span, span, steps)
     ax.set_xticks(
         [s * (width + 1) + width / 2 - 0.5 for s in range(steps)],
-        [f"{round(float(v), 6) + 0.0:+.2f}" for v in deltas],
+        [f"{round(float(v), 6) + 0.0:+.3g}" for v in deltas],  # +0.125, not +0.12
         fontsize=7,
     )
     ax.set_yticks(
