@@ -178,9 +178,18 @@ def test_class_losses_reject_targets_that_do_not_fit(loss):
         loss(scores, torch.tensor([0, 1, 2]))  # a broadcast would hide the missing example
     with pytest.raises(ValueError, match=r"must be \(batch, num_classes\)"):
         loss(torch.rand(10), torch.tensor([3]))
-    with pytest.raises(TypeError, match="class indices must be integers"):
+    with pytest.raises(TypeError, match="targets: class indices must be integers"):
         loss(scores, torch.tensor([0.0, 1.0, 2.0, 3.7]))  # would be truncated to class 3
+    with pytest.raises(TypeError, match="targets must be a tensor of class indices, got list"):
+        loss(scores, [0, 1, 2, 3])  # was: AttributeError 'list' object has no attribute 'dim'
+    with pytest.raises(TypeError, match="must be floating point, got dtype torch.int64"):
+        loss(torch.ones(4, 10, dtype=torch.long), torch.tensor([0, 1, 2, 3]))  # integer lengths were taken
     assert loss(scores, torch.tensor([0, 1, 2, 3])).dim() == 0
+
+
+def test_cross_entropy_names_targets_that_are_no_tensor():
+    with pytest.raises(TypeError, match="targets must be a tensor of class indices, got list"):
+        cross_entropy(torch.rand(2, 3), [0, 1])  # was: AttributeError on is_floating_point
 
 
 def test_cross_entropy_takes_the_class_axis_last():

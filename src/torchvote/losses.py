@@ -1,7 +1,9 @@
 """The losses of the capsule and attention papers, as plain functions of tensors.
 
 Every loss returns the mean over the batch of a per-example loss, so that it does not change with
-the batch size (or with the number of data-parallel processes sharing one global batch).
+the batch size (or with the number of data-parallel processes sharing one global batch); the
+cross-entropy of token sequences is the mean over the counted tokens instead (padding excluded),
+so a longer sequence weighs more, as in every language-model trainer.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
     check_positive_int(num_classes, "num_classes")
     if targets.dim() == 1:
         if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-            raise TypeError(f"class indices must be integers, got dtype {targets.dtype}")
+            raise TypeError(f"targets: class indices must be integers, got dtype {targets.dtype}")
         check_index_range(targets, num_classes, f"class indices must be in [0, {num_classes})")
         return F.one_hot(targets.long(), num_classes).to(dtype)
     if targets.dim() == 2 and targets.shape[1] == num_classes:
@@ -72,9 +74,18 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
     )
 
 
+def _check_targets_tensor(targets: Any) -> None:
+    """A TypeError naming ``targets`` for what is no tensor (a list failed on ``.dim()``)."""
+    if not isinstance(targets, Tensor):
+        raise TypeError(f"targets must be a tensor of class indices, got {type(targets).__name__}")
+
+
 def _check_class_scores(scores: Tensor, targets: Tensor, argument: str) -> None:
-    """Raise a ValueError unless ``scores`` is ``(b, num_classes)`` with ``b >= 1`` and ``targets``
-    has ``b`` rows (the mean over an empty batch is NaN)."""
+    """Raise unless ``scores`` is a floating-point ``(b, num_classes)`` tensor with ``b >= 1``
+    (integer lengths were taken) and ``targets`` a tensor with ``b`` rows (the mean over an
+    empty batch is NaN)."""
+    check_float_tensor(scores, argument)
+    _check_targets_tensor(targets)
     if scores.dim() != 2:
         raise ValueError(f"{argument} must be (batch, num_classes), got shape {tuple(scores.shape)}")
     if scores.shape[0] == 0:
@@ -220,6 +231,7 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
         TypeError: class indices that are not integers, a margin that is not a number.
     """
     _check_margin(margin, "margin")
+    _check_targets_tensor(targets)
     if targets.dim() != 1:
         raise ValueError(f"spread loss takes (b,) class indices, got targets of shape {tuple(targets.shape)}")
     _check_class_scores(activations, targets, "activations")
@@ -313,6 +325,7 @@ def cross_entropy(
         raise ValueError(f"logits must be (b, k) or (b, t, k), got shape {tuple(logits.shape)}")
     if logits.shape[0] == 0:
         raise ValueError(f"logits must hold at least one example, got shape {tuple(logits.shape)}")
+    _check_targets_tensor(targets)
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
         raise TypeError(  # 2.7 would be truncated to class 2, True read as class 1
             f"targets must be integer class indices, got dtype {targets.dtype} (soft labels, class "

@@ -153,3 +153,24 @@ def test_an_empty_batch_with_targets_gives_empty_outputs(name):
     if output.reconstructions is not None:
         assert output.reconstructions.shape == (0, 1, 28, 28)
     output.scores.sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("cnn-baseline", {}), ("em-capsnet", {}), ("capsnet", {"decoder": False}),
+     ("transformer-classifier", {"image_size": 28, "in_channels": 1, "num_classes": 10})],
+)
+def test_models_that_do_not_read_targets_check_them_all_the_same(name, options):
+    """A model without a decoder took float labels, a list, out-of-range classes and another batch
+    size in silence, where a CapsNet with one refused each by name."""
+    model = create_model(name, "tiny", **options).eval()
+    images = torch.rand(2, 1, 28, 28)
+    with pytest.raises(TypeError, match="targets must be a tensor of integer class indices.*float32"):
+        model(images, torch.tensor([1.0, 2.0]))
+    with pytest.raises(TypeError, match="targets must be a tensor of integer class indices.*list"):
+        model(images, [1, 2])
+    with pytest.raises(ValueError, match=r"targets holds class indices outside \[0, num_classes=10\)"):
+        model(images, torch.tensor([1, 10]))
+    with pytest.raises(ValueError, match=r"targets must be \(b,\) class indices .* with b=2, got \(3,\)"):
+        model(images, torch.tensor([1, 2, 3]))
+    assert model(images, torch.tensor([1, 2])).scores.shape == (2, 10)

@@ -252,3 +252,18 @@ def test_tiny_training_run_lowers_the_loss(tmp_path):
 def test_scales_and_tuples_of_the_wrong_kind_name_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         create_model("efficient-capsnet", "tiny", **overrides)
+
+
+def test_depthwise_primary_capsules_name_what_they_cannot_take():
+    """Public, but unchecked: float64 maps came out float64, integers were taken, and the wrong
+    channels or sizes failed inside torch or einops."""
+    layer = DepthwisePrimaryCapsules(16, 2, 8, kernel_size=5)
+    assert layer(torch.rand(2, 16, 5, 5)).shape == (2, 2, 8)
+    with pytest.raises(TypeError, match="features has dtype torch.float64"):
+        layer(torch.rand(2, 16, 5, 5, dtype=torch.float64))
+    with pytest.raises(TypeError, match="features must be a floating-point tensor"):
+        layer(torch.ones(2, 16, 5, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"features must have shape \(batch, in_channels=16, height"):
+        layer(torch.rand(16, 5, 5))
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        layer(torch.rand(2, 16, 3, 3))

@@ -17,7 +17,14 @@ import torch
 from torch import Tensor
 
 from torchvote.functional.routing import list_routers
-from torchvote.validation import check_input_dtype, check_positive_float, check_positive_int
+from torchvote.validation import (
+    check_index_range,
+    check_input_dtype,
+    check_integer_tensor,
+    check_positive_float,
+    check_positive_int,
+    check_tensor_values,
+)
 
 __all__ = [
     "CapsuleClassifierConfig",
@@ -170,3 +177,37 @@ def check_images(images: Tensor, config: Any, dtype: torch.dtype | None = None) 
             f"images must have shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
         )
     check_input_dtype(images, images.dtype if dtype is None else dtype, "images")
+
+
+def check_targets(targets: Tensor | None, batch: int, num_classes: int) -> None:
+    """Check an image classifier's ``targets``: ``None``, or ``(b,)`` class indices or ``(b, k)``
+    classes per image (MultiMNIST), integers in ``[0, num_classes)``, for ``batch`` images. Every
+    classifier runs it, also one that does not read the targets (a float or out-of-range label
+    is the caller's mistake whichever model takes it).
+
+    Raises:
+        TypeError: targets that are not a tensor of integer class indices (float one-hot
+            targets would be read as lists of classes 0 and 1).
+        ValueError: another shape or batch size, integer one-hot targets (a ``(b, num_classes)``
+            row of only 0 and 1, for more than 2 classes), or a class index outside
+            ``[0, num_classes)`` (:func:`~torchvote.validation.check_tensor_values`: on an
+            accelerator an assertion queued on the device, nothing read back).
+    """
+    if targets is None:
+        return
+    expected = "a tensor of integer class indices, (b,) or (b, k), not one-hot scores"
+    check_integer_tensor(targets, "targets", expected)
+    if targets.dim() not in (1, 2) or targets.shape[0] != batch:
+        raise ValueError(
+            f"targets must be (b,) class indices or (b, k) classes per image with b={batch}, "
+            f"got {tuple(targets.shape)}"
+        )
+    message = f"targets holds class indices outside [0, num_classes={num_classes})"
+    check_index_range(targets, num_classes, message)
+    if targets.dim() == 2 and targets.shape[1] == num_classes > 2:
+        # F.one_hot's int64 rows would be read as num_classes classes, each 0 or 1
+        check_tensor_values(
+            ~((targets == 0) | (targets == 1)).all(dim=1).any(),
+            f"targets (b, {num_classes}) of only 0 and 1 look one-hot; pass targets.argmax(-1), or "
+            "(b, k) lists of the k classes in each image",
+        )

@@ -34,15 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchvote.models.capsule_config import check_images, router_options_errors
+from torchvote.models.capsule_config import check_images, check_targets, router_options_errors
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
 from torchvote.validation import (
     check_float_dtype,
-    check_index_range,
-    check_integer_tensor,
-    check_tensor_values,
 )
 
 __all__ = [
@@ -133,23 +130,7 @@ def decoder_classes(scores: Tensor, targets: Tensor | None) -> Tensor:
     """
     if targets is None:
         return scores.argmax(dim=-1, keepdim=True)  # (b, 1)
-    expected = "a tensor of integer class indices, (b,) or (b, k), not one-hot scores"
-    check_integer_tensor(targets, "targets", expected)
-    if targets.dim() not in (1, 2) or targets.shape[0] != scores.shape[0]:
-        raise ValueError(
-            f"targets must be (b,) class indices or (b, k) classes per image with b={scores.shape[0]}, "
-            f"got {tuple(targets.shape)}"
-        )
-    num_classes = scores.shape[-1]
-    message = f"targets holds class indices outside [0, num_classes={num_classes})"
-    check_index_range(targets, num_classes, message)
-    if targets.dim() == 2 and targets.shape[1] == num_classes > 2:
-        # F.one_hot's int64 rows would be read as num_classes classes, each 0 or 1
-        check_tensor_values(
-            ~((targets == 0) | (targets == 1)).all(dim=1).any(),
-            f"targets (b, {num_classes}) of only 0 and 1 look one-hot; the decoder takes class "
-            "indices: pass targets.argmax(-1), or (b, k) lists of the k classes in each image",
-        )
+    check_targets(targets, scores.shape[0], scores.shape[-1])
     classes = targets.long()
     return classes if classes.dim() == 2 else classes[:, None]  # (b, k); reshape fails on b = 0
 
@@ -225,8 +206,10 @@ def reconstruct(
     decoder: CapsuleDecoder | None, poses: Tensor, scores: Tensor, targets: Tensor | None
 ) -> Tensor | None:
     """The decoder's output in the registry's layout: ``(b, c, h, w)`` for one class per image,
-    ``(b, k, c, h, w)`` for ``(b, k)`` targets; ``None`` without a decoder."""
+    ``(b, k, c, h, w)`` for ``(b, k)`` targets; ``None`` without a decoder (the targets checked
+    all the same: a model without a decoder took float or out-of-range labels in silence)."""
     if decoder is None:
+        check_targets(targets, scores.shape[0], scores.shape[-1])
         return None
     images = decoder(poses, decoder_classes(scores, targets))  # (b, k, c, h, w)
     return images if targets is not None and targets.dim() == 2 else images.squeeze(1)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from torchvote.models.capsule_config import check_images, check_positive_tuples, to_tuple
+from torchvote.models.capsule_config import check_images, check_positive_tuples, check_targets, to_tuple
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.validation import check_float_dtype, check_positive_int, check_probability
 
@@ -162,14 +162,18 @@ class CNNBaseline(nn.Module):
     def forward(self, images: Tensor, targets: Tensor | None = None) -> ClassifierOutput:
         """``(b, c, h, w)`` images -> :class:`ClassifierOutput` with ``(b, num_classes)`` logits.
 
-        ``targets`` is accepted for the common classifier signature and not used.
+        ``targets`` is accepted for the common classifier signature, checked as every classifier
+        checks them (:func:`~torchvote.models.capsule_config.check_targets`), and not used.
 
         Raises:
             TypeError: images that are not a floating-point tensor of the parameters' dtype
-                (outside ``torch.autocast``), e.g. ``uint8`` pixels.
-            ValueError: images of another shape than ``(b, in_channels, image_size, image_size)``.
+                (outside ``torch.autocast``), e.g. ``uint8`` pixels; targets that are not
+                integer class indices.
+            ValueError: images of another shape than ``(b, in_channels, image_size, image_size)``;
+                targets of the wrong shape or range.
         """
         check_images(images, self.config, self.classifier.weight.dtype)
+        check_targets(targets, images.shape[0], self.config.num_classes)
         features = self.features(images)  # (b, channels[-1], s, s)
         hidden = self.fully_connected(features)  # (b, hidden[-1])
         return ClassifierOutput(scores=self.classifier(self.dropout(hidden)))

@@ -15,7 +15,9 @@ The MNIST network of sec. "Methods" (Fig. 1), every size from :class:`EfficientC
    "self_attention"``) or any other router of :func:`~torchvote.functional.routing.list_routers`;
 4. (3 and 4 are the :class:`~torchvote.models.capsule_head.CapsuleHead` of every capsule model)
    class scores = capsule lengths (EM's activations with ``router="em"``, trained with the
-   spread loss that ``loss.name=auto`` picks for it, see :mod:`torchvote.models.capsnet`), the
+   spread loss that ``loss.name=auto`` picks for it, see :mod:`torchvote.models.capsnet`; the
+   ``efficient-capsnet-mnist`` preset names the margin loss, so with ``model.router=em`` add
+   ``loss.name=spread``), the
    margin loss and the optional masked decoder of CapsNet
    (512-1024-784, :class:`~torchvote.models.capsule_head.CapsuleDecoder`; its loss weight is
    ``LossConfig.reconstruction_weight``, 0.0005 for a sum of squares = the paper's 0.392 for a
@@ -56,6 +58,7 @@ from torchvote.models.capsule_config import (
 )
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
+from torchvote.nn.capsules import check_feature_maps
 from torchvote.validation import check_bool_fields, check_float_dtype, check_positive_int
 
 __all__ = ["DepthwisePrimaryCapsules", "EfficientCapsNet", "EfficientCapsNetConfig"]
@@ -220,7 +223,14 @@ class DepthwisePrimaryCapsules(nn.Module):
         self.conv = nn.Conv2d(channels, channels, kernel_size, groups=channels, **factory)
 
     def forward(self, features: Tensor) -> Tensor:
-        """``(b, channels, h, w)`` -> ``(b, num_types * h' * w', caps_dim)`` squashed capsules."""
+        """``(b, channels, h, w)`` -> ``(b, num_types * h' * w', caps_dim)`` squashed capsules.
+
+        Raises:
+            TypeError, ValueError: ``features`` that the convolution cannot take (as
+                :class:`~torchvote.nn.PrimaryCapsules` refuses them: the whole-map product below
+                changed the dtype or failed inside einops).
+        """
+        check_feature_maps(features, self.conv)
         if features.shape[-2:] == self.conv.weight.shape[-2:]:
             # The kernel covers the map: one dot product per channel, no grouped convolution.
             dots = (features * self.conv.weight.squeeze(1)).sum(dim=(-2, -1)) + self.conv.bias  # (b, c)

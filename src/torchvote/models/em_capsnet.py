@@ -223,8 +223,8 @@ class EMCapsNetConfig(CapsuleClassifierConfig):
 class EMCapsNet(CapsuleClassifier):
     """Matrix capsules with EM routing (Hinton et al. 2018), the small A=64, B=8, C=D=16 network.
 
-    ``forward(images, targets=None)`` (:meth:`CapsuleClassifier.forward`; ``targets`` is not
-    used, there is no decoder) gives EM's activations as scores (capsule lengths with the other
+    ``forward(images, targets=None)`` (:meth:`CapsuleClassifier.forward`; ``targets`` is checked
+    and not used, there is no decoder) gives EM's activations as scores (capsule lengths with the other
     routers), ``poses`` ``(b, num_classes, pose_dim)``, ``couplings`` ``(b, num_classes,
     class_in_caps)`` (EM's assignments) and ``intermediates["primary_activations"]`` ``(b, h, w,
     primary_types)``.

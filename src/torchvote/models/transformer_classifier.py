@@ -26,7 +26,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from torchvote.models.capsule_config import check_images
+from torchvote.models.capsule_config import check_images, check_targets
 from torchvote.models.registry import ClassifierOutput, register_model
 from torchvote.models.transformer_backbone import TransformerBackboneFields, run_stack
 from torchvote.nn.transformer_stack import TransformerEncoder
@@ -176,7 +176,9 @@ class TransformerClassifier(nn.Module):
 
         Args:
             images: ``(b, in_channels, image_size, image_size)``.
-            targets: accepted for the common classifier signature; not used.
+            targets: accepted for the common classifier signature and checked as every
+                classifier checks them (:func:`~torchvote.models.capsule_config.check_targets`);
+                not used.
             need_weights: record every layer's attention weights (averaged over the heads).
 
         Returns:
@@ -186,12 +188,14 @@ class TransformerClassifier(nn.Module):
             row-major order) and ``intermediates`` every layer's, by module name.
 
         Raises:
-            ValueError: images of the wrong shape.
-            TypeError: images that are not a floating-point tensor (e.g. ``uint8`` pixels, a list)
+            ValueError: images of the wrong shape; targets of the wrong shape or range.
+            TypeError: targets that are not integer class indices; images that are not a
+                floating-point tensor (e.g. ``uint8`` pixels, a list)
                 or not of the parameters' dtype (outside ``torch.autocast``); a ``need_weights``
                 that is not a bool.
         """
         check_images(images, self.config, self.patch_embedding.weight.dtype)
+        check_targets(targets, images.shape[0], self.config.num_classes)
         check_flag(need_weights, "need_weights")
         patches = self.patch_embedding(images)  # (b, E, h / p, w / p)
         tokens = rearrange(patches, "b e h w -> b (h w) e")  # (b, N, E)

@@ -388,8 +388,11 @@ class ClassMatrixCapsules(nn.Module):
     Hinton et al. 2018, sec. 4: the transformation matrices are shared across positions (one per
     input type and class), and "the scaled coordinate (row, column) of the centre of the receptive
     field of each capsule" is added to the first two entries of the right-hand column of its vote
-    matrix. The coordinates are the grid cell centres scaled to ``[0, 1]``, ``(row + 0.5) / rows``
-    and ``(col + 0.5) / cols``, computed from the input grid at call time.
+    matrix. The coordinates here are the grid cell centres scaled to ``[0, 1]``, ``(row + 0.5) /
+    rows`` and ``(col + 0.5) / cols``, computed from the input grid at call time: a deliberate
+    simplification, not the receptive fields' centres in the image (for the small model's 3x3
+    ConvCaps2 on 28x28 those are at 0.29, 0.43 and 0.57 of the image, where the cells' centres
+    are at 0.17, 0.5 and 0.83); the code of the paper is unpublished.
 
     Args:
         in_types: input capsule types (``D``).
