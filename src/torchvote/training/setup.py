@@ -196,8 +196,8 @@ def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, 
         ``(train, eval, fields)``; ``fields["image_size"]`` is ``data.canvas`` when set.
 
     Raises:
-        ConfigError: a canvas smaller than the images, or a shift that moves every image
-            entirely out of its frame.
+        ConfigError: a canvas smaller than the images, or a ``data.shift`` of at least the
+            image side (its largest shifts move an image entirely out of its frame).
         ValueError: an unknown data set.
     """
     data = config.data
