@@ -57,23 +57,26 @@ def test_two_torchrun_processes_match_one_process(tiny_values, tmp_path):
         str(preset),
     ]
     completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    # what the two processes said, for any assertion below (it failed twice in full local runs
+    # under load, and passed alone: the message was not kept)
+    said = f"\nstdout:\n{completed.stdout[-2000:]}\nstderr:\n{completed.stderr[-3000:]}"
+    assert completed.returncode == 0, said
 
     one = train(config_from_dict({**values, "run_dir": str(tmp_path / "one")}), verbose=False)
     two, _, metadata = load_model_from_checkpoint(tmp_path / "two")
-    assert int(metadata["step"]) == one.step == 2 * (240 // 40)
+    assert int(metadata["step"]) == one.step == 2 * (240 // 40), said
     for name, expected in one.model.state_dict().items():
-        torch.testing.assert_close(two.state_dict()[name], expected, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(two.state_dict()[name], expected, rtol=1e-4, atol=1e-5, msg=name + said)
 
     # Only rank 0 wrote: the same records as the single process, and one table on stdout.
     events_two = [(r["event"], r["step"]) for r in read_metrics(tmp_path / "two" / "metrics.jsonl")]
     events_one = [(r["event"], r["step"]) for r in read_metrics(one.metrics_path)]
-    assert events_two == events_one
-    assert completed.stdout.count("mnist/test") == 1  # one result table, from rank 0
-    assert completed.stdout.count("checkpoint:") == 1
+    assert events_two == events_one, said
+    assert completed.stdout.count("mnist/test") == 1, said  # one result table, from rank 0
+    assert completed.stdout.count("checkpoint:") == 1, said
     final_two = [r for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if r["event"] == "final"][0]
-    assert final_two["accuracy"] == pytest.approx(one.results["mnist/test"]["accuracy"], abs=1 / 60)
-    assert final_two["count"] == 60  # the evaluation shards cover the test set once
+    assert final_two["accuracy"] == pytest.approx(one.results["mnist/test"]["accuracy"], abs=1 / 60), said
+    assert final_two["count"] == 60, said  # the evaluation shards cover the test set once
 
 
 @pytest.mark.parametrize(
