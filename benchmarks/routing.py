@@ -408,13 +408,17 @@ def _same_em_parameters(layer: nn.Module, base: BaselineEM) -> None:
         base.beta_a.copy_(layer.routing.beta_a)  # ours learns the bias as a logit (EMRouter)
 
 
-def check_agreement(device: torch.device, batch: int = 4) -> None:
+def check_agreement(
+    device: torch.device, batch: int = 4, strategies: tuple[str, ...] = ("materialize", "stream")
+) -> None:
     """The baselines compute what torchvote computes (same weights and EM offsets), in float32 on
-    ``device``; raises ``AssertionError`` (``torch.testing.assert_close``) where they differ."""
+    ``device``, dynamic routing under each of ``strategies`` (``main`` passes the ones it times;
+    ``compiled`` compiles, 10-20 s on a CPU); raises ``AssertionError``
+    (``torch.testing.assert_close``) where they differ."""
     torch.manual_seed(0)
     theirs = BaselineDigitCaps(1152, 8, 10, 16, 3).to(device)
     x = (torch.randn(batch, 1152, 8) * 0.5).to(device)
-    for strategy in ("materialize", "stream"):
+    for strategy in strategies:
         ours = CapsuleLinear(1152, 8, 10, 16, iterations=3, strategy=strategy, device=device)
         with torch.no_grad():
             theirs.W.copy_(ours.weight.permute(1, 0, 2, 3).unsqueeze(0))
@@ -533,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (2 if args.quick else 5)
     strategies = tuple(args.strategies or (("materialize", "stream") if args.quick else STRATEGIES))
 
-    check_agreement(device)
+    check_agreement(device, strategies=strategies if "dynamic" in args.cases else ("materialize", "stream"))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
     policy = os.environ.get("OMP_WAIT_POLICY", "default")
     memory = "CUDA max_memory_allocated growth" if device.type == "cuda" else \

@@ -691,3 +691,27 @@ def test_routing_passive_threads_reruns_this_script_with_the_arguments_it_was_gi
     script = str(SCRIPT.parent / "routing.py")
     assert runs == [[routing.sys.executable, script, "--passive-threads", "--cases", "dynamic", "--quick"]]
     assert routing.os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_routing_benchmark_checks_every_dynamic_strategy_it_times(load_benchmark, monkeypatch):
+    """check_agreement compared the materialised and streamed layers only; the compiled strategy,
+    timed too, went unchecked."""
+    routing = load_benchmark("routing")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(device, strategies=("materialize", "stream"), **kwargs):
+        seen.append(strategies)
+        raise Stop
+
+    monkeypatch.setattr(routing, "check_agreement", record)
+    for argv, expected in (
+        (["--cases", "dynamic"], routing.STRATEGIES),
+        (["--cases", "dynamic", "--strategies", "stream"], ("stream",)),
+        (["--cases", "em-conv1"], ("materialize", "stream")),
+    ):
+        with pytest.raises(Stop):
+            routing.main([*argv, "--no-memory"])
+        assert tuple(seen[-1]) == tuple(expected)
