@@ -396,3 +396,28 @@ def test_a_masked_weighted_mean_keeps_the_votes_dtype(dtype):
                  aggregation="mean", iterations=1)
     masked = vote(votes, zeros, normalize_over="receivers", aggregation="mean", mask=mask, iterations=1)
     torch.testing.assert_close(masked.outputs, short.outputs)  # masked senders take no eps either
+
+
+def test_a_float_minus_inf_mask_forbids_the_mean_as_a_boolean_mask_does():
+    """The mean's eps went to the senders a boolean mask allows; a float mask's -inf senders got
+    it too: a row every sender was forbidden took the mean of the forbidden votes (2.5, not 0)."""
+    values = torch.arange(1.0, 5.0, dtype=torch.float64).view(1, 4, 1)  # (b, j, d)
+    allowed = torch.tensor([[True, True, False, False], [False] * 4])  # (i, j)
+    additive = torch.zeros(2, 4, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    logits = torch.zeros(1, 2, 4, dtype=torch.float64)
+    options = {"normalize_over": "senders", "aggregation": "mean"}
+    by_bool = vote(SharedVotes(values), logits, mask=allowed, **options).outputs
+    by_float = vote(SharedVotes(values), logits, mask=additive, **options).outputs
+    torch.testing.assert_close(by_float, by_bool, rtol=0, atol=0)
+    torch.testing.assert_close(by_bool[0, :, 0], torch.tensor([1.5, 0.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_mean_of_a_receiver_every_sender_left_is_a_mean_in_half_precision(dtype):
+    """1e-8 is 0 in float16, and its smallest normal number clamped the total: the "mean" of values
+    1 to 4 for a slot 14 logits behind the other was 0.137 (float32: 2.5)."""
+    values = torch.arange(1.0, 5.0).view(1, 4, 1).to(dtype)  # (b, j, d)
+    logits = torch.tensor([[[-14.0] * 4, [0.0] * 4]]).to(dtype)  # slot 0 loses every input
+    outputs = vote(SharedVotes(values), logits, normalize_over="receivers", aggregation="mean").outputs
+    assert outputs.dtype == dtype
+    assert abs(float(outputs[0, 0, 0]) - 2.5) < 0.02

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, get_args
@@ -478,7 +479,7 @@ def vote(
         w_eff  = w * sender_weights[..., None, j]                     (if sender weights are given)
         s_i    = sum_j w_eff_ij u_ij   (aggregation "sum")
                  sum_j (w_eff_ij + eps) u_ij / sum_j (w_eff_ij + eps)    ("mean", eps = 1e-8 on
-                                                                 the senders that may vote)
+                                                      the senders that may vote: logit > -inf)
         out_i  = nonlinearity(s_i + bias_i, previous out_i)
         logits = logits + agreement(u, out)          update="accumulate"  (dynamic routing)
                  agreement(u, out)                   update="replace"     (EM, inverted
@@ -611,13 +612,9 @@ def vote(
             # layout follows the logits' (a score function may return them permuted, as an einsum
             # can): the same seed gives the same mask whatever the layout
             vote_weights = F.dropout(vote_weights.contiguous(), p=dropout_p)
-        if aggregation == "mean":  # Locatello et al. 2020, Algorithm 1: eps on every weight
-            raised = vote_weights + _MEAN_EPS  # a Python number keeps the weights' dtype
-            vote_weights = raised if bool_mask is None else torch.where(bool_mask, raised, vote_weights)
+        if aggregation == "mean":
+            vote_weights = _mean_weights(vote_weights, current)
         aggregated = cast.weighted_sum(vote_weights)  # (..., i, d)
-        if aggregation == "mean":  # every sender masked: 0 / tiny = 0, not 0 / 0
-            total = vote_weights.sum(-1, keepdim=True)  # (..., i, 1)
-            aggregated = aggregated / total.clamp_min(torch.finfo(aggregated.dtype).tiny)
         if bias is not None:
             aggregated = aggregated + bias
         outputs = update_fn(aggregated, previous)
@@ -890,6 +887,26 @@ def _check_mask_shape(mask: Tensor, logits_shape: torch.Size) -> None:
 
 #: What aggregation="mean" adds to each weight before normalising (slot attention's epsilon).
 _MEAN_EPS = 1e-8
+
+
+def _mean_weights(weights: Tensor, logits: Tensor) -> Tensor:
+    """The weights of ``aggregation="mean"``, ``(w_ij + eps) / sum_j (w_ij + eps)`` over the senders
+    that may vote (Locatello et al. 2020, Algorithm 1): a receiver every sender left still takes
+    the mean of the votes. "May vote" is read from the pass's logits, ``> -inf`` (a boolean mask,
+    causality or a float mask's ``-inf``); a receiver no sender may vote for gets 0, not 0 / 0.
+    Formed in at least float32 (1e-8 is 0 in float16), then cast back.
+
+    Args:
+        weights: ``(..., i, j)`` the pass's vote weights (after sender weights and dropout).
+        logits: the pass's logits, broadcastable to ``weights``.
+
+    Returns:
+        ``weights``' shape and dtype, each row summing to 1 (or 0 where no sender may vote).
+    """
+    raised = weights.to(torch.promote_types(weights.dtype, torch.float32))
+    raised = torch.where(logits > -math.inf, raised + _MEAN_EPS, raised)
+    total = raised.sum(-1, keepdim=True).clamp_min(torch.finfo(raised.dtype).tiny)  # (..., i, 1)
+    return (raised / total).to(weights.dtype)
 
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:
