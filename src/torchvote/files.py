@@ -87,6 +87,10 @@ def remove_abandoned_temporaries(directory: str | os.PathLike[str]) -> list[Path
     Args:
         directory: the folder to clean (nothing happens if it does not exist).
 
+    A file this process may not delete (another user's, a read-only folder) is left alone. On a
+    folder shared between machines (NFS) a process id names another machine's process: keep such
+    folders to one machine's writers.
+
     Returns:
         The files deleted.
     """
@@ -94,7 +98,10 @@ def remove_abandoned_temporaries(directory: str | os.PathLike[str]) -> list[Path
     for temporary in (*Path(directory).glob(".*.tmp"), *Path(directory).glob(".*.part")):
         pid = temporary.name.rsplit(".", 3)[1]  # .NAME.PID.HEX.tmp (or .part)
         if pid.isdigit() and int(pid) != os.getpid() and not _process_runs(int(pid)):
-            temporary.unlink(missing_ok=True)
+            try:
+                temporary.unlink(missing_ok=True)
+            except OSError:  # another user's, in a shared read-only folder: left for its owner
+                continue
             removed.append(temporary)
     return removed
 

@@ -112,6 +112,7 @@ def test_affnist_download_without_scipy_is_refused_before_downloading(
         (["affnist", "--download", "--root", "{tmp}/good.mat"], r"root \(--root\)"),  # was "File exists"
         (["affnist", "--download", "--root", "{tmp}/new.mat"], r"root \(--root\)"),  # was: a folder new.mat/
         (["shakespeare", "--download", "--dir", "{tmp}/mine.tar.gz"], r"cache_dir \(--dir\)"),
+        (["mnist", "--download", "--root", "{tmp}/good.mat"], r"root \(--root\)"),  # was "File exists"
     ],
 )
 def test_download_into_a_file_path_is_refused_naming_its_folder(

@@ -146,6 +146,26 @@ def test_a_download_clears_what_a_killed_download_left(server: FakeServer, tmp_p
     assert not left.exists() and running.exists()
 
 
+def test_a_file_already_there_is_returned_whatever_temporaries_lie_beside_it(
+    server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clean-up ran before the presence check, and an undeletable temporary (another user's,
+    in a read-only shared folder) failed every call, the file already being there."""
+    import torchvote.files as files
+
+    (tmp_path / "file.bin").write_bytes(PAYLOAD)
+    (tmp_path / ".file.bin.999999999.abc123.part").write_bytes(b"another user's")
+    monkeypatch.setattr(files, "_process_runs", lambda pid: False)
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    assert download_file("https://a/file.bin", tmp_path / "file.bin", checksum=PAYLOAD_MD5).is_file()
+    assert server.requested == []
+    assert files.remove_abandoned_temporaries(tmp_path) == []  # left for its owner, no error
+
+
 def test_interrupted_download_keeps_the_old_file(server: FakeServer, tmp_path: Path) -> None:
     dest = tmp_path / "file.bin"
     dest.write_bytes(b"previous version")

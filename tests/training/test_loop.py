@@ -698,6 +698,9 @@ def test_onecycle_refuses_a_warmup_as_long_as_the_run(tiny_config):
     config = tiny_config("lr", "max_steps=6", "optim.schedule=onecycle", "optim.warmup_steps=6")
     with pytest.raises(ConfigError, match=r"optim\.warmup_steps=6 leaves no step of the onecycle .*6 steps"):
         train(config, verbose=False)
+    config = tiny_config("one", "max_steps=6", "optim.schedule=onecycle", "optim.warmup_steps=1")
+    with pytest.raises(ConfigError, match=r"optim\.warmup_steps=1: the onecycle schedule rises .* 2 steps"):
+        train(config, verbose=False)  # was: ZeroDivisionError inside OneCycleLR
 
 
 def test_a_single_label_loss_on_label_sets_is_refused_before_the_run_starts(tiny_config, tmp_path):

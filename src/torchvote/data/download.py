@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 from urllib.request import Request, urlopen
 
 from torchvote.data.errors import ChecksumError, DownloadError
-from torchvote.data.paths import as_path, dataset_dir
+from torchvote.data.paths import as_path, download_dir
 from torchvote.files import atomic_write, remove_abandoned_temporaries
 
 __all__ = [
@@ -140,8 +140,9 @@ def download_file(
         timeout: Socket timeout in seconds for each request.
         force: Download even if ``dest`` already exists with the right digest.
 
-    Hidden temporary files that a download or extraction killed mid-write (``SIGKILL``, a power
-    cut) left beside ``dest`` are deleted first (:func:`~torchvote.files.remove_abandoned_temporaries`).
+    Before downloading, hidden temporary files that a download or extraction killed mid-write
+    (``SIGKILL``, a power cut) left beside ``dest`` are deleted where this user may
+    (:func:`~torchvote.files.remove_abandoned_temporaries`).
 
     Returns:
         ``dest`` as a :class:`~pathlib.Path`.
@@ -163,10 +164,10 @@ def download_file(
         raise ValueError("urls: expected at least one URL, got none")
     _check_checksum(checksum, algorithm)
     dest = as_path(dest, "dest")
-    # what a download (or an extraction) killed mid-write left here: a hidden file, never read
-    remove_abandoned_temporaries(dest.parent)
     if not force and dest.is_file() and file_digest(dest, algorithm) == checksum.lower():
         return dest
+    # what a download (or an extraction) killed mid-write left here: a hidden file, never read
+    remove_abandoned_temporaries(dest.parent)
     dest.parent.mkdir(parents=True, exist_ok=True)
     failures: list[tuple[str, Exception]] = []
     for url in mirrors:
@@ -206,9 +207,10 @@ def download_mnist(
 
     Raises:
         ChecksumError: If a file arrives with the wrong digest from every mirror.
-        OSError: If no mirror is reachable.
+        DownloadError: If no mirror is reachable.
+        ValueError: If ``root`` names a file rather than the folder to download into.
     """
-    directory = dataset_dir("mnist", root)
+    directory = download_dir("mnist", root, "root (--root)", ".gz", "-ubyte")
     return {
         name: download_file(
             [base + name for base in mirrors],

@@ -65,11 +65,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total
     ``lr``: ``warmup_steps`` sets its length (OneCycleLR's ``pct_start``), 30% of the run when 0.
 
     Raises:
-        ConfigError: ``onecycle`` with ``warmup_steps`` not fewer than ``total_steps`` (no steps
-            would be left for the annealing).
+        ConfigError: ``onecycle`` with ``warmup_steps`` of 1 (OneCycleLR's rise needs two steps,
+            its first at ``lr / 25``) or not fewer than ``total_steps`` (no steps would be left
+            for the annealing).
     """
     if config.schedule == "onecycle":
         total_steps = max(total_steps, 1)
+        if config.warmup_steps == 1:  # OneCycleLR divides by the rise's length minus one
+            raise ConfigError(
+                "optim.warmup_steps=1: the onecycle schedule rises from lr / 25 to lr over at least "
+                "2 steps (optim.warmup_steps=0: the first 30% of the run)"
+            )
         if config.warmup_steps >= total_steps:
             raise ConfigError(
                 f"optim.warmup_steps={config.warmup_steps} leaves no step of the onecycle schedule's "

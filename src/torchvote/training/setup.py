@@ -204,18 +204,20 @@ def load_run_data(config: TrainConfig, handler: TaskHandler) -> tuple[TaskData, 
     train = load_data(handler, data.name, "train", options=data.options, root=data.root, limit=data.limit)
     evaluation = load_eval_data(handler, data, limit=data.eval_limit)
     fields = dict(train.fields)
+    side = fields.get("image_size")  # the images' own side, before any canvas
+    if side is not None and data.shift >= side:
+        # the largest shifts would train on blank images: on a canvas too, where the image is
+        # first placed anywhere on it and then shifted, as far as its own side moves it out
+        raise ConfigError(
+            f"data.shift={data.shift} can move the {side}-pixel training images out of their frame: "
+            f"expected at most {side - 1} (CapsNet shifts by up to 2)"
+        )
     if data.canvas is not None:
         if data.canvas < fields.get("image_size", 0):
             raise ConfigError(
                 f"data.canvas={data.canvas} is smaller than the {fields['image_size']}-pixel images"
             )
         fields["image_size"] = data.canvas
-    side = fields.get("image_size")
-    if side is not None and data.shift >= side:  # the largest shifts would train on blank images
-        raise ConfigError(
-            f"data.shift={data.shift} can move the {side}-pixel training images out of their frame: "
-            f"expected at most {side - 1} (CapsNet shifts by up to 2)"
-        )
     return train, evaluation, fields
 
 
