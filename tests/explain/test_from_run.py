@@ -49,6 +49,7 @@ def test_record_from_a_capsnet_run(tiny_values, tiny_mnist_root, tmp_path):
         torch.testing.assert_close(record["outputs"][t], outputs, rtol=1e-5, atol=1e-6)
     dims, steps, height, width = record["perturbations"].shape
     assert (dims, steps) == (model.config.class_dim, 11)
+    assert float(record["perturbation_span"]) == 0.25  # the paper's, which the caption then states
     # The centre of every row is the unperturbed reconstruction of image 0.
     for k in range(dims):
         torch.testing.assert_close(record["perturbations"][k, steps // 2], record["reconstructions"][0],

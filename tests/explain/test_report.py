@@ -322,6 +322,18 @@ def test_command_rewrites_its_own_page(tmp_path):
     command._check_out_dir(tmp_path)  # a page the command wrote is rewritten, not refused
 
 
+def test_the_perturbation_caption_states_the_records_span(tmp_path):
+    """The caption said [-0.25, 0.25] whatever span the record's grid was drawn with."""
+    record = synthetic_record() | {"perturbation_span": torch.tensor(0.5)}
+    report = HtmlReport("record", tmp_path)
+    explain_record(record, report)
+    page = report.write().read_text()
+    assert "dimension in [-0.5, 0.5]" in page and "[-0.25, 0.25]" not in page
+    paper = HtmlReport("paper", tmp_path / "paper")
+    explain_record({"perturbations": record["perturbations"]}, paper)  # no span: the paper's
+    assert "dimension in [-0.25, 0.25]" in paper.write().read_text()
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -336,6 +348,8 @@ def test_command_rewrites_its_own_page(tmp_path):
          "'votes' must be finite, got 1920 NaN"),  # votes[0]: 10 x 12 x 16
         ({"couplings": lambda r: r["couplings"].to(torch.complex64)}, "'couplings' must hold real numbers"),
         ({"patch_image": lambda r: torch.rand(30, 32)}, r"'patch_image' \(30, 32\) must divide into"),
+        ({"perturbation_span": lambda r: torch.tensor(0.0)}, "'perturbation_span' must be positive"),
+        ({"perturbation_span": lambda r: torch.tensor([0.5])}, r"'perturbation_span' must be \(\)"),
     ],
 )
 def test_a_record_whose_tensors_disagree_is_refused_by_name_before_drawing(tmp_path, change, says):

@@ -27,7 +27,12 @@ from torchvote.explain.figures import (
     new_figure,
     tick_positions,
 )
-from torchvote.explain.statistics import checked_tensor, patch_attention_map, project_votes
+from torchvote.explain.statistics import (
+    PAPER_PERTURBATION_SPAN,
+    checked_tensor,
+    patch_attention_map,
+    project_votes,
+)
 
 if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
     from matplotlib.figure import Figure
@@ -325,7 +330,7 @@ def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str 
     return _image_rows(gray, ("input", "reconstruction"), labels=labels, title=title)
 
 
-def perturbation_grid(images: Tensor, *, span: float = 0.25, title: str = "") -> Figure:
+def perturbation_grid(images: Tensor, *, span: float = PAPER_PERTURBATION_SPAN, title: str = "") -> Figure:
     """Decoder outputs for perturbed poses, one row per dimension (Sabour et al. 2017, Fig. 4).
 
     Drawn as one mosaic image (fast for 16 x 11 tiles) with a 1-pixel gap between tiles.

@@ -14,7 +14,8 @@ run's model, runs it on the first test images and keeps what the pictures read:
 - ``inputs`` / ``reconstructions`` ``(N, H, W)`` and ``perturbations`` ``(d, 11, H, W)``: the
   decoder's output for the winning capsule (the model's predicted class: by EM activations, a
   linear scorer or lengths, as the model scores), and for that capsule with one dimension moved by
-  -0.25 .. 0.25 (Sabour et al. 2017, sec. 5.1, Fig. 4), when the model has a decoder.
+  -0.25 .. 0.25 (Sabour et al. 2017, sec. 5.1, Fig. 4; ``perturbation_span`` ``()`` says 0.25), when
+  the model has a decoder.
 
 Index legend: ``t`` passes, ``b`` images, ``i`` class capsules, ``j`` primary capsules, ``d``
 capsule dimensions.
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from torchvote.explain.statistics import perturbation_poses
+from torchvote.explain.statistics import PAPER_PERTURBATION_SPAN, perturbation_poses
 
 __all__ = ["record_from_run"]
 
@@ -108,4 +109,5 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
         chosen = winners[:1].expand(full.shape[0], 1)  # (d * s, 1)
         pictures = decoder(full, chosen)[:, 0, 0]  # (d * s, h, w)
         record["perturbations"] = pictures.unflatten(0, (-1, steps)).float().cpu()
+        record["perturbation_span"] = torch.tensor(PAPER_PERTURBATION_SPAN)  # ()
     return record

@@ -22,6 +22,9 @@ key                         shape                    picture
 ``inputs``,                 ``(N, H, W)`` each       inputs beside reconstructions
 ``reconstructions``
 ``perturbations``           ``(d, s, H, W)``         perturbation grid (Sabour et al. 2017 Fig. 4)
+``perturbation_span``       ``()``                   the grid's largest change, positive (``s``
+                                                     steps in ``[-span, span]``); 0.25 without
+                                                     it, the paper's
 ``multimnist_inputs``,      ``(N, H, W)`` each       MultiMNIST with both reconstructions
 ``multimnist_first``,
 ``multimnist_second``
@@ -42,7 +45,7 @@ from torch import Tensor
 
 from torchvote.explain import capsule_plots as plots
 from torchvote.explain.report import HtmlReport
-from torchvote.explain.statistics import coupling_entropy, routing_agreement
+from torchvote.explain.statistics import PAPER_PERTURBATION_SPAN, coupling_entropy, routing_agreement
 
 __all__ = ["RECORD_FILE", "check_record", "explain_record", "load_record"]
 
@@ -63,6 +66,7 @@ _AXES: dict[str, tuple[str, ...]] = {
     "inputs": ("N", "H", "W"),
     "reconstructions": ("N", "H", "W"),
     "perturbations": ("dims", "s", "H", "W"),
+    "perturbation_span": (),
     "multimnist_inputs": ("M", "Y", "X"),
     "multimnist_first": ("M", "Y", "X"),
     "multimnist_second": ("M", "Y", "X"),
@@ -212,6 +216,11 @@ def check_record(record: Mapping[str, Tensor]) -> None:
                 f"record 'winners' must hold output capsule indices in [0, {receivers}), got "
                 f"{winners.tolist()[:8]}"
             )
+    if "perturbation_span" in record and not float(record["perturbation_span"]) > 0:
+        raise ValueError(
+            f"record 'perturbation_span' must be positive (the grid's largest change), got "
+            f"{float(record['perturbation_span'])!r}"
+        )
     if "patch_grid" in record:
         grid = record["patch_grid"]
         values = [] if grid.is_complex() else grid.flatten().tolist()
@@ -349,10 +358,14 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
         )
     if has("perturbations"):
         grid = record["perturbations"].float()
+        span = float(record.get("perturbation_span", PAPER_PERTURBATION_SPAN))
         report.figure(
-            plots.perturbation_grid(grid),
+            plots.perturbation_grid(grid, span=span),
             "perturbations",
-            caption="Each row tweaks one capsule dimension in [-0.25, 0.25] (Sabour et al. 2017, Fig. 4).",
+            caption=(
+                f"Each row tweaks one capsule dimension in [{-span:g}, {span:g}] "
+                "(Sabour et al. 2017, Fig. 4)."
+            ),
             table=(
                 ["dimension", "mean |change| vs centre"],
                 [

@@ -278,7 +278,12 @@ def project_votes(votes: Tensor, consensus: Tensor | None = None) -> tuple[Tenso
     return (votes - mean) @ axes, points, explained
 
 
-def perturbation_poses(pose: Tensor, *, steps: int = 11, span: float = 0.25) -> Tensor:
+#: The largest change of a pose dimension in Sabour et al. 2017's Fig. 4 (intervals of 0.05 in
+#: [-0.25, 0.25]).
+PAPER_PERTURBATION_SPAN = 0.25
+
+
+def perturbation_poses(pose: Tensor, *, steps: int = 11, span: float = PAPER_PERTURBATION_SPAN) -> Tensor:
     """Capsule poses with one dimension tweaked at a time (Sabour et al. 2017, sec. 5.1, Fig. 4).
 
     ``poses[k, s] = pose + delta_s * e_k`` with ``delta`` = ``steps`` evenly spaced values in
