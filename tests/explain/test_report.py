@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib", reason='the report needs matplotlib: pip insta
 from torchvote.explain import capsule_plots  # noqa: E402
 from torchvote.explain.command import add_explain_arguments, run_explain  # noqa: E402
 from torchvote.explain.record import RECORD_FILE, explain_record, load_record  # noqa: E402
-from torchvote.explain.report import HtmlReport  # noqa: E402
+from torchvote.explain.report import STAGING_PREFIX, HtmlReport  # noqa: E402
 
 from .offline import offline_problems, synthetic_record  # noqa: E402
 
@@ -177,6 +177,25 @@ def test_a_drawing_failure_leaves_no_pictures_and_the_folder_usable(tmp_path, ca
     monkeypatch.setattr(record_module, "explain_record", draw)
     assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 0
     assert (out / "index.html").is_file()
+    # Over that report, a failure halfway left the pictures it had redrawn beside the old page,
+    # which still inlined the old ones: now the folder keeps its last report, file for file.
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+
+    def redraws_then_fails(record, report):
+        report.figure(capsule_plots.routing_statistics(torch.tensor([0.9, 0.1])), "couplings")
+        raise ValueError("a picture that could not be drawn")
+
+    monkeypatch.setattr(record_module, "explain_record", redraws_then_fails)
+    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 2
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    # A run killed while drawing leaves its hidden staging folder: no user's file, not refused.
+    (out / f"{STAGING_PREFIX}killed").mkdir()
+    (out / f"{STAGING_PREFIX}killed" / "couplings.png").write_bytes(b"half")
+    for path in out.iterdir():
+        if path.is_file():
+            path.unlink()
+    monkeypatch.setattr(record_module, "explain_record", draw)
+    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 0
 
 
 def test_checkpoint_pictures_are_drawn_without_the_pretrained_encoder(tmp_path, capsys, monkeypatch):

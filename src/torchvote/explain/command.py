@@ -77,8 +77,13 @@ def _check_out_dir(out_dir: Path) -> None:
     """
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out: {out_dir} is a file; expected a folder for index.html and the pictures")
+    from torchvote.explain.report import STAGING_PREFIX
+
     page = out_dir / "index.html"
-    if out_dir.is_dir() and not page.exists() and any(out_dir.iterdir()):
+    others = [] if not out_dir.is_dir() else [
+        entry for entry in out_dir.iterdir() if not entry.name.startswith(STAGING_PREFIX)  # a killed run's
+    ]
+    if not page.exists() and others:
         raise ValueError(
             f"--out: {out_dir} holds other files and no explain report; its pictures would overwrite "
             "files of the same names: choose a new or empty folder"
@@ -121,7 +126,7 @@ def run_explain(args: argparse.Namespace) -> int:
     from torchvote.explain.report import HtmlReport
 
     out_dir, report = Path(args.out), None
-    had_folder, had_page = out_dir.exists(), (out_dir / "index.html").exists()
+    had_folder = out_dir.exists()
     try:
         # Every check first, so that a refusal leaves no folder behind and costs no slow step.
         _check_out_dir(out_dir)
@@ -163,29 +168,28 @@ def run_explain(args: argparse.Namespace) -> int:
                 print(f"torchvote explain: {notice}", file=sys.stderr)
         path = report.write()
     except ModuleNotFoundError as error:
-        _discard_pictures(report, out_dir, had_folder, had_page)
+        _discard_pictures(report, out_dir, had_folder)
         print(f"torchvote explain: missing optional dependency: {error}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, OSError) as error:
-        _discard_pictures(report, out_dir, had_folder, had_page)
+        _discard_pictures(report, out_dir, had_folder)
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(error).split())  # one line
         print(f"torchvote explain: error: {message}", file=sys.stderr)
         return 2
+    except BaseException:  # Ctrl-C, or an error of another kind: the staged pictures go too
+        _discard_pictures(report, out_dir, had_folder)
+        raise
     print(f"report: {path.resolve()}")
     return 0
 
 
-def _discard_pictures(report, out_dir: Path, had_folder: bool, had_page: bool) -> None:
-    """After a failure while drawing: delete the pictures of a report that never got its page
-    (left beside no page, they made ``--out`` refuse that folder as "other files" ever after), and
-    the folder if this run made it and left it empty. A folder that held a report keeps its page;
-    the pictures already redrawn beside it are the new run's."""
-    if report is None or had_page:
-        return
-    for path in report.files:
-        path.unlink(missing_ok=True)
+def _discard_pictures(report, out_dir: Path, had_folder: bool) -> None:
+    """After a failure while drawing: drop the report's staged pictures (the folder keeps the page
+    and pictures it held), and the folder if this run made it and left it empty."""
+    if report is not None:
+        report.discard()
     if not had_folder and out_dir.is_dir() and not any(out_dir.iterdir()):
         out_dir.rmdir()
 

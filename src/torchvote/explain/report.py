@@ -3,8 +3,10 @@
 The page loads nothing: no script, no stylesheet, no font, no URL (BertViz's saved pages fetch
 their scripts from a CDN and stay blank offline: bertviz issues #41, #63). Every figure is also
 saved beside the page as PNG and SVG, and listed by file name (as text, not links). Every text is
-HTML-escaped; the page and the pictures are written under a temporary name and renamed into place,
-so a reader never finds half a page.
+HTML-escaped. The pictures wait in a hidden staging folder inside ``out_dir`` until the page is
+written, and the page is written under a temporary name and renamed into place: a reader never
+finds half a page, and a report that fails halfway leaves the folder's last report (its page and
+pictures) as it was.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import base64
 import html
 import numbers
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +27,11 @@ from torch import Tensor
 from torchvote.explain.figures import close_figure, save_figure
 from torchvote.files import atomic_write
 
-__all__ = ["HtmlReport"]
+__all__ = ["STAGING_PREFIX", "HtmlReport"]
+
+#: The name of the hidden folder inside ``out_dir`` where a report's pictures wait for its page
+#: (one left by a killed run is no user's file).
+STAGING_PREFIX = ".torchvote-report-staging-"
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 70rem; margin: 2rem auto;
@@ -45,11 +54,11 @@ class HtmlReport:
 
     Args:
         title: page title.
-        out_dir: folder for the page and the PNG/SVG files (created with the report, since
-            :meth:`figure` saves into it at once).
+        out_dir: folder for the page and the PNG/SVG files (created with the report; the
+            pictures are staged in a hidden folder inside it until :meth:`write`).
 
     Attributes:
-        files: the image files :meth:`figure` saved so far.
+        files: the image files of the figures added so far, where :meth:`write` puts them.
 
     Example::
 
@@ -65,6 +74,7 @@ class HtmlReport:
     _sections: list[tuple[str, str]] = field(init=False, repr=False, default_factory=list)
     files: list[Path] = field(init=False, default_factory=list)  # the image files saved so far
     _names: set[str] = field(init=False, repr=False, default_factory=set)  # figure stems used
+    _staging: Path | None = field(init=False, repr=False, default=None)  # pictures awaiting write()
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -128,7 +138,9 @@ class HtmlReport:
         caption: str = "",
         table: tuple[Sequence[str], Sequence[Sequence[object]]] | None = None,
     ) -> list[Path]:
-        """Save ``figure`` as ``name.png`` / ``name.svg`` beside the page and inline the PNG.
+        """Save ``figure`` as ``name.png`` / ``name.svg`` for beside the page and inline the PNG.
+
+        The files are staged: :meth:`write` moves them beside the page, :meth:`discard` drops them.
 
         Args:
             figure: a matplotlib Figure (closed afterwards, also when it is refused).
@@ -138,7 +150,7 @@ class HtmlReport:
             table: optional ``(headers, rows)``: the numbers behind the picture.
 
         Returns:
-            The written files.
+            The files' paths beside the page (there once :meth:`write` has run).
 
         Raises:
             ValueError: a ``name`` with other characters, or one already used.
@@ -149,10 +161,13 @@ class HtmlReport:
         if name in self._names:
             close_figure(figure)
             raise ValueError(f"name {name!r} is already a figure of this report: its files would be replaced")
-        paths = save_figure(figure, self.out_dir / name)
+        if self._staging is None:
+            self._staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.out_dir))
+        staged = save_figure(figure, self._staging / name)
         self._names.add(name)
+        paths = [self.out_dir / path.name for path in staged]
         self.files.extend(paths)
-        png = next(path for path in paths if path.suffix == ".png")
+        png = next(path for path in staged if path.suffix == ".png")
         data = base64.b64encode(png.read_bytes()).decode("ascii")
         listed = " ".join(path.name for path in paths)
         self._parts.append(
@@ -177,11 +192,11 @@ class HtmlReport:
         )
 
     def write(self, name: str = "index.html") -> Path:
-        """Write the page into ``out_dir`` (atomically: a reader finds the old page or the whole
-        new one) and return its path. A page it replaces lists the pictures it came with: those
-        this report did not write again are removed (a report rewritten without ``--checkpoint``
-        left the capsule pictures of the last one beside a page that no longer shows them); no
-        other file is touched.
+        """Move the staged pictures beside the page, write the page into ``out_dir`` (atomically:
+        a reader finds the old page or the whole new one) and return its path. A page it replaces
+        lists the pictures it came with: those this report did not write again are removed (a
+        report rewritten without ``--checkpoint`` left the capsule pictures of the last one beside
+        a page that no longer shows them); no other file is touched.
 
         Args:
             name: the page's file name.
@@ -191,11 +206,28 @@ class HtmlReport:
         """
         path = self.out_dir / name
         stale = _listed_pictures(path) - {file.name for file in self.files}
-        page = self.render().encode("utf-8")
+        page = self.render().encode("utf-8")  # before any picture moves: a page that cannot be
+        if self._staging is not None:  # encoded leaves the last report whole
+            for staged in sorted(self._staging.iterdir()):
+                os.replace(staged, self.out_dir / staged.name)
+            self._staging.rmdir()
+            self._staging = None
         atomic_write(path, lambda stream: stream.write(page))
         for file_name in sorted(stale):
             (self.out_dir / file_name).unlink(missing_ok=True)
         return path
+
+    def discard(self) -> None:
+        """Abandon what was added since the last :meth:`write` (after a failure while drawing):
+        the staged pictures are deleted, the folder keeps what it held before, and the report is
+        empty again."""
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+        self.files.clear()
+        self._names.clear()
+        self._parts.clear()
+        self._sections.clear()
 
 
 def _listed_pictures(page: Path) -> set[str]:

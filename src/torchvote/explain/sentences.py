@@ -167,9 +167,14 @@ def explain_sentences(
         record = model.explain(texts)  # one pass: states and (b, h, L, L) attention of every layer
     for warning in caught:
         warnings.warn(warning.message, warning.category, stacklevel=2)
-    for number, example in enumerate(examples):
-        _sentence_section(report, record, number, example, layer)
-    _routing_section(report, model, record, examples, layer, iterations)
+    try:
+        for number, example in enumerate(examples):
+            _sentence_section(report, record, number, example, layer)
+        _routing_section(report, model, record, examples, layer, iterations)
+    except BaseException:
+        if own_report:  # the folder keeps its last report; a caller's report is the caller's
+            report.discard()
+        raise
     return report.write() if own_report else report.out_dir / "index.html"
 
 
