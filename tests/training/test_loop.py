@@ -406,6 +406,19 @@ def test_deterministic_algorithms_are_on_for_the_run_only(tiny_config):
     assert seen == {True} and not torch.are_deterministic_algorithms_enabled()
 
 
+@pytest.mark.parametrize("deterministic", ["true", "false"])
+def test_the_callers_warn_only_deterministic_mode_comes_back(tiny_config, deterministic):
+    """A caller's ``use_deterministic_algorithms(True, warn_only=True)`` (usual on CUDA, where some
+    ops have no deterministic kernel) came back strict after any run: those ops then raised."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        train(tiny_config("run", f"deterministic={deterministic}", "max_steps=1"), verbose=False)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_max_steps_stops_mid_epoch_and_saves(tiny_config):
     result = train(tiny_config("run", "max_steps=5", "epochs=10"), verbose=False)
     assert result.step == 5 and result.checkpoint.name == "step-00000005"

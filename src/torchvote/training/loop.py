@@ -155,11 +155,12 @@ def train(
     """
     context = setup_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()  # and makes it strict
     try:
         return _Run(config, context, resume, callbacks, verbose, resume_hint).run()
     finally:
         context.close()
-        torch.use_deterministic_algorithms(deterministic)  # the caller's setting again
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)  # the caller's again
 
 
 class _Run:
