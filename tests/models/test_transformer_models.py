@@ -406,6 +406,18 @@ def test_lm_temperature_must_be_one_finite_number():
     assert torch.equal(seeded[0], seeded[1]) and torch.equal(seeded[0], seeded[2])
 
 
+def test_lm_samples_on_any_device_with_a_cpu_generator(device):
+    """``torch.multinomial(cuda_probabilities, generator=cpu_generator)`` raises: a CUDA model could
+    not sample with the seeded generator the examples use. The draw happens on the generator's
+    device: the same tokens as the CPU model's (float64, so the probabilities agree)."""
+    lm = _model("transformer-lm").double()
+    prompt = torch.randint(lm.config.vocab_size, (2, 4))
+    expected = lm.generate(prompt, 6, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    lm = lm.to(device)
+    sampled = lm.generate(prompt.to(device), 6, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert sampled.device == device and torch.equal(sampled.cpu(), expected)
+
+
 def test_lm_generator_of_the_wrong_type_is_named():
     # Greedy decoding ignored it silently; sampling failed inside torch.multinomial.
     lm = _model("transformer-lm")

@@ -181,6 +181,17 @@ def test_slot_attention_module_matches_algorithm1():
     torch.testing.assert_close(attention.sum(-2), torch.ones(2, 7, dtype=DOUBLE))
 
 
+def test_slot_attention_draws_its_slots_with_a_cpu_generator_on_any_device(device):
+    """``torch.randn(..., generator=cpu_generator, device=cuda)`` raises: a CUDA module's seeded
+    slots failed. They are drawn on the generator's device, the same draws as on the CPU."""
+    torch.manual_seed(2)
+    module = SlotAttention(4, 5, slot_dim=8).double()
+    expected = module.initial_slots(3, 4, generator=torch.Generator().manual_seed(7))
+    moved = module.to(device).initial_slots(3, 4, generator=torch.Generator().manual_seed(7))
+    assert moved.device == device
+    torch.testing.assert_close(moved.cpu(), expected, rtol=1e-12, atol=1e-12)
+
+
 def test_slot_attention_module_samples_slots_and_takes_masks():
     torch.manual_seed(2)
     module = SlotAttention(4, 5, slot_dim=8)

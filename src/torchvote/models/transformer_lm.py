@@ -241,7 +241,8 @@ class TransformerLM(nn.Module):
                 of ``vocab_size`` or more keeps them all, as nanoGPT's ``min(top_k, vocab)``, so
                 one setting serves data sets of different vocabularies); ``None`` for all.
                 Ignored when ``temperature`` is 0 (greedy).
-            generator: the ``torch.Generator`` of the sampling; ``None`` for PyTorch's global one.
+            generator: the ``torch.Generator`` of the sampling, on any device (the draw happens there,
+                so a CPU generator serves a CUDA model); ``None`` for PyTorch's global one.
             use_cache: keep past keys and values (same tokens, far faster; False reruns the
                 whole context for every token).
 
@@ -295,9 +296,11 @@ class TransformerLM(nn.Module):
                     if top_k is not None and top_k < logits.shape[-1]:
                         threshold = logits.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
                         logits = logits.masked_fill(logits < threshold, float("-inf"))
-                    probabilities = torch.softmax(logits, dim=-1)
+                    probabilities = torch.softmax(logits, dim=-1)  # (b, vocab)
+                    if generator is not None:  # drawn where the generator is (a CPU one, say)
+                        probabilities = probabilities.to(generator.device)
                     next_token = torch.multinomial(probabilities, 1, generator=generator)  # (b, 1)
-                tokens = torch.cat([tokens, next_token.to(tokens.dtype)], dim=1)  # (b, t + 1)
+                tokens = torch.cat([tokens, next_token.to(tokens)], dim=1)  # (b, t + 1)
         if max_new_tokens == 0:  # a new tensor, as with new tokens: never the caller's prompt
             tokens = tokens.clone()
         return tokens.squeeze(0) if unbatched else tokens

@@ -71,9 +71,11 @@ class SlotAttention(nn.Module):
     def initial_slots(
         self, batch: int, num_slots: int, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        """``(batch, num_slots, slot_dim)`` slots sampled from ``N(mu, sigma^2)``."""
+        """``(batch, num_slots, slot_dim)`` slots sampled from ``N(mu, sigma^2)``; the noise is
+        drawn on ``generator``'s device (a CPU generator serves a CUDA module) and moved."""
         mu = self.slots_mu.expand(batch, num_slots, -1)
-        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        draw_device = generator.device if generator is not None else mu.device
+        noise = torch.randn(mu.shape, generator=generator, device=draw_device, dtype=mu.dtype).to(mu.device)
         return mu + self.slots_log_sigma.exp() * noise
 
     def forward(
