@@ -485,6 +485,10 @@ def test_an_eval_on_entry_of_the_runs_own_data_set_is_reported_beside_it(tiny_co
     result = train(tiny_config("run", "epochs=1", "eval_on=[mnist:source=idx,limit=10]"), verbose=False)
     labels = ["mnist/test", "mnist/test (mnist:source=idx,limit=10)"]
     assert list(result.results) == labels
+    # and each has its own numbers: one cache entry per data set and split gave the entry the
+    # run's own test result (its count too)
+    own, entry = (result.results[label] for label in labels)
+    assert entry["count"] == 10 and own["count"] > 10
     finals = [r for r in read_metrics(result.metrics_path) if r["event"] == "final"]
     assert [r["dataset"] for r in finals] == labels
     again = train(load_run_config(result.run_dir), resume=result.run_dir, verbose=False)  # recorded

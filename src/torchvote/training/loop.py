@@ -329,8 +329,11 @@ class _Run:
         )
         self.last_saved_step = self.step
 
-    def _evaluate(self, data: TaskData) -> dict[str, float]:
-        key = (data.name, data.split, self.step)
+    def _evaluate(self, data: TaskData, source: str = "") -> dict[str, float]:
+        """``data``'s metrics at this step, evaluated once: ``source`` is the ``eval_on`` entry it
+        came from (``""`` for the run's own test set), since entries of one data set and split
+        with other options (``canvas=``, ``size=``) are other examples."""
+        key = (source, self.step)
         if key not in self.evaluations:  # the last epoch's evaluation is also the final one
             self.evaluating = True  # reset only when it returns: an error leaves it set
             self.evaluations[key] = evaluate_loss_where_it_applies(  # an eval_on set's labels may not fit
@@ -667,7 +670,7 @@ class _Run:
                 label = f"{data.name}/{data.split}"
                 if label in results:  # another entry of one data set (other options): both stay
                     label = f"{label} ({source})"
-                results[label] = self._evaluate(data)
+                results[label] = self._evaluate(data, source)
                 if self.writer is not None:
                     self.writer.write(
                         "final", self.step, results[label], dataset=label, source=source, eval_limit=limit
