@@ -182,3 +182,29 @@ def test_format_table_keeps_a_column_of_numbers_right_aligned_where_one_is_missi
     header, _, first, second = table.splitlines()
     end = header.index("loss") + len("loss")
     assert first[:end].endswith("0.1234") and second[:end].endswith("-")
+
+
+def test_throughput_leaves_out_the_evaluations_and_checkpoints_of_its_window(monkeypatch):
+    """The window's clock ran through the evaluation after a log line: the next window's img/s
+    counted it (60 -> 7.5 -> 970 images per second on one run)."""
+    import torch
+
+    from torchvote.training import progress as progress_module
+    from torchvote.training.distributed import DistributedContext
+    from torchvote.training.tasks import ClassificationHandler
+
+    clock = [100.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
+    progress = progress_module.Progress(total=10, initial=0, enabled=False)
+    for _ in range(4):  # 4 steps of 50 images, 1 s each, then a 30-second evaluation
+        progress.add(torch.tensor(2.0), {"count": torch.tensor(50.0), "correct": torch.tensor(5.0)}, 50)
+        clock[0] += 1.0
+        if _ == 1:
+            with progress.paused():
+                clock[0] += 30.0
+    record = progress.report(ClassificationHandler(), DistributedContext(), lr=0.1)
+    assert record["img_per_second"] == pytest.approx(200 / 4.0)
+    progress.add(torch.tensor(2.0), {"count": torch.tensor(50.0), "correct": torch.tensor(5.0)}, 50)
+    clock[0] += 2.0
+    record = progress.report(ClassificationHandler(), DistributedContext(), lr=0.1)
+    assert record["img_per_second"] == pytest.approx(50 / 2.0)  # the pause belonged to the last window

@@ -406,8 +406,9 @@ class _Run:
                     for batch in self._epoch_batches():
                         self._step(batch, progress)
                         self._maybe_log(progress)
-                        self._maybe_evaluate(progress)
-                        self._maybe_checkpoint(progress)
+                        with progress.paused():  # no training: out of the next window's rate
+                            self._maybe_evaluate(progress)
+                            self._maybe_checkpoint(progress)
                         if any_process(self.stop.requested, self.context):
                             self._save(progress)
                             return self._stopped(progress, saved=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,6 +43,16 @@ class Progress:
         self.sums: dict[str, Tensor] = {}
         self.items = 0
         self.start = time.perf_counter()
+        self.paused_seconds = 0.0  # evaluations and checkpoints of the window: not training
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time spent inside out of the throughput (an evaluation, a checkpoint)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.perf_counter() - start
 
     def add(self, loss: Tensor, sums: dict[str, Tensor], items: int) -> None:
         """Add one step: its loss, its metric sums (with ``count``), its images / tokens.
@@ -63,9 +75,10 @@ class Progress:
             lr: the learning rate of the window's last step, for the record.
 
         Returns:
-            The metrics record: ``loss``, ``accuracy``, ``lr`` and ``<unit>_per_second``.
+            The metrics record: ``loss``, ``accuracy``, ``lr`` and ``<unit>_per_second`` (over
+            the window's time less what :meth:`paused` left out).
         """
-        seconds = time.perf_counter() - self.start
+        seconds = time.perf_counter() - self.start - self.paused_seconds  # training steps only
         keys = sorted(self.sums)
         totals = all_reduce_sum(torch.stack([self.sums[k] for k in keys]), context)
         metrics = handler.summarize(dict(zip(keys, totals.tolist(), strict=True)))
