@@ -166,3 +166,30 @@ def test_training_curves_read_each_panel_on_its_own_and_write_atomically(tmp_pat
     steps, values = accuracy["train"]
     assert steps == [10.0, 20.0] and values[0] == 50.0 and np.isnan(values[1])  # a gap, not a category
     assert drawn[0]["loss"]["train"] == ([3.0, 10.0, 20.0], [0.5, 0.9, 0.7])  # no step: its index
+
+
+def test_training_curves_show_the_final_evaluation_and_a_single_point(tmp_path):
+    """With eval_every=0 (the reproduce rows) the figure had no evaluation at all, and a run of
+    one log line drew an empty figure: a line through one point is invisible."""
+    import torchvote.explain.figures as figures
+    from torchvote.training.plots import plot_training_curves
+
+    records = [
+        {"event": "train", "step": 4, "loss": 0.9, "accuracy": 0.5},
+        {"event": "final", "step": 4, "dataset": "mnist/test", "loss": 0.8, "accuracy": 0.6},
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
+    drawn = []
+    save = figures.save_figure
+
+    def keep(figure, stem, **kwargs):
+        drawn.append({ax.get_title(): {line.get_label(): line for line in ax.lines} for ax in figure.axes})
+        return save(figure, stem, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "save_figure", keep)
+        plot_training_curves(metrics, tmp_path / "curves.png")
+    accuracy = drawn[0]["accuracy"]
+    assert list(accuracy["final mnist/test"].get_ydata()) == [60.0]
+    assert all(line.get_marker() not in (None, "None", "") for line in accuracy.values())  # visible

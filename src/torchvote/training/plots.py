@@ -13,7 +13,8 @@ __all__ = ["plot_run", "plot_training_curves"]
 
 def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
     """Loss and accuracy against the step, one line per series (training, each evaluated data
-    set), in one PNG written atomically.
+    set) and a star per final evaluation, in one PNG written atomically. A series of one point
+    is drawn as a marker (a line of one point is invisible).
 
     Each panel reads its own field (an evaluation without a loss still draws its accuracy), in
     step order with a step logged twice kept once, and a non-finite value leaves a gap
@@ -25,7 +26,7 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
     from torchvote.explain.figures import new_figure, save_figure  # matplotlib: in new_figure
     from torchvote.explain.metric_plots import metric_points
 
-    records = [r for r in read_metrics(metrics_path) if r.get("event") in ("train", "eval")]
+    records = [r for r in read_metrics(metrics_path) if r.get("event") in ("train", "eval", "final")]
     losses, accuracies = metric_points(records, "loss"), metric_points(records, "accuracy")
     if not any(losses.values()) and not any(accuracies.values()):
         return None
@@ -36,7 +37,9 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
     loss_axis, accuracy_axis = axes[0]
     for axis, lines, scale in ((loss_axis, losses, 1.0), (accuracy_axis, accuracies, 100.0)):
         for name, points in lines.items():
-            style = "-" if name == "train" else "o-"
+            style = "*" if name.startswith("final") else "-" if name == "train" else "o-"
+            if len(points) == 1 and style == "-":
+                style = "o"
             axis.plot([p[0] for p in points], [scale * p[1] for p in points], style, label=name)
         axis.grid(alpha=0.3)
         if lines:
