@@ -277,7 +277,9 @@ class LanguageModelHandler(TaskHandler):
             raise ValueError(
                 f"{data.name} ({data.split}) has {len(stream)} tokens, fewer than one window of {length + 1}"
             )
-        # Consecutive windows share one token, so every token after the first is a target once.
+        # Consecutive windows share one token, so every token after the first is a target once,
+        # but for the last (len - 1) % t, too few for a window: at most t - 1 tokens of the split
+        # are never targets (and not in the evaluation's count).
         starts = torch.arange(count) * length
         windows = stream[starts[:, None] + torch.arange(length + 1)]  # (n, t + 1)
         return TaskData(data.name, data.split, {"tokens": windows}, data.fields, data.extras)
