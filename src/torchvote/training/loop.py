@@ -28,7 +28,9 @@ come in pinned memory, so their copy to it is asynchronous too.
 
 **Data parallelism.** Under ``torchrun`` each of the N processes takes a contiguous ``1 / N`` of
 every global batch (``batch_size`` is global), DDP averages the gradients, so one process and N
-processes take the same steps up to floating-point summation order. Only rank 0 writes
+processes take the same steps up to floating-point summation order (a loss averaged over a
+number of targets that differs between the shares, seq2seq's tokens, is weighted by each share's
+count first). Only rank 0 writes
 checkpoints, metrics and the progress bar.
 """
 
@@ -60,7 +62,12 @@ from torchvote.training.data import (
     iterate_batches,
     pin_memory_for,
 )
-from torchvote.training.distributed import DistributedContext, any_process, setup_distributed
+from torchvote.training.distributed import (
+    DistributedContext,
+    all_reduce_sum,
+    any_process,
+    setup_distributed,
+)
 from torchvote.training.evaluate import autocast, evaluate_loss_where_it_applies, load_eval_entry
 from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.objectives import spread_margin_schedule
@@ -495,7 +502,7 @@ class _Run:
         # any gradient was inf or NaN): GradScaler's own sync, the only one fp16 adds. Under DDP
         # the gradients are all-reduced before unscale_, so every process skips the same steps.
         # Without fp16 the scaler is disabled and each call is the plain one.
-        self.scaler.scale(loss).backward()
+        self.scaler.scale(self._share_of_the_global_mean(loss, batch)).backward()
         if self.config.optim.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
@@ -506,6 +513,18 @@ class _Run:
             self.scheduler.step()  # by the step count, also after a skipped update (as a resume counts)
         sums = self.handler.metric_sums(output, batch)
         return loss.detach(), sums, items
+
+    def _share_of_the_global_mean(self, loss: Tensor, batch: dict[str, Tensor]) -> Tensor:
+        """The loss whose gradient, averaged by DDP over the processes, is the gradient of the
+        global batch's mean: ``loss * n_local * N / n_global`` where the processes' shares hold
+        different numbers of targets (seq2seq's tokens; DDP's average of the per-process means
+        weighted a token of a short share more). One all-reduce of a count, on the device."""
+        units = self.handler.loss_units(batch) if self.context.is_distributed else None
+        if units is None:
+            return loss
+        units = units.to(loss.dtype)
+        total = all_reduce_sum(units, self.context)  # () targets of the global batch
+        return loss * (units * self.context.world_size / total.clamp_min(1))
 
     @property
     def _end_of_epoch(self) -> bool:

@@ -72,6 +72,12 @@ class TaskHandler:
         """Sums over the batch (``correct``, ``count`` ...), added up over batches and processes."""
         raise NotImplementedError
 
+    def loss_units(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """How many targets the loss of ``batch`` is a mean over, where that may differ between
+        the processes' shares of a global batch (seq2seq: its real target tokens); ``None`` where
+        every share has as many (images, LM windows of one length)."""
+        return None
+
     def items(self, batch: dict[str, Tensor]) -> int:
         """How many images / tokens the batch holds (for the throughput). The loop asks before
         the batch moves to the device, so that counting reads nothing back from an accelerator."""
@@ -374,6 +380,9 @@ class Seq2SeqHandler(TaskHandler):
 
     def ignore_index(self, pad_id: int | None) -> int:
         return pad_id if pad_id is not None else -100
+
+    def loss_units(self, batch: dict[str, Tensor]) -> Tensor:
+        return (batch["target"][:, 1:] != self._pad_id(batch)).sum()  # () the loss's tokens
 
     def metric_sums(self, output: SequenceOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         logits, targets = self.logits_and_targets(output, batch)
