@@ -248,6 +248,28 @@ def test_two_digit_accuracy_counts_an_image_when_its_two_longest_capsules_are_it
     assert handler.summarize({k: v.item() for k, v in sums.items()})["accuracy"] == pytest.approx(0.4)
 
 
+def test_seq2seq_exact_match_chooses_as_greedy_decoding_does():
+    """Greedy decoding never picks <pad> or <bos>; the teacher-forced metrics took the plain
+    argmax, so a position whose top score was <pad> counted wrong where greedy decoding, taking
+    the next best, got it right: the exact match was only a lower bound of greedy decoding's."""
+    handler = get_task_handler("seq2seq")
+    pad, bos, eos = 0, 1, 2
+    target = torch.tensor([[bos, 5, 6, eos, pad], [bos, 7, eos, pad, pad]])  # (b, 1 + t)
+    logits = torch.zeros(2, 4, 9)  # (b, t, vocab) predicting target[:, 1:]
+    for row, tokens in enumerate(target[:, 1:].tolist()):
+        for position, token in enumerate(tokens):
+            logits[row, position, token] = 1.0
+    logits[0, 0, pad] = 3.0  # above the target 5: greedy skips it and picks 5
+    logits[1, 1, bos] = 3.0  # above <eos>: greedy skips it too
+    logits[1, 2, 8] = 5.0  # a padding position: not counted
+    sums = handler.metric_sums(SequenceOutput(logits=logits), {"source": target, "target": target})
+    assert sums["correct"].item() == 5 and sums["count"].item() == 5
+    assert sums["sequence_correct"].item() == 2
+    logits[0, 1, 4] = 2.0  # a real mistake still counts
+    sums = handler.metric_sums(SequenceOutput(logits=logits), {"source": target, "target": target})
+    assert sums["correct"].item() == 4 and sums["sequence_correct"].item() == 1
+
+
 def test_each_digits_reconstruction_is_compared_with_that_digit_alone():
     """MultiMNIST: the margin loss over both labels plus 0.0005 x the summed squared error of each
     digit's reconstruction against that digit on its own canvas, written out as loops."""

@@ -8,6 +8,7 @@ follows (config field names, ``forward`` signature, output record).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -385,9 +386,15 @@ class Seq2SeqHandler(TaskHandler):
         return (batch["target"][:, 1:] != self._pad_id(batch)).sum()  # () the loss's tokens
 
     def metric_sums(self, output: SequenceOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        logits, targets = self.logits_and_targets(output, batch)
-        real = targets != self._pad_id(batch)
-        right = (logits.detach().argmax(dim=-1) == targets) & real
+        """Token accuracy and exact match, teacher-forced, with the prediction chosen as greedy
+        decoding chooses it (never ``<pad>`` nor the row's ``<bos>``, ``target[:, 0]``): a target
+        is all right here exactly when greedy decoding reproduces it."""
+        logits, targets = self.logits_and_targets(output, batch)  # (b, t, vocab), (b, t)
+        pad = self._pad_id(batch)
+        real = targets != pad
+        never = torch.cat([torch.full_like(targets[:, :1], pad), batch["target"][:, :1]], dim=1)  # (b, 2)
+        scores = logits.detach().scatter(-1, never[:, None, :].expand(-1, targets.shape[1], -1), -math.inf)
+        right = (scores.argmax(dim=-1) == targets) & real
         return {
             "correct": right.sum().float(),
             "count": real.sum().float(),
