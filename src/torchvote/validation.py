@@ -30,6 +30,7 @@ __all__ = [
     "check_float_tensor",
     "check_index_range",
     "check_input_dtype",
+    "check_inputs_beside",
     "check_integer_tensor",
     "check_positive_float",
     "check_in_range",
@@ -315,6 +316,35 @@ def check_device(
         f"{argument} is on {tensor.device} but {where} are on {device}: move one of them "
         f"(e.g. {argument}.to({str(device)!r}))"
     )
+
+
+def check_inputs_beside(
+    reference: torch.Tensor,
+    inputs: Collection[tuple[str, Any]],
+    *,
+    masks: Collection[tuple[str, Any]] = (),
+    where: str | None = None,
+) -> None:
+    """Refuse inputs of another dtype (outside ``torch.autocast``) or device than ``reference``
+    (a module's parameter, or the input the others go with), and masks on another device: the
+    checks a module makes of what it is given, before PyTorch fails naming no argument, or (a CPU
+    tensor beside ``meta`` weights) computes on uninitialised memory.
+
+    Args:
+        reference: the tensor whose dtype and device rule.
+        inputs: ``(name, tensor)`` pairs of floating-point inputs.
+        masks: ``(name, mask or None)`` pairs, checked for the device only.
+        where: what ``reference`` is, e.g. ``"the queries"``; ``None`` for a module's parameters.
+
+    Raises:
+        TypeError: an input of another dtype (:func:`check_input_dtype`).
+        ValueError: a tensor on another device (:func:`check_device`).
+    """
+    for name, tensor in inputs:
+        check_input_dtype(tensor, reference.dtype, name, where)
+    for name, tensor in (*inputs, *masks):
+        if isinstance(tensor, torch.Tensor):
+            check_device(tensor, reference.device, name, where)
 
 
 def check_integer_tensor(value: Any, argument: str, expected: str) -> None:

@@ -110,3 +110,32 @@ def test_integer_inputs_are_refused():
         NadarayaWatson()(
             torch.tensor([[0.2, 2.7]]), torch.tensor([[0.0, 1, 2, 3]]), torch.tensor([[10, 20, 30, 40]])
         )
+
+
+@pytest.mark.parametrize("learnable", [False, True])
+def test_float16_points_far_apart_keep_their_weights(learnable):
+    """float16 squared distances overflowed past a distance of 256: every score -inf and a
+    prediction of 0, where the formula's weights are near uniform (a width of 1000)."""
+    queries, keys, values = torch.tensor([[0.0]]), torch.tensor([[300.0, 400.0]]), torch.tensor([[1.0, 2.0]])
+    expected = _loop_estimate(queries.double(), keys.double(), values.double(), 1000.0)  # (1, 1)
+    module = NadarayaWatson(bandwidth=1000.0, learnable=learnable, dtype=torch.float16 if learnable else None)
+    predictions, weights = module(queries.half(), keys.half(), values.half())
+    assert predictions.dtype == torch.float16 and weights.dtype == torch.float16
+    torch.testing.assert_close(predictions.double(), expected, rtol=2e-3, atol=0)  # float16's rounding
+    torch.testing.assert_close(weights.double().sum(-1), torch.ones(1, 1, dtype=F64), rtol=2e-3, atol=0)
+    # a narrow width: scores of -4.2e4 and -7.6e4 (float16 ends at -65504): the nearest point's value
+    nearest, _ = NadarayaWatson(bandwidth=1.0)(torch.tensor([[10.0]]).half(), keys.half(), values.half())
+    assert nearest.item() == 1.0
+
+
+def test_inputs_of_another_dtype_or_device_than_the_learnable_width_are_named():
+    """A float64 learnable width took float32 inputs in silence (the width cast down); a key mask
+    or width on another device failed inside PyTorch naming no argument."""
+    queries, keys, values = torch.rand(1, 3), torch.rand(1, 4), torch.rand(1, 4)
+    message = "queries has dtype torch.float32 but the module's parameters are torch.float64"
+    with pytest.raises(TypeError, match=message):
+        NadarayaWatson(learnable=True, dtype=F64)(queries, keys, values)
+    with pytest.raises(ValueError, match="key_mask is on meta but the queries are on cpu"):
+        NadarayaWatson()(queries, keys, values, key_mask=torch.ones(1, 4, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match="queries is on cpu but the module's parameters are on meta"):
+        NadarayaWatson(learnable=True, device="meta")(queries, keys, values)

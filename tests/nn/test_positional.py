@@ -102,3 +102,12 @@ def test_integer_inputs_are_refused(make):
     # Integer features plus the float encodings once came back as integers: the encodings were lost.
     with pytest.raises(TypeError, match="inputs must be floating point"):
         make()(torch.zeros(1, 3, 4, dtype=torch.long))
+
+
+def test_inputs_on_another_device_than_the_table_are_named():
+    """A table on one device and inputs on another failed in PyTorch's addition, naming no argument."""
+    inputs = torch.zeros(1, 3, 4)
+    with pytest.raises(ValueError, match="inputs is on cpu but the encodings are on meta"):
+        SinusoidalPositionalEncoding(4, device="meta")(inputs)
+    with pytest.raises(ValueError, match="inputs is on cpu but the module's parameters are on meta"):
+        LearnedPositionalEmbedding(6, 4, device="meta")(inputs)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional import attend, merge_masks
-from torchvote.validation import check_flag, check_float_dtype, check_input_dtype, check_positive_float
+from torchvote.validation import check_flag, check_float_dtype, check_inputs_beside, check_positive_float
 
 __all__ = ["NadarayaWatson"]
 
@@ -93,9 +93,10 @@ class NadarayaWatson(nn.Module):
             ``(b, L, Dv)``; weights ``(b, L, S)``.
 
         Raises:
-            TypeError: inputs that are not floating-point tensors of one dtype (outside
-                ``torch.autocast``).
-            ValueError: mismatched ranks, batch sizes, lengths or features; a bad ``key_mask``.
+            TypeError: inputs that are not floating-point tensors of one dtype, the learnable
+                width's (outside ``torch.autocast``).
+            ValueError: mismatched ranks, batch sizes, lengths or features; a bad ``key_mask``;
+                a tensor on another device than the queries (or the learnable width).
         """
         for name, t in (("queries", queries), ("keys", keys), ("values", values)):
             if not isinstance(t, Tensor):
@@ -104,8 +105,11 @@ class NadarayaWatson(nn.Module):
                 raise ValueError(f"{name} must have shape (b, n) or (b, n, features), got {tuple(t.shape)}")
             if not t.is_floating_point():  # integer values would truncate the weighted mean
                 raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
-        check_input_dtype(keys, queries.dtype, "keys", "the queries")
-        check_input_dtype(values, queries.dtype, "values", "the queries")
+        inputs = (("queries", queries), ("keys", keys), ("values", values))
+        key_masks = (("key_mask", key_mask),)
+        check_inputs_beside(queries, inputs, masks=key_masks, where="the queries")
+        if self.log_bandwidth is not None:  # and the learnable width's
+            check_inputs_beside(self.log_bandwidth, inputs, masks=key_masks)
         if keys.dim() != queries.dim() or (queries.dim() == 3 and keys.shape[-1] != queries.shape[-1]):
             raise ValueError(
                 f"keys must have the rank and feature size of queries {tuple(queries.shape)}, got "
@@ -124,15 +128,21 @@ class NadarayaWatson(nn.Module):
             values = values.unsqueeze(-1)  # (b, j, 1)
         mask = merge_masks(None, key_mask, (queries.shape[0], queries.shape[1], keys.shape[1]))
 
-        # Differences rather than ||x||^2 + ||x_j||^2 - 2 x.x_j: exact when points nearly coincide.
-        differences = queries.unsqueeze(-2) - keys.unsqueeze(-3)  # (b, i, j, d)
+        # Differences rather than ||x||^2 + ||x_j||^2 - 2 x.x_j: exact when points nearly coincide;
+        # in at least float32, where float16's squares overflow past a distance of 256 (every
+        # score -inf: a prediction of 0 where the true weights are near uniform).
+        working = torch.promote_types(queries.dtype, torch.float32)
+        differences = queries.to(working).unsqueeze(-2) - keys.to(working).unsqueeze(-3)  # (b, i, j, d)
         squared_distances = differences.pow(2).sum(-1)  # (b, i, j)
         if self.log_bandwidth is None:
             scores = squared_distances * (-0.5 / self._fixed_bandwidth**2)  # (b, i, j)
         else:  # -d^2 / (2 h^2) = -d^2 * exp(-2 log h) / 2
             inverse_variance = torch.exp(-2 * self.log_bandwidth).to(squared_distances.dtype)
             scores = squared_distances * (-0.5 * inverse_variance)  # (b, i, j)
-        predictions, weights = attend(scores, values, attn_mask=mask)  # (b, i, d), (b, i, j)
+        # the weighted mean in that dtype too (a width small beside the distances: scores far
+        # below float16's range still pick the nearest point), returned in the values' dtype
+        predictions, weights = attend(scores, values.to(working), attn_mask=mask)  # (b, i, d), (b, i, j)
+        predictions, weights = predictions.to(values.dtype), weights.to(values.dtype)
         if scalar_values:
             predictions = predictions.squeeze(-1)  # (b, i)
         return predictions, weights

@@ -14,8 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.validation import (
+    check_device,
     check_float_dtype,
-    check_input_dtype,
+    check_inputs_beside,
     check_positive_int,
     check_probability,
     is_integer,
@@ -130,11 +131,12 @@ class SinusoidalPositionalEncoding(nn.Module):
             ``(..., T, E)``, in the dtype of ``inputs``.
 
         Raises:
-            ValueError: wrong feature size, an offset that is not a non-negative int, or
-                ``offset + T > max_len``.
+            ValueError: wrong feature size, an offset that is not a non-negative int,
+                ``offset + T > max_len``, or ``inputs`` on another device than the table.
             TypeError: ``inputs`` not a floating-point tensor.
         """
         _check_positions(inputs, self.embed_dim, self.max_len, offset)
+        check_device(inputs, self.table.device, "inputs", "the encodings")
         positions = self.table[offset : offset + inputs.shape[-2]]  # (T, E)
         return self.dropout(inputs + positions.to(inputs.dtype))
 
@@ -182,11 +184,11 @@ class LearnedPositionalEmbedding(nn.Module):
             ``(..., T, E)``.
 
         Raises:
-            ValueError: wrong feature size, an offset that is not a non-negative int, or
-                ``offset + T > max_len``.
+            ValueError: wrong feature size, an offset that is not a non-negative int,
+                ``offset + T > max_len``, or ``inputs`` on another device than the embeddings.
             TypeError: ``inputs`` not a floating-point tensor of the embeddings' dtype (outside
                 ``torch.autocast``; float16 inputs came back float32).
         """
         _check_positions(inputs, self.embed_dim, self.max_len, offset)
-        check_input_dtype(inputs, self.weight.dtype, "inputs")
+        check_inputs_beside(self.weight, (("inputs", inputs),))
         return inputs + self.weight[offset : offset + inputs.shape[-2]]  # (..., T, E)

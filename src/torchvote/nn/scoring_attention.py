@@ -21,9 +21,8 @@ from torch import Tensor, nn
 from torchvote.functional import additive_score, attend, concat_score, dot_score, general_score, merge_masks
 from torchvote.validation import (
     check_choice,
-    check_device,
     check_float_dtype,
-    check_input_dtype,
+    check_inputs_beside,
     check_positive_int,
     check_probability,
 )
@@ -43,11 +42,15 @@ def _check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, query_dim
         raise ValueError(f"query must have shape (batch, L, {query_dim}), got {tuple(query.shape)}")
     if key.shape[-1] != key_dim:
         raise ValueError(f"key must have shape (batch, S, {key_dim}), got {tuple(key.shape)}")
-    if key.shape[0] != query.shape[0] or value.shape[:2] != key.shape[:2]:
+    if key.shape[0] != query.shape[0]:
+        raise ValueError(
+            f"key must share query's batch size {query.shape[0]}, got query {tuple(query.shape)}, "
+            f"key {tuple(key.shape)}"
+        )
+    if value.shape[:2] != key.shape[:2]:
         raise ValueError(
             f"value must have shape (batch, S, features) = ({key.shape[0]}, {key.shape[1]}, ...) "
-            f"and key must share query's batch size {query.shape[0]}; got query "
-            f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+            f"as key {tuple(key.shape)}, got {tuple(value.shape)}"
         )
 
 
@@ -107,12 +110,12 @@ class ScoredAttention(nn.Module, abc.ABC):
         # the dot score has no parameter: the queries' dtype and device rule
         parameter = next(self.parameters(), None)
         reference, where = (query, "the queries") if parameter is None else (parameter, None)
-        inputs = (("query", query), ("key", key), ("value", value))
-        for name, tensor in inputs:
-            check_input_dtype(tensor, reference.dtype, name, where)
-        for name, tensor in (*inputs, ("attn_mask", attn_mask), ("key_mask", key_mask)):
-            if isinstance(tensor, Tensor):  # a CPU input beside meta weights read uninitialised memory
-                check_device(tensor, reference.device, name, where)
+        check_inputs_beside(
+            reference,
+            (("query", query), ("key", key), ("value", value)),
+            masks=(("attn_mask", attn_mask), ("key_mask", key_mask)),
+            where=where,
+        )
         mask = merge_masks(attn_mask, key_mask, (query.shape[0], query.shape[1], key.shape[1]))
         scores = self.score(query, key)  # (b, i, j)
         return attend(scores, value, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
