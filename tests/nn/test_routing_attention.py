@@ -465,8 +465,15 @@ def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
     memory = torch.randn(1, 6, EMBED)  # cross-attention: a causal (4, 6) mask, top-left as is_causal
     with pytest.raises(ValueError, match="causal attn_mask"):
         routing(torch.randn(1, 4, EMBED), memory, attn_mask=torch.ones(4, 6, dtype=torch.bool).tril())
+    # It was found only alone and 2-D: beside a key_mask (merged into a (b, 1, L, S) mask), or as
+    # (1, 1, L, S), it was taken and position 4 changed position 0's output.
+    with pytest.raises(ValueError, match="causal attn_mask"):
+        routing(torch.randn(2, 4, EMBED), attn_mask=mask, key_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="causal attn_mask"):
+        routing(torch.randn(1, 4, EMBED), attn_mask=mask[None, None])
     # A mask that is not causal is taken, and the senders' normalisation takes the causal one.
     routing(torch.randn(1, 4, EMBED), attn_mask=~allowed | torch.eye(4, dtype=torch.bool))
+    routing(torch.randn(2, 4, EMBED), attn_mask=torch.ones(2, HEADS, 4, 4, dtype=torch.bool))
     RoutingAttention(EMBED, HEADS)(torch.randn(1, 4, EMBED), attn_mask=mask)
 
 

@@ -279,7 +279,9 @@ class MultiHeadAttention(nn.Module):
             check_attention_mask(attn_mask, (batch, self.num_heads, target_len, source_len), "attn_mask")
             attn_mask, is_causal = offset_causality(attn_mask, is_causal, cache.length, target_len,
                                                     source_len, query.device)
-        receiver_mask = self._receiver_mask(key_mask, is_causal=is_causal, self_attention=self_attention)
+        receiver_mask = self._receiver_mask(
+            key_mask, is_causal=is_causal, self_attention=self_attention, attn_mask=attn_mask
+        )
         asked_causal = is_causal
         refuse_per_example_3d_mask(attn_mask, (batch, self.num_heads, target_len, source_len))
         mask, is_causal = prepare_attention_mask(
@@ -320,7 +322,12 @@ class MultiHeadAttention(nn.Module):
         return 1.0 / math.sqrt(self.head_dim)
 
     def _receiver_mask(
-        self, key_mask: Tensor | None, *, is_causal: bool, self_attention: bool
+        self,
+        key_mask: Tensor | None,
+        *,
+        is_causal: bool,
+        self_attention: bool,
+        attn_mask: Tensor | None = None,
     ) -> Tensor | None:
         """Hook: refuse a call a variant cannot run, and name the receivers that take no votes.
 
@@ -331,6 +338,7 @@ class MultiHeadAttention(nn.Module):
             key_mask: the batched ``(b, S)`` key mask, or None.
             is_causal: the call's causality.
             self_attention: the keys are the queries.
+            attn_mask: the call's ``attn_mask`` as given, or None.
 
         Returns:
             ``None``, or a boolean ``(b, L)`` mask, False for a receiver that takes no vote.

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from torchvote.functional import VotingState
+from torchvote.functional.masks import is_causal_mask
 from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
@@ -164,9 +165,17 @@ class RoutingAttention(MultiHeadAttention):
         )
 
     def _receiver_mask(
-        self, key_mask: Tensor | None, *, is_causal: bool, self_attention: bool
+        self,
+        key_mask: Tensor | None,
+        *,
+        is_causal: bool,
+        self_attention: bool,
+        attn_mask: Tensor | None = None,
     ) -> Tensor | None:
         """Refuse causality over the receivers; in self-attention, padded queries take no votes.
+
+        A causal ``attn_mask`` is found whatever its leading axes of size 1 (``(1, 1, L, S)``) and
+        whether a ``key_mask`` comes with it (the two merged are no longer read as causal).
 
         Raises:
             ValueError: ``is_causal`` (given, or a causal ``attn_mask``) with
@@ -174,6 +183,14 @@ class RoutingAttention(MultiHeadAttention):
         """
         if self.normalize_over != "receivers":
             return None
+        if (
+            not is_causal
+            and isinstance(attn_mask, Tensor)
+            and attn_mask.dim() >= 2
+            and attn_mask.shape[:-2].numel() == 1
+            and not torch.compiler.is_compiling()  # a read of the values: a graph break
+        ):
+            is_causal = is_causal_mask(attn_mask.reshape(attn_mask.shape[-2:]))
         if is_causal:
             raise ValueError(
                 "causality (is_causal=True or a causal attn_mask) needs normalize_over='senders': "
