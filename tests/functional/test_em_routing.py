@@ -279,3 +279,28 @@ def test_votes_without_senders_and_offsets_of_the_wrong_type_are_named():
     with pytest.raises(TypeError, match="beta_a must be a real number or a tensor, got list"):
         em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), 0.0, [0.0, 0.0, 0.0])
     em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), 1, torch.zeros(3))  # an int and a tensor
+
+
+@pytest.mark.parametrize("strategy", ["vectorized", "blocked"])
+def test_a_receiver_with_almost_no_data_gets_the_papers_pose_and_exact_gradients(strategy):
+    """The weighted mean was divided by max(sum R a, eps) around a shift m that autograd takes as
+    a constant: below eps of data the pose depended on m (votes 10 and 30 with activations 2e-7
+    and 0 gave 18, the paper 10) and the gradient missed that dependence (0 where it is 0.5)."""
+    votes = torch.tensor([10.0, 30.0], dtype=DOUBLE).view(1, 1, 2, 1)  # (n, i, j, h)
+    poses, _ = em_routing(votes, torch.tensor([[2e-7, 0.0]], dtype=DOUBLE), 0.0, 0.0, iterations=1,
+                          strategy=strategy)
+    assert poses.item() == pytest.approx(10.0, rel=1e-9)  # sum_j R a V / sum_j R a (Procedure 1)
+    generator = torch.Generator().manual_seed(0)
+    votes = torch.randn(3, 2, 4, 2, generator=generator, dtype=DOUBLE, requires_grad=True)
+    activations = torch.tensor([[3e-7, 0.0, 1e-9, 0.0], [0.0, 0.0, 0.0, 0.0], [0.5, 0.2, 0.9, 0.7]],
+                               dtype=DOUBLE)  # tiny, none (pose 0: no data), ordinary
+    for iterations in (1, 3):
+        def route(votes, iterations=iterations):
+            return em_routing(votes, activations, 0.1, 0.2, iterations=iterations, strategy=strategy)
+
+        assert torch.autograd.gradcheck(route, (votes,))
+    poses, _ = em_routing(votes, activations, 0.1, 0.2, iterations=3, strategy=strategy)
+    assert torch.equal(poses[1], torch.zeros(2, 2, dtype=DOUBLE))  # no vote reaches them
+    expected, _, _ = reference(votes.detach()[2:], activations[2:], torch.tensor([0.1, 0.1]),
+                               torch.tensor([0.2, 0.2]), 3)
+    torch.testing.assert_close(poses[2:].detach(), expected, rtol=1e-10, atol=1e-12)

@@ -112,7 +112,8 @@ def linear_dynamic_routing(
             outputs = squash(sums[-1] if bias is None else sums[-1] + bias, dim=-1)
         else:
             outputs, *later = _Routing.apply(x, flat, bias, iterations, detach_votes)
-    outputs = outputs.transpose(0, 1).to(votes.dtype).reshape(shape)  # (i, b, d) -> (..., i, d)
+    # contiguous, as every strategy returns them (a view of the (i, b, d) layout refused .view())
+    outputs = outputs.transpose(0, 1).to(votes.dtype).reshape(shape).contiguous()  # (i, b, d) -> (..., i, d)
     coupling_shape = (*votes.batch_shape, receivers, senders)
     passes = [c.transpose(0, 1).to(votes.dtype).reshape(coupling_shape) for c in later]
     if all_passes or not passes:  # pass 0's couplings, uniform: formed only when returned

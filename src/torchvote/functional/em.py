@@ -268,8 +268,9 @@ def em_routing(
         inverse_temperature: ``lambda_t``: a callable of the 0-based iteration, a sequence of one
             value per iteration, or a constant. Default :func:`default_inverse_temperature`,
             ``0.01 (1 - 0.95^(t+1))``.
-        eps: added to every variance (and the floor of ``sum_j R_ij``), so that a single vote or
-            identical votes give a finite ``log sigma``.
+        eps: added to every variance, so that a single vote or identical votes give a finite
+            ``log sigma`` (the weighted mean divides by ``sum_j R_ij a_j`` itself; a receiver no
+            vote reaches has pose 0).
         sender_groups: ``None`` (every batch element routes on its own: per patch), or an integer
             tensor ``(L, in_caps)`` with ``L`` dividing the number ``n`` of batch elements (all
             batch dimensions flattened, row-major): element ``r``'s senders are the input capsules

@@ -14,17 +14,19 @@ Procedure 1, in log space::
     R_ij = 1 / |parents of j|                               (uniform initial assignments)
     for t = 0 .. T-1:
         M-step:  w_ij = R_ij a_j                             (NOT renormalised over i)
-                 mu_i = sum_j w_ij V_ij / max(sum_j w_ij, eps)
-                 s2_i = sum_j w_ij (V_ij - mu_i)^2 / max(sum_j w_ij, eps) + eps
+                 mu_i = sum_j w_ij V_ij / sum_j w_ij                 (0 where sum_j w_ij = 0)
+                 s2_i = sum_j w_ij (V_ij - mu_i)^2 / sum_j w_ij + eps    (eps there)
                  cost_i^h = (beta_u + log sigma_i^h) sum_j w_ij          (Procedure 1's cost)
                  a_i = sigmoid(lambda_t (beta_a - sum_h cost_i^h))
         E-step (not after the last M-step):
                  R_ij = softmax over the parents of j of  log a_i + log N(V_ij | mu_i, s2_i)
 
 The statistics are sums over votes centred on each receiver's plain mean ``m_i`` (exact enough
-``E[c^2] - E[c]^2`` in float32), so ``mu_i = m_i + sum_j w_ij (V_ij - m_i) / max(sum_j w_ij, eps)``:
-the same as above except where no vote has weight (``sum_j w_ij = 0``), where ``mu_i`` is ``m_i``
-rather than 0 (the receiver's activation, ``sigmoid(lambda beta_a)``, is the same either way).
+``E[c^2] - E[c]^2`` in float32), so ``mu_i = m_i + sum_j w_ij (V_ij - m_i) / sum_j w_ij``, the same
+as above; ``m_i`` is a constant to autograd, which is exact because every quantity is unchanged by
+that shift. (A floor ``max(sum_j w_ij, eps)`` would break that invariance for a receiver with less
+than ``eps`` of data, and its gradient with it.) A receiver no vote reaches gets pose 0, variance
+``eps`` and the activation ``sigmoid(lambda beta_a)``.
 
 The softmax of the E-step runs over the receivers ``i`` of each sender: per row ``n`` by default
 (each patch on its own), or, with ``sender_groups``, jointly over every ``(n, i)`` whose sender
@@ -222,9 +224,13 @@ def _em_loop(
             recorded.append(assignments.expand(rows, receivers, senders))
         weights = (assignments * activations.unsqueeze(1)).expand(rows, receivers, senders)
         total = weights.sum(-1, keepdim=True)  # (n, i, 1)
-        # (n, i, j) weights R_ij a_j, NOT renormalised over i
-        sums = statistics.weighted_sum(weights) / total.clamp_min(eps)  # (n, i, 2h)
-        mean = sums[..., :pose_dim]  # of the centred votes
+        # (n, i, j) weights R_ij a_j, NOT renormalised over i. The weighted mean and variance are
+        # divided by sum_j R_ij a_j itself: exact, hence unchanged by the shift m (a constant to
+        # autograd: a floor of eps under that sum made them depend on m, and the gradient of a
+        # receiver with less than eps of data wrong). A receiver no vote reaches gets pose 0.
+        reached = total > 0  # (n, i, 1)
+        sums = statistics.weighted_sum(weights) / torch.where(reached, total, 1.0)  # (n, i, 2h)
+        mean = torch.where(reached, sums[..., :pose_dim], -shift)  # of the centred votes: mu - m
         variance = (sums[..., pose_dim:] - mean.square()).clamp_min(0.0) + eps  # (n, i, h)
         log_variance = variance.log()
         cost = (beta_u.unsqueeze(-1) + 0.5 * log_variance) * total  # (beta_u + log sigma) sum R

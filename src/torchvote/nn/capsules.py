@@ -11,6 +11,7 @@ Index legend: ``b`` batch, ``i`` receivers (output capsules), ``j`` senders (inp
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping
@@ -366,6 +367,14 @@ class CapsuleLinear(nn.Module):
             self._compiled = compiled or False
         else:
             result = self._compiled(self.weight, inputs, activations)
+        # one layout from every strategy (the stream's were views of its (i, b, d) layout, which
+        # refused .view(b, -1) where the materialised ones took it); a copy only for those
+        result = dataclasses.replace(
+            result,
+            outputs=result.outputs.contiguous(),
+            couplings=result.couplings.contiguous(),
+            activations=None if result.activations is None else result.activations.contiguous(),
+        )
         return result if return_routing else result.outputs
 
     def _route_materialized(
