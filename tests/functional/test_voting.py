@@ -226,6 +226,34 @@ def test_masked_softmax_rows_with_nothing_to_weigh_are_zero_with_finite_gradient
     assert torch.isfinite(logits.grad).all()
 
 
+@pytest.mark.parametrize("scale", [1.0, 10.0, 1e3])
+def test_rows_with_nothing_to_weigh_keep_finite_gradients_under_any_upstream_gradient(scale):
+    """A row with nothing to weigh divided by float's tiniest number: its backward g / tiny
+    overflowed to inf once |g| passed about 4, and inf * exp'(-inf) = inf * 0 = NaN, in the
+    softmax and in the weighted mean's normalisation alike."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    float_mask = torch.zeros(3, 4, dtype=torch.float64)
+    float_mask[1] = -math.inf  # the whole row masked through the logits
+    weights = masked_softmax(logits + float_mask, -1)
+    (weights * scale).sum().backward()
+    assert torch.isfinite(logits.grad).all()
+    assert torch.equal(logits.grad[1], torch.zeros(4, dtype=torch.float64))
+    votes = torch.randn(1, 2, 2, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    sender_weights = torch.rand(1, 2, generator=generator, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[[False, False], [True, True]]])  # receiver 0: no sender may vote
+    outputs = vote(PairwiseVotes(votes), torch.zeros(1, 2, 2, dtype=torch.float64), normalize_over="senders",
+                   aggregation="mean", mask=mask, sender_weights=sender_weights).outputs
+    (outputs * scale).sum().backward()
+    assert torch.isfinite(votes.grad).all() and torch.isfinite(sender_weights.grad).all()
+    # receiver 1 alone: its weighted mean's gradient w.r.t. the sender weights, by hand (the
+    # softmax's 1/2 times the sender weights, plus Locatello et al.'s eps, normalised)
+    w = 0.5 * sender_weights.detach()[0] + 1e-8
+    v = votes.detach()[0, 1].sum(-1)  # (j,) each vote's contribution to sum(outputs)
+    expected = scale * 0.5 * (v * w.sum() - (w * v).sum()) / w.sum() ** 2
+    torch.testing.assert_close(sender_weights.grad[0], expected, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_logits_do_not_overflow(dtype):
     q = (torch.randn(1, 4, 16) * 60).to(dtype)  # q.k reaches ~1e4 * 16: beyond float16's range

@@ -387,7 +387,9 @@ def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tens
     peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     exp = torch.exp(logits - peak)  # -inf -> 0
     total = exp.sum(dim=dim, keepdim=True)
-    return exp / total.clamp_min(torch.finfo(exp.dtype).tiny)
+    # a row with nothing to weigh (total 0) divides 0 by 1: a floor of float's tiniest number
+    # gave its backward g / tiny = inf (past |g| of about 4), and inf * exp'(-inf) = NaN
+    return exp / torch.where(total > 0, total, 1.0)
 
 
 def _finite_softmax(logits: Tensor, dim: int) -> Tensor:
@@ -905,8 +907,8 @@ def _mean_weights(weights: Tensor, logits: Tensor) -> Tensor:
     """
     raised = weights.to(torch.promote_types(weights.dtype, torch.float32))
     raised = torch.where(logits > -math.inf, raised + _MEAN_EPS, raised)
-    total = raised.sum(-1, keepdim=True).clamp_min(torch.finfo(raised.dtype).tiny)  # (..., i, 1)
-    return (raised / total).to(weights.dtype)
+    total = raised.sum(-1, keepdim=True)  # (..., i, 1)
+    return (raised / torch.where(total > 0, total, 1.0)).to(weights.dtype)  # as masked_softmax
 
 
 def _combine_masks(mask: Tensor | None, is_causal: bool, logits: Tensor) -> Tensor | None:
