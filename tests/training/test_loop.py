@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import shlex
 import signal
@@ -682,17 +683,39 @@ def test_a_diverged_run_stops_and_keeps_the_last_finite_checkpoint(tiny_config, 
 def test_a_train_record_gives_the_learning_rate_its_last_step_used(tiny_config):
     """The record read the optimiser's lr after the scheduler had stepped: one step ahead (the
     warm-up's first value never appeared, the last record showed the value after the last)."""
-    from torchvote.training.optim import lr_multiplier
-
     config = tiny_config("lr", "max_steps=6", "log_every=1", "eval_every=0", "optim.schedule=cosine",
                          "optim.warmup_steps=2", "optim.lr=0.01")
     result = train(config, verbose=False)
-    multiplier = lr_multiplier(config.optim, result.step)
     records = [r for r in read_metrics(result.metrics_path) if r["event"] == "train"]
     assert [r["step"] for r in records] == list(range(1, 7))
-    for record in records:  # the record of step s holds the lr of step s - 1, counted from 0
-        assert record["lr"] == pytest.approx(config.optim.lr * multiplier(record["step"] - 1), rel=1e-3)
-    assert records[0]["lr"] == pytest.approx(0.005)  # the warm-up's first step: half the peak
+    # the record of step s holds the lr of step s - 1 (from 0), written out: warm-up (k + 1) / 2,
+    # then cosine over the 4 steps left, 0.5 (1 + cos(pi (s - 2) / 4))
+    expected = [0.005, 0.01, 0.01, 0.01 * (1 + math.cos(math.pi / 4)) / 2, 0.005,
+                0.01 * (1 + math.cos(3 * math.pi / 4)) / 2]
+    assert [r["lr"] for r in records] == pytest.approx(expected, rel=1e-3)  # records keep 4 digits
+
+
+@pytest.mark.parametrize(
+    ("schedule", "warmup", "expected"),
+    [  # lr_multiplier(step) for steps 0..5 of a 6-step run, written out from the formulas
+        ("constant", 2, [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]),
+        ("exponential", 0, [0.5 ** (s / 2) for s in range(6)]),  # decay_rate ** (t / decay_steps)
+        ("exponential", 2, [0.5, 1.0, 1.0, 0.5**0.5, 0.5, 0.5**1.5]),  # t counted from the warm-up's end
+        ("cosine", 0, [0.1 + 0.9 * (1 + math.cos(math.pi * s / 6)) / 2 for s in range(6)]),
+        ("cosine", 3, [1 / 3, 2 / 3, 1.0, 1.0, 0.1 + 0.9 * 0.75, 0.1 + 0.9 * 0.25]),
+    ],
+)
+def test_the_schedules_follow_their_formulas(schedule, warmup, expected):
+    """The schedule test compared the loop with lr_multiplier itself: a decay that forgot the
+    warm-up, or a cosine over the whole run, passed."""
+    from torchvote.training.optim import lr_multiplier
+    from torchvote.training.schema import OptimConfig
+
+    config = OptimConfig(
+        schedule=schedule, warmup_steps=warmup, decay_rate=0.5, decay_steps=2, min_lr_ratio=0.1
+    )
+    multiplier = lr_multiplier(config, 6)
+    assert [multiplier(step) for step in range(6)] == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("warmup", [0, 6])

@@ -68,6 +68,19 @@ def test_no_intact_checkpoint_is_an_error_naming_every_file(stopped_run):
     assert (stopped_run / "checkpoints" / "step-00000009.safetensors").is_file()
 
 
+def test_the_fallback_takes_the_newest_intact_of_several_older_checkpoints(tiny_config):
+    """Every fallback case had one older checkpoint: a search oldest-first (a resume silently
+    losing all but the first checkpoint's progress) passed them all."""
+    run = train(tiny_config("killed", "checkpoint_every=2", "keep_checkpoints=5"), callbacks=[_StopAfter(9)],
+                verbose=False)
+    steps = sorted(int(p.name[5:13]) for p in (run.run_dir / "checkpoints").glob("*.safetensors"))
+    assert steps == [2, 4, 6, 8, 9]
+    _damage(run.run_dir / "checkpoints" / "step-00000009.safetensors", "truncated")
+    _damage(run.run_dir / "checkpoints" / "step-00000008.state.pt", "garbage")
+    paths, state, skipped = find_resumable_checkpoint(run.run_dir)
+    assert paths.name == "step-00000006" and state["step"] == 6 and len(skipped) == 2
+
+
 def test_a_missing_newest_checkpoint_or_pointer_falls_back_too(stopped_run):
     (stopped_run / "checkpoints" / "step-00000009.safetensors").unlink()
     paths, state, skipped = find_resumable_checkpoint(stopped_run)
