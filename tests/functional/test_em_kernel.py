@@ -339,29 +339,15 @@ def compiled_blocks(monkeypatch):
     return rows
 
 
-def compile_or_skip(call):
-    """``call()``, skipping the test where torch.compile itself fails (no C++ toolchain): an error
-    raised by dynamo or inductor, never a wrong answer."""
-    if not hasattr(torch, "compile"):
-        pytest.skip("torch.compile is unavailable in this torch")
-    try:
-        return call()
-    except Exception as error:
-        if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
-            pytest.skip(f"torch.compile does not work here: {type(error).__name__}: {error}")
-        raise
-
-
 @pytest.mark.parametrize("grouped", [False, True])
-def test_compiled_strategy_matches_reference(grouped):
+def test_compiled_strategy_matches_reference(grouped, compiler):
     """Compiled (on a CPU one compiled block here, as ``_compiled_blocks`` runs it) against
     the vote configuration, or (with groups) against the vectorized strategy, itself checked
     against the paper loop above; double backward raises torch's error, as documented."""
     inputs = sample(8, rows=2, receivers=2, senders=3, pose_dim=2)
     groups = torch.tensor([[0, 1, 2], [2, 3, 0]]) if grouped else None
-    ours = compile_or_skip(lambda: em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0],
-                                                     strategy="compiled", sender_groups=groups,
-                                                     return_assignments=True))
+    ours = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="compiled",
+                             sender_groups=groups, return_assignments=True)
     if grouped:
         ref = em_routing_kernel(*inputs, inverse_temperatures=[0.5, 1.0], strategy="vectorized",
                                 sender_groups=groups, return_assignments=True)
@@ -458,12 +444,12 @@ def assert_gradients_of_formed_votes(outputs, leaves, formed):
         torch.testing.assert_close(g, r, **TIGHT)
 
 
-def test_compiled_blocks_keep_formed_votes_as_their_product(formed_blocks):
+def test_compiled_blocks_keep_formed_votes_as_their_product(formed_blocks, compiler):
     """A block's votes formed from :class:`PerSenderVotes` are not kept for backward (they would
     be the whole votes, block after block): backward forms them again, once per use (here two,
     through ``retain_graph``), and the gradients are those of the votes formed first."""
     leaves, votes, formed = per_sender_sample(21, **COMPILED_SHAPES)
-    ours = compile_or_skip(lambda: em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SHORT))
+    ours = em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SHORT)
     gc.collect()
     assert len(formed_blocks) == 1 and formed_blocks[0]() is None  # formed, then freed
     torch.autograd.grad(loss_of(*ours), leaves[2], retain_graph=True)
@@ -473,7 +459,7 @@ def test_compiled_blocks_keep_formed_votes_as_their_product(formed_blocks):
 
 
 @pytest.mark.parametrize("modified", ["left", "activations"])
-def test_compiled_blocks_refuse_saved_tensors_modified_in_place(modified, monkeypatch):
+def test_compiled_blocks_refuse_saved_tensors_modified_in_place(modified, monkeypatch, compiler):
     """Votes formed again in backward from a factor changed since forward would give a wrong
     gradient silently (autograd itself keeps no copy of ``left`` when only ``left`` needs a
     gradient), and so would any other tensor the block's graph saved, which autograd does not check
@@ -481,23 +467,22 @@ def test_compiled_blocks_refuse_saved_tensors_modified_in_place(modified, monkey
     monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", 0)
     leaves, votes, _ = per_sender_sample(22, **COMPILED_SHAPES)
     right = leaves[1].detach()
-    ours = compile_or_skip(lambda: em_routing_kernel(PerSenderVotes(leaves[0], right, votes.batch_shape,
-                                                                    votes.receivers),
-                                                     *leaves[2:], strategy="compiled", **SHORT))
+    ours = em_routing_kernel(PerSenderVotes(leaves[0], right, votes.batch_shape, votes.receivers),
+                             *leaves[2:], strategy="compiled", **SHORT)
     with torch.no_grad():
         leaves[0 if modified == "left" else 2].mul_(0.5)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(loss_of(*ours), leaves[0])
 
 
-def test_compiled_blocks_formed_again_under_autocast_as_in_forward(monkeypatch):
+def test_compiled_blocks_formed_again_under_autocast_as_in_forward(monkeypatch, compiler):
     """A backward run inside ``torch.autocast`` forms the blocks again in float32, as forward did
     (formed in bfloat16 they were read as float32: NaN): the gradients equal those of kept votes."""
     leaves, votes, _ = per_sender_sample(25, **COMPILED_SHAPES, dtype=torch.float32)
     grads = {}
     for budget in (1 << 62, 0):  # every block kept, every block formed again
         monkeypatch.setattr(kernel_module, "_KEPT_VOTES_BYTES", budget)
-        ours = compile_or_skip(lambda: em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SHORT))
+        ours = em_routing_kernel(votes, *leaves[2:], strategy="compiled", **SHORT)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             grads[budget] = torch.autograd.grad(loss_of(*ours), leaves)
     for kept, formed in zip(grads[1 << 62], grads[0], strict=True):
@@ -555,7 +540,7 @@ def test_compiled_blocks_keep_votes_up_to_the_budget(votes_kind, compiled_blocks
 
 
 @pytest.mark.parametrize("caller", ["saved_tensors_hooks", "checkpoint"])
-def test_compiled_blocks_leave_a_callers_saved_tensor_hooks_alone(caller, formed_blocks):
+def test_compiled_blocks_leave_a_callers_saved_tensor_hooks_alone(caller, formed_blocks, compiler):
     """Under the caller's saved-tensor hooks (offloading, activation checkpointing) theirs decide
     what is kept: the blocks are not formed again by this strategy, and the gradients are right."""
     leaves, votes, formed = per_sender_sample(23, **COMPILED_SHAPES)
@@ -565,10 +550,10 @@ def test_compiled_blocks_leave_a_callers_saved_tensor_hooks_alone(caller, formed
         return em_routing_kernel(votes, *args, strategy="compiled", **SHORT)
 
     if caller == "checkpoint":
-        ours = compile_or_skip(lambda: checkpoint(route, *leaves[2:], use_reentrant=False))
+        ours = checkpoint(route, *leaves[2:], use_reentrant=False)
     else:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
-            ours = compile_or_skip(lambda: route(*leaves[2:]))
+            ours = route(*leaves[2:])
         assert any(t.shape == (2, 2, 3, 2) for t in seen)  # the block's votes, given to the caller's hook
     assert_gradients_of_formed_votes(ours, leaves, formed)
     assert len(formed_blocks) == (2 if caller == "checkpoint" else 1)  # checkpoint's own recomputation

@@ -10,24 +10,13 @@ from torchvote.training.checkpoint import load_model_weights, read_weights, save
 from torchvote.training.setup import compile_model
 
 
-def _compile_works() -> str | None:
-    try:
-        torch.compile(lambda x: x.cos() * 2)(torch.randn(3))
-    except Exception as error:  # noqa: BLE001
-        return f"torch.compile fails here: {type(error).__name__}: {error}"
-    return None
-
-
 def test_compile_model_is_a_no_op_when_off():
     model = torch.nn.Linear(2, 3)
     assert compile_model(model, False) is model
 
 
 @pytest.mark.slow  # compiling the tiny CNN's step takes about 30 s on a 2-core CPU
-def test_compiled_run_trains_and_its_checkpoint_loads_uncompiled(tiny_config, monkeypatch):
-    reason = _compile_works()
-    if reason:
-        pytest.skip(reason)
+def test_compiled_run_trains_and_its_checkpoint_loads_uncompiled(tiny_config, monkeypatch, compiler):
     calls = []
     real_compile = torch.compile
 
@@ -46,10 +35,7 @@ def test_compiled_run_trains_and_its_checkpoint_loads_uncompiled(tiny_config, mo
         torch.testing.assert_close(tensor, result.model.state_dict()[name], rtol=0, atol=0)
 
 
-def test_weights_of_a_compiled_wrapper_save_and_load_with_eager_names(tmp_path):
-    reason = _compile_works()
-    if reason:
-        pytest.skip(reason)
+def test_weights_of_a_compiled_wrapper_save_and_load_with_eager_names(tmp_path, compiler):
     torch.manual_seed(0)
     eager = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
     wrapped = torch.compile(eager)  # never called: nothing is compiled
