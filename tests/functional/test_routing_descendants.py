@@ -119,7 +119,10 @@ def test_efficient_squash_lengths_and_zero():
     lengths = efficient_squash(s).norm(dim=-1)
     assert bool((lengths < 1).all()) and bool((lengths >= 0).all())
     assert bool((efficient_squash(s.float() * 1e3).norm(dim=-1) <= 1 + 1e-6).all())
-    torch.testing.assert_close(lengths, 1 - torch.exp(-s.norm(dim=-1)), rtol=1e-4, atol=1e-6)
+    # eq. 6, (1 - e^-||s||) s / ||s||, with the documented ||s|| = sqrt(sum s^2 + 1e-12): exact in
+    # float64 (rtol 1e-4 let the eps go unseen)
+    norm, smoothed = s.norm(dim=-1), torch.sqrt(s.pow(2).sum(-1) + 1e-12)
+    torch.testing.assert_close(lengths, norm * -torch.expm1(-smoothed) / smoothed, rtol=1e-13, atol=0)
     zero = torch.zeros(3, 4, requires_grad=True)
     efficient_squash(zero).sum().backward()
     assert torch.equal(efficient_squash(zero), zero) and torch.isfinite(zero.grad).all()

@@ -20,10 +20,13 @@ from torchvote.functional import (
 )
 
 
-def loop_vote(votes, logits, *, over, iterations, agreement, update, aggregation, nonlinearity):
+def loop_vote(votes, logits, *, over, iterations, agreement, update, aggregation, nonlinearity, kept=None,
+              dropout_p=0.0):
     """A literal loop over receivers i and senders j for one batch element.
 
-    votes: (i, j, d) pairwise; logits: (i, j). Returns the outputs (i, d) and per-pass weights.
+    votes: (i, j, d) pairwise; logits: (i, j); kept: None or one (i, j) 0/1 dropout mask per pass,
+    each kept weight scaled by 1 / (1 - dropout_p) before the sum (inverted dropout). Returns the
+    outputs (i, d) and per-pass weights.
     """
     receivers, senders, _ = votes.shape
     current = logits.clone()
@@ -41,6 +44,8 @@ def loop_vote(votes, logits, *, over, iterations, agreement, update, aggregation
                 for i in range(receivers):
                     weights[i, j] = exps[i] / sum(exps)
         history.append(weights)
+        if kept is not None:
+            weights = weights * kept[t] / (1 - dropout_p)
         outputs = []
         for i in range(receivers):
             s = sum(weights[i, j] * votes[i, j] for j in range(senders))
@@ -252,6 +257,30 @@ def test_rows_with_nothing_to_weigh_keep_finite_gradients_under_any_upstream_gra
     v = votes.detach()[0, 1].sum(-1)  # (j,) each vote's contribution to sum(outputs)
     expected = scale * 0.5 * (v * w.sum() - (w * v).sum()) / w.sum() ** 2
     torch.testing.assert_close(sender_weights.grad[0], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("over", ["senders", "receivers"])
+def test_dropout_drops_each_pass_weights_with_the_same_p(over, monkeypatch):
+    """Dropout after the first pass was only checked to change the numbers (p / 2 on the later
+    passes passed): every pass's weights against the loop with the same masks."""
+    generator = torch.Generator().manual_seed(3)
+    votes = torch.randn(1, 4, 5, 3, generator=generator, dtype=torch.float64)  # (b, i, j, d)
+    logits = torch.randn(1, 4, 5, generator=generator, dtype=torch.float64)
+    kept = (torch.rand(3, 4, 5, generator=generator) > 0.3).double()  # one mask per pass
+    calls = []
+
+    def dropout(weights, p, **kwargs):  # inverted dropout with the pass's mask
+        calls.append(p)
+        return weights * kept[len(calls) - 1] / (1 - p)
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", dropout)
+    result = vote(PairwiseVotes(votes), logits, normalize_over=over, iterations=3, dropout_p=0.3,
+                  nonlinearity="squash")
+    assert calls == [0.3, 0.3, 0.3]
+    expected, _ = loop_vote(votes[0], logits[0], over=over, iterations=3, agreement="dot",
+                            update="accumulate", aggregation="sum", nonlinearity="squash", kept=kept,
+                            dropout_p=0.3)
+    torch.testing.assert_close(result.outputs[0], expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -517,7 +517,7 @@ def test_canvas_trains_on_40x40_and_evaluates_on_affnist_style(tiny_config):
 )
 def test_a_wrong_eval_on_entry_fails_before_the_training(tiny_config, tmp_path, entry, error):
     steps = []
-    with pytest.raises(Exception, match=error):  # an unknown name already when the config loads
+    with pytest.raises(ValueError, match=error):  # an unknown name already when the config loads
         config = tiny_config("run", "epochs=1", f"eval_on=[{entry}]")
         train(config, callbacks=[lambda info: steps.append(info.step)], verbose=False)
     assert steps == [] and not (tmp_path / "run").exists()

@@ -248,6 +248,19 @@ def test_two_digit_accuracy_counts_an_image_when_its_two_longest_capsules_are_it
     assert handler.summarize({k: v.item() for k, v in sums.items()})["accuracy"] == pytest.approx(0.4)
 
 
+def test_language_model_accuracy_counts_every_next_token_by_hand():
+    """Only a bound (accuracy > 0.3) checked the LM's metrics: a count of sequences instead of
+    tokens (an accuracy far above 1) passed."""
+    handler = get_task_handler("language-model")
+    tokens = torch.tensor([[1, 2, 3, 0], [3, 3, 1, 2]])  # (b, t + 1): targets tokens[:, 1:]
+    logits = torch.zeros(2, 3, 4)  # (b, t, vocab)
+    logits[0, torch.arange(3), torch.tensor([2, 0, 0])] = 1.0  # right, wrong, right
+    logits[1, torch.arange(3), torch.tensor([3, 2, 2])] = 1.0  # right, wrong, right
+    sums = handler.metric_sums(SequenceOutput(logits=logits), {"tokens": tokens})
+    assert (sums["correct"].item(), sums["count"].item(), sums["examples"].item()) == (4, 6, 2)
+    assert handler.summarize({k: v.item() for k, v in sums.items()})["accuracy"] == pytest.approx(4 / 6)
+
+
 def test_seq2seq_exact_match_chooses_as_greedy_decoding_does():
     """Greedy decoding never picks <pad> or <bos>; the teacher-forced metrics took the plain
     argmax, so a position whose top score was <pad> counted wrong where greedy decoding, taking
@@ -265,9 +278,13 @@ def test_seq2seq_exact_match_chooses_as_greedy_decoding_does():
     sums = handler.metric_sums(SequenceOutput(logits=logits), {"source": target, "target": target})
     assert sums["correct"].item() == 5 and sums["count"].item() == 5
     assert sums["sequence_correct"].item() == 2
+    metrics = handler.summarize({k: v.item() for k, v in sums.items()})
+    assert metrics["accuracy"] == 1.0 and metrics["sequence_accuracy"] == 1.0
     logits[0, 1, 4] = 2.0  # a real mistake still counts
     sums = handler.metric_sums(SequenceOutput(logits=logits), {"source": target, "target": target})
     assert sums["correct"].item() == 4 and sums["sequence_correct"].item() == 1
+    metrics = handler.summarize({k: v.item() for k, v in sums.items()})
+    assert (metrics["accuracy"], metrics["sequence_accuracy"]) == pytest.approx((4 / 5, 1 / 2))
 
 
 def test_each_digits_reconstruction_is_compared_with_that_digit_alone():
