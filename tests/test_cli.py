@@ -659,3 +659,27 @@ def test_run_folders_expand_the_home_folder_and_name_a_file_in_the_way(tmp_path,
         value = tmp_path / "afile" / ("sub" if key == "run_dir" else "")
         assert cli.main(["train", "smoke", f"{key}={value}", *quiet]) == 2
         assert f"{key}: {tmp_path / 'afile'} is a file" in capsys.readouterr().err
+
+
+def test_commands_that_train_nothing_run_without_the_train_extra():
+    """The install explain's docs give (no train extra) ended every command, `list routers` and
+    `explain` too, in a traceback: the command line imported the training loop (omegaconf) first.
+    Now they run, and a command that trains names the extra."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['omegaconf'] = None\n"  # as if it were not installed
+        "from torchvote.cli import main; sys.exit(main(sys.argv[1:]))\n"
+    )
+
+    def run(*argv):
+        command = [sys.executable, "-c", script, *argv]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    listed = run("list")
+    assert listed.returncode == 0, listed.stderr
+    assert "dynamic" in listed.stdout and "the training presets need the train extra" in listed.stdout
+    trained = run("train", "smoke", "max_steps=1")
+    assert trained.returncode == cli.EXIT_USAGE and "Traceback" not in trained.stderr
+    assert 'pip install "torchvote[train]"' in trained.stderr

@@ -243,7 +243,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from torchvote.data.errors import DataNotFoundError
-    from torchvote.training.loop import TrainingDivergedError, TrainingOutOfMemoryError
+
+    try:
+        from torchvote.training.loop import TrainingDivergedError, TrainingOutOfMemoryError
+    except ModuleNotFoundError:  # without the train extra: explain, list, data still run
+
+        class TrainingDivergedError(Exception):  # never raised: no run trains
+            pass
+
+        TrainingOutOfMemoryError = TrainingDivergedError
 
     try:
         return handlers[args.command](args)
@@ -273,8 +281,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(err).split())  # one line
+        extra = _EXTRA_OF_MODULE.get((getattr(err, "name", None) or "").partition(".")[0])
+        if isinstance(err, ModuleNotFoundError) and extra and "pip install" not in message:
+            message += f': pip install "torchvote[{extra}]"'
         print(f"torchvote {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+
+
+#: The extra of pyproject.toml that installs a module a command may miss.
+_EXTRA_OF_MODULE = {"omegaconf": "train", "tqdm": "train", "safetensors": "train", "matplotlib": "plots",
+                    "tokenizers": "pretrained", "scipy": "affnist", "tensorboard": "tensorboard"}
 
 
 # --- train / main ---------------------------------------------------------------------------------
@@ -636,7 +652,10 @@ def _list_routers() -> list[str]:
 
 
 def _list_presets() -> list[str]:
-    from torchvote.training.config import list_presets
+    try:
+        from torchvote.training.config import list_presets
+    except ModuleNotFoundError as error:  # the presets are read with the train extra's omegaconf
+        return [f'(the training presets need the train extra: pip install "torchvote[train]"; {error})']
 
     return [f"{name:24s} {description}" for name, description in list_presets().items()]
 
