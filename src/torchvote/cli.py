@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     demo = commands.add_parser("demo", help="the voting operator as attention and as routing on MNIST")
-    demo.add_argument("--output-dir", default="runs/demo", help="where the plots go")
+    demo.add_argument("--output-dir", default="runs/demo", help="where the plots go (default: runs/demo)")
     demo.add_argument("--no-plots", action="store_true", help="print only")
 
     train = commands.add_parser("train", help="train from a preset with key=value overrides")
@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget",
         default="cpu",
         choices=("cpu", "paper"),
-        help="cpu: minutes on a laptop; paper: the papers' sizes (for a GPU)",
+        help="cpu (default): minutes per run on a laptop (a row of many variants and seeds takes "
+        "hours); paper: the papers' sizes (for a GPU)",
     )
     reproduce.add_argument("--seeds", type=int, nargs="+", metavar="N", help="seeds to run (default: 0 1 2)")
     reproduce.add_argument(

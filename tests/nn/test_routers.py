@@ -411,6 +411,16 @@ def test_a_users_registered_router_is_built_by_name_beside_torchvotes(monkeypatc
     torch.testing.assert_close(layer(inputs), reference(inputs) / 2)
     with pytest.raises(ValueError, match="already registered"):
         register_router(HalfUniform)
+    # and every capsule model takes it by name (the configs took only torchvote's own names)
+    from torchvote.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("capsnet", "tiny", router="half_uniform").eval()
+    torch.manual_seed(0)
+    uniform = create_model("capsnet", "tiny", router="uniform").eval()
+    images = torch.rand(2, 1, model.config.image_size, model.config.image_size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images).poses, uniform(images).poses / 2)
 
     class Nameless(UniformRouter):
         name = ""

@@ -48,11 +48,13 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         type=Path,
         default=None,
         metavar="RUN",
-        help="a training run's folder (e.g. runs/main-...) of a capsule model, its checkpoints/ "
-        "folder or one checkpoint's file (step-N.safetensors or step-N.state.pt), or a record of its "
-        "tensors (.safetensors/.pt): adds routing, reconstruction and perturbation pictures",
+        help="a training run's folder (e.g. runs/main-...) of a capsnet or efficient-capsnet model, its "
+        "checkpoints/ folder or one checkpoint's file (step-N.safetensors or step-N.state.pt), or a "
+        "record of its tensors (.safetensors/.pt): adds routing, reconstruction and perturbation pictures",
     )
-    parser.add_argument("--layer", type=int, default=2, help="layer shown in the heatmaps and made to route")
+    parser.add_argument(
+        "--layer", type=int, default=2, help="layer shown in the heatmaps and made to route (default: 2)"
+    )
     parser.add_argument(
         "--iterations",
         type=int,

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchvote.functional.routing import list_routers
 from torchvote.validation import (
     check_index_range,
     check_input_dtype,
@@ -116,7 +115,9 @@ _LAYER_ARGUMENTS = frozenset({"in_caps", "out_caps", "out_dim", "iterations", "d
 def check_router(
     router: str, router_options: Mapping[str, Any], *, supported: tuple[str, ...] | None = None
 ) -> None:
-    """Check a model config's ``router`` against :func:`~torchvote.functional.routing.list_routers`.
+    """Check a model config's ``router`` against the routers :func:`~torchvote.nn.routers.make_router`
+    builds: torchvote's (:func:`~torchvote.functional.routing.list_routers`) and a user's
+    (:func:`~torchvote.nn.routers.register_router`).
 
     Args:
         router: the configured router name.
@@ -124,11 +125,13 @@ def check_router(
         supported: the routers this model can use, when not all of them.
 
     Raises:
-        ValueError: an unknown router (the message lists ``list_routers()``), one this model does
+        ValueError: an unknown router (the message lists the registered ones), one this model does
             not support (the message lists those it does), or options that are not a mapping or
             that repeat what the layer passes (``iterations``, the sizes, ``device``, ``dtype``).
     """
-    names = sorted(list_routers())
+    from torchvote.nn.routers import registered_routers  # the models import the layers anyway
+
+    names = registered_routers()
     if router not in names:
         raise ValueError(f"router must be one of {names}, got {router!r}")
     if supported is not None and router not in supported:

@@ -6,7 +6,14 @@ one. :class:`~torchvote.nn.capsules.CapsuleLinear` chooses a router by name thro
 :class:`~torchvote.functional.voting.Votes` object), couplings ``(batch..., out_caps, in_caps)``.
 """
 
-from torchvote.nn.routers.base import Router, RoutingResult, make_router, register_router
+from torchvote.nn.routers.base import (
+    BiasedRouter,
+    Router,
+    RoutingResult,
+    make_router,
+    register_router,
+    registered_routers,
+)
 from torchvote.nn.routers.dynamic import DynamicRouter
 from torchvote.nn.routers.em import EMRouter
 from torchvote.nn.routers.inverted_dot_product import InvertedDotProductRouter
@@ -16,6 +23,7 @@ from torchvote.nn.routers.slot_attention import SlotAttention
 from torchvote.nn.routers.uniform import UniformRouter
 
 __all__ = [
+    "BiasedRouter",
     "DynamicRouter",
     "EMRouter",
     "InvertedDotProductRouter",
@@ -27,4 +35,5 @@ __all__ = [
     "UniformRouter",
     "make_router",
     "register_router",
+    "registered_routers",
 ]

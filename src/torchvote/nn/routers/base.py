@@ -44,7 +44,7 @@ from torchvote.validation import (
     is_integer,
 )
 
-__all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router"]
+__all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router", "registered_routers"]
 
 
 @dataclass
@@ -193,11 +193,21 @@ class Router(nn.Module):
 _REGISTRY: dict[str, type[Router]] = {}
 
 
+def registered_routers() -> list[str]:
+    """The names :func:`make_router` builds: torchvote's own
+    (:func:`~torchvote.functional.routing.list_routers`) and any a user registered.
+
+    Returns:
+        The names, sorted.
+    """
+    return sorted(_REGISTRY)
+
+
 def register_router(cls: type[Router]) -> type[Router]:
-    """Class decorator: make ``cls`` buildable by ``make_router(cls.name, ...)`` (and so by
-    ``CapsuleLinear(routing=cls.name)``); a user's own router is registered the same way. (The
-    model configs take the names of :func:`~torchvote.functional.routing.list_routers`, torchvote's
-    own; pass a router instance to a layer for any other.)
+    """Class decorator: make ``cls`` buildable by ``make_router(cls.name, ...)``, and so by
+    ``CapsuleLinear(routing=cls.name)`` and every capsule model's ``router=`` (a run of such a
+    model needs the registration again where its checkpoint is loaded); a user's own router is
+    registered the same way as torchvote's.
 
     Args:
         cls: a :class:`Router` subclass with a ``name``.
