@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -683,3 +684,32 @@ def test_commands_that_train_nothing_run_without_the_train_extra():
     trained = run("train", "smoke", "max_steps=1")
     assert trained.returncode == cli.EXIT_USAGE and "Traceback" not in trained.stderr
     assert 'pip install "torchvote[train]"' in trained.stderr
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_a_run_says_where_its_tensorboard_events_went_or_why_none(tmp_path, capsys, monkeypatch, installed):
+    """tensorboard=true is the default, and without the package a run wrote nothing and said
+    nothing of it."""
+    import types
+
+    class EventWriter:  # the package's SummaryWriter makes its folder at once, as this does
+        def __init__(self, log_dir, purge_step=None):
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+
+        def add_scalar(self, tag, value, step):
+            pass
+
+        flush = close = lambda self: None
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = EventWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake if installed else None)
+    assert cli.main(["train", "smoke", "max_steps=1", "progress=false", f"run_dir={tmp_path / 'run'}"]) == 0
+    out = capsys.readouterr().out
+    if installed:
+        assert f"tensorboard: {tmp_path / 'run' / 'tensorboard'}" in out
+    else:
+        assert 'tensorboard: not written, no tensorboard package (pip install "torchvote[tensorboard]"' in out
+    assert cli.main(["train", "smoke", "max_steps=1", "progress=false", "tensorboard=false",
+                     f"run_dir={tmp_path / 'quiet'}"]) == 0
+    assert "tensorboard:" not in capsys.readouterr().out

@@ -476,6 +476,11 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
     if result.checkpoint is not None:
         print(f"\ncheckpoint: {result.checkpoint.weights}")
         print(f"metrics:    {result.metrics_path}")
+        if config.tensorboard:  # the default: say where, or why nothing was written
+            events = Path(result.run_dir) / "tensorboard"
+            print(f"tensorboard: {events}" if events.is_dir() else
+                  'tensorboard: not written, no tensorboard package (pip install "torchvote[tensorboard]"; '
+                  "tensorboard=false hides this line)")
         if result.plots:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
         print(f"evaluate:   {_evaluate_command(config, result.run_dir)}")

@@ -604,10 +604,10 @@ def test_ctrl_c_in_the_final_evaluation_stops_it_and_a_resume_finishes_it(tiny_c
     config = tiny_config("run", "epochs=1", "eval_every=0")
     evaluate = loop._Run._evaluate
 
-    def interrupted(self, data):  # the first evaluation is the final one (eval_every=0)
+    def interrupted(self, data, source=""):  # the first evaluation is the final one (eval_every=0)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)  # the signal is handled here, as it would be inside a long evaluation
-        return evaluate(self, data)
+        return evaluate(self, data, source)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:

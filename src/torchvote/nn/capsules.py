@@ -214,7 +214,11 @@ class CapsuleLinear(nn.Module):
             votes exceed ``routing_strategy.MATERIALIZE_BUDGET_BYTES``), ``"materialize"``
             (votes formed by one einsum), ``"stream"`` (never formed) or ``"compiled"`` (the
             materialised routing under ``torch.compile``, compiled on the first call; falls back
-            to ``"materialize"`` with a warning where compiling fails).
+            to ``"materialize"`` with a warning where compiling fails). Every strategy gives the
+            same numbers and a contiguous layout; under ``torch.autocast`` the streamed kernels
+            compute and return float32 (the weights' dtype), the materialised votes are in the
+            autocast dtype and so are the outputs: ``"auto"``'s dtype then differs between a CPU
+            and a GPU.
         device: where to create the parameters.
         dtype: the parameters' dtype.
 

@@ -36,6 +36,8 @@ class Progress:
             file=sys.stderr,
             disable=not enabled,
             leave=True,
+            # a log file or CI (no terminal) keeps every redraw: one every 30 s, not ten a second
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
         self._reset()
 

@@ -79,7 +79,9 @@ class OptimConfig:
     Args:
         name: ``adam``, ``adamw`` or ``sgd`` (with ``momentum``, Nesterov off).
         lr: peak learning rate.
-        weight_decay: L2 (adam, sgd) or decoupled (adamw) weight decay.
+        weight_decay: L2 (adam, sgd) or decoupled (adamw) weight decay, on every parameter
+            (biases, norms and embeddings too; GPT-2-style recipes exempt those, which torchvote
+            does not).
         momentum: SGD momentum.
         beta1, beta2: Adam betas.
         schedule: ``constant``; ``exponential`` (``lr * decay_rate ** (t / decay_steps)``, ``t``
