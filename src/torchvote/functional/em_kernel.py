@@ -516,8 +516,9 @@ class _BlockedEM(torch.autograd.Function):
     @staticmethod
     @refuse_double_backward(
         "em_routing(strategy='blocked') can be differentiated once only (its backward recomputes "
-        "each block and is not itself differentiable); use strategy='vectorized' for double "
-        "backward (create_graph=True)"
+        "each block and is not itself differentiable); use EM's strategy='vectorized' for double "
+        "backward (create_graph=True): em_routing(..., strategy='vectorized'), EMRouter(strategy="
+        "'vectorized'), or router_options={'strategy': 'vectorized'} of a capsule layer or model"
     )
     def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         with autocast_off(ctx.device_type):  # recompute as forward ran, whatever autocast is on now
