@@ -103,8 +103,9 @@ def naive_em(votes: Tensor, activations: Tensor, beta_u: Tensor, beta_a: Tensor,
     for t in range(ITERATIONS):
         Ra = R * a  # (n, j, i, 1)
         total = Ra.sum(1, keepdim=True)  # (n, 1, i, 1)
-        mu = (Ra * votes).sum(1, keepdim=True) / total.clamp_min(eps)  # (n, 1, i, h)
-        var = (Ra * (votes - mu) ** 2).sum(1, keepdim=True) / total.clamp_min(eps) + eps
+        divisor = torch.where(total > 0, total, 1.0)  # the paper's sum; a receiver without data: pose 0
+        mu = (Ra * votes).sum(1, keepdim=True) / divisor  # (n, 1, i, h)
+        var = (Ra * (votes - mu) ** 2).sum(1, keepdim=True) / divisor + eps
         cost = (beta_u.view(1, 1, -1, 1) + 0.5 * torch.log(var)) * total
         logit = SCHEDULE[t] * (beta_a.view(1, 1, -1) - cost.sum(-1))  # (n, 1, i)
         if t == ITERATIONS - 1:

@@ -264,7 +264,7 @@ def test_joint_normalisation_differs_from_per_patch_and_sums_to_one_per_input():
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e4])
-def test_group_softmax_matches_a_loop_over_groups(scale):
+def test_group_log_softmax_matches_a_loop_over_groups(scale):
     """The two-level joint softmax against a loop: per group, one softmax over every (n, i) entry
     of its sender; logits up to 1e4 (exp overflows without the shift) stay finite in float32."""
     generator = torch.Generator().manual_seed(3)
@@ -274,17 +274,18 @@ def test_group_softmax_matches_a_loop_over_groups(scale):
     expected = torch.empty_like(logits)
     for group in range(num_groups):
         rows, senders = (groups == group).nonzero(as_tuple=True)
-        expected[rows, :, senders] = torch.softmax(logits[rows, :, senders].reshape(-1), 0).view(-1, 4)
-    torch.testing.assert_close(kernel_module._group_softmax(logits, groups, num_groups), expected, **TIGHT)
-    single = kernel_module._group_softmax(logits.float(), groups, num_groups)
+        expected[rows, :, senders] = torch.log_softmax(logits[rows, :, senders].reshape(-1), 0).view(-1, 4)
+    ours = kernel_module._group_log_softmax(logits, groups, num_groups)
+    torch.testing.assert_close(ours, expected, **TIGHT)
+    single = kernel_module._group_log_softmax(logits.float(), groups, num_groups)
     assert torch.isfinite(single).all()
-    torch.testing.assert_close(single, expected.float(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(single.exp(), expected.exp().float(), rtol=1e-4, atol=1e-6)
 
 
-def test_group_softmax_gradcheck():
+def test_group_log_softmax_gradcheck():
     groups = conv_sender_groups(4, 4, 1, 3, 1)
     logits = torch.randn(4, 3, 9, dtype=DOUBLE, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: kernel_module._group_softmax(x, groups, 16), (logits,))
+    assert torch.autograd.gradcheck(lambda x: kernel_module._group_log_softmax(x, groups, 16), (logits,))
 
 
 def test_groups_of_distinct_ids_are_per_row_normalisation():

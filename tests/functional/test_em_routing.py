@@ -306,3 +306,25 @@ def test_a_receiver_with_almost_no_data_gets_the_papers_pose_and_exact_gradients
     expected, _, _ = reference(votes.detach()[2:], activations[2:], torch.tensor([0.1, 0.1]),
                                torch.tensor([0.2, 0.2]), 3)
     torch.testing.assert_close(poses[2:].detach(), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["vectorized", "blocked"])
+def test_a_receiver_with_subnormal_data_keeps_finite_exact_gradients(strategy):
+    """Dividing by sum R a itself overflowed in backward when that sum was subnormal (g / 1e-40 =
+    inf) although d mu / dV = R a / sum R a is at most 1: the weights are normalised in log space."""
+    votes = torch.tensor([10.0, 30.0]).view(1, 1, 2, 1).requires_grad_(True)  # float32
+    poses, _ = em_routing(votes, torch.tensor([[1e-40, 1e-40]]), 0.0, 0.0, iterations=1, strategy=strategy)
+    poses.sum().backward()
+    assert poses.item() == 20.0 and votes.grad.flatten().tolist() == [0.5, 0.5]
+    generator = torch.Generator().manual_seed(0)
+    smallest = []
+    for pose_dim in range(10, 17):  # receiver 1's assignments from 1e-30 down to subnormal and 0
+        votes = torch.randn(1, 2, 8, pose_dim, generator=generator)
+        votes[:, 0] = 0.3  # receiver 0's votes all alike: it explains every sender far better
+        votes.requires_grad_(True)
+        poses, activations, assignments = em_routing(votes, torch.full((1, 8), 0.9), 0.0, 0.0, iterations=2,
+                                                     strategy=strategy, return_assignments=True)
+        smallest.append(float(assignments[0, 1].max()))
+        (poses.sum() + activations.sum()).backward()
+        assert torch.isfinite(votes.grad).all(), pose_dim
+    assert min(s for s in smallest if s > 0) < torch.finfo(torch.float32).tiny  # subnormal reached

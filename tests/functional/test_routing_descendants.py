@@ -220,6 +220,7 @@ def test_slot_routing_matches_a_loop():
         return 0.5 * means + prev
 
     out, couplings = slot_routing(votes, slots, query=torch.tanh, update=update, iterations=3)
+    expected_out, expected_couplings = [], []
     for n in range(2):
         current = slots
         for _ in range(3):
@@ -227,10 +228,19 @@ def test_slot_routing_matches_a_loop():
             paper_votes = rearrange(votes[n], "o i d -> i o d")  # the paper's (in, out)
             logits = torch.einsum("jd,ijd->ij", q, paper_votes) / 2.0  # (in, out), scale 1/sqrt(4)
             c = torch.softmax(logits, dim=1)  # over the output capsules
-            means = torch.einsum("ij,ijd->jd", c, paper_votes) / c.sum(0).unsqueeze(-1)
+            w = c + 1e-8  # Locatello et al. 2020, Algorithm 1: the weighted mean's eps
+            means = torch.einsum("ij,ijd->jd", w, paper_votes) / w.sum(0).unsqueeze(-1)
             current = update(means, current)
-        torch.testing.assert_close(out[n], current)
-        torch.testing.assert_close(couplings[n], rearrange(c, "i o -> o i"))
+        expected_out.append(current)
+        expected_couplings.append(rearrange(c, "i o -> o i"))
+    expected_out, expected_couplings = torch.stack(expected_out), torch.stack(expected_couplings)
+    torch.testing.assert_close(out, expected_out, rtol=1e-12, atol=1e-12)  # eps left out: 3e-8 off
+    torch.testing.assert_close(couplings, expected_couplings, rtol=1e-12, atol=1e-12)
+    # and the gradients of both, through every pass
+    ramp = torch.linspace(0, 1, 5, dtype=DOUBLE)
+    ours = torch.autograd.grad(out.pow(2).sum() + (couplings * ramp).sum(), votes)[0]
+    loop = torch.autograd.grad(expected_out.pow(2).sum() + (expected_couplings * ramp).sum(), votes)[0]
+    torch.testing.assert_close(ours, loop, rtol=1e-10, atol=1e-12)
 
 
 def test_routing_arguments_that_do_not_fit_the_votes_are_named():

@@ -172,14 +172,24 @@ def algorithm1(module: SlotAttention, inputs, slots, iterations, eps=1e-8):
 def test_slot_attention_module_matches_algorithm1():
     torch.manual_seed(1)
     module = SlotAttention(3, 5, slot_dim=6, iterations=3, hidden_dim=8).double()
-    inputs = torch.randn(2, 7, 5, dtype=DOUBLE)
+    inputs = torch.randn(2, 7, 5, dtype=DOUBLE, requires_grad=True)
     slots = module.initial_slots(2, 3)
     out, attention = module(inputs, slots=slots, return_attention=True)
-    for n in range(2):
-        ref, ref_attn = algorithm1(module, inputs[n], slots[n], 3)
-        torch.testing.assert_close(out[n], ref, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(attention[n], ref_attn, rtol=1e-6, atol=1e-7)
+    refs = [algorithm1(module, inputs[n], slots[n], 3) for n in range(2)]
+    ref, ref_attn = torch.stack([r[0] for r in refs]), torch.stack([r[1] for r in refs])
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)  # float64: was 1e-6
+    torch.testing.assert_close(attention, ref_attn, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(attention.sum(-2), torch.ones(2, 7, dtype=DOUBLE))
+    # gradients through the three passes, w.r.t. the inputs and every parameter
+    leaves = [inputs, *module.parameters()]
+    ours = torch.autograd.grad(out.pow(2).sum() + attention.sum(), leaves, allow_unused=True,
+                               retain_graph=True)  # the initial slots' graph serves both
+    theirs = torch.autograd.grad(ref.pow(2).sum() + ref_attn.sum(), leaves, allow_unused=True)
+    for mine, loop in zip(ours, theirs, strict=True):
+        if loop is None:
+            assert mine is None or not mine.abs().any()
+        else:
+            torch.testing.assert_close(mine, loop, rtol=1e-9, atol=1e-12)
 
 
 def test_slot_attention_draws_its_slots_with_a_cpu_generator_on_any_device(device):

@@ -474,6 +474,10 @@ def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
     # A mask that is not causal is taken, and the senders' normalisation takes the causal one.
     routing(torch.randn(1, 4, EMBED), attn_mask=~allowed | torch.eye(4, dtype=torch.bool))
     routing(torch.randn(2, 4, EMBED), attn_mask=torch.ones(2, HEADS, 4, 4, dtype=torch.bool))
+    # and a smaller mask that broadcasts is no causal one (a first version read its last two axes)
+    for small in (torch.ones(1, 1, dtype=torch.bool), torch.tensor([[True, False, False, False]]),
+                  torch.tensor([True, False, False, False]).view(1, 1, 1, 4)):
+        routing(torch.randn(1, 4, EMBED), attn_mask=small)
     RoutingAttention(EMBED, HEADS)(torch.randn(1, 4, EMBED), attn_mask=mask)
 
 

@@ -139,14 +139,14 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
-    """Softmax of ``(n, i, j)`` logits jointly over all ``(n, i)`` whose sender has the same id.
+def _group_log_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
+    """Log-softmax of ``(n, i, j)`` logits jointly over all ``(n, i)`` whose sender has the same id.
 
     ``ids`` ``(n, j)`` in ``[0, num_groups)``. In two levels, so that only ``(n, j)`` tensors are
     scattered (a sender has ``i`` parents in each of its patches): each patch's log-sum-exp over
     its receivers, then each group's log-sum-exp of those, stable by subtracting the group's
     maximum (a constant to autograd: the result does not depend on it), then
-    ``R = exp(logit - group's log-sum-exp)`` (<= 1).
+    ``log R = logit - group's log-sum-exp`` (<= 0).
     """
     local = torch.logsumexp(logits, dim=1)  # (n, j): over the receivers of each patch
     flat_ids = ids.reshape(-1)  # (n j)
@@ -155,7 +155,7 @@ def _group_softmax(logits: Tensor, ids: Tensor, num_groups: int) -> Tensor:
         peak = peak.scatter_reduce(0, flat_ids, local.detach().reshape(-1), "amax")[ids]  # (n, j)
     sums = local.new_zeros(num_groups).index_add(0, flat_ids, (local - peak).exp().reshape(-1))
     total = sums.log()[ids] + peak  # (n, j): log of the group's sum of exp(logit)
-    return (logits - total.unsqueeze(1)).exp()
+    return logits - total.unsqueeze(1)
 
 
 class _DenseStatistics:
@@ -209,27 +209,33 @@ def _em_loop(
     senders, eps = activations.shape[-1], config.eps
     ids = None
     if config.groups is None:
-        assignments = shift.new_full((1, 1, 1), 1.0 / receivers)  # R_ij = 1 / |Omega_{L+1}|
+        log_assignments = shift.new_full((1, 1, 1), -math.log(receivers))  # R_ij = 1 / |Omega_{L+1}|
     else:
         period = config.groups.shape[0]
         repeats = rows // period
         offsets = torch.arange(repeats, device=shift.device).repeat_interleave(period) * config.num_groups
         ids = config.groups.repeat(repeats, 1) + offsets.unsqueeze(1)  # (n, j) distinct per period
-        assignments = config.initial.to(dtype).repeat(repeats, 1, 1)  # (n, 1, j): 1 / |parents|
+        log_assignments = config.initial.to(dtype).log().repeat(repeats, 1, 1)  # (n, 1, j): 1 / |parents|
+    active = activations > 0  # (n, j)
+    log_activations = torch.where(active, torch.where(active, activations, 1.0).log(), -math.inf)  # (n, j)
     recorded = []
     mean = logit = shift
     last = len(config.schedule) - 1
     for t, inverse_temperature in enumerate(config.schedule):
+        assignments = log_assignments.exp()  # (n | 1, i | 1, j | 1)
         if config.record and (config.all_passes or t == last):
             recorded.append(assignments.expand(rows, receivers, senders))
-        weights = (assignments * activations.unsqueeze(1)).expand(rows, receivers, senders)
-        total = weights.sum(-1, keepdim=True)  # (n, i, 1)
-        # (n, i, j) weights R_ij a_j, NOT renormalised over i. The weighted mean and variance are
-        # divided by sum_j R_ij a_j itself: exact, hence unchanged by the shift m (a constant to
-        # autograd: a floor of eps under that sum made them depend on m, and the gradient of a
-        # receiver with less than eps of data wrong). A receiver no vote reaches gets pose 0.
-        reached = total > 0  # (n, i, 1)
-        sums = statistics.weighted_sum(weights) / torch.where(reached, total, 1.0)  # (n, i, 2h)
+        # weights R_ij a_j, NOT renormalised over i; their sum over j is the receiver's data
+        total = (assignments * activations.unsqueeze(1)).sum(-1, keepdim=True).expand(rows, receivers, 1)
+        # The weighted mean and variance take them normalised over j, p_ij = R_ij a_j / sum_j R_ij a_j,
+        # formed in log space: exact, hence unchanged by the shift m (a constant to autograd; a floor
+        # of eps under the sum made them depend on m, and the gradient of a receiver with less than
+        # eps of data wrong), and with bounded gradients however little data a receiver has (a
+        # division by a subnormal sum overflowed in backward). A receiver no vote reaches: pose 0.
+        log_weights = (log_assignments + log_activations.unsqueeze(1)).expand(rows, receivers, senders)
+        reached = log_weights.amax(dim=-1, keepdim=True) > -math.inf  # (n, i, 1)
+        normalised = _softmax_or_zeros(log_weights)  # (n, i, j)
+        sums = statistics.weighted_sum(normalised)  # (n, i, 2h)
         mean = torch.where(reached, sums[..., :pose_dim], -shift)  # of the centred votes: mu - m
         variance = (sums[..., pose_dim:] - mean.square()).clamp_min(0.0) + eps  # (n, i, h)
         log_variance = variance.log()
@@ -244,10 +250,20 @@ def _em_loop(
         queries = torch.cat([mean * precision, -0.5 * precision], dim=-1)  # (n, i, 2h)
         logits = constant.unsqueeze(-1) + statistics.dot(queries)  # (n, i, j)
         if ids is None:
-            assignments = logits.softmax(dim=1)  # over the receivers of each sender
+            log_assignments = logits.log_softmax(dim=1)  # over the receivers of each sender
         else:
-            assignments = _group_softmax(logits, ids, repeats * config.num_groups)
+            log_assignments = _group_log_softmax(logits, ids, repeats * config.num_groups)
     return mean + shift, logit, *recorded
+
+
+def _softmax_or_zeros(logits: Tensor) -> Tensor:
+    """Softmax over the last axis, 0 in a row that is all ``-inf`` (with finite gradients): the
+    normalised weights of the M-step, whose rows without data are unreached receivers."""
+    peak = logits.detach().amax(dim=-1, keepdim=True)
+    peak = torch.where(peak > -math.inf, peak, 0.0)
+    exp = (logits - peak).exp()  # -inf -> 0
+    total = exp.sum(dim=-1, keepdim=True)
+    return exp / torch.where(total > 0, total, 1.0)
 
 
 class _BlockStatistics:

@@ -670,7 +670,8 @@ def slot_routing(
 
         repeat T times:
             c_ij  = softmax_i( q(slot_i) . u_ij * scale )         over the OUTPUT capsules
-            m_i   = sum_j c_ij u_ij / sum_j c_ij                  (weighted mean)
+            m_i   = sum_j (c_ij + eps) u_ij / sum_j (c_ij + eps)  (weighted mean, eps = 1e-8 as
+                                                                  in Locatello et al.'s Algorithm 1)
             slot_i = update(m_i, slot_i)
 
     Args:

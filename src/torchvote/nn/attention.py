@@ -280,7 +280,8 @@ class MultiHeadAttention(nn.Module):
             attn_mask, is_causal = offset_causality(attn_mask, is_causal, cache.length, target_len,
                                                     source_len, query.device)
         receiver_mask = self._receiver_mask(
-            key_mask, is_causal=is_causal, self_attention=self_attention, attn_mask=attn_mask
+            key_mask, is_causal=is_causal, self_attention=self_attention, attn_mask=attn_mask,
+            lengths=(target_len, source_len),
         )
         asked_causal = is_causal
         refuse_per_example_3d_mask(attn_mask, (batch, self.num_heads, target_len, source_len))
@@ -328,6 +329,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool,
         self_attention: bool,
         attn_mask: Tensor | None = None,
+        lengths: tuple[int, int] | None = None,
     ) -> Tensor | None:
         """Hook: refuse a call a variant cannot run, and name the receivers that take no votes.
 
@@ -339,6 +341,7 @@ class MultiHeadAttention(nn.Module):
             is_causal: the call's causality.
             self_attention: the keys are the queries.
             attn_mask: the call's ``attn_mask`` as given, or None.
+            lengths: ``(L, S)``, the queries' and keys' lengths.
 
         Returns:
             ``None``, or a boolean ``(b, L)`` mask, False for a receiver that takes no vote.

@@ -215,10 +215,10 @@ class CapsuleLinear(nn.Module):
             (votes formed by one einsum), ``"stream"`` (never formed) or ``"compiled"`` (the
             materialised routing under ``torch.compile``, compiled on the first call; falls back
             to ``"materialize"`` with a warning where compiling fails). Every strategy gives the
-            same numbers and a contiguous layout; under ``torch.autocast`` the streamed kernels
-            compute and return float32 (the weights' dtype), the materialised votes are in the
-            autocast dtype and so are the outputs: ``"auto"``'s dtype then differs between a CPU
-            and a GPU.
+            same numbers and a contiguous layout. Under ``torch.autocast`` the outputs' dtype
+            depends on the router and the strategy (the streamed kernels compute in the weights'
+            float32, the materialised votes are in the autocast dtype), so ``"auto"``'s may differ
+            between a CPU and a GPU.
         device: where to create the parameters.
         dtype: the parameters' dtype.
 
@@ -373,13 +373,14 @@ class CapsuleLinear(nn.Module):
             result = self._compiled(self.weight, inputs, activations)
         # one layout from every strategy (the stream's were views of its (i, b, d) layout, which
         # refused .view(b, -1) where the materialised ones took it); a copy only for those
-        result = dataclasses.replace(
+        if not return_routing:
+            return result.outputs.contiguous()
+        return dataclasses.replace(
             result,
             outputs=result.outputs.contiguous(),
             couplings=result.couplings.contiguous(),
             activations=None if result.activations is None else result.activations.contiguous(),
         )
-        return result if return_routing else result.outputs
 
     def _route_materialized(
         self, weight: Tensor, inputs: Tensor, activations: Tensor | None

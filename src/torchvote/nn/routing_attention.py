@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from torchvote.functional import VotingState
-from torchvote.functional.masks import is_causal_mask
+from torchvote.functional.masks import _is_causal_mask_once
 from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
@@ -171,11 +171,13 @@ class RoutingAttention(MultiHeadAttention):
         is_causal: bool,
         self_attention: bool,
         attn_mask: Tensor | None = None,
+        lengths: tuple[int, int] | None = None,
     ) -> Tensor | None:
         """Refuse causality over the receivers; in self-attention, padded queries take no votes.
 
-        A causal ``attn_mask`` is found whatever its leading axes of size 1 (``(1, 1, L, S)``) and
-        whether a ``key_mask`` comes with it (the two merged are no longer read as causal).
+        A causal ``(L, S)`` ``attn_mask`` is found whatever its leading axes of size 1
+        (``(1, 1, L, S)``) and whether a ``key_mask`` comes with it (the two merged are no longer
+        read as causal); a smaller mask that broadcasts (``(1, 1)``, ``(1, S)``) is no causal one.
 
         Raises:
             ValueError: ``is_causal`` (given, or a causal ``attn_mask``) with
@@ -187,10 +189,13 @@ class RoutingAttention(MultiHeadAttention):
             not is_causal
             and isinstance(attn_mask, Tensor)
             and attn_mask.dim() >= 2
+            and tuple(attn_mask.shape[-2:]) == lengths
             and attn_mask.shape[:-2].numel() == 1
+            and not attn_mask.requires_grad  # a learned mask is no causal pattern
             and not torch.compiler.is_compiling()  # a read of the values: a graph break
-        ):
-            is_causal = is_causal_mask(attn_mask.reshape(attn_mask.shape[-2:]))
+        ):  # read once for a mask every layer of a stack is given (a sync on a GPU)
+            square = attn_mask if attn_mask.dim() == 2 else attn_mask.reshape(lengths)  # the cached one
+            is_causal = _is_causal_mask_once(square)
         if is_causal:
             raise ValueError(
                 "causality (is_causal=True or a causal attn_mask) needs normalize_over='senders': "

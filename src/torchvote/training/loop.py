@@ -206,7 +206,7 @@ class _Run:
         self.writer: MetricsWriter | None = None
         self.last_checkpoint: CheckpointPaths | None = None
         self.last_saved_step = -1
-        self.evaluations: dict[tuple[str, str, int], dict[str, float]] = {}
+        self.evaluations: dict[tuple[str, int], dict[str, float]] = {}  # (eval_on entry or "", step)
         self.step = self.epoch = self.position = 0
         self.in_step = False
         self.step_lr = 0.0  # the learning rate the last optimiser step used (set by each step)

@@ -16,6 +16,11 @@ from torchvote.training.distributed import DistributedContext, all_reduce_sum
 __all__ = ["Progress"]
 
 
+def _interactive() -> bool:
+    """Whether someone watches the bar redraw: a terminal, or a notebook (whose stderr is no tty)."""
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
+
+
 class Progress:
     """A tqdm bar plus the metric sums of the steps since the last log line.
 
@@ -36,8 +41,9 @@ class Progress:
             file=sys.stderr,
             disable=not enabled,
             leave=True,
-            # a log file or CI (no terminal) keeps every redraw: one every 30 s, not ten a second
-            mininterval=0.1 if sys.stderr.isatty() else 30.0,
+            # a log file or CI (no terminal, no notebook) keeps every redraw: one every 30 s, not
+            # ten a second (maxinterval too: tqdm's monitor would redraw every 10 s between)
+            **({} if _interactive() else {"mininterval": 30.0, "maxinterval": 30.0}),
         )
         self._reset()
 
