@@ -17,7 +17,7 @@
 # for the device check before the first step):
 # `... OUT device-tests routing-em routing-dynamic routing-float16`
 # `... OUT training-compiled training routing-bfloat16 attention-weights-bfloat16 attention-weights-float16 training-float16`
-# `... OUT attention-bfloat16 generation-softmax generation-routing`
+# `... OUT attention-bfloat16 attention-weights-float32 generation-softmax generation-routing`
 # (on an H200 on 2026-11-27 the first part and the two training steps took 4 minutes in all, the
 # device tests 54 s); the third part only if time is left (2 minutes).
 # PYTHON names the interpreter (default: python3), with torchvote importable (an installed
@@ -43,7 +43,8 @@
 #                    nn.MultiheadAttention, bfloat16, batch 2, T 1024 and 2048, inference and training
 #   attention-weights-*  MultiHeadAttention(need_weights=True) beside nn.MultiheadAttention,
 #                    batch 2, T 1024 and 2048, inference and training (issue 8 target 3: time
-#                    and memory <= 1.2x; float16 missed it on the H100)
+#                    and memory <= 1.2x; float16 missed it on the H100; float32 is README's
+#                    GPU figure)
 #   generation-*     greedy generation with and without the key/value cache on a model large
 #                    enough (8 layers, d_model 512) for recomputing the context to dominate
 #   training         one training step per model, float32 and with --compile; training-float16
@@ -55,7 +56,7 @@ chosen=" $* "
 python=${PYTHON:-python3}
 known=" device-tests routing-em routing-dynamic routing-float16 training-compiled training"
 known+=" routing-bfloat16 attention-weights-bfloat16 attention-weights-float16 training-float16"
-known+=" attention-bfloat16 generation-softmax"
+known+=" attention-bfloat16 attention-weights-float32 generation-softmax"
 known+=" generation-routing "
 for name in "$@"; do
     [[ "$known" == *" $name "* ]] || { echo "unknown step '$name'; the steps are:$known" >&2; exit 2; }
@@ -115,6 +116,8 @@ step training-float16 60 "$python" benchmarks/training.py --device cuda --dtype 
     --models capsnet,capsnet-small,efficient-capsnet
 step attention-bfloat16 120 "$python" benchmarks/attention.py --device cuda --batches 2 \
     --lengths 1024 2048 --modes infer train --repeats 20 --dtype bfloat16
+step attention-weights-float32 105 "$python" benchmarks/attention.py --device cuda --weights \
+    --batches 2 --lengths 1024 2048 --modes infer train --repeats 20 --dtype float32
 step generation-softmax 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \
     --num-heads 8 --num-layers 8 --new-tokens 512 --repeats 3
 step generation-routing 150 "$python" benchmarks/generation.py --device cuda --d-model 512 \

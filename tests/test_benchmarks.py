@@ -645,7 +645,7 @@ def test_cuda_targets_runs_every_step_it_names(tmp_path):
     assert {q[0].split()[-1] for q in QUOTED if q[0].startswith("cuda_targets")} == {
         "routing-em", "routing-dynamic", "routing-float16", "generation-softmax", "generation-routing",
         "training", "training-compiled", "routing-bfloat16", "attention-weights-bfloat16",
-        "attention-weights-float16", "training-float16", "attention-bfloat16",
+        "attention-weights-float16", "training-float16", "attention-bfloat16", "attention-weights-float32",
     }
     steps = list(_cuda_target_steps())
     assert steps[0] == "device-tests"
