@@ -72,9 +72,12 @@ def test_every_strategy_gives_the_numbers_of_votes_formed_outright(strategy, rou
 
 
 @pytest.mark.slow  # about 30 s of compiling per case on a 2-core CPU
-@pytest.mark.parametrize("shared", [False, True])
-def test_compiled_strategy_gives_the_stream_numbers(shared, device, compiler):
-    reference, layer = _pair("compiled", "dynamic", shared, device)
+@pytest.mark.parametrize(("routing", "shared"), [("dynamic", False), ("dynamic", True),
+                                                 ("inverted_dot_product", False)])
+def test_compiled_strategy_gives_the_stream_numbers(routing, shared, device, compiler):
+    """Compiled against streamed, for dynamic routing and one other router (compiling each of the
+    six costs half a minute here)."""
+    reference, layer = _pair("compiled", routing, shared, device)
     inputs = torch.randn(2, 7, 3, dtype=DOUBLE).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback: the compiled function ran
