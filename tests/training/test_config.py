@@ -372,6 +372,14 @@ def test_the_loss_follows_the_router_unless_the_command_line_names_one(overrides
     assert config.loss.name == ("auto" if not any(o.startswith("loss.name") for o in overrides) else expected)
 
 
+@pytest.mark.parametrize("preset", ["capsnet-mnist", "capsnet-paper", "efficient-capsnet-mnist", "main"])
+def test_every_single_label_capsule_preset_trains_em_with_the_spread_loss(preset):
+    """Three presets named the margin loss: model.router=em kept it there, in silence (only
+    capsnet-mnist left it to the router). MultiMNIST's names it on purpose (two labels)."""
+    assert _run_loss(load_config(preset)) == "margin"
+    assert _run_loss(load_config(preset, ["model.router=em"])) == "spread"
+
+
 def test_the_loss_named_in_a_yaml_wins_over_the_router(tmp_path):
     path = tmp_path / "em-margin.yaml"
     model = {"name": "capsnet", "preset": "tiny", "router": "em"}

@@ -15,9 +15,8 @@ The MNIST network of sec. "Methods" (Fig. 1), every size from :class:`EfficientC
    "self_attention"``) or any other router of :func:`~torchvote.functional.routing.list_routers`;
 4. (3 and 4 are the :class:`~torchvote.models.capsule_head.CapsuleHead` of every capsule model)
    class scores = capsule lengths (EM's activations with ``router="em"``, trained with the
-   spread loss that ``loss.name=auto`` picks for it, see :mod:`torchvote.models.capsnet`; the
-   ``efficient-capsnet-mnist`` preset names the margin loss, so with ``model.router=em`` add
-   ``loss.name=spread``), the
+   spread loss that ``loss.name=auto``, the presets' choice, picks for it, see
+   :mod:`torchvote.models.capsnet`), the
    margin loss and the optional masked decoder of CapsNet
    (512-1024-784, :class:`~torchvote.models.capsule_head.CapsuleDecoder`; its loss weight is
    ``LossConfig.reconstruction_weight``, 0.0005 for a sum of squares = the paper's 0.392 for a
