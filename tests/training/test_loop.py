@@ -752,3 +752,21 @@ def test_a_single_label_loss_on_label_sets_is_refused_before_the_run_starts(tiny
     with pytest.raises(ValueError, match=r"take one label per image, got targets of shape \(20, 2\)"):
         train(config, verbose=False)
     assert not list((tmp_path / "runs").glob("*"))
+
+
+def test_a_spread_loss_run_records_its_margin_beside_the_rising_loss(tiny_config):
+    """The spread loss rises with its margin (0.2 -> 0.9 over the run, Hinton et al. 2018): an EM
+    run's log showed a loss climbing 4x with nothing to say why. Each train record now holds the
+    margin of its last step, the schedule's value."""
+    from torchvote.losses import SpreadMarginSchedule
+
+    config = tiny_config("run", "max_steps=6", "log_every=2", "eval_every=0", "data.eval_limit=20",
+                         model={"name": "capsnet", "preset": "tiny", "router": "em"})
+    result = train(config, verbose=False)
+    records = [r for r in read_metrics(result.metrics_path) if r["event"] == "train"]
+    schedule = SpreadMarginSchedule(steps=6, start=0.2, end=0.9)
+    expected = [schedule(r["step"] - 1) for r in records]  # the last step of each record's window
+    assert [r["spread_margin"] for r in records] == pytest.approx(expected, rel=1e-5)  # 6 digits kept
+    assert records[0]["spread_margin"] < records[-1]["spread_margin"]
+    cnn = train(tiny_config("cnn", "max_steps=2", "eval_every=0", "data.eval_limit=20"), verbose=False)
+    assert all("spread_margin" not in r for r in read_metrics(cnn.metrics_path))  # no spread loss

@@ -210,6 +210,7 @@ class _Run:
         self.step = self.epoch = self.position = 0
         self.in_step = False
         self.step_lr = 0.0  # the learning rate the last optimiser step used (set by each step)
+        self.step_margin: float | None = None  # the spread loss's margin at the last step, if any
         self.evaluating = False  # inside an evaluation (what an out-of-memory error advises)
 
     # --- set-up ---------------------------------------------------------------------------------
@@ -493,7 +494,9 @@ class _Run:
         self.ddp_model.train()
         with autocast(device, self.config.bf16, self.config.fp16):
             output = self.handler.forward(self.ddp_model, batch)
-            loss, _ = self.objective(output, batch, self.step)
+            loss, terms = self.objective(output, batch, self.step)
+        margin = terms.get("spread_margin")  # a CPU scalar: reading it makes no device wait
+        self.step_margin = None if margin is None else float(margin)
         self.optimizer.zero_grad(set_to_none=True)
         # fp16 (torch.amp's recipe): backward from the loss scaled up, so that small float16
         # gradients do not flush to zero; the gradients unscaled before clipping, so grad_clip
@@ -538,6 +541,8 @@ class _Run:
             return
         record = progress.report(self.handler, self.context, lr=self.step_lr)
         self._check_finite(math.isfinite(record["loss"]))
+        if self.step_margin is not None:  # the spread loss rises with its margin (0.2 -> 0.9): say so
+            record["spread_margin"] = self.step_margin
         if self.writer is not None:
             self.writer.write("train", self.step, record, epoch=self.epoch)
 
