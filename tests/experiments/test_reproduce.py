@@ -144,6 +144,33 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path, tiny_
     assert _final_accuracy(run_dir) == _final_accuracy(run_dir_of(clean, row, "cpu", variant, 0))
 
 
+def test_a_finished_run_is_evaluated_on_test_sets_the_row_gained(tmp_path, tiny_values, tiny_mnist_root):
+    """Row b adds the real affNIST to eval_on once it is downloaded: every finished run was
+    refused as "run with another configuration (the row was edited since)". Now the trained model
+    is evaluated on the new set, without training again, its earlier results kept."""
+    import dataclasses
+
+    row = _tiny_row(tmp_path, tiny_values)
+    out = tmp_path / "out"
+    reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
+    run_dir = run_dir_of(out, row, "cpu", row.variants[0], 0)
+    before = json.loads((run_dir / "result.json").read_text())
+    entry = f"mnist:source=idx,limit=10,root={tiny_mnist_root}"
+    budgets = {**row.budgets, "cpu": (*row.budgets["cpu"], f"eval_on=[{entry}]")}
+    grown = dataclasses.replace(row, budgets=budgets)
+    lines: list[str] = []
+    reproduce(grown, seeds=[0], out_dir=out, variants=["plain"], echo=lines.append)
+    assert any(f"evaluates {entry} too" in line for line in lines)
+    after = json.loads((run_dir / "result.json").read_text())
+    assert after["steps"] == before["steps"] == 8  # nothing trained again
+    for key, value in before["results"]["mnist/test"].items():  # read back from metrics.jsonl: 6 digits
+        assert after["results"]["mnist/test"][key] == pytest.approx(value, abs=1e-6), key
+    assert after["results"][f"mnist/test ({entry})"]["count"] == 10
+    lines.clear()
+    reproduce(grown, seeds=[0], out_dir=out, variants=["plain"], echo=lines.append)
+    assert all("finished earlier" in line for line in lines)
+
+
 def test_a_run_folder_from_an_edited_row_is_refused_and_kept(tmp_path, tiny_values):
     row = _tiny_row(tmp_path, tiny_values)
     variant = row.variants[0]
