@@ -56,6 +56,31 @@ def test_record_from_a_capsnet_run(tiny_values, tiny_mnist_root, tmp_path):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_a_multimnist_run_records_both_digits_reconstructions(tiny_values, tiny_mnist_root, tmp_path):
+    """Only the longest capsule was reconstructed from a MultiMNIST run: the two-colour picture of
+    both digits (Sabour et al. 2017, Fig. 5) was never drawn from a run."""
+    values = tiny_values(tmp_path / "pairs", max_steps=2, epochs=1)
+    values["model"] = {"name": "capsnet", "preset": "tiny"}
+    values["data"] = {"name": "multimnist", "root": str(tiny_mnist_root),
+                      "options": {"source": "idx", "num_pairs": 40}, "shift": 0}
+    values["loss"] = {"name": "margin"}
+    run = train(config_from_dict(values)).run_dir
+    record = record_from_run(run, examples=4)
+    model, spec, _ = load_model_from_checkpoint(run)
+    handler = get_task_handler(spec.task)
+    data = handler.finalize(load_data(handler, "multimnist", None, options={"source": "idx", "num_pairs": 40},
+                                      root=str(tiny_mnist_root), limit=4), model.config)
+    images = data.tensors["images"]
+    torch.testing.assert_close(record["multimnist_inputs"], images[:, 0])
+    with torch.no_grad():
+        output = model(images)
+        pair = output.scores.topk(2, dim=-1).indices  # (b, 2): the two longest capsules
+        for k, key in enumerate(("multimnist_first", "multimnist_second")):
+            expected = model.head.decoder(output.poses, pair[:, k : k + 1])[:, 0, 0]  # that capsule alone
+            torch.testing.assert_close(record[key], expected, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(record["multimnist_first"], record["multimnist_second"])
+
+
 def _explain(capsys, checkpoint, out):
     """``torchvote explain --checkpoint CHECKPOINT --out OUT`` -> (exit code, stderr)."""
     parser = add_explain_arguments(argparse.ArgumentParser())

@@ -11,6 +11,9 @@ run's model, runs it on the first test images and keeps what the pictures read:
   depends on the pass index only), so these are exactly the passes of the trained
   ``iterations``-pass routing. Nothing is re-implemented here: the model's layers do the work.
 - ``votes`` ``(b, i, j, d)``: the class layer's votes, materialised for these few images.
+- ``multimnist_inputs``, ``multimnist_first``, ``multimnist_second`` ``(N, H, W)``, for a run
+  on pairs of digits (MultiMNIST): each input with the decoder's output for its two highest-scored
+  capsules, both digits as the paper reconstructs them.
 - ``inputs`` / ``reconstructions`` ``(N, H, W)`` and ``perturbations`` ``(d, 11, H, W)``: the
   decoder's output for the winning capsule (the model's predicted class: by EM activations, a
   linear scorer or lengths, as the model scores), and for that capsule with one dimension moved by
@@ -110,4 +113,13 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
         pictures = decoder(full, chosen)[:, 0, 0]  # (d * s, h, w)
         record["perturbations"] = pictures.unflatten(0, (-1, steps)).float().cpu()
         record["perturbation_span"] = torch.tensor(PAPER_PERTURBATION_SPAN)  # ()
+        targets = test.tensors.get("targets")
+        if targets is not None and targets.dim() == 2 and targets.shape[1] == 2:  # MultiMNIST's pairs
+            # both digits, each from its own capsule: the two the model scores highest, as the
+            # paper reconstructs them (Sabour et al. 2017, sec. 6, Fig. 5)
+            pair = class_scores(routed, head.scorer).topk(2, dim=-1).indices  # (b, 2)
+            both = decoder(poses, pair)[:, :, 0]  # (b, 2, h, w)
+            record["multimnist_inputs"] = images[:, 0].float().cpu()
+            record["multimnist_first"] = both[:, 0].float().cpu()
+            record["multimnist_second"] = both[:, 1].float().cpu()
     return record
