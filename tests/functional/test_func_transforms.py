@@ -192,6 +192,52 @@ def test_em_layers_under_transforms_equal_autograd(kind, strategy, device):
     _input_transforms_check(lambda p: _matrix_example(layer, params, p, activations[0]), poses, device)
 
 
+def test_a_conv_em_layer_first_called_under_a_transform_works_and_copies_afterwards(device):
+    """The layer kept the sender groups it prepared under its first call, as the transform's
+    wrapped tensors: after a nested transform every later transform failed (functorch's level
+    assertion) and the layer could no longer be copied, pickled or saved."""
+    import copy
+    import pickle
+
+    from torch.func import hessian
+
+    layer = _matrix_layer("conv", "auto", device)
+    poses, activations = _grid(1, device)
+
+    def loss(p):
+        out = layer(MatrixCapsules(p, activations))
+        return out.poses.square().sum() + out.activations.square().sum()
+
+    second = hessian(loss)(poses)  # the layer's first call
+    leaf = poses.clone().requires_grad_(True)
+    expected = torch.autograd.grad(loss(leaf), leaf)[0]
+    torch.testing.assert_close(grad(loss)(poses), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(hessian(loss)(poses), second, rtol=1e-12, atol=1e-12)
+    twin = copy.deepcopy(layer)
+    pickle.dumps(layer)
+    torch.testing.assert_close(twin(MatrixCapsules(poses, activations)).poses,
+                               layer(MatrixCapsules(poses, activations)).poses)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "materialize"])
+def test_dynamic_routing_reverse_over_forward_equals_forward_over_reverse(strategy, device):
+    """The plain-ops path of streamed dynamic routing (a CPU's default under transforms) added
+    each pass's agreement into the logits in place: jacrev(jvp(...)) (a Hessian-vector product,
+    the gradient of a JVP-based loss) failed with "modified by an inplace operation"."""
+    torch.manual_seed(4)
+    layer = CapsuleLinear(5, 3, 3, 4, routing="dynamic", iterations=3, dtype=DOUBLE, strategy=strategy)
+    layer = layer.to(device)
+    x = torch.randn(2, 5, 3, dtype=DOUBLE, device=device)
+    tangent = torch.randn_like(x)
+
+    def loss(y):
+        return layer(y).square().sum()
+
+    reverse_over_forward = jacrev(lambda y: jvp(loss, (y,), (tangent,))[1])(x)
+    forward_over_reverse = jvp(grad(loss), (x,), (tangent,))[1]  # the same Hessian-vector product
+    torch.testing.assert_close(reverse_over_forward, forward_over_reverse, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("transform", ["vmap", "grad", "jvp"])
 @pytest.mark.parametrize("kind", ["conv", "class"])
 def test_em_blocked_strategy_under_a_transform_names_the_way_out(kind, transform, device):

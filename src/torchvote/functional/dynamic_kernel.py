@@ -168,7 +168,9 @@ def _passes(
     for t in range(1, iterations):
         v = squash(s if bias is None else s + bias, dim=-1)
         agreed = agreement(x_early, w_early, v.contiguous())  # (i, b, j)
-        logits = agreed if logits is None else logits.add_(agreed)
+        # out of place: on the plain path autograd (forward-mode and reverse-over-forward, as in
+        # jacrev(jvp(...)) or a compiled jvp) keeps the previous pass's logits
+        logits = agreed if logits is None else logits + agreed
         couplings.append(torch.softmax(logits, dim=0))  # over the outputs
         last = t == iterations - 1
         s = weighted_sum(couplings[-1], x if last else x_early, w if last else w_early)

@@ -43,6 +43,7 @@ from torchvote.functional.em_kernel import (
 from torchvote.nn.capsules import check_feature_maps
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
 from torchvote.nn.routers.base import build_router
+from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import (
     check_choice,
     check_device,
@@ -296,11 +297,13 @@ class ConvMatrixCapsules(nn.Module):
         (:func:`~torchvote.functional.em_kernel.prepared_conv_sender_groups`): nothing is read
         back from the device (a GPU never waits; votes on ``"meta"`` route too; under
         ``torch.compile`` it traces into the graph). Kept once per grid and device in eager mode;
-        while compiling it is made in the graph (a cache filled there would recompile the next call)."""
+        while compiling it is made in the graph (a cache filled there would recompile the next call),
+        and under a ``torch.func`` transform made afresh (kept, its tensors would be the
+        transform's wrappers, which outlive it: later transforms failed, copies and pickles too)."""
         if self.normalization == "per_patch":
             return None
         sizes = (rows, cols, self.in_types, self.kernel_size, self.stride)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or under_autograd_transforms():
             return prepared_conv_sender_groups(*sizes, device=device)
         key = (rows, cols, torch.device(device))
         if key not in self._prepared_groups:
