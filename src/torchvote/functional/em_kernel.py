@@ -222,19 +222,20 @@ def _em_loop(
     mean = logit = shift
     last = len(config.schedule) - 1
     for t, inverse_temperature in enumerate(config.schedule):
-        assignments = log_assignments.exp()  # (n | 1, i | 1, j | 1)
         if config.record and (config.all_passes or t == last):
-            recorded.append(assignments.expand(rows, receivers, senders))
-        # weights R_ij a_j, NOT renormalised over i; their sum over j is the receiver's data
-        total = (assignments * activations.unsqueeze(1)).sum(-1, keepdim=True).expand(rows, receivers, 1)
-        # The weighted mean and variance take them normalised over j, p_ij = R_ij a_j / sum_j R_ij a_j,
-        # formed in log space: exact, hence unchanged by the shift m (a constant to autograd; a floor
-        # of eps under the sum made them depend on m, and the gradient of a receiver with less than
-        # eps of data wrong), and with bounded gradients however little data a receiver has (a
-        # division by a subnormal sum overflowed in backward). A receiver no vote reaches: pose 0.
-        log_weights = (log_assignments + log_activations.unsqueeze(1)).expand(rows, receivers, senders)
-        reached = log_weights.amax(dim=-1, keepdim=True) > -math.inf  # (n, i, 1)
-        normalised = _softmax_or_zeros(log_weights)  # (n, i, j)
+            recorded.append(log_assignments.exp().expand(rows, receivers, senders))
+        # Weights R_ij a_j, NOT renormalised over i; the weighted mean and variance take them
+        # normalised over j, p_ij = R_ij a_j / sum_j R_ij a_j, formed in log space: exact, hence
+        # unchanged by the shift m (a constant to autograd; a floor of eps under the sum made them
+        # depend on m, and the gradient of a receiver with less than eps of data wrong), and with
+        # bounded gradients however little data a receiver has (a division by a subnormal sum
+        # overflowed in backward). A receiver no vote reaches gets pose 0. Formed on the broadcast
+        # shape: the first pass's uniform R is one row for every receiver.
+        log_weights = log_assignments + log_activations.unsqueeze(1)  # (n, i | 1, j)
+        normalised, total, reached = _normalised_weights(log_weights)  # (n, i | 1, j), (n, i | 1, 1) x 2
+        normalised = normalised.expand(rows, receivers, senders)
+        total = total.expand(rows, receivers, 1)  # sum_j R_ij a_j: the receiver's data
+        reached = reached.expand(rows, receivers, 1)  # some vote has weight (its sum may underflow)
         sums = statistics.weighted_sum(normalised)  # (n, i, 2h)
         mean = torch.where(reached, sums[..., :pose_dim], -shift)  # of the centred votes: mu - m
         variance = (sums[..., pose_dim:] - mean.square()).clamp_min(0.0) + eps  # (n, i, h)
@@ -256,14 +257,17 @@ def _em_loop(
     return mean + shift, logit, *recorded
 
 
-def _softmax_or_zeros(logits: Tensor) -> Tensor:
-    """Softmax over the last axis, 0 in a row that is all ``-inf`` (with finite gradients): the
-    normalised weights of the M-step, whose rows without data are unreached receivers."""
-    peak = logits.detach().amax(dim=-1, keepdim=True)
+def _normalised_weights(log_weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The M-step's weights from their logarithms: ``(softmax over the last axis, sum of exp,
+    whether the row has any weight)``; the softmax is 0 in a row that is all ``-inf`` (an
+    unreached receiver; finite gradients), the sum ``exp(peak) * sum exp(w - peak)`` (exact: the
+    peak, a constant to autograd, cancels)."""
+    peak = log_weights.detach().amax(dim=-1, keepdim=True)
     peak = torch.where(peak > -math.inf, peak, 0.0)
-    exp = (logits - peak).exp()  # -inf -> 0
-    total = exp.sum(dim=-1, keepdim=True)
-    return exp / torch.where(total > 0, total, 1.0)
+    exp = (log_weights - peak).exp()  # -inf -> 0
+    sums = exp.sum(dim=-1, keepdim=True)  # >= 1 where any weight is > 0
+    reached = sums > 0
+    return exp / torch.where(reached, sums, 1.0), sums * peak.exp(), reached
 
 
 class _BlockStatistics:
