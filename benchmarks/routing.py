@@ -496,7 +496,8 @@ def target_lines(summary: dict[tuple[str, int, str, str], tuple[float, float, fl
             if judges_memory and (math.isnan(mem) or math.isnan(mib)):  # --no-memory
                 lines.append(f"target {target.text}: not judged, memory not measured {measured}")
                 continue
-            fits = mib <= target.mib and mem <= target.memory_ratio
+            fits = ((target.mib == math.inf or mib <= target.mib)
+                    and (target.memory_ratio == math.inf or mem <= target.memory_ratio))
             met = speed >= target.speed_up and seconds <= target.seconds and fits
             lines.append(f"target {target.text}: {'met' if met else 'MISSED'} {measured}")
     return lines

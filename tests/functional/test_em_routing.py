@@ -328,3 +328,22 @@ def test_a_receiver_with_subnormal_data_keeps_finite_exact_gradients(strategy):
         (poses.sum() + activations.sum()).backward()
         assert torch.isfinite(votes.grad).all(), pose_dim
     assert min(s for s in smallest if s > 0) < torch.finfo(torch.float32).tiny  # subnormal reached
+
+
+@pytest.mark.parametrize("strategy", ["vectorized", "blocked"])
+def test_a_nan_activation_gives_nan_outputs_and_one_of_zero_or_below_no_weight(strategy):
+    """As the docstring says: NaN in, NaN out (a first log-space version weighed NaN as 0, hiding
+    poisoned inputs); an activation of 0 or below gives its votes no weight."""
+    generator = torch.Generator().manual_seed(5)
+    votes = torch.randn(2, 3, 4, 2, generator=generator, dtype=DOUBLE)
+    activations = torch.rand(2, 4, generator=generator, dtype=DOUBLE)
+    poisoned = activations.clone()
+    poisoned[0, 1] = float("nan")
+    poses, acts = em_routing(votes, poisoned, 0.1, 0.2, strategy=strategy)
+    assert torch.isnan(poses[0]).all() and torch.isnan(acts[0]).all()
+    assert torch.isfinite(poses[1]).all()  # the other row is untouched
+    zero, negative = activations.clone(), activations.clone()
+    zero[0, 1], negative[0, 1] = 0.0, -0.5
+    for result, expected in zip(em_routing(votes, negative, 0.1, 0.2, strategy=strategy),
+                                em_routing(votes, zero, 0.1, 0.2, strategy=strategy), strict=True):
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)

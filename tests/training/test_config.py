@@ -380,6 +380,20 @@ def test_every_single_label_capsule_preset_trains_em_with_the_spread_loss(preset
     assert _run_loss(load_config(preset, ["model.router=em"])) == "spread"
 
 
+def test_a_run_made_with_the_loss_a_preset_now_leaves_to_the_model_is_the_same_run():
+    """The presets that named the margin loss now say auto (the same loss for dynamic routing):
+    config_diff counted loss.name as changed, and reproduce and --resume refused every run made
+    before, as "run with another configuration"."""
+    from torchvote.training.config import config_diff
+
+    assert config_diff(load_config("main", ["loss.name=margin"]), load_config("main")) == {}
+    assert config_diff(load_config("main", ["loss.name=spread"]), load_config("main")) == {
+        "loss.name": ("spread", "auto")
+    }
+    em = ["model.router=em"]  # auto is the spread loss there: margin is another loss
+    assert "loss.name" in config_diff(load_config("main", [*em, "loss.name=margin"]), load_config("main", em))
+
+
 def test_the_loss_named_in_a_yaml_wins_over_the_router(tmp_path):
     path = tmp_path / "em-margin.yaml"
     model = {"name": "capsnet", "preset": "tiny", "router": "em"}

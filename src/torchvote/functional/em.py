@@ -258,9 +258,10 @@ def em_routing(
         activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``. The range
             is the caller's contract and is not checked: checking it would read the values back
             from the device on every call of every EM layer (a synchronisation, and a graph break
-            under ``torch.compile``) for activations the modules make with a sigmoid. Values
-            outside it weigh the votes outside the model (a negative activation subtracts its
-            votes) and NaN gives NaN outputs.
+            under ``torch.compile``) for activations the modules make with a sigmoid. A value
+            of 0 or below gives its votes no weight (the weights are normalised in log space; the
+            gradient with respect to an activation of exactly 0 is 0, as a sigmoid's own is
+            there), above 1 more than the model's, and NaN gives NaN outputs.
         beta_u: the per-dimension cost offset, a real number or a tensor broadcastable to
             ``(batch..., out_caps)`` (learned per output capsule type in the modules).
         beta_a: the activation offset, as ``beta_u``.

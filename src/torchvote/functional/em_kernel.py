@@ -216,8 +216,10 @@ def _em_loop(
         offsets = torch.arange(repeats, device=shift.device).repeat_interleave(period) * config.num_groups
         ids = config.groups.repeat(repeats, 1) + offsets.unsqueeze(1)  # (n, j) distinct per period
         log_assignments = config.initial.to(dtype).log().repeat(repeats, 1, 1)  # (n, 1, j): 1 / |parents|
-    active = activations > 0  # (n, j)
-    log_activations = torch.where(active, torch.where(active, activations, 1.0).log(), -math.inf)  # (n, j)
+    # log a_j; -inf for a_j <= 0 (no weight), NaN kept (NaN outputs, as the input says). The
+    # gradient with respect to an activation of exactly 0 is then 0 (a sigmoid's 0 passes none).
+    inactive = activations <= 0  # (n, j)
+    log_activations = torch.where(inactive, -math.inf, torch.where(inactive, 1.0, activations).log())
     recorded = []
     mean = logit = shift
     last = len(config.schedule) - 1
@@ -266,7 +268,7 @@ def _normalised_weights(log_weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     peak = torch.where(peak > -math.inf, peak, 0.0)
     exp = (log_weights - peak).exp()  # -inf -> 0
     sums = exp.sum(dim=-1, keepdim=True)  # >= 1 where any weight is > 0
-    reached = sums > 0
+    reached = ~(sums <= 0)  # NaN counts as reached: NaN activations give NaN outputs
     return exp / torch.where(reached, sums, 1.0), sums * peak.exp(), reached
 
 

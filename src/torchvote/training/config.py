@@ -385,7 +385,11 @@ def apply_overrides(config: TrainConfig, overrides: Iterable[str]) -> TrainConfi
 
 
 def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
-    """Dotted keys whose values differ between two configs -> (value in a, value in b)."""
+    """Dotted keys whose values differ between two configs -> (value in a, value in b).
+
+    ``loss.name`` differs only if the losses it resolves to do (:func:`resolve_loss_name`): a run
+    made with ``margin`` and a preset that now says ``auto`` for the same margin loss are one.
+    """
 
     def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         flat: dict[str, Any] = {}
@@ -398,11 +402,25 @@ def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
         return flat
 
     flat_a, flat_b = flatten(config_to_dict(a)), flatten(config_to_dict(b))
-    return {
+    diff = {
         k: (flat_a.get(k), flat_b.get(k))
         for k in sorted(flat_a.keys() | flat_b.keys())
         if flat_a.get(k) != flat_b.get(k)
     }
+    if "loss.name" in diff and _resolved_loss(a) == _resolved_loss(b) is not None:
+        del diff["loss.name"]
+    return diff
+
+
+def _resolved_loss(config: TrainConfig) -> str | None:
+    """The loss ``config`` trains with, or ``None`` where its model config does not build."""
+    from torchvote.models.registry import get_model_spec
+
+    try:
+        return resolve_loss_name(config.loss.name, get_model_spec(config.model.name),
+                                 build_model_config(config.model))
+    except (ValueError, TypeError):
+        return None
 
 
 # --- presets ---------------------------------------------------------------------------------------
