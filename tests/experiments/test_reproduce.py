@@ -160,7 +160,8 @@ def test_a_finished_run_is_evaluated_on_test_sets_the_row_gained(tmp_path, tiny_
     grown = dataclasses.replace(row, budgets=budgets)
     lines: list[str] = []
     reproduce(grown, seeds=[0], out_dir=out, variants=["plain"], echo=lines.append)
-    assert any(f"evaluates {entry} too" in line for line in lines)
+    said = next(line for line in lines if f"evaluates {entry} too" in line)
+    assert f"torchvote train --resume {run_dir} 'eval_on=[{entry}]'" in said  # what does it by hand
     after = json.loads((run_dir / "result.json").read_text())
     assert after["steps"] == before["steps"] == 8  # nothing trained again
     for key, value in before["results"]["mnist/test"].items():  # read back from metrics.jsonl: 6 digits
@@ -169,6 +170,15 @@ def test_a_finished_run_is_evaluated_on_test_sets_the_row_gained(tmp_path, tiny_
     lines.clear()
     reproduce(grown, seeds=[0], out_dir=out, variants=["plain"], echo=lines.append)
     assert all("finished earlier" in line for line in lines)
+    # without its last checkpoint the run would train again from an older one: refused
+    entry_2 = f"mnist:source=idx,limit=12,root={tiny_mnist_root}"
+    budgets = {**row.budgets, "cpu": (*row.budgets["cpu"], f"eval_on=[{entry},{entry_2}]")}
+    for path in (run_dir / "checkpoints").glob("step-00000008.*"):
+        path.write_bytes(b"torn")
+    with pytest.raises(ConfigError, match="cannot be evaluated on .*limit=12.* without training again"):
+        reproduce(dataclasses.replace(row, budgets=budgets), seeds=[0], out_dir=out, variants=["plain"],
+                  echo=lines.append)
+    assert json.loads((run_dir / "result.json").read_text()) == after  # its result kept
 
 
 def test_a_run_folder_from_an_edited_row_is_refused_and_kept(tmp_path, tiny_values):

@@ -249,12 +249,16 @@ def plan_run(row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, 
     resume = ["torchvote", "train", "--resume", str(run_dir)]
     resume += [f"device={device}"] if device != "auto" else []
     if (run_dir / RESULT_FILE).is_file():
-        read_result(run_dir / RESULT_FILE)  # a torn or foreign file is refused, not counted
+        finished = read_result(run_dir / RESULT_FILE)  # a torn or foreign file is refused, not counted
         saved = _finished_config(run_dir)
         _check_same_run(saved, config, run_dir)
         added = [entry for entry in config.eval_on if entry not in saved.eval_on]
         if added:  # the real affNIST downloaded since, say: the trained model is evaluated on it
-            return PlannedRun("resume", config, shlex.join(resume), f"evaluates {', '.join(added)} too")
+            _check_final_checkpoint(run_dir, finished.get("steps"), added)
+            # by hand: --resume reads the checkpoint's config, whose eval_on lacks the new entries
+            by_hand = [*resume, *(o for o in _run_overrides(row, variant, budget, seed, None, "auto")
+                                  if o.startswith("eval_on="))]
+            return PlannedRun("resume", config, shlex.join(by_hand), f"evaluates {', '.join(added)} too")
         return PlannedRun("finished", config, command)
     checkpoints = run_dir / "checkpoints"
     if checkpoints.is_dir() and any(checkpoints.iterdir()):
@@ -266,6 +270,27 @@ def plan_run(row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, 
         _check_same_run(config_from_dict(state["config"]), config, run_dir)
         return PlannedRun("resume", config, shlex.join(resume), f"resumes from step {state.get('step', '?')}")
     return PlannedRun("new", config, command)
+
+
+def _check_final_checkpoint(run_dir: Path, steps: Any, added: list[str]) -> None:
+    """Refuse to evaluate a finished run on new test sets from anything but its last checkpoint
+    (an older one, the last torn, would train the rest again and replace its result).
+
+    Raises:
+        ConfigError: naming the folder, the sets and what to do.
+    """
+    try:
+        _, state, _ = find_resumable_checkpoint(run_dir)
+        step = state.get("step")
+    except CheckpointError as error:
+        step, why = None, str(error)
+    else:
+        why = f"its newest intact checkpoint is at step {step}, the run ended at {steps}"
+    if step is None or step != steps:
+        raise ConfigError(
+            f"{run_dir} is finished but cannot be evaluated on {', '.join(added)} without training "
+            f"again ({why}); evaluate it with torchvote evaluate, or move the folder away to run it anew"
+        )
 
 
 def _finished_config(run_dir: Path) -> TrainConfig:
