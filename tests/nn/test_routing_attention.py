@@ -538,3 +538,19 @@ def test_returned_record_collects_every_attention_without_hooks():
     assert not attention._forward_hooks and not attention._forward_pre_hooks
     expected = attention(first.attention_norm(x) if first.norm_first else x, need_weights=True)[1]
     torch.testing.assert_close(record.weights["layers.0.self_attention"], expected)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (1, 1, 4, 4)])
+def test_receivers_read_a_masks_values_once_for_many_calls(shape, monkeypatch):
+    """The causal check reads the mask's values (a device sync on a GPU): once per mask, also for
+    a (1, 1, L, S) mask, whose reshaped view was new, and read again, on every call."""
+    import torchvote.functional.masks as masks
+
+    reads = []
+    real = masks.is_causal_mask
+    monkeypatch.setattr(masks, "is_causal_mask", lambda mask: reads.append(1) or real(mask))
+    routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers").eval()
+    mask = torch.ones(4, 4, dtype=torch.bool).view(shape)
+    for _ in range(3):
+        routing(torch.randn(1, 4, EMBED), attn_mask=mask)
+    assert len(reads) == 1

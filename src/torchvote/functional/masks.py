@@ -132,20 +132,23 @@ def is_causal_mask(mask: Tensor) -> bool:
 _last_read: tuple[weakref.ref[Tensor], int, bool] | None = None
 
 
-def _is_causal_mask_once(mask: Tensor) -> bool:
+def _is_causal_mask_once(mask: Tensor, shape: tuple[int, int] | None = None) -> bool:
     """:func:`is_causal_mask`, read once for a mask that every layer of a model is given in turn:
     on a GPU each read makes the host wait for the device, which a stack of layers would do once
     per layer. The answer is kept for the last mask read, while it is the same tensor at the same
     version (an in-place change reads it again); an inference tensor, which has no version, is
     read every time. A change that bypasses autograd's version counter (through ``.data`` or a
-    NumPy view of the tensor) is not seen: give the changed mask as a new tensor."""
+    NumPy view of the tensor) is not seen: give the changed mask as a new tensor. ``shape``
+    reads ``mask`` reshaped to it (a ``(1, 1, L, S)`` mask as ``(L, S)``), kept by ``mask``
+    itself (a view made for the read would be new every call)."""
     global _last_read
+    square = mask if shape is None else mask.reshape(shape)
     if mask.is_inference():
-        return is_causal_mask(mask)
+        return is_causal_mask(square)
     last = _last_read
     if last is not None and last[0]() is mask and last[1] == mask._version:
         return last[2]
-    answer = is_causal_mask(mask)
+    answer = is_causal_mask(square)
     _last_read = (weakref.ref(mask), mask._version, answer)
     return answer
 

@@ -194,8 +194,7 @@ class RoutingAttention(MultiHeadAttention):
             and not attn_mask.requires_grad  # a learned mask is no causal pattern
             and not torch.compiler.is_compiling()  # a read of the values: a graph break
         ):  # read once for a mask every layer of a stack is given (a sync on a GPU)
-            square = attn_mask if attn_mask.dim() == 2 else attn_mask.reshape(lengths)  # the cached one
-            is_causal = _is_causal_mask_once(square)
+            is_causal = _is_causal_mask_once(attn_mask, lengths)
         if is_causal:
             raise ValueError(
                 "causality (is_causal=True or a causal attn_mask) needs normalize_over='senders': "
