@@ -25,8 +25,10 @@ The statistics are sums over votes centred on each receiver's plain mean ``m_i``
 ``E[c^2] - E[c]^2`` in float32), so ``mu_i = m_i + sum_j w_ij (V_ij - m_i) / sum_j w_ij``, the same
 as above; ``m_i`` is a constant to autograd, which is exact because every quantity is unchanged by
 that shift. (A floor ``max(sum_j w_ij, eps)`` would break that invariance for a receiver with less
-than ``eps`` of data, and its gradient with it.) A receiver no vote reaches gets pose 0, variance
-``eps`` and the activation ``sigmoid(lambda beta_a)``.
+than ``eps`` of data, and its gradient with it.) The normalised weights ``w_ij / sum_j w_ij`` are
+a softmax over ``j`` of ``log R_ij + log a_j`` (the E-step gives ``log R``): no division by a
+sum that may be subnormal, so the gradients stay finite however little data a receiver has. A
+receiver no vote reaches gets pose 0, variance ``eps`` and the activation ``sigmoid(lambda beta_a)``.
 
 The softmax of the E-step runs over the receivers ``i`` of each sender: per row ``n`` by default
 (each patch on its own), or, with ``sender_groups``, jointly over every ``(n, i)`` whose sender
