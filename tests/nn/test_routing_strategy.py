@@ -188,3 +188,23 @@ def test_every_strategy_runs_under_bfloat16_autocast(strategy, device):
         torch.testing.assert_close(mixed, exact)
     else:  # votes in bfloat16
         torch.testing.assert_close(mixed.float(), exact, rtol=3e-2, atol=3e-2)
+
+
+def test_a_compiled_layer_takes_new_batch_sizes_without_compiling_each(compiler):
+    """Under torch.compile "auto" streamed on a CPU, whose kernels tile the batch in Python: each
+    batch size compiled a graph of its own (dynamic shapes never engaged; after eight, eager). It
+    now materialises the votes while tracing: one static graph, then one dynamic one."""
+    import torch._dynamo
+
+    from torchvote.nn.routing_strategy import choose_strategy
+
+    assert choose_strategy("auto", device=CPU, vote_bytes=1024) == "stream"  # eager: unchanged
+    torch._dynamo.reset()
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    torch.manual_seed(0)
+    layer = CapsuleLinear(8, 4, 3, 5)
+    compiled = torch.compile(layer, backend="eager")  # tracing only: no code generated
+    for batch in (2, 3, 4, 5, 7):
+        inputs = torch.randn(batch, 8, 4)
+        torch.testing.assert_close(compiled(inputs), layer(inputs))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before <= 2

@@ -211,7 +211,9 @@ class CapsuleLinear(nn.Module):
         strategy: how the votes reach the router, an implementation detail: ``"auto"`` (the
             default: ``"stream"`` on a CPU, where cache-tiled products beat small vote GEMMs;
             ``"materialize"`` on a GPU, where a few large kernels beat many small ones, unless the
-            votes exceed ``routing_strategy.MATERIALIZE_BUDGET_BYTES``), ``"materialize"``
+            votes exceed ``routing_strategy.MATERIALIZE_BUDGET_BYTES``, and while
+            ``torch.compile`` traces, so that a compiled layer takes any batch size in one graph:
+            :func:`~torchvote.nn.routing_strategy.choose_strategy`), ``"materialize"``
             (votes formed by one einsum), ``"stream"`` (never formed) or ``"compiled"`` (the
             materialised routing under ``torch.compile``, compiled on the first call; falls back
             to ``"materialize"`` with a warning where compiling fails). Every strategy gives the

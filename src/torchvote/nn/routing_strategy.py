@@ -56,13 +56,21 @@ def choose_strategy(strategy: str, *, device: torch.device, vote_bytes: int) -> 
     Returns:
         ``"materialize"``, ``"stream"`` or ``"compiled"``. ``"compiled"`` on the ``"meta"`` device
         is ``"materialize"``: there is no kernel to compile for it, and a failed attempt would
-        leave the layer eager on the device it is later moved to.
+        leave the layer eager on the device it is later moved to. While ``torch.compile`` traces,
+        ``"auto"`` materialises votes within the budget on a CPU too: the streamed kernels tile
+        the batch in Python, which fixes the compiled graph's batch size (every new size compiled
+        again, dynamic shapes never engaging); the materialised routing is one traced product.
+        A batch traced as dynamic (a symbolic ``vote_bytes``) is materialised whatever its size.
     """
     if strategy == "compiled" and device.type == "meta":
         return "materialize"
     if strategy != "auto":
         return strategy
-    if device.type == "cpu" or vote_bytes > MATERIALIZE_BUDGET_BYTES:
+    if isinstance(vote_bytes, torch.SymInt):  # a dynamic batch being traced: no guard on its size
+        return "materialize"  # (a comparison would bound it, and torch.export refuse the dynamic batch)
+    if vote_bytes > MATERIALIZE_BUDGET_BYTES:
+        return "stream"
+    if device.type == "cpu" and not torch.compiler.is_compiling():
         return "stream"
     return "materialize"
 
