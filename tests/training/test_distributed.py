@@ -201,3 +201,26 @@ def test_a_cuda_index_past_the_last_device_is_named(monkeypatch):
     assert resolve_device("cuda") == torch.device("cuda:0")
     with pytest.raises(ValueError, match=r"'cuda:3' requested but this machine has 1 CUDA device\(s\)"):
         resolve_device("cuda:3")
+
+
+def test_a_finished_run_waits_for_every_process_before_leaving_the_group(monkeypatch):
+    """Under load a torchrun process aborted at exit after a finished run ("terminate called
+    without an active exception"): another had torn its group down first. After a run that ended
+    on every process they meet at a barrier first; after an error they do not (the others may
+    never come, and would hang there)."""
+    import torchvote.training.distributed as distributed
+    from torchvote.training.distributed import DistributedContext
+
+    calls = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "barrier", lambda group=None: calls.append("barrier"))
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda group=None: calls.append("destroy"))
+    context = DistributedContext(rank=1, world_size=2, initialized_here=True)
+    context.close(together=True)
+    assert calls == ["barrier", "destroy"]
+    calls.clear()
+    context.close()  # after an error
+    assert calls == ["destroy"]
+    calls.clear()
+    DistributedContext(initialized_here=True).close(together=True)  # one process: nobody to wait for
+    assert calls == ["destroy"]

@@ -53,10 +53,21 @@ class DistributedContext:
         if self.is_distributed:
             dist.barrier()
 
-    def close(self) -> None:
+    def close(self, *, together: bool = False) -> None:
+        """Leave the process group this run made (a caller's stays; its control group goes).
+
+        Args:
+            together: every process is known to get here (a run that ended normally): wait for
+                all of them before tearing the group down. A process that destroyed its group
+                while another was still inside its own teardown made that one abort at exit
+                under load ("terminate called without an active exception", exit -6) after a
+                finished run. Not after an error: the other processes may never come.
+        """
         if not dist.is_initialized():
             return
         if self.initialized_here:
+            if together and self.is_distributed:
+                dist.barrier(group=self.control_group)  # gloo: the host only, on any device
             dist.destroy_process_group()  # and every group made from it
         elif self.control_group is not None:
             dist.destroy_process_group(self.control_group)

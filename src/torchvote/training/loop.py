@@ -163,10 +163,13 @@ def train(
     context = setup_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()  # and makes it strict
+    ended = False
     try:
-        return _Run(config, context, resume, callbacks, verbose, resume_hint).run()
+        result = _Run(config, context, resume, callbacks, verbose, resume_hint).run()
+        ended = True  # on every process: a stop is agreed by all of them
+        return result
     finally:
-        context.close()
+        context.close(together=ended)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)  # the caller's again
 
 
