@@ -92,7 +92,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from torchvote.functional.voting import autocast_off, refuse_double_backward
+from torchvote.functional.voting import autocast_off, refuse_double_backward, shifted_exp
 from torchvote.tracing import plain_ops_required
 from torchvote.validation import check_positive_int
 
@@ -266,9 +266,7 @@ def _normalised_weights(log_weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     whether the row has any weight)``; the softmax is 0 in a row that is all ``-inf`` (an
     unreached receiver; finite gradients), the sum ``exp(peak) * sum exp(w - peak)`` (exact: the
     peak, a constant to autograd, cancels)."""
-    peak = log_weights.detach().amax(dim=-1, keepdim=True)
-    peak = torch.where(peak > -math.inf, peak, 0.0)
-    exp = (log_weights - peak).exp()  # -inf -> 0
+    exp, peak = shifted_exp(log_weights, -1)
     sums = exp.sum(dim=-1, keepdim=True)  # >= 1 where any weight is > 0
     reached = ~(sums <= 0)  # NaN counts as reached: NaN activations give NaN outputs
     return exp / torch.where(reached, sums, 1.0), sums * peak.exp(), reached

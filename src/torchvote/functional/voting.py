@@ -383,13 +383,21 @@ def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tens
         return masked_softmax(logits.reshape(1), 0).reshape(())
     if logits.shape[dim] == 0:  # nothing to normalise over: no weights at all
         return logits
-    peak = logits.amax(dim=dim, keepdim=True).detach()
-    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    exp = torch.exp(logits - peak)  # -inf -> 0
+    exp, _ = shifted_exp(logits, dim)
     total = exp.sum(dim=dim, keepdim=True)
     # a row with nothing to weigh (total 0) divides 0 by 1: a floor of float's tiniest number
     # gave its backward g / tiny = inf (past |g| of about 4), and inf * exp'(-inf) = NaN
     return exp / torch.where(total > 0, total, 1.0)
+
+
+def shifted_exp(logits: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """``(exp(logits - peak), peak)`` with ``peak`` each slice's largest logit along ``dim``
+    (kept), detached (a constant to autograd: what is built from the pair does not depend on
+    it), and 0 in a slice with no finite maximum (all ``-inf``: every exponential 0, no NaN).
+    The stable core of :func:`masked_softmax` and of EM's M-step weights."""
+    peak = logits.amax(dim=dim, keepdim=True).detach()
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    return torch.exp(logits - peak), peak  # -inf -> 0
 
 
 def _finite_softmax(logits: Tensor, dim: int) -> Tensor:

@@ -42,10 +42,9 @@ from torchvote.nn.attention_projections import (
 )
 from torchvote.nn.kv_cache import KVCache, offset_causality
 from torchvote.validation import (
-    check_device,
     check_flag,
     check_float_dtype,
-    check_input_dtype,
+    check_inputs_beside,
     check_positive_int,
     check_probability,
 )
@@ -246,12 +245,11 @@ class MultiHeadAttention(nn.Module):
         value = key if value is None else value
         self_attention = key is query
         unbatched = _check_inputs(query, key, value, self.embed_dim, self.kdim, self.vdim)
-        for name, tensor in (("query", query), ("key", key), ("value", value)):
-            check_input_dtype(tensor, self.out_proj.weight.dtype, name)
-        for name, tensor in (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask),
-                             ("key_mask", key_mask)):
-            if isinstance(tensor, Tensor):  # torch's own error names no argument
-                check_device(tensor, self.out_proj.weight.device, name)
+        check_inputs_beside(  # torch's own errors name no argument
+            self.out_proj.weight,
+            (("query", query), ("key", key), ("value", value)),
+            masks=(("attn_mask", attn_mask), ("key_mask", key_mask)),
+        )
         if unbatched:
             if isinstance(key_mask, Tensor) and key_mask.dim() != 1:
                 raise ValueError(

@@ -404,7 +404,7 @@ class Seq2SeqHandler(TaskHandler):
         }
 
     def items(self, batch: dict[str, Tensor]) -> int:
-        return int((batch["target"][:, 1:] != self._pad_id(batch)).sum())
+        return int(self.loss_units(batch))  # the real target tokens, counted on the host copy
 
     def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
         length = min(getattr(config, "max_len", 8), 8)
