@@ -224,3 +224,25 @@ def test_a_finished_run_waits_for_every_process_before_leaving_the_group(monkeyp
     calls.clear()
     DistributedContext(initialized_here=True).close(together=True)  # one process: nobody to wait for
     assert calls == ["destroy"]
+
+
+def test_train_drops_the_step_module_before_leaving_the_process_group(tiny_config, monkeypatch):
+    """The run object outlives train() in a reference cycle until the garbage collector runs (at
+    the latest at interpreter exit), and with it the DDP wrapper, whose reducer holds the process
+    group: freed after the group was destroyed, it could abort a finished torchrun process."""
+    import weakref
+
+    import torchvote.training.loop as loop
+
+    runs = []
+    build = loop._Run.__init__
+
+    def recording(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        runs.append(weakref.ref(self))
+
+    monkeypatch.setattr(loop._Run, "__init__", recording)
+    train(tiny_config("run", "max_steps=1", "eval_every=0"), verbose=False)
+    run = runs[0]()
+    assert run is not None, "the run was freed at once: this test no longer checks anything"
+    assert run.ddp_model is None

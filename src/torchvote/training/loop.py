@@ -163,12 +163,15 @@ def train(
     context = setup_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()  # and makes it strict
-    ended = False
+    ended, run = False, None
     try:
-        result = _Run(config, context, resume, callbacks, verbose, resume_hint).run()
+        run = _Run(config, context, resume, callbacks, verbose, resume_hint)
+        result = run.run()
         ended = True  # on every process: a stop is agreed by all of them
         return result
     finally:
+        if run is not None:
+            run.release()  # before its process group goes
         context.close(together=ended)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)  # the caller's again
 
@@ -364,6 +367,14 @@ class _Run:
         return self.evaluations[key]
 
     # --- the run and its loop -----------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Drop the DDP wrapper, whose reducer holds the process group. The run outlives
+        :func:`train` in a reference cycle (its stop request logs through it) until the garbage
+        collector runs, at the latest at interpreter exit, after the group was destroyed: a
+        reducer freed then can abort the process ("terminate called without an active
+        exception") after a finished torchrun run."""
+        self.ddp_model = None
 
     def run(self) -> TrainResult:
         try:
