@@ -170,12 +170,13 @@ def test_the_stop_flag_of_each_step_never_goes_to_the_device(gloo_group):
     """``any_process`` runs after every step: it exchanges a CPU tensor, so the host never waits
     for the device's queued kernels to read it (here the device is ``meta``, whose values cannot
     be read at all). It used to all-reduce a tensor on the compute device and read it back."""
-    from torchvote.training.distributed import DistributedContext, any_process
+    from torchvote.training.distributed import DistributedContext, any_process, any_processes
 
     context = DistributedContext(rank=0, world_size=2, device=torch.device("meta"))
     assert context.is_distributed
     assert any_process(True, context) is True
     assert any_process(False, context) is False
+    assert any_processes((True, False, True), context) == (True, False, True)  # the stop and clock flags
 
 
 def test_one_gpu_named_for_several_processes_on_a_machine_is_refused(monkeypatch):

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedContext", "all_reduce_sum", "any_process", "resolve_device", "setup_distributed"]
+__all__ = [
+    "DistributedContext",
+    "all_reduce_sum",
+    "any_process",
+    "any_processes",
+    "resolve_device",
+    "setup_distributed",
+]
 
 
 @dataclass(frozen=True)
@@ -178,8 +186,14 @@ def any_process(flag: bool, context: DistributedContext) -> bool:
     reading a device tensor would make the host wait for every kernel queued so far (and the
     device wait, idle, for the next step to be queued).
     """
+    return any_processes((flag,), context)[0]
+
+
+def any_processes(flags: Sequence[bool], context: DistributedContext) -> tuple[bool, ...]:
+    """:func:`any_process` for several flags in one exchange: each true on every process if it
+    is true on any."""
     if not context.is_distributed:
-        return flag
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)  # on the CPU
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=context.control_group)
-    return bool(value.item() > 0)
+        return tuple(bool(flag) for flag in flags)
+    values = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32)  # on the CPU
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=context.control_group)
+    return tuple(bool(value > 0) for value in values.tolist())

@@ -66,6 +66,7 @@ from torchvote.training.distributed import (
     DistributedContext,
     all_reduce_sum,
     any_process,
+    any_processes,
     setup_distributed,
 )
 from torchvote.training.evaluate import autocast, evaluate_loss_where_it_applies, load_eval_entry
@@ -218,6 +219,9 @@ class _Run:
         self.step_lr = 0.0  # the learning rate the last optimiser step used (set by each step)
         self.step_margin: float | None = None  # the spread loss's margin at the last step, if any
         self.evaluating = False  # inside an evaluation (what an out-of-memory error advises)
+        self.last_save_time = time.monotonic()  # for checkpoint_minutes
+        # {"step", "accuracy", "target"} once an evaluation reached stop_at_accuracy (checkpointed)
+        self.reached_target: dict[str, Any] | None = None
 
     # --- set-up ---------------------------------------------------------------------------------
 
@@ -265,12 +269,23 @@ class _Run:
             self.last_checkpoint, self.last_saved_step = paths, self.step  # never rewritten as it is
             self._log(f"resuming {self.run_dir} from step {self.step} ({paths.weights.name})")
             self._note_a_redrawn_schedule(state.get("total_steps"))
+            self._reached_target(state.get("reached_target"))
         self.epoch, self.position = divmod(self.step, self.plan.steps_per_epoch)
         self.ddp_model: nn.Module = self.model
         if context.is_distributed:
             device_ids = [context.device] if context.device.type == "cuda" else None
             self.ddp_model = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
         self.ddp_model = compile_model(self.ddp_model, config.compile)  # the step's module only
+
+    def _reached_target(self, reached: dict[str, Any] | None) -> None:
+        """End a resumed run at its checkpoint's step if an evaluation there reached this run's
+        ``stop_at_accuracy`` (a run that stopped at its target is finished; a higher target, or
+        none, trains on)."""
+        target = self.config.stop_at_accuracy
+        if reached is None or target is None or reached["accuracy"] < target:
+            return
+        self.reached_target = {**reached, "target": target}
+        self.total_steps = self.step
 
     def _release_unused_run_dir(self) -> None:
         """Remove the folder :func:`new_run_dir` claimed for this run if nothing was written to it
@@ -293,6 +308,13 @@ class _Run:
         if self.writer.dropped:  # a run killed after its checkpoint, or resumed from an older one
             dropped = self.writer.dropped
             self._log(f"metrics.jsonl: dropped {dropped} record(s) after step {self.step} (taken again)")
+        if self.reached_target is not None and self.step >= self.total_steps:
+            accuracy = 100 * self.reached_target["accuracy"]
+            self._log(
+                f"{self.run_dir} reached stop_at_accuracy={self.config.stop_at_accuracy} at step "
+                f"{self.step} ({accuracy:.2f}%): nothing to train"
+            )
+            return
         if self.step >= self.total_steps:  # a finished run, resumed: nothing left to train
             self._log(f"{self.run_dir} has finished its {self.total_steps} steps: nothing to train")
             return
@@ -341,7 +363,7 @@ class _Run:
             state=state,
             keep=self.config.keep_checkpoints,
         )
-        self.last_saved_step = self.step
+        self.last_saved_step, self.last_save_time = self.step, time.monotonic()
 
     def _evaluate(self, data: TaskData, source: str = "") -> dict[str, float]:
         """``data``'s metrics at this step, evaluated once: ``source`` is the ``eval_on`` entry it
@@ -429,11 +451,17 @@ class _Run:
                         self._step(batch, progress)
                         self._maybe_log(progress)
                         with progress.paused():  # no training: out of the next window's rate
-                            self._maybe_evaluate(progress)
+                            reached = self._maybe_evaluate(progress)
                             self._maybe_checkpoint(progress)
-                        if any_process(self.stop.requested, self.context):
+                        stop, due = any_processes((self.stop.requested, self._checkpoint_due()), self.context)
+                        if stop:
                             self._save(progress)
                             return self._stopped(progress, saved=True)
+                        if due:
+                            with progress.paused():
+                                self._save(progress)
+                        if reached:
+                            self.total_steps = self.step  # the run ends here (see _reached_target)
                         if self.step >= self.total_steps:
                             break
                     if self.position == self.plan.steps_per_epoch:
@@ -560,11 +588,12 @@ class _Run:
         if self.writer is not None:
             self.writer.write("train", self.step, record, epoch=self.epoch)
 
-    def _maybe_evaluate(self, progress: Progress) -> None:
-        """At the end of every ``eval_every``-th epoch: evaluate, record and print one line."""
+    def _maybe_evaluate(self, progress: Progress) -> bool:
+        """At the end of every ``eval_every``-th epoch: evaluate, record and print one line.
+        Return whether the evaluation reached ``stop_at_accuracy`` (and say so)."""
         every = self.config.eval_every
         if not (self._end_of_epoch and every and (self.epoch + 1) % every == 0):
-            return
+            return False
         metrics = self._evaluate(self.eval_data)
         label = f"{self.eval_data.name}/{self.eval_data.split}"
         if self.writer is not None:
@@ -575,6 +604,20 @@ class _Run:
             if "loss" in metrics:
                 message += f", loss {metrics['loss']:.4f}"
             progress.write(message)
+        target = self.config.stop_at_accuracy
+        if target is None or metrics["accuracy"] < target or self.step >= self.total_steps:
+            return False
+        self.reached_target = {"step": self.step, "accuracy": float(metrics["accuracy"]), "target": target}
+        self._log(f"stop_at_accuracy={target} reached at step {self.step}: the run ends here")
+        return True
+
+    def _checkpoint_due(self) -> bool:
+        """Whether ``checkpoint_minutes`` have passed since the last checkpoint (or the start), by
+        the main process's clock: :func:`any_process` makes every process save with it."""
+        minutes = self.config.checkpoint_minutes
+        if not (minutes and self.context.is_main) or self.step == self.last_saved_step:
+            return False
+        return time.monotonic() - self.last_save_time >= 60 * minutes
 
     def _maybe_checkpoint(self, progress: Progress) -> None:
         """At each epoch end and every ``checkpoint_every`` steps (unless the loss diverged)."""

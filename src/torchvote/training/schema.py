@@ -170,7 +170,15 @@ class TrainConfig:
         eval_on: further data sets evaluated at the end of the run (e.g. ``affnist``, or with the data
             set's options ``affnist-style:canvas=28``). Each is read from ``data.root`` unless the
             entry names its own (``affnist:root=DIR`` beside ``data.root=MNIST_DIR``).
+        stop_at_accuracy: end the run at the first evaluation (every ``eval_every`` epochs) whose
+            accuracy on the run's test set reaches this fraction, e.g. ``0.992``: the affNIST
+            experiment trains both models to the same accuracy (Sabour et al. 2017, sec. 5.2).
+            A finished run ends there: the final evaluation and checkpoint are of that step, and
+            resuming it trains on only with a higher target or none. ``None``: train to the end.
         checkpoint_every: also checkpoint every this many steps (0: at each epoch end only).
+        checkpoint_minutes: also checkpoint when this many minutes have passed since the last
+            checkpoint (0: never by time), so that a hard kill (power, an out-of-memory kill, a
+            preempted machine) loses at most that much of a long epoch.
         keep_checkpoints: how many checkpoints to keep (the newest).
         seed: seeds the model initialisation, the data order and every random augmentation.
         bf16: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``.
@@ -209,7 +217,9 @@ class TrainConfig:
     max_steps: int | None = None
     eval_every: int = 1
     eval_on: tuple[str, ...] = ()
+    stop_at_accuracy: float | None = None
     checkpoint_every: int = 0
+    checkpoint_minutes: float = 10.0
     keep_checkpoints: int = 2
     seed: int = 0
     bf16: bool = False
@@ -281,6 +291,13 @@ class TrainConfig:
         check_in_range(optim.min_lr_ratio, "optim.min_lr_ratio", 0.0, 1.0)
         if optim.grad_clip is not None:
             check_in_range(optim.grad_clip, "optim.grad_clip", 0.0, include_low=False)
+        check_in_range(self.checkpoint_minutes, "checkpoint_minutes", 0.0)
+        if self.stop_at_accuracy is not None:
+            check_in_range(self.stop_at_accuracy, "stop_at_accuracy", 0.0, 1.0, include_low=False)
+            if not self.eval_every:  # no evaluation during the run: the target could never be seen
+                raise ValueError(
+                    "stop_at_accuracy needs evaluations during the run: eval_every must be >= 1, got 0"
+                )
         check_in_range(loss.reconstruction_weight, "loss.reconstruction_weight", 0.0)
         check_margin_options(loss.positive_margin, loss.negative_margin, loss.down_weight, prefix="loss.")
         for key in ("spread_margin_start", "spread_margin_end"):
@@ -294,7 +311,9 @@ RESUMABLE_KEYS: frozenset[str] = frozenset(
         "max_steps",
         "eval_every",
         "eval_on",
+        "stop_at_accuracy",
         "checkpoint_every",
+        "checkpoint_minutes",
         "keep_checkpoints",
         "device",
         "compile",

@@ -271,8 +271,8 @@ def training_state(
 
     Args:
         run: has ``step``, ``config``, ``context``, ``train_data``, ``optimizer``, ``scheduler``,
-            ``scaler`` (a ``torch.amp.GradScaler``, disabled unless ``fp16``), ``total_steps`` and
-            ``wall_s()``.
+            ``scaler`` (a ``torch.amp.GradScaler``, disabled unless ``fp16``), ``total_steps``,
+            ``reached_target`` and ``wall_s()``.
         epoch, position: where a run resumed from this step starts.
         metrics_window: the metric sums of the steps since the last metrics record, over every
             process (:meth:`~torchvote.training.progress.Progress.window_totals`), so that the
@@ -300,6 +300,7 @@ def training_state(
         "total_steps": run.total_steps,
         "wall_s": run.wall_s(),
         "metrics_window": metrics_window,
+        "reached_target": run.reached_target,  # None, or where stop_at_accuracy was reached
     }
 
 
