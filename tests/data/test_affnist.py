@@ -154,13 +154,62 @@ def test_a_folder_of_other_mat_files_is_not_the_test_set(tmp_path: Path) -> None
 
 
 def test_mat_loader_reads_numbered_batches_in_natural_order(tmp_path: Path) -> None:
-    parts = {number: tiny_set(3, seed=number) for number in (1, 2, 10)}
+    parts = {number: tiny_set(3, seed=number) for number in range(1, 11)}
     for number, (images, labels) in parts.items():
         write_mat(tmp_path / f"{number}.mat", images, labels)
     images, labels = load_affnist_mat(tmp_path)
-    expected = np.concatenate([parts[n][0] for n in (1, 2, 10)])
+    expected = np.concatenate([parts[n][0] for n in range(1, 11)])  # 10.mat last, not after 1.mat
     np.testing.assert_array_equal((images[:, 0] * 255).round().numpy(), expected)
-    assert labels.tolist() == [int(v) for n in (1, 2, 10) for v in parts[n][1]]
+    assert labels.tolist() == [int(v) for n in range(1, 11) for v in parts[n][1]]
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (("1.mat", "3.mat"), "found 1.mat, 3.mat"),  # batch 2 missing
+        (("1.mat", "01.mat", "2.mat"), "found 01.mat, 1.mat, 2.mat"),  # batch 1 twice
+        (("2.mat", "3.mat"), "found 2.mat, 3.mat"),
+    ],
+)
+def test_numbered_batches_with_a_gap_or_a_repeat_are_refused(tmp_path: Path, names, message) -> None:
+    """Any ``<digits>.mat`` files were read as the test set: a missing batch, or one there twice
+    (``1.mat`` and ``01.mat``), changed the set in silence."""
+    for name in names:
+        write_mat(tmp_path / name, *tiny_set(3))
+    write_mat(tmp_path / "².mat", *tiny_set(3))  # a digit to str.isdigit, not to int(): not a batch
+    with pytest.raises(ValueError, match=f"without a gap, a repeat or a leading zero .*; {message}$"):
+        load_affnist_mat(tmp_path)
+    with pytest.raises(ValueError, match="must be 1.mat"):
+        find_affnist(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "folder", ["training_batches", "validation_batches", "training_and_validation_batches"]
+)
+def test_the_pages_training_and_validation_batches_are_not_the_test_set(tmp_path: Path, folder) -> None:
+    """affNIST's other batch archives number their files as the test batches do: they were read
+    (and scored) as the test set."""
+    for number in (1, 2):
+        write_mat(tmp_path / folder / f"{number}.mat", *tiny_set(3))
+    with pytest.raises(ValueError, match="not the test set: pass the folder of test_batches.zip"):
+        load_affnist(tmp_path / folder)
+
+
+def test_a_batch_larger_than_a_test_batch_is_refused(tmp_path: Path) -> None:
+    """A training batch holds 50,000 or 60,000 images; a test batch 10,000."""
+    images = np.zeros((10_001, 40, 40), dtype=np.uint8)
+    write_mat(tmp_path / "1.mat", images, (np.arange(10_001) % 10).astype(np.uint8))
+    with pytest.raises(ValueError, match="holds 10,001 images; a test batch holds 10,000"):
+        load_affnist_mat(tmp_path)
+
+
+def test_data_one_folder_down_is_named(tmp_path: Path) -> None:
+    for number in (1, 2):
+        write_mat(tmp_path / "test_batches" / f"{number}.mat", *tiny_set(3))
+    write_mat(tmp_path / "single" / "test.mat", *tiny_set(3))
+    with pytest.raises(DataNotFoundError) as raised:
+        find_affnist(tmp_path)
+    assert f"Found {tmp_path / 'single'}, {tmp_path / 'test_batches'}: pass that folder" in str(raised.value)
 
 
 def test_mat_loader_rejects_other_layouts(tmp_path: Path) -> None:
@@ -362,7 +411,34 @@ def test_command_affnist_status_and_download(
     assert main(["affnist", "--download", "--root", str(root)]) == 0
     assert f"test: {root / 'test.mat'} (verified)" in capsys.readouterr().out
     assert main(["affnist", "--root", str(root)]) == 0
-    assert str(root / "test.mat") in capsys.readouterr().out
+    verified = "verified: size and SHA-256 match the download's manifest.json"
+    assert f"test: {root / 'test.mat'} ({verified})" in capsys.readouterr().out
+
+
+def test_command_affnist_status_says_whether_the_file_was_verified(
+    downloaded: tuple[Path, bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-placed file and a downloaded one were both reported as found, and so was a
+    downloaded file that had changed since (its load then failed)."""
+    mine = write_mat(tmp_path / "mine" / "test.mat", *tiny_set())
+    assert main(["affnist", "--root", str(mine.parent)]) == 0
+    assert f"test: {mine} (not verified: no manifest.json" in capsys.readouterr().out
+    mat = downloaded[0]
+    data = bytearray(mat.read_bytes())
+    data[-1] ^= 0xFF
+    mat.write_bytes(bytes(data))
+    assert main(["affnist", "--root", str(mat.parent)]) == 2
+    assert "changed since it was verified" in capsys.readouterr().err
+
+
+def test_python_m_torchvote_data_is_the_same_command(tmp_path: Path, capsys) -> None:
+    """``python -m torchvote.data`` had a parser of its own: no ``--verify``, no default."""
+    mine = write_mat(tmp_path / "test.mat", *tiny_set())
+    assert main(["affnist", "--verify", "--root", str(tmp_path)]) == 1  # 20 images, not 320,000
+    captured = capsys.readouterr()
+    assert f"test: {mine} (not verified" in captured.out and "test: 20 images (1, 40, 40)" in captured.out
+    assert "verify failed: 20 images, expected 320000" in captured.err
+    assert main([]) == 0 and "affnist-style" in capsys.readouterr().out  # `list` by default
 
 
 def test_a_cache_from_another_release_is_replaced(server: FakeServer, tmp_path: Path) -> None:

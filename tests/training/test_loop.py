@@ -624,6 +624,15 @@ def test_ctrl_c_in_the_final_evaluation_stops_it_and_a_resume_finishes_it(tiny_c
     assert resumed.step == 6 and "mnist/test" in resumed.results
 
 
+@dataclass
+class _ImageModel40:
+    """The fields of a model config that :meth:`finalize` reads: a 40x40 grey image model."""
+
+    image_size: int = 40
+    in_channels: int = 1
+    num_classes: int = 10
+
+
 def test_multimnist_batches_carry_the_digits_and_shift_them_with_the_image(tiny_config):
     import torchvote.data as data_package
     from torchvote.training.data import BatchPlan, iterate_batches
@@ -635,19 +644,35 @@ def test_multimnist_batches_carry_the_digits_and_shift_them_with_the_image(tiny_
     assert data.tensors["digits"].shape == (8, 2, 1, 36, 36) and data.fields["image_size"] == 36
     config = tiny_config("run", "data.shift=2")
 
-    @dataclass
-    class Config:
-        image_size: int = 40
-        in_channels: int = 1
-        num_classes: int = 10
-
-    data = handler.finalize(data, Config())
+    data = handler.finalize(data, _ImageModel40())
     assert data.tensors["digits"].shape == (8, 2, 1, 40, 40)
     augment = handler.augment(config.data, data)
     batch = next(iterate_batches(data, BatchPlan(8, 8, seed=0), 0, augment=augment))
     overlay = batch["digits"].sum(dim=1).clamp(max=1.0)
     torch.testing.assert_close(overlay, batch["images"])  # digits and image moved together
     assert not torch.equal(batch["images"], data.tensors["images"][BatchPlan(8, 8, seed=0).epoch_order(0)])
+
+
+def test_a_canvas_places_the_whole_image_anywhere_on_it(tiny_config):
+    """``data.canvas=40`` places a 28x28 image uniformly over the canvas's 13 x 13 positions
+    (Sabour et al. 2017 sec. 5.2: "placed randomly on a black background"), never past its
+    edge, whatever ``data.shift`` adds at 28x28: the two shifts were added, up to 8 pixels from
+    the centre, and 0.7% of the MNIST digits lost ink."""
+    from torchvote.training.data import BatchPlan, iterate_batches
+
+    handler = get_task_handler("image-classification")
+    frames = torch.ones(400, 1, 28, 28)  # ink up to the frame's border: any cut shows
+    data = handler.build("mnist", "train", (frames, torch.arange(400) % 10))
+    config = tiny_config("run", "data.shift=2", "data.canvas=40")
+
+    data = handler.finalize(data, _ImageModel40())
+    augment = handler.augment(config.data, data)
+    batch = next(iterate_batches(data, BatchPlan(400, 400, seed=0), 0, augment=augment))
+    images = batch["images"][:, 0]  # (400, 40, 40)
+    assert torch.equal(images.sum(dim=(1, 2)), torch.full((400,), 28.0 * 28))  # no ink lost
+    rows = images.amax(dim=2).argmax(dim=1)  # the top row of each frame
+    columns = images.amax(dim=1).argmax(dim=1)
+    assert set(rows.tolist()) == set(range(13)) == set(columns.tolist())  # every position is drawn
 
 
 class _PoisonAt:

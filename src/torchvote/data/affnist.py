@@ -58,6 +58,7 @@ __all__ = [
     "find_affnist",
     "load_affnist",
     "load_affnist_mat",
+    "verification_of",
     "verify_affnist",
 ]
 
@@ -184,16 +185,47 @@ def _check_values(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
             raise ValueError(f"{path}: expected {name!r} to hold whole numbers in 0-{high}, got {shown}")
 
 
+#: Folders of affNIST's other numbered batches (its training and validation sets), named as
+#: the page's archives unpack; their files are numbered as the test batches are.
+_OTHER_BATCH_FOLDERS = ("training_batches", "validation_batches", "training_and_validation_batches")
+#: Images in each of ``test_batches.zip``'s 32 files (a training batch holds 50,000 or 60,000).
+TEST_BATCH_IMAGES = 10_000
+
+
+def _numbered_mat_files(directory: Path) -> list[Path]:
+    """``directory``'s ``<digits>.mat`` files (ASCII digits: ``int`` refuses others)."""
+    return [p for p in directory.glob("*.mat") if p.stem.isascii() and p.stem.isdigit()]
+
+
 def _test_batches(directory: Path) -> list[Path]:
     """The test set's files in a folder: ``test.mat``, or the numbered batches of
     ``test_batches.zip`` (``1.mat ... 32.mat``) in order. Other ``.mat`` names (``training.mat``,
-    ``validation.mat``) are not read; the training and validation batches of the same page are
-    numbered the same way and cannot be told from the test batches by name (``torchvote data
-    affnist --verify`` counts the images: 10,000 a test batch, 320,000 in all)."""
+    ``validation.mat``) are not read.
+
+    Raises:
+        ValueError: the folder is one of the page's training or validation batch folders (their
+            files are numbered as the test batches are), or its numbered files are not ``1.mat``
+            to ``K.mat`` without a gap, a repeat or a leading zero (a batch missing or counted
+            twice would change the set in silence).
+    """
     whole = directory / AFFNIST_TEST.member
     if whole.is_file():
         return [whole]
-    numbered = [p for p in directory.glob("*.mat") if p.stem.isdigit()]
+    numbered = _numbered_mat_files(directory)
+    if not numbered:
+        return []
+    if directory.name in _OTHER_BATCH_FOLDERS:
+        raise ValueError(
+            f"{directory} holds affNIST's {directory.name.replace('_', ' ')}, not the test set: pass the "
+            f"folder of test_batches.zip or test.mat (or {AFFNIST_DOWNLOAD_COMMAND})"
+        )
+    stems = sorted((p.stem for p in numbered), key=lambda stem: (int(stem), stem))
+    if stems != [str(number) for number in range(1, len(stems) + 1)]:
+        shown = ", ".join(f"{stem}.mat" for stem in stems[:12]) + (", ..." if len(stems) > 12 else "")
+        raise ValueError(
+            f"{directory}: the numbered test batches must be 1.mat ... {len(stems)}.mat, without a "
+            f"gap, a repeat or a leading zero (as test_batches.zip unpacks); found {shown}"
+        )
     return sorted(numbered, key=lambda p: int(p.stem))
 
 
@@ -233,13 +265,20 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
         ValueError: If a file is not readable (truncated, damaged, a zip archive, MATLAB v7.3)
             or lacks the affNIST layout: an ``affNISTdata`` struct, ``image`` of shape
             (1600, N) with whole-number pixels in 0-255, N labels 0-9 in ``label_int``. The
-            message names the file.
+            message names the file. Also when a folder's numbered batches are not the test
+            batches: a training or validation folder, numbers with a gap, a repeat or a leading
+            zero, a batch of more than 10,000 images.
     """
     limit = _validate_limit(limit)
     files = _mat_files(as_path(path, "path"))
     parts = [_read_one_mat(file) for file in files]
     for file, (pixels, labels) in zip(files, parts, strict=True):
         _check_values(file, pixels, labels)
+        if file.stem.isdigit() and len(labels) > TEST_BATCH_IMAGES:  # a training batch: 50,000 or 60,000
+            raise ValueError(
+                f"{file} holds {len(labels):,} images; a test batch holds {TEST_BATCH_IMAGES:,} (this "
+                "is one of affNIST's training batches, not the test set)"
+            )
     pixels = np.concatenate([p for p, _ in parts], axis=1)[:, :limit]  # (1600, N)
     labels = np.concatenate([y for _, y in parts])[:limit].astype(np.int64)
     # Each column is one image, stored row by row.
@@ -459,6 +498,12 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
         if given is not None and given.is_dir() and _test_batches(given):
             return given
         looked = [mat] if given is None else [mat, directory / "<n>.mat"]
+        if given is not None and given.is_dir():  # the data one folder down: say where
+            below = sorted({p.parent for p in given.glob(f"*/{AFFNIST_TEST.member}")})
+            batches = given / "test_batches"
+            below += [batches] if batches.is_dir() and _numbered_mat_files(batches) else []
+            if below:
+                note = f"Found {', '.join(str(d) for d in below)}: pass that folder as the root. "
     command = AFFNIST_DOWNLOAD_COMMAND
     if given is not None:
         command += f" --root {shlex.quote(str(directory))}"
@@ -498,6 +543,19 @@ def load_affnist(
     if path.is_file():
         _check_against_manifest(path)
     return load_affnist_mat(path, limit=limit)
+
+
+def verification_of(path: str | PathLike[str]) -> str:
+    """How far the affNIST data at ``path`` (as :func:`find_affnist` returns it) is verified, in
+    words: against the ``manifest.json`` of its download (size and SHA-256), or not at all.
+
+    Raises:
+        ValueError: the file fails its manifest (changed or truncated since the download).
+    """
+    path = as_path(path, "path")
+    if path.is_file() and _check_against_manifest(path) is not None:
+        return "verified: size and SHA-256 match the download's manifest.json"
+    return "not verified: no manifest.json of a download beside it; --verify counts its images"
 
 
 def verify_affnist(root: str | PathLike[str] | None = None) -> tuple[list[int], list[str]]:

