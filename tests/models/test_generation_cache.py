@@ -255,3 +255,19 @@ def test_greedy_generation_of_a_float64_lm_takes_its_float64_argmax():
         assert int(model.generate(prompt, 1, temperature=0.0)[0, -1]) == 1
     finally:
         handle.remove()
+
+
+def test_a_cache_filled_under_inference_mode_goes_on_outside_it():
+    """The in-place append wrote into buffers made under ``torch.inference_mode``, which PyTorch
+    refuses outside it (a raw error from inside the attention)."""
+    model = _model("transformer-lm", "softmax", "learned")
+    tokens = torch.randint(model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+    cache = model.new_cache()
+    with torch.inference_mode():
+        model(tokens[:, :5], cache=cache)
+        model(tokens[:, 5:6], cache=cache)  # the buffers are made here, as inference tensors
+    with torch.no_grad():
+        step = model(tokens[:, 6:7], cache=cache).logits
+        step = model(tokens[:, 7:8], cache=cache).logits  # and in place again, in new buffers
+        expected = model(tokens[:, :8]).logits[:, -1:]
+    torch.testing.assert_close(step, expected, rtol=1e-5, atol=1e-5)

@@ -281,6 +281,22 @@ def test_lm_generate_extends_the_prompt_and_follows_its_options():
     assert model.training  # the mode is restored
 
 
+def test_top_k_keeps_exactly_k_tokens_when_logits_tie():
+    """``top_k`` kept every token tied with the k-th logit: with all logits equal, ``top_k=1``
+    sampled uniformly, and a bfloat16 model's tie made it differ from greedy decoding."""
+    model = _model("transformer-lm")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()  # every logit 0: every token ties
+    prompt = torch.zeros(50, 3, dtype=torch.long)
+    generator = torch.Generator().manual_seed(0)
+    top1 = model.generate(prompt, 4, top_k=1, generator=generator)
+    assert torch.equal(top1, model.generate(prompt, 4, temperature=0.0))  # the lowest id, as argmax
+    assert set(top1[:, 3:].unique().tolist()) == {0}
+    top2 = model.generate(prompt, 8, top_k=2, generator=generator)
+    assert set(top2[:, 3:].unique().tolist()) == {0, 1}  # the two lowest ids, never a third
+
+
 def test_lm_greedy_generation_agrees_with_the_forward_pass():
     model = _model("transformer-lm", attention="routing")
     prompt = torch.randint(model.config.vocab_size, (2, 4))

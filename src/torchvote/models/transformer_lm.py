@@ -294,8 +294,11 @@ class TransformerLM(nn.Module):
                     # in float64, where a temperature below float32's smallest number is still > 0
                     logits = (logits.double() - logits.amax(dim=-1, keepdim=True)) / temperature
                     if top_k is not None and top_k < logits.shape[-1]:
-                        threshold = logits.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
-                        logits = logits.masked_fill(logits < threshold, float("-inf"))
+                        # exactly top_k tokens, ties to the lowest id as argmax breaks them: a
+                        # threshold on the k-th value kept every token tied with it (bfloat16 ties)
+                        kept = logits.sort(dim=-1, descending=True, stable=True).indices[:, :top_k]  # (b, k)
+                        dropped = torch.full_like(logits, float("-inf")).scatter(-1, kept, 0.0)
+                        logits = logits + dropped  # (b, vocab)
                     probabilities = torch.softmax(logits, dim=-1)  # (b, vocab)
                     if generator is not None:  # drawn where the generator is (a CPU one, say)
                         probabilities = probabilities.to(generator.device)

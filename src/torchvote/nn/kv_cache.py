@@ -149,8 +149,12 @@ class KVCache:
 
 def _can_append_in_place(held: Tensor, keys: Tensor, values: Tensor) -> bool:
     """Writing into a buffer that earlier calls' keys are views of is safe unless autograd may
-    need those keys again (their version would change under it) or a compiler traces the call."""
+    need those keys again (their version would change under it), a compiler traces the call, or
+    the buffer was made under ``torch.inference_mode`` and this call runs outside it (PyTorch
+    refuses to write into an inference tensor there)."""
     if torch.compiler.is_compiling():
+        return False
+    if held.is_inference() and not torch.is_inference_mode_enabled():
         return False
     tracked = held.requires_grad or keys.requires_grad or values.requires_grad
     return not (torch.is_grad_enabled() and tracked)
