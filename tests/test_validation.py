@@ -10,6 +10,7 @@ from torchvote.validation import (
     check_choice,
     check_float_dtype,
     check_float_tensor,
+    check_in_range,
     check_input_dtype,
     check_positive_float,
     check_positive_int,
@@ -27,6 +28,53 @@ def test_positive_int_accepts(value):
 def test_positive_int_rejects_naming_the_argument(value):
     with pytest.raises(ValueError, match=r"iterations must be a positive integer, got"):
         check_positive_int(value, "iterations")
+
+
+@pytest.mark.parametrize(
+    ("check", "value"),
+    [
+        (lambda v: check_positive_int(v, "num_heads"), 2.0),
+        (lambda v: check_positive_int(v, "num_heads"), True),
+        (lambda v: check_positive_int(v, "num_heads"), "2"),
+        (lambda v: check_positive_float(v, "eps"), "1e-5"),
+        (lambda v: check_probability(v, "dropout"), "0.1"),
+        (lambda v: check_in_range(v, "bandwidth", 0.0), None),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_type_error_and_a_value_error(check, value):
+    """``num_heads=2.0`` was a ValueError where a wrong ``dtype`` or flag was a TypeError; a wrong
+    type is now both (callers that caught ValueError still do)."""
+    from torchvote.validation import ArgumentTypeError
+
+    with pytest.raises(ArgumentTypeError) as raised:
+        check(value)
+    assert isinstance(raised.value, TypeError) and isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("check", "value"),
+    [
+        (lambda v: check_positive_int(v, "n"), 0),
+        (lambda v: check_positive_float(v, "eps"), math.nan),
+        (lambda v: check_probability(v, "dropout"), 1.5),
+        (lambda v: check_in_range(v, "bandwidth", 0.0), -1.0),
+    ],
+)
+def test_a_number_out_of_range_is_only_a_value_error(check, value):
+    with pytest.raises(ValueError) as raised:
+        check(value)
+    assert not isinstance(raised.value, TypeError)
+
+
+def test_public_constructors_report_a_wrong_type_as_a_type_error():
+    from torchvote.nn import CapsuleLinear, MultiHeadAttention
+
+    with pytest.raises(TypeError, match="num_heads"):
+        MultiHeadAttention(8, 2.0)
+    with pytest.raises(TypeError, match="dropout"):
+        MultiHeadAttention(8, 2, dropout="0.1")
+    with pytest.raises(TypeError, match="iterations"):
+        CapsuleLinear(4, 8, 3, 16, iterations=2.5)
 
 
 def test_positive_int_minimum():

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ArgumentTypeError",
     "autocast_available",
     "autocast_enabled",
     "broadcast_shape",
@@ -42,6 +43,12 @@ __all__ = [
 ]
 
 
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type (``num_heads=2.0``, ``dropout="0.1"``): a ``TypeError``, as
+    Python reports a wrong type, and a ``ValueError`` too, which these checks raised for it
+    before and callers (a config loader turning it into its own error) may catch."""
+
+
 def check_positive_int(value: Any, argument: str, *, minimum: int = 1) -> int:
     """Return ``value`` if it is an integer (not a bool) of at least ``minimum``.
 
@@ -54,11 +61,13 @@ def check_positive_int(value: Any, argument: str, *, minimum: int = 1) -> int:
         ``value`` as a Python int (a NumPy integer is taken as its value).
 
     Raises:
-        ValueError: if ``value`` is not an integer or is smaller than ``minimum``.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) if ``value`` is not an integer.
+        ValueError: if it is smaller than ``minimum``.
     """
     if not is_integer(value) or value < minimum:
         expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{argument} must be {expected}, got {value!r}")
+        error = ValueError if is_integer(value) else ArgumentTypeError
+        raise error(f"{argument} must be {expected}, got {value!r}")
     return int(value)
 
 
@@ -73,10 +82,12 @@ def check_positive_float(value: Any, argument: str) -> float:
         ``value`` as a float.
 
     Raises:
-        ValueError: if ``value`` is not a real number, not finite, or not positive.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) if ``value`` is not a real number.
+        ValueError: if it is not finite or not positive.
     """
     if not _is_real(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
+        error = ValueError if _is_real(value) else ArgumentTypeError
+        raise error(f"{argument} must be a positive finite number, got {value!r}")
     return float(value)
 
 
@@ -101,15 +112,17 @@ def check_in_range(
         ``value`` as a float.
 
     Raises:
-        ValueError: if ``value`` is not a real number (bools are not), not finite, or outside the
-            interval, with the interval in the message.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) if ``value`` is not a real
+            number (bools are not).
+        ValueError: if it is not finite or outside the interval, with the interval in the message.
     """
     above = (low <= value if include_low else low < value) if _is_real(value) else False
     below = (value <= high if include_high else value < high) if _is_real(value) else False
     if not (above and below and math.isfinite(value)):
         left = "[" if include_low and math.isfinite(low) else "("
         right = "]" if include_high and math.isfinite(high) else ")"
-        raise ValueError(f"{argument} must be a finite number in {left}{low}, {high}{right}, got {value!r}")
+        error = ValueError if _is_real(value) else ArgumentTypeError
+        raise error(f"{argument} must be a finite number in {left}{low}, {high}{right}, got {value!r}")
     return float(value)
 
 
@@ -143,10 +156,12 @@ def check_probability(value: Any, argument: str) -> float:
         ``value`` as a float.
 
     Raises:
-        ValueError: if ``value`` is not a real number in ``[0, 1)``.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) if ``value`` is not a real number.
+        ValueError: if it is outside ``[0, 1)``.
     """
     if not _is_real(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{argument} must be in [0, 1), got {value!r}")
+        error = ValueError if _is_real(value) else ArgumentTypeError
+        raise error(f"{argument} must be in [0, 1), got {value!r}")
     return float(value)
 
 

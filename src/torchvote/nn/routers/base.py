@@ -37,6 +37,7 @@ from torchvote.functional.routing import RoutingVotes, _votes_shape, as_routing_
 from torchvote.functional.voting import Votes
 from torchvote.tracing import register_output
 from torchvote.validation import (
+    ArgumentTypeError,
     autocast_enabled,
     check_flag,
     check_float_dtype,
@@ -374,5 +375,7 @@ def build_router(
         )
     try:
         return build(**fixed, **options)
+    except ArgumentTypeError:  # a value of the wrong type: its own message names it
+        raise
     except TypeError as error:  # an option this router does not take
         raise ValueError(f"bad option for routing={name!r}: {error}") from None
