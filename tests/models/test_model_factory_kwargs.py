@@ -299,3 +299,15 @@ def test_encoder_decoders_generate_in_float64(name, overrides, device):
     tokens = model.generate(source, max_new_tokens=5)
     assert tokens.dtype == torch.long and tokens.device == device and tokens.shape[0] == source.shape[0]
     assert 1 <= tokens.shape[1] <= 6 and bool((tokens[:, 0] == model.config.bos_id).all())
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_inputs_on_another_device_than_the_model_are_refused_by_name(name):
+    """A CPU model given a batch on ``meta`` computed on uninitialised memory without a word
+    (the language model, the capsule heads), or failed inside torch naming nothing (on a GPU
+    every pair of devices does): the model's first check names its input and both devices."""
+    model = create_model(name, "tiny").eval()
+    batch = _batch(name, model, device="meta")
+    first_input = next(iter(batch))  # images, tokens or source: checked first
+    with pytest.raises(ValueError, match=rf"{first_input} is on meta but the module's parameters are on cpu"):
+        _forward(name, model, batch)

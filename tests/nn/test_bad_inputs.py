@@ -232,6 +232,12 @@ CASES = {
         "capsules.activations must be a floating-point tensor"),
     "ClassMatrixCapsules float64 poses (was: an einsum error)": (
         lambda: _class_capsules()(_grid(torch.float64)), TypeError, "capsules.poses has dtype torch.float64"),
+    "ClassMatrixCapsules empty grid (was: named the router's votes)": (
+        lambda: _class_capsules()(MatrixCapsules(torch.randn(2, 0, 3, 2, 2, 2), torch.rand(2, 0, 3, 2))),
+        ValueError, "capsules must hold at least one grid position, got a grid of 0 x 3"),
+    "MultiHeadAttention unbatched key_mask of another length (was: shown as (1, 4))": (
+        lambda: MultiHeadAttention(8, 2)(X[0], key_mask=torch.ones(4, dtype=torch.bool)), ValueError,
+        r"key_mask must have shape \(S,\) = \(5,\) for unbatched inputs, got \(4,\)"),
     "ClassMatrixCapsules integer activations (was: taken)": (
         lambda: _class_capsules()(MatrixCapsules(_grid().poses, torch.ones(2, 5, 5, 2, dtype=torch.int64))),
         TypeError, "capsules.activations must be a floating-point tensor"),

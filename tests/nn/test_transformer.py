@@ -200,6 +200,20 @@ def test_a_cross_attention_over_the_receivers_would_let_the_decoder_look_ahead()
     (lambda: TransformerDecoderLayer(8, 2, layer_norm_eps=-1e-5), ValueError, "layer_norm_eps"),
     (lambda: TransformerEncoder(TransformerConfig(8, 2), 0), ValueError, "num_layers"),
     (lambda: TransformerEncoder("layer", 2), TypeError, "layer must be a TransformerConfig"),
+    # a layer instance, as torch.nn.TransformerEncoder takes: it was called with no input
+    (lambda: TransformerEncoder(TransformerEncoderLayer(8, 2), 2), TypeError,
+     "got a TransformerEncoderLayer module: pass its config, or a factory"),
+    (lambda: TransformerDecoder(TransformerDecoderLayer(8, 2), 2), TypeError,
+     "got a TransformerDecoderLayer"),
+    (lambda: TransformerEncoder(lambda: 3, 2), TypeError,
+     "the layer factory must return an nn.Module, got int"),
+    # a config checked when made, not when a stack is built from it (and then named embed_dim)
+    (lambda: TransformerConfig(0, 2), ValueError, "d_model must be a positive integer"),
+    (lambda: TransformerConfig("8", 2), TypeError, "d_model must be a positive integer"),
+    (lambda: TransformerConfig(8, 2, dropout=1.5), ValueError, "dropout"),
+    (lambda: TransformerConfig(8, 2, activation="tanh"), ValueError, "activation"),
+    (lambda: TransformerConfig(8, 2, attention=42), TypeError, "attention must be a callable"),
+    (lambda: TransformerConfig(8, 2, decoder_attention="softmax"), TypeError, "decoder_attention must be"),
 ])
 def test_constructor_errors(make, error, match):
     with pytest.raises(error, match=match):
@@ -226,6 +240,11 @@ def test_factory_returning_one_module_twice_is_rejected():
         ({"memory": torch.randn(2, 4, 7)}, ValueError,
          r"memory must have shape \(batch, S, d_model\) = \(2, S, 8\) .*got \(2, 4, 7\)"),
         ({"memory": torch.randn(3, 4, 8)}, ValueError, r"memory must have shape .*got \(3, 4, 8\)"),
+        # None was read as "no key": the cross-attention attended over the target itself
+        ({"memory": None}, TypeError, "memory must be a tensor, the encoder's output .* got NoneType"),
+        ({"memory": torch.randn(2, 4, 8, dtype=torch.float64)}, TypeError,
+         r"memory has dtype torch.float64 but the target's features are torch.float32"),
+        ({"memory": torch.randn(2, 4, 8, device="meta")}, ValueError, "memory is on meta"),
     ],
 )
 def test_decoder_layer_names_its_own_arguments_in_errors(options, error, match):

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from torchvote.validation import (
+    check_device,
     check_index_range,
     check_input_dtype,
     check_integer_tensor,
@@ -163,14 +163,16 @@ def router_options_errors(router: str, router_options: Mapping[str, Any]) -> Ite
         ) from None
 
 
-def check_images(images: Tensor, config: Any, dtype: torch.dtype | None = None) -> None:
+def check_images(images: Tensor, config: Any, parameter: Tensor | None = None) -> None:
     """Check that ``images`` is a ``(b, in_channels, image_size, image_size)`` tensor of floats
-    (of ``dtype``, the model's parameters', when given). Reads the shape and dtype only.
+    (of the dtype of ``parameter``, one of the model's, and on its device, when given). Reads the
+    shape, dtype and device only.
 
     Raises:
         TypeError: ``images`` is not a tensor, not floating point (e.g. ``uint8`` pixels), or of
-            another dtype than ``dtype`` outside ``torch.autocast`` (the message names both).
-        ValueError: another shape.
+            another dtype than ``parameter`` outside ``torch.autocast`` (the message names both).
+        ValueError: another shape, or another device than ``parameter`` (a CPU batch for a model
+            on ``meta`` computed on uninitialised memory; on a GPU, torch's error named nothing).
     """
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a floating-point tensor, got {type(images).__name__}")
@@ -179,7 +181,9 @@ def check_images(images: Tensor, config: Any, dtype: torch.dtype | None = None) 
         raise ValueError(
             f"images must have shape (b, {', '.join(map(str, expected))}), got {tuple(images.shape)}"
         )
-    check_input_dtype(images, images.dtype if dtype is None else dtype, "images")
+    check_input_dtype(images, images.dtype if parameter is None else parameter.dtype, "images")
+    if parameter is not None:
+        check_device(images, parameter.device, "images")
 
 
 def check_targets(targets: Tensor | None, batch: int, num_classes: int) -> None:

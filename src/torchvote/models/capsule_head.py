@@ -425,7 +425,7 @@ class CapsuleClassifier(nn.Module):
             ValueError: images or targets of the wrong shape, or (with a decoder) a class index
                 outside ``[0, num_classes)``.
         """
-        check_images(images, self.config, next(self.parameters()).dtype)
+        check_images(images, self.config, next(self.parameters()))
         capsules, intermediates = self.capsules(images)
         output = self.head(capsules, targets)
         output.intermediates.update(intermediates)

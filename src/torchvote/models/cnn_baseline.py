@@ -172,7 +172,7 @@ class CNNBaseline(nn.Module):
             ValueError: images of another shape than ``(b, in_channels, image_size, image_size)``;
                 targets of the wrong shape or range.
         """
-        check_images(images, self.config, self.classifier.weight.dtype)
+        check_images(images, self.config, self.classifier.weight)
         check_targets(targets, images.shape[0], self.config.num_classes)
         features = self.features(images)  # (b, channels[-1], s, s)
         hidden = self.fully_connected(features)  # (b, hidden[-1])

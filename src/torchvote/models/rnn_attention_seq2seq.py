@@ -272,7 +272,8 @@ class RNNAttentionSeq2Seq(nn.Module):
                 "source (pack_padded_sequence), whose sizes depend on the token values; run it "
                 "eagerly or with torch.compile, or export transformer-seq2seq"
             )
-        check_token_ids(source, "source", vocab_size=self.config.src_vocab_size)
+        device = self.source_embedding.weight.device
+        check_token_ids(source, "source", vocab_size=self.config.src_vocab_size, device=device)
         source_mask = source != self.config.pad_id  # (b, s)
         check_tensor_values(
             ~(source_mask[:, 1:] & ~source_mask[:, :-1]).any(),
@@ -342,8 +343,9 @@ class RNNAttentionSeq2Seq(nn.Module):
         breaks, whatever the target length (``tests/test_graph_breaks.py`` holds them to that).
         """
         check_flag(need_weights, "need_weights")
-        check_token_ids(source, "source")  # its ids' range: in encode, below
-        check_token_ids(target_input, "target_input", vocab_size=self.config.tgt_vocab_size)
+        device = self.source_embedding.weight.device
+        check_token_ids(source, "source", device=device)  # its ids' range: in encode, below
+        check_token_ids(target_input, "target_input", vocab_size=self.config.tgt_vocab_size, device=device)
         if source.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target_input must have the same batch size, got {source.shape[0]} "

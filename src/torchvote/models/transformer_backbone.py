@@ -37,7 +37,9 @@ from torchvote.nn.positional import LearnedPositionalEmbedding, SinusoidalPositi
 from torchvote.nn.routing_attention import ATTENTION_KINDS, attention_factory
 from torchvote.nn.transformer import AttentionFactory, AttentionIntermediates, TransformerConfig
 from torchvote.validation import (
+    ArgumentTypeError,
     check_choice,
+    check_device,
     check_index_range,
     check_positive_int,
     check_probability,
@@ -180,9 +182,10 @@ def check_token_ids(
     length_name: str = "max_len",
     cached: int = 0,
     vocab_size: int | None = None,
+    device: torch.device | None = None,
 ) -> None:
     """Raise a ValueError naming ``argument`` unless it is a non-empty ``(b, t)`` integer tensor
-    of ids below ``vocab_size``.
+    of ids below ``vocab_size`` (on ``device``, the model's, when given).
 
     An id outside the embedding table would otherwise fail deep inside ``nn.Embedding``. The
     range check goes through :func:`~torchvote.validation.check_tensor_values`: a ValueError at
@@ -198,16 +201,26 @@ def check_token_ids(
         cached: positions a key/value cache already holds; ``tokens`` may fill the rest of
             ``max_length``.
         vocab_size: ids must lie in ``[0, vocab_size)``; ``None`` for no range check.
+        device: the device of the model's parameters; ``None`` for no device check.
 
     Raises:
-        ValueError: not a ``(b, t)`` tensor, not int64/int32 ids (what ``nn.Embedding`` takes),
-            no sequence or no token, too many tokens, or an id out of range.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) not a tensor, or not int64/int32
+            ids (what ``nn.Embedding`` takes).
+        ValueError: not ``(b, t)``, no sequence or no token, too many tokens, an id out of range,
+            or another device than ``device`` (ids on ``meta`` for a CPU model gave logits of
+            uninitialised memory; on a GPU, torch's error named nothing).
     """
-    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+    if not isinstance(tokens, Tensor):
+        raise ArgumentTypeError(
+            f"{argument} must be a (batch, length) tensor of token ids, got {type(tokens).__name__}"
+        )
+    if tokens.dim() != 2:
+        shape = tuple(tokens.shape)
         raise ValueError(f"{argument} must be a (batch, length) tensor of token ids, got {shape}")
+    if device is not None:
+        check_device(tokens, device, argument)
     if tokens.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
+        raise ArgumentTypeError(
             f"{argument} must hold integer token ids of dtype torch.int64 or torch.int32, got "
             f"dtype {tokens.dtype}"
         )

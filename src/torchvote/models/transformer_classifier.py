@@ -194,7 +194,7 @@ class TransformerClassifier(nn.Module):
                 or not of the parameters' dtype (outside ``torch.autocast``); a ``need_weights``
                 that is not a bool.
         """
-        check_images(images, self.config, self.patch_embedding.weight.dtype)
+        check_images(images, self.config, self.patch_embedding.weight)
         check_targets(targets, images.shape[0], self.config.num_classes)
         check_flag(need_weights, "need_weights")
         patches = self.patch_embedding(images)  # (b, E, h / p, w / p)

@@ -186,6 +186,7 @@ class TransformerLM(nn.Module):
             length_name="context_length",
             cached=0 if cache is None else cache.length,
             vocab_size=self.config.vocab_size,
+            device=self.token_embedding.weight.device,
         )
         return self._logits(tokens, need_weights=need_weights, cache=cache)
 
@@ -269,7 +270,8 @@ class TransformerLM(nn.Module):
         if unbatched and prompt.shape[0] == 0:  # named as given, not as the (1, 0) batch it becomes
             raise ValueError(f"prompt must hold at least one token, got shape {tuple(prompt.shape)}")
         tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
-        check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size)
+        device = self.token_embedding.weight.device
+        check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size, device=device)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
         temperature = _check_temperature(temperature)
         if top_k is not None and (not is_integer(top_k) or top_k < 1):

@@ -229,7 +229,10 @@ class TransformerSeq2Seq(nn.Module):
         return memory, source_mask
 
     def _check_source(self, source: Tensor) -> None:
-        check_token_ids(source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size)
+        check_token_ids(
+            source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size,
+            device=self.target_embedding.weight.device,
+        )
 
     def _encode(
         self, source: Tensor, *, need_weights: bool
@@ -314,6 +317,7 @@ class TransformerSeq2Seq(nn.Module):
             self.config.max_len,
             cached=offset,
             vocab_size=self.config.tgt_vocab_size,
+            device=self.target_embedding.weight.device,
         )
 
     def _decode(

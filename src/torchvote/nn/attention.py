@@ -251,8 +251,8 @@ class MultiHeadAttention(nn.Module):
             masks=(("attn_mask", attn_mask), ("key_mask", key_mask)),
         )
         if unbatched:
-            if isinstance(key_mask, Tensor) and key_mask.dim() != 1:
-                raise ValueError(
+            if isinstance(key_mask, Tensor) and (key_mask.dim() != 1 or key_mask.shape[0] != key.shape[0]):
+                raise ValueError(  # the batched check would show the shapes with a batch of 1 added
                     f"key_mask must have shape (S,) = ({key.shape[0]},) for unbatched inputs, got "
                     f"{tuple(key_mask.shape)}"
                 )

@@ -485,6 +485,8 @@ class ClassMatrixCapsules(nn.Module):
         _check_grid(capsules, self.in_types, self.side, self.weight)
         poses, activations = capsules
         rows, cols = poses.shape[1:3]
+        if rows == 0 or cols == 0:  # the router would name its own votes
+            raise ValueError(f"capsules must hold at least one grid position, got a grid of {rows} x {cols}")
         votes = torch.einsum("bhwtpq,tiqr->bihwtpr", poses, self.weight).flatten(-2)  # (b, i, h, w, t, P*P)
         if self.coordinate_addition:
             votes = votes + self.coordinates(rows, cols, like=votes)[:, :, None, :]

@@ -50,6 +50,7 @@ from torchvote.validation import (
     check_choice,
     check_flag,
     check_float_dtype,
+    check_inputs_beside,
     check_positive_float,
     check_positive_int,
     check_probability,
@@ -107,6 +108,48 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
     attention: AttentionFactory | None = None
     decoder_attention: AttentionFactory | None = None
+
+    def __post_init__(self) -> None:
+        """Check the fields now, named as the config names them (a bad value failed only when a
+        stack was built from the config, and then inside the attention, as its ``embed_dim``).
+
+        Raises:
+            TypeError, ValueError: a field of the wrong type or out of range, or an attention
+                factory that is not callable.
+        """
+        _check_layer_options(
+            self.d_model, self.num_heads, self.dim_feedforward, self.dropout, self.activation,
+            self.norm_first, self.shared_qkv, self.layer_norm_eps,
+        )
+        for name in ("attention", "decoder_attention"):
+            factory = getattr(self, name)
+            if factory is not None and not callable(factory):
+                raise TypeError(f"{name} must be a callable returning an nn.Module or None, got {factory!r}")
+
+
+def _check_layer_options(
+    d_model: Any,
+    num_heads: Any,
+    dim_feedforward: Any,
+    dropout: Any,
+    activation: Any,
+    norm_first: Any,
+    shared_qkv: Any,
+    layer_norm_eps: Any,
+) -> int:
+    """Check a layer's options (a :class:`TransformerConfig`'s fields, or the layer's arguments
+    of the same names); return ``dim_feedforward`` with its default (``4 * d_model``) filled in."""
+    check_positive_int(d_model, "d_model")
+    check_positive_int(num_heads, "num_heads")
+    dim_feedforward = check_positive_int(
+        4 * d_model if dim_feedforward is None else dim_feedforward, "dim_feedforward"
+    )
+    check_probability(dropout, "dropout")
+    check_choice(activation, sorted(_ACTIVATIONS), "activation")
+    check_positive_float(layer_norm_eps, "layer_norm_eps")  # 0 divides a constant input by 0
+    check_flag(norm_first, "norm_first")  # "no" would have meant pre-norm
+    check_flag(shared_qkv, "shared_qkv")
+    return dim_feedforward
 
 
 def _attention_factory(attention: AttentionFactory | None, shared_qkv: bool) -> AttentionFactory:
@@ -362,16 +405,9 @@ class _TransformerLayer(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_positive_int(d_model, "d_model")
-        check_positive_int(num_heads, "num_heads")
-        dim_feedforward = check_positive_int(
-            4 * d_model if dim_feedforward is None else dim_feedforward, "dim_feedforward"
+        dim_feedforward = _check_layer_options(
+            d_model, num_heads, dim_feedforward, dropout, activation, norm_first, shared_qkv, layer_norm_eps
         )
-        check_probability(dropout, "dropout")
-        check_choice(activation, sorted(_ACTIVATIONS), "activation")
-        check_positive_float(layer_norm_eps, "layer_norm_eps")  # 0 divides a constant input by 0
-        check_flag(norm_first, "norm_first")  # "no" would have meant pre-norm
-        check_flag(shared_qkv, "shared_qkv")
         self.make_attention = _attention_factory(attention, shared_qkv)
         self.d_model, self.norm_first, self.num_heads = d_model, norm_first, num_heads
         # Attentions before the feed-forward network: the order the parameters draw their
@@ -757,8 +793,15 @@ class TransformerDecoderLayer(_TransformerLayer):
         """The memory and the masks of a batched call, named as :meth:`forward` names them (the
         attentions inside would name their own ``key``, ``key_mask`` and ``attn_mask``).
         ``past``: the target keys a cache holds before this call."""
-        if not (isinstance(target, Tensor) and target.dim() == 3 and isinstance(memory, Tensor)):
-            return  # unbatched, or not tensors: the attentions' own checks
+        if not isinstance(memory, Tensor):  # None was read as "no key": self-attention, silently
+            raise TypeError(
+                f"memory must be a tensor, the encoder's output (batch, S, d_model), got "
+                f"{type(memory).__name__}"
+            )
+        if isinstance(target, Tensor) and target.is_floating_point():  # else named as `key` inside
+            check_inputs_beside(target, [("memory", memory)], where="the target's features")
+        if not (isinstance(target, Tensor) and target.dim() == 3):
+            return  # unbatched, or not a tensor: the attentions' own checks
         batch, length = target.shape[0], target.shape[1]
         if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[-1] != self.d_model:
             raise ValueError(

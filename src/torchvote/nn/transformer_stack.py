@@ -42,13 +42,25 @@ def _build_layers(
     check_positive_int(num_layers, "num_layers")
     if isinstance(layer, TransformerConfig):
         factory = functools.partial(layer_class.from_config, layer, device=device, dtype=dtype)
+    elif isinstance(layer, nn.Module):  # torch.nn's stacks take a layer and copy it: called, it ran
+        raise TypeError(
+            f"layer must be a TransformerConfig or a zero-argument callable returning a new layer, got a "
+            f"{type(layer).__name__} module: pass its config, or a factory such as "
+            f"lambda: copy.deepcopy(layer) for {num_layers!r} independent copies"
+        )
     elif callable(layer):
         factory = layer
     else:
         raise TypeError(
             f"layer must be a TransformerConfig or a zero-argument callable returning a layer, got {layer!r}"
         )
-    layers = nn.ModuleList(factory() for _ in range(num_layers))
+    layers = []
+    for _ in range(num_layers):
+        built = factory()
+        if not isinstance(built, nn.Module):
+            raise TypeError(f"the layer factory must return an nn.Module, got {type(built).__name__}")
+        layers.append(built)
+    layers = nn.ModuleList(layers)
     if len({id(m) for m in layers}) != num_layers:
         raise ValueError(
             "the layer factory returned the same module twice; it must build a new layer on every call"
