@@ -319,8 +319,13 @@ def test_no_keys_with_a_mask_gives_zeros(mask):
 
 def test_concat_score_names_the_vector_or_weight_that_does_not_fit():
     q, k = torch.randn(2, 3), torch.randn(4, 3)
-    with pytest.raises(ValueError, match=r"weight must have shape \(8, 6\), got \(7, 6\)"):
+    # the hidden size H is read from the weight (H, Eq + Ek), whose width the inputs confirm: a
+    # vector of another size is the vector's fault (it was blamed on the weight)
+    with pytest.raises(ValueError, match=r"vector must have shape \(hidden,\) = \(7,\), the hidden size "
+                                         r"of weight \(7, 6\), got \(8,\)"):
         concat_score(q, k, torch.randn(7, 6), torch.randn(8))
+    with pytest.raises(ValueError, match=r"weight must have shape \(hidden, 6\), got \(7, 5\)"):
+        concat_score(q, k, torch.randn(7, 5), torch.randn(7))
     with pytest.raises(TypeError, match="weight must be a floating-point tensor, got torch.int64"):
         concat_score(q, k, torch.ones(8, 6, dtype=torch.int64), torch.randn(8))
     with pytest.raises(ValueError, match=r"vector must have shape \(hidden,\)"):

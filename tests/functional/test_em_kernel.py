@@ -564,10 +564,11 @@ def test_compiled_blocks_leave_a_callers_saved_tensor_hooks_alone(caller, formed
 def test_bfloat16_votes_route_with_float32_statistics(strategy):
     votes, activations, beta_u, beta_a = sample(9, rows=4, receivers=4, senders=12, dtype=torch.float32)
     low = votes.detach().bfloat16().requires_grad_(True)
-    poses, acts = em_routing_kernel(low, activations, beta_u, beta_a, inverse_temperatures=[0.5, 1.0],
+    low_activations = activations.detach().bfloat16()  # of the votes' dtype, as em_routing requires
+    poses, acts = em_routing_kernel(low, low_activations, beta_u, beta_a, inverse_temperatures=[0.5, 1.0],
                                     strategy=strategy)
     assert poses.dtype == torch.bfloat16 and acts.dtype == torch.bfloat16
-    exact = em_routing_kernel(low.detach().float(), activations, beta_u, beta_a,
+    exact = em_routing_kernel(low.detach().float(), low_activations.float(), beta_u, beta_a,
                               inverse_temperatures=[0.5, 1.0], strategy=strategy)
     torch.testing.assert_close(poses.float(), exact[0].bfloat16().float(), rtol=0, atol=0)
     (poses.float().sum() + acts.float().sum()).backward()

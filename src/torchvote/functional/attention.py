@@ -31,8 +31,10 @@ from torchvote.functional.voting import DotProductScores, SharedVotes, vote
 from torchvote.tracing import plain_ops_required
 from torchvote.validation import (
     broadcast_shape,
+    check_device,
     check_flag,
     check_input_dtype,
+    check_inputs_beside,
     check_probability,
     check_scale,
 )
@@ -47,7 +49,18 @@ __all__ = [
 ]
 
 
-def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+def _check_qkv(
+    query: Tensor, key: Tensor, value: Tensor, mask: tuple[str, Tensor | None] = ("mask", None)
+) -> None:
+    """Queries ``(..., L, E)``, keys ``(..., S, E)`` and values ``(..., S, Ev)``: floating-point
+    tensors of one dtype, on one device with the ``(name, mask)`` given, whose shapes fit (shapes,
+    dtypes and devices only).
+
+    Raises:
+        TypeError: naming the input that is not a floating-point tensor, or the three dtypes.
+        ValueError: naming the input of too few axes, on another device than the queries, or the
+            shapes that do not fit.
+    """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -60,6 +73,8 @@ def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
             f"query, key and value must have one dtype, got {query.dtype}, {key.dtype} and "
             f"{value.dtype}"
         )
+    # a CPU tensor beside "meta" ones computed on uninitialised memory; other pairs failed in torch
+    check_inputs_beside(query, (("key", key), ("value", value)), masks=(mask,), where="the queries")
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
             f"query and key must share their feature size, got {query.shape[-1]} and "
@@ -110,12 +125,13 @@ def scaled_dot_product_attention(
 
     Raises:
         ValueError: mismatched shapes, a mask that does not broadcast or holds NaN or +inf, a
-            ``scale`` that is not finite, ``dropout_p`` outside ``[0, 1)``.
+            ``scale`` that is not finite, ``dropout_p`` outside ``[0, 1)``; a key, value or mask
+            on another device than the query.
         TypeError: a mask that is neither boolean nor floating point, non-float inputs or
             inputs of different dtypes, a ``scale`` that is not a real number, ``is_causal`` or
             ``need_weights`` that is not a bool.
     """
-    _check_qkv(query, key, value)
+    _check_qkv(query, key, value, ("attn_mask", attn_mask))
     check_flag(is_causal, "is_causal")
     check_flag(need_weights, "need_weights")
     scale = check_scale(scale)
@@ -177,12 +193,13 @@ def softmax_attention(
 
     Raises:
         ValueError: mismatched shapes, a mask that does not broadcast to ``(..., L, S)`` or holds
-            NaN or ``+inf``, ``dropout_p`` outside ``[0, 1)``, a ``scale`` that is not finite.
+            NaN or ``+inf``, ``dropout_p`` outside ``[0, 1)``, a ``scale`` that is not finite; a
+            key, value or mask on another device than the query.
         TypeError: non-float inputs or inputs of different dtypes, a mask that is neither boolean
             nor floating point, a ``scale`` that is not a real number, an ``is_causal`` that is
             not a bool.
     """
-    _check_qkv(query, key, value)
+    _check_qkv(query, key, value, ("mask", mask))
     check_flag(is_causal, "is_causal")
     scale = check_scale(scale)
     check_probability(dropout_p, "dropout_p")
@@ -308,7 +325,7 @@ def attend(
         TypeError: ``scores`` or ``value`` not a floating-point tensor, or not of one dtype
             (outside ``torch.autocast``).
         ValueError: ``scores`` of fewer than 2 axes, ``value``'s length not ``scores``' last
-            axis, or a bad mask.
+            axis, a bad mask, or a ``value`` or mask on another device than ``scores``.
     """
     for name, tensor in (("scores", scores), ("value", value)):
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
@@ -317,6 +334,9 @@ def attend(
                 f"{tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__}"
             )
     check_input_dtype(value, scores.dtype, "value", "the scores")
+    for name, tensor in (("value", value), ("attn_mask", attn_mask)):
+        if isinstance(tensor, Tensor):
+            check_device(tensor, scores.device, name, "the scores")
     if scores.dim() < 2:
         raise ValueError(f"scores must have shape (..., L, S), got {tuple(scores.shape)}")
     if value.dim() < 2 or value.shape[-2] != scores.shape[-1]:

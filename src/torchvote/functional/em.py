@@ -69,7 +69,15 @@ import torch
 from torch import Tensor
 
 from torchvote.functional.em_kernel import STRATEGIES, EMStrategy, PerSenderVotes, SenderGroups, route
-from torchvote.validation import check_choice, check_flag, check_positive_float, check_positive_int
+from torchvote.validation import (
+    ArgumentTypeError,
+    check_choice,
+    check_device,
+    check_flag,
+    check_input_dtype,
+    check_positive_float,
+    check_positive_int,
+)
 
 __all__ = [
     "EMStrategy",
@@ -255,15 +263,17 @@ def em_routing(
             formed, which the ``"blocked"`` and (on a CPU) ``"compiled"`` strategies form one
             block at a time (``"compiled"`` keeps 512 MiB of them per call for backward and
             forms later blocks again there).
-        activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``. The range
+        activations: ``(batch..., in_caps)`` input activations ``a_j`` in ``[0, 1]``, of the
+            votes' dtype (outside ``torch.autocast``) and on their device. The range
             is the caller's contract and is not checked: checking it would read the values back
             from the device on every call of every EM layer (a synchronisation, and a graph break
             under ``torch.compile``) for activations the modules make with a sigmoid. A value
             of 0 or below gives its votes no weight (the weights are normalised in log space; the
             gradient with respect to an activation of exactly 0 is 0, as a sigmoid's own is
             there), above 1 more than the model's, and NaN gives NaN outputs.
-        beta_u: the per-dimension cost offset, a real number or a tensor broadcastable to
-            ``(batch..., out_caps)`` (learned per output capsule type in the modules).
+        beta_u: the per-dimension cost offset, a finite real number or a tensor broadcastable to
+            ``(batch..., out_caps)`` (learned per output capsule type in the modules; a tensor's
+            values are not checked, which would read them back from the device).
         beta_a: the activation offset, as ``beta_u``.
         iterations: EM iterations (the paper uses 3); at least 1.
         inverse_temperature: ``lambda_t``: a callable of the 0-based iteration, a sequence of one
@@ -308,11 +318,16 @@ def em_routing(
     Raises:
         ValueError: ``iterations`` < 1, mismatched shapes, votes without input capsules (or
             without output capsules or pose entries), a bad schedule, ``eps``, ``strategy`` or
-            ``sender_groups``.
+            ``sender_groups``; ``activations`` on another device than the votes; a ``beta_u`` or
+            ``beta_a`` given as a number that is not finite (NaN or infinite: every output NaN).
         TypeError: ``votes`` neither a tensor nor :class:`PerSenderVotes`, ``activations`` not a
             tensor; ``beta_u`` or ``beta_a`` neither a real number nor a tensor; ``activations``
-            not floating point (any float dtype: they are cast to the statistics' dtype);
-            ``return_assignments`` or ``all_passes`` not a bool.
+            not floating point, or not of the votes' dtype (outside ``torch.autocast``: float64
+            activations beside float32 votes were taken silently); ``return_assignments`` or
+            ``all_passes`` not a bool.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``, as every routing function's)
+            a votes tensor that is not floating point; ``sender_groups`` that are not an int32 or
+            int64 tensor.
         RuntimeError: (at double backward) differentiating the ``"blocked"`` or ``"compiled"``
             strategy's gradient again (for ``"compiled"``, torch's own error); (at backward)
             ``"compiled"`` on a CPU after the factors of :class:`PerSenderVotes` whose blocks it
@@ -331,10 +346,12 @@ def em_routing(
         raise TypeError(f"votes must be a tensor or PerSenderVotes, got {type(votes).__name__}")
     if not isinstance(activations, Tensor):
         raise TypeError(f"activations must be a tensor, got {type(activations).__name__}")
-    if not factored and (votes.dim() < 3 or not votes.is_floating_point()):
-        described = f"{votes.dtype} {tuple(votes.shape)}"
+    if not factored and not votes.is_floating_point():  # a TypeError as vote's, a ValueError as before
+        raise ArgumentTypeError(f"votes must be floating point, got dtype {votes.dtype}")
+    if not factored and votes.dim() < 3:
         raise ValueError(
-            f"votes must be a floating tensor of shape (..., out_caps, in_caps, pose_dim), got {described}"
+            f"votes must be a floating tensor of shape (..., out_caps, in_caps, pose_dim), got "
+            f"{tuple(votes.shape)}"
         )
     batch_shape, (out_caps, in_caps, pose_dim) = votes.shape[:-3], votes.shape[-3:]
     if 0 in (out_caps, in_caps, pose_dim):
@@ -349,6 +366,8 @@ def em_routing(
         )
     if not activations.is_floating_point():  # bool or integer: 0/1 weights, surely not meant
         raise TypeError(f"activations must be floating point (in [0, 1]), got dtype {activations.dtype}")
+    check_input_dtype(activations, votes.dtype, "activations", "the votes")
+    check_device(activations, votes.device, "activations", "the votes")  # beside "meta": garbage
     schedule = inverse_temperature_schedule(inverse_temperature, iterations)
     if math.prod(batch_shape) == 0:  # nothing to cut into blocks or to compile
         strategy = "vectorized"  # whose loop gives empty outputs
@@ -356,6 +375,8 @@ def em_routing(
     for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
         if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)):
             raise TypeError(f"{argument} must be a real number or a tensor, got {type(value).__name__}")
+        if not isinstance(value, Tensor) and not math.isfinite(value):  # a tensor's: not read
+            raise ValueError(f"{argument} must be finite, got {value!r} (every output would be NaN)")
         if isinstance(value, Tensor):
             tensor = value.to(votes.device)
             if not tensor.is_floating_point():

@@ -94,7 +94,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from torchvote.functional.voting import autocast_off, refuse_double_backward, shifted_exp
 from torchvote.tracing import plain_ops_required
-from torchvote.validation import check_positive_int
+from torchvote.validation import ArgumentTypeError, check_positive_int
 
 __all__ = [
     "STRATEGIES",
@@ -842,13 +842,21 @@ def prepare_sender_groups(sender_groups: Tensor, *, device: torch.device | str |
         A :class:`SenderGroups` for ``em_routing(sender_groups=...)``.
 
     Raises:
-        ValueError: not a 2-D int32/int64 tensor with at least one row, ids on the ``"meta"``
-            device (they have no values to read), or a negative id.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) not an int32 or int64 tensor.
+        ValueError: not 2-D with at least one row, ids on the ``"meta"`` device (they have no
+            values to read), or a negative id.
     """
-    if (not isinstance(sender_groups, Tensor) or sender_groups.dtype not in (torch.int32, torch.int64)
-            or sender_groups.dim() != 2 or sender_groups.shape[0] == 0):
-        shape = tuple(sender_groups.shape) if isinstance(sender_groups, Tensor) else type(sender_groups)
-        raise ValueError(f"sender_groups must be a 2-D integer tensor (L, in_caps) with L >= 1, got {shape}")
+    if not isinstance(sender_groups, Tensor) or sender_groups.dtype not in (torch.int32, torch.int64):
+        described = (f"dtype {sender_groups.dtype}" if isinstance(sender_groups, Tensor)
+                     else type(sender_groups).__name__)
+        raise ArgumentTypeError(
+            f"sender_groups must be a 2-D integer tensor (L, in_caps) of int32 or int64 ids, got {described}"
+        )
+    if sender_groups.dim() != 2 or sender_groups.shape[0] == 0:
+        raise ValueError(
+            f"sender_groups must be a 2-D integer tensor (L, in_caps) with L >= 1, got shape "
+            f"{tuple(sender_groups.shape)}"
+        )
     if sender_groups.is_meta:
         raise ValueError(
             "sender_groups on the meta device have no ids to check and compact; pass them on the CPU "

@@ -24,7 +24,14 @@ import weakref
 import torch
 from torch import Tensor
 
-from torchvote.validation import broadcast_shape, check_flag, check_tensor_values
+from torchvote.validation import (
+    broadcast_shape,
+    check_device,
+    check_flag,
+    check_float_dtype,
+    check_tensor_values,
+    is_integer,
+)
 
 __all__ = [
     "causal_mask",
@@ -195,8 +202,11 @@ def merge_masks(
 
     Raises:
         TypeError, ValueError: as :func:`check_attention_mask`, for torch's ``(b * h, L, S)``
-            layout, and for a ``key_mask`` that is not boolean ``(b, S)``.
+            layout, for a ``key_mask`` that is not boolean ``(b, S)``, and for a ``logits_shape``
+            that is not a tuple of at least two sizes (:func:`_check_logits_shape`).
+        ValueError: a ``key_mask`` on another device than ``attn_mask``.
     """
+    _check_logits_shape(logits_shape)
     batch, source_len = logits_shape[0], logits_shape[-1]
     if (
         isinstance(attn_mask, Tensor)
@@ -214,8 +224,35 @@ def merge_masks(
     if key_mask is None:
         return attn_mask
     check_key_mask(key_mask, batch, source_len, "key_mask")
+    if attn_mask is not None:  # a CPU mask beside a "meta" one gave uninitialised memory
+        check_device(key_mask, attn_mask.device, "key_mask", "attn_mask's entries")
     padding = key_mask.view(batch, *([1] * (len(logits_shape) - 2)), source_len)  # (b, 1.., 1, j)
     return restrict_mask(attn_mask, padding)  # (b, .., i, j)
+
+
+def _check_logits_shape(logits_shape: tuple[int, ...], minimum: int = 2) -> None:
+    """Refuse a ``logits_shape`` that is not a tuple (or list, or ``torch.Size``) of at least
+    ``minimum`` sizes, each an integer >= 0 (a symbolic size of a traced shape is taken as it is:
+    nothing is compared).
+
+    Raises:
+        TypeError: not a tuple or list of integers (``5`` failed with "'int' object is not
+            subscriptable").
+        ValueError: fewer than ``minimum`` sizes (``()`` failed with an IndexError), or a negative
+            one.
+    """
+    layout = "(b, ..., L, S)" if minimum > 2 else "(..., L, S)"
+    if not isinstance(logits_shape, (tuple, list)) or not all(  # `type is int` first: the cheap common case
+        type(size) is int or isinstance(size, torch.SymInt) or is_integer(size) for size in logits_shape
+    ):
+        raise TypeError(f"logits_shape must be a tuple of sizes {layout}, got {logits_shape!r}")
+    if len(logits_shape) < minimum or any(
+        not isinstance(size, torch.SymInt) and size < 0 for size in logits_shape
+    ):
+        raise ValueError(
+            f"logits_shape must be {layout}: at least {minimum} sizes, none negative, got "
+            f"{tuple(logits_shape)}"
+        )
 
 
 def check_key_mask(key_mask: Tensor | None, batch: int, source_len: int, argument: str) -> None:
@@ -290,8 +327,10 @@ def prepare_attention_mask(
         logits_shape: ``(b, ..., L, S)``, the logits the mask applies to.
         is_causal: receiver ``i`` hears only senders ``j <= i`` (top-left aligned).
         receiver_mask: boolean ``(b, L)``, False for receivers that may take no vote (padded
-            queries in routing normalised over the receivers).
-        dtype: the queries' dtype; a float mask is cast to it (float32 for half types).
+            queries in routing normalised over the receivers); needs ``logits_shape`` of at
+            least 3 sizes ``(b, ..., L, S)``.
+        dtype: the queries' dtype (a floating-point ``torch.dtype``, or ``None`` to keep the
+            mask's); a float mask is cast to it (float32 for half types).
 
     Returns:
         ``(mask, is_causal)``: the merged mask (boolean, float, or None) and the causality. A
@@ -300,11 +339,17 @@ def prepare_attention_mask(
 
     Raises:
         TypeError, ValueError: as :func:`merge_masks`; for a ``receiver_mask`` that is not boolean
-            ``(b, L)``, and an ``is_causal`` that is not a bool.
+            ``(b, L)`` (or beside a ``logits_shape`` of fewer than 3 sizes), and an ``is_causal``
+            that is not a bool.
+        TypeError: a ``dtype`` that is not a floating-point ``torch.dtype`` or ``None`` (a boolean
+            or integer one turned a float mask's ``-inf`` into ``True`` or ``INT64_MIN``).
+        ValueError: a ``receiver_mask`` on another device than the other masks.
     """
     check_flag(is_causal, "is_causal")
+    check_float_dtype(dtype)
     mask = merge_masks(attn_mask, key_mask, logits_shape)
     if receiver_mask is not None:
+        _check_logits_shape(logits_shape, minimum=3)
         batch, target_len = logits_shape[0], logits_shape[-2]
         if not isinstance(receiver_mask, Tensor) or receiver_mask.dtype != torch.bool:
             described = (
@@ -316,6 +361,8 @@ def prepare_attention_mask(
                 f"receiver_mask must have shape (batch, L) = {(batch, target_len)}, got "
                 f"{tuple(receiver_mask.shape)}"
             )
+        if mask is not None:
+            check_device(receiver_mask, mask.device, "receiver_mask", "the other masks")
         receivers = receiver_mask.view(batch, *([1] * (len(logits_shape) - 3)), target_len, 1)
         mask = restrict_mask(mask, receivers)  # (b, .., i, j)
     # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask

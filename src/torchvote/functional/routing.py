@@ -60,12 +60,16 @@ from torchvote.functional.voting import (
     VoteResult,
     Votes,
     _upcast,
+    _votes_device,
     _votes_shape,
     vote,
 )
 from torchvote.validation import (
+    ArgumentTypeError,
     broadcast_shape,
+    check_device,
     check_flag,
+    check_float_tensor,
     check_input_dtype,
     check_positive_float,
     check_positive_int,
@@ -118,7 +122,10 @@ def as_routing_votes(votes: RoutingVotes, argument: str = "votes") -> Votes:
         A :class:`PairwiseVotes` over the tensor (no copy), or ``votes`` itself.
 
     Raises:
-        ValueError: if a tensor has fewer than 3 dimensions or is not floating point.
+        ValueError: if a tensor has fewer than 3 dimensions.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) a tensor that is not floating
+            point: a ``TypeError`` as :func:`~torchvote.functional.vote` raises for it, and the
+            ``ValueError`` this function raised before.
         TypeError: ``votes`` neither a tensor nor a votes object (one with ``weighted_sum``,
             ``dot`` and ``zero_logits``).
     """
@@ -134,13 +141,26 @@ def as_routing_votes(votes: RoutingVotes, argument: str = "votes") -> Votes:
             f"{argument} must have shape (..., out_caps, in_caps, dim), got {tuple(votes.shape)}"
         )
     if not votes.is_floating_point():
-        raise ValueError(f"{argument} must be floating point, got dtype {votes.dtype}")
+        raise ArgumentTypeError(f"{argument} must be floating point, got dtype {votes.dtype}")
     return PairwiseVotes(votes)
 
 
 def _couplings(result: VoteResult, all_passes: bool) -> Tensor:
     """The last pass's ``(..., i, j)`` couplings, or every pass's stacked: ``(passes, ..., i, j)``."""
     return torch.stack(result.weights) if all_passes else result.weights[-1]
+
+
+def _check_beside_votes(tensor: Tensor, votes: Votes, argument: str) -> None:
+    """Refuse a ``tensor`` (a bias, a log prior, slots) on another device than the votes, before
+    the loop fails naming no argument or (beside ``meta`` votes) computes on uninitialised memory.
+    A votes object that does not say its device is not checked.
+
+    Raises:
+        ValueError: naming ``argument`` and both devices.
+    """
+    device = _votes_device(votes)
+    if device is not None:
+        check_device(tensor, device, argument, "the votes")
 
 
 def _check_fits(tensor: Tensor, target: tuple[int, ...], argument: str, expected: str) -> None:
@@ -155,6 +175,7 @@ def _bias_for(bias: Tensor | None, votes: Votes) -> Tensor | None:
     if bias is None:
         return None
     check_input_dtype(bias, votes.dtype, "bias", "the votes")
+    _check_beside_votes(bias, votes, "bias")
     shape = _votes_shape(votes)
     if shape is None:  # a votes object of unknown shape: only the rank is checked here
         if bias.dim() < 2:
@@ -272,9 +293,12 @@ def dynamic_routing(
 
     Raises:
         ValueError: ``iterations`` < 1, votes of fewer than 3 dimensions, an unknown agreement, a
-            ``bias`` that does not broadcast to ``(batch..., out_caps, out_dim)``.
+            ``bias`` that does not broadcast to ``(batch..., out_caps, out_dim)`` or is on another
+            device than the votes.
         TypeError: a ``bias`` that is not floating point or not of the votes' dtype (outside
             ``torch.autocast``); ``detach_votes`` or ``all_passes`` that is not a bool.
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) votes that are not floating
+            point (:func:`as_routing_votes`).
     """
     routed = as_routing_votes(votes)
     check_flag(detach_votes, "detach_votes")
@@ -332,8 +356,9 @@ def uniform_routing(
 
     Raises:
         ValueError: bad votes or nonlinearity, a ``bias`` that does not broadcast to
-            ``(batch..., out_caps, out_dim)``.
-        TypeError: a ``bias`` not of the votes' floating dtype (outside ``torch.autocast``).
+            ``(batch..., out_caps, out_dim)`` or is on another device than the votes.
+        TypeError: a ``bias`` not of the votes' floating dtype (outside ``torch.autocast``);
+            votes that are not floating point (an ``ArgumentTypeError``, a ``ValueError`` too).
     """
     routed = as_routing_votes(votes)
     result = vote(
@@ -390,7 +415,8 @@ def inverted_dot_product_routing(
 
     Raises:
         ValueError: ``iterations`` < 1, bad votes or normalisation.
-        TypeError: an ``all_passes`` that is not a bool.
+        TypeError: an ``all_passes`` that is not a bool; votes that are not floating point (an
+            ``ArgumentTypeError``, a ``ValueError`` too).
     """
     routed = as_routing_votes(votes)
     check_flag(all_passes, "all_passes")
@@ -444,10 +470,11 @@ def self_attention_routing(
         ``(batch..., out_caps, in_caps)`` (without the prior).
 
     Raises:
-        ValueError: a ``log_prior`` that does not broadcast to ``(batch..., out_caps, in_caps)``,
-            an unknown nonlinearity, votes with ``out_dim = 0`` (the scale ``1 / sqrt(d)`` would
-            make every output NaN).
-        TypeError: a ``log_prior`` not of the votes' floating dtype (outside ``torch.autocast``).
+        ValueError: a ``log_prior`` that does not broadcast to ``(batch..., out_caps, in_caps)``
+            or is on another device than the votes, an unknown nonlinearity, votes with
+            ``out_dim = 0`` (the scale ``1 / sqrt(d)`` would make every output NaN).
+        TypeError: a ``log_prior`` not of the votes' floating dtype (outside ``torch.autocast``);
+            votes that are not floating point (an ``ArgumentTypeError``, a ``ValueError`` too).
     """
     routed = as_routing_votes(votes)
     shape = _votes_shape(routed)
@@ -467,6 +494,7 @@ def self_attention_routing(
     bias = None
     if log_prior is not None:
         check_input_dtype(log_prior, routed.dtype, "log_prior", "the votes")
+        _check_beside_votes(log_prior, routed, "log_prior")
         _check_fits(log_prior, tuple(zeros.shape), "log_prior", "(batch..., out_caps, in_caps)")
         prior = log_prior.expand_as(zeros)  # (..., i, j)
         bias = routed.weighted_sum(prior)  # sum_j b_ij u_ij: (..., i, d)
@@ -607,16 +635,22 @@ def slot_attention(
 
     Raises:
         ValueError: ``iterations`` < 1 or mismatched shapes (``slots`` whose batch axes do not
-            broadcast to the keys' without growing them), a bad ``mask`` or ``scale``; a
+            broadcast to the keys' without growing them), a ``mask`` of the wrong shape, a bad
+            ``scale``; ``values``, ``slots`` or ``mask`` on another device than the keys; a
             ``query`` that does not return ``(batch..., num_slots, key_dim)`` of its slots, an
             ``update`` that does not return ``(batch..., num_slots, slot_dim)``.
-        TypeError: ``keys``, ``values`` or ``slots`` not floating point or not of one dtype
-            (outside ``torch.autocast``); a ``scale`` that is not a real number, an
-            ``all_passes`` that is not a bool; ``query`` or ``update`` not callable.
+        TypeError: ``keys``, ``values`` or ``slots`` not floating-point tensors or not of one
+            dtype (outside ``torch.autocast``); a ``mask`` that is not a boolean tensor (for a
+            tensor of another dtype an ``ArgumentTypeError``, a ``ValueError`` too, as before); a
+            ``scale`` that is not a real number, an ``all_passes`` that is not a bool; ``query``
+            or ``update`` not callable.
     """
-    check_input_dtype(keys, keys.dtype, "keys", "the keys")  # floating point
+    check_float_tensor(keys, "keys")  # first: the others are checked against its dtype
     check_input_dtype(values, keys.dtype, "values", "the keys")
     check_input_dtype(slots, keys.dtype, "slots", "the keys")
+    for name, tensor in (("values", values), ("slots", slots), ("mask", mask)):
+        if isinstance(tensor, Tensor):  # a CPU tensor beside "meta" keys gave uninitialised memory
+            check_device(tensor, keys.device, name, "the keys")
     if keys.dim() < 2 or keys.shape[:-1] != values.shape[:-1]:
         raise ValueError(
             f"keys and values must have the same (batch..., inputs), got {tuple(keys.shape)} and "
@@ -638,10 +672,14 @@ def slot_attention(
     if mask is not None:
         if not isinstance(mask, Tensor):
             raise TypeError(f"mask must be a boolean tensor or None, got {type(mask).__name__}")
-        if mask.dtype != torch.bool or mask.shape != keys.shape[:-1]:
+        if mask.dtype != torch.bool:  # a TypeError as every key mask's, a ValueError as before
+            raise ArgumentTypeError(
+                f"mask must be a boolean tensor (True = a real input), got dtype {mask.dtype}"
+            )
+        if mask.shape != keys.shape[:-1]:
             raise ValueError(
-                f"mask must be boolean of shape {tuple(keys.shape[:-1])} (batch..., inputs), got "
-                f"{mask.dtype} {tuple(mask.shape)}"
+                f"mask must have shape {tuple(keys.shape[:-1])} (batch..., inputs), got "
+                f"{tuple(mask.shape)}"
             )
         bool_mask = mask.unsqueeze(-2)  # (..., 1, j)
     return _slot_loop(
@@ -689,14 +727,16 @@ def slot_routing(
 
     Raises:
         ValueError: ``iterations`` < 1, bad votes, ``slots`` that do not broadcast to
-            ``(batch..., out_caps, out_dim)``; a ``query`` or an ``update`` that does not return
-            ``(batch..., out_caps, out_dim)`` (``query`` of the slots it is given).
+            ``(batch..., out_caps, out_dim)`` or are on another device than the votes; a
+            ``query`` or an ``update`` that does not return ``(batch..., out_caps, out_dim)``
+            (``query`` of the slots it is given).
         TypeError: ``slots`` not of the votes' floating dtype (outside ``torch.autocast``); a
             ``scale`` that is not a real number, an ``all_passes`` that is not a bool; ``query``
             or ``update`` not callable.
     """
     routed = as_routing_votes(votes)
     check_input_dtype(slots, routed.dtype, "slots", "the votes")
+    _check_beside_votes(slots, routed, "slots")
     shape = _votes_shape(routed)
     if shape is not None:
         _check_fits(slots, (*shape[:-3], shape[-3], shape[-1]), "slots", "(batch..., out_caps, out_dim)")

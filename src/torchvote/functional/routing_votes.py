@@ -51,7 +51,7 @@ from torchvote.functional.voting import (
     refuse_double_backward,
 )
 from torchvote.tracing import plain_ops_required
-from torchvote.validation import check_float_tensor
+from torchvote.validation import check_device, check_float_tensor, check_input_dtype
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
@@ -356,8 +356,29 @@ class _WeightTimesInputs:
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the votes compute in: the promotion of the weight's and the inputs' (as
-        ``weight @ inputs`` would give)."""
+        ``weight @ inputs`` would give; they differ only under ``torch.autocast``)."""
         return torch.promote_types(self.weight.dtype, self.inputs.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the votes live: the inputs' device (the weight's, checked when made)."""
+        return self.inputs.device
+
+
+def _check_weight_and_inputs(weight: Tensor, inputs: Tensor) -> None:
+    """Floating-point ``weight`` and ``inputs`` of one dtype (outside ``torch.autocast``, under
+    which they meet in their promotion) on one device: dtypes and devices only.
+
+    Raises:
+        TypeError: either not a floating-point tensor, or the two of different dtypes (a float16
+            weight routed float32 inputs in float32, float64 inputs returned float64).
+        ValueError: the two on different devices (beside ``meta`` inputs a CPU weight computed
+            on uninitialised memory).
+    """
+    check_float_tensor(weight, "weight")
+    check_float_tensor(inputs, "inputs")
+    check_input_dtype(weight, inputs.dtype, "weight", "the inputs")
+    check_device(weight, inputs.device, "weight", "the inputs")
 
 
 class LinearVotes(_WeightTimesInputs):
@@ -380,14 +401,14 @@ class LinearVotes(_WeightTimesInputs):
         inputs: ``(..., j, e)``: the input capsules.
 
     Raises:
-        TypeError: if ``weight`` or ``inputs`` is not a floating-point tensor.
+        TypeError: if ``weight`` or ``inputs`` is not a floating-point tensor, or the two differ
+            in dtype (outside ``torch.autocast``).
         ValueError: if ``weight`` is not 4-D, has a size 0, or its ``(j, e)`` do not match
-            ``inputs``.
+            ``inputs``; the two on different devices.
     """
 
     def __init__(self, weight: Tensor, inputs: Tensor) -> None:
-        check_float_tensor(weight, "weight")
-        check_float_tensor(inputs, "inputs")
+        _check_weight_and_inputs(weight, inputs)
         if weight.dim() != 4 or 0 in weight.shape:  # the blocked kernels need every size >= 1
             raise ValueError(
                 "weight must have shape (out_caps, in_caps, out_dim, in_dim), every size >= 1, "
@@ -483,13 +504,14 @@ class SharedLinearVotes(_WeightTimesInputs):
         inputs: ``(..., j, e)``.
 
     Raises:
-        TypeError: if ``weight`` or ``inputs`` is not a floating-point tensor.
-        ValueError: if ``weight`` is not 3-D or its ``e`` does not match ``inputs``.
+        TypeError: if ``weight`` or ``inputs`` is not a floating-point tensor, or the two differ
+            in dtype (outside ``torch.autocast``).
+        ValueError: if ``weight`` is not 3-D or its ``e`` does not match ``inputs``; the two on
+            different devices.
     """
 
     def __init__(self, weight: Tensor, inputs: Tensor) -> None:
-        check_float_tensor(weight, "weight")
-        check_float_tensor(inputs, "inputs")
+        _check_weight_and_inputs(weight, inputs)
         if weight.dim() != 3:
             raise ValueError(f"weight must have shape (out_caps, out_dim, in_dim), got {tuple(weight.shape)}")
         if inputs.dim() < 2 or inputs.shape[-1] != weight.shape[-1]:
@@ -503,8 +525,8 @@ class SharedLinearVotes(_WeightTimesInputs):
         self.batch_shape = tuple(inputs.shape[:-2])
 
     # Every product runs on operands cast to :attr:`dtype` (free where they have it): weight and
-    # inputs of two dtypes meet in their promotion, as in LinearVotes; under torch.autocast the
-    # einsums cast them again themselves.
+    # inputs of two dtypes (under torch.autocast only) meet in their promotion, as in LinearVotes;
+    # the einsums then cast them again themselves.
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         """``(..., i, j)`` weights -> ``(..., i, d)``: ``W_i (sum_j w_ij u_j)``."""

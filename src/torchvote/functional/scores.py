@@ -127,18 +127,38 @@ def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
     return (query @ weight) @ key.mT  # (..., L, Ek) @ (..., Ek, S)
 
 
-def _hidden_size(vector: Tensor, query: Tensor) -> int:
-    """``H`` of the additive and concat scores' ``vector`` ``(H,)``, checked (shape, dtype).
+def _hidden_size(weight: Tensor, name: str, query: Tensor, features: int) -> int:
+    """``H`` of the additive and concat scores, read from their first matrix ``weight``
+    ``(H, features)``, checked (shape, dtype): the other parameters are then checked against it,
+    so a ``vector`` of another size is blamed on the vector, not on the matrix.
 
     Raises:
-        ValueError: ``vector`` not 1-D.
+        ValueError: ``weight`` not ``(H, features)``.
         TypeError: as :func:`_check_parameter`.
     """
-    if not isinstance(vector, Tensor) or vector.dim() != 1:
-        described = tuple(vector.shape) if isinstance(vector, Tensor) else type(vector).__name__
-        raise ValueError(f"vector must have shape (hidden,), got {described}")
-    _check_parameter("vector", vector, query, (vector.shape[0],))
-    return vector.shape[0]
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(weight).__name__}")
+    if weight.dim() != 2 or weight.shape[1] != features:
+        raise ValueError(f"{name} must have shape (hidden, {features}), got {tuple(weight.shape)}")
+    _check_parameter(name, weight, query, tuple(weight.shape))
+    return weight.shape[0]
+
+
+def _check_vector(vector: Tensor, query: Tensor, hidden: int, source: str) -> None:
+    """The additive and concat scores' ``vector`` ``(H,)``, with ``H`` read from ``source``.
+
+    Raises:
+        ValueError: ``vector`` not ``(H,)``, naming the vector and where ``H`` came from.
+        TypeError: as :func:`_check_parameter`.
+    """
+    if not isinstance(vector, Tensor):
+        raise TypeError(f"vector must be a tensor, got {type(vector).__name__}")
+    if vector.dim() != 1 or vector.shape[0] != hidden:
+        raise ValueError(
+            f"vector must have shape (hidden,) = ({hidden},), the hidden size of {source}, got "
+            f"{tuple(vector.shape)}"
+        )
+    _check_parameter("vector", vector, query, (hidden,))
 
 
 def additive_score(
@@ -160,14 +180,21 @@ def additive_score(
         ``(..., L, S)`` logits.
 
     Raises:
-        ValueError: if the weights' shapes do not fit the inputs (``vector`` must be 1-D), or the
+        ValueError: if the parameters' shapes do not fit the inputs or each other (``H`` is read
+            from ``query_weight``: ``key_weight`` and ``vector`` are checked against it), or the
             batch axes do not broadcast.
         TypeError: inputs or parameters not floating-point tensors of one dtype.
     """
     _check_pair(query, key)
-    hidden = _hidden_size(vector, query)
-    _check_parameter("query_weight", query_weight, query, (hidden, query.shape[-1]))  # (H, Eq)
+    hidden = _hidden_size(query_weight, "query_weight", query, query.shape[-1])  # (H, Eq)
+    source = f"query_weight {tuple(query_weight.shape)}"
+    if isinstance(key_weight, Tensor) and key_weight.dim() == 2 and key_weight.shape[0] != hidden:
+        raise ValueError(
+            f"key_weight must have shape (hidden, Ek) = {(hidden, key.shape[-1])}, the hidden size of "
+            f"{source}, got {tuple(key_weight.shape)}"
+        )
     _check_parameter("key_weight", key_weight, query, (hidden, key.shape[-1]))  # (H, Ek)
+    _check_vector(vector, query, hidden, source)  # (H,)
     projected_q = query @ query_weight.T  # (..., L, H)
     projected_k = key @ key_weight.T  # (..., S, H)
     hidden_states = torch.tanh(projected_q.unsqueeze(-2) + projected_k.unsqueeze(-3))  # (..., L, S, H)
@@ -190,11 +217,12 @@ def concat_score(query: Tensor, key: Tensor, weight: Tensor, vector: Tensor) -> 
         ``(..., L, S)`` logits.
 
     Raises:
-        ValueError: if ``weight`` is not ``(H, Eq + Ek)`` or ``vector`` not ``(H,)``, or the batch
-            axes do not broadcast.
+        ValueError: if ``weight`` is not ``(H, Eq + Ek)`` or ``vector`` not ``(H,)`` (``H`` read
+            from ``weight``), or the batch axes do not broadcast.
         TypeError: inputs or parameters not floating-point tensors of one dtype.
     """
     _check_pair(query, key)
     q_features = query.shape[-1]
-    _check_parameter("weight", weight, query, (_hidden_size(vector, query), q_features + key.shape[-1]))
+    hidden = _hidden_size(weight, "weight", query, q_features + key.shape[-1])  # (H, Eq + Ek)
+    _check_vector(vector, query, hidden, f"weight {tuple(weight.shape)}")  # (H,)
     return additive_score(query, key, weight[:, :q_features], weight[:, q_features:], vector)

@@ -55,6 +55,7 @@ from torchvote.validation import (
     autocast_enabled,
     broadcast_shape,
     check_choice,
+    check_device,
     check_dim,
     check_flag,
     check_input_dtype,
@@ -161,6 +162,10 @@ class SharedVotes:
     def dtype(self) -> torch.dtype:
         return self.values.dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
 
 @dataclass(frozen=True)
 class PairwiseVotes:
@@ -195,6 +200,10 @@ class PairwiseVotes:
     def dtype(self) -> torch.dtype:
         return self.votes.dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.votes.device
+
 
 @dataclass(frozen=True)
 class DotProductScores:
@@ -205,11 +214,31 @@ class DotProductScores:
         keys: ``(..., j, e)``.
         scale: multiplies the dot products; ``None`` means ``1 / sqrt(e)`` (Vaswani et al. 2017,
             eq. 1).
+
+    Raises:
+        TypeError: queries or keys that are not floating-point tensors.
+        ValueError: queries or keys of fewer than 2 axes, or of different feature sizes ``e``
+            (checked here: :meth:`materialize` failed inside ``einsum``, naming neither).
     """
 
     queries: Tensor
     keys: Tensor
     scale: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, tensor in (("queries", self.queries), ("keys", self.keys)):
+            if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+                described = tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__
+                raise TypeError(f"DotProductScores {name} must be a floating-point tensor, got {described}")
+            if tensor.dim() < 2:
+                raise ValueError(f"DotProductScores {name} must have shape (..., length, features), got "
+                                 f"{tuple(tensor.shape)}")
+        query_shape, key_shape = self.queries.shape, self.keys.shape  # each read once: torch.Size costs
+        if query_shape[-1] != key_shape[-1]:
+            raise ValueError(
+                f"DotProductScores queries and keys must share their feature size, got shapes "
+                f"{tuple(query_shape)} and {tuple(key_shape)}"
+            )
 
     @property
     def effective_scale(self) -> float:
@@ -548,16 +577,18 @@ def vote(
 
     Raises:
         ValueError: bad ``normalize_over``, ``iterations``, ``update``, ``aggregation``, names,
-            or shapes: logits that do not fit the votes, a ``mask``, ``sender_weights``, ``bias``
-            or ``initial_outputs`` that does not broadcast to its ``(..., i, j)``,
-            ``(..., j)``, ``(..., i, d)`` or ``(..., i, ...)`` shape without growing it (a
-            ``(4, b, ...)`` bias would have turned ``b`` outputs into ``4 b``); a
-            :class:`DotProductScores` whose queries and keys differ in features, or whose keys
-            are not as many as the values.
-        TypeError: votes, logits, scores, sender weights or bias that are not floating-point
-            tensors or not of the votes' dtype (outside ``torch.autocast``; float ``logits`` of
-            another dtype are allowed, they are upcast), a non-boolean, non-floating mask, or
-            ``is_causal``, ``detach_votes`` or ``record`` that is not a bool.
+            or shapes: logits that do not fit the votes (or, for pairwise votes, grow their
+            batch), a ``mask``, ``sender_weights``, ``bias`` or ``initial_outputs`` that does not
+            broadcast to its ``(..., i, j)``, ``(..., j)``, ``(..., i, d)`` or ``(..., i, ...)``
+            shape without growing it (a ``(4, b, ...)`` bias would have turned ``b`` outputs into
+            ``4 b``); a :class:`DotProductScores` whose keys are not as many as the values; logits,
+            scores, a mask, sender weights, bias or initial outputs on another device than the
+            votes.
+        TypeError: votes, logits, scores, sender weights, bias or initial outputs that are not
+            floating-point tensors or not of the votes' dtype (outside ``torch.autocast``; float
+            ``logits`` of another dtype are allowed, they are upcast), a non-boolean,
+            non-floating mask, or ``is_causal``, ``detach_votes`` or ``record`` that is not a
+            bool.
 
     A float ``mask``'s values are not checked here (every layer and attention function checks its
     masks where they enter; ``vote`` is the step they all call): NaN or ``+inf`` in it gives NaN.
@@ -581,6 +612,9 @@ def vote(
         raise TypeError(
             f"logits must be a floating-point tensor, a DotProductScores or None, got {described}"
         )
+
+    _check_devices(votes, logits, mask=mask, sender_weights=sender_weights, bias=bias,
+                   initial_outputs=initial_outputs)
 
     if _can_fuse(votes, logits, normalize_over, aggregation, nonlinearity, iterations,
                  sender_weights, record, bias):
@@ -682,6 +716,8 @@ def _fused_softmax_attention(
 
 
 def _as_votes(votes: Votes | Tensor, logits: Logits | None) -> Votes:
+    if isinstance(votes, (SharedVotes, PairwiseVotes)):  # their tensor is checked by _check_votes
+        return votes
     if not isinstance(votes, Tensor):
         if not all(hasattr(votes, name) for name in ("weighted_sum", "dot", "dtype")):
             raise TypeError(
@@ -731,31 +767,19 @@ def _check_votes(votes: Votes) -> None:
 
 
 def _check_scores(scores: DotProductScores, votes: Votes) -> None:
-    """Shapes and dtypes of the queries and keys of ``scores``, and of the values they weigh.
+    """Dtypes and batch axes of the queries and keys of ``scores`` (their types, ranks and feature
+    sizes were checked when it was made), and of the values they weigh.
 
     Raises:
-        TypeError: queries or keys that are not floating-point tensors, or not of one dtype with
-            each other and with shared votes (outside ``torch.autocast``); a bad ``scale``.
-        ValueError: fewer than 2 axes, different feature sizes, keys not as many as the values,
-            batch axes that do not broadcast.
+        TypeError: queries and keys not of one dtype with each other and with shared votes
+            (outside ``torch.autocast``); a bad ``scale``.
+        ValueError: keys not as many as the values, batch axes that do not broadcast.
     """
     queries, keys = scores.queries, scores.keys
-    for name, tensor in (("queries", queries), ("keys", keys)):
-        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
-            described = tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__
-            raise TypeError(f"DotProductScores {name} must be a floating-point tensor, got {described}")
-        if tensor.dim() < 2:
-            raise ValueError(f"DotProductScores {name} must have shape (..., length, features), got "
-                             f"{tuple(tensor.shape)}")
     check_input_dtype(keys, queries.dtype, "DotProductScores keys", "the queries")
     if scores.scale is not None:
         check_scale(scores.scale, "DotProductScores scale")
     query_shape, key_shape = queries.shape, keys.shape  # each read once: torch.Size costs
-    if query_shape[-1] != key_shape[-1]:
-        raise ValueError(
-            f"DotProductScores queries and keys must share their feature size, got shapes "
-            f"{tuple(query_shape)} and {tuple(key_shape)}"
-        )
     shapes = [query_shape, key_shape]
     if isinstance(votes, SharedVotes):
         values = votes.values
@@ -773,6 +797,33 @@ def _check_scores(scores: DotProductScores, votes: Votes) -> None:
                 f"queries, keys and values must have batch axes that broadcast, got "
                 f"{', '.join(str(tuple(batch)) for batch in batches)}"
             )
+
+
+def _votes_device(votes: Votes) -> torch.device | None:
+    """The device of ``votes`` (their ``device``, read from their tensors: nothing is computed), or
+    ``None`` for a votes object that does not say."""
+    device = getattr(votes, "device", None)
+    return device if isinstance(device, torch.device) else None
+
+
+def _check_devices(votes: Votes, logits: Logits | None, **tensors: Tensor | None) -> None:
+    """Refuse logits (or the queries and keys of scores) and the ``tensors`` (the mask, sender
+    weights, bias, initial outputs) on another device than the votes: devices only, nothing is
+    read. A CPU tensor beside ``meta`` votes was computed on uninitialised memory without a word,
+    other pairs failed deep inside PyTorch naming no argument. A votes object that does not say
+    its device is not checked.
+
+    Raises:
+        ValueError: naming the argument and both devices (:func:`check_device`).
+    """
+    device = _votes_device(votes)
+    if device is None:
+        return
+    named = ((("DotProductScores queries", logits.queries), ("DotProductScores keys", logits.keys))
+             if isinstance(logits, DotProductScores) else (("logits", logits),))
+    for name, tensor in (*named, *tensors.items()):
+        if isinstance(tensor, Tensor):
+            check_device(tensor, device, name, "the votes")
 
 
 def _initial_logits(votes: Votes, logits: Logits | None) -> Tensor:
@@ -796,7 +847,11 @@ def _votes_shape(votes: Votes) -> tuple[int, ...] | None:
 
 
 def _check_logits(votes: Votes, logits: Tensor) -> tuple[int, ...]:
-    """Shapes only (nothing read from the device): logits ``(..., i, j)`` that fit the votes.
+    """Shapes only (nothing read from the device): logits ``(..., i, j)`` that fit the votes. Logits
+    of votes that know their receivers (pairwise votes) broadcast to the votes' ``(..., i, j)``
+    without growing it, as a mask, sender weights or a bias must (``(4, b, i, j)`` logits turned
+    ``b`` outputs into ``4 b``); shared votes take the batch of the logits, as attention's values
+    take the queries'.
 
     Returns:
         The ``(..., i, j)`` shape of the weights: the logits' broadcast with the votes'.
@@ -807,7 +862,8 @@ def _check_logits(votes: Votes, logits: Tensor) -> tuple[int, ...]:
     shape = _votes_shape(votes)
     if shape is None:
         return tuple(logits.shape)
-    expected = (*shape[:-3], logits.shape[-2] if shape[-3] == -1 and logits.dim() >= 2 else shape[-3],
+    shared = shape[-3] == -1  # the receivers come from the logits
+    expected = (*shape[:-3], logits.shape[-2] if shared and logits.dim() >= 2 else shape[-3],
                 shape[-2])  # (..., i, j)
     fits = logits.dim() >= 2 and logits.shape[-2:] == tuple(expected[-2:])
     batch = broadcast_shape(logits.shape[:-2], expected[:-2]) if fits else None
@@ -817,6 +873,11 @@ def _check_logits(votes: Votes, logits: Tensor) -> tuple[int, ...]:
         raise ValueError(
             f"logits of shape {tuple(logits.shape)} do not fit {described}: expected (..., i, j) = "
             f"{tuple(expected)}"
+        )
+    if not shared and batch != tuple(expected[:-2]):
+        raise ValueError(
+            f"logits of shape {tuple(logits.shape)} must broadcast to the votes' (..., i, j) = "
+            f"{tuple(expected)} without growing it (votes of shape {shape})"
         )
     return (*batch, *expected[-2:])
 
@@ -853,8 +914,8 @@ def _check_vote_inputs(
     batch would silently multiply the outputs).
 
     Raises:
-        TypeError: a ``sender_weights`` or ``bias`` that is not floating point or not of the votes'
-            dtype (outside ``torch.autocast``); an ``initial_outputs`` that is not a tensor.
+        TypeError: a ``sender_weights``, ``bias`` or ``initial_outputs`` that is not a
+            floating-point tensor or not of the votes' dtype (outside ``torch.autocast``).
         ValueError: naming the argument, its shape and the shape expected.
     """
     *batch, receivers, senders = weights_shape
@@ -877,6 +938,7 @@ def _check_vote_inputs(
     if initial_outputs is not None:
         if not isinstance(initial_outputs, Tensor):
             raise TypeError(f"initial_outputs must be a tensor or None, got {type(initial_outputs).__name__}")
+        check_input_dtype(initial_outputs, votes.dtype, "initial_outputs", "the votes")
         target = (*batch, receivers)  # (..., i): its features are the nonlinearity's business
         if initial_outputs.dim() < 2 or broadcast_shape(initial_outputs.shape[:-1], target) != target:
             raise ValueError(

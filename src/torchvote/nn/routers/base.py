@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, _votes_shape, as_routing_votes, list_routers
-from torchvote.functional.voting import Votes
+from torchvote.functional.voting import Votes, _votes_device
 from torchvote.tracing import register_output
 from torchvote.validation import (
     ArgumentTypeError,
@@ -110,19 +110,56 @@ class Router(nn.Module):
 
         Raises:
             ValueError: votes of another ``out_dim`` than ``norm`` normalises; a votes tensor of
-                fewer than 3 dimensions or not floating point.
+                fewer than 3 dimensions; votes on another device than ``norm``'s parameters.
             TypeError: votes neither a tensor nor a votes object; votes not of ``norm``'s dtype
                 (outside ``torch.autocast``).
+            ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) a votes tensor that is not
+                floating point.
         """
         votes = as_routing_votes(votes)
         shape, size = _votes_shape(votes), norm.normalized_shape[0]
         if shape is not None and shape[-1] != size:
             raise ValueError(f"votes must have out_dim={size} features (the layer norm's), got shape {shape}")
-        weight = norm.weight
-        if weight is not None and votes.dtype != weight.dtype and not autocast_enabled(weight.device.type):
+        return self.check_votes_beside(votes, norm.weight)
+
+    def check_votes_beside(self, votes: RoutingVotes, parameter: Tensor | None = None) -> Votes:
+        """What ``forward`` of a router with parameters calls before routing: votes of the
+        parameters' dtype (outside ``torch.autocast``) and on their device, refused by the votes'
+        name. The routing function's own checks blamed the parameter (``log_prior has dtype
+        torch.float32 but the votes are torch.float16``), a layer norm failed naming nothing, and
+        ``meta`` votes beside CPU parameters were routed without a word.
+
+        Args:
+            votes: the router's ``votes``.
+            parameter: the parameter to compare with (default: the router's first; a router
+                without parameters takes any dtype and device).
+
+        Returns:
+            ``votes`` as a votes object (:func:`~torchvote.functional.routing.as_routing_votes`).
+
+        Raises:
+            TypeError: votes neither a tensor nor a votes object, or not of the parameters' dtype
+                (outside ``torch.autocast``).
+            ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) a votes tensor that is not
+                floating point.
+            ValueError: a votes tensor of fewer than 3 dimensions; votes on another device than
+                the parameters.
+        """
+        votes = as_routing_votes(votes)
+        if parameter is None:
+            parameter = next(self.parameters(), None)
+        if parameter is None:
+            return votes
+        if votes.dtype != parameter.dtype and not autocast_enabled(parameter.device.type):
             raise TypeError(  # votes may be a Votes object: its dtype, not check_input_dtype's tensor
-                f"votes have dtype {votes.dtype} but the router's parameters are {weight.dtype}: "
+                f"votes have dtype {votes.dtype} but the router's parameters are {parameter.dtype}: "
                 f"convert the votes or the router, or run under torch.autocast"
+            )
+        device = _votes_device(votes)
+        if device is not None and device != parameter.device:
+            raise ValueError(
+                f"votes are on {device} but the router's parameters are on {parameter.device}: move "
+                f"one of them (e.g. router.to({str(device)!r}))"
             )
         return votes
 

@@ -28,8 +28,10 @@ class DynamicRouter(BiasedRouter):
 
     Raises:
         ValueError: ``iterations`` < 1, an unknown agreement, ``bias`` without sizes; (in
-            ``forward``) ``activations``, which dynamic routing does not use.
-        TypeError: ``detach_votes`` or ``bias`` that is not a bool.
+            ``forward``) ``activations``, which dynamic routing does not use, or votes on another
+            device than the bias.
+        TypeError: ``detach_votes`` or ``bias`` that is not a bool; (in ``forward``) votes not
+            of the bias's dtype (outside ``torch.autocast``).
     """
 
     name = "dynamic"
@@ -51,6 +53,7 @@ class DynamicRouter(BiasedRouter):
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         self.check_vote_sizes(votes)  # the bias's own error named the bias
+        votes = self.check_votes_beside(votes)  # its dtype and device too
         outputs, couplings = dynamic_routing(
             votes,
             iterations=self.iterations,

@@ -69,6 +69,7 @@ from torchvote.functional.routing import RoutingVotes, as_routing_votes
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.validation import (
     check_choice,
+    check_device,
     check_float_dtype,
     check_input_dtype,
     check_positive_float,
@@ -210,13 +211,14 @@ class EMRouter(Router):
         Raises:
             TypeError, ValueError: votes neither a floating-point tensor ``(batch..., out_caps,
                 in_caps, pose_dim)`` nor a votes object; votes not of the router's dtype (outside
-                ``torch.autocast``), as every router refuses them; what
+                ``torch.autocast``) or not on its device, as every router refuses them; what
                 :func:`~torchvote.functional.em.em_routing` raises.
         """
         self.check_vote_sizes(votes)
         tensor = as_routing_votes(votes).materialize()  # EM reads them elementwise
         # float64 votes made float64 outputs of a float32 router: a layer silently of two precisions
         check_input_dtype(tensor, self.beta_u.dtype, "votes", reference="the router's parameters")
+        check_device(tensor, self.beta_u.device, "votes", "the router's parameters")  # meta: garbage
         if activations is None:
             activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (batch..., in_caps)
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)

@@ -27,7 +27,8 @@ class InvertedDotProductRouter(Router):
 
     Raises:
         ValueError: ``iterations`` < 1, a non-positive ``out_dim``; (in ``forward``)
-            ``activations``, which this routing does not use, or votes of another ``out_dim``.
+            ``activations``, which this routing does not use, votes of another ``out_dim`` or on
+            another device than the layer norm.
         TypeError: an ``elementwise_affine`` that is not a bool; (in ``forward``) votes not of
             the layer norm's dtype (outside ``torch.autocast``).
     """

@@ -31,8 +31,9 @@ class SelfAttentionRouter(Router):
 
     Raises:
         ValueError: non-positive sizes; (in ``forward``) ``activations``, which this routing does
-            not use.
-        TypeError: a ``log_prior`` that is not a bool.
+            not use, or votes on another device than the log prior.
+        TypeError: a ``log_prior`` that is not a bool; (in ``forward``) votes not of the log
+            prior's dtype (outside ``torch.autocast``).
     """
 
     name = "self_attention"
@@ -59,6 +60,7 @@ class SelfAttentionRouter(Router):
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         self.check_vote_sizes(votes)
+        votes = self.check_votes_beside(votes)  # the routing's own check blamed log_prior
         outputs, couplings = self_attention_routing(
             votes, log_prior=self.log_prior, nonlinearity=efficient_squash
         )

@@ -108,7 +108,8 @@ class SlotRouter(Router):
 
     Raises:
         ValueError: ``iterations`` < 1 or non-positive sizes; (in ``forward``) ``activations``,
-            which slot routing does not use, or votes of another ``out_dim``.
+            which slot routing does not use, votes of another ``out_dim`` or on another device
+            than the parameters.
         TypeError: ``normalize_votes`` or ``squash_outputs`` not a bool; (in ``forward``) votes
             not of the parameters' dtype (outside ``torch.autocast``).
     """
@@ -148,6 +149,7 @@ class SlotRouter(Router):
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         self.check_vote_sizes(votes)
+        votes = self.check_votes_beside(votes)  # without norm_votes, slot_routing blamed the slots
         if self.norm_votes is not None:
             votes = self.check_votes_for_norm(votes, self.norm_votes)
             votes = self.norm_votes(votes.materialize())  # (..., i, j, d)

@@ -9,7 +9,13 @@ from torch import Tensor, nn
 
 from torchvote.functional.routing import slot_attention
 from torchvote.nn.routers.slot import SlotUpdate
-from torchvote.validation import check_flag, check_float_dtype, check_input_dtype, check_positive_int
+from torchvote.validation import (
+    check_flag,
+    check_float_dtype,
+    check_input_dtype,
+    check_inputs_beside,
+    check_positive_int,
+)
 
 __all__ = ["SlotAttention"]
 
@@ -103,9 +109,11 @@ class SlotAttention(nn.Module):
         Raises:
             ValueError: if ``inputs`` is not ``(batch, inputs, input_dim)``, ``slots`` not
                 ``(batch, K, slot_dim)``, ``num_slots`` not a positive integer (or not ``slots``'
-                ``K``), a ``mask`` not boolean ``(batch, inputs)``.
+                ``K``), a ``mask`` not of shape ``(batch, inputs)``; ``inputs``, ``slots`` or
+                ``mask`` on another device than the parameters.
             TypeError: ``inputs`` or ``slots`` not floating point or not of the parameters' dtype
-                (outside ``torch.autocast``), a ``mask`` that is not a tensor, a
+                (outside ``torch.autocast``), a ``mask`` that is not a boolean tensor (for a
+                tensor of another dtype an ``ArgumentTypeError``, a ``ValueError`` too), a
                 ``return_attention`` that is not a bool.
         """
         check_flag(return_attention, "return_attention")
@@ -114,6 +122,8 @@ class SlotAttention(nn.Module):
             if tensor is None:
                 continue
             check_input_dtype(tensor, dtype, name)
+        given = (("inputs", inputs),) if slots is None else (("inputs", inputs), ("slots", slots))
+        check_inputs_beside(self.slots_mu, given, masks=(("mask", mask),))  # devices: dtypes above
         if inputs.dim() != 3 or inputs.shape[-1] != self.norm_inputs.normalized_shape[0]:
             raise ValueError(
                 f"inputs must have shape (batch, inputs, {self.norm_inputs.normalized_shape[0]}), "

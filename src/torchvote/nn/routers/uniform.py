@@ -27,7 +27,9 @@ class UniformRouter(BiasedRouter):
 
     Raises:
         ValueError: an unknown nonlinearity, ``bias`` without sizes; (in ``forward``)
-            ``activations``, which uniform couplings do not use.
+            ``activations``, which uniform couplings do not use, or votes on another device than
+            the bias.
+        TypeError: (in ``forward``) votes not of the bias's dtype (outside ``torch.autocast``).
     """
 
     name = "uniform"
@@ -50,5 +52,6 @@ class UniformRouter(BiasedRouter):
     def forward(self, votes: RoutingVotes, *, activations: Tensor | None = None) -> RoutingResult:
         self.refuse_activations(activations)
         self.check_vote_sizes(votes)  # the bias's own error named the bias
+        votes = self.check_votes_beside(votes)  # its dtype and device too
         outputs, couplings = uniform_routing(votes, nonlinearity=self.nonlinearity, bias=self.bias)
         return RoutingResult(outputs, couplings)
