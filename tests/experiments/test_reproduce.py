@@ -398,6 +398,14 @@ def test_a_finished_run_of_an_edited_row_is_refused_not_averaged(tmp_path, tiny_
         _write_finished_run(run_dir, command, variant.label, **edits)
     with pytest.raises(ConfigError, match=r"slower/seed-0 was run with .*max_steps \(run: 3, row now: 8\)"):
         reproduce(row, seeds=[0, 1], out_dir=out, variants=["plain"], echo=lambda _: None)
+    # where a run ends is part of its numbers: a target it stopped at (row b's paper budget)
+    # and how often it was checked were taken as free keys, the result counted as the row's
+    target = {"stop_at_accuracy": 0.5, "eval_every": 1}
+    edited = ((target, "stop_at_accuracy"), ({"eval_every": 3}, "eval_every"))
+    for edits, key in edited:
+        _write_finished_run(run_dir, command, "slower", **edits)
+        with pytest.raises(ConfigError, match=rf"slower/seed-0 was run with .*{key} \(run: "):
+            reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
     assert not run_dir_of(out, row, "cpu", row.variants[0], 1).exists()  # refused before training
     # where and how a run ran may differ: device, logging, checkpoints
     slower = run_dir_of(out, row, "cpu", row.variants[1], 0)

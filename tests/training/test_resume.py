@@ -3,6 +3,8 @@ the run continues from the newest intact one, exactly as a run resumed from that
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import time
 
@@ -202,3 +204,88 @@ def test_a_resumed_run_keeps_two_good_checkpoints_past_a_torn_one(stopped_run, b
     assert bad.read_bytes() == bad_bytes
     (stopped_run / "checkpoints" / "step-00000012.state.pt").unlink()  # the newest breaks too
     assert find_resumable_checkpoint(stopped_run)[0].name == "step-00000008"
+
+
+def test_with_nothing_to_resume_the_error_says_how_to_start_over(stopped_run, tmp_path):
+    """The error named what it looked for and stopped there: a run killed before its first
+    checkpoint, or with every checkpoint damaged, had no way on but deleting files by hand."""
+    for name in ("step-00000009.safetensors", "step-00000008.state.pt"):
+        _damage(stopped_run / "checkpoints" / name, "garbage")
+    with pytest.raises(CheckpointError) as error:
+        find_resumable_checkpoint(stopped_run)
+    message = str(error.value)
+    assert "weights_only" not in message  # torch's advice to run a damaged file's code
+    start = f"torchvote train {stopped_run / 'config.yaml'} run_dir={stopped_run}"
+    assert f"move its checkpoints aside and start it again: mv {stopped_run / 'checkpoints'} " in message
+    assert message.endswith(start)
+    early = tmp_path / "early"
+    early.mkdir()
+    shutil.copy(stopped_run / "config.yaml", early / "config.yaml")
+    with pytest.raises(CheckpointError, match="stopped before its first checkpoint: start it again with: "):
+        find_resumable_checkpoint(early)
+
+
+def test_a_failed_checkpoint_write_leaves_nothing_of_itself(tiny_config, monkeypatch):
+    """A full disk: the weights were written, the state was not, and each retry of the same step
+    renamed the orphaned weights aside (``.old``, ``.old-2`` ...), filling the disk further."""
+    import torchvote.training.checkpoint as checkpoint_module
+
+    run = train(tiny_config("run", "epochs=1", "keep_checkpoints=5"), verbose=False)
+    directory = run.run_dir / "checkpoints"
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    written = checkpoint_module.atomic_write_bytes
+
+    def disk_full(path, data):
+        if str(path).endswith(".state.pt"):
+            raise OSError(28, "No space left on device")
+        written(path, data)
+
+    monkeypatch.setattr(checkpoint_module, "atomic_write_bytes", disk_full)
+    for step in (run.step, run.step + 1):  # over the existing checkpoint, and a new one
+        with pytest.raises(OSError, match="No space left"):
+            checkpoint_module.save_checkpoint(
+                directory, step=step, model=run.model, model_metadata={"step": str(step)}, state={}, keep=5
+            )
+        assert {p.name: p.read_bytes() for p in directory.iterdir()} == before  # as it was, nothing aside
+
+
+def test_a_second_process_cannot_write_a_run_folder_in_use(tiny_config, tmp_path):
+    """Two processes in one run folder (one command started twice) interleaved the metrics and
+    renamed each other's checkpoints aside. The lock is the operating system's: a process that
+    holds it, here this test through another open file, keeps a run out."""
+    from torchvote.files import FolderInUseError, FolderLock
+
+    config = tiny_config("busy", "epochs=1")
+    in_use = re.escape(f"run folder {tmp_path / 'busy'} is in use by another process (pid {os.getpid()})")
+    with FolderLock(tmp_path / "busy"), pytest.raises(FolderInUseError, match=in_use):
+        train(config, verbose=False)
+    assert not (tmp_path / "busy" / "metrics.jsonl").exists()
+    run = train(config, verbose=False)  # free again: the lock went with its holder
+    FolderLock(run.run_dir).acquire().release()  # and the run let its own go
+
+
+def test_the_metrics_reach_the_disk_before_each_checkpoint(tiny_config, monkeypatch, tmp_path):
+    """Checkpoints are fsynced, metrics.jsonl was only flushed: after a power loss a checkpoint
+    could outlive the records of its own steps, a gap a resume never fills."""
+    import torchvote.training.loop as loop_module
+    import torchvote.training.metrics as metrics_module
+
+    events: list[str] = []
+    real_fsync, real_save = metrics_module.os.fsync, loop_module.save_checkpoint
+
+    metrics = tmp_path / "run" / "metrics.jsonl"
+
+    def fsync(descriptor):  # os.fsync everywhere (the checkpoints' too): the metrics file's only
+        if metrics.exists() and os.path.samestat(os.fstat(descriptor), os.stat(metrics)):
+            events.append("metrics fsync")
+        real_fsync(descriptor)
+
+    def save(*args, **kwargs):
+        events.append("checkpoint")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(metrics_module.os, "fsync", fsync)
+    monkeypatch.setattr(loop_module, "save_checkpoint", save)
+    train(tiny_config("run", "epochs=2", "checkpoint_every=4"), verbose=False)
+    checkpoints = [i for i, event in enumerate(events) if event == "checkpoint"]
+    assert len(checkpoints) >= 3 and all(events[i - 1] == "metrics fsync" for i in checkpoints)

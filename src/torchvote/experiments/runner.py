@@ -205,6 +205,8 @@ _FREE_KEYS = (RESUMABLE_KEYS | {"run_dir", "out_dir"}) - {
     "data.eval_name",
     "data.eval_split",
     "data.eval_limit",
+    "stop_at_accuracy",  # where a run ends: its numbers
+    "eval_every",  # when stop_at_accuracy is checked
 }
 
 

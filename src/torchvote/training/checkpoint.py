@@ -305,9 +305,10 @@ def save_checkpoint(
 
     A file already at the checkpoint's name (a run resumed from an older checkpoint because this
     one was unreadable) is never overwritten: it is renamed to ``<name>.old`` (``.old-2`` ...)
-    first, so nothing a run wrote is ever deleted except by ``keep``. The one other deletion:
-    the hidden temporary files of a write whose process was killed mid-write (never read, the
-    size of a checkpoint; :func:`~torchvote.files.remove_abandoned_temporaries`).
+    first, so nothing a run wrote is ever deleted except by ``keep``. The other deletions: the
+    hidden temporary files of a write whose process was killed mid-write (never read, the size of
+    a checkpoint; :func:`~torchvote.files.remove_abandoned_temporaries`), and a write that fails
+    (a full disk) removes what it wrote of its own checkpoint and puts back what it moved aside.
 
     Returns:
         the paths written.
@@ -323,13 +324,22 @@ def save_checkpoint(
         check_positive_int(keep, "keep")
     directory = Path(directory)
     paths = CheckpointPaths.of(directory, checkpoint_name(step))
-    for existing in (paths.weights, paths.state):
-        if existing.exists():
-            _move_aside(existing)
-    atomic_write_bytes(paths.weights, _weights_bytes(model, model_metadata))
-    buffer = io.BytesIO()
-    torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
-    atomic_write_bytes(paths.state, buffer.getvalue())
+    present = [path for path in (paths.weights, paths.state) if path.exists()]
+    moved = [(path, _move_aside(path)) for path in present]
+    try:
+        atomic_write_bytes(paths.weights, _weights_bytes(model, model_metadata))
+        buffer = io.BytesIO()
+        torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
+        atomic_write_bytes(paths.state, buffer.getvalue())
+    except BaseException:
+        # a full disk, an interrupt: a checkpoint without its state file was left under the final
+        # name, renamed aside by the next attempt at this step, and again by each retry (each
+        # the weights' size, on a disk that is full); the files moved aside come back
+        for path in (paths.weights, paths.state):
+            path.unlink(missing_ok=True)
+        for original, aside in moved:
+            os.replace(aside, original)
+        raise
     atomic_write_bytes(directory / LATEST, (paths.name + "\n").encode())
     if keep is not None:
         _prune(directory, keep, current=paths.name)
@@ -446,7 +456,12 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise CheckpointError(f"{path} is corrupt or not a training state ({err})") from None
+        # torch's message ends with advice to load with weights_only=False: for a damaged or
+        # foreign file, advice to run whatever code it holds. Its first line says what failed.
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "weights_only" in reason:  # the advice is on the failure's own line
+            reason = f"{type(err).__name__}: not a readable training state"
+        raise CheckpointError(f"{path} is corrupt or not a training state ({reason})") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} training state")
     return state

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from torchvote.files import atomic_write_bytes
+from torchvote.files import FolderLock, atomic_write_bytes
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
 from torchvote.training.config import TrainConfig, config_from_dict, config_to_dict, model_config_from
@@ -210,6 +210,7 @@ class _Run:
                 )
             self.resume_from = paths, state
         self.run_dir = Path(resume) if resume is not None else new_run_dir(config, context)
+        self.lock = FolderLock(self.run_dir, "run folder")  # taken by rank 0 before it writes there
         self.writer: MetricsWriter | None = None
         self.last_checkpoint: CheckpointPaths | None = None
         self.last_saved_step = -1
@@ -299,12 +300,16 @@ class _Run:
         config, context = self.config, self.context
         if not context.is_main:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        import yaml
+        self.lock.acquire()  # before anything is written: another process may be writing here
+        try:
+            import yaml
 
-        text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-        atomic_write_bytes(self.run_dir / "config.yaml", text.encode())  # a resumed run's: whole or old
-        self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard, resume_step=self.step)
+            text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+            atomic_write_bytes(self.run_dir / "config.yaml", text.encode())  # a resumed run's: whole or old
+            self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard, resume_step=self.step)
+        except BaseException:
+            self.lock.release()
+            raise
         if self.writer.dropped:  # a run killed after its checkpoint, or resumed from an older one
             dropped = self.writer.dropped
             self._log(f"metrics.jsonl: dropped {dropped} record(s) after step {self.step} (taken again)")
@@ -349,6 +354,8 @@ class _Run:
         if not self.context.is_main:
             self.last_saved_step = self.step
             return
+        if self.writer is not None:  # the records up to this step reach the disk before it
+            self.writer.sync()
         epoch, position = self._resume_point()
         metadata = {
             **model_metadata(self.spec, self.model_config, self.config, self.total_steps),
@@ -404,7 +411,7 @@ class _Run:
         except BaseException:
             self._release_unused_run_dir()
             raise
-        self._open_run_dir()
+        self._open_run_dir()  # takes the folder's lock (rank 0), released below
         try:
             with self.stop:
                 interrupted = self._loop()
@@ -418,6 +425,7 @@ class _Run:
         finally:
             if self.writer is not None:
                 self.writer.close()
+            self.lock.release()
         result = TrainResult(
             run_dir=self.run_dir,
             checkpoint=self.last_checkpoint if self.context.is_main else None,

@@ -5,6 +5,7 @@ run starts from: its newest intact checkpoint (:func:`find_resumable_checkpoint`
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +175,10 @@ def find_resumable_checkpoint(
     older = sorted((n for n in stems if steps[n] < newest), key=steps.__getitem__, reverse=True)
     names = ([latest] if pointed else [n for n in stems if steps[n] == newest]) + older
     if not names:
-        find_checkpoint(location)  # raises: no checkpoint there
+        try:
+            find_checkpoint(location)  # raises: no checkpoint there
+        except CheckpointError as err:
+            raise CheckpointError(f"{err}{_start_over_hint(location, stopped_early=True)}") from None
     skipped: list[str] = []
     for name in names:
         paths = CheckpointPaths.of(directory, name)
@@ -185,4 +189,19 @@ def find_resumable_checkpoint(
             skipped.append(" ".join(str(err).split()))
             continue
         return paths, state, skipped
-    raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(skipped))
+    hint = _start_over_hint(location, stopped_early=False)
+    raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(skipped) + hint)
+
+
+def _start_over_hint(run_dir: Path, *, stopped_early: bool) -> str:
+    """How to go on from a run folder with nothing to resume from: start it over from its saved
+    ``config.yaml`` (a run stopped before its first checkpoint), after moving the unreadable
+    checkpoints aside (every one damaged); ``""`` without a saved config."""
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        return ""
+    start = shlex.join(["torchvote", "train", str(config), f"run_dir={run_dir}"])
+    if stopped_early:
+        return f". The run stopped before its first checkpoint: start it again with: {start}"
+    aside = shlex.join(["mv", str(run_dir / "checkpoints"), str(run_dir / "checkpoints.unreadable")])
+    return f". To start the run over, move its checkpoints aside and start it again: {aside}; {start}"

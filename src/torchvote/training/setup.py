@@ -20,6 +20,7 @@ import yaml
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from torchvote.files import LOCK_NAME
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
@@ -96,7 +97,7 @@ def _check_new_run_dir(run_dir: str) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"run_dir {path} is a file; a run needs a folder (new or empty)")
     if path.is_dir():
-        present = sorted(entry.name for entry in path.iterdir())
+        present = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)  # not a run file
         if "config.yaml" in present and set(present) <= _RUN_FILES and _is_run_config(path / "config.yaml"):
             return path  # a run stopped before its first checkpoint: it starts over (reproduce reruns it)
         if present:
