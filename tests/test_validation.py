@@ -75,6 +75,10 @@ def test_public_constructors_report_a_wrong_type_as_a_type_error():
         MultiHeadAttention(8, 2, dropout="0.1")
     with pytest.raises(TypeError, match="iterations"):
         CapsuleLinear(4, 8, 3, 16, iterations=2.5)
+    from torchvote.models import create_model
+
+    with pytest.raises(TypeError, match="router_options=.* do not fit router='slot'"):  # a config's too
+        create_model("capsnet", "tiny", router="slot", router_options={"hidden_dim": 2.0})
 
 
 def test_positive_int_minimum():

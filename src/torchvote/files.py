@@ -8,8 +8,10 @@ second process out of a folder one process writes (a run folder).
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -25,6 +27,8 @@ __all__ = [
 
 #: The lock file :class:`FolderLock` keeps in its folder.
 LOCK_NAME = ".lock"
+#: ``flock`` errors that mean "this file system cannot lock", not "locked": run unlocked.
+_NO_LOCKING = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL})
 
 
 class FolderInUseError(OSError):
@@ -49,6 +53,7 @@ class FolderLock:
     def __init__(self, folder: str | os.PathLike[str], what: str = "folder") -> None:
         self.folder, self.what = Path(folder), what
         self._descriptor: int | None = None
+        self._created = False  # whether acquire() made the lock file (release(discard=True) removes it)
 
     def acquire(self) -> FolderLock:
         """Take the lock.
@@ -56,11 +61,14 @@ class FolderLock:
         Raises:
             FolderInUseError: another process holds it (the message names its process id).
         """
+        if self._descriptor is not None:  # held already (a second flock here would refuse it)
+            return self
         self.folder.mkdir(parents=True, exist_ok=True)
         try:
             import fcntl
         except ImportError:  # no flock on this system: unlocked, as before
             return self
+        created = not (self.folder / LOCK_NAME).exists()
         descriptor = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -71,16 +79,37 @@ class FolderLock:
                 f"{self.what} {self.folder} is in use by another process (pid {holder}): wait for it "
                 "to end or stop it; two processes writing one folder mix their files"
             ) from None
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"{os.getpid()}\n".encode())
-        self._descriptor = descriptor
+        except OSError as error:  # a file system without flock (some network or FUSE mounts)
+            os.close(descriptor)
+            if error.errno not in _NO_LOCKING:
+                raise
+            warnings.warn(
+                f"{self.folder}: this file system cannot lock ({error.strerror}); another process "
+                f"could write the {self.what} at the same time",
+                stacklevel=2,
+            )
+            return self
+        self._descriptor, self._created = descriptor, created
+        try:  # the holder's pid, for another process's message; the lock holds without it
+            os.ftruncate(descriptor, 0)
+            os.write(descriptor, f"{os.getpid()}\n".encode())
+        except OSError:  # a full disk
+            pass
         return self
 
-    def release(self) -> None:
-        """Let the lock go (closing the file releases it); nothing if not held."""
-        if self._descriptor is not None:
-            os.close(self._descriptor)
-            self._descriptor = None
+    def release(self, *, discard: bool = False) -> None:
+        """Let the lock go (closing the file releases it); nothing if not held.
+
+        Args:
+            discard: also remove the lock file if :meth:`acquire` made it (a folder that turned
+                out not to be this process's to write: a user's files are left as they were).
+        """
+        if self._descriptor is None:
+            return
+        if discard and self._created:
+            (self.folder / LOCK_NAME).unlink(missing_ok=True)  # before the lock goes: nobody else's yet
+        os.close(self._descriptor)
+        self._descriptor = None
 
     def __enter__(self) -> FolderLock:
         return self.acquire()

@@ -218,6 +218,14 @@ def test_with_nothing_to_resume_the_error_says_how_to_start_over(stopped_run, tm
     start = f"torchvote train {stopped_run / 'config.yaml'} run_dir={stopped_run}"
     assert f"move its checkpoints aside and start it again: mv {stopped_run / 'checkpoints'} " in message
     assert message.endswith(start)
+    # the two commands work: moved out of the folder, the run starts over there
+    aside = message.split(": mv ", 1)[1].split("; ", 1)[0].split(" ")[1]
+    shutil.move(stopped_run / "checkpoints", aside)
+    from torchvote.training.config import load_config
+
+    config = load_config(str(stopped_run / "config.yaml"), [f"run_dir={stopped_run}"])
+    restarted = train(config, verbose=False)
+    assert not restarted.interrupted and (stopped_run / "checkpoints" / "latest").is_file()
     early = tmp_path / "early"
     early.mkdir()
     shutil.copy(stopped_run / "config.yaml", early / "config.yaml")
@@ -289,3 +297,36 @@ def test_the_metrics_reach_the_disk_before_each_checkpoint(tiny_config, monkeypa
     train(tiny_config("run", "epochs=2", "checkpoint_every=4"), verbose=False)
     checkpoints = [i for i, event in enumerate(events) if event == "checkpoint"]
     assert len(checkpoints) >= 3 and all(events[i - 1] == "metrics fsync" for i in checkpoints)
+
+
+def test_the_lock_is_taken_before_the_folder_is_read(stopped_run, monkeypatch):
+    """The lock came after the checkpoint to resume from was chosen and the data loaded: a
+    process still writing the folder then ended, and the resume went on from what it had read
+    (a checkpoint since replaced), dropping the other's records and renaming its checkpoints."""
+    import torchvote.training.loop as loop_module
+    from torchvote.files import FolderInUseError, FolderLock
+
+    read: list[object] = []
+    monkeypatch.setattr(loop_module, "find_resumable_checkpoint", lambda *a: read.append(a))
+    config = load_run_config(stopped_run)
+    with FolderLock(stopped_run), pytest.raises(FolderInUseError):
+        train(config, resume=stopped_run, verbose=False)
+    assert read == []
+
+
+def test_a_file_system_that_cannot_lock_runs_unlocked_with_a_warning(tiny_config, monkeypatch):
+    """flock's "not supported" (some network and FUSE mounts) failed every run, and left the lock
+    file open: a retry in the same process was refused as "in use" by its own pid."""
+    import errno
+    import fcntl
+
+    def unsupported(descriptor, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+    config = tiny_config("nolock", "epochs=1")
+    with pytest.warns(UserWarning, match="this file system cannot lock"):
+        run = train(config, verbose=False)
+    assert not run.interrupted
+    with pytest.warns(UserWarning, match="cannot lock"):
+        train(load_run_config(run.run_dir, ["epochs=2"]), resume=run.run_dir, verbose=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,33 @@ def test_checkpoint_minutes_checkpoints_inside_an_epoch(tiny_config):
     steps = sorted(int(p.name[5:13]) for p in (plain.run_dir / "checkpoints").glob("*.safetensors"))
     assert steps == [plain.step]
     _assert_same_weights(_weights(plain.model), _weights(timed.model))
+
+
+def test_a_target_reached_at_the_last_evaluation_ends_a_longer_resume(tiny_config, capsys):
+    """The target was recorded only before the last step: a run that reached it at its end,
+    resumed with more epochs, trained on past it."""
+    short = train(tiny_config("short", "epochs=1", "stop_at_accuracy=1e-9"), verbose=False)
+    assert short.reached_target is not None and short.reached_target["step"] == short.step
+    assert load_training_state(short.checkpoint.state)["reached_target"]["step"] == short.step
+    capsys.readouterr()
+    longer = train(load_run_config(short.run_dir, ["epochs=3"]), resume=short.run_dir, verbose=False)
+    assert longer.step == short.step and "reached stop_at_accuracy=1e-09" in capsys.readouterr().err
+    plain = train(tiny_config("plain", "epochs=1"), verbose=False)
+    assert plain.reached_target is None
+
+
+def test_a_run_folder_of_an_older_version_stopped_before_its_first_checkpoint_starts_over(tiny_config):
+    """The check that a folder holds a stopped run (not a user's files) wanted every key of
+    today's config: a config.yaml without the keys added since was refused as foreign."""
+    import yaml
+
+    from torchvote.training.config import config_to_dict
+
+    config = tiny_config("old", "epochs=1")
+    values = config_to_dict(config)
+    del values["stop_at_accuracy"], values["checkpoint_minutes"]
+    folder = Path(config.run_dir)
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    (folder / "metrics.jsonl").write_text("")
+    assert not train(config, verbose=False).interrupted

@@ -351,6 +351,9 @@ def _train_one(
         "command": train_command(row, variant, budget, seed),
         "results": result.results,
         "steps": result.step,
+        # {"step", "accuracy", "target"} where stop_at_accuracy was reached, None where the
+        # run ended at its last epoch without reaching it (or had no target)
+        "reached_target": result.reached_target,
         "wall_s": result.wall_s,  # every segment's, not only the last one's
         "resumed": resume is not None,
         "device": describe_device(config.device),

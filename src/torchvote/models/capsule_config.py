@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from torchvote.validation import (
+    ArgumentTypeError,
     check_device,
     check_index_range,
     check_input_dtype,
@@ -153,14 +154,14 @@ def router_options_errors(router: str, router_options: Mapping[str, Any]) -> Ite
     """Re-raise a ``ValueError`` of building a router as one that names the config fields.
 
     Raises:
-        ValueError: ``router_options`` the router does not take (the message names the field).
+        ValueError: ``router_options`` the router does not take (the message names the field);
+            an :class:`~torchvote.validation.ArgumentTypeError` for a value of the wrong type.
     """
     try:
         yield
-    except ValueError as err:
-        raise ValueError(
-            f"router_options={dict(router_options)!r} do not fit router={router!r}: {err}"
-        ) from None
+    except ValueError as err:  # a value of the wrong type stays an ArgumentTypeError
+        error = ArgumentTypeError if isinstance(err, ArgumentTypeError) else ValueError
+        raise error(f"router_options={dict(router_options)!r} do not fit router={router!r}: {err}") from None
 
 
 def check_images(images: Tensor, config: Any, parameter: Tensor | None = None) -> None:

@@ -198,19 +198,33 @@ class _Run:
         self.resume_hint = resume_hint
         self.stop = StopRequest(self._log)
         self.resume_from: tuple[CheckpointPaths, dict[str, Any]] | None = None
-        if resume is not None:
-            paths, state, skipped = find_resumable_checkpoint(resume)
-            # before any data loads: a config of another model or data set is refused by name,
-            # not by whatever its data or model would fail on first
-            check_resumable(config_from_dict(state["config"]), config)
-            if skipped:
-                self._log(
-                    f"skipping unreadable checkpoint(s), kept as they are: {'; '.join(skipped)}; "
-                    f"resuming from {paths.name}"
-                )
-            self.resume_from = paths, state
-        self.run_dir = Path(resume) if resume is not None else new_run_dir(config, context)
-        self.lock = FolderLock(self.run_dir, "run folder")  # taken by rank 0 before it writes there
+        # The run folder's lock (rank 0), taken before the folder is read when it exists (the
+        # checkpoint to resume from, a run stopped before its first checkpoint that starts over):
+        # a process still writing there would change what was read. A folder made now is locked
+        # before the first write (_open_run_dir). Released by release(), which train() calls.
+        named = Path(resume) if resume is not None else config.run_dir and Path(config.run_dir).expanduser()
+        self.lock = FolderLock(named, "run folder") if named else None
+        try:
+            if self.lock is not None and context.is_main and named.is_dir():
+                self.lock.acquire()
+            if resume is not None:
+                paths, state, skipped = find_resumable_checkpoint(resume)
+                # before any data loads: a config of another model or data set is refused by
+                # name, not by whatever its data or model would fail on first
+                check_resumable(config_from_dict(state["config"]), config)
+                if skipped:
+                    self._log(
+                        f"skipping unreadable checkpoint(s), kept as they are: {'; '.join(skipped)}; "
+                        f"resuming from {paths.name}"
+                    )
+                self.resume_from = paths, state
+            self.run_dir = Path(resume) if resume is not None else new_run_dir(config, context)
+        except BaseException:  # refused (a user's folder, a foreign run): the folder as it was
+            if self.lock is not None:
+                self.lock.release(discard=True)
+            raise
+        if self.lock is None:  # a folder made for this run
+            self.lock = FolderLock(self.run_dir, "run folder")
         self.writer: MetricsWriter | None = None
         self.last_checkpoint: CheckpointPaths | None = None
         self.last_saved_step = -1
@@ -398,12 +412,14 @@ class _Run:
     # --- the run and its loop -----------------------------------------------------------------------
 
     def release(self) -> None:
-        """Drop the DDP wrapper, whose reducer holds the process group. The run outlives
+        """Let the run folder's lock go (if still held), and drop the DDP wrapper, whose reducer
+        holds the process group. The run outlives
         :func:`train` in a reference cycle (its stop request logs through it) until the garbage
         collector runs, at the latest at interpreter exit, after the group was destroyed: a
         reducer freed then can abort the process ("terminate called without an active
         exception") after a finished torchrun run."""
         self.ddp_model = None
+        self.lock.release()
 
     def run(self) -> TrainResult:
         try:
@@ -411,7 +427,13 @@ class _Run:
         except BaseException:
             self._release_unused_run_dir()
             raise
-        self._open_run_dir()  # takes the folder's lock (rank 0), released below
+        try:
+            self._open_run_dir()  # takes the folder's lock (rank 0) if not yet taken
+        except BaseException:
+            self.lock.release()
+            if self.writer is not None:
+                self.writer.close()
+            raise
         try:
             with self.stop:
                 interrupted = self._loop()
@@ -437,6 +459,7 @@ class _Run:
             model=self.model,
             config=self.config,
             wall_s=self.wall_s(),
+            reached_target=self.reached_target,
         )
         if self.verbose and not interrupted:
             print(result.table())
@@ -613,9 +636,12 @@ class _Run:
                 message += f", loss {metrics['loss']:.4f}"
             progress.write(message)
         target = self.config.stop_at_accuracy
-        if target is None or metrics["accuracy"] < target or self.step >= self.total_steps:
+        if target is None or metrics["accuracy"] < target:
             return False
+        # recorded (and checkpointed) at the last step too: a resume with more epochs then ends
         self.reached_target = {"step": self.step, "accuracy": float(metrics["accuracy"]), "target": target}
+        if self.step >= self.total_steps:  # the run ends here anyway
+            return False
         self._log(f"stop_at_accuracy={target} reached at step {self.step}: the run ends here")
         return True
 

@@ -78,6 +78,8 @@ class TrainResult:
             the command line calls); empty until then.
         wall_s: seconds the run took over all its segments: this one's, plus each earlier
             segment's up to its last checkpoint (the work redone after a kill counts once).
+        reached_target: ``{"step", "accuracy", "target"}`` of the evaluation that reached
+            ``stop_at_accuracy``; ``None`` without a target, or when no evaluation reached it.
     """
 
     run_dir: Path
@@ -91,6 +93,7 @@ class TrainResult:
     config: TrainConfig
     plots: list[Path] = field(default_factory=list)
     wall_s: float = 0.0
+    reached_target: dict[str, Any] | None = None
 
     def table(self) -> str:
         """The plain-text result table."""
@@ -203,5 +206,6 @@ def _start_over_hint(run_dir: Path, *, stopped_early: bool) -> str:
     start = shlex.join(["torchvote", "train", str(config), f"run_dir={run_dir}"])
     if stopped_early:
         return f". The run stopped before its first checkpoint: start it again with: {start}"
-    aside = shlex.join(["mv", str(run_dir / "checkpoints"), str(run_dir / "checkpoints.unreadable")])
+    aside = run_dir.parent / f"{run_dir.name}-unreadable-checkpoints"  # out of the folder: a new run's
+    aside = shlex.join(["mv", str(run_dir / "checkpoints"), str(aside)])
     return f". To start the run over, move its checkpoints aside and start it again: {aside}; {start}"

@@ -111,15 +111,21 @@ def _check_new_run_dir(run_dir: str) -> Path:
 
 
 def _is_run_config(path: Path) -> bool:
-    """Whether ``path`` reads as a run's ``config.yaml``: a YAML mapping of every training-config
-    key, as a run writes it whole (a user's own ``config.yaml``, a preset of a few keys beside its
-    notes, is not a stopped run to start over on: it was overwritten)."""
+    """Whether ``path`` reads as a run's ``config.yaml``: a YAML mapping of the training-config
+    keys, as a run writes it whole (a user's own ``config.yaml``, a preset of a few keys beside its
+    notes, is not a stopped run to start over on: it was overwritten). Every key of today's
+    config but those added since the first release of run folders (a run of an older version
+    lacks them) must be there, and no other."""
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     keys = {field.name for field in dataclasses.fields(TrainConfig)}
-    return isinstance(values, dict) and set(values) == keys
+    return isinstance(values, dict) and keys - _KEYS_ADDED_SINCE <= set(values) <= keys
+
+
+#: TrainConfig keys added after run folders were first written (2026-11-28's two).
+_KEYS_ADDED_SINCE = frozenset({"stop_at_accuracy", "checkpoint_minutes"})
 
 
 def _holds_an_intact_checkpoint(run_dir: Path) -> bool:
