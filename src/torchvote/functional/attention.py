@@ -31,9 +31,7 @@ from torchvote.functional.voting import DotProductScores, SharedVotes, vote
 from torchvote.tracing import plain_ops_required
 from torchvote.validation import (
     broadcast_shape,
-    check_device,
     check_flag,
-    check_input_dtype,
     check_inputs_beside,
     check_probability,
     check_scale,
@@ -333,10 +331,7 @@ def attend(
                 f"{name} must be a floating-point tensor, got "
                 f"{tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__}"
             )
-    check_input_dtype(value, scores.dtype, "value", "the scores")
-    for name, tensor in (("value", value), ("attn_mask", attn_mask)):
-        if isinstance(tensor, Tensor):
-            check_device(tensor, scores.device, name, "the scores")
+    check_inputs_beside(scores, (("value", value),), masks=(("attn_mask", attn_mask),), where="the scores")
     if scores.dim() < 2:
         raise ValueError(f"scores must have shape (..., L, S), got {tuple(scores.shape)}")
     if value.dim() < 2 or value.shape[-2] != scores.shape[-1]:

@@ -72,9 +72,8 @@ from torchvote.functional.em_kernel import STRATEGIES, EMStrategy, PerSenderVote
 from torchvote.validation import (
     ArgumentTypeError,
     check_choice,
-    check_device,
     check_flag,
-    check_input_dtype,
+    check_inputs_beside,
     check_positive_float,
     check_positive_int,
 )
@@ -366,8 +365,7 @@ def em_routing(
         )
     if not activations.is_floating_point():  # bool or integer: 0/1 weights, surely not meant
         raise TypeError(f"activations must be floating point (in [0, 1]), got dtype {activations.dtype}")
-    check_input_dtype(activations, votes.dtype, "activations", "the votes")
-    check_device(activations, votes.device, "activations", "the votes")  # beside "meta": garbage
+    check_inputs_beside(votes, (("activations", activations),), where="the votes")  # beside "meta": garbage
     schedule = inverse_temperature_schedule(inverse_temperature, iterations)
     if math.prod(batch_shape) == 0:  # nothing to cut into blocks or to compile
         strategy = "vectorized"  # whose loop gives empty outputs

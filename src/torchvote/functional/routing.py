@@ -59,18 +59,18 @@ from torchvote.functional.voting import (
     SharedVotes,
     VoteResult,
     Votes,
+    _check_devices,
     _upcast,
-    _votes_device,
     _votes_shape,
     vote,
 )
 from torchvote.validation import (
     ArgumentTypeError,
     broadcast_shape,
-    check_device,
     check_flag,
     check_float_tensor,
     check_input_dtype,
+    check_inputs_beside,
     check_positive_float,
     check_positive_int,
     check_scale,
@@ -150,19 +150,6 @@ def _couplings(result: VoteResult, all_passes: bool) -> Tensor:
     return torch.stack(result.weights) if all_passes else result.weights[-1]
 
 
-def _check_beside_votes(tensor: Tensor, votes: Votes, argument: str) -> None:
-    """Refuse a ``tensor`` (a bias, a log prior, slots) on another device than the votes, before
-    the loop fails naming no argument or (beside ``meta`` votes) computes on uninitialised memory.
-    A votes object that does not say its device is not checked.
-
-    Raises:
-        ValueError: naming ``argument`` and both devices.
-    """
-    device = _votes_device(votes)
-    if device is not None:
-        check_device(tensor, device, argument, "the votes")
-
-
 def _check_fits(tensor: Tensor, target: tuple[int, ...], argument: str, expected: str) -> None:
     """Refuse a ``tensor`` that does not broadcast to ``target`` (without growing it)."""
     if tensor.dim() < 2 or broadcast_shape(tensor.shape, target) != target:
@@ -175,7 +162,7 @@ def _bias_for(bias: Tensor | None, votes: Votes) -> Tensor | None:
     if bias is None:
         return None
     check_input_dtype(bias, votes.dtype, "bias", "the votes")
-    _check_beside_votes(bias, votes, "bias")
+    _check_devices(votes, None, bias=bias)
     shape = _votes_shape(votes)
     if shape is None:  # a votes object of unknown shape: only the rank is checked here
         if bias.dim() < 2:
@@ -494,7 +481,7 @@ def self_attention_routing(
     bias = None
     if log_prior is not None:
         check_input_dtype(log_prior, routed.dtype, "log_prior", "the votes")
-        _check_beside_votes(log_prior, routed, "log_prior")
+        _check_devices(routed, None, log_prior=log_prior)
         _check_fits(log_prior, tuple(zeros.shape), "log_prior", "(batch..., out_caps, in_caps)")
         prior = log_prior.expand_as(zeros)  # (..., i, j)
         bias = routed.weighted_sum(prior)  # sum_j b_ij u_ij: (..., i, d)
@@ -645,12 +632,9 @@ def slot_attention(
             ``scale`` that is not a real number, an ``all_passes`` that is not a bool; ``query``
             or ``update`` not callable.
     """
-    check_float_tensor(keys, "keys")  # first: the others are checked against its dtype
-    check_input_dtype(values, keys.dtype, "values", "the keys")
-    check_input_dtype(slots, keys.dtype, "slots", "the keys")
-    for name, tensor in (("values", values), ("slots", slots), ("mask", mask)):
-        if isinstance(tensor, Tensor):  # a CPU tensor beside "meta" keys gave uninitialised memory
-            check_device(tensor, keys.device, name, "the keys")
+    check_float_tensor(keys, "keys")  # first: the others are checked against its dtype and device
+    given = (("values", values), ("slots", slots))  # a CPU tensor beside "meta" keys: uninitialised memory
+    check_inputs_beside(keys, given, masks=(("mask", mask),), where="the keys")
     if keys.dim() < 2 or keys.shape[:-1] != values.shape[:-1]:
         raise ValueError(
             f"keys and values must have the same (batch..., inputs), got {tuple(keys.shape)} and "
@@ -736,7 +720,7 @@ def slot_routing(
     """
     routed = as_routing_votes(votes)
     check_input_dtype(slots, routed.dtype, "slots", "the votes")
-    _check_beside_votes(slots, routed, "slots")
+    _check_devices(routed, None, slots=slots)
     shape = _votes_shape(routed)
     if shape is not None:
         _check_fits(slots, (*shape[:-3], shape[-3], shape[-1]), "slots", "(batch..., out_caps, out_dim)")

@@ -51,7 +51,7 @@ from torchvote.functional.voting import (
     refuse_double_backward,
 )
 from torchvote.tracing import plain_ops_required
-from torchvote.validation import check_device, check_float_tensor, check_input_dtype
+from torchvote.validation import check_float_tensor, check_inputs_beside
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
 
@@ -377,8 +377,7 @@ def _check_weight_and_inputs(weight: Tensor, inputs: Tensor) -> None:
     """
     check_float_tensor(weight, "weight")
     check_float_tensor(inputs, "inputs")
-    check_input_dtype(weight, inputs.dtype, "weight", "the inputs")
-    check_device(weight, inputs.device, "weight", "the inputs")
+    check_inputs_beside(inputs, (("weight", weight),), where="the inputs")
 
 
 class LinearVotes(_WeightTimesInputs):

@@ -314,16 +314,12 @@ class _Run:
         config, context = self.config, self.context
         if not context.is_main:
             return
-        self.lock.acquire()  # before anything is written: another process may be writing here
-        try:
-            import yaml
+        self.lock.acquire()  # before anything is written (run() releases it if this fails)
+        import yaml
 
-            text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-            atomic_write_bytes(self.run_dir / "config.yaml", text.encode())  # a resumed run's: whole or old
-            self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard, resume_step=self.step)
-        except BaseException:
-            self.lock.release()
-            raise
+        text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+        atomic_write_bytes(self.run_dir / "config.yaml", text.encode())  # a resumed run's: whole or old
+        self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard, resume_step=self.step)
         if self.writer.dropped:  # a run killed after its checkpoint, or resumed from an older one
             dropped = self.writer.dropped
             self._log(f"metrics.jsonl: dropped {dropped} record(s) after step {self.step} (taken again)")

@@ -69,9 +69,8 @@ from torchvote.functional.routing import RoutingVotes, as_routing_votes
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.validation import (
     check_choice,
-    check_device,
     check_float_dtype,
-    check_input_dtype,
+    check_inputs_beside,
     check_positive_float,
     check_positive_int,
 )
@@ -217,8 +216,8 @@ class EMRouter(Router):
         self.check_vote_sizes(votes)
         tensor = as_routing_votes(votes).materialize()  # EM reads them elementwise
         # float64 votes made float64 outputs of a float32 router: a layer silently of two precisions
-        check_input_dtype(tensor, self.beta_u.dtype, "votes", reference="the router's parameters")
-        check_device(tensor, self.beta_u.device, "votes", "the router's parameters")  # meta: garbage
+        # (and on "meta" beside CPU parameters, garbage)
+        check_inputs_beside(self.beta_u, (("votes", tensor),), where="the router's parameters")
         if activations is None:
             activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (batch..., in_caps)
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)
