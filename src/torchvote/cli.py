@@ -8,6 +8,8 @@
     torchvote train PRESET [key=value ...]              # PRESET: a shipped name or a .yaml path
     torchvote train --resume RUN_DIR [key=value ...]    # continue a stopped run
     torchvote evaluate CHECKPOINT --on mnist --on affnist-style
+    torchvote generate RUN_DIR --prompt "ROMEO:" [--temperature 0.8 --top-p 0.9 --samples 3]
+    torchvote generate RUN_DIR --prompt 12345 --prompt 907       # a seq2seq run decodes sources
     torchvote reproduce NAME [--budget cpu|paper] [--seeds 0 1 2]   # a row of docs/results.md
     torchvote list [models|routers|presets|datasets]
     torchvote data [list|mnist|affnist|shakespeare] [--download] [--verify]
@@ -132,6 +134,53 @@ def build_parser() -> argparse.ArgumentParser:
         help="keyword argument of the data sets, e.g. max_len=6 (repeatable)",
     )
 
+    generate = commands.add_parser(
+        "generate",
+        help="continue text with a language model run, or decode sources with a seq2seq run",
+        description="Rebuild the model of a checkpoint and generate: a language model "
+        "(transformer-lm) continues each --prompt, sampling one character at a time with its "
+        "key/value cache; a seq2seq model trained on a sequence task decodes each --prompt (a "
+        "source such as 12345, or 12+34 for addition) greedily. The prompts and continuations go "
+        "to standard output, the checkpoint's summary to standard error.",
+    )
+    generate.add_argument("checkpoint", help="a run folder, its checkpoints folder or a .safetensors file")
+    generate.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="text to continue, or a source to decode (repeatable); a language model's default "
+        "is a newline",
+    )
+    generate.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="tokens to add (default: 200 for a language model, the longest target for seq2seq)",
+    )
+    generate.add_argument(
+        "--temperature", type=float, metavar="T", help="divides the logits; 0: greedy (default 1)"
+    )
+    generate.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+    generate.add_argument(
+        "--top-p",
+        type=float,
+        metavar="P",
+        help="sample within the smallest set of most likely tokens whose probability reaches P (0 < P <= 1)",
+    )
+    generate.add_argument(
+        "--samples", type=int, metavar="N", help="continuations per prompt (default 1)"
+    )
+    generate.add_argument(
+        "--seed", type=int, metavar="N", help="seed of the sampling, so a command repeats its text"
+    )
+    generate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
+    generate.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="rerun the whole context for every token (same text, slower; for comparison)",
+    )
+
     listing = commands.add_parser("list", help="list models, routers, presets or data sets")
     listing.add_argument("what", nargs="?", choices=LIST_WHAT, help="what to list (default: everything)")
 
@@ -223,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
         "train": _train,
         "evaluate": _evaluate,
+        "generate": _generate,
         "list": _list,
         "data": _data,
         "bench": _bench,
@@ -533,12 +583,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_positive_int(args.batch_size, "--batch-size")
     check_device_name(args.device, "--device")
     options = parse_options(args.data_option, "--data-option")
-    location = Path(args.checkpoint)
-    if not location.exists() and not Path(f"{args.checkpoint}.safetensors").is_file():
-        raise ValueError(
-            f"checkpoint: {args.checkpoint} does not exist; expected a run folder, its checkpoints "
-            "folder or a .safetensors file"
-        )
+    _check_checkpoint_exists(args.checkpoint)
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
     rows = evaluate_checkpoint(
         args.checkpoint,
@@ -556,6 +601,46 @@ def _evaluate(args: argparse.Namespace) -> int:
     # data set's labels) does not move the loss column behind the others
     columns = dict.fromkeys(key for row in sorted(rows, key=len, reverse=True) for key in row)
     print(format_table(rows, list(columns)))
+    return 0
+
+
+def _check_checkpoint_exists(checkpoint: str) -> None:
+    """Refuse a checkpoint argument that names nothing, before anything is loaded."""
+    if not Path(checkpoint).exists() and not Path(f"{checkpoint}.safetensors").is_file():
+        raise ValueError(
+            f"checkpoint: {checkpoint} does not exist; expected a run folder, its checkpoints "
+            "folder or a .safetensors file"
+        )
+
+
+# --- generate -------------------------------------------------------------------------------------------
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from torchvote.training.distributed import check_device_name
+    from torchvote.training.evaluate import checkpoint_summary
+    from torchvote.training.generation import generate_from_checkpoint
+
+    check_device_name(args.device, "--device")
+    _check_checkpoint_exists(args.checkpoint)
+    print(f"checkpoint: {checkpoint_summary(args.checkpoint)}", file=sys.stderr)
+    generations = generate_from_checkpoint(
+        args.checkpoint,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        samples=args.samples,
+        seed=args.seed,
+        device=args.device,
+        use_cache=not args.no_cache,
+    )
+    for index, generation in enumerate(generations):
+        if generation.task == "seq2seq":
+            print(f"{generation.prompt} -> {generation.text}")
+        else:  # a language model's text, continuations apart
+            print(("-" * 40 + "\n" if index else "") + generation.prompt + generation.text)
     return 0
 
 

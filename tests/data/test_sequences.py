@@ -12,6 +12,7 @@ from torchvote.data import (
     SEQ_SYMBOLS,
     SEQUENCE_TASKS,
     decode_sequence,
+    encode_source,
     in_test_part,
     make_sequence_task,
     reverse_task,
@@ -280,3 +281,31 @@ def test_in_test_part_runs_where_the_sources_are(device: torch.device) -> None:
     """Its running hash was made on the CPU whatever the sources' device (a CUDA batch failed)."""
     src, _ = make_sequence_task("reverse", num_samples=64, seed=0)
     torch.testing.assert_close(in_test_part(src.to(device)).cpu(), in_test_part(src), rtol=0, atol=0)
+
+
+def test_encode_source_lays_a_source_out_as_the_tasks_do():
+    # "12+34=": digits 1 2 -> 4 5, '+' 13, digits 3 4 -> 6 7, '=' 14, then <eos>
+    assert encode_source("12+34=").tolist() == [4, 5, 13, 6, 7, 14, EOS]
+    src, _ = make_sequence_task("addition", num_samples=20, min_len=1, max_len=3, seed=4)
+    for row in src:  # every generated source, rendered and encoded back, is the row itself
+        ids = row[row != PAD]
+        assert torch.equal(encode_source(decode_sequence(ids)), ids)
+
+
+@given(text=st.text(alphabet="0123456789+=", min_size=1, max_size=30))
+@settings(max_examples=50)
+def test_encode_source_inverts_decode_sequence(text):
+    ids = encode_source(text)
+    assert ids.dtype == torch.long and ids[-1] == EOS
+    assert decode_sequence(ids) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "match"),
+    [("", ValueError, "at least one symbol"), ("12a", ValueError, r"got \['a'\]"),
+     ("<eos>", ValueError, "digits, '\\+' and '=' only"), (12, TypeError, "got int")],
+)
+def test_encode_source_refuses_what_is_not_a_source(text, error, match):
+    with pytest.raises(error, match=match):
+        encode_source(text)
+

@@ -18,13 +18,7 @@ from torchvote.training.config import LossConfig, load_config, model_config_from
 ROUTERS = sorted(list_routers())
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two shared cores: one thread avoids oversubscription stalls and keeps the suite fast."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see the fixture
 
 
 def _batch(config: EfficientCapsNetConfig, size: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

