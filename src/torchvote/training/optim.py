@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,8 +21,9 @@ __all__ = ["build_optimizer", "build_scheduler", "lr_multiplier"]
 
 
 def build_optimizer(parameters: Iterable[nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:
-    """Adam, AdamW or SGD with momentum, as configured."""
-    parameters = [p for p in parameters if p.requires_grad]
+    """Adam, AdamW or SGD with momentum, as configured; with ``weight_decay_on="matrices"`` and a
+    weight decay, the parameters of fewer than two dimensions form a second group, undecayed."""
+    parameters = _parameter_groups([p for p in parameters if p.requires_grad], config)
     if config.name == "adam":
         return torch.optim.Adam(
             parameters, lr=config.lr, betas=(config.beta1, config.beta2), weight_decay=config.weight_decay
@@ -35,6 +37,17 @@ def build_optimizer(parameters: Iterable[nn.Parameter], config: OptimConfig) -> 
             parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
         )
     raise ValueError(f"unknown optimiser {config.name!r}; optimisers: adam, adamw, sgd")
+
+
+def _parameter_groups(parameters: list[nn.Parameter], config: OptimConfig) -> list[Any]:
+    """``parameters`` as one group, or, when only matrices decay, the decayed group (two or more
+    dimensions) and the rest at ``weight_decay=0`` (empty groups left out)."""
+    if config.weight_decay_on == "all" or config.weight_decay == 0:
+        return parameters
+    decayed = [p for p in parameters if p.dim() >= 2]
+    exempt = [p for p in parameters if p.dim() < 2]
+    groups = [{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
 
 
 def lr_multiplier(config: OptimConfig, total_steps: int) -> Callable[[int], float]:

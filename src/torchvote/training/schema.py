@@ -79,9 +79,13 @@ class OptimConfig:
     Args:
         name: ``adam``, ``adamw`` or ``sgd`` (with ``momentum``, Nesterov off).
         lr: peak learning rate.
-        weight_decay: L2 (adam, sgd) or decoupled (adamw) weight decay, on every parameter
-            (biases, norms and embeddings too; GPT-2-style recipes exempt those, which torchvote
-            does not).
+        weight_decay: L2 (adam, sgd) or decoupled (adamw) weight decay, on the parameters
+            ``weight_decay_on`` names.
+        weight_decay_on: ``all`` (every parameter, as PyTorch's optimisers decay them) or
+            ``matrices``: only the parameters of two or more dimensions (the weights of linear
+            and convolutional layers, embeddings, capsule transformation matrices), not biases,
+            norm gains, EM's ``beta_u`` / ``beta_a`` or other vectors and scalars: the GPT-2
+            recipe, as nanoGPT and Hugging Face's Trainer apply it.
         momentum: SGD momentum.
         beta1, beta2: Adam betas.
         schedule: ``constant``; ``exponential`` (``lr * decay_rate ** (t / decay_steps)``, ``t``
@@ -105,6 +109,7 @@ class OptimConfig:
     name: Literal["adam", "adamw", "sgd"] = "adam"
     lr: float = 1e-3
     weight_decay: float = 0.0
+    weight_decay_on: Literal["all", "matrices"] = "all"
     momentum: float = 0.9
     beta1: float = 0.9
     beta2: float = 0.999
