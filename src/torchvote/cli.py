@@ -139,9 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue text with a language model run, or decode sources with a seq2seq run",
         description="Rebuild the model of a checkpoint and generate: a language model "
         "(transformer-lm) continues each --prompt, sampling one character at a time with its "
-        "key/value cache; a seq2seq model trained on a sequence task decodes each --prompt (a "
-        "source such as 12345, or 12+34 for addition) greedily. The prompts and continuations go "
-        "to standard output, the checkpoint's summary to standard error.",
+        "key/value cache (--samples continuations each); a seq2seq model trained on a sequence task "
+        "decodes each --prompt greedily, one output per source (digits for copy, reverse and sort; "
+        "12+34 for addition, whose = is added). The texts go to standard output, the "
+        "checkpoint's summary to standard error. The sampling options are a language model's.",
     )
     generate.add_argument("checkpoint", help="a run folder, its checkpoints folder or a .safetensors file")
     generate.add_argument(
@@ -149,30 +150,40 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="TEXT",
-        help="text to continue, or a source to decode (repeatable); a language model's default "
-        "is a newline",
+        help="text to continue, or a source to decode (repeatable); a language model's default is "
+        "a newline (the vocabulary's first character if it has none)",
     )
     generate.add_argument(
         "--max-new-tokens",
         type=int,
         metavar="N",
-        help="tokens to add (default: 200 for a language model, the longest target for seq2seq)",
+        help="tokens to add (default: 200 for a language model; for seq2seq its longest target, "
+        "also its most)",
     )
     generate.add_argument(
-        "--temperature", type=float, metavar="T", help="divides the logits; 0: greedy (default 1)"
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="language models: divides the logits; 0: greedy (default 1)",
     )
-    generate.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+    generate.add_argument(
+        "--top-k", type=int, metavar="K", help="language models: sample among the K most likely tokens"
+    )
     generate.add_argument(
         "--top-p",
         type=float,
         metavar="P",
-        help="sample within the smallest set of most likely tokens whose probability reaches P (0 < P <= 1)",
+        help="language models: sample within the smallest set of most likely tokens whose "
+        "probability reaches P (0 < P <= 1)",
     )
     generate.add_argument(
-        "--samples", type=int, metavar="N", help="continuations per prompt (default 1)"
+        "--samples", type=int, metavar="N", help="language models: continuations per prompt (default 1)"
     )
     generate.add_argument(
-        "--seed", type=int, metavar="N", help="seed of the sampling, so a command repeats its text"
+        "--seed",
+        type=int,
+        metavar="N",
+        help="language models: seed of the sampling, afresh for each prompt, so a command repeats its text",
     )
     generate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
     generate.add_argument(
@@ -324,6 +335,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, ModuleNotFoundError) and extra and "pip install" not in message:
             message += f': pip install "torchvote[{extra}]"'
         print(f"torchvote {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeError as err:  # last: TrainingDivergedError is caught above, whatever its base
+        if os.environ.get("TORCHVOTE_DEBUG") or "can't allocate memory" not in str(err):
+            raise
+        # the CPU allocator's refusal (the device's is torch.cuda.OutOfMemoryError): one line
+        sizes = {"--batch-size": getattr(args, "batch_size", None),
+                 "--samples": getattr(args, "samples", None)}
+        lower = " or ".join(f"{flag} (now {value})" for flag, value in sizes.items() if value)
+        hint = f": lower {lower}" if lower else ""
+        message = " ".join(str(err).split())
+        print(f"torchvote {args.command}: error: out of memory{hint}; {message}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -622,6 +644,7 @@ def _generate(args: argparse.Namespace) -> int:
     from torchvote.training.generation import generate_from_checkpoint
 
     check_device_name(args.device, "--device")
+    _check_generate_options(args)
     _check_checkpoint_exists(args.checkpoint)
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}", file=sys.stderr)
     generations = generate_from_checkpoint(
@@ -638,10 +661,30 @@ def _generate(args: argparse.Namespace) -> int:
     )
     for index, generation in enumerate(generations):
         if generation.task == "seq2seq":
-            print(f"{generation.prompt} -> {generation.text}")
+            print(f"{generation.prompt} -> {generation.text or '(nothing before <eos>)'}")
         else:  # a language model's text, continuations apart
             print(("-" * 40 + "\n" if index else "") + generation.prompt + generation.text)
     return 0
+
+
+def _check_generate_options(args: argparse.Namespace) -> None:
+    """The options of ``generate`` that need no checkpoint, checked first and named as flags."""
+    from torchvote.validation import check_in_range, check_positive_int
+
+    if any(not prompt for prompt in args.prompt):
+        raise ValueError("--prompt: expected at least one character, got ''")
+    if args.max_new_tokens is not None:
+        check_positive_int(args.max_new_tokens, "--max-new-tokens", minimum=0)
+    if args.temperature is not None:
+        check_in_range(args.temperature, "--temperature", 0.0)
+    if args.top_k is not None:
+        check_positive_int(args.top_k, "--top-k")
+    if args.top_p is not None:
+        check_in_range(args.top_p, "--top-p", 0.0, 1.0, include_low=False)
+    if args.samples is not None:
+        check_positive_int(args.samples, "--samples")
+    if args.seed is not None and not 0 <= args.seed < 2**64:
+        raise ValueError(f"--seed: expected an integer in [0, 2**64), got {args.seed}")
 
 
 # --- reproduce ------------------------------------------------------------------------------------------

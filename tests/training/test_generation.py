@@ -42,8 +42,10 @@ def lm_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reverse_run(tmp_path_factory):
-    """A tiny Transformer seq2seq model trained 30 steps to reverse digit strings."""
-    return _train("seq2seq-reverse", tmp_path_factory.mktemp("reverse") / "run", "max_steps=30").run_dir
+    """A tiny Transformer trained 120 steps (1 s) to reverse digit strings: far from done, but
+    each source of the tests gets an output of its own."""
+    return _train("seq2seq-reverse", tmp_path_factory.mktemp("reverse") / "run", "max_steps=120",
+                  "optim.lr=0.003", "batch_size=32").run_dir
 
 
 def _greedy_by_hand(model, ids, new_tokens):
@@ -129,7 +131,7 @@ def test_a_vocabulary_that_does_not_fit_the_model_is_refused(lm_run, tmp_path):
     ("options", "match"),
     [
         ({"prompts": ["to Z"]}, r"prompt 'to Z': characters not in the vocabulary: \['Z'\]"),
-        ({"prompts": [""]}, "prompt: expected at least one character"),
+        ({"prompts": ["to", ""]}, r"prompts\[1\]: expected at least one character"),
         ({"samples": 0}, "samples"),
         ({"seed": -1}, "seed"),
         ({"seed": 2**64}, "seed"),
@@ -155,6 +157,7 @@ def test_a_seq2seq_run_decodes_each_source_as_its_generate_does_alone(reverse_ru
     model, _, _ = load_model_from_checkpoint(reverse_run)
     sources = ["12345", "907", "1", "88123"]
     expected = [decode_sequence(model.generate(encode_source(s)[None])[0]) for s in sources]  # unpadded
+    assert len(set(expected)) == len(expected)  # every source its own output: the check below can fail
     generations = generate_from_checkpoint(reverse_run, sources)  # one batch, padded to the longest
     assert [(g.task, g.prompt, g.text) for g in generations] == [("seq2seq", s, e) for s, e in
                                                                  zip(sources, expected, strict=True)]
@@ -166,8 +169,9 @@ def test_a_seq2seq_run_decodes_each_source_as_its_generate_does_alone(reverse_ru
 @pytest.mark.parametrize(
     ("prompts", "options", "match"),
     [
-        ([], {}, "a seq2seq model needs a source to decode, e.g. '12345' .reverse task."),
-        (["12a"], {}, r"prompt '12a': expected digits, '\+' and '=' only, got \['a'\]"),
+        ([], {}, r"a seq2seq model needs a source to decode: digits, e.g. 12345 \(reverse task\)"),
+        (["12a"], {}, r"prompt '12a': the reverse task's sources are digits, e.g. 12345"),
+        (["1+2"], {}, r"prompt '1\+2': the reverse task's sources are digits"),
         (["1234567890123"], {}, r"prompt '1234567890123': 13 symbols and <eos>; the model reads at most 10"),
         (["12"], {"temperature": 0.5, "seed": 1}, "temperature, seed: transformer-seq2seq decodes greedily"),
     ],
@@ -177,14 +181,30 @@ def test_bad_arguments_of_a_seq2seq_model_are_named(reverse_run, prompts, option
         generate_from_checkpoint(reverse_run, prompts, **options)
 
 
-def test_an_addition_source_gets_its_equals_sign(tmp_path):
-    run = _train("rnn-addition", tmp_path / "run", "max_steps=3")
-    model, _, _ = load_model_from_checkpoint(run.run_dir)
-    expected = decode_sequence(model.generate(encode_source("12+34=")[None])[0])
-    generations = generate_from_checkpoint(run.run_dir, ["12+34", "12+34="])
-    assert [(g.prompt, g.text) for g in generations] == [("12+34=", expected), ("12+34=", expected)]
+@pytest.fixture(scope="module")
+def addition_run(tmp_path_factory):
+    """The GRU encoder-decoder of ``rnn-addition`` trained 200 steps (2 s): enough for each source
+    of the tests to get an output of its own (a few steps in, every source decodes to the same
+    text, often none, which cannot tell a source's layout or padding apart)."""
+    return _train("rnn-addition", tmp_path_factory.mktemp("addition") / "run", "max_steps=200",
+                  "optim.lr=0.01", "batch_size=32").run_dir
+
+
+def test_addition_sources_get_their_equals_sign_and_decode_padded_as_alone(addition_run):
+    model, _, _ = load_model_from_checkpoint(addition_run)
+    sources = ["12+34=", "1+2=", "999+1=", "5+50=", "7+0="]
+    alone = [decode_sequence(model.generate(encode_source(s)[None])[0]) for s in sources]  # unpadded
+    assert len(set(alone)) == len(alone)  # every source its own output: the check below can fail
+    generations = generate_from_checkpoint(addition_run, [s.rstrip("=") for s in sources])  # one padded batch
+    assert [(g.prompt, g.text) for g in generations] == list(zip(sources, alone, strict=True))
     # the GRUs read sources of any length (the model's max_len bounds its targets only)
-    assert len(generate_from_checkpoint(run.run_dir, ["1" * 30 + "+1"])) == 1
+    assert len(generate_from_checkpoint(addition_run, ["1" * 30 + "+1"])) == 1
+
+
+@pytest.mark.parametrize("prompt", ["12", "+3", "1+2+3", "12=+3", "1+2==", "="])
+def test_a_source_not_laid_out_as_an_additions_is_refused(addition_run, prompt):
+    with pytest.raises(ValueError, match="the addition task's sources are two numbers and a plus sign"):
+        generate_from_checkpoint(addition_run, [prompt])
 
 
 def test_an_image_classifier_does_not_generate(tiny_config):
@@ -217,3 +237,68 @@ def test_the_command_names_a_bad_option(reverse_run, capsys):
     assert "top_p: transformer-seq2seq decodes greedily" in capsys.readouterr().err
     assert main(["generate", str(reverse_run / "nothing"), "--prompt", "1"]) == 2
     assert "checkpoint: " in capsys.readouterr().err
+
+
+def test_a_seed_gives_a_prompt_the_same_continuation_whatever_the_other_prompts(lm_run):
+    run_dir, _, _ = lm_run
+    options = {"seed": 0, "max_new_tokens": 20, "temperature": 2.0}
+    together = generate_from_checkpoint(run_dir, ["to", "be"], **options)
+    assert together[1] == generate_from_checkpoint(run_dir, ["be"], **options)[0]
+    assert together[0] == generate_from_checkpoint(run_dir, ["to"], **options)[0]
+
+
+def test_options_are_checked_before_the_checkpoint_is_read(lm_run, tmp_path):
+    # a bare weights file without its vocabulary: reading it fails, the options are refused first
+    weights = Path(load_model_from_checkpoint(lm_run[0])[2]["path"])
+    bare = _copy_weights(weights, tmp_path / "w" / "model.safetensors", drop=("vocab",))
+    with pytest.raises(CheckpointError, match="written before checkpoints recorded their vocabulary"):
+        generate_from_checkpoint(bare, ["to"])
+    for options, match in [({"samples": 0}, "samples"), ({"top_p": 2.0}, "top_p"), ({"seed": -1}, "seed"),
+                           ({"max_new_tokens": -1}, "max_new_tokens"), ({"use_cache": "no"}, "use_cache")]:
+        with pytest.raises((TypeError, ValueError), match=match):
+            generate_from_checkpoint(bare, ["to"], **options)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [(["--samples", "0"], "--samples"), (["--top-p", "1.5"], "--top-p"), (["--top-k", "0"], "--top-k"),
+     (["--temperature", "-1"], "--temperature"), (["--max-new-tokens", "-2"], "--max-new-tokens"),
+     (["--seed", "-1"], "--seed"), (["--prompt", ""], "--prompt")],
+)
+def test_the_command_names_a_bad_option_by_its_flag_before_reading_the_checkpoint(tmp_path, capsys, arguments,
+                                                                                   flag):
+    missing = tmp_path / "nothing"  # checked after the options: their error comes first
+    assert main(["generate", str(missing), *arguments]) == 2
+    assert capsys.readouterr().err.startswith(f"torchvote generate: error: {flag}")
+
+
+def test_the_command_says_when_a_source_decodes_to_nothing(reverse_run, capsys, monkeypatch):
+    from torchvote.training import generation
+
+    def nothing(location, prompts, **options):
+        return [generation.Generation("seq2seq", prompt, "") for prompt in prompts]
+
+    monkeypatch.setattr(generation, "generate_from_checkpoint", nothing)
+    assert main(["generate", str(reverse_run), "--prompt", "12"]) == 0
+    assert capsys.readouterr().out == "12 -> (nothing before <eos>)\n"
+
+
+def test_running_out_of_cpu_memory_is_one_line(reverse_run, capsys, monkeypatch):
+    from torchvote.training import generation
+
+    def too_big(location, prompts, **options):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 80000000000 bytes. Error code 12")
+
+    monkeypatch.setattr(generation, "generate_from_checkpoint", too_big)
+    assert main(["generate", str(reverse_run), "--prompt", "12", "--samples", "9"]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("torchvote generate: error: out of memory: lower --samples (now 9); [enforce")
+
+    def other(location, prompts, **options):
+        raise RuntimeError("something else")  # not memory: a traceback, as before
+
+    monkeypatch.setattr(generation, "generate_from_checkpoint", other)
+    with pytest.raises(RuntimeError, match="something else"):
+        main(["generate", str(reverse_run), "--prompt", "12"])
+

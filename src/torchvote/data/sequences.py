@@ -131,7 +131,7 @@ def encode_source(text: str) -> Tensor:
     ids = {symbol: index for index, symbol in enumerate(SEQ_SYMBOLS) if len(symbol) == 1}
     unknown = sorted({c for c in text if c not in ids})
     if unknown:
-        raise ValueError(f"text: expected digits, '+' and '=' only, got {unknown[:5]!r} in {text!r}")
+        raise ValueError(f"text: expected digits, '+' and '=' only, got {unknown[:5]!r}")
     if not text:
         raise ValueError("text: expected at least one symbol, got an empty string")
     return torch.tensor([*(ids[c] for c in text), EOS], dtype=torch.long)

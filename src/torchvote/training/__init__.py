@@ -5,6 +5,8 @@
 * :func:`~torchvote.training.config.load_config` -- a YAML preset plus ``key=value`` overrides
   (OmegaConf structured configs, :mod:`torchvote.training.config`).
 * :func:`evaluate` -- metrics of a model on a data split; :func:`evaluate_checkpoint` from a file.
+* :func:`generate_from_checkpoint` -- text from a checkpoint: a language model's continuations, a
+  seq2seq model's outputs (``torchvote generate``).
 * :func:`save_checkpoint` / :func:`load_model_weights` / :func:`load_model_from_checkpoint` --
   safetensors weights plus a ``weights_only`` training state, written atomically.
 """
@@ -20,6 +22,7 @@ from torchvote.training.checkpoint import (
 from torchvote.training.data import BatchPlan, TaskData
 from torchvote.training.distributed import DistributedContext, setup_distributed
 from torchvote.training.evaluate import evaluate, evaluate_checkpoint, load_data, load_model_from_checkpoint
+from torchvote.training.generation import Generation, generate_from_checkpoint
 from torchvote.training.loop import (
     StepInfo,
     TrainingDivergedError,
@@ -38,6 +41,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointPaths",
     "DistributedContext",
+    "Generation",
     "MetricsWriter",
     "StepInfo",
     "TaskData",
@@ -49,6 +53,7 @@ __all__ = [
     "find_checkpoint",
     "find_resumable_checkpoint",
     "format_table",
+    "generate_from_checkpoint",
     "get_task_handler",
     "load_data",
     "load_model_from_checkpoint",

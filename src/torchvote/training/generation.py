@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +28,19 @@ import torch
 from torch import Tensor
 
 from torchvote.data import SEQUENCE_TASKS, CharVocab, decode_sequence, encode_source
-from torchvote.training.checkpoint import CheckpointError, find_checkpoint, load_training_state
+from torchvote.models.registry import get_model_spec
+from torchvote.models.sampling import _check_sampling
+from torchvote.training.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_training_state,
+    read_model_metadata,
+)
 from torchvote.training.config import config_from_dict
 from torchvote.training.data import load_raw_dataset
 from torchvote.training.distributed import resolve_device
 from torchvote.training.evaluate import load_model_from_checkpoint
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_flag, check_positive_int
 
 __all__ = ["DEFAULT_NEW_TOKENS", "Generation", "generate_from_checkpoint"]
 
@@ -72,19 +80,25 @@ def generate_from_checkpoint(
     """Generate from the model of a checkpoint: continue prompts (language model) or decode
     sources (seq2seq).
 
+    Every argument is checked before the model is built (or an old checkpoint's data read).
+
     Args:
         location: a run folder, its checkpoints folder or a ``.safetensors`` file.
         prompts: a language model's prompts (default: one newline, the start of a line, or the
-            vocabulary's first character when it has no newline), or a seq2seq model's sources
-            (``"12345"``; an addition's ``"12+34"``, its ``=`` added when missing), at least one.
+            vocabulary's first character when it has none), or a seq2seq model's sources, at
+            least one: digits for copy, reverse and sort (``"12345"``), ``a+b`` for addition
+            (``"12+34"``; the ``=`` that ends the task's sources is added when missing).
         max_new_tokens: tokens to add: a language model's default is
-            :data:`DEFAULT_NEW_TOKENS`, a seq2seq model's its longest target.
+            :data:`DEFAULT_NEW_TOKENS`, a seq2seq model's its longest target (``max_len - 1``,
+            also its most).
         temperature: language models: divides the logits (``0``: greedy); default 1.
         top_k, top_p: language models: sample among the ``top_k`` most likely tokens and within
             the smallest set of them whose probability reaches ``top_p``; ``None``: no limit.
         samples: language models: continuations per prompt (one batch); default 1.
-        seed: language models: seeds the sampling, so a call repeats; ``None``: PyTorch's global
-            random state.
+        seed: language models: seeds the sampling of each prompt afresh, so a prompt gives the
+            same continuations whatever other prompts the call has (the ``samples`` of one prompt
+            are drawn together: their number changes each one's draws); ``None``: PyTorch's
+            global random state.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
         use_cache: keep past keys and values while generating (same tokens, far faster).
 
@@ -95,51 +109,86 @@ def generate_from_checkpoint(
     Raises:
         CheckpointError: the checkpoint cannot be loaded, or a language model's vocabulary is
             neither recorded with its weights nor readable from its run.
-        ValueError: a model that does not generate text (an image classifier), a prompt with a
-            character the model does not know or a source longer than the model reads, a
-            seq2seq model given no source or given sampling options (it decodes greedily), or a
-            bad ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``samples`` or ``seed``.
+        ValueError: a model that does not generate text (an image classifier), an empty prompt,
+            a prompt with a character the model does not know, a source not laid out as its
+            task's (or longer than the model reads), a seq2seq model given no source or given
+            sampling options (it decodes greedily), or a bad ``max_new_tokens``,
+            ``temperature``, ``top_k``, ``top_p``, ``samples`` or ``seed``.
+        TypeError: ``prompts`` not a sequence of strings (one string included); a
+            ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``samples`` or ``seed``
+            that is not a number (a bool included); a ``use_cache`` that is not a bool.
         DataNotFoundError: an old checkpoint's vocabulary needs its data set, which is not there.
     """
     prompts = _check_prompts(prompts)
-    model, spec, metadata = load_model_from_checkpoint(location, resolve_device(device))
-    if spec.task == "language-model":
+    check_flag(use_cache, "use_cache")
+    if max_new_tokens is not None:
+        check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
+    paths = find_checkpoint(location)
+    metadata = read_model_metadata(paths.weights)
+    task, data = _task_of(metadata, paths.weights), metadata.get("data", "")
+    if task == "language-model":
+        if samples is not None:
+            check_positive_int(samples, "samples")
+        if seed is not None and check_positive_int(seed, "seed", minimum=0) >= 2**64:
+            raise ValueError(f"seed: expected an integer in [0, 2**64), got {seed}")
+        sampling = _check_sampling(1.0 if temperature is None else temperature, top_k, top_p, None)
+        model, _, metadata = load_model_from_checkpoint(paths.weights, resolve_device(device))
         vocab = _vocabulary(metadata, model.config.vocab_size)
+        temperature, top_k, top_p, _ = sampling
         return _continue(
             model, vocab, prompts or [_default_prompt(vocab)],
             max_new_tokens=DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-            temperature=1.0 if temperature is None else temperature,
-            top_k=top_k, top_p=top_p, samples=1 if samples is None else samples, seed=seed,
-            use_cache=use_cache,
+            temperature=temperature, top_k=top_k, top_p=top_p, samples=1 if samples is None else samples,
+            seed=seed, use_cache=use_cache,
         )
-    if spec.task == "seq2seq":
-        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "samples": samples,
-                    "seed": seed}
-        given = [name for name, value in sampling.items() if value is not None]
+    if task == "seq2seq":
+        sampling_options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "samples": samples,
+                            "seed": seed}
+        given = [name for name, value in sampling_options.items() if value is not None]
         if given:
             raise ValueError(
-                f"{', '.join(given)}: {spec.name} decodes greedily (one output per source); "
+                f"{', '.join(given)}: {metadata['model']} decodes greedily (one output per source); "
                 "sampling options apply to language models"
             )
+        sources = _sources(data, prompts)
+        model, spec, _ = load_model_from_checkpoint(paths.weights, resolve_device(device))
         # the Transformer's positions end at max_len; the GRUs read sources of any length
         source_limit = model.config.max_len if spec.name == "transformer-seq2seq" else None
-        return _decode(model, metadata.get("data", ""), prompts, max_new_tokens, use_cache, source_limit)
+        return _decode(model, sources, max_new_tokens, use_cache, source_limit)
     raise ValueError(
-        f"{metadata['path']} holds a {spec.name} ({spec.task}), which does not generate text; "
+        f"{paths.weights} holds a {metadata['model']} ({task}), which does not generate text; "
         "generate takes a language model (transformer-lm) or a seq2seq model "
         "(transformer-seq2seq, rnn-attention-seq2seq)"
     )
 
 
+def _task_of(metadata: dict[str, str], weights: Any) -> str:
+    """The task of a checkpoint's model, from its metadata (no weights read, no model built)."""
+    if "model" not in metadata:
+        raise CheckpointError(f"{weights} names no model in its metadata; it is not a torchvote checkpoint")
+    try:
+        return get_model_spec(metadata["model"]).task
+    except ValueError as err:
+        raise CheckpointError(f"{weights}: {err}") from None
+
+
 def _check_prompts(prompts: Sequence[str]) -> list[str]:
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts: expected a sequence of strings, got {type(prompts).__name__}")
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
-            raise TypeError(f"prompts: expected strings, got {type(prompt).__name__} {prompt!r}")
+            raise TypeError(f"prompts[{index}]: expected a string, got {type(prompt).__name__} {prompt!r}")
         if not prompt:
-            raise ValueError("prompt: expected at least one character, got ''")
+            raise ValueError(f"prompts[{index}]: expected at least one character, got ''")
     return list(prompts)
+
+
+def _encoded(prompt: str, encode: Callable[[str], Tensor]) -> Tensor:
+    """``encode(prompt)``, its refusal naming the prompt (``encode`` names its argument ``text``)."""
+    try:
+        return encode(prompt)
+    except ValueError as err:
+        raise ValueError(f"prompt {prompt!r}: {str(err).partition(': ')[2]}") from None
 
 
 # --- language models --------------------------------------------------------------------------
@@ -198,21 +247,14 @@ def _continue(
     seed: int | None,
     use_cache: bool,
 ) -> list[Generation]:
-    check_positive_int(samples, "samples")
-    if seed is not None and check_positive_int(seed, "seed", minimum=0) >= 2**64:
-        raise ValueError(f"seed: expected an integer in [0, 2**64), got {seed}")
-    # a CPU generator: the same draws on every device (generate draws where its generator is)
-    generator = None if seed is None else torch.Generator().manual_seed(seed)
-    encoded = []
-    for prompt in prompts:  # every prompt checked before the first is generated
-        try:
-            encoded.append(vocab.encode(prompt))  # (t,)
-        except ValueError as err:
-            raise ValueError(f"prompt {prompt!r}: {str(err).removeprefix('text: ')}") from None
+    encoded = [_encoded(prompt, vocab.encode) for prompt in prompts]  # (t,) each; all checked first
     device = next(model.parameters()).device
     results = []
     for prompt, ids in zip(prompts, encoded, strict=True):
         tokens = ids.to(device).expand(samples, -1)  # (samples, t): one prompt, one length
+        # seeded afresh for each prompt, on the CPU: the same draws whatever the other prompts
+        # and the device (generate draws where its generator is)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
         output = model.generate(
             tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             generator=generator, use_cache=use_cache,
@@ -225,39 +267,52 @@ def _continue(
 # --- sequence-to-sequence models ------------------------------------------------------------
 
 
-def _decode(
-    model: Any,
-    data: str,
-    prompts: list[str],
-    max_new_tokens: int | None,
-    use_cache: bool,
-    source_limit: int | None,
-) -> list[Generation]:
-    if data not in SEQUENCE_TASKS:
+#: What each sequence task's sources are (:mod:`torchvote.data.sequences`), before the ``<eos>``.
+_SOURCE_LAYOUTS = {
+    "copy": (re.compile(r"[0-9]+"), "digits, e.g. 12345"),
+    "reverse": (re.compile(r"[0-9]+"), "digits, e.g. 12345"),
+    "sort": (re.compile(r"[0-9]+"), "digits, e.g. 12345"),
+    "addition": (re.compile(r"[0-9]+\+[0-9]+="), "two numbers and a plus sign, e.g. 12+34 (the = is added)"),
+}
+
+
+def _sources(data: str, prompts: list[str]) -> list[str]:
+    """The prompts as sources of the task ``data`` (an addition's ``=`` added), each laid out as
+    the task's sources are.
+
+    Raises:
+        ValueError: a model trained on another data set, no prompt, or a prompt of another layout.
+    """
+    if data not in _SOURCE_LAYOUTS:
         raise ValueError(
-            f"the model was trained on {data!r}; generate reads the symbols of the sequence tasks "
+            f"the model was trained on {data!r}; generate reads the sources of the sequence tasks "
             f"({', '.join(SEQUENCE_TASKS)}) only"
         )
+    pattern, described = _SOURCE_LAYOUTS[data]
     if not prompts:
-        raise ValueError(f"prompt: a seq2seq model needs a source to decode, e.g. '12345' ({data} task)")
+        raise ValueError(f"prompts: a seq2seq model needs a source to decode: {described} ({data} task)")
     if data == "addition":  # its sources end with '=' (the task's layout)
         prompts = [prompt if prompt.endswith("=") else f"{prompt}=" for prompt in prompts]
-    sources = []
     for prompt in prompts:
-        try:
-            source = encode_source(prompt)  # (s,): the symbols and <eos>
-        except ValueError as err:
-            raise ValueError(f"prompt {prompt!r}: {str(err).removeprefix('text: ')}") from None
-        if source_limit is not None and len(source) > source_limit:
+        if not pattern.fullmatch(prompt):
+            raise ValueError(f"prompt {prompt!r}: the {data} task's sources are {described}")
+    return prompts
+
+
+def _decode(
+    model: Any, sources: list[str], max_new_tokens: int | None, use_cache: bool, source_limit: int | None
+) -> list[Generation]:
+    encoded = [_encoded(source, encode_source) for source in sources]  # (s,) each: symbols, <eos>
+    for source, ids in zip(sources, encoded, strict=True):
+        if source_limit is not None and len(ids) > source_limit:
             raise ValueError(
-                f"prompt {prompt!r}: {len(prompt)} symbols and <eos>; the model reads at most "
+                f"prompt {source!r}: {len(source)} symbols and <eos>; the model reads at most "
                 f"{source_limit} tokens ({source_limit - 1} symbols)"
             )
-        sources.append(source)
-    batch = _pad(sources, model.config.pad_id).to(next(model.parameters()).device)  # (n, s)
+    batch = _pad(encoded, model.config.pad_id).to(next(model.parameters()).device)  # (n, s)
     output = model.generate(batch, max_new_tokens=max_new_tokens, use_cache=use_cache)  # (n, 1 + m)
     outputs = [decode_sequence(row) for row in output.cpu()]
-    return [Generation("seq2seq", prompt, text) for prompt, text in zip(prompts, outputs, strict=True)]
+    return [Generation("seq2seq", source, text) for source, text in zip(sources, outputs, strict=True)]
 
 
 def _pad(sequences: list[Tensor], pad_id: int) -> Tensor:
