@@ -427,6 +427,11 @@ def test_the_capsnet_preset_leaves_the_loss_to_the_router_and_says_so():
         (["copy:max_len=6,mnist"], ["copy:max_len=6", "mnist"]),
         (["a=1,mnist"], ["a=1", "mnist"]),  # nothing to continue: kept, and rejected as a name later
         ([" , ,"], []),
+        # a list or a mapping keeps its commas (the warp off: "cannot read '{rotation_deg: [0'")
+        (["mnist,affnist-style:ranges={rotation_deg: [0, 0], shear: [0, 0]},seed=1"],
+         ["mnist", "affnist-style:ranges={rotation_deg: [0, 0], shear: [0, 0]},seed=1"]),
+        (["affnist-style:seed=1", "ranges={scale: [1, 1]}"], ["affnist-style:seed=1,ranges={scale: [1, 1]}"]),
+        (["copy:tag='a,b',mnist"], ["copy:tag='a,b'", "mnist"]),
     ],
 )
 def test_split_entries_keeps_options_with_their_data_set(values, expected):
@@ -472,6 +477,15 @@ def test_interpolations_resolve_when_the_config_loads():
 
 def test_the_largest_seed_torch_takes_loads():
     assert load_config("smoke", [f"seed={2**64 - 1}"]).seed == 2**64 - 1
+
+
+def test_an_entrys_option_may_be_a_list_or_a_mapping():
+    from torchvote.training.keyvalue import parse_entry
+
+    entry = "affnist-style:ranges={rotation_deg: [0, 0], shear: [-0.1, 0.1]},seed=3,canvas=40"
+    assert parse_entry(entry, "--on") == (
+        "affnist-style", {"ranges": {"rotation_deg": [0, 0], "shear": [-0.1, 0.1]}, "seed": 3, "canvas": 40}
+    )
 
 
 def test_an_unreadable_value_names_its_key_wherever_it_is_read():

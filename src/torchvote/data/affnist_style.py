@@ -43,6 +43,11 @@ What still differs from the real affNIST test set, as far as we know:
 * the parameter ranges and their uniform sampling are not confirmed from the page (above); the
   real set may also draw its translation continuously rather than in whole pixels, and may
   compose the transforms in another order or shear along the other axis;
+* how far the real set translates: ours reaches every position where the ink fits, up to the
+  edge, beyond where translated training (the whole 28x28 frame inside the canvas) puts ink. On
+  models trained that way this placement alone costs all the accuracy the set takes: row b of
+  ``docs/results.md`` scores the same with the warp switched off (``ranges`` of zero rotation and
+  shear, unit scale) as with it;
 * interpolation: ours is bilinear (``F.grid_sample``) with zeros outside; the real set's
   resampling is not described in what we could read;
 * the bounding box is taken over pixels that round to a nonzero 8-bit value; the real set's

@@ -108,16 +108,36 @@ def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
     """
     name, _, rest = entry.partition(":")
     return name.strip(), parse_options(
-        (item for item in (part.strip() for part in rest.split(",")) if item), f"{what} entry {entry!r}"
+        (item for item in (part.strip() for part in _split_commas(rest)) if item), f"{what} entry {entry!r}"
     )
+
+
+def _split_commas(text: str) -> list[str]:
+    """``text`` split at its commas outside brackets, braces and quotes, so that a value may be a
+    list or a mapping (``ranges={rotation_deg: [0, 0], shear: [0, 0]}``)."""
+    pieces, start, depth, quote = [], 0, 0, ""
+    for index, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            pieces.append(text[start:index])
+            start = index + 1
+    return [*pieces, text[start:]]
 
 
 def split_entries(values: Iterable[str]) -> list[str]:
     """Comma-separated ``eval_on``-style entries -> one text per entry.
 
-    A piece with ``=`` but no ``:`` continues the options of the entry before it, so
-    ``["mnist,affnist-style:canvas=28,seed=1", "copy"]`` gives ``["mnist",
-    "affnist-style:canvas=28,seed=1", "copy"]``.
+    A ``key=value`` piece (no ``:`` before its ``=``) continues the options of the entry before
+    it, so ``["mnist,affnist-style:canvas=28,seed=1", "copy"]`` gives ``["mnist",
+    "affnist-style:canvas=28,seed=1", "copy"]``; commas inside a list or a mapping do not split
+    (``affnist-style:ranges={shear: [0, 0]}``).
 
     Args:
         values: the texts as given (each may hold several entries).
@@ -127,10 +147,10 @@ def split_entries(values: Iterable[str]) -> list[str]:
     """
     entries: list[str] = []
     for value in values:
-        for piece in (part.strip() for part in value.split(",")):
+        for piece in (part.strip() for part in _split_commas(value)):
             if not piece:
                 continue
-            if entries and "=" in piece and ":" not in piece and ":" in entries[-1]:
+            if entries and "=" in piece and ":" not in piece.partition("=")[0] and ":" in entries[-1]:
                 entries[-1] += f",{piece}"
             else:
                 entries.append(piece)
