@@ -8,7 +8,7 @@
     torchvote train PRESET [key=value ...]              # PRESET: a shipped name or a .yaml path
     torchvote train --resume RUN_DIR [key=value ...]    # continue a stopped run
     torchvote evaluate CHECKPOINT --on mnist --on affnist-style
-    torchvote generate RUN_DIR --prompt "ROMEO:" [--temperature 0.8 --top-p 0.9 --samples 3]
+    torchvote generate RUN_DIR --prompt "To be" [--temperature 0.8 --top-p 0.9 --samples 3]
     torchvote generate RUN_DIR --prompt 12345 --prompt 907       # a seq2seq run decodes sources
     torchvote reproduce NAME [--budget cpu|paper] [--seeds 0 1 2]   # a row of docs/results.md
     torchvote list [models|routers|presets|datasets]
