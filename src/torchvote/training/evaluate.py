@@ -27,7 +27,7 @@ from torchvote.training.config import config_from_dict
 from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
 from torchvote.training.keyvalue import parse_entry, typed_fields
-from torchvote.training.schema import LossConfig
+from torchvote.training.schema import LossConfig, TrainConfig
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler, make_objective
 from torchvote.validation import check_flag, check_positive_int
 
@@ -337,17 +337,41 @@ def _run_loss(paths: CheckpointPaths, metadata: dict[str, str]) -> tuple[LossCon
             return loss, int(metadata["total_steps"]), int(metadata["step"])
         except (KeyError, TypeError, ValueError) as err:  # ConfigError and JSONDecodeError too
             raise CheckpointError(f"{paths.weights} records its run's loss unreadably ({err})") from None
+    config, state = run_state_beside(paths, "their run's loss", "which records it", "loss and length")
+    try:
+        return config.loss, int(state["total_steps"]), int(state["step"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{paths.state} does not record its run's loss and length ({err})") from None
+
+
+def run_state_beside(
+    paths: CheckpointPaths, recorded: str, state_role: str, needed: str
+) -> tuple[TrainConfig, dict[str, Any]]:
+    """The run config and training state beside weights written before the weights recorded
+    ``recorded`` (an older checkpoint's fallback).
+
+    Args:
+        paths: the checkpoint.
+        recorded, state_role, needed: words of the messages: what the weights lack (``"their
+            vocabulary"``), what the state is to it (``"which records it"``), what the state must
+            hold (``"data set"``).
+
+    Returns:
+        ``(config, state)``.
+
+    Raises:
+        CheckpointError: no state file, or a state without a readable run config.
+    """
     if not paths.state.is_file():
         raise CheckpointError(
-            f"{paths.weights} was written before checkpoints recorded their run's loss, and "
-            f"{paths.state}, which records it, does not exist"
+            f"{paths.weights} was written before checkpoints recorded {recorded}, and "
+            f"{paths.state}, {state_role}, does not exist"
         )
     state = load_training_state(paths.state)
     try:
-        config = config_from_dict(state["config"])
-        return config.loss, int(state["total_steps"]), int(state["step"])
+        return config_from_dict(state["config"]), state
     except (KeyError, TypeError, ValueError) as err:  # ConfigError too: a config of another version
-        raise CheckpointError(f"{paths.state} does not record its run's loss and length ({err})") from None
+        raise CheckpointError(f"{paths.state} does not record its run's {needed} ({err})") from None
 
 
 def evaluate_checkpoint(

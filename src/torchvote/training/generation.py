@@ -33,13 +33,11 @@ from torchvote.models.sampling import _check_sampling
 from torchvote.training.checkpoint import (
     CheckpointError,
     find_checkpoint,
-    load_training_state,
     read_model_metadata,
 )
-from torchvote.training.config import config_from_dict
 from torchvote.training.data import load_raw_dataset
 from torchvote.training.distributed import resolve_device
-from torchvote.training.evaluate import load_model_from_checkpoint
+from torchvote.training.evaluate import load_model_from_checkpoint, run_state_beside
 from torchvote.validation import check_flag, check_positive_int
 
 __all__ = ["DEFAULT_NEW_TOKENS", "Generation", "generate_from_checkpoint"]
@@ -214,15 +212,10 @@ def _vocabulary(metadata: dict[str, str], vocab_size: int) -> CharVocab:
 
 def _vocabulary_of_the_run(weights: str) -> CharVocab:
     paths = find_checkpoint(weights)
-    if not paths.state.is_file():
-        raise CheckpointError(
-            f"{weights} was written before checkpoints recorded their vocabulary, and {paths.state}, "
-            "whose run config names the data set to read it from, does not exist"
-        )
-    try:
-        data = config_from_dict(load_training_state(paths.state)["config"]).data
-    except (KeyError, TypeError, ValueError) as err:  # ConfigError too: a config of another version
-        raise CheckpointError(f"{paths.state} does not record its run's data set ({err})") from None
+    config, _ = run_state_beside(
+        paths, "their vocabulary", "whose run config names the data set to read it from", "data set"
+    )
+    data = config.data
     _, raw = load_raw_dataset(data.name, "train", options=data.options, root=data.root)
     vocab = raw[1] if isinstance(raw, tuple) and len(raw) == 2 else None
     if not isinstance(vocab, CharVocab):
