@@ -85,6 +85,10 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     assert code == 0, err
     row = next(line for line in trained.splitlines() if line.startswith("mnist/train"))
     assert row.split()[-1] == "50" and out.splitlines()[-1] == row  # the same numbers
+    # without --on (nor --root, --limit, --data-option): the same, read from the run's own record
+    code, out, err = run(capsys, "evaluate", str(idx_dir))
+    assert code == 0, err
+    assert "data:       the run's own (--on mnist:split=train)" in out and out.splitlines()[-1] == row
     # data.options went to the evaluated set only, never to the eval_on entries (mnist takes no
     # seed): beside those, they stand in the evaluated set's own entry
     seeded = tmp_path / "seeded"
@@ -96,9 +100,12 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     assert hint[hint.index("--on") + 1] == "small-digits:seed=1" and "--data-option" not in hint
     code, out, err = run(capsys, *hint[1:])
     assert code == 0, err
+    code, own, err = run(capsys, "evaluate", str(seeded))  # the run's own sets, unnamed
+    assert code == 0, err
     for name in ("small-digits/test", "mnist/test"):
         row = next(line for line in trained.splitlines() if line.startswith(name))
         assert next(line for line in out.splitlines() if line.startswith(name)) == row
+        assert next(line for line in own.splitlines() if line.startswith(name)) == row
 
     # a weights file copied on its own: the same row, loss included (the weights record the
     # run's loss settings and length; the training state used to be the only record of them)
@@ -108,6 +115,10 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     code, out, err = run(capsys, "evaluate", str(bare), "--on", "small-digits", "--limit", "100")
     assert code == 0, err
     assert out.splitlines()[1:] == table
+    # ... which records no data sets: without --on it asks for them, saying why
+    code, out, err = run(capsys, "evaluate", str(bare))
+    assert code == 2 and "name the data sets with --on (data sets: addition, affnist" in err
+    assert f"{bare.parent / 'model.state.pt'}, the run's training state that records them, does not exist" in err
 
 
 def test_evaluate_and_reproduce_help_say_what_they_print_and_how_to_continue(capsys):
@@ -172,7 +183,6 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         (["train"], "name a preset (torchvote list presets) or --resume RUN_DIR"),
         (["train", "--resume", "/nonexistent/run"], "--resume: /nonexistent/run does not exist"),
         (["evaluate", "/nonexistent/run", "--on", "mnist"], "checkpoint: /nonexistent/run does not exist"),
-        (["evaluate", "/nonexistent/run"], "name the data sets with --on; data sets: addition, affnist"),
         (["train", "smoke", "bf16=perhaps"], "bf16: expected bool, got 'perhaps'"),
         (["train", "smoke", "model.channels=8,x"], "model.channels[1]: expected int, got 'x'"),
         (["train", "smoke", "model.dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
@@ -549,6 +559,25 @@ def test_ctrl_c_during_evaluate_is_one_line_and_status_130(tmp_path, capsys, mon
     code = _main_catching_ctrl_c("evaluate", str(run_dir), "--on", "mnist")
     err = capsys.readouterr().err
     assert code == 130 and err.strip() == "torchvote evaluate: interrupted"
+
+
+def test_ctrl_c_while_torch_imports_is_one_line_and_status_130():
+    """Ctrl-C in a command's first second or two, while `import torch` runs, printed a traceback:
+    the command line's module imported torch before `main` could catch anything."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "class CtrlC:\n"  # Ctrl-C arrives as torch starts to import
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "from torchvote.cli import main; sys.exit(main(sys.argv[1:]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, "list"], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.strip()) == (cli.EXIT_INTERRUPTED, "torchvote: interrupted")
 
 
 def test_reproduce_interrupted_before_its_run_trains_says_how_to_continue(tmp_path, capsys, monkeypatch):

@@ -38,8 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from torchvote import __version__
-from torchvote.data.command import add_data_arguments
-from torchvote.explain.command import add_explain_arguments, run_explain
 
 __all__ = ["build_parser", "main"]
 
@@ -58,6 +56,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``torchvote`` parser, its subcommands and their options (imports torch)."""
+    from torchvote.data.command import add_data_arguments
+    from torchvote.explain.command import add_explain_arguments
+
     parser = _Parser(prog="torchvote", description="Train and evaluate attention and capsule models.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -108,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DATASET",
         help="data set to evaluate on (repeat or comma-separate; torchvote list datasets), with "
         "options of its own as in eval_on (affnist-style:canvas=28) and its split (default test: "
-        "mnist:split=train)",
+        "mnist:split=train); default: the run's own data sets, as its training evaluated them "
+        "(its data set and eval_on, with its data options, root and eval_limit)",
     )
     evaluate.add_argument(
         "--limit",
@@ -247,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from torchvote.explain.command import run_explain
+
+    return run_explain(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from torchvote.demo import run_demo
 
@@ -255,7 +264,21 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    Ctrl-C ends any command with one line and status 130, also while torch is still importing
+    (the first second or two): this module imports nothing heavy until here.
+    """
+    try:
+        return _run_command(argv)
+    except KeyboardInterrupt:  # before a command's own handler took over: parsing, importing torch
+        if os.environ.get("TORCHVOTE_DEBUG"):
+            raise
+        print("torchvote: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     # Transparent huge pages for PyTorch's large CPU tensors (read at its first allocation, so
     # before any): a capsule layer's step allocates and frees hundreds of MB of votes, and with
     # 4 KB pages the page faults alone took 20% of an EM layer's step on a 2-core CPU (4.5 s ->
@@ -288,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data": _data,
         "bench": _bench,
         "reproduce": _reproduce,
-        "explain": run_explain,
+        "explain": _explain,
     }
     import torch
 
@@ -486,12 +509,17 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
                 raise ConfigError(f"{key}: a resumed run stays in its folder ({run_dir}); omit {key}=")
 
 
-def _evaluate_command(config, run_dir: str | os.PathLike[str]) -> str:
-    """The ``torchvote evaluate`` command that tests a run on its own data sets, read as the run
-    read them: its evaluated split (``data.eval_split``) and every ``eval_on`` entry, with
-    ``data.root``, ``data.eval_limit`` and ``data.options`` (which the run gave its evaluated set
-    only when that is ``data.name``, and never the ``eval_on`` entries: beside those, the options
-    go into the evaluated set's own entry where their text allows, else to every set)."""
+def _run_data_arguments(config) -> tuple[list[str], int | None, str | None, dict[str, Any]]:
+    """How ``torchvote evaluate`` tests a run on its own data sets, read as the run read them: its
+    evaluated split (``data.eval_split``) and every ``eval_on`` entry, with ``data.root``,
+    ``data.eval_limit`` and ``data.options`` (which the run gave its evaluated set only when that
+    is ``data.name``, and never the ``eval_on`` entries: beside those, the options go into the
+    evaluated set's own entry where their text allows, else to every set).
+
+    Returns:
+        ``(entries, limit, root, options)``: the ``--on`` entries, ``--limit``, ``--root`` and the
+        ``--data-option`` values.
+    """
     data = config.data
     evaluated = data.eval_name or data.name
     options = dict(data.options) if evaluated == data.name else {}
@@ -500,13 +528,21 @@ def _evaluate_command(config, run_dir: str | os.PathLike[str]) -> str:
         own, options = {**own, **options}, {}
     if own:
         evaluated += ":" + ",".join(f"{key}={_option_text(value)}" for key, value in own.items())
+    root = None if data.root is None else str(data.root)
+    return [evaluated, *config.eval_on], data.eval_limit, root, options
+
+
+def _evaluate_command(config, run_dir: str | os.PathLike[str]) -> str:
+    """The ``torchvote evaluate`` command that tests a run on its own data sets
+    (:func:`_run_data_arguments`)."""
+    entries, limit, root, options = _run_data_arguments(config)
     words = ["torchvote", "evaluate", str(run_dir)]
-    for entry in (evaluated, *config.eval_on):
+    for entry in entries:
         words += ["--on", entry]
-    if data.eval_limit is not None:
-        words += ["--limit", str(data.eval_limit)]
-    if data.root is not None:
-        words += ["--root", str(data.root)]
+    if limit is not None:
+        words += ["--limit", str(limit)]
+    if root is not None:
+        words += ["--root", root]
     for key, value in options.items():
         words += ["--data-option", f"{key}={_option_text(value)}"]
     return shlex.join(words)
@@ -545,11 +581,13 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
         print(f"evaluate:   {_evaluate_command(config, result.run_dir)}")
         if explain:
+            from torchvote.explain.command import add_explain_arguments
+
             run_dir = Path(result.run_dir)
             report = add_explain_arguments(argparse.ArgumentParser()).parse_args(
                 ["--out", str(run_dir / "explain"), "--checkpoint", str(run_dir)]
             )  # the command's own defaults for everything else
-            return run_explain(report)  # prints "report: <path>"
+            return _explain(report)  # prints "report: <path>"
     return 0
 
 
@@ -593,8 +631,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     known = list_datasets()
     datasets = split_entries(args.on or [])
-    if not datasets:
-        raise ValueError(f"name the data sets with --on; data sets: {', '.join(known)}")
     # every argument is checked before the checkpoint is read, each named by its option
     for entry in datasets:
         name, _ = parse_entry(entry, "--on")
@@ -607,15 +643,22 @@ def _evaluate(args: argparse.Namespace) -> int:
     options = parse_options(args.data_option, "--data-option")
     _check_checkpoint_exists(args.checkpoint)
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
+    limit, root = args.limit, args.root
+    if not datasets:  # the run's own data sets, as it read them; what the user gave still counts
+        datasets, run_limit, run_root, run_options = _run_data_arguments(_run_config(args.checkpoint, known))
+        limit = run_limit if limit is None else limit
+        root = run_root if root is None else root
+        options = {**run_options, **options}
+        print(f"data:       the run's own ({' '.join(shlex.join(['--on', entry]) for entry in datasets)})")
     rows = evaluate_checkpoint(
         args.checkpoint,
         datasets,
         batch_size=args.batch_size,
-        limit=args.limit,
+        limit=limit,
         device=args.device,
         bf16=args.bf16,
         fp16=args.fp16,
-        root=args.root,
+        root=root,
         options=options,
         echo=print,  # why the table, or a row, has no loss
     )
@@ -624,6 +667,26 @@ def _evaluate(args: argparse.Namespace) -> int:
     columns = dict.fromkeys(key for row in sorted(rows, key=len, reverse=True) for key in row)
     print(format_table(rows, list(columns)))
     return 0
+
+
+def _run_config(checkpoint: str, known: Sequence[str]):
+    """The run config recorded in a checkpoint's training state, for ``evaluate`` without ``--on``.
+
+    Raises:
+        ValueError: no training state beside the weights (a ``.safetensors`` file copied alone),
+            or one without a readable config; the message asks for ``--on``.
+    """
+    from torchvote.training.checkpoint import CheckpointError, find_checkpoint, load_training_state
+    from torchvote.training.config import config_from_dict
+
+    paths = find_checkpoint(checkpoint)
+    ask = f"name the data sets with --on (data sets: {', '.join(known)})"
+    if not paths.state.is_file():
+        raise ValueError(f"{ask}: {paths.state}, the run's training state that records them, does not exist")
+    try:
+        return config_from_dict(load_training_state(paths.state)["config"])
+    except (CheckpointError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{ask}: {paths.state} does not record its run's data sets ({err})") from None
 
 
 def _check_checkpoint_exists(checkpoint: str) -> None:
