@@ -3,7 +3,8 @@
 :func:`atomic_write` is the one atomic write of the project: checkpoints, the affNIST manifest,
 the summaries of ``torchvote reproduce`` and the pictures and page of ``torchvote explain`` go
 through it (:func:`atomic_write_bytes` for bytes already in memory). :class:`FolderLock` keeps a
-second process out of a folder one process writes (a run folder).
+second process out of a folder one process writes (a run folder). :func:`load_failure_reason`
+says why a file saved with ``torch.save`` could not be read back.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_bytes",
     "create_temporary",
+    "load_failure_reason",
     "remove_abandoned_temporaries",
 ]
 
@@ -178,6 +180,27 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         data: its new contents.
     """
     atomic_write(path, lambda handle: handle.write(data))
+
+
+def load_failure_reason(error: BaseException) -> str:
+    """Why ``torch.load(..., weights_only=True)`` refused a file, in words fit for a user.
+
+    torch's message is a paragraph that ends in advice to load with ``weights_only=False``: for a
+    damaged or foreign file (a script named as a checkpoint), advice to run whatever code it
+    holds. Its first line says what failed, unless that line is the advice itself.
+
+    Args:
+        error: what ``torch.load`` raised.
+
+    Returns:
+        One line: the message's first line, or the error's type and "not a file of tensors that
+        torch.load reads without running code".
+    """
+    text = str(error).strip()
+    reason = text.splitlines()[0] if text else type(error).__name__
+    if "weights_only" in reason:
+        reason = f"{type(error).__name__}: not a file of tensors that torch.load reads without running code"
+    return reason
 
 
 def remove_abandoned_temporaries(directory: str | os.PathLike[str]) -> list[Path]:

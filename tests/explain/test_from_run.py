@@ -141,6 +141,20 @@ def test_a_file_that_is_no_record_nor_checkpoint_is_refused(tmp_path, capsys, co
         assert "neither a record" in err and "nor a training checkpoint's file" in err
 
 
+def test_a_file_torch_cannot_read_safely_is_refused_without_torchs_advice_to_run_it(tmp_path, capsys):
+    # a script named as the checkpoint: the message passed on torch's advice to load it with
+    # weights_only=False, that is, to run whatever code the file holds
+    script = tmp_path / "some.py"
+    script.write_text("import os\n")
+    code, err = _explain(capsys, script, tmp_path / "out")
+    assert code == 2 and "weights_only" not in err, err
+    assert err.strip() == (
+        f"torchvote explain: error: --checkpoint: checkpoint '{script}' is not a record torch.load can "
+        "read safely (a dict of tensors saved by torch.save): UnpicklingError: not a file of tensors "
+        "that torch.load reads without running code"
+    )
+
+
 def test_a_checkpoint_of_a_model_without_capsules_is_refused(tiny_values, tmp_path, capsys):
     run = train(config_from_dict(tiny_values(tmp_path / "cnn", max_steps=1, epochs=1))).run_dir
     code, err = _explain(capsys, find_checkpoint(run).weights, tmp_path / "out")

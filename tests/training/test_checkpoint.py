@@ -78,6 +78,16 @@ def test_find_checkpoint_accepts_every_way_of_naming_one(tmp_path):
     (run / "checkpoints" / "latest").write_text("step-00000099\n")
     with pytest.raises(CheckpointError, match="points at step-00000099"):
         find_checkpoint(run)
+    # a file of another kind named as a checkpoint was read as a stem: "op.py.safetensors does
+    # not exist", which sent the user looking for a file they never had
+    script = tmp_path / "op.py"
+    script.write_text("x = 1\n")
+    with pytest.raises(CheckpointError) as error:
+        find_checkpoint(script)
+    assert str(error.value) == (
+        f"{script} is not a checkpoint: expected a run folder, its checkpoints folder, or a "
+        ".safetensors or .state.pt file of one"
+    )
 
 
 def test_a_failure_mid_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):

@@ -46,6 +46,7 @@ from torch import Tensor
 from torchvote.explain import capsule_plots as plots
 from torchvote.explain.report import HtmlReport
 from torchvote.explain.statistics import PAPER_PERTURBATION_SPAN, coupling_entropy, routing_agreement
+from torchvote.files import load_failure_reason
 
 __all__ = ["RECORD_FILE", "check_record", "explain_record", "load_record"]
 
@@ -136,10 +137,9 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle's and zipfile's errors for a file that is not a torch.save
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
             f"checkpoint {str(path)!r} is not a record torch.load can read safely (a dict of tensors "
-            f"saved by torch.save): {first_line}"
+            f"saved by torch.save): {load_failure_reason(err)}"
         ) from None
     if _is_training_state(record):
         return record_from_run(path)  # its checkpoint: the weights file beside it

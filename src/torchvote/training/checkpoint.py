@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from torchvote.files import atomic_write_bytes, remove_abandoned_temporaries
+from torchvote.files import atomic_write_bytes, load_failure_reason, remove_abandoned_temporaries
 from torchvote.validation import check_positive_int
 
 __all__ = [
@@ -429,6 +429,11 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
     for suffix in (".safetensors", ".state.pt"):
         if text.endswith(suffix):
             text = text[: -len(suffix)]
+    if location.is_file() and text == str(location):  # op.py: not "op.py.safetensors does not exist"
+        raise CheckpointError(
+            f"{location} is not a checkpoint: expected a run folder, its checkpoints folder, or a "
+            ".safetensors or .state.pt file of one"
+        )
     paths = CheckpointPaths(Path(text + ".safetensors"), Path(text + ".state.pt"))
     if not paths.weights.is_file():
         raise CheckpointError(f"no checkpoint at {location}: {paths.weights} does not exist")
@@ -456,11 +461,7 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        # torch's message ends with advice to load with weights_only=False: for a damaged or
-        # foreign file, advice to run whatever code it holds. Its first line says what failed.
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if "weights_only" in reason:  # the advice is on the failure's own line
-            reason = f"{type(err).__name__}: not a readable training state"
+        reason = load_failure_reason(err)
         raise CheckpointError(f"{path} is corrupt or not a training state ({reason})") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} training state")
