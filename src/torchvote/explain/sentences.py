@@ -40,18 +40,19 @@ EXAMPLES: tuple[Example, ...] = (
     Example(
         "the train left the station on time",
         "train",
-        "'Self-Attention' (shared/seeds/001): the article's 7x7 attention score matrix example",
+        "the article 'Self-Attention', its 7x7 attention score matrix example",
     ),
     Example(
         "Alice wrote a note and gave it to Bob",
         "it",
-        "'Self-Attention Explained' (shared/seeds/002): context resolves 'it' to the note",
+        "the article 'Self-Attention Explained', where context should resolve 'it' to the note",
     ),
     Example(
         "She cashed a check at the bank",
         "check",
-        "'Self-Attention' (shared/seeds/001): 'check' attends to 'cashed' and 'bank'. The article's "
-        "figure sentence is not in its text; this sentence is composed from its three words",
+        "the article 'Self-Attention', which says 'check' attends to 'cashed' and 'bank' (the tables "
+        "below show whether this encoder's heads do; the sentence of the article's figure is not in "
+        "its text, so this one is composed from those three words)",
     ),
 )
 
