@@ -6,6 +6,7 @@ itself; they stand in for the Transformer models that other files add.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -259,6 +260,21 @@ def test_language_model_accuracy_counts_every_next_token_by_hand():
     sums = handler.metric_sums(SequenceOutput(logits=logits), {"tokens": tokens})
     assert (sums["correct"].item(), sums["count"].item(), sums["examples"].item()) == (4, 6, 2)
     assert handler.summarize({k: v.item() for k, v in sums.items()})["accuracy"] == pytest.approx(4 / 6)
+
+
+def test_language_model_bits_per_char_is_the_mean_negative_log2_likelihood_by_hand():
+    """train and evaluate printed the loss in nats only; character LMs are compared in bits per
+    character (docs/results.md's row g), which users had to work out."""
+    handler = get_task_handler("language-model")
+    tokens = torch.tensor([[1, 2, 3], [3, 0, 1]])  # (b, t + 1): targets 2, 3 and 0, 1
+    logits = torch.zeros(2, 2, 4)  # uniform over 4 characters: 2 bits each ...
+    logits[1, 1] = torch.tensor([0.0, 3.0, 0.0, 0.0]).log1p()  # ... but p(1) = 4/7 at this one
+    sums = handler.metric_sums(SequenceOutput(logits=logits), {"tokens": tokens})
+    metrics = handler.summarize({k: v.item() for k, v in sums.items()})
+    assert metrics["bits_per_char"] == pytest.approx((3 * 2.0 - math.log2(4 / 7)) / 4)
+    # bf16 logits (autocast) are scored in fp32; the sums of two halves give the whole's figure
+    half = handler.metric_sums(SequenceOutput(logits=logits[:1].bfloat16()), {"tokens": tokens[:1]})
+    assert half["nll_sum"].dtype == torch.float32 and half["nll_sum"].item() == pytest.approx(2 * 2 * math.log(2))
 
 
 def test_seq2seq_exact_match_chooses_as_greedy_decoding_does():

@@ -399,6 +399,8 @@ def _attention_swap_lm() -> Row:
             "paper": ("epochs=4", *_NO_LOGS),
         },
         note=(
+            "Bits per character = the validation cross-entropy / ln 2 (the `bits_per_char` column of "
+            "the tables that train and evaluate print, beside the loss in nats). "
             "Same model, parameters and steps for every variant (routing attention adds no parameter). "
             "A causal language model cannot normalise over the receivers: a later query would change "
             "an earlier output, so only `senders` is run."
@@ -422,7 +424,8 @@ def _attention_swap_seq2seq() -> Row:
         },
         note=(
             "Exact match = whole target right under teacher forcing, which equals greedy decoding's "
-            "exact match. With `receivers`, the encoder's self-attention normalises over the receivers; "
+            "exact match (the `sequence_accuracy` column of the tables that train and "
+            "evaluate print). With `receivers`, the encoder's self-attention normalises over the receivers; "
             "the decoder's attentions stay over the senders (a softmax over the target positions would "
             "let a later target token change an earlier prediction)."
         ),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.models.registry import ClassifierOutput, SequenceOutput
@@ -258,7 +259,13 @@ class ClassificationHandler(TaskHandler):
 
 
 class LanguageModelHandler(TaskHandler):
-    """A token stream cut into windows of ``context_length + 1``; predict every next token."""
+    """A token stream cut into windows of ``context_length + 1``; predict every next token.
+
+    Besides the accuracy, ``bits_per_char``: the mean negative log2-likelihood of the next token
+    (the tokens are characters, :class:`~torchvote.data.CharVocab`), the figure character LMs are
+    compared by. It is the model's own likelihood, in fp32, whatever the loss's label smoothing,
+    so it equals ``loss / ln 2`` only where the loss is the plain cross-entropy.
+    """
 
     task = "language-model"
     unit = "tok"
@@ -302,13 +309,23 @@ class LanguageModelHandler(TaskHandler):
         return output.logits, batch["tokens"][:, 1:]  # every next token
 
     def metric_sums(self, output: SequenceOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        logits, targets = self.logits_and_targets(output, batch)
-        correct = (logits.detach().argmax(dim=-1) == targets).sum().float()
+        logits, targets = self.logits_and_targets(output, batch)  # (b, t, vocab), (b, t)
+        logits = logits.detach()
+        correct = (logits.argmax(dim=-1) == targets).sum().float()
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")  # nats
         return {
             "correct": correct,
             "count": torch.full((), float(targets.numel()), device=targets.device),
             "examples": torch.full((), float(len(targets)), device=targets.device),
+            "nll_sum": nll,
         }
+
+    @staticmethod
+    def summarize(sums: dict[str, float]) -> dict[str, float]:
+        metrics = TaskHandler.summarize(sums)
+        if "nll_sum" in sums:  # a window resumed from a checkpoint of an older version has none
+            metrics["bits_per_char"] = sums["nll_sum"] / max(sums.get("count", 0.0), 1.0) / math.log(2.0)
+        return metrics
 
     def items(self, batch: dict[str, Tensor]) -> int:
         return batch["tokens"][:, 1:].numel()
