@@ -118,7 +118,8 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     # ... which records no data sets: without --on it asks for them, saying why
     code, out, err = run(capsys, "evaluate", str(bare))
     assert code == 2 and "name the data sets with --on (data sets: addition, affnist" in err
-    assert f"{bare.parent / 'model.state.pt'}, the run's training state that records them, does not exist" in err
+    state = bare.parent / "model.state.pt"
+    assert f"{state}, the run's training state that records them, does not exist" in err
 
 
 def test_evaluate_and_reproduce_help_say_what_they_print_and_how_to_continue(capsys):

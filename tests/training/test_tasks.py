@@ -125,6 +125,25 @@ def test_language_model_trains_on_token_windows(toy_models, fake_text, tmp_path)
     assert "tok_per_second" in train_records[0]
 
 
+def test_a_batch_larger_than_the_language_models_windows_says_what_limit_counts(
+    toy_models, fake_text, tmp_path
+):
+    # data.limit=100 keeps 100 characters, 12 windows of 8 + 1: "larger than the 12 training
+    # examples" left the user wondering where 100 examples went
+    data = {"name": "shakespeare", "limit": 100}
+    config = _config(tmp_path, "lm", {"name": "toy-lm", "preset": "tiny"}, data)
+    with pytest.raises(ValueError) as error:
+        train(config, verbose=False)
+    assert str(error.value) == (
+        "batch_size=16 is larger than the 12 training windows of 9 characters (data.limit counts "
+        "characters, not windows)"
+    )
+    config = _config(tmp_path, "lm", {"name": "toy-lm", "preset": "tiny"}, {**data, "limit": 5})
+    too_short = r"^shakespeare \(train\) has 5 characters, fewer than one window of 9 "
+    with pytest.raises(ValueError, match=too_short):
+        train(config, verbose=False)
+
+
 def test_seq2seq_trains_on_the_copy_task_and_resumes_exactly(toy_models, tmp_path):
     options = {"num_samples": 320, "max_len": 6}
     data = {"name": "copy", "options": options}
@@ -272,9 +291,10 @@ def test_language_model_bits_per_char_is_the_mean_negative_log2_likelihood_by_ha
     sums = handler.metric_sums(SequenceOutput(logits=logits), {"tokens": tokens})
     metrics = handler.summarize({k: v.item() for k, v in sums.items()})
     assert metrics["bits_per_char"] == pytest.approx((3 * 2.0 - math.log2(4 / 7)) / 4)
-    # bf16 logits (autocast) are scored in fp32; the sums of two halves give the whole's figure
+    # bf16 logits (autocast) are scored in fp32: the first row's two uniform characters, in nats
     half = handler.metric_sums(SequenceOutput(logits=logits[:1].bfloat16()), {"tokens": tokens[:1]})
-    assert half["nll_sum"].dtype == torch.float32 and half["nll_sum"].item() == pytest.approx(2 * 2 * math.log(2))
+    assert half["nll_sum"].dtype == torch.float32
+    assert half["nll_sum"].item() == pytest.approx(2 * math.log(4))
 
 
 def test_seq2seq_exact_match_chooses_as_greedy_decoding_does():

@@ -184,6 +184,8 @@ class BatchPlan:
         world_size: number of processes; must divide ``global_batch``.
         rank: this process, ``0 .. world_size - 1``; it takes the ``rank``-th slice of a batch.
         shuffle: draw a new order every epoch; False keeps the examples in order.
+        noun: what the examples are, for the message of a batch larger than them (a language
+            model's: windows of characters).
 
     Raises:
         ValueError: ``global_batch`` or ``world_size`` not a positive integer, ``num_examples``
@@ -199,6 +201,7 @@ class BatchPlan:
     world_size: int = 1
     rank: int = 0
     shuffle: bool = True
+    noun: str = "training examples"
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_examples, "num_examples", minimum=0)
@@ -218,7 +221,7 @@ class BatchPlan:
             )
         if self.steps_per_epoch < 1:
             raise ValueError(
-                f"batch_size={self.global_batch} is larger than the {self.num_examples} training examples"
+                f"batch_size={self.global_batch} is larger than the {self.num_examples} {self.noun}"
             )
 
     @property

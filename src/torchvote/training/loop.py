@@ -262,7 +262,12 @@ class _Run:
         self.model = self.spec.model_cls(self.model_config).to(context.device)
         self.pin_memory = pin_memory_for(context.device)  # for the asynchronous copy of each batch
         self.plan = BatchPlan(
-            len(self.train_data), config.batch_size, config.seed, context.world_size, context.rank
+            len(self.train_data),
+            config.batch_size,
+            config.seed,
+            context.world_size,
+            context.rank,
+            noun=self.handler.training_examples(self.model_config),
         )
         steps = config.epochs * self.plan.steps_per_epoch
         self.total_steps = min(steps, config.max_steps) if config.max_steps is not None else steps

@@ -91,6 +91,10 @@ class TaskHandler:
         """The random augmentation of training batches, or ``None``."""
         return None
 
+    def training_examples(self, model_config: Any) -> str:
+        """What one training example is, in words, for messages that count them."""
+        return "training examples"
+
     def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
         """A random batch that fits a model config (for the registry sweep and benchmarks)."""
         raise NotImplementedError
@@ -291,7 +295,8 @@ class LanguageModelHandler(TaskHandler):
         count = (len(stream) - 1) // length
         if count < 1:
             raise ValueError(
-                f"{data.name} ({data.split}) has {len(stream)} tokens, fewer than one window of {length + 1}"
+                f"{data.name} ({data.split}) has {len(stream)} characters, fewer than one window of "
+                f"{length + 1} (model.context_length + 1)"
             )
         # Consecutive windows share one token, so every token after the first is a target once,
         # but for the last (len - 1) % t, too few for a window: at most t - 1 tokens of the split
@@ -329,6 +334,12 @@ class LanguageModelHandler(TaskHandler):
 
     def items(self, batch: dict[str, Tensor]) -> int:
         return batch["tokens"][:, 1:].numel()
+
+    def training_examples(self, model_config: Any) -> str:
+        return (
+            f"training windows of {model_config.context_length + 1} characters (data.limit counts "
+            "characters, not windows)"
+        )
 
     def example_batch(self, config: Any, batch_size: int, generator: torch.Generator) -> dict[str, Tensor]:
         tokens = torch.randint(
