@@ -145,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         "key/value cache (--samples continuations each); a seq2seq model trained on a sequence task "
         "decodes each --prompt greedily, one output per source (digits for copy, reverse and sort; "
         "12+34 for addition, whose = is added). The texts go to standard output, the "
-        "checkpoint's summary to standard error. The sampling options are a language model's.",
+        "checkpoint's summary to standard error; a language model's text appears as it is written "
+        "(with --samples above 1, all at the end). The sampling options are a "
+        "language model's.",
     )
     generate.add_argument("checkpoint", help="a run folder, its checkpoints folder or a .safetensors file")
     generate.add_argument(
@@ -710,6 +712,15 @@ def _generate(args: argparse.Namespace) -> int:
     _check_generate_options(args)
     _check_checkpoint_exists(args.checkpoint)
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}", file=sys.stderr)
+    streamed: list[int] = []  # a language model's generations shown as they were written
+
+    def show(index: int, prompt: str, character: str) -> None:
+        if not streamed or streamed[-1] != index:
+            sys.stdout.write(("\n" if streamed else "") + _separated(index, prompt))
+            streamed.append(index)
+        sys.stdout.write(character)
+        sys.stdout.flush()
+
     generations = generate_from_checkpoint(
         args.checkpoint,
         args.prompt,
@@ -721,13 +732,21 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
         use_cache=not args.no_cache,
+        on_text=show if args.samples in (None, 1) else None,  # several samples are drawn together
     )
+    if streamed:
+        print()
     for index, generation in enumerate(generations):
         if generation.task == "seq2seq":
             print(f"{generation.prompt} -> {generation.text or '(nothing before <eos>)'}")
-        else:  # a language model's text, continuations apart
-            print(("-" * 40 + "\n" if index else "") + generation.prompt + generation.text)
+        elif index not in streamed:  # a language model's text, continuations apart
+            print(_separated(index, generation.prompt) + generation.text)
     return 0
+
+
+def _separated(index: int, prompt: str) -> str:
+    """A language model's generation starts with its prompt, a rule above all but the first."""
+    return ("-" * 40 + "\n" if index else "") + prompt
 
 
 def _check_generate_options(args: argparse.Namespace) -> None:

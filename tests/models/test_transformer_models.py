@@ -275,6 +275,32 @@ def test_lm_generate_extends_the_prompt_and_follows_its_options():
     assert model.training  # the mode is restored
 
 
+def test_lm_stream_hands_over_generates_tokens_one_step_at_a_time():
+    model = _model("transformer-lm")
+    prompt = torch.randint(model.config.vocab_size, (2, 5))
+    options = {"temperature": 0.7, "top_k": 5}
+    whole = model.generate(prompt, 9, generator=torch.Generator().manual_seed(4), **options)
+    steps = model.stream(prompt, 9, generator=torch.Generator().manual_seed(4), **options)
+    drawn = list(steps)
+    assert [tuple(step.shape) for step in drawn] == [(2,)] * 9
+    assert torch.equal(torch.stack(drawn, dim=1), whole[:, 5:])
+    alone = list(model.stream(prompt[1], 3, temperature=0.0))  # an unbatched prompt: 0-dim steps
+    assert [step.dim() for step in alone] == [0] * 3
+    assert torch.equal(torch.stack(alone), model.generate(prompt[1], 3, temperature=0.0)[5:])
+    # the arguments are checked when stream is called, not at the first token
+    with pytest.raises(ValueError, match="top_p"):
+        model.stream(prompt, 3, top_p=1.5)
+    # in evaluation mode while it runs; back in training mode once it is done or dropped
+    model.train()
+    steps = model.stream(prompt, 4)
+    next(steps)
+    assert not model.training
+    steps.close()  # what dropping it mid-way does
+    assert model.training
+    list(model.stream(prompt, 2))
+    assert model.training
+
+
 def test_top_k_keeps_exactly_k_tokens_when_logits_tie():
     """``top_k`` kept every token tied with the k-th logit: with all logits equal, ``top_k=1``
     sampled uniformly, and a bfloat16 model's tie made it differ from greedy decoding."""

@@ -92,6 +92,21 @@ def test_sampled_continuations_are_the_models_draws_and_repeat_with_the_seed(lm_
     assert generate_from_checkpoint(run_dir, ["to "], samples=3, seed=7, **options) == generations
 
 
+def test_text_is_handed_over_as_it_is_drawn_and_adds_up_to_the_generations(lm_run):
+    run_dir, _, _ = lm_run
+    options = {"max_new_tokens": 15, "temperature": 1.2, "seed": 2}
+    pieces = []
+    generations = generate_from_checkpoint(run_dir, ["to", "the "], samples=2,
+                                           on_text=lambda *piece: pieces.append(piece), **options)
+    assert generate_from_checkpoint(run_dir, ["to", "the "], samples=2, **options) == generations
+    for index, generation in enumerate(generations):
+        mine = [(prompt, text) for at, prompt, text in pieces if at == index]
+        assert len(mine) == 15 and {prompt for prompt, _ in mine} == {generation.prompt}
+        assert "".join(text for _, text in mine) == generation.text
+    # a prompt's samples are drawn together, step by step; prompts one after the other
+    assert [at for at, _, _ in pieces] == [0, 1] * 15 + [2, 3] * 15
+
+
 def test_prompts_of_different_lengths_are_each_continued(lm_run):
     run_dir, _, _ = lm_run
     generations = generate_from_checkpoint(run_dir, ["to", "the verse"], max_new_tokens=5, temperature=0)
@@ -223,6 +238,31 @@ def test_the_command_prints_the_continuations_apart(lm_run, capsys):
                                              top_p=0.95)
     assert captured.out == f"to be{first.text}\n{'-' * 40}\nto be{second.text}\n"
     assert captured.err.startswith("checkpoint: transformer-lm at step 40")
+
+
+def test_the_command_shows_a_continuation_as_it_is_written(lm_run, capsys, monkeypatch):
+    """A long --max-new-tokens printed nothing until the last character was drawn."""
+    import torchvote.models.transformer_lm as transformer_lm
+
+    run_dir, _, _ = lm_run
+    arguments = ["--prompt", "to be", "--prompt", "not", "--seed", "3", "--max-new-tokens", "12"]
+    assert main(["generate", str(run_dir), *arguments]) == 0
+    first, second = generate_from_checkpoint(run_dir, ["to be", "not"], seed=3, max_new_tokens=12)
+    assert capsys.readouterr().out == f"to be{first.text}\n{'-' * 40}\nnot{second.text}\n"
+    # Ctrl-C at the fifth character: the first four are already out, after their prompt
+    real_stream = transformer_lm.TransformerLM._stream
+
+    def interrupted(self, *args):
+        for count, step in enumerate(real_stream(self, *args)):
+            if count == 4:
+                raise KeyboardInterrupt
+            yield step
+
+    monkeypatch.setattr(transformer_lm.TransformerLM, "_stream", interrupted)
+    assert main(["generate", str(run_dir), *arguments]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == f"to be{first.text[:4]}"
+    assert captured.err.endswith("torchvote generate: interrupted\n")
 
 
 def test_the_command_prints_each_source_and_its_output(reverse_run, capsys):

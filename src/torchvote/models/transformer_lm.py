@@ -22,11 +22,13 @@ there is no paper size for this task. ``small`` is the CPU-sized preset, ``tiny`
 token costs one position's work instead of the whole context's; the tokens are those of
 ``use_cache=False``. Routing attention caches too (it normalises over the senders). Each token is
 drawn by :func:`~torchvote.models.sampling.sample_next_token` (greedy, temperature, top-k and
-top-p sampling).
+top-p sampling). ``stream`` hands over each step's tokens as they are drawn (``torchvote
+generate`` prints text as it is written); ``generate`` is that stream, collected.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -212,7 +214,109 @@ class TransformerLM(nn.Module):
         """An empty key/value cache for :meth:`forward` (incremental decoding)."""
         return self.decoder.new_cache()
 
+    def stream(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> Iterator[Tensor]:
+        """Continue ``prompt`` one token at a time, handing each over as it is drawn: what
+        :meth:`generate` returns, as an iterator (text that appears as it is written).
+
+        Every argument is checked when ``stream`` is called, before the first token. The model is
+        in evaluation mode from the first token until the iterator is exhausted or closed (a
+        ``for`` loop left with ``break`` closes it when the iterator is dropped).
+
+        The model reads at most the last ``context_length`` tokens. It runs in evaluation mode
+        (no dropout) and is returned to its previous mode afterwards. With ``use_cache`` the
+        keys and values of past tokens are kept (:class:`~torchvote.nn.kv_cache.TransformerCache`)
+        and only the new token is run, while the sequence fits the context; beyond it the window
+        slides, every position changes, and each step reruns the window as without a cache.
+
+        Args:
+            prompt: ``(b, t)`` or ``(t,)`` integer ids, ``t >= 1``. The rows of a batch share
+                one length: the model has no padding, so prompts of different lengths are
+                generated one call each.
+            max_new_tokens: tokens to append, ``>= 0``.
+            temperature: a finite number ``>= 0`` (or a one-element tensor of one) that divides
+                the logits; ``0`` takes the most likely token (greedy, no sampling).
+            top_k: a positive integer: sample only among the ``top_k`` most likely tokens (one
+                of ``vocab_size`` or more keeps them all, as nanoGPT's ``min(top_k, vocab)``, so
+                one setting serves data sets of different vocabularies); ``None`` for all.
+                Ignored when ``temperature`` is 0 (greedy).
+            top_p: a number in ``(0, 1]``: after ``top_k``, sample only among the smallest set of
+                most likely tokens whose probability reaches ``top_p`` (nucleus sampling,
+                Holtzman et al. 2020; ties to the lowest id, the most likely token always kept,
+                ``1`` keeps them all); ``None`` for all. Ignored when ``temperature`` is 0.
+            generator: the ``torch.Generator`` of the sampling, on any device (the draw happens there,
+                so a CPU generator serves a CUDA model); ``None`` for PyTorch's global one.
+            use_cache: keep past keys and values (same tokens, far faster; False reruns the
+                whole context for every token).
+
+        Returns:
+            An iterator of ``max_new_tokens`` tensors: each step's new ids, ``(b,)`` (or a
+            0-dim tensor for a ``(t,)`` prompt), on the model's device.
+
+        Raises:
+            ValueError: a bad ``prompt`` (a list of prompts included), ``max_new_tokens``
+                (negative, a bool or a float), ``temperature`` (negative, NaN or infinite),
+                ``top_k``, or ``top_p`` (outside ``(0, 1]``, NaN, a bool).
+            TypeError: a ``temperature`` or ``top_p`` that is not a number (``"1"``; for
+                ``temperature`` ``None`` or a tensor of several values), a ``generator`` that is
+                not a ``torch.Generator``, a ``use_cache`` that is not a bool.
+        """
+        if isinstance(prompt, (list, tuple)):
+            raise ValueError(
+                f"prompt must be one (batch, length) or (length,) tensor of token ids, got a "
+                f"{type(prompt).__name__}: the model has no padding, so prompts of different "
+                "lengths cannot share a batch; generate each on its own (or stack prompts of one "
+                "length into a tensor)"
+            )
+        unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
+        if unbatched and prompt.shape[0] == 0:  # named as given, not as the (1, 0) batch it becomes
+            raise ValueError(f"prompt must hold at least one token, got shape {tuple(prompt.shape)}")
+        tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
+        device = self.token_embedding.weight.device
+        check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size, device=device)
+        check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
+        # checked once here; every step samples without checking again
+        temperature, top_k, top_p, generator = _check_sampling(temperature, top_k, top_p, generator)
+        check_flag(use_cache, "use_cache")
+        sampling = (temperature, top_k, top_p, generator)
+        return self._stream(tokens, max_new_tokens, *sampling, use_cache, unbatched)
+
     @torch.no_grad()
+    def _stream(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        generator: torch.Generator | None,
+        use_cache: bool,
+        unbatched: bool,
+    ) -> Iterator[Tensor]:
+        """:meth:`stream`'s steps on checked arguments, ``tokens`` ``(b, t)``."""
+        context = self.config.context_length
+        cache = self.new_cache() if use_cache and tokens.shape[1] < context else None
+        with evaluating(self):
+            for _ in range(max_new_tokens):
+                if cache is not None and tokens.shape[1] <= context:
+                    inputs, step_cache = tokens[:, cache.length :], cache  # (b, t - P): prompt, then 1
+                else:
+                    inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
+                output = self._logits(inputs, need_weights=False, cache=step_cache)
+                logits = output.logits[:, -1]  # (b, vocab)
+                next_token = _sample(logits, temperature, top_k, top_p, generator).to(tokens)  # (b, 1)
+                tokens = torch.cat([tokens, next_token], dim=1)  # (b, t + 1)
+                yield next_token[0, 0] if unbatched else next_token[:, 0]
+
     def generate(
         self,
         prompt: Tensor,
@@ -264,36 +368,12 @@ class TransformerLM(nn.Module):
                 ``temperature`` ``None`` or a tensor of several values), a ``generator`` that is
                 not a ``torch.Generator``, a ``use_cache`` that is not a bool.
         """
-        if isinstance(prompt, (list, tuple)):
-            raise ValueError(
-                f"prompt must be one (batch, length) or (length,) tensor of token ids, got a "
-                f"{type(prompt).__name__}: the model has no padding, so prompts of different "
-                "lengths cannot share a batch; generate each on its own (or stack prompts of one "
-                "length into a tensor)"
-            )
-        unbatched = isinstance(prompt, Tensor) and prompt.dim() == 1
-        if unbatched and prompt.shape[0] == 0:  # named as given, not as the (1, 0) batch it becomes
-            raise ValueError(f"prompt must hold at least one token, got shape {tuple(prompt.shape)}")
-        tokens = prompt.unsqueeze(0) if unbatched else prompt  # (b, t)
-        device = self.token_embedding.weight.device
-        check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size, device=device)
-        check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
-        # checked once here; every step samples without checking again
-        temperature, top_k, top_p, generator = _check_sampling(temperature, top_k, top_p, generator)
-        check_flag(use_cache, "use_cache")
-        context = self.config.context_length
-        cache = self.new_cache() if use_cache and tokens.shape[1] < context else None
-        with evaluating(self):
-            for _ in range(max_new_tokens):
-                if cache is not None and tokens.shape[1] <= context:
-                    inputs, step_cache = tokens[:, cache.length :], cache  # (b, t - P): prompt, then 1
-                else:
-                    inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
-                output = self._logits(inputs, need_weights=False, cache=step_cache)
-                logits = output.logits[:, -1]  # (b, vocab)
-                next_token = _sample(logits, temperature, top_k, top_p, generator)  # (b, 1)
-                tokens = torch.cat([tokens, next_token.to(tokens)], dim=1)  # (b, t + 1)
-        if max_new_tokens == 0:  # a new tensor, as with new tokens: never the caller's prompt
-            tokens = tokens.clone()
-        return tokens.squeeze(0) if unbatched else tokens
+        steps = self.stream(
+            prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            generator=generator, use_cache=use_cache,
+        )
+        new = list(steps)  # (b,) or () each
+        if not new:  # a new tensor, as with new tokens: never the caller's prompt
+            return prompt.clone()
+        return torch.cat([prompt.to(new[0].device), torch.stack(new, dim=-1)], dim=-1)
 

@@ -74,6 +74,7 @@ def generate_from_checkpoint(
     seed: int | None = None,
     device: str = "auto",
     use_cache: bool = True,
+    on_text: Callable[[int, str, str], None] | None = None,
 ) -> list[Generation]:
     """Generate from the model of a checkpoint: continue prompts (language model) or decode
     sources (seq2seq).
@@ -99,6 +100,10 @@ def generate_from_checkpoint(
             global random state.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
         use_cache: keep past keys and values while generating (same tokens, far faster).
+        on_text: language models: called with ``(index, prompt, character)`` for every
+            character as it is drawn, ``index`` the generation's place in the returned list (the
+            ``samples`` of one prompt are drawn together, so their characters alternate): to show
+            text as it is written. ``None``: the text arrives in the returned list only.
 
     Returns:
         For a language model, ``samples`` generations per prompt, prompt by prompt; for a
@@ -137,7 +142,7 @@ def generate_from_checkpoint(
             model, vocab, prompts or [_default_prompt(vocab)],
             max_new_tokens=DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, samples=1 if samples is None else samples,
-            seed=seed, use_cache=use_cache,
+            seed=seed, use_cache=use_cache, on_text=on_text,
         )
     if task == "seq2seq":
         sampling_options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "samples": samples,
@@ -239,6 +244,7 @@ def _continue(
     samples: int,
     seed: int | None,
     use_cache: bool,
+    on_text: Callable[[int, str, str], None] | None,
 ) -> list[Generation]:
     encoded = [_encoded(prompt, vocab.encode) for prompt in prompts]  # (t,) each; all checked first
     device = next(model.parameters()).device
@@ -248,11 +254,17 @@ def _continue(
         # seeded afresh for each prompt, on the CPU: the same draws whatever the other prompts
         # and the device (generate draws where its generator is)
         generator = None if seed is None else torch.Generator().manual_seed(seed)
-        output = model.generate(
+        steps = model.stream(
             tokens, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             generator=generator, use_cache=use_cache,
-        )  # (samples, t + max_new_tokens)
-        continuations = output[:, len(ids) :].cpu()  # (samples, max_new_tokens)
+        )
+        drawn = []  # (samples,) each
+        for step in steps:
+            drawn.append(step)
+            if on_text is not None:  # reads each step back from the device: only when shown
+                for sample, token in enumerate(step.tolist()):
+                    on_text(len(results) + sample, prompt, vocab.decode([token]))
+        continuations = torch.stack(drawn, dim=1).cpu() if drawn else tokens[:, :0].cpu()  # (samples, new)
         results += [Generation("language-model", prompt, vocab.decode(row)) for row in continuations]
     return results
 
