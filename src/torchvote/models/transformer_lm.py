@@ -232,43 +232,16 @@ class TransformerLM(nn.Module):
         in evaluation mode from the first token until the iterator is exhausted or closed (a
         ``for`` loop left with ``break`` closes it when the iterator is dropped).
 
-        The model reads at most the last ``context_length`` tokens. It runs in evaluation mode
-        (no dropout) and is returned to its previous mode afterwards. With ``use_cache`` the
-        keys and values of past tokens are kept (:class:`~torchvote.nn.kv_cache.TransformerCache`)
-        and only the new token is run, while the sequence fits the context; beyond it the window
-        slides, every position changes, and each step reruns the window as without a cache.
-
         Args:
-            prompt: ``(b, t)`` or ``(t,)`` integer ids, ``t >= 1``. The rows of a batch share
-                one length: the model has no padding, so prompts of different lengths are
-                generated one call each.
-            max_new_tokens: tokens to append, ``>= 0``.
-            temperature: a finite number ``>= 0`` (or a one-element tensor of one) that divides
-                the logits; ``0`` takes the most likely token (greedy, no sampling).
-            top_k: a positive integer: sample only among the ``top_k`` most likely tokens (one
-                of ``vocab_size`` or more keeps them all, as nanoGPT's ``min(top_k, vocab)``, so
-                one setting serves data sets of different vocabularies); ``None`` for all.
-                Ignored when ``temperature`` is 0 (greedy).
-            top_p: a number in ``(0, 1]``: after ``top_k``, sample only among the smallest set of
-                most likely tokens whose probability reaches ``top_p`` (nucleus sampling,
-                Holtzman et al. 2020; ties to the lowest id, the most likely token always kept,
-                ``1`` keeps them all); ``None`` for all. Ignored when ``temperature`` is 0.
-            generator: the ``torch.Generator`` of the sampling, on any device (the draw happens there,
-                so a CPU generator serves a CUDA model); ``None`` for PyTorch's global one.
-            use_cache: keep past keys and values (same tokens, far faster; False reruns the
-                whole context for every token).
+            prompt, max_new_tokens, temperature, top_k, top_p, generator, use_cache: as
+                :meth:`generate` takes them.
 
         Returns:
             An iterator of ``max_new_tokens`` tensors: each step's new ids, ``(b,)`` (or a
             0-dim tensor for a ``(t,)`` prompt), on the model's device.
 
         Raises:
-            ValueError: a bad ``prompt`` (a list of prompts included), ``max_new_tokens``
-                (negative, a bool or a float), ``temperature`` (negative, NaN or infinite),
-                ``top_k``, or ``top_p`` (outside ``(0, 1]``, NaN, a bool).
-            TypeError: a ``temperature`` or ``top_p`` that is not a number (``"1"``; for
-                ``temperature`` ``None`` or a tensor of several values), a ``generator`` that is
-                not a ``torch.Generator``, a ``use_cache`` that is not a bool.
+            ValueError, TypeError: as :meth:`generate` raises them, when ``stream`` is called.
         """
         if isinstance(prompt, (list, tuple)):
             raise ValueError(
