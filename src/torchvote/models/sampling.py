@@ -8,7 +8,8 @@ Degeneration", ICLR 2020, sec. 3.1): the smallest set of most likely tokens whos
 reaches ``top_p``, renormalised, which the token is drawn from. As in Hugging Face's
 ``TopPLogitsWarper``, a token is kept when the tokens more likely than it (sorted by logit,
 descending, ties to the lowest id as ``argmax`` breaks them) hold less than ``top_p``, so the most
-likely token always stays; ``top_p=1`` keeps every token.
+likely token always stays; ``top_p=1`` keeps every token. A loop of many steps checks its options
+once (:func:`check_sampling`) and draws each step with :func:`sample_checked`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from torchvote.validation import check_float_tensor, check_in_range, is_integer
 
-__all__ = ["sample_next_token"]
+__all__ = ["check_sampling", "sample_checked", "sample_next_token"]
 
 
 def sample_next_token(
@@ -66,14 +67,14 @@ def sample_next_token(
     check_float_tensor(logits, "logits")
     if logits.dim() != 2 or logits.shape[1] == 0:
         raise ValueError(f"logits must be of shape (batch, vocab) with vocab >= 1, got {tuple(logits.shape)}")
-    return _sample(logits, *_check_sampling(temperature, top_k, top_p, generator))
+    return sample_checked(logits, *check_sampling(temperature, top_k, top_p, generator))
 
 
-def _check_sampling(
+def check_sampling(
     temperature: Any, top_k: Any, top_p: Any, generator: Any
 ) -> tuple[float, int | None, float | None, torch.Generator | None]:
-    """The sampling options of :func:`sample_next_token`, checked once (``generate`` then samples
-    every step with :func:`_sample`, which checks nothing).
+    """The sampling options of :func:`sample_next_token`, checked once (a generation loop then
+    samples every step with :func:`sample_checked`, which checks nothing).
 
     Args:
         temperature, top_k, top_p, generator: as :func:`sample_next_token` takes them.
@@ -95,14 +96,24 @@ def _check_sampling(
     return temperature, None if top_k is None else int(top_k), top_p, generator
 
 
-def _sample(
+def sample_checked(
     logits: Tensor,
     temperature: float,
     top_k: int | None,
     top_p: float | None,
     generator: torch.Generator | None,
 ) -> Tensor:
-    """:func:`sample_next_token` on arguments already checked (:func:`_check_sampling`)."""
+    """:func:`sample_next_token` on options already checked by :func:`check_sampling`, which a
+    generation loop calls once before its steps (this checks nothing, so no step reads a check
+    back from the device).
+
+    Args:
+        logits, temperature, top_k, top_p, generator: as :func:`sample_next_token` takes them,
+            the options as :func:`check_sampling` returns them.
+
+    Returns:
+        ``(b, 1)``: the drawn ids, on ``logits``' device.
+    """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (b, vocab); float64 kept
     if temperature == 0.0:
         return logits.argmax(dim=-1, keepdim=True)  # (b, 1)
@@ -119,7 +130,7 @@ def _filtered_logits(logits: Tensor, temperature: float, top_k: int | None, top_
 
     Args:
         logits: ``(b, vocab)`` floating-point logits.
-        temperature, top_k, top_p: checked options (:func:`_check_sampling`), ``temperature > 0``.
+        temperature, top_k, top_p: checked options (:func:`check_sampling`), ``temperature > 0``.
 
     Returns:
         ``(b, vocab)`` float64 logits.

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.models.registry import SequenceOutput, register_model
-from torchvote.models.sampling import _check_sampling, _sample
+from torchvote.models.sampling import check_sampling, sample_checked
 from torchvote.models.transformer_backbone import (
     TransformerBackboneFields,
     check_cache,
@@ -258,7 +258,7 @@ class TransformerLM(nn.Module):
         check_token_ids(tokens, "prompt", vocab_size=self.config.vocab_size, device=device)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
         # checked once here; every step samples without checking again
-        temperature, top_k, top_p, generator = _check_sampling(temperature, top_k, top_p, generator)
+        temperature, top_k, top_p, generator = check_sampling(temperature, top_k, top_p, generator)
         check_flag(use_cache, "use_cache")
         sampling = (temperature, top_k, top_p, generator)
         return self._stream(tokens, max_new_tokens, *sampling, use_cache, unbatched)
@@ -286,7 +286,7 @@ class TransformerLM(nn.Module):
                     inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
                 output = self._logits(inputs, need_weights=False, cache=step_cache)
                 logits = output.logits[:, -1]  # (b, vocab)
-                next_token = _sample(logits, temperature, top_k, top_p, generator).to(tokens)  # (b, 1)
+                next_token = sample_checked(logits, temperature, top_k, top_p, generator).to(tokens)  # (b, 1)
                 tokens = torch.cat([tokens, next_token], dim=1)  # (b, t + 1)
                 yield next_token[0, 0] if unbatched else next_token[:, 0]
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from torchvote.data import SEQUENCE_TASKS, CharVocab, decode_sequence, encode_source
 from torchvote.models.registry import get_model_spec
-from torchvote.models.sampling import _check_sampling
+from torchvote.models.sampling import check_sampling
 from torchvote.training.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -134,7 +134,7 @@ def generate_from_checkpoint(
             check_positive_int(samples, "samples")
         if seed is not None and check_positive_int(seed, "seed", minimum=0) >= 2**64:
             raise ValueError(f"seed: expected an integer in [0, 2**64), got {seed}")
-        sampling = _check_sampling(1.0 if temperature is None else temperature, top_k, top_p, None)
+        sampling = check_sampling(1.0 if temperature is None else temperature, top_k, top_p, None)
         model, _, metadata = load_model_from_checkpoint(paths.weights, resolve_device(device))
         vocab = _vocabulary(metadata, model.config.vocab_size)
         temperature, top_k, top_p, _ = sampling
