@@ -21,8 +21,8 @@ from torchvote.experiments import (
     run_dir_of,
     train_command,
 )
-from torchvote.experiments.report import metric_value, summarize, write_summary
-from torchvote.experiments.runner import plan_run
+from torchvote.experiments.report import UNRECORDED_CODE, metric_value, summarize, write_summary
+from torchvote.experiments.runner import describe_code, plan_run
 from torchvote.training import read_metrics, train
 from torchvote.training.config import ConfigError, build_model_config, config_to_dict, load_config
 
@@ -112,12 +112,52 @@ def test_reproduce_runs_every_seed_and_summarises_all_of_them(tmp_path, tiny_val
         assert entry["commands"][0].startswith(f"torchvote train {variant.preset} ")
     markdown = summary_path.read_text()
     assert "torchvote reproduce tiny --budget cpu" in markdown and "| plain |" in markdown
+    # every run records the code it was measured with; the summary names it
+    code = describe_code()
+    assert {json.loads(p.read_text())["code"] for p in out.rglob("result.json")} == {code}
+    assert f"\nCode: {code}.\n" in markdown
     # a second call trains nothing: every run has its result
     before = {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
     lines.clear()
     reproduce(row, seeds=[0, 1, 2], out_dir=out, echo=lines.append)
-    assert all("finished earlier" in line for line in lines) and len(lines) == 6
+    assert all(line.endswith(f"finished earlier ({code})") for line in lines) and len(lines) == 6
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
+    # a run recorded before records named their code: said so, in the summary and as it is skipped
+    old = run_dir_of(out, row, "cpu", row.variants[0], 0) / "result.json"
+    old.write_text(json.dumps({k: v for k, v in json.loads(old.read_text()).items() if k != "code"}))
+    lines.clear()
+    markdown = reproduce(row, seeds=[0, 1, 2], out_dir=out, echo=lines.append).read_text()
+    assert lines[0].endswith(f"finished earlier ({UNRECORDED_CODE})")
+    assert f"\nCode: {'; '.join(sorted([code, UNRECORDED_CODE]))}.\n" in markdown
+
+
+def test_the_code_of_a_run_is_torchvotes_version_and_its_checkouts_commit(tmp_path):
+    import subprocess
+
+    from torchvote import __version__
+
+    checkout = tmp_path / "checkout"
+    (checkout / "pkg").mkdir(parents=True)
+    (checkout / "pkg" / "module.py").write_text("x = 1\n")
+    assert describe_code(checkout / "pkg") == f"torchvote {__version__}"  # no checkout: the version
+
+    def git(*words):
+        command = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@example.com", *words]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    commit = git("rev-parse", "--short", "HEAD")
+    assert describe_code(checkout / "pkg") == f"torchvote {__version__} at git {commit}"
+    (checkout / "pkg" / "module.py").write_text("x = 2\n")
+    (checkout / "pkg" / "new.py").write_text("")  # untracked: not the code that ran
+    changed = f"torchvote {__version__} at git {commit}, with uncommitted changes"
+    assert describe_code(checkout / "pkg") == changed
+    # installed into an environment inside the checkout, untracked: not the checkout's code
+    (checkout / "venv" / "site-packages" / "torchvote").mkdir(parents=True)
+    (checkout / "venv" / "site-packages" / "torchvote" / "__init__.py").write_text("")
+    assert describe_code(checkout / "venv" / "site-packages" / "torchvote") == f"torchvote {__version__}"
 
 
 def test_an_interrupted_run_resumes_to_the_uninterrupted_numbers(tmp_path, tiny_values):

@@ -56,6 +56,8 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 
 _RESULT_KEYS = ("variant", "seed", "results", "wall_s", "command", "device")
+#: What a summary says of a run whose record predates records naming their code.
+UNRECORDED_CODE = "code not recorded: a run made before records named it"
 
 
 def read_result(path: str | Path) -> dict[str, Any]:
@@ -105,7 +107,9 @@ def summarize(row: Row, budget: str, base: str | Path) -> dict[str, Any]:
     Returns:
         ``{"row", "letter", "title", "budget", "variants": [{"label", "paper", "seeds",
         "metrics": {label: {"n", "mean", "std", "min", "max"}}, "wall_s": {...}, "commands",
-        "devices"}]}``; a measuring row gives ``"table"`` instead of ``"variants"``.
+        "devices", "code"}]}`` (``code``: what :func:`~torchvote.experiments.runner.describe_code`
+        said of each run); a measuring row gives ``"table"``, ``"device"`` and ``"code"`` instead
+        of ``"variants"``.
     """
     base = Path(base)
     summary: dict[str, Any] = {"row": row.name, "letter": row.letter, "title": row.title, "budget": budget}
@@ -115,6 +119,7 @@ def summarize(row: Row, budget: str, base: str | Path) -> dict[str, Any]:
         summary |= {
             "table": record.get("table", []),
             "device": record.get("device"),
+            "code": record.get("code", UNRECORDED_CODE) if record else None,
             "wall_s": record.get("wall_s"),
         }
         return summary
@@ -135,6 +140,7 @@ def summarize(row: Row, budget: str, base: str | Path) -> dict[str, Any]:
                 "wall_s": _stats([r["wall_s"] for r in runs]),
                 "commands": [r["command"] for r in sorted(runs, key=lambda r: r["seed"])],
                 "devices": sorted({r["device"] for r in runs}),
+                "code": sorted({r.get("code", UNRECORDED_CODE) for r in runs}),
             }
         )
     summary["variants"] = variants
@@ -162,6 +168,8 @@ def _markdown(row: Row, summary: dict[str, Any]) -> str:
                 cells = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in entry.values()]
                 lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"Device: {summary.get('device')}; wall time {summary.get('wall_s') or 0:.0f} s."]
+        if summary.get("code"):
+            lines += ["", f"Code: {summary['code']}."]
     else:
         metric_labels = [
             m.label for m in row.metrics if any(v["metrics"][m.label].get("n") for v in summary["variants"])
@@ -177,6 +185,9 @@ def _markdown(row: Row, summary: dict[str, Any]) -> str:
             "",
             f"Device: {'; '.join(devices) or '-'}. Mean +/- sample standard deviation over every seed run.",
         ]
+        code = sorted({c for v in summary["variants"] for c in v.get("code", [])})
+        if code:
+            lines += ["", f"Code: {'; '.join(code)}."]
         commands = [c for v in summary["variants"] for c in v["commands"][:1]]
         if commands:  # each variant's lowest seed run: 0 unless --seeds left it out
             first = sorted({v["seeds"][0] for v in summary["variants"] if v["seeds"]})

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torchvote.experiments.report import read_result, summarize, write_summary
+from torchvote.experiments.report import UNRECORDED_CODE, read_result, summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
 from torchvote.files import atomic_write_bytes
 from torchvote.training.checkpoint import CheckpointError
@@ -195,6 +195,49 @@ def describe_device(device: str) -> str:
     return f"CPU {cpu}, {torch.get_num_threads()} threads (torch {torch.__version__})"
 
 
+def describe_code(source: str | Path | None = None) -> str:
+    """The code a run is measured with, in words: torchvote's version and, where the package runs
+    from a git checkout, its commit and whether files tracked there have changed since.
+
+    A finished run's record keeps this, so a summary says which code made its figures (a fix
+    that changes a row's numbers without changing its configuration, such as a data placement,
+    leaves the folder's configuration equal to the row's: only this tells the runs apart).
+
+    Args:
+        source: a folder inside the checkout to ask (default: this package's own folder).
+
+    Returns:
+        ``"torchvote 0.1.0 at git 1a2b3c4"`` (``", with uncommitted changes"`` added where tracked
+        files differ from the commit), or ``"torchvote 0.1.0"`` outside a git checkout, in a
+        folder the checkout does not track (an environment inside another project), or without
+        git.
+    """
+    import subprocess
+
+    from torchvote import __version__
+
+    folder = Path(source) if source is not None else Path(__file__).resolve().parent
+
+    def git(*words: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(folder), *words], capture_output=True, text=True,
+                                  timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):  # no git, or it hung
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    text = f"torchvote {__version__}"
+    # a package installed into a virtual environment inside another project's checkout is not
+    # that project's code: the folder's own files must be tracked there
+    tracked = git("ls-files", "--", ".")
+    commit = git("rev-parse", "--short", "HEAD") if tracked else None
+    if commit:
+        text += f" at git {commit}"
+        if git("status", "--porcelain", "--untracked-files=no"):
+            text += ", with uncommitted changes"
+    return text
+
+
 # Keys a rerun of a row may set otherwise than the run folder's config: where and how it runs and
 # what it prints (those a resumed run may change, less those that change the row's numbers); any
 # other difference means the row was edited and the folder's result is another configuration's.
@@ -357,6 +400,7 @@ def _train_one(
         "wall_s": result.wall_s,  # every segment's, not only the last one's
         "resumed": resume is not None,
         "device": describe_device(config.device),
+        "code": describe_code(),
     }
 
 
@@ -457,6 +501,7 @@ def reproduce(
                 "wall_s": time.perf_counter() - started,
             }
             record["device"] = describe_device("cpu")
+            record["code"] = describe_code()
             atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
         return write_summary(row, base, summarize(row, budget, base))
     _check_finished_runs(row, budget, out_dir, device)  # the summary counts them all, chosen or not
@@ -468,7 +513,8 @@ def reproduce(
             run_dir = run_dir_of(out_dir, row, budget, variant, seed)
             planned = plan_run(row, variant, budget, seed, run_dir, device)  # refuses an edited row
             if planned.state == "finished":
-                echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: finished earlier")
+                code = read_result(run_dir / RESULT_FILE).get("code", UNRECORDED_CODE)
+                echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: finished earlier ({code})")
                 continue
             # the command as it runs, as --dry-run prints it (run folder and device included)
             note = f" ({planned.note})" if planned.note else ""
