@@ -94,8 +94,70 @@ def test_falls_through_mirrors_in_order(server: FakeServer, tmp_path: Path) -> N
 def test_every_mirror_unreachable(server: FakeServer, tmp_path: Path) -> None:
     with pytest.raises(OSError, match="every mirror failed") as info:
         download_file(["https://x/f", "https://y/f"], tmp_path / "f", checksum=PAYLOAD_MD5)
-    assert "https://x/f" in str(info.value) and "https://y/f" in str(info.value)
+    assert str(info.value) == (
+        "could not download f: every mirror failed (x: no route to https://x/f; y: no route to https://y/f)"
+    )
+    assert [url for url, _ in info.value.failures] == ["https://x/f", "https://y/f"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_mirrors_failing_alike_give_their_reason_once(server: FakeServer, tmp_path: Path) -> None:
+    """Offline, MNIST's three mirrors made one 400-character line, the same reason three times."""
+    import socket
+    from urllib.error import HTTPError
+
+    offline = URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
+    mirrors = ["https://a.org/m/f", "https://b.com/f", "http://c.net/x/f"]
+    for url in mirrors:
+        server.routes[url] = offline
+    with pytest.raises(DownloadError) as info:
+        download_file(mirrors, tmp_path / "f", checksum=PAYLOAD_MD5)
+    assert str(info.value) == (
+        "could not download f: every mirror failed (a.org, b.com, c.net: Temporary failure in name "
+        "resolution)"
+    )
+    # each reason once, with its mirrors, in the order they were tried; two mirrors of one host by URL
+    server.routes["https://a.org/m/f"] = HTTPError("https://a.org/m/f", 404, "Not Found", None, None)
+    server.routes["https://a.org/n/f"] = URLError(TimeoutError("timed out"))
+    server.routes["http://c.net/x/f"] = HTTPError("http://c.net/x/f", 404, "Not Found", None, None)
+    with pytest.raises(DownloadError) as info:
+        download_file(["https://a.org/m/f", "https://a.org/n/f", "http://c.net/x/f"], tmp_path / "f",
+                      checksum=PAYLOAD_MD5)
+    assert str(info.value) == (
+        "could not download f: every mirror failed (https://a.org/m/f, http://c.net/x/f: HTTP 404 Not "
+        "Found; https://a.org/n/f: timed out)"
+    )
+
+
+def test_a_failed_download_leaves_no_folder_it_made(
+    server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torchvote data mnist --download --root DIR`, offline, left DIR behind, empty."""
+    with pytest.raises(DownloadError):
+        download_file("https://x/f", tmp_path / "new" / "nested" / "f", checksum=PAYLOAD_MD5)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "there").mkdir()  # a folder that was there stays, empty or not
+    with pytest.raises(DownloadError):
+        download_file("https://x/f", tmp_path / "there" / "f", checksum=PAYLOAD_MD5)
+    assert (tmp_path / "there").is_dir()
+    # a folder made by the download, that another file went into meanwhile, stays (with it)
+    def drop_a_file_then_fail(request: object, timeout: float | None = None) -> FakeResponse:
+        (tmp_path / "made" / "other.txt").write_text("kept")
+        raise URLError("no route")
+
+    monkeypatch.setattr(download_module, "urlopen", drop_a_file_then_fail)
+    with pytest.raises(DownloadError):
+        download_file("https://x/f", tmp_path / "made" / "f", checksum=PAYLOAD_MD5)
+    assert (tmp_path / "made" / "other.txt").read_text() == "kept"
+
+    # interrupted (Ctrl-C while connecting): the folder goes too
+    def interrupted(request: object, timeout: float | None = None) -> FakeResponse:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(download_module, "urlopen", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        download_file("https://x/f", tmp_path / "stopped" / "f", checksum=PAYLOAD_MD5)
+    assert not (tmp_path / "stopped").exists()
 
 
 def test_every_mirror_failing_is_a_download_error_and_a_url_that_is_none_falls_through(

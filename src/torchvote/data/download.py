@@ -6,8 +6,9 @@ in this module with a fake that serves local bytes.
 Guarantees of :func:`download_file`: the bytes are streamed into a temporary file in the
 destination directory and hashed on the way; only a file whose digest matches is flushed to disk
 (``fsync``) and moved to its final name with :func:`os.replace` (atomic on one file system). A
-failed, interrupted or corrupt download never leaves a file under the final name, and a crash
-just after the rename cannot leave a name pointing at bytes that never reached the disk.
+failed, interrupted or corrupt download never leaves a file under the final name (nor a folder
+made for it that stayed empty), and a crash just after the rename cannot leave a name pointing at
+bytes that never reached the disk.
 Mirrors are tried in order.
 """
 
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.error import HTTPError, URLError
+from urllib.parse import urlsplit
 from urllib.request import Request, urlopen
 
 from torchvote.data.errors import ChecksumError, DownloadError
@@ -153,7 +156,9 @@ def download_file(
         ValueError: If ``urls`` is empty, ``algorithm`` unknown to :mod:`hashlib`, or
             ``checksum`` not a hex digest of that algorithm's length (no file could match it).
         ChecksumError: If every mirror answered but none with the expected digest.
-        DownloadError: If no mirror served the file (the message lists each mirror's error).
+        DownloadError: If no mirror served the file (the message gives each mirror's reason; its
+            ``failures``, each mirror's URL and error). The folders this call made for ``dest``
+            are removed again while empty, as after any failure or interruption.
         OSError: If writing the file here failed (a full disk, a read-only folder): raised at
             once, not tried again from the next mirror.
     """
@@ -168,7 +173,21 @@ def download_file(
         return dest
     # what a download (or an extraction) killed mid-write left here: a hidden file, never read
     remove_abandoned_temporaries(dest.parent)
+    created = [folder for folder in (dest.parent, *dest.parent.parents) if not folder.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _from_mirrors(mirrors, dest, algorithm, checksum, timeout)
+    except BaseException:  # a failed or interrupted download leaves no folder it made behind
+        for folder in created:  # innermost first; only while empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _from_mirrors(mirrors: list[str], dest: Path, algorithm: str, checksum: str, timeout: float) -> Path:
+    """``dest`` from the first mirror that serves the right bytes (:func:`download_file`)."""
     failures: list[tuple[str, Exception]] = []
     for url in mirrors:
         try:
@@ -179,10 +198,34 @@ def download_file(
         except _MirrorFailed as err:
             failures.append((url, err.__cause__ or err))
     checksum_errors = [err for _, err in failures if isinstance(err, ChecksumError)]
-    report = "\n".join(f"  - {url}: {err}" for url, err in failures)
     if checksum_errors and len(checksum_errors) == len(failures):
         raise checksum_errors[0]
-    raise DownloadError(f"could not download {dest.name}; every mirror failed:\n{report}")
+    raise DownloadError(
+        f"could not download {dest.name}: every mirror failed ({_failure_report(failures)})", failures
+    )
+
+
+def _failure_report(failures: list[tuple[str, Exception]]) -> str:
+    """The mirrors' failures in one line, each reason once after the mirrors that gave it (by host
+    name; by URL where two mirrors share a host): ``a.org, b.org: timed out; c.org: HTTP 404 Not
+    Found``."""
+    hosts = [urlsplit(url).netloc or url for url, _ in failures]
+    names = hosts if len(set(hosts)) == len(hosts) else [url for url, _ in failures]
+    by_reason: dict[str, list[str]] = {}
+    for name, (_, err) in zip(names, failures, strict=True):
+        by_reason.setdefault(_reason(err), []).append(name)
+    return "; ".join(f"{', '.join(where)}: {reason}" for reason, where in by_reason.items())
+
+
+def _reason(err: Exception) -> str:
+    """A mirror's failure in a few words: an HTTP status, the reason of a URL error (``Temporary
+    failure in name resolution``, ``timed out``), else the error's own message."""
+    if isinstance(err, HTTPError):
+        return f"HTTP {err.code} {err.reason}"
+    if isinstance(err, URLError):
+        reason = err.reason
+        return str(reason.strerror if isinstance(reason, OSError) and reason.strerror else reason)
+    return str(err) or type(err).__name__
 
 
 def download_mnist(

@@ -12,7 +12,7 @@ Two failure modes deserve their own types because callers react to them differen
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from os import PathLike
 
 __all__ = ["ChecksumError", "DataNotFoundError", "DownloadError"]
@@ -74,6 +74,17 @@ class ChecksumError(RuntimeError):
 
 class DownloadError(OSError):
     """Every mirror of a file failed to serve it: unreachable, an HTTP error, a broken stream or
-    an address that is no URL (the message lists each mirror's error). Subclasses
+    an address that is no URL (the message gives each mirror's reason). Subclasses
     :class:`OSError`, so ``except OSError`` also catches it.
+
+    Args:
+        message: what failed, in one line.
+        failures: each mirror's URL and the error it gave, in the order they were tried.
+
+    Attributes:
+        failures: as given.
     """
+
+    def __init__(self, message: str, failures: Sequence[tuple[str, BaseException]] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
