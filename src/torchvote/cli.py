@@ -7,7 +7,7 @@
     torchvote demo                                      # the operator as attention and routing
     torchvote train PRESET [key=value ...]              # PRESET: a shipped name or a .yaml path
     torchvote train --resume RUN_DIR [key=value ...]    # continue a stopped run
-    torchvote evaluate CHECKPOINT --on mnist --on affnist-style
+    torchvote evaluate CHECKPOINT [--on mnist --on affnist-style]   # default: the run's own sets
     torchvote generate RUN_DIR --prompt "To be" [--temperature 0.8 --top-p 0.9 --samples 3]
     torchvote generate RUN_DIR --prompt 12345 --prompt 907       # a seq2seq run decodes sources
     torchvote reproduce NAME [--budget cpu|paper] [--seeds 0 1 2]   # a row of docs/results.md
@@ -721,21 +721,23 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write(character)
         sys.stdout.flush()
 
-    generations = generate_from_checkpoint(
-        args.checkpoint,
-        args.prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        samples=args.samples,
-        seed=args.seed,
-        device=args.device,
-        use_cache=not args.no_cache,
-        on_text=show if args.samples in (None, 1) else None,  # several samples are drawn together
-    )
-    if streamed:
-        print()
+    try:
+        generations = generate_from_checkpoint(
+            args.checkpoint,
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            samples=args.samples,
+            seed=args.seed,
+            device=args.device,
+            use_cache=not args.no_cache,
+            on_text=show if args.samples in (None, 1) else None,  # several samples are drawn together
+        )
+    finally:  # the text written so far ends its line, also when Ctrl-C stopped it
+        if streamed:
+            print()
     for index, generation in enumerate(generations):
         if generation.task == "seq2seq":
             print(f"{generation.prompt} -> {generation.text or '(nothing before <eos>)'}")

@@ -249,7 +249,8 @@ def test_the_command_shows_a_continuation_as_it_is_written(lm_run, capsys, monke
     assert main(["generate", str(run_dir), *arguments]) == 0
     first, second = generate_from_checkpoint(run_dir, ["to be", "not"], seed=3, max_new_tokens=12)
     assert capsys.readouterr().out == f"to be{first.text}\n{'-' * 40}\nnot{second.text}\n"
-    # Ctrl-C at the fifth character: the first four are already out, after their prompt
+    # Ctrl-C at the fifth character: the first four are already out, after their prompt, on a line
+    # of their own (the message does not follow them on it)
     real_stream = transformer_lm.TransformerLM._stream
 
     def interrupted(self, *args):
@@ -261,7 +262,7 @@ def test_the_command_shows_a_continuation_as_it_is_written(lm_run, capsys, monke
     monkeypatch.setattr(transformer_lm.TransformerLM, "_stream", interrupted)
     assert main(["generate", str(run_dir), *arguments]) == 130
     captured = capsys.readouterr()
-    assert captured.out == f"to be{first.text[:4]}"
+    assert captured.out == f"to be{first.text[:4]}\n"
     assert captured.err.endswith("torchvote generate: interrupted\n")
 
 
