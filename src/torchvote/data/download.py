@@ -174,8 +174,8 @@ def download_file(
     # what a download (or an extraction) killed mid-write left here: a hidden file, never read
     remove_abandoned_temporaries(dest.parent)
     created = [folder for folder in (dest.parent, *dest.parent.parents) if not folder.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         return _from_mirrors(mirrors, dest, algorithm, checksum, timeout)
     except BaseException:  # a failed or interrupted download leaves no folder it made behind
         for folder in created:  # innermost first; only while empty
