@@ -46,6 +46,20 @@ def _targets(length: int = 5) -> torch.Tensor:
     return target
 
 
+def test_sources_of_any_length_are_read_unlike_the_transformers():
+    """`max_source_length` tells `torchvote generate` how long a source may be: the GRUs read any
+    length, the Transformer's positions end at its max_len."""
+    model = _model(max_len=4)
+    assert model.max_source_length is None
+    long = torch.randint(3, 13, (1, 3 * model.config.max_len))  # three times max_len
+    long[0, -1] = EOS
+    assert model.generate(long).shape[0] == 1
+    transformer = create_model("transformer-seq2seq", "tiny", max_len=4)
+    assert transformer.max_source_length == 4
+    with pytest.raises(ValueError, match="source"):
+        transformer.generate(long)
+
+
 @pytest.mark.parametrize(("attention", "options"), SCORES)
 def test_shapes_and_weights_for_every_score(attention, options):
     model = _model(attention, **options)

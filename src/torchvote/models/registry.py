@@ -50,7 +50,8 @@ file is all it takes; ``list_models()`` then returns it and the registry sweep t
 ``seq2seq``
     config fields ``src_vocab_size``, ``tgt_vocab_size`` and ``max_len``; ``forward(source (b, s),
     target_input (b, t))`` returns a :class:`SequenceOutput` with logits ``(b, t, tgt_vocab_size)``.
-    Token id ``pad_id`` (config field, 0 when absent) is padding in both sequences.
+    Token id ``pad_id`` (config field, 0 when absent) is padding in both sequences. The property
+    ``max_source_length`` is the longest source it reads (``None``: any length).
 """
 
 from __future__ import annotations

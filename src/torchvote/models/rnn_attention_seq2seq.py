@@ -246,6 +246,11 @@ class RNNAttentionSeq2Seq(nn.Module):
 
     # --- encoder ---------------------------------------------------------------------------------
 
+    @property
+    def max_source_length(self) -> None:
+        """``None``: the GRUs read sources of any length."""
+        return None
+
     def encode(self, source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Run the encoder over the (packed) source.
 

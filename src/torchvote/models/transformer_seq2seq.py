@@ -228,9 +228,14 @@ class TransformerSeq2Seq(nn.Module):
         memory, source_mask, _ = self._encode(source, need_weights=False)
         return memory, source_mask
 
+    @property
+    def max_source_length(self) -> int:
+        """The longest source the model reads: its positions end at ``max_len``."""
+        return self.config.max_len
+
     def _check_source(self, source: Tensor) -> None:
         check_token_ids(
-            source, "source", self.config.max_len, vocab_size=self.config.src_vocab_size,
+            source, "source", self.max_source_length, vocab_size=self.config.src_vocab_size,
             device=self.target_embedding.weight.device,
         )
 

@@ -154,10 +154,8 @@ def generate_from_checkpoint(
                 "sampling options apply to language models"
             )
         sources = _sources(data, prompts)
-        model, spec, _ = load_model_from_checkpoint(paths.weights, resolve_device(device))
-        # the Transformer's positions end at max_len; the GRUs read sources of any length
-        source_limit = model.config.max_len if spec.name == "transformer-seq2seq" else None
-        return _decode(model, sources, max_new_tokens, use_cache, source_limit)
+        model, _, _ = load_model_from_checkpoint(paths.weights, resolve_device(device))
+        return _decode(model, sources, max_new_tokens, use_cache, model.max_source_length)
     raise ValueError(
         f"{paths.weights} holds a {metadata['model']} ({task}), which does not generate text; "
         "generate takes a language model (transformer-lm) or a seq2seq model "
