@@ -275,7 +275,7 @@ def test_lm_generate_extends_the_prompt_and_follows_its_options():
     assert model.training  # the mode is restored
 
 
-def test_lm_stream_hands_over_generates_tokens_one_step_at_a_time():
+def test_lm_stream_hands_over_the_tokens_of_generate_one_step_at_a_time():
     model = _model("transformer-lm")
     prompt = torch.randint(model.config.vocab_size, (2, 5))
     options = {"temperature": 0.7, "top_k": 5}
