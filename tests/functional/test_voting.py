@@ -478,3 +478,18 @@ def test_the_mean_of_a_receiver_every_sender_left_is_a_mean_in_half_precision(dt
     outputs = vote(SharedVotes(values), logits, normalize_over="receivers", aggregation="mean").outputs
     assert outputs.dtype == dtype
     assert abs(float(outputs[0, 0, 0]) - 2.5) < 0.02
+
+
+def test_causal_voting_over_the_receivers_is_refused():
+    """vote accepted is_causal=True with normalize_over="receivers" (RoutingAttention refuses it),
+    and the outputs were not causal: editing the last query changed the first output."""
+    from torchvote.functional import DotProductScores, SharedVotes, vote
+
+    q, k, v = torch.randn(3, 1, 4, 8).unbind(0)
+    with pytest.raises(ValueError, match="is_causal=True needs normalize_over='senders'"):
+        vote(SharedVotes(v), DotProductScores(q, k), normalize_over="receivers", is_causal=True)
+    causal = vote(SharedVotes(v), DotProductScores(q, k), normalize_over="senders", is_causal=True)
+    edited = q.clone()
+    edited[0, 3] += 3.0
+    again = vote(SharedVotes(v), DotProductScores(edited, k), normalize_over="senders", is_causal=True)
+    torch.testing.assert_close(causal.outputs[0, :3], again.outputs[0, :3])  # senders: causal

@@ -296,3 +296,18 @@ def test_class_capsules_refuse_a_router_built_for_other_sizes():
     with pytest.raises(ValueError, match="out_dim=8"):
         ClassMatrixCapsules(3, 10, routing=make_router("slot", in_caps=1, out_caps=10, out_dim=8))
     assert ClassMatrixCapsules(3, 10, routing=make_router("slot", in_caps=1, out_caps=10, out_dim=16))
+
+
+def test_a_plain_pair_of_poses_and_activations_is_taken_as_matrix_capsules():
+    """The checks take a (poses, activations) tuple or list, and ClassMatrixCapsules routed one,
+    but ConvMatrixCapsules failed deep inside: 'tuple' object has no attribute 'poses'."""
+    from torchvote.nn import ConvMatrixCapsules, MatrixCapsules
+
+    torch.manual_seed(0)
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=1)
+    poses, activations = torch.randn(2, 5, 5, 2, 4, 4), torch.rand(2, 5, 5, 2)
+    expected = layer(MatrixCapsules(poses, activations))
+    for pair in ((poses, activations), [poses, activations]):
+        result = layer(pair)
+        torch.testing.assert_close(result.poses, expected.poses)
+        torch.testing.assert_close(result.activations, expected.activations)

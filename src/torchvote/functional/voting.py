@@ -576,14 +576,15 @@ def vote(
         and logits.
 
     Raises:
-        ValueError: bad ``normalize_over``, ``iterations``, ``update``, ``aggregation``, names,
-            or shapes: logits that do not fit the votes (or, for pairwise votes, grow their
-            batch), a ``mask``, ``sender_weights``, ``bias`` or ``initial_outputs`` that does not
-            broadcast to its ``(..., i, j)``, ``(..., j)``, ``(..., i, d)`` or ``(..., i, ...)``
-            shape without growing it (a ``(4, b, ...)`` bias would have turned ``b`` outputs into
-            ``4 b``); a :class:`DotProductScores` whose keys are not as many as the values; logits,
-            scores, a mask, sender weights, bias or initial outputs on another device than the
-            votes.
+        ValueError: ``is_causal`` with ``normalize_over="receivers"`` (not causal: later receivers
+            would change earlier outputs); bad ``normalize_over``, ``iterations``, ``update``,
+            ``aggregation``, names, or shapes: logits that do not fit the votes (or, for pairwise
+            votes, grow their batch), a ``mask``, ``sender_weights``, ``bias`` or
+            ``initial_outputs`` that does not broadcast to its ``(..., i, j)``, ``(..., j)``,
+            ``(..., i, d)`` or ``(..., i, ...)`` shape without growing it (a ``(4, b, ...)`` bias
+            would have turned ``b`` outputs into ``4 b``); a :class:`DotProductScores` whose keys
+            are not as many as the values; logits, scores, a mask, sender weights, bias or initial
+            outputs on another device than the votes.
         TypeError: votes, logits, scores, sender weights, bias or initial outputs that are not
             floating-point tensors or not of the votes' dtype (outside ``torch.autocast``; float
             ``logits`` of another dtype are allowed, they are upcast), a non-boolean,
@@ -600,6 +601,11 @@ def vote(
     check_probability(dropout_p, "dropout_p")
     for flag, argument in ((is_causal, "is_causal"), (detach_votes, "detach_votes"), (record, "record")):
         check_flag(flag, argument)
+    if is_causal and normalize_over == "receivers":  # as RoutingAttention refuses it
+        raise ValueError(
+            "is_causal=True needs normalize_over='senders': a softmax over the receivers sums over "
+            "later queries, so later receivers would change earlier outputs"
+        )
     votes = _as_votes(votes, logits)
     _check_votes(votes)
     update_fn = _resolve(nonlinearity, _NONLINEARITIES, "nonlinearity")

@@ -371,7 +371,8 @@ class ConvMatrixCapsules(nn.Module):
                 (outside ``torch.autocast``).
         """
         votes, activations, (rows, cols) = self._vote_factors(capsules)  # votes unformed
-        groups = self._routing_groups(*capsules.poses.shape[1:3], votes.device)  # (L, j) ids or None
+        grid = capsules[0].shape[1:3]  # a plain (poses, activations) pair too, as the check takes
+        groups = self._routing_groups(*grid, votes.device)  # (L, j) ids or None
         # (b, L, i, P*P), (b, L, i)
         poses, out_activations = self.routing.route(votes, activations, sender_groups=groups)
         poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)
