@@ -274,3 +274,25 @@ def test_routing_arguments_that_do_not_fit_the_votes_are_named():
         slot_attention(keys, values.double(), torch.randn(2, 3, 4), query=lambda s: s, update=update)
     shared = slot_attention(keys, values, torch.randn(3, 4), query=lambda s: s, update=update)[0]
     assert shared.shape == (2, 3, 4)  # slots shared by the batch still broadcast
+
+
+def test_shared_initial_slots_reach_a_gru_update_with_the_batchs_shape():
+    """Initial slots given once for the batch ((out_caps, dim), as documented: broadcastable)
+    reached update unbroadcast on the first pass, and a GRUCell update, the documented one,
+    failed inside torch ("Input batch size 6 doesn't match hidden0 batch size 3")."""
+    torch.manual_seed(3)
+    gru = torch.nn.GRUCell(4, 4)
+
+    def update(means, previous):  # (b, i, d), (b, i, d): GRUCell over the b * i rows
+        assert means.shape == previous.shape
+        return gru(means.flatten(0, 1), previous.flatten(0, 1)).view_as(previous)
+
+    votes, slots = torch.randn(2, 3, 5, 4), torch.randn(3, 4)
+    out, _ = slot_routing(votes, slots, query=lambda s: s, update=update, iterations=2)
+    expanded, _ = slot_routing(votes, slots.expand(2, 3, 4), query=lambda s: s, update=update, iterations=2)
+    torch.testing.assert_close(out, expanded)
+    keys, values = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    out, _ = slot_attention(keys, values, slots, query=lambda s: s, update=update, iterations=2)
+    expanded, _ = slot_attention(keys, values, slots.expand(2, 3, 4), query=lambda s: s, update=update,
+                                 iterations=2)
+    torch.testing.assert_close(out, expanded)

@@ -556,8 +556,10 @@ def _slot_loop(
         return score(queries)  # (..., i, j)
 
     def checked_update(updates: Tensor, previous: Tensor) -> Tensor:
-        new_slots = update(updates, previous)
         expected = (*updates.shape[:-1], slot_dim)  # (..., i, slot_dim)
+        # initial slots given broadcastable ((i, slot_dim) for a batch): the update sees every
+        # pass's slots with the batch's shape, as a GRUCell over (batch * i) rows needs them
+        new_slots = update(updates, previous.expand(expected))
         _check_returned(new_slots, expected, "update(updates, slots)", (axes[0], axes[2]))
         return new_slots
 
