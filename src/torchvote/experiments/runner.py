@@ -263,7 +263,8 @@ class PlannedRun:
         config: the run's config, as the row makes it.
         command: the command that does the same by hand: the row's ``torchvote train`` line (run
             folder and device included), or ``torchvote train --resume RUN_DIR`` for a resumed run.
-        note: a remark for the progress line (``""`` when there is none).
+        note: a remark for the progress line (``""`` when there is none); for a finished run,
+            the code its record says measured it.
     """
 
     state: str
@@ -304,7 +305,7 @@ def plan_run(row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, 
             by_hand = [*resume, *(o for o in _run_overrides(row, variant, budget, seed, None, "auto")
                                   if o.startswith("eval_on="))]
             return PlannedRun("resume", config, shlex.join(by_hand), f"evaluates {', '.join(added)} too")
-        return PlannedRun("finished", config, command)
+        return PlannedRun("finished", config, command, finished.get("code", UNRECORDED_CODE))
     checkpoints = run_dir / "checkpoints"
     if checkpoints.is_dir() and any(checkpoints.iterdir()):
         try:
@@ -512,9 +513,9 @@ def reproduce(
             done += 1
             run_dir = run_dir_of(out_dir, row, budget, variant, seed)
             planned = plan_run(row, variant, budget, seed, run_dir, device)  # refuses an edited row
-            if planned.state == "finished":
-                code = read_result(run_dir / RESULT_FILE).get("code", UNRECORDED_CODE)
-                echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: finished earlier ({code})")
+            if planned.state == "finished":  # its note: the code that measured it
+                where = f"[{row.name} {done}/{total}] {variant.label}, seed {seed}"
+                echo(f"{where}: finished earlier ({planned.note})")
                 continue
             # the command as it runs, as --dry-run prints it (run folder and device included)
             note = f" ({planned.note})" if planned.note else ""
