@@ -676,19 +676,17 @@ def _run_config(checkpoint: str, known: Sequence[str]):
 
     Raises:
         ValueError: no training state beside the weights (a ``.safetensors`` file copied alone),
-            or one without a readable config; the message asks for ``--on``.
+            a damaged one, or one without a readable config; the message asks for ``--on``.
     """
-    from torchvote.training.checkpoint import CheckpointError, find_checkpoint, load_training_state
-    from torchvote.training.config import config_from_dict
+    from torchvote.training.checkpoint import CheckpointError, find_checkpoint
+    from torchvote.training.evaluate import run_state_beside
 
     paths = find_checkpoint(checkpoint)
-    ask = f"name the data sets with --on (data sets: {', '.join(known)})"
-    if not paths.state.is_file():
-        raise ValueError(f"{ask}: {paths.state}, the run's training state that records them, does not exist")
     try:
-        return config_from_dict(load_training_state(paths.state)["config"])
-    except (CheckpointError, KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{ask}: {paths.state} does not record its run's data sets ({err})") from None
+        config, _ = run_state_beside(paths, None, "the run's training state that records them", "data sets")
+    except CheckpointError as err:
+        raise ValueError(f"name the data sets with --on (data sets: {', '.join(known)}): {err}") from None
+    return config
 
 
 def _check_checkpoint_exists(checkpoint: str) -> None:

@@ -345,28 +345,29 @@ def _run_loss(paths: CheckpointPaths, metadata: dict[str, str]) -> tuple[LossCon
 
 
 def run_state_beside(
-    paths: CheckpointPaths, recorded: str, state_role: str, needed: str
+    paths: CheckpointPaths, recorded: str | None, state_role: str, needed: str
 ) -> tuple[TrainConfig, dict[str, Any]]:
-    """The run config and training state beside weights written before the weights recorded
-    ``recorded`` (an older checkpoint's fallback).
+    """The run config and training state beside a checkpoint's weights: an older checkpoint's
+    fallback for what its weights do not record, and what ``torchvote evaluate`` reads a run's
+    own data sets from.
 
     Args:
         paths: the checkpoint.
         recorded, state_role, needed: words of the messages: what the weights lack (``"their
-            vocabulary"``), what the state is to it (``"which records it"``), what the state must
-            hold (``"data set"``).
+            vocabulary"``; ``None`` where they were never to record it), what the state is to it
+            (``"which records it"``), what the state must hold (``"data set"``).
 
     Returns:
         ``(config, state)``.
 
     Raises:
-        CheckpointError: no state file, or a state without a readable run config.
+        CheckpointError: no state file, a damaged one, or a state without a readable run config.
     """
     if not paths.state.is_file():
-        raise CheckpointError(
+        older = "" if recorded is None else (
             f"{paths.weights} was written before checkpoints recorded {recorded}, and "
-            f"{paths.state}, {state_role}, does not exist"
         )
+        raise CheckpointError(f"{older}{paths.state}, {state_role}, does not exist")
     state = load_training_state(paths.state)
     try:
         return config_from_dict(state["config"]), state
