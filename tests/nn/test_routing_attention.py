@@ -460,16 +460,16 @@ def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
     allowed = torch.ones(4, 4, dtype=torch.bool).tril()
     mask = allowed if form == "bool" else torch.zeros(4, 4).masked_fill(~allowed, float("-inf"))
     routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
-    with pytest.raises(ValueError, match="causal attn_mask"):
+    with pytest.raises(ValueError, match="blocks every later key"):
         routing(torch.randn(1, 4, EMBED), attn_mask=mask)
     memory = torch.randn(1, 6, EMBED)  # cross-attention: a causal (4, 6) mask, top-left as is_causal
-    with pytest.raises(ValueError, match="causal attn_mask"):
+    with pytest.raises(ValueError, match="blocks every later key"):
         routing(torch.randn(1, 4, EMBED), memory, attn_mask=torch.ones(4, 6, dtype=torch.bool).tril())
     # It was found only alone and 2-D: beside a key_mask (merged into a (b, 1, L, S) mask), or as
     # (1, 1, L, S), it was taken and position 4 changed position 0's output.
-    with pytest.raises(ValueError, match="causal attn_mask"):
+    with pytest.raises(ValueError, match="blocks every later key"):
         routing(torch.randn(2, 4, EMBED), attn_mask=mask, key_mask=torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="causal attn_mask"):
+    with pytest.raises(ValueError, match="blocks every later key"):
         routing(torch.randn(1, 4, EMBED), attn_mask=mask[None, None])
     # A mask that is not causal is taken, and the senders' normalisation takes the causal one.
     routing(torch.randn(1, 4, EMBED), attn_mask=~allowed | torch.eye(4, dtype=torch.bool))
@@ -479,6 +479,45 @@ def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
                   torch.tensor([True, False, False, False]).view(1, 1, 1, 4)):
         routing(torch.randn(1, 4, EMBED), attn_mask=small)
     RoutingAttention(EMBED, HEADS)(torch.randn(1, 4, EMBED), attn_mask=mask)
+
+
+def test_receivers_refuse_every_mask_that_orders_the_positions():
+    # A causal mask merged with padding, given per example or as a sliding window was taken, and a
+    # later position changed an earlier one's output (review finding).
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    padded = causal & torch.tensor([True, True, True, False])
+    window = causal & ~torch.ones(4, 4, dtype=torch.bool).tril(-2)  # the last two positions
+    routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
+    for mask in (padded, causal.expand(2, 1, 4, 4).clone(), window, padded & padded[:, :, None].any(-1)):
+        with pytest.raises(ValueError, match="blocks every later key"):
+            routing(torch.randn(2, 4, EMBED), attn_mask=mask)
+    # A key-padding pattern (the same row for every query) orders nothing and is taken.
+    routing(torch.randn(1, 4, EMBED), attn_mask=torch.tensor([True, True, False, False]).expand(4, 4))
+
+
+def test_receivers_outputs_are_causal_under_every_ordering_mask_they_take():
+    # Property over random masks that block every later key and differ between queries: either
+    # refused, or no later position moves an earlier output (a key heard by one query only).
+    torch.manual_seed(0)
+    routing = RoutingAttention(EMBED, HEADS, iterations=2, normalize_over="receivers")
+    later = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    taken = 0
+    for _ in range(200):
+        mask = (torch.rand(4, 4) < 0.5) & ~later  # (i, j): j <= i only
+        if (mask == mask[:1]).all():
+            continue
+        x = torch.randn(1, 4, EMBED)
+        try:
+            before = routing(x, attn_mask=mask)[0]
+        except ValueError:
+            continue
+        taken += 1
+        for position in range(1, 4):
+            edited = x.clone()
+            edited[0, position:] += 3.0
+            after = routing(edited, attn_mask=mask)[0]
+            torch.testing.assert_close(after[0, :position], before[0, :position])
+    assert taken > 0  # the property was tested on some masks (each key heard by one query)
 
 
 def test_bad_inputs_are_reported_as_by_multi_head_attention():
@@ -517,6 +556,10 @@ def test_attention_factory_passes_the_normalisation_and_refuses_it_for_softmax()
     assert attention_factory("routing")(EMBED, HEADS, dropout=0.0).normalize_over == "senders"
     with pytest.raises(ValueError, match="normalize_over='receivers' needs kind='routing'"):
         attention_factory("softmax", normalize_over="receivers")
+    # iterations given to softmax attention were dropped without a word (review finding)
+    with pytest.raises(ValueError, match="iterations=2 needs kind='routing'"):
+        attention_factory("softmax", iterations=2)
+    assert attention_factory("routing")(EMBED, HEADS, dropout=0.0).iterations == 3
     with pytest.raises(ValueError, match="normalize_over"):
         attention_factory("routing", normalize_over="keys")
 
@@ -542,15 +585,20 @@ def test_returned_record_collects_every_attention_without_hooks():
 
 @pytest.mark.parametrize("shape", [(4, 4), (1, 1, 4, 4)])
 def test_receivers_read_a_masks_values_once_for_many_calls(shape, monkeypatch):
-    """The causal check reads the mask's values (a device sync on a GPU): once per mask, also for
-    a (1, 1, L, S) mask, whose reshaped view was new, and read again, on every call."""
+    """The checks read the mask's values (a device sync on a GPU): each once per mask, also for
+    a (1, 1, L, S) mask, whose reshaped view was new, and read again, on every call; and the two
+    questions asked of one mask (does it order the positions, is it causal) do not evict each
+    other's answers."""
     import torchvote.functional.masks as masks
+    import torchvote.nn.routing_attention as routing_attention
 
     reads = []
-    real = masks.is_causal_mask
-    monkeypatch.setattr(masks, "is_causal_mask", lambda mask: reads.append(1) or real(mask))
+    for module, name in ((masks, "is_causal_mask"), (routing_attention, "_orders_receivers")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda mask, real=real, name=name: reads.append(name) or real(mask))
     routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers").eval()
     mask = torch.ones(4, 4, dtype=torch.bool).view(shape)
     for _ in range(3):
         routing(torch.randn(1, 4, EMBED), attn_mask=mask)
-    assert len(reads) == 1
+    assert reads.count("_orders_receivers") == 1
+    assert reads.count("is_causal_mask") == (1 if len(shape) == 2 else 0)  # a 2-D mask may be causal

@@ -20,6 +20,7 @@ give the fused kernel a finite row, whose output ``vote`` then zeroes.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -135,28 +136,55 @@ def is_causal_mask(mask: Tensor) -> bool:
     return bool(torch.equal(allowed, lower) and torch.equal(forbidden, ~lower))
 
 
-#: The last mask :func:`_is_causal_mask_once` read: a weak reference, its version, the answer.
-_last_read: tuple[weakref.ref[Tensor], int, bool] | None = None
+def _orders_receivers(mask: Tensor) -> bool:
+    """Whether a softmax over the receivers under ``mask`` lets later queries change earlier outputs
+    where the mask says they must not.
+
+    True where some ``(L, S)`` slice of ``mask`` (any leading axes: per example, per head) blocks
+    every later key (``j > i``, top-left aligned as ``is_causal=True``), differs between queries
+    (a key-padding pattern, the same for every query, orders nothing), and lets a key reach two
+    queries or more (their weights for it then share one softmax, so the later query moves the
+    earlier output). A causal mask is such a mask; so are a causal mask merged with padding, a
+    per-example causal mask and a causal sliding window.
+
+    Args:
+        mask: boolean (True = may attend) or float (``-inf`` forbids) of shape ``(..., L, S)``.
+
+    Returns:
+        The answer; False for a mask of fewer than 2 axes or on the ``"meta"`` device.
+    """
+    if mask.dim() < 2 or mask.is_meta:
+        return False
+    allowed = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)  # (..., i, j)
+    slices = allowed.reshape(-1, *allowed.shape[-2:])  # (n, i, j)
+    later = torch.ones(slices.shape[-2:], dtype=torch.bool, device=mask.device).triu(1)  # j > i
+    blocks_later = ~(slices & later).flatten(1).any(1)  # (n,)
+    differs = (slices != slices[:, :1]).flatten(1).any(1)  # (n,): not one row for every query
+    shared = (slices.sum(1) >= 2).any(1)  # (n,): a key two queries hear
+    return bool((blocks_later & differs & shared).any())
 
 
-def _is_causal_mask_once(mask: Tensor, shape: tuple[int, int] | None = None) -> bool:
-    """:func:`is_causal_mask`, read once for a mask that every layer of a model is given in turn:
-    on a GPU each read makes the host wait for the device, which a stack of layers would do once
-    per layer. The answer is kept for the last mask read, while it is the same tensor at the same
-    version (an in-place change reads it again); an inference tensor, which has no version, is
-    read every time. A change that bypasses autograd's version counter (through ``.data`` or a
-    NumPy view of the tensor) is not seen: give the changed mask as a new tensor. ``shape``
-    reads ``mask`` reshaped to it (a ``(1, 1, L, S)`` mask as ``(L, S)``), kept by ``mask``
-    itself (a view made for the read would be new every call)."""
-    global _last_read
-    square = mask if shape is None else mask.reshape(shape)
+#: For each question :func:`_read_mask_once` asks, the last mask it read: a weak reference, its
+#: version, the answer.
+_last_reads: dict[object, tuple[weakref.ref[Tensor], int, bool]] = {}
+
+
+def _read_mask_once(mask: Tensor, question: Callable[[Tensor], bool] | None = None) -> bool:
+    """``question(mask)`` (:func:`is_causal_mask` by default), read once for a mask that every
+    layer of a model is given in turn: on a GPU each read makes the host wait for the device,
+    which a stack of layers would do once per layer. The answer is kept for the last mask each
+    question read, while it is the same tensor at the same version (an in-place change reads it
+    again); an inference tensor, which has no version, is read every time. A change that bypasses
+    autograd's version counter (through ``.data`` or a NumPy view of the tensor) is not seen: give
+    the changed mask as a new tensor."""
+    question = is_causal_mask if question is None else question
     if mask.is_inference():
-        return is_causal_mask(square)
-    last = _last_read
+        return question(mask)
+    last = _last_reads.get(question)
     if last is not None and last[0]() is mask and last[1] == mask._version:
         return last[2]
-    answer = is_causal_mask(square)
-    _last_read = (weakref.ref(mask), mask._version, answer)
+    answer = question(mask)
+    _last_reads[question] = (weakref.ref(mask), mask._version, answer)
     return answer
 
 
@@ -373,7 +401,7 @@ def prepare_attention_mask(
     # A float mask that needs a gradient (a learned bias) stays a mask, whatever its values.
     full = mask is not None and mask.dim() == 2 and tuple(mask.shape) == tuple(logits_shape[-2:])
     full = full and not mask.requires_grad
-    if full and not torch.compiler.is_compiling() and _is_causal_mask_once(mask):
+    if full and not torch.compiler.is_compiling() and _read_mask_once(mask):
         mask, is_causal = None, True
     if mask is not None and mask.is_floating_point() and dtype is not None:
         mask = mask.to(kernel_float_dtype(dtype))

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from torchvote.functional import VotingState
-from torchvote.functional.masks import _is_causal_mask_once
+from torchvote.functional.masks import _orders_receivers, _read_mask_once
 from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
@@ -102,8 +102,9 @@ class RoutingAttention(MultiHeadAttention):
     ``normalize_over="receivers"`` normalises every pass over the queries instead (each key spends
     one unit of vote over the queries: capsule routing, bottom-up, as in slot attention). The
     softmax then sums over all queries, so it cannot be causal (a later query would change an
-    earlier output): ``is_causal=True`` and a causal ``(L, S)`` ``attn_mask`` are refused (any
-    other mask limits which pairs vote but cannot make the outputs causal). In self-attention
+    earlier output): ``is_causal=True`` and an ``attn_mask`` that orders the positions (one that
+    blocks every later key: causal, also merged with padding, per example or as a sliding window)
+    are refused (any other mask limits which pairs vote but cannot make the outputs causal). In self-attention
     (``key is query``) the ``key_mask`` also removes padded queries from the competition for the
     votes, so padding cannot change the real positions' outputs; for cross-attention with padded
     queries give the query padding in ``attn_mask``. ``aggregation="mean"`` renormalises the weights over the
@@ -175,9 +176,11 @@ class RoutingAttention(MultiHeadAttention):
     ) -> Tensor | None:
         """Refuse causality over the receivers; in self-attention, padded queries take no votes.
 
-        A causal ``(L, S)`` ``attn_mask`` is found whatever its leading axes of size 1
-        (``(1, 1, L, S)``) and whether a ``key_mask`` comes with it (the two merged are no longer
-        read as causal); a smaller mask that broadcasts (``(1, 1)``, ``(1, S)``) is no causal one.
+        An ``attn_mask`` of the full ``(L, S)`` size (any leading axes) that orders the positions
+        is causality too: one that blocks every later key, differs between queries and lets a key
+        reach two queries (a causal mask, also merged with padding, per example or as a sliding
+        window; :func:`~torchvote.functional.masks._orders_receivers`). A smaller mask that
+        broadcasts (``(1, 1)``, ``(1, S)``) orders nothing.
 
         Raises:
             ValueError: ``is_causal`` (given, or a causal ``attn_mask``) with
@@ -190,16 +193,15 @@ class RoutingAttention(MultiHeadAttention):
             and isinstance(attn_mask, Tensor)
             and attn_mask.dim() >= 2
             and tuple(attn_mask.shape[-2:]) == lengths
-            and attn_mask.shape[:-2].numel() == 1
             and not attn_mask.requires_grad  # a learned mask is no causal pattern
             and not torch.compiler.is_compiling()  # a read of the values: a graph break
         ):  # read once for a mask every layer of a stack is given (a sync on a GPU)
-            is_causal = _is_causal_mask_once(attn_mask, lengths)
+            is_causal = _read_mask_once(attn_mask, _orders_receivers)
         if is_causal:
             raise ValueError(
-                "causality (is_causal=True or a causal attn_mask) needs normalize_over='senders': "
-                "a softmax over the receivers sums over later queries, so later tokens would "
-                "change earlier outputs"
+                "causality (is_causal=True, or an attn_mask that blocks every later key) needs "
+                "normalize_over='senders': a softmax over the receivers sums over later queries, "
+                "so later tokens would change earlier outputs"
             )
         return key_mask if self_attention else None  # (b, L) | None
 
@@ -240,7 +242,7 @@ class RoutingAttention(MultiHeadAttention):
 def attention_factory(
     kind: AttentionKind = "softmax",
     *,
-    iterations: int = 3,
+    iterations: int | None = None,
     normalize_over: NormalizeOver = "senders",
 ) -> AttentionFactory:
     """The ``attention=`` hook of the transformer layers for softmax or routing attention.
@@ -248,7 +250,8 @@ def attention_factory(
     Args:
         kind: ``"softmax"`` (:class:`~torchvote.nn.MultiHeadAttention`, one pass) or
             ``"routing"`` (:class:`RoutingAttention` with ``iterations`` passes).
-        iterations: passes of the routing attention (ignored for softmax, but checked).
+        iterations: passes of the routing attention (``None``: 3); softmax attention makes one
+            and refuses the argument.
         normalize_over: the routing attention's softmax axis, ``"senders"`` (every query's
             weights sum to one) or ``"receivers"`` (every key's weights sum to one; refuses
             causal attention and a cache, see :class:`RoutingAttention`). Softmax attention
@@ -260,12 +263,17 @@ def attention_factory(
 
     Raises:
         ValueError: an unknown ``kind`` or ``normalize_over``, ``iterations < 1``, or
-            ``normalize_over="receivers"`` with ``kind="softmax"``.
+            ``iterations`` or ``normalize_over="receivers"`` with ``kind="softmax"``.
     """
     check_choice(kind, ATTENTION_KINDS, "kind")
-    check_positive_int(iterations, "iterations")
+    if iterations is not None:
+        check_positive_int(iterations, "iterations")
     check_choice(normalize_over, get_args(NormalizeOver), "normalize_over")
     if kind == "softmax":
+        if iterations is not None:
+            raise ValueError(
+                f"iterations={iterations!r} needs kind='routing': softmax attention makes one pass"
+            )
         if normalize_over != "senders":
             raise ValueError(
                 f"normalize_over={normalize_over!r} needs kind='routing': softmax attention "
@@ -273,5 +281,6 @@ def attention_factory(
             )
         return functools.partial(MultiHeadAttention, batch_first=True)
     return functools.partial(
-        RoutingAttention, iterations=iterations, normalize_over=normalize_over, batch_first=True
+        RoutingAttention, iterations=3 if iterations is None else iterations,
+        normalize_over=normalize_over, batch_first=True,
     )
