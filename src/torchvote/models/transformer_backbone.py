@@ -119,9 +119,10 @@ class TransformerBackboneFields:
         """
 
         def attention(normalize_over: str) -> AttentionFactory:
+            routing = self.attention == "routing"  # softmax makes one pass: routing_iterations unused
             return attention_factory(
                 self.attention,  # type: ignore[arg-type]
-                iterations=self.routing_iterations,
+                iterations=self.routing_iterations if routing else None,
                 normalize_over=normalize_over,  # type: ignore[arg-type]
             )
 

@@ -54,7 +54,8 @@ class TransformerClassifierConfig(TransformerBackboneFields):
         positional: ``"learned"`` (ViT) or ``"sinusoidal"`` (1-D over the token sequence).
         attention: ``"softmax"`` (multi-head attention) or ``"routing"`` (iterative
             routing-style attention).
-        routing_iterations: voting passes of the routing attention (1 equals softmax).
+        routing_iterations: voting passes of the routing attention (1 equals softmax;
+            unused by ``attention="softmax"``).
         routing_normalize_over: the routing attention's softmax axis: ``"senders"`` (attention)
             or ``"receivers"`` (capsule routing: every token spends one unit of vote over the
             tokens; needs ``attention="routing"``).

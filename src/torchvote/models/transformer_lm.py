@@ -74,7 +74,8 @@ class TransformerLMConfig(TransformerBackboneFields):
         tie_weights: the output head shares the token embedding's weights.
         attention: ``"softmax"`` (multi-head attention) or ``"routing"`` (iterative
             routing-style attention).
-        routing_iterations: voting passes of the routing attention (1 equals softmax).
+        routing_iterations: voting passes of the routing attention (1 equals softmax;
+            unused by ``attention="softmax"``).
         routing_normalize_over: only ``"senders"``: every attention of the language model is
             causal, and a softmax over the receivers sums over later positions (the field is
             shared with the other Transformer configs, so a sweep can name it).

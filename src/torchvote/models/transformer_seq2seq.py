@@ -83,7 +83,8 @@ class TransformerSeq2SeqConfig(TransformerBackboneFields):
         tie_output: the output layer shares the target embedding's weights.
         attention: ``"softmax"`` (multi-head attention) or ``"routing"`` (iterative
             routing-style attention) in every attention of both stacks.
-        routing_iterations: voting passes of the routing attention (1 equals softmax).
+        routing_iterations: voting passes of the routing attention (1 equals softmax;
+            unused by ``attention="softmax"``).
         routing_normalize_over: the routing attention's softmax axis in the encoder's
             self-attention: ``"senders"`` (attention) or ``"receivers"`` (capsule routing: every
             source token spends one unit of vote over the source positions; needs
