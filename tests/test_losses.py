@@ -385,3 +385,20 @@ def test_reconstruction_loss_refuses_integer_pixels():
     """uint8 pixels of 0-255 against reconstructions in [0, 1] gave a loss 255^2 too large."""
     with pytest.raises(TypeError, match="images must be floating point, got dtype torch.uint8"):
         reconstruction_loss(torch.rand(2, 16), torch.randint(0, 256, (2, 1, 4, 4), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("loss", ["margin", "spread", "cross_entropy", "reconstruction"])
+def test_targets_on_another_device_are_refused_by_name(loss):
+    """Targets on another device failed inside torch ("Tensor on device cpu is not on the expected
+    device meta!"), naming no argument; the meta device stands for a GPU here."""
+    scores, targets = torch.rand(3, 10, device="meta"), torch.tensor([1, 2, 3])
+    calls = {
+        "margin": lambda: margin_loss(scores, targets),
+        "spread": lambda: spread_loss(scores, targets, margin=0.2),
+        "cross_entropy": lambda: cross_entropy(scores, targets),
+        "reconstruction": lambda: reconstruction_loss(
+            torch.rand(3, 16, device="meta"), torch.rand(3, 1, 4, 4)
+        ),
+    }
+    with pytest.raises(ValueError, match=r"(targets|images) is on cpu but \w+ are on meta"):
+        calls[loss]()

@@ -8,6 +8,7 @@ import torch
 from torchvote.validation import (
     autocast_enabled,
     check_choice,
+    check_dim,
     check_float_dtype,
     check_float_tensor,
     check_in_range,
@@ -30,6 +31,18 @@ def test_positive_int_rejects_naming_the_argument(value):
         check_positive_int(value, "iterations")
 
 
+def _check_top_k(top_k):
+    from torchvote.models.sampling import check_sampling
+
+    return check_sampling(1.0, top_k, None, None)
+
+
+def _cross_entropy_ignoring(ignore_index):
+    from torchvote.losses import cross_entropy
+
+    return cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]), ignore_index=ignore_index)
+
+
 @pytest.mark.parametrize(
     ("check", "value"),
     [
@@ -39,6 +52,11 @@ def test_positive_int_rejects_naming_the_argument(value):
         (lambda v: check_positive_float(v, "eps"), "1e-5"),
         (lambda v: check_probability(v, "dropout"), "0.1"),
         (lambda v: check_in_range(v, "bandwidth", 0.0), None),
+        (lambda v: check_dim(v, 2), True),  # squash(dim=True), squash(dim=1.0): a ValueError only
+        (lambda v: check_dim(v, 2), 1.0),
+        (lambda v: _check_top_k(v), 2.0),  # generate(top_k=2.0): a ValueError only
+        (lambda v: _cross_entropy_ignoring(v), True),  # torch's TypeError from inside F.cross_entropy
+        (lambda v: _cross_entropy_ignoring(v), "pad"),
     ],
 )
 def test_a_value_of_the_wrong_type_is_a_type_error_and_a_value_error(check, value):
@@ -58,6 +76,8 @@ def test_a_value_of_the_wrong_type_is_a_type_error_and_a_value_error(check, valu
         (lambda v: check_positive_float(v, "eps"), math.nan),
         (lambda v: check_probability(v, "dropout"), 1.5),
         (lambda v: check_in_range(v, "bandwidth", 0.0), -1.0),
+        (lambda v: check_dim(v, 2), 2),
+        (lambda v: _check_top_k(v), 0),
     ],
 )
 def test_a_number_out_of_range_is_only_a_value_error(check, value):

@@ -17,11 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchvote.validation import (
+    ArgumentTypeError,
+    check_device,
     check_float_tensor,
     check_in_range,
     check_index_range,
     check_positive_int,
     check_tensor_values,
+    is_integer,
 )
 
 __all__ = [
@@ -95,6 +98,7 @@ def _check_class_scores(scores: Tensor, targets: Tensor, argument: str) -> None:
             f"targets {tuple(targets.shape)} and {argument} {tuple(scores.shape)} must hold the same "
             "number of examples"
         )
+    check_device(targets, scores.device, "targets", argument)
 
 
 def check_margin_options(
@@ -146,7 +150,8 @@ def margin_loss(
     Raises:
         ValueError: ``lengths`` not ``(b, num_classes)`` or an empty batch, targets for another
             batch size, class indices out of range, or multi-hot targets other than 0 and 1;
-            margins outside ``0 <= m- < m+ <= 1`` or a negative ``down_weight``.
+            margins outside ``0 <= m- < m+ <= 1`` or a negative ``down_weight``; targets on
+            another device than ``lengths``.
         TypeError: class indices that are not integers.
     """
     check_margin_options(positive_margin, negative_margin, down_weight)
@@ -176,7 +181,8 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
             badly, or poison the loss).
         ValueError: either without a batch axis (a single image needs one: ``image[None]``), an
             empty batch, the two do not have the same number of values per image, or both are
-            shaped as images whose trailing axes differ (channels last against channels first).
+            shaped as images whose trailing axes differ (channels last against channels first), or
+            the two on different devices.
         TypeError: either not floating point (``uint8`` pixels of 0-255 against reconstructions
             in [0, 1] gave a loss 255^2 too large: divide them by 255).
     """
@@ -190,6 +196,7 @@ def reconstruction_loss(reconstructions: Tensor, images: Tensor, *, weight: floa
             )
         if tensor.shape[0] == 0:
             raise ValueError(f"{name} must hold at least one image, got shape {tuple(tensor.shape)}")
+    check_device(images, reconstructions.device, "images", "reconstructions")
     image_axes = min(reconstructions.dim(), images.dim()) - 1  # the image axes both have
     if image_axes >= 2 and reconstructions.shape[-image_axes:] != images.shape[-image_axes:]:
         raise ValueError(  # the same number of values in another layout: (b, h, w, c) vs (b, c, h, w)
@@ -227,7 +234,8 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
 
     Raises:
         ValueError: targets that are not ``(b,)`` class indices in range, ``activations`` not
-            ``(b, num_classes)`` for the same batch, an empty batch, or a margin outside (0, 1].
+            ``(b, num_classes)`` for the same batch or on its device, an empty batch, or a margin
+            outside (0, 1].
         TypeError: class indices that are not integers, a margin that is not a number.
     """
     _check_margin(margin, "margin")
@@ -314,10 +322,10 @@ def cross_entropy(
     Raises:
         ValueError: ``logits`` without a batch and a class axis, an empty batch, ``targets``
             whose shape is not ``logits.shape[:-1]``, a target outside ``[0, k)`` that is not
-            ``ignore_index`` (checked with :func:`~torchvote.validation.check_tensor_values`), or a
-            ``label_smoothing`` outside [0, 1].
+            ``ignore_index`` (checked with :func:`~torchvote.validation.check_tensor_values`),
+            targets on another device than ``logits``, or a ``label_smoothing`` outside [0, 1].
         TypeError: ``logits`` not floating point, ``targets`` that are not integer class indices
-            (bools included).
+            (bools included), an ``ignore_index`` that is no integer.
     """
     check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
     check_float_tensor(logits, "logits")
@@ -337,6 +345,9 @@ def cross_entropy(
             f"without the class axis, {tuple(logits.shape[:-1])}; the classes are the last axis of "
             "logits, (b, t, k) not (b, k, t)"
         )
+    check_device(targets, logits.device, "targets", "logits")
+    if not is_integer(ignore_index):
+        raise ArgumentTypeError(f"ignore_index must be an integer class index, got {ignore_index!r}")
     logits = logits.flatten(0, -2)  # (b*t, k), in at least float32, as reconstruction_loss sums
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     targets = targets.flatten().long()  # (b*t,)

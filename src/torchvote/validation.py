@@ -440,11 +440,18 @@ def check_dim(dim: Any, rank: int, argument: str = "dim") -> int:
         ``dim``, unchanged.
 
     Raises:
-        ValueError: ``dim`` not an integer (bools are not) in ``[-rank, rank)`` (``[-1, 1)`` for a
-            0-D tensor, which torch's reductions read as one entry).
+        ValueError: ``dim`` outside ``[-rank, rank)`` (``[-1, 1)`` for a 0-D tensor, which torch's
+            reductions read as one entry).
+        ArgumentTypeError: ``dim`` not an integer (bools are not), a ``TypeError`` and a
+            ``ValueError``.
     """
     axes = max(rank, 1)
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -axes <= dim < axes:
+    if not is_integer(dim):
+        raise ArgumentTypeError(
+            f"{argument} must be an axis of the {rank}-D input, an integer in [{-axes}, {axes}), "
+            f"got {dim!r}"
+        )
+    if not -axes <= dim < axes:
         raise ValueError(
             f"{argument} must be an axis of the {rank}-D input, in [{-axes}, {axes}), got {dim!r}"
         )

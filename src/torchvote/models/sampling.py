@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchvote.validation import check_float_tensor, check_in_range, is_integer
+from torchvote.validation import ArgumentTypeError, check_float_tensor, check_in_range, is_integer
 
 __all__ = ["check_sampling", "sample_checked", "sample_next_token"]
 
@@ -88,7 +88,8 @@ def check_sampling(
     """
     temperature = _check_temperature(temperature)
     if top_k is not None and (not is_integer(top_k) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        error = ValueError if is_integer(top_k) else ArgumentTypeError  # 2.0: a type, 0: a value
+        raise error(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None:  # a bool or a string: ArgumentTypeError, a TypeError and a ValueError
         top_p = check_in_range(top_p, "top_p", 0.0, 1.0, include_low=False)
     if generator is not None and not isinstance(generator, torch.Generator):
