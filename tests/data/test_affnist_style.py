@@ -161,7 +161,8 @@ def test_a_single_pixel_reaches_every_position_of_the_canvas() -> None:
     image[0, 0, 3, 5] = 1.0
     images = image.expand(2000, -1, -1, -1)
     identity = {"rotation_deg": (0.0, 0.0), "shear": (0.0, 0.0), "scale": (1.0, 1.0)}
-    warped, _, params = make_affnist_style(images, torch.zeros(2000), seed=3, ranges=identity)
+    labels = torch.zeros(2000, dtype=torch.long)
+    warped, _, params = make_affnist_style(images, labels, seed=3, ranges=identity)
     assert torch.equal(warped.sum(dim=(1, 2, 3)), torch.ones(2000))  # nothing blurred or cut
     rows = warped[:, 0].amax(dim=2).argmax(dim=1)
     cols = warped[:, 0].amax(dim=1).argmax(dim=1)
@@ -185,7 +186,7 @@ def test_rotation_by_90_degrees_stands_a_bar_on_its_end() -> None:
     image[0, 0, 13, 10:18] = 1.0
     quarter = {"rotation_deg": (90.0, 90.0), "shear": (0.0, 0.0), "scale": (1.0, 1.0)}
     warped, _, params = make_affnist_style(
-        image.expand(600, -1, -1, -1), torch.zeros(600), seed=0, ranges=quarter
+        image.expand(600, -1, -1, -1), torch.zeros(600, dtype=torch.long), seed=0, ranges=quarter
     )
     boxes = ink_boxes(warped)
     assert torch.equal(boxes[:, 2] - boxes[:, 0], torch.full((600,), 7))  # 8 rows
@@ -206,12 +207,12 @@ def test_a_digit_larger_than_the_canvas_is_centred() -> None:
     image[0, 0, 2, 4:8] = 1.0
     identity = {"rotation_deg": (0.0, 0.0), "shear": (0.0, 0.0), "scale": (1.0, 1.0)}
     warped, _, params = make_affnist_style(
-        image.expand(5, -1, -1, -1), torch.zeros(5), seed=0, canvas=28, ranges=identity
+        image.expand(5, -1, -1, -1), torch.zeros(5, dtype=torch.long), seed=0, canvas=28, ranges=identity
     )
     assert torch.equal(warped.sum(dim=(1, 2, 3)), torch.full((5,), 27.0))  # fits on 28: nothing cut
     tall = {"scale": (1.5, 1.5), "rotation_deg": (0.0, 0.0), "shear": (0.0, 0.0)}
     warped, _, params = make_affnist_style(
-        image.expand(5, -1, -1, -1), torch.zeros(5), seed=0, canvas=28, ranges=tall
+        image.expand(5, -1, -1, -1), torch.zeros(5, dtype=torch.long), seed=0, canvas=28, ranges=tall
     )
     boxes = ink_boxes(warped)
     assert (boxes[:, 0] == 0).all() and (boxes[:, 2] == 27).all()  # cut on both ends
@@ -233,7 +234,7 @@ def test_canvas_option_and_determinism(test_digits: tuple[torch.Tensor, torch.Te
 
 
 def test_bad_arguments() -> None:
-    images, labels = torch.zeros(2, 1, 28, 28), torch.zeros(2)
+    images, labels = torch.zeros(2, 1, 28, 28), torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match="canvas"):
         make_affnist_style(images, labels, seed=0, canvas=27)
     with pytest.raises(ValueError, match="canvas"):
@@ -243,7 +244,9 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="low <= high"):
         make_affnist_style(images, labels, seed=0, ranges={"shear": (0.2, -0.2)})
     with pytest.raises(ValueError, match="labels"):
-        make_affnist_style(images, torch.zeros(3), seed=0)
+        make_affnist_style(images, torch.zeros(3, dtype=torch.long), seed=0)
+    with pytest.raises(TypeError, match="labels must be an integer tensor of classes, got torch.float32"):
+        make_affnist_style(images, torch.zeros(2), seed=0)  # float classes were passed on as given
 
 
 # ---------------------------------------------------------------- training side

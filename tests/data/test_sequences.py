@@ -97,6 +97,9 @@ def test_decode_sequence_special_tokens() -> None:
     ids = [BOS, 3 + 1, 13, 3 + 2, 14, EOS, PAD]
     assert decode_sequence(ids) == "1+2="
     assert decode_sequence(torch.tensor(ids), keep_special=True) == "<bos>1+2=<eos><pad>"
+    # float ids were reported as ids out of range ("expected ids in [0, 15), got [4.0, ...]")
+    with pytest.raises(TypeError, match="ids must be a 1-D integer tensor of ids, got torch.float32"):
+        decode_sequence(torch.tensor(ids, dtype=torch.float32))
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,7 @@ from torchvote.data.transforms import (
     sample_affine_params,
     shift_images,
 )
+from torchvote.validation import check_integer_tensor
 
 __all__ = ["AFFNIST_RANGES", "make_affnist_style", "pad_and_translate_train"]
 
@@ -182,7 +183,7 @@ def make_affnist_style(
 
     Args:
         images: MNIST digits, float tensor (N, 1, 28, 28) in [0, 1] (any H, W <= canvas works).
-        labels: Tensor (N,); returned unchanged.
+        labels: integer tensor (N,) of classes; returned unchanged.
         seed: Seed of the private generator.
         canvas: Side of the square output (affNIST: 40).
         ranges: ``(low, high)`` per key of :data:`AFFNIST_RANGES` (``rotation_deg``, ``shear``,
@@ -196,7 +197,7 @@ def make_affnist_style(
         100,000 across a rounding boundary).
 
     Raises:
-        TypeError, ValueError: On malformed images, ``canvas`` smaller than the images or a
+        TypeError, ValueError: On malformed images or labels, ``canvas`` smaller than the images or a
             malformed ``ranges`` (unknown keys, an entry that is not a ``(low, high)`` pair of
             finite numbers, or a reversed pair).
         ValueError: If ``seed`` is not an int in ``[0, 2**64)``.
@@ -205,6 +206,7 @@ def make_affnist_style(
     _check_canvas(images, canvas)
     if not isinstance(labels, Tensor) or labels.shape[:1] != images.shape[:1]:
         raise ValueError(f"labels: expected a tensor with {len(images)} rows")
+    check_integer_tensor(labels, "labels", "an integer tensor of classes")  # 3.0 was passed on
     _check_seed(seed)
     bounds = _check_ranges(ranges)
     generator = torch.Generator().manual_seed(seed)

@@ -98,9 +98,12 @@ def decode_sequence(ids: Tensor | Sequence[int], *, keep_special: bool = False) 
     Raises:
         ValueError: If ``ids`` is not one-dimensional or holds a value that is not an id of
             :data:`SEQ_SYMBOLS` (an int in ``[0, len(SEQ_SYMBOLS))``).
+        TypeError: If ``ids`` is a tensor that is not of integers.
     """
     if isinstance(ids, Tensor) and ids.ndim != 1:
         raise ValueError(f"ids: expected one sequence (a 1-D tensor), got shape {tuple(ids.shape)}")
+    if isinstance(ids, Tensor):  # 3.0 was refused as an id out of range
+        check_integer_tensor(ids, "ids", "a 1-D integer tensor of ids")
     values = ids.tolist() if isinstance(ids, Tensor) else list(ids)
     bad = [
         i
