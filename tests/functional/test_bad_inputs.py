@@ -204,6 +204,20 @@ CASES = {
         lambda: additive_score(randn(2, 5, 4), randn(2, 6, 4), randn(3, 4).double(), randn(3, 4).double(),
                                randn(3).double()),
         TypeError, "has dtype torch.float64 but the queries are torch.float32"),
+    # --- a user's callables: their results were used unchecked, and torch failed deep inside ------
+    "vote nonlinearity returning another shape (was: an einsum RuntimeError)": (
+        lambda: _routing(iterations=2, nonlinearity=lambda s, previous: s[..., :2]), ValueError,
+        r"nonlinearity must return the outputs \(\.\.\., i, d\), a float tensor of shape \(2, 3, 4\); "
+        r"got a torch.float32 tensor of shape \(2, 3, 2\)"),
+    "vote agreement returning logits that do not broadcast (was: a size RuntimeError)": (
+        lambda: _routing(iterations=2, agreement=lambda state: torch.zeros(3)), ValueError,
+        r"agreement must return logits \(\.\.\., i, j\), a float tensor of shape \(2, 3, 5\)"),
+    "vote agreement returning a number (was: an AttributeError)": (
+        lambda: _routing(iterations=2, agreement=lambda state: 1), TypeError,
+        "agreement must return logits .* got int"),
+    "inverted_dot_product_routing normalization returning another shape": (
+        lambda: inverted_dot_product_routing(U, normalization=lambda s: s.sum(-1)), ValueError,
+        r"normalization must return the outputs \(batch\.\.\., out_caps, out_dim\)"),
     # --- squash --------------------------------------------------------------------------------
     "squash integer inputs (was: a float result)": (
         lambda: squash(torch.ones(2, 3, dtype=torch.int64)), TypeError,

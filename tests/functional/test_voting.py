@@ -175,6 +175,20 @@ def test_callable_nonlinearity_sees_the_previous_outputs():
     assert result.outputs.shape == (1, 2, 3)
 
 
+def test_a_callable_agreement_may_return_logits_that_broadcast():
+    # The check of a user's agreement (its result must fit the (..., i, j) logits) keeps what
+    # broadcasting allowed before: a (..., i, 1) or (j,) agreement, as the update adds it.
+    torch.manual_seed(3)
+    votes = PairwiseVotes(torch.randn(2, 3, 4, 5))  # (b, i, j, d)
+
+    def run(agreement):
+        return vote(votes, None, normalize_over="receivers", iterations=3, agreement=agreement).outputs
+
+    for narrow in (lambda state: state.aggregated.sum(-1, keepdim=True),  # (b, i, 1)
+                   lambda state: torch.arange(4.0)):  # (j,)
+        torch.testing.assert_close(run(narrow), run(lambda state, f=narrow: f(state).expand(2, 3, 4)))
+
+
 def test_detach_votes_cuts_gradients_of_all_but_the_last_pass():
     torch.manual_seed(2)
     raw = torch.randn(1, 3, 4, 2, dtype=torch.float64, requires_grad=True)

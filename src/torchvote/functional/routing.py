@@ -62,6 +62,7 @@ from torchvote.functional.voting import (
     _check_devices,
     _upcast,
     _votes_shape,
+    check_returned,
     vote,
 )
 from torchvote.validation import (
@@ -225,7 +226,9 @@ def _as_update(fn: str | Callable[[Tensor], Tensor] | NonlinearityFn, argument: 
         return fn
     if not callable(fn):
         raise ValueError(f"{argument} must be a name or a callable, got {fn!r}")
-    return lambda aggregated, previous: fn(aggregated)
+    return lambda aggregated, previous: check_returned(
+        fn(aggregated), aggregated.shape, argument, "the outputs (batch..., out_caps, out_dim)"
+    )
 
 
 # --- dynamic routing --------------------------------------------------------------------------------

@@ -458,9 +458,62 @@ _AGREEMENTS: dict[str, AgreementFn] = {
 }
 
 
-def _resolve(name_or_fn, table: dict, argument: str):
+def check_returned(value: Any, shape: torch.Size, argument: str, described: str) -> Tensor:
+    """``value`` if a user's callable returned a floating-point tensor of ``shape``; otherwise an
+    error naming ``argument`` (it was torch's, from deep inside the loop).
+
+    Args:
+        value: what the callable returned.
+        shape: the shape it must have.
+        argument: the callable's argument name, e.g. ``"nonlinearity"``.
+        described: what it must return, e.g. ``"the outputs (..., i, d)"``.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        TypeError: anything but a floating-point tensor.
+        ValueError: a tensor of another shape.
+    """
+    if isinstance(value, Tensor) and value.is_floating_point() and value.shape == shape:
+        return value
+    is_float = isinstance(value, Tensor) and value.is_floating_point()
+    got = (
+        f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+        if isinstance(value, Tensor) else type(value).__name__
+    )
+    error = ValueError if is_float else TypeError
+    raise error(f"{argument} must return {described}, a float tensor of shape {tuple(shape)}; got {got}")
+
+
+def _checked_nonlinearity(fn: NonlinearityFn) -> NonlinearityFn:
+    """A user's ``f(aggregated, previous)``, its result checked to be outputs of the same shape."""
+
+    def checked(aggregated: Tensor, previous: Tensor | None) -> Tensor:
+        outputs = fn(aggregated, previous)
+        return check_returned(outputs, aggregated.shape, "nonlinearity", "the outputs (..., i, d)")
+
+    return checked
+
+
+def _checked_agreement(fn: AgreementFn) -> AgreementFn:
+    """A user's agreement, its result checked to broadcast to the ``(..., i, j)`` logits."""
+
+    def checked(state: VotingState) -> Tensor:
+        agreement, shape = fn(state), state.logits.shape
+        trailing = shape[len(shape) - agreement.dim():] if isinstance(agreement, Tensor) else None
+        if trailing is not None and agreement.dim() <= len(shape) and all(
+            size in (1, target) for size, target in zip(agreement.shape, trailing, strict=True)
+        ):  # (1, j) or (..., i, 1) agreement broadcasts, as the update adds it
+            agreement = agreement.expand(shape)
+        return check_returned(agreement, shape, "agreement", "logits (..., i, j)")
+
+    return checked
+
+
+def _resolve(name_or_fn, table: dict, argument: str, checked: Callable | None = None):
     if callable(name_or_fn):
-        return name_or_fn
+        return name_or_fn if checked is None else checked(name_or_fn)
     if name_or_fn in table:
         return table[name_or_fn]
     raise ValueError(f"{argument} must be one of {sorted(table)} or a callable, got {name_or_fn!r}")
@@ -608,8 +661,8 @@ def vote(
         )
     votes = _as_votes(votes, logits)
     _check_votes(votes)
-    update_fn = _resolve(nonlinearity, _NONLINEARITIES, "nonlinearity")
-    agreement_fn = _resolve(agreement, _AGREEMENTS, "agreement")
+    update_fn = _resolve(nonlinearity, _NONLINEARITIES, "nonlinearity", _checked_nonlinearity)
+    agreement_fn = _resolve(agreement, _AGREEMENTS, "agreement", _checked_agreement)
 
     if isinstance(logits, DotProductScores):
         _check_scores(logits, votes)
