@@ -336,6 +336,12 @@ CASES = {
     "em_routing inverse_temperature a string": (
         lambda: em_routing(U, torch.rand(2, 5), 0.0, 0.0, inverse_temperature="abc"), TypeError,
         "inverse_temperature must be a callable"),
+    "em_routing inverse_temperature callable returning a string (was: named the callable)": (
+        lambda: em_routing(U, torch.rand(2, 5), 0.0, 0.0, inverse_temperature=lambda t: "x"), TypeError,
+        "inverse_temperature\\(0\\) must return a real number, got 'x'"),
+    "em_routing inverse_temperature callable returning a negative value": (
+        lambda: em_routing(U, torch.rand(2, 5), 0.0, 0.0, inverse_temperature=lambda t: 1.0 - t), ValueError,
+        r"finite and >= 0, got \[1.0, 0.0, -1.0\] \(the callable's values for iterations 0, 1, ...\)"),
     "default_inverse_temperature of a negative iteration": (
         lambda: default_inverse_temperature(-1), ValueError, "iteration must be an integer >= 0"),
 }

@@ -150,19 +150,23 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
         TypeError: ``inverse_temperature`` neither a callable, a real number nor a sequence of
             them (a bool is not a number here: ``True`` would have been a constant 1.0).
     """
-    def as_value(value: object) -> float:
+    def as_value(value: object, returned_by: int | None = None) -> float:
         if not isinstance(value, (bool, str, bytes)):
             try:
                 return float(value)  # type: ignore[arg-type]  # numpy and 0-d tensor scalars too
             except (TypeError, ValueError):
                 pass
+        if returned_by is not None:  # the callable's value, not the callable, is what is wrong
+            raise TypeError(
+                f"inverse_temperature({returned_by}) must return a real number, got {value!r}"
+            )
         raise TypeError(
             f"inverse_temperature must be a callable of the iteration, a real number or a sequence "
             f"of one per iteration, got {inverse_temperature!r}"
         )
 
     if callable(inverse_temperature):
-        values = [as_value(inverse_temperature(t)) for t in range(iterations)]
+        values = [as_value(inverse_temperature(t), returned_by=t) for t in range(iterations)]
     elif (
         isinstance(inverse_temperature, (numbers.Real, bool, str, bytes))
         or not hasattr(inverse_temperature, "__iter__")
@@ -176,7 +180,8 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
                 f"inverse_temperature must give one value per iteration ({iterations}), got {len(values)}"
             )
     if any(not math.isfinite(v) or v < 0 for v in values):
-        raise ValueError(f"inverse_temperature must be finite and >= 0, got {values}")
+        source = " (the callable's values for iterations 0, 1, ...)" if callable(inverse_temperature) else ""
+        raise ValueError(f"inverse_temperature must be finite and >= 0, got {values}{source}")
     return values
 
 
