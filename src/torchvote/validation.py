@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import itertools
 import math
 import numbers
@@ -33,6 +34,7 @@ __all__ = [
     "check_input_dtype",
     "check_inputs_beside",
     "check_integer_tensor",
+    "check_keyword_options",
     "check_positive_float",
     "check_in_range",
     "check_positive_int",
@@ -382,6 +384,30 @@ def check_integer_tensor(value: Any, argument: str, expected: str) -> None:
     ):
         described = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
         raise TypeError(f"{argument} must be {expected}, got {described}")
+
+
+def check_keyword_options(options: Collection[str], passed_to: Callable, owner: str) -> None:
+    """Refuse keyword ``options`` that ``passed_to`` (a parent's ``__init__``) does not take, by
+    ``owner``'s name: Python's own error names the parent (``BiasedRouter.__init__() got an
+    unexpected keyword argument``), which the user never called.
+
+    Args:
+        options: the names of the keyword options the user gave ``owner``.
+        passed_to: the callable they are passed on to.
+        owner: the class or function the user called, for the message.
+
+    Raises:
+        TypeError: ``"{owner} got unexpected keyword argument(s) ...; besides its own arguments it
+            takes ..."`` (the keyword-only parameters of ``passed_to``).
+    """
+    parameters = inspect.signature(passed_to).parameters.values()
+    accepted = [p.name for p in parameters if p.kind == p.KEYWORD_ONLY]
+    unknown = [name for name in options if name not in accepted]
+    if unknown:
+        raise TypeError(
+            f"{owner} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides "
+            f"its own arguments it takes {', '.join(accepted)}"
+        )
 
 
 def check_flag(value: Any, argument: str) -> bool:

@@ -27,6 +27,7 @@ from torchvote.nn import (
     NadarayaWatson,
     PrimaryCapsules,
     PrimaryMatrixCapsules,
+    RoutingAttention,
     ScaledDotAgreement,
     SelfAttentionRouter,
     SlotAttention,
@@ -35,6 +36,7 @@ from torchvote.nn import (
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,
+    UniformRouter,
     make_router,
 )
 
@@ -163,6 +165,17 @@ CASES = {
         lambda: CapsuleLinear(5, 4, 3, 4, routing="em")(randn(2, 5, 4), activations=torch.ones(2, 5).long()),
         TypeError, "activations must be floating point"),
     # --- routers -------------------------------------------------------------------------------
+    "DynamicRouter unknown option (was: named BiasedRouter.__init__)": (
+        lambda: DynamicRouter(foo=1), TypeError,
+        "DynamicRouter got unexpected keyword argument\\(s\\) 'foo'; besides its own arguments it "
+        "takes bias, out_caps, out_dim, device, dtype"),
+    "UniformRouter unknown option (was: named BiasedRouter.__init__)": (
+        lambda: UniformRouter(foo=1), TypeError,
+        "UniformRouter got unexpected keyword argument"),
+    "RoutingAttention unknown option (was: named MultiHeadAttention.__init__)": (
+        lambda: RoutingAttention(8, 2, foo=1), TypeError,
+        "RoutingAttention got unexpected keyword argument\\(s\\) 'foo'; besides its own arguments it takes "
+        "kdim, vdim, bias, dropout, batch_first, shared_qkv, device, dtype"),
     "DynamicRouter detach_votes='no' (was: detached)": (
         lambda: DynamicRouter(detach_votes="no"), TypeError, "detach_votes must be True or False"),
     "DynamicRouter bias='no' (was: a bias)": (

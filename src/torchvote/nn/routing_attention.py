@@ -43,7 +43,7 @@ from torchvote.functional.masks import _orders_receivers, _read_mask_once
 from torchvote.functional.voting import NormalizeOver
 from torchvote.nn.attention import MultiHeadAttention
 from torchvote.nn.transformer import AttentionFactory
-from torchvote.validation import check_choice, check_positive_int, check_scale
+from torchvote.validation import check_choice, check_keyword_options, check_positive_int, check_scale
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -153,6 +153,7 @@ class RoutingAttention(MultiHeadAttention):
         check_positive_int(iterations, "iterations")
         check_choice(normalize_over, ("senders", "receivers"), "normalize_over")
         check_choice(aggregation, ("sum", "mean"), "aggregation")
+        check_keyword_options(attention_options, MultiHeadAttention.__init__, type(self).__name__)
         super().__init__(embed_dim, num_heads, device=device, dtype=dtype, **attention_options)
         self.iterations = iterations
         self.normalize_over = normalize_over

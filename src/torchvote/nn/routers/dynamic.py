@@ -9,7 +9,7 @@ from torch import Tensor
 
 from torchvote.functional.routing import RoutingVotes, dynamic_routing
 from torchvote.nn.routers.base import BiasedRouter, RoutingResult, register_router
-from torchvote.validation import check_choice, check_flag, check_positive_int
+from torchvote.validation import check_choice, check_flag, check_keyword_options, check_positive_int
 
 __all__ = ["DynamicRouter"]
 
@@ -45,6 +45,7 @@ class DynamicRouter(BiasedRouter):
         detach_votes: bool = False,
         **bias_options: Any,
     ) -> None:
+        check_keyword_options(bias_options, BiasedRouter.__init__, type(self).__name__)
         super().__init__(**bias_options)
         self.iterations = check_positive_int(iterations, "iterations")
         self.agreement = check_choice(agreement, ("dot", "distance"), "agreement")

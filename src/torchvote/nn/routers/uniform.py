@@ -9,7 +9,7 @@ from torch import Tensor
 
 from torchvote.functional.routing import RoutingVotes, uniform_routing
 from torchvote.nn.routers.base import BiasedRouter, RoutingResult, register_router
-from torchvote.validation import check_choice
+from torchvote.validation import check_choice, check_keyword_options
 
 __all__ = ["UniformRouter"]
 
@@ -41,6 +41,7 @@ class UniformRouter(BiasedRouter):
         nonlinearity: str = "squash",
         **bias_options: Any,
     ) -> None:
+        check_keyword_options(bias_options, BiasedRouter.__init__, type(self).__name__)
         super().__init__(**bias_options)
         self.nonlinearity = check_choice(
             nonlinearity, ("squash", "efficient_squash", "layer_norm", "identity"), "nonlinearity"
