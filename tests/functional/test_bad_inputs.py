@@ -204,6 +204,10 @@ CASES = {
         lambda: additive_score(randn(2, 5, 4), randn(2, 6, 4), randn(3, 4).double(), randn(3, 4).double(),
                                randn(3).double()),
         TypeError, "has dtype torch.float64 but the queries are torch.float32"),
+    "attend batch axes that do not broadcast (was: vote's 'logits ... do not fit values')": (
+        lambda: attend(randn(2, 3, 5), randn(3, 5, 4)), ValueError,
+        r"scores \(2, 3, 5\) and value \(3, 5, 4\) must have batch axes \(all but the last two\) that "
+        "broadcast"),
     # --- a user's callables: their results were used unchecked, and torch failed deep inside ------
     "vote nonlinearity returning another shape (was: an einsum RuntimeError)": (
         lambda: _routing(iterations=2, nonlinearity=lambda s, previous: s[..., :2]), ValueError,

@@ -323,7 +323,8 @@ def attend(
         TypeError: ``scores`` or ``value`` not a floating-point tensor, or not of one dtype
             (outside ``torch.autocast``).
         ValueError: ``scores`` of fewer than 2 axes, ``value``'s length not ``scores``' last
-            axis, a bad mask, or a ``value`` or mask on another device than ``scores``.
+            axis, batch axes that do not broadcast, a bad mask, or a ``value`` or mask on another
+            device than ``scores``.
     """
     for name, tensor in (("scores", scores), ("value", value)):
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
@@ -338,6 +339,11 @@ def attend(
         raise ValueError(
             f"value must have shape (..., S={scores.shape[-1]}, features) to match scores "
             f"{tuple(scores.shape)}, got {tuple(value.shape)}"
+        )
+    if broadcast_shape(scores.shape[:-2], value.shape[:-2]) is None:  # vote's error named its own terms
+        raise ValueError(
+            f"scores {tuple(scores.shape)} and value {tuple(value.shape)} must have batch axes (all "
+            "but the last two) that broadcast"
         )
     check_attention_mask(attn_mask, tuple(scores.shape), "attn_mask")
     result = vote(SharedVotes(value), scores, normalize_over="senders", mask=attn_mask,
