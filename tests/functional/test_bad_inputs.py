@@ -208,6 +208,12 @@ CASES = {
         lambda: attend(randn(2, 3, 5), randn(3, 5, 4)), ValueError,
         r"scores \(2, 3, 5\) and value \(3, 5, 4\) must have batch axes \(all but the last two\) that "
         "broadcast"),
+    "vote negative sender_weights (was: taken, the sender's votes reversed)": (
+        lambda: _routing(sender_weights=torch.tensor([0.5, -0.25, 1.0, 0.0, 1.0])), ValueError,
+        r"sender_weights must be non-negative \(a sender's activation\), got smallest -0.25"),
+    "vote NaN sender_weights": (
+        lambda: _routing(sender_weights=torch.tensor([0.5, float("nan"), 1.0, 0.0, 1.0])), ValueError,
+        "sender_weights must be non-negative"),
     # --- a user's callables: their results were used unchecked, and torch failed deep inside ------
     "vote nonlinearity returning another shape (was: an einsum RuntimeError)": (
         lambda: _routing(iterations=2, nonlinearity=lambda s, previous: s[..., :2]), ValueError,

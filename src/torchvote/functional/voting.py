@@ -62,6 +62,7 @@ from torchvote.validation import (
     check_positive_int,
     check_probability,
     check_scale,
+    check_tensor_values,
 )
 
 __all__ = [
@@ -637,7 +638,7 @@ def vote(
             ``(..., i, d)`` or ``(..., i, ...)`` shape without growing it (a ``(4, b, ...)`` bias
             would have turned ``b`` outputs into ``4 b``); a :class:`DotProductScores` whose keys
             are not as many as the values; logits, scores, a mask, sender weights, bias or initial
-            outputs on another device than the votes.
+            outputs on another device than the votes; negative (or NaN) ``sender_weights``.
         TypeError: votes, logits, scores, sender weights, bias or initial outputs that are not
             floating-point tensors or not of the votes' dtype (outside ``torch.autocast``; float
             ``logits`` of another dtype are allowed, they are upcast), a non-boolean,
@@ -975,7 +976,8 @@ def _check_vote_inputs(
     Raises:
         TypeError: a ``sender_weights``, ``bias`` or ``initial_outputs`` that is not a
             floating-point tensor or not of the votes' dtype (outside ``torch.autocast``).
-        ValueError: naming the argument, its shape and the shape expected.
+        ValueError: naming the argument, its shape and the shape expected; negative or NaN
+            ``sender_weights`` (checked with :func:`~torchvote.validation.check_tensor_values`).
     """
     *batch, receivers, senders = weights_shape
     if sender_weights is not None:
@@ -985,6 +987,11 @@ def _check_vote_inputs(
             raise ValueError(
                 f"sender_weights must broadcast to (..., j) = {target}, got {tuple(sender_weights.shape)}"
             )
+        check_tensor_values(  # a negative weight turns a sender's vote against itself
+            (sender_weights >= 0).all(),
+            "sender_weights must be non-negative (a sender's activation)",
+            detail=lambda: f", got smallest {sender_weights.min().item()}",
+        )
     shape = _votes_shape(votes)
     features = shape[-1] if shape is not None else None
     if bias is not None:
