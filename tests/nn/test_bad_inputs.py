@@ -165,6 +165,9 @@ CASES = {
         lambda: CapsuleLinear(5, 4, 3, 4, routing="em")(randn(2, 5, 4), activations=torch.ones(2, 5).long()),
         TypeError, "activations must be floating point"),
     # --- routers -------------------------------------------------------------------------------
+    "MultiHeadAttention value without key (was: blamed the key the user never gave)": (
+        lambda: MultiHeadAttention(8, 2)(torch.randn(2, 4, 8), None, torch.randn(2, 5, 8)), ValueError,
+        r"value of shape \(2, 5, 8\) was given without key, so key defaulted to query \(2, 4, 8\)"),
     "DynamicRouter unknown option (was: named BiasedRouter.__init__)": (
         lambda: DynamicRouter(foo=1), TypeError,
         "DynamicRouter got unexpected keyword argument\\(s\\) 'foo'; besides its own arguments it "

@@ -241,6 +241,13 @@ class MultiHeadAttention(nn.Module):
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
             self._check_cache()
+        if key is None and isinstance(value, Tensor) and isinstance(query, Tensor) \
+                and value.shape[:-1] != query.shape[:-1]:
+            raise ValueError(  # the check below would blame a key the user never gave
+                f"value of shape {tuple(value.shape)} was given without key, so key defaulted to "
+                f"query {tuple(query.shape)}, whose batch and length value must share; give key too "
+                "for cross-attention"
+            )
         key = query if key is None else key
         value = key if value is None else value
         self_attention = key is query
