@@ -41,6 +41,7 @@ __all__ = [
     "check_probability",
     "check_scale",
     "check_tensor_values",
+    "check_texts",
     "is_integer",
 ]
 
@@ -408,6 +409,38 @@ def check_keyword_options(options: Collection[str], passed_to: Callable, owner: 
             f"{owner} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides "
             f"its own arguments it takes {', '.join(accepted)}"
         )
+
+
+def check_texts(value: Any, argument: str) -> tuple[str, ...]:
+    """Return ``value`` as a tuple if it is a sequence of strings; refuse one string, which
+    iteration would read as its characters (``"uniform"`` as the seven filters ``u``, ``n``, ...).
+
+    Args:
+        value: a list or tuple of strings.
+        argument: its name, for the message.
+
+    Returns:
+        The strings, as a tuple.
+
+    Raises:
+        ArgumentTypeError: ``value`` a single ``str`` (the message suggests ``[value]``) or
+            ``bytes``, no iterable, or an element that is not a ``str``.
+    """
+    if isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(
+            f"{argument} must be a list of strings, got the single string {value!r} (give "
+            f"[{value!r}])"
+        )
+    try:
+        texts = tuple(value)
+    except TypeError:
+        raise ArgumentTypeError(
+            f"{argument} must be a list of strings, got {type(value).__name__}"
+        ) from None
+    wrong = [text for text in texts if not isinstance(text, str)]
+    if wrong:
+        raise ArgumentTypeError(f"{argument} must be a list of strings, got {wrong[0]!r} in it")
+    return texts
 
 
 def check_flag(value: Any, argument: str) -> bool:

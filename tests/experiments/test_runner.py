@@ -34,3 +34,46 @@ def test_a_label_still_chooses_what_it_chose():
 def test_a_text_that_names_no_variant_is_refused(text):
     with pytest.raises(ValueError, match="variants: none of"):
         select_variants(get_row("router-swap"), [text])
+
+
+def test_one_string_of_variants_is_refused_not_read_as_its_characters():
+    # select_variants(row, "uniform") matched every label holding a 'u', an 'n', ...: 26 of 26
+    # variants of router-swap, where the user meant the 2 uniform ones, would have trained
+    row = get_row("router-swap")
+    single = r"variants must be a list of strings, got the single string 'uniform' \(give \['uniform'\]\)"
+    with pytest.raises(TypeError, match=single):
+        select_variants(row, "uniform")
+    with pytest.raises(TypeError, match="got None in it"):
+        select_variants(row, [None])
+    assert [v.label for v in select_variants(row, ("uniform",))] == [
+        v.label for v in row.variants if "uniform" in v.label
+    ]
+
+
+def test_train_command_refuses_what_the_run_would_refuse():
+    from torchvote.experiments import train_command
+
+    row, other = get_row("capsnet-routing"), get_row("router-swap")
+    variant = row.variants[0]
+    for seed, error in ((-1, ValueError), (1.5, TypeError), ("0; rm -rf /", TypeError)):
+        with pytest.raises(error, match="seeds must be an integer >= 0"):
+            train_command(row, variant, "cpu", seed)
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda"):
+        train_command(row, variant, "cpu", 0, device="gpu")
+    with pytest.raises(ValueError, match="is not one of capsnet-routing's"):
+        train_command(row, other.variants[0], "cpu", 0)
+    with pytest.raises(ValueError, match="trains nothing"):
+        train_command(get_row("pretrained-routing"), variant, "cpu", 0)
+    assert train_command(row, variant, "cpu", 2).startswith(f"torchvote train {variant.preset} ")
+
+
+def test_rows_variants_and_metrics_check_their_fields():
+    from torchvote.experiments import Metric, Row, Variant
+
+    with pytest.raises(ValueError, match="transform must be one of"):
+        Metric("error", transform="error-percent")  # read the raw accuracy as the error before
+    with pytest.raises(TypeError, match="overrides must be a list of strings"):
+        Variant("one", "capsnet-mnist", overrides="epochs=1")  # was one override per character
+    assert Variant("one", "capsnet-mnist", overrides=["epochs=1"]).overrides == ("epochs=1",)
+    with pytest.raises(ValueError, match="seeds must be a positive integer"):
+        Row("r", "z", "title", seeds=-1)

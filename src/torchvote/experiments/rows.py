@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from torchvote.validation import check_choice, check_positive_int, check_texts
 
 __all__ = ["BUDGETS", "Metric", "Row", "Variant", "get_row", "list_rows"]
 
@@ -52,6 +54,9 @@ class Metric:
     dataset: str | None = None
     transform: Transform = "error_percent"
 
+    def __post_init__(self) -> None:
+        check_choice(self.transform, get_args(Transform), "transform")  # a typo read the raw value
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -69,6 +74,9 @@ class Variant:
     preset: str
     overrides: tuple[str, ...] = ()
     paper: str | None = None
+
+    def __post_init__(self) -> None:  # one string would be read as one override per character
+        object.__setattr__(self, "overrides", check_texts(self.overrides, "overrides"))
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,9 @@ class Row:
     seeds: int = 3
     measure: Callable[..., list[dict[str, Any]]] | None = None
     note: str = ""
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.seeds, "seeds")
 
     def overrides(self, variant: Variant, budget: str, seed: int) -> list[str]:
         """The ``torchvote train`` overrides of one run: the variant's, the budget's, the seed."""

@@ -38,7 +38,7 @@ from torchvote.training.config import (
 )
 from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import find_resumable_checkpoint
-from torchvote.validation import check_positive_int
+from torchvote.validation import check_positive_int, check_texts
 
 __all__ = [
     "RESULT_FILE",
@@ -118,7 +118,9 @@ def train_command(
         The command line.
 
     Raises:
-        ValueError: ``budget`` is not one of the row's budgets.
+        ValueError: ``budget`` is not one of the row's budgets, a ``variant`` of another row, a
+            row that measures instead of training, a seed below 0 or an unknown device.
+        TypeError: a ``seed`` that is not an integer.
     """
     overrides = _run_overrides(row, variant, budget, seed, run_dir, device)
     return shlex.join(["torchvote", "train", variant.preset, *overrides])
@@ -128,7 +130,17 @@ def _run_overrides(
     row: Row, variant: Variant, budget: str, seed: int, run_dir: str | Path | None, device: str
 ) -> list[str]:
     """The overrides of one run: the row's, then its folder and device (the one list that both
-    :func:`train_command` prints and :func:`reproduce` trains)."""
+    :func:`train_command` prints and :func:`reproduce` trains), checked as the run's config
+    would check them, before a line is printed that would fail."""
+    if row.measure is not None:
+        raise ValueError(f"{row.name} trains nothing (it measures a pretrained model): no train line")
+    if variant not in row.variants:
+        raise ValueError(
+            f"variant {getattr(variant, 'label', variant)!r} is not one of {row.name}'s: "
+            f"{[v.label for v in row.variants]}"
+        )
+    _check_seed(seed)
+    check_device_name(device)
     overrides = row.overrides(variant, budget, seed)
     if run_dir is not None:
         overrides.append(f"run_dir={run_dir}")
@@ -161,6 +173,7 @@ def check_request(
         ValueError: an unknown budget or device, seeds that are not distinct integers >= 0, an
             ``out_dir`` that is a file, variant filters that match nothing, or seeds, variants or
             a device for a row that measures (they would be ignored).
+        TypeError: ``variants`` a single string rather than a list of them.
     """
     if budget not in row.budgets:
         raise ValueError(f"budget: expected one of {sorted(row.budgets)}, got {budget!r}")
@@ -178,12 +191,18 @@ def check_request(
         return [], []
     seeds = list(range(row.seeds)) if seeds is None else list(seeds)
     for seed in seeds:
-        check_positive_int(seed, "seeds", minimum=0)
-        if seed >= 2**64:  # torch.manual_seed's limit, which the run's config checks
-            raise ValueError(f"seeds must be integers in [0, 2**64), got {seed}")
+        _check_seed(seed)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct, got {seeds}")
     return seeds, select_variants(row, variants)
+
+
+def _check_seed(seed: Any) -> None:
+    """A run's seed: an integer in ``[0, 2**64)``, torch.manual_seed's range, as the run's config
+    checks it."""
+    check_positive_int(seed, "seeds", minimum=0)
+    if seed >= 2**64:
+        raise ValueError(f"seeds must be integers in [0, 2**64), got {seed}")
 
 
 def describe_device(device: str) -> str:
@@ -426,7 +445,10 @@ def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
 
     Raises:
         ValueError: ``texts`` match no label, or one is empty (it would match every label).
+        TypeError: ``texts`` a single string (its characters would each match labels) or holding
+            anything but strings.
     """
+    texts = check_texts(texts, "variants")
     if any(not text.strip() for text in texts):  # `--variant ''` ran every variant without a word
         labels = [v.label for v in row.variants]
         raise ValueError(f"variants: an empty text matches every label; give part of one of {labels}")
