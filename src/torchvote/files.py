@@ -194,12 +194,16 @@ def load_failure_reason(error: BaseException) -> str:
 
     Returns:
         One line: the message's first line, or the error's type and "not a file of tensors that
-        torch.load reads without running code".
+        torch.load reads without running code", with what the unpickler met where it says.
     """
     text = str(error).strip()
     reason = text.splitlines()[0] if text else type(error).__name__
-    if "weights_only" in reason:
+    if "weights_only" in reason or reason.startswith("Weights only load failed"):
         reason = f"{type(error).__name__}: not a file of tensors that torch.load reads without running code"
+        unpickler = [line.strip() for line in text.splitlines() if "WeightsUnpickler error:" in line]
+        if unpickler:  # what it met, e.g. "Unsupported global: GLOBAL numpy...", without the advice
+            what = unpickler[0].split("WeightsUnpickler error:", 1)[1].strip().split(". ")[0].rstrip(".")
+            reason += f" ({what})" if what else ""
     return reason
 
 

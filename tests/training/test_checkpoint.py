@@ -350,3 +350,31 @@ def test_a_checkpoint_of_more_gpus_restores_the_rng_of_the_gpus_there_are(monkey
     assert len(state["cuda"]) == 4
     restore_rng_state(state)
     assert restored == [0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        # written, and `latest` moved to it, then refused on resume as "corrupt or not a training state"
+        ({"state": {"a": np.zeros(3)}}, ValueError,
+         r"state could not be read back from a checkpoint \(.*Unsupported global.*numpy"),
+        ({"state": {"f": lambda: 1}}, ValueError, "state could not be read back from a checkpoint"),
+        # replaced the format marker: the checkpoint was "not a torchvote-checkpoint-1 training state"
+        ({"state": {"format": "x"}}, ValueError, "state must not set 'format'"),
+        ({"state": None}, TypeError, "state must be a mapping"),
+        # saved 'module.'-prefixed names that do not load into the model
+        ({"model": nn.DataParallel(nn.Linear(2, 2))}, ValueError, "not its DataParallel wrapper"),
+        ({"model": None}, TypeError, "model must be an nn.Module"),
+        # safetensors' "argument 'metadata': 'int' object is not an instance of 'str'"
+        ({"model_metadata": {"model": 1}}, TypeError, "must map strings to strings, got .model.: 1"),
+        ({"model_metadata": {"format": "mine"}}, ValueError, r"model_metadata must not set \['format'\]"),
+    ],
+)
+def test_what_could_not_be_read_back_is_refused_before_anything_is_written(tmp_path, kwargs, error, match):
+    model = nn.Linear(2, 2)
+    _save(tmp_path, 3, model)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    arguments = {"step": 4, "model": model, "model_metadata": {"model": "x"}, "state": {"step": 4}} | kwargs
+    with pytest.raises(error, match=match):
+        save_checkpoint(tmp_path, **arguments)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written or deleted

@@ -315,22 +315,26 @@ def save_checkpoint(
 
     Raises:
         ValueError: ``step`` is not an integer >= 0, or ``keep`` is neither ``None`` nor a
-            positive integer (checked before anything is written or deleted).
+            positive integer; ``model`` a ``DataParallel`` / DDP wrapper (its names would not
+            load into the model); metadata that sets ``format`` or ``aliases``; a ``state`` that
+            sets ``format`` or that
+            :func:`load_training_state` could not read back (an object that is no tensor,
+            number, string or container of them, such as a NumPy array or a dataclass).
+        TypeError: ``model`` no ``nn.Module``; ``model_metadata`` or ``state`` no mapping, or
+            metadata that is not strings. All checked before anything is written or deleted.
     """
-    import io
-
     check_positive_int(step, "step", minimum=0)  # -1 would be named step--0000001
     if keep is not None:
         check_positive_int(keep, "keep")
+    _check_model_and_metadata(model, model_metadata)
+    state_bytes = _state_bytes(state)
     directory = Path(directory)
     paths = CheckpointPaths.of(directory, checkpoint_name(step))
     present = [path for path in (paths.weights, paths.state) if path.exists()]
     moved = [(path, _move_aside(path)) for path in present]
     try:
         atomic_write_bytes(paths.weights, _weights_bytes(model, model_metadata))
-        buffer = io.BytesIO()
-        torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
-        atomic_write_bytes(paths.state, buffer.getvalue())
+        atomic_write_bytes(paths.state, state_bytes)
     except BaseException:
         # a full disk, an interrupt: a checkpoint without its state file was left under the final
         # name, renamed aside by the next attempt at this step, and again by each retry (each
@@ -345,6 +349,51 @@ def save_checkpoint(
         _prune(directory, keep, current=paths.name)
     remove_abandoned_temporaries(directory)
     return paths
+
+
+def _check_model_and_metadata(model: Any, model_metadata: Any) -> None:
+    """What :func:`save_checkpoint` stores as weights: a plain module and string metadata."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        raise ValueError(
+            f"model must be the model itself, not its {type(model).__name__} wrapper (its names "
+            "start with 'module.' and would not load into the model): pass model.module"
+        )
+    if not isinstance(model_metadata, Mapping):
+        raise TypeError(f"model_metadata must be a mapping of strings, got {type(model_metadata).__name__}")
+    wrong = [
+        key for key, value in model_metadata.items() if not (isinstance(key, str) and isinstance(value, str))
+    ]
+    if wrong:
+        raise TypeError(
+            f"model_metadata must map strings to strings, got {wrong[0]!r}: "
+            f"{model_metadata[wrong[0]]!r} (JSON-encode structured values)"
+        )
+    reserved = sorted({"format", "aliases"} & set(model_metadata))
+    if reserved:  # they were replaced by the file's own without a word
+        raise ValueError(f"model_metadata must not set {reserved}: the weights file's own entries go there")
+
+
+def _state_bytes(state: Any) -> bytes:
+    """``state`` with the format marker, serialised, and read back as :func:`load_training_state`
+    reads it (``weights_only``), so that no checkpoint is written that cannot be resumed from."""
+    import io
+
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a mapping, got {type(state).__name__}")
+    if "format" in state:
+        raise ValueError("state must not set 'format': the checkpoint's format marker goes there")
+    buffer = io.BytesIO()
+    try:
+        torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)  # a lambda fails here
+        torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu", weights_only=True)
+    except Exception as error:  # what load_training_state would call a corrupt file, later
+        raise ValueError(
+            f"state could not be read back from a checkpoint ({load_failure_reason(error)}); keep "
+            "it to tensors, numbers, strings and lists, tuples or dicts of them"
+        ) from None
+    return buffer.getvalue()
 
 
 def _move_aside(path: Path) -> Path:
