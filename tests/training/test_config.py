@@ -185,6 +185,52 @@ def test_a_config_built_in_python_refuses_floats_and_bools_for_counts(build, mes
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        # each was accepted; what train() then did is in the comment
+        (lambda: OptimConfig(weight_decay_on="bias"), "optim.weight_decay_on must be one of 'all'"),
+        (lambda: OptimConfig(name="rmsprop"), "optim.name must be one of 'adam', 'adamw', 'sgd'"),
+        (lambda: OptimConfig(schedule="linear"), "optim.schedule must be one of"),  # "has no multiplier"
+        (lambda: OptimConfig(lr=-1.0), "optim.lr must be a finite number in (0.0, inf)"),  # torch's error
+        (lambda: OptimConfig(decay_steps=0), "optim.decay_steps must be a positive integer"),  # ZeroDivision
+        (lambda: LossConfig(name="mse"), "loss.name must be one of"),  # a bare KeyError: 'mse'
+        (lambda: LossConfig(label_smoothing=2.0), "loss.label_smoothing must be in [0, 1)"),
+        (lambda: LossConfig(positive_margin=-1.0), "loss.positive_margin"),
+        (lambda: TrainConfig(bf16="yes"), "bf16 must be True or False, got 'yes'"),  # truthy: on
+        (lambda: TrainConfig(eval_on="small-digits"), "eval_on must be a list of strings"),  # data set 's'
+        (lambda: TrainConfig(run_dir=5), "run_dir must be a string or None, got 5"),  # a pathlib error
+        (lambda: TrainConfig(description=None), "description must be a string, got None"),
+        (lambda: TrainConfig(data=DataConfig(canvas=-1)), "data.canvas must be a positive integer or None"),
+        (lambda: TrainConfig(model={"name": "capsnet"}), "ModelConfig expected for that section, got dict"),
+    ],
+)
+def test_a_config_built_in_python_is_checked_as_a_loaded_one(build, message):
+    with pytest.raises(ConfigError) as error:
+        build()
+    assert message in str(error.value)
+
+
+def test_a_section_changed_after_it_was_built_is_checked_with_the_run_config():
+    optim = OptimConfig()
+    optim.weight_decay_on = "bias"
+    with pytest.raises(ConfigError, match="optim.weight_decay_on must be one of"):
+        TrainConfig(optim=optim)
+
+
+def test_paths_from_python_are_taken_as_the_folders_they_name(tmp_path):
+    config = TrainConfig(out_dir=tmp_path, run_dir=tmp_path / "run", data=DataConfig(root=tmp_path))
+    expected = (str(tmp_path), str(tmp_path / "run"), str(tmp_path))
+    assert (config.out_dir, config.run_dir, config.data.root) == expected
+
+
+def test_overrides_given_as_one_string_are_refused():
+    with pytest.raises(ConfigError, match="a list of strings, got the single string 'epochs=2'"):
+        apply_overrides(TrainConfig(), "epochs=2")  # was: "expected key=value ..., got 'e'"
+    with pytest.raises(ConfigError, match="overrides must be a list of strings, got 3 in it"):
+        apply_overrides(TrainConfig(), [3])  # was: an AttributeError
+
+
 @pytest.mark.parametrize("override", ["epochs=2.5", "batch_size=true", "max_steps=2.5", "data.limit=true"])
 def test_the_command_line_refuses_floats_and_bools_for_counts_by_their_type(override):
     key = override.split("=")[0]

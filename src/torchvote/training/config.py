@@ -52,6 +52,7 @@ from torchvote.training.schema import (
     OptimConfig,
     TrainConfig,
 )
+from torchvote.validation import check_texts
 
 __all__ = [
     "RESUMABLE_KEYS",
@@ -377,6 +378,10 @@ def apply_overrides(config: TrainConfig, overrides: Iterable[str]) -> TrainConfi
         ConfigError: an unknown key or a value of the wrong type; the message lists valid keys or
             choices.
     """
+    try:  # one string was read as one override per character ("got 'e'")
+        overrides = check_texts(overrides, "overrides")
+    except TypeError as err:
+        raise ConfigError(str(err)) from None
     values = config_to_dict(config)
     for text in overrides:
         parts, raw = parse_override(text)

@@ -7,13 +7,24 @@ preset or an override against these field types, then builds the dataclasses, wh
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torchvote.losses import check_margin_options
 from torchvote.training.distributed import check_device_name
 from torchvote.training.keyvalue import ConfigError, parse_entry
-from torchvote.validation import check_in_range, check_positive_int, check_probability
+from torchvote.validation import (
+    check_choice,
+    check_flag,
+    check_in_range,
+    check_positive_int,
+    check_probability,
+    check_texts,
+)
 
 __all__ = [
     "RESUMABLE_KEYS",
@@ -23,6 +34,42 @@ __all__ = [
     "OptimConfig",
     "TrainConfig",
 ]
+
+
+def _check_field_types(section: Any, prefix: str) -> None:
+    """The fields of a config ``section`` that hold what their annotations say: a choice of a
+    ``Literal`` field among its values, ``True``/``False`` for a ``bool`` (``"yes"`` was truthy), a
+    string for ``str`` (``None`` where optional), a list of strings for ``tuple[str, ...]`` (one
+    string was read as its characters) and a dict for ``dict``. A section built in Python skips the
+    typed check of :func:`~torchvote.training.config.load_config`, and a bad value was accepted,
+    then trained on (``weight_decay_on="bias"`` as ``"matrices"``) or failed hours later.
+
+    Raises:
+        ConfigError: naming the first bad field (with ``prefix``) and what it takes.
+    """
+    hints = typing.get_type_hints(type(section))
+    for item in dataclasses.fields(section):
+        hint, value, key = hints[item.name], getattr(section, item.name), f"{prefix}{item.name}"
+        origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+        optional = origin in (typing.Union, types.UnionType) and type(None) in arguments
+        if optional:
+            if value is None:
+                continue
+            hint = next(argument for argument in arguments if argument is not type(None))
+            origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+        try:
+            if origin is Literal:
+                check_choice(value, arguments, key)
+            elif hint is bool:
+                check_flag(value, key)
+            elif hint is str and not isinstance(value, str):
+                raise TypeError(f"{key} must be a string{' or None' if optional else ''}, got {value!r}")
+            elif origin is tuple and arguments == (str, Ellipsis):
+                check_texts(value, key)
+            elif origin is dict and not isinstance(value, dict):
+                raise TypeError(f"{key} must be a mapping of options, got {value!r}")
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclass
@@ -38,6 +85,9 @@ class ModelConfig:
     name: str = "cnn-baseline"
     preset: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_field_types(self, "model.")
 
 
 @dataclass
@@ -70,6 +120,11 @@ class DataConfig:
     shift: int = 0
     canvas: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.root, os.PathLike):  # a Path, from Python: kept as the string it names
+            self.root = os.fspath(self.root)
+        _check_field_types(self, "data.")
 
 
 @dataclass
@@ -122,6 +177,32 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     grad_clip: float | None = None
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The choices, and the real-valued options where the optimiser means them (a learning
+        rate of inf, a negative clip norm, which flips every gradient, trained on without a word).
+
+        Raises:
+            ConfigError: naming the first bad key.
+        """
+        _check_field_types(self, "optim.")
+        try:
+            check_positive_int(self.decay_steps, "optim.decay_steps")
+            check_positive_int(self.warmup_steps, "optim.warmup_steps", minimum=0)
+            check_in_range(self.lr, "optim.lr", 0.0, include_low=False)
+            check_in_range(self.weight_decay, "optim.weight_decay", 0.0)
+            check_in_range(self.momentum, "optim.momentum", 0.0, 1.0, include_high=False)
+            check_in_range(self.beta1, "optim.beta1", 0.0, 1.0, include_high=False)
+            check_in_range(self.beta2, "optim.beta2", 0.0, 1.0, include_high=False)
+            check_in_range(self.decay_rate, "optim.decay_rate", 0.0, include_low=False)
+            check_in_range(self.min_lr_ratio, "optim.min_lr_ratio", 0.0, 1.0)
+            if self.grad_clip is not None:
+                check_in_range(self.grad_clip, "optim.grad_clip", 0.0, include_low=False)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
 
 @dataclass
 class LossConfig:
@@ -155,6 +236,29 @@ class LossConfig:
     spread_margin_start: float = 0.2
     spread_margin_end: float = 0.9
     spread_ramp_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The loss's name and its options where the losses mean them (a negative reconstruction
+        weight would reward reconstructing badly).
+
+        Raises:
+            ConfigError: naming the first bad key.
+        """
+        _check_field_types(self, "loss.")
+        try:
+            check_probability(self.label_smoothing, "loss.label_smoothing")
+            check_in_range(self.reconstruction_weight, "loss.reconstruction_weight", 0.0)
+            check_margin_options(self.positive_margin, self.negative_margin, self.down_weight, prefix="loss.")
+            for key in ("spread_margin_start", "spread_margin_end"):
+                check_in_range(getattr(self, key), f"loss.{key}", 0.0, 1.0, include_low=False)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        ramp = self.spread_ramp_steps
+        if ramp is not None and (isinstance(ramp, bool) or not isinstance(ramp, int) or ramp <= 0):
+            raise ConfigError(f"loss.spread_ramp_steps must be a positive integer or None, got {ramp!r}")
 
 
 @dataclass
@@ -240,18 +344,26 @@ class TrainConfig:
     run_dir: str | None = None
 
     def __post_init__(self) -> None:
+        for key in ("out_dir", "run_dir"):  # a Path, from Python: kept as the string it names
+            if isinstance(getattr(self, key), os.PathLike):
+                setattr(self, key, os.fspath(getattr(self, key)))
+        _check_field_types(self, "")
+        for section, kind in ((self.model, ModelConfig), (self.data, DataConfig), (self.optim, OptimConfig),
+                              (self.loss, LossConfig)):
+            if not isinstance(section, kind):
+                raise ConfigError(f"{kind.__name__} expected for that section, got {type(section).__name__}")
+            section.__post_init__()  # again: a section may have been changed since it was built
         positive = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
         positive |= {"epochs": self.epochs, "log_every": self.log_every}
-        positive |= {"keep_checkpoints": self.keep_checkpoints, "optim.decay_steps": self.optim.decay_steps}
+        positive |= {"keep_checkpoints": self.keep_checkpoints}
         # integers, not merely values above 0: a dataclass built in Python (``TrainConfig(epochs=2.5)``,
         # ``dataclasses.replace``) skips the typed-field check of load_config, and 2.5 epochs or a
         # batch size of ``True`` (1) would train on without a word
         non_negative = {"eval_every": self.eval_every, "checkpoint_every": self.checkpoint_every}
         non_negative |= {"num_workers": self.num_workers, "data.shift": self.data.shift}
-        non_negative |= {"optim.warmup_steps": self.optim.warmup_steps, "seed": self.seed}
+        non_negative |= {"seed": self.seed}
         optional_positive = {"max_steps": self.max_steps, "data.limit": self.data.limit}
-        optional_positive |= {"data.eval_limit": self.data.eval_limit}
-        optional_positive |= {"loss.spread_ramp_steps": self.loss.spread_ramp_steps}
+        optional_positive |= {"data.eval_limit": self.data.eval_limit, "data.canvas": self.data.canvas}
         try:
             for key, value in positive.items():
                 check_positive_int(value, key)
@@ -271,7 +383,6 @@ class TrainConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ConfigError(f"{key} must be a positive integer or None, got {value!r}")
         try:
-            check_probability(self.loss.label_smoothing, "loss.label_smoothing")
             self._check_ranges()
         except ValueError as err:
             raise ConfigError(str(err)) from None
@@ -283,19 +394,7 @@ class TrainConfig:
             parse_entry(entry, "eval_on")
 
     def _check_ranges(self) -> None:
-        """The real-valued options: finite, and where the optimiser and the losses mean them.
-        A learning rate of inf, a negative clip norm (which flips every gradient) or a negative
-        reconstruction weight would otherwise train on without a word."""
-        optim, loss = self.optim, self.loss
-        check_in_range(optim.lr, "optim.lr", 0.0, include_low=False)
-        check_in_range(optim.weight_decay, "optim.weight_decay", 0.0)
-        check_in_range(optim.momentum, "optim.momentum", 0.0, 1.0, include_high=False)
-        check_in_range(optim.beta1, "optim.beta1", 0.0, 1.0, include_high=False)
-        check_in_range(optim.beta2, "optim.beta2", 0.0, 1.0, include_high=False)
-        check_in_range(optim.decay_rate, "optim.decay_rate", 0.0, include_low=False)
-        check_in_range(optim.min_lr_ratio, "optim.min_lr_ratio", 0.0, 1.0)
-        if optim.grad_clip is not None:
-            check_in_range(optim.grad_clip, "optim.grad_clip", 0.0, include_low=False)
+        """The real-valued options of the run (the sections check their own)."""
         check_in_range(self.checkpoint_minutes, "checkpoint_minutes", 0.0)
         if self.stop_at_accuracy is not None:
             check_in_range(self.stop_at_accuracy, "stop_at_accuracy", 0.0, 1.0, include_low=False)
@@ -303,10 +402,6 @@ class TrainConfig:
                 raise ValueError(
                     "stop_at_accuracy needs evaluations during the run: eval_every must be >= 1, got 0"
                 )
-        check_in_range(loss.reconstruction_weight, "loss.reconstruction_weight", 0.0)
-        check_margin_options(loss.positive_margin, loss.negative_margin, loss.down_weight, prefix="loss.")
-        for key in ("spread_margin_start", "spread_margin_end"):
-            check_in_range(getattr(loss, key), f"loss.{key}", 0.0, 1.0, include_low=False)
 
 
 #: Keys a resumed run may change (they do not change the weights it reaches).
