@@ -166,3 +166,11 @@ def test_iterate_batches_with_workers_asks_the_loader_to_pin(monkeypatch, pin_me
     batches = list(iterate_batches(data, plan, 0, num_workers=2, pin_memory=pin_memory))
     assert len(batches) == 3 and [kwargs["pin_memory"] for kwargs in made] == [pin_memory]
     assert made[0]["num_workers"] == 2 and "pin_memory_device" not in made[0]  # deprecated in torch
+
+
+def test_task_data_refuses_tensors_of_different_lengths():
+    # its length was the first tensor's: 5 images beside 3 labels were taken
+    with pytest.raises(ValueError, match=r"first axis, got lengths \{'images': 5, 'labels': 3\}"):
+        TaskData("x", "test", {"images": torch.zeros(5, 1, 2, 2), "labels": torch.zeros(3, dtype=torch.long)})
+    with pytest.raises(ValueError, match="one or more tensors"):
+        TaskData("x", "test", {})

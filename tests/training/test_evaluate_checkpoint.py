@@ -4,6 +4,7 @@ why not when nothing does."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -180,3 +181,25 @@ def test_evaluate_gives_back_every_submodule_its_own_mode(tiny_config, tiny_mnis
     evaluate(model, data, handler, batch_size=50)
     assert {name: part.training for name, part in model.named_modules()} == before
     assert model.training and not kept.training
+
+
+def test_bad_arguments_are_refused_before_anything_is_evaluated(tiny_config, tiny_mnist_root):
+    result = train(tiny_config("run"), verbose=False)
+    # device="auto" failed inside torch ("Expected one of cpu, cuda, ... at start of device string")
+    model, spec, _ = load_model_from_checkpoint(result.run_dir, device="auto")
+    assert next(model.parameters()).device == torch.device("cpu")  # no GPU here
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda"):
+        load_model_from_checkpoint(result.run_dir, device="gpu")
+    handler = get_task_handler(spec.task)
+    data = load_eval_entry(handler, "mnist", model.config, root=tiny_mnist_root, options=MNIST)
+    expected = evaluate(model, data, handler, batch_size=50)
+    assert evaluate(model, data, handler, batch_size=50, device="auto") == expected
+    # batch_size=-1 evaluated nothing and reported {'accuracy': 0.0, 'examples': 0.0}
+    for batch_size, error in ((-1, ValueError), (0, ValueError), (2.5, TypeError)):
+        with pytest.raises(error, match="batch_size must be a positive integer"):
+            evaluate(model, data, handler, batch_size=batch_size)
+    with pytest.raises(ValueError, match="data holds no examples to evaluate on"):
+        evaluate(model, dataclasses.replace(data, tensors=data.select(torch.arange(0))), handler)
+    # one string: "name: unknown data set 's'"
+    with pytest.raises(TypeError, match="datasets must be a list of strings, got the single string 'mnist'"):
+        evaluate_checkpoint(result.run_dir, "mnist", root=str(tiny_mnist_root), options=MNIST)

@@ -70,6 +70,13 @@ class TaskData:
     extras: dict[str, Any] = field(default_factory=dict)
     redraw: Callable[[int], TaskData] | None = None
 
+    def __post_init__(self) -> None:
+        lengths = {key: len(tensor) for key, tensor in self.tensors.items()}
+        if not lengths or len(set(lengths.values())) > 1:  # its length was the first tensor's
+            raise ValueError(
+                f"tensors must be one or more tensors aligned along the first axis, got lengths {lengths}"
+            )
+
     def __len__(self) -> int:
         return len(next(iter(self.tensors.values())))
 

@@ -29,7 +29,7 @@ from torchvote.training.distributed import DistributedContext, all_reduce_sum, r
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.schema import LossConfig, TrainConfig
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler, make_objective
-from torchvote.validation import check_flag, check_positive_int
+from torchvote.validation import check_flag, check_positive_int, check_texts
 
 __all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_eval_entry", "load_model_from_checkpoint"]
 
@@ -88,7 +88,9 @@ def evaluate(
         handler: the task's handler.
         objective: also report the mean ``loss`` under this objective.
         batch_size: examples per forward pass (per process).
-        device: where to compute (default: the model's device).
+        device: where to compute (default: the model's device); a name as
+            :func:`~torchvote.training.distributed.resolve_device` takes it (``"auto"``) or a
+            ``torch.device``.
         context: the data-parallel context (default: single process).
         bf16: evaluate under bfloat16 autocast.
         fp16: evaluate under float16 autocast (not with ``bf16``).
@@ -100,12 +102,18 @@ def evaluate(
         ``sequence_accuracy``).
 
     Raises:
-        ValueError: ``bf16`` and ``fp16`` both set (before anything is evaluated).
-        TypeError: ``bf16`` or ``fp16`` not ``True`` or ``False``.
+        ValueError: ``bf16`` and ``fp16`` both set, a ``batch_size`` below 1 (-1 evaluated nothing
+            and reported accuracy 0), empty ``data`` (nothing to measure), an unknown device
+            (before anything is evaluated).
+        TypeError: ``bf16`` or ``fp16`` not ``True`` or ``False``, a ``batch_size`` that is no
+            integer.
     """
     autocast_dtype(bf16, fp16)  # checked before the model is touched
+    check_positive_int(batch_size, "batch_size")
+    if len(data) == 0:
+        raise ValueError(f"data holds no examples to evaluate on ({data.name}/{data.split})")
     context = context or DistributedContext()
-    device = device or next(model.parameters()).device
+    device = next(model.parameters()).device if device is None else _as_device(device)
     indices = torch.arange(context.rank, len(data), context.world_size)
     totals: dict[str, torch.Tensor] = {}
     with evaluating(model):
@@ -288,6 +296,12 @@ def model_config_from_metadata(spec: ModelSpec, metadata: dict[str, str], source
         ) from None
 
 
+def _as_device(device: torch.device | str) -> torch.device:
+    """A ``torch.device`` as it is; a name through ``resolve_device`` (``"auto"`` failed inside
+    torch: "Expected one of cpu, cuda, ... at start of device string: auto")."""
+    return device if isinstance(device, torch.device) else resolve_device(device)
+
+
 def load_model_from_checkpoint(
     location: str | os.PathLike[str], device: torch.device | str = "cpu"
 ) -> tuple[nn.Module, ModelSpec, dict[str, str]]:
@@ -295,14 +309,18 @@ def load_model_from_checkpoint(
 
     Args:
         location: anything :func:`~torchvote.training.checkpoint.find_checkpoint` resolves.
-        device: where to put the model.
+        device: where to put the model: a ``torch.device`` or a name
+            :func:`~torchvote.training.distributed.resolve_device` takes (``"auto"``, ``"cpu"``,
+            ``"cuda:1"``).
 
     Returns:
         ``(model, spec, metadata)``: the model in eval mode on ``device``.
 
     Raises:
         CheckpointError: nothing there, corrupt, or not fitting the registered model.
+        ValueError: an unknown or unavailable device (checked before the model is read).
     """
+    device = _as_device(device)
     paths = find_checkpoint(location)
     metadata = read_model_metadata(paths.weights)
     if "model" not in metadata:
@@ -432,10 +450,12 @@ def evaluate_checkpoint(
             ``batch_size`` / ``limit`` below 1, an unknown or unavailable device, or ``bf16`` and
             ``fp16`` both set.
         DataNotFoundError: a data set's files are not there.
+        TypeError: ``datasets`` one string rather than a list of them.
     """
     check_positive_int(batch_size, "batch_size")
     if limit is not None:
         check_positive_int(limit, "limit")
+    datasets = check_texts(datasets, "datasets")  # "small-digits" was read as 's', 'm', ...
     autocast_dtype(bf16, fp16)
     torch_device = resolve_device(device)
     model, spec, metadata = load_model_from_checkpoint(location, torch_device)
