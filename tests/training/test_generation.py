@@ -107,6 +107,12 @@ def test_text_is_handed_over_as_it_is_drawn_and_adds_up_to_the_generations(lm_ru
     assert [at for at, _, _ in pieces] == [0, 1] * 15 + [2, 3] * 15
 
 
+def test_an_on_text_that_is_not_callable_is_refused_before_the_model_is_loaded(tmp_path):
+    # was: "'int' object is not callable" after the model was loaded
+    with pytest.raises(TypeError, match="on_text must be a callable"):
+        generate_from_checkpoint(tmp_path / "no-run", ["to"], on_text=5)
+
+
 def test_prompts_of_different_lengths_are_each_continued(lm_run):
     run_dir, _, _ = lm_run
     generations = generate_from_checkpoint(run_dir, ["to", "the verse"], max_new_tokens=5, temperature=0)

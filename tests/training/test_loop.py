@@ -795,3 +795,19 @@ def test_a_spread_loss_run_records_its_margin_beside_the_rising_loss(tiny_config
     assert records[0]["spread_margin"] < records[-1]["spread_margin"]
     cnn = train(tiny_config("cnn", "max_steps=2", "eval_every=0", "data.eval_limit=20"), verbose=False)
     assert all("spread_margin" not in r for r in read_metrics(cnn.metrics_path))  # no spread loss
+
+
+@pytest.mark.parametrize("callbacks", [[1], lambda info: None, 5])
+def test_callbacks_that_cannot_be_called_are_refused_before_the_run_starts(tiny_config, callbacks):
+    # [1] failed with "'int' object is not callable" after the first step, leaving a run folder
+    # with a config and metrics but no checkpoint; a lone function was "not iterable"
+    config = tiny_config("run")
+    with pytest.raises(TypeError, match="callbacks must be a list of callables taking a StepInfo"):
+        train(config, callbacks=callbacks, verbose=False)
+    assert not Path(config.run_dir).exists()
+
+
+def test_callbacks_may_be_any_iterable_of_callables(tiny_config):
+    seen = []
+    train(tiny_config("run", "max_steps=2"), callbacks=(f for f in [seen.append]), verbose=False)
+    assert [info.step for info in seen] == [1, 2]  # a generator is read once, not used up by the check

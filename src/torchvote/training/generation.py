@@ -103,7 +103,8 @@ def generate_from_checkpoint(
         on_text: language models: called with ``(index, prompt, character)`` for every
             character as it is drawn, ``index`` the generation's place in the returned list (the
             ``samples`` of one prompt are drawn together, so their characters alternate): to show
-            text as it is written. ``None``: the text arrives in the returned list only.
+            text as it is written. ``None``: the text arrives in the returned list only. A
+            seq2seq model decodes each output whole, greedily, and does not call it.
 
     Returns:
         For a language model, ``samples`` generations per prompt, prompt by prompt; for a
@@ -119,11 +120,14 @@ def generate_from_checkpoint(
             ``temperature``, ``top_k``, ``top_p``, ``samples`` or ``seed``.
         TypeError: ``prompts`` not a sequence of strings (one string included); a
             ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``samples`` or ``seed``
-            that is not a number (a bool included); a ``use_cache`` that is not a bool.
+            that is not a number (a bool included); a ``use_cache`` that is not a bool; an
+            ``on_text`` that is not callable.
         DataNotFoundError: an old checkpoint's vocabulary needs its data set, which is not there.
     """
     prompts = _check_prompts(prompts)
     check_flag(use_cache, "use_cache")
+    if on_text is not None and not callable(on_text):  # failed after the model was loaded
+        raise TypeError(f"on_text must be a callable (index, prompt, character) or None, got {on_text!r}")
     if max_new_tokens is not None:
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
     paths = find_checkpoint(location)

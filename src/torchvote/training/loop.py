@@ -43,7 +43,7 @@ import shlex
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,15 @@ def train(
         TrainingOutOfMemoryError: the device ran out of memory (the message says what to lower).
         OSError: a file could not be written (a full disk ...): the last checkpoint is intact,
             and one line on stderr says where the run stopped and how to continue it.
+        TypeError: ``config`` no :class:`TrainConfig`, ``callbacks`` not a list of callables
+            (before anything is written).
     """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig (load_config builds one), got {type(config).__name__}")
+    given = callbacks  # each was called only after the first step: a run folder without a checkpoint
+    callbacks = [] if callable(given) or not isinstance(given, Iterable) else list(given)
+    if callable(given) or not isinstance(given, Iterable) or not all(map(callable, callbacks)):
+        raise TypeError(f"callbacks must be a list of callables taking a StepInfo, got {given!r}")
     context = setup_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()  # and makes it strict
