@@ -193,3 +193,40 @@ def test_training_curves_show_the_final_evaluation_and_a_single_point(tmp_path):
     accuracy = drawn[0]["accuracy"]
     assert list(accuracy["final mnist/test"].get_ydata()) == [60.0]
     assert all(line.get_marker() not in (None, "None", "") for line in accuracy.values())  # visible
+
+
+def test_flags_suffixes_and_spans_are_checked_as_everywhere_else(tmp_path):
+    """Review findings: a flag of "no" was truthy (annotations, the totals panel, cosine agreement),
+    ``b.png`` was saved as ``b.png.png``, ``curves.svg`` as a PNG, a span of inf gave NaN poses."""
+    import matplotlib.pyplot as plt
+
+    from torchvote.explain.capsule_plots import perturbation_grid
+    from torchvote.explain.statistics import perturbation_poses, routing_agreement
+    from torchvote.training.plots import plot_training_curves
+
+    with pytest.raises(TypeError, match="annotate must be True or False, got 'no'"):
+        attention_heatmap(torch.rand(3, 3), annotate="no")
+    with pytest.raises(TypeError, match="totals must be True or False, got 'no'"):
+        coupling_passes([torch.rand(3, 4)], totals="no")
+    with pytest.raises(TypeError, match="cosine must be True or False, got 'no'"):
+        routing_agreement(torch.rand(3, 4, 5), torch.rand(2, 3, 5), cosine="no")
+    tokens = ["a", "b", "c"]  # a generator was used up by the rows: "must have 3 entries, got 0"
+    figure = attention_heatmap(torch.rand(3, 3), tokens=(token for token in tokens))
+    assert [label.get_text() for label in figure.axes[0].get_xticklabels()] == tokens
+    plt.close(figure)
+
+    figure = plt.figure()
+    with pytest.raises(ValueError, match=r"stem must be the path without its suffix \('.*b'"):
+        save_figure(figure, tmp_path / "b.png")
+    assert list(tmp_path.iterdir()) == []
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"event": "train", "step": 1, "loss": 0.5, "accuracy": 0.5}) + "\n")
+    assert plot_training_curves(metrics, tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
+    with pytest.raises(ValueError, match=r"out_path must end in one of \['.png', '.svg', '.pdf'\]"):
+        plot_training_curves(metrics, tmp_path / "curves.v2")
+
+    with pytest.raises(ValueError, match=r"span must be a finite number in \(0.0, inf\), got inf"):
+        perturbation_poses(torch.zeros(4), span=float("inf"))
+    with pytest.raises(TypeError, match="span must be a finite number"):
+        perturbation_poses(torch.zeros(4), span="0.25")
+    plt.close(perturbation_grid(torch.rand(2, 3, 4, 4), span=np.float32(0.25)))  # refused before

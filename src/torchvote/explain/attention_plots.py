@@ -26,6 +26,7 @@ from torchvote.explain.figures import (
     tick_positions,
 )
 from torchvote.explain.statistics import checked_index, checked_tensor
+from torchvote.validation import check_flag
 
 if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
     from matplotlib.figure import Figure
@@ -86,9 +87,11 @@ def attention_heatmap(
         TypeError: not a real tensor, or tokens given as one string.
     """
     weights = checked_tensor(weights, "weights", dims=(2,), nonempty=True)
+    if tokens is not None and not isinstance(tokens, str):  # a generator: read once, for both axes
+        tokens = list(tokens)
     rows = _check_tokens(tokens, weights.shape[0], "tokens")
     cols = _key_tokens(tokens, key_tokens, weights.shape[1])
-    annotate = max(weights.shape) <= 16 if annotate is None else annotate
+    annotate = max(weights.shape) <= 16 if annotate is None else check_flag(annotate, "annotate")
     vmin, vmax, non_finite = finite_range(weights)
     side = 1.6 + 0.42 * max(weights.shape)
     figure, axes = new_figure(size=(side + 1.0, side))

@@ -33,6 +33,7 @@ from torchvote.explain.statistics import (
     patch_attention_map,
     project_votes,
 )
+from torchvote.validation import check_flag, check_in_range
 
 if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
     from matplotlib.figure import Figure
@@ -140,7 +141,7 @@ def coupling_passes(
     passes = couplings.shape[0]
     _, vmax, non_finite = finite_range(couplings)
     cmap = colormap("viridis")
-    rows = 2 if totals else 1
+    rows = 2 if check_flag(totals, "totals") else 1
     figure, axes = new_figure(
         rows, passes, size=(0.6 + 3.0 * passes, 3.2 + 1.3 * (rows - 1)), sharey="row",
         gridspec_kw={"height_ratios": [3, 1][:rows]},
@@ -349,7 +350,8 @@ def perturbation_grid(images: Tensor, *, span: float = PAPER_PERTURBATION_SPAN, 
 
     Raises:
         ValueError: not 4-D, fewer than 2 steps (no range to label), no dimensions or pixels, or
-            ``span <= 0``.
+            ``span`` not a finite number > 0 (a wrong type is an ``ArgumentTypeError``, a
+            ``TypeError`` too).
         TypeError: not a real tensor.
     """
     images = checked_tensor(images, "images", dims=(4,), nonempty=True)
@@ -358,8 +360,7 @@ def perturbation_grid(images: Tensor, *, span: float = PAPER_PERTURBATION_SPAN, 
         raise ValueError(
             f"images must hold at least 2 steps per dimension (d, s, H, W), got {tuple(images.shape)}"
         )
-    if isinstance(span, bool) or not isinstance(span, int | float) or not span > 0:
-        raise ValueError(f"span must be a positive number, got {span!r}")
+    span = check_in_range(span, "span", 0.0, include_low=False)  # np.float32 was refused, inf taken
     mosaic = torch.ones(dims * (height + 1) - 1, steps * (width + 1) - 1)  # white gaps
     for k in range(dims):
         for s in range(steps):

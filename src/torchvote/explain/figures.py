@@ -27,6 +27,7 @@ from torchvote.validation import is_integer
 __all__ = [
     "BAD_COLOUR",
     "MAX_INCHES",
+    "PICTURE_FORMATS",
     "close_figure",
     "colormap",
     "finite_range",
@@ -40,7 +41,7 @@ __all__ = [
 
 MAX_INCHES = 24.0  # longest figure side: 2,880 pixels at the report's 120 dpi
 BAD_COLOUR = "0.72"  # grey for NaN / inf cells: no colour map here has it at 0
-_FORMATS = ("png", "svg", "pdf")
+PICTURE_FORMATS = ("png", "svg", "pdf")  # what save_figure writes, by their suffixes
 
 
 def literal_text(text: object) -> str:
@@ -167,7 +168,8 @@ def save_figure(
         The written paths, in ``formats`` order.
 
     Raises:
-        ValueError: an unknown or repeated format, or a bad ``dpi`` (nothing written).
+        ValueError: an unknown or repeated format, a bad ``dpi`` or a ``stem`` that ends in a
+            format's suffix (``b.png``) (nothing written).
         TypeError: ``figure`` not a matplotlib Figure, or ``formats`` given as one string.
         ModuleNotFoundError: matplotlib is missing; the message names the extra.
     """
@@ -180,12 +182,19 @@ def save_figure(
         if isinstance(formats, str):
             raise TypeError(f"formats must be a sequence of format names such as ('png',), got {formats!r}")
         formats = list(formats)
-        unknown = [fmt for fmt in formats if fmt not in _FORMATS]
+        unknown = [fmt for fmt in formats if fmt not in PICTURE_FORMATS]
         if unknown or not formats or len(set(formats)) != len(formats):
-            raise ValueError(f"formats must be distinct names among {sorted(_FORMATS)}, got {formats!r}")
+            raise ValueError(
+                f"formats must be distinct names among {sorted(PICTURE_FORMATS)}, got {formats!r}"
+            )
         if not is_integer(dpi) or dpi < 1:
             raise ValueError(f"dpi must be a positive integer, got {dpi!r}")
         stem = Path(stem)
+        if stem.suffix.lower().lstrip(".") in PICTURE_FORMATS:  # "b.png" was written as b.png.png
+            raise ValueError(
+                f"stem must be the path without its suffix ({str(stem.with_suffix(''))!r}; formats= "
+                f"chooses the files), got {str(stem)!r}"
+            )
         stem.parent.mkdir(parents=True, exist_ok=True)
         paths = []
         for fmt in formats:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchvote.validation import is_integer
+from torchvote.validation import check_flag, check_in_range, is_integer
 
 __all__ = [
     "attention_rollout",
@@ -233,7 +233,7 @@ def routing_agreement(votes: Tensor, outputs: Tensor, *, cosine: bool = False) -
             f"outputs (t, b, i, d) must match votes (b, i, j, d) = {tuple(votes.shape)}, got "
             f"{tuple(outputs.shape)}"
         )
-    if cosine:
+    if check_flag(cosine, "cosine"):  # "no" was truthy
         votes, outputs = F.normalize(votes, dim=-1), F.normalize(outputs, dim=-1)
     agreement = torch.einsum("bijd,tbid->tbij", votes, outputs)  # (t, b, i, j)
     return agreement.flatten(1).mean(dim=1)  # (t,)
@@ -300,7 +300,8 @@ def perturbation_poses(pose: Tensor, *, steps: int = 11, span: float = PAPER_PER
 
     Raises:
         TypeError: ``pose`` not a real tensor.
-        ValueError: ``pose`` not 1-D, ``steps < 2`` or ``span <= 0``.
+        ValueError: ``pose`` not 1-D, ``steps < 2`` or ``span`` not a finite number > 0 (a
+            wrong type is an ``ArgumentTypeError``, a ``TypeError`` too).
     """
     if not isinstance(pose, Tensor) or pose.is_complex():
         raise TypeError(f"pose must be a real tensor, got {getattr(pose, 'dtype', type(pose).__name__)}")
@@ -310,8 +311,7 @@ def perturbation_poses(pose: Tensor, *, steps: int = 11, span: float = PAPER_PER
         pose = pose.to(torch.get_default_dtype())
     if not is_integer(steps) or steps < 2:
         raise ValueError(f"steps must be an integer >= 2, got {steps!r}")
-    if not span > 0:
-        raise ValueError(f"span must be positive, got {span!r}")
+    span = check_in_range(span, "span", 0.0, include_low=False)  # inf gave NaN poses, "0.25" torch's error
     deltas = torch.linspace(-span, span, steps, dtype=pose.dtype, device=pose.device)  # (s,)
     eye = torch.eye(pose.shape[0], dtype=pose.dtype, device=pose.device)  # (d, d)
     return pose + deltas[None, :, None] * eye[:, None, :]  # (d, s, d)

@@ -13,18 +13,35 @@ __all__ = ["plot_run", "plot_training_curves"]
 
 def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
     """Loss and accuracy against the step, one line per series (training, each evaluated data
-    set) and a star per final evaluation, in one PNG written atomically. A series of one point
-    is drawn as a marker (a line of one point is invisible).
+    set) and a star per final evaluation, in one picture written atomically: a PNG, or the
+    format ``out_path``'s suffix names (``.svg``, ``.pdf``). A series of one point is drawn as a
+    marker (a line of one point is invisible).
 
     Each panel reads its own field (an evaluation without a loss still draws its accuracy), in
     step order with a step logged twice kept once, and a non-finite value leaves a gap
     (:func:`torchvote.explain.metric_plots.metric_points`).
 
     Returns:
-        the PNG written, or ``None`` when matplotlib is not installed or nothing was logged.
+        the picture written, or ``None`` when matplotlib is not installed or nothing was logged.
+
+    Raises:
+        ValueError: ``out_path`` with a suffix that is no picture format (``curves.v2`` was
+            written as ``curves.png``, ``curves.svg`` as a PNG beside it).
     """
-    from torchvote.explain.figures import new_figure, save_figure  # matplotlib: in new_figure
+    from torchvote.explain.figures import (  # matplotlib: in new_figure
+        PICTURE_FORMATS,
+        new_figure,
+        save_figure,
+    )
     from torchvote.explain.metric_plots import metric_points
+
+    out_path = Path(out_path)
+    picture_format = out_path.suffix.lower().lstrip(".") or "png"
+    if picture_format not in PICTURE_FORMATS:
+        raise ValueError(
+            f"out_path must end in one of {['.' + name for name in PICTURE_FORMATS]} (or have no suffix: "
+            f".png), got {str(out_path)!r}"
+        )
 
     records = [r for r in read_metrics(metrics_path) if r.get("event") in ("train", "eval", "final")]
     losses, accuracies = metric_points(records, "loss"), metric_points(records, "accuracy")
@@ -47,8 +64,7 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
     positive = all(v > 0 for points in losses.values() for _, v in points if math.isfinite(v))
     loss_axis.set(xlabel="step", ylabel="loss", yscale="log" if positive else "linear", title="loss")
     accuracy_axis.set(xlabel="step", ylabel="accuracy (%)", title="accuracy")
-    out_path = Path(out_path)
-    (written,) = save_figure(figure, out_path.with_suffix(""), formats=("png",), dpi=100)
+    (written,) = save_figure(figure, out_path.with_suffix(""), formats=(picture_format,), dpi=100)
     return written
 
 
