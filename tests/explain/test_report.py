@@ -64,6 +64,28 @@ def test_a_rewritten_report_removes_only_the_pictures_its_last_page_listed(tmp_p
     assert "dropped.png" not in (tmp_path / "index.html").read_text()
 
 
+def test_what_a_figure_or_the_page_cannot_take_is_refused_before_a_file_is_written(tmp_path):
+    """Review findings: caption=None failed in html.escape after the picture was staged and its
+    name taken (write() then moved unlisted pictures beside the page), a non-ASCII name was never
+    cleaned up, write('../x.html') wrote outside out_dir, a title of None failed only in render()."""
+    entropy = torch.tensor([1.0, 0.5])
+    report = HtmlReport("t", tmp_path / "out")
+    for kwargs, says in (({"name": "é3"}, "name must be ASCII letters"),
+                         ({"name": "pic", "table": ("a",)}, r"table must be a \(headers, rows\) pair")):
+        with pytest.raises(ValueError, match=says):
+            report.figure(capsule_plots.routing_statistics(entropy), **kwargs)
+    report.figure(capsule_plots.routing_statistics(entropy), "pic", caption=None)  # no caption
+    report.table(["a"], [[1]], caption=5)  # any object, as heading() and text()
+    for name in ("../escape.html", "sub/page.html", ""):
+        with pytest.raises(ValueError, match="name must be a file name in out_dir"):
+            report.write(name)
+    report.write()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["index.html", "pic.png", "pic.svg"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    with pytest.raises(TypeError, match="title must be a string, got NoneType"):
+        HtmlReport(None, tmp_path / "other")
+
+
 def test_the_constructor_takes_only_the_public_fields(tmp_path):
     # the page's parts are built by the methods; a third positional argument used to become them
     with pytest.raises(TypeError):

@@ -77,6 +77,8 @@ class HtmlReport:
     _staging: Path | None = field(init=False, repr=False, default=None)  # pictures awaiting write()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.title, str):  # failed only in render(), after every figure was drawn
+            raise TypeError(f"title must be a string, got {type(self.title).__name__}")
         self.out_dir = Path(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -121,6 +123,7 @@ class HtmlReport:
         Raises:
             ValueError: a row whose length differs from ``headers``.
         """
+        caption = "" if caption is None else str(caption)  # any object, as heading() and text()
         cells = []
         for index, row in enumerate(rows):
             if len(row) != len(headers):
@@ -146,21 +149,32 @@ class HtmlReport:
             figure: a matplotlib Figure (closed afterwards, also when it is refused).
             name: file stem, letters, digits, ``-`` and ``_`` only, not used before in this
                 report (a second figure of that name would overwrite the first one's files).
-            caption: text under the picture.
+            caption: text under the picture (any object is shown as its ``str``; ``None``: none).
             table: optional ``(headers, rows)``: the numbers behind the picture.
 
         Returns:
             The files' paths beside the page (there once :meth:`write` has run).
 
         Raises:
-            ValueError: a ``name`` with other characters, or one already used.
+            ValueError: a ``name`` with other characters (ASCII ones only: :meth:`write` finds
+                the pictures of the page it replaces by these names), or one already used; a
+                ``table`` that is not a ``(headers, rows)`` pair. Checked before anything is
+                saved.
         """
-        if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "-_" for ch in name):
+        caption = "" if caption is None else str(caption)
+        problem = None
+        if not isinstance(name, str) or not name or not all(
+            ch.isascii() and (ch.isalnum() or ch in "-_") for ch in name
+        ):
+            problem = f"name must be ASCII letters, digits, '-' and '_', got {name!r}"
+        elif name in self._names:
+            problem = f"name {name!r} is already a figure of this report: its files would be replaced"
+        elif table is not None and (isinstance(table, (str, bytes)) or not isinstance(table, Sequence)
+                                    or len(table) != 2):
+            problem = f"table must be a (headers, rows) pair, got {table!r}"
+        if problem is not None:  # before the picture is saved and its name taken
             close_figure(figure)
-            raise ValueError(f"name must be letters, digits, '-' and '_', got {name!r}")
-        if name in self._names:
-            close_figure(figure)
-            raise ValueError(f"name {name!r} is already a figure of this report: its files would be replaced")
+            raise ValueError(problem)
         if self._staging is None:
             self._staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.out_dir))
         staged = save_figure(figure, self._staging / name)
@@ -199,11 +213,17 @@ class HtmlReport:
         a page that no longer shows them); no other file is touched.
 
         Args:
-            name: the page's file name.
+            name: the page's file name, in ``out_dir`` (no folder: the pictures stay there).
 
         Returns:
             The page's path.
+
+        Raises:
+            ValueError: a ``name`` that is a path (``../page.html`` was written outside
+                ``out_dir``, ``sub/page.html`` away from its pictures), or empty.
         """
+        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+            raise ValueError(f"name must be a file name in out_dir, without folders, got {name!r}")
         path = self.out_dir / name
         stale = _listed_pictures(path) - {file.name for file in self.files}
         page = self.render().encode("utf-8")  # before any picture moves: a page that cannot be
