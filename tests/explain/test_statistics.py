@@ -210,3 +210,30 @@ def test_coupling_entropy_and_agreement_of_one_pass_by_hand():
     torch.testing.assert_close(routing_agreement(votes, torch.tensor([[[1.0, 0.0]]])), torch.tensor([3.0]))
     torch.testing.assert_close(routing_agreement(votes, torch.tensor([[[1.0, 0.0]]]), cosine=True),
                                torch.tensor([0.6]))
+
+
+def test_rollout_and_coupling_entropy_refuse_what_gave_nonsense():
+    """Review findings: a residual of "a" failed on '<=', negative weights gave entries of about
+    -1e12, negative couplings a NaN entropy, unnormalised ones a negative entropy, an empty batch
+    NaN, and normalize_over=["receivers"] "unhashable type: 'list'"."""
+    from torchvote.explain.statistics import attention_rollout, coupling_entropy
+
+    weights = torch.softmax(torch.randn(2, 4, 4), dim=-1)  # (layers, i, j)
+    for residual, error in (("a", TypeError), (None, TypeError), (True, TypeError), (1.5, ValueError)):
+        with pytest.raises(error, match="residual must be"):
+            attention_rollout(weights, residual=residual)
+    with pytest.raises(TypeError, match="attentions must be a tensor or a list of them, got NoneType"):
+        attention_rollout(None)
+    with pytest.raises(ValueError, match=r"attentions\[1\] holds negative weights"):
+        attention_rollout(torch.stack([weights[0], -weights[1]]), residual=0.0)
+    torch.testing.assert_close(attention_rollout(weights).sum(-1), torch.ones(4))
+
+    couplings = torch.softmax(torch.randn(3, 2, 5, 4), dim=-2)  # (t, b, i, j), over the receivers
+    assert torch.isfinite(coupling_entropy(couplings)).all()
+    for bad in (-couplings, couplings * 10):
+        with pytest.raises(ValueError, match=r"couplings must be probabilities in \[0, 1\]"):
+            coupling_entropy(bad)
+    with pytest.raises(ValueError, match="couplings must"):
+        coupling_entropy(couplings[:, :0])
+    with pytest.raises(ValueError, match="normalize_over must be one of"):
+        coupling_entropy(couplings, normalize_over=["receivers"])

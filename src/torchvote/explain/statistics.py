@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchvote.validation import check_flag, check_in_range, is_integer
+from torchvote.validation import check_choice, check_flag, check_in_range, is_integer
 
 __all__ = [
     "attention_rollout",
@@ -84,17 +84,19 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
         residual: weight of the identity, in ``[0, 1]``; 0.5 as in the paper.
 
     Returns:
-        ``(i, j)`` rollout, rows summing to one.
+        ``(i, j)`` rollout, rows summing to one (a row of a layer that gives it no weight at all,
+        every position masked with ``residual=0``, stays zero: nothing flows there).
 
     Raises:
         ValueError: non-square or inconsistent shapes, a tensor that is not 3-D or 4-D, no layers,
-            infinite weights, ``residual`` outside ``[0, 1]``.
-        TypeError: not tensors.
+            infinite or negative weights, ``residual`` outside ``[0, 1]``.
+        TypeError: not tensors, or a ``residual`` that is no number.
     """
-    if not 0.0 <= residual <= 1.0:
-        raise ValueError(f"residual must be in [0, 1], got {residual!r}")
+    residual = check_in_range(residual, "residual", 0.0, 1.0)  # "a" and True were taken to '<='
     if isinstance(attentions, Tensor):
         attentions = list(checked_tensor(attentions, "attentions", dims=(3, 4)).unbind(0))
+    elif isinstance(attentions, (str, bytes)) or not isinstance(attentions, Sequence):
+        raise TypeError(f"attentions must be a tensor or a list of them, got {type(attentions).__name__}")
     if not attentions:
         raise ValueError("attentions must hold at least one layer")
     rollout = None
@@ -102,6 +104,8 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
         weights = checked_tensor(weights, f"attentions[{index}]", dims=(2, 3))
         if bool(torch.isinf(weights).any()):
             raise ValueError(f"attentions[{index}] holds infinite weights")
+        if bool((weights < 0).any()):  # a softmax's weights: a negative one gave entries of -1e12
+            raise ValueError(f"attentions[{index}] holds negative weights; attention weights are >= 0")
         weights = weights.nan_to_num(nan=0.0)  # a masked position: one NaN made the whole rollout NaN
         if weights.dim() == 3:
             weights = weights.mean(dim=0)  # (i, j): average the heads
@@ -191,14 +195,22 @@ def coupling_entropy(couplings: Tensor, *, normalize_over: str = "receivers") ->
         ``(t,)`` mean entropy per pass.
 
     Raises:
-        ValueError: wrong rank or ``normalize_over``.
+        ValueError: wrong rank or ``normalize_over``, no couplings (the mean of none is NaN), or
+            couplings outside ``[0, 1]`` (a negative one gave NaN, unnormalised scores a
+            negative entropy).
     """
-    couplings = checked_tensor(couplings, "couplings", dims=(3, 4))
+    couplings = checked_tensor(couplings, "couplings", dims=(3, 4), nonempty=True)
     if couplings.dim() == 3:
         couplings = couplings.unsqueeze(1)  # (t, 1, i, j)
     dims = {"receivers": -2, "senders": -1}
-    if normalize_over not in dims:
-        raise ValueError(f"normalize_over must be 'receivers' or 'senders', got {normalize_over!r}")
+    check_choice(normalize_over, tuple(dims), "normalize_over")
+    outside = (couplings < 0) | (couplings > 1 + 1e-3)  # NaN (a masked position) is neither
+    if bool(outside.any()):
+        finite = couplings.nan_to_num(nan=0.5)
+        raise ValueError(
+            f"couplings must be probabilities in [0, 1] (softmax weights), got values from "
+            f"{finite.min().item():.4g} to {finite.max().item():.4g}"
+        )
     terms = torch.special.xlogy(couplings, couplings)  # 0 log 0 = 0
     entropy = -terms.sum(dim=dims[normalize_over])  # (t, b, j) or (t, b, i)
     return entropy.flatten(1).mean(dim=1)  # (t,)
