@@ -208,3 +208,26 @@ def test_throughput_leaves_out_the_evaluations_and_checkpoints_of_its_window(mon
     clock[0] += 2.0
     record = progress.report(ClassificationHandler(), DistributedContext(), lr=0.1)
     assert record["img_per_second"] == pytest.approx(50 / 2.0)  # the pause belonged to the last window
+
+
+def test_format_table_and_the_writer_refuse_what_they_misread(tmp_path):
+    """Review findings: columns="abc" made columns a, b, c; a dict of rows an AttributeError; an
+    accuracy of np.float32(0.5) printed 0.5 and a tensor tensor(0.5000); a 2-element tensor
+    metric torch's "cannot be converted to Scalar"; resume_step="3" a comparison TypeError."""
+    import numpy as np
+    import torch
+
+    with pytest.raises(TypeError, match="columns must be a list of strings, got the single string 'abc'"):
+        format_table([{"abc": 1}], columns="abc")
+    with pytest.raises(TypeError, match="rows must be a list of mappings"):
+        format_table({"data": "x"})
+    table = format_table([{"accuracy": np.float32(0.5), "loss": torch.tensor(0.25)}])
+    assert table.splitlines()[-1].split() == ["50.00%", "0.2500"]
+    assert format_table([{"accuracy": 0.5, "loss": 0.25}]) == table  # as Python's numbers print
+    with MetricsWriter(tmp_path) as writer:
+        with pytest.raises(ValueError, match=r"'loss' must be one number, got a tensor of shape \(2,\)"):
+            writer.write("train", 1, {"loss": torch.ones(2)})
+        writer.write("train", 1, {"loss": torch.tensor(0.5)})
+    assert [record["loss"] for record in read_metrics(tmp_path / "metrics.jsonl")] == [0.5]
+    with pytest.raises(TypeError, match="resume_step must be an integer >= 0, got '3'"):
+        MetricsWriter(tmp_path, resume_step="3")

@@ -11,7 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from torchvote.files import atomic_write_bytes
+from torchvote.validation import check_positive_int, check_texts
 
 __all__ = ["MetricsWriter", "format_table", "read_metrics"]
 
@@ -44,6 +48,8 @@ class MetricsWriter:
     def __init__(
         self, run_dir: str | Path, *, tensorboard: bool = False, resume_step: int | None = None
     ) -> None:
+        if resume_step is not None:  # "3" failed in a comparison deep in the file's records
+            check_positive_int(resume_step, "resume_step", minimum=0)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _drop_torn_last_line(self.path)
@@ -62,6 +68,17 @@ class MetricsWriter:
                 self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge_step)
 
     def write(self, event: str, step: int, metrics: Mapping[str, Any], **context: Any) -> None:
+        """Append one record (and its scalars to TensorBoard).
+
+        Raises:
+            ValueError: a metric that is a tensor of more than one value (torch's error named
+                no metric), checked before anything is written.
+        """
+        for key, value in metrics.items():
+            if isinstance(value, torch.Tensor) and value.numel() != 1:
+                raise ValueError(
+                    f"metric {key!r} must be one number, got a tensor of shape {tuple(value.shape)}"
+                )
         record = {"event": event, "step": step, **context, "time": round(time.time(), 3)}
         record.update({key: _plain(value) for key, value in metrics.items()})
         self._file.write(json.dumps(record) + "\n")
@@ -135,9 +152,20 @@ def _record_step(line: bytes) -> float:
     return step if isinstance(step, int) and not isinstance(step, bool) else -math.inf
 
 
+def _scalar(value: Any) -> Any:
+    """A NumPy scalar or one-element tensor as the Python number it holds (in a table an accuracy
+    of ``np.float32(0.5)`` printed ``0.5`` and a tensor ``tensor(0.5000)``, not ``50.00%``);
+    anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
+    """A metric as JSON takes it: a Python number rounded to 6 digits, ``"nan"`` / ``"inf"``."""
+    value = _scalar(value)
     if isinstance(value, float):
         return round(value, 6) if math.isfinite(value) else str(value)
     return value
@@ -208,14 +236,26 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
 
     Returns:
         The table: a header line, a rule and one line per row, numeric columns right-aligned;
-        ``"(no results)"`` when ``rows`` is empty.
+        ``"(no results)"`` when ``rows`` is empty. NumPy and one-element tensor numbers print as
+        Python's.
+
+    Raises:
+        TypeError: ``rows`` not a sequence of mappings, or ``columns`` one string (it was read as
+            one column per character).
     """
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence) or not all(
+        isinstance(row, Mapping) for row in rows
+    ):
+        raise TypeError(f"rows must be a list of mappings (column -> value), got {type(rows).__name__}")
     if not rows:
         return "(no results)"
     if columns is None:
         columns = list(dict.fromkeys(key for row in rows for key in row))
+    else:
+        columns = list(check_texts(columns, "columns"))
 
     def cell(key: str, value: Any) -> str:
+        value = _scalar(value)
         if value is None:
             return "-"
         if isinstance(value, float):
@@ -227,8 +267,8 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     body = [[cell(key, row.get(key)) for key in columns] for row in rows]
     widths = [max(len(key), *(len(line[i]) for line in body)) for i, key in enumerate(columns)]
     numeric = [  # a missing value ("-") does not make a column of numbers text
-        any(_is_number(row.get(key)) for row in rows)
-        and all(_is_number(row.get(key)) or row.get(key) is None for row in rows)
+        any(_is_number(_scalar(row.get(key))) for row in rows)
+        and all(_is_number(_scalar(row.get(key))) or row.get(key) is None for row in rows)
         for key in columns
     ]
 
