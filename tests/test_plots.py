@@ -230,3 +230,20 @@ def test_flags_suffixes_and_spans_are_checked_as_everywhere_else(tmp_path):
     with pytest.raises(TypeError, match="span must be a finite number"):
         perturbation_poses(torch.zeros(4), span="0.25")
     plt.close(perturbation_grid(torch.rand(2, 3, 4, 4), span=np.float32(0.25)))  # refused before
+
+
+def test_reconstructions_read_8_bit_pixels_and_refuse_0_255_floats():
+    """0-255 pixels were clipped to [0, 1]: white tiles without a word (review finding)."""
+    import matplotlib.pyplot as plt
+
+    from torchvote.explain.capsule_plots import reconstructions
+
+    pixels = torch.randint(0, 256, (2, 1, 6, 6), dtype=torch.uint8)
+    as_bytes = reconstructions(pixels, pixels)
+    as_unit = reconstructions(pixels / 255.0, pixels / 255.0)
+    for drawn, expected in zip(as_bytes.axes, as_unit.axes, strict=True):
+        for image, reference in zip(drawn.images, expected.images, strict=True):
+            np.testing.assert_allclose(np.asarray(image.get_array()), np.asarray(reference.get_array()))
+    plt.close(as_bytes), plt.close(as_unit)
+    with pytest.raises(ValueError, match=r"inputs must hold values in \[0, 1\].*divide 0-255 pixels by 255"):
+        reconstructions(pixels.float(), pixels / 255.0)

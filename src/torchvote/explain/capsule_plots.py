@@ -305,12 +305,28 @@ def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str
     return figure
 
 
+def _unit_images(images: Tensor, name: str, *, nonempty: bool = False) -> Tensor:
+    """``images`` checked as a picture's ``(N, [C,] H, W)`` tensor with values in ``[0, 1]``;
+    integer pixels (not bools) as ``k / 255``."""
+    scale = 255.0 if isinstance(images, Tensor) and not images.is_floating_point() \
+        and not images.is_complex() and images.dtype != torch.bool else 1.0
+    images = checked_tensor(images, name, dims=(3, 4), nonempty=nonempty) / scale
+    finite = images[torch.isfinite(images)]  # NaN / inf are drawn as the bad colour
+    if finite.numel() and (finite.min() < -1e-3 or finite.max() > 1 + 1e-3):
+        raise ValueError(
+            f"{name} must hold values in [0, 1] (or 8-bit integers), got {finite.min().item():.4g} to "
+            f"{finite.max().item():.4g}: divide 0-255 pixels by 255"
+        )
+    return images
+
+
 def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str = "") -> Figure:
     """Inputs (top row) beside their reconstructions (bottom row).
 
     Args:
-        inputs: ``(N, H, W)`` or ``(N, C, H, W)`` images in ``[0, 1]``, ``N >= 1``, ``C`` 1 or 3.
-        outputs: reconstructions of the same shape.
+        inputs: ``(N, H, W)`` or ``(N, C, H, W)`` images in ``[0, 1]``, ``N >= 1``, ``C`` 1 or 3;
+            integer (8-bit) pixels are read as ``k / 255``.
+        outputs: reconstructions of the same shape, likewise.
         labels: optional ``N`` captions (e.g. predicted classes), drawn as given.
         title: figure title, drawn as given.
 
@@ -318,11 +334,12 @@ def reconstructions(inputs: Tensor, outputs: Tensor, *, labels=None, title: str 
         The Figure.
 
     Raises:
-        ValueError: shapes that differ, no images, another channel count, or not ``N`` labels.
+        ValueError: shapes that differ, no images, another channel count, not ``N`` labels, or
+            floating-point values outside ``[0, 1]`` (0-255 floats were clipped to white tiles).
         TypeError: not real tensors.
     """
-    inputs = checked_tensor(inputs, "inputs", dims=(3, 4), nonempty=True)
-    outputs = checked_tensor(outputs, "outputs", dims=(3, 4))
+    inputs = _unit_images(inputs, "inputs", nonempty=True)
+    outputs = _unit_images(outputs, "outputs")
     if inputs.shape != outputs.shape:
         raise ValueError(f"outputs must have inputs' shape {tuple(inputs.shape)}, got {tuple(outputs.shape)}")
     _channels(inputs, "inputs", image_dim=4)
