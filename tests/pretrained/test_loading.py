@@ -480,3 +480,11 @@ def test_truncation_warnings_skip_only_torch_and_torchvote_frames():
     # a package whose folder starts with "torch" is the user's code: its line is the one to name
     assert not (torch_folder + "vision/models/x.py").startswith(_INTERNAL)
     assert not (torch_folder + "_geometric/x.py").startswith(_INTERNAL)
+
+
+def test_with_routing_refuses_a_dict_or_a_0_d_tensor_of_layers():
+    encoder = BertEncoder(TINY)
+    for layers in ({0: 1}, torch.tensor(0)):  # a dict's keys were taken; "iteration over a 0-d tensor"
+        with pytest.raises(TypeError, match="layers must be a sequence of layer indices"):
+            encoder.with_routing(layers)
+    assert type(encoder.with_routing(torch.tensor([0])).layers[0].attention).__name__ == "RoutingAttention"

@@ -174,3 +174,15 @@ def test_task_data_refuses_tensors_of_different_lengths():
         TaskData("x", "test", {"images": torch.zeros(5, 1, 2, 2), "labels": torch.zeros(3, dtype=torch.long)})
     with pytest.raises(ValueError, match="one or more tensors"):
         TaskData("x", "test", {})
+
+
+def test_small_api_arguments_are_refused_by_name():
+    """Review findings: BatchPlan.epoch_order(-1) failed inside NumPy, load_data(options="size=8")
+    with a dict-update error, with_routing of a 0-d tensor or a dict of layers."""
+    from torchvote.training.evaluate import load_data
+
+    plan = BatchPlan(num_examples=10, global_batch=2, seed=0)
+    with pytest.raises(ValueError, match="epoch must be an integer >= 0, got -1"):
+        plan.epoch_order(-1)
+    with pytest.raises(TypeError, match="options must be a mapping of keyword arguments, got 'size=8'"):
+        load_data(get_task_handler("image-classification"), "small-digits", "test", options="size=8")

@@ -490,7 +490,11 @@ class BertEncoder(nn.Module):
                 :class:`~torchvote.nn.RoutingAttention`).
         """
         count = len(self.layers)
-        if layers is not None and (isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable)):
+        if layers is not None and (
+            isinstance(layers, (str, bytes, Mapping))  # a dict's keys were taken as the layers
+            or not isinstance(layers, Iterable)
+            or (isinstance(layers, Tensor) and layers.dim() == 0)  # "iteration over a 0-d tensor"
+        ):
             raise TypeError(
                 f"layers must be a sequence of layer indices (e.g. [{layers!r}]) or None, got "
                 f"{type(layers).__name__}"

@@ -240,7 +240,12 @@ class BatchPlan:
         return self.num_examples // self.global_batch
 
     def epoch_order(self, epoch: int) -> Tensor:
-        """The permutation of the examples in ``epoch`` (identity without shuffling)."""
+        """The permutation of the examples in ``epoch`` (identity without shuffling).
+
+        Raises:
+            ValueError: ``epoch`` not an integer >= 0 (-1 failed inside NumPy's seeding).
+        """
+        check_positive_int(epoch, "epoch", minimum=0)
         if not self.shuffle:
             return torch.arange(self.num_examples)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, ORDER_STREAM, epoch))

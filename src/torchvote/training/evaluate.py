@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -215,10 +215,13 @@ def load_data(
         ValueError: an unknown data set or split, an option the data set does not take or a bad
             option value, data of another task, or a ``limit`` that is not a positive integer
             (a negative one would drop examples from the end, 0 would leave none).
+        TypeError: ``options`` that is no mapping.
         DataNotFoundError: the data set's files are not there.
     """
     if limit is not None:  # checked before anything is loaded
         check_positive_int(limit, "limit")
+    if options is not None and not isinstance(options, Mapping):  # "size=8": a dict update error
+        raise TypeError(f"options must be a mapping of keyword arguments, got {options!r}")
     split, raw = load_raw_dataset(name, split, options=options or {}, root=root)
     data = build_task_data(handler, name, split, raw)
     if limit is not None:  # and the same of each draw of drawn data
