@@ -488,3 +488,11 @@ def test_with_routing_refuses_a_dict_or_a_0_d_tensor_of_layers():
         with pytest.raises(TypeError, match="layers must be a sequence of layer indices"):
             encoder.with_routing(layers)
     assert type(encoder.with_routing(torch.tensor([0])).layers[0].attention).__name__ == "RoutingAttention"
+
+
+def test_a_sentence_without_a_word_piece_is_refused(encoder):
+    # "\u200b" and "\x00" passed check_sentences and became [CLS] [SEP]: one shared embedding
+    for sentence in ("\u200b", "\x00"):
+        with pytest.raises(ValueError, match=r"sentences\[1\] has no word piece"):
+            encoder.tokenizer(["a cat", sentence])
+    assert encoder.tokenizer("a\u200bcat").tokens[0][0] == "[CLS]"

@@ -118,10 +118,18 @@ class WordPieceTokenizer:
             A :class:`TokenBatch`.
 
         Raises:
-            TypeError, ValueError: as :func:`check_sentences`.
+            TypeError, ValueError: as :func:`check_sentences`; ValueError too for a sentence with
+                no word piece at all (only characters the tokenizer drops: zero-width spaces,
+                control characters), which every such sentence would share one embedding of.
         """
         sentences = check_sentences(sentences)
         encodings = self._tokenizer.encode_batch(sentences)
+        for index, encoding in enumerate(encodings):
+            if sum(encoding.special_tokens_mask) == len(encoding.ids):  # [CLS] [SEP] only
+                raise ValueError(
+                    f"sentences[{index}] has no word piece: {sentences[index]!r} holds only "
+                    "characters the tokenizer drops (zero-width spaces, control characters)"
+                )
         truncated = [bool(encoding.overflowing) for encoding in encodings]
         for index, cut in enumerate(truncated):
             if cut:
