@@ -811,3 +811,20 @@ def test_callbacks_may_be_any_iterable_of_callables(tiny_config):
     seen = []
     train(tiny_config("run", "max_steps=2"), callbacks=(f for f in [seen.append]), verbose=False)
     assert [info.step for info in seen] == [1, 2]  # a generator is read once, not used up by the check
+
+
+def test_the_run_helpers_name_an_object_of_another_kind():
+    """Review findings: dataclasses.asdict's error, 'NoneType' object has no attribute
+    'interrupted' / 'state_dict'."""
+    from torchvote.training.checkpoint import load_model_weights
+    from torchvote.training.config import apply_overrides, config_diff
+    from torchvote.training.plots import plot_run
+
+    with pytest.raises(TypeError, match="config must be a TrainConfig"):
+        apply_overrides({"epochs": 1}, ["epochs=2"])
+    with pytest.raises(TypeError, match="config must be a TrainConfig"):
+        config_diff(None, None)
+    with pytest.raises(TypeError, match="result must be the TrainResult train\\(\\) returns, got NoneType"):
+        plot_run(None)
+    with pytest.raises(TypeError, match="model must be an nn.Module, got NoneType"):
+        load_model_weights(None, "x.safetensors")

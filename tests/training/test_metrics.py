@@ -231,3 +231,8 @@ def test_format_table_and_the_writer_refuse_what_they_misread(tmp_path):
     assert [record["loss"] for record in read_metrics(tmp_path / "metrics.jsonl")] == [0.5]
     with pytest.raises(TypeError, match="resume_step must be an integer >= 0, got '3'"):
         MetricsWriter(tmp_path, resume_step="3")
+
+
+def test_format_table_takes_keys_that_are_not_strings():
+    # an int key failed on len() and .endswith
+    assert format_table([{1: 0.5, "accuracy": 0.25}]).splitlines()[0].split() == ["1", "accuracy"]

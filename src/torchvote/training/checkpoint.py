@@ -211,7 +211,10 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
     Raises:
         CheckpointError: the file is corrupt, or a tensor is missing, unexpected, or of another
             shape or dtype; the message names every such tensor and nothing is loaded.
+        TypeError: ``model`` is no ``nn.Module``.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     path = Path(path)
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: load into its module
     loaded = {_eager_name(name): tensor for name, tensor in read_weights(path).items()}

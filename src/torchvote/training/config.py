@@ -180,7 +180,13 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     """The config as plain nested dicts, lists and scalars (YAML and JSON friendly).
 
     Model overrides appear as keys of ``model`` beside ``name`` and ``preset``, as in a preset.
+
+    Raises:
+        TypeError: ``config`` is no :class:`TrainConfig` (``dataclasses.asdict``'s error named
+            none; :func:`apply_overrides` and :func:`config_diff` read configs through this).
     """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig (load_config builds one), got {type(config).__name__}")
 
     def plain(value: Any) -> Any:
         if isinstance(value, (tuple, list)):

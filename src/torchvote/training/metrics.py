@@ -259,13 +259,14 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
         if value is None:
             return "-"
         if isinstance(value, float):
-            if key.endswith("accuracy") and 0.0 <= value <= 1.0:
+            if str(key).endswith("accuracy") and 0.0 <= value <= 1.0:
                 return f"{100 * value:.2f}%"
             return f"{value:.4f}"
         return str(value)
 
     body = [[cell(key, row.get(key)) for key in columns] for row in rows]
-    widths = [max(len(key), *(len(line[i]) for line in body)) for i, key in enumerate(columns)]
+    headers = [str(key) for key in columns]  # a row's keys may be any hashable (an int failed here)
+    widths = [max(len(header), *(len(line[i]) for line in body)) for i, header in enumerate(headers)]
     numeric = [  # a missing value ("-") does not make a column of numbers text
         any(_is_number(_scalar(row.get(key))) for row in rows)
         and all(_is_number(_scalar(row.get(key))) or row.get(key) is None for row in rows)
@@ -277,7 +278,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
             c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric, strict=True)
         ).rstrip()
 
-    lines = [render(list(columns)), "  ".join("-" * w for w in widths)]
+    lines = [render(headers), "  ".join("-" * w for w in widths)]
     lines += [render(line) for line in body]
     return "\n".join(lines)
 

@@ -80,7 +80,14 @@ def plot_run(result: Any) -> list[Path]:
     Returns:
         The files drawn (none on ranks other than 0, after an interrupted run, or without
         matplotlib).
+
+    Raises:
+        TypeError: ``result`` is no :class:`~torchvote.training.TrainResult`.
     """
+    from torchvote.training.results import TrainResult
+
+    if not isinstance(result, TrainResult):
+        raise TypeError(f"result must be the TrainResult train() returns, got {type(result).__name__}")
     if result.interrupted or result.metrics_path is None:
         return []
     path = plot_training_curves(result.metrics_path, Path(result.run_dir) / "plots" / "training_curves.png")
