@@ -77,3 +77,11 @@ def test_rows_variants_and_metrics_check_their_fields():
     assert Variant("one", "capsnet-mnist", overrides=["epochs=1"]).overrides == ("epochs=1",)
     with pytest.raises(ValueError, match="seeds must be a positive integer"):
         Row("r", "z", "title", seeds=-1)
+
+
+def test_an_out_dir_that_is_no_path_is_named():
+    from torchvote.experiments import check_request
+
+    with pytest.raises(TypeError, match="out_dir must be a folder's path, got None"):  # was pathlib's error
+        check_request(get_row("capsnet-routing"), budget="cpu", seeds=None, device="auto", out_dir=None,
+                      variants=())

@@ -198,6 +198,8 @@ def test_bad_arguments_are_refused_before_anything_is_evaluated(tiny_config, tin
     for batch_size, error in ((-1, ValueError), (0, ValueError), (2.5, TypeError)):
         with pytest.raises(error, match="batch_size must be a positive integer"):
             evaluate(model, data, handler, batch_size=batch_size)
+    with pytest.raises(TypeError, match="step must be an integer >= 0, got 'x'"):
+        evaluate(model, data, handler, step="x")  # was a comparison inside the spread loss
     with pytest.raises(ValueError, match="data holds no examples to evaluate on"):
         evaluate(model, dataclasses.replace(data, tensors=data.select(torch.arange(0))), handler)
     # one string: "name: unknown data set 's'"

@@ -13,6 +13,7 @@ counted with the new runs. The summary (:mod:`torchvote.experiments.report`) is 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import shlex
@@ -173,11 +174,14 @@ def check_request(
         ValueError: an unknown budget or device, seeds that are not distinct integers >= 0, an
             ``out_dir`` that is a file, variant filters that match nothing, or seeds, variants or
             a device for a row that measures (they would be ignored).
-        TypeError: ``variants`` a single string rather than a list of them.
+        TypeError: ``variants`` a single string rather than a list of them, an ``out_dir`` that
+            is no path.
     """
     if budget not in row.budgets:
         raise ValueError(f"budget: expected one of {sorted(row.budgets)}, got {budget!r}")
     check_device_name(device)
+    if not isinstance(out_dir, (str, os.PathLike)):  # pathlib's error named no argument
+        raise TypeError(f"out_dir must be a folder's path, got {out_dir!r}")
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"out: {out_dir} is a file; runs and summaries need a folder")
     if row.measure is not None:

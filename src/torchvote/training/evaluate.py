@@ -103,13 +103,14 @@ def evaluate(
 
     Raises:
         ValueError: ``bf16`` and ``fp16`` both set, a ``batch_size`` below 1 (-1 evaluated nothing
-            and reported accuracy 0), empty ``data`` (nothing to measure), an unknown device
-            (before anything is evaluated).
-        TypeError: ``bf16`` or ``fp16`` not ``True`` or ``False``, a ``batch_size`` that is no
-            integer.
+            and reported accuracy 0), a negative ``step``, empty ``data`` (nothing to measure), an
+            unknown device (before anything is evaluated).
+        TypeError: ``bf16`` or ``fp16`` not ``True`` or ``False``, a ``batch_size`` or ``step``
+            that is no integer.
     """
     autocast_dtype(bf16, fp16)  # checked before the model is touched
     check_positive_int(batch_size, "batch_size")
+    check_positive_int(step, "step", minimum=0)  # the spread loss's margin compared it with a number
     if len(data) == 0:
         raise ValueError(f"data holds no examples to evaluate on ({data.name}/{data.split})")
     context = context or DistributedContext()
