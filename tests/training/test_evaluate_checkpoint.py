@@ -200,6 +200,8 @@ def test_bad_arguments_are_refused_before_anything_is_evaluated(tiny_config, tin
             evaluate(model, data, handler, batch_size=batch_size)
     with pytest.raises(TypeError, match="step must be an integer >= 0, got 'x'"):
         evaluate(model, data, handler, step="x")  # was a comparison inside the spread loss
+    with pytest.raises(ValueError, match=r"not the \['source', 'target'\] a seq2seq batch needs"):
+        evaluate(model, data, get_task_handler("seq2seq"))  # was KeyError: 'source'
     with pytest.raises(ValueError, match="data holds no examples to evaluate on"):
         evaluate(model, dataclasses.replace(data, tensors=data.select(torch.arange(0))), handler)
     # one string: "name: unknown data set 's'"

@@ -103,8 +103,9 @@ def evaluate(
 
     Raises:
         ValueError: ``bf16`` and ``fp16`` both set, a ``batch_size`` below 1 (-1 evaluated nothing
-            and reported accuracy 0), a negative ``step``, empty ``data`` (nothing to measure), an
-            unknown device (before anything is evaluated).
+            and reported accuracy 0), a negative ``step``, empty ``data`` (nothing to measure) or
+            data without the tensors ``handler``'s task reads, an unknown device (before anything
+            is evaluated).
         TypeError: ``bf16`` or ``fp16`` not ``True`` or ``False``, a ``batch_size`` or ``step``
             that is no integer.
     """
@@ -113,6 +114,12 @@ def evaluate(
     check_positive_int(step, "step", minimum=0)  # the spread loss's margin compared it with a number
     if len(data) == 0:
         raise ValueError(f"data holds no examples to evaluate on ({data.name}/{data.split})")
+    missing = [key for key in handler.batch_keys if key not in data.tensors]
+    if missing:  # another task's handler: a KeyError inside its forward
+        raise ValueError(
+            f"data {data.name}/{data.split} holds {sorted(data.tensors)}, not the {missing} a "
+            f"{handler.task} batch needs: a handler of another task, or data not finalised for the model"
+        )
     context = context or DistributedContext()
     device = next(model.parameters()).device if device is None else _as_device(device)
     indices = torch.arange(context.rank, len(data), context.world_size)

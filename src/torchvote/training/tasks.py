@@ -44,6 +44,8 @@ class TaskHandler:
     """Base class: the per-task parts of the training loop."""
 
     task: str = ""
+    #: the tensors a finalised batch of the task holds (what ``forward`` reads)
+    batch_keys: tuple[str, ...] = ()
     unit: str = "items"  # what "per second" counts
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
@@ -161,6 +163,7 @@ class ClassificationHandler(TaskHandler):
     (MultiMNIST), passes them on as ``batch["digits"]``: the reconstruction targets."""
 
     task = "image-classification"
+    batch_keys = ("images", "targets")
     unit = "img"
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
@@ -272,6 +275,7 @@ class LanguageModelHandler(TaskHandler):
     """
 
     task = "language-model"
+    batch_keys = ("tokens",)
     unit = "tok"
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
@@ -354,6 +358,7 @@ class Seq2SeqHandler(TaskHandler):
     ``sequence_accuracy`` counts targets predicted entirely right."""
 
     task = "seq2seq"
+    batch_keys = ("source", "target")
     unit = "tok"
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
