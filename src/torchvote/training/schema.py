@@ -72,6 +72,16 @@ def _check_field_types(section: Any, prefix: str) -> None:
             raise ConfigError(str(err)) from None
 
 
+def _check_optional_positive(value: Any, key: str) -> None:
+    """``None`` or an integer >= 1 (not a bool: ``True`` would be 1, ``2.5`` steps a float).
+
+    Raises:
+        ConfigError: naming ``key``.
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ConfigError(f"{key} must be a positive integer or None, got {value!r}")
+
+
 @dataclass
 class ModelConfig:
     """Which model to train.
@@ -256,9 +266,7 @@ class LossConfig:
                 check_in_range(getattr(self, key), f"loss.{key}", 0.0, 1.0, include_low=False)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        ramp = self.spread_ramp_steps
-        if ramp is not None and (isinstance(ramp, bool) or not isinstance(ramp, int) or ramp <= 0):
-            raise ConfigError(f"loss.spread_ramp_steps must be a positive integer or None, got {ramp!r}")
+        _check_optional_positive(self.spread_ramp_steps, "loss.spread_ramp_steps")
 
 
 @dataclass
@@ -377,11 +385,10 @@ class TrainConfig:
             )
         if self.seed >= 2**64:  # torch.manual_seed's limit: the first step failed, naming nothing
             raise ConfigError(f"seed must be an integer in [0, 2**64), got {self.seed}")
-        if not isinstance(self.out_dir, str) or not self.out_dir.strip():  # '': runs in the working folder
+        if not self.out_dir.strip():  # '': runs in the working folder (a string: _check_field_types)
             raise ConfigError(f"out_dir must name a folder, got {self.out_dir!r}")
         for key, value in optional_positive.items():  # a limit of -5 would drop the last 5 examples
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ConfigError(f"{key} must be a positive integer or None, got {value!r}")
+            _check_optional_positive(value, key)
         try:
             self._check_ranges()
         except ValueError as err:
