@@ -502,6 +502,8 @@ def _checked_agreement(fn: AgreementFn) -> AgreementFn:
 
     def checked(state: VotingState) -> Tensor:
         agreement, shape = fn(state), state.logits.shape
+        if isinstance(agreement, Tensor) and agreement.shape == shape and agreement.is_floating_point():
+            return agreement  # the common case, first: the check runs every pass
         trailing = shape[len(shape) - agreement.dim():] if isinstance(agreement, Tensor) else None
         if trailing is not None and agreement.dim() <= len(shape) and all(
             size in (1, target) for size, target in zip(agreement.shape, trailing, strict=True)
