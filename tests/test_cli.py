@@ -196,7 +196,7 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
         # values that trained on silently or failed deep inside
         (["train", "smoke", "optim.lr=inf"], "optim.lr must be a finite number in (0.0, inf), got inf"),
         (["train", "smoke", "optim.grad_clip=-1"], "optim.grad_clip must be a finite number in (0.0, inf)"),
-        (["train", "smoke", "seed=-1"], "seed must be an integer >= 0, got -1"),
+        (["train", "smoke", "seed=-1"], "seed must be an integer in [0, 2**64), got -1"),
         (["train", "smoke", "--device", ""], "device must be auto, cpu, cuda or cuda:<index>, got ''"),
         (["train", "smoke", "run_dir="], "run_dir must name a folder"),
         (

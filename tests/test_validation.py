@@ -16,6 +16,7 @@ from torchvote.validation import (
     check_positive_float,
     check_positive_int,
     check_probability,
+    check_seed,
     is_integer,
 )
 
@@ -29,6 +30,34 @@ def test_positive_int_accepts(value):
 def test_positive_int_rejects_naming_the_argument(value):
     with pytest.raises(ValueError, match=r"iterations must be a positive integer, got"):
         check_positive_int(value, "iterations")
+
+
+@pytest.mark.parametrize("value", [0, 7, 2**64 - 1])
+def test_seed_accepts_what_torch_manual_seed_takes(value):
+    assert check_seed(value) == value
+    torch.Generator().manual_seed(value)  # the range is torch's own
+
+
+def test_seed_takes_a_numpy_integer_as_its_value():
+    import numpy as np
+
+    seed = check_seed(np.uint64(5))
+    assert seed == 5 and type(seed) is int
+
+
+@pytest.mark.parametrize("value", [-1, 2**64])
+def test_seed_out_of_range_names_the_range(value):
+    with pytest.raises(ValueError, match=r"--seed must be an integer in \[0, 2\*\*64\), got") as raised:
+        check_seed(value, "--seed")
+    assert not isinstance(raised.value, TypeError)
+
+
+def test_seed_range_is_what_torch_takes_without_aliasing():
+    """What the check keeps users from: torch's "Overflow when unpacking long long" (naming no
+    argument) above the range, and below it -1 silently taken as 2**64 - 1 (the same stream)."""
+    with pytest.raises(ValueError, match="Overflow"):
+        torch.Generator().manual_seed(2**64)
+    assert torch.Generator().manual_seed(-1).initial_seed() == 2**64 - 1
 
 
 def _check_top_k(top_k):
@@ -50,6 +79,8 @@ def _cross_entropy_ignoring(ignore_index):
         (lambda v: check_positive_int(v, "num_heads"), True),
         (lambda v: check_positive_int(v, "num_heads"), "2"),
         (lambda v: check_positive_float(v, "eps"), "1e-5"),
+        (lambda v: check_seed(v), 1.0),
+        (lambda v: check_seed(v), True),
         (lambda v: check_probability(v, "dropout"), "0.1"),
         (lambda v: check_in_range(v, "bandwidth", 0.0), None),
         (lambda v: check_dim(v, 2), True),  # squash(dim=True), squash(dim=1.0): a ValueError only

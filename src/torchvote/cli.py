@@ -751,7 +751,7 @@ def _separated(index: int, prompt: str) -> str:
 
 def _check_generate_options(args: argparse.Namespace) -> None:
     """The options of ``generate`` that need no checkpoint, checked first and named as flags."""
-    from torchvote.validation import check_in_range, check_positive_int
+    from torchvote.validation import check_in_range, check_positive_int, check_seed
 
     if any(not prompt for prompt in args.prompt):
         raise ValueError("--prompt: expected at least one character, got ''")
@@ -765,8 +765,8 @@ def _check_generate_options(args: argparse.Namespace) -> None:
         check_in_range(args.top_p, "--top-p", 0.0, 1.0, include_low=False)
     if args.samples is not None:
         check_positive_int(args.samples, "--samples")
-    if args.seed is not None and not 0 <= args.seed < 2**64:
-        raise ValueError(f"--seed: expected an integer in [0, 2**64), got {args.seed}")
+    if args.seed is not None:
+        check_seed(args.seed, "--seed")
 
 
 # --- reproduce ------------------------------------------------------------------------------------------

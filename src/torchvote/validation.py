@@ -40,6 +40,7 @@ __all__ = [
     "check_positive_int",
     "check_probability",
     "check_scale",
+    "check_seed",
     "check_tensor_values",
     "check_texts",
     "is_integer",
@@ -71,6 +72,28 @@ def check_positive_int(value: Any, argument: str, *, minimum: int = 1) -> int:
         expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         error = ValueError if is_integer(value) else ArgumentTypeError
         raise error(f"{argument} must be {expected}, got {value!r}")
+    return int(value)
+
+
+def check_seed(value: Any, argument: str = "seed") -> int:
+    """Return ``value`` if it is a seed: an integer in ``[0, 2**64)``, what
+    ``torch.manual_seed`` and ``torch.Generator.manual_seed`` take (a larger one fails there,
+    naming nothing, at the first draw).
+
+    Args:
+        value: the value to check.
+        argument: the argument's name, for the message.
+
+    Returns:
+        ``value`` as a Python int.
+
+    Raises:
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) if ``value`` is not an integer.
+        ValueError: if it is negative or at least ``2**64``.
+    """
+    if not is_integer(value) or not 0 <= value < 2**64:
+        error = ValueError if is_integer(value) else ArgumentTypeError
+        raise error(f"{argument} must be an integer in [0, 2**64), got {value!r}")
     return int(value)
 
 

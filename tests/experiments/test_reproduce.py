@@ -330,7 +330,7 @@ def test_rows_are_found_by_their_letter_when_it_is_theirs_alone():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--seeds", "-1"], "seeds must be an integer >= 0, got -1"),
+        (["--seeds", "-1"], "seeds[0] must be an integer in [0, 2**64), got -1"),
         (["--seeds", "0", "0"], "seeds must be distinct, got [0, 0]"),
         (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:<index>, got 'tpu'"),
         (["--budget", "paper", "--variant", "nothing"], "variants: none of ['nothing']"),
@@ -421,7 +421,7 @@ def test_the_summary_names_the_seed_of_the_commands_it_shows(tmp_path):
 
 def test_dry_run_refuses_seeds_a_run_would_refuse(capsys):
     assert main(["reproduce", "capsnet-routing", "--dry-run", "--seeds", str(2**64)]) == 2
-    assert "seeds must be integers in [0, 2**64)" in capsys.readouterr().err
+    assert "seeds[0] must be an integer in [0, 2**64)" in capsys.readouterr().err
 
 
 def test_a_finished_run_of_an_edited_row_is_refused_not_averaged(tmp_path, tiny_values):

@@ -140,7 +140,7 @@ def test_model_name_can_come_after_model_overrides():
         ("loss.down_weight=-0.5", "loss.down_weight must be a finite number in [0.0, inf)"),
         ("loss.spread_margin_end=2", "loss.spread_margin_end must be a finite number in (0.0, 1.0]"),
         ("loss.spread_ramp_steps=0", "loss.spread_ramp_steps must be a positive integer or None, got 0"),
-        ("seed=-1", "seed must be an integer >= 0, got -1"),
+        ("seed=-1", "seed must be an integer in [0, 2**64), got -1"),
     ],
 )
 def test_bad_overrides_say_what_is_valid(override, message):

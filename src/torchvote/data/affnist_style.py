@@ -71,14 +71,13 @@ from torchvote.data.transforms import (
     _check_generator,
     _check_images,
     _check_int,
-    _check_seed,
     _finite,
     apply_affine,
     pad_to,
     sample_affine_params,
     shift_images,
 )
-from torchvote.validation import check_integer_tensor
+from torchvote.validation import check_integer_tensor, check_seed
 
 __all__ = ["AFFNIST_RANGES", "make_affnist_style", "pad_and_translate_train"]
 
@@ -207,7 +206,7 @@ def make_affnist_style(
     if not isinstance(labels, Tensor) or labels.shape[:1] != images.shape[:1]:
         raise ValueError(f"labels: expected a tensor with {len(images)} rows")
     check_integer_tensor(labels, "labels", "an integer tensor of classes")  # 3.0 was passed on
-    _check_seed(seed)
+    check_seed(seed)
     bounds = _check_ranges(ranges)
     generator = torch.Generator().manual_seed(seed)
     num, _, height, width = images.shape

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from torchvote.data.mnist import Source, Split, load_mnist, validate_split
-from torchvote.data.transforms import _check_int, _check_seed
+from torchvote.data.transforms import _check_int
+from torchvote.validation import check_seed
 
 __all__ = ["SMALL_DIGITS_SIZES", "load_small_digits"]
 
@@ -58,7 +59,7 @@ def load_small_digits(
     """
     validate_split(split)
     size = SMALL_DIGITS_SIZES[split] if size is None else _check_int(size, "size", minimum=1)
-    _check_seed(seed)
+    check_seed(seed)
     images, labels = load_mnist(split, source=source, root=root)
     num_classes = 10  # the digits: a split missing one fails the check below instead of shrinking
     per_class = torch.full((num_classes,), size // num_classes)

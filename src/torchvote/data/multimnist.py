@@ -23,7 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from torchvote.data.transforms import _check_images, _check_int, _check_seed
+from torchvote.data.transforms import _check_images, _check_int
+from torchvote.validation import check_seed
 
 __all__ = [
     "MultiMNIST",
@@ -170,7 +171,7 @@ def make_multimnist(
             or ``seed`` is not an int in ``[0, 2**64)``.
     """
     _check_int(num_pairs, "num_pairs")
-    _check_seed(seed)
+    check_seed(seed)
     cpu_labels = _check_source(images, labels, max_shift=max_shift, canvas=canvas)
 
     generator = torch.Generator().manual_seed(seed)
@@ -221,7 +222,7 @@ class MultiMNISTSource:
 
     def __post_init__(self) -> None:
         _check_int(self.num_pairs, "num_pairs")
-        _check_seed(self.seed)
+        check_seed(self.seed)
         _check_source(self.images, self.labels, max_shift=self.max_shift, canvas=self.canvas)
 
     def __len__(self) -> int:

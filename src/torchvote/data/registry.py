@@ -24,7 +24,7 @@ from torchvote.data.mnist import load_mnist, validate_split
 from torchvote.data.multimnist import MultiMNISTSource, make_multimnist
 from torchvote.data.sequences import SEQUENCE_TASKS, make_sequence_task
 from torchvote.data.text import CharVocab, load_shakespeare, train_val_split
-from torchvote.data.transforms import _check_seed
+from torchvote.validation import check_seed
 
 __all__ = [
     "DatasetEntry",
@@ -85,7 +85,7 @@ def _multimnist(split: str, **kwargs: Any) -> Any:
 
 def _translated_mnist(split: str, **kwargs: Any) -> Any:
     """MNIST of ``split`` placed at random on a 40x40 canvas (the affNIST training side)."""
-    seed = _check_seed(kwargs.pop("seed", _DEFAULT_SEED[split]))
+    seed = check_seed(kwargs.pop("seed", _DEFAULT_SEED[split]))
     images, labels = load_mnist(split, **_split_kwargs(kwargs, _MNIST_OPTIONS))
     generator = torch.Generator().manual_seed(seed)
     return pad_and_translate_train(images, generator=generator, **kwargs), labels

@@ -37,8 +37,8 @@ from typing import Literal, overload
 import torch
 from torch import Tensor
 
-from torchvote.data.transforms import _check_int, _check_seed
-from torchvote.validation import check_choice, check_in_range, check_integer_tensor
+from torchvote.data.transforms import _check_int
+from torchvote.validation import check_choice, check_in_range, check_integer_tensor, check_seed
 
 __all__ = [
     "BOS",
@@ -247,7 +247,7 @@ def make_sequence_task(
     _check_int(max_len, "max_len", minimum=1)
     if max_len < min_len:
         raise ValueError(f"max_len: expected an int >= min_len={min_len}, got {max_len}")
-    _check_seed(seed)
+    check_seed(seed)
     if task == "addition" and max_len > _MAX_ADDITION_DIGITS:
         raise ValueError(f"max_len: addition supports at most {_MAX_ADDITION_DIGITS} digits")
     if split is not None:

@@ -24,7 +24,6 @@ from torch import Tensor
 from torchvote.validation import (
     check_in_range,
     check_positive_float,
-    check_positive_int,
     check_tensor_values,
     is_integer,
 )
@@ -62,14 +61,6 @@ def _check_int(value: object, name: str, *, minimum: int = 0) -> int:
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
     return int(value)
-
-
-def _check_seed(seed: object) -> int:
-    """``seed`` if it is an int in ``[0, 2**64)`` (what ``torch.Generator.manual_seed`` takes)."""
-    check_positive_int(seed, "seed", minimum=0)
-    if seed >= 2**64:  # type: ignore[operator]
-        raise ValueError(f"seed must be an integer below 2**64, got {seed!r}")
-    return seed  # type: ignore[return-value]
 
 
 def _check_generator(generator: object) -> torch.Generator | None:

@@ -39,7 +39,7 @@ from torchvote.training.config import (
 )
 from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import find_resumable_checkpoint
-from torchvote.validation import check_positive_int, check_texts
+from torchvote.validation import check_seed, check_texts
 
 __all__ = [
     "RESULT_FILE",
@@ -140,7 +140,7 @@ def _run_overrides(
             f"variant {getattr(variant, 'label', variant)!r} is not one of {row.name}'s: "
             f"{[v.label for v in row.variants]}"
         )
-    _check_seed(seed)
+    check_seed(seed)
     check_device_name(device)
     overrides = row.overrides(variant, budget, seed)
     if run_dir is not None:
@@ -194,19 +194,11 @@ def check_request(
             )
         return [], []
     seeds = list(range(row.seeds)) if seeds is None else list(seeds)
-    for seed in seeds:
-        _check_seed(seed)
+    for index, seed in enumerate(seeds):
+        check_seed(seed, f"seeds[{index}]")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct, got {seeds}")
     return seeds, select_variants(row, variants)
-
-
-def _check_seed(seed: Any) -> None:
-    """A run's seed: an integer in ``[0, 2**64)``, torch.manual_seed's range, as the run's config
-    checks it."""
-    check_positive_int(seed, "seeds", minimum=0)
-    if seed >= 2**64:
-        raise ValueError(f"seeds must be integers in [0, 2**64), got {seed}")
 
 
 def describe_device(device: str) -> str:

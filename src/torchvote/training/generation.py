@@ -38,7 +38,7 @@ from torchvote.training.checkpoint import (
 from torchvote.training.data import load_raw_dataset
 from torchvote.training.distributed import resolve_device
 from torchvote.training.evaluate import load_model_from_checkpoint, run_state_beside
-from torchvote.validation import check_flag, check_positive_int
+from torchvote.validation import check_flag, check_positive_int, check_seed
 
 __all__ = ["DEFAULT_NEW_TOKENS", "Generation", "generate_from_checkpoint"]
 
@@ -136,8 +136,8 @@ def generate_from_checkpoint(
     if task == "language-model":
         if samples is not None:
             check_positive_int(samples, "samples")
-        if seed is not None and check_positive_int(seed, "seed", minimum=0) >= 2**64:
-            raise ValueError(f"seed: expected an integer in [0, 2**64), got {seed}")
+        if seed is not None:
+            check_seed(seed)
         sampling = check_sampling(1.0 if temperature is None else temperature, top_k, top_p, None)
         model, _, metadata = load_model_from_checkpoint(paths.weights, resolve_device(device))
         vocab = _vocabulary(metadata, model.config.vocab_size)

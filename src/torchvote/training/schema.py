@@ -23,6 +23,7 @@ from torchvote.validation import (
     check_in_range,
     check_positive_int,
     check_probability,
+    check_seed,
     check_texts,
 )
 
@@ -369,7 +370,6 @@ class TrainConfig:
         # batch size of ``True`` (1) would train on without a word
         non_negative = {"eval_every": self.eval_every, "checkpoint_every": self.checkpoint_every}
         non_negative |= {"num_workers": self.num_workers, "data.shift": self.data.shift}
-        non_negative |= {"seed": self.seed}
         optional_positive = {"max_steps": self.max_steps, "data.limit": self.data.limit}
         optional_positive |= {"data.eval_limit": self.data.eval_limit, "data.canvas": self.data.canvas}
         try:
@@ -383,8 +383,10 @@ class TrainConfig:
             raise ConfigError(
                 "bf16 and fp16 are both true: choose one autocast dtype (bf16=false or fp16=false)"
             )
-        if self.seed >= 2**64:  # torch.manual_seed's limit: the first step failed, naming nothing
-            raise ConfigError(f"seed must be an integer in [0, 2**64), got {self.seed}")
+        try:
+            check_seed(self.seed)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if not self.out_dir.strip():  # '': runs in the working folder (a string: _check_field_types)
             raise ConfigError(f"out_dir must name a folder, got {self.out_dir!r}")
         for key, value in optional_positive.items():  # a limit of -5 would drop the last 5 examples
