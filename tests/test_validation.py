@@ -350,3 +350,69 @@ def test_numpy_integers_are_taken_where_an_integer_argument_is_checked_by_hand()
     torch.manual_seed(0)
     model = create_model("transformer-lm", "tiny").eval()
     assert model.generate(torch.tensor([[1, 2]]), 2, top_k=two).shape == (1, 4)
+
+
+def _path_takers():
+    """Each public function or class taking a path, called with ``value`` as that path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from torchvote.demo import run_demo
+    from torchvote.experiments.report import read_result
+    from torchvote.explain.figures import save_figure
+    from torchvote.explain.metric_plots import metric_curves
+    from torchvote.explain.record import load_record
+    from torchvote.explain.report import HtmlReport
+    from torchvote.training.checkpoint import (
+        find_checkpoint,
+        load_model_weights,
+        load_training_state,
+        read_model_metadata,
+        save_checkpoint,
+    )
+    from torchvote.training.metrics import MetricsWriter, read_metrics
+    from torchvote.training.plots import plot_training_curves
+    from torchvote.training.results import find_resumable_checkpoint
+
+    def figure():
+        from matplotlib.figure import Figure
+
+        return Figure()
+
+    return {
+        "location": [find_checkpoint, find_resumable_checkpoint],
+        "path": [
+            read_model_metadata,
+            load_training_state,
+            lambda v: load_model_weights(torch.nn.Linear(2, 2), v),
+            read_metrics,
+            metric_curves,
+            load_record,
+            read_result,
+        ],
+        "directory": [
+            lambda v: save_checkpoint(v, step=1, model=torch.nn.Linear(2, 2), model_metadata={}, state={})
+        ],
+        "run_dir": [MetricsWriter],
+        "out_path": [lambda v: plot_training_curves("metrics.jsonl", v)],
+        "stem": [lambda v: save_figure(figure(), v)],
+        "out_dir": [lambda v: HtmlReport("title", v)],
+        "output_dir": [lambda v: run_demo(output_dir=v)],
+    }
+
+
+@pytest.mark.parametrize("value", [None, 5, b"runs/x"])
+def test_a_path_argument_given_no_path_names_the_argument(value):
+    """pathlib's "expected str, bytes or os.PathLike object, not NoneType" named no argument."""
+    for argument, calls in _path_takers().items():
+        for call in calls:
+            with pytest.raises(TypeError, match=rf"^{argument}: expected a path \(str or os.PathLike\)"):
+                call(value)
+
+
+def test_a_path_argument_given_the_empty_string_is_refused():
+    """'' is pathlib's '.': the working folder read, or written into, as if it had been named."""
+    for argument, calls in _path_takers().items():
+        for call in calls:
+            with pytest.raises(ValueError, match=rf"^{argument}: expected a path, got an empty string"):
+                call("")

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchvote.functional import SharedVotes, attend, vote
-from torchvote.validation import check_flag, check_positive_float, check_positive_int
+from torchvote.validation import as_path, check_flag, check_positive_float, check_positive_int
 
 __all__ = ["DemoReport", "attention_retrieval", "routing_clustering", "run_demo"]
 
@@ -140,6 +140,7 @@ def run_demo(
         A :class:`DemoReport`.
 
     Raises:
+        TypeError: ``output_dir`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: a count that is not a positive integer or exceeds its split, cluster digits
             that are not distinct digits 0 to 9, or an ``output_dir`` that is a file.
         TypeError: ``make_plots`` not a bool.
@@ -157,7 +158,7 @@ def run_demo(
         isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 9 for d in digits
     ):
         raise ValueError(f"cluster_digits must be distinct digits 0 to 9, got {cluster_digits!r}")
-    output_dir = Path(output_dir)
+    output_dir = as_path(output_dir, "output_dir")
     if make_plots and output_dir.exists() and not output_dir.is_dir():  # say so before the work
         raise ValueError(f"output_dir {str(output_dir)!r} is a file, not a folder")
 

@@ -14,13 +14,16 @@ import inspect
 import itertools
 import math
 import numbers
+import os
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = [
     "ArgumentTypeError",
+    "as_path",
     "autocast_available",
     "autocast_enabled",
     "broadcast_shape",
@@ -95,6 +98,28 @@ def check_seed(value: Any, argument: str = "seed") -> int:
         error = ValueError if is_integer(value) else ArgumentTypeError
         raise error(f"{argument} must be an integer in [0, 2**64), got {value!r}")
     return int(value)
+
+
+def as_path(value: object, argument: str) -> Path:
+    """Return ``value`` as a :class:`~pathlib.Path` (``~`` expanded) if it is a path.
+
+    Args:
+        value: A ``str`` or an :class:`os.PathLike` of ``str``.
+        argument: The argument's name, for the message.
+
+    Returns:
+        ``Path(value).expanduser()``.
+
+    Raises:
+        TypeError: If ``value`` is not a ``str`` or ``os.PathLike`` (``bytes`` paths included),
+            naming ``argument``.
+        ValueError: If ``value`` is the empty string.
+    """
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise TypeError(f"{argument}: expected a path (str or os.PathLike), got {type(value).__name__}")
+    if os.fspath(value) == "":
+        raise ValueError(f"{argument}: expected a path, got an empty string")
+    return Path(value).expanduser()
 
 
 def check_positive_float(value: Any, argument: str) -> float:

@@ -12,31 +12,11 @@ import os
 from os import PathLike
 from pathlib import Path
 
+from torchvote.validation import as_path
+
 __all__ = ["DATA_ENV_VAR", "as_path", "data_root", "dataset_dir", "download_dir", "names_a_file"]
 
 DATA_ENV_VAR = "TORCHVOTE_DATA"
-
-
-def as_path(value: object, argument: str) -> Path:
-    """Return ``value`` as a :class:`~pathlib.Path` (``~`` expanded) if it is a path.
-
-    Args:
-        value: A ``str`` or an :class:`os.PathLike` of ``str``.
-        argument: The argument's name, for the message.
-
-    Returns:
-        ``Path(value).expanduser()``.
-
-    Raises:
-        TypeError: If ``value`` is not a ``str`` or ``os.PathLike`` (``bytes`` paths included),
-            naming ``argument``.
-        ValueError: If ``value`` is the empty string.
-    """
-    if not isinstance(value, (str, PathLike)) or isinstance(os.fspath(value), bytes):
-        raise TypeError(f"{argument}: expected a path (str or os.PathLike), got {type(value).__name__}")
-    if os.fspath(value) == "":
-        raise ValueError(f"{argument}: expected a path, got an empty string")
-    return Path(value).expanduser()
 
 
 def data_root() -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 
 from torchvote.experiments.rows import Metric, Row
 from torchvote.files import atomic_write_bytes
+from torchvote.validation import as_path
 
 __all__ = ["format_cell", "metric_value", "read_result", "summarize", "write_summary"]
 
@@ -71,10 +72,11 @@ def read_result(path: str | Path) -> dict[str, Any]:
         Its record.
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: the file is not JSON or lacks a field of a run's record (named with the file,
             and how to run that seed again).
     """
-    path = Path(path)
+    path = as_path(path, "path")
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -22,7 +22,7 @@ from pathlib import Path
 from torch import Tensor
 
 from torchvote.files import atomic_write
-from torchvote.validation import is_integer
+from torchvote.validation import as_path, is_integer
 
 __all__ = [
     "BAD_COLOUR",
@@ -168,6 +168,7 @@ def save_figure(
         The written paths, in ``formats`` order.
 
     Raises:
+        TypeError: ``stem`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: an unknown or repeated format, a bad ``dpi`` or a ``stem`` that ends in a
             format's suffix (``b.png``) (nothing written).
         TypeError: ``figure`` not a matplotlib Figure, or ``formats`` given as one string.
@@ -189,7 +190,7 @@ def save_figure(
             )
         if not is_integer(dpi) or dpi < 1:
             raise ValueError(f"dpi must be a positive integer, got {dpi!r}")
-        stem = Path(stem)
+        stem = as_path(stem, "stem")
         if stem.suffix.lower().lstrip(".") in PICTURE_FORMATS:  # "b.png" was written as b.png.png
             raise ValueError(
                 f"stem must be the path without its suffix ({str(stem.with_suffix(''))!r}; formats= "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from torchvote.explain.figures import literal_text, new_figure
 from torchvote.training.metrics import read_metrics
+from torchvote.validation import as_path
 
 if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
     from matplotlib.figure import Figure
@@ -87,12 +88,13 @@ def metric_curves(path: str | Path, *, keys: Sequence[str] | None = None) -> Fig
         The Figure, one panel per field.
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         FileNotFoundError: if ``path`` does not exist.
         ValueError: if the file holds no records, ``keys`` is empty, or a named key never holds a
             number.
         TypeError: ``keys`` given as one string.
     """
-    path = Path(path)
+    path = as_path(path, "path")
     if isinstance(keys, str):
         raise TypeError(f"keys must be a sequence of field names such as [{keys!r}], not one string")
     records = read_metrics(path)  # a run killed mid-write leaves a torn last line: skipped

@@ -47,6 +47,7 @@ from torchvote.explain import capsule_plots as plots
 from torchvote.explain.report import HtmlReport
 from torchvote.explain.statistics import PAPER_PERTURBATION_SPAN, coupling_entropy, routing_agreement
 from torchvote.files import load_failure_reason
+from torchvote.validation import as_path
 
 __all__ = ["RECORD_FILE", "check_record", "explain_record", "load_record"]
 
@@ -95,6 +96,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
         name -> tensor.
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         FileNotFoundError: nothing at ``path``, or a folder that is neither a run's nor holds a
             record (the message says how to make one).
         ValueError: a file that is neither a record (a dict of tensors, at least one named as
@@ -106,7 +108,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
     """
     from torchvote.explain.from_run import record_from_run
 
-    path = Path(path)
+    path = as_path(path, "path")
     if path.is_dir():
         if (path / RECORD_FILE).is_file():
             path = path / RECORD_FILE

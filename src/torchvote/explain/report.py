@@ -26,6 +26,7 @@ from torch import Tensor
 
 from torchvote.explain.figures import close_figure, save_figure
 from torchvote.files import atomic_write
+from torchvote.validation import as_path
 
 __all__ = ["STAGING_PREFIX", "HtmlReport"]
 
@@ -60,6 +61,10 @@ class HtmlReport:
     Attributes:
         files: the image files of the figures added so far, where :meth:`write` puts them.
 
+    Raises:
+        TypeError: ``title`` not a string, or ``out_dir`` neither a ``str`` nor an
+            ``os.PathLike`` (``''`` is a ValueError).
+
     Example::
 
         report = HtmlReport("Attention", out_dir)
@@ -79,7 +84,7 @@ class HtmlReport:
     def __post_init__(self) -> None:
         if not isinstance(self.title, str):  # failed only in render(), after every figure was drawn
             raise TypeError(f"title must be a string, got {type(self.title).__name__}")
-        self.out_dir = Path(self.out_dir)
+        self.out_dir = as_path(self.out_dir, "out_dir")
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def heading(self, text: str, *, level: int = 2) -> None:

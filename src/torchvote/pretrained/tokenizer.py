@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from torchvote.validation import check_positive_int
+from torchvote.validation import as_path, check_positive_int
 
 __all__ = ["TokenBatch", "WordPieceTokenizer", "check_sentences"]
 
@@ -82,6 +82,7 @@ class WordPieceTokenizer:
         pad_id: id used for padding.
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ModuleNotFoundError: ``tokenizers`` is not installed (names the extra).
         FileNotFoundError: ``path`` is not a file.
         ValueError: ``max_length`` not an integer of at least 3, ``pad_id`` not an integer of
@@ -98,7 +99,7 @@ class WordPieceTokenizer:
             ) from error
         self.max_length = check_positive_int(max_length, "max_length", minimum=3)
         self.pad_id = check_positive_int(pad_id, "pad_id", minimum=0)
-        path = Path(path)
+        path = as_path(path, "path")
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
         try:

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.files import atomic_write_bytes, load_failure_reason, remove_abandoned_temporaries
-from torchvote.validation import check_positive_int
+from torchvote.validation import as_path, check_positive_int
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -166,11 +166,12 @@ def read_model_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
     """The metadata of a weights file (``model``, ``model_config`` JSON, ``format``, ...).
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         CheckpointError: the file is missing or not a safetensors file.
     """
     from safetensors import safe_open
 
-    path = Path(path)
+    path = as_path(path, "path")
     if not path.is_file():
         raise CheckpointError(f"checkpoint weights {path} do not exist")
     try:
@@ -209,13 +210,14 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
         path: a ``.safetensors`` weights file.
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         CheckpointError: the file is corrupt, or a tensor is missing, unexpected, or of another
             shape or dtype; the message names every such tensor and nothing is loaded.
         TypeError: ``model`` is no ``nn.Module``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    path = Path(path)
+    path = as_path(path, "path")
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: load into its module
     loaded = {_eager_name(name): tensor for name, tensor in read_weights(path).items()}
     metadata = read_model_metadata(path)
@@ -317,6 +319,7 @@ def save_checkpoint(
         the paths written.
 
     Raises:
+        TypeError: ``directory`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: ``step`` is not an integer >= 0, or ``keep`` is neither ``None`` nor a
             positive integer; ``model`` a ``DataParallel`` / DDP wrapper (its names would not
             load into the model); metadata that sets ``format`` or ``aliases``; a ``state`` that
@@ -331,7 +334,7 @@ def save_checkpoint(
         check_positive_int(keep, "keep")
     _check_model_and_metadata(model, model_metadata)
     state_bytes = _state_bytes(state)
-    directory = Path(directory)
+    directory = as_path(directory, "directory")
     paths = CheckpointPaths.of(directory, checkpoint_name(step))
     present = [path for path in (paths.weights, paths.state) if path.exists()]
     moved = [(path, _move_aside(path)) for path in present]
@@ -461,9 +464,10 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
         checkpoint).
 
     Raises:
+        TypeError: ``location`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         CheckpointError: nothing there; the message says what was looked for.
     """
-    location = Path(location)
+    location = as_path(location, "location")
     if location.is_dir():
         for directory in (location / "checkpoints", location):
             pointer = directory / LATEST
@@ -502,9 +506,10 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
         The training state as saved (tensors on the CPU), with its ``"format"`` key.
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         CheckpointError: missing, corrupt, or not a torchvote training state.
     """
-    path = Path(path)
+    path = as_path(path, "path")
     if not path.is_file():
         raise CheckpointError(
             f"training state {path} does not exist (it holds the run's config, without which the "

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from torchvote.files import atomic_write_bytes
-from torchvote.validation import check_positive_int, check_texts
+from torchvote.validation import as_path, check_positive_int, check_texts
 
 __all__ = ["MetricsWriter", "format_table", "read_metrics"]
 
@@ -43,6 +43,10 @@ class MetricsWriter:
         resume_step: the step the run continues from: records (and TensorBoard events) of later
             steps are cut (0 for a run that starts over in a folder without a checkpoint);
             ``None`` appends to whatever the file holds.
+
+    Raises:
+        TypeError: ``run_dir`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
+        ValueError: ``resume_step`` not an integer >= 0.
     """
 
     def __init__(
@@ -50,7 +54,7 @@ class MetricsWriter:
     ) -> None:
         if resume_step is not None:  # "3" failed in a comparison deep in the file's records
             check_positive_int(resume_step, "resume_step", minimum=0)
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = as_path(run_dir, "run_dir") / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _drop_torn_last_line(self.path)
         self.dropped = 0 if resume_step is None else _drop_records_after(self.path, resume_step)
@@ -63,7 +67,7 @@ class MetricsWriter:
             except ImportError:  # tensorboard is optional
                 pass
             else:
-                self.tensorboard_dir = Path(run_dir) / "tensorboard"
+                self.tensorboard_dir = self.path.parent / "tensorboard"
                 purge_step = None if resume_step is None else resume_step + 1  # events after it
                 self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge_step)
 
@@ -188,6 +192,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         One dictionary per line that parses as JSON, blank lines and unparsable ones left out.
 
     Raises:
+        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         FileNotFoundError: ``path`` does not exist.
 
     Warns:
@@ -195,7 +200,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             not an object (skipped).
     """
     records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    lines = as_path(path, "path").read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

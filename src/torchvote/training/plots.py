@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from torchvote.training.metrics import read_metrics
+from torchvote.validation import as_path
 
 __all__ = ["plot_run", "plot_training_curves"]
 
@@ -25,6 +26,7 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
         the picture written, or ``None`` when matplotlib is not installed or nothing was logged.
 
     Raises:
+        TypeError: ``out_path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: ``out_path`` with a suffix that is no picture format (``curves.v2`` was
             written as ``curves.png``, ``curves.svg`` as a PNG beside it).
     """
@@ -35,7 +37,7 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
     )
     from torchvote.explain.metric_plots import metric_points
 
-    out_path = Path(out_path)
+    out_path = as_path(out_path, "out_path")
     picture_format = out_path.suffix.lower().lstrip(".") or "png"
     if picture_format not in PICTURE_FORMATS:
         raise ValueError(

@@ -32,6 +32,7 @@ from torchvote.training.config import (
 )
 from torchvote.training.evaluate import result_row
 from torchvote.training.metrics import format_table
+from torchvote.validation import as_path
 
 __all__ = [
     "StepInfo",
@@ -160,10 +161,11 @@ def find_resumable_checkpoint(
         checkpoint skipped, saying what is wrong with it (empty when the newest was intact).
 
     Raises:
+        TypeError: ``location`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         CheckpointError: no checkpoint there, or none intact; the message names every file and
             what is wrong with it.
     """
-    location = Path(location)
+    location = as_path(location, "location")
     if not location.is_dir():
         paths = find_checkpoint(location)
         read_weights(paths.weights)
