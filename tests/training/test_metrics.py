@@ -233,6 +233,23 @@ def test_format_table_and_the_writer_refuse_what_they_misread(tmp_path):
         MetricsWriter(tmp_path, resume_step="3")
 
 
+def test_a_value_json_cannot_hold_is_named_and_nothing_is_written(tmp_path):
+    """json's "Object of type device is not JSON serializable" named no metric."""
+    import torch
+
+    with MetricsWriter(tmp_path) as writer:
+        with pytest.raises(TypeError, match="metric 'where' must be a number, a string or a list or dict"):
+            writer.write("eval", 1, {"accuracy": 0.5, "where": torch.device("cpu")})
+        with pytest.raises(TypeError, match="context value 'dataset' must be .*, got set"):
+            writer.write("eval", 1, {"accuracy": 0.5}, dataset={"mnist"})
+        looped = []
+        looped.append(looped)  # json: "Circular reference detected", a ValueError
+        with pytest.raises(TypeError, match="metric 'path' must be"):
+            writer.write("eval", 1, {"path": looped})
+        writer.write("eval", 2, {"accuracy": 0.5, "counts": [1, 2]}, dataset="mnist")
+    assert [record["step"] for record in read_metrics(tmp_path / "metrics.jsonl")] == [2]
+
+
 def test_format_table_takes_keys_that_are_not_strings():
     # an int key failed on len() and .endswith
     assert format_table([{1: 0.5, "accuracy": 0.25}]).splitlines()[0].split() == ["1", "accuracy"]

@@ -77,6 +77,8 @@ class MetricsWriter:
         Raises:
             ValueError: a metric that is a tensor of more than one value (torch's error named
                 no metric), checked before anything is written.
+            TypeError: a metric or context value JSON cannot hold (json's "Object of type ... is
+                not JSON serializable" named none), checked before anything is written.
         """
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor) and value.numel() != 1:
@@ -85,7 +87,16 @@ class MetricsWriter:
                 )
         record = {"event": event, "step": step, **context, "time": round(time.time(), 3)}
         record.update({key: _plain(value) for key, value in metrics.items()})
-        self._file.write(json.dumps(record) + "\n")
+        try:
+            line = json.dumps(record)
+        except (TypeError, ValueError) as error:  # ValueError: a value that holds itself
+            key = next(key for key, value in record.items() if not _json_holds(value))
+            what = "metric" if key in metrics else "context value"
+            raise TypeError(
+                f"{what} {key!r} must be a number, a string or a list or dict of them, got "
+                f"{type(record[key]).__name__}"
+            ) from error
+        self._file.write(line + "\n")
         self._file.flush()
         if self._writer is not None:
             prefix = f"{event}/{context['dataset']}" if "dataset" in context else event
@@ -165,6 +176,15 @@ def _scalar(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def _json_holds(value: Any) -> bool:
+    """Whether ``json.dumps`` writes ``value``."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _plain(value: Any) -> Any:
