@@ -352,6 +352,21 @@ def test_numpy_integers_are_taken_where_an_integer_argument_is_checked_by_hand()
     assert model.generate(torch.tensor([[1, 2]]), 2, top_k=two).shape == (1, 4)
 
 
+def test_device_exists_checks_cuda_against_this_machine(monkeypatch):
+    from torchvote.validation import check_device_exists
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cpu", "meta"):
+        assert check_device_exists(torch.device(device)) == torch.device(device)
+    with pytest.raises(ValueError, match="device 'cuda' requested but CUDA is not available"):
+        check_device_exists(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device_exists(torch.device("cuda:1")) == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"'cuda:2' requested but this machine has 2 CUDA device\(s\)"):
+        check_device_exists(torch.device("cuda:2"))
+
+
 def _path_takers():
     """Each public function or class taking a path, called with ``value`` as that path."""
     import matplotlib

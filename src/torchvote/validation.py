@@ -29,6 +29,7 @@ __all__ = [
     "broadcast_shape",
     "check_bool_fields",
     "check_choice",
+    "check_device_exists",
     "check_dim",
     "check_flag",
     "check_float_dtype",
@@ -382,6 +383,34 @@ def check_device(
         f"{argument} is on {tensor.device} but {where} are on {device}: move one of them "
         f"(e.g. {argument}.to({str(device)!r}))"
     )
+
+
+def check_device_exists(device: torch.device, name: str | None = None) -> torch.device:
+    """Return ``device`` if this machine has it: a CUDA device needs CUDA and an index below the
+    device count (else ``.to(device)`` fails deep in torch, "Torch not compiled with CUDA enabled"
+    an AssertionError); other types are returned as they are.
+
+    Args:
+        device: the device to check.
+        name: the name the user gave, for the message (default ``str(device)``).
+
+    Raises:
+        ValueError: CUDA requested but not available, or a CUDA index past the last device.
+    """
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {name or str(device)!r} requested but CUDA is not available; use the CPU "
+            "(device=cpu, or --device cpu on the command line) or auto"
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(
+            f"device {str(device)!r} requested but this machine has {count} CUDA device(s), "
+            f"cuda:0 .. cuda:{count - 1}"
+        )
+    return device
 
 
 def check_inputs_beside(

@@ -169,6 +169,18 @@ def test_unknown_name_and_bad_max_length():
         load_pretrained(max_length=16, device="cpux")  # failed inside torch after the model loaded
 
 
+def test_a_cuda_device_this_machine_lacks_is_refused_before_loading(monkeypatch):
+    """cuda:3 was torch's AssertionError "Torch not compiled with CUDA enabled" after the model
+    loaded (or, beside one GPU, an invalid device ordinal)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device 'cuda:3' requested but CUDA is not available"):
+        load_pretrained(device="cuda:3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"'cuda:3' requested but this machine has 1 CUDA device\(s\)"):
+        load_pretrained(device=torch.device("cuda", 3))
+
+
 def test_bert_state_dict_names_what_is_no_tensor_name_or_no_encoder(encoder):
     with pytest.raises(TypeError, match="got the key 1"):
         bert_state_dict({1: torch.zeros(1)}, encoder)  # was: 'int' object has no attribute 'removeprefix'

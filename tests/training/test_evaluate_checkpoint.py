@@ -190,6 +190,10 @@ def test_bad_arguments_are_refused_before_anything_is_evaluated(tiny_config, tin
     assert next(model.parameters()).device == torch.device("cpu")  # no GPU here
     with pytest.raises(ValueError, match="device must be auto, cpu, cuda"):
         load_model_from_checkpoint(result.run_dir, device="gpu")
+    with pytest.MonkeyPatch.context() as patch:  # a torch.device was taken unchecked: torch's
+        patch.setattr(torch.cuda, "is_available", lambda: False)  # "Torch not compiled with CUDA"
+        with pytest.raises(ValueError, match="device 'cuda:0' requested but CUDA is not available"):
+            load_model_from_checkpoint(result.run_dir, device=torch.device("cuda:0"))
     handler = get_task_handler(spec.task)
     data = load_eval_entry(handler, "mnist", model.config, root=tiny_mnist_root, options=MNIST)
     expected = evaluate(model, data, handler, batch_size=50)

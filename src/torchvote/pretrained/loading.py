@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchvote.pretrained.bert import BertConfig, BertEncoder
 from torchvote.pretrained.tokenizer import WordPieceTokenizer
-from torchvote.validation import check_float_dtype, check_positive_int
+from torchvote.validation import check_device_exists, check_float_dtype, check_positive_int
 
 __all__ = ["PRETRAINED", "bert_state_dict", "list_pretrained", "load_pretrained", "model_files"]
 
@@ -214,8 +214,8 @@ def load_pretrained(
     Raises:
         TypeError: ``name`` is not a string, ``dtype`` is not a floating-point ``torch.dtype``, or
             ``max_length`` is no integer.
-        ValueError: unknown name, a ``max_length`` out of range, an unknown device name, or a
-            checkpoint tensor that does not fit.
+        ValueError: unknown name, a ``max_length`` out of range, an unknown device name, a CUDA
+            device this machine does not have, or a checkpoint tensor that does not fit.
         ModuleNotFoundError: the model package, ``safetensors`` or ``tokenizers`` is missing
             (the message gives the pip command).
     """
@@ -225,6 +225,8 @@ def load_pretrained(
             device = torch.device(device)
         except (RuntimeError, TypeError) as error:
             raise ValueError(f"device must be a torch.device or its name, got {device!r} ({error})") from None
+    if device is not None:  # cuda:3 on a machine without it: torch's AssertionError after loading
+        check_device_exists(device)
     folder = model_files(name)
     try:
         from safetensors.torch import load_file

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchvote.validation import check_device_exists
+
 __all__ = [
     "DistributedContext",
     "all_reduce_sum",
@@ -104,21 +106,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     check_device_name(name)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"device {name!r} requested but CUDA is not available; use the CPU (device=cpu, or "
-                "--device cpu on the command line) or auto"
-            )
-        device = torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:  # .to(device) fails deep in torch
-            raise ValueError(
-                f"device {str(device)!r} requested but this machine has {count} CUDA device(s), "
-                f"cuda:0 .. cuda:{count - 1}"
-            )
-        return device
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+    return check_device_exists(device, name)
 
 
 def setup_distributed(device_name: str = "auto") -> DistributedContext:

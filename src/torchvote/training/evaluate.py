@@ -25,11 +25,15 @@ from torchvote.training.checkpoint import (
 )
 from torchvote.training.config import config_from_dict
 from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
-from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
+from torchvote.training.distributed import (
+    DistributedContext,
+    all_reduce_sum,
+    resolve_device,
+)
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.schema import LossConfig, TrainConfig
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler, make_objective
-from torchvote.validation import check_flag, check_positive_int, check_texts
+from torchvote.validation import check_device_exists, check_flag, check_positive_int, check_texts
 
 __all__ = ["evaluate", "evaluate_checkpoint", "load_data", "load_eval_entry", "load_model_from_checkpoint"]
 
@@ -308,9 +312,10 @@ def model_config_from_metadata(spec: ModelSpec, metadata: dict[str, str], source
 
 
 def _as_device(device: torch.device | str) -> torch.device:
-    """A ``torch.device`` as it is; a name through ``resolve_device`` (``"auto"`` failed inside
-    torch: "Expected one of cpu, cuda, ... at start of device string: auto")."""
-    return device if isinstance(device, torch.device) else resolve_device(device)
+    """A ``torch.device`` if this machine has it (``check_device_exists``); a name through
+    ``resolve_device`` (``"auto"`` failed inside torch: "Expected one of cpu, cuda, ... at start of
+    device string: auto")."""
+    return check_device_exists(device) if isinstance(device, torch.device) else resolve_device(device)
 
 
 def load_model_from_checkpoint(
