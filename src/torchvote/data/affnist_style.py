@@ -206,7 +206,7 @@ def make_affnist_style(
     if not isinstance(labels, Tensor) or labels.shape[:1] != images.shape[:1]:
         raise ValueError(f"labels: expected a tensor with {len(images)} rows")
     check_integer_tensor(labels, "labels", "an integer tensor of classes")  # 3.0 was passed on
-    check_seed(seed)
+    seed = check_seed(seed)  # a NumPy integer as its value: torch.Generator takes no other
     bounds = _check_ranges(ranges)
     generator = torch.Generator().manual_seed(seed)
     num, _, height, width = images.shape

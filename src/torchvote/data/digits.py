@@ -59,7 +59,7 @@ def load_small_digits(
     """
     validate_split(split)
     size = SMALL_DIGITS_SIZES[split] if size is None else _check_int(size, "size", minimum=1)
-    check_seed(seed)
+    seed = check_seed(seed)
     images, labels = load_mnist(split, source=source, root=root)
     num_classes = 10  # the digits: a split missing one fails the check below instead of shrinking
     per_class = torch.full((num_classes,), size // num_classes)

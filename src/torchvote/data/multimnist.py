@@ -171,7 +171,7 @@ def make_multimnist(
             or ``seed`` is not an int in ``[0, 2**64)``.
     """
     _check_int(num_pairs, "num_pairs")
-    check_seed(seed)
+    seed = check_seed(seed)
     cpu_labels = _check_source(images, labels, max_shift=max_shift, canvas=canvas)
 
     generator = torch.Generator().manual_seed(seed)
@@ -222,7 +222,7 @@ class MultiMNISTSource:
 
     def __post_init__(self) -> None:
         _check_int(self.num_pairs, "num_pairs")
-        check_seed(self.seed)
+        object.__setattr__(self, "seed", check_seed(self.seed))  # frozen: a NumPy seed as its int
         _check_source(self.images, self.labels, max_shift=self.max_shift, canvas=self.canvas)
 
     def __len__(self) -> int:

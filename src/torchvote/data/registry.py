@@ -125,12 +125,17 @@ def _sequence(task: str) -> Callable[..., Any]:
         # The split's own seed, 2 * seed + (0 train, 1 test): seed 0 gives the default 0 and 1. A
         # seed given as an option went to both splits as it was (data.options reach both), and
         # the evaluation set was the training set.
-        seed = kwargs.pop("seed", 0)
-        if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
-            seed = (2 * seed + _DEFAULT_SEED[split]) % 2**64
+        # Below 2**63, so that each seed has its own pair (s and s + 2**63 gave the same sets).
+        seed = check_seed(kwargs.pop("seed", 0))
+        if seed >= 2**63:
+            raise ValueError(
+                f"seed of a sequence task must be an integer in [0, 2**63) (each split draws from "
+                f"its own seed, 2 * seed + 0 or 1), got {seed}"
+            )
+        seed = 2 * seed + _DEFAULT_SEED[split]
         # Each split draws from its own part of the task's inputs: no test source is a training
         # source (10,000 reversals of 1-8 digits hold every string of up to 3, 3/8 of the tests).
-        return make_sequence_task(task, seed=seed, split=split, **kwargs)  # type: ignore[arg-type]  # a bad seed: refused there
+        return make_sequence_task(task, seed=seed, split=split, **kwargs)
 
     return build
 
@@ -230,9 +235,11 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
             ``"train"``/``"val"``).
         **kwargs: Passed to the underlying loader or generator (e.g. ``limit=``, ``seed=``,
             ``num_pairs=``, ``max_len=``). Image sets derived from MNIST also accept MNIST's
-            ``source``, ``root`` and ``limit``; the test split of ``affnist`` (the real files)
-            takes ``root`` (their folder or file) and ``limit``; Shakespeare takes ``archive``
-            or ``root`` (the folder holding the archive) and ``val_fraction``. For a generated
+            ``source``, ``root`` and ``limit`` (``small-digits`` takes ``size`` instead of
+            ``limit``: :func:`dataset_options` lists each set's); the test split of ``affnist``
+            (the real files) takes ``root`` (their folder or file) and ``limit``; Shakespeare
+            takes ``archive`` or ``root`` (the folder holding the archive) and
+            ``val_fraction``. For a generated
             set (``affnist-style``, ``multimnist``, the MNIST-derived translations) ``limit``
             limits the MNIST digits it is drawn from, and the draws depend on their number:
             ``limit=500`` is another set, not the first 500 of the full one (the training
@@ -243,7 +250,8 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
 
     Raises:
         ValueError: If ``name`` is unknown (the message lists the known names) or ``split`` is
-            not one of the data set's splits; if ``seed`` is not an int in ``[0, 2**64)``.
+            not one of the data set's splits; if ``seed`` is not an int in ``[0, 2**64)``
+            (``[0, 2**63)`` for the sequence tasks: each split draws from ``2 * seed + 0 or 1``).
         TypeError: If ``name`` is not a string, or a keyword argument the data set does not take
             for ``split`` (the message names it and lists those it takes, :func:`dataset_options`).
         TypeError, ValueError: From the underlying loader or generator, for a bad value.

@@ -247,7 +247,7 @@ def make_sequence_task(
     _check_int(max_len, "max_len", minimum=1)
     if max_len < min_len:
         raise ValueError(f"max_len: expected an int >= min_len={min_len}, got {max_len}")
-    check_seed(seed)
+    seed = check_seed(seed)
     if task == "addition" and max_len > _MAX_ADDITION_DIGITS:
         raise ValueError(f"max_len: addition supports at most {_MAX_ADDITION_DIGITS} digits")
     if split is not None:

@@ -140,7 +140,7 @@ def _run_overrides(
             f"variant {getattr(variant, 'label', variant)!r} is not one of {row.name}'s: "
             f"{[v.label for v in row.variants]}"
         )
-    check_seed(seed)
+    seed = check_seed(seed)
     check_device_name(device)
     overrides = row.overrides(variant, budget, seed)
     if run_dir is not None:
@@ -194,8 +194,7 @@ def check_request(
             )
         return [], []
     seeds = list(range(row.seeds)) if seeds is None else list(seeds)
-    for index, seed in enumerate(seeds):
-        check_seed(seed, f"seeds[{index}]")
+    seeds = [check_seed(seed, f"seeds[{index}]") for index, seed in enumerate(seeds)]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct, got {seeds}")
     return seeds, select_variants(row, variants)

@@ -137,7 +137,7 @@ def generate_from_checkpoint(
         if samples is not None:
             check_positive_int(samples, "samples")
         if seed is not None:
-            check_seed(seed)
+            seed = check_seed(seed)
         sampling = check_sampling(1.0 if temperature is None else temperature, top_k, top_p, None)
         model, _, metadata = load_model_from_checkpoint(paths.weights, resolve_device(device))
         vocab = _vocabulary(metadata, model.config.vocab_size)

@@ -384,7 +384,7 @@ class TrainConfig:
                 "bf16 and fp16 are both true: choose one autocast dtype (bf16=false or fp16=false)"
             )
         try:
-            check_seed(self.seed)
+            self.seed = check_seed(self.seed)  # a NumPy seed as its int, as the config file holds it
         except ValueError as err:
             raise ConfigError(str(err)) from None
         if not self.out_dir.strip():  # '': runs in the working folder (a string: _check_field_types)
