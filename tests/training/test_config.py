@@ -312,7 +312,30 @@ def test_unknown_preset_lists_the_shipped_ones(tmp_path):
 def test_config_diff_names_the_changed_keys():
     a = load_config()
     b = apply_overrides(a, ["optim.lr=0.5", "model.dropout=0.1"])
-    assert config_diff(a, b) == {"model.dropout": (None, 0.1), "optim.lr": (0.001, 0.5)}
+    # the model's values as it builds them: the run's dropout is the model's default, 0.5
+    assert config_diff(a, b) == {"model.dropout": (0.5, 0.1), "optim.lr": (0.001, 0.5)}
+
+
+def test_config_diff_compares_the_model_a_preset_and_its_overrides_build():
+    """A run of preset tiny (d_model 32) given model.d_model=32 was refused on resume as
+    "model.d_model (run: None, now: 32)": the same model. A real change names the run's value."""
+    from torchvote.models.registry import build_config
+
+    run = load_config("lm-shakespeare")
+    width = build_config(run.model.name, run.model.preset).d_model
+    assert config_diff(run, apply_overrides(run, [f"model.d_model={width}"])) == {}
+    assert config_diff(run, apply_overrides(run, [f"model.d_model={2 * width}"])) == {
+        "model.d_model": (width, 2 * width)
+    }
+    # another preset that builds other sizes differs in those fields, not in its name
+    other = apply_overrides(run, ["model.preset=tiny"])
+    changed = config_diff(run, other)
+    assert changed and all(key.startswith("model.") and key != "model.preset" for key in changed)
+    assert changed == {
+        f"model.{name}": (getattr(build_config(run.model.name, run.model.preset), name), value)
+        for name, value in vars(build_config(run.model.name, "tiny")).items()
+        if value != getattr(build_config(run.model.name, run.model.preset), name)
+    }
 
 
 @pytest.mark.parametrize(

@@ -400,6 +400,10 @@ def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
 
     ``loss.name`` differs only if the losses it resolves to do (:func:`resolve_loss_name`): a run
     made with ``margin`` and a preset that now says ``auto`` for the same margin loss are one.
+    Likewise the model: where both model sections build (:func:`build_model_config`), their
+    ``preset`` and ``overrides`` are compared through the model configs they give, field by field
+    (``model.preset=tiny`` and ``model.d_model=32``, tiny's own value, are one model; a run of
+    ``tiny`` given ``d_model=64`` differs as ``model.d_model (32, 64)``, not ``(None, 64)``).
     """
 
     def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -420,7 +424,25 @@ def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
     }
     if "loss.name" in diff and _resolved_loss(a) == _resolved_loss(b) is not None:
         del diff["loss.name"]
+    section = [key for key in diff if key.startswith("model.") and key != "model.name"]
+    built = (_built_model(a), _built_model(b)) if section and "model.name" not in diff else (None, None)
+    if None not in built:
+        for key in section:
+            del diff[key]
+        for name in (field.name for field in dataclasses.fields(built[0])):
+            if getattr(built[0], name) != getattr(built[1], name):
+                diff[f"model.{name}"] = (getattr(built[0], name), getattr(built[1], name))
+        diff = dict(sorted(diff.items()))
     return diff
+
+
+def _built_model(config: TrainConfig) -> Any:
+    """The model config ``config`` builds (without the data's fields), or ``None`` where it does
+    not build."""
+    try:
+        return build_model_config(config.model)
+    except (ValueError, TypeError):
+        return None
 
 
 def _resolved_loss(config: TrainConfig) -> str | None:
