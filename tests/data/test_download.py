@@ -320,6 +320,38 @@ def test_urls_and_dest_of_the_wrong_type_are_named(tmp_path: Path) -> None:
         download_file("https://a/f", 5, checksum=PAYLOAD_MD5)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [("10", TypeError), (0, ValueError), (-1, ValueError), (float("inf"), ValueError)],
+)
+def test_a_timeout_that_is_no_positive_number_is_named_before_any_mirror(
+    server: FakeServer, tmp_path: Path, timeout: object, error: type
+) -> None:
+    """"10" failed inside socket.settimeout; -1 and 0 (a non-blocking socket) came back as every
+    mirror failing ("Timeout value out of range", "Operation now in progress")."""
+    from torchvote.data.text import fetch_shakespeare
+
+    server.routes["https://a/f"] = PAYLOAD
+    calls = (
+        lambda: download_file("https://a/f", tmp_path / "f", checksum=PAYLOAD_MD5, timeout=timeout),
+        lambda: download_mnist(tmp_path / "mnist", mirrors=["https://a/"], timeout=timeout),
+        lambda: fetch_shakespeare(tmp_path / "text", timeout=timeout),
+    )
+    for call in calls:
+        with pytest.raises(error, match="timeout must be a positive finite number"):
+            call()
+    assert server.requested == [] and not (tmp_path / "f").exists()
+
+
+def test_one_mirror_string_is_refused_not_read_as_its_characters(server: FakeServer, tmp_path: Path) -> None:
+    """download_mnist(mirrors="https://...") tried 'htrain-images-idx3-ubyte.gz', 'ttrain-...'."""
+    with pytest.raises(TypeError, match=r"mirrors must be a list of strings, got the single string"):
+        download_mnist(tmp_path, mirrors="https://a/")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mirrors must name at least one base URL"):
+        download_mnist(tmp_path, mirrors=[])
+    assert server.requested == []
+
+
 def test_the_bytes_reach_the_disk_before_the_rename(
     server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

