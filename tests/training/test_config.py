@@ -403,6 +403,24 @@ def test_one_reader_for_every_key_value_of_the_command_line():
         parse_options(["canvas"], "--data-option")
 
 
+def test_an_option_given_twice_is_refused_not_settled_by_order(capsys):
+    """seed=3,seed=4 in an --on / eval_on entry, or two --data-option seed=, ran with seed 4 in
+    silence, where a training override given twice is refused."""
+    from torchvote.cli import main
+    from torchvote.training.keyvalue import parse_entry, parse_options
+
+    with pytest.raises(ConfigError, match="--data-option: seed is given twice; give each option once"):
+        parse_options(["seed=3", "seed=4"], "--data-option")
+    with pytest.raises(ConfigError, match="entry 'affnist-style:seed=3,seed=4': seed is given twice"):
+        parse_entry("affnist-style:seed=3,seed=4", "--on")
+    with pytest.raises(ConfigError, match="seed is given twice"):
+        load_config("smoke", ["eval_on=[affnist-style:canvas=28,seed=3,seed=4]"])
+    argv = ["evaluate", "no-such-run", "--on", "affnist-style"]
+    argv += ["--data-option", "seed=1", "--data-option", "seed=2"]
+    assert main(argv) == 2  # before the checkpoint is looked for
+    assert "--data-option: seed is given twice" in capsys.readouterr().err
+
+
 def test_a_key_below_a_model_value_is_not_a_section():
     with pytest.raises(ConfigError, match="model.dropout is not a section; cannot set model.dropout.x"):
         apply_overrides(load_config(), ["model.dropout=0.1", "model.dropout.x=1"])

@@ -168,7 +168,8 @@ def parse_options(items: Iterable[str], what: str) -> dict[str, Any]:
         The options.
 
     Raises:
-        ConfigError: an item that is not ``key=value``; the message starts with ``what``.
+        ConfigError: an item that is not ``key=value``, or a key given twice (refused, not
+            settled by order, as the training overrides are); the message starts with ``what``.
     """
     options: dict[str, Any] = {}
     for item in items:
@@ -176,7 +177,10 @@ def parse_options(items: Iterable[str], what: str) -> dict[str, Any]:
             parts, raw = parse_override(item)
         except ConfigError:
             raise ConfigError(f"{what}: options must be key=value, got {item!r}") from None
-        options[".".join(parts)] = parse_value(raw, f"{what}: {'.'.join(parts)}")
+        key = ".".join(parts)
+        if key in options:
+            raise ConfigError(f"{what}: {key} is given twice; give each option once")
+        options[key] = parse_value(raw, f"{what}: {key}")
     return options
 
 
