@@ -211,3 +211,14 @@ def test_bad_arguments_are_refused_before_anything_is_evaluated(tiny_config, tin
     # one string: "name: unknown data set 's'"
     with pytest.raises(TypeError, match="datasets must be a list of strings, got the single string 'mnist'"):
         evaluate_checkpoint(result.run_dir, "mnist", root=str(tiny_mnist_root), options=MNIST)
+
+
+def test_a_root_that_no_data_set_reads_is_refused_before_the_checkpoint(tmp_path):
+    """evaluate RUN --on reverse --root /anything ran on in silence (training refuses data.root
+    for a generated set); a root some entry reads is taken."""
+    from torchvote.training import CheckpointError
+
+    with pytest.raises(ValueError, match=r"root \(--root\): none of the data sets reverse, copy reads files"):
+        evaluate_checkpoint(tmp_path / "no-run", ["reverse", "copy:max_len=4"], root=str(tmp_path))
+    with pytest.raises(CheckpointError):  # mnist reads its files there: on to the checkpoint
+        evaluate_checkpoint(tmp_path / "no-run", ["reverse", "mnist"], root=str(tmp_path))

@@ -243,6 +243,19 @@ def load_data(
     return data
 
 
+def _check_root_is_read(root: object, datasets: Sequence[str]) -> None:
+    """Refuse a ``root`` that none of ``datasets`` (known names, as entries) reads files from."""
+    from torchvote.data import dataset_reads_files, list_datasets
+
+    names = [parse_eval_entry(entry)[0] for entry in datasets]
+    known = [name for name in names if name in list_datasets()]
+    if root is not None and known and not any(dataset_reads_files(name) for name in known):
+        raise ValueError(
+            f"root (--root): none of the data sets {', '.join(known)} reads files (each is generated); "
+            f"drop it"
+        )
+
+
 def load_eval_entry(
     handler: TaskHandler,
     entry: str,
@@ -463,8 +476,9 @@ def evaluate_checkpoint(
     Raises:
         CheckpointError: the checkpoint's weights cannot be loaded.
         ValueError: an unknown data set, one whose images do not fit the model, a
-            ``batch_size`` / ``limit`` below 1, an unknown or unavailable device, or ``bf16`` and
-            ``fp16`` both set.
+            ``batch_size`` / ``limit`` below 1, an unknown or unavailable device, ``bf16`` and
+            ``fp16`` both set, or a ``root`` that no data set reads (all generated: it was
+            ignored in silence, where training refuses it).
         DataNotFoundError: a data set's files are not there.
         TypeError: ``datasets`` one string rather than a list of them.
     """
@@ -472,6 +486,7 @@ def evaluate_checkpoint(
     if limit is not None:
         check_positive_int(limit, "limit")
     datasets = check_texts(datasets, "datasets")  # "small-digits" was read as 's', 'm', ...
+    _check_root_is_read(root, datasets)
     autocast_dtype(bf16, fp16)
     torch_device = resolve_device(device)
     model, spec, metadata = load_model_from_checkpoint(location, torch_device)
