@@ -212,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         "resumes from its last checkpoint.",
     )
     reproduce.add_argument("name", nargs="?", help="the experiment (torchvote reproduce --list)")
-    reproduce.add_argument("--list", action="store_true", help="list the experiments")
+    reproduce.add_argument(
+        "--list", action="store_true", help="list the experiments; with NAME, its variants under --budget"
+    )
     reproduce.add_argument(
         "--budget",
         default="cpu",
@@ -772,16 +774,32 @@ def _check_generate_options(args: argparse.Namespace) -> None:
 # --- reproduce ------------------------------------------------------------------------------------------
 
 
+def _list_row(row: Any, budget: str) -> None:
+    """``reproduce --list NAME``: the row's variants, each with its preset and the overrides it
+    trains with under ``budget`` (the seed's aside), or what a measuring row measures."""
+    print(f"{row.letter}  {row.name}: {row.title}")
+    if row.measure is not None:
+        print(f"trains nothing: measures in this process (budget {budget})")
+        return
+    print(f"{len(row.variants)} variants x {row.seeds} seeds (budget {budget}):")
+    for variant in row.variants:
+        overrides = [item for item in row.overrides(variant, budget, 0) if not item.startswith("seed=")]
+        print(f"  {variant.label:32s} {variant.preset} {shlex.join(overrides)}")
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of
     from torchvote.experiments.runner import measured_result_of, plan_run
     from torchvote.training.distributed import check_device_name
 
-    if args.list or args.name is None:
+    if args.name is None:
         for row in list_rows().values():
             print(f"{row.letter}  {row.name:24s} {row.title}")
         return 0
     row = get_row(args.name)
+    if args.list:  # one row: what it trains under --budget (it listed every row, NAME ignored)
+        _list_row(row, args.budget)
+        return 0
     check_device_name(args.device, "--device")
     request = {
         "budget": args.budget,

@@ -84,6 +84,22 @@ def test_rows_variants_and_metrics_check_their_fields():
 def test_an_out_dir_that_is_no_path_is_named():
     from torchvote.experiments import check_request
 
-    with pytest.raises(TypeError, match="out_dir must be a folder's path, got None"):  # was pathlib's error
+    with pytest.raises(TypeError, match=r"out_dir \(--out\): expected a path \(str or os.PathLike\)"):
         check_request(get_row("capsnet-routing"), budget="cpu", seeds=None, device="auto", out_dir=None,
                       variants=())
+
+
+def test_reproduce_refuses_an_empty_out_and_lists_one_row_under_its_budget(capsys):
+    """--out '' planned every run in the working folder; --list NAME --budget paper printed every
+    row, NAME and --budget ignored."""
+    assert main(["reproduce", "router-swap", "--dry-run", "--out", ""]) == 2
+    assert "out_dir (--out): expected a path, got an empty string" in capsys.readouterr().err
+    row = get_row("router-swap")
+    for budget in ("cpu", "paper"):
+        assert main(["reproduce", "--list", "router-swap", "--budget", budget]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].startswith("f  router-swap: ") and f"(budget {budget})" in lines[1]
+        assert len(lines) == 2 + len(row.variants)
+        first = row.variants[0]
+        expected = " ".join(item for item in row.overrides(first, budget, 0) if item != "seed=0")
+        assert lines[2].split(None, len(first.label.split()))[-1] == f"{first.preset} {expected}"

@@ -13,7 +13,6 @@ counted with the new runs. The summary (:mod:`torchvote.experiments.report`) is 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import shlex
@@ -39,7 +38,7 @@ from torchvote.training.config import (
 )
 from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import find_resumable_checkpoint
-from torchvote.validation import check_seed, check_texts
+from torchvote.validation import as_path, check_seed, check_texts
 
 __all__ = [
     "RESULT_FILE",
@@ -175,14 +174,13 @@ def check_request(
             ``out_dir`` that is a file, variant filters that match nothing, or seeds, variants or
             a device for a row that measures (they would be ignored).
         TypeError: ``variants`` a single string rather than a list of them, an ``out_dir`` that
-            is no path.
+            is no path (``''`` is a ValueError).
     """
     if budget not in row.budgets:
         raise ValueError(f"budget: expected one of {sorted(row.budgets)}, got {budget!r}")
     check_device_name(device)
-    if not isinstance(out_dir, (str, os.PathLike)):  # pathlib's error named no argument
-        raise TypeError(f"out_dir must be a folder's path, got {out_dir!r}")
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+    out_dir = as_path(out_dir, "out_dir (--out)")  # '' planned the runs in the working folder
+    if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"out: {out_dir} is a file; runs and summaries need a folder")
     if row.measure is not None:
         given = [name for name, value in (("--seeds", seeds), ("--variant", variants)) if value]
