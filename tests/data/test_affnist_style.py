@@ -313,3 +313,22 @@ def test_ranges_may_be_lists_or_numpy_numbers() -> None:
 def test_pad_and_translate_train_wants_a_generator_not_a_seed() -> None:
     with pytest.raises(TypeError, match="generator"):
         pad_and_translate_train(torch.rand(2, 1, 28, 28), 40, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("labels", [torch.zeros(4, 3, dtype=torch.long), torch.zeros(4, 0, dtype=torch.long)])
+def test_labels_must_be_one_class_per_image(labels):
+    """Labels of shape (4, 3) or (4, 0) were accepted and returned unchanged."""
+    with pytest.raises(ValueError, match=r"labels: expected a tensor of shape \(4,\), got \(4, [03]\)"):
+        make_affnist_style(torch.rand(4, 1, 28, 28), labels, seed=0)
+
+
+def test_ranges_messages_say_what_each_range_takes():
+    """ranges={'rotation_deg': 30} said "must be a number or a (low, high) pair, got 30"; a
+    negative scale was named scale[0], not the ranges entry the user gave."""
+    images, labels = torch.rand(2, 1, 28, 28), torch.tensor([3, 7])
+    with pytest.raises(ValueError, match=r"ranges\['rotation_deg'\] must be a \(low, high\) pair, got 30"):
+        make_affnist_style(images, labels, seed=0, ranges={"rotation_deg": 30})
+    with pytest.raises(ValueError, match=r"ranges\['scale'\]\[0\] must be a finite number in \(0.0, inf\)"):
+        make_affnist_style(images, labels, seed=0, ranges={"scale": (-1.0, 1.0)})
+    generator = torch.Generator().manual_seed(0)
+    assert pad_and_translate_train(images, np.int64(40), generator).shape == (2, 1, 40, 40)

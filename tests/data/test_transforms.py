@@ -327,3 +327,20 @@ def test_half_precision_warps_are_float32_warps_rounded(digits: torch.Tensor, dt
     half = apply_affine(digits.to(dtype), warp, 40)
     assert half.dtype == dtype
     assert (half.double() - reference).abs().max().item() <= torch.finfo(dtype).eps
+
+
+def test_a_numpy_integer_size_is_an_integer():
+    """pad_to(x, np.int64(40)) and random_affine(out_size=np.int64(40)) were refused as
+    "size: expected an int or (height, width), got np.int64(40)"."""
+    images = torch.rand(2, 1, 28, 28)
+    assert torch.equal(pad_to(images, np.int64(40)), pad_to(images, 40))
+    generator = torch.Generator().manual_seed(0)
+    warped = random_affine(images, out_size=np.int64(40), generator=generator)
+    assert warped[0].shape == (2, 1, 40, 40)
+
+
+def test_a_bool_shifts_tensor_is_refused():
+    """True was read as a shift of 1 pixel."""
+    expected = r"shifts must be an integer tensor of shape \(N, 2\), got torch.bool"
+    with pytest.raises(TypeError, match=expected):
+        shift_images(torch.rand(1, 1, 4, 4), torch.tensor([[True, False]]))

@@ -107,8 +107,11 @@ def _check_ranges(ranges: Mapping[str, tuple[float, float]] | None) -> dict[str,
         raise ValueError(f"ranges: unknown keys {unknown}; expected some of {sorted(AFFNIST_RANGES)}")
     merged = dict(AFFNIST_RANGES)
     for name, pair in ranges.items():
-        first, second = _as_pair(pair, f"ranges[{name!r}]")
-        low, high = _finite(first, f"ranges[{name!r}][0]"), _finite(second, f"ranges[{name!r}][1]")
+        first, second = _as_pair(pair, f"ranges[{name!r}]", "a (low, high) pair")
+        # a scale is positive: checked here, under the name the user gave (it was 'scale[0]')
+        bound, above = (0.0, False) if name == "scale" else (-math.inf, True)
+        low = _finite(first, f"ranges[{name!r}][0]", bound, include_low=above)
+        high = _finite(second, f"ranges[{name!r}][1]", bound, include_low=above)
         if low > high:
             raise ValueError(f"ranges[{name!r}]: expected low <= high, got ({low}, {high})")
         merged[name] = (low, high)
@@ -203,8 +206,9 @@ def make_affnist_style(
     """
     _check_images(images, floating=True)
     _check_canvas(images, canvas)
-    if not isinstance(labels, Tensor) or labels.shape[:1] != images.shape[:1]:
-        raise ValueError(f"labels: expected a tensor with {len(images)} rows")
+    if not isinstance(labels, Tensor) or labels.shape != images.shape[:1]:  # (4, 3) was passed on
+        got = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels: expected a tensor of shape ({len(images)},), got {got}")
     check_integer_tensor(labels, "labels", "an integer tensor of classes")  # 3.0 was passed on
     seed = check_seed(seed)  # a NumPy integer as its value: torch.Generator takes no other
     bounds = _check_ranges(ranges)

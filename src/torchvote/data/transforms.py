@@ -23,6 +23,7 @@ from torch import Tensor
 
 from torchvote.validation import (
     check_in_range,
+    check_integer_tensor,
     check_positive_float,
     check_tensor_values,
     is_integer,
@@ -74,7 +75,7 @@ def _check_generator(generator: object) -> torch.Generator | None:
 
 
 def _size_pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
-    if isinstance(size, int):
+    if is_integer(size):  # a NumPy integer too, as every other size here takes
         pair: tuple[object, ...] = (size, size)
     elif isinstance(size, Sequence) and not isinstance(size, (str, bytes)):
         pair = tuple(size)
@@ -89,8 +90,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _as_pair(value: object, name: str) -> tuple[object, object]:
-    """A two-element ``value`` (list, tuple, array) as a tuple; anything else is refused."""
+def _as_pair(
+    value: object, name: str, expected: str = "a number or a (low, high) pair"
+) -> tuple[object, object]:
+    """A two-element ``value`` (list, tuple, array) as a tuple; anything else is refused, the
+    message saying what ``name`` takes (``expected``)."""
     if isinstance(value, (str, bytes)):
         pair: tuple[object, ...] = ()
     else:
@@ -99,7 +103,7 @@ def _as_pair(value: object, name: str) -> tuple[object, object]:
         except TypeError:
             pair = ()
     if len(pair) != 2:
-        raise ValueError(f"{name} must be a number or a (low, high) pair, got {value!r}")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
     return pair[0], pair[1]
 
 
@@ -201,8 +205,7 @@ def shift_images(images: Tensor, shifts: Tensor) -> Tensor:
     """
     _check_images(images)
     num, channels, height, width = images.shape
-    if not isinstance(shifts, Tensor) or shifts.is_floating_point() or shifts.is_complex():
-        raise TypeError("shifts: expected an integer tensor of shape (N, 2)")
+    check_integer_tensor(shifts, "shifts", "an integer tensor of shape (N, 2)")  # a bool True moved 1 px
     if shifts.shape != (num, 2):
         raise ValueError(f"shifts: expected shape ({num}, 2), got {tuple(shifts.shape)}")
     if num == 0:
