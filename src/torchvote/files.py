@@ -138,7 +138,7 @@ def atomic_write(
         suffix: the temporary file's last suffix (``.part`` for a download).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     descriptor, temporary = create_temporary(path, suffix)
     try:
         with os.fdopen(descriptor, "wb") as handle:
@@ -150,6 +150,27 @@ def atomic_write(
         temporary.unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+def make_folder(folder: str | os.PathLike[str]) -> Path:
+    """``mkdir -p folder``, naming the file that stands where a folder must be (mkdir's own
+    error, "File exists" or "Not a directory" with the whole path, did not say which part).
+
+    Args:
+        folder: the folder to make (nothing happens where it exists).
+
+    Returns:
+        ``folder`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        NotADirectoryError: ``folder`` or one of its parents is a file.
+    """
+    folder = Path(folder)
+    blocking = next((part for part in (folder, *folder.parents) if part.is_file()), None)
+    if blocking is not None:
+        raise NotADirectoryError(f"cannot make the folder {folder}: {blocking} is a file")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def create_temporary(path: str | os.PathLike[str], suffix: str = ".tmp") -> tuple[int, Path]:

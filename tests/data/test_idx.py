@@ -143,3 +143,24 @@ def test_a_path_that_is_not_a_path_is_named() -> None:
         read_idx(5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="path"):
         write_idx(None, np.zeros(2, dtype=np.uint8))  # type: ignore[arg-type]
+
+
+def test_a_file_where_a_folder_must_be_is_named(tmp_path: Path) -> None:
+    """write_idx('afile/x.idx') was mkdir's "File exists: 'afile'" (every atomic write: make_folder)."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match=f"cannot make the folder {tmp_path / 'afile' / 'sub'}: "
+                       f"{tmp_path / 'afile'} is a file"):
+        write_idx(tmp_path / "afile" / "sub" / "x.idx", torch.zeros(3, dtype=torch.uint8))
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_data_root_variable_naming_a_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TORCHVOTE_DATA=<a file> was "[Errno 20] Not a directory: '<file>/mnist'" at a download."""
+    from torchvote.data.paths import data_root, dataset_dir
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "afile"))
+    with pytest.raises(ValueError, match=f"TORCHVOTE_DATA={tmp_path / 'afile'} names a file"):
+        dataset_dir("mnist")
+    monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "data"))
+    assert data_root() == tmp_path / "data"

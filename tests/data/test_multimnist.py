@@ -214,3 +214,13 @@ def test_labels_must_be_classes_not_floats() -> None:
 def test_a_source_checks_its_seed_when_made() -> None:
     with pytest.raises(ValueError, match="seed"):  # not only at the first draw, epochs later
         MultiMNISTSource(torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 0, 1]), num_pairs=2, seed=2**64)
+
+
+def test_box_arguments_of_the_wrong_kind_are_named():
+    """A list of digits was "'list' object has no attribute 'ndim'"; threshold='0.5' torch's
+    "'>' not supported between instances of 'Tensor' and 'str'"."""
+    with pytest.raises(TypeError, match="digits: expected a torch.Tensor, got list"):
+        bounding_box_overlap([[1.0]])
+    for threshold in ("0.5", None, float("nan")):
+        with pytest.raises(ValueError, match="threshold must be a finite number"):
+            bounding_boxes(torch.rand(2, 5, 5), threshold=threshold)

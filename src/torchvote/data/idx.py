@@ -60,7 +60,7 @@ def read_idx(path: str | PathLike[str]) -> Tensor:
 
     Raises:
         TypeError: If ``path`` is not a ``str`` or ``os.PathLike``.
-        FileNotFoundError: If ``path`` does not exist.
+        FileNotFoundError: If ``path`` does not exist (``IsADirectoryError``: a folder).
         ValueError: If the gzip stream is corrupt or truncated, the magic number, type code or
             dimension count is invalid, or the payload is shorter (truncated) or longer than the
             header announces. The message names the file.

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from torchvote.data.transforms import _check_images, _check_int
-from torchvote.validation import check_seed
+from torchvote.validation import check_in_range, check_seed
 
 __all__ = [
     "MultiMNIST",
@@ -252,13 +252,14 @@ def bounding_boxes(images: Tensor, threshold: float = 0.0) -> Tensor:
         image without ink gets ``(0, 0, -1, -1)`` (an empty box).
 
     Raises:
-        TypeError: If ``images`` is not a tensor.
-        ValueError: If ``images`` has fewer than two dimensions.
+        TypeError: If ``images`` is not a tensor or ``threshold`` not a real number.
+        ValueError: If ``images`` has fewer than two dimensions, or ``threshold`` is not finite.
     """
     if not isinstance(images, Tensor):
         raise TypeError(f"images: expected a torch.Tensor, got {type(images).__name__}")
     if images.ndim < 2:
         raise ValueError(f"images: expected shape (..., H, W), got {tuple(images.shape)}")
+    threshold = check_in_range(threshold, "threshold")  # '0.5' failed in torch's '>'
     ink = images > threshold
     rows, cols = ink.any(dim=-1), ink.any(dim=-2)  # (..., H), (..., W)
 
@@ -287,7 +288,13 @@ def bounding_box_overlap(digits: Tensor, threshold: float = 0.0) -> Tensor:
 
     Returns:
         float32 tensor of shape (N,) with values in [0, 1].
+
+    Raises:
+        TypeError: If ``digits`` is not a tensor, or ``threshold`` not a real number.
+        ValueError: If ``digits`` is not of shape (N, 2, 1, H, W).
     """
+    if not isinstance(digits, Tensor):  # a list failed on .ndim
+        raise TypeError(f"digits: expected a torch.Tensor, got {type(digits).__name__}")
     if digits.ndim != 5 or digits.shape[1] != 2:
         raise ValueError(f"digits: expected shape (N, 2, 1, H, W), got {tuple(digits.shape)}")
     boxes = bounding_boxes(digits[:, :, 0], threshold)  # (N, 2, 4)

@@ -25,10 +25,17 @@ def data_root() -> Path:
     Returns:
         ``Path($TORCHVOTE_DATA)`` if set, else ``$XDG_CACHE_HOME/torchvote`` or
         ``~/.cache/torchvote``. The directory may not exist yet.
+
+    Raises:
+        ValueError: ``$TORCHVOTE_DATA`` names a file (a download failed on "Not a directory"
+            with a path that did not say where it came from).
     """
     env = os.environ.get(DATA_ENV_VAR, "").strip()
     if env:
-        return Path(env).expanduser()
+        root = Path(env).expanduser()
+        if root.is_file():
+            raise ValueError(f"{DATA_ENV_VAR}={env} names a file; it must name the folder data sets go in")
+        return root
     cache = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(cache).expanduser() if cache else Path.home() / ".cache"
     return base / "torchvote"
