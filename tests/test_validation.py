@@ -367,6 +367,25 @@ def test_device_exists_checks_cuda_against_this_machine(monkeypatch):
         check_device_exists(torch.device("cuda:2"))
 
 
+def test_factory_device_reads_what_torch_reads_and_names_the_rest(monkeypatch):
+    from torchvote.models import create_model
+    from torchvote.validation import check_factory_device
+
+    assert check_factory_device(None) is None
+    assert check_factory_device("meta") == torch.device("meta") == check_factory_device(torch.device("meta"))
+    expected = r"device must be a torch.device or its name \('cpu', 'cuda:0', 'meta'\), got "
+    for bad, error in (("gpu", ValueError), ("cuda:-1", ValueError), (3.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=expected + repr(bad)):
+            check_factory_device(bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="(CUDA is not available|none is available)"):
+        check_factory_device(0)  # an accelerator's index, as torch reads it
+    # create_model's device failed inside the first layer: torch's "Expected one of cpu, cuda, ..."
+    with pytest.raises(ValueError, match=expected + "'gpu'"):
+        create_model("cnn-baseline", "tiny", device="gpu")
+    assert next(create_model("cnn-baseline", "tiny", device="meta").parameters()).is_meta
+
+
 def _path_takers():
     """Each public function or class taking a path, called with ``value`` as that path."""
     import matplotlib

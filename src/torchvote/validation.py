@@ -31,6 +31,7 @@ __all__ = [
     "check_choice",
     "check_device_exists",
     "check_dim",
+    "check_factory_device",
     "check_flag",
     "check_float_dtype",
     "check_float_tensor",
@@ -411,6 +412,36 @@ def check_device_exists(device: torch.device, name: str | None = None) -> torch.
             f"cuda:0 .. cuda:{count - 1}"
         )
     return device
+
+
+def check_factory_device(device: Any, argument: str = "device") -> torch.device | None:
+    """Return ``device`` as a ``torch.device`` (``None`` as it is) if it names one this machine
+    has: what a factory (``create_model``, ``load_pretrained``) checks before it builds anything.
+
+    Args:
+        device: ``None``, a ``torch.device``, a name torch reads (``"cpu"``, ``"cuda:1"``,
+            ``"meta"``) or a CUDA index (as torch takes it).
+        argument: its name, for the message.
+
+    Returns:
+        The device, or ``None``.
+
+    Raises:
+        ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) anything else (``3.5``).
+        ValueError: a name torch does not read ("gpu" was torch's RuntimeError from inside the
+            first layer, or after a model loaded), or a CUDA device this machine lacks
+            (:func:`check_device_exists`).
+    """
+    if device is None or isinstance(device, torch.device):
+        return None if device is None else check_device_exists(device)
+    expected = f"{argument} must be a torch.device or its name ('cpu', 'cuda:0', 'meta'), got {device!r}"
+    if not isinstance(device, str) and not is_integer(device):
+        raise ArgumentTypeError(expected)
+    try:
+        parsed = torch.device(device if isinstance(device, str) else int(device))
+    except RuntimeError as error:  # an index without an accelerator: torch says so
+        raise ValueError(f"{expected} ({error})") from None
+    return check_device_exists(parsed)
 
 
 def check_inputs_beside(

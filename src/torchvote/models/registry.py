@@ -67,7 +67,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.tracing import register_output
-from torchvote.validation import check_choice, check_float_dtype
+from torchvote.validation import check_choice, check_factory_device, check_float_dtype
 
 __all__ = [
     "TASKS",
@@ -351,13 +351,14 @@ def create_model(
         The model, freshly initialised.
 
     Raises:
-        ValueError: an unknown model, preset or config field (the message lists what exists).
+        ValueError: an unknown model, preset or config field (the message lists what exists), or
+            a ``device`` torch does not read or this machine lacks.
         TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
     spec = get_model_spec(name)
     config = build_config(name, preset, **overrides)
     # Only the keywords given: a model registered without them still builds by default.
-    factory = {"device": device, "dtype": check_float_dtype(dtype)}
+    factory = {"device": check_factory_device(device), "dtype": check_float_dtype(dtype)}
     return spec.model_cls(config, **{key: value for key, value in factory.items() if value is not None})
 
 

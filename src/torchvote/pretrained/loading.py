@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchvote.pretrained.bert import BertConfig, BertEncoder
 from torchvote.pretrained.tokenizer import WordPieceTokenizer
-from torchvote.validation import check_device_exists, check_float_dtype, check_positive_int
+from torchvote.validation import check_factory_device, check_float_dtype, check_positive_int
 
 __all__ = ["PRETRAINED", "bert_state_dict", "list_pretrained", "load_pretrained", "model_files"]
 
@@ -220,13 +220,7 @@ def load_pretrained(
             (the message gives the pip command).
     """
     check_float_dtype(dtype)
-    if device is not None and not isinstance(device, torch.device):  # "cpux" failed after loading
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(f"device must be a torch.device or its name, got {device!r} ({error})") from None
-    if device is not None:  # cuda:3 on a machine without it: torch's AssertionError after loading
-        check_device_exists(device)
+    device = check_factory_device(device)  # "cpux" and a missing cuda:3 failed after the model loaded
     folder = model_files(name)
     try:
         from safetensors.torch import load_file
