@@ -735,12 +735,17 @@ def _generate(args: argparse.Namespace) -> int:
             use_cache=not args.no_cache,
             on_text=show if args.samples in (None, 1) else None,  # several samples are drawn together
         )
+    except ValueError as error:  # the one check that needs the model: a seq2seq run's max_len
+        if not str(error).startswith("max_new_tokens "):
+            raise
+        raise ValueError(f"--max-new-tokens{str(error).removeprefix('max_new_tokens')}") from None
     finally:  # the text written so far ends its line, also when Ctrl-C stopped it
         if streamed:
             print()
+    empty = "(no token: --max-new-tokens 0)" if args.max_new_tokens == 0 else "(nothing before <eos>)"
     for index, generation in enumerate(generations):
         if generation.task == "seq2seq":
-            print(f"{generation.prompt} -> {generation.text or '(nothing before <eos>)'}")
+            print(f"{generation.prompt} -> {generation.text or empty}")
         elif index not in streamed:  # a language model's text, continuations apart
             print(_separated(index, generation.prompt) + generation.text)
     return 0

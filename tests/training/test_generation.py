@@ -328,6 +328,16 @@ def test_the_command_says_when_a_source_decodes_to_nothing(reverse_run, capsys, 
     monkeypatch.setattr(generation, "generate_from_checkpoint", nothing)
     assert main(["generate", str(reverse_run), "--prompt", "12"]) == 0
     assert capsys.readouterr().out == "12 -> (nothing before <eos>)\n"
+    # none asked for: no <eos> was made either
+    assert main(["generate", str(reverse_run), "--prompt", "12", "--max-new-tokens", "0"]) == 0
+    assert capsys.readouterr().out == "12 -> (no token: --max-new-tokens 0)\n"
+
+
+def test_the_command_names_a_seq2seq_length_limit_by_its_flag(reverse_run, capsys):
+    """The limit a seq2seq model sets (max_len - 1) was named max_new_tokens, not the flag."""
+    assert main(["generate", str(reverse_run), "--prompt", "12", "--max-new-tokens", "1000"]) == 2
+    err = capsys.readouterr().err.removeprefix("torchvote generate: error: ")
+    assert err.startswith("--max-new-tokens must be an integer in [0, max_len - 1 = ")
 
 
 def test_running_out_of_cpu_memory_is_one_line(reverse_run, capsys, monkeypatch):
