@@ -336,8 +336,8 @@ def test_the_command_says_when_a_source_decodes_to_nothing(reverse_run, capsys, 
 def test_the_command_names_a_seq2seq_length_limit_by_its_flag(reverse_run, capsys):
     """The limit a seq2seq model sets (max_len - 1) was named max_new_tokens, not the flag."""
     assert main(["generate", str(reverse_run), "--prompt", "12", "--max-new-tokens", "1000"]) == 2
-    err = capsys.readouterr().err.removeprefix("torchvote generate: error: ")
-    assert err.startswith("--max-new-tokens must be an integer in [0, max_len - 1 = ")
+    last = capsys.readouterr().err.splitlines()[-1].removeprefix("torchvote generate: error: ")
+    assert last.startswith("--max-new-tokens must be an integer in [0, max_len - 1 = ")
 
 
 def test_running_out_of_cpu_memory_is_one_line(reverse_run, capsys, monkeypatch):
