@@ -5,7 +5,11 @@ section 6: overlay a digit on another digit from the same set but of a different
 digit is shifted by up to 4 pixels in each direction, giving a 36x36 image; pixel values of the
 two digits combine as ``min(a + b, 1)``. (The authors' released code used shifts of up to 6.)
 The paper reports that the two digits' bounding boxes overlap by about 80% on average;
-:func:`bounding_box_overlap` measures it for a generated set.
+:func:`bounding_box_overlap` measures it for a generated set: 72.5%, 73.2% and 72.5% here
+(intersection over the smaller box; 2,000 pairs from the first 2,000 MNIST test digits, seeds 0,
+1 and 2; the intersection over the union is 44.5% at seed 0). The paper does not say how it
+measures the overlap nor how its shifts are drawn; this recipe keeps what it does say (shifts of
+up to 4 pixels, drawn uniformly here), so the gap is reported, not tuned away.
 
 The paper generates 1,000 pairs per digit (60M training pairs) rather than one fixed set: a
 network trained on one fixed set of 60k pairs overfits it. :class:`MultiMNISTSource` holds the
