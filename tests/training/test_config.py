@@ -327,6 +327,11 @@ def test_config_diff_compares_the_model_a_preset_and_its_overrides_build():
     assert config_diff(run, apply_overrides(run, [f"model.d_model={2 * width}"])) == {
         "model.d_model": (width, 2 * width)
     }
+    # a field the data fill is compared as given: built without the data, an override of
+    # image_size=28 (a 28-pixel model on 8x8 digits) and none (8 from the data) looked alike
+    digits = load_config("smoke")
+    wide = apply_overrides(digits, ["model.image_size=28"])
+    assert config_diff(wide, digits) == {"model.image_size": (28, None)}
     # another preset that builds other sizes differs in those fields, not in its name
     other = apply_overrides(run, ["model.preset=tiny"])
     changed = config_diff(run, other)

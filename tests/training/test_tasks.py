@@ -185,6 +185,21 @@ def test_example_batches_fit_the_conventions(toy_models):
         assert output.logits.shape[:2] == batch[key][:, 1:].shape
 
 
+def test_each_handler_declares_the_model_fields_its_data_fill():
+    """config_diff compares these fields as given (built without the data, an override of one and
+    none would look alike); a handler filling a field it does not declare would slip through."""
+    from torchvote.data import CharVocab
+
+    raws = {
+        "image-classification": (torch.rand(3, 1, 8, 8), torch.tensor([0, 1, 2])),
+        "language-model": (torch.tensor([0, 1, 2, 1]), CharVocab("abc")),
+        "seq2seq": (torch.tensor([[1, 4, 2]]), torch.tensor([[1, 5, 2]])),
+    }
+    for task, raw in raws.items():
+        handler = get_task_handler(task)
+        assert set(handler.build("data", "train", raw).fields) == set(handler.data_fields), task
+
+
 def test_language_model_handler_cuts_overlapping_windows():
     handler = get_task_handler("language-model")
 

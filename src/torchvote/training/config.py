@@ -403,7 +403,9 @@ def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
     Likewise the model: where both model sections build (:func:`build_model_config`), their
     ``preset`` and ``overrides`` are compared through the model configs they give, field by field
     (``model.preset=tiny`` and ``model.d_model=32``, tiny's own value, are one model; a run of
-    ``tiny`` given ``d_model=64`` differs as ``model.d_model (32, 64)``, not ``(None, 64)``).
+    ``tiny`` given ``d_model=64`` differs as ``model.d_model (32, 64)``, not ``(None, 64)``). A
+    field the data fill (the task handler's ``data_fields``: ``image_size``, ``vocab_size`` ...)
+    is compared as given: built without the data, an override of it and none would look alike.
     """
 
     def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -427,13 +429,22 @@ def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
     section = [key for key in diff if key.startswith("model.") and key != "model.name"]
     built = (_built_model(a), _built_model(b)) if section and "model.name" not in diff else (None, None)
     if None not in built:
+        filled = {f"model.{name}" for name in _model_spec_data_fields(a.model.name)}
         for key in section:
-            del diff[key]
+            if key not in filled:
+                del diff[key]
         for name in (field.name for field in dataclasses.fields(built[0])):
-            if getattr(built[0], name) != getattr(built[1], name):
+            if f"model.{name}" not in filled and getattr(built[0], name) != getattr(built[1], name):
                 diff[f"model.{name}"] = (getattr(built[0], name), getattr(built[1], name))
         diff = dict(sorted(diff.items()))
     return diff
+
+
+def _model_spec_data_fields(model_name: str) -> tuple[str, ...]:
+    """The config fields the data fill for model ``model_name`` (its task handler's)."""
+    from torchvote.training.tasks import get_task_handler
+
+    return get_task_handler(_model_spec(model_name).task).data_fields
 
 
 def _built_model(config: TrainConfig) -> Any:

@@ -46,6 +46,8 @@ class TaskHandler:
     task: str = ""
     #: the tensors a finalised batch of the task holds (what ``forward`` reads)
     batch_keys: tuple[str, ...] = ()
+    #: the model config fields its data fill (``TaskData.fields``, unless an override sets them)
+    data_fields: tuple[str, ...] = ()
     unit: str = "items"  # what "per second" counts
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
@@ -164,6 +166,7 @@ class ClassificationHandler(TaskHandler):
 
     task = "image-classification"
     batch_keys = ("images", "targets")
+    data_fields = ("image_size", "in_channels", "num_classes")
     unit = "img"
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
@@ -276,6 +279,7 @@ class LanguageModelHandler(TaskHandler):
 
     task = "language-model"
     batch_keys = ("tokens",)
+    data_fields = ("vocab_size",)
     unit = "tok"
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
@@ -359,6 +363,7 @@ class Seq2SeqHandler(TaskHandler):
 
     task = "seq2seq"
     batch_keys = ("source", "target")
+    data_fields = ("src_vocab_size", "tgt_vocab_size", "pad_id", "max_len")
     unit = "tok"
 
     def build(self, name: str, split: str, raw: Any, model_config: Any | None = None) -> TaskData:
