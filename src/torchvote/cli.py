@@ -489,7 +489,7 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
     """
     from torchvote.training.config import ConfigError
 
-    path = Path(run_dir)
+    path = Path(run_dir).expanduser()  # as train() reads it
     if not run_dir.strip():
         raise ConfigError("--resume: expected a run folder, got ''")
     if not path.exists():

@@ -89,6 +89,14 @@ def test_an_out_dir_that_is_no_path_is_named():
                       variants=())
 
 
+def test_reproduce_plans_in_the_folder_it_checked(tmp_path, monkeypatch, capsys):
+    """--out=~/rep was checked with '~' expanded but planned in a folder named '~'."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["reproduce", "capsnet-routing", "--dry-run", "--out", "~/rep", "--seeds", "0"]) == 0
+    planned = [line for line in capsys.readouterr().out.splitlines() if "run_dir=" in line]
+    assert planned and all(f"run_dir={tmp_path}/rep/capsnet-routing/cpu/" in line for line in planned)
+
+
 def test_reproduce_refuses_an_empty_out_and_lists_one_row_under_its_budget(capsys):
     """--out '' planned every run in the working folder; --list NAME --budget paper printed every
     row, NAME and --budget ignored."""

@@ -133,6 +133,20 @@ def test_resume_may_extend_but_not_change_the_run(tiny_config):
     assert longer.step == 12
 
 
+def test_a_run_resumed_by_a_home_relative_path_stays_in_one_folder(tiny_config, tmp_path, monkeypatch):
+    """resume='~/run' found the checkpoint under $HOME while the lock and config.yaml went to a
+    folder named '~' in the working folder: one run split across two."""
+    from torchvote.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    first = train(tiny_config("run", "max_steps=2", "eval_every=0"), verbose=False)
+    longer = train(load_run_config("~/run", ["max_steps=4"]), resume="~/run", verbose=False)
+    assert longer.step == 4 and longer.run_dir == first.run_dir == tmp_path / "run"
+    assert not (tmp_path / "~").exists()
+    assert main(["train", "--resume", "~/run", "max_steps=4"]) == 0  # the CLI reads it alike
+
+
 def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, monkeypatch, capsys):
     import torchvote.training.loop as loop_module
 

@@ -73,7 +73,7 @@ def measured_result_of(out_dir: str | Path, row: Row, budget: str) -> Path:
     Returns:
         The path (not created).
     """
-    return Path(out_dir) / row.name / budget / RESULT_FILE
+    return as_path(out_dir, "out_dir (--out)") / row.name / budget / RESULT_FILE
 
 
 def run_dir_of(out_dir: str | Path, row: Row, budget: str, variant: Variant, seed: int) -> Path:
@@ -89,7 +89,7 @@ def run_dir_of(out_dir: str | Path, row: Row, budget: str, variant: Variant, see
     Returns:
         The path (not created).
     """
-    return Path(out_dir) / row.name / budget / _slug(variant.label) / f"seed-{seed}"
+    return as_path(out_dir, "out_dir (--out)") / row.name / budget / _slug(variant.label) / f"seed-{seed}"
 
 
 def train_command(
@@ -503,7 +503,7 @@ def reproduce(
     seeds, chosen = check_request(
         row, budget=budget, seeds=seeds, device=device, out_dir=out_dir, variants=variants
     )
-    base = Path(out_dir) / row.name / budget
+    base = as_path(out_dir, "out_dir (--out)") / row.name / budget
     if row.measure is not None:
         result_path = measured_result_of(out_dir, row, budget)
         if not result_path.is_file():

@@ -92,6 +92,7 @@ from torchvote.training.setup import (
 )
 from torchvote.training.stopping import StopRequest
 from torchvote.training.tasks import get_task_handler, make_objective
+from torchvote.validation import as_path
 
 __all__ = [
     "StepInfo",
@@ -210,7 +211,10 @@ class _Run:
         # checkpoint to resume from, a run stopped before its first checkpoint that starts over):
         # a process still writing there would change what was read. A folder made now is locked
         # before the first write (_open_run_dir). Released by release(), which train() calls.
-        named = Path(resume) if resume is not None else config.run_dir and Path(config.run_dir).expanduser()
+        # one path for the lock, the checkpoints and the files ('~' expanded everywhere: the
+        # checkpoint search expanded it while the lock and config.yaml took it literally)
+        resume = None if resume is None else as_path(resume, "resume")
+        named = resume if resume is not None else config.run_dir and Path(config.run_dir).expanduser()
         self.lock = FolderLock(named, "run folder") if named else None
         try:
             if self.lock is not None and context.is_main and named.is_dir():
@@ -226,7 +230,7 @@ class _Run:
                         f"resuming from {paths.name}"
                     )
                 self.resume_from = paths, state
-            self.run_dir = Path(resume) if resume is not None else new_run_dir(config, context)
+            self.run_dir = resume if resume is not None else new_run_dir(config, context)
         except BaseException:  # refused (a user's folder, a foreign run): the folder as it was
             if self.lock is not None:
                 self.lock.release(discard=True)
