@@ -692,8 +692,10 @@ def _run_config(checkpoint: str, known: Sequence[str]):
 
 
 def _check_checkpoint_exists(checkpoint: str) -> None:
-    """Refuse a checkpoint argument that names nothing, before anything is loaded."""
-    if not Path(checkpoint).exists() and not Path(f"{checkpoint}.safetensors").is_file():
+    """Refuse a checkpoint argument that names nothing, before anything is loaded ('~' expanded,
+    as find_checkpoint reads it)."""
+    path = Path(checkpoint).expanduser()
+    if not path.exists() and not path.with_name(f"{path.name}.safetensors").is_file():
         raise ValueError(
             f"checkpoint: {checkpoint} does not exist; expected a run folder, its checkpoints "
             "folder or a .safetensors file"

@@ -145,6 +145,7 @@ def test_a_run_resumed_by_a_home_relative_path_stays_in_one_folder(tiny_config, 
     assert longer.step == 4 and longer.run_dir == first.run_dir == tmp_path / "run"
     assert not (tmp_path / "~").exists()
     assert main(["train", "--resume", "~/run", "max_steps=4"]) == 0  # the CLI reads it alike
+    assert main(["evaluate", "~/run", "--limit", "10"]) == 0  # its check said "does not exist"
 
 
 def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, monkeypatch, capsys):
