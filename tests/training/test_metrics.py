@@ -246,6 +246,8 @@ def test_a_value_json_cannot_hold_is_named_and_nothing_is_written(tmp_path):
         looped.append(looped)  # json: "Circular reference detected", a ValueError
         with pytest.raises(TypeError, match="metric 'path' must be"):
             writer.write("eval", 1, {"path": looped})
+        with pytest.raises(TypeError, match=r"metric names must be strings, got \('mnist', 'test'\)"):
+            writer.write("eval", 1, {("mnist", "test"): 0.5})  # a bare StopIteration once
         writer.write("eval", 2, {"accuracy": 0.5, "counts": [1, 2]}, dataset="mnist")
     assert [record["step"] for record in read_metrics(tmp_path / "metrics.jsonl")] == [2]
 

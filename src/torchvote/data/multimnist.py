@@ -249,21 +249,24 @@ def bounding_boxes(images: Tensor, threshold: float = 0.0) -> Tensor:
 
     Args:
         images: Tensor of shape (..., H, W).
-        threshold: A pixel counts as ink when its value is > threshold.
+        threshold: A pixel counts as ink when its value is > threshold: a number, or a tensor
+            that broadcasts against ``images`` (one threshold per image).
 
     Returns:
         int64 tensor (..., 4) of ``(top, left, bottom, right)``, inclusive pixel indices. An
         image without ink gets ``(0, 0, -1, -1)`` (an empty box).
 
     Raises:
-        TypeError: If ``images`` is not a tensor or ``threshold`` not a real number.
-        ValueError: If ``images`` has fewer than two dimensions, or ``threshold`` is not finite.
+        TypeError: If ``images`` is not a tensor or ``threshold`` neither a real number nor a tensor.
+        ValueError: If ``images`` has fewer than two dimensions, or a number ``threshold`` is not
+            finite.
     """
     if not isinstance(images, Tensor):
         raise TypeError(f"images: expected a torch.Tensor, got {type(images).__name__}")
     if images.ndim < 2:
         raise ValueError(f"images: expected shape (..., H, W), got {tuple(images.shape)}")
-    threshold = check_in_range(threshold, "threshold")  # '0.5' failed in torch's '>'
+    if not isinstance(threshold, Tensor):  # a tensor (images.mean(), per image) compares as torch does
+        threshold = check_in_range(threshold, "threshold")  # '0.5' failed in torch's '>'
     ink = images > threshold
     rows, cols = ink.any(dim=-1), ink.any(dim=-2)  # (..., H), (..., W)
 

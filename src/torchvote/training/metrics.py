@@ -78,7 +78,8 @@ class MetricsWriter:
             ValueError: a metric that is a tensor of more than one value (torch's error named
                 no metric), checked before anything is written.
             TypeError: a metric or context value JSON cannot hold (json's "Object of type ... is
-                not JSON serializable" named none), checked before anything is written.
+                not JSON serializable" named none), or a metric name that is no string, checked
+                before anything is written.
         """
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor) and value.numel() != 1:
@@ -90,7 +91,9 @@ class MetricsWriter:
         try:
             line = json.dumps(record)
         except (TypeError, ValueError) as error:  # ValueError: a value that holds itself
-            key = next(key for key, value in record.items() if not _json_holds(value))
+            key = next(key for key, value in record.items() if not _json_holds({key: value}))
+            if not _json_holds({key: None}):  # json's own: "keys must be str, int, ..."
+                raise TypeError(f"metric names must be strings, got {key!r}") from error
             what = "metric" if key in metrics else "context value"
             raise TypeError(
                 f"{what} {key!r} must be a number, a string or a list or dict of them, got "

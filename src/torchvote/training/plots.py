@@ -26,7 +26,8 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
         the picture written, or ``None`` when matplotlib is not installed or nothing was logged.
 
     Raises:
-        TypeError: ``out_path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
+        TypeError: ``metrics_path`` or ``out_path`` neither a ``str`` nor an ``os.PathLike``
+            (``''`` is a ValueError).
         ValueError: ``out_path`` with a suffix that is no picture format (``curves.v2`` was
             written as ``curves.png``, ``curves.svg`` as a PNG beside it).
     """
@@ -45,7 +46,8 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
             f".png), got {str(out_path)!r}"
         )
 
-    records = [r for r in read_metrics(metrics_path) if r.get("event") in ("train", "eval", "final")]
+    records = read_metrics(as_path(metrics_path, "metrics_path"))
+    records = [r for r in records if r.get("event") in ("train", "eval", "final")]
     losses, accuracies = metric_points(records, "loss"), metric_points(records, "accuracy")
     if not any(losses.values()) and not any(accuracies.values()):
         return None

@@ -116,7 +116,7 @@ def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Train
         CheckpointError: no readable checkpoint in ``run_dir``.
         ConfigError: an override of a key that would change the weights.
     """
-    _, state, _ = find_resumable_checkpoint(run_dir)
+    _, state, _ = find_resumable_checkpoint(as_path(run_dir, "run_dir"))
     saved = config_from_dict(state["config"])
     config = apply_overrides(saved, overrides)
     check_resumable(saved, config)
