@@ -136,6 +136,9 @@ def atomic_write(
         write: a callable given the open binary file; an exception it raises (a checksum that
             does not match) leaves ``path`` as it was.
         suffix: the temporary file's last suffix (``.part`` for a download).
+
+    Raises:
+        NotADirectoryError: a file stands where ``path``'s folder must be (:func:`make_folder`).
     """
     path = Path(path)
     make_folder(path.parent)

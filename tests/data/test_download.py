@@ -329,6 +329,7 @@ def test_a_timeout_that_is_no_positive_number_is_named_before_any_mirror(
 ) -> None:
     """"10" failed inside socket.settimeout; -1 and 0 (a non-blocking socket) came back as every
     mirror failing ("Timeout value out of range", "Operation now in progress")."""
+    from torchvote.data.affnist import download_affnist
     from torchvote.data.text import fetch_shakespeare
 
     server.routes["https://a/f"] = PAYLOAD
@@ -336,6 +337,7 @@ def test_a_timeout_that_is_no_positive_number_is_named_before_any_mirror(
         lambda: download_file("https://a/f", tmp_path / "f", checksum=PAYLOAD_MD5, timeout=timeout),
         lambda: download_mnist(tmp_path / "mnist", mirrors=["https://a/"], timeout=timeout),
         lambda: fetch_shakespeare(tmp_path / "text", timeout=timeout),
+        lambda: download_affnist(tmp_path / "affnist", timeout=timeout),
     )
     for call in calls:
         with pytest.raises(error, match="timeout must be a positive finite number"):

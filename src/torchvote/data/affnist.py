@@ -49,6 +49,7 @@ from torchvote.data.errors import DataNotFoundError
 from torchvote.data.mnist import _validate_limit
 from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
 from torchvote.files import atomic_write_bytes, create_temporary
+from torchvote.validation import check_positive_float
 
 __all__ = [
     "AFFNIST_DOWNLOAD_COMMAND",
@@ -415,9 +416,11 @@ def download_affnist(
         ChecksumError: If the archive's bytes do not match the published SHA-256.
         OSError: If no address could be reached.
         ValueError: If the archive or the extracted file is damaged or not the affNIST layout,
-            or ``root`` names a file rather than the folder to download into.
+            ``root`` names a file rather than the folder to download into, or ``timeout`` is
+            not a positive finite number (a TypeError if it is no number).
         ImportError: If scipy (needed to check the layout) is missing.
     """
+    timeout = check_positive_float(timeout, "timeout")  # checked also when the cache answers
     directory = download_dir("affnist", root, "root (--root)", ".mat", ".zip")
     mat = directory / release.member
     if not force and mat.is_file():

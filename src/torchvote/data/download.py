@@ -26,7 +26,7 @@ from urllib.request import Request, urlopen
 
 from torchvote.data.errors import ChecksumError, DownloadError
 from torchvote.data.paths import as_path, download_dir
-from torchvote.files import atomic_write, remove_abandoned_temporaries
+from torchvote.files import atomic_write, make_folder, remove_abandoned_temporaries
 from torchvote.validation import check_positive_float, check_texts
 
 __all__ = [
@@ -179,7 +179,7 @@ def download_file(
     remove_abandoned_temporaries(dest.parent)
     created = [folder for folder in (dest.parent, *dest.parent.parents) if not folder.exists()]
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(dest.parent)
         return _from_mirrors(mirrors, dest, algorithm, checksum, timeout)
     except BaseException:  # a failed or interrupted download leaves no folder it made behind
         for folder in created:  # innermost first; only while empty

@@ -54,7 +54,8 @@ def dataset_dir(name: str, root: str | PathLike[str] | None = None) -> Path:
 
     Raises:
         TypeError: If ``root`` is neither ``None`` nor a path (``str`` or ``os.PathLike``).
-        ValueError: If ``root`` is the empty string.
+        ValueError: If ``root`` is the empty string, or is ``None`` and ``$TORCHVOTE_DATA`` names
+            a file (:func:`data_root`).
     """
     if root is not None:
         return as_path(root, "root")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from torchvote.files import atomic_write
+from torchvote.files import atomic_write, make_folder
 from torchvote.validation import as_path, is_integer
 
 __all__ = [
@@ -196,7 +196,7 @@ def save_figure(
                 f"stem must be the path without its suffix ({str(stem.with_suffix(''))!r}; formats= "
                 f"chooses the files), got {str(stem)!r}"
             )
-        stem.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(stem.parent)
         paths = []
         for fmt in formats:
             path = stem.with_name(f"{stem.name}.{fmt}")

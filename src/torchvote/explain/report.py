@@ -25,7 +25,7 @@ from pathlib import Path
 from torch import Tensor
 
 from torchvote.explain.figures import close_figure, save_figure
-from torchvote.files import atomic_write
+from torchvote.files import atomic_write, make_folder
 from torchvote.validation import as_path
 
 __all__ = ["STAGING_PREFIX", "HtmlReport"]
@@ -85,7 +85,7 @@ class HtmlReport:
         if not isinstance(self.title, str):  # failed only in render(), after every figure was drawn
             raise TypeError(f"title must be a string, got {type(self.title).__name__}")
         self.out_dir = as_path(self.out_dir, "out_dir")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(self.out_dir)
 
     def heading(self, text: str, *, level: int = 2) -> None:
         """Add a heading (escaped); level-2 headings are listed in the page's table of contents.

@@ -195,7 +195,7 @@ def parse_eval_entry(entry: str) -> tuple[str, dict[str, Any]]:
     :func:`~torchvote.training.keyvalue.parse_value`).
 
     Raises:
-        ValueError: if an option is not ``key=value``.
+        ValueError: if an option is not ``key=value``, or a key is given twice.
     """
     return parse_entry(entry, "eval_on")
 

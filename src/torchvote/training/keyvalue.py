@@ -104,7 +104,7 @@ def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
         The name and its options, each value read by :func:`parse_value`.
 
     Raises:
-        ConfigError: an option that is not ``key=value``.
+        ConfigError: an option that is not ``key=value``, or a key given twice.
     """
     name, _, rest = entry.partition(":")
     return name.strip(), parse_options(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchvote.files import atomic_write_bytes
+from torchvote.files import atomic_write_bytes, make_folder
 from torchvote.validation import as_path, check_positive_int, check_texts
 
 __all__ = ["MetricsWriter", "format_table", "read_metrics"]
@@ -55,7 +55,7 @@ class MetricsWriter:
         if resume_step is not None:  # "3" failed in a comparison deep in the file's records
             check_positive_int(resume_step, "resume_step", minimum=0)
         self.path = as_path(run_dir, "run_dir") / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path.parent)
         _drop_torn_last_line(self.path)
         self.dropped = 0 if resume_step is None else _drop_records_after(self.path, resume_step)
         self._file = self.path.open("a", encoding="utf-8")
