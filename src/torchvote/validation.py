@@ -395,6 +395,9 @@ def check_device_exists(device: torch.device, name: str | None = None) -> torch.
         device: the device to check.
         name: the name the user gave, for the message (default ``str(device)``).
 
+    Returns:
+        ``device``.
+
     Raises:
         ValueError: CUDA requested but not available, or a CUDA index past the last device.
     """

@@ -239,11 +239,11 @@ def get_dataset(name: str, split: str = "train", **kwargs: Any) -> Any:
             ``limit``: :func:`dataset_options` lists each set's); the test split of ``affnist``
             (the real files) takes ``root`` (their folder or file) and ``limit``; Shakespeare
             takes ``archive`` or ``root`` (the folder holding the archive) and
-            ``val_fraction``. For a generated
-            set (``affnist-style``, ``multimnist``, the MNIST-derived translations) ``limit``
-            limits the MNIST digits it is drawn from, and the draws depend on their number:
-            ``limit=500`` is another set, not the first 500 of the full one (the training
-            option ``data.eval_limit`` keeps the first examples of the full set).
+            ``val_fraction``. For a generated set (``affnist-style``, ``multimnist``, the
+            MNIST-derived translations) ``limit`` limits the MNIST digits it is drawn from, and
+            the draws depend on their number: ``limit=500`` is another set, not the first 500 of
+            the full one (the training option ``data.eval_limit`` keeps the first examples of
+            the full set).
 
     Returns:
         The data, as described in :func:`list_datasets`.

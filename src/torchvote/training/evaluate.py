@@ -25,11 +25,7 @@ from torchvote.training.checkpoint import (
 )
 from torchvote.training.config import config_from_dict
 from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
-from torchvote.training.distributed import (
-    DistributedContext,
-    all_reduce_sum,
-    resolve_device,
-)
+from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.schema import LossConfig, TrainConfig
 from torchvote.training.tasks import Objective, TaskHandler, get_task_handler, make_objective
