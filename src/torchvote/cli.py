@@ -213,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reproduce.add_argument("name", nargs="?", help="the experiment (torchvote reproduce --list)")
     reproduce.add_argument(
-        "--list", action="store_true", help="list the experiments; with NAME, its variants under --budget"
+        "--list",
+        action="store_true",
+        help="list the experiments; with NAME, its variants (chosen by --variant, under --budget)",
     )
     reproduce.add_argument(
         "--budget",
@@ -781,15 +783,19 @@ def _check_generate_options(args: argparse.Namespace) -> None:
 # --- reproduce ------------------------------------------------------------------------------------------
 
 
-def _list_row(row: Any, budget: str) -> None:
-    """``reproduce --list NAME``: the row's variants, each with its preset and the overrides it
-    trains with under ``budget`` (the seed's aside), or what a measuring row measures."""
+def _list_row(row: Any, budget: str, variants: Sequence[str]) -> None:
+    """``reproduce --list NAME``: the row's variants (those ``variants`` name, as ``--variant``
+    chooses them), each with its preset and the overrides it trains with under ``budget`` (the
+    seed's aside), or what a measuring row measures."""
+    from torchvote.experiments import select_variants
+
     print(f"{row.letter}  {row.name}: {row.title}")
     if row.measure is not None:
         print(f"trains nothing: measures in this process (budget {budget})")
         return
-    print(f"{len(row.variants)} variants x {row.seeds} seeds (budget {budget}):")
-    for variant in row.variants:
+    chosen = select_variants(row, variants)
+    print(f"{len(chosen)} of {len(row.variants)} variants x {row.seeds} seeds (budget {budget}):")
+    for variant in chosen:
         overrides = [item for item in row.overrides(variant, budget, 0) if not item.startswith("seed=")]
         print(f"  {variant.label:32s} {variant.preset} {shlex.join(overrides)}")
 
@@ -805,7 +811,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 0
     row = get_row(args.name)
     if args.list:  # one row: what it trains under --budget (it listed every row, NAME ignored)
-        _list_row(row, args.budget)
+        _list_row(row, args.budget, args.variant)
         return 0
     check_device_name(args.device, "--device")
     request = {

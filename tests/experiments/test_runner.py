@@ -106,8 +106,12 @@ def test_reproduce_refuses_an_empty_out_and_lists_one_row_under_its_budget(capsy
     for budget in ("cpu", "paper"):
         assert main(["reproduce", "--list", "router-swap", "--budget", budget]) == 0
         lines = capsys.readouterr().out.splitlines()
-        assert lines[0].startswith("f  router-swap: ") and f"(budget {budget})" in lines[1]
+        assert lines[0].startswith("f  router-swap: ")
+        assert lines[1] == f"{len(row.variants)} of {len(row.variants)} variants x 3 seeds (budget {budget}):"
         assert len(lines) == 2 + len(row.variants)
         first = row.variants[0]
         expected = " ".join(item for item in row.overrides(first, budget, 0) if item != "seed=0")
         assert lines[2].split(None, len(first.label.split()))[-1] == f"{first.preset} {expected}"
+    assert main(["reproduce", "--list", "router-swap", "--variant", "uniform"]) == 0  # as a run chooses
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 3 and all(line.split()[0] == "uniform" for line in lines[2:])
