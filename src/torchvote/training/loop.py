@@ -133,9 +133,9 @@ def train(
 
     Args:
         config: the run config.
-        resume: a run folder to continue from its newest intact checkpoint (a truncated or
-            corrupt newer one is skipped, said in one line on stderr, and kept). ``config`` must
-            equal the run's config except for
+        resume: a run folder (``~`` expanded) to continue from its newest intact checkpoint (a
+            truncated or corrupt newer one is skipped, said in one line on stderr, and kept).
+            ``config`` must equal the run's config except for
             :data:`~torchvote.training.config.RESUMABLE_KEYS` (:func:`load_run_config` gives
             such a config).
         callbacks: called after every optimiser step with a :class:`StepInfo` (the callbacks of
