@@ -672,3 +672,19 @@ def test_preset_is_not_an_override():
     resume check that then took `torchvote train mnist-cnn --resume` for it)."""
     with pytest.raises(ConfigError, match="'preset=mnist-cnn': preset is not an override"):
         load_config("smoke", ["preset=mnist-cnn"])
+
+
+def test_a_saved_config_that_repeats_an_eval_on_key_still_loads_as_it_ran():
+    """A run saved before repeated keys were refused trained with the last value; its config
+    must still load (to resume, to evaluate), with a warning, while a new config refuses it."""
+    from torchvote.training.config import config_to_dict, saved_config
+
+    values = config_to_dict(load_config("smoke"))
+    values["eval_on"] = ["mnist", "affnist-style:canvas=28,seed=3,ranges={shear: [0, 0]},seed=4"]
+    with pytest.raises(ConfigError, match="seed is given twice"):
+        config_from_dict(values)
+    with pytest.warns(UserWarning, match="eval_on gives a key twice"):
+        config = saved_config(values)
+    assert config.eval_on == ("mnist", "affnist-style:canvas=28,ranges={shear: [0, 0]},seed=4")
+    values["eval_on"] = ["mnist"]
+    assert saved_config(values) == config_from_dict(values)  # nothing to drop: no warning

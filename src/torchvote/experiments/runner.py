@@ -33,8 +33,8 @@ from torchvote.training.config import (
     ConfigError,
     TrainConfig,
     config_diff,
-    config_from_dict,
     load_config,
+    saved_config,
 )
 from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import find_resumable_checkpoint
@@ -325,7 +325,7 @@ def plan_run(row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, 
         except CheckpointError as error:  # killed while writing its first checkpoint
             note = f"no intact checkpoint to resume ({error}); trained afresh, the torn files set aside"
             return PlannedRun("new", config, command, note)
-        _check_same_run(config_from_dict(state["config"]), config, run_dir)
+        _check_same_run(saved_config(state["config"]), config, run_dir)
         return PlannedRun("resume", config, shlex.join(resume), f"resumes from step {state.get('step', '?')}")
     return PlannedRun("new", config, command)
 

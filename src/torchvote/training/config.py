@@ -26,6 +26,7 @@ import dataclasses
 import importlib.resources
 import os
 import typing
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from torchvote.training.keyvalue import (
     ConfigError,
+    _split_commas,
     coerce_value,
     field_types,
     parse_entry,
@@ -74,6 +76,7 @@ __all__ = [
     "model_config_from",
     "parse_override",
     "resolve_loss_name",
+    "saved_config",
 ]
 
 
@@ -393,6 +396,44 @@ def apply_overrides(config: TrainConfig, overrides: Iterable[str]) -> TrainConfi
         parts, raw = parse_override(text)
         _set_override(values, parts, raw)
     return config_from_dict(values)
+
+
+def saved_config(values: Mapping[str, Any]) -> TrainConfig:
+    """The config a checkpoint's training state recorded (``state["config"]``), as
+    :func:`config_from_dict` reads it, but for one thing older runs may hold: an ``eval_on`` entry
+    that gives a key twice (``affnist-style:seed=3,seed=4``), which a new config refuses and these
+    runs trained with the last value of. The earlier ones are dropped (a ``UserWarning`` says
+    which), so the run still resumes and evaluates as it ran.
+
+    Args:
+        values: the recorded config.
+
+    Returns:
+        The config.
+
+    Raises:
+        ConfigError: as :func:`config_from_dict`.
+    """
+    entries = values.get("eval_on") if isinstance(values, Mapping) else None
+    if isinstance(entries, (list, tuple)) and all(isinstance(entry, str) for entry in entries):
+        kept = [_last_of_each_key(entry) for entry in entries]
+        if kept != list(entries):
+            changed = [old for old, new in zip(entries, kept, strict=True) if old != new]
+            warnings.warn(
+                f"the saved config's eval_on gives a key twice in {changed}; the run used the last "
+                "value of each, and so does this", UserWarning, stacklevel=2,
+            )
+            values = {**values, "eval_on": kept}
+    return config_from_dict(values)
+
+
+def _last_of_each_key(entry: str) -> str:
+    """An ``eval_on`` entry with only the last ``key=value`` of each repeated key."""
+    name, colon, rest = entry.partition(":")
+    items = [item.strip() for item in _split_commas(rest) if item.strip()]
+    keys = [item.partition("=")[0].strip() for item in items]
+    kept = [item for index, item in enumerate(items) if keys[index] not in keys[index + 1 :]]
+    return entry if len(kept) == len(items) else f"{name}{colon}{','.join(kept)}"
 
 
 def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:

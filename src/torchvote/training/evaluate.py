@@ -23,7 +23,7 @@ from torchvote.training.checkpoint import (
     load_training_state,
     read_model_metadata,
 )
-from torchvote.training.config import config_from_dict
+from torchvote.training.config import saved_config
 from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
 from torchvote.training.keyvalue import parse_entry, typed_fields
@@ -413,7 +413,7 @@ def run_state_beside(
         raise CheckpointError(f"{older}{paths.state}, {state_role}, does not exist")
     state = load_training_state(paths.state)
     try:
-        return config_from_dict(state["config"]), state
+        return saved_config(state["config"]), state
     except (KeyError, TypeError, ValueError) as err:  # ConfigError too: a config of another version
         raise CheckpointError(f"{paths.state} does not record its run's {needed} ({err})") from None
 

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from torchvote.files import FolderLock, atomic_write_bytes
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
-from torchvote.training.config import TrainConfig, config_from_dict, config_to_dict, model_config_from
+from torchvote.training.config import TrainConfig, config_to_dict, model_config_from, saved_config
 from torchvote.training.data import (
     STEP_STREAM,
     BatchPlan,
@@ -223,7 +223,7 @@ class _Run:
                 paths, state, skipped = find_resumable_checkpoint(resume)
                 # before any data loads: a config of another model or data set is refused by
                 # name, not by whatever its data or model would fail on first
-                check_resumable(config_from_dict(state["config"]), config)
+                check_resumable(saved_config(state["config"]), config)
                 if skipped:
                     self._log(
                         f"skipping unreadable checkpoint(s), kept as they are: {'; '.join(skipped)}; "

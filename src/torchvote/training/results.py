@@ -28,7 +28,7 @@ from torchvote.training.config import (
     TrainConfig,
     apply_overrides,
     config_diff,
-    config_from_dict,
+    saved_config,
 )
 from torchvote.training.evaluate import result_row
 from torchvote.training.metrics import format_table
@@ -117,7 +117,7 @@ def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Train
         ConfigError: an override of a key that would change the weights.
     """
     _, state, _ = find_resumable_checkpoint(as_path(run_dir, "run_dir"))
-    saved = config_from_dict(state["config"])
+    saved = saved_config(state["config"])
     config = apply_overrides(saved, overrides)
     check_resumable(saved, config)
     return config
