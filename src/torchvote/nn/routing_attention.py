@@ -281,7 +281,5 @@ def attention_factory(
                 "normalises over the senders"
             )
         return functools.partial(MultiHeadAttention, batch_first=True)
-    return functools.partial(
-        RoutingAttention, iterations=3 if iterations is None else iterations,
-        normalize_over=normalize_over, batch_first=True,
-    )
+    passes = {} if iterations is None else {"iterations": iterations}  # None: RoutingAttention's own
+    return functools.partial(RoutingAttention, normalize_over=normalize_over, batch_first=True, **passes)

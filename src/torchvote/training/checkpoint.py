@@ -210,10 +210,10 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
         path: a ``.safetensors`` weights file.
 
     Raises:
-        TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
+        TypeError: ``model`` is no ``nn.Module``, or ``path`` neither a ``str`` nor an
+            ``os.PathLike`` (``''`` is a ValueError).
         CheckpointError: the file is corrupt, or a tensor is missing, unexpected, or of another
             shape or dtype; the message names every such tensor and nothing is loaded.
-        TypeError: ``model`` is no ``nn.Module``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")

@@ -174,11 +174,8 @@ def _scalar(value: Any) -> Any:
     """A NumPy scalar or one-element tensor as the Python number it holds (in a table an accuracy
     of ``np.float32(0.5)`` printed ``0.5`` and a tensor ``tensor(0.5000)``, not ``50.00%``);
     anything else as it is."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    one_number = isinstance(value, np.generic) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+    return value.item() if one_number else value
 
 
 def _json_holds(value: Any) -> bool:
