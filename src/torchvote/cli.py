@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument(
         "--list",
         action="store_true",
-        help="list the experiments; with NAME, its variants (chosen by --variant, under --budget)",
+        help="list the experiments; with NAME, its variants (as --variant, --budget and --seeds choose)",
     )
     reproduce.add_argument(
         "--budget",
@@ -783,18 +783,17 @@ def _check_generate_options(args: argparse.Namespace) -> None:
 # --- reproduce ------------------------------------------------------------------------------------------
 
 
-def _list_row(row: Any, budget: str, variants: Sequence[str]) -> None:
-    """``reproduce --list NAME``: the row's variants (those ``variants`` name, as ``--variant``
-    chooses them), each with its preset and the overrides it trains with under ``budget`` (the
-    seed's aside), or what a measuring row measures."""
-    from torchvote.experiments import select_variants
-
+def _list_row(row: Any, budget: str, seeds: Sequence[int], chosen: Sequence[Any]) -> None:
+    """``reproduce --list NAME``: the row's ``chosen`` variants (as ``--variant`` chooses them),
+    each with its preset and the overrides it trains with under ``budget`` (the seed's aside, the
+    ``seeds`` counted), or what a measuring row measures."""
     print(f"{row.letter}  {row.name}: {row.title}")
     if row.measure is not None:
         print(f"trains nothing: measures in this process (budget {budget})")
         return
-    chosen = select_variants(row, variants)
-    print(f"{len(chosen)} of {len(row.variants)} variants x {row.seeds} seeds (budget {budget}):")
+    default = list(seeds) == list(range(row.seeds))
+    told = f"{len(seeds)} seeds" if default else f"seeds {' '.join(map(str, seeds))}"
+    print(f"{len(chosen)} of {len(row.variants)} variants x {told} (budget {budget}):")
     for variant in chosen:
         overrides = [item for item in row.overrides(variant, budget, 0) if not item.startswith("seed=")]
         print(f"  {variant.label:32s} {variant.preset} {shlex.join(overrides)}")
@@ -810,9 +809,6 @@ def _reproduce(args: argparse.Namespace) -> int:
             print(f"{row.letter}  {row.name:24s} {row.title}")
         return 0
     row = get_row(args.name)
-    if args.list:  # one row: what it trains under --budget (it listed every row, NAME ignored)
-        _list_row(row, args.budget, args.variant)
-        return 0
     check_device_name(args.device, "--device")
     request = {
         "budget": args.budget,
@@ -821,6 +817,12 @@ def _reproduce(args: argparse.Namespace) -> int:
         "out_dir": args.out,
         "variants": args.variant or (),
     }
+    if args.list:  # one row: what it trains under --budget, --seeds and --variant, checked as a run
+        if args.dry_run:
+            raise ValueError("--list and --dry-run: give one (--list says what a row trains, --dry-run "
+                             "the commands it runs)")
+        _list_row(row, args.budget, *check_request(row, **request))
+        return 0
     if args.dry_run:  # checks what a real run checks (not whether --device exists here: the lines may be
         # for another machine), then says what it would run
         seeds, variants = check_request(row, **request)

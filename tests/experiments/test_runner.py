@@ -115,3 +115,18 @@ def test_reproduce_refuses_an_empty_out_and_lists_one_row_under_its_budget(capsy
     assert main(["reproduce", "--list", "router-swap", "--variant", "uniform"]) == 0  # as a run chooses
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 + 3 and all(line.split()[0] == "uniform" for line in lines[2:])
+
+
+def test_reproduce_list_of_a_row_honours_and_checks_seeds_and_refuses_dry_run(capsys):
+    """--list NAME counted the row's default seeds whatever --seeds said, and took seeds a run
+    refuses and --dry-run, silently."""
+    row = get_row("router-swap")
+    assert main(["reproduce", "--list", "router-swap", "--seeds", "4", "7"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"{len(row.variants)} of {len(row.variants)} variants x seeds 4 7 (budget cpu):"
+    assert main(["reproduce", "--list", "router-swap", "--seeds", "1", "1"]) == 2
+    assert "seeds must be distinct" in capsys.readouterr().err
+    assert main(["reproduce", "--list", "router-swap", "--dry-run"]) == 2
+    assert "--list and --dry-run: give one" in capsys.readouterr().err
+    assert main(["reproduce", "--list", "router-swap", "--device", "tpu"]) == 2
+    assert "--device" in capsys.readouterr().err
