@@ -133,8 +133,11 @@ def test_run_demo_refuses_a_file_as_output_dir_before_the_work(tmp_path, monkeyp
     monkeypatch.setattr(data, "load_mnist", lambda *a, **k: pytest.fail("loaded MNIST first"))
     target = tmp_path / "a-file"
     target.write_text("")
-    with pytest.raises(ValueError, match="output_dir .* is a file"):
+    with pytest.raises(ValueError, match="output_dir: .* is a file"):
         run_demo(output_dir=target, **SMALL)
+    # a file above the folder too: it was said after the work
+    with pytest.raises(ValueError, match=f"output_dir: '{target}' is a file"):
+        run_demo(output_dir=target / "plots", **SMALL)
 
 
 def test_attention_retrieval_refuses_a_bandwidth_that_is_not_positive():

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchvote.files import file_in_the_way
 from torchvote.functional import SharedVotes, attend, vote
 from torchvote.validation import as_path, check_flag, check_positive_float, check_positive_int
 
@@ -159,8 +160,9 @@ def run_demo(
     ):
         raise ValueError(f"cluster_digits must be distinct digits 0 to 9, got {cluster_digits!r}")
     output_dir = as_path(output_dir, "output_dir")
-    if make_plots and output_dir.exists() and not output_dir.is_dir():  # say so before the work
-        raise ValueError(f"output_dir {str(output_dir)!r} is a file, not a folder")
+    blocking = file_in_the_way(output_dir) if make_plots else None
+    if blocking is not None:  # say so before the work (a parent too: it failed after training)
+        raise ValueError(f"output_dir: {str(blocking)!r} is a file, not a folder")
 
     train_x, train_y = load_mnist("train")
     test_x, test_y = load_mnist("test")

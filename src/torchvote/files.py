@@ -155,6 +155,26 @@ def atomic_write(
     _fsync_directory(path.parent)
 
 
+def file_in_the_way(folder: str | os.PathLike[str]) -> Path | None:
+    """The file that stands where ``folder``, or one of its parents, must be a folder.
+
+    The nearest part of the path that exists decides: ``None`` where it is a folder (or nothing
+    exists), else that part. Checked before work whose results go to ``folder``, so that the user
+    hears of the file first, not after minutes of work (mkdir's own error, "File exists" or "Not a
+    directory" with the whole path, says neither which part nor which argument).
+
+    Args:
+        folder: the folder to be made or written into.
+
+    Returns:
+        The blocking file, or ``None``.
+    """
+    for part in (Path(folder), *Path(folder).parents):
+        if part.exists():
+            return None if part.is_dir() else part
+    return None
+
+
 def make_folder(folder: str | os.PathLike[str]) -> Path:
     """``mkdir -p folder``, naming the file that stands where a folder must be (mkdir's own
     error, "File exists" or "Not a directory" with the whole path, did not say which part).
@@ -169,7 +189,7 @@ def make_folder(folder: str | os.PathLike[str]) -> Path:
         NotADirectoryError: ``folder`` or one of its parents is a file.
     """
     folder = Path(folder)
-    blocking = next((part for part in (folder, *folder.parents) if part.is_file()), None)
+    blocking = file_in_the_way(folder)
     if blocking is not None:
         raise NotADirectoryError(f"cannot make the folder {folder}: {blocking} is a file")
     folder.mkdir(parents=True, exist_ok=True)

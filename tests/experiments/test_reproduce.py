@@ -357,6 +357,9 @@ def test_a_measuring_row_dry_runs_and_refuses_training_options(capsys, tmp_path)
     a_file.write_text("mine")
     assert main(["reproduce", "h", "--out", str(a_file)]) == 2
     assert "is a file" in capsys.readouterr().err and a_file.read_text() == "mine"
+    for row in ("h", "capsnet-routing"):  # a parent: the first run failed to make its folder, the row went on
+        assert main(["reproduce", row, "--dry-run", "--out", str(a_file / "rep")]) == 2
+        assert f"out: {a_file} is a file; runs and summaries need a folder" in capsys.readouterr().err
 
 
 def test_an_interrupted_reproduce_says_one_way_to_continue(tmp_path, tiny_values, capsys, monkeypatch):

@@ -352,6 +352,8 @@ def test_command_keeps_a_page_it_did_not_write(tmp_path, capsys):
     assert page.read_text() == "<html>my notes</html>"
     assert main(["explain", "a sentence", "--out", str(page)]) == 2
     assert f"--out: {page} is a file; expected a folder" in capsys.readouterr().err
+    assert main(["explain", "a sentence", "--out", str(page / "report")]) == 2  # was: after the drawing
+    assert f"--out: {page} is a file; expected a folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html"]
 
 

@@ -26,7 +26,7 @@ import torch
 
 from torchvote.experiments.report import UNRECORDED_CODE, read_result, summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
-from torchvote.files import atomic_write_bytes
+from torchvote.files import atomic_write_bytes, file_in_the_way
 from torchvote.training.checkpoint import CheckpointError
 from torchvote.training.config import (
     RESUMABLE_KEYS,
@@ -180,8 +180,9 @@ def check_request(
         raise ValueError(f"budget: expected one of {sorted(row.budgets)}, got {budget!r}")
     check_device_name(device)
     out_dir = as_path(out_dir, "out_dir (--out)")  # '' planned the runs in the working folder
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"out: {out_dir} is a file; runs and summaries need a folder")
+    blocking = file_in_the_way(out_dir)
+    if blocking is not None:  # a parent too: the first run failed to make its folder, the row went on
+        raise ValueError(f"out: {blocking} is a file; runs and summaries need a folder")
     if row.measure is not None:
         given = [name for name, value in (("--seeds", seeds), ("--variant", variants)) if value]
         given += ["--device"] if device not in ("auto", "cpu") else []

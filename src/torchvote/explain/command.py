@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchvote.files import file_in_the_way
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -77,8 +79,9 @@ def _check_out_dir(out_dir: Path) -> None:
     Raises:
         ValueError: naming ``--out`` and what is in the way.
     """
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out: {out_dir} is a file; expected a folder for index.html and the pictures")
+    blocking = file_in_the_way(out_dir)
+    if blocking is not None:  # a parent too: it failed after the pictures were drawn
+        raise ValueError(f"--out: {blocking} is a file; expected a folder for index.html and the pictures")
     from torchvote.explain.report import STAGING_PREFIX
 
     page = out_dir / "index.html"

@@ -20,7 +20,7 @@ import yaml
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from torchvote.files import LOCK_NAME
+from torchvote.files import LOCK_NAME, file_in_the_way
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
@@ -88,14 +88,12 @@ def _check_new_run_dir(run_dir: str) -> Path:
     if not run_dir.strip():
         raise ConfigError("run_dir must name a folder (or be null for <out_dir>/<preset>-<time>), got ''")
     path = Path(run_dir).expanduser()  # '~/runs/x' quoted, or from a YAML file, as data.root is
-    _check_no_file_on_the_way(path.parent, "run_dir")
+    _check_no_file_on_the_way(path, "run_dir")
     if (path / "checkpoints" / "latest").exists() or _holds_an_intact_checkpoint(path):
         raise ConfigError(
             f"run folder {path} already holds a run; continue it with "
             f"`torchvote train --resume {shlex.quote(str(path))}` or choose another run_dir"
         )
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"run_dir {path} is a file; a run needs a folder (new or empty)")
     if path.is_dir():
         present = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)  # not a run file
         if "config.yaml" in present and set(present) <= _RUN_FILES and _is_run_config(path / "config.yaml"):
@@ -141,17 +139,15 @@ def _holds_an_intact_checkpoint(run_dir: Path) -> bool:
 
 
 def _check_no_file_on_the_way(folder: Path, key: str) -> None:
-    """Refuse a folder to create whose path runs through a file (``[Errno 17] File exists`` or
+    """Refuse a folder that is, or whose path runs through, a file (``[Errno 17] File exists`` or
     ``[Errno 20] Not a directory`` otherwise, without the key).
 
     Raises:
         ConfigError: naming ``key`` and the file.
     """
-    for part in (folder, *folder.parents):
-        if part.exists():
-            if not part.is_dir():
-                raise ConfigError(f"{key}: {part} is a file; a run needs a folder there")
-            return
+    blocking = file_in_the_way(folder)
+    if blocking is not None:
+        raise ConfigError(f"{key}: {blocking} is a file; a run needs a folder there")
 
 
 def _claim_run_dir(out_dir: Path, prefix: str) -> Path:
