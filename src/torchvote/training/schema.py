@@ -37,6 +37,13 @@ __all__ = [
 ]
 
 
+def _paths_as_strings(section: Any, *keys: str) -> None:
+    """A path field given a ``Path`` (from Python) keeps the string it names, as YAML gives it."""
+    for key in keys:
+        if isinstance(getattr(section, key), os.PathLike):
+            setattr(section, key, os.fspath(getattr(section, key)))
+
+
 def _check_field_types(section: Any, prefix: str) -> None:
     """The fields of a config ``section`` that hold what their annotations say: a choice of a
     ``Literal`` field among its values, ``True``/``False`` for a ``bool`` (``"yes"`` was truthy), a
@@ -133,8 +140,7 @@ class DataConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.root, os.PathLike):  # a Path, from Python: kept as the string it names
-            self.root = os.fspath(self.root)
+        _paths_as_strings(self, "root")
         _check_field_types(self, "data.")
 
 
@@ -353,9 +359,7 @@ class TrainConfig:
     run_dir: str | None = None
 
     def __post_init__(self) -> None:
-        for key in ("out_dir", "run_dir"):  # a Path, from Python: kept as the string it names
-            if isinstance(getattr(self, key), os.PathLike):
-                setattr(self, key, os.fspath(getattr(self, key)))
+        _paths_as_strings(self, "out_dir", "run_dir")
         _check_field_types(self, "")
         for section, kind in ((self.model, ModelConfig), (self.data, DataConfig), (self.optim, OptimConfig),
                               (self.loss, LossConfig)):
