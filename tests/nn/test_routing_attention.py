@@ -481,6 +481,24 @@ def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
     RoutingAttention(EMBED, HEADS)(torch.randn(1, 4, EMBED), attn_mask=mask)
 
 
+@pytest.mark.parametrize("blocked", [-1e4, -1e9, torch.finfo(torch.float32).min, "learned"])
+def test_receivers_refuse_a_causal_mask_of_finite_or_learned_blocks(blocked):
+    """HF/BERT-style causal masks (``-1e4``, ``-1e9``, ``finfo.min`` above the diagonal) and a
+    causal ``-inf`` mask plus a learned bias were taken, and the last token moved the first
+    output (review finding)."""
+    later = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    if blocked == "learned":
+        bias = torch.randn(4, 4, requires_grad=True)
+        mask = torch.zeros(4, 4).masked_fill(later, float("-inf")) + bias
+    else:
+        mask = torch.zeros(4, 4).masked_fill(later, blocked)
+    routing = RoutingAttention(EMBED, HEADS, normalize_over="receivers")
+    with pytest.raises(ValueError, match="blocks every later key"):
+        routing(torch.randn(1, 4, EMBED), attn_mask=mask)
+    # a mild finite bias blocks nothing: taken
+    routing(torch.randn(1, 4, EMBED), attn_mask=torch.zeros(4, 4).masked_fill(later, -50.0))
+
+
 def test_receivers_refuse_every_mask_that_orders_the_positions():
     # A causal mask merged with padding, given per example or as a sliding window was taken, and a
     # later position changed an earlier one's output (review finding).

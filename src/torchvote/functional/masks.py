@@ -136,6 +136,12 @@ def is_causal_mask(mask: Tensor) -> bool:
     return bool(torch.equal(allowed, lower) and torch.equal(forbidden, ~lower))
 
 
+#: A float mask's entry at or below this blocks its pair as ``-inf`` does, where a mask's intent is
+#: read (:func:`_orders_receivers`): ``exp(-1e4)`` is 0 in every floating dtype, and BERT-style
+#: code writes ``-10000``, ``-1e9`` or ``torch.finfo(dtype).min`` for "may not attend".
+BLOCKING_LOGIT = -1e4
+
+
 def _orders_receivers(mask: Tensor) -> bool:
     """Whether a softmax over the receivers under ``mask`` lets later queries change earlier outputs
     where the mask says they must not.
@@ -145,7 +151,9 @@ def _orders_receivers(mask: Tensor) -> bool:
     (a key-padding pattern, the same for every query, orders nothing), and lets a key reach two
     queries or more (their weights for it then share one softmax, so the later query moves the
     earlier output). A causal mask is such a mask; so are a causal mask merged with padding, a
-    per-example causal mask and a causal sliding window.
+    per-example causal mask and a causal sliding window. A float mask blocks with ``-inf`` or any
+    value at or below :data:`BLOCKING_LOGIT` (the ``-1e4``, ``-1e9`` and ``finfo.min`` that other
+    code puts there), also where a learned bias was added to it.
 
     Args:
         mask: boolean (True = may attend) or float (``-inf`` forbids) of shape ``(..., L, S)``.
@@ -155,7 +163,8 @@ def _orders_receivers(mask: Tensor) -> bool:
     """
     if mask.dim() < 2 or mask.is_meta:
         return False
-    allowed = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)  # (..., i, j)
+    mask = mask.detach()
+    allowed = mask if mask.dtype == torch.bool else mask > BLOCKING_LOGIT  # (..., i, j)
     slices = allowed.reshape(-1, *allowed.shape[-2:])  # (n, i, j)
     later = torch.ones(slices.shape[-2:], dtype=torch.bool, device=mask.device).triu(1)  # j > i
     blocks_later = ~(slices & later).flatten(1).any(1)  # (n,)

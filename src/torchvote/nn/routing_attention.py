@@ -103,8 +103,12 @@ class RoutingAttention(MultiHeadAttention):
     one unit of vote over the queries: capsule routing, bottom-up, as in slot attention). The
     softmax then sums over all queries, so it cannot be causal (a later query would change an
     earlier output): ``is_causal=True`` and an ``attn_mask`` that orders the positions (one that
-    blocks every later key: causal, also merged with padding, per example or as a sliding window)
-    are refused (any other mask limits which pairs vote but cannot make the outputs causal). In self-attention
+    blocks every later key: causal, also merged with padding, per example or as a sliding window;
+    a float mask blocks with ``-inf`` or any value at or below ``-1e4``, learned bias added or not)
+    are refused (any other mask limits which pairs vote but cannot make the outputs causal). Under
+    ``torch.compile`` and ``torch.export`` the mask's values are not read (a read would break the
+    graph): there only ``is_causal=True`` is refused, and a causal mask is the caller's to avoid.
+    In self-attention
     (``key is query``) the ``key_mask`` also removes padded queries from the competition for the
     votes, so padding cannot change the real positions' outputs; for cross-attention with padded
     queries give the query padding in ``attn_mask``. ``aggregation="mean"`` renormalises the weights over the
@@ -194,7 +198,6 @@ class RoutingAttention(MultiHeadAttention):
             and isinstance(attn_mask, Tensor)
             and attn_mask.dim() >= 2
             and tuple(attn_mask.shape[-2:]) == lengths
-            and not attn_mask.requires_grad  # a learned mask is no causal pattern
             and not torch.compiler.is_compiling()  # a read of the values: a graph break
         ):  # read once for a mask every layer of a stack is given (a sync on a GPU)
             is_causal = _read_mask_once(attn_mask, _orders_receivers)
