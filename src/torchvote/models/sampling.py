@@ -21,7 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchvote.validation import ArgumentTypeError, check_float_tensor, check_in_range, is_integer
+from torchvote.validation import (
+    ArgumentTypeError,
+    check_float_tensor,
+    check_in_range,
+    check_tensor_values,
+    is_integer,
+)
 
 __all__ = ["check_sampling", "sample_checked", "sample_next_token"]
 
@@ -60,9 +66,9 @@ def sample_next_token(
         TypeError: ``logits`` not a floating-point tensor; a ``temperature`` or ``top_p`` that is
             not a number (``"1"``, ``None``, a bool; for ``temperature`` a tensor of several
             values); a ``generator`` that is not a ``torch.Generator``.
-        ValueError: ``logits`` not of shape ``(b, vocab)`` with ``vocab >= 1``; ``temperature``
-            negative, NaN or infinite; ``top_k`` not a positive integer; ``top_p`` outside
-            ``(0, 1]`` or NaN.
+        ValueError: ``logits`` not of shape ``(b, vocab)`` with ``vocab >= 1``, or a row of them
+            holding NaN or ``+inf``, or only ``-inf``; ``temperature`` negative, NaN or infinite;
+            ``top_k`` not a positive integer; ``top_p`` outside ``(0, 1]`` or NaN.
     """
     check_float_tensor(logits, "logits")
     if logits.dim() != 2 or logits.shape[1] == 0:
@@ -105,8 +111,9 @@ def sample_checked(
     generator: torch.Generator | None,
 ) -> Tensor:
     """:func:`sample_next_token` on options already checked by :func:`check_sampling`, which a
-    generation loop calls once before its steps (this checks nothing, so no step reads a check
-    back from the device).
+    generation loop calls once before its steps. Each step checks only the logits' values (a
+    model that diverged gives NaN), without reading anything back from an accelerator
+    (:func:`~torchvote.validation.check_tensor_values`).
 
     Args:
         logits, temperature, top_k, top_p, generator: as :func:`sample_next_token` takes them,
@@ -114,7 +121,20 @@ def sample_checked(
 
     Returns:
         ``(b, 1)``: the drawn ids, on ``logits``' device.
+
+    Raises:
+        ValueError: (on the CPU; a device-side assertion on an accelerator) a row of ``logits``
+            holding NaN or ``+inf``, or only ``-inf``: no token can be drawn from it (greedy
+            decoding took the NaN's or the ``+inf``'s index, or token 0, in silence; sampling
+            failed inside ``torch.multinomial``).
     """
+    largest = logits.amax(dim=-1)  # (b,): NaN if the row holds one, +inf / -inf as named above
+    check_tensor_values(
+        torch.isfinite(largest).all(),
+        "logits must be finite or -inf with at least one finite value in every row (NaN, +inf or "
+        "a row of -inf leave no token to draw)",
+        detail=lambda: f"; rows {torch.nonzero(~torch.isfinite(largest)).flatten()[:8].tolist()}",
+    )
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (b, vocab); float64 kept
     if temperature == 0.0:
         return logits.argmax(dim=-1, keepdim=True)  # (b, 1)

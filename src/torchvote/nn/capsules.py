@@ -187,7 +187,8 @@ class CapsuleLinear(nn.Module):
     gradient penalty or any double backward (``create_graph=True``) needs ``"materialize"``
     (``"stream"`` refuses it with a RuntimeError that says so; the slot router, which forms its
     own, is not concerned). EM routing, which needs the votes elementwise, materialises them
-    whatever the strategy.
+    whatever the strategy; its own kernel is differentiated once too, so a double backward through
+    it also needs ``router_options={"strategy": "vectorized"}`` (its RuntimeError says so).
 
     Args:
         in_caps: input capsules ``j``.
