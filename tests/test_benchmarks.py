@@ -304,6 +304,44 @@ def test_em_benchmark_stops_when_an_implementation_disagrees(load_benchmark, mon
     assert "fwd+bwd ms" not in captured.out  # nothing timed
 
 
+def test_em_benchmark_checks_the_joint_kernel_against_a_joint_loop(load_benchmark, monkeypatch, capsys):
+    """kernel-joint was timed unchecked (and beside the per-patch functions, unmarked): it now
+    meets the naive loop normalising jointly over every parent, and its ratio is marked."""
+    em = load_benchmark("em")
+    assert em.check_agreement("cpu", None, ("kernel-joint",)) < 1e-10
+    # the joint loop is the paper's: it differs from the per-patch one on the same case
+    votes, (activations, beta_u, beta_a), groups = em.make_case(2, True, "cpu", torch.float64)
+    papers_layout = votes.transpose(1, 2)
+    joint = em.naive_em(papers_layout, activations, beta_u.double(), beta_a.double(), groups=groups)
+    per_patch = em.naive_em(papers_layout, activations, beta_u.double(), beta_a.double())
+    assert (joint[0] - per_patch[0]).abs().max() > 1e-3
+    routing = em.em_routing
+
+    def off_when_joint(*args, **kwargs):
+        poses, out = routing(*args, **kwargs)
+        return (1.01 * poses if "sender_groups" in kwargs else poses), out
+
+    monkeypatch.setattr(em, "em_routing", off_when_joint)
+    assert em.main(["--quick", "--impls", "kernel-joint", "--repeats", "1"]) == 1
+    assert "disagree with the naive loop" in capsys.readouterr().err
+    monkeypatch.setattr(em, "em_routing", routing)
+    monkeypatch.setattr(em, "old_em_routing", _strict_old_em_routing)
+    assert em.main(["--quick", "--impls", "old,kernel-joint", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"kernel-joint\s+[\d.]+\s+[\d.]+\*", out) and "* kernel-joint normalises jointly" in out
+
+
+def test_em_benchmark_times_every_kernel_in_bfloat16(load_benchmark, monkeypatch, capsys):
+    """--dtype bfloat16 skipped every kernel row (float32 activations beside bfloat16 votes)."""
+    em = load_benchmark("em")
+    monkeypatch.setattr(em, "old_em_routing", _strict_old_em_routing)
+    impls = "old,kernel-blocked,kernel-joint,kernel-vectorized,naive"
+    assert em.main(["--quick", "--dtype", "bfloat16", "--impls", impls, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped" not in out
+    assert all(re.search(rf"^{name}\s+[\d.]+", out, re.MULTILINE) for name in impls.split(","))
+
+
 def test_em_benchmark_without_the_baseline_revision_is_a_usage_error(load_benchmark, capsys):
     """A checkout without that history (a shallow clone, an archive) got a CalledProcessError."""
     em = load_benchmark("em")
