@@ -24,6 +24,7 @@ __all__ = [
     "chosen_device",
     "error_line",
     "max_rss_kib",
+    "parse_with_quick",
     "peak_rss_growth_mib",
     "positive_float",
     "positive_int",
@@ -74,6 +75,20 @@ def chosen_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def parse_with_quick(parser: argparse.ArgumentParser, argv: list[str] | None, **quick: object):
+    """``parser.parse_args(argv)``, where ``--quick`` changes the defaults to ``quick``: an option
+    the user gives keeps its value (``--quick --steps 1`` runs one step; ``--quick`` set them all).
+
+    Returns:
+        The parsed namespace.
+    """
+    args = parser.parse_args(argv)
+    if not args.quick:
+        return args
+    parser.set_defaults(**quick)
+    return parser.parse_args(argv)
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -57,6 +57,7 @@ from _common import (
     can_reset_peak_rss,
     chosen_device,
     error_line,
+    parse_with_quick,
     peak_rss_growth_mib,
     positive_float,
     positive_int,
@@ -247,12 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # --quick: seconds, no memory column (its spawned processes took over a minute); options given
+    # beside it are kept
+    args = parse_with_quick(parser, argv, batches=[1], lengths=[128], repeats=3, embed_dim=64, num_heads=4,
+                            no_memory=True)
     args.device = chosen_device(parser, args.device).type
-    if args.quick:  # seconds: no memory column, whose spawned processes took over a minute
-        args.batches, args.lengths, args.repeats = [1], [128], 3
-        args.embed_dim, args.num_heads = 64, 4
-        args.no_memory = True
     if args.embed_dim % args.num_heads:
         parser.error(f"--embed-dim {args.embed_dim} must be divisible by --num-heads {args.num_heads}")
     if args.device == "cpu" and not args.no_memory and not can_reset_peak_rss():
@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
 
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {args.device} ({where}), {args.dtype}, weights "
-          f"{'requested' if args.weights else 'not requested'}; embed {args.embed_dim}, "
+          f"{'requested of ours and mha (sdpa forms none)' if args.weights else 'not requested'}; "
+          f"embed {args.embed_dim}, "
           f"{args.num_heads} heads; median of {args.repeats} interleaved repeats "
           f"({args.slow_repeats} when a call exceeds {args.slow_seconds:g} s); memory = "
           + ("torch.cuda.max_memory_allocated growth during one call" if args.device == "cuda" else

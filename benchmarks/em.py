@@ -68,6 +68,7 @@ from _common import (
     add_device_argument,
     can_reset_peak_rss,
     chosen_device,
+    parse_with_quick,
     peak_rss_growth_mib,
     positive_int,
     release_free_heap,
@@ -268,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_with_quick(parser, argv, batch=2)  # --batch given beside --quick is kept
     default = [n for n in IMPLEMENTATIONS if not (args.quick and n == "kernel-compiled")]
     impls = [name for name in args.impls.split(",") if name] if args.impls else default
     unknown = sorted(set(impls) - set(IMPLEMENTATIONS))
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"could not be read ({str(detail).strip()}): run from a git clone with that "
                          f"history, name another revision with --baseline, or leave old out of --impls")
     dtype = getattr(torch, args.dtype)
-    batch = 2 if args.quick and args.batch == 32 else args.batch
+    batch = args.batch
     print(f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}, threads "
           f"{torch.get_num_threads()}, batch {batch}, {'quick case' if args.quick else 'ConvCaps1 config'}")
     agreement = check_agreement(args.device, baseline, tuple(impls))

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from _common import add_device_argument, chosen_device, positive_int, synchronize
+from _common import add_device_argument, chosen_device, parse_with_quick, positive_int, synchronize
 from torchvote.models import build_config, create_model, get_model_spec
 from torchvote.training import get_task_handler, make_objective
 from torchvote.training.config import LossConfig
@@ -427,14 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_with_quick(parser, argv, batch_size=16, steps=3, warmup=1)  # given options are kept
     setting = Setting(chosen_device(parser, args.device), args.dtype == "bfloat16", args.compile,
                       fp16=args.dtype == "float16")
-    if args.quick:
-        args.batch_size, args.steps, args.warmup = 16, 3, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
+    if not names:
+        parser.error(f"--models: name at least one pair of: {', '.join(PAIRS)}")
     unknown = [n for n in names if n not in PAIRS]
     if unknown:
         parser.error(f"no benchmark pair for {unknown}; pairs: {', '.join(PAIRS)}")

@@ -500,6 +500,66 @@ def test_attention_benchmark_refuses_heads_that_do_not_divide_the_width(load_ben
     assert "--embed-dim 10 must be divisible by --num-heads 3" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("script", "given", "quick_value"),
+    [
+        ("attention", ["--num-heads", "2"], ("num_heads", 2)),
+        ("generation", ["--new-tokens", "5"], ("new_tokens", 5)),
+        ("training", ["--steps", "1"], ("steps", 1)),
+        ("em", ["--batch", "32"], ("batch", 32)),
+    ],
+)
+def test_quick_keeps_the_options_given_beside_it(load_benchmark, script, given, quick_value):
+    """--quick overwrote them: ``training.py --quick --steps 1`` timed 3 steps, ``em.py --quick
+    --batch 32`` ran batch 2 (review finding)."""
+    module = load_benchmark(script)
+    args = module.parse_with_quick(module.build_parser(), ["--quick", *given], **{quick_value[0]: -1})
+    assert getattr(args, quick_value[0]) == quick_value[1]
+    args = module.parse_with_quick(module.build_parser(), ["--quick"], **{quick_value[0]: -1})
+    assert getattr(args, quick_value[0]) == -1
+
+
+def test_quick_runs_with_the_options_given_beside_it(load_benchmark, capsys):
+    em, generation = load_benchmark("em"), load_benchmark("generation")
+    assert em.main(["--quick", "--batch", "3", "--impls", "naive", "--repeats", "1"]) == 0
+    assert "batch 3, quick case" in capsys.readouterr().out
+    assert generation.main(["--quick", "--new-tokens", "5", "--repeats", "1"]) == 0
+    assert "5 new tokens" in capsys.readouterr().out
+
+
+def test_generation_benchmark_refuses_heads_that_do_not_divide_the_width(load_benchmark, capsys):
+    """A traceback from inside the model (review finding); attention.py already said it by flag."""
+    generation = load_benchmark("generation")
+    with pytest.raises(SystemExit) as stop:
+        generation.main(["--d-model", "30", "--num-heads", "4", "--new-tokens", "2", "--repeats", "1"])
+    assert stop.value.code == 2
+    assert "--d-model 30 must be divisible by --num-heads 4" in capsys.readouterr().err
+
+
+def test_generation_benchmark_fails_when_the_cache_changes_the_tokens(load_benchmark, monkeypatch, capsys):
+    """"same tokens: False" was printed beside a speed-up and the script exited 0."""
+    generation = load_benchmark("generation")
+    from torchvote.models.transformer_lm import TransformerLM
+
+    generate = TransformerLM.generate
+
+    def off_with_cache(self, *args, use_cache=True, **kwargs):
+        tokens = generate(self, *args, use_cache=use_cache, **kwargs)
+        return tokens + 1 if use_cache else tokens
+
+    monkeypatch.setattr(TransformerLM, "generate", off_with_cache)
+    assert generation.main(["--quick", "--repeats", "1", "--new-tokens", "4"]) == 1
+    captured = capsys.readouterr()
+    assert "same tokens: False" in captured.out and "gave other tokens" in captured.err
+
+
+def test_training_benchmark_refuses_an_empty_model_list(load_benchmark, capsys):
+    training = load_benchmark("training")
+    with pytest.raises(SystemExit) as stop:
+        training.main(["--models", "", "--quick"])
+    assert stop.value.code == 2 and "--models: name at least one pair" in capsys.readouterr().err
+
+
 def test_training_benchmark_refuses_an_unknown_preset_before_timing(load_benchmark, capsys):
     training = load_benchmark("training")
     with pytest.raises(SystemExit) as stop:
