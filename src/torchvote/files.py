@@ -238,17 +238,28 @@ def load_failure_reason(error: BaseException) -> str:
 
     Returns:
         One line: the message's first line, or the error's type and "not a file of tensors that
-        torch.load reads without running code", with what the unpickler met where it says.
+        torch.load reads without running code", with what the unpickler met where it says; for
+        a file that is no pickle at all (text, say: the unpickler's own ``KeyError(101)`` or
+        ``IndexError``), "not a file torch.save writes".
     """
     text = str(error).strip()
+    if isinstance(error, LookupError):  # an opcode the unpickler has no entry for: not a pickle
+        return f"{_NO_PICKLE}: {type(error).__name__} {text})"
     reason = text.splitlines()[0] if text else type(error).__name__
     if "weights_only" in reason or reason.startswith("Weights only load failed"):
         reason = f"{type(error).__name__}: not a file of tensors that torch.load reads without running code"
-        unpickler = [line.strip() for line in text.splitlines() if "WeightsUnpickler error:" in line]
-        if unpickler:  # what it met, e.g. "Unsupported global: GLOBAL numpy...", without the advice
-            what = unpickler[0].split("WeightsUnpickler error:", 1)[1].strip().split(". ")[0].rstrip(".")
+        marker = "WeightsUnpickler error:"
+        if marker in text:  # what it met, e.g. "Unsupported global: GLOBAL numpy...", without the advice
+            told = [line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()]
+            what = told[0].split(". ")[0].rstrip(".") if told else ""
+            if what.startswith("Unsupported operand"):  # a byte no pickle holds there: text, say
+                return f"{_NO_PICKLE}: {what})"
             reason += f" ({what})" if what else ""
     return reason
+
+
+#: The start of :func:`load_failure_reason` for a file that holds no pickle at all.
+_NO_PICKLE = "not a file torch.save writes (the unpickler read no pickle"
 
 
 def remove_abandoned_temporaries(directory: str | os.PathLike[str]) -> list[Path]:

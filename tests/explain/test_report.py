@@ -14,6 +14,7 @@ from torchvote.explain import capsule_plots  # noqa: E402
 from torchvote.explain.command import add_explain_arguments, run_explain  # noqa: E402
 from torchvote.explain.record import RECORD_FILE, explain_record, load_record  # noqa: E402
 from torchvote.explain.report import STAGING_PREFIX, HtmlReport  # noqa: E402
+from torchvote.training.checkpoint import CheckpointError  # noqa: E402
 
 from .offline import offline_problems, synthetic_record  # noqa: E402
 
@@ -135,10 +136,23 @@ def test_load_record_paths(tmp_path):
     assert list(load_record(tmp_path / "r.pt")) == ["couplings"]
     empty = tmp_path / "run-without-record"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=f"has no {RECORD_FILE}.*record=True"):
+    with pytest.raises(FileNotFoundError, match=f"no {RECORD_FILE} and is no training run's.*record=True"):
+        load_record(empty)
+    # a run stopped before its first checkpoint
+    (empty / "config.yaml").write_text("model: {name: capsnet}\n")
+    with pytest.raises(CheckpointError, match="no checkpoint in"):  # was: "a checkpoint holds weights..."
         load_record(empty)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_record(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("content", [b"hello world\n", b"e", b"not a pickle at all"])
+def test_load_record_says_a_text_file_is_no_file_torch_save_writes(tmp_path, content):
+    """A text file named as a record was "...saved by torch.save): 101" (the unpickler's KeyError)."""
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(content)
+    with pytest.raises(ValueError, match=r"not a file torch.save writes \(the unpickler read no pickle"):
+        load_record(junk)
 
 
 def _parse(*argv):

@@ -116,8 +116,8 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
             return record_from_run(path)
         else:
             raise FileNotFoundError(
-                f"checkpoint folder {str(path)!r} has no {RECORD_FILE}: a training checkpoint holds weights, "
-                f"not the routing intermediates the pictures need. Make a record: {_HOW}"
+                f"folder {str(path)!r} has no {RECORD_FILE} and is no training run's (no checkpoints/, "
+                f"no config.yaml): name a run folder, or make a record: {_HOW}"
             )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
@@ -247,13 +247,15 @@ def check_record(record: Mapping[str, Tensor]) -> None:
 
 
 def _is_checkpoint_folder(path: Path) -> bool:
-    """Whether the folder ``path`` is a training run's (it has ``checkpoints/``) or its
+    """Whether the folder ``path`` is a training run's (it has ``checkpoints/``, or the
+    ``config.yaml`` a run writes first: one stopped before its first checkpoint) or its
     checkpoints folder (it has the ``latest`` pointer): the folders
     :func:`~torchvote.training.checkpoint.find_checkpoint` resolves. A broken one is still one:
-    :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it."""
+    :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it (a run
+    without a checkpoint: "no checkpoint in ...")."""
     from torchvote.training.checkpoint import LATEST
 
-    return (path / "checkpoints").is_dir() or (path / LATEST).is_file()
+    return (path / "checkpoints").is_dir() or (path / "config.yaml").is_file() or (path / LATEST).is_file()
 
 
 def _is_checkpoint_weights(path: Path) -> bool:
