@@ -146,6 +146,15 @@ def test_load_record_paths(tmp_path):
         load_record(tmp_path / "nope.safetensors")
 
 
+def test_iterations_say_that_a_sentence_after_them_was_read_as_one(capsys):
+    """``explain --iterations 2 "my sentence"``: argparse's "invalid int value: 'my sentence'"."""
+    with pytest.raises(SystemExit):
+        _parse("--iterations", "2", "my sentence")
+    assert "got 'my sentence' (a sentence after --iterations is read as one of its values: put the " \
+           "sentences before the options)" in capsys.readouterr().err
+    assert _parse("my sentence", "--iterations", "2", "4").iterations == [2, 4]
+
+
 @pytest.mark.parametrize("content", [b"hello world\n", b"e", b"not a pickle at all"])
 def test_load_record_says_a_text_file_is_no_file_torch_save_writes(tmp_path, content):
     """A text file named as a record was "...saved by torch.save): 101" (the unpickler's KeyError)."""
@@ -161,7 +170,7 @@ def _parse(*argv):
 
 def test_command_errors_return_2_with_a_message(tmp_path, capsys):
     assert run_explain(_parse("fine", "  ", "--out", str(tmp_path))) == 2
-    assert "sentences[1] is empty" in capsys.readouterr().err
+    assert "SENTENCE 2 is empty (" in capsys.readouterr().err  # was: sentences[1]
     assert run_explain(_parse("x", "--out", str(tmp_path), "--checkpoint", str(tmp_path / "none.pt"))) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -59,13 +59,29 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--iterations",
-        type=int,
+        type=_pass_count,
         nargs="+",
         default=[2, 3, 5],
         metavar="R",
         help="passes of voting for the routing variant (default: 2 3 5)",
     )
     return parser
+
+
+def _pass_count(text: str) -> int:
+    """argparse type of ``--iterations``: an integer (its range is checked with the rest).
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is no integer; the message says that a sentence
+            after the option's values is read as one of them.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected whole numbers of passes, got {text!r} (a sentence after --iterations is read as "
+            "one of its values: put the sentences before the options)"
+        ) from None
 
 
 _TITLE = "torchvote explain: attention as weighted voting"
@@ -136,10 +152,11 @@ def run_explain(args: argparse.Namespace) -> int:
         # Every check first, so that a refusal leaves no folder behind and costs no slow step.
         _check_out_dir(out_dir)
         from torchvote.explain.sentences import check_iterations, check_layer, explain_sentences
-        from torchvote.pretrained import check_sentences, load_pretrained
+        from torchvote.pretrained import load_pretrained
 
-        if args.sentences:
-            check_sentences(args.sentences)
+        blank = next((index for index, sentence in enumerate(args.sentences) if not sentence.strip()), None)
+        if blank is not None:  # named as the command line shows them, not as sentences[0]
+            raise ValueError(f"SENTENCE {blank + 1} is empty ({args.sentences[blank]!r}): give a word")
         iterations = check_iterations(args.iterations, "--iterations")
         try:
             model = load_pretrained("all-MiniLM-L6-v2")
