@@ -381,3 +381,16 @@ def test_routing_statistics_label_nearly_equal_values_without_an_offset():
     for ax in figure.axes:
         assert ax.yaxis.get_offset_text().get_text() == ""
     pyplot().close(figure)
+
+
+def test_routing_statistics_draw_a_tiny_change_flat_and_a_real_one_as_it_is():
+    """An entropy moving from 2.3025851 to 2.3025853 filled the panel: a steep line out of a
+    change of 2e-7 (review finding). A change under 1% of the values now spans at most half the
+    axis; a real change is autoscaled as before."""
+    tiny = torch.tensor([2.3025851, 2.3025852, 2.3025853], dtype=torch.float64)
+    real = torch.tensor([2.30, 1.90, 1.20])
+    figure = capsule_plots.routing_statistics(tiny, real)
+    (low, high), (real_low, real_high) = figure.axes[0].get_ylim(), figure.axes[1].get_ylim()
+    assert low < 2.3025851 and high > 2.3025853 and high - low >= 0.02 * 2.3025853 * 0.99
+    assert real_low <= 1.20 and real_high >= 2.30 and real_high - real_low < 1.5  # autoscaled: no floor
+    pyplot().close(figure)
