@@ -31,6 +31,11 @@ the model passes them to every submodule and creates every parameter and buffer 
             module.reset_parameters()
     model.load_state_dict(checkpoint)
 
+Without a checkpoint the loop alone initialises the model: every parameter gets real values
+(tested for every model, ``tests/nn/test_meta_init.py``), each torchvote module's own drawn as
+its constructor draws them; a ``torch.nn`` layer inside takes torch's default initialisation
+where the constructor chose another (a zero output bias, GPT-2's embedding scale).
+
 Every module in this package is imported the first time the registry is queried, so adding the
 file is all it takes; ``list_models()`` then returns it and the registry sweep test covers it.
 

@@ -163,12 +163,19 @@ class TransformerClassifier(nn.Module):
         self.class_token: nn.Parameter | None = None
         if config.pooling == "cls":
             self.class_token = nn.Parameter(torch.empty(1, 1, config.d_model, **factory))
-            nn.init.normal_(self.class_token, std=0.02)
+            self.reset_parameters()
         self.positions = config.make_positions(config.num_tokens, **factory)
         self.dropout = nn.Dropout(config.dropout)
         layer = config.layer_config(norm_first=True)
         self.encoder = TransformerEncoder(layer, config.num_layers, **factory)  # ends in a layer norm (eq. 4)
         self.head = nn.Linear(config.d_model, config.num_classes, **factory)
+
+    def reset_parameters(self) -> None:
+        """Draw the class token again from ``N(0, 0.02^2)``, as the constructor does (after
+        ``to_empty()`` of a model built on the ``"meta"`` device; the layers' parameters are
+        theirs to reset)."""
+        if self.class_token is not None:
+            nn.init.normal_(self.class_token, std=0.02)
 
     def forward(
         self, images: Tensor, targets: Tensor | None = None, *, need_weights: bool = False

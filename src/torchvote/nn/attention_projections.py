@@ -33,8 +33,15 @@ class _PackedProjection(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
         self.weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
-        self.bias = nn.Parameter(torch.zeros(3 * embed_dim, **factory)) if bias else None
+        self.bias = nn.Parameter(torch.empty(3 * embed_dim, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights, zero biases (``torch.nn.MultiheadAttention``'s), as the
+        constructor sets them (after ``to_empty()`` of a module built on the ``"meta"`` device)."""
         nn.init.xavier_uniform_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if key is query and value is query:  # self-attention: one (E -> 3E) matmul

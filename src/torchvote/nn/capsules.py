@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
+from torchvote.nn.initialization import scaled_normal_
 from torchvote.nn.routers import Router, RoutingResult, make_router
 from torchvote.nn.routers.base import build_router
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
@@ -268,7 +269,9 @@ class CapsuleLinear(nn.Module):
         self.strategy = check_choice(strategy, STRATEGIES, "strategy")
         self._compiled: object = None  # the compiled routing: None until tried, False if it failed
         shape = (out_caps, out_dim, in_dim) if shared_weights else (out_caps, in_caps, out_dim, in_dim)
-        self.weight = nn.Parameter(torch.randn(shape, **factory) * init_std)
+        self.init_std = float(init_std)
+        self.weight = nn.Parameter(torch.empty(shape, **factory))
+        self.reset_parameters()
         if isinstance(routing, Router):
             if router_options:
                 raise ValueError("router_options only apply when routing is given by name")
@@ -286,6 +289,11 @@ class CapsuleLinear(nn.Module):
                 functools.partial(make_router, routing), routing, fixed={**layer, **factory},
                 options=router_options or {}, argument="router_options",
             )
+
+    def reset_parameters(self) -> None:
+        """Draw ``W`` again from ``N(0, init_std^2)``, as the constructor does (after ``to_empty()``
+        of a module built on the ``"meta"`` device; the router's parameters are its own to reset)."""
+        scaled_normal_(self.weight, self.init_std)
 
     def votes(self, inputs: Tensor) -> LinearVotes | SharedLinearVotes:
         """The votes of ``inputs`` ``(batch..., in_caps, in_dim)``, unmaterialised.

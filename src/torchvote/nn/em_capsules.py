@@ -41,6 +41,7 @@ from torchvote.functional.em_kernel import (
     prepared_conv_sender_groups,
 )
 from torchvote.nn.capsules import check_feature_maps
+from torchvote.nn.initialization import near_identity_
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
 from torchvote.nn.routers.base import build_router
 from torchvote.tracing import under_autograd_transforms
@@ -253,10 +254,8 @@ class ConvMatrixCapsules(nn.Module):
         self._prepared_groups: dict[tuple[int, int, torch.device], SenderGroups] = {}
         in_caps = kernel_size * kernel_size * in_types
         # (kernel position and input type, output type, P, P), near the identity so poses pass on.
-        eye = torch.eye(self.side, **factory)
-        self.weight = nn.Parameter(
-            eye + 0.1 * torch.randn(in_caps, out_types, self.side, self.side, **factory)
-        )
+        self.weight = nn.Parameter(torch.empty(in_caps, out_types, self.side, self.side, **factory))
+        self.reset_parameters()
         self.routing = build_router(
             EMRouter, EMRouter.name, fixed={"out_caps": out_types, **factory}, options=routing_options,
             argument="routing_options",
@@ -379,6 +378,12 @@ class ConvMatrixCapsules(nn.Module):
         out_activations = rearrange(out_activations, "b (h w) i -> b h w i", h=rows)
         return MatrixCapsules(poses, out_activations)
 
+    def reset_parameters(self) -> None:
+        """Draw the transformation matrices again near the identity, as the constructor does
+        (after ``to_empty()`` of a module built on the ``"meta"`` device; the router's
+        parameters are its own to reset)."""
+        near_identity_(self.weight)
+
     def extra_repr(self) -> str:
         return (
             f"in_types={self.in_types}, out_types={self.out_types}, kernel_size={self.kernel_size}, "
@@ -451,10 +456,8 @@ class ClassMatrixCapsules(nn.Module):
         factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.in_types, self.num_classes = in_types, num_classes
         self.coordinate_addition = coordinate_addition
-        eye = torch.eye(self.side, **factory)
-        self.weight = nn.Parameter(
-            eye + 0.1 * torch.randn(in_types, num_classes, self.side, self.side, **factory)
-        )
+        self.weight = nn.Parameter(torch.empty(in_types, num_classes, self.side, self.side, **factory))
+        self.reset_parameters()
         if routing is not None:
             routing.check_layer_sizes("routing", out_caps=num_classes, out_dim=pose_dim)
         self.routing = routing if routing is not None else build_router(
@@ -525,6 +528,12 @@ class ClassMatrixCapsules(nn.Module):
         poses, out_activations = self.routing.route(votes, activations)
         poses = rearrange(poses, "b i (p q) -> b i p q", p=self.side)
         return MatrixCapsules(poses, out_activations)
+
+    def reset_parameters(self) -> None:
+        """Draw the transformation matrices again near the identity, as the constructor does
+        (after ``to_empty()`` of a module built on the ``"meta"`` device; the router's
+        parameters are its own to reset)."""
+        near_identity_(self.weight)
 
     def extra_repr(self) -> str:
         return (

@@ -67,6 +67,13 @@ class NadarayaWatson(nn.Module):
             return self._fixed_bandwidth
         return float(self.log_bandwidth.detach().exp())
 
+    def reset_parameters(self) -> None:
+        """A learnable width back to the ``bandwidth`` given, as the constructor sets it
+        (after ``to_empty()`` of a module built on the ``"meta"`` device)."""
+        if self.log_bandwidth is not None:
+            with torch.no_grad():
+                self.log_bandwidth.fill_(math.log(self._fixed_bandwidth))
+
     def extra_repr(self) -> str:
         if self.log_bandwidth is not None and self.log_bandwidth.is_meta:  # no value to show
             return f"learnable={self.learnable}"

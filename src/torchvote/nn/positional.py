@@ -168,7 +168,12 @@ class LearnedPositionalEmbedding(nn.Module):
         check_float_dtype(dtype)
         self.embed_dim, self.max_len = embed_dim, max_len
         self.weight = nn.Parameter(torch.empty(max_len, embed_dim, device=device, dtype=dtype))
-        nn.init.normal_(self.weight, std=0.02)  # GPT-2's initialisation
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the embeddings again from ``N(0, 0.02^2)`` (GPT-2's initialisation), as the
+        constructor does (after ``to_empty()`` of a module built on the ``"meta"`` device)."""
+        nn.init.normal_(self.weight, std=0.02)
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, embed_dim={self.embed_dim}"

@@ -306,6 +306,13 @@ class BiasedRouter(Router):
             check_positive_int(out_dim, "out_dim")
             self.bias = nn.Parameter(torch.zeros(out_caps, out_dim, device=device, dtype=dtype))
 
+    def reset_parameters(self) -> None:
+        """Zero the bias, as the constructor does (after ``to_empty()`` of a module built on the
+        ``"meta"`` device)."""
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
+
     def layer_sizes(self) -> dict[str, int]:
         if self.bias is None:
             return {}

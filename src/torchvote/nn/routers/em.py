@@ -143,9 +143,9 @@ class EMRouter(Router):
         self.data_per_parent = data_per_parent
         # beta_a = activation_bias / lambda_T; a schedule that ends at 0 makes beta_a irrelevant.
         self._final_inverse_temperature = schedule[-1] if schedule[-1] > 0 else 1.0
-        self.beta_u = nn.Parameter(torch.zeros(out_caps, device=device, dtype=dtype))  # per output
-        bias = math.log(empty_activation / (1.0 - empty_activation))
-        self.activation_bias = nn.Parameter(torch.full((out_caps,), bias, device=device, dtype=dtype))
+        self.beta_u = nn.Parameter(torch.empty(out_caps, device=device, dtype=dtype))  # per output
+        self.activation_bias = nn.Parameter(torch.empty(out_caps, device=device, dtype=dtype))
+        self.reset_parameters()
         self.register_load_state_dict_pre_hook(self._convert_beta_a)
 
     @property
@@ -222,6 +222,13 @@ class EMRouter(Router):
             activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (batch..., in_caps)
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)
         return RoutingResult(poses, assignments, out_activations)
+
+    def reset_parameters(self) -> None:
+        """``beta_u = 0`` and the activation bias at ``logit(empty_activation)``, as the constructor
+        sets them (after ``to_empty()`` of a module built on the ``"meta"`` device)."""
+        with torch.no_grad():
+            self.beta_u.zero_()
+            self.activation_bias.fill_(math.log(self.empty_activation / (1.0 - self.empty_activation)))
 
     def layer_sizes(self) -> dict[str, int]:
         return {"out_caps": self.beta_u.shape[0]}

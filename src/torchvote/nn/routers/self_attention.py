@@ -66,6 +66,13 @@ class SelfAttentionRouter(Router):
         )
         return RoutingResult(outputs, couplings)
 
+    def reset_parameters(self) -> None:
+        """Zero the log prior, as the constructor does (after ``to_empty()`` of a module built on
+        the ``"meta"`` device)."""
+        if self.log_prior is not None:
+            with torch.no_grad():
+                self.log_prior.zero_()
+
     def extra_repr(self) -> str:
         return f"log_prior={self.log_prior is not None}"
 

@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing import RoutingVotes, slot_routing
+from torchvote.nn.initialization import scaled_normal_
 from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import check_flag, check_float_dtype, check_positive_int
@@ -136,12 +137,19 @@ class SlotRouter(Router):
         check_positive_int(out_dim, "out_dim")
         hidden_dim = 2 * out_dim if hidden_dim is None else check_positive_int(hidden_dim, "hidden_dim")
         self.squash_outputs = check_flag(squash_outputs, "squash_outputs")
-        self.initial_slots = nn.Parameter(torch.randn(out_caps, out_dim, **factory) * out_dim**-0.5)
+        self.initial_slots = nn.Parameter(torch.empty(out_caps, out_dim, **factory))
+        self.reset_parameters()  # here, before the layers below draw theirs: seeded runs draw as before
         normalize_votes = check_flag(normalize_votes, "normalize_votes")
         self.norm_votes = nn.LayerNorm(out_dim, **factory) if normalize_votes else None
         self.norm = nn.LayerNorm(out_dim, **factory)
         self.to_query = nn.Linear(out_dim, out_dim, bias=False, **factory)
         self.update = SlotUpdate(out_dim, hidden_dim, factory)
+
+    def reset_parameters(self) -> None:
+        """Draw the initial slots again from ``N(0, 1 / out_dim)``, as the constructor does (after
+        ``to_empty()`` of a module built on the ``"meta"`` device; the layers' parameters are
+        theirs to reset)."""
+        scaled_normal_(self.initial_slots, self.initial_slots.shape[1] ** -0.5)
 
     def extra_repr(self) -> str:
         return f"iterations={self.iterations}, squash_outputs={self.squash_outputs}"

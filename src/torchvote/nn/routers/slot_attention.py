@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import slot_attention
+from torchvote.nn.initialization import scaled_normal_
 from torchvote.nn.routers.slot import SlotUpdate
 from torchvote.validation import (
     check_flag,
@@ -65,14 +66,23 @@ class SlotAttention(nn.Module):
         factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.num_slots = num_slots
         self.iterations = iterations
-        self.slots_mu = nn.Parameter(torch.randn(1, 1, slot_dim, **factory) * slot_dim**-0.5)
-        self.slots_log_sigma = nn.Parameter(torch.zeros(1, 1, slot_dim, **factory))
+        self.slots_mu = nn.Parameter(torch.empty(1, 1, slot_dim, **factory))
+        self.slots_log_sigma = nn.Parameter(torch.empty(1, 1, slot_dim, **factory))
+        self.reset_parameters()  # here, before the layers below draw theirs: seeded runs draw as before
         self.norm_inputs = nn.LayerNorm(input_dim, **factory)
         self.norm_slots = nn.LayerNorm(slot_dim, **factory)
         self.to_key = nn.Linear(input_dim, slot_dim, bias=False, **factory)
         self.to_value = nn.Linear(input_dim, slot_dim, bias=False, **factory)
         self.to_query = nn.Linear(slot_dim, slot_dim, bias=False, **factory)
         self.update = SlotUpdate(slot_dim, hidden_dim, factory)
+
+    def reset_parameters(self) -> None:
+        """Draw the slots' mean again from ``N(0, 1 / slot_dim)`` and set their log deviation to 0,
+        as the constructor does (after ``to_empty()`` of a module built on the ``"meta"`` device;
+        the layers' parameters are theirs to reset)."""
+        scaled_normal_(self.slots_mu, self.slots_mu.shape[-1] ** -0.5)
+        with torch.no_grad():
+            self.slots_log_sigma.zero_()
 
     def initial_slots(
         self, batch: int, num_slots: int, *, generator: torch.Generator | None = None
