@@ -144,3 +144,32 @@ def test_attention_retrieval_refuses_a_bandwidth_that_is_not_positive():
     images, labels = load_small_digits("test")
     with pytest.raises(ValueError, match="bandwidth must be a positive finite number"):
         attention_retrieval(images[:2], images[:5], labels[:5], bandwidth=0.0)
+
+
+def test_attention_picture_shows_every_query_its_most_heard_training_digits(tmp_path, monkeypatch):
+    """The columns were the 12 keys with the largest weight summed over the queries: a test digit
+    whose weight was spread thin showed a row of zeros (review finding)."""
+    pytest.importorskip("matplotlib")
+    from torchvote import demo
+    from torchvote.explain import attention_plots
+
+    shown = {}
+    heatmap = attention_plots.attention_heatmap
+
+    def capture(matrix, rows, columns, **kwargs):
+        shown["matrix"], shown["columns"] = matrix, columns
+        return heatmap(matrix, rows, columns, **kwargs)
+
+    monkeypatch.setattr(attention_plots, "attention_heatmap", capture)
+    weights = torch.zeros(3, 40)
+    weights[0, :2] = 0.5  # two queries that lean on few keys, heavily
+    weights[1, 2:4] = 0.5
+    weights[2] = 1 / 40  # one spread over all 40 keys: its largest weight is 0.025
+    weights[2, 39] += 0.001
+    passes = [torch.full((2, 6), 0.5)]
+    demo._plots(tmp_path, weights, torch.arange(40) % 10, torch.tensor([0, 1, 2]), passes,
+                torch.tensor([0, 0, 0, 1, 1, 1]), (0, 1))
+    matrix = shown["matrix"]
+    for query in range(3):
+        assert matrix[query].max() == weights[query].max()  # each row holds its own largest weight
+    assert matrix.shape[1] <= 6 and "train 9" in shown["columns"]  # key 39 (label 9): query 2's own

@@ -226,12 +226,15 @@ def _plots(output_dir: Path, weights: Tensor, key_labels: Tensor, query_labels: 
     from torchvote.explain.figures import save_figure
 
     head = weights[:8]  # (q, j): the first (up to 8) queries
-    top = head.sum(0).topk(min(12, head.shape[1])).indices  # the training digits they lean on most
+    # each query's two most-heard training digits (columns of the weight summed over the queries
+    # left a query whose weight is spread thin with a row of zeros)
+    most_heard = head.topk(min(2, head.shape[1]), dim=1).indices  # (q, 2)
+    top = torch.tensor(list(dict.fromkeys(most_heard.flatten().tolist())))  # (<= 2q,), first seen first
     attention = attention_heatmap(
         head[:, top],
         [f"test {int(y)}" for y in query_labels[: head.shape[0]]],
         [f"train {int(y)}" for y in key_labels[top]],
-        title="attention: test digits over their most-heard training digits",
+        title="attention: each test digit's two most-heard training digits",
     )
     order = cluster_labels.argsort(stable=True)
     routing = coupling_passes([w[:, order] for w in passes], totals=True,
