@@ -362,7 +362,7 @@ PAIRS: dict[str, StepPair] = {
         "capsnet",
         "small",
         capsnet_reference,
-        note="CPU preset; same baseline style",
+        note="the small preset; same baseline style",
     ),
     "efficient-capsnet": StepPair(
         "efficient-capsnet",
@@ -447,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         pair = PAIRS[name]
         preset = args.preset or pair.preset
-        rows.append(time_pair(pair, args.batch_size, preset, args.warmup, args.steps, setting))
+        timed = time_pair(pair, args.batch_size, preset, args.warmup, args.steps, setting)
+        rows.append({"pair": name, **timed})  # the pair's name: two pairs may share model and preset
         print(f"{name}: {rows[-1]['speed-up']}", flush=True)
     print()
     print(format_table(rows))

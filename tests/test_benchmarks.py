@@ -820,3 +820,12 @@ def test_routing_benchmark_checks_every_dynamic_strategy_it_times(load_benchmark
         with pytest.raises(Stop):
             routing.main([*argv, "--no-memory"])
         assert tuple(seen[-1]) == tuple(expected)
+
+
+def test_training_benchmark_names_each_pair_in_its_row(load_benchmark, capsys):
+    """With --preset tiny the rows of capsnet and capsnet-small both read "capsnet tiny"."""
+    training = load_benchmark("training")
+    arguments = ["--quick", "--models", "capsnet,capsnet-small", "--preset", "tiny", "--steps", "1"]
+    assert training.main(arguments) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if " tiny " in line]
+    assert [row[:3] for row in rows] == [["capsnet", "capsnet", "tiny"], ["capsnet-small", "capsnet", "tiny"]]
