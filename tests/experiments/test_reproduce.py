@@ -460,6 +460,59 @@ def test_a_finished_run_of_an_edited_row_is_refused_not_averaged(tmp_path, tiny_
     assert all("finished earlier" in line for line in lines) and len(lines) == 2
 
 
+def test_a_finished_run_whose_eval_on_entry_the_row_replaced_is_refused(
+    tmp_path, tiny_values, tiny_mnist_root
+):
+    """Only added eval_on entries are evaluated on resume: a finished run evaluated on an entry the
+    row no longer has was counted as the row's (mutation review)."""
+    import dataclasses
+
+    entry = f"mnist:source=idx,limit=10,root={tiny_mnist_root}"
+    row = _tiny_row(tmp_path, tiny_values)
+    budgets = {**row.budgets, "cpu": (*row.budgets["cpu"], f"eval_on=[{entry}]")}
+    row = dataclasses.replace(row, budgets=budgets)
+    out = tmp_path / "out"
+    run_dir = run_dir_of(out, row, "cpu", row.variants[0], 0)
+    run_dir.mkdir(parents=True)
+    command = shlex.split(train_command(row, row.variants[0], "cpu", 0, run_dir=run_dir))
+    _write_finished_run(run_dir, command, "plain", eval_on=f"[{entry.replace('limit=10', 'limit=12')}]")
+    with pytest.raises(ConfigError, match=r"plain/seed-0 was run with .*eval_on \(run: "):
+        reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
+
+
+def test_a_finished_run_of_another_seed_of_an_edited_row_is_refused(tmp_path, tiny_values):
+    """Every finished run of the row is checked, not only seed 0's: an edited row's seed-1 run was
+    averaged with the new seed-0 one (mutation review)."""
+    row = _tiny_row(tmp_path, tiny_values)
+    out = tmp_path / "out"
+    run_dir = run_dir_of(out, row, "cpu", row.variants[0], 1)
+    run_dir.mkdir(parents=True)
+    command = shlex.split(train_command(row, row.variants[0], "cpu", 1, run_dir=run_dir))
+    _write_finished_run(run_dir, command, "plain", max_steps=3)
+    with pytest.raises(ConfigError, match=r"plain/seed-1 was run with .*max_steps \(run: 3, row now: 8\)"):
+        reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
+    assert not run_dir_of(out, row, "cpu", row.variants[0], 0).exists()  # refused before training
+
+
+def test_a_stopped_runs_resume_command_names_its_device(tmp_path, tiny_values):
+    """The printed `torchvote train --resume` line left out --device: run by hand, it resumed on
+    whatever device `auto` found (mutation review)."""
+    row = _tiny_row(tmp_path, tiny_values)
+    variant = row.variants[0]
+    run_dir = run_dir_of(tmp_path / "out", row, "cpu", variant, 0)
+    config = load_config(variant.preset, [*row.overrides(variant, "cpu", 0), f"run_dir={run_dir}"])
+
+    def stop(info):
+        if info.step == 2:
+            raise KeyboardInterrupt
+
+    assert train(config, callbacks=[stop], verbose=False).interrupted
+    planned = plan_run(row, variant, "cpu", 0, run_dir, "cpu")
+    assert planned.state == "resume"
+    assert shlex.split(planned.command) == ["torchvote", "train", "--resume", str(run_dir), "device=cpu"]
+    assert shlex.split(plan_run(row, variant, "cpu", 0, run_dir, "auto").command)[-1] == str(run_dir)
+
+
 @pytest.mark.parametrize("content", ['{"variant": "pl', "{}", "[1, 2]"])
 def test_a_torn_or_foreign_result_file_is_refused_by_name(tmp_path, tiny_values, content):
     """A truncated result.json stopped the summary with 'Invalid control character at: line 1'

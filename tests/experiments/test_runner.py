@@ -89,6 +89,19 @@ def test_an_out_dir_that_is_no_path_is_named():
                       variants=())
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_measuring_row_refuses_a_device(tmp_path, device):
+    """A measuring row measures on the CPU: a --device other than cpu would be ignored, so it is
+    refused (mutation review)."""
+    from torchvote.experiments import check_request
+
+    row = get_row("pretrained-routing")
+    with pytest.raises(ValueError, match="--device: pretrained-routing trains nothing"):
+        check_request(row, budget="cpu", seeds=None, device=device, out_dir=tmp_path, variants=())
+    on_the_cpu = check_request(row, budget="cpu", seeds=None, device="cpu", out_dir=tmp_path, variants=())
+    assert on_the_cpu == ([], [])
+
+
 def test_reproduce_plans_in_the_folder_it_checked(tmp_path, monkeypatch, capsys):
     """--out=~/rep was checked with '~' expanded but planned in a folder named '~'."""
     monkeypatch.setenv("HOME", str(tmp_path))

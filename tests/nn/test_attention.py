@@ -532,10 +532,11 @@ def test_inputs_of_another_dtype_than_the_parameters_are_named_unless_autocast()
     assert out64.dtype == torch.float64
 
 
-@pytest.mark.parametrize("batch", [HEADS, 3])
-def test_a_3d_mask_of_one_slice_per_example_is_refused(batch):
+# (2, 2): the smallest batch the check must refuse, where it broadcasts silently (mutation review)
+@pytest.mark.parametrize(("batch", "heads"), [(HEADS, HEADS), (3, HEADS), (2, 2)])
+def test_a_3d_mask_of_one_slice_per_example_is_refused(batch, heads):
     # (b, L, S) would broadcast as (h, L, S) when b == h: silently per head, not per example.
-    module = MultiHeadAttention(EMBED, HEADS)
+    module = MultiHeadAttention(EMBED, heads)
     with pytest.raises(ValueError, match=r"\(batch, 1, L, S\)"):
         module(torch.randn(batch, 5, EMBED), attn_mask=torch.ones(batch, 5, 5, dtype=torch.bool))
     allowed = _allowed(5, 5, seed=3, shape=(batch, 5, 5))

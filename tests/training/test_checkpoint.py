@@ -220,6 +220,15 @@ def test_garbage_state_file_is_an_error_not_code(tmp_path):
         load_training_state(paths.state)
 
 
+def test_a_torch_file_without_the_format_marker_is_not_a_training_state(tmp_path):
+    """A dict torch.save'd by something else (no "format" key) was read as a training state
+    (mutation review)."""
+    path = tmp_path / "other.state.pt"
+    torch.save({"step": 1, "model": {"weight": torch.zeros(2)}}, path)
+    with pytest.raises(CheckpointError, match="is not a .* training state"):
+        load_training_state(path)
+
+
 class _Payload:
     """An object torch.save pickles by class: weights_only loading must refuse it."""
 
@@ -313,6 +322,19 @@ def test_keep_orders_checkpoints_by_step_past_the_zero_padding(tmp_path):
         "step-100000001.state.pt",
     ]
     assert find_checkpoint(tmp_path).name == "step-100000001"
+
+
+def test_keep_does_not_count_a_whole_higher_numbered_checkpoint(tmp_path):
+    """A run resumed from step 20 past a whole step 30 (an earlier attempt's) and saving step 25
+    with keep=1 counted step 30 and deleted the checkpoint it had just written (mutation review)."""
+    model = nn.Linear(2, 2)
+    for step in (10, 20, 30):
+        _save(tmp_path, step, model)
+    _save(tmp_path, 25, model, keep=1)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [
+        "step-00000025.safetensors",
+        "step-00000030.safetensors",
+    ]
 
 
 def test_keep_leaves_files_that_are_not_named_by_a_step_alone(tmp_path):

@@ -688,3 +688,12 @@ def test_a_saved_config_that_repeats_an_eval_on_key_still_loads_as_it_ran():
     assert config.eval_on == ("mnist", "affnist-style:canvas=28,ranges={shear: [0, 0]},seed=4")
     values["eval_on"] = ["mnist"]
     assert saved_config(values) == config_from_dict(values)  # nothing to drop: no warning
+
+
+def test_eval_split_is_checked_against_the_evaluated_data_set():
+    """data.eval_split was checked against data.name's splits, not data.eval_name's (mutation review):
+    shakespeare has (train, val), mnist (train, test)."""
+    config = load_config(None, ["data.name=mnist", "data.eval_name=shakespeare", "data.eval_split=val"])
+    assert (config.data.eval_name, config.data.eval_split) == ("shakespeare", "val")
+    with pytest.raises(ConfigError, match="'test' is not a split of 'shakespeare'; splits: train, val"):
+        load_config(None, ["data.name=mnist", "data.eval_name=shakespeare", "data.eval_split=test"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import sys
 
 import pytest
 import torch
@@ -222,3 +223,21 @@ def test_a_root_that_no_data_set_reads_is_refused_before_the_checkpoint(tmp_path
         evaluate_checkpoint(tmp_path / "no-run", ["reverse", "copy:max_len=4"], root=str(tmp_path))
     with pytest.raises(CheckpointError):  # mnist reads its files there: on to the checkpoint
         evaluate_checkpoint(tmp_path / "no-run", ["reverse", "mnist"], root=str(tmp_path))
+
+
+def test_an_entrys_own_options_win_over_the_shared_ones(monkeypatch):
+    """load_eval_entry let the shared ``options`` override an entry's own (mutation review)."""
+    evaluate_module = sys.modules[load_eval_entry.__module__]  # the package's `evaluate` is a function
+    seen = {}
+
+    class Loaded(Exception):
+        pass
+
+    def load_data(handler, name, split, *, options=None, root=None, limit=None):
+        seen.update(name=name, split=split, options=options)
+        raise Loaded
+
+    monkeypatch.setattr(evaluate_module, "load_data", load_data)
+    with pytest.raises(Loaded):
+        load_eval_entry(None, "reverse:seed=7,split=train", None, options={"seed": 3, "length": 5})
+    assert seen == {"name": "reverse", "split": "train", "options": {"seed": 7, "length": 5}}

@@ -187,6 +187,38 @@ def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, mo
     assert finals()[-1] == ("mnist/test", 20)
 
 
+def test_a_finished_run_resumed_for_more_epochs_reports_its_new_final_evaluation(tiny_config):
+    """A resumed finished run with more epochs reported the old step's final results (mutation review)."""
+    first = train(tiny_config("run", "epochs=1", "data.eval_limit=30"), verbose=False)
+    more = train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
+    assert more.step > first.step
+    finals = [r["step"] for r in read_metrics(first.metrics_path) if r["event"] == "final"]
+    assert finals == [first.step, more.step]
+
+
+def test_a_finished_run_resumed_with_another_eval_split_evaluates_it_anew(tiny_config):
+    """A resumed finished run reused the recorded final of another data set under its old label
+    (mutation review)."""
+    first = train(tiny_config("run", "epochs=1", "data.eval_limit=30"), verbose=False)
+    config = load_run_config(first.run_dir, ["data.eval_split=train"])
+    again = train(config, resume=first.run_dir, verbose=False)
+    assert again.step == first.step and list(again.results) == ["mnist/train"]
+    finals = [(r["dataset"], r["step"]) for r in read_metrics(first.metrics_path) if r["event"] == "final"]
+    assert finals == [("mnist/test", first.step), ("mnist/train", first.step)]
+
+
+def test_eval_every_2_evaluates_after_epochs_2_and_4(tiny_config):
+    """eval_every counts epochs from 1: evaluations after epochs 2 and 4, not 1 and 3 (mutation review)."""
+    run = train(tiny_config("run", "epochs=4", "eval_every=2"), verbose=False)
+    assert [r["epoch"] for r in read_metrics(run.metrics_path) if r["event"] == "eval"] == [2, 4]
+
+
+def test_the_last_step_gets_a_train_record(tiny_config):
+    """A run ending between log_every steps logged nothing for its last steps (mutation review)."""
+    run = train(tiny_config("run", "max_steps=5", "log_every=2", "eval_every=0"), verbose=False)
+    assert [r["step"] for r in read_metrics(run.metrics_path) if r["event"] == "train"] == [2, 4, 5]
+
+
 def _a_folder_with_notes(path: Path) -> Path:
     path.mkdir()
     (path / "notes.txt").write_text("mine")

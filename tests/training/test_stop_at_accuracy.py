@@ -103,6 +103,16 @@ def test_a_target_reached_at_the_last_evaluation_ends_a_longer_resume(tiny_confi
     assert plain.reached_target is None
 
 
+def test_a_target_equal_to_the_accuracy_reached_stops_the_run(tiny_config, reference):
+    """An accuracy equal to stop_at_accuracy reaches it: the run ends there (mutation review)."""
+    records = [json.loads(line) for line in (reference.run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(record for record in records if record["event"] == "eval")
+    target = round(first["accuracy"] * first["count"]) / first["count"]  # exact, not the 6-decimal record
+    assert 0 < target < 1
+    run = train(tiny_config("target", "epochs=3", f"stop_at_accuracy={target!r}"), verbose=False)
+    assert run.step == first["step"] < reference.step
+
+
 def test_a_run_folder_of_an_older_version_stopped_before_its_first_checkpoint_starts_over(tiny_config):
     """The check that a folder holds a stopped run (not a user's files) wanted every key of
     today's config: a config.yaml without the keys added since was refused as foreign."""
