@@ -520,11 +520,17 @@ def test_quick_keeps_the_options_given_beside_it(load_benchmark, script, given, 
 
 
 def test_quick_runs_with_the_options_given_beside_it(load_benchmark, capsys):
+    """Through each script's main: the parser test above would pass with main overwriting them."""
     em, generation = load_benchmark("em"), load_benchmark("generation")
+    attention, training = load_benchmark("attention"), load_benchmark("training")
     assert em.main(["--quick", "--batch", "3", "--impls", "naive", "--repeats", "1"]) == 0
     assert "batch 3, quick case" in capsys.readouterr().out
     assert generation.main(["--quick", "--new-tokens", "5", "--repeats", "1"]) == 0
     assert "5 new tokens" in capsys.readouterr().out
+    attention.main(["--quick", "--num-heads", "2", "--causal", "no", "--modes", "infer"])
+    assert "embed 64, 2 heads" in capsys.readouterr().out
+    assert training.main(["--quick", "--models", "cnn-baseline", "--steps", "1"]) == 0
+    assert "median of 1 steps" in capsys.readouterr().out
 
 
 def test_generation_benchmark_refuses_heads_that_do_not_divide_the_width(load_benchmark, capsys):

@@ -226,7 +226,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     atomic_write(path, lambda handle: handle.write(data))
 
 
-def load_failure_reason(error: BaseException) -> str:
+def load_failure_reason(error: BaseException, path: str | os.PathLike[str] | None = None) -> str:
     """Why ``torch.load(..., weights_only=True)`` refused a file, in words fit for a user.
 
     torch's message is a paragraph that ends in advice to load with ``weights_only=False``: for a
@@ -235,16 +235,18 @@ def load_failure_reason(error: BaseException) -> str:
 
     Args:
         error: what ``torch.load`` raised.
+        path: the file it read, if it was one: a file that starts as neither a zip archive nor a
+            pickle (text, a script) is said to be no file ``torch.save`` writes (the unpickler's
+            own errors on it read ``KeyError: 101`` or "Unsupported operand 105").
 
     Returns:
         One line: the message's first line, or the error's type and "not a file of tensors that
-        torch.load reads without running code", with what the unpickler met where it says; for
-        a file that is no pickle at all (text, say: the unpickler's own ``KeyError(101)`` or
-        ``IndexError``), "not a file torch.save writes".
+        torch.load reads without running code", with what the unpickler met where it says.
     """
+    start = _first_bytes(path, 2) if path is not None else b""
+    if start and not start.startswith((b"PK", b"\x80")):  # torch.save writes a zip, or a legacy pickle
+        return f"not a file torch.save writes (it starts with {start!r}, neither a zip archive nor a pickle)"
     text = str(error).strip()
-    if isinstance(error, LookupError):  # an opcode the unpickler has no entry for: not a pickle
-        return f"{_NO_PICKLE}: {type(error).__name__} {text})"
     reason = text.splitlines()[0] if text else type(error).__name__
     if "weights_only" in reason or reason.startswith("Weights only load failed"):
         reason = f"{type(error).__name__}: not a file of tensors that torch.load reads without running code"
@@ -252,14 +254,17 @@ def load_failure_reason(error: BaseException) -> str:
         if marker in text:  # what it met, e.g. "Unsupported global: GLOBAL numpy...", without the advice
             told = [line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()]
             what = told[0].split(". ")[0].rstrip(".") if told else ""
-            if what.startswith("Unsupported operand"):  # a byte no pickle holds there: text, say
-                return f"{_NO_PICKLE}: {what})"
             reason += f" ({what})" if what else ""
     return reason
 
 
-#: The start of :func:`load_failure_reason` for a file that holds no pickle at all.
-_NO_PICKLE = "not a file torch.save writes (the unpickler read no pickle"
+def _first_bytes(path: str | os.PathLike[str], count: int) -> bytes:
+    """The first ``count`` bytes of ``path``; ``b""`` where it cannot be read."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(count)
+    except OSError:
+        return b""
 
 
 def remove_abandoned_temporaries(directory: str | os.PathLike[str]) -> list[Path]:

@@ -150,8 +150,8 @@ def test_a_file_torch_cannot_read_safely_is_refused_without_torchs_advice_to_run
     assert code == 2 and "weights_only" not in err, err
     assert err.strip() == (
         f"torchvote explain: error: --checkpoint: checkpoint '{script}' is not a record torch.load can "
-        "read safely (a dict of tensors saved by torch.save): not a file torch.save writes (the unpickler "
-        "read no pickle: Unsupported operand 105)"  # 105: the "i" of "import"
+        "read safely (a dict of tensors saved by torch.save): not a file torch.save writes (it starts "
+        "with b'im', neither a zip archive nor a pickle)"
     )
 
 

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("matplotlib", reason='the report needs matplotlib: pip install "torchvote[plots]"')
 
@@ -15,6 +16,7 @@ from torchvote.explain.command import add_explain_arguments, run_explain  # noqa
 from torchvote.explain.record import RECORD_FILE, explain_record, load_record  # noqa: E402
 from torchvote.explain.report import STAGING_PREFIX, HtmlReport  # noqa: E402
 from torchvote.training.checkpoint import CheckpointError  # noqa: E402
+from torchvote.training.config import config_to_dict, load_config  # noqa: E402
 
 from .offline import offline_problems, synthetic_record  # noqa: E402
 
@@ -138,8 +140,11 @@ def test_load_record_paths(tmp_path):
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match=f"no {RECORD_FILE} and is no training run's.*record=True"):
         load_record(empty)
-    # a run stopped before its first checkpoint
-    (empty / "config.yaml").write_text("model: {name: capsnet}\n")
+    (empty / "config.yaml").write_text("model: {name: capsnet}\n")  # a user's own: no run
+    with pytest.raises(FileNotFoundError, match=f"no {RECORD_FILE} and is no training run's.*record=True"):
+        load_record(empty)
+    # a run stopped before its first checkpoint: its config.yaml is whole, as a run writes it
+    (empty / "config.yaml").write_text(yaml.safe_dump(config_to_dict(load_config("smoke"))))
     with pytest.raises(CheckpointError, match="no checkpoint in"):  # was: "a checkpoint holds weights..."
         load_record(empty)
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -151,7 +156,10 @@ def test_iterations_say_that_a_sentence_after_them_was_read_as_one(capsys):
     with pytest.raises(SystemExit):
         _parse("--iterations", "2", "my sentence")
     assert "got 'my sentence' (a sentence after --iterations is read as one of its values: put the " \
-           "sentences before the options)" in capsys.readouterr().err
+           "sentences first)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a number, not whole: no word about sentences
+        _parse("hello", "--iterations", "2.5")
+    assert capsys.readouterr().err.rstrip().endswith("expected whole numbers of passes, got '2.5'")
     assert _parse("my sentence", "--iterations", "2", "4").iterations == [2, 4]
 
 
@@ -160,8 +168,19 @@ def test_load_record_says_a_text_file_is_no_file_torch_save_writes(tmp_path, con
     """A text file named as a record was "...saved by torch.save): 101" (the unpickler's KeyError)."""
     junk = tmp_path / "junk.pt"
     junk.write_bytes(content)
-    with pytest.raises(ValueError, match=r"not a file torch.save writes \(the unpickler read no pickle"):
+    with pytest.raises(ValueError, match=r"torch.save writes \(it starts with b'.*', neither a zip"):
         load_record(junk)
+
+
+def test_load_record_does_not_call_a_file_torch_save_wrote_foreign(tmp_path):
+    """A torch.save of pickle protocol 4 (whose FRAME opcode the safe unpickler refuses) was first
+    said to be "not a file torch.save writes" (review finding): it is one; the reason is what the
+    unpickler met."""
+    saved = tmp_path / "protocol4.pt"
+    torch.save({"couplings": torch.ones(2)}, saved, pickle_protocol=4)
+    with pytest.raises(ValueError) as refused:
+        load_record(saved)
+    assert "torch.save writes" not in str(refused.value)
 
 
 def _parse(*argv):

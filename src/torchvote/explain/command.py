@@ -78,10 +78,12 @@ def _pass_count(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected whole numbers of passes, got {text!r} (a sentence after --iterations is read as "
-            "one of its values: put the sentences before the options)"
-        ) from None
+        try:
+            float(text)  # a number all the same ('2.5'): nothing was misplaced
+            hint = ""
+        except ValueError:
+            hint = " (a sentence after --iterations is read as one of its values: put the sentences first)"
+        raise argparse.ArgumentTypeError(f"expected whole numbers of passes, got {text!r}{hint}") from None
 
 
 _TITLE = "torchvote explain: attention as weighted voting"

@@ -141,7 +141,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
     except Exception as err:  # pickle's and zipfile's errors for a file that is not a torch.save
         raise ValueError(
             f"checkpoint {str(path)!r} is not a record torch.load can read safely (a dict of tensors "
-            f"saved by torch.save): {load_failure_reason(err)}"
+            f"saved by torch.save): {load_failure_reason(err, path)}"
         ) from None
     if _is_training_state(record):
         return record_from_run(path)  # its checkpoint: the weights file beside it
@@ -248,14 +248,23 @@ def check_record(record: Mapping[str, Tensor]) -> None:
 
 def _is_checkpoint_folder(path: Path) -> bool:
     """Whether the folder ``path`` is a training run's (it has ``checkpoints/``, or the
-    ``config.yaml`` a run writes first: one stopped before its first checkpoint) or its
-    checkpoints folder (it has the ``latest`` pointer): the folders
-    :func:`~torchvote.training.checkpoint.find_checkpoint` resolves. A broken one is still one:
-    :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it (a run
-    without a checkpoint: "no checkpoint in ...")."""
+    ``config.yaml`` a run writes first, whole: one stopped before its first checkpoint; a user's
+    own ``config.yaml`` makes no run) or its checkpoints folder (it has the ``latest`` pointer): the
+    folders :func:`~torchvote.training.checkpoint.find_checkpoint` resolves. A broken one is still
+    one: :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it (a
+    run without a checkpoint: "no checkpoint in ...")."""
     from torchvote.training.checkpoint import LATEST
 
-    return (path / "checkpoints").is_dir() or (path / "config.yaml").is_file() or (path / LATEST).is_file()
+    if (path / "checkpoints").is_dir() or (path / LATEST).is_file():
+        return True
+    config = path / "config.yaml"
+    if not config.is_file():
+        return False
+    try:
+        from torchvote.training.setup import is_run_config
+    except ModuleNotFoundError:  # without the train extra no run is read: the folder is no record
+        return False
+    return is_run_config(config)
 
 
 def _is_checkpoint_weights(path: Path) -> bool:

@@ -518,7 +518,7 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        reason = load_failure_reason(err)
+        reason = load_failure_reason(err, path)
         raise CheckpointError(f"{path} is corrupt or not a training state ({reason})") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} training state")

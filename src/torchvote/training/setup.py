@@ -96,7 +96,7 @@ def _check_new_run_dir(run_dir: str) -> Path:
         )
     if path.is_dir():
         present = sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)  # not a run file
-        if "config.yaml" in present and set(present) <= _RUN_FILES and _is_run_config(path / "config.yaml"):
+        if "config.yaml" in present and set(present) <= _RUN_FILES and is_run_config(path / "config.yaml"):
             return path  # a run stopped before its first checkpoint: it starts over (reproduce reruns it)
         if present:
             shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
@@ -108,12 +108,19 @@ def _check_new_run_dir(run_dir: str) -> Path:
     return path
 
 
-def _is_run_config(path: Path) -> bool:
+def is_run_config(path: Path) -> bool:
     """Whether ``path`` reads as a run's ``config.yaml``: a YAML mapping of the training-config
     keys, as a run writes it whole (a user's own ``config.yaml``, a preset of a few keys beside its
     notes, is not a stopped run to start over on: it was overwritten). Every key of today's
     config but those added since the first release of run folders (a run of an older version
-    lacks them) must be there, and no other."""
+    lacks them) must be there, and no other.
+
+    Args:
+        path: the ``config.yaml`` file.
+
+    Returns:
+        The answer; False for a file that does not read as YAML.
+    """
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
