@@ -236,15 +236,18 @@ def test_sample_next_token_refuses_logits_not_of_shape_batch_vocab(logits, error
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), "all -inf"])
 def test_sample_next_token_refuses_rows_it_cannot_draw_from(bad, temperature):
-    """Greedy took the NaN's or +inf's index (or token 0 for a row of -inf) in silence; sampling
-    failed inside torch.multinomial naming no argument (review finding). -inf entries beside a
-    finite one are masked tokens, and are taken."""
+    """Greedy took the NaN's index (or token 0 for a row of -inf) in silence; sampling failed
+    inside torch.multinomial naming no argument (review finding). -inf entries beside a finite
+    one are masked tokens, and are taken; greedy takes a +inf as the most likely token."""
     logits = torch.zeros(3, 5)
     if bad == "all -inf":
         logits[1] = float("-inf")
     else:
         logits[1, 2] = bad
-    with pytest.raises(ValueError, match=r"logits must be finite or -inf .*; rows \[1\]"):
-        sample_next_token(logits, temperature=temperature)
+    if bad == float("inf") and temperature == 0.0:
+        assert sample_next_token(logits, temperature=0.0).flatten().tolist() == [0, 2, 0]
+    else:
+        with pytest.raises(ValueError, match=r"must hold no NaN and a value above -inf .*; rows \[1\]"):
+            sample_next_token(logits, temperature=temperature)
     masked = torch.tensor([[float("-inf"), 0.0, float("-inf")]])
     assert sample_next_token(masked, temperature=temperature).item() == 1

@@ -67,7 +67,7 @@ def sample_next_token(
             not a number (``"1"``, ``None``, a bool; for ``temperature`` a tensor of several
             values); a ``generator`` that is not a ``torch.Generator``.
         ValueError: ``logits`` not of shape ``(b, vocab)`` with ``vocab >= 1``, or a row of them
-            holding NaN or ``+inf``, or only ``-inf``; ``temperature`` negative, NaN or infinite;
+            holding NaN, only ``-inf`` or, when sampling, ``+inf``; ``temperature`` negative, NaN or infinite;
             ``top_k`` not a positive integer; ``top_p`` outside ``(0, 1]`` or NaN.
     """
     check_float_tensor(logits, "logits")
@@ -124,16 +124,21 @@ def sample_checked(
 
     Raises:
         ValueError: (on the CPU; a device-side assertion on an accelerator) a row of ``logits``
-            holding NaN or ``+inf``, or only ``-inf``: no token can be drawn from it (greedy
-            decoding took the NaN's or the ``+inf``'s index, or token 0, in silence; sampling
-            failed inside ``torch.multinomial``).
+            holding NaN, or only ``-inf``, or, when sampling, ``+inf``: no token can be drawn
+            from it (greedy decoding took the NaN's index, or token 0, in silence; sampling
+            failed inside ``torch.multinomial``). Greedy decoding takes a ``+inf`` (a float16
+            overflow of the winning logit, say) as the most likely token.
     """
-    largest = logits.amax(dim=-1)  # (b,): NaN if the row holds one, +inf / -inf as named above
+    largest = logits.amax(dim=-1)  # (b,): NaN if the row holds one
+    drawable = ~torch.isnan(largest) & (largest > float("-inf"))  # (b,)
+    if temperature != 0.0:  # a softmax of +inf is NaN
+        drawable &= largest < float("inf")
     check_tensor_values(
-        torch.isfinite(largest).all(),
-        "logits must be finite or -inf with at least one finite value in every row (NaN, +inf or "
-        "a row of -inf leave no token to draw)",
-        detail=lambda: f"; rows {torch.nonzero(~torch.isfinite(largest)).flatten()[:8].tolist()}",
+        drawable.all(),
+        "logits must hold no NaN and a value above -inf in every row"
+        + ("" if temperature == 0.0 else ", and no +inf when sampling")
+        + " (no token can be drawn from such a row)",
+        detail=lambda: f"; rows {torch.nonzero(~drawable).flatten()[:8].tolist()}",
     )
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (b, vocab); float64 kept
     if temperature == 0.0:
