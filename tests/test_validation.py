@@ -443,3 +443,80 @@ def test_a_path_argument_given_the_empty_string_is_refused():
         for call in calls:
             with pytest.raises(ValueError, match=rf"^{argument}: expected a path, got an empty string"):
                 call("")
+
+
+def test_as_path_expands_the_home_folder(monkeypatch, tmp_path):
+    """A '~/runs' path was taken literally, a folder named '~' in the working one (mutation review)."""
+    from pathlib import Path
+
+    from torchvote.validation import as_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert as_path("~/runs", "run_dir") == tmp_path / "runs"
+    assert as_path(Path("~") / "x", "run_dir") == tmp_path / "x"
+
+
+@pytest.mark.parametrize(
+    ("value", "include_low", "include_high", "accepted"),
+    [
+        (0.0, True, True, True),
+        (0.0, False, True, False),
+        (1.0, True, True, True),
+        (1.0, True, False, False),
+        (0.5, False, False, True),
+    ],
+)
+def test_in_range_includes_or_excludes_each_bound_as_told(value, include_low, include_high, accepted):
+    """A value equal to a bound is taken only where that bound is included (mutation review)."""
+    bounds = {"include_low": include_low, "include_high": include_high}
+    if accepted:
+        assert check_in_range(value, "p", 0.0, 1.0, **bounds) == value
+    else:
+        with pytest.raises(ValueError, match="p must be a finite number in"):
+            check_in_range(value, "p", 0.0, 1.0, **bounds)
+
+
+def test_check_dim_of_a_0d_tensor_takes_0_and_minus_1_only():
+    """torch's reductions read a 0-D tensor as one entry: dim 0 and -1, nothing else (mutation review)."""
+    assert check_dim(0, 0) == 0 and check_dim(-1, 0) == -1
+    for dim in (1, -2):
+        with pytest.raises(ValueError, match=r"dim must be an axis of the 0-D input, in \[-1, 1\)"):
+            check_dim(dim, 0)
+
+
+def test_index_range_refuses_the_size_itself_and_takes_the_last_index():
+    """[0, size) is open above: an index equal to the size is out of range (mutation review)."""
+    from torchvote.validation import check_index_range
+
+    check_index_range(torch.tensor([0, 4]), 5, "ids out of range")
+    check_index_range(torch.tensor([], dtype=torch.long), 5, "ids out of range")
+    for bad, extremes in (([0, 5], "smallest 0, largest 5"), ([-1, 2], "smallest -1, largest 2")):
+        with pytest.raises(ValueError, match=f"ids out of range: {extremes}"):
+            check_index_range(torch.tensor(bad), 5, "ids out of range")
+
+
+def test_check_texts_refuses_one_string_and_takes_a_list():
+    """One string would be read as its characters ("uniform" as seven filters) (mutation review)."""
+    from torchvote.validation import check_texts
+
+    assert check_texts(["uniform"], "filters") == ("uniform",)
+    assert check_texts(("a", "b"), "filters") == ("a", "b")
+    for value in ("uniform", b"uniform"):
+        with pytest.raises(TypeError, match=r"filters must be a list of strings, got the single string"):
+            check_texts(value, "filters")
+    with pytest.raises(ValueError, match=r"filters must be a list of strings, got 3 in it"):
+        check_texts(["a", 3], "filters")
+
+
+def test_check_bool_fields_refuses_a_truthy_non_bool_in_a_bool_field():
+    """The string "no" is truthy and would switch an option on (mutation review)."""
+    import dataclasses
+
+    from torchvote.validation import check_bool_fields
+
+    for annotation in (bool, "bool"):  # the class, and the string `from __future__ import annotations` gives
+        config_cls = dataclasses.make_dataclass("Config", [("name", str), ("flag", annotation)])
+        check_bool_fields(config_cls(name="x", flag=False))
+        check_bool_fields(config_cls(name=5, flag=True))  # only the bool fields are checked
+        with pytest.raises(TypeError, match=r"flag must be True or False, got 'no'"):
+            check_bool_fields(config_cls(name="x", flag="no"))

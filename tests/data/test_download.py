@@ -228,6 +228,24 @@ def test_a_file_already_there_is_returned_whatever_temporaries_lie_beside_it(
     assert files.remove_abandoned_temporaries(tmp_path) == []  # left for its owner, no error
 
 
+def test_the_clean_up_leaves_this_process_s_and_a_running_process_s_temporaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A temporary named with this process's id is a write in progress, even where the process
+    check says otherwise (a pid namespace); one of a process that runs is left too (mutation review)."""
+    import torchvote.files as files
+
+    own = tmp_path / f".file.bin.{os.getpid()}.abc123.tmp"
+    parent = tmp_path / f".other.bin.{os.getppid()}.def456.part"  # the parent process runs
+    for temporary in (own, parent):
+        temporary.write_bytes(b"being written")
+    assert files.remove_abandoned_temporaries(tmp_path) == []
+    assert own.exists() and parent.exists()
+    monkeypatch.setattr(files, "_process_runs", lambda pid: False)
+    assert files.remove_abandoned_temporaries(tmp_path) == [parent]
+    assert own.exists() and not parent.exists()
+
+
 def test_interrupted_download_keeps_the_old_file(server: FakeServer, tmp_path: Path) -> None:
     dest = tmp_path / "file.bin"
     dest.write_bytes(b"previous version")

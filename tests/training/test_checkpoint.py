@@ -280,6 +280,19 @@ def test_rng_states_round_trip():
     assert first[2] == second[2]
 
 
+def test_the_python_rng_restores_its_pending_gaussian():
+    """random.gauss makes two values at a time and keeps the second (gauss_next): a restored state
+    that dropped it drew another value than the run it resumes (mutation review)."""
+    random.seed(5)
+    random.gauss(0.0, 1.0)  # leaves its spare value pending
+    assert random.getstate()[2] is not None
+    state = capture_rng_state()
+    expected = random.gauss(0.0, 1.0)
+    random.seed(99)
+    restore_rng_state(state)
+    assert random.gauss(0.0, 1.0) == expected
+
+
 @pytest.mark.parametrize("keep", [0, -1, 2.5, "2", True])
 def test_a_keep_below_one_or_not_an_integer_is_refused_before_anything_is_written(tmp_path, keep):
     model = nn.Linear(2, 2)
@@ -335,6 +348,14 @@ def test_keep_does_not_count_a_whole_higher_numbered_checkpoint(tmp_path):
         "step-00000025.safetensors",
         "step-00000030.safetensors",
     ]
+
+
+@pytest.mark.parametrize("name", ["step-\u0660\u0660\u0661\u0662", "step-\u00b2", "step-1\u00b2"])
+def test_a_step_of_digits_other_than_ascii_is_no_checkpoint_step(name):
+    """str.isdigit takes Arabic-Indic digits (int() reads them as 12) and '²' (int() refuses it):
+    no checkpoint name of this project holds them (mutation review)."""
+    assert checkpoint_module.checkpoint_step(name) == -1
+    assert checkpoint_module.checkpoint_step("step-00000012") == 12
 
 
 def test_keep_leaves_files_that_are_not_named_by_a_step_alone(tmp_path):

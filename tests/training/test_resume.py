@@ -334,3 +334,40 @@ def test_a_file_system_that_cannot_lock_runs_unlocked_with_a_warning(tiny_config
     assert not run.interrupted
     with pytest.warns(UserWarning, match="cannot lock"):
         train(load_run_config(run.run_dir, ["epochs=2"]), resume=run.run_dir, verbose=False)
+
+
+def test_discarding_the_lock_leaves_a_lock_file_it_did_not_make(tmp_path):
+    """release(discard=True) is for a folder that was not this process's to write: a lock file
+    that was there before acquire (another process's, an earlier run's) stays (mutation review)."""
+    from torchvote.files import LOCK_NAME, FolderLock
+
+    there = tmp_path / "there"
+    there.mkdir()
+    (there / LOCK_NAME).write_text("12345\n")
+    FolderLock(there).acquire().release(discard=True)
+    assert (there / LOCK_NAME).is_file()
+    made = FolderLock(tmp_path / "made").acquire()
+    assert (tmp_path / "made" / LOCK_NAME).is_file()
+    made.release(discard=True)  # the one it made goes
+    assert list((tmp_path / "made").iterdir()) == []
+
+
+def test_a_flock_error_other_than_unsupported_is_raised(tmp_path, monkeypatch):
+    """Only "this file system cannot lock" (ENOSYS and kin) runs unlocked: an I/O error is not
+    swallowed into an unlocked run (mutation review)."""
+    import errno
+    import fcntl
+    import warnings
+
+    from torchvote.files import FolderLock
+
+    def failing(descriptor, operation):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fcntl, "flock", failing)
+    lock = FolderLock(tmp_path / "run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "cannot lock" warning either
+        with pytest.raises(OSError, match="Input/output error") as raised:
+            lock.acquire()
+    assert raised.value.errno == errno.EIO and lock._descriptor is None
