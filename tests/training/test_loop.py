@@ -389,6 +389,23 @@ def test_a_run_whose_set_up_fails_leaves_no_folder(tiny_config, tmp_path):
     assert not runs.exists() or list(runs.iterdir()) == []
 
 
+@pytest.mark.parametrize("locking", [True, False], ids=["locked", "no-fcntl"])
+def test_a_failed_set_up_leaves_the_empty_run_dir_the_user_made(tiny_config, tmp_path, monkeypatch, locking):
+    """Only a folder made for the run is removed when its set-up fails: an empty one the user made
+    and named as run_dir stays, and stays empty: the lock file the run made in it went too (it was
+    left behind) (mutation review). Without fcntl (as on Windows) nothing is locked."""
+    import sys
+
+    if not locking:
+        monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` fails: nothing locked
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    config = tiny_config("mine", "model.num_classes=5")
+    with pytest.raises(ConfigError, match="model.num_classes=5 does not fit"):
+        train(config, verbose=False)
+    assert mine.is_dir() and list(mine.iterdir()) == []
+
+
 def test_onecycle_cannot_be_stretched_on_resume(tiny_config):
     first = train(tiny_config("run", "epochs=1", "optim.schedule=onecycle"), verbose=False)
     with pytest.raises(ConfigError, match="onecycle schedule of this run was set for 6 steps"):

@@ -440,7 +440,8 @@ class _Run:
     def run(self) -> TrainResult:
         try:
             self._setup()
-        except BaseException:
+        except BaseException:  # nothing written yet: the folder as it was, a lock file it made gone too
+            self.lock.release(discard=True)
             self._release_unused_run_dir()
             raise
         try:
