@@ -117,7 +117,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
         else:
             raise FileNotFoundError(
                 f"folder {str(path)!r} has no {RECORD_FILE} and is no training run's (no checkpoints/, "
-                f"no config.yaml): name a run folder, or make a record: {_HOW}"
+                f"no config.yaml a run wrote): name a run folder, or make a record: {_HOW}"
             )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
