@@ -481,7 +481,11 @@ def test_receivers_refuse_a_causal_mask_as_they_refuse_is_causal(form):
     RoutingAttention(EMBED, HEADS)(torch.randn(1, 4, EMBED), attn_mask=mask)
 
 
-@pytest.mark.parametrize("blocked", [-1e4, -1e9, torch.finfo(torch.float32).min, "learned"])
+# -1e4 as bfloat16 stores it: -9984
+_BF16_MINUS_1E4 = float(torch.tensor(-1e4, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("blocked", [-1e4, _BF16_MINUS_1E4, -1e9, torch.finfo(torch.float32).min, "learned"])
 def test_receivers_refuse_a_causal_mask_of_finite_or_learned_blocks(blocked):
     """HF/BERT-style causal masks (``-1e4``, ``-1e9``, ``finfo.min`` above the diagonal) and a
     causal ``-inf`` mask plus a learned bias were taken, and the last token moved the first

@@ -137,9 +137,10 @@ def is_causal_mask(mask: Tensor) -> bool:
 
 
 #: A float mask's entry at or below this blocks its pair as ``-inf`` does, where a mask's intent is
-#: read (:func:`_orders_receivers`): ``exp(-1e4)`` is 0 in every floating dtype, and BERT-style
-#: code writes ``-10000``, ``-1e9`` or ``torch.finfo(dtype).min`` for "may not attend".
-BLOCKING_LOGIT = -1e4
+#: read (:func:`_orders_receivers`): ``exp(-1000)`` is 0 in every floating dtype (float64 included),
+#: and BERT-style code writes ``-10000`` (``-9984`` once stored in bfloat16), ``-1e9`` or
+#: ``torch.finfo(dtype).min`` for "may not attend".
+BLOCKING_LOGIT = -1e3
 
 
 def _orders_receivers(mask: Tensor) -> bool:
@@ -152,8 +153,8 @@ def _orders_receivers(mask: Tensor) -> bool:
     queries or more (their weights for it then share one softmax, so the later query moves the
     earlier output). A causal mask is such a mask; so are a causal mask merged with padding, a
     per-example causal mask and a causal sliding window. A float mask blocks with ``-inf`` or any
-    value at or below :data:`BLOCKING_LOGIT` (the ``-1e4``, ``-1e9`` and ``finfo.min`` that other
-    code puts there), also where a learned bias was added to it.
+    value at or below :data:`BLOCKING_LOGIT` (``-1000``: the ``-1e4``, ``-1e9`` and ``finfo.min``
+    that other code puts there), also where a learned bias was added to it.
 
     Args:
         mask: boolean (True = may attend) or float (``-inf`` forbids) of shape ``(..., L, S)``.

@@ -104,7 +104,7 @@ class RoutingAttention(MultiHeadAttention):
     softmax then sums over all queries, so it cannot be causal (a later query would change an
     earlier output): ``is_causal=True`` and an ``attn_mask`` that orders the positions (one that
     blocks every later key: causal, also merged with padding, per example or as a sliding window;
-    a float mask blocks with ``-inf`` or any value at or below ``-1e4``, learned bias added or not)
+    a float mask blocks with ``-inf`` or any value at or below ``-1000``, learned bias added or not)
     are refused (any other mask limits which pairs vote but cannot make the outputs causal). Under
     ``torch.compile`` and ``torch.export`` the mask's values are not read (a read would break the
     graph): there only ``is_causal=True`` is refused, and a causal mask is the caller's to avoid.
