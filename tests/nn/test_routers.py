@@ -476,3 +476,12 @@ def test_first_passes_of_an_em_router_with_a_schedule_list_route_its_first_value
     assert router.iterations == 3 and router.inverse_temperature == [0.01, 0.02, 0.05]
     with pytest.raises(ValueError, match=r"passes must be an integer in \[1, 3\], got 4"):
         router.first_passes(4)
+
+
+def test_a_router_listed_but_not_registered_stops_make_router_even_under_python_O(monkeypatch):
+    """The check was an assert, which `python -O` drops (docs review)."""
+    from torchvote.nn.routers import base
+
+    monkeypatch.setattr(base, "list_routers", lambda: ["dynamic", "unregistered-router"])
+    with pytest.raises(AssertionError, match=r"\['unregistered-router'\] are not"):
+        base.make_router("dynamic", in_caps=4, out_caps=3, out_dim=2)

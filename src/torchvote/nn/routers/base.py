@@ -370,8 +370,11 @@ def make_router(
             which ``device`` and ``dtype`` make), ``iterations`` < 1 (checked for the one-pass
             routers too, which ignore it).
     """
-    # torchvote's own routers are all registered; a user's (register_router) may join them
-    assert set(list_routers()) <= set(_REGISTRY), "every listed router must be registered"
+    # torchvote's own routers are all registered; a user's (register_router) may join them. Not an
+    # assert: `python -O` would drop it, and a contributor's missing registration with it
+    unregistered = sorted(set(list_routers()) - set(_REGISTRY))
+    if unregistered:
+        raise AssertionError(f"every listed router must be registered: {unregistered} are not")
     check_positive_int(iterations, "iterations")
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"routing must be one of {sorted(_REGISTRY)}, got {name!r}")
