@@ -350,7 +350,9 @@ def test_device_exists_checks_cuda_against_this_machine(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in ("cpu", "meta"):
         assert check_device_exists(torch.device(device)) == torch.device(device)
-    with pytest.raises(ValueError, match="device 'cuda' requested but CUDA is not available"):
+    # no syntax suggested: `torchvote evaluate ... device=cpu`, as it said, is no evaluate argument
+    with pytest.raises(ValueError, match=r"device 'cuda' requested but CUDA is not available; use the CPU "
+                                         r"\('cpu'\) or 'auto'$"):
         check_device_exists(torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

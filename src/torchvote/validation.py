@@ -406,7 +406,7 @@ def check_device_exists(device: torch.device, name: str | None = None) -> torch.
     if not torch.cuda.is_available():
         raise ValueError(
             f"device {name or str(device)!r} requested but CUDA is not available; use the CPU "
-            "(device=cpu, or --device cpu on the command line) or auto"
+            "('cpu') or 'auto'"  # the caller's own spelling: --device cpu, device=cpu, device="cpu"
         )
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
