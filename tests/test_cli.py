@@ -88,7 +88,10 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     # without --on (nor --root, --limit, --data-option): the same, read from the run's own record
     code, out, err = run(capsys, "evaluate", str(idx_dir))
     assert code == 0, err
-    assert "data:       the run's own (--on mnist:split=train)" in out and out.splitlines()[-1] == row
+    # the flags shown are those that apply, the run's limit, root and options too (copied, the
+    # limit-less line evaluated every example)
+    shown = f"--on mnist:split=train --limit 50 --root {tiny_mnist_root} --data-option source=idx"
+    assert f"data:       the run's own ({shown})" in out and out.splitlines()[-1] == row
     # data.options went to the evaluated set only, never to the eval_on entries (mnist takes no
     # seed): beside those, they stand in the evaluated set's own entry
     seeded = tmp_path / "seeded"

@@ -541,17 +541,21 @@ def _run_data_arguments(config) -> tuple[list[str], int | None, str | None, dict
 def _evaluate_command(config, run_dir: str | os.PathLike[str]) -> str:
     """The ``torchvote evaluate`` command that tests a run on its own data sets
     (:func:`_run_data_arguments`)."""
-    entries, limit, root, options = _run_data_arguments(config)
-    words = ["torchvote", "evaluate", str(run_dir)]
-    for entry in entries:
-        words += ["--on", entry]
+    return shlex.join(["torchvote", "evaluate", str(run_dir), *_evaluate_flags(*_run_data_arguments(config))])
+
+
+def _evaluate_flags(
+    entries: Sequence[str], limit: int | None, root: str | None, options: dict[str, Any]
+) -> list[str]:
+    """``evaluate``'s flags for these data arguments (:func:`_run_data_arguments`' order)."""
+    words = [word for entry in entries for word in ("--on", entry)]
     if limit is not None:
         words += ["--limit", str(limit)]
     if root is not None:
         words += ["--root", root]
     for key, value in options.items():
         words += ["--data-option", f"{key}={_option_text(value)}"]
-    return shlex.join(words)
+    return words
 
 
 def _option_text(value: Any) -> str:
@@ -655,7 +659,9 @@ def _evaluate(args: argparse.Namespace) -> int:
         limit = run_limit if limit is None else limit
         root = run_root if root is None else root
         options = {**run_options, **options}
-        print(f"data:       the run's own ({' '.join(shlex.join(['--on', entry]) for entry in datasets)})")
+        # as they apply: the run's limit, root and options too (the limit was left out, and the flags
+        # shown, copied, evaluated every example)
+        print(f"data:       the run's own ({shlex.join(_evaluate_flags(datasets, limit, root, options))})")
     rows = evaluate_checkpoint(
         args.checkpoint,
         datasets,
