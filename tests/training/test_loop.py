@@ -892,3 +892,13 @@ def test_the_run_helpers_name_an_object_of_another_kind():
         plot_run(None)
     with pytest.raises(TypeError, match="model must be an nn.Module, got NoneType"):
         load_model_weights(None, "x.safetensors")
+
+
+def test_a_run_shorter_than_its_warm_up_says_where_its_learning_rate_ends(tiny_config, capsys):
+    """A 20-step trial of a preset with a 100-step warm-up trained at a fifth of its rate, unsaid
+    (UX review); onecycle refuses such a run itself, a run that fits says nothing."""
+    train(tiny_config("short", "max_steps=2", "optim.warmup_steps=8", "optim.lr=0.004"), verbose=False)
+    assert ("note: optim.warmup_steps=8 is longer than this run's 2 steps: the learning rate ends at 25% "
+            "of optim.lr=0.004") in capsys.readouterr().err
+    train(tiny_config("fits", "max_steps=2", "optim.warmup_steps=2"), verbose=False)
+    assert "note: optim.warmup_steps" not in capsys.readouterr().err

@@ -285,6 +285,14 @@ class _Run:
         self.total_steps = min(steps, config.max_steps) if config.max_steps is not None else steps
         self.optimizer = build_optimizer(self.model.parameters(), config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim, self.total_steps)
+        warmup = config.optim.warmup_steps
+        if config.optim.schedule != "onecycle" and self.total_steps < warmup and not self.resume_from:
+            # a short trial of a preset (max_steps=20) trained at a fraction of its rate, unsaid
+            self._log(
+                f"note: optim.warmup_steps={warmup} is longer than this run's {self.total_steps} steps: "
+                f"the learning rate ends at {self.total_steps / warmup:.0%} of optim.lr={config.optim.lr:g} "
+                "(optim.warmup_steps=0, or fewer, for a short run)"
+            )
         # fp16's loss scaling; with fp16=false every call of it is the plain one (see _train_step)
         self.scaler = torch.amp.GradScaler(context.device.type, enabled=config.fp16)
         self.objective = make_objective(
