@@ -178,7 +178,7 @@ def test_main_job_trains_evaluates_and_says_where_things_went(tmp_path, capsys):
             "unknown model 'transformer-xyz'; models: ",
         ),
         (["train", "smoke", "model.preset=huge"], "presets: paper, small, tiny"),
-        (["train", "smoke", "optim.lrr=1"], "unknown key 'optim.lrr'; valid keys: optim.name, optim.lr"),
+        (["train", "smoke", "optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys"),
         (["train", "smoke", "epochs=many"], "epochs: expected int, got 'many'"),
         (["train", "smoke", "optim.name=lion"], "'lion' is not one of: adam, adamw, sgd"),
         (["train", "smoke", "model.routers=3"], "valid keys: model.name, model.preset, model.image_size"),

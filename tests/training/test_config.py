@@ -82,11 +82,16 @@ def test_model_name_can_come_after_model_overrides():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("optim.lrr=1", "unknown key 'optim.lrr'; valid keys: optim.name, optim.lr,"),
+        ("optim.lrr=1", "unknown key 'optim.lrr' (did you mean 'optim.lr'?); valid keys: optim.name,"),
         (
             "epoch=2",
-            "unknown key 'epoch'; valid keys: description, preset, model, data, optim, loss, batch_size",
+            "unknown key 'epoch' (did you mean 'epochs'?); valid keys: description, preset, model, data, "
+            "optim, loss, batch_size",
         ),
+        # a key of a section given at the top level: the section's key is named (the list alone did not)
+        ("lr=0.01", "unknown key 'lr' (did you mean 'optim.lr'?); valid keys: description,"),
+        ("eval_limit=5", "unknown key 'eval_limit' (did you mean 'data.eval_limit'?); valid keys:"),
+        ("zzz=1", "unknown key 'zzz'; valid keys: description,"),  # nothing close: no guess
         ("epochs=two", "epochs: expected int, got 'two'"),
         ("epochs=2.5", "epochs: expected int, got '2.5'"),
         ("optim.lr=fast", "optim.lr: expected float, got 'fast'"),

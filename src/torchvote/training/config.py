@@ -357,7 +357,9 @@ def _set_override(values: dict[str, Any], parts: list[str], raw: str) -> None:
                 node[part] = node = child
             continue
         if part not in types_:
-            raise unknown_key(key, [f"{prefix}.{n}" if prefix else n for n in types_])
+            sections = {n: t for n, t in types_.items() if dataclasses.is_dataclass(t)} if depth == 0 else {}
+            deeper = [f"{n}.{f}" for n, t in sections.items() for f in field_types(t)]
+            raise unknown_key(key, [f"{prefix}.{n}" if prefix else n for n in types_], deeper=deeper)
         annotation = types_[part]
         if last:
             if dataclasses.is_dataclass(annotation):

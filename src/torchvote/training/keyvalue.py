@@ -15,6 +15,7 @@ or the valid keys.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import types
@@ -208,18 +209,25 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
-def unknown_key(key: str, valid: Iterable[str], what: str = "") -> ConfigError:
-    """The error for a key that does not exist.
+def unknown_key(key: str, valid: Iterable[str], what: str = "", *, deeper: Iterable[str] = ()) -> ConfigError:
+    """The error for a key that does not exist, with the key probably meant.
 
     Args:
         key: the dotted key given.
         valid: the dotted keys that exist there.
         what: more words after the key (`` for model 'capsnet'``).
+        deeper: keys one section down (``optim.lr`` beside the top level's ``lr``): one whose
+            last part is ``key`` is the key meant.
 
     Returns:
-        The :class:`ConfigError` to raise; its message lists ``valid``.
+        The :class:`ConfigError` to raise; its message names the key meant, where one is close
+        (``lr``: ``optim.lr``; ``optim.lrr``: ``optim.lr``), and lists ``valid``.
     """
-    return ConfigError(f"unknown key {key!r}{what}; valid keys: {', '.join(valid)}")
+    valid = list(valid)
+    meant = [candidate for candidate in deeper if candidate.rsplit(".", 1)[-1] == key]
+    meant = meant or difflib.get_close_matches(key, valid, n=1, cutoff=0.8)
+    hint = f" (did you mean {' or '.join(repr(m) for m in meant)}?)" if meant else ""
+    return ConfigError(f"unknown key {key!r}{what}{hint}; valid keys: {', '.join(valid)}")
 
 
 def _arms(annotation: Any) -> tuple[Any, ...]:
