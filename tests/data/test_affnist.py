@@ -144,8 +144,10 @@ def test_a_folder_of_other_mat_files_is_not_the_test_set(tmp_path: Path) -> None
     images, labels = tiny_set(6)
     for name in ("training_and_validation.mat", "validation.mat"):
         write_mat(tmp_path / name, images, labels)
-    with pytest.raises(DataNotFoundError, match="real affNIST test set"):
+    with pytest.raises(DataNotFoundError, match="real affNIST test set") as missing:
         find_affnist(tmp_path)
+    # the stand-in named for either model size (eval_on=[affnist-style] alone failed at 28x28)
+    assert "eval_on=[affnist-style:canvas=28] for a model of 28x28 images" in str(missing.value)
     with pytest.raises(FileNotFoundError, match="no test.mat or numbered test batches"):
         load_affnist_mat(tmp_path)
     write_mat(tmp_path / "test.mat", images[:2], labels[:2])  # beside them: only it is read

@@ -515,7 +515,8 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
         looked,
         command,
         note=f"{note}Without it, the generated stand-in is the data set 'affnist-style' "
-        "(e.g. eval_on=[affnist-style]).",
+        "(e.g. eval_on=[affnist-style], 40x40 as the real set; eval_on=[affnist-style:canvas=28] "
+        "for a model of 28x28 images).",
     )
 
 
