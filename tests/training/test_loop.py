@@ -902,3 +902,16 @@ def test_a_run_shorter_than_its_warm_up_says_where_its_learning_rate_ends(tiny_c
             "of optim.lr=0.004") in capsys.readouterr().err
     train(tiny_config("fits", "max_steps=2", "optim.warmup_steps=2"), verbose=False)
     assert "note: optim.warmup_steps" not in capsys.readouterr().err
+
+
+def test_an_eval_every_past_the_runs_epochs_says_it_evaluates_at_the_end_only(tiny_config, capsys):
+    """eval_every=10 (epochs) on a run of one epoch evaluated nothing before the end, unsaid: a
+    user reading it as steps waited for evaluations (UX review)."""
+    run = train(tiny_config("late", "epochs=1", "eval_every=10"), verbose=False)
+    assert "note: eval_every=10 counts epochs and this run trains 1: it evaluates at its end only" in (
+        capsys.readouterr().err
+    )
+    events = [r["event"] for r in read_metrics(run.metrics_path)]
+    assert "eval" not in events and events.count("final") == 1  # as the note says
+    train(tiny_config("each", "epochs=2", "eval_every=2"), verbose=False)
+    assert "note: eval_every" not in capsys.readouterr().err

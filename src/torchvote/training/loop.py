@@ -293,6 +293,12 @@ class _Run:
                 f"the learning rate ends at {self.total_steps / warmup:.0%} of optim.lr={config.optim.lr:g} "
                 "(optim.warmup_steps=0, or fewer, for a short run)"
             )
+        epochs_run = -(-self.total_steps // self.plan.steps_per_epoch)  # begun; the last perhaps cut short
+        if config.eval_every > epochs_run and not self.resume_from:  # eval_every counts epochs, not steps
+            self._log(
+                f"note: eval_every={config.eval_every} counts epochs and this run trains {epochs_run}: it "
+                "evaluates at its end only"
+            )
         # fp16's loss scaling; with fp16=false every call of it is the plain one (see _train_step)
         self.scaler = torch.amp.GradScaler(context.device.type, enabled=config.fp16)
         self.objective = make_objective(
