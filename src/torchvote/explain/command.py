@@ -137,6 +137,17 @@ def _load_checkpoint(path: Path) -> dict[str, Tensor]:
         raise ValueError(f"--checkpoint: {error}") from error
 
 
+def _checkpoint_named(location: Path) -> str:
+    """``": capsnet at step N (path)"`` for a training checkpoint, ``""`` for a record file (or
+    where the train extra that reads checkpoints is missing)."""
+    try:
+        from torchvote.training.evaluate import checkpoint_summary
+
+        return f": {checkpoint_summary(location)}"
+    except (ValueError, OSError, ImportError):  # a record, not a checkpoint: the path alone names it
+        return ""
+
+
 def run_explain(args: argparse.Namespace) -> int:
     """Write the report; print its path. Returns 0, or 2 on bad input or a missing dependency.
 
@@ -172,6 +183,9 @@ def run_explain(args: argparse.Namespace) -> int:
         if args.checkpoint is not None:
             record = _load_checkpoint(Path(args.checkpoint))  # its tensors checked too
         report = HtmlReport(_TITLE, out_dir)
+        if record is not None:  # the page says what it shows (one --out serves every call)
+            named = _checkpoint_named(args.checkpoint)
+            report.text(f"Capsule pictures from --checkpoint {args.checkpoint}{named}.")
         if model is not None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
