@@ -915,3 +915,10 @@ def test_an_eval_every_past_the_runs_epochs_says_it_evaluates_at_the_end_only(ti
     assert "eval" not in events and events.count("final") == 1  # as the note says
     train(tiny_config("each", "epochs=2", "eval_every=2"), verbose=False)
     assert "note: eval_every" not in capsys.readouterr().err
+
+
+def test_the_run_header_counts_in_words(tiny_config, capsys):
+    """"1 steps of 8 on 1 process(es)" (UX review)."""
+    train(tiny_config("one", "max_steps=1"), verbose=False)
+    header = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("training "))
+    assert " 1 step of " in header and " on 1 process, " in header, header

@@ -364,10 +364,11 @@ class _Run:
         if self.step >= self.total_steps:  # a finished run, resumed: nothing left to train
             self._log(f"{self.run_dir} has finished its {self.total_steps} steps: nothing to train")
             return
+        steps = f"{self.total_steps} step{'s' if self.total_steps != 1 else ''}"
+        processes = f"{context.world_size} process{'es' if context.world_size != 1 else ''}"
         self._log(
-            f"training {self.spec.name} on {config.data.name} ({len(self.train_data)} examples, "
-            f"{self.total_steps} steps of {config.batch_size} on {context.world_size} process(es), "
-            f"{context.device}) -> {self.run_dir}"
+            f"training {self.spec.name} on {config.data.name} ({len(self.train_data):,} examples, "
+            f"{steps} of {config.batch_size} on {processes}, {context.device}) -> {self.run_dir}"
         )
 
     # --- checkpoints and evaluation ---------------------------------------------------------------
