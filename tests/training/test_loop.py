@@ -422,6 +422,16 @@ def test_a_resume_that_redraws_a_cosine_schedule_says_so(tiny_config, capsys):
     assert f"the cosine schedule is {expected}" in capsys.readouterr().err
 
 
+def test_a_resume_inside_the_warm_up_says_the_rate_does_not_jump(tiny_config, capsys):
+    """Resumed inside its warm-up, whose rate does not depend on the run's length, a cosine run
+    said "the learning rate goes from 0.00021 to 0.00021" (UX review)."""
+    first = train(tiny_config("run", "epochs=1", "optim.lr=0.008", "optim.warmup_steps=8"), verbose=False)
+    capsys.readouterr()
+    train(load_run_config(first.run_dir, ["epochs=2"]), resume=first.run_dir, verbose=False)
+    expected = "redrawn over 12 steps (was 6): the learning rate at step 6 is the same (0.007); the new"
+    assert f"the cosine schedule is {expected}" in capsys.readouterr().err
+
+
 def test_a_resume_that_redraws_the_spread_margin_ramp_says_so(tiny_config, capsys):
     """The margin ramp spans the run unless loss.spread_ramp_steps is set: a longer resumed run
     redrew it silently (the margin fell from 0.9 back to the middle of the ramp)."""

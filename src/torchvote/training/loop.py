@@ -550,14 +550,14 @@ class _Run:
         if optim.schedule == "cosine":
             before, after = (optim.lr * lr_multiplier(optim, total)(self.step) for total in lengths)
             self._log(
-                f"the cosine schedule is redrawn over {self.total_steps} steps (was {saved_total}): the "
-                f"learning rate goes from {before:.3g} to {after:.3g} at step {self.step}"
+                f"the cosine schedule is redrawn over {self.total_steps} steps (was {saved_total}): "
+                f"{_change_at('learning rate', before, after, self.step)}"
             )
         if loss.name == "spread" and not loss.spread_ramp_steps:
             before, after = (spread_margin_schedule(loss, total)(self.step) for total in lengths)
             self._log(
                 f"the spread loss's margin ramp is redrawn over {self.total_steps} steps (was "
-                f"{saved_total}): the margin goes from {before:.3g} to {after:.3g} at step {self.step}"
+                f"{saved_total}): {_change_at('margin', before, after, self.step)}"
             )
 
     def _epoch_batches(self) -> Any:
@@ -901,3 +901,12 @@ def _weights_finite(model: nn.Module) -> bool:
     tensors = [tensor for tensor in model.state_dict().values() if tensor.is_floating_point()]
     flags = [torch.isfinite(tensor).all() for tensor in tensors]
     return not flags or bool(torch.stack(flags).all())
+
+
+def _change_at(what: str, before: float, after: float, step: int) -> str:
+    """How a redrawn schedule's ``what`` moves at the resumed ``step``: a jump, or none there (a
+    resume inside the warm-up, whose rate does not depend on the length: "goes from 0.00021 to
+    0.00021" said a jump that was not)."""
+    if math.isclose(before, after, rel_tol=1e-6, abs_tol=1e-12):
+        return f"the {what} at step {step} is the same ({before:.3g}); the new length shapes it from there"
+    return f"the {what} goes from {before:.3g} to {after:.3g} at step {step}"
