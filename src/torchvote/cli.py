@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit",
         type=int,
         metavar="N",
-        help="evaluate on the first N examples only (N tokens of a text stream)",
+        help="evaluate on the first N examples only (of a text stream: its first N tokens, cut into "
+        "the model's context windows, which the table's examples column counts)",
     )
     evaluate.add_argument(
         "--batch-size", type=int, default=500, metavar="N", help="examples per batch (default: 500)"
