@@ -125,6 +125,39 @@ def test_evaluate_reports_the_loss_training_reported(tmp_path, capsys, tiny_mnis
     assert f"{state}, the run's training state that records them, does not exist" in err
 
 
+def test_evaluate_and_resume_read_the_data_sets_a_resume_added_without_a_checkpoint(tmp_path, capsys):
+    # a finished run resumed only to evaluate a new eval_on entry writes no checkpoint, only its
+    # config.yaml: `evaluate RUN` then read the checkpoint's record and left the new set out, and a
+    # later resume dropped it too
+    run_dir = tmp_path / "r"
+    code, _, err = run(capsys, "train", "smoke", "max_steps=2", "data.limit=100", "data.eval_limit=40",
+                       f"run_dir={run_dir}", *FAST)
+    assert code == 0, err
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    code, resumed, err = run(capsys, "train", "--resume", str(run_dir), "eval_on=[small-digits:split=train]")
+    assert code == 0, err
+    added = next(line for line in resumed.splitlines() if line.startswith("small-digits/train"))
+    assert sorted((run_dir / "checkpoints").iterdir()) == checkpoints  # none written
+    code, out, err = run(capsys, "evaluate", str(run_dir))
+    assert code == 0, err
+    assert "--on small-digits --on small-digits:split=train --limit 40" in out
+    assert next(line for line in out.splitlines() if line.startswith("small-digits/train")) == added
+    # a longer resume keeps it (and says the run's length changed, against the checkpoint's record)
+    code, out, err = run(capsys, "train", "--resume", str(run_dir), "max_steps=3")
+    assert code == 0, err
+    assert any(line.startswith("small-digits/train") for line in out.splitlines())
+
+    # a config.yaml of another run (another seed) is not read: the checkpoint's record is
+    other = tmp_path / "other"
+    code, _, err = run(capsys, "train", "smoke", "max_steps=1", "data.limit=100", "data.eval_limit=40",
+                       "eval_on=[small-digits:split=train]", "seed=7", f"run_dir={other}", *FAST)
+    assert code == 0, err
+    (run_dir / "config.yaml").write_bytes((other / "config.yaml").read_bytes())
+    code, out, err = run(capsys, "evaluate", str(run_dir))
+    assert code == 0, err
+    assert "the run's own (--on small-digits --limit 40)" in out
+
+
 def test_evaluate_and_reproduce_help_say_what_they_print_and_how_to_continue(capsys):
     # `evaluate --help` did not say what the table holds (nor why a loss can be missing), and
     # `reproduce --help` neither where the runs go by default nor what to do after Ctrl-C

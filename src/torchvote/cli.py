@@ -683,7 +683,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _run_config(checkpoint: str, known: Sequence[str]):
-    """The run config recorded in a checkpoint's training state, for ``evaluate`` without ``--on``.
+    """The run config recorded in a checkpoint's training state, for ``evaluate`` without ``--on``;
+    in a run folder, as its last set-up ran (a resume that only evaluated a finished run on a new
+    ``eval_on`` entry wrote its config there, and no checkpoint).
 
     Raises:
         ValueError: no training state beside the weights (a ``.safetensors`` file copied alone),
@@ -691,12 +693,15 @@ def _run_config(checkpoint: str, known: Sequence[str]):
     """
     from torchvote.training.checkpoint import CheckpointError, find_checkpoint
     from torchvote.training.evaluate import run_state_beside
+    from torchvote.training.results import last_set_up_config
 
     paths = find_checkpoint(checkpoint)
     try:
         config, _ = run_state_beside(paths, None, "the run's training state that records them", "data sets")
     except CheckpointError as err:
         raise ValueError(f"name the data sets with --on (data sets: {', '.join(known)}): {err}") from None
+    if paths.weights.parent.name == "checkpoints":  # in a run folder: as its last set-up read them
+        return last_set_up_config(paths.weights.parent.parent, config)
     return config
 
 

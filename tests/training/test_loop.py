@@ -164,10 +164,12 @@ def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, mo
     def finals() -> list[tuple[str, int]]:
         return [(r["dataset"], r["count"]) for r in read_metrics(first.metrics_path) if r["event"] == "final"]
 
-    # Nothing left to train or evaluate: the recorded figures, no second record.
-    again = train(load_run_config(first.run_dir), resume=first.run_dir, verbose=False)
+    # Nothing left to train or evaluate: the recorded figures, no second record (and no progress
+    # bar, which a log file got twice, full: "100%|...| 40/40 100%|...| 40/40").
+    again = train(load_run_config(first.run_dir, ["progress=true"]), resume=first.run_dir, verbose=False)
     assert evaluated == [] and again.step == first.step
-    assert f"has finished its {first.step} steps: nothing to train" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"has finished its {first.step} steps: nothing to train" in err and "step/s" not in err
     assert again.results.keys() == first.results.keys()
     for name, metrics in first.results.items():
         assert again.results[name] == pytest.approx(metrics, abs=1e-6)  # as recorded: 6 decimals
@@ -180,11 +182,12 @@ def test_resuming_a_finished_run_reports_its_recorded_evaluation(tiny_config, mo
     )
     assert evaluated == ["affnist-style/test"] and more.results["mnist/test"] == again.results["mnist/test"]
     assert finals() == [("mnist/test", 30), ("affnist-style/test", 30)]
-    # Another eval_limit is another evaluation.
+    # Another eval_limit is another evaluation, of every set the run last ran with: the eval_on
+    # entry the last resume added stays (it wrote no checkpoint; its config.yaml records it).
     evaluated.clear()
     fewer = train(load_run_config(first.run_dir, ["data.eval_limit=20"]), resume=first.run_dir, verbose=False)
-    assert evaluated == ["mnist/test"] and fewer.results["mnist/test"]["count"] == 20
-    assert finals()[-1] == ("mnist/test", 20)
+    assert evaluated == ["mnist/test", "affnist-style/test"] and fewer.results["mnist/test"]["count"] == 20
+    assert finals()[-2:] == [("mnist/test", 20), ("affnist-style/test", 20)]
 
 
 def test_a_finished_run_resumed_for_more_epochs_reports_its_new_final_evaluation(tiny_config):

@@ -39,6 +39,7 @@ __all__ = [
     "TrainResult",
     "check_resumable",
     "find_resumable_checkpoint",
+    "last_set_up_config",
     "load_run_config",
 ]
 
@@ -102,7 +103,8 @@ class TrainResult:
 
 
 def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """The config a run was started with (from its newest intact checkpoint), plus ``overrides``
+    """The config a run last ran with (from its newest intact checkpoint, or its ``config.yaml``:
+    :func:`last_set_up_config`), plus ``overrides``
     of the keys a resumed run may change (:data:`~torchvote.training.config.RESUMABLE_KEYS`).
 
     Args:
@@ -116,11 +118,42 @@ def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Train
         CheckpointError: no readable checkpoint in ``run_dir``.
         ConfigError: an override of a key that would change the weights.
     """
-    _, state, _ = find_resumable_checkpoint(as_path(run_dir, "run_dir"))
+    run_dir = as_path(run_dir, "run_dir")
+    _, state, _ = find_resumable_checkpoint(run_dir)
     saved = saved_config(state["config"])
-    config = apply_overrides(saved, overrides)
+    config = apply_overrides(last_set_up_config(run_dir, saved), overrides)
     check_resumable(saved, config)
     return config
+
+
+def last_set_up_config(run_dir: Path, saved: TrainConfig) -> TrainConfig:
+    """The config a run folder's last set-up ran with: its ``config.yaml``, where that reads as
+    the same run as ``saved`` (the config its checkpoint recorded) but for keys a resume may
+    change, else ``saved``. A resume that wrote no checkpoint left its overrides in
+    ``config.yaml`` alone: one that only evaluated a finished run on a new ``eval_on`` entry, or
+    one killed before its first checkpoint (a run writes ``config.yaml`` once its data and model
+    are set up).
+
+    Args:
+        run_dir: the run folder.
+        saved: the config of the checkpoint read there.
+
+    Returns:
+        The config.
+    """
+    import yaml
+
+    from torchvote.training.setup import is_run_config
+
+    path = run_dir / "config.yaml"
+    if not is_run_config(path):
+        return saved
+    try:
+        written = saved_config(yaml.safe_load(path.read_text(encoding="utf-8")))
+        check_resumable(saved, written)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError, TypeError, ValueError):
+        return saved  # another run's, or one of an older version: the checkpoint's
+    return written
 
 
 def check_resumable(saved: TrainConfig, config: TrainConfig) -> None:
