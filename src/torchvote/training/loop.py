@@ -503,7 +503,8 @@ class _Run:
         progress = Progress(
             total=self.total_steps,
             initial=self.step,
-            enabled=self.context.is_main and self.config.progress,
+            # a finished run resumed (to evaluate anew) trains nothing: no full bar drawn twice
+            enabled=self.context.is_main and self.config.progress and self.step < self.total_steps,
         )
         if self.resume_from is not None and self.context.is_main:  # the checkpoint's metrics window
             progress.restore(self.resume_from[1].get("metrics_window", {}), self.context.device)
