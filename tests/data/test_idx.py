@@ -162,5 +162,10 @@ def test_a_data_root_variable_naming_a_file_is_named(tmp_path: Path, monkeypatch
     monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "afile"))
     with pytest.raises(ValueError, match=f"TORCHVOTE_DATA={tmp_path / 'afile'} names a file"):
         dataset_dir("mnist")
+    # ... or a folder under a file: the file is named
+    monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "afile" / "data"))
+    with pytest.raises(ValueError, match=f"TORCHVOTE_DATA={tmp_path / 'afile' / 'data'}: "
+                       f"{tmp_path / 'afile'} is a file; it must name the folder"):
+        dataset_dir("mnist")
     monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "data"))
     assert data_root() == tmp_path / "data"

@@ -12,6 +12,7 @@ import os
 from os import PathLike
 from pathlib import Path
 
+from torchvote.files import file_in_the_way
 from torchvote.validation import as_path
 
 __all__ = ["DATA_ENV_VAR", "as_path", "data_root", "dataset_dir", "download_dir", "names_a_file"]
@@ -27,14 +28,19 @@ def data_root() -> Path:
         ``~/.cache/torchvote``. The directory may not exist yet.
 
     Raises:
-        ValueError: ``$TORCHVOTE_DATA`` names a file (a download failed on "Not a directory"
-            with a path that did not say where it came from).
+        ValueError: ``$TORCHVOTE_DATA`` names a file, or a path under one (a download failed on
+            "Not a directory" with a path that did not say where it came from).
     """
     env = os.environ.get(DATA_ENV_VAR, "").strip()
     if env:
         root = Path(env).expanduser()
-        if root.is_file():
+        blocking = file_in_the_way(root)
+        if blocking == root:
             raise ValueError(f"{DATA_ENV_VAR}={env} names a file; it must name the folder data sets go in")
+        if blocking is not None:
+            raise ValueError(
+                f"{DATA_ENV_VAR}={env}: {blocking} is a file; it must name the folder data sets go in"
+            )
         return root
     cache = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(cache).expanduser() if cache else Path.home() / ".cache"
