@@ -51,14 +51,20 @@ def _sinusoidal_table(max_len: int, embed_dim: int) -> Tensor:
     The angles are formed in float64: in float32 ``pos * frequency`` loses about ``pos * 6e-8``
     radians, which at ``pos = 5000`` is an error of ``3e-4`` in the encoding.
     """
-    positions = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (T, 1)
-    even = torch.arange(0, embed_dim, 2, dtype=torch.float64)  # (ceil(E / 2),)
+    cpu = torch.device("cpu")  # never the default device (a "meta" or "cuda" one)
+    positions = torch.arange(max_len, dtype=torch.float64, device=cpu).unsqueeze(1)  # (T, 1)
+    even = torch.arange(0, embed_dim, 2, dtype=torch.float64, device=cpu)  # (ceil(E / 2),)
     frequencies = torch.exp(-math.log(10000.0) * even / embed_dim)
     angles = positions * frequencies  # (T, ceil(E / 2))
-    table = torch.empty(max_len, embed_dim, dtype=torch.float64)
+    table = torch.empty(max_len, embed_dim, dtype=torch.float64, device=cpu)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : embed_dim // 2])
     return table
+
+
+def _refill_after_load(module: SinusoidalPositionalEncoding, _incompatible_keys: object) -> None:
+    """``load_state_dict``'s post-hook: the table, which no state dict holds, computed again."""
+    module.reset_parameters()
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -70,7 +76,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     converts the stored values: a float32 table widened by ``.double()`` keeps float32's
     rounding (about 3e-8); build with ``dtype=torch.float64``, or call :meth:`reset_parameters`
     after the conversion, for a table exact in float64. Built on the
-    ``"meta"`` device it holds no values: after ``to_empty()``, :meth:`reset_parameters` fills it.
+    ``"meta"`` device it holds no values: after ``to_empty()``, :meth:`reset_parameters` fills it,
+    and so does ``load_state_dict`` (which has no table to load).
 
     Args:
         embed_dim: feature size ``E`` (odd sizes are fine: the last column is a sine).
@@ -106,12 +113,14 @@ class SinusoidalPositionalEncoding(nn.Module):
         table = torch.empty(max_len, embed_dim, device=device, dtype=dtype)  # (T, E), filled below
         self.register_buffer("table", table, persistent=False)
         self.reset_parameters()
+        # a model built on "meta", moved by to_empty() and loaded had this memory's garbage here
+        self.register_load_state_dict_post_hook(_refill_after_load)  # a function: the module pickles
 
     def reset_parameters(self) -> None:
         """(Re)compute the table in place: in float64 on the CPU (the same numbers on every
         device), then cast into the buffer's dtype and device. A table on ``"meta"`` has no values
-        to fill; call this after ``module.to_empty(device=...)``, as ``load_state_dict`` does not
-        restore a non-persistent buffer."""
+        to fill; call this after ``module.to_empty(device=...)`` (``load_state_dict`` calls it: the
+        state dict holds no table)."""
         if self.table.is_meta:
             return
         with torch.no_grad():
