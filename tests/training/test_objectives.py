@@ -34,6 +34,18 @@ def test_spread_selected_by_the_router_ramps_its_margin_over_the_whole_run(total
         assert value.item() == pytest.approx(expected.item())
 
 
+def test_the_spread_margin_term_stays_on_the_cpu_whatever_the_default_device():
+    """The loop reads the margin every step; made on the default device (a GPU's, under
+    ``torch.set_default_device("cuda")``) it cost a copy and a device wait per step. "meta"
+    stands in for the GPU here."""
+    objective = _objective(["model.router=em"], 10)
+    output, batch = _batch()
+    with torch.device("meta"):
+        _, parts = objective(output, batch, 5)
+    assert parts["spread_margin"].device.type == "cpu"
+    assert parts["spread_margin"].item() == pytest.approx(0.55)
+
+
 def test_an_explicit_margin_loss_is_kept_with_em_routing():
     objective = _objective(["model.router=em", "loss.name=margin", "loss.reconstruction_weight=0"], 10)
     output, batch = _batch()

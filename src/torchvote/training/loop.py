@@ -601,7 +601,8 @@ class _Run:
         with autocast(device, self.config.bf16, self.config.fp16):
             output = self.handler.forward(self.ddp_model, batch)
             loss, terms = self.objective(output, batch, self.step)
-        margin = terms.get("spread_margin")  # a CPU scalar: reading it makes no device wait
+        # a CPU scalar (whatever the default device): reading it makes no device wait
+        margin = terms.get("spread_margin")
         self.step_margin = None if margin is None else float(margin)
         self.optimizer.zero_grad(set_to_none=True)
         # fp16 (torch.amp's recipe): backward from the loss scaled up, so that small float16

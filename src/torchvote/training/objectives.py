@@ -129,7 +129,7 @@ def _spread(loss: LossConfig, handler: Any, total_steps: int, pad_id: int | None
         scores, targets = handler.logits_and_targets(output, batch)  # refuses MultiMNIST's label sets
         margin_now = schedule(step)
         value = losses.spread_loss(_at_least_float32(scores), targets, margin=margin_now)
-        return value, {"spread": value.detach(), "spread_margin": torch.tensor(margin_now)}
+        return value, {"spread": value.detach(), "spread_margin": torch.tensor(margin_now, device="cpu")}
 
     return spread
 
