@@ -350,6 +350,25 @@ def test_data_verify_checks_the_real_mnist(capsys):
     assert "MNIST verified" in out
 
 
+def test_data_verify_refuses_a_copy_that_is_not_the_published_mnist(tmp_path, capsys):
+    """All-black images under the right labels passed: only the counts and the size were checked."""
+    import torch
+
+    from torchvote.data import write_idx
+    from torchvote.data.command import MNIST_CLASS_COUNTS
+
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        labels = torch.repeat_interleave(torch.arange(10), torch.tensor(MNIST_CLASS_COUNTS[split]))
+        black = torch.zeros(len(labels), 28, 28, dtype=torch.uint8)
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", black)
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", labels.to(torch.uint8))
+    code, out, err = run(capsys, "data", "mnist", "--verify", "--root", str(tmp_path))
+    assert code == 1 and "MNIST verification FAILED" in out
+    assert "train pixels have mean 0.0000 and std 0.0000, published 0.1307 and 0.3081" in err
+    assert f"{tmp_path / 'train-images-idx3-ubyte.gz'} is not the published file (MD5 " in err
+    assert "test has per class" not in err  # the counts are right
+
+
 def test_data_affnist_reports_what_is_missing_and_verifies_what_is_there(tmp_path, capsys):
     import numpy as np
     from scipy.io import savemat

@@ -57,6 +57,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``torchvote`` parser, its subcommands and their options (imports torch)."""
+    from torchvote.data.command import DESCRIPTION as data_description
     from torchvote.data.command import add_data_arguments
     from torchvote.explain.command import add_explain_arguments
 
@@ -201,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="list models, routers, presets or data sets")
     listing.add_argument("what", nargs="?", choices=LIST_WHAT, help="what to list (default: everything)")
 
-    data = commands.add_parser("data", help="prepare and verify the offline data")
+    data = commands.add_parser(
+        "data", help="prepare and verify the offline data", description=data_description
+    )
     add_data_arguments(data)
 
     reproduce = commands.add_parser(
