@@ -140,6 +140,19 @@ def test_missing_idx_files_message_lists_paths_and_command(tmp_path: Path) -> No
         assert str(tmp_path / base) in message
     assert f"{IDX_DOWNLOAD_COMMAND} --root {tmp_path}" in message
     assert message.count("\n  - ") == 4
+    assert "Found" not in message  # neither file of the pair is there
+
+
+def test_a_pair_with_one_file_missing_names_the_missing_one(tmp_path: Path) -> None:
+    """A folder with the images and no labels got the four paths looked for, nothing more."""
+    images_name, labels_name = MNIST_IDX_NAMES["test"]
+    write_idx(tmp_path / f"{images_name}.gz", torch.zeros(2, 28, 28, dtype=torch.uint8))
+    with pytest.raises(DataNotFoundError) as info:
+        load_mnist("test", root=tmp_path)
+    assert str(info.value).endswith(
+        f"Found {tmp_path / images_name}.gz; the labels file beside it is missing "
+        f"({labels_name}, or {labels_name}.gz)."
+    )
 
 
 def test_missing_everything_names_idx_paths_hub_and_pip_command(

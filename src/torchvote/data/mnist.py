@@ -32,7 +32,7 @@ from torch import Tensor
 
 from torchvote.data.errors import DataNotFoundError
 from torchvote.data.idx import read_idx
-from torchvote.data.paths import dataset_dir
+from torchvote.data.paths import dataset_dir, names_a_file
 from torchvote.validation import is_integer
 
 __all__ = [
@@ -215,13 +215,14 @@ def idx_candidates(split: Split, root: str | PathLike[str] | None = None) -> lis
         ``[images.gz, images, labels.gz, labels]`` paths (they may not exist).
 
     Raises:
-        ValueError: ``root`` is a file (the files were looked for under it as if it were a
-            folder, and the download it then suggested refused the same path).
+        ValueError: ``root`` names a file: one that exists, or a path not there whose name ends
+            in ``.gz`` or ``-ubyte`` (the files were looked for under it as if it were a folder,
+            and the download it then suggested refused the same path).
     """
     directory = dataset_dir("mnist", root)
-    if root is not None and directory.is_file():
+    if root is not None and names_a_file(directory, ".gz", "-ubyte"):  # one there, or a mistyped one's name
         raise ValueError(
-            f"root: {directory} is a file; MNIST's IDX files are read from the folder that holds "
+            f"root: {directory} names a file; MNIST's IDX files are read from the folder that holds "
             f"them: pass the folder ({directory.parent})"
         )
     return [
@@ -239,12 +240,29 @@ def find_idx_files(split: Split, root: str | PathLike[str] | None = None) -> tup
     Returns:
         ``(images_path, labels_path)`` if both exist, else ``None``.
     """
-    paths = idx_candidates(split, root)
-    images = next((p for p in paths[:2] if p.is_file()), None)
-    labels = next((p for p in paths[2:] if p.is_file()), None)
+    images, labels = _present_files(split, root)
     if images is None or labels is None:
         return None
     return images, labels
+
+
+def _present_files(split: Split, root: str | PathLike[str] | None) -> tuple[Path | None, Path | None]:
+    """The split's images and labels files that exist (``.gz`` preferred), ``None`` for one missing."""
+    paths = idx_candidates(split, root)  # [images.gz, images, labels.gz, labels]
+    images_paths, labels_paths = paths[:2], paths[2:]
+    images = next((p for p in images_paths if p.is_file()), None)
+    return images, next((p for p in labels_paths if p.is_file()), None)
+
+
+def _half_found(split: Split, root: str | PathLike[str] | None) -> str | None:
+    """Where one file of a split's pair is there and the other is not: which is missing (a
+    message listing all four paths did not say); ``None`` otherwise."""
+    images, labels = _present_files(split, root)
+    if (images is None) == (labels is None):
+        return None
+    found, missing = (images, "labels") if labels is None else (labels, "images")
+    name = MNIST_IDX_NAMES[split][0 if missing == "images" else 1]
+    return f"Found {found}; the {missing} file beside it is missing ({name}, or {name}.gz)."
 
 
 @functools.lru_cache(maxsize=4)
@@ -335,7 +353,8 @@ def load_mnist(
                     "downloads again every file whose MD5 differs from the published one."
                 ) from None
         elif source == "idx" or root is not None:  # a named folder is never swapped silently
-            raise DataNotFoundError(f"MNIST {split} IDX files", idx_candidates(split, root), command)
+            paths, half = idx_candidates(split, root), _half_found(split, root)
+            raise DataNotFoundError(f"MNIST {split} IDX files", paths, command, note=half)
         else:
             looked = idx_candidates(split, root)
     if images is None:
