@@ -211,6 +211,15 @@ def test_labels_must_be_classes_not_floats() -> None:
         make_multimnist(images, torch.tensor([0.5, 1.5, 0.5, 1.5]), num_pairs=3)
 
 
+@pytest.mark.parametrize("scale, shift", [(255.0, 0.0), (1.0, -0.5), (float("nan"), 0.0)])
+def test_pixels_outside_0_1_are_refused(scale: float, shift: float) -> None:
+    """0-255 digits became white squares under min(a + b, 1), and centred ones (-0.5) went below
+    0: the overlay was clamped from above only."""
+    images = torch.rand(4, 1, 28, 28) * scale + shift
+    with pytest.raises(ValueError, match=r"images: expected pixel values in \[0, 1\], got values in"):
+        make_multimnist(images, torch.tensor([0, 1, 2, 3]), num_pairs=2)
+
+
 def test_a_source_checks_its_seed_when_made() -> None:
     with pytest.raises(ValueError, match="seed"):  # not only at the first draw, epochs later
         MultiMNISTSource(torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 0, 1]), num_pairs=2, seed=2**64)

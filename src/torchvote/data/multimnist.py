@@ -2,8 +2,9 @@
 
 Recipe from "Dynamic Routing Between Capsules" (Sabour, Frosst and Hinton, NeurIPS 2017),
 section 6: overlay a digit on another digit from the same set but of a different class; each
-digit is shifted by up to 4 pixels in each direction, giving a 36x36 image; pixel values of the
-two digits combine as ``min(a + b, 1)``. (The authors' released code used shifts of up to 6.)
+digit is shifted by up to 4 pixels in each direction, giving a 36x36 image. (The authors'
+released code used shifts of up to 6.) The paper does not say how the two digits' pixels combine:
+here as ``min(a + b, 1)``, on digits with pixel values in ``[0, 1]``.
 The paper reports that the two digits' bounding boxes overlap by about 80% on average;
 :func:`bounding_box_overlap` measures it for a generated set: 72.5%, 73.2% and 72.5% here
 (intersection over the smaller box; 2,000 pairs from the first 2,000 MNIST test digits, seeds 0,
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from torchvote.data.transforms import _check_images, _check_int
-from torchvote.validation import check_in_range, check_seed
+from torchvote.validation import check_in_range, check_seed, check_tensor_values
 
 __all__ = [
     "MultiMNIST",
@@ -116,6 +117,11 @@ def _check_source(images: Tensor, labels: Tensor, *, max_shift: int, canvas: int
     _check_int(canvas, "canvas", minimum=1)
     if images.shape[1] != 1:
         raise ValueError(f"images: expected one channel, got shape {tuple(images.shape)}")
+    check_tensor_values(  # the overlay min(a + b, 1) assumes them (a 0-255 digit gave a white square)
+        ((images >= 0) & (images <= 1)).all(),
+        "images: expected pixel values in [0, 1]",
+        detail=lambda: f", got values in [{float(images.min())}, {float(images.max())}]",
+    )
     if canvas < max(images.shape[-2:]):
         raise ValueError(f"canvas: expected at least the digit size {max(images.shape[-2:])}, got {canvas}")
     largest = _largest_shift(images.shape[-2], images.shape[-1], canvas)
@@ -172,7 +178,7 @@ def make_multimnist(
             wrong type.
         ValueError: If shapes disagree, there are fewer than two classes, ``max_shift`` is
             negative or too large for the canvas, ``canvas`` is smaller than the source images,
-            or ``seed`` is not an int in ``[0, 2**64)``.
+            a pixel value is outside ``[0, 1]``, or ``seed`` is not an int in ``[0, 2**64)``.
     """
     _check_int(num_pairs, "num_pairs")
     seed = check_seed(seed)

@@ -416,8 +416,11 @@ def apply_affine(
     """Warp images with given affine parameters, sampling with ``F.grid_sample``.
 
     The input and output centres coincide before translation; pixels mapped from outside the
-    input are zero. With the identity and an integer translation the result is an exact
-    zero-filled shift (output pixel centres land on input pixel centres). The sampling grid is
+    input are zero. With the identity, an integer translation and an output whose size differs
+    from the input's by an even number of pixels per axis, the result is a zero-filled shift
+    (output pixel centres land on input pixel centres; exact up to the float32 grid's rounding,
+    about 1e-6). An odd difference (28 -> 41) puts the centres half a pixel apart, so even the
+    identity interpolates between neighbours: :func:`pad_to` places a digit exactly. The sampling grid is
     built in float64 and applied in float32 or better, so float16 and bfloat16 images are
     warped as accurately as float32 ones and only rounded to their dtype at the end.
 
