@@ -52,6 +52,9 @@ def test_demo_command_runs_from_the_cli(monkeypatch, tmp_path):
     monkeypatch.setattr(demo, "run_demo", lambda **kw: seen.update(kw))
     assert cli.main(["demo", "--output-dir", str(tmp_path), "--no-plots"]) == 0
     assert seen == {"output_dir": str(tmp_path), "make_plots": False}
+    # --out, as explain and reproduce spell it
+    assert cli.main(["demo", "--out", str(tmp_path / "b")]) == 0
+    assert seen == {"output_dir": str(tmp_path / "b"), "make_plots": True}
 
 
 # --- what a first-time user meets ----------------------------------------------------------------

@@ -75,7 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     demo = commands.add_parser("demo", help="the voting operator as attention and as routing on MNIST")
-    demo.add_argument("--output-dir", default="runs/demo", help="where the plots go (default: runs/demo)")
+    demo.add_argument(  # --out as explain and reproduce spell it; --output-dir, its first name, kept
+        "--out",
+        "--output-dir",
+        dest="output_dir",
+        metavar="DIR",
+        default="runs/demo",
+        help="where the plots go (default: runs/demo)",
+    )
     demo.add_argument("--no-plots", action="store_true", help="print only")
 
     train = commands.add_parser("train", help="train from a preset with key=value overrides")
