@@ -298,11 +298,18 @@ def greedy_decode(
     eos_id: int,
     pad_id: int,
     device: torch.device,
+    check_every: int | None = None,
 ) -> Tensor:
     """From ``<bos>``, append the most likely token until every sequence has produced ``<eos>``.
 
     ``<pad>`` and ``<bos>`` are never chosen (as fairseq's generator never picks padding): neither
     is a token of a sentence, and a ``<pad>`` before ``<eos>`` would read as the sequence's end.
+
+    Whether every sequence has ended is read from the device every ``check_every`` tokens: each
+    read makes the host wait for the queued kernels, so on an accelerator the next token's kernels
+    are not launched while the last ones run. A sequence that ends between two reads is padded;
+    the columns of padding after the last ``<eos>`` are cut at the end (one read), so the ids are
+    the same for every ``check_every``.
 
     Args:
         next_logits: ``tokens (b, t) -> (b, vocab)``, the logits of the next token.
@@ -310,19 +317,27 @@ def greedy_decode(
         limit: most tokens to append.
         bos_id, eos_id, pad_id: the start, end and padding ids (padding after a sequence ends).
         device: where the ids live.
+        check_every: tokens between two reads; default 1 on a CPU (reads cost nothing there, and
+            every token decoded after the end is wasted), 8 elsewhere.
 
     Returns:
         ``(b, 1 + n)`` ids, ``<bos> y_1 ... <eos>`` then ``pad_id``; ``n <= limit``.
     """
+    if check_every is None:
+        check_every = 1 if device.type == "cpu" else 8
     tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)  # (b, 1)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (b,)
     never = torch.tensor([pad_id, bos_id], device=device)  # (2,)
-    for _ in range(limit):
+    for step in range(limit):
         logits = next_logits(tokens)  # (b, vocab)
         next_token = logits.index_fill(-1, never, -math.inf).argmax(dim=-1)  # (b,)
         next_token = next_token.masked_fill(finished, pad_id)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (b, t + 1)
         finished |= next_token == eos_id
-        if bool(finished.all()):
+        if (step + 1) % check_every == 0 and bool(finished.all()):
             break
+    if check_every > 1 and tokens.shape[1] > 1:  # the columns decoded after every <eos>: padding, cut
+        # a chosen token is never pad, so the first new column always holds one
+        written = (tokens[:, 1:] != pad_id).any(dim=0)  # (n,)
+        tokens = tokens[:, : 2 + int(written.nonzero().max())]
     return tokens
