@@ -213,7 +213,7 @@ class CapsuleLinear(nn.Module):
         strategy: how the votes reach the router, an implementation detail: ``"auto"`` (the
             default: ``"stream"`` on a CPU, where cache-tiled products beat small vote GEMMs;
             ``"materialize"`` on a GPU, where a few large kernels beat many small ones, unless the
-            votes exceed ``routing_strategy.MATERIALIZE_BUDGET_BYTES``, and while
+            votes exceed :func:`~torchvote.nn.routing_strategy.materialize_budget`, and while
             ``torch.compile`` traces, so that a compiled layer takes any batch size in one graph:
             :func:`~torchvote.nn.routing_strategy.choose_strategy`), ``"materialize"``
             (votes formed by one einsum), ``"stream"`` (never formed) or ``"compiled"`` (the
@@ -371,7 +371,10 @@ class CapsuleLinear(nn.Module):
         self._check_activations(inputs, activations)
         check_flag(return_routing, "return_routing")
         vote_bytes = math.prod(inputs.shape[:-2]) * self.out_caps * self.in_caps * self.out_dim
-        vote_bytes *= inputs.element_size()
+        device_type = inputs.device.type  # under autocast the votes take its dtype (bf16: half the bytes)
+        autocast_on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+        vote_dtype = torch.get_autocast_dtype(device_type) if autocast_on else inputs.dtype
+        vote_bytes *= vote_dtype.itemsize
         strategy = choose_strategy(self.strategy, device=inputs.device, vote_bytes=vote_bytes)
         if strategy == "stream":
             result = self.router(self.votes(inputs), activations=activations)
