@@ -343,6 +343,21 @@ def test_list_everything(capsys):
         assert header in out
 
 
+def test_list_wraps_long_entries_on_a_terminal_only(capsys, monkeypatch):
+    """A preset's line ran to 188 columns on an 80-column terminal; piped, one line per entry."""
+    import shutil
+
+    code, piped, _ = run(capsys, "list")
+    assert code == 0 and max(map(len, piped.splitlines())) > 80  # else this test shows nothing
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *args: os.terminal_size((80, 24)))
+    code, wrapped, _ = run(capsys, "list")
+    assert code == 0 and max(map(len, wrapped.splitlines())) <= 80
+    assert wrapped.split() == piped.split()  # the same words, in the same order
+    continuation = next(line for line in wrapped.splitlines() if line.startswith(" " * 27))
+    assert continuation[27] != " "  # under the description (margin 2, name column 25)
+
+
 def test_data_verify_checks_the_real_mnist(capsys):
     code, out, err = run(capsys, "data", "mnist", "--verify")
     assert code == 0, err

@@ -31,8 +31,10 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -880,11 +882,19 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     sections = [args.what] if args.what else list(LIST_WHAT)
+    margin = "  " if len(sections) > 1 else ""
+    # on a terminal, long entries wrap under their description (a preset's ran to 188 columns);
+    # piped, one line per entry, for grep
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     for index, what in enumerate(sections):
         if len(sections) > 1:
             print(f"{'' if index == 0 else chr(10)}{what}:")
         for line in _LISTERS[what]():
-            print(("  " if len(sections) > 1 else "") + line)
+            if width is None or len(margin + line) <= width:
+                print(margin + line)
+            else:  # the name column is 24 characters and a space
+                print(textwrap.fill(line, width=max(width, 60), initial_indent=margin,
+                                    subsequent_indent=margin + " " * 25, break_on_hyphens=False))
     return 0
 
 
