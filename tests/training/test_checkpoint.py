@@ -213,6 +213,74 @@ def test_a_truncated_weights_file_is_reported_as_corrupt(tmp_path, cut):
         load_model_weights(_tiny_model(0), paths.weights)
 
 
+def _flip_inside_a_tensor(path):
+    """Overwrite 8 bytes in the middle of a weights file's tensor data, its header untouched."""
+    import json
+
+    data = bytearray(path.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    offsets = json.loads(data[8 : 8 + header])
+    begin, end = max((v["data_offsets"] for k, v in offsets.items() if k != "__metadata__"),
+                     key=lambda o: o[1] - o[0])  # the largest tensor
+    middle = 8 + header + (begin + end) // 2
+    data[middle : middle + 8] = b"\x7f" * 8
+    path.write_bytes(bytes(data))
+
+
+def test_tensor_bytes_changed_on_disk_are_found(tmp_path):
+    """A checkpoint damaged inside its tensor data, header intact, loaded a NaN weight in silence
+    (evaluate printed 10% and a NaN loss; a resume blamed the learning rate)."""
+    import hashlib
+
+    from torchvote.training.results import find_resumable_checkpoint
+
+    older = _save(tmp_path, 0, _tiny_model(0))
+    paths = _save(tmp_path, 1, _tiny_model(0))
+    blob = paths.weights.read_bytes()
+    data_section = blob[8 + int.from_bytes(blob[:8], "little") :]
+    assert read_model_metadata(paths.weights)["tensors_sha256"] == hashlib.sha256(data_section).hexdigest()
+    _flip_inside_a_tensor(paths.weights)
+    read_model_metadata(paths.weights)  # the header still reads
+    with pytest.raises(CheckpointError, match="is corrupt: its tensor bytes changed since it was written"):
+        load_model_weights(_tiny_model(0), paths.weights)
+    # a resume skips it for the older one, saying why
+    found, _, skipped = find_resumable_checkpoint(tmp_path)
+    assert found == older and "tensor bytes changed" in skipped[0]
+
+
+def test_a_weights_file_without_a_digest_still_loads(tmp_path):
+    """Checkpoints written before the digest are read as they were, unchecked."""
+    from safetensors.torch import save_file
+
+    model = _tiny_model(0)
+    path = tmp_path / "old.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata={"format": "x"})
+    other = _tiny_model(1)
+    load_model_weights(other, path)
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_state_bytes_changed_on_disk_are_found(tmp_path):
+    """torch.load does not check its records' CRC-32: a changed byte in the optimiser state was a
+    wrong number (3.4e38 where a 0.5 was)."""
+    import zipfile
+
+    model = _tiny_model(0)
+    state = {"step": 1, "moments": torch.randn(4096)}
+    paths = save_checkpoint(tmp_path, step=1, model=model, model_metadata={}, state=state)
+    with zipfile.ZipFile(paths.state) as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(paths.state.read_bytes())
+    local = record.header_offset  # the local header: 30 bytes, the name, its own extra field
+    start = local + 30 + int.from_bytes(data[local + 26 : local + 28], "little") + int.from_bytes(
+        data[local + 28 : local + 30], "little"
+    )
+    data[start + 1000 : start + 1008] = b"\x7f" * 8
+    paths.state.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"is corrupt: its record {record.filename} fails its CRC-32"):
+        load_training_state(paths.state)
+
+
 def test_garbage_state_file_is_an_error_not_code(tmp_path):
     paths = _save(tmp_path, 1, _tiny_model(0))
     paths.state.write_bytes(b"not a torch file")

@@ -15,7 +15,11 @@ A checkpoint named ``step-00001200`` in ``<run>/checkpoints/`` is two files:
 Both are written atomically (temporary file in the same directory, fsync, ``os.replace``); the
 ``latest`` pointer file is replaced last, so a crash mid-write leaves the previous checkpoint and
 pointer intact. Loading checks every tensor name, shape and dtype first, and raises
-:class:`CheckpointError` naming the ones that do not fit: never a silent partial load.
+:class:`CheckpointError` naming the ones that do not fit: never a silent partial load. Bytes
+changed on disk after the write are found too: the weights record the SHA-256 of their tensor
+bytes (``tensors_sha256``; files written before 2026-11-29 have none and are read unchecked), and
+the training state's zip records carry the CRC-32 ``torch.save`` writes, both checked on every
+read (a flipped byte inside a tensor loaded as a wrong number: NaN losses, or none at all).
 
 Pruning (``keep``) orders checkpoints by their step number, only ever deletes ones at or below
 the step just written (a higher-numbered checkpoint is a previous attempt's, which a resumed run
@@ -24,9 +28,11 @@ skipped) and counts only checkpoints that look whole (:func:`save_checkpoint` ha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +165,24 @@ def _weights_bytes(model: nn.Module, metadata: Mapping[str, str]) -> bytes:
         seen[key] = name
         tensors[name] = tensor.detach().to("cpu").contiguous()
     meta = {**metadata, "format": CHECKPOINT_FORMAT, "aliases": json.dumps(aliases)}
-    return save(tensors, metadata=meta)
+    # the tensor bytes do not depend on the metadata: serialised once to hash them, once to keep
+    digest = hashlib.sha256(_tensor_bytes(save(tensors, metadata=meta))).hexdigest()
+    return save(tensors, metadata={**meta, DIGEST_KEY: digest})
+
+
+#: The weights' metadata entry that holds the SHA-256 (hex) of the file's tensor bytes.
+DIGEST_KEY = "tensors_sha256"
+
+
+def _tensor_bytes(blob: bytes) -> memoryview:
+    """The data section of a safetensors file: what follows its 8-byte length and JSON header."""
+    return memoryview(blob)[8 + int.from_bytes(blob[:8], "little") :]
+
+
+def _recorded_digest(blob: bytes) -> str | None:
+    """The ``tensors_sha256`` a (parsed, hence well-formed) safetensors file records, if any."""
+    header = json.loads(bytes(blob[8 : 8 + int.from_bytes(blob[:8], "little")]))
+    return (header.get("__metadata__") or {}).get(DIGEST_KEY)
 
 
 def read_model_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -182,19 +205,29 @@ def read_model_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def read_weights(path: Path) -> dict[str, Tensor]:
-    """Every tensor of a weights file (which reads the whole file).
+    """Every tensor of a weights file (which reads the whole file), checked against the SHA-256
+    its metadata records (where it records one).
 
     Raises:
-        CheckpointError: missing, truncated, or not a safetensors file.
+        CheckpointError: missing, truncated, not a safetensors file, or tensor bytes that differ
+            from the recorded digest.
     """
     from safetensors.torch import load
 
     try:
-        return load(path.read_bytes())
+        blob = path.read_bytes()
+        tensors = load(blob)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint weights {path} do not exist") from None
     except Exception as err:
         raise CheckpointError(f"{path} is corrupt or not a safetensors file ({err})") from None
+    recorded = _recorded_digest(blob)
+    if recorded is not None and hashlib.sha256(_tensor_bytes(blob)).hexdigest() != recorded:
+        raise CheckpointError(
+            f"{path} is corrupt: its tensor bytes changed since it was written (their SHA-256 differs "
+            "from the one recorded in the file)"
+        )
+    return tensors
 
 
 def _eager_name(name: str) -> str:
@@ -322,7 +355,8 @@ def save_checkpoint(
         TypeError: ``directory`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: ``step`` is not an integer >= 0, or ``keep`` is neither ``None`` nor a
             positive integer; ``model`` a ``DataParallel`` / DDP wrapper (its names would not
-            load into the model); metadata that sets ``format`` or ``aliases``; a ``state`` that
+            load into the model); metadata that sets ``format``, ``aliases`` or
+            ``tensors_sha256``; a ``state`` that
             sets ``format`` or that
             :func:`load_training_state` could not read back (an object that is no tensor,
             number, string or container of them, such as a NumPy array or a dataclass).
@@ -376,7 +410,7 @@ def _check_model_and_metadata(model: Any, model_metadata: Any) -> None:
             f"model_metadata must map strings to strings, got {wrong[0]!r}: "
             f"{model_metadata[wrong[0]]!r} (JSON-encode structured values)"
         )
-    reserved = sorted({"format", "aliases"} & set(model_metadata))
+    reserved = sorted({"format", "aliases", DIGEST_KEY} & set(model_metadata))
     if reserved:  # they were replaced by the file's own without a word
         raise ValueError(f"model_metadata must not set {reserved}: the weights file's own entries go there")
 
@@ -520,6 +554,13 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     except Exception as err:
         reason = load_failure_reason(err, path)
         raise CheckpointError(f"{path} is corrupt or not a training state ({reason})") from None
+    try:  # torch.load does not check the records' CRC-32: a changed byte read as a wrong number
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (OSError, zipfile.BadZipFile) as err:  # (a legacy, non-zip torch file: nothing to check)
+        damaged = None if isinstance(err, zipfile.BadZipFile) else f"unreadable ({err})"
+    if damaged is not None:
+        raise CheckpointError(f"{path} is corrupt: its record {damaged} fails its CRC-32 check")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a {CHECKPOINT_FORMAT} training state")
     return state
