@@ -90,6 +90,24 @@ def test_find_checkpoint_accepts_every_way_of_naming_one(tmp_path):
     )
 
 
+def test_a_folder_without_its_latest_pointer_gives_its_newest_whole_checkpoint(tmp_path):
+    """A run killed between a checkpoint's files and its pointer: evaluate and explain said "no
+    checkpoint" where a resume found one."""
+    run = tmp_path / "run"
+    for step in (2, 10, 9):
+        _save(run / "checkpoints", step, _tiny_model(0))
+    (run / "checkpoints" / "latest").unlink()
+    assert find_checkpoint(run).name == "step-00000010"  # by step, not by the order written
+    assert find_checkpoint(run / "checkpoints").name == "step-00000010"
+    torn = run / "checkpoints" / "step-00000010.safetensors"
+    torn.write_bytes(torn.read_bytes()[:100])
+    assert find_checkpoint(run).name == "step-00000009"
+    for step in (2, 9):
+        (run / "checkpoints" / f"step-{step:08d}.state.pt").unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        find_checkpoint(run)
+
+
 def test_a_failure_mid_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
     first_model = _tiny_model(0)
     first = _save(tmp_path, 1, first_model)

@@ -491,7 +491,10 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
 
     Args:
         location: a run folder (its ``checkpoints/latest`` pointer is read), a checkpoint folder
-            (its ``latest``), either file of a checkpoint, or the path without the suffix.
+            (its ``latest``), either file of a checkpoint, or the path without the suffix. A
+            folder without a ``latest`` pointer (a run killed between a checkpoint's files and its
+            pointer, or the pointer deleted) gives its newest checkpoint by step whose files look
+            whole, as a resume would find it.
 
     Returns:
         The checkpoint's paths; its weights file exists (its state file may not: a weights-only
@@ -511,6 +514,12 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
                 if not paths.weights.is_file():
                     raise CheckpointError(f"{pointer} points at {name}, but {paths.weights} does not exist")
                 return paths
+        for directory in (location / "checkpoints", location):  # no pointer: the newest whole one
+            names = [p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")]
+            steps = sorted((n for n in names if checkpoint_step(n) >= 0), key=checkpoint_step, reverse=True)
+            for paths in (CheckpointPaths.of(directory, name) for name in steps):
+                if _looks_whole(paths):
+                    return paths
         raise CheckpointError(
             f"no checkpoint in {location}: looked for {location / 'checkpoints' / LATEST} "
             f"and {location / LATEST}"
