@@ -153,9 +153,32 @@ def test_evaluate_and_resume_read_the_data_sets_a_resume_added_without_a_checkpo
                        "eval_on=[small-digits:split=train]", "seed=7", f"run_dir={other}", *FAST)
     assert code == 0, err
     (run_dir / "config.yaml").write_bytes((other / "config.yaml").read_bytes())
-    code, out, err = run(capsys, "evaluate", str(run_dir))
+    ignored = r"config.yaml is not read: it differs from its checkpoint's config .*seed"  # said, not silent
+    with pytest.warns(UserWarning, match=ignored):
+        code, out, err = run(capsys, "evaluate", str(run_dir))
     assert code == 0, err
     assert "the run's own (--on small-digits --limit 40)" in out
+
+
+def test_warnings_read_as_one_line_each_while_the_command_runs(capsys, monkeypatch):
+    """Python's format put a source path before torchvote's notes and a line of its code after."""
+    import warnings
+
+    seen = []
+
+    def format_both(args):
+        seen.append(warnings.formatwarning("config.yaml is not read", UserWarning, cli.__file__, 627))
+        seen.append(warnings.formatwarning("x", RuntimeWarning, "/site-packages/torch/nn/f.py", 7))
+        return 0
+
+    monkeypatch.setattr(cli, "_list", format_both)
+    default = warnings.formatwarning
+    code, _, _ = run(capsys, "list")
+    assert code == 0 and seen == [
+        "torchvote: warning: config.yaml is not read\n",
+        "warning: x (RuntimeWarning, /site-packages/torch/nn/f.py:7)\n",
+    ]
+    assert warnings.formatwarning is default  # put back when the command ends
 
 
 def test_evaluate_and_reproduce_help_say_what_they_print_and_how_to_continue(capsys):

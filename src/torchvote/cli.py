@@ -288,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Ctrl-C ends any command with one line and status 130, also while torch is still importing
     (the first second or two): this module imports nothing heavy until here.
     """
+    import warnings
+
+    default_format, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
         return _run_command(argv)
     except KeyboardInterrupt:  # before a command's own handler took over: parsing, importing torch
@@ -295,6 +298,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print("torchvote: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        warnings.formatwarning = default_format
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 (warnings' own)
+    """A warning as the command line shows it: one line, the message first. Python's format put a
+    source path before torchvote's notes to the user and a line of its code after them; another
+    package's warning keeps its origin at the end."""
+    if "torchvote" in Path(filename).parts:
+        return f"torchvote: warning: {message}\n"
+    return f"warning: {message} ({category.__name__}, {filename}:{lineno})\n"
 
 
 def _run_command(argv: Sequence[str] | None) -> int:

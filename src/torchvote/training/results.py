@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,10 @@ def last_set_up_config(run_dir: Path, saved: TrainConfig) -> TrainConfig:
 
     Returns:
         The config.
+
+    Warns:
+        UserWarning: ``config.yaml`` differs from ``saved`` in a key a resume keeps (edited by
+            hand, or copied from another run): it is not read.
     """
     import yaml
 
@@ -150,9 +155,18 @@ def last_set_up_config(run_dir: Path, saved: TrainConfig) -> TrainConfig:
         return saved
     try:
         written = saved_config(yaml.safe_load(path.read_text(encoding="utf-8")))
-        check_resumable(saved, written)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError, TypeError, ValueError):
-        return saved  # another run's, or one of an older version: the checkpoint's
+        return saved  # one of an older version: the checkpoint's
+    try:
+        check_resumable(saved, written)
+    except ConfigError as err:  # edited by hand, or another run's: said, not silently dropped
+        warnings.warn(
+            f"{path} is not read: it differs from its checkpoint's config where a resume cannot change "
+            f"it, and the checkpoint's is used ({err})",
+            UserWarning,
+            stacklevel=3,
+        )
+        return saved
     return written
 
 
