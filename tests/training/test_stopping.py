@@ -25,3 +25,17 @@ def test_a_forked_worker_ignores_the_signal_and_says_nothing():
         os.kill(os.getpid(), signal.SIGINT)  # the loop's own process still takes it
         assert stop.requested and stop.reason == "SIGINT" and len(said) == 1
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_only_ctrl_c_is_told_to_press_ctrl_c_again():
+    """A SIGTERM (a scheduler's, or kill's) was answered "press Ctrl-C again to stop at once"."""
+    said: list[str] = []
+    with StopRequest(said.append):
+        os.kill(os.getpid(), signal.SIGTERM)
+    with StopRequest(said.append):
+        os.kill(os.getpid(), signal.SIGINT)
+    assert said == [
+        "SIGTERM received: saving a checkpoint after this step",
+        "SIGINT received: saving a checkpoint after this step "
+        "(press Ctrl-C again to stop at once without saving)",
+    ]

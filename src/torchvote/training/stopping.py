@@ -39,10 +39,9 @@ class StopRequest:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.request(signal.Signals(signum).name)
-        self._log(
-            f"{self.reason} received: saving a checkpoint after this step "
-            "(press Ctrl-C again to stop at once without saving)"
-        )
+        # a second Ctrl-C stops at once; a SIGTERM comes from a scheduler or kill, not a keyboard
+        at_once = " (press Ctrl-C again to stop at once without saving)" if signum == signal.SIGINT else ""
+        self._log(f"{self.reason} received: saving a checkpoint after this step{at_once}")
 
     def __enter__(self) -> StopRequest:
         self._pid = os.getpid()
