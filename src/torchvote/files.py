@@ -62,6 +62,8 @@ class FolderLock:
 
         Raises:
             FolderInUseError: another process holds it (the message names its process id).
+            PermissionError: the folder cannot be written (read-only, another user's); the message
+                names it.
         """
         if self._descriptor is not None:  # held already (a second flock here would refuse it)
             return self
@@ -71,7 +73,15 @@ class FolderLock:
         except ImportError:  # no flock on this system: unlocked, as before
             return self
         created = not (self.folder / LOCK_NAME).exists()
-        descriptor = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            descriptor = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:  # a read-only mount, a folder of another user's ...
+            if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise PermissionError(
+                f"{self.what} {self.folder} cannot be written ({error.strerror}): this command writes "
+                "into it; reading it (torchvote evaluate, explain) needs no write access"
+            ) from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -371,3 +371,41 @@ def test_a_flock_error_other_than_unsupported_is_raised(tmp_path, monkeypatch):
         with pytest.raises(OSError, match="Input/output error") as raised:
             lock.acquire()
     assert raised.value.errno == errno.EIO and lock._descriptor is None
+
+
+def test_a_read_only_run_folder_is_named_and_said_readable(stopped_run, monkeypatch):
+    """Resuming a run on a read-only mount said "[Errno 30] Read-only file system: '<run>/.lock'"."""
+    import errno
+
+    import torchvote.files as files_module
+
+    real_open = files_module.os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(files_module.os, "open", read_only)
+    written = re.escape(f"run folder {stopped_run} cannot be written (Read-only file system): this command")
+    with pytest.raises(PermissionError, match=written + ".*reading it .*torchvote evaluate.* needs no write"):
+        train(load_run_config(stopped_run), resume=stopped_run, verbose=False)
+
+
+def test_a_full_disk_when_a_resume_opens_its_folder_says_the_checkpoint_is_intact(stopped_run, monkeypatch,
+                                                                                   capsys):
+    """A resume on a full disk ended in a bare "[Errno 28] No space left on device"; in a step the
+    same error named the intact checkpoint and the command that goes on."""
+    import errno
+
+    import torchvote.training.loop as loop_module
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(loop_module, "atomic_write_bytes", full)
+    with pytest.raises(OSError, match="No space left"):
+        train(load_run_config(stopped_run), resume=stopped_run, verbose=False)
+    said = capsys.readouterr().err
+    assert f"OSError opening the run folder {stopped_run}: the last checkpoint is " in said
+    assert ", intact; " in said and "--resume" in said

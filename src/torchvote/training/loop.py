@@ -461,7 +461,10 @@ class _Run:
             raise
         try:
             self._open_run_dir()  # takes the folder's lock (rank 0) if not yet taken
-        except BaseException:
+        except BaseException as err:
+            if isinstance(err, OSError):  # a full disk: said as in a step (a bare "[Errno 28]" was)
+                where = self._where_to_go_on()
+                self._log(f"{type(err).__name__} opening the run folder {self.run_dir}: {where}")
             self.lock.release()
             if self.writer is not None:
                 self.writer.close()
@@ -754,10 +757,12 @@ class _Run:
         return f"start it again with: {shlex.join(command)}"
 
     def _kept(self) -> str:
-        """``the last checkpoint is PATH, intact`` or ``no checkpoint was written``."""
-        if self.last_checkpoint is None:
+        """``the last checkpoint is PATH, intact`` (this segment's, or the one it resumed from) or
+        ``no checkpoint was written``."""
+        last = self.last_checkpoint or (self.resume_from[0] if self.resume_from is not None else None)
+        if last is None:
             return "no checkpoint was written"
-        return f"the last checkpoint is {self.last_checkpoint.weights}, intact"
+        return f"the last checkpoint is {last.weights}, intact"
 
     def _where_to_go_on(self) -> str:
         """Where a run stopped by an error stands: its last checkpoint and the command that
