@@ -241,3 +241,21 @@ def test_an_entrys_own_options_win_over_the_shared_ones(monkeypatch):
     with pytest.raises(Loaded):
         load_eval_entry(None, "reverse:seed=7,split=train", None, options={"seed": 3, "length": 5})
     assert seen == {"name": "reverse", "split": "train", "options": {"seed": 7, "length": 5}}
+
+
+def test_a_damaged_latest_checkpoint_names_the_intact_one_beside_it(tiny_config):
+    """A truncated latest checkpoint stopped evaluate and explain with the file's name alone, while
+    a resume went on from the older one without a word to them."""
+    from torchvote.training.checkpoint import CheckpointError
+
+    result = train(tiny_config("run", "epochs=2", "checkpoint_every=2"), verbose=False)
+    checkpoints = sorted((result.run_dir / "checkpoints").glob("*.safetensors"))
+    latest, older = checkpoints[-1], checkpoints[-2]
+    latest.write_bytes(latest.read_bytes()[:1000])
+    hint = f"The newest intact checkpoint there is {older}: pass that file"
+    with pytest.raises(CheckpointError, match=hint):
+        load_model_from_checkpoint(result.run_dir)
+    with pytest.raises(CheckpointError) as named:  # a file named directly: itself, nothing else
+        load_model_from_checkpoint(latest)
+    assert "intact checkpoint" not in str(named.value)
+    load_model_from_checkpoint(older)

@@ -347,18 +347,37 @@ def load_model_from_checkpoint(
     """
     device = _as_device(device)
     paths = find_checkpoint(location)
-    metadata = read_model_metadata(paths.weights)
-    if "model" not in metadata:
-        raise CheckpointError(
-            f"{paths.weights} names no model in its metadata; it is not a torchvote checkpoint"
-        )
     try:
-        spec = get_model_spec(metadata["model"])
-    except ValueError as err:
-        raise CheckpointError(f"{paths.weights}: {err}") from None
-    model = spec.model_cls(model_config_from_metadata(spec, metadata, str(paths.weights)))
-    load_model_weights(model, paths.weights)
+        metadata = read_model_metadata(paths.weights)
+        if "model" not in metadata:
+            raise CheckpointError(
+                f"{paths.weights} names no model in its metadata; it is not a torchvote checkpoint"
+            )
+        try:
+            spec = get_model_spec(metadata["model"])
+        except ValueError as err:
+            raise CheckpointError(f"{paths.weights}: {err}") from None
+        model = spec.model_cls(model_config_from_metadata(spec, metadata, str(paths.weights)))
+        load_model_weights(model, paths.weights)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}{_intact_one_beside(location, paths)}") from None
     return model.to(device).eval(), spec, {**metadata, "path": str(paths.weights)}
+
+
+def _intact_one_beside(location: str | os.PathLike[str], failed: CheckpointPaths) -> str:
+    """For a folder whose latest checkpoint cannot be read: the newest one there that can (what a
+    resume goes on from), named for the user to pass instead; ``""`` for a file, or none."""
+    from torchvote.training.results import find_resumable_checkpoint
+
+    if not Path(location).expanduser().is_dir():
+        return ""
+    try:
+        intact, _, _ = find_resumable_checkpoint(location)
+    except CheckpointError:
+        return ""
+    if intact.weights == failed.weights:
+        return ""
+    return f". The newest intact checkpoint there is {intact.weights}: pass that file to read it"
 
 
 def _run_loss(paths: CheckpointPaths, metadata: dict[str, str]) -> tuple[LossConfig, int, int]:
