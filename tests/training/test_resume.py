@@ -409,3 +409,13 @@ def test_a_full_disk_when_a_resume_opens_its_folder_says_the_checkpoint_is_intac
     said = capsys.readouterr().err
     assert f"OSError opening the run folder {stopped_run}: the last checkpoint is " in said
     assert ", intact; " in said and "--resume" in said
+
+
+def test_a_resume_says_when_the_metrics_file_is_gone(stopped_run, capsys):
+    """A deleted metrics.jsonl was started anew at the resumed step without a word; the plots then
+    began there."""
+    (stopped_run / "metrics.jsonl").unlink()
+    train(load_run_config(stopped_run), resume=stopped_run, verbose=False)
+    said = capsys.readouterr().err  # resumed from step 9, the newest checkpoint
+    assert f"metrics.jsonl: not in {stopped_run}; the records of steps 1 to 9 are gone, a new file starts " \
+           "at step 10" in said

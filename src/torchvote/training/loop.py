@@ -350,7 +350,13 @@ class _Run:
 
         text = yaml.safe_dump(config_to_dict(config), sort_keys=False)
         atomic_write_bytes(self.run_dir / "config.yaml", text.encode())  # a resumed run's: whole or old
+        records_gone = self.step > 0 and not (self.run_dir / "metrics.jsonl").exists()
         self.writer = MetricsWriter(self.run_dir, tensorboard=config.tensorboard, resume_step=self.step)
+        if records_gone:  # deleted or moved: the plots will start here, which a user should hear now
+            self._log(
+                f"metrics.jsonl: not in {self.run_dir}; the records of steps 1 to {self.step} are gone, "
+                f"a new file starts at step {self.step + 1}"
+            )
         if self.writer.dropped:  # a run killed after its checkpoint, or resumed from an older one
             dropped = self.writer.dropped
             self._log(f"metrics.jsonl: dropped {dropped} record(s) after step {self.step} (taken again)")
