@@ -165,9 +165,21 @@ def _weights_bytes(model: nn.Module, metadata: Mapping[str, str]) -> bytes:
         seen[key] = name
         tensors[name] = tensor.detach().to("cpu").contiguous()
     meta = {**metadata, "format": CHECKPOINT_FORMAT, "aliases": json.dumps(aliases)}
-    # the tensor bytes do not depend on the metadata: serialised once to hash them, once to keep
-    digest = hashlib.sha256(_tensor_bytes(save(tensors, metadata=meta))).hexdigest()
-    return save(tensors, metadata={**meta, DIGEST_KEY: digest})
+    blob = save(tensors, metadata=meta)
+    return _with_metadata(blob, {DIGEST_KEY: hashlib.sha256(_tensor_bytes(blob)).hexdigest()})
+
+
+def _with_metadata(blob: bytes, extra: Mapping[str, str]) -> bytes:
+    """A safetensors file with ``extra`` added to its metadata: the JSON header written again
+    (padded with spaces to a multiple of 8 bytes, as safetensors pads it), the tensor bytes as
+    they were (their offsets count from the end of the header). Serialising the tensors a second
+    time to add the digest of the first cost as much again as the save."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + size])
+    header["__metadata__"] = {**(header.get("__metadata__") or {}), **extra}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return b"".join((len(text).to_bytes(8, "little"), text, _tensor_bytes(blob)))
 
 
 #: The weights' metadata entry that holds the SHA-256 (hex) of the file's tensor bytes.
