@@ -44,18 +44,22 @@ def test_a_small_gpu_and_other_devices_keep_the_gib_floor(gpu_of):
     assert materialize_budget(CUDA) == GIB
 
 
-def test_the_votes_are_counted_in_the_autocast_dtype(monkeypatch):
-    seen = []
-    real = capsules_module.choose_strategy
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_votes_are_counted_in_the_dtype_they_are_formed_in(monkeypatch, dtype):
+    """The count is checked against the votes the materialised routing forms: in autocast's dtype
+    for float32 inputs (bf16 counted double before), and in float64 for float64 inputs, which
+    autocast leaves alone."""
+    seen, formed = [], []
 
-    def spy(strategy, *, device, vote_bytes):
+    def choose(strategy, *, device, vote_bytes):
         seen.append(vote_bytes)
-        return real(strategy, device=device, vote_bytes=vote_bytes)
+        return "materialize"
 
-    monkeypatch.setattr(capsules_module, "choose_strategy", spy)
-    layer = CapsuleLinear(6, 4, 3, 5, iterations=2)
-    inputs = torch.randn(2, 6, 4)
+    monkeypatch.setattr(capsules_module, "choose_strategy", choose)
+    layer = CapsuleLinear(6, 4, 3, 5, iterations=2, dtype=dtype)
+    layer.router.register_forward_pre_hook(lambda module, args: formed.append(args[0].nbytes))
+    inputs = torch.randn(2, 6, 4, dtype=dtype)
     layer(inputs)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         layer(inputs)
-    assert seen == [2 * 3 * 6 * 5 * 4, 2 * 3 * 6 * 5 * 2]  # float32, then bfloat16 votes
+    assert seen == formed == [2 * 3 * 6 * 5 * size for size in ([4, 2] if dtype == torch.float32 else [8, 8])]

@@ -371,10 +371,11 @@ class CapsuleLinear(nn.Module):
         self._check_activations(inputs, activations)
         check_flag(return_routing, "return_routing")
         vote_bytes = math.prod(inputs.shape[:-2]) * self.out_caps * self.in_caps * self.out_dim
-        device_type = inputs.device.type  # under autocast the votes take its dtype (bf16: half the bytes)
+        # under autocast the votes take its dtype (bf16: half the bytes); float64 it leaves alone
+        device_type = inputs.device.type
         autocast_on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-        vote_dtype = torch.get_autocast_dtype(device_type) if autocast_on else inputs.dtype
-        vote_bytes *= vote_dtype.itemsize
+        cast = autocast_on and inputs.dtype != torch.float64
+        vote_bytes *= (torch.get_autocast_dtype(device_type) if cast else inputs.dtype).itemsize
         strategy = choose_strategy(self.strategy, device=inputs.device, vote_bytes=vote_bytes)
         if strategy == "stream":
             result = self.router(self.votes(inputs), activations=activations)
