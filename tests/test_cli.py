@@ -169,6 +169,8 @@ def test_warnings_read_as_one_line_each_while_the_command_runs(capsys, monkeypat
     def format_both(args):
         seen.append(warnings.formatwarning("config.yaml is not read", UserWarning, cli.__file__, 627))
         seen.append(warnings.formatwarning("x", RuntimeWarning, "/site-packages/torch/nn/f.py", 7))
+        # a checkout named torchvote holds other packages too (its .venv): not ours
+        seen.append(warnings.formatwarning("y", UserWarning, "/home/u/torchvote/.venv/lib/numpy/f.py", 3))
         return 0
 
     monkeypatch.setattr(cli, "_list", format_both)
@@ -177,6 +179,7 @@ def test_warnings_read_as_one_line_each_while_the_command_runs(capsys, monkeypat
     assert code == 0 and seen == [
         "torchvote: warning: config.yaml is not read\n",
         "warning: x (RuntimeWarning, /site-packages/torch/nn/f.py:7)\n",
+        "warning: y (UserWarning, /home/u/torchvote/.venv/lib/numpy/f.py:3)\n",
     ]
     assert warnings.formatwarning is default  # put back when the command ends
 

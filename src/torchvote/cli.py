@@ -304,9 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 (warnings' own)
     """A warning as the command line shows it: one line, the message first. Python's format put a
-    source path before torchvote's notes to the user and a line of its code after them; another
-    package's warning keeps its origin at the end."""
-    if "torchvote" in Path(filename).parts:
+    source path before torchvote's notes to the user and a line of its code after them; one raised
+    outside torchvote's package keeps its origin at the end. (A warning torch raises from C++
+    carries the line of Python that called it, which may be torchvote's.)"""
+    import torchvote
+
+    if Path(filename).resolve().is_relative_to(Path(torchvote.__file__).resolve().parent):
         return f"torchvote: warning: {message}\n"
     return f"warning: {message} ({category.__name__}, {filename}:{lineno})\n"
 
