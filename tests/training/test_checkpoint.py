@@ -104,6 +104,9 @@ def test_a_folder_without_its_latest_pointer_gives_its_newest_whole_checkpoint(t
     assert find_checkpoint(run).name == "step-00000009"
     for step in (2, 9):
         (run / "checkpoints" / f"step-{step:08d}.state.pt").unlink()
+    # a whole checkpoint beside the checkpoints folder is not the run's (a resume does not read it)
+    _save(run, 5, _tiny_model(0))
+    (run / "latest").unlink()
     with pytest.raises(CheckpointError, match="no checkpoint in"):
         find_checkpoint(run)
 

@@ -51,6 +51,7 @@ __all__ = [
     "CheckpointPaths",
     "atomic_write_bytes",
     "capture_rng_state",
+    "checkpoint_folder",
     "checkpoint_name",
     "checkpoint_step",
     "find_checkpoint",
@@ -60,6 +61,7 @@ __all__ = [
     "read_model_metadata",
     "restore_rng_state",
     "save_checkpoint",
+    "step_checkpoints",
 ]
 
 CHECKPOINT_FORMAT = "torchvote-checkpoint-1"
@@ -466,8 +468,7 @@ def _prune(directory: Path, keep: int, current: str) -> None:
     the zero padding, and ordered as text the newest checkpoints would sort first and be deleted.
     """
     newest = checkpoint_step(current)
-    names = {p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")}
-    lineage = [n for n in names if 0 <= checkpoint_step(n) <= newest]
+    lineage = [n for n in step_checkpoints(directory) if checkpoint_step(n) <= newest]
     lineage.sort(key=lambda n: (checkpoint_step(n), n == current), reverse=True)  # newest, current, first
     whole = 0
     for name in lineage:
@@ -497,6 +498,19 @@ def _looks_whole(paths: CheckpointPaths) -> bool:
     return True
 
 
+def checkpoint_folder(location: Path) -> Path:
+    """The folder of a run's checkpoints: ``<location>/checkpoints`` where it exists (a run
+    folder), else ``location`` (a checkpoints folder given itself)."""
+    return location / "checkpoints" if (location / "checkpoints").is_dir() else location
+
+
+def step_checkpoints(directory: Path) -> list[str]:
+    """The names of the checkpoints in ``directory`` (``step-<digits>`` with a weights file), the
+    highest step first; files of any other name are no checkpoints."""
+    names = (p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors"))
+    return sorted((n for n in names if checkpoint_step(n) >= 0), key=checkpoint_step, reverse=True)
+
+
 def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
     """Resolve a run folder, a checkpoint folder, a ``.safetensors`` / ``.state.pt`` file or a
     checkpoint stem to the two files of one checkpoint (the ``latest`` one for a folder).
@@ -504,9 +518,9 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
     Args:
         location: a run folder (its ``checkpoints/latest`` pointer is read), a checkpoint folder
             (its ``latest``), either file of a checkpoint, or the path without the suffix. A
-            folder without a ``latest`` pointer (a run killed between a checkpoint's files and its
-            pointer, or the pointer deleted) gives its newest checkpoint by step whose files look
-            whole, as a resume would find it.
+            folder without a ``latest`` pointer (a run killed between its first checkpoint's files
+            and its pointer, or the pointer deleted) gives the newest checkpoint by step whose
+            files look whole, in the folder a resume reads (:func:`checkpoint_folder`).
 
     Returns:
         The checkpoint's paths; its weights file exists (its state file may not: a weights-only
@@ -526,12 +540,10 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
                 if not paths.weights.is_file():
                     raise CheckpointError(f"{pointer} points at {name}, but {paths.weights} does not exist")
                 return paths
-        for directory in (location / "checkpoints", location):  # no pointer: the newest whole one
-            names = [p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")]
-            steps = sorted((n for n in names if checkpoint_step(n) >= 0), key=checkpoint_step, reverse=True)
-            for paths in (CheckpointPaths.of(directory, name) for name in steps):
-                if _looks_whole(paths):
-                    return paths
+        directory = checkpoint_folder(location)  # no pointer: the newest whole one, as a resume reads
+        for paths in (CheckpointPaths.of(directory, name) for name in step_checkpoints(directory)):
+            if _looks_whole(paths):
+                return paths
         raise CheckpointError(
             f"no checkpoint in {location}: looked for {location / 'checkpoints' / LATEST} "
             f"and {location / LATEST}"

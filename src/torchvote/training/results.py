@@ -18,10 +18,12 @@ from torchvote.training.checkpoint import (
     LATEST,
     CheckpointError,
     CheckpointPaths,
+    checkpoint_folder,
     checkpoint_step,
     find_checkpoint,
     load_training_state,
     read_weights,
+    step_checkpoints,
 )
 from torchvote.training.config import (
     RESUMABLE_KEYS,
@@ -217,15 +219,14 @@ def find_resumable_checkpoint(
         paths = find_checkpoint(location)
         read_weights(paths.weights)
         return paths, load_training_state(paths.state), []
-    directory = location / "checkpoints" if (location / "checkpoints").is_dir() else location
+    directory = checkpoint_folder(location)
     pointer = directory / LATEST
     latest = pointer.read_text(errors="replace").strip() if pointer.is_file() else ""
-    stems = {p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors")}
-    steps = {name: checkpoint_step(name) for name in stems}
+    stems = step_checkpoints(directory)  # the highest step first
     pointed = checkpoint_step(latest) >= 0
-    newest = checkpoint_step(latest) if pointed else max(steps.values(), default=-1)
-    older = sorted((n for n in stems if steps[n] < newest), key=steps.__getitem__, reverse=True)
-    names = ([latest] if pointed else [n for n in stems if steps[n] == newest]) + older
+    newest = checkpoint_step(latest) if pointed else checkpoint_step(stems[0]) if stems else -1
+    older = [n for n in stems if checkpoint_step(n) < newest]
+    names = ([latest] if pointed else [n for n in stems if checkpoint_step(n) == newest]) + older
     if not names:
         try:
             find_checkpoint(location)  # raises: no checkpoint there
