@@ -46,6 +46,14 @@ def test_the_ids_do_not_depend_on_how_often_the_end_is_read(check_every, ends, l
     torch.testing.assert_close(ids, _loop(ends, limit), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("check_every", [0, -1, 2.0])
+def test_check_every_must_be_a_positive_integer(check_every):
+    """0 failed with ZeroDivisionError, and -1 read every token in silence."""
+    with pytest.raises(ValueError, match="check_every"):
+        greedy_decode(_scripted([2]), 1, 4, bos_id=BOS, eos_id=EOS, pad_id=PAD, device=torch.device("cpu"),
+                      check_every=check_every)
+
+
 def test_the_default_reads_every_token_on_a_cpu():
     """On a CPU a read is free and a token decoded after the end is wasted: no token past it."""
     calls = []

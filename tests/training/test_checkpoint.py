@@ -302,6 +302,21 @@ def test_state_bytes_changed_on_disk_are_found(tmp_path):
         load_training_state(paths.state)
 
 
+def test_a_state_file_that_cannot_be_read_for_its_check_says_so(tmp_path, monkeypatch):
+    """An error reading the file for the CRC pass read "its record unreadable (...) fails its CRC-32"."""
+    import zipfile
+
+    paths = _save(tmp_path, 1, _tiny_model(0))
+
+    def unreadable(self):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(zipfile.ZipFile, "testzip", unreadable)
+    said = r"could not be read to check it \(\[Errno 5\] Input/output error\)"
+    with pytest.raises(CheckpointError, match=said):
+        load_training_state(paths.state)
+
+
 def test_garbage_state_file_is_an_error_not_code(tmp_path):
     paths = _save(tmp_path, 1, _tiny_model(0))
     paths.state.write_bytes(b"not a torch file")

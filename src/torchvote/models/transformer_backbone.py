@@ -322,9 +322,13 @@ def greedy_decode(
 
     Returns:
         ``(b, 1 + n)`` ids, ``<bos> y_1 ... <eos>`` then ``pad_id``; ``n <= limit``.
+
+    Raises:
+        ValueError: ``check_every`` not a positive integer.
     """
     if check_every is None:
         check_every = 1 if device.type == "cpu" else 8
+    check_positive_int(check_every, "check_every")  # 0 divided by zero, -1 read every token
     tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)  # (b, 1)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (b,)
     never = torch.tensor([pad_id, bos_id], device=device)  # (2,)

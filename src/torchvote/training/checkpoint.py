@@ -15,10 +15,11 @@ A checkpoint named ``step-00001200`` in ``<run>/checkpoints/`` is two files:
 Both are written atomically (temporary file in the same directory, fsync, ``os.replace``); the
 ``latest`` pointer file is replaced last, so a crash mid-write leaves the previous checkpoint and
 pointer intact. Loading checks every tensor name, shape and dtype first, and raises
-:class:`CheckpointError` naming the ones that do not fit: never a silent partial load. Bytes
-changed on disk after the write are found too: the weights record the SHA-256 of their tensor
-bytes (``tensors_sha256``; files written before 2026-11-29 have none and are read unchecked), and
-the training state's zip records carry the CRC-32 ``torch.save`` writes, both checked on every
+:class:`CheckpointError` naming the ones that do not fit: never a silent partial load. Tensor
+bytes changed on disk after the write are found too: the weights record the SHA-256 of their
+tensor bytes (``tensors_sha256``; not of the metadata header, whose JSON fails to parse when
+damaged more often than not; files written before 2026-11-29 have none and are read unchecked),
+and the training state's zip records carry the CRC-32 ``torch.save`` writes, both checked on every
 read (a flipped byte inside a tensor loaded as a wrong number: NaN losses, or none at all).
 
 Pruning (``keep``) orders checkpoints by their step number, only ever deletes ones at or below
@@ -590,8 +591,10 @@ def load_training_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:  # torch.load does not check the records' CRC-32: a changed byte read as a wrong number
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
-    except (OSError, zipfile.BadZipFile) as err:  # (a legacy, non-zip torch file: nothing to check)
-        damaged = None if isinstance(err, zipfile.BadZipFile) else f"unreadable ({err})"
+    except zipfile.BadZipFile:  # a legacy, non-zip torch file: no CRC to check
+        damaged = None
+    except OSError as err:
+        raise CheckpointError(f"{path} could not be read to check it ({err})") from None
     if damaged is not None:
         raise CheckpointError(f"{path} is corrupt: its record {damaged} fails its CRC-32 check")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
