@@ -910,7 +910,7 @@ def _list(args: argparse.Namespace) -> int:
             if width is None or len(margin + line) <= width:
                 print(margin + line)
             else:  # the name column is 24 characters and a space
-                print(textwrap.fill(line, width=max(width, 60), initial_indent=margin,
+                print(textwrap.fill(line, width=max(width, 40), initial_indent=margin,
                                     subsequent_indent=margin + " " * 25, break_on_hyphens=False))
     return 0
 

@@ -169,9 +169,10 @@ def file_in_the_way(folder: str | os.PathLike[str]) -> Path | None:
     """The file that stands where ``folder``, or one of its parents, must be a folder.
 
     The nearest part of the path that exists decides: ``None`` where it is a folder (or nothing
-    exists), else that part. Checked before work whose results go to ``folder``, so that the user
-    hears of the file first, not after minutes of work (mkdir's own error, "File exists" or "Not a
-    directory" with the whole path, says neither which part nor which argument).
+    exists), else that part; a symbolic link to nothing is in the way too. Checked before work
+    whose results go to ``folder``, so that the user hears of the file first, not after minutes of
+    work (mkdir's own error, "File exists" or "Not a directory" with the whole path, says neither
+    which part nor which argument).
 
     Args:
         folder: the folder to be made or written into.
@@ -182,6 +183,8 @@ def file_in_the_way(folder: str | os.PathLike[str]) -> Path | None:
     for part in (Path(folder), *Path(folder).parents):
         if part.exists():
             return None if part.is_dir() else part
+        if part.is_symlink():  # a link to nothing: mkdir fails on it with "File exists"
+            return part
     return None
 
 

@@ -167,5 +167,10 @@ def test_a_data_root_variable_naming_a_file_is_named(tmp_path: Path, monkeypatch
     with pytest.raises(ValueError, match=f"TORCHVOTE_DATA={tmp_path / 'afile' / 'data'}: "
                        f"{tmp_path / 'afile'} is a file; it must name the folder"):
         dataset_dir("mnist")
+    # ... or a link to nothing (mkdir failed on it with "File exists")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "dangling"))
+    with pytest.raises(ValueError, match=f"TORCHVOTE_DATA={tmp_path / 'dangling'} names a file"):
+        dataset_dir("mnist")
     monkeypatch.setenv("TORCHVOTE_DATA", str(tmp_path / "data"))
     assert data_root() == tmp_path / "data"

@@ -211,13 +211,21 @@ def test_labels_must_be_classes_not_floats() -> None:
         make_multimnist(images, torch.tensor([0.5, 1.5, 0.5, 1.5]), num_pairs=3)
 
 
-@pytest.mark.parametrize("scale, shift", [(255.0, 0.0), (1.0, -0.5), (float("nan"), 0.0)])
-def test_pixels_outside_0_1_are_refused(scale: float, shift: float) -> None:
+@pytest.mark.parametrize("scale, shift, got", [(255.0, 0.0, "values in"), (1.0, -0.5, "values in"),
+                                                (float("nan"), 0.0, "NaN")])
+def test_pixels_outside_0_1_are_refused(scale: float, shift: float, got: str) -> None:
     """0-255 digits became white squares under min(a + b, 1), and centred ones (-0.5) went below
     0: the overlay was clamped from above only."""
     images = torch.rand(4, 1, 28, 28) * scale + shift
-    with pytest.raises(ValueError, match=r"images: expected pixel values in \[0, 1\], got values in"):
+    with pytest.raises(ValueError, match=rf"images: expected pixel values in \[0, 1\], got {got}"):
         make_multimnist(images, torch.tensor([0, 1, 2, 3]), num_pairs=2)
+
+
+def test_float32_rounding_past_1_is_taken_and_clamped() -> None:
+    """An interpolated digit reaches 1 + 1e-7 by rounding: taken, and the overlay stays in [0, 1]."""
+    images = torch.ones(4, 1, 28, 28) + 1e-7
+    pairs = make_multimnist(images, torch.tensor([0, 1, 2, 3]), num_pairs=2)
+    assert float(pairs.images.max()) == 1.0 and float(pairs.images.min()) == 0.0
 
 
 def test_a_source_checks_its_seed_when_made() -> None:
