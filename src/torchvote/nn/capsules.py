@@ -28,6 +28,7 @@ from torchvote.nn.routers import Router, RoutingResult, make_router
 from torchvote.nn.routers.base import build_router
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
 from torchvote.validation import (
+    autocast_enabled,
     check_choice,
     check_device,
     check_flag,
@@ -373,8 +374,7 @@ class CapsuleLinear(nn.Module):
         vote_bytes = math.prod(inputs.shape[:-2]) * self.out_caps * self.in_caps * self.out_dim
         # under autocast the votes take its dtype (bf16: half the bytes); float64 it leaves alone
         device_type = inputs.device.type
-        autocast_on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-        cast = autocast_on and inputs.dtype != torch.float64
+        cast = autocast_enabled(device_type) and inputs.dtype != torch.float64  # (no graph break)
         vote_bytes *= (torch.get_autocast_dtype(device_type) if cast else inputs.dtype).itemsize
         strategy = choose_strategy(self.strategy, device=inputs.device, vote_bytes=vote_bytes)
         if strategy == "stream":
