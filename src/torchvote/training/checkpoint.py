@@ -43,7 +43,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from torchvote.files import atomic_write_bytes, load_failure_reason, remove_abandoned_temporaries
+from torchvote.files import (
+    atomic_write,
+    atomic_write_bytes,
+    load_failure_reason,
+    remove_abandoned_temporaries,
+)
 from torchvote.validation import as_path, check_positive_int
 
 __all__ = [
@@ -153,7 +158,9 @@ def _storage_key(tensor: Tensor) -> tuple[Any, ...]:
     )
 
 
-def _weights_bytes(model: nn.Module, metadata: Mapping[str, str]) -> bytes:
+def _weights_bytes(model: nn.Module, metadata: Mapping[str, str]) -> tuple[bytes, memoryview]:
+    """The weights file, as its header and its tensor bytes (written one after the other: joined,
+    they would be copied once more)."""
     from safetensors.torch import save
 
     tensors: dict[str, Tensor] = {}
@@ -172,17 +179,18 @@ def _weights_bytes(model: nn.Module, metadata: Mapping[str, str]) -> bytes:
     return _with_metadata(blob, {DIGEST_KEY: hashlib.sha256(_tensor_bytes(blob)).hexdigest()})
 
 
-def _with_metadata(blob: bytes, extra: Mapping[str, str]) -> bytes:
-    """A safetensors file with ``extra`` added to its metadata: the JSON header written again
-    (padded with spaces to a multiple of 8 bytes, as safetensors pads it), the tensor bytes as
-    they were (their offsets count from the end of the header). Serialising the tensors a second
-    time to add the digest of the first cost as much again as the save."""
+def _with_metadata(blob: bytes, extra: Mapping[str, str]) -> tuple[bytes, memoryview]:
+    """A safetensors file with ``extra`` added to its metadata, as ``(header, tensor bytes)``: the
+    length and JSON header written again (padded with spaces to a multiple of 8 bytes, as
+    safetensors pads it), the tensor bytes as they were (their offsets count from the end of the
+    header). Serialising the tensors a second time to add the digest of the first cost as much
+    again as the save."""
     size = int.from_bytes(blob[:8], "little")
     header = json.loads(blob[8 : 8 + size])
     header["__metadata__"] = {**(header.get("__metadata__") or {}), **extra}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return b"".join((len(text).to_bytes(8, "little"), text, _tensor_bytes(blob)))
+    return len(text).to_bytes(8, "little") + text, _tensor_bytes(blob)
 
 
 #: The weights' metadata entry that holds the SHA-256 (hex) of the file's tensor bytes.
@@ -388,7 +396,8 @@ def save_checkpoint(
     present = [path for path in (paths.weights, paths.state) if path.exists()]
     moved = [(path, _move_aside(path)) for path in present]
     try:
-        atomic_write_bytes(paths.weights, _weights_bytes(model, model_metadata))
+        header, tensors = _weights_bytes(model, model_metadata)
+        atomic_write(paths.weights, lambda handle: (handle.write(header), handle.write(tensors)))
         atomic_write_bytes(paths.state, state_bytes)
     except BaseException:
         # a full disk, an interrupt: a checkpoint without its state file was left under the final
