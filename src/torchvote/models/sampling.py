@@ -143,27 +143,38 @@ def sample_checked(
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (b, vocab); float64 kept
     if temperature == 0.0:
         return logits.argmax(dim=-1, keepdim=True)  # (b, 1)
-    probabilities = torch.softmax(_filtered_logits(logits, temperature, top_k, top_p), dim=-1)  # (b, vocab)
+    filtered = _filtered_logits(logits, temperature, top_k, top_p, largest=largest)  # (b, vocab)
+    probabilities = torch.softmax(filtered, dim=-1)  # (b, vocab)
     if generator is not None:  # drawn where the generator is (a CPU one, say)
         probabilities = probabilities.to(generator.device)
     next_token = torch.multinomial(probabilities, 1, generator=generator)  # (b, 1)
     return next_token.to(logits.device)  # (b, 1)
 
 
-def _filtered_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+def _filtered_logits(
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    *,
+    largest: Tensor | None = None,
+) -> Tensor:
     """The float64 logits a token is drawn from (their softmax): shifted by the row's largest,
     divided by ``temperature`` (``> 0``), the tokens ``top_k`` and ``top_p`` drop at ``-inf``.
 
     Args:
         logits: ``(b, vocab)`` floating-point logits.
         temperature, top_k, top_p: checked options (:func:`check_sampling`), ``temperature > 0``.
+        largest: ``(b,)`` each row's largest logit, where the caller has it (the check before a
+            draw takes it); computed here otherwise.
 
     Returns:
         ``(b, vocab)`` float64 logits.
     """
     # from the peak: a tiny temperature gives -inf, never inf - inf = NaN; in float64, where a
     # temperature below float32's smallest number is still > 0
-    logits = (logits.double() - logits.amax(dim=-1, keepdim=True)) / temperature  # (b, vocab)
+    largest = logits.amax(dim=-1) if largest is None else largest  # (b,)
+    logits = (logits.double() - largest.double().unsqueeze(-1)) / temperature  # (b, vocab)
     cut_k = top_k is not None and top_k < logits.shape[-1]
     cut_p = top_p is not None and top_p < 1.0  # 1 keeps every token: no sum rounded to 1 drops one
     if not (cut_k or cut_p):
