@@ -25,6 +25,9 @@ def test_record_from_a_capsnet_run(tiny_values, tiny_mnist_root, tmp_path):
     run = train(config_from_dict(values)).run_dir
     record = record_from_run(run, examples=3)
     assert load_record(run).keys() == record.keys()  # a run folder is read through the same path
+    # its checkpoints folder without the latest pointer, which find_checkpoint resolves, is one too
+    (run / "checkpoints" / "latest").unlink()
+    assert load_record(run / "checkpoints").keys() == record.keys()
 
     model, spec, _ = load_model_from_checkpoint(run)
     handler = get_task_handler(spec.task)

@@ -249,13 +249,14 @@ def check_record(record: Mapping[str, Tensor]) -> None:
 def _is_checkpoint_folder(path: Path) -> bool:
     """Whether the folder ``path`` is a training run's (it has ``checkpoints/``, or the
     ``config.yaml`` a run writes first, whole: one stopped before its first checkpoint; a user's
-    own ``config.yaml`` makes no run) or its checkpoints folder (it has the ``latest`` pointer): the
-    folders :func:`~torchvote.training.checkpoint.find_checkpoint` resolves. A broken one is still
-    one: :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it (a
-    run without a checkpoint: "no checkpoint in ...")."""
-    from torchvote.training.checkpoint import LATEST
+    own ``config.yaml`` makes no run) or its checkpoints folder (it has the ``latest`` pointer, or
+    ``step-*`` checkpoints without one): the folders
+    :func:`~torchvote.training.checkpoint.find_checkpoint` resolves. A broken one is still one:
+    :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it (a run
+    without a checkpoint: "no checkpoint in ...")."""
+    from torchvote.training.checkpoint import LATEST, step_checkpoints
 
-    if (path / "checkpoints").is_dir() or (path / LATEST).is_file():
+    if (path / "checkpoints").is_dir() or (path / LATEST).is_file() or step_checkpoints(path):
         return True
     config = path / "config.yaml"
     if not config.is_file():
