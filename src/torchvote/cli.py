@@ -22,7 +22,8 @@ The same ``train`` command runs on N processes with
 A bad name, key or value prints one line saying what exists and exits with status 2 (a key given
 twice, too: ``epochs=1 epochs=2`` is refused, not settled by order); missing data
 prints where it was looked for and the command that provides it (status 1); a run stopped with
-Ctrl-C saves a checkpoint and exits with status 130. ``TORCHVOTE_DEBUG=1`` shows tracebacks.
+Ctrl-C saves a checkpoint and exits with status 130 (143 after a SIGTERM, 128 plus the signal's
+number as a shell reports it). ``TORCHVOTE_DEBUG=1`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -604,10 +605,11 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
     write the ``torchvote explain`` report of the trained model beside them)."""
     from torchvote.training import train
     from torchvote.training.plots import plot_run
+    from torchvote.training.stopping import exit_status
 
     result = train(config, resume=resume)
     if result.interrupted:
-        return EXIT_INTERRUPTED
+        return exit_status(result.stop_signal)
     plot_run(result)  # after training: the loop draws nothing
     if result.checkpoint is not None:
         print(f"\ncheckpoint: {result.checkpoint.weights}")
@@ -844,6 +846,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of
     from torchvote.experiments.runner import measured_result_of, plan_run
     from torchvote.training.distributed import check_device_name
+    from torchvote.training.stopping import exit_status
 
     if args.name is None:
         for row in list_rows().values():
@@ -888,7 +891,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         # empty, and the line said only "torchvote reproduce: "
         message = f"torchvote reproduce: {str(stop) or 'interrupted; rerun the same command to continue'}"
         print(message, file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exit_status(getattr(stop, "stop_signal", ""))
     print(summary.read_text())
     print(f"summary: {summary}")
     return 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
+import signal
 import statistics
 
 import pytest
@@ -394,6 +396,29 @@ def test_an_interrupted_reproduce_says_one_way_to_continue(tmp_path, tiny_values
     monkeypatch.setattr(torchvote.training, "train", real_train)
     assert main(argv) == 0  # the instruction given: the same command resumes and finishes the row
     assert json.loads((run_dir / "result.json").read_text())["resumed"]
+
+
+def test_a_sigterm_stopped_reproduce_exits_143(tmp_path, tiny_values, capsys, monkeypatch):
+    """A SIGTERM (a scheduler's) inside a run exited 130, Ctrl-C's status: 128 + 15 is the
+    shell's, and the run's checkpoint is saved as on Ctrl-C."""
+    import torchvote.experiments
+    import torchvote.training
+
+    row = _tiny_row(tmp_path, tiny_values)
+    monkeypatch.setattr(torchvote.experiments, "get_row", lambda name: row)
+    real_train = torchvote.training.train
+
+    def sigterm_at_step_three(config, **kwargs):
+        def stop(info):
+            if info.step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # the loop's handler: finish the step, save, stop
+
+        return real_train(config, callbacks=[stop], **kwargs)
+
+    monkeypatch.setattr(torchvote.training, "train", sigterm_at_step_three)
+    argv = ["reproduce", "tiny", "--seeds", "0", "--variant", "plain", "--out", str(tmp_path / "out")]
+    assert main(argv) == 143
+    assert "SIGTERM: stopped at step 3 of 8; checkpoint saved at step 3" in capsys.readouterr().err
 
 
 def test_each_run_is_announced_with_the_command_the_dry_run_prints(capsys, tmp_path, monkeypatch):

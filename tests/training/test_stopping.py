@@ -39,3 +39,13 @@ def test_only_ctrl_c_is_told_to_press_ctrl_c_again():
         "SIGINT received: saving a checkpoint after this step "
         "(press Ctrl-C again to stop at once without saving)",
     ]
+
+
+def test_the_exit_status_is_the_shells_for_the_signal():
+    """A SIGTERM'd run exited 130, the status of Ctrl-C: a scheduler reading 143 (128 + 15) as
+    "terminated" took it for a user's interrupt."""
+    from torchvote.training.stopping import exit_status
+
+    assert exit_status("SIGTERM") == 128 + signal.SIGTERM == 143
+    assert exit_status("SIGINT") == 128 + signal.SIGINT == 130
+    assert exit_status("") == exit_status("KeyboardInterrupt") == 130  # no signal: as Ctrl-C

@@ -38,6 +38,7 @@ from torchvote.training.config import (
 )
 from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import find_resumable_checkpoint
+from torchvote.training.stopping import RunInterrupted
 from torchvote.validation import as_path, check_seed, check_texts
 
 __all__ = [
@@ -389,8 +390,12 @@ def _check_same_run(saved: TrainConfig, config: TrainConfig, run_dir: Path) -> N
 
 def _train_one(
     row: Row, variant: Variant, budget: str, seed: int, run_dir: Path, planned: PlannedRun
-) -> dict[str, Any] | None:
-    """Train (or resume) one run; ``None`` if it was interrupted."""
+) -> dict[str, Any]:
+    """Train (or resume) one run and give its record.
+
+    Raises:
+        RunInterrupted: a signal stopped the run (its checkpoint is saved; rerun to continue).
+    """
     from torchvote.training import train
 
     config = planned.config
@@ -399,7 +404,8 @@ def _train_one(
     # says its own (rerun the same command), so that the user reads one instruction
     result = train(config, resume=resume, verbose=False, resume_hint=False)
     if result.interrupted:
-        return None
+        message = f"run {run_dir} interrupted; rerun the same command to continue"
+        raise RunInterrupted(message, result.stop_signal)
     return {
         "row": row.name,
         "variant": variant.label,
@@ -499,7 +505,8 @@ def reproduce(
             ``result.json`` that is not a run's record.
         ConfigError: a run folder, finished or stopped, whose config differs from the row's
             (:func:`plan_run`; it is kept).
-        KeyboardInterrupt: a run was interrupted (its checkpoint is saved; rerun to continue).
+        RunInterrupted: a signal stopped a run (its checkpoint is saved; rerun to continue); a
+            ``KeyboardInterrupt`` before or between the runs' steps propagates as it is.
     """
     seeds, chosen = check_request(
         row, budget=budget, seeds=seeds, device=device, out_dir=out_dir, variants=variants
@@ -537,8 +544,6 @@ def reproduce(
             note = f" ({planned.note})" if planned.note else ""
             echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: {planned.command}{note}")
             record = _train_one(row, variant, budget, seed, run_dir, planned)
-            if record is None:
-                raise KeyboardInterrupt(f"run {run_dir} interrupted; rerun the same command to continue")
             atomic_write_bytes(run_dir / RESULT_FILE, json.dumps(record, indent=1).encode())
             write_summary(row, base, summarize(row, budget, base))
     return write_summary(row, base, summarize(row, budget, base))

@@ -501,6 +501,7 @@ class _Run:
             config=self.config,
             wall_s=self.wall_s(),
             reached_target=self.reached_target,
+            stop_signal=self.stop.reason if interrupted else "",
         )
         if self.verbose and not interrupted:
             print(result.table())

@@ -75,6 +75,8 @@ class TrainResult:
         results: evaluation metrics per data set (``"mnist/test"`` -> metrics).
         step, epoch: progress reached.
         interrupted: the run stopped on Ctrl-C / SIGTERM / KeyboardInterrupt.
+        stop_signal: the signal that stopped it (``"SIGINT"``, ``"SIGTERM"``); ``""`` when it was
+            not stopped by one.
         model: the trained model (not the DDP wrapper). After an interruption inside a step its
             weights may be that step's, half updated: ``checkpoint`` (of ``step``) holds the
             weights to trust, and a resume starts from it.
@@ -99,6 +101,7 @@ class TrainResult:
     plots: list[Path] = field(default_factory=list)
     wall_s: float = 0.0
     reached_target: dict[str, Any] | None = None
+    stop_signal: str = ""
 
     def table(self) -> str:
         """The plain-text result table."""

@@ -8,7 +8,34 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["StopRequest"]
+__all__ = ["RunInterrupted", "StopRequest", "exit_status"]
+
+
+def exit_status(reason: str) -> int:
+    """The shell's status for a process a signal stopped: 128 plus its number (``SIGTERM``: 143).
+
+    Args:
+        reason: the signal's name, as :attr:`StopRequest.reason` holds it; anything else
+            (``""``, ``"KeyboardInterrupt"``) counts as Ctrl-C.
+
+    Returns:
+        143 for ``"SIGTERM"``; 130 (``SIGINT``) otherwise.
+    """
+    signum = signal.Signals.__members__.get(reason, signal.SIGINT)
+    return 128 + int(signum)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run a signal stopped after saving its checkpoint, raised where the caller goes no further.
+
+    Args:
+        message: what to tell the user (where the run stopped, how to go on).
+        stop_signal: the signal's name (``"SIGINT"``, ``"SIGTERM"``), for :func:`exit_status`.
+    """
+
+    def __init__(self, message: str, stop_signal: str = "") -> None:
+        super().__init__(message)
+        self.stop_signal = stop_signal
 
 
 class StopRequest:
