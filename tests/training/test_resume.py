@@ -189,6 +189,9 @@ def test_keep_counts_only_the_lineage_a_resumed_run_continues(tmp_path):
     assert {name: (tmp_path / f"{name}.old").read_bytes() for name in torn} == torn
     for name in _checkpoints(tmp_path):
         assert find_resumable_checkpoint(tmp_path / f"{name}.safetensors")[1]["step"] == int(name[5:])
+    save(50)  # step 30 goes, with the copies moved aside at its step (they stayed for good)
+    assert _checkpoints(tmp_path) == ["step-00000040", "step-00000050"]
+    assert sorted(path.name for path in tmp_path.iterdir() if ".old" in path.name) == []
 
 
 @pytest.mark.parametrize(
@@ -419,3 +422,20 @@ def test_a_resume_says_when_the_metrics_file_is_gone(stopped_run, capsys):
     said = capsys.readouterr().err  # resumed from step 9, the newest checkpoint
     assert f"metrics.jsonl: not in {stopped_run}; the records of steps 1 to 9 are gone, a new file starts " \
            "at step 10" in said
+
+
+def test_a_whole_checkpoint_past_the_pointer_is_said_and_its_copies_go_with_keep(stopped_run, capsys):
+    """A kill between a checkpoint's files and its ``latest`` pointer leaves a whole checkpoint
+    newer than the pointer: the resume passed it over without a word, and writing its step again
+    moved its files to ``.old`` copies that stayed for good."""
+    folder = stopped_run / "checkpoints"
+    (folder / "latest").write_text("step-00000008\n")  # as if killed before the pointer moved to 9
+    capsys.readouterr()
+    resumed = train(load_run_config(stopped_run, ["keep_checkpoints=1"]), resume=stopped_run, verbose=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "look whole" in line]
+    assert len(said) == 1 and "resuming from step-00000008" in said[0]
+    assert "step-00000009 look whole but are not resumed from" in said[0]
+    assert "write step-00000009 into that file" in said[0] and str(folder / "latest") in said[0]
+    assert resumed.step > 9  # the pointer decided: step 9 was written again, its old files aside, then pruned
+    assert sorted(p.name for p in folder.iterdir() if ".old" in p.name) == []
+    assert _checkpoints(folder) == [f"step-{resumed.step:08d}"]

@@ -29,6 +29,7 @@ skipped) and counts only checkpoints that look whole (:func:`save_checkpoint` ha
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -68,6 +69,7 @@ __all__ = [
     "restore_rng_state",
     "save_checkpoint",
     "step_checkpoints",
+    "whole_checkpoints_past_latest",
 ]
 
 CHECKPOINT_FORMAT = "torchvote-checkpoint-1"
@@ -362,11 +364,13 @@ def save_checkpoint(
     deleted. Of the rest, newest first, one whose files do not look whole (a truncated file,
     garbage over a header, a missing state file) is kept but not counted, so that ``keep``
     checkpoints remain to resume from; every checkpoint older than the ``keep``-th whole one is
-    deleted. Files not named ``step-<digits>`` are never touched.
+    deleted, with the copies of its files moved aside at its step (``.old``, ``.old-2`` ...,
+    below). Other files not named ``step-<digits>`` are never touched.
 
     A file already at the checkpoint's name (a run resumed from an older checkpoint because this
     one was unreadable) is never overwritten: it is renamed to ``<name>.old`` (``.old-2`` ...)
-    first, so nothing a run wrote is ever deleted except by ``keep``. The other deletions: the
+    first, so nothing a run wrote is ever deleted except by ``keep`` (which deletes those copies
+    when it deletes their step's checkpoint). The other deletions: the
     hidden temporary files of a write whose process was killed mid-write (never read, the size of
     a checkpoint; :func:`~torchvote.files.remove_abandoned_temporaries`), and a write that fails
     (a full disk) removes what it wrote of its own checkpoint and puts back what it moved aside.
@@ -487,8 +491,10 @@ def _prune(directory: Path, keep: int, current: str) -> None:
             if name == current or _looks_whole(paths):  # a torn one is kept, but not counted
                 whole += 1
             continue
-        paths.weights.unlink(missing_ok=True)
-        paths.state.unlink(missing_ok=True)
+        for path in (paths.weights, paths.state):  # with the copies moved aside at its step
+            for copy in directory.glob(f"{glob.escape(path.name)}.old*"):
+                copy.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
 
 
 def _looks_whole(paths: CheckpointPaths) -> bool:
@@ -519,6 +525,25 @@ def step_checkpoints(directory: Path) -> list[str]:
     highest step first; files of any other name are no checkpoints."""
     names = (p.name[: -len(".safetensors")] for p in directory.glob("step-*.safetensors"))
     return sorted((n for n in names if checkpoint_step(n) >= 0), key=checkpoint_step, reverse=True)
+
+
+def whole_checkpoints_past_latest(directory: Path) -> list[str]:
+    """The checkpoints in ``directory`` newer than its ``latest`` pointer whose files look whole,
+    the highest step first: a kill between a checkpoint's files and its pointer leaves one, which a
+    resume passes over (the pointer decides, so that pointing it back rolls a run back).
+
+    Args:
+        directory: a checkpoints folder.
+
+    Returns:
+        Their names; empty without a pointer (the newest whole checkpoint is then the one used).
+    """
+    pointer = directory / LATEST
+    latest = checkpoint_step(pointer.read_text(errors="replace").strip()) if pointer.is_file() else -1
+    if latest < 0:
+        return []
+    newer = [name for name in step_checkpoints(directory) if checkpoint_step(name) > latest]
+    return [name for name in newer if _looks_whole(CheckpointPaths.of(directory, name))]
 
 
 def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:

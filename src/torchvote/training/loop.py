@@ -52,7 +52,12 @@ from torch import Tensor, nn
 
 from torchvote.files import FolderLock, atomic_write_bytes
 from torchvote.models.registry import get_model_spec
-from torchvote.training.checkpoint import CheckpointPaths, save_checkpoint
+from torchvote.training.checkpoint import (
+    LATEST,
+    CheckpointPaths,
+    save_checkpoint,
+    whole_checkpoints_past_latest,
+)
 from torchvote.training.config import TrainConfig, config_to_dict, model_config_from, saved_config
 from torchvote.training.data import (
     STEP_STREAM,
@@ -228,6 +233,14 @@ class _Run:
                     self._log(
                         f"skipping unreadable checkpoint(s), kept as they are: {'; '.join(skipped)}; "
                         f"resuming from {paths.name}"
+                    )
+                past = whole_checkpoints_past_latest(paths.weights.parent) if resume.is_dir() else []
+                if past:  # a kill between a checkpoint's files and its pointer: said, not taken
+                    self._log(
+                        f"resuming from {paths.name}, as {paths.weights.parent / LATEST} says; newer "
+                        f"checkpoint(s) {', '.join(past)} look whole but are not resumed from (to "
+                        f"resume from {past[0]}, write {past[0]} into that file); their files are "
+                        "moved aside, not deleted, when the run writes their step again"
                     )
                 self.resume_from = paths, state
             self.run_dir = resume if resume is not None else new_run_dir(config, context)
