@@ -19,6 +19,7 @@ give the fused kernel a finite row, whose output ``vote`` then zeroes.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 
@@ -134,6 +135,34 @@ def is_causal_mask(mask: Tensor) -> bool:
     allowed = mask == 0
     forbidden = torch.isneginf(mask)
     return bool(torch.equal(allowed, lower) and torch.equal(forbidden, ~lower))
+
+
+def _warn_if_blocking_convention(attn_mask: Tensor | None, logits_shape: tuple[int, ...]) -> None:
+    """Warn when a boolean ``(L, S)`` ``attn_mask`` is exactly ``torch.nn.MultiheadAttention``'s
+    causal mask (True above the diagonal, where that module reads True as *blocked*). Read as
+    torchvote reads it (True = may attend), every query would hear only later keys and the last
+    one none (zero output): a mask ported without its ``~``. Asked only where reading the values
+    is free (eager code on the CPU), so a GPU never waits for it."""
+    if (
+        not isinstance(attn_mask, Tensor)
+        or attn_mask.dtype != torch.bool
+        or attn_mask.dim() != 2
+        or len(logits_shape) < 2
+        or tuple(attn_mask.shape) != tuple(logits_shape[-2:])
+        or min(attn_mask.shape) < 2  # one query or one key: no pattern to read
+        or attn_mask.device.type != "cpu"
+        or torch.compiler.is_compiling()
+    ):
+        return
+    blocked_above = torch.ones(attn_mask.shape, dtype=torch.bool).triu(1)  # (i, j): j > i
+    if torch.equal(attn_mask, blocked_above):
+        warnings.warn(
+            "attn_mask is True exactly above the diagonal: torch.nn.MultiheadAttention's causal mask, "
+            "where True means blocked; here True means may attend, so each query hears only later "
+            "keys and the last query none. Pass is_causal=True (or ~attn_mask)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 #: A float mask's entry at or below this blocks its pair as ``-inf`` does, where a mask's intent is
@@ -386,6 +415,7 @@ def prepare_attention_mask(
     check_flag(is_causal, "is_causal")
     check_float_dtype(dtype)
     mask = merge_masks(attn_mask, key_mask, logits_shape)
+    _warn_if_blocking_convention(attn_mask, logits_shape)
     if receiver_mask is not None:
         _check_logits_shape(logits_shape, minimum=3)
         batch, target_len = logits_shape[0], logits_shape[-2]

@@ -60,6 +60,26 @@ def _split_heads(projected: Tensor, heads: int) -> Tensor:
     return projected.view(batch, length, heads, features // heads).transpose(1, 2)
 
 
+def _key_mask_from_padding(key_mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor | None:
+    """``key_mask`` (True = a real key) from torch's ``key_padding_mask`` (True = padding), when
+    that is the one given."""
+    if key_padding_mask is None:
+        return key_mask
+    if key_mask is not None:
+        raise TypeError(
+            "give key_mask (True = a real key) or key_padding_mask (True = padding, as in "
+            "torch.nn.MultiheadAttention), not both"
+        )
+    if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+        given = key_padding_mask
+        described = given.dtype if isinstance(given, Tensor) else type(given).__name__
+        raise TypeError(
+            f"key_padding_mask must be a boolean tensor (True = padding), got {described}; a float "
+            "padding mask (added to the logits) goes in attn_mask as mask[:, None, None, :]"
+        )
+    return ~key_padding_mask
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017, sec. 3.2.2) on the voting operator.
 
@@ -88,6 +108,7 @@ class MultiHeadAttention(nn.Module):
         torch float attn_mask (added)              ->  attn_mask = torch_mask   (unchanged)
         torch 3-D attn_mask (b * h, L, S)          ->  attn_mask = mask.view(b, h, L, S) (bool: ~)
         torch key_padding_mask (True = padding)    ->  key_mask = ~key_padding_mask
+                                                       (or key_padding_mask= as it is)
         torch float key_padding_mask (added)       ->  attn_mask = kpm[:, None, None, :] (+ others)
         torch attn_mask=causal, is_causal=True     ->  is_causal=True (no mask needed)
 
@@ -188,6 +209,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         average_weights: bool = True,
         cache: KVCache | None = None,
+        key_padding_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -218,6 +240,9 @@ class MultiHeadAttention(nn.Module):
                 its keys and values and do not project ``key``/``value`` (which must still be
                 the memory they came from: same batch and length); masks and ``is_causal`` then
                 apply as they would without a cache.
+            key_padding_mask: ``torch.nn.MultiheadAttention``'s form of ``key_mask``, for ported
+                code: boolean ``(b, S)``, True for padding (read as ``key_mask=~key_padding_mask``).
+                Give one of the two.
 
         Returns:
             ``(output, weights)``: output ``(b, L, E)``; weights ``(b, L, S)`` if
@@ -232,8 +257,10 @@ class MultiHeadAttention(nn.Module):
             TypeError: non-tensor or non-floating inputs, inputs of another dtype than the
                 parameters' (outside ``torch.autocast``), masks that are not boolean (or, for
                 ``attn_mask``, floating point), a ``cache`` that is not a :class:`KVCache`;
-                ``is_causal``, ``need_weights`` or ``average_weights`` that is not a bool.
+                ``is_causal``, ``need_weights`` or ``average_weights`` that is not a bool;
+                ``key_padding_mask`` beside ``key_mask``, or not boolean.
         """
+        key_mask = _key_mask_from_padding(key_mask, key_padding_mask)
         for flag, argument in ((is_causal, "is_causal"), (need_weights, "need_weights"),
                                (average_weights, "average_weights")):
             check_flag(flag, argument)
