@@ -1,5 +1,6 @@
-"""What every benchmark script shares: argparse types, device synchronisation and the Linux
-resident-set readings behind the CPU memory columns.
+"""What every benchmark script shares: its parser (help showing defaults, the program name the user
+typed), argparse types, device synchronisation and the Linux resident-set readings behind the CPU
+memory columns.
 
 The scripts run as files (by their path, or through the ``bench`` command), so this
 folder is on ``sys.path`` and they import this module by its bare name.
@@ -10,24 +11,32 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import os
 import resource
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from torchvote.validation import check_positive_float, check_positive_int
+from torchvote.training.distributed import check_device_name
+from torchvote.validation import check_device_exists, check_positive_float, check_positive_int
 
 __all__ = [
+    "HelpFormatter",
+    "add_batch_size_argument",
     "add_device_argument",
+    "benchmark_parser",
     "can_reset_peak_rss",
     "chosen_device",
+    "device_name",
     "error_line",
     "max_rss_kib",
     "parse_with_quick",
     "peak_rss_growth_mib",
     "positive_float",
     "positive_int",
+    "program_name",
     "release_free_heap",
     "reset_peak_rss",
     "status_kib",
@@ -59,22 +68,92 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}") from None
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default after its help (a list as its words, ``1 8``), except
+    where the help already says its default, or for a flag (default off) or a ``None`` default (the
+    help says what no value means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or action.option_strings == [] or default is None or default is False
+                or default is argparse.SUPPRESS):
+            return action.help
+        if isinstance(default, (list, tuple)):
+            shown = " ".join(map(str, default)).replace("%", "%%")
+            return f"{text} (default: {shown})".lstrip()
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def program_name(script: str) -> str:
+    """The command that ran the benchmark ``script`` (a path), for its parser's ``prog`` (what its
+    usage errors start with): ``torchvote bench NAME`` when that command ran it (it runs the script
+    as a child process with ``TORCHVOTE_BENCH_PROG`` set to those words), else the file's name
+    (``routing.py``)."""
+    given = os.environ.get("TORCHVOTE_BENCH_PROG", "")
+    return given if given == f"torchvote bench {Path(script).stem}" else Path(script).name
+
+
+def benchmark_parser(script: str, description: str) -> argparse.ArgumentParser:
+    """The parser of the benchmark ``script`` (its ``__file__``): named as the user ran it (see
+    :func:`program_name`), its help showing each option's default (:class:`HelpFormatter`)."""
+    return argparse.ArgumentParser(prog=program_name(script), description=description,
+                                   formatter_class=HelpFormatter)
+
+
+def add_batch_size_argument(parser: argparse.ArgumentParser, old: str | None, *, several: bool,
+                            default: object, help: str) -> None:
+    """``--batch-size`` (the spelling of ``torchvote train`` and every script), with the script's
+    earlier spelling ``old`` (``--batch``, ``--batches``) kept as an alias of the same option;
+    ``several``: one or more sizes (a list), else one."""
+    names = ["--batch-size", *([old] if old else [])]
+    extra = f"; {old} is its old spelling" if old else ""
+    parser.add_argument(*names, dest="batch_size", type=positive_int, nargs="+" if several else None,
+                        default=default, metavar="N", help=help + extra)
+
+
+def device_name(text: str) -> str:
+    """argparse type: a device name as ``torchvote train --device`` takes it (``auto``, ``cpu``,
+    ``cuda``, ``cuda:<index>``; checked by ``check_device_name``), so argparse's error names
+    ``--device``.
+
+    Raises:
+        argparse.ArgumentTypeError: any other name, quoting it.
+    """
+    try:
+        return check_device_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
-    """``--device auto|cpu|cuda`` (default ``auto``: CUDA when torch sees a device), the same in every
-    script; read it back with :func:`chosen_device`."""
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="auto (default): cuda if torch sees a CUDA device, else cpu")
+    """``--device auto|cpu|cuda|cuda:<index>`` (default ``auto``: CUDA when torch sees a device), the
+    same in every script and as in the ``torchvote`` commands; read it back with :func:`chosen_device`."""
+    parser.add_argument("--device", type=device_name, default="auto",
+                        help="auto, cpu, cuda or cuda:<index> (as torchvote train takes it); auto: cuda if "
+                             "torch sees a CUDA device, else cpu")
 
 
 def chosen_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
-    """The device ``--device name`` means here: ``auto`` is CUDA where torch sees one.
+    """The device ``--device name`` means here: ``auto`` is CUDA where torch sees one; a CUDA index
+    (``cuda:1``) becomes torch's current device too, for the calls that take none.
 
     Raises:
-        SystemExit: through ``parser.error`` (a usage error, exit 2) for ``cuda`` without a device.
+        SystemExit: through ``parser.error`` (a usage error, exit 2) for CUDA without a device, or
+            an index past the last one.
     """
-    if name == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here")
-    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name}: torch sees no CUDA device here")
+    try:
+        check_device_exists(device, name)
+    except ValueError as error:
+        parser.error(f"--device {name}: {error}")
+    if device.index is not None:
+        torch.cuda.set_device(device)
+    return device
 
 
 def parse_with_quick(parser: argparse.ArgumentParser, argv: list[str] | None, **quick: object):

@@ -53,7 +53,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from _common import (
+    add_batch_size_argument,
     add_device_argument,
+    benchmark_parser,
     can_reset_peak_rss,
     chosen_device,
     error_line,
@@ -149,12 +151,12 @@ def cuda_peak_memory_mb(impl: str, config: Config, embed_dim: int, num_heads: in
     """Growth of ``torch.cuda.max_memory_allocated`` during one call, in this process."""
     _, call = build(impl, config, embed_dim, num_heads)
     call()  # warm-up: workspace and autograd buffers
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
+    torch.cuda.synchronize(config.device)
+    torch.cuda.reset_peak_memory_stats(config.device)
+    before = torch.cuda.memory_allocated(config.device)
     call()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
+    torch.cuda.synchronize(config.device)
+    return (torch.cuda.max_memory_allocated(config.device) - before) / 2**20
 
 
 def _memory_child(impl: str, config: Config, embed_dim: int, num_heads: int,
@@ -223,26 +225,32 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
-    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8])
-    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 2048, 8192])
-    parser.add_argument("--repeats", type=positive_int, default=7)
+    parser = benchmark_parser(__file__, __doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny smoke run: batch 1, T 128, embed 64, 4 heads, 3 repeats, no memory "
+                             "(options given beside it are kept)")
+    add_batch_size_argument(parser, "--batches", several=True, default=[1, 8], help="batch sizes timed")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 2048, 8192],
+                        help="sequence lengths T timed")
+    parser.add_argument("--repeats", type=positive_int, default=7, help="timed repeats (interleaved)")
     parser.add_argument("--slow-repeats", type=positive_int, default=3,
                         help="repeats when one call takes more than --slow-seconds")
-    parser.add_argument("--slow-seconds", type=positive_float, default=2.0)
+    parser.add_argument("--slow-seconds", type=positive_float, default=2.0,
+                        help="a first call longer than this uses --slow-repeats")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory children")
     parser.add_argument("--mha-limit-gb", type=positive_float, default=12.0,
                         help="memory above which nn.MultiheadAttention is skipped")
-    parser.add_argument("--embed-dim", type=positive_int, default=512)
-    parser.add_argument("--num-heads", type=positive_int, default=8)
+    parser.add_argument("--embed-dim", type=positive_int, default=512, help="features (embed_dim)")
+    parser.add_argument("--num-heads", type=positive_int, default=8, help="attention heads")
     add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                        help="the modules and inputs are cast to it (no autocast)")
+                        help="cast: the modules and inputs are cast to it (no autocast)")
     parser.add_argument("--weights", action="store_true",
                         help="ours and nn.MultiheadAttention return the head-averaged weights")
-    parser.add_argument("--modes", nargs="+", choices=["infer", "train"], default=["infer", "train"])
-    parser.add_argument("--causal", nargs="+", choices=["no", "yes"], default=["no", "yes"])
+    parser.add_argument("--modes", nargs="+", choices=["infer", "train"], default=["infer", "train"],
+                        help="infer: forward under inference_mode; train: forward and backward")
+    parser.add_argument("--causal", nargs="+", choices=["no", "yes"], default=["no", "yes"],
+                        help="without and/or with a causal mask")
     return parser
 
 
@@ -250,22 +258,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     # --quick: seconds, no memory column (its spawned processes took over a minute); options given
     # beside it are kept
-    args = parse_with_quick(parser, argv, batches=[1], lengths=[128], repeats=3, embed_dim=64, num_heads=4,
+    args = parse_with_quick(parser, argv, batch_size=[1], lengths=[128], repeats=3, embed_dim=64, num_heads=4,
                             no_memory=True)
-    args.device = chosen_device(parser, args.device).type
+    device = chosen_device(parser, args.device)
+    args.device = str(device)  # cuda:1 stays cuda:1
+    on_cuda = device.type == "cuda"
     if args.embed_dim % args.num_heads:
         parser.error(f"--embed-dim {args.embed_dim} must be divisible by --num-heads {args.num_heads}")
-    if args.device == "cpu" and not args.no_memory and not can_reset_peak_rss():
+    if not on_cuda and not args.no_memory and not can_reset_peak_rss():
         parser.error("the CPU memory column needs Linux's /proc/self/clear_refs, which this system "
                      "does not offer: pass --no-memory")
 
-    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
+    where = torch.cuda.get_device_name(device) if on_cuda else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {args.device} ({where}), {args.dtype}, weights "
           f"{'requested of ours and mha (sdpa forms none)' if args.weights else 'not requested'}; "
           f"embed {args.embed_dim}, "
           f"{args.num_heads} heads; median of {args.repeats} interleaved repeats "
           f"({args.slow_repeats} when a call exceeds {args.slow_seconds:g} s); memory = "
-          + ("torch.cuda.max_memory_allocated growth during one call" if args.device == "cuda" else
+          + ("torch.cuda.max_memory_allocated growth during one call" if on_cuda else
              "peak RSS growth during one call in a fresh spawned process (VmHWM after clear_refs)"))
     header = (f"{'batch':>5} {'T':>5} {'causal':>6} {'mode':>5} | {'ours ms':>8} {'sdpa ms':>8} "
               f"{'mha ms':>8} | {'ours/sdpa':>9} {'ours/mha':>8} | {'ours MB':>8} {'sdpa MB':>8} "
@@ -273,14 +283,14 @@ def main(argv: list[str] | None = None) -> None:
     print(header)
     print("-" * len(header))
     notes = []
-    for batch in args.batches:
+    for batch in args.batch_size:
         for length in args.lengths:
             for causal in (c == "yes" for c in args.causal):
                 for mode in args.modes:
                     config = Config(batch, length, causal, mode, args.weights, args.device, args.dtype)
                     memory: dict[str, float | None] = dict.fromkeys(IMPLEMENTATIONS)
                     skip_mha = False
-                    if not args.no_memory and args.device == "cuda":
+                    if not args.no_memory and on_cuda:
                         for impl in IMPLEMENTATIONS:
                             try:
                                 memory[impl] = cuda_peak_memory_mb(impl, config, args.embed_dim,

@@ -35,7 +35,7 @@ to the OS); on CUDA ``torch.cuda.max_memory_allocated`` minus the memory allocat
 Usage::
 
     python benchmarks/em.py --quick                       # a tiny case, seconds (no memory column)
-    python benchmarks/em.py --batch 32 --repeats 3        # the paper's config on CPU
+    python benchmarks/em.py --batch-size 32 --repeats 3   # the paper's config on CPU
     python benchmarks/em.py --device cuda --dtype bfloat16 --impls old,kernel-vectorized,kernel-compiled
 
 With ``--dtype bfloat16`` the votes and activations are bfloat16 (the kernel keeps its statistics in
@@ -65,7 +65,9 @@ from einops import rearrange
 from torch import Tensor
 
 from _common import (
+    add_batch_size_argument,
     add_device_argument,
+    benchmark_parser,
     can_reset_peak_rss,
     chosen_device,
     parse_with_quick,
@@ -203,13 +205,13 @@ def _peak_worker(impl, batch, quick, device, dtype, baseline, queue) -> None:
             step()
             gc.collect()
             release_free_heap()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
+        if torch.device(device).type == "cuda":  # cuda or cuda:<index>
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
             step()
-            torch.cuda.synchronize()
-            queue.put((torch.cuda.max_memory_allocated() - before) / 2**20)
+            torch.cuda.synchronize(device)
+            queue.put((torch.cuda.max_memory_allocated(device) - before) / 2**20)
             return
         queue.put(peak_rss_growth_mib(step))
     except Exception as error:  # reported in the table, not a crash of the whole run
@@ -251,13 +253,16 @@ def check_agreement(device: str, baseline: str | None, impls: tuple[str, ...] = 
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser(__file__, __doc__.split("\n\n")[0])
     add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="the votes' dtype (the kernel keeps its statistics in float32)")
-    parser.add_argument("--batch", type=positive_int, default=32)
-    parser.add_argument("--repeats", type=positive_int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a tiny case (5x5 grid, 4 types)")
+                        help="cast: the votes and activations are cast to it (no autocast; the kernel "
+                             "keeps its statistics in float32)")
+    add_batch_size_argument(parser, "--batch", several=False, default=32,
+                            help="images per step (2 with --quick)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed repeats (interleaved)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny case (5x5 grid, 4 types), batch 2 (options given beside it are kept)")
     parser.add_argument("--impls", default=None,
                         help=f"comma-separated subset of {IMPLEMENTATIONS} (default all; with --quick "
                              "all but kernel-compiled, whose compilation takes longer than the case)")
@@ -269,15 +274,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parse_with_quick(parser, argv, batch=2)  # --batch given beside --quick is kept
+    args = parse_with_quick(parser, argv, batch_size=2)  # --batch-size given beside --quick is kept
     default = [n for n in IMPLEMENTATIONS if not (args.quick and n == "kernel-compiled")]
     impls = [name for name in args.impls.split(",") if name] if args.impls else default
     unknown = sorted(set(impls) - set(IMPLEMENTATIONS))
     if unknown:
         parser.error(f"unknown --impls {unknown}; choose from {IMPLEMENTATIONS}")
-    args.device = chosen_device(parser, args.device).type
+    device = chosen_device(parser, args.device)
+    args.device = str(device)  # cuda:1 stays cuda:1
     measure_memory = not (args.no_memory or args.quick)
-    if measure_memory and args.device == "cpu" and not can_reset_peak_rss():
+    if measure_memory and device.type == "cpu" and not can_reset_peak_rss():
         parser.error("the CPU memory column needs Linux's /proc/self/clear_refs, which this system "
                      "does not offer: pass --no-memory")
     baseline = args.baseline if "old" in impls else None  # the old one needs this git history
@@ -290,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"could not be read ({str(detail).strip()}): run from a git clone with that "
                          f"history, name another revision with --baseline, or leave old out of --impls")
     dtype = getattr(torch, args.dtype)
-    batch = args.batch
+    batch = args.batch_size
     print(f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}, threads "
           f"{torch.get_num_threads()}, batch {batch}, {'quick case' if args.quick else 'ConvCaps1 config'}")
     agreement = check_agreement(args.device, baseline, tuple(impls))

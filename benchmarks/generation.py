@@ -21,31 +21,44 @@ import time
 
 import torch
 
-from _common import add_device_argument, chosen_device, parse_with_quick, positive_int, synchronize
+from _common import (
+    add_batch_size_argument,
+    add_device_argument,
+    benchmark_parser,
+    chosen_device,
+    parse_with_quick,
+    positive_int,
+    synchronize,
+)
 from torchvote.models import create_model
 
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, 64 new tokens")
-    parser.add_argument("--new-tokens", type=positive_int, default=512)
-    parser.add_argument("--prompt-length", type=positive_int, default=16)
-    parser.add_argument("--batch", type=positive_int, default=1)
-    parser.add_argument("--d-model", type=positive_int, default=128)
-    parser.add_argument("--num-heads", type=positive_int, default=4)
-    parser.add_argument("--num-layers", type=positive_int, default=4)
-    parser.add_argument("--attention", choices=["softmax", "routing"], default="softmax")
-    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser = benchmark_parser(__file__, __doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny model (d_model 32, 2 heads, 2 layers), 64 new tokens (options given "
+                             "beside it are kept)")
+    parser.add_argument("--new-tokens", type=positive_int, default=512, help="tokens generated per call")
+    parser.add_argument("--prompt-length", type=positive_int, default=16, help="tokens of the random prompt")
+    add_batch_size_argument(parser, "--batch", several=False, default=1, help="prompts generated at once")
+    parser.add_argument("--d-model", type=positive_int, default=128, help="the model's width")
+    parser.add_argument("--num-heads", type=positive_int, default=4, help="attention heads")
+    parser.add_argument("--num-layers", type=positive_int, default=4, help="transformer blocks")
+    parser.add_argument("--attention", choices=["softmax", "routing"], default="softmax",
+                        help="the model's attention layer")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed calls of each (interleaved)")
     add_device_argument(parser)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="cast: the model is cast to it (no autocast)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse_with_quick(parser, argv, new_tokens=64, d_model=32, num_heads=2, num_layers=2)
-    args.device = chosen_device(parser, args.device).type
+    device = chosen_device(parser, args.device)
+    args.device = str(device)  # cuda:1 stays cuda:1
     if args.d_model % args.num_heads:
         parser.error(f"--d-model {args.d_model} must be divisible by --num-heads {args.num_heads}")
     context = args.prompt_length + args.new_tokens
@@ -55,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "transformer-lm", "small", context_length=context, d_model=args.d_model,
         num_heads=args.num_heads, num_layers=args.num_layers, dropout=0.0, attention=args.attention,
     ).to(args.device, getattr(torch, args.dtype)).eval()
-    prompt = torch.randint(model.config.vocab_size, (args.batch, args.prompt_length),
+    prompt = torch.randint(model.config.vocab_size, (args.batch_size, args.prompt_length),
                            generator=torch.Generator().manual_seed(1)).to(args.device)
 
     def run(use_cache: bool) -> torch.Tensor:
@@ -71,13 +84,13 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             run(use_cache)
             times[use_cache].append(time.perf_counter() - start)
-    rate = {c: args.batch * args.new_tokens / statistics.median(t) for c, t in times.items()}
+    rate = {c: args.batch_size * args.new_tokens / statistics.median(t) for c, t in times.items()}
 
-    where = (torch.cuda.get_device_name() if args.device == "cuda"
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
              else f"cpu, {torch.get_num_threads()} threads")
     print(f"torch {torch.__version__}, {where}, {args.dtype}; transformer-lm {args.num_layers} layers, "
           f"{args.num_heads} heads, d_model {args.d_model}, {args.attention} attention; batch "
-          f"{args.batch}, prompt {args.prompt_length}, {args.new_tokens} new tokens, greedy; median "
+          f"{args.batch_size}, prompt {args.prompt_length}, {args.new_tokens} new tokens, greedy; median "
           f"of {args.repeats} interleaved repeats")
     print(f"{'use_cache':>9} | {'seconds':>8} | {'tokens/s':>9}")
     for use_cache in (True, False):

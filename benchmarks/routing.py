@@ -45,9 +45,9 @@ meaningless.
 Usage::
 
     python benchmarks/routing.py                  # the full table, on CUDA if there is one
-    python benchmarks/routing.py --device cuda --dtype bfloat16 --cases dynamic --batches 128 512
+    python benchmarks/routing.py --device cuda --dtype bfloat16 --cases dynamic --batch-size 128 512
     python benchmarks/routing.py --quick          # smoke run: small batches, few repeats
-    python benchmarks/routing.py --cases dynamic --batches 128 --repeats 7
+    python benchmarks/routing.py --cases dynamic --batch-size 128 --repeats 7
     python benchmarks/routing.py --device cuda --cases em-paper --em-strategies auto compiled
     python benchmarks/routing.py --passive-threads   # on a machine shared with other jobs
 
@@ -81,7 +81,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from _common import (
+    add_batch_size_argument,
     add_device_argument,
+    benchmark_parser,
     chosen_device,
     error_line,
     max_rss_kib,
@@ -505,7 +507,7 @@ def target_lines(summary: dict[tuple[str, int, str, str], tuple[float, float, fl
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser(__file__, __doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: batch 8, 2 repeats, no compiled strategy unless asked")
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=DEFAULT_CASES,
@@ -518,13 +520,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "compiled, keeping every block of votes for backward instead of 512 MiB")
     add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                        help="bfloat16 / float16 run every implementation under torch.autocast")
-    parser.add_argument("--batches", nargs="+", type=positive_int, default=None,
-                        help="batch sizes (default: 32 128 for dynamic (CUDA: 128 512), 32 for EM)")
+                        help="autocast: bfloat16 / float16 run every implementation under torch.autocast "
+                             "(modules and inputs stay float32)")
+    add_batch_size_argument(parser, "--batches", several=True, default=None,
+                            help="batch sizes (default: 32 128 for dynamic (CUDA: 128 512), 32 for EM; 8 "
+                                 "with --quick)")
     parser.add_argument("--repeats", type=positive_int, default=None,
                         help="timed repeats (default 5; 2 with --quick)")
-    parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"], default=["fwd", "fwd+bwd"])
-    parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
+    parser.add_argument("--modes", nargs="+", choices=["fwd", "fwd+bwd"], default=["fwd", "fwd+bwd"],
+                        help="fwd: forward under no_grad; fwd+bwd: forward and backward")
+    parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads(),
+                        help="torch.set_num_threads (default: torch's, here %(default)s)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
     parser.add_argument("--passive-threads", action="store_true",
                         help="re-run with OMP_WAIT_POLICY=PASSIVE (for a machine shared with other jobs)")
@@ -561,8 +567,8 @@ def main(argv: list[str] | None = None) -> int:
             impls = ("torchvote", *forced, *joint, "baseline")
         else:
             impls = tuple(i for i in CASES[case].implementations if i not in STRATEGIES or i in strategies)
-        if args.batches:
-            batches = args.batches
+        if args.batch_size:
+            batches = args.batch_size
         elif args.quick:
             batches = [8]
         else:

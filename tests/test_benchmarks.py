@@ -442,17 +442,18 @@ def test_attention_memory_child_reports_a_failure_as_an_error_not_as_out_of_memo
         ("attention", ["--repeats", "0"], "--repeats"),
         ("attention", ["--lengths", "128", "-1"], "--lengths"),
         ("attention", ["--mha-limit-gb", "-2"], "--mha-limit-gb"),
-        ("em", ["--batch", "0"], "--batch"),
+        ("em", ["--batch", "0"], "--batch-size/--batch"),  # both spellings named
         ("em", ["--repeats", "-1"], "--repeats"),
         ("routing", ["--repeats", "0"], "--repeats"),  # was read as "the default, 5"
         ("routing", ["--threads", "0"], "--threads"),
-        ("routing", ["--batches", "0"], "--batches"),
+        ("routing", ["--batches", "0"], "--batch-size/--batches"),
+        ("attention", ["--batch-size", "1", "0"], "--batch-size/--batches"),
         ("training", ["--steps", "0"], "--steps"),
         ("training", ["--batch-size", "0"], "--batch-size"),
         ("training", ["--warmup", "0"], "--warmup"),  # the first step (and a compilation) untimed
         ("generation", ["--new-tokens", "0"], "--new-tokens"),  # tokens per second divided by 0
         ("generation", ["--repeats", "0"], "--repeats"),  # the median of nothing
-        ("generation", ["--batch", "0"], "--batch"),
+        ("generation", ["--batch", "0"], "--batch-size/--batch"),
         ("generation", ["--prompt-length", "x"], "--prompt-length"),
     ],
 )
@@ -506,7 +507,7 @@ def test_attention_benchmark_refuses_heads_that_do_not_divide_the_width(load_ben
         ("attention", ["--num-heads", "2"], ("num_heads", 2)),
         ("generation", ["--new-tokens", "5"], ("new_tokens", 5)),
         ("training", ["--steps", "1"], ("steps", 1)),
-        ("em", ["--batch", "32"], ("batch", 32)),
+        ("em", ["--batch", "32"], ("batch_size", 32)),
     ],
 )
 def test_quick_keeps_the_options_given_beside_it(load_benchmark, script, given, quick_value):
