@@ -13,8 +13,8 @@ Each step is run ``--warmup`` times, then ``--steps`` times interleaved (ours, b
 one :class:`StepPair` to :data:`PAIRS` (the baseline is the part to write by hand).
 
 Run: ``python benchmarks/training.py`` (every pair at batch 128) or ``--quick`` (seconds), or
-``torchvote bench training [args]``. ``--device cpu|cuda`` (default: cuda if there is one; on CUDA
-each step is timed between ``torch.cuda.synchronize()`` calls), ``--dtype bfloat16`` runs the
+``torchvote bench training [args]``. ``--device cpu|cuda|cuda:<index>`` (default: cuda if there is
+one; on CUDA each step is timed between ``torch.cuda.synchronize()`` calls), ``--dtype bfloat16`` runs the
 forward pass and loss of both steps under ``torch.autocast`` (as ``bf16=true`` trains; ``float16``
 also scales the loss through a ``torch.amp.GradScaler``, as ``fp16=true``), and
 ``--compile`` times our model under ``torch.compile`` (as ``compile=true`` trains).
@@ -33,11 +33,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from _common import add_device_argument, chosen_device, parse_with_quick, positive_int, synchronize
+from _common import (
+    add_batch_size_argument,
+    add_device_argument,
+    benchmark_parser,
+    chosen_device,
+    parse_with_quick,
+    positive_int,
+    synchronize,
+)
 from torchvote.models import build_config, create_model, get_model_spec
 from torchvote.training import get_task_handler, make_objective
 from torchvote.training.config import LossConfig
-from torchvote.training.evaluate import autocast
+from torchvote.training.evaluation import autocast
 from torchvote.training.metrics import format_table
 
 
@@ -408,19 +416,22 @@ def time_pair(
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line (``main`` parses ``argv`` with it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__file__, __doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(PAIRS), help=f"comma-separated, of: {', '.join(PAIRS)}")
     parser.add_argument("--preset", default=None, help="model preset (default: each pair's own)")
-    parser.add_argument("--batch-size", type=positive_int, default=128)
-    parser.add_argument("--steps", type=positive_int, default=20)
+    add_batch_size_argument(parser, None, several=False, default=128, help="items per training step")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps of each (interleaved)")
     parser.add_argument("--warmup", type=positive_int, default=3,
                         help="untimed steps first (at least one: the first step initialises, or compiles)")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--quick", action="store_true", help="batch 16, 3 steps: a smoke run")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch.set_num_threads (default: torch's own)")
+    parser.add_argument("--quick", action="store_true",
+                        help="batch 16, 3 steps, 1 warm-up: a smoke run (options given beside it are kept)")
     add_device_argument(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                        help="bfloat16: forward and loss under torch.autocast (bf16=true); float16: "
-                             "the same, gradients through a GradScaler (fp16=true)")
+                        help="autocast: bfloat16 runs forward and loss under torch.autocast (bf16=true; "
+                             "the model stays float32); float16: the same, gradients through a GradScaler "
+                             "(fp16=true)")
     parser.add_argument("--compile", action="store_true", help="torch.compile our model (compile=true)")
     return parser
 

@@ -314,7 +314,7 @@ def test_evaluate_out_of_device_memory_is_one_line_that_says_what_to_lower(tmp_p
 
     import torch
 
-    evaluation = importlib.import_module("torchvote.training.evaluate")  # the module, not the function
+    evaluation = importlib.import_module("torchvote.training.evaluation")  # the module, not the function
     run_dir = tmp_path / "r"
     assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
 
@@ -653,7 +653,7 @@ def test_ctrl_c_during_evaluate_is_one_line_and_status_130(tmp_path, capsys, mon
 
     run_dir = tmp_path / "r"
     assert run(capsys, "train", "smoke", "max_steps=1", "eval_every=0", f"run_dir={run_dir}", *FAST)[0] == 0
-    evaluate_module = importlib.import_module("torchvote.training.evaluate")  # not the function
+    evaluate_module = importlib.import_module("torchvote.training.evaluation")  # not the function
     monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", _interrupt)
     code = _main_catching_ctrl_c("evaluate", str(run_dir), "--on", "mnist")
     err = capsys.readouterr().err

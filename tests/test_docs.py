@@ -52,7 +52,7 @@ from torchvote.data import list_datasets
 from torchvote.data.registry import dataset_options
 from torchvote.experiments import check_request, get_row, list_rows, train_command
 from torchvote.training.config import load_config
-from torchvote.training.evaluate import parse_eval_entry
+from torchvote.training.evaluation import parse_eval_entry
 from torchvote.training.keyvalue import split_entries
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -702,7 +702,7 @@ def _main_job(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from torchvote.data import list_datasets
     from torchvote.training.distributed import check_device_name
-    from torchvote.training.evaluate import checkpoint_summary, evaluate_checkpoint
+    from torchvote.training.evaluation import checkpoint_summary, evaluate_checkpoint
     from torchvote.training.keyvalue import parse_entry, parse_options, split_entries
     from torchvote.training.metrics import format_table
     from torchvote.validation import check_positive_int
@@ -759,7 +759,7 @@ def _run_config(checkpoint: str, known: Sequence[str]):
             a damaged one, or one without a readable config; the message asks for ``--on``.
     """
     from torchvote.training.checkpoint import CheckpointError, find_checkpoint
-    from torchvote.training.evaluate import run_state_beside
+    from torchvote.training.evaluation import run_state_beside
     from torchvote.training.results import last_set_up_config
 
     paths = find_checkpoint(checkpoint)
@@ -788,7 +788,7 @@ def _check_checkpoint_exists(checkpoint: str) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from torchvote.training.distributed import check_device_name
-    from torchvote.training.evaluate import checkpoint_summary
+    from torchvote.training.evaluation import checkpoint_summary
     from torchvote.training.generation import generate_from_checkpoint
 
     check_device_name(args.device, "--device")
@@ -1034,7 +1034,9 @@ def _bench(args: argparse.Namespace) -> int:
             f"benchmark script {script} not found (benchmarks run from a source checkout); "
             f"present: {', '.join(present) or 'none'}"
         )
-    return subprocess.call([sys.executable, str(script), *args.args])
+    # the script's usage errors then start with the command the user typed, not its file name
+    environment = {**os.environ, "TORCHVOTE_BENCH_PROG": f"torchvote bench {args.name}"}
+    return subprocess.call([sys.executable, str(script), *args.args], env=environment)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from torchvote.functional.routing import dynamic_routing
 from torchvote.training import train
 from torchvote.training.checkpoint import CHECKPOINT_FORMAT, find_checkpoint
 from torchvote.training.config import config_from_dict
-from torchvote.training.evaluate import load_data, load_model_from_checkpoint
+from torchvote.training.evaluation import load_data, load_model_from_checkpoint
 from torchvote.training.tasks import get_task_handler
 
 

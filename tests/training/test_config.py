@@ -395,7 +395,7 @@ def test_more_overrides_are_typed_or_say_what_is_wrong(override, message):
 
 
 def test_one_reader_for_every_key_value_of_the_command_line():
-    from torchvote.training.evaluate import parse_eval_entry
+    from torchvote.training.evaluation import parse_eval_entry
     from torchvote.training.keyvalue import parse_options, parse_value
 
     config = load_config(None, ["eval_on=[affnist-style:canvas=28]", "data.options.canvas=28"])

@@ -20,7 +20,7 @@ from torchvote.training.data import (
     iterate_batches,
     pin_memory_for,
 )
-from torchvote.training.evaluate import load_data, load_eval_entry
+from torchvote.training.evaluation import load_data, load_eval_entry
 
 
 @dataclass
@@ -80,7 +80,7 @@ def test_fixed_data_is_the_same_every_epoch():
 
 
 def test_load_data_limits_every_draw(monkeypatch, source):
-    evaluate_module = importlib.import_module("torchvote.training.evaluate")  # not the function
+    evaluate_module = importlib.import_module("torchvote.training.evaluation")  # not the function
     monkeypatch.setattr(evaluate_module, "load_raw_dataset", lambda name, split, **kw: (split, source))
     handler = get_task_handler("image-classification")
     limited = load_data(handler, "multimnist", "train", limit=10)
@@ -93,7 +93,7 @@ def test_load_data_limits_every_draw(monkeypatch, source):
 
 @pytest.mark.parametrize("limit", [0, -5, 2.5, True])
 def test_load_data_and_load_eval_entry_refuse_a_limit_below_one(monkeypatch, source, limit):
-    evaluate_module = importlib.import_module("torchvote.training.evaluate")
+    evaluate_module = importlib.import_module("torchvote.training.evaluation")
     loaded = []
     monkeypatch.setattr(
         evaluate_module, "load_raw_dataset", lambda name, split, **kw: loaded.append(name) or (split, source)
@@ -179,7 +179,7 @@ def test_task_data_refuses_tensors_of_different_lengths():
 def test_small_api_arguments_are_refused_by_name():
     """Review findings: BatchPlan.epoch_order(-1) failed inside NumPy, load_data(options="size=8")
     with a dict-update error, with_routing of a 0-d tensor or a dict of layers."""
-    from torchvote.training.evaluate import load_data
+    from torchvote.training.evaluation import load_data
 
     plan = BatchPlan(num_examples=10, global_batch=2, seed=0)
     with pytest.raises(ValueError, match="epoch must be an integer >= 0, got -1"):

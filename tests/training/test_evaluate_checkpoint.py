@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from torchvote.training import evaluate, evaluate_checkpoint, load_model_from_checkpoint, train
-from torchvote.training.evaluate import load_eval_entry
+from torchvote.training.evaluation import load_eval_entry
 from torchvote.training.objectives import make_objective
 from torchvote.training.schema import LossConfig
 from torchvote.training.tasks import get_task_handler

@@ -23,7 +23,7 @@ from torchvote.training import (
     train,
 )
 from torchvote.training.config import ConfigError, apply_overrides, config_from_dict
-from torchvote.training.evaluate import evaluate
+from torchvote.training.evaluation import evaluate
 from torchvote.training.results import find_resumable_checkpoint
 
 from .test_loop import _assert_same_weights, _PoisonAt, _StopAfter, _weights

@@ -90,7 +90,7 @@ def test_training_benchmark_runs_every_pair_quickly(capsys, load_benchmark):
 
 
 def test_eval_on_entries_carry_data_set_options():
-    from torchvote.training.evaluate import parse_eval_entry
+    from torchvote.training.evaluation import parse_eval_entry
 
     assert parse_eval_entry("affnist") == ("affnist", {})
     assert parse_eval_entry("affnist-style:canvas=28, seed=3") == ("affnist-style", {"canvas": 28, "seed": 3})

@@ -141,7 +141,7 @@ def _checkpoint_named(location: Path) -> str:
     """``": capsnet at step N (path)"`` for a training checkpoint, ``""`` for a record file (or
     where the train extra that reads checkpoints is missing)."""
     try:
-        from torchvote.training.evaluate import checkpoint_summary
+        from torchvote.training.evaluation import checkpoint_summary
 
         return f": {checkpoint_summary(location)}"
     except (ValueError, OSError, ImportError):  # a record, not a checkpoint: the path alone names it

@@ -60,7 +60,7 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
     """
     from torchvote.models.capsule_head import CapsuleClassifier, class_scores, decoder_classes
     from torchvote.nn.capsules import CapsuleLinear
-    from torchvote.training.evaluate import load_model_from_checkpoint
+    from torchvote.training.evaluation import load_model_from_checkpoint
     from torchvote.training.results import load_run_config
     from torchvote.training.setup import load_eval_data
     from torchvote.training.tasks import get_task_handler

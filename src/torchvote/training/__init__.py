@@ -21,7 +21,7 @@ from torchvote.training.checkpoint import (
 )
 from torchvote.training.data import BatchPlan, TaskData
 from torchvote.training.distributed import DistributedContext, setup_distributed
-from torchvote.training.evaluate import evaluate, evaluate_checkpoint, load_data, load_model_from_checkpoint
+from torchvote.training.evaluation import evaluate, evaluate_checkpoint, load_data, load_model_from_checkpoint
 from torchvote.training.generation import Generation, generate_from_checkpoint
 from torchvote.training.loop import (
     StepInfo,

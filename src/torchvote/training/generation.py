@@ -37,7 +37,7 @@ from torchvote.training.checkpoint import (
 )
 from torchvote.training.data import load_raw_dataset
 from torchvote.training.distributed import resolve_device
-from torchvote.training.evaluate import load_model_from_checkpoint, run_state_beside
+from torchvote.training.evaluation import load_model_from_checkpoint, run_state_beside
 from torchvote.validation import check_flag, check_positive_int, check_seed
 
 __all__ = ["DEFAULT_NEW_TOKENS", "Generation", "generate_from_checkpoint"]

@@ -74,7 +74,7 @@ from torchvote.training.distributed import (
     any_processes,
     setup_distributed,
 )
-from torchvote.training.evaluate import autocast, evaluate_loss_where_it_applies, load_eval_entry
+from torchvote.training.evaluation import autocast, evaluate_loss_where_it_applies, load_eval_entry
 from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.objectives import spread_margin_schedule
 from torchvote.training.optim import build_optimizer, build_scheduler, lr_multiplier

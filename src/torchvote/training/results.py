@@ -33,7 +33,7 @@ from torchvote.training.config import (
     config_diff,
     saved_config,
 )
-from torchvote.training.evaluate import result_row
+from torchvote.training.evaluation import result_row
 from torchvote.training.metrics import format_table
 from torchvote.validation import as_path
 

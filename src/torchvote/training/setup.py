@@ -31,7 +31,7 @@ from torchvote.training.checkpoint import (
 from torchvote.training.config import ConfigError, TrainConfig, config_to_dict
 from torchvote.training.data import TaskData
 from torchvote.training.distributed import DistributedContext
-from torchvote.training.evaluate import load_data
+from torchvote.training.evaluation import load_data
 from torchvote.training.results import find_resumable_checkpoint
 from torchvote.training.schema import DataConfig
 from torchvote.training.tasks import TaskHandler

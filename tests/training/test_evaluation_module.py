@@ -1,0 +1,33 @@
+"""The evaluation module has a path of its own: ``torchvote.training.evaluate`` is also the
+function the package exports, which hid the module of that name (``import ... as m`` gave the
+function, and patching ``torchvote.training.evaluate.load_data`` failed)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+
+def test_the_module_imports_as_a_module_and_patching_it_reaches_its_callers(monkeypatch):
+    import torchvote.training as training
+    import torchvote.training.evaluation as evaluation
+
+    assert inspect.ismodule(evaluation) and inspect.isfunction(training.evaluate)
+    assert training.evaluate is evaluation.evaluate
+    monkeypatch.setattr("torchvote.training.evaluation.run_state_beside", lambda *a, **k: "patched")
+    from torchvote.training import generation  # a caller that imported the name from the module
+
+    assert evaluation.run_state_beside() == "patched"
+    assert generation.__name__ == "torchvote.training.generation"
+
+
+def test_the_old_path_still_gives_every_name_of_the_module():
+    import torchvote.training.evaluation as evaluation
+    from torchvote.training.evaluate import autocast, evaluate_checkpoint, parse_eval_entry
+
+    assert (autocast, evaluate_checkpoint, parse_eval_entry) == (
+        evaluation.autocast, evaluation.evaluate_checkpoint, evaluation.parse_eval_entry
+    )
+    with pytest.raises(ImportError):
+        from torchvote.training.evaluate import no_such_name  # noqa: F401
