@@ -270,13 +270,18 @@ class _EpochBatches(torch.utils.data.Dataset):
         return self.plan.steps_per_epoch
 
     def __getitem__(self, position: int) -> dict[str, Tensor]:
-        batch = self.data.select(self.plan.global_indices(self.order, position))
-        if self.augment is not None:
-            generator = torch.Generator().manual_seed(
-                derive_seed(self.plan.seed, AUGMENT_STREAM, self.epoch, position)
-            )
-            batch = self.augment(batch, generator)  # on the whole global batch: same on 1 or N
+        indices = self.plan.global_indices(self.order, position)
         local = self.plan.local_slice()
+        if self.augment is None:
+            return self.data.select(indices[local])
+        generator = torch.Generator().manual_seed(
+            derive_seed(self.plan.seed, AUGMENT_STREAM, self.epoch, position)
+        )
+        if getattr(self.augment, "takes_rows", False):
+            # the draws of the whole global batch, applied to this process's rows only: the same
+            # examples as below, with 1 / N of the gathering and shifting on each of N processes
+            return self.augment(self.data.select(indices[local]), generator, rows=local, total=len(indices))
+        batch = self.augment(self.data.select(indices), generator)  # the global batch: same on 1 or N
         return {key: tensor[local] for key, tensor in batch.items()}
 
 

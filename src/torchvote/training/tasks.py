@@ -144,12 +144,26 @@ class RandomShifts:
     """
 
     max_shift: int
+    #: :meth:`__call__` takes ``rows`` and ``total``: the batch loader passes a process's rows only
+    takes_rows = True
 
-    def __call__(self, batch: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
+    def __call__(
+        self,
+        batch: dict[str, Tensor],
+        generator: torch.Generator,
+        *,
+        rows: slice | None = None,
+        total: int | None = None,
+    ) -> dict[str, Tensor]:
+        """Shift ``batch``; with ``rows`` and ``total``, ``batch`` holds the rows ``rows`` of a
+        global batch of ``total`` images, and gets the shifts those rows get in the global batch
+        (the draws of all ``total`` are made, in the same order)."""
         from torchvote.data import sample_shifts, shift_images
 
         images = batch["images"]
-        shifts = sample_shifts(len(images), self.max_shift, generator=generator)  # (b, 2)
+        shifts = sample_shifts(len(images) if total is None else total, self.max_shift, generator=generator)
+        if rows is not None:
+            shifts = shifts[rows]  # (b, 2)
         shifted = {**batch, "images": shift_images(images, shifts)}
         if "digits" in batch:  # each digit moves with its image
             digits = batch["digits"]  # (b, k, c, h, w)
