@@ -130,9 +130,8 @@ def sample_checked(
             overflow of the winning logit, say) as the most likely token.
     """
     largest = logits.amax(dim=-1)  # (b,): NaN if the row holds one
-    drawable = ~torch.isnan(largest) & (largest > float("-inf"))  # (b,)
-    if temperature != 0.0:  # a softmax of +inf is NaN
-        drawable &= largest < float("inf")
+    # one kernel, not six, at every token: NaN > -inf is False; a softmax of +inf is NaN
+    drawable = torch.isfinite(largest) if temperature != 0.0 else largest > float("-inf")  # (b,)
     check_tensor_values(
         drawable.all(),
         "logits must hold no NaN and a value above -inf in every row"

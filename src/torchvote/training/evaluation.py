@@ -24,7 +24,7 @@ from torchvote.training.checkpoint import (
     read_model_metadata,
 )
 from torchvote.training.config import saved_config
-from torchvote.training.data import TaskData, build_task_data, load_raw_dataset
+from torchvote.training.data import TaskData, build_task_data, load_raw_dataset, pin_memory_for
 from torchvote.training.distributed import DistributedContext, all_reduce_sum, resolve_device
 from torchvote.training.keyvalue import parse_entry, typed_fields
 from torchvote.training.schema import LossConfig, TrainConfig
@@ -124,9 +124,16 @@ def evaluate(
     device = next(model.parameters()).device if device is None else _as_device(device)
     indices = torch.arange(context.rank, len(data), context.world_size)
     totals: dict[str, torch.Tensor] = {}
+    # On CUDA each batch goes through pinned memory: a copy from pageable memory makes the host
+    # wait for the device (every kernel of the previous batch) before it can queue the next one
+    pinned = pin_memory_for(device)
     with evaluating(model):
         for start in range(0, len(indices), batch_size):
-            batch = {k: v.to(device) for k, v in data.select(indices[start : start + batch_size]).items()}
+            selected = data.select(indices[start : start + batch_size])
+            batch = {
+                key: (value.pin_memory() if pinned else value).to(device, non_blocking=pinned)
+                for key, value in selected.items()
+            }
             with autocast(device, bf16, fp16):
                 output = handler.forward(model, batch)
                 sums = handler.metric_sums(output, batch)
