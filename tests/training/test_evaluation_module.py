@@ -31,3 +31,21 @@ def test_the_old_path_still_gives_every_name_of_the_module():
     )
     with pytest.raises(ImportError):
         from torchvote.training.evaluate import no_such_name  # noqa: F401
+
+
+def test_importing_the_old_path_leaves_the_package_function_callable():
+    """A first import of a submodule binds it on its package: ``from torchvote.training.evaluate
+    import ...`` in a fresh process made ``torchvote.training.evaluate`` the module, and a call of
+    the function failed with "'module' object is not callable" (diff review)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from torchvote.training.evaluate import evaluate_checkpoint\n"
+        "import inspect, torchvote.training as training\n"
+        "from torchvote.training import evaluate\n"
+        "assert inspect.isfunction(training.evaluate) and evaluate is training.evaluate, training.evaluate\n"
+        "import sys; assert 'evaluate_checkpoint' in dir(sys.modules['torchvote.training.evaluate'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -11,6 +11,9 @@
   safetensors weights plus a ``weights_only`` training state, written atomically.
 """
 
+# the module's old path, loaded before the function of its name is bound here: a later
+# `from torchvote.training.evaluate import ...` then finds it loaded and leaves the function be
+from torchvote.training import evaluate as _old_evaluation_path  # noqa: F401
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
