@@ -430,12 +430,14 @@ def test_a_whole_checkpoint_past_the_pointer_is_said_and_its_copies_go_with_keep
     moved its files to ``.old`` copies that stayed for good."""
     folder = stopped_run / "checkpoints"
     (folder / "latest").write_text("step-00000008\n")  # as if killed before the pointer moved to 9
+    (folder / "step-00000009.safetensors.older").write_text("mine")  # a user's file: never a copy
     capsys.readouterr()
     resumed = train(load_run_config(stopped_run, ["keep_checkpoints=1"]), resume=stopped_run, verbose=False)
     said = [line for line in capsys.readouterr().err.splitlines() if "look whole" in line]
-    assert len(said) == 1 and "resuming from step-00000008" in said[0]
+    assert len(said) == 1 and f"resuming from step-00000008, as {folder / 'latest'} says" in said[0]
     assert "step-00000009 look whole but are not resumed from" in said[0]
-    assert "write step-00000009 into that file" in said[0] and str(folder / "latest") in said[0]
+    assert f"write step-00000009 into {folder / 'latest'}" in said[0]
+    assert "renamed to .old, and deleted with that step's checkpoint by keep_checkpoints" in said[0]
     assert resumed.step > 9  # the pointer decided: step 9 was written again, its old files aside, then pruned
-    assert sorted(p.name for p in folder.iterdir() if ".old" in p.name) == []
+    assert sorted(p.name for p in folder.iterdir() if ".old" in p.name) == ["step-00000009.safetensors.older"]
     assert _checkpoints(folder) == [f"step-{resumed.step:08d}"]

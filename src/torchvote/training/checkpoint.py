@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -492,9 +493,17 @@ def _prune(directory: Path, keep: int, current: str) -> None:
                 whole += 1
             continue
         for path in (paths.weights, paths.state):  # with the copies moved aside at its step
-            for copy in directory.glob(f"{glob.escape(path.name)}.old*"):
+            for copy in _moved_aside_copies(path):
                 copy.unlink(missing_ok=True)
             path.unlink(missing_ok=True)
+
+
+def _moved_aside_copies(path: Path) -> list[Path]:
+    """The copies :func:`_move_aside` made of ``path``: ``<name>.old``, ``<name>.old-2`` ... (a
+    user's ``<name>.older`` or ``<name>.old-copy`` is none of them)."""
+    pattern = re.compile(re.escape(path.name) + r"\.old(-[0-9]+)?")
+    candidates = path.parent.glob(f"{glob.escape(path.name)}.old*")
+    return [copy for copy in candidates if pattern.fullmatch(copy.name)]
 
 
 def _looks_whole(paths: CheckpointPaths) -> bool:

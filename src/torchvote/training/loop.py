@@ -236,11 +236,13 @@ class _Run:
                     )
                 past = whole_checkpoints_past_latest(paths.weights.parent) if resume.is_dir() else []
                 if past:  # a kill between a checkpoint's files and its pointer: said, not taken
+                    pointer = paths.weights.parent / LATEST
                     self._log(
-                        f"resuming from {paths.name}, as {paths.weights.parent / LATEST} says; newer "
-                        f"checkpoint(s) {', '.join(past)} look whole but are not resumed from (to "
-                        f"resume from {past[0]}, write {past[0]} into that file); their files are "
-                        "moved aside, not deleted, when the run writes their step again"
+                        f"resuming from {paths.name}" + ("" if skipped else f", as {pointer} says")
+                        + f"; newer checkpoint(s) {', '.join(past)} look whole but are not resumed "
+                        f"from (to resume from {past[0]}, write {past[0]} into {pointer}); when the "
+                        "run writes their step again their files are renamed to .old, and deleted "
+                        "with that step's checkpoint by keep_checkpoints: copy them elsewhere to keep them"
                     )
                 self.resume_from = paths, state
             self.run_dir = resume if resume is not None else new_run_dir(config, context)
