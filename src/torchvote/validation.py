@@ -15,6 +15,7 @@ import itertools
 import math
 import numbers
 import os
+import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "autocast_available",
     "autocast_enabled",
     "broadcast_shape",
+    "caller_stacklevel",
     "check_bool_fields",
     "check_choice",
     "check_device_exists",
@@ -724,3 +726,25 @@ def check_index_range(indices: torch.Tensor, size: int, message: str) -> None:
 def _reads_are_free(tensor: torch.Tensor) -> bool:
     """Whether reading ``tensor``'s values costs nothing: eager code on the CPU."""
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _internal_folders() -> tuple[str, ...]:
+    """torch's and torchvote's package folders, each with a separator (``.../torch`` alone would
+    also match torchvision's files)."""
+    packages = (torch, sys.modules["torchvote"])
+    return tuple(os.path.join(Path(module.__file__).parent, "") for module in packages)
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` at which a warning raised by the function calling this one names the
+    first frame outside torchvote and torch: the user's line, however many of torchvote's
+    functions and torch's module wrappers (``Module.__call__``) lie between.
+
+    Returns:
+        The level for ``warnings.warn(..., stacklevel=...)`` in the caller.
+    """
+    internal = _internal_folders()
+    frame, level = sys._getframe(2), 2  # level 1: the function that warns
+    while frame is not None and frame.f_code.co_filename.startswith(internal):
+        frame, level = frame.f_back, level + 1
+    return level

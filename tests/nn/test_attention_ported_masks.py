@@ -48,8 +48,10 @@ def test_torchs_causal_mask_without_its_complement_is_warned_about():
     ours, theirs = _pair(1)
     x = torch.randn(2, 6, 16, dtype=F64)
     torch_causal = nn.Transformer.generate_square_subsequent_mask(6).isinf()  # True above the diagonal
-    with pytest.warns(UserWarning, match="torch.nn.MultiheadAttention's causal mask.* is_causal=True"):
+    ported = "torch.nn.MultiheadAttention's causal mask.* is_causal=True"
+    with pytest.warns(UserWarning, match=ported) as said:
         wrong, _ = ours(x, attn_mask=torch_causal)
+    assert [record.filename for record in said] == [__file__]  # the user's line, not torch's Module.__call__
     assert torch.count_nonzero(wrong[:, -1] - ours.out_proj.bias) == 0  # the last query heard no key
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the complement, and masks of other shapes, warn nothing
@@ -58,3 +60,16 @@ def test_torchs_causal_mask_without_its_complement_is_warned_about():
         ours(x[:, :1], x[:, :1], attn_mask=torch.zeros(1, 1, dtype=torch.bool))  # one query: no pattern
         ours(x, x[:, :1], attn_mask=torch.zeros(6, 1, dtype=torch.bool))  # one key: all blocked, as said
     torch.testing.assert_close(right, theirs(x, x, x, attn_mask=torch_causal, need_weights=False)[0])
+
+
+def test_the_warning_comes_from_every_attention_that_takes_a_mask():
+    """The scored attentions (Luong, Bahdanau) merge their masks without the multi-head path:
+    torch's causal mask went through them unsaid."""
+    from torchvote.nn import AdditiveAttention, LuongAttention
+
+    query, key = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    torch_causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    for attention in (LuongAttention(8, 8, score="general"), AdditiveAttention(8, 8, hidden_dim=6)):
+        with pytest.warns(UserWarning, match="True means blocked") as said:
+            attention(query, key, attn_mask=torch_causal)
+        assert [record.filename for record in said] == [__file__]

@@ -485,8 +485,9 @@ def test_encode_runs_in_batches_with_the_same_result(encoder):
 def test_truncation_warnings_skip_only_torch_and_torchvote_frames():
     from pathlib import Path
 
-    from torchvote.pretrained.tokenizer import _INTERNAL
+    from torchvote.validation import _internal_folders
 
+    _INTERNAL = _internal_folders()
     torch_folder = str(Path(torch.__file__).parent)
     assert (torch_folder + "/nn/modules/module.py").startswith(_INTERNAL)
     # a package whose folder starts with "torch" is the user's code: its line is the one to name

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from torchvote.validation import (
     broadcast_shape,
+    caller_stacklevel,
     check_device,
     check_flag,
     check_float_dtype,
@@ -142,7 +143,9 @@ def _warn_if_blocking_convention(attn_mask: Tensor | None, logits_shape: tuple[i
     causal mask (True above the diagonal, where that module reads True as *blocked*). Read as
     torchvote reads it (True = may attend), every query would hear only later keys and the last
     one none (zero output): a mask ported without its ``~``. Asked only where reading the values
-    is free (eager code on the CPU), so a GPU never waits for it."""
+    is free (eager code on the CPU), so a GPU never waits for it; three entries are read first, so
+    that another mask costs no ``(L, S)`` comparison. A model that means that mask (each query
+    hearing only the keys after it) can silence the warning with ``warnings.filterwarnings``."""
     if (
         not isinstance(attn_mask, Tensor)
         or attn_mask.dtype != torch.bool
@@ -154,6 +157,9 @@ def _warn_if_blocking_convention(attn_mask: Tensor | None, logits_shape: tuple[i
         or torch.compiler.is_compiling()
     ):
         return
+    # the pattern's corners first: (0, 0) blocked, (0, 1) open, the last row blocked
+    if bool(attn_mask[0, 0]) or not bool(attn_mask[0, 1]) or bool(attn_mask[-1].any()):
+        return
     blocked_above = torch.ones(attn_mask.shape, dtype=torch.bool).triu(1)  # (i, j): j > i
     if torch.equal(attn_mask, blocked_above):
         warnings.warn(
@@ -161,7 +167,7 @@ def _warn_if_blocking_convention(attn_mask: Tensor | None, logits_shape: tuple[i
             "where True means blocked; here True means may attend, so each query hears only later "
             "keys and the last query none. Pass is_causal=True (or ~attn_mask)",
             UserWarning,
-            stacklevel=4,
+            stacklevel=caller_stacklevel(),
         )
 
 
@@ -288,6 +294,7 @@ def merge_masks(
             f"mask.view({', '.join(map(str, logits_shape))})"
         )
     check_attention_mask(attn_mask, logits_shape, "attn_mask")
+    _warn_if_blocking_convention(attn_mask, logits_shape)
     if key_mask is None:
         return attn_mask
     check_key_mask(key_mask, batch, source_len, "key_mask")
@@ -415,7 +422,6 @@ def prepare_attention_mask(
     check_flag(is_causal, "is_causal")
     check_float_dtype(dtype)
     mask = merge_masks(attn_mask, key_mask, logits_shape)
-    _warn_if_blocking_convention(attn_mask, logits_shape)
     if receiver_mask is not None:
         _check_logits_shape(logits_shape, minimum=3)
         batch, target_len = logits_shape[0], logits_shape[-2]

@@ -6,8 +6,6 @@ limit with a warning (never silently), and a batch is padded to its longest sent
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from torchvote.validation import as_path, check_positive_int
+from torchvote.validation import as_path, caller_stacklevel, check_positive_int
 
 __all__ = ["TokenBatch", "WordPieceTokenizer", "check_sentences"]
 
@@ -138,7 +136,7 @@ class WordPieceTokenizer:
                     f"sentences[{index}] is longer than the model's limit of {self.max_length} tokens; "
                     f"it was truncated to its first {self.max_length} tokens",
                     UserWarning,
-                    stacklevel=_callers_level(),
+                    stacklevel=caller_stacklevel(),
                 )
         length = max(len(encoding.ids) for encoding in encodings)
         batch = len(encodings)
@@ -152,19 +150,3 @@ class WordPieceTokenizer:
             key_mask[row, :count] = True
         tokens = [list(encoding.tokens) for encoding in encodings]
         return TokenBatch(input_ids, token_type_ids, key_mask, tokens, truncated)
-
-
-# the packages' folders with a separator: ".../torch" alone would also match torchvision's files
-_INTERNAL = tuple(
-    os.path.join(Path(module.__file__).parent, "") for module in (torch, sys.modules["torchvote"])
-)
-
-
-def _callers_level() -> int:
-    """The ``stacklevel`` at which a warning of :meth:`WordPieceTokenizer.__call__` names the
-    first frame outside torchvote and torch: the user's line, however many of torchvote's methods
-    (and torch's ``no_grad`` wrappers) lie between."""
-    frame, level = sys._getframe(2), 2  # level 1: __call__, which warns
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame, level = frame.f_back, level + 1
-    return level
