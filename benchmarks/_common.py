@@ -101,15 +101,16 @@ def benchmark_parser(script: str, description: str) -> argparse.ArgumentParser:
                                    formatter_class=HelpFormatter)
 
 
-def add_batch_size_argument(parser: argparse.ArgumentParser, old: str | None, *, several: bool,
+def add_batch_size_argument(parser: argparse.ArgumentParser, old: tuple[str, ...], *, several: bool,
                             default: object, help: str) -> None:
     """``--batch-size`` (the spelling of ``torchvote train`` and every script), with the script's
-    earlier spelling ``old`` (``--batch``, ``--batches``) kept as an alias of the same option;
-    ``several``: one or more sizes (a list), else one."""
-    names = ["--batch-size", *([old] if old else [])]
-    extra = f"; {old} is its old spelling" if old else ""
-    parser.add_argument(*names, dest="batch_size", type=positive_int, nargs="+" if several else None,
-                        default=default, metavar="N", help=help + extra)
+    earlier spellings ``old`` (``--batches``, and ``--batch``, which argparse took as its
+    abbreviation) kept as aliases of the same option; ``several``: one or more sizes (a list),
+    else one."""
+    extra = f"; {' and '.join(old)} {'are its old spellings' if len(old) > 1 else 'is its old spelling'}"
+    parser.add_argument("--batch-size", *old, dest="batch_size", type=positive_int,
+                        nargs="+" if several else None, default=default, metavar="N",
+                        help=help + (extra if old else ""))
 
 
 def device_name(text: str) -> str:

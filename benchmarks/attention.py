@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run: batch 1, T 128, embed 64, 4 heads, 3 repeats, no memory "
                              "(options given beside it are kept)")
-    add_batch_size_argument(parser, "--batches", several=True, default=[1, 8], help="batch sizes timed")
+    add_batch_size_argument(parser, ("--batches", "--batch"), several=True, default=[1, 8],
+                            help="batch sizes timed")
     parser.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 2048, 8192],
                         help="sequence lengths T timed")
     parser.add_argument("--repeats", type=positive_int, default=7, help="timed repeats (interleaved)")

@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="cast: the votes and activations are cast to it (no autocast; the kernel "
                              "keeps its statistics in float32)")
-    add_batch_size_argument(parser, "--batch", several=False, default=32,
+    add_batch_size_argument(parser, ("--batch",), several=False, default=32,
                             help="images per step (2 with --quick)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed repeats (interleaved)")
     parser.add_argument("--quick", action="store_true",

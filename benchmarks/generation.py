@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "beside it are kept)")
     parser.add_argument("--new-tokens", type=positive_int, default=512, help="tokens generated per call")
     parser.add_argument("--prompt-length", type=positive_int, default=16, help="tokens of the random prompt")
-    add_batch_size_argument(parser, "--batch", several=False, default=1, help="prompts generated at once")
+    add_batch_size_argument(parser, ("--batch",), several=False, default=1, help="prompts generated at once")
     parser.add_argument("--d-model", type=positive_int, default=128, help="the model's width")
     parser.add_argument("--num-heads", type=positive_int, default=4, help="attention heads")
     parser.add_argument("--num-layers", type=positive_int, default=4, help="transformer blocks")

@@ -522,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                         help="autocast: bfloat16 / float16 run every implementation under torch.autocast "
                              "(modules and inputs stay float32)")
-    add_batch_size_argument(parser, "--batches", several=True, default=None,
+    add_batch_size_argument(parser, ("--batches", "--batch"), several=True, default=None,
                             help="batch sizes (default: 32 128 for dynamic (CUDA: 128 512), 32 for EM; 8 "
                                  "with --quick)")
     parser.add_argument("--repeats", type=positive_int, default=None,

@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = benchmark_parser(__file__, __doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(PAIRS), help=f"comma-separated, of: {', '.join(PAIRS)}")
     parser.add_argument("--preset", default=None, help="model preset (default: each pair's own)")
-    add_batch_size_argument(parser, None, several=False, default=128, help="items per training step")
+    add_batch_size_argument(parser, (), several=False, default=128, help="items per training step")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps of each (interleaved)")
     parser.add_argument("--warmup", type=positive_int, default=3,
                         help="untimed steps first (at least one: the first step initialises, or compiles)")

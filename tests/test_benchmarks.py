@@ -446,8 +446,8 @@ def test_attention_memory_child_reports_a_failure_as_an_error_not_as_out_of_memo
         ("em", ["--repeats", "-1"], "--repeats"),
         ("routing", ["--repeats", "0"], "--repeats"),  # was read as "the default, 5"
         ("routing", ["--threads", "0"], "--threads"),
-        ("routing", ["--batches", "0"], "--batch-size/--batches"),
-        ("attention", ["--batch-size", "1", "0"], "--batch-size/--batches"),
+        ("routing", ["--batches", "0"], "--batch-size/--batches/--batch"),
+        ("attention", ["--batch-size", "1", "0"], "--batch-size/--batches/--batch"),
         ("training", ["--steps", "0"], "--steps"),
         ("training", ["--batch-size", "0"], "--batch-size"),
         ("training", ["--warmup", "0"], "--warmup"),  # the first step (and a compilation) untimed

@@ -86,3 +86,16 @@ def test_evaluate_and_data_help_state_the_root_and_limit_defaults(capsys) -> Non
     assert "--download writes into it (default: $TORCHVOTE_DATA/<data set>, else" in text
     assert "--dir DIR the old spelling of --root" in text
     assert "--force mnist, affnist: download again" in text
+
+
+def test_bench_reports_a_script_a_signal_ended_as_a_shell_does(monkeypatch):
+    """``subprocess.call`` gives -15 for a script SIGTERM ended: returned as it was, a shell saw
+    241 (diff review); 128 + 15 is what the epilog and a shell say."""
+    import subprocess
+
+    from torchvote.cli import main
+
+    monkeypatch.setattr(subprocess, "call", lambda *args, **kwargs: -15)
+    assert main(["bench", "routing", "--quick"]) == 143
+    monkeypatch.setattr(subprocess, "call", lambda *args, **kwargs: 3)
+    assert main(["bench", "routing", "--quick"]) == 3

@@ -63,7 +63,7 @@ EXIT_STATUSES = f"""exit status:
   {EXIT_INTERRUPTED}  Ctrl-C (train, main and reproduce save a checkpoint first)
   {EXIT_TERMINATED}  SIGTERM: train, main and reproduce save a checkpoint and exit with it (it kills the
        other commands, which a shell reports as {EXIT_TERMINATED} too)
-bench exits with its script's status."""
+bench exits with its script's status (128 + N when signal N ended it, as a shell reports it)."""
 LIST_WHAT = ("models", "routers", "presets", "datasets")
 BENCHMARKS = ("attention", "em", "generation", "routing", "training")
 
@@ -1036,7 +1036,8 @@ def _bench(args: argparse.Namespace) -> int:
         )
     # the script's usage errors then start with the command the user typed, not its file name
     environment = {**os.environ, "TORCHVOTE_BENCH_PROG": f"torchvote bench {args.name}"}
-    return subprocess.call([sys.executable, str(script), *args.args], env=environment)
+    status = subprocess.call([sys.executable, str(script), *args.args], env=environment)
+    return 128 - status if status < 0 else status  # killed by signal N: 128 + N, as a shell says
 
 
 if __name__ == "__main__":

@@ -344,3 +344,16 @@ def test_a_bool_shifts_tensor_is_refused():
     expected = r"shifts must be an integer tensor of shape \(N, 2\), got torch.bool"
     with pytest.raises(TypeError, match=expected):
         shift_images(torch.rand(1, 1, 4, 4), torch.tensor([[True, False]]))
+
+
+def test_shift_images_takes_int8_extremes_and_gives_a_contiguous_result() -> None:
+    """The windowed path took ``abs`` of an int8 -128 shift in int8 (it overflows to -128: an
+    IndexError), and kept a channels-last input's layout where the gather path gave a plain one."""
+    images = torch.rand(2, 3, 5, 6)
+    shifts = torch.tensor([[-128, 0], [1, -2]], dtype=torch.int8)
+    out = shift_images(images, shifts)
+    assert not out[0].any()  # moved out of the image entirely
+    np.testing.assert_array_equal(out[1].numpy(), reference_shift(images[1].numpy(), 1, -2))
+    channels_last = shift_images(images.to(memory_format=torch.channels_last), shifts.long().clamp(-2, 2))
+    assert channels_last.is_contiguous()
+    assert torch.equal(channels_last, shift_images(images, shifts.long().clamp(-2, 2)))

@@ -211,7 +211,7 @@ def shift_images(images: Tensor, shifts: Tensor) -> Tensor:
     if num == 0:
         return images.clone()
     if shifts.device.type == "cpu":  # the largest shift is read where reading is free
-        margin = int(shifts.abs().max())
+        margin = int(shifts.long().abs().max())  # long first: abs of int8's -128 overflows
         if margin < min(height, width):
             return _shift_by_windows(images, shifts.to(device=images.device, dtype=torch.long), margin)
     shifts = shifts.to(device=images.device, dtype=torch.long)
@@ -235,7 +235,8 @@ def _shift_by_windows(images: Tensor, shifts: Tensor, margin: int) -> Tensor:
     padded = F.pad(images, (margin, margin, margin, margin))  # (N, C, H + 2m, W + 2m)
     windows = padded.unfold(2, height, 1).unfold(3, width, 1)  # (N, C, 2m + 1, 2m + 1, H, W): a view
     rows, cols = margin - shifts[:, 0], margin - shifts[:, 1]  # (N,) each: the window of each image
-    return windows[torch.arange(num, device=images.device), :, rows, cols]  # (N, C, H, W)
+    picked = windows[torch.arange(num, device=images.device), :, rows, cols]  # (N, C, H, W)
+    return picked.contiguous()  # as the gather path's (a channels-last input kept its layout)
 
 
 def random_shift(images: Tensor, max_shift: int = 2, generator: torch.Generator | None = None) -> Tensor:

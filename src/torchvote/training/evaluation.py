@@ -131,7 +131,9 @@ def evaluate(
         for start in range(0, len(indices), batch_size):
             selected = data.select(indices[start : start + batch_size])
             batch = {
-                key: (value.pin_memory() if pinned else value).to(device, non_blocking=pinned)
+                key: (value.pin_memory() if pinned and value.device.type == "cpu" else value).to(
+                    device, non_blocking=pinned
+                )
                 for key, value in selected.items()
             }
             with autocast(device, bf16, fp16):
