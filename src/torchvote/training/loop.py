@@ -928,7 +928,7 @@ def _reseed(seed: int, device: torch.device) -> None:
     """Seed the generators a step draws from, the CPU's and (on CUDA) the step's device's, as
     :func:`torch.manual_seed` seeds them. ``torch.manual_seed`` also queues the seed for every
     backend not initialised (XPU and MTIA on a CUDA machine; CUDA too on a CPU run), each with a
-    ``traceback.format_stack()`` of the caller: 0.2-0.6 ms a step. Other device types keep
+    ``traceback.format_stack()`` of the caller: 0.2-1.6 ms a step. Other device types keep
     ``torch.manual_seed``."""
     torch.default_generator.manual_seed(seed)
     if device.type == "cuda":
