@@ -160,8 +160,7 @@ def _warn_if_blocking_convention(attn_mask: Tensor | None, logits_shape: tuple[i
     # the pattern's corners first: (0, 0) blocked, (0, 1) open, the last row blocked
     if bool(attn_mask[0, 0]) or not bool(attn_mask[0, 1]) or bool(attn_mask[-1].any()):
         return
-    blocked_above = torch.ones(attn_mask.shape, dtype=torch.bool).triu(1)  # (i, j): j > i
-    if torch.equal(attn_mask, blocked_above):
+    if torch.equal(attn_mask, ~causal_mask(*attn_mask.shape)):  # True exactly where j > i
         warnings.warn(
             "attn_mask is True exactly above the diagonal: torch.nn.MultiheadAttention's causal mask, "
             "where True means blocked; here True means may attend, so each query hears only later "
