@@ -235,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: unseeded, a new text each time)",
     )
     generate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
+    precision = generate.add_mutually_exclusive_group()  # one autocast dtype
+    precision.add_argument("--bf16", action="store_true", help="generate under bfloat16 autocast")
+    precision.add_argument(
+        "--fp16", action="store_true", help="generate under float16 autocast (GPUs without fast bfloat16)"
+    )
     generate.add_argument(
         "--no-cache",
         action="store_true",
@@ -816,6 +821,8 @@ def _generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             device=args.device,
             use_cache=not args.no_cache,
+            bf16=args.bf16,
+            fp16=args.fp16,
             on_text=show if args.samples in (None, 1) else None,  # several samples are drawn together
         )
     except ValueError as error:  # the one check that needs the model: a seq2seq run's max_len

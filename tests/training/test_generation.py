@@ -359,3 +359,67 @@ def test_running_out_of_cpu_memory_is_one_line(reverse_run, capsys, monkeypatch)
     with pytest.raises(RuntimeError, match="something else"):
         main(["generate", str(reverse_run), "--prompt", "12"])
 
+
+
+def _record_linear_dtypes(monkeypatch):
+    """The dtypes the linear layers of the model ``generate_from_checkpoint`` loads give."""
+    import torchvote.training.generation as generation
+
+    dtypes, load = set(), generation.load_model_from_checkpoint
+
+    def loaded(*args, **kwargs):
+        model, spec, metadata = load(*args, **kwargs)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(lambda _module, _inputs, output: dtypes.add(output.dtype))
+        return model, spec, metadata
+
+    monkeypatch.setattr(generation, "load_model_from_checkpoint", loaded)
+    return dtypes
+
+
+def test_bf16_generation_is_the_models_greedy_choice_under_bfloat16_autocast(lm_run, monkeypatch, capsys):
+    run_dir, _, vocab = lm_run
+    model, _, _ = load_model_from_checkpoint(run_dir)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = vocab.decode(_greedy_by_hand(model, vocab.encode("to be"), 30))
+    dtypes = _record_linear_dtypes(monkeypatch)
+    (uncached,) = generate_from_checkpoint(run_dir, ["to be"], max_new_tokens=30, temperature=0,
+                                           use_cache=False, bf16=True)
+    assert uncached.text == expected
+    assert dtypes == {torch.bfloat16}  # every product ran in bfloat16
+    dtypes.clear()
+    (cached,) = generate_from_checkpoint(run_dir, ["to be"], max_new_tokens=30, temperature=0, bf16=True)
+    assert len(cached.text) == 30 and dtypes == {torch.bfloat16}
+    dtypes.clear()
+    generate_from_checkpoint(run_dir, ["to be"], max_new_tokens=3, temperature=0)
+    assert dtypes == {torch.float32}  # and without the flag, in the weights' dtype
+    dtypes.clear()
+    command = ["generate", str(run_dir), "--prompt", "to be", "--max-new-tokens", "30", "--temperature", "0"]
+    assert main([*command, "--no-cache", "--bf16"]) == 0
+    assert dtypes == {torch.bfloat16}
+    assert capsys.readouterr().out == f"to be{expected}\n"
+
+
+@pytest.mark.parametrize("flag", ["bf16", "fp16"])
+def test_a_seq2seq_model_decodes_under_autocast_as_its_generate_does(reverse_run, monkeypatch, flag):
+    model, _, _ = load_model_from_checkpoint(reverse_run)
+    dtype = torch.bfloat16 if flag == "bf16" else torch.float16
+    sources = ["12345", "907"]
+    with torch.autocast("cpu", dtype=dtype):
+        expected = [decode_sequence(model.generate(encode_source(s)[None])[0]) for s in sources]
+    dtypes = _record_linear_dtypes(monkeypatch)
+    generations = generate_from_checkpoint(reverse_run, sources, **{flag: True})
+    assert [g.text for g in generations] == expected
+    assert dtypes == {dtype}
+
+
+def test_bf16_and_fp16_together_are_refused_before_the_checkpoint_is_read(tmp_path, capsys):
+    with pytest.raises(ValueError, match="bf16 and fp16 are both true"):
+        generate_from_checkpoint(tmp_path / "nothing", ["to"], bf16=True, fp16=True)
+    with pytest.raises(TypeError, match="bf16"):
+        generate_from_checkpoint(tmp_path / "nothing", ["to"], bf16="yes")
+    with pytest.raises(SystemExit) as stopped:
+        main(["generate", str(tmp_path / "nothing"), "--bf16", "--fp16"])
+    assert stopped.value.code == 2
+    assert "--fp16: not allowed with argument --bf16" in capsys.readouterr().err

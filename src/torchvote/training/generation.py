@@ -37,7 +37,12 @@ from torchvote.training.checkpoint import (
 )
 from torchvote.training.data import load_raw_dataset
 from torchvote.training.distributed import resolve_device
-from torchvote.training.evaluation import load_model_from_checkpoint, run_state_beside
+from torchvote.training.evaluation import (
+    autocast,
+    autocast_dtype,
+    load_model_from_checkpoint,
+    run_state_beside,
+)
 from torchvote.validation import check_flag, check_positive_int, check_seed
 
 __all__ = ["DEFAULT_NEW_TOKENS", "Generation", "generate_from_checkpoint"]
@@ -75,6 +80,8 @@ def generate_from_checkpoint(
     device: str = "auto",
     use_cache: bool = True,
     on_text: Callable[[int, str, str], None] | None = None,
+    bf16: bool = False,
+    fp16: bool = False,
 ) -> list[Generation]:
     """Generate from the model of a checkpoint: continue prompts (language model) or decode
     sources (seq2seq).
@@ -105,6 +112,10 @@ def generate_from_checkpoint(
             ``samples`` of one prompt are drawn together, so their characters alternate): to show
             text as it is written. ``None``: the text arrives in the returned list only. A
             seq2seq model decodes each output whole, greedily, and does not call it.
+        bf16: generate under bfloat16 autocast: the products in bfloat16 (the cache keeps their
+            keys and values), the draws from logits cast to float32 or wider. A token may differ
+            from float32's where two are nearly tied.
+        fp16: generate under float16 autocast (not with ``bf16``).
 
     Returns:
         For a language model, ``samples`` generations per prompt, prompt by prompt; for a
@@ -126,6 +137,7 @@ def generate_from_checkpoint(
     """
     prompts = _check_prompts(prompts)
     check_flag(use_cache, "use_cache")
+    autocast_dtype(bf16, fp16)  # checked before the model is touched
     if on_text is not None and not callable(on_text):  # failed after the model was loaded
         raise TypeError(f"on_text must be a callable (index, prompt, character) or None, got {on_text!r}")
     if max_new_tokens is not None:
@@ -139,15 +151,17 @@ def generate_from_checkpoint(
         if seed is not None:
             seed = check_seed(seed)
         sampling = check_sampling(1.0 if temperature is None else temperature, top_k, top_p, None)
-        model, _, metadata = load_model_from_checkpoint(paths.weights, resolve_device(device))
+        torch_device = resolve_device(device)
+        model, _, metadata = load_model_from_checkpoint(paths.weights, torch_device)
         vocab = _vocabulary(metadata, model.config.vocab_size)
         temperature, top_k, top_p, _ = sampling
-        return _continue(
-            model, vocab, prompts or [_default_prompt(vocab)],
-            max_new_tokens=DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-            temperature=temperature, top_k=top_k, top_p=top_p, samples=1 if samples is None else samples,
-            seed=seed, use_cache=use_cache, on_text=on_text,
-        )
+        with autocast(torch_device, bf16, fp16):
+            return _continue(
+                model, vocab, prompts or [_default_prompt(vocab)],
+                max_new_tokens=DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
+                temperature=temperature, top_k=top_k, top_p=top_p, samples=1 if samples is None else samples,
+                seed=seed, use_cache=use_cache, on_text=on_text,
+            )
     if task == "seq2seq":
         sampling_options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "samples": samples,
                             "seed": seed}
@@ -158,8 +172,10 @@ def generate_from_checkpoint(
                 "sampling options apply to language models"
             )
         sources = _sources(data, prompts)
-        model, _, _ = load_model_from_checkpoint(paths.weights, resolve_device(device))
-        return _decode(model, sources, max_new_tokens, use_cache, model.max_source_length)
+        torch_device = resolve_device(device)
+        model, _, _ = load_model_from_checkpoint(paths.weights, torch_device)
+        with autocast(torch_device, bf16, fp16):
+            return _decode(model, sources, max_new_tokens, use_cache, model.max_source_length)
     raise ValueError(
         f"{paths.weights} holds a {metadata['model']} ({task}), which does not generate text; "
         "generate takes a language model (transformer-lm) or a seq2seq model "
