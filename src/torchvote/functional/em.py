@@ -291,8 +291,11 @@ def em_routing(
             batch dimensions flattened, row-major): element ``r``'s senders are the input capsules
             ``sender_groups[r % L]`` of the ``r // L``-th period (image). The E-step then
             normalises each input capsule's assignments jointly over every output capsule of every
-            element of its period that holds it, and the initial ``R`` is ``1 / |parents|``, the
-            paper's form for convolutional capsules.
+            element of its period that holds it, and the initial ``R`` is ``1 / |parents|``,
+            its number of parents (Procedure 1 writes ``1 / |Omega_L+1|``, the layer's
+            outputs, without spelling it out for convolutional capsules; this is the reading
+            of Gritzman 2019 and IBM's implementation, under which the assignments of each
+            input sum to 1 from the start).
             :func:`~torchvote.functional.em_kernel.conv_sender_groups` builds it for votes
             ``(batch, L, out_caps, in_caps, pose_dim)``. Checking and compacting the ids reads
             from the device; a layer that routes on one grid every call passes them once through

@@ -12,7 +12,7 @@ The network of sec. 4 (Fig. 1 and 2), every size from :class:`CapsNetConfig`:
    class (10 x 16-D), votes ``u_hat_j|i = W_ij u_i`` (eq. 2) routed by ``router`` (dynamic
    routing, Procedure 1, ``iterations`` = 3, by default; any name of
    :func:`torchvote.functional.routing.list_routers`);
-4. the class scores are the lengths ``||v_j||`` of the class capsules (sec. 3: "the length of the
+4. the class scores are the lengths ``||v_j||`` of the class capsules (sec. 2: "the length of the
    output vector of a capsule [is] the probability that the entity ... exists"), trained with the
    margin loss (eq. 4, ``loss="margin"``);
 5. the decoder (sec. 4.1, Fig. 2): all class capsules but one are masked to zero, and three fully

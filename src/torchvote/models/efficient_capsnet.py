@@ -3,8 +3,12 @@ self-attention routing" (Scientific Reports 11, 14634).
 
 The MNIST network of sec. "Methods" (Fig. 1), every size from :class:`EfficientCapsNetConfig`:
 
-1. four convolutions, each followed by ReLU and batch normalisation as in the authors' code
-   (32 @ 5x5, 64 @ 3x3, 64 @ 3x3, 128 @ 3x3 stride 2: 28 -> 24 -> 22 -> 20 -> 9);
+1. four convolutions, each followed by ReLU and batch normalisation in the authors' order
+   (32 @ 5x5, 64 @ 3x3, 64 @ 3x3, 128 @ 3x3 stride 2: 28 -> 24 -> 22 -> 20 -> 9), with
+   PyTorch's defaults where the authors' Keras code keeps its own: batch normalisation's running
+   statistics move by 0.1 a step, ``eps`` 1e-5 (Keras: 0.01, i.e. momentum 0.99, and 1e-3; the
+   paper gives neither), and the convolutions start from PyTorch's uniform initialisation (theirs:
+   ``he_normal``). The slower statistics would lag behind the weights of a short CPU run;
 2. depthwise primary capsules: a depthwise convolution whose kernel covers the whole
    last map (9x9 on MNIST) gives one value per channel, the 128 channels are 16 capsules of 8-D,
    squashed with the efficient squash (eq. 6, ``(1 - e^-||s||) s / ||s||``,

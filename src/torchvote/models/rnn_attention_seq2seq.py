@@ -9,7 +9,9 @@ Learning to Align and Translate" (RNNsearch). The previous decoder state ``s_{i-
 (:class:`~torchvote.nn.AdditiveAttention`, ``e_ij = v^T tanh(W s_{i-1} + U h_j)``, app. A.1.2); the
 context ``c_i`` enters the recurrence, ``s_i = GRU([E y_{i-1}; c_i], s_{i-1})``; and a deep
 output layer (app. A.2.2, with tanh in place of the maxout) reads ``[s_i; c_i; E y_{i-1}]``.
-The encoder is bidirectional and the decoder starts from ``tanh(W_s h)`` of its final states.
+The encoder is bidirectional and the decoder starts from ``tanh(W_s h)`` of its final states in
+both directions, ``h = [h->_Tx; h<-_1]``: app. A.2.2 reads the backward one, ``h<-_1``, only (one
+bridge serves both decoders here; Luong's unidirectional encoder has the one state).
 
 ``attention="dot" | "general" | "concat"`` -- Luong, Pham & Manning 2015, "Effective Approaches to
 Attention-based Neural Machine Translation" (global attention). The current state ``h_t`` is the
@@ -207,7 +209,8 @@ class RNNAttentionSeq2Seq(nn.Module):
             dropout=between_layers,
             **factory,
         )
-        self.bridge = nn.Linear(memory_dim, config.hidden_size, **factory)  # s_0 = tanh(W_s h_final)
+        # s_0 = tanh(W_s h_final), the final states of every direction
+        self.bridge = nn.Linear(memory_dim, config.hidden_size, **factory)
         self.output = nn.Linear(config.hidden_size, config.tgt_vocab_size, **factory)
         self.attention: nn.Module
         if config.attention == "additive":
