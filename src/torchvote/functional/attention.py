@@ -22,7 +22,7 @@ from torchvote.functional.masks import (
     causal_mask,
     check_attention_mask,
     check_mask_dtype,
-    fit_float16_mask,
+    fit_mask_to_dtype,
     is_causal_mask,
     prepare_attention_mask,
 )
@@ -261,10 +261,8 @@ def _softmax_(
         ``(weights, grad)``: with ``grad`` (the logits need a gradient) the rows in ``dead`` are
         uniform and the caller zeroes what it returns; without, they are zero already.
     """
-    if additive is not None:
-        if logits.dtype == torch.float16 and additive.dtype != torch.float16:  # no -inf from -7e4
-            additive = fit_float16_mask(additive)
-        logits = _add_(logits, additive)
+    if additive is not None:  # half logits: no -inf from -7e4 (float16), no rounded weights (bfloat16)
+        logits = _add_(logits, fit_mask_to_dtype(additive, logits.dtype))
     if logits.dtype == torch.float16:  # past 65504 a logit is inf, and its row's weights NaN
         logits = _clamp_to_float16_(logits)  # forbidden entries (inf - inf too) are refilled below
     if allowed is not None:

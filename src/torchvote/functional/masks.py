@@ -42,6 +42,7 @@ __all__ = [
     "check_key_mask",
     "check_mask_dtype",
     "fit_float16_mask",
+    "fit_mask_to_dtype",
     "fused_kernel_mask",
     "is_causal_mask",
     "kernel_float_dtype",
@@ -459,9 +460,9 @@ def fused_kernel_mask(
     """``(mask, is_causal)`` as ``F.scaled_dot_product_attention`` takes them.
 
     The kernel takes a mask or causality, not both, so causality is folded into a given mask; a
-    float mask is cast to the queries' ``dtype`` (to float16 through :func:`fit_float16_mask`,
-    whose values cannot overflow); a mask of fewer than 2 axes (which broadcasts, but which the
-    kernel refuses) gains leading ones.
+    float mask is cast to the queries' ``dtype`` (to float16 or bfloat16 through
+    :func:`fit_mask_to_dtype`, whose values neither overflow nor lose the weights); a mask of
+    fewer than 2 axes (which broadcasts, but which the kernel refuses) gains leading ones.
     """
     if mask is not None and mask.dim() < 2:
         mask = mask.view(*([1] * (2 - mask.dim())), *mask.shape)  # (1.., j): the kernel needs (.., i, j)
@@ -469,23 +470,47 @@ def fused_kernel_mask(
         mask = restrict_mask(mask, causal_mask(receivers, senders, mask.device))  # (.., i, j)
         is_causal = False
     if mask is not None and mask.is_floating_point() and mask.dtype != dtype:
-        mask = (fit_float16_mask(mask) if dtype == torch.float16 else mask).to(dtype)
+        mask = fit_mask_to_dtype(mask, dtype).to(dtype)
     return mask, is_causal
 
 
-_FLOAT16_LOWEST = torch.finfo(torch.float16).min  # -65504
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def fit_mask_to_dtype(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A float mask made safe to meet logits of a narrower half ``dtype``, with the same weights.
+
+    Cast as it is, a float32 mask loses what its rows say: in float16 an entry below -65504
+    becomes ``-inf`` (a row of them would allow nothing), and in bfloat16, with 8 bits of
+    mantissa, an entry near 200 moves by up to 0.5, each weight by up to ``e^0.5``; the
+    ``finfo(float32).min`` that blocks in Hugging Face's masks becomes ``-inf``.
+    (``F.scaled_dot_product_attention`` itself keeps a float32 mask in float32.) A row's softmax
+    does not change when a constant is added to it, so each row is shifted until its largest
+    finite entry is 0: the entries that carry weight are then small, where the half dtype is
+    fine, and finite entries still below ``finfo(dtype).min`` (whose weights are exactly 0 in
+    ``dtype`` and float32 alike) are clamped to it; ``-inf`` stays ``-inf``. The shift is a
+    constant of the row without gradient: a mask that needs one gets the gradient it would get
+    unshifted. A mask of ``dtype`` itself, or for logits wider than half, is returned as it is.
+
+    Args:
+        mask: a floating-point mask ``(..., i, j)`` (finite or ``-inf``), added to the logits.
+        dtype: the logits' dtype.
+
+    Returns:
+        The mask, shifted and clamped where ``dtype`` is float16 or bfloat16 and the mask of
+        another dtype, in its own dtype, at least float32 (the caller casts it).
+    """
+    if dtype not in _HALF_DTYPES or mask.dtype == dtype or not mask.is_floating_point():
+        return mask
+    mask = mask.to(torch.promote_types(mask.dtype, torch.float32))  # the bound exact: -65504 is not bfloat16
+    finite = torch.isfinite(mask)
+    peak = mask.detach().masked_fill(~finite, float("-inf")).amax(dim=-1, keepdim=True)  # (..., i, 1)
+    shifted = mask - peak.nan_to_num(neginf=0.0)  # a row with nothing allowed stays -inf
+    return torch.where(finite, shifted.clamp(min=torch.finfo(dtype).min), shifted)
 
 
 def fit_float16_mask(mask: Tensor) -> Tensor:
-    """A wider float mask made safe to meet float16 logits, with the same weights.
-
-    A float32 mask entry below -65504 becomes ``-inf`` in float16, and a row of such entries
-    would allow nothing (``F.scaled_dot_product_attention`` itself keeps a float32 mask in
-    float32). A row's softmax does not change when a constant is added to it, so each row is
-    shifted until its largest finite entry is 0, and finite entries still below -65504 (whose
-    weights are then exactly 0 in float16 and float32 alike) are clamped to it; ``-inf`` stays
-    ``-inf``. The shift is a constant of the row without gradient: a mask that needs one gets the
-    gradient it would get unshifted.
+    """:func:`fit_mask_to_dtype` for float16 logits (entries below -65504 would be ``-inf``).
 
     Args:
         mask: a floating-point mask ``(..., i, j)`` (finite or ``-inf``), added to the logits.
@@ -493,10 +518,7 @@ def fit_float16_mask(mask: Tensor) -> Tensor:
     Returns:
         The mask, shifted and clamped, in its own dtype (the caller casts it).
     """
-    finite = torch.isfinite(mask)
-    peak = mask.detach().masked_fill(~finite, float("-inf")).amax(dim=-1, keepdim=True)  # (..., i, 1)
-    shifted = mask - peak.nan_to_num(neginf=0.0)  # a row with nothing allowed stays -inf
-    return torch.where(finite, shifted.clamp(min=_FLOAT16_LOWEST), shifted)
+    return fit_mask_to_dtype(mask, torch.float16)
 
 
 def open_rows_without_senders(mask: Tensor) -> tuple[Tensor, Tensor]:
