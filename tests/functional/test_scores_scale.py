@@ -31,3 +31,27 @@ def test_default_scale_is_one_over_root_features_and_one_without_features():
     assert default_scale(16) == 0.25
     assert default_scale(3) == pytest.approx(1 / math.sqrt(3))
     assert default_scale(0) == 1.0
+
+
+def test_float16_scores_past_65504_stay_finite_and_a_scaled_one_that_fits_is_exact():
+    """float16 products ran in float16: a dot product past 65504 was inf (NaN weights in
+    ``attend``), and ``scaled_dot_score`` scaled after that product, so a scaled logit of 16410,
+    which fits, was inf too. Formed in float32, scaled there, clamped to +-65504."""
+    from torchvote.functional import attend, dot_score, general_score
+
+    torch.manual_seed(0)
+    q = (70 * torch.randn(1, 2, 16)).half()
+    k = (70 * torch.randn(1, 3, 16)).half()
+    k[0, 0] = q[0, 0]  # a score of |q|^2, past 65504
+    v = torch.randn(1, 3, 4).half()
+    exact = q.double() @ k.double().mT  # float64 on the same float16 inputs
+    assert float(exact[0, 0, 0]) > 65504
+    scores = dot_score(q, k)
+    assert scores.dtype == torch.float16 and float(scores[0, 0, 0]) == 65504  # clamped, not inf
+    scaled = scaled_dot_score(q, k)
+    torch.testing.assert_close(scaled.double(), exact / 4, rtol=2**-10, atol=0.0)  # 1/sqrt(16); fits float16
+    weight = torch.eye(16).half()
+    assert bool(torch.isfinite(general_score(q, k, weight)).all())
+    for logits in (scores, scaled, general_score(q, k, weight)):
+        output, weights = attend(logits, v)
+        assert bool(torch.isfinite(output).all()) and bool(torch.isfinite(weights).all())

@@ -67,6 +67,24 @@ def _check_features(name: str, t: Tensor, expected: int, what: str) -> None:
         )
 
 
+_FLOAT16_MAX = torch.finfo(torch.float16).max  # 65504
+
+
+def _float16_safe_product(equation: str, *operands: Tensor, scale: float = 1.0, dtype: torch.dtype) -> Tensor:
+    """``scale * einsum(equation, *operands)``, but for float16 (operands or autocast) formed in
+    float32 and scaled there, then, for float16 logits (``dtype``), clamped to float16's range
+    before the cast: a product past 65504 was ``inf`` (and the softmax of its row NaN) where the
+    scaled logit fits, or ties at 65504 where it does not (as attention's weights do)."""
+    from torchvote.functional.voting import _einsum_without_float16  # voting imports this module
+
+    logits = _einsum_without_float16(equation, *operands)
+    if scale != 1.0:
+        logits = logits * scale
+    if dtype == torch.float16 and logits.dtype != dtype:  # float32 from float16 operands
+        logits = logits.clamp(-_FLOAT16_MAX, _FLOAT16_MAX).to(dtype)
+    return logits
+
+
 def dot_score(query: Tensor, key: Tensor) -> Tensor:
     """Luong's dot score ``q . k``.
 
@@ -75,7 +93,8 @@ def dot_score(query: Tensor, key: Tensor) -> Tensor:
         key: ``(..., S, E)``.
 
     Returns:
-        ``(..., L, S)`` logits.
+        ``(..., L, S)`` logits in the inputs' dtype; float16 ones are formed in float32 and
+        clamped to +-65504 (a larger score ties there).
 
     Raises:
         ValueError: if the feature sizes differ, or the batch axes do not broadcast.
@@ -83,7 +102,7 @@ def dot_score(query: Tensor, key: Tensor) -> Tensor:
     """
     _check_pair(query, key)
     _check_features("key", key, query.shape[-1], "query")
-    return torch.einsum("...ie,...je->...ij", query, key)
+    return _float16_safe_product("...ie,...je->...ij", query, key, dtype=query.dtype)
 
 
 def scaled_dot_score(query: Tensor, key: Tensor, scale: float | None = None) -> Tensor:
@@ -95,14 +114,17 @@ def scaled_dot_score(query: Tensor, key: Tensor, scale: float | None = None) -> 
         scale: multiplier; default ``1 / sqrt(E)``.
 
     Returns:
-        ``(..., L, S)`` logits.
+        ``(..., L, S)`` logits in the inputs' dtype; float16 ones are scaled in float32 before
+        the clamp of :func:`dot_score` (a product past 65504 may be a score that fits).
 
     Raises:
         ValueError, TypeError: as :func:`dot_score`; a ``scale`` that is not a finite real number.
     """
     scale = check_scale(scale)
-    logits = dot_score(query, key)  # checks the inputs
-    return logits * (default_scale(query.shape[-1]) if scale is None else scale)
+    _check_pair(query, key)
+    _check_features("key", key, query.shape[-1], "query")
+    scale = default_scale(query.shape[-1]) if scale is None else scale
+    return _float16_safe_product("...ie,...je->...ij", query, key, scale=scale, dtype=query.dtype)
 
 
 def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
@@ -114,7 +136,8 @@ def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
         weight: ``(Eq, Ek)``.
 
     Returns:
-        ``(..., L, S)`` logits.
+        ``(..., L, S)`` logits in the inputs' dtype (float16: as :func:`dot_score`, with ``q W``
+        in float32 too).
 
     Raises:
         ValueError: if ``weight`` is not ``(Eq, Ek)``, or the batch axes do not broadcast.
@@ -124,7 +147,8 @@ def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
     _check_parameter("weight", weight, query, (query.shape[-1], key.shape[-1]))  # (Eq, Ek)
     # (q W) k^T as two products in a fixed order: a three-operand einsum lets opt_einsum, where
     # installed, choose the order and return the scores transposed in memory
-    return (query @ weight) @ key.mT  # (..., L, Ek) @ (..., Ek, S)
+    projected = _float16_safe_product("...le,ek->...lk", query, weight, dtype=torch.float32)  # (..., L, Ek)
+    return _float16_safe_product("...lk,...sk->...ls", projected, key, dtype=query.dtype)  # (..., L, S)
 
 
 def _hidden_size(weight: Tensor, name: str, query: Tensor, features: int) -> int:
