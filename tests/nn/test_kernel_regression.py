@@ -65,6 +65,22 @@ def test_bandwidth_limits_nearest_neighbour_and_mean():
     torch.testing.assert_close(wide, values.mean(-1, keepdim=True).expand(-1, 10))
 
 
+@pytest.mark.parametrize("learnable", [False, True])
+@pytest.mark.parametrize("bandwidth", [1e-20, 1e-170])
+def test_a_width_whose_inverse_square_overflows_still_picks_the_nearest_point(bandwidth, learnable):
+    """Below h = 4e-20, 0.5 / h^2 is past float32: every score was -inf (predictions 0) and a key
+    on the query 0 * -inf = NaN; below h = 2e-162, h**2 underflowed and raised ZeroDivisionError.
+    The limit is the nearest point's value, also where a padded point lies nearer."""
+    queries = torch.tensor([[0.0, 1.0]])
+    keys = torch.tensor([[0.0, 0.9, 5.0, 1.0]])  # the first query sits on a key
+    values = torch.tensor([[10.0, 30.0, 50.0, 70.0]])
+    key_mask = torch.tensor([[True, True, True, False]])  # the exact match of the second is padding
+    model = NadarayaWatson(bandwidth=bandwidth, learnable=learnable)
+    predictions, weights = model(queries, keys, values, key_mask=key_mask)
+    assert predictions.tolist() == [[10.0, 30.0]]
+    assert weights.tolist() == [[[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]]
+
+
 def test_key_mask_equals_dropping_the_points():
     queries, keys, values = _d2l_data()
     key_mask = torch.ones(2, 20, dtype=torch.bool)

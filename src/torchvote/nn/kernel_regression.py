@@ -141,11 +141,20 @@ class NadarayaWatson(nn.Module):
         working = torch.promote_types(queries.dtype, torch.float32)
         differences = queries.to(working).unsqueeze(-2) - keys.to(working).unsqueeze(-3)  # (b, i, j, d)
         squared_distances = differences.pow(2).sum(-1)  # (b, i, j)
-        if self.log_bandwidth is None:
-            scores = squared_distances * (-0.5 / self._fixed_bandwidth**2)  # (b, i, j)
+        # Each row's nearest allowed point at distance 0 (a constant of the row: the softmax and
+        # its gradient do not change), so that a width so small that 1 / h^2 overflows (clamped
+        # to the largest finite number) still picks the nearest point, not 0 * inf = NaN.
+        with torch.no_grad():
+            allowed = squared_distances if mask is None else squared_distances.masked_fill(~mask, math.inf)
+            nearest = allowed.amin(dim=-1, keepdim=True)  # (b, i, 1)
+            nearest = torch.where(torch.isfinite(nearest), nearest, 0.0)
+        squared_distances = squared_distances - nearest
+        largest = torch.finfo(working).max
+        if self.log_bandwidth is None:  # 0.5 / h / h: inf past the range (h**2 underflowed to 0, and raised)
+            scores = squared_distances * -min(0.5 / self._fixed_bandwidth / self._fixed_bandwidth, largest)
         else:  # -d^2 / (2 h^2) = -d^2 * exp(-2 log h) / 2
             inverse_variance = torch.exp(-2 * self.log_bandwidth).to(squared_distances.dtype)
-            scores = squared_distances * (-0.5 * inverse_variance)  # (b, i, j)
+            scores = squared_distances * (-0.5 * inverse_variance.clamp(max=largest))  # (b, i, j)
         # the weighted mean in that dtype too (a width small beside the distances: scores far
         # below float16's range still pick the nearest point), returned in the values' dtype
         predictions, weights = attend(scores, values.to(working), attn_mask=mask)  # (b, i, d), (b, i, j)
