@@ -68,4 +68,6 @@ def _squash(inputs: Tensor, dim: int = -1, eps: float = 1e-20) -> Tensor:
     squared_norm = vectors.pow(2).sum(dim=dim, keepdim=True)
     # ||s||^2 / (1 + ||s||^2) <= 1 times 1 / sqrt(||s||^2 + eps): no ||s||^3 to overflow
     scale = squared_norm / (1 + squared_norm) * torch.rsqrt(squared_norm + eps)
-    return inputs * scale.to(inputs.dtype)
+    # multiplied in float32 for half inputs and rounded once: a float16 factor near 1 / ||s|| is
+    # subnormal past ||s|| = 2^14 (relative error 5.7e-3 at 2e5, against 3.3e-4)
+    return (vectors * scale).to(inputs.dtype)

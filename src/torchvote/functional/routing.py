@@ -181,7 +181,9 @@ def efficient_squash(inputs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tenso
 
     Mazzia, Salvetti & Chiaberge 2021, "Efficient-CapsNet: capsule network with self-attention
     routing", eq. 6. Computed with ``||s|| = sqrt(sum s^2 + eps)`` so a zero vector gives zero with
-    a finite gradient; lengths lie in ``[0, 1)``.
+    a finite gradient; lengths lie in ``[0, 1)``. Limit: once ``sum s^2`` overflows (``||s||``
+    past 1.8e19 in float32 and bfloat16, 1.3e154 in float64), the output is zero, not a vector of
+    length 1 (``squash`` gives NaN there).
 
     Args:
         inputs: any shape; vectors along ``dim``.
@@ -206,7 +208,7 @@ def _efficient_squash(inputs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tens
     zero instead of a vector of length near 1."""
     vectors = inputs.float() if inputs.dtype in (torch.float16, torch.bfloat16) else inputs
     norm = torch.sqrt(vectors.pow(2).sum(dim=dim, keepdim=True) + eps)
-    return inputs * (-torch.expm1(-norm) / norm).to(inputs.dtype)
+    return (vectors * (-torch.expm1(-norm) / norm)).to(inputs.dtype)  # rounded once, as squash
 
 
 #: the nonlinearities the routers take by name: vote's own table and Efficient-CapsNet's squash
