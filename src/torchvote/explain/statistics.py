@@ -113,7 +113,7 @@ def attention_rollout(attentions: Tensor | Sequence[Tensor], *, residual: float 
             raise ValueError(
                 f"attentions[{index}] must be square (self-attention), got {tuple(weights.shape)}"
             )
-        mixed = residual * torch.eye(weights.shape[0]) + (1.0 - residual) * weights  # (i, j)
+        mixed = residual * torch.eye(weights.shape[0], device=weights.device) + (1.0 - residual) * weights
         mixed = mixed / mixed.sum(dim=-1, keepdim=True).clamp(min=1e-12)
         if rollout is not None and rollout.shape != mixed.shape:
             raise ValueError(
@@ -277,7 +277,8 @@ def project_votes(votes: Tensor, consensus: Tensor | None = None) -> tuple[Tenso
     _, singular, basis = torch.linalg.svd(votes - mean, full_matrices=False)  # basis (r, d)
     axes = basis[:2].T  # (d, 2)
     variance = singular.square()
-    explained = variance[:2] / variance.sum().clamp(min=1e-12)  # (2,)
+    total = variance.sum()  # a ratio whatever the votes' scale: no absolute floor (votes of 1e-8)
+    explained = torch.where(total > 0, variance[:2] / torch.where(total > 0, total, 1.0), 0.0)  # (2,)
     points = None
     if consensus is not None:
         consensus = checked_tensor(consensus, "consensus", dims=(1, 2))
