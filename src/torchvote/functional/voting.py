@@ -762,8 +762,10 @@ def _fused_softmax_attention(
     Returns:
         ``(..., i, d)``; zero for a query with nothing to attend to.
     """
-    mask, is_causal = fused_kernel_mask(mask, is_causal, queries.shape[-2], keys.shape[-2],
-                                        queries.dtype)
+    dtype = queries.dtype  # what the kernel computes in: autocast's dtype for float32 queries
+    if dtype == torch.float32 and autocast_enabled(queries.device.type):
+        dtype = torch.get_autocast_dtype(queries.device.type)
+    mask, is_causal = fused_kernel_mask(mask, is_causal, queries.shape[-2], keys.shape[-2], dtype)
     dead = None  # (..., i, 1): queries with no sender (causality alone leaves each its first)
     if mask is not None:
         mask, dead = open_rows_without_senders(mask)
