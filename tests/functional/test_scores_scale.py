@@ -55,3 +55,20 @@ def test_float16_scores_past_65504_stay_finite_and_a_scaled_one_that_fits_is_exa
     for logits in (scores, scaled, general_score(q, k, weight)):
         output, weights = attend(logits, v)
         assert bool(torch.isfinite(output).all()) and bool(torch.isfinite(weights).all())
+
+
+def test_float16_autocast_scores_are_float16_and_broadcast_general_scores_contiguous():
+    """Under float16 autocast the scores are autocast's float16 (as bfloat16 autocast gives
+    bfloat16), clamped as float16 inputs' are; general_score's two products keep broadcast batch
+    axes contiguous (an einsum returned them transposed in memory)."""
+    from torchvote.functional import dot_score, general_score
+
+    torch.manual_seed(0)
+    q, k, w = 70 * torch.randn(1, 2, 16), 70 * torch.randn(1, 3, 16), torch.eye(16)
+    k[0, 0] = q[0, 0]
+    with torch.autocast("cpu", dtype=torch.float16):
+        scores = [dot_score(q, k), scaled_dot_score(q, k), general_score(q, k, w)]
+    assert [s.dtype for s in scores] == [torch.float16] * 3
+    assert all(bool(torch.isfinite(s).all()) for s in scores)
+    broadcast = general_score(torch.randn(2, 1, 3, 4), torch.randn(1, 7, 5, 6), torch.randn(4, 6))
+    assert broadcast.shape == (2, 7, 3, 5) and broadcast.is_contiguous()

@@ -79,6 +79,9 @@ def test_a_width_whose_inverse_square_overflows_still_picks_the_nearest_point(ba
     predictions, weights = model(queries, keys, values, key_mask=key_mask)
     assert predictions.tolist() == [[10.0, 30.0]]
     assert weights.tolist() == [[[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]]
+    if learnable:  # an optimiser step must not write NaN into the width (0 * inf in exp's backward)
+        predictions.sum().backward()
+        assert bool(torch.isfinite(model.log_bandwidth.grad))
 
 
 def test_key_mask_equals_dropping_the_points():

@@ -516,7 +516,7 @@ def fit_float16_mask(mask: Tensor) -> Tensor:
         mask: a floating-point mask ``(..., i, j)`` (finite or ``-inf``), added to the logits.
 
     Returns:
-        The mask, shifted and clamped, in its own dtype (the caller casts it).
+        As :func:`fit_mask_to_dtype` with ``dtype=torch.float16``.
     """
     return fit_mask_to_dtype(mask, torch.float16)
 

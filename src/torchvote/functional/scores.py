@@ -13,11 +13,12 @@ normalised by :func:`torchvote.functional.attend` (or any configuration of ``vot
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from torchvote.validation import broadcast_shape, check_input_dtype, check_scale
+from torchvote.validation import autocast_enabled, broadcast_shape, check_input_dtype, check_scale
 
 __all__ = ["dot_score", "general_score", "scaled_dot_score", "additive_score", "concat_score"]
 
@@ -70,19 +71,34 @@ def _check_features(name: str, t: Tensor, expected: int, what: str) -> None:
 _FLOAT16_MAX = torch.finfo(torch.float16).max  # 65504
 
 
-def _float16_safe_product(equation: str, *operands: Tensor, scale: float = 1.0, dtype: torch.dtype) -> Tensor:
-    """``scale * einsum(equation, *operands)``, but for float16 (operands or autocast) formed in
-    float32 and scaled there, then, for float16 logits (``dtype``), clamped to float16's range
-    before the cast: a product past 65504 was ``inf`` (and the softmax of its row NaN) where the
-    scaled logit fits, or ties at 65504 where it does not (as attention's weights do)."""
-    from torchvote.functional.voting import _einsum_without_float16  # voting imports this module
+def _float16_safe_product(product: Callable[..., Tensor], *operands: Tensor, scale: float = 1.0) -> Tensor:
+    """``scale * product(*operands)``, but in float16 (operands, or float16 autocast) formed in
+    float32 with autocast off, scaled there and clamped to float16's range before the cast to
+    float16: a product past 65504 was ``inf`` (and the softmax of its row NaN) where the scaled
+    logit fits, or ties at 65504 where it does not (as attention's weights do). The result's dtype
+    is what it was: the operands', or autocast's."""
+    from torchvote.functional.voting import autocast_off  # voting imports this module
 
-    logits = _einsum_without_float16(equation, *operands)
-    if scale != 1.0:
-        logits = logits * scale
-    if dtype == torch.float16 and logits.dtype != dtype:  # float32 from float16 operands
-        logits = logits.clamp(-_FLOAT16_MAX, _FLOAT16_MAX).to(dtype)
-    return logits
+    device = operands[0].device.type
+    float16 = any(x.dtype == torch.float16 for x in operands) or (
+        autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+    )
+    if not float16:
+        logits = product(*operands)
+        return logits * scale if scale != 1.0 else logits
+    with autocast_off(device):
+        logits = product(*(x.float() for x in operands)) * scale
+    return logits.clamp(-_FLOAT16_MAX, _FLOAT16_MAX).to(torch.float16)
+
+
+def _dot(query: Tensor, key: Tensor) -> Tensor:
+    return torch.einsum("...ie,...je->...ij", query, key)  # (..., L, S)
+
+
+def _general(query: Tensor, weight: Tensor, key: Tensor) -> Tensor:
+    # (q W) k^T as two products in a fixed order: a three-operand einsum lets opt_einsum, where
+    # installed, choose the order and return the scores transposed in memory
+    return (query @ weight) @ key.mT  # (..., L, Ek) @ (..., Ek, S)
 
 
 def dot_score(query: Tensor, key: Tensor) -> Tensor:
@@ -93,8 +109,8 @@ def dot_score(query: Tensor, key: Tensor) -> Tensor:
         key: ``(..., S, E)``.
 
     Returns:
-        ``(..., L, S)`` logits in the inputs' dtype; float16 ones are formed in float32 and
-        clamped to +-65504 (a larger score ties there).
+        ``(..., L, S)`` logits in the inputs' dtype (or autocast's); float16 ones are formed in
+        float32 and clamped to +-65504 (a larger score ties there).
 
     Raises:
         ValueError: if the feature sizes differ, or the batch axes do not broadcast.
@@ -102,7 +118,7 @@ def dot_score(query: Tensor, key: Tensor) -> Tensor:
     """
     _check_pair(query, key)
     _check_features("key", key, query.shape[-1], "query")
-    return _float16_safe_product("...ie,...je->...ij", query, key, dtype=query.dtype)
+    return _float16_safe_product(_dot, query, key)
 
 
 def scaled_dot_score(query: Tensor, key: Tensor, scale: float | None = None) -> Tensor:
@@ -124,7 +140,7 @@ def scaled_dot_score(query: Tensor, key: Tensor, scale: float | None = None) -> 
     _check_pair(query, key)
     _check_features("key", key, query.shape[-1], "query")
     scale = default_scale(query.shape[-1]) if scale is None else scale
-    return _float16_safe_product("...ie,...je->...ij", query, key, scale=scale, dtype=query.dtype)
+    return _float16_safe_product(_dot, query, key, scale=scale)
 
 
 def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
@@ -145,10 +161,7 @@ def general_score(query: Tensor, key: Tensor, weight: Tensor) -> Tensor:
     """
     _check_pair(query, key)
     _check_parameter("weight", weight, query, (query.shape[-1], key.shape[-1]))  # (Eq, Ek)
-    # (q W) k^T as two products in a fixed order: a three-operand einsum lets opt_einsum, where
-    # installed, choose the order and return the scores transposed in memory
-    projected = _float16_safe_product("...le,ek->...lk", query, weight, dtype=torch.float32)  # (..., L, Ek)
-    return _float16_safe_product("...lk,...sk->...ls", projected, key, dtype=query.dtype)  # (..., L, S)
+    return _float16_safe_product(_general, query, weight, key)
 
 
 def _hidden_size(weight: Tensor, name: str, query: Tensor, features: int) -> int:

@@ -153,8 +153,10 @@ class NadarayaWatson(nn.Module):
         if self.log_bandwidth is None:  # 0.5 / h / h: inf past the range (h**2 underflowed to 0, and raised)
             scores = squared_distances * -min(0.5 / self._fixed_bandwidth / self._fixed_bandwidth, largest)
         else:  # -d^2 / (2 h^2) = -d^2 * exp(-2 log h) / 2
-            inverse_variance = torch.exp(-2 * self.log_bandwidth).to(squared_distances.dtype)
-            scores = squared_distances * (-0.5 * inverse_variance.clamp(max=largest))  # (b, i, j)
+            # clamped before the exp (a margin of 1: log(max) itself rounds up to inf): an inf
+            # there gave the width a NaN gradient (0 * inf)
+            exponent = (-2 * self.log_bandwidth).clamp(max=math.log(largest) - 1.0)
+            scores = squared_distances * (-0.5 * torch.exp(exponent).to(squared_distances.dtype))  # (b, i, j)
         # the weighted mean in that dtype too (a width small beside the distances: scores far
         # below float16's range still pick the nearest point), returned in the values' dtype
         predictions, weights = attend(scores, values.to(working), attn_mask=mask)  # (b, i, d), (b, i, j)
