@@ -70,5 +70,7 @@ def test_float16_autocast_scores_are_float16_and_broadcast_general_scores_contig
         scores = [dot_score(q, k), scaled_dot_score(q, k), general_score(q, k, w)]
     assert [s.dtype for s in scores] == [torch.float16] * 3
     assert all(bool(torch.isfinite(s).all()) for s in scores)
+    with torch.autocast("cpu", dtype=torch.float16):  # which autocast leaves in float64
+        assert dot_score(q.double(), k.double()).dtype == torch.float64
     broadcast = general_score(torch.randn(2, 1, 3, 4), torch.randn(1, 7, 5, 6), torch.randn(4, 6))
     assert broadcast.shape == (2, 7, 3, 5) and broadcast.is_contiguous()

@@ -80,8 +80,9 @@ def _float16_safe_product(product: Callable[..., Tensor], *operands: Tensor, sca
     from torchvote.functional.voting import autocast_off  # voting imports this module
 
     device = operands[0].device.type
-    float16 = any(x.dtype == torch.float16 for x in operands) or (
+    float16 = any(x.dtype == torch.float16 for x in operands) or (  # autocast leaves float64 alone
         autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+        and all(x.dtype == torch.float32 for x in operands)
     )
     if not float16:
         logits = product(*operands)
