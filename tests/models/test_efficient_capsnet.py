@@ -195,6 +195,9 @@ def test_zero_images_give_finite_outputs_and_gradients():
         ({"primary_kernel": 10}, "primary_kernel=10 is larger than the 9x9 map"),
         ({"num_classes": 1}, "num_classes must be at least 2"),
         ({"init_std": -1.0}, "init_std must be a positive finite number"),
+        ({"batch_norm_momentum": 1.5}, "batch_norm_momentum"),
+        ({"batch_norm_eps": 0.0}, "batch_norm_eps"),
+        ({"conv_init": "he_uniform"}, "conv_init"),
     ],
 )
 def test_bad_configs_name_the_field(overrides, message):
@@ -261,3 +264,38 @@ def test_depthwise_primary_capsules_name_what_they_cannot_take():
         layer(torch.rand(16, 5, 5))
     with pytest.raises(ValueError, match="smaller than the kernel"):
         layer(torch.rand(2, 16, 3, 3))
+
+
+def test_the_authors_preset_takes_their_keras_batch_norm_and_he_normal_convolutions():
+    """The authors' code: Keras's BatchNormalization (momentum 0.99: each batch moves the running
+    statistics by 0.01; epsilon 1e-3) and he_normal kernels (a normal of std sqrt(2 / fan_in),
+    truncated at 2 std and rescaled to that variance) with zero biases. The default keeps
+    PyTorch's: the CPU rows were measured with it."""
+    torch.manual_seed(0)
+    authors = create_model("efficient-capsnet", "authors")
+    default = create_model("efficient-capsnet", "paper")
+    norms = [m for m in authors.features if isinstance(m, torch.nn.BatchNorm2d)]
+    assert [(n.momentum, n.eps) for n in norms] == [(0.01, 1e-3)] * 4
+    pytorchs = {(n.momentum, n.eps) for n in default.features if isinstance(n, torch.nn.BatchNorm2d)}
+    assert pytorchs == {(0.1, 1e-5)}
+    convs = [m for m in authors.features if isinstance(m, torch.nn.Conv2d)]
+    for conv in convs:
+        fan_in = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
+        weights, std = conv.weight.detach().flatten(), (2.0 / fan_in) ** 0.5
+        assert bool((conv.bias == 0).all())
+        assert float(weights.abs().max()) <= 2 * std / 0.87962566103423978  # truncated at 2 std
+        if weights.numel() >= 10_000:  # the variance asked for, within sampling error (< 2%)
+            assert abs(float(weights.std()) / std - 1) < 0.02
+    # PyTorch's uniform kernels are bounded by sqrt(1 / fan_in): far narrower than He's
+    first = [m for m in default.features if isinstance(m, torch.nn.Conv2d)][-1]
+    assert float(first.weight.abs().max()) <= (1 / (64 * 9)) ** 0.5
+    # drawn again by reset_parameters, as a module built on meta and emptied needs
+    convs[0].weight.data.fill_(5.0)
+    convs[0].reset_parameters()
+    assert float(convs[0].weight.abs().max()) <= 2 * (2.0 / 25) ** 0.5 / 0.87962566103423978
+    # a training step moves the running mean by 0.01 of the batch's mean
+    norm, images = norms[0], torch.rand(8, 1, 28, 28)
+    before = norm.running_mean.clone()
+    authors.train()(images)
+    batch_mean = authors.features[1](authors.features[0](images)).mean(dim=(0, 2, 3))
+    torch.testing.assert_close(norm.running_mean, 0.99 * before + 0.01 * batch_mean.detach())

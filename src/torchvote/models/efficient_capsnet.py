@@ -4,11 +4,12 @@ self-attention routing" (Scientific Reports 11, 14634).
 The MNIST network of sec. "Methods" (Fig. 1), every size from :class:`EfficientCapsNetConfig`:
 
 1. four convolutions, each followed by ReLU and batch normalisation in the authors' order
-   (32 @ 5x5, 64 @ 3x3, 64 @ 3x3, 128 @ 3x3 stride 2: 28 -> 24 -> 22 -> 20 -> 9), with
-   PyTorch's defaults where the authors' Keras code keeps its own: batch normalisation's running
-   statistics move by 0.1 a step, ``eps`` 1e-5 (Keras: 0.01, i.e. momentum 0.99, and 1e-3; the
-   paper gives neither), and the convolutions start from PyTorch's uniform initialisation (theirs:
-   ``he_normal``). The slower statistics would lag behind the weights of a short CPU run;
+   (32 @ 5x5, 64 @ 3x3, 64 @ 3x3, 128 @ 3x3 stride 2: 28 -> 24 -> 22 -> 20 -> 9). The paper
+   gives no settings for these; by default they are PyTorch's (batch normalisation's running
+   statistics move by 0.1 a step, ``eps`` 1e-5, PyTorch's uniform initialisation of the
+   convolutions). The ``authors`` preset takes the authors' Keras code's instead: momentum 0.99
+   (``batch_norm_momentum=0.01`` in PyTorch's terms), ``eps`` 1e-3 and ``he_normal`` convolutions
+   with zero biases. Its slower statistics lag behind the weights of a short CPU run;
 2. depthwise primary capsules: a depthwise convolution whose kernel covers the whole
    last map (9x9 on MNIST) gives one value per channel, the 128 channels are 16 capsules of 8-D,
    squashed with the efficient squash (eq. 6, ``(1 - e^-||s||) s / ||s||``,
@@ -62,9 +63,37 @@ from torchvote.models.capsule_config import (
 from torchvote.models.capsule_head import VECTOR_HEAD_RENAMES, CapsuleClassifier, CapsuleHead
 from torchvote.models.registry import register_model
 from torchvote.nn.capsules import check_feature_maps
-from torchvote.validation import check_bool_fields, check_float_dtype, check_positive_int
+from torchvote.validation import (
+    check_bool_fields,
+    check_choice,
+    check_float_dtype,
+    check_in_range,
+    check_positive_float,
+    check_positive_int,
+)
 
-__all__ = ["DepthwisePrimaryCapsules", "EfficientCapsNet", "EfficientCapsNetConfig"]
+__all__ = ["CONV_INITS", "DepthwisePrimaryCapsules", "EfficientCapsNet", "EfficientCapsNetConfig"]
+
+#: The convolutions' initialisations: PyTorch's own, and Keras's that the authors' code uses.
+CONV_INITS = ("uniform", "he_normal")
+
+# Keras's truncated normal keeps values within two standard deviations; dividing the standard
+# deviation by that truncation's own (0.8796...) restores the variance asked for.
+_TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+class _HeNormalConv2d(nn.Conv2d):
+    """A convolution initialised as Keras's ``he_normal`` (the authors' choice): weights from a
+    normal of standard deviation ``sqrt(2 / fan_in)`` truncated at two of its standard deviations,
+    rescaled to keep that variance; zero biases (Keras's default). ``reset_parameters`` draws them
+    again, as PyTorch's modules do (after ``to_empty`` of a module built on ``"meta"``)."""
+
+    def reset_parameters(self) -> None:
+        fan_in = self.in_channels // self.groups * math.prod(self.kernel_size)
+        std = math.sqrt(2.0 / fan_in) / _TRUNCATED_NORMAL_STD
+        nn.init.trunc_normal_(self.weight, 0.0, std, -2.0 * std, 2.0 * std)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
 
 @dataclass
@@ -90,11 +119,20 @@ class EfficientCapsNetConfig(CapsuleClassifierConfig):
             ``num_classes * in_caps * primary_dim`` (0.0395 on MNIST).
         decoder: add the reconstruction network.
         decoder_hidden: widths of the decoder's hidden layers (512, 1024).
+        batch_norm_momentum: how far each training batch moves the batch norms' running
+            statistics, in PyTorch's sense (0.1, PyTorch's default; the authors' Keras momentum
+            0.99 is 0.01 here).
+        batch_norm_eps: added to the batch norms' variances (1e-5; the authors' 1e-3).
+        conv_init: the convolutions' initialisation: ``"uniform"`` (PyTorch's) or
+            ``"he_normal"`` (Keras's, the authors': a normal of standard deviation
+            ``sqrt(2 / fan_in)`` truncated at two of its standard deviations, rescaled to keep
+            that variance, and zero biases).
 
     Raises:
         ValueError: a bad field, naming it: among them a tuple field given as anything but a
-            tuple (or list) of positive integers, and an ``init_std`` that is neither ``None`` nor
-            a positive finite number.
+            tuple (or list) of positive integers, an ``init_std`` that is neither ``None`` nor
+            a positive finite number, a ``batch_norm_momentum`` outside ``[0, 1]``, a
+            ``batch_norm_eps`` that is not positive, and an unknown ``conv_init``.
     """
 
     conv_channels: tuple[int, ...] = (32, 64, 64, 128)
@@ -110,6 +148,9 @@ class EfficientCapsNetConfig(CapsuleClassifierConfig):
     init_std: float | None = None
     decoder: bool = True
     decoder_hidden: tuple[int, ...] = (512, 1024)
+    batch_norm_momentum: float = 0.1
+    batch_norm_eps: float = 1e-5
+    conv_init: str = "uniform"
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
@@ -151,6 +192,9 @@ class EfficientCapsNetConfig(CapsuleClassifierConfig):
                     f"{self.feature_grid} map the convolutions leave"
                 )
         check_positive_scale(self.init_std, "init_std", optional=True)
+        self.batch_norm_momentum = check_in_range(self.batch_norm_momentum, "batch_norm_momentum", 0.0, 1.0)
+        self.batch_norm_eps = check_positive_float(self.batch_norm_eps, "batch_norm_eps")
+        check_choice(self.conv_init, CONV_INITS, "conv_init")
 
     @property
     def feature_grid(self) -> int:
@@ -249,6 +293,7 @@ class DepthwisePrimaryCapsules(nn.Module):
     config=EfficientCapsNetConfig,
     presets={
         "paper": {},
+        "authors": {"batch_norm_momentum": 0.01, "batch_norm_eps": 1e-3, "conv_init": "he_normal"},
         "tiny": {
             "conv_channels": (8, 16, 16, 32),
             "primary_types": 4,
@@ -295,10 +340,12 @@ class EfficientCapsNet(CapsuleClassifier):
             config.conv_channels, config.conv_kernels, config.conv_strides, strict=True
         ):
             # The authors' order: convolution, ReLU, then batch normalisation.
+            convolution = _HeNormalConv2d if config.conv_init == "he_normal" else nn.Conv2d
             layers += [
-                nn.Conv2d(in_channels, channels, kernel, stride=stride, **factory),
+                convolution(in_channels, channels, kernel, stride=stride, **factory),
                 nn.ReLU(),
-                nn.BatchNorm2d(channels, **factory),
+                nn.BatchNorm2d(channels, eps=config.batch_norm_eps, momentum=config.batch_norm_momentum,
+                               **factory),
             ]
             in_channels = channels
         self.features = nn.Sequential(*layers).to(memory_format=torch.channels_last)
