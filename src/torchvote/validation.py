@@ -50,6 +50,7 @@ __all__ = [
     "check_seed",
     "check_tensor_values",
     "check_texts",
+    "computes_in_float16",
     "is_integer",
 ]
 
@@ -311,6 +312,24 @@ def autocast_available(device_type: str) -> bool:
     """
     known = _AUTOCAST_AVAILABLE.get(device_type)
     return torch.amp.is_autocast_available(device_type) if known is None else known
+
+
+def computes_in_float16(*operands: torch.Tensor) -> bool:
+    """Whether an op on ``operands`` computes in float16: one of them is float16, or float16
+    autocast is on for their device and one is float32 (autocast casts float32, not float64).
+
+    Args:
+        operands: tensors on one device.
+
+    Returns:
+        True where a product of them would pass float16's 65504 as ``inf``.
+    """
+    device_type = operands[0].device.type
+    return any(x.dtype == torch.float16 for x in operands) or (
+        autocast_enabled(device_type)
+        and torch.get_autocast_dtype(device_type) == torch.float16
+        and any(x.dtype == torch.float32 for x in operands)
+    )
 
 
 def autocast_enabled(device_type: str) -> bool:

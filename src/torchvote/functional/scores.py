@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from torchvote.validation import autocast_enabled, broadcast_shape, check_input_dtype, check_scale
+from torchvote.validation import broadcast_shape, check_input_dtype, check_scale, computes_in_float16
 
 __all__ = ["dot_score", "general_score", "scaled_dot_score", "additive_score", "concat_score"]
 
@@ -79,15 +79,10 @@ def _float16_safe_product(product: Callable[..., Tensor], *operands: Tensor, sca
     is what it was: the operands', or autocast's."""
     from torchvote.functional.voting import autocast_off  # voting imports this module
 
-    device = operands[0].device.type
-    float16 = any(x.dtype == torch.float16 for x in operands) or (  # autocast leaves float64 alone
-        autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
-        and all(x.dtype == torch.float32 for x in operands)
-    )
-    if not float16:
+    if not computes_in_float16(*operands):
         logits = product(*operands)
         return logits * scale if scale != 1.0 else logits
-    with autocast_off(device):
+    with autocast_off(operands[0].device.type):
         logits = product(*(x.float() for x in operands)) * scale
     return logits.clamp(-_FLOAT16_MAX, _FLOAT16_MAX).to(torch.float16)
 

@@ -63,6 +63,7 @@ from torchvote.validation import (
     check_probability,
     check_scale,
     check_tensor_values,
+    computes_in_float16,
 )
 
 __all__ = [
@@ -321,11 +322,9 @@ def _einsum_without_float16(equation: str, *operands: Tensor) -> Tensor:
     float16 autocast on the device), whose results pass 65504: the dot products of votes
     (:meth:`Votes.dot`). bfloat16 has float32's range: it computes as before, without the float32
     copies (twice the votes' bytes, kept for backward) that :func:`_einsum_at_least_float32` makes."""
-    device = operands[0].device.type
-    float16 = any(x.dtype == torch.float16 for x in operands) or (
-        autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
-    )
-    return _einsum_at_least_float32(equation, *operands) if float16 else torch.einsum(equation, *operands)
+    if computes_in_float16(*operands):
+        return _einsum_at_least_float32(equation, *operands)
+    return torch.einsum(equation, *operands)
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
