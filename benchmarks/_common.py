@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from torchvote.training.distributed import check_device_name
+from torchvote.training.distributed import auto_device_name, check_device_name
 from torchvote.validation import check_device_exists, check_positive_float, check_positive_int
 
 __all__ = [
@@ -136,16 +136,22 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def chosen_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
-    """The device ``--device name`` means here: ``auto`` is CUDA where torch sees one; a CUDA index
-    (``cuda:1``) becomes torch's current device too, for the calls that take none.
+    """The device ``--device name`` means here: ``auto`` is CUDA where torch sees one (the rule of
+    ``torchvote train --device``: :func:`torchvote.training.distributed.auto_device_name`); a CUDA
+    index (``cuda:1``) becomes torch's current device too, for the calls that take none.
+
+    Args:
+        parser: the script's parser, whose ``error`` reports a device this machine lacks.
+        name: the ``--device`` value (checked by :func:`device_name`).
+
+    Returns:
+        The device.
 
     Raises:
         SystemExit: through ``parser.error`` (a usage error, exit 2) for CUDA without a device, or
             an index past the last one.
     """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    device = torch.device(auto_device_name(name))
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {name}: torch sees no CUDA device here")
     try:

@@ -151,3 +151,26 @@ def test_the_bench_command_tells_its_script_the_command_typed(capsys):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "torchvote bench routing: error: argument --device" in result.stderr
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_chosen_device_takes_auto_from_the_rule_of_torchvote_train(load_benchmark, monkeypatch, cuda):
+    """``auto`` is decided in one place, :func:`torchvote.training.distributed.auto_device_name`,
+    which ``resolve_device`` (``torchvote train --device``) uses too; the scripts had a copy."""
+    import inspect
+
+    from torchvote.training import distributed
+
+    common = _common(load_benchmark("attention"))
+    parser = load_benchmark("attention").build_parser()
+    assert common.auto_device_name is distributed.auto_device_name
+    assert "is_available() else" not in inspect.getsource(common.chosen_device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    expected = torch.device("cuda" if cuda else "cpu")
+    assert common.chosen_device(parser, "auto") == expected
+    assert distributed.resolve_device("auto").type == expected.type
+    told = []
+    monkeypatch.setattr(common, "auto_device_name", lambda name: told.append(name) or "cpu")
+    assert common.chosen_device(parser, "auto") == torch.device("cpu")  # whatever torch sees: the rule's
+    assert told == ["auto"]

@@ -24,7 +24,8 @@ def test_top_level_help_lists_the_exit_statuses_the_code_returns(capsys) -> None
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     raw = capsys.readouterr().out
-    table = raw.split("exit status:\n", 1)[1]  # the epilog, its table as written (not re-wrapped)
+    head, table = raw.split("exit status", 1)[1].split("\n", 1)  # the epilog's table as written
+    assert head == " (2: the command line itself is wrong; 1: it is fine, but running it failed):"
     rows: dict[str, str] = {}
     for line in table.splitlines():  # a row: "  STATUS  text", its text continued on indented lines
         if match := re.match(r"  (\d+) +(.*)", line):
@@ -32,17 +33,16 @@ def test_top_level_help_lists_the_exit_statuses_the_code_returns(capsys) -> None
         elif line.startswith("       "):
             rows[status] += " " + line.strip()
     assert list(rows) == ["0", "1", "2", "130", "143"]
-    assert rows[str(cli.EXIT_MISSING_DATA)].startswith("missing data")
-    assert cli.EXIT_BROKEN_PIPE == cli.EXIT_MISSING_DATA  # one row holds both
+    assert rows[str(cli.EXIT_FAILURE)].startswith("a failure while running: missing data")
+    assert cli.EXIT_BROKEN_PIPE == cli.EXIT_MISSING_DATA == cli.EXIT_FAILURE  # one row holds them all
     assert "--verify" in rows["1"] and "broken pipe" in rows["1"]
     assert rows[str(cli.EXIT_USAGE)].startswith("a usage error")
-    text = " ".join(table.split())
-    for failure in ("training diverged", "out of memory", "a file or download error"):
-        assert failure in text  # runtime failures exit with the usage status too
+    for failure in ("training diverged", "out of memory", "download error", "optional package"):
+        assert failure in rows["1"] and failure not in rows["2"]  # 2 was both, usage and failure
     assert rows[str(cli.EXIT_INTERRUPTED)].startswith("Ctrl-C")
     assert rows[str(cli.EXIT_TERMINATED)].startswith("SIGTERM: train, main and reproduce")
     # the numbers are the ones the code returns
-    assert (cli.EXIT_MISSING_DATA, cli.EXIT_USAGE) == (1, 2)
+    assert (cli.EXIT_FAILURE, cli.EXIT_USAGE) == (1, 2)
     assert cli.EXIT_INTERRUPTED == exit_status("SIGINT") == exit_status("") == 130
     assert cli.EXIT_TERMINATED == exit_status("SIGTERM") == 143
 

@@ -50,14 +50,15 @@ def test_demo_command_runs_from_the_cli(monkeypatch, tmp_path):
 
     seen = {}
     monkeypatch.setattr(demo, "run_demo", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # --device auto: the CPU here
     assert cli.main(["demo", "--output-dir", str(tmp_path), "--no-plots"]) == 0
-    assert seen == {"output_dir": str(tmp_path), "make_plots": False}
+    assert seen == {"output_dir": str(tmp_path), "make_plots": False, "device": torch.device("cpu")}
     # --out, as explain and reproduce spell it: an option of its own (argparse took "--out" as an
     # abbreviation of --output-dir before, which --help did not show)
     demo_parser = cli.build_parser()._subparsers._group_actions[0].choices["demo"]
     assert "--out" in demo_parser._option_string_actions
-    assert cli.main(["demo", "--out", str(tmp_path / "b")]) == 0
-    assert seen == {"output_dir": str(tmp_path / "b"), "make_plots": True}
+    assert cli.main(["demo", "--out", str(tmp_path / "b"), "--device", "cpu"]) == 0
+    assert seen == {"output_dir": str(tmp_path / "b"), "make_plots": True, "device": torch.device("cpu")}
 
 
 # --- what a first-time user meets ----------------------------------------------------------------

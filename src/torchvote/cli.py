@@ -19,12 +19,15 @@
 The same ``train`` command runs on N processes with
 ``torchrun --nproc_per_node=N -m torchvote.cli train PRESET ...`` (``batch_size`` is global).
 
-A bad name, key or value prints one line saying what exists and exits with status 2 (a key given
-twice, too: ``epochs=1 epochs=2`` is refused, not settled by order); missing data
-prints where it was looked for and the command that provides it (status 1); a run stopped with
-Ctrl-C saves a checkpoint and exits with status 130 (143 after a SIGTERM, 128 plus the signal's
-number as a shell reports it). ``TORCHVOTE_DEBUG=1`` shows tracebacks. ``torchvote --help`` ends
-with the table of exit statuses (:data:`EXIT_STATUSES`).
+Status 2 means the command line itself is wrong, 1 that it was fine but running it failed. A bad
+option, name, key or value prints one line saying what exists and exits with status 2 (a key given
+twice, too: ``epochs=1 epochs=2`` is refused, not settled by order); missing data prints where it
+was looked for and the command that provides it (status 1), and so does every other failure while
+running, in one line: training diverged, out of memory, a damaged checkpoint, a file or download
+error, a missing optional package (status 1). A run stopped with Ctrl-C saves a checkpoint and exits
+with status 130 (143 after a SIGTERM, 128 plus the signal's number as a shell reports it).
+``TORCHVOTE_DEBUG=1`` shows tracebacks. ``torchvote --help`` ends with the table of exit statuses
+(:data:`EXIT_STATUSES`).
 """
 
 from __future__ import annotations
@@ -40,30 +43,40 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchvote import __version__
 
-__all__ = ["build_parser", "main"]
+if TYPE_CHECKING:
+    import torch
 
-EXIT_USAGE = 2
-EXIT_MISSING_DATA = 1
-EXIT_BROKEN_PIPE = 1
+__all__ = ["EXIT_STATUSES", "build_parser", "exit_status_of", "main", "resolve_device_option"]
+
+EXIT_FAILURE = 1  # the command line was fine; running it failed
+EXIT_USAGE = 2  # the command line itself is wrong (argparse's status)
+EXIT_MISSING_DATA = EXIT_FAILURE
+EXIT_BROKEN_PIPE = EXIT_FAILURE
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)  # 143, as torchvote.training.stopping.exit_status says
 
-#: The exit statuses ``main`` returns, as the epilog of ``torchvote --help`` lists them.
-EXIT_STATUSES = f"""exit status:
+#: The exit statuses ``main`` returns, as the epilog of ``torchvote --help`` lists them. The rule:
+#: the command line itself is wrong -> 2; the command line is fine but running it failed -> 1.
+EXIT_STATUSES = f"""exit status (2: the command line itself is wrong; 1: it is fine, but running it failed):
   0    success
-  {EXIT_MISSING_DATA}    missing data (the message says where it looked and what fetches it); data --verify
-       found a copy that differs from the published set; the output's reader left (broken pipe);
-       a traceback (an unexpected error, or any error under TORCHVOTE_DEBUG=1)
-  {EXIT_USAGE}    a usage error (a bad option, name, key or value), and a command that failed: training
-       diverged, out of memory, a file or download error, a missing optional package
+  {EXIT_FAILURE}    a failure while running: missing data (the message says where it looked and what
+       fetches it); training diverged; out of memory; a file that exists but cannot be read as
+       what it should be (a damaged checkpoint), a write or download error; a missing optional
+       package; data --verify found a copy that differs from the published set; the output's
+       reader left (broken pipe); a traceback (an unexpected error, or any error under
+       TORCHVOTE_DEBUG=1)
+  {EXIT_USAGE}    a usage error: a bad option, name, key or value (a device this machine does not
+       have, a checkpoint or run folder named that does not exist, a key given twice ...)
   {EXIT_INTERRUPTED}  Ctrl-C (train, main and reproduce save a checkpoint first)
   {EXIT_TERMINATED}  SIGTERM: train, main and reproduce save a checkpoint and exit with it (it kills the
        other commands, which a shell reports as {EXIT_TERMINATED} too)
 bench exits with its script's status (128 + N when signal N ended it, as a shell reports it)."""
+#: The help of ``--device`` where its default is ``auto`` (evaluate, generate, reproduce, demo, explain).
+DEVICE_HELP = "auto (default), cpu, cuda or cuda:<index>"
 LIST_WHAT = ("models", "routers", "presets", "datasets")
 BENCHMARKS = ("attention", "em", "generation", "routing", "training")
 
@@ -109,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="this folder: the plots go straight into it (default: runs/demo)",
     )
     demo.add_argument("--no-plots", action="store_true", help="print only")
+    demo.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     train = commands.add_parser("train", help="train from a preset with key=value overrides")
     train.add_argument(
@@ -157,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--batch-size", type=int, default=500, metavar="N", help="examples per batch (default: 500)"
     )
-    evaluate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
+    evaluate.add_argument("--device", default="auto", help=DEVICE_HELP)
     precision = evaluate.add_mutually_exclusive_group()  # one autocast dtype
     precision.add_argument("--bf16", action="store_true", help="evaluate under bfloat16 autocast")
     precision.add_argument(
@@ -186,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         "decodes each --prompt greedily, one output per source (digits for copy, reverse and sort; "
         "12+34 for addition, whose = is added). The texts go to standard output, the "
         "checkpoint's summary to standard error; a language model's text appears as it is written "
-        "(with --samples above 1, all at the end). The sampling options are a "
-        "language model's.",
+        "(with --samples above 1, each prompt's continuations as soon as they are complete). The "
+        "sampling options are a language model's.",
     )
     generate.add_argument("checkpoint", help="a run folder, its checkpoints folder or a .safetensors file")
     generate.add_argument(
@@ -234,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="language models: seed of the sampling, afresh for each prompt, so a command repeats its text "
         "(default: unseeded, a new text each time)",
     )
-    generate.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
+    generate.add_argument("--device", default="auto", help=DEVICE_HELP)
     precision = generate.add_mutually_exclusive_group()  # one autocast dtype
     precision.add_argument("--bf16", action="store_true", help="generate under bfloat16 autocast")
     precision.add_argument(
@@ -291,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the parent folder: runs go to OUT/NAME/BUDGET/VARIANT/seed-N, the summary to "
         "OUT/NAME/BUDGET/summary.md (default: runs/reproduce)",
     )
-    reproduce.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:<index>")
+    reproduce.add_argument("--device", default="auto", help=DEVICE_HELP)
     reproduce.add_argument(
         "--dry-run",
         action="store_true",
@@ -320,8 +334,43 @@ def _explain(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from torchvote.demo import run_demo
 
-    run_demo(output_dir=args.output_dir, make_plots=not args.no_plots)
+    device = resolve_device_option(args.device)  # before MNIST is read
+    run_demo(output_dir=args.output_dir, make_plots=not args.no_plots, device=device)
     return 0
+
+
+def resolve_device_option(name: str, argument: str = "--device") -> torch.device:
+    """The device a ``--device`` option names, as ``train``, ``evaluate`` and ``generate`` read it:
+    checked by :func:`~torchvote.training.distributed.check_device_name`, then resolved by
+    :func:`~torchvote.training.distributed.resolve_device` (``auto``: CUDA where torch sees it).
+
+    Without the train extra (``torchvote.training`` imports omegaconf) ``auto`` is the CPU, and
+    another name is checked as torch reads it (:func:`torchvote.validation.check_factory_device`).
+
+    Args:
+        name: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
+        argument: the option's name, for the message.
+
+    Returns:
+        The ``torch.device``.
+
+    Raises:
+        ValueError: another name, or a CUDA device this machine does not have (a usage error:
+            status 2), the message naming ``argument``.
+    """
+    try:
+        from torchvote.training.distributed import check_device_name, resolve_device
+    except ModuleNotFoundError:  # the commands that train nothing run without the train extra
+        import torch
+
+        from torchvote.validation import check_factory_device
+
+        return torch.device("cpu") if name == "auto" else check_factory_device(name, argument)
+    check_device_name(name, argument)
+    try:
+        return resolve_device(name)
+    except ValueError as error:  # "device 'cuda' requested but CUDA is not available ..."
+        raise ValueError(f"{argument}: {error}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -396,13 +445,14 @@ def _run_command(argv: Sequence[str] | None) -> int:
     from torchvote.data.errors import DataNotFoundError
 
     try:
+        from torchvote.training.checkpoint import CheckpointError
         from torchvote.training.loop import TrainingDivergedError, TrainingOutOfMemoryError
     except ModuleNotFoundError:  # without the train extra: explain, list, data still run
 
         class TrainingDivergedError(Exception):  # never raised: no run trains
             pass
 
-        TrainingOutOfMemoryError = TrainingDivergedError
+        TrainingOutOfMemoryError = CheckpointError = TrainingDivergedError
 
     try:
         return handlers[args.command](args)
@@ -427,7 +477,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
         if not isinstance(err, TrainingOutOfMemoryError) and getattr(args, "batch_size", None):
             message = f"the device ran out of memory: lower --batch-size (now {args.batch_size}); {message}"
         print(f"torchvote {args.command}: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAILURE
     except (ValueError, OSError, ImportError, TrainingDivergedError) as err:  # ImportError: scipy for affNIST
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
@@ -436,7 +486,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
         if isinstance(err, ModuleNotFoundError) and extra and "pip install" not in message:
             message += f': pip install "torchvote[{extra}]"'
         print(f"torchvote {args.command}: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_status_of(err, failures=(CheckpointError,))
     except RuntimeError as err:  # last: TrainingDivergedError is caught above, whatever its base
         if os.environ.get("TORCHVOTE_DEBUG") or "can't allocate memory" not in str(err):
             raise
@@ -447,7 +497,29 @@ def _run_command(argv: Sequence[str] | None) -> int:
         hint = f": lower {lower}" if lower else ""
         message = " ".join(str(err).split())
         print(f"torchvote {args.command}: error: out of memory{hint}; {message}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def exit_status_of(error: BaseException, failures: tuple[type[BaseException], ...] = ()) -> int:
+    """The exit status of a command that ``error`` ended (:data:`EXIT_STATUSES`' rule).
+
+    Args:
+        error: what the command raised.
+        failures: types that are failures while running although they derive from ``ValueError``
+            (:class:`~torchvote.training.CheckpointError`: a checkpoint found damaged, or none
+            where one was expected).
+
+    Returns:
+        :data:`EXIT_USAGE` (2) for a ``ValueError`` (a ``ConfigError`` included): a bad option,
+        name, key or value on the command line; :data:`EXIT_FAILURE` (1) for anything else (a
+        file or download error, a missing package, out of memory, a damaged data file
+        (:class:`~torchvote.data.CorruptDataError`), ``failures``).
+    """
+    from torchvote.data.errors import CorruptDataError  # here: the data package imports numpy
+
+    if isinstance(error, ValueError) and not isinstance(error, (CorruptDataError, *failures)):
         return EXIT_USAGE
+    return EXIT_FAILURE
 
 
 #: The extra of pyproject.toml that installs a module a command may miss.
@@ -668,7 +740,7 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
 
             run_dir = Path(result.run_dir)
             report = add_explain_arguments(argparse.ArgumentParser()).parse_args(
-                ["--out", str(run_dir / "explain"), "--checkpoint", str(run_dir)]
+                ["--out", str(run_dir / "explain"), "--checkpoint", str(run_dir), "--device", config.device]
             )  # the command's own defaults for everything else
             return _explain(report)  # prints "report: <path>"
     return 0
@@ -801,6 +873,9 @@ def _generate(args: argparse.Namespace) -> int:
     _check_checkpoint_exists(args.checkpoint)
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}", file=sys.stderr)
     streamed: list[int] = []  # a language model's generations shown as they were written
+    shown: set[int] = set()  # generations shown whole, each as soon as it was complete
+    empty = "(no token: --max-new-tokens 0)" if args.max_new_tokens == 0 else "(nothing before <eos>)"
+    one_sample = args.samples in (None, 1)  # a language model's only sample streams character by character
 
     def show(index: int, prompt: str, character: str) -> None:
         if not streamed or streamed[-1] != index:
@@ -808,6 +883,14 @@ def _generate(args: argparse.Namespace) -> int:
             streamed.append(index)
         sys.stdout.write(character)
         sys.stdout.flush()
+
+    def show_whole(index: int, generation: Any) -> None:
+        if generation.task == "seq2seq":
+            print(f"{generation.prompt} -> {generation.text or empty}")
+        else:  # a language model's text, continuations apart
+            print(_separated(index, generation.prompt) + generation.text)
+        sys.stdout.flush()
+        shown.add(index)
 
     try:
         generations = generate_from_checkpoint(
@@ -823,7 +906,10 @@ def _generate(args: argparse.Namespace) -> int:
             use_cache=not args.no_cache,
             bf16=args.bf16,
             fp16=args.fp16,
-            on_text=show if args.samples in (None, 1) else None,  # several samples are drawn together
+            # several samples are drawn together, their characters alternating: each prompt's shown
+            # whole when its batch is done
+            on_text=show if one_sample else None,
+            on_generation=None if one_sample else show_whole,
         )
     except ValueError as error:  # the one check that needs the model: a seq2seq run's max_len
         if not str(error).startswith("max_new_tokens "):
@@ -832,12 +918,9 @@ def _generate(args: argparse.Namespace) -> int:
     finally:  # the text written so far ends its line, also when Ctrl-C stopped it
         if streamed:
             print()
-    empty = "(no token: --max-new-tokens 0)" if args.max_new_tokens == 0 else "(nothing before <eos>)"
     for index, generation in enumerate(generations):
-        if generation.task == "seq2seq":
-            print(f"{generation.prompt} -> {generation.text or empty}")
-        elif index not in streamed:  # a language model's text, continuations apart
-            print(_separated(index, generation.prompt) + generation.text)
+        if index not in streamed and index not in shown:
+            show_whole(index, generation)
     return 0
 
 

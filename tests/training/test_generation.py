@@ -348,7 +348,7 @@ def test_running_out_of_cpu_memory_is_one_line(reverse_run, capsys, monkeypatch)
                            "memory: you tried to allocate 80000000000 bytes. Error code 12")
 
     monkeypatch.setattr(generation, "generate_from_checkpoint", too_big)
-    assert main(["generate", str(reverse_run), "--prompt", "12", "--samples", "9"]) == 2
+    assert main(["generate", str(reverse_run), "--prompt", "12", "--samples", "9"]) == 1  # a failure: not 2
     error = capsys.readouterr().err.splitlines()[-1]
     assert error.startswith("torchvote generate: error: out of memory: lower --samples (now 9); [enforce")
 
@@ -423,3 +423,71 @@ def test_bf16_and_fp16_together_are_refused_before_the_checkpoint_is_read(tmp_pa
         main(["generate", str(tmp_path / "nothing"), "--bf16", "--fp16"])
     assert stopped.value.code == 2
     assert "--fp16: not allowed with argument --bf16" in capsys.readouterr().err
+
+
+
+def _observe_streams(monkeypatch, at_start):
+    """Call ``at_start()`` whenever the model starts drawing a prompt's batch."""
+    import torchvote.models.transformer_lm as transformer_lm
+
+    real_stream = transformer_lm.TransformerLM._stream
+
+    def observed(self, *args):
+        at_start()
+        yield from real_stream(self, *args)
+
+    monkeypatch.setattr(transformer_lm.TransformerLM, "_stream", observed)
+
+
+def test_each_generation_is_handed_over_as_soon_as_it_is_complete(lm_run, reverse_run, monkeypatch, tmp_path):
+    """on_generation: a prompt's samples when its batch is drawn, before the next prompt's starts."""
+    run_dir, _, _ = lm_run
+    options = {"max_new_tokens": 6, "temperature": 1.2, "seed": 2, "samples": 2}
+    generations = generate_from_checkpoint(run_dir, ["to", "the "], **options)
+    events = []
+    _observe_streams(monkeypatch, lambda: events.append("draw"))
+    handed = generate_from_checkpoint(run_dir, ["to", "the "], **options,
+                                      on_generation=lambda *given: events.append(given))
+    assert handed == generations
+    assert events == ["draw", (0, generations[0]), (1, generations[1]), "draw", (2, generations[2]),
+                      (3, generations[3])]
+    outputs = []  # a seq2seq model decodes its sources in one batch: each handed over then
+    decoded = generate_from_checkpoint(reverse_run, ["123", "45"],
+                                       on_generation=lambda *given: outputs.append(given))
+    assert outputs == list(enumerate(decoded))
+    with pytest.raises(TypeError, match="on_generation must be a callable"):  # before the model is loaded
+        generate_from_checkpoint(tmp_path / "no-run", ["to"], on_generation=5)
+
+
+def test_the_command_prints_each_prompts_samples_before_drawing_the_next(lm_run, capsys, monkeypatch):
+    """With --samples above 1 nothing was printed until every prompt's samples were drawn; now each
+    prompt's continuations are printed when its batch is done, in the same layout as before."""
+    run_dir, _, _ = lm_run
+    arguments = ["--prompt", "to be", "--prompt", "not", "--samples", "2", "--seed", "3",
+                 "--max-new-tokens", "12"]
+    first, second, third, fourth = generate_from_checkpoint(run_dir, ["to be", "not"], samples=2, seed=3,
+                                                            max_new_tokens=12)
+    rule = "-" * 40
+    first_prompt = f"to be{first.text}\n{rule}\nto be{second.text}\n"
+    printed = []  # standard output, piece by piece
+    at_draws = []  # what was printed when each prompt's draw began
+    stop_at_draw = []  # Ctrl-C when this draw begins
+
+    def at_start():
+        printed.append(capsys.readouterr().out)
+        at_draws.append("".join(printed))
+        if len(at_draws) in stop_at_draw:
+            raise KeyboardInterrupt
+
+    _observe_streams(monkeypatch, at_start)
+    assert main(["generate", str(run_dir), *arguments]) == 0
+    printed.append(capsys.readouterr().out)
+    assert "".join(printed) == f"{first_prompt}{rule}\nnot{third.text}\n{rule}\nnot{fourth.text}\n"
+    assert at_draws == ["", first_prompt]  # the first prompt's samples were out before the second's draw
+    # Ctrl-C as the second prompt's draw begins: the first prompt's samples are out, whole
+    printed.clear()
+    at_draws.clear()
+    stop_at_draw.append(2)
+    assert main(["generate", str(run_dir), *arguments]) == 130
+    printed.append(capsys.readouterr().out)
+    assert "".join(printed) == first_prompt

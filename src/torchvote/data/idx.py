@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchvote.data.errors import CorruptDataError
 from torchvote.data.paths import as_path
 from torchvote.files import atomic_write_bytes
 
@@ -45,7 +46,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         return gzip.decompress(raw)
     except (EOFError, OSError, zlib.error) as err:  # truncated or corrupt gzip stream
-        raise ValueError(f"{path}: corrupt or truncated gzip data ({err})") from err
+        raise CorruptDataError(f"{path}: corrupt or truncated gzip data ({err})") from err
 
 
 def read_idx(path: str | PathLike[str]) -> Tensor:
@@ -61,36 +62,38 @@ def read_idx(path: str | PathLike[str]) -> Tensor:
     Raises:
         TypeError: If ``path`` is not a ``str`` or ``os.PathLike``.
         FileNotFoundError: If ``path`` does not exist (``IsADirectoryError``: a folder).
-        ValueError: If the gzip stream is corrupt or truncated, the magic number, type code or
-            dimension count is invalid, or the payload is shorter (truncated) or longer than the
-            header announces. The message names the file.
+        CorruptDataError: (a ``ValueError``) If the gzip stream is corrupt or truncated, the
+            magic number, type code or dimension count is invalid, or the payload is shorter
+            (truncated) or longer than the header announces. The message names the file.
     """
     path = as_path(path, "path")
     data = _read_bytes(path)
     if len(data) < 4:
-        raise ValueError(f"{path}: truncated IDX file ({len(data)} bytes, header needs 4)")
+        raise CorruptDataError(f"{path}: truncated IDX file ({len(data)} bytes, header needs 4)")
     zero, code, ndim = struct.unpack(">HBB", data[:4])
     if zero != 0:
-        raise ValueError(f"{path}: bad IDX magic number 0x{data[:4].hex()} (must start with 0x0000)")
+        raise CorruptDataError(f"{path}: bad IDX magic number 0x{data[:4].hex()} (must start with 0x0000)")
     if code not in IDX_DTYPES:
         known = ", ".join(f"0x{c:02X}" for c in IDX_DTYPES)
-        raise ValueError(f"{path}: unknown IDX type code 0x{code:02X} (expected one of {known})")
+        raise CorruptDataError(f"{path}: unknown IDX type code 0x{code:02X} (expected one of {known})")
     if ndim == 0:
-        raise ValueError(f"{path}: IDX header declares 0 dimensions")
+        raise CorruptDataError(f"{path}: IDX header declares 0 dimensions")
     header_len = 4 + 4 * ndim
     if len(data) < header_len:
-        raise ValueError(f"{path}: truncated IDX header ({len(data)} bytes, {ndim} dims need {header_len})")
+        raise CorruptDataError(
+            f"{path}: truncated IDX header ({len(data)} bytes, {ndim} dims need {header_len})"
+        )
     shape = struct.unpack(f">{ndim}I", data[4:header_len])
     dtype = IDX_DTYPES[code]
     expected = math.prod(shape) * dtype.itemsize  # Python ints: np.prod's int64 wrapped around
     payload = len(data) - header_len
     if payload < expected:
-        raise ValueError(
+        raise CorruptDataError(
             f"{path}: truncated IDX data: shape {shape} of {dtype.name} needs {expected} bytes, "
             f"file has {payload}"
         )
     if payload > expected:
-        raise ValueError(
+        raise CorruptDataError(
             f"{path}: {payload - expected} unexpected trailing bytes after IDX data of shape {shape}"
         )
     array = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(shape)

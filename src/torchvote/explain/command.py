@@ -1,9 +1,14 @@
-"""``torchvote explain [SENTENCE ...] [--out DIR] [--checkpoint RUN]``: the report from the command line.
+"""``torchvote explain [SENTENCE ...] [--out DIR] [--checkpoint RUN] [--device auto]``: the report from
+the command line.
 
 ``--checkpoint`` takes a record file (``.safetensors`` / ``.pt`` of named tensors), or a training
 run's folder, its ``checkpoints/`` folder or one checkpoint's file (``step-N.safetensors`` /
 ``step-N.state.pt``), from which :func:`torchvote.explain.from_run.record_from_run` makes the
-record.
+record. ``--device`` is where the pretrained encoder runs (``auto``: CUDA where torch sees it).
+
+Exit statuses, as ``torchvote --help`` lists them: 2 when the command line is wrong (a bad option
+or value, an ``--out`` in the way, a ``--checkpoint`` that does not exist), 1 when running failed
+(a checkpoint or record that cannot be read or drawn, a file error, a missing optional package).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchvote.cli import DEVICE_HELP, EXIT_FAILURE, exit_status_of, resolve_device_option
 from torchvote.files import file_in_the_way
 
 if TYPE_CHECKING:
@@ -65,6 +71,7 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         metavar="R",
         help="passes of voting for the routing variant (default: 2 3 5)",
     )
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     return parser
 
 
@@ -121,20 +128,37 @@ def _check_out_dir(out_dir: Path) -> None:
             )
 
 
+def _check_checkpoint_exists(path: Path) -> None:
+    """Refuse a ``--checkpoint`` that names nothing, before anything slow (a usage error).
+
+    Raises:
+        ValueError: nothing at ``path`` ('~' expanded, as the record is read).
+    """
+    if not path.expanduser().exists():
+        raise ValueError(
+            f"--checkpoint: {path} does not exist; expected a run folder, its checkpoints folder, a "
+            "checkpoint's file or a record (.safetensors/.pt)"
+        )
+
+
+class _RunFailure(Exception):
+    """A failure while running (exit status 1), its message for the user."""
+
+
 def _load_checkpoint(path: Path) -> dict[str, Tensor]:
     """The record ``--checkpoint`` names (:func:`torchvote.explain.record.load_record`).
 
     Raises:
-        ValueError: anything ``load_record`` refuses (a file that is neither a record nor a
-            training checkpoint's, a folder that is no run's, nothing there ...), its message led
-            by ``--checkpoint``.
+        _RunFailure: anything ``load_record`` refuses (a file that is neither a record nor a
+            training checkpoint's, a folder that is no run's, a damaged file ...), its message
+            led by ``--checkpoint``.
     """
     from torchvote.explain.record import load_record
 
     try:
-        return load_record(path)
+        return load_record(path.expanduser())
     except (ValueError, TypeError, OSError) as error:
-        raise ValueError(f"--checkpoint: {error}") from error
+        raise _RunFailure(f"--checkpoint: {error}") from error
 
 
 def _checkpoint_named(location: Path) -> str:
@@ -149,18 +173,22 @@ def _checkpoint_named(location: Path) -> str:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    """Write the report; print its path. Returns 0, or 2 on bad input or a missing dependency.
+    """Write the report; print its path.
 
     Args:
         args: parsed by :func:`add_explain_arguments`.
 
     Returns:
-        The exit code.
+        The exit status: 0; 2 (a usage error) when the command line is wrong: a bad option or
+        value, an ``--out`` in the way, a ``--checkpoint`` that does not exist; 1 when running
+        failed: a checkpoint or record that cannot be read or drawn, a file error, a missing
+        optional package. A line on standard error says which.
     """
     from torchvote.explain.report import HtmlReport
 
     out_dir, report = Path(args.out), None
     had_folder = out_dir.exists()
+    checked = False  # the command line's values passed their checks: an error from then on is running's
     try:
         # Every check first, so that a refusal leaves no folder behind and costs no slow step.
         _check_out_dir(out_dir)
@@ -171,14 +199,20 @@ def run_explain(args: argparse.Namespace) -> int:
         if blank is not None:  # named as the command line shows them, not as sentences[0]
             raise ValueError(f"SENTENCE {blank + 1} is empty ({args.sentences[blank]!r}): give a word")
         iterations = check_iterations(args.iterations, "--iterations")
+        device = resolve_device_option(args.device)
+        if args.checkpoint is not None:
+            _check_checkpoint_exists(Path(args.checkpoint))
         try:
-            model = load_pretrained("all-MiniLM-L6-v2")
+            model = load_pretrained("all-MiniLM-L6-v2", device=device)
         except ModuleNotFoundError as error:
             if args.checkpoint is None:
                 raise
             model = None  # the routing pictures of --checkpoint need no encoder: drawn without it
             print(f"torchvote explain: notice: no sentence section ({error})", file=sys.stderr)
+        except ValueError as error:  # the packaged weights do not fit: not the command line's doing
+            raise _RunFailure(f"the pretrained encoder: {error}") from error
         layer = None if model is None else check_layer(args.layer, len(model.layers), "--layer")
+        checked = True
         record = None
         if args.checkpoint is not None:
             record = _load_checkpoint(Path(args.checkpoint))  # its tensors checked too
@@ -208,14 +242,14 @@ def run_explain(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as error:
         _discard_pictures(report, out_dir, had_folder)
         print(f"torchvote explain: missing optional dependency: {error}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, OSError) as error:
+        return EXIT_FAILURE
+    except (ValueError, TypeError, OSError, _RunFailure) as error:
         _discard_pictures(report, out_dir, had_folder)
         if os.environ.get("TORCHVOTE_DEBUG"):
             raise
         message = " ".join(str(error).split())  # one line
         print(f"torchvote explain: error: {message}", file=sys.stderr)
-        return 2
+        return EXIT_FAILURE if checked else exit_status_of(error)  # a ValueError before: usage, 2
     except BaseException:  # Ctrl-C, or an error of another kind: the staged pictures go too
         _discard_pictures(report, out_dir, had_folder)
         raise

@@ -23,6 +23,7 @@ __all__ = [
     "all_reduce_sum",
     "any_process",
     "any_processes",
+    "auto_device_name",
     "resolve_device",
     "setup_distributed",
 ]
@@ -95,6 +96,21 @@ def check_device_name(name: object, argument: str = "device") -> str:
     return name
 
 
+def auto_device_name(name: str) -> str:
+    """The device ``auto`` means here: ``cuda`` where torch sees a CUDA device, else ``cpu``; any
+    other name as it is. The one place of that rule (:func:`resolve_device`, the benchmarks).
+
+    Args:
+        name: a device name (``auto``, ``cpu``, ``cuda``, ``cuda:<index>``).
+
+    Returns:
+        ``name``, ``auto`` replaced.
+    """
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``auto`` -> ``cuda:<local_rank>`` if CUDA is available, else ``cpu``; other names as given
     (``cuda`` becomes ``cuda:<local_rank>``).
@@ -104,8 +120,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
             past the last device.
     """
     check_device_name(name)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+    name = auto_device_name(name)
     device = torch.device(name)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", local_rank)

@@ -82,6 +82,7 @@ def generate_from_checkpoint(
     on_text: Callable[[int, str, str], None] | None = None,
     bf16: bool = False,
     fp16: bool = False,
+    on_generation: Callable[[int, Generation], None] | None = None,
 ) -> list[Generation]:
     """Generate from the model of a checkpoint: continue prompts (language model) or decode
     sources (seq2seq).
@@ -116,6 +117,12 @@ def generate_from_checkpoint(
             keys and values), the draws from logits cast to float32 or wider. A token may differ
             from float32's where two are nearly tied.
         fp16: generate under float16 autocast (not with ``bf16``).
+        on_generation: called with ``(index, generation)`` for each generation as soon as it is
+            complete, ``index`` its place in the returned list, in that order: a language
+            model's ``samples`` continuations of a prompt when that prompt's batch is drawn
+            (before the next prompt's starts), a seq2seq model's outputs when the batch of
+            sources is decoded. To show whole texts as they come (``torchvote generate
+            --samples N``); ``None``: the returned list only.
 
     Returns:
         For a language model, ``samples`` generations per prompt, prompt by prompt; for a
@@ -132,7 +139,7 @@ def generate_from_checkpoint(
         TypeError: ``prompts`` not a sequence of strings (one string included); a
             ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``samples`` or ``seed``
             that is not a number (a bool included); a ``use_cache`` that is not a bool; an
-            ``on_text`` that is not callable.
+            ``on_text`` or ``on_generation`` that is not callable.
         DataNotFoundError: an old checkpoint's vocabulary needs its data set, which is not there.
     """
     prompts = _check_prompts(prompts)
@@ -140,6 +147,10 @@ def generate_from_checkpoint(
     autocast_dtype(bf16, fp16)  # checked before the model is touched
     if on_text is not None and not callable(on_text):  # failed after the model was loaded
         raise TypeError(f"on_text must be a callable (index, prompt, character) or None, got {on_text!r}")
+    if on_generation is not None and not callable(on_generation):
+        raise TypeError(
+            f"on_generation must be a callable (index, generation) or None, got {on_generation!r}"
+        )
     if max_new_tokens is not None:
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
     paths = find_checkpoint(location)
@@ -160,7 +171,7 @@ def generate_from_checkpoint(
                 model, vocab, prompts or [_default_prompt(vocab)],
                 max_new_tokens=DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
                 temperature=temperature, top_k=top_k, top_p=top_p, samples=1 if samples is None else samples,
-                seed=seed, use_cache=use_cache, on_text=on_text,
+                seed=seed, use_cache=use_cache, on_text=on_text, on_generation=on_generation,
             )
     if task == "seq2seq":
         sampling_options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "samples": samples,
@@ -175,7 +186,11 @@ def generate_from_checkpoint(
         torch_device = resolve_device(device)
         model, _, _ = load_model_from_checkpoint(paths.weights, torch_device)
         with autocast(torch_device, bf16, fp16):
-            return _decode(model, sources, max_new_tokens, use_cache, model.max_source_length)
+            decoded = _decode(model, sources, max_new_tokens, use_cache, model.max_source_length)
+        if on_generation is not None:  # one batch: every output is complete at once
+            for index, generation in enumerate(decoded):
+                on_generation(index, generation)
+        return decoded
     raise ValueError(
         f"{paths.weights} holds a {metadata['model']} ({task}), which does not generate text; "
         "generate takes a language model (transformer-lm) or a seq2seq model "
@@ -263,6 +278,7 @@ def _continue(
     seed: int | None,
     use_cache: bool,
     on_text: Callable[[int, str, str], None] | None,
+    on_generation: Callable[[int, Generation], None] | None,
 ) -> list[Generation]:
     encoded = [_encoded(prompt, vocab.encode) for prompt in prompts]  # (t,) each; all checked first
     device = next(model.parameters()).device
@@ -283,7 +299,10 @@ def _continue(
                 for sample, token in enumerate(step.tolist()):
                     on_text(len(results) + sample, prompt, vocab.decode([token]))
         continuations = torch.stack(drawn, dim=1).cpu() if drawn else tokens[:, :0].cpu()  # (samples, new)
-        results += [Generation("language-model", prompt, vocab.decode(row)) for row in continuations]
+        for row in continuations:  # this prompt's samples are complete: shown before the next prompt's
+            results.append(Generation("language-model", prompt, vocab.decode(row)))
+            if on_generation is not None:
+                on_generation(len(results) - 1, results[-1])
     return results
 
 
