@@ -38,6 +38,7 @@ from torchvote.models.capsule_config import check_images, check_targets, router_
 from torchvote.models.registry import ClassifierOutput
 from torchvote.nn.capsules import CapsuleLinear
 from torchvote.nn.routers import Router, RoutingResult
+from torchvote.nn.routers.base import is_iterative
 from torchvote.validation import (
     check_float_dtype,
 )
@@ -78,6 +79,12 @@ def build_class_capsules(
     """A :class:`~torchvote.nn.capsules.CapsuleLinear` whose router errors name the config fields;
     ``device`` and ``dtype`` are its (and its router's) parameters'.
 
+    ``iterations`` is a model config's one field, set whichever router the config names (the
+    router swap of ``torchvote reproduce`` row f keeps the preset's); it reaches an iterative
+    router only. A one-pass router (``"uniform"``, ``"self_attention"``) ignores it, as the
+    configs document: the layer, which warns of an explicit count for such a router, is built
+    without one.
+
     Raises:
         ValueError: ``router_options`` the router does not take (the message names the field).
     """
@@ -88,7 +95,7 @@ def build_class_capsules(
             out_caps,
             out_dim,
             routing=router,
-            iterations=iterations,
+            iterations=iterations if is_iterative(router) else None,
             shared_weights=shared_weights,
             router_options=dict(router_options),
             init_std=init_std,

@@ -25,7 +25,7 @@ from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.nn.initialization import scaled_normal_
 from torchvote.nn.routers import Router, RoutingResult, make_router
-from torchvote.nn.routers.base import build_router
+from torchvote.nn.routers.base import build_router, layer_iterations
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
 from torchvote.validation import (
     autocast_enabled,
@@ -201,9 +201,12 @@ class CapsuleLinear(nn.Module):
             ``"self_attention"``, ``"slot"``, ``"uniform"``) or a :class:`Router` module, whose
             parameters must have been built for this layer's sizes (see
             :meth:`Router.layer_sizes`).
-        iterations: routing iterations of a router given by name (for the iterative routers); at
-            least 1; ``None`` (the default) means 3. Not with a :class:`Router` module, which has
-            its own.
+        iterations: routing iterations of an iterative router given by name; at least 1;
+            ``None`` (the default) means 3. A one-pass router (``"uniform"``,
+            ``"self_attention"``, any whose ``iterative`` is False) runs once whatever the count:
+            a count other than 1 warns that it has no effect (a ``UserWarning``, see
+            :func:`~torchvote.nn.routers.base.layer_iterations`). Not with a :class:`Router`
+            module, which has its own.
         shared_weights: one matrix ``W_i`` per output capsule shared by all inputs (the
             weighted-voting article's parameter sharing) instead of one per pair.
         router_options: extra keyword arguments for a router given by name (e.g.
@@ -233,6 +236,10 @@ class CapsuleLinear(nn.Module):
             sets, a :class:`Router` module built for other sizes or given with ``iterations`` or
             ``router_options``.
         TypeError: ``shared_weights`` not a bool, ``router_options`` not a mapping.
+
+    Warns:
+        UserWarning: ``iterations`` other than 1 for a one-pass router given by name (it has no
+            effect).
     """
 
     def __init__(
@@ -284,7 +291,7 @@ class CapsuleLinear(nn.Module):
             routing.check_layer_sizes("routing", in_caps=in_caps, out_caps=out_caps, out_dim=out_dim)
             self.router = routing
         else:
-            iterations = 3 if iterations is None else iterations
+            iterations = layer_iterations(routing, iterations)  # warns for a one-pass router
             layer = {"in_caps": in_caps, "out_caps": out_caps, "out_dim": out_dim, "iterations": iterations}
             self.router = build_router(
                 functools.partial(make_router, routing), routing, fixed={**layer, **factory},

@@ -26,6 +26,7 @@ dim)``, couplings ``(batch..., out_caps, in_caps)``, input activations ``(batch.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -45,7 +46,19 @@ from torchvote.validation import (
     is_integer,
 )
 
-__all__ = ["BiasedRouter", "Router", "RoutingResult", "make_router", "register_router", "registered_routers"]
+__all__ = [
+    "BiasedRouter",
+    "Router",
+    "RoutingResult",
+    "is_iterative",
+    "layer_iterations",
+    "make_router",
+    "register_router",
+    "registered_routers",
+]
+
+#: The routing iterations of an iterative router built by name when none are given.
+DEFAULT_ITERATIONS = 3
 
 
 @dataclass
@@ -77,7 +90,8 @@ class Router(nn.Module):
 
     #: the name :func:`make_router` knows it by
     name: ClassVar[str] = ""
-    #: whether ``iterations`` means anything to it (False: one pass)
+    #: whether ``iterations`` means anything to it (False: one pass, and a layer given the router
+    #: by name warns of an explicit ``iterations`` other than 1: :func:`layer_iterations`)
     iterative: ClassVar[bool] = False
     #: whether it weighs each vote by its input capsule's activation (``activations=``)
     uses_activations: ClassVar[bool] = False
@@ -337,13 +351,64 @@ class BiasedRouter(Router):
         return cls(out_caps=out_caps, out_dim=out_dim, **factory, **options)
 
 
+def is_iterative(name: str) -> bool:
+    """Whether the registered router ``name`` iterates, read from its class (nothing is built).
+
+    Args:
+        name: a router name (:func:`registered_routers`).
+
+    Returns:
+        The class's ``iterative``; ``False`` for a name that is not registered (whose build
+        fails with :func:`make_router`'s own error).
+    """
+    cls = _REGISTRY.get(name) if isinstance(name, str) else None
+    return cls is not None and cls.iterative
+
+
+def layer_iterations(name: str, iterations: int | None) -> int:
+    """The ``iterations`` a layer's own argument gives the router it builds by ``name`` (what
+    :class:`~torchvote.nn.capsules.CapsuleLinear` calls before :func:`make_router`).
+
+    A one-pass router (``iterative = False``: ``"uniform"``, ``"self_attention"``) runs once
+    whatever ``iterations`` says. A count other than 1 set for it explicitly therefore changes
+    nothing, and says so with a ``UserWarning`` (once per layer built). Not an error: code that
+    sweeps every router with one ``iterations`` setting (a router swap) builds the one-pass
+    routers too, and they are right to run once. ``None`` (not given) and ``1`` are silent.
+
+    Args:
+        name: the router's name (an unknown one is left to :func:`make_router`'s own error).
+        iterations: the layer's ``iterations`` argument, ``None`` when not given.
+
+    Returns:
+        ``iterations``, or :data:`DEFAULT_ITERATIONS` (3) when ``None``.
+
+    Raises:
+        ValueError: ``iterations`` that is not a positive integer.
+
+    Warns:
+        UserWarning: ``iterations`` other than 1 for a one-pass router, naming both.
+    """
+    if iterations is None:
+        return DEFAULT_ITERATIONS
+    check_positive_int(iterations, "iterations")
+    if iterations != 1 and isinstance(name, str) and name in _REGISTRY and not is_iterative(name):
+        warnings.warn(
+            f"iterations={iterations} has no effect on the {name!r} router, which routes in one "
+            f"pass (it is not iterative): leave iterations unset (or 1), or choose an iterative "
+            f"router ({', '.join(repr(n) for n in registered_routers() if is_iterative(n))})",
+            UserWarning,
+            stacklevel=3,  # the caller of the layer's constructor
+        )
+    return int(iterations)
+
+
 def make_router(
     name: str,
     *,
     in_caps: int,
     out_caps: int,
     out_dim: int,
-    iterations: int = 3,
+    iterations: int = DEFAULT_ITERATIONS,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     **options: Any,
@@ -356,7 +421,12 @@ def make_router(
         in_caps: input capsules of the layer.
         out_caps: output capsules.
         out_dim: output capsule size.
-        iterations: routing iterations (ignored by the one-pass routers).
+        iterations: routing iterations of an iterative router. The one-pass routers
+            (``"uniform"``, ``"self_attention"``: ``iterative`` is False) ignore it: this is the
+            factory a model config calls with its one ``iterations`` field whichever router it
+            names (e.g. ``EMCapsNet``'s, whose ``iterations`` also counts its EM layers'
+            passes). A layer's own ``iterations`` argument goes through
+            :func:`layer_iterations`, which warns when it is set for a one-pass router.
         device: for the router's parameters.
         dtype: for the router's parameters.
         **options: passed to the router's constructor (e.g. ``agreement="distance"``,

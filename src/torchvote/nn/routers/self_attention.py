@@ -18,6 +18,12 @@ class SelfAttentionRouter(Router):
     """One pass: each vote's logit is its agreement with all the votes for the same output, plus
     a learned log prior; Efficient-CapsNet's squash.
 
+    Not iterative (``iterative`` is False): its constructor takes no ``iterations``; a capsule
+    layer given this router by name with ``iterations`` other than 1 warns that the count has no
+    effect (:func:`~torchvote.nn.routers.base.layer_iterations`). The model configs and
+    :func:`~torchvote.nn.routers.make_router`, which pass one count whatever the router, leave it
+    unused without a word.
+
     Args:
         in_caps: input capsules, for the log prior.
         out_caps: output capsules, for the log prior.

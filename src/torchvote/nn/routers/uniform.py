@@ -18,6 +18,12 @@ __all__ = ["UniformRouter"]
 class UniformRouter(BiasedRouter):
     """No routing: ``c_ij = 1 / out_caps`` (the control), one pass.
 
+    Not iterative (``iterative`` is False): its constructor takes no ``iterations``; a capsule
+    layer given this router by name with ``iterations`` other than 1 warns that the count has no
+    effect (:func:`~torchvote.nn.routers.base.layer_iterations`). The model configs and
+    :func:`~torchvote.nn.routers.make_router`, which pass one count whatever the router, leave it
+    unused without a word.
+
     Args:
         nonlinearity: ``"squash"`` (default), ``"efficient_squash"``, ``"layer_norm"``,
             ``"identity"``.
