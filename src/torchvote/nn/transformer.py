@@ -24,7 +24,10 @@ every position independent of the later ones. An attention that normalises over 
 self-attention but not a decoder's causal self-attention, nor its cross-attention, whose
 queries are the same target positions (a later target token would change earlier outputs).
 
-All inputs are batch first ``(b, T, E)``. Masks follow torchvote's convention: True = may attend;
+All inputs are batch first ``(b, T, E)`` (a layer built with ``batch_first=False``, torch's
+default, takes and returns torch's ``(T, b, E)`` around the same computation). The layers take
+torch's spellings of their arguments too (``nhead`` for ``num_heads``, ``batch_first``,
+``bias=True``). Masks follow torchvote's convention: True = may attend;
 ``key_mask`` True = real token, False = padding. The stacks of these layers are in
 :mod:`torchvote.nn.transformer_stack`. ``from_torch`` copies ``torch.nn``'s layers (and stacks)
 exactly, optionally building the attentions with another factory (softmax attention turned into
@@ -169,6 +172,40 @@ def _given(factory: Factory) -> Factory:
     """The factory keywords that were given (not None), for an attention factory: one that takes
     no ``device`` or ``dtype`` still builds the attention of a layer built without them."""
     return {name: value for name, value in factory.items() if value is not None}
+
+
+def _torch_spelling(ours: Any, theirs: Any, our_name: str, their_name: str) -> Any:
+    """One argument given by our name or by ``torch.nn``'s (``num_heads`` or torch's ``nhead``).
+
+    Args:
+        ours: the value under our name, ``None`` when not given.
+        theirs: the value under torch's name, ``None`` when not given.
+        our_name: our name, for the messages.
+        their_name: torch's name, for the messages.
+
+    Returns:
+        The value given (checked by the caller).
+
+    Raises:
+        TypeError: neither was given (Python's own error for a missing argument).
+        ValueError: both were given, with different values.
+    """
+    if ours is None and theirs is None:
+        raise TypeError(f"missing the argument {our_name} (or torch's spelling, {their_name})")
+    if ours is not None and theirs is not None and ours != theirs:
+        raise ValueError(
+            f"{our_name}={ours!r} and {their_name}={theirs!r} name one argument ({their_name} is "
+            f"torch's spelling of {our_name}): give one of them"
+        )
+    return ours if ours is not None else theirs
+
+
+def _batch_first(tensor: Tensor, batch_first: bool) -> Tensor:
+    """A batched ``(T, b, E)`` input of a sequence-first layer as ``(b, T, E)`` (and an output
+    back: the swap is its own inverse); batch-first or unbatched ``(T, E)`` tensors as they are."""
+    if batch_first or not isinstance(tensor, Tensor) or tensor.dim() != 3:
+        return tensor
+    return tensor.transpose(0, 1)  # (T, b, E) <-> (b, T, E)
 
 
 def _check_torch_module(module: nn.Module, torch_class: type[nn.Module], steps: tuple[str, ...]) -> None:
@@ -392,22 +429,32 @@ class _TransformerLayer(nn.Module):
     def __init__(
         self,
         d_model: int,
-        num_heads: int,
+        num_heads: int | None = None,
         *,
+        nhead: int | None = None,
         dim_feedforward: int | None = None,
         dropout: float = 0.1,
         activation: Activation = "relu",
         norm_first: bool = False,
         shared_qkv: bool = False,
         layer_norm_eps: float = 1e-5,
+        batch_first: bool = True,
+        bias: bool = True,
         attention: AttentionFactory | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        num_heads = _torch_spelling(num_heads, nhead, "num_heads", "nhead")
         dim_feedforward = _check_layer_options(
             d_model, num_heads, dim_feedforward, dropout, activation, norm_first, shared_qkv, layer_norm_eps
         )
+        self.batch_first = check_flag(batch_first, "batch_first")
+        if not check_flag(bias, "bias"):
+            raise ValueError(
+                "bias=False is not supported: torchvote's transformer layers always learn the "
+                "biases of their attentions, feed-forward network and layer norms"
+            )
         self.make_attention = _attention_factory(attention, shared_qkv)
         self.d_model, self.norm_first, self.num_heads = d_model, norm_first, num_heads
         # Attentions before the feed-forward network: the order the parameters draw their
@@ -566,24 +613,33 @@ class TransformerEncoderLayer(_TransformerLayer):
     ``feedforward_norm``); :meth:`from_torch` copies one.
 
     Args:
-        d_model: model feature size ``E`` (as every argument here, a field of
-            :class:`TransformerConfig`).
+        d_model: model feature size ``E`` (as every argument here but ``nhead``,
+            ``batch_first`` and ``bias``, a field of :class:`TransformerConfig`).
         num_heads: attention heads.
-        dim_feedforward: hidden size of the feed-forward network; default ``4 * d_model``.
+        nhead: torch's spelling of ``num_heads``: give either (both only with one value).
+        dim_feedforward: hidden size of the feed-forward network; default ``4 * d_model``
+            (torch's is 2048 whatever ``d_model``).
         dropout: on the attention weights, inside the feed-forward network, and on each
             sublayer's output before the residual sum.
         activation: ``"relu"`` (the paper) or ``"gelu"``.
         norm_first: pre-norm (True) or post-norm (False, the paper).
         shared_qkv: one matrix for queries, keys and values in the default attention.
         layer_norm_eps: the layer norms' epsilon.
+        batch_first: inputs and outputs ``(b, T, E)`` (True, the default, unlike torch's);
+            ``False`` takes and returns torch's default layout ``(T, b, E)`` (the layer
+            transposes around the same computation; masks, key masks and the attention weights
+            of ``return_intermediates`` stay batch first, as torch's are).
+        bias: torch's option; only ``True`` (the layers always learn their biases).
         attention: an :class:`AttentionFactory` replacing the default attention.
         device: where to create the parameters (passed to ``attention`` when given).
         dtype: the parameters' dtype (passed to ``attention`` when given).
 
     Raises:
-        ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
-            ``attention``.
-        TypeError: ``norm_first`` or ``shared_qkv`` that is not a bool.
+        ValueError: bad sizes, dropout or activation, ``shared_qkv`` with a custom
+            ``attention``, ``num_heads`` and ``nhead`` with different values, or
+            ``bias=False``.
+        TypeError: ``norm_first``, ``shared_qkv``, ``batch_first`` or ``bias`` that is not a
+            bool; neither ``num_heads`` nor ``nhead``.
     """
 
     _torch = _TorchNames(
@@ -614,7 +670,7 @@ class TransformerEncoderLayer(_TransformerLayer):
         """Encode ``inputs``.
 
         Args:
-            inputs: ``(b, T, E)``.
+            inputs: ``(b, T, E)``; ``(T, b, E)`` for a layer built with ``batch_first=False``.
             attn_mask: boolean (True = may attend) or float, ``(T, T)`` or broadcastable to
                 ``(b, h, T, T)``.
             key_mask: boolean ``(b, T)``, True for a real token, False for padding.
@@ -627,8 +683,9 @@ class TransformerEncoderLayer(_TransformerLayer):
                 :meth:`~torchvote.nn.MultiHeadAttention.forward`).
 
         Returns:
-            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
-            ``weights["self_attention"]``.
+            ``(b, T, E)`` (``(T, b, E)`` with ``batch_first=False``); with
+            ``return_intermediates``, ``(output, record)`` with the record's
+            ``weights["self_attention"]`` (batch first).
 
         Raises:
             TypeError: ``is_causal`` or ``return_intermediates`` that is not a bool; and what the
@@ -636,6 +693,7 @@ class TransformerEncoderLayer(_TransformerLayer):
         """
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
+        inputs = _batch_first(inputs, self.batch_first)  # (b, T, E)
 
         def attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attention(
@@ -645,6 +703,7 @@ class TransformerEncoderLayer(_TransformerLayer):
 
         x, weights = self._residual(inputs, self.attention_norm, attend)  # (b, T, E)
         x, _ = self._residual(x, self.feedforward_norm, self._feedforward)  # (b, T, E)
+        x = _batch_first(x, self.batch_first)  # (T, b, E) for a sequence-first layer
         if not return_intermediates:
             return x
         return x, AttentionIntermediates({"self_attention": weights})
@@ -667,10 +726,12 @@ class TransformerDecoderLayer(_TransformerLayer):
     causal ``tgt_mask``; :meth:`from_torch` copies one.
 
     Args:
-        d_model: model feature size ``E`` (as every argument here, a field of
-            :class:`TransformerConfig`).
+        d_model: model feature size ``E`` (as every argument here but ``nhead``,
+            ``batch_first`` and ``bias``, a field of :class:`TransformerConfig`).
         num_heads: attention heads.
-        dim_feedforward: hidden size of the feed-forward network; default ``4 * d_model``.
+        nhead: torch's spelling of ``num_heads``: give either (both only with one value).
+        dim_feedforward: hidden size of the feed-forward network; default ``4 * d_model``
+            (torch's is 2048 whatever ``d_model``).
         dropout: on the attention weights, inside the feed-forward network, and on each
             sublayer's output before the residual sum.
         activation: ``"relu"`` (the paper) or ``"gelu"``.
@@ -678,6 +739,11 @@ class TransformerDecoderLayer(_TransformerLayer):
         shared_qkv: one matrix for queries, keys and values in the default attentions (in
             cross-attention it projects the target and the memory alike).
         layer_norm_eps: the layer norms' epsilon.
+        batch_first: ``target``, ``memory`` and the output ``(b, T, E)`` (True, the default,
+            unlike torch's); ``False`` takes and returns torch's default layout ``(T, b, E)``
+            (``memory`` ``(S, b, E)``; the layer transposes around the same computation; masks,
+            key masks and the attention weights stay batch first, as torch's are).
+        bias: torch's option; only ``True`` (the layers always learn their biases).
         attention: an :class:`AttentionFactory` replacing the default attention; it serves both
             attentions. Built from a config (:meth:`from_config`, the stacks), the layer takes
             ``decoder_attention`` when it is set: both attentions' queries are target positions
@@ -686,9 +752,11 @@ class TransformerDecoderLayer(_TransformerLayer):
         dtype: the parameters' dtype (passed to ``attention`` when given).
 
     Raises:
-        ValueError: bad sizes, dropout or activation, or ``shared_qkv`` with a custom
-            ``attention``.
-        TypeError: ``norm_first`` or ``shared_qkv`` that is not a bool.
+        ValueError: bad sizes, dropout or activation, ``shared_qkv`` with a custom
+            ``attention``, ``num_heads`` and ``nhead`` with different values, or
+            ``bias=False``.
+        TypeError: ``norm_first``, ``shared_qkv``, ``batch_first`` or ``bias`` that is not a
+            bool; neither ``num_heads`` nor ``nhead``.
     """
 
     _torch = _TorchNames(
@@ -729,8 +797,8 @@ class TransformerDecoderLayer(_TransformerLayer):
         """Decode ``target`` attending to ``memory``.
 
         Args:
-            target: ``(b, T, E)``.
-            memory: ``(b, S, E)``, the encoder's output.
+            target: ``(b, T, E)``; ``(T, b, E)`` for a layer built with ``batch_first=False``.
+            memory: ``(b, S, E)``, the encoder's output; ``(S, b, E)`` with ``batch_first=False``.
             target_mask: self-attention mask, ``(T, T)`` or broadcastable to ``(b, h, T, T)``,
                 combined with causality when ``is_causal``.
             target_key_mask: boolean ``(b, T)``, True for a real target token.
@@ -744,7 +812,8 @@ class TransformerDecoderLayer(_TransformerLayer):
                 are projected on the first call only.
 
         Returns:
-            ``(b, T, E)``; with ``return_intermediates``, ``(output, record)`` with the record's
+            ``(b, T, E)`` (``(T, b, E)`` with ``batch_first=False``); with
+            ``return_intermediates``, ``(output, record)`` with the record's
             ``weights["self_attention"]`` ``(b, T, T)`` and ``weights["cross_attention"]``
             ``(b, T, S)``.
 
@@ -757,6 +826,8 @@ class TransformerDecoderLayer(_TransformerLayer):
         """
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
+        target = _batch_first(target, self.batch_first)  # (b, T, E)
+        memory = _batch_first(memory, self.batch_first)  # (b, S, E)
         self._check_decoder_inputs(target, memory, target_mask, target_key_mask, memory_mask, memory_key_mask,
                                    0 if cache is None else cache.self_attention.length)
 
@@ -776,6 +847,7 @@ class TransformerDecoderLayer(_TransformerLayer):
         x, self_weights = self._residual(target, self.self_attention_norm, self_attend)  # (b, T, E)
         x, cross_weights = self._residual(x, self.cross_attention_norm, cross_attend)  # (b, T, E)
         x, _ = self._residual(x, self.feedforward_norm, self._feedforward)  # (b, T, E)
+        x = _batch_first(x, self.batch_first)  # (T, b, E) for a sequence-first layer
         if not return_intermediates:
             return x
         return x, AttentionIntermediates({"self_attention": self_weights, "cross_attention": cross_weights})
