@@ -24,6 +24,16 @@ greedily, with the arguments of the Transformer encoder-decoder's (its ``use_cac
 and changes nothing: the recurrent state is the cache). The source is packed, so padding
 (``pad_id``, after the tokens) changes nothing.
 
+Packing needs each source's length on the host (``pack_padded_sequence`` takes CPU lengths and
+sizes its batches by them). Counted from a source on a GPU, they are read back at every call: one
+synchronisation, the host waiting for every kernel queued before it. ``source_lengths=`` (of
+:meth:`~RNNAttentionSeq2Seq.encode`, ``forward`` and ``generate``) takes them on the CPU, as a
+data loader that built the padded batch knows them, and then nothing is read back: the model
+checks them against the padding with an assertion queued on the device. The sorting by length
+that packing needs is done on the host too (``torch.nn.utils.rnn``'s own unsorted packing moves
+its permutation to the device and back, two more synchronisations). Results are the same
+either way, bit for bit.
+
 The defaults are RNNsearch's sizes (620-dimensional embeddings, 1000 hidden units, 30000-word
 vocabularies, sentences up to 50 words); ``luong`` is Luong et al.'s (4 layers of 1000 units,
 50000 words, dropout 0.2, unidirectional, general score); ``small`` and ``tiny`` are CPU and test
@@ -32,13 +42,14 @@ sizes for the generated sequence tasks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import invert_permutation, pack_padded_sequence, pad_packed_sequence
 
 from torchvote.models.registry import SequenceOutput, register_model
 from torchvote.models.transformer_backbone import (
@@ -56,6 +67,7 @@ from torchvote.validation import (
     check_choice,
     check_flag,
     check_float_dtype,
+    check_integer_tensor,
     check_positive_int,
     check_probability,
     check_tensor_values,
@@ -254,11 +266,18 @@ class RNNAttentionSeq2Seq(nn.Module):
         """``None``: the GRUs read sources of any length."""
         return None
 
-    def encode(self, source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def encode(
+        self, source: Tensor, *, source_lengths: Tensor | Sequence[int] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Run the encoder over the (packed) source.
 
         Args:
             source: ``(b, s)`` integer ids, padding (``pad_id``) only after the tokens.
+            source_lengths: ``(b,)`` the number of tokens (not ``pad_id``) of each source row,
+                an integer tensor on the CPU or a sequence of ints; ``None`` counts them from
+                ``source``, which on an accelerator reads them back (a synchronisation: see the
+                module docstring). Given, they must be those counts (checked without reading the
+                device: on a GPU an assertion fails the stream at the next synchronisation).
 
         Returns:
             ``(memory, source_mask, hidden)``: the encoder states ``(b, s, directions * H)`` (zero
@@ -266,7 +285,10 @@ class RNNAttentionSeq2Seq(nn.Module):
             ``(num_layers, b, H)``.
 
         Raises:
-            ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token.
+            ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token;
+                ``source_lengths`` not ``(b,)``, not on the CPU, or (on the CPU) not the counts
+                of the source's tokens.
+            TypeError: ``source_lengths`` that are not integers.
             NotImplementedError: under ``torch.export`` (the packing, below).
 
         Under ``torch.compile`` ``pack_padded_sequence`` is a graph break that must stay (dynamo
@@ -287,18 +309,57 @@ class RNNAttentionSeq2Seq(nn.Module):
             ~(source_mask[:, 1:] & ~source_mask[:, :-1]).any(),
             "source has padding (pad_id) before a real token; pad only at the end",
         )
-        lengths = source_mask.sum(dim=1).clamp_min(1).cpu()  # (b,); an all-padding row reads one
+        lengths = self._packing_lengths(source_mask, source_lengths)  # (b,) on the CPU
+        # What pack_padded_sequence(enforce_sorted=False) does, with the permutations made on the
+        # host and sent without waiting (torch's sends them with a blocking copy and reads the
+        # inverse back in pad_packed_sequence): the same operations, so the same numbers
+        lengths, order = torch.sort(lengths, descending=True)  # (b,) each, longest first
+        inverse = invert_permutation(order)  # (b,): sorted -> source order
+        order, inverse = (t.to(device, non_blocking=True) for t in (order, inverse))
         embedded = self.dropout(self.source_embedding(source))  # (b, s, E)
-        packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
-        states, final = self.encoder(packed)  # final: (layers * directions, b, H)
+        embedded = embedded.index_select(0, order)  # (b, s, E), sorted by length
+        packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=True)
+        states, final = self.encoder(packed)  # final: (layers * directions, b, H), sorted
         memory, _ = pad_packed_sequence(
             states, batch_first=True, total_length=source.shape[1]
-        )  # (b, s, directions * H)
+        )  # (b, s, directions * H), sorted
+        memory, final = memory.index_select(0, inverse), final.index_select(1, inverse)  # source order
         final = rearrange(
             final, "(l d) b h -> l b (d h)", d=2 if self.config.bidirectional else 1
         )  # (layers, b, directions * H)
         hidden = torch.tanh(self.bridge(final))  # (layers, b, H)
         return memory, source_mask, hidden
+
+    def _packing_lengths(self, source_mask: Tensor, source_lengths: Tensor | Sequence[int] | None) -> Tensor:
+        """The ``(b,)`` int64 lengths the packing reads, on the CPU: ``source_lengths`` after
+        checking them against ``source_mask`` ``(b, s)``, or the mask's counts (read back from an
+        accelerator: a synchronisation). An all-padding row reads one (padding) token."""
+        if source_lengths is None:
+            return source_mask.sum(dim=1).clamp_min(1).cpu()  # (b,)
+        if not isinstance(source_lengths, Tensor):
+            source_lengths = torch.as_tensor(source_lengths)
+        expected = "a (batch,) integer tensor on the CPU (or a sequence of ints): each source's token count"
+        check_integer_tensor(source_lengths, "source_lengths", expected)
+        if source_lengths.device.type != "cpu":
+            raise ValueError(
+                f"source_lengths must be on the CPU, where the packing reads them, got "
+                f"{source_lengths.device}: reading them from there would wait for the device (omit "
+                f"them to count the source's tokens instead)"
+            )
+        batch = source_mask.shape[0]
+        if source_lengths.shape != (batch,):
+            raise ValueError(
+                f"source_lengths must have shape ({batch},), one count per source row, got "
+                f"{tuple(source_lengths.shape)}"
+            )
+        counts = source_mask.sum(dim=1)  # (b,), on the source's device
+        check_tensor_values(
+            (counts == source_lengths.to(counts.device, non_blocking=True)).all(),
+            f"source_lengths must count the tokens of each source row (those not pad_id="
+            f"{self.config.pad_id})",
+            detail=lambda: f": got {source_lengths.tolist()}, the source has {counts.tolist()}",
+        )
+        return source_lengths.to(torch.int64).clamp_min(1)  # (b,)
 
     # --- one decoder step, chosen once in __init__ ------------------------------------------------
 
@@ -325,13 +386,23 @@ class RNNAttentionSeq2Seq(nn.Module):
 
     # --- teacher forcing and greedy decoding -------------------------------------------------------
 
-    def forward(self, source: Tensor, target_input: Tensor, *, need_weights: bool = False) -> SequenceOutput:
+    def forward(
+        self,
+        source: Tensor,
+        target_input: Tensor,
+        *,
+        need_weights: bool = False,
+        source_lengths: Tensor | Sequence[int] | None = None,
+    ) -> SequenceOutput:
         """Teacher-forced logits: step ``t`` reads the true token ``target_input[:, t]``.
 
         Args:
             source: ``(b, s)`` integer ids, padded with ``pad_id`` after the tokens.
             target_input: ``(b, t)`` integer ids (``target[:, :-1]``: ``<bos> y_1 ... y_{t-1}``).
             need_weights: return the attention weights.
+            source_lengths: ``(b,)`` each source's token count on the CPU (see :meth:`encode`):
+                given, a forward pass on a GPU reads nothing back; ``None`` counts them, one
+                synchronisation per call. The same results either way.
 
         Returns:
             A :class:`~torchvote.models.SequenceOutput` with ``logits`` ``(b, t, tgt_vocab_size)``;
@@ -340,8 +411,10 @@ class RNNAttentionSeq2Seq(nn.Module):
 
         Raises:
             ValueError: inputs of the wrong rank or dtype, batch sizes that differ, ids outside
-                the vocabularies, or padding before a source token.
-            TypeError: a ``need_weights`` that is not a bool.
+                the vocabularies, padding before a source token, or bad ``source_lengths`` (as
+                :meth:`encode` lists).
+            TypeError: a ``need_weights`` that is not a bool, ``source_lengths`` that are not
+                integers.
 
         Under ``torch.compile`` (``compile=true``) this model is not one graph, by design of
         its recurrent layers: the packing of the source (:meth:`encode`) is a graph break, and
@@ -359,7 +432,7 @@ class RNNAttentionSeq2Seq(nn.Module):
                 f"source and target_input must have the same batch size, got {source.shape[0]} "
                 f"and {target_input.shape[0]}"
             )
-        memory, source_mask, hidden = self.encode(source)
+        memory, source_mask, hidden = self.encode(source, source_lengths=source_lengths)
         embedded = self.dropout(self.target_embedding(target_input))  # (b, t, E)
         feed: Tensor | None = None
         logits, weights = [], []
@@ -379,7 +452,12 @@ class RNNAttentionSeq2Seq(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, source: Tensor, *, max_new_tokens: int | None = None, use_cache: bool = True
+        self,
+        source: Tensor,
+        *,
+        max_new_tokens: int | None = None,
+        use_cache: bool = True,
+        source_lengths: Tensor | Sequence[int] | None = None,
     ) -> Tensor:
         """Greedy decoding: from ``<bos>``, feed back the most likely token (never ``<pad>`` or
         ``<bos>``) until ``<eos>``.
@@ -398,6 +476,10 @@ class RNNAttentionSeq2Seq(nn.Module):
                 state already carries the past: every step reads the last token and that state,
                 so there is no prefix to recompute and nothing more to keep. The tokens are the
                 same either way.
+            source_lengths: ``(b,)`` each source's token count on the CPU (see :meth:`encode`),
+                which spares the encoder's synchronisation; decoding still reads whether every
+                sequence has ended (every 8 tokens on an accelerator: see
+                :func:`~torchvote.models.transformer_backbone.greedy_decode`).
 
         Returns:
             ``(b, 1 + n)`` ids laid out as the targets, ``<bos> y_1 ... <eos>`` then ``pad_id``
@@ -405,15 +487,17 @@ class RNNAttentionSeq2Seq(nn.Module):
             sequence has produced ``<eos>``).
 
         Raises:
-            ValueError: a bad ``source``, or a ``max_new_tokens`` that is not an integer (a bool
-                or a float) in ``[0, max_len - 1]``.
-            TypeError: a ``use_cache`` that is not a bool.
+            ValueError: a bad ``source`` or ``source_lengths`` (as :meth:`encode` lists), or a
+                ``max_new_tokens`` that is not an integer (a bool or a float) in
+                ``[0, max_len - 1]``.
+            TypeError: a ``use_cache`` that is not a bool, ``source_lengths`` that are not
+                integers.
         """
         config = self.config
         limit = check_max_new_tokens(max_new_tokens, config.max_len)
         check_flag(use_cache, "use_cache")
         with evaluating(self):
-            memory, source_mask, hidden = self.encode(source)
+            memory, source_mask, hidden = self.encode(source, source_lengths=source_lengths)
             feed: Tensor | None = None
 
             def next_logits(tokens: Tensor) -> Tensor:
