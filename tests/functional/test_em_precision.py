@@ -152,3 +152,71 @@ def test_float32_gradients_match_float64_with_far_inactive_votes(strategy):
         # few tens of EPS32 of the gradient's scale (measured: 4 EPS32). With the plain-mean
         # shift the errors were 1e17 (both strategies); with the old blocked form above, 1e-2.
         torch.testing.assert_close(low.double(), high, rtol=0.0, atol=64 * EPS32 * high.abs().max().item())
+
+
+# The remaining defect: an ACTIVE outlier. Its vote counts in the first M-step's weighted mean, so
+# the shift lies about D / |senders| from the receiver's cluster; once the outlier's R falls, the
+# later M-steps' mean moves to the cluster, and their expanded forms cancel terms of about
+# |mu - shift|^2 / s2 (1e4 at D = 1 and spread 1e-3, 1e6 at D = 10): float32 loses about
+# eps * D^2 / s2. Centring each M-step on its own weighted mean (formed again from the votes)
+# removes it, but the prototype cost +16-20% time in "blocked" (each block's [c, c^2] formed again
+# from its votes, and one more product, per later iteration) and +40% time, +58% peak memory in
+# "vectorized" (two more saved (n, i, j, h) tensors per iteration) at the paper's ConvCaps1 shape:
+# over budget, not merged. Strict: a fix makes these XPASS, which fails until the mark is removed.
+ACTIVE_OUTLIER = pytest.mark.xfail(
+    strict=True, reason="EM statistics stay centred on the first pass's weighted mean: an active outlier "
+    "whose assignment falls costs float32 about eps * D^2 / s2 in the later passes")
+
+
+def active_outlier_case(far, spread, rows=4, receivers=3, senders=8, pose_dim=16):
+    """Receiver ``i``'s votes: a cluster of ``spread`` around a point at scale 1, but sender ``i``'s
+    vote ``far`` away from it (each sender is the outlier of at most one receiver, so its ``R``
+    there falls to about 0 after the first E-step). Activations in ``[0.5, 1)``: every sender is
+    active. Float32-rounded, returned in float64."""
+    generator = torch.Generator().manual_seed(0)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    votes = normal(rows, receivers, 1, pose_dim) + spread * normal(rows, receivers, senders, pose_dim)
+    for receiver in range(receivers):
+        direction = normal(rows, pose_dim)
+        votes[:, receiver, receiver] += far * direction / direction.norm(dim=-1, keepdim=True)
+    activations = 0.5 + 0.5 * torch.rand(rows, senders, generator=generator, dtype=torch.float64)
+    beta_u = torch.linspace(-0.3, 0.3, receivers, dtype=torch.float64)
+    beta_a = torch.linspace(0.5, -0.5, receivers, dtype=torch.float64)
+    return [x.float().double() for x in (votes, activations, beta_u, beta_a)]
+
+
+def routed_with_gradients(inputs, dtype, strategy):
+    """Poses, activations, every pass's ``R`` and the gradients of a loss of the outputs with
+    respect to the votes, the activations, ``beta_u`` and ``beta_a``."""
+    leaves = [x.to(dtype).requires_grad_() for x in inputs]
+    poses, activations, assignments = em_routing(*leaves, iterations=3, strategy=strategy,
+                                                 return_assignments=True, all_passes=True)
+    weights = torch.linspace(-1.0, 1.0, poses.numel(), dtype=dtype).view_as(poses)
+    loss = ((poses - poses.detach().mean()) * weights).sum() + (activations * activations.detach()).sum()
+    return [poses.detach(), activations.detach(), assignments.detach(), *torch.autograd.grad(loss, leaves)]
+
+
+@ACTIVE_OUTLIER
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("far", [1.0, 10.0])
+def test_float32_matches_float64_with_an_active_outlier(strategy, far):
+    inputs = active_outlier_case(far, spread=1e-3)
+    low = routed_with_gradients(inputs, torch.float32, strategy)
+    high = routed_with_gradients(inputs, torch.float64, strategy)
+    # A logit is about 1e2 (-0.5 sum_h log(2 pi s2) with s2 ~ 1e-6, plus 16 terms of order 1),
+    # formed from 2h = 32 products each rounded to EPS32: 32 * 1e2 * EPS32, which moves R and a by
+    # a quarter of that (9.5e-5). The gradients carry the same relative error (measured with each
+    # M-step centred on its own mean: 25-60 EPS32 everywhere; as centred now, 5e3 EPS32 in R and
+    # the votes' gradient at far = 1, 6e5 at far = 10).
+    tolerance = 32 * 1e2 * EPS32 / 4
+    (poses, activations, assignments), gradients = low[:3], low[3:]
+    # poses: the cluster's mean at scale 1, carried with float32's relative precision (a few EPS32)
+    torch.testing.assert_close(poses.double(), high[0], rtol=0.0, atol=8 * EPS32 * high[0].abs().max().item())
+    torch.testing.assert_close(activations.double(), high[1], rtol=0.0, atol=tolerance)
+    torch.testing.assert_close(assignments.double(), high[2], rtol=0.0, atol=tolerance)
+    for gradient, reference in zip(gradients, high[3:], strict=True):
+        torch.testing.assert_close(gradient.double(), reference, rtol=0.0,
+                                   atol=tolerance * reference.abs().max().item())
