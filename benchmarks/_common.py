@@ -19,8 +19,13 @@ from pathlib import Path
 
 import torch
 
-from torchvote.training.distributed import auto_device_name, check_device_name
-from torchvote.validation import check_device_exists, check_positive_float, check_positive_int
+from torchvote.validation import (
+    auto_device_name,
+    check_device_exists,
+    check_device_name,
+    check_positive_float,
+    check_positive_int,
+)
 
 __all__ = [
     "HelpFormatter",
@@ -137,7 +142,7 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 
 def chosen_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
     """The device ``--device name`` means here: ``auto`` is CUDA where torch sees one (the rule of
-    ``torchvote train --device``: :func:`torchvote.training.distributed.auto_device_name`); a CUDA
+    ``torchvote train --device``: :func:`torchvote.validation.auto_device_name`); a CUDA
     index (``cuda:1``) becomes torch's current device too, for the calls that take none.
 
     Args:

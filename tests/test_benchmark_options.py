@@ -155,16 +155,14 @@ def test_the_bench_command_tells_its_script_the_command_typed(capsys):
 
 @pytest.mark.parametrize("cuda", [False, True])
 def test_chosen_device_takes_auto_from_the_rule_of_torchvote_train(load_benchmark, monkeypatch, cuda):
-    """``auto`` is decided in one place, :func:`torchvote.training.distributed.auto_device_name`,
-    which ``resolve_device`` (``torchvote train --device``) uses too; the scripts had a copy."""
-    import inspect
-
+    """``auto`` is decided in one place, :func:`torchvote.validation.auto_device_name`, which
+    ``resolve_device`` (``torchvote train --device``) uses too; the scripts had a copy."""
+    from torchvote import validation
     from torchvote.training import distributed
 
     common = _common(load_benchmark("attention"))
     parser = load_benchmark("attention").build_parser()
-    assert common.auto_device_name is distributed.auto_device_name
-    assert "is_available() else" not in inspect.getsource(common.chosen_device)
+    assert common.auto_device_name is validation.auto_device_name is distributed.auto_device_name
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     expected = torch.device("cuda" if cuda else "cpu")

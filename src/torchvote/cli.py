@@ -340,12 +340,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def resolve_device_option(name: str, argument: str = "--device") -> torch.device:
-    """The device a ``--device`` option names, as ``train``, ``evaluate`` and ``generate`` read it:
-    checked by :func:`~torchvote.training.distributed.check_device_name`, then resolved by
-    :func:`~torchvote.training.distributed.resolve_device` (``auto``: CUDA where torch sees it).
-
-    Without the train extra (``torchvote.training`` imports omegaconf) ``auto`` is the CPU, and
-    another name is checked as torch reads it (:func:`torchvote.validation.check_factory_device`).
+    """The device a ``--device`` option names (``explain``, ``demo``): checked by
+    :func:`~torchvote.validation.check_device_name` (the rule ``train``, ``evaluate`` and
+    ``generate`` check theirs by), then resolved by :func:`~torchvote.validation.resolve_device`
+    (``auto``: CUDA where torch sees it). Both live outside :mod:`torchvote.training`, which
+    imports omegaconf, so the commands that train nothing read the option the same way.
 
     Args:
         name: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
@@ -358,14 +357,8 @@ def resolve_device_option(name: str, argument: str = "--device") -> torch.device
         ValueError: another name, or a CUDA device this machine does not have (a usage error:
             status 2), the message naming ``argument``.
     """
-    try:
-        from torchvote.training.distributed import check_device_name, resolve_device
-    except ModuleNotFoundError:  # the commands that train nothing run without the train extra
-        import torch
+    from torchvote.validation import check_device_name, resolve_device  # no omegaconf: any command
 
-        from torchvote.validation import check_factory_device
-
-        return torch.device("cpu") if name == "auto" else check_factory_device(name, argument)
     check_device_name(name, argument)
     try:
         return resolve_device(name)
@@ -778,11 +771,10 @@ def _main_job(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from torchvote.data import list_datasets
-    from torchvote.training.distributed import check_device_name
     from torchvote.training.evaluation import checkpoint_summary, evaluate_checkpoint
     from torchvote.training.keyvalue import parse_entry, parse_options, split_entries
     from torchvote.training.metrics import format_table
-    from torchvote.validation import check_positive_int
+    from torchvote.validation import check_device_name, check_positive_int
 
     known = list_datasets()
     datasets = split_entries(args.on or [])
@@ -864,9 +856,9 @@ def _check_checkpoint_exists(checkpoint: str) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from torchvote.training.distributed import check_device_name
     from torchvote.training.evaluation import checkpoint_summary
     from torchvote.training.generation import generate_from_checkpoint
+    from torchvote.validation import check_device_name
 
     check_device_name(args.device, "--device")
     _check_generate_options(args)
@@ -971,8 +963,8 @@ def _list_row(row: Any, budget: str, seeds: Sequence[int], chosen: Sequence[Any]
 def _reproduce(args: argparse.Namespace) -> int:
     from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of
     from torchvote.experiments.runner import measured_result_of, plan_run
-    from torchvote.training.distributed import check_device_name
     from torchvote.training.stopping import exit_status
+    from torchvote.validation import check_device_name
 
     if args.name is None:
         for row in list_rows().values():

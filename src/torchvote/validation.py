@@ -15,6 +15,7 @@ import itertools
 import math
 import numbers
 import os
+import re
 import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -31,7 +32,9 @@ __all__ = [
     "caller_stacklevel",
     "check_bool_fields",
     "check_choice",
+    "auto_device_name",
     "check_device_exists",
+    "check_device_name",
     "check_dim",
     "check_factory_device",
     "check_flag",
@@ -52,6 +55,7 @@ __all__ = [
     "check_texts",
     "computes_in_float16",
     "is_integer",
+    "resolve_device",
 ]
 
 
@@ -436,6 +440,64 @@ def check_device_exists(device: torch.device, name: str | None = None) -> torch.
             f"cuda:0 .. cuda:{count - 1}"
         )
     return device
+
+
+def check_device_name(name: object, argument: str = "device") -> str:
+    """Return ``name`` if it has the form of a device torchvote runs on (whether that device
+    exists is :func:`resolve_device`'s question).
+
+    Args:
+        name: the device name given.
+        argument: its name, for the message (``"--device"`` on the command line).
+
+    Returns:
+        ``name``.
+
+    Raises:
+        ValueError: anything but ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
+    """
+    if not isinstance(name, str) or re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is None:
+        raise ValueError(f"{argument} must be auto, cpu, cuda or cuda:<index>, got {name!r}")
+    return name
+
+
+def auto_device_name(name: str) -> str:
+    """The device ``auto`` means here: ``cuda`` where torch sees a CUDA device, else ``cpu``; any
+    other name as it is. The one place of that rule (:func:`resolve_device`, the benchmarks, the
+    commands' ``--device``).
+
+    Args:
+        name: a device name (``auto``, ``cpu``, ``cuda``, ``cuda:<index>``).
+
+    Returns:
+        ``name``, ``auto`` replaced.
+    """
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto`` -> ``cuda:<local_rank>`` if CUDA is available, else ``cpu``; other names as given
+    (``cuda`` becomes ``cuda:<local_rank>``).
+
+    Args:
+        name: ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
+        local_rank: the process's GPU under DDP, for ``auto`` and ``cuda``.
+
+    Returns:
+        The ``torch.device``, one this machine has.
+
+    Raises:
+        ValueError: an unknown device name, CUDA requested but not available, or a CUDA index
+            past the last device.
+    """
+    check_device_name(name)
+    name = auto_device_name(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+    return check_device_exists(device, name)
 
 
 def check_factory_device(device: Any, argument: str = "device") -> torch.device | None:

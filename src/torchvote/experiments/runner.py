@@ -36,10 +36,9 @@ from torchvote.training.config import (
     load_config,
     saved_config,
 )
-from torchvote.training.distributed import check_device_name, resolve_device
 from torchvote.training.results import find_resumable_checkpoint
 from torchvote.training.stopping import RunInterrupted
-from torchvote.validation import as_path, check_seed, check_texts
+from torchvote.validation import as_path, check_device_name, check_seed, check_texts, resolve_device
 
 __all__ = [
     "RESULT_FILE",

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchvote.validation import check_device_exists
+# the device names' rules live in validation (no omegaconf there, for the commands that train
+# nothing); imported here, where the training code has always found them
+from torchvote.validation import auto_device_name, resolve_device
 
 __all__ = [
     "DistributedContext",
@@ -82,49 +84,6 @@ class DistributedContext:
             dist.destroy_process_group()  # and every group made from it
         elif self.control_group is not None:
             dist.destroy_process_group(self.control_group)
-
-
-def check_device_name(name: object, argument: str = "device") -> str:
-    """Return ``name`` if it has the form of a device torchvote runs on (whether that device
-    exists is :func:`resolve_device`'s question).
-
-    Raises:
-        ValueError: anything but ``auto``, ``cpu``, ``cuda`` or ``cuda:<index>``.
-    """
-    if not isinstance(name, str) or re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is None:
-        raise ValueError(f"{argument} must be auto, cpu, cuda or cuda:<index>, got {name!r}")
-    return name
-
-
-def auto_device_name(name: str) -> str:
-    """The device ``auto`` means here: ``cuda`` where torch sees a CUDA device, else ``cpu``; any
-    other name as it is. The one place of that rule (:func:`resolve_device`, the benchmarks).
-
-    Args:
-        name: a device name (``auto``, ``cpu``, ``cuda``, ``cuda:<index>``).
-
-    Returns:
-        ``name``, ``auto`` replaced.
-    """
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> ``cuda:<local_rank>`` if CUDA is available, else ``cpu``; other names as given
-    (``cuda`` becomes ``cuda:<local_rank>``).
-
-    Raises:
-        ValueError: an unknown device name, CUDA requested but not available, or a CUDA index
-            past the last device.
-    """
-    check_device_name(name)
-    name = auto_device_name(name)
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-    return check_device_exists(device, name)
 
 
 def setup_distributed(device_name: str = "auto") -> DistributedContext:

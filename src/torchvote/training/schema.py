@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torchvote.losses import check_margin_options
-from torchvote.training.distributed import check_device_name
 from torchvote.training.keyvalue import ConfigError, parse_entry
 from torchvote.validation import (
     check_choice,
+    check_device_name,
     check_flag,
     check_in_range,
     check_positive_int,
