@@ -107,6 +107,18 @@ def test_a_damaged_data_file_is_a_failure_not_a_usage_error(
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
+def test_a_damaged_affnist_file_is_a_failure_not_a_usage_error(
+    entry: Callable[[list[str]], int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("scipy")  # the affnist extra reads .mat files
+    mat = tmp_path / "test.mat"
+    mat.write_bytes(b"MATLAB 5.0 MAT-file, truncated")
+    assert entry(["affnist", "--verify", "--root", str(tmp_path)]) == 1
+    line = _one_error_line(capsys)
+    assert str(mat) in line and "not a readable MATLAB file" in line
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_affnist_download_without_scipy_is_refused_before_downloading(
     entry: Callable[[list[str]], int],
     tmp_path: Path,

@@ -12,7 +12,8 @@ import statistics
 import pytest
 import yaml
 
-from torchvote.cli import main
+from torchvote.cli import exit_status_of, main
+from torchvote.data import CorruptDataError
 from torchvote.experiments import (
     Metric,
     Row,
@@ -549,8 +550,11 @@ def test_a_torn_or_foreign_result_file_is_refused_by_name(tmp_path, tiny_values,
     (run_dir / "result.json").write_text(content)
     with pytest.raises(ValueError, match=r"slower/seed-2/result.json .*delete it to run that seed again"):
         reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
-    with pytest.raises(ValueError, match="seed-2/result.json"):
+    with pytest.raises(CorruptDataError, match="seed-2/result.json"):  # a failure: exit status 1
         summarize(row, "cpu", out / "tiny" / "cpu")
+    with pytest.raises(ValueError) as info:
+        reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
+    assert exit_status_of(info.value) == 1  # the command line was fine; a file on disk is damaged
 
 
 def test_a_stopped_run_is_shown_and_continued_as_a_resume(tmp_path, tiny_values, capsys, monkeypatch):

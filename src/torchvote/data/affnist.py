@@ -112,11 +112,11 @@ def _field(record: Any, name: str, path: Path) -> np.ndarray:
     try:
         value = record[name] if isinstance(record, dict) else getattr(record, name)
     except (KeyError, AttributeError):
-        raise ValueError(f"{path}: affNISTdata has no field {name!r}") from None
+        raise CorruptDataError(f"{path}: affNISTdata has no field {name!r}") from None
     return np.asarray(value)
 
 
-def _unreadable(path: Path, err: BaseException) -> ValueError:
+def _unreadable(path: Path, err: BaseException) -> CorruptDataError:
     """The error for a ``.mat`` file scipy cannot read, saying what to do about it."""
     if zipfile.is_zipfile(path):
         advice = "it is a zip archive: extract the .mat file from it and pass that (or its folder)"
@@ -125,7 +125,7 @@ def _unreadable(path: Path, err: BaseException) -> ValueError:
             "it is truncated, damaged or not MATLAB v5; replace it, e.g. "
             f"`{AFFNIST_DOWNLOAD_COMMAND} --force --root {shlex.quote(str(path.parent))}`"
         )
-    return ValueError(f"{path}: not a readable MATLAB file ({type(err).__name__}: {err}); {advice}")
+    return CorruptDataError(f"{path}: not a readable MATLAB file ({type(err).__name__}: {err}); {advice}")
 
 
 def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -153,16 +153,16 @@ def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise _unreadable(path, err) from None
     if "affNISTdata" not in contents:
         keys = sorted(k for k in contents if not k.startswith("__"))
-        raise ValueError(f"{path}: no 'affNISTdata' variable (found {keys})")
+        raise CorruptDataError(f"{path}: no 'affNISTdata' variable (found {keys})")
     record = contents["affNISTdata"]
     pixels = _field(record, "image", path)
     labels = _field(record, "label_int", path).reshape(-1)
     if pixels.ndim == 1:  # a file holding a single image is squeezed to (1600,)
         pixels = pixels[:, None]
     if pixels.ndim != 2 or pixels.shape[0] != 40 * 40:
-        raise ValueError(f"{path}: expected 'image' of shape (1600, N), got {pixels.shape}")
+        raise CorruptDataError(f"{path}: expected 'image' of shape (1600, N), got {pixels.shape}")
     if pixels.shape[1] != len(labels):
-        raise ValueError(f"{path}: {pixels.shape[1]} images but {len(labels)} labels in 'label_int'")
+        raise CorruptDataError(f"{path}: {pixels.shape[1]} images but {len(labels)} labels in 'label_int'")
     return pixels, labels
 
 
@@ -183,7 +183,9 @@ def _check_values(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
                 shown = "NaN"  # np.unique lists NaN last, past the first ten values shown
             else:
                 shown = np.unique(values)[:10] if values.dtype.kind in "uifb" else values.dtype
-            raise ValueError(f"{path}: expected {name!r} to hold whole numbers in 0-{high}, got {shown}")
+            raise CorruptDataError(
+                f"{path}: expected {name!r} to hold whole numbers in 0-{high}, got {shown}"
+            )
 
 
 #: Folders of affNIST's other numbered batches (its training and validation sets), named as
@@ -263,8 +265,8 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
         FileNotFoundError: If ``path`` does not exist or a directory has no ``.mat`` file.
         TypeError, ValueError: If ``limit`` is not a positive int.
         TypeError: If ``path`` is not a ``str`` or ``os.PathLike``.
-        ValueError: If a file is not readable (truncated, damaged, a zip archive, MATLAB v7.3)
-            or lacks the affNIST layout: an ``affNISTdata`` struct, ``image`` of shape
+        CorruptDataError: (a ``ValueError``) If a file is not readable (truncated, damaged, a zip
+            archive, MATLAB v7.3) or lacks the affNIST layout: an ``affNISTdata`` struct, ``image`` of shape
             (1600, N) with whole-number pixels in 0-255, N labels 0-9 in ``label_int``. The
             message names the file. Also when a folder's numbered batches are not the test
             batches: a training or validation folder, numbers with a gap, a repeat or a leading
@@ -347,7 +349,8 @@ def _extract_member(archive: Path, member: str, directory: Path) -> tuple[Path, 
         ``(temporary path, sha256)``; the caller renames or removes the file.
 
     Raises:
-        ValueError: If the archive is not a zip, lacks ``member``, or a CRC does not match.
+        CorruptDataError: (a ``ValueError``) If the archive is not a zip, lacks ``member``, or a
+            CRC does not match.
     """
     digest = hashlib.sha256()
     fd, tmp = create_temporary(directory / member, ".part")
@@ -356,7 +359,7 @@ def _extract_member(archive: Path, member: str, directory: Path) -> tuple[Path, 
         with os.fdopen(fd, "wb") as out, zipfile.ZipFile(archive) as zf:
             names = zf.namelist()
             if member not in names:
-                raise ValueError(f"{archive}: no {member!r} in the archive (found {names[:5]})")
+                raise CorruptDataError(f"{archive}: no {member!r} in the archive (found {names[:5]})")
             with zf.open(member) as source:  # raises BadZipFile on a CRC mismatch at the end
                 for chunk in iter(lambda: source.read(_CHUNK), b""):
                     digest.update(chunk)
@@ -541,7 +544,8 @@ def load_affnist(
         DataNotFoundError: If no affNIST file is found (the message names the download command
             and ``affnist-style``).
         TypeError, ValueError: If ``limit`` is not a positive int.
-        ValueError: If a file changed since it was verified or is not the affNIST layout.
+        CorruptDataError: (a ``ValueError``) If a file changed since it was verified or is not the
+            affNIST layout.
         ImportError: If scipy is not installed.
     """
     limit = _validate_limit(limit)
@@ -556,7 +560,8 @@ def verification_of(path: str | PathLike[str]) -> str:
     words: against the ``manifest.json`` of its download (size and SHA-256), or not at all.
 
     Raises:
-        ValueError: the file fails its manifest (changed or truncated since the download).
+        CorruptDataError: (a ``ValueError``) the file fails its manifest (changed or truncated
+            since the download).
     """
     path = as_path(path, "path")
     if path.is_file() and _check_against_manifest(path) is not None:

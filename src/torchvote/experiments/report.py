@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from torchvote.data.errors import CorruptDataError
 from torchvote.experiments.rows import Metric, Row
 from torchvote.files import atomic_write_bytes
 from torchvote.validation import as_path
@@ -73,8 +74,8 @@ def read_result(path: str | Path) -> dict[str, Any]:
 
     Raises:
         TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
-        ValueError: the file is not JSON or lacks a field of a run's record (named with the file,
-            and how to run that seed again).
+        CorruptDataError: (a ``ValueError``) the file is not JSON or lacks a field of a run's record
+            (named with the file, and how to run that seed again).
     """
     path = as_path(path, "path")
     try:
@@ -87,7 +88,7 @@ def read_result(path: str | Path) -> dict[str, Any]:
             return record
         kind = type(record).__name__
         problem = f"lacks {', '.join(missing)}" if missing else f"holds a {kind}, not a record"
-    raise ValueError(
+    raise CorruptDataError(  # a failure while running (exit status 1), not a bad command line
         f"{path} {problem}: it is not a run's record as reproduce writes it; delete it to run that seed again"
     )
 
