@@ -96,6 +96,9 @@ def test_a_usage_error_exits_2_and_a_failure_while_running_exits_1(monkeypatch, 
 )
 def test_exit_status_of(error, status):
     assert cli.exit_status_of(error, failures=(CheckpointError,)) == status
+
+
+def test_exit_status_of_a_value_error_subclass_without_failures():
     assert cli.exit_status_of(CheckpointError("x")) == 2  # a ValueError unless named a failure
     assert cli.exit_status_of(CorruptDataError("x")) == 1  # a ValueError, but always a failure
 

@@ -102,6 +102,19 @@ def test_sequence_first_intermediates_stay_batch_first():
     torch.testing.assert_close(again, output, rtol=1e-12, atol=1e-12)
 
 
+def test_a_copy_of_a_sequence_first_torch_layer_set_sequence_first_takes_its_inputs():
+    """``from_torch`` copies batch-first; setting the copy's ``batch_first`` to False (what the
+    refusal without ``allow_sequence_first`` suggests) gives torch's layout and torch's outputs."""
+    torch.manual_seed(1)
+    theirs = nn.TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.0, dtype=F64)
+    with pytest.raises(ValueError, match="set the copied layer's batch_first to False"):
+        TransformerEncoderLayer.from_torch(theirs)
+    copy = TransformerEncoderLayer.from_torch(theirs, allow_sequence_first=True).eval()
+    copy.batch_first = False
+    inputs = torch.randn(T, BATCH, D_MODEL, dtype=F64)  # (T, b, E)
+    torch.testing.assert_close(copy(inputs), theirs.eval()(inputs), rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("layer_class", [TransformerEncoderLayer, TransformerDecoderLayer])
 def test_heads_by_either_name(layer_class):
     assert layer_class(D_MODEL, nhead=HEADS).num_heads == HEADS

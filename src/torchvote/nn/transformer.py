@@ -303,9 +303,10 @@ def _torch_settings(module: nn.Module, names: _TorchNames, allow_sequence_first:
             )
         if not mha.batch_first and not allow_sequence_first:
             raise ValueError(
-                f"from_torch: {theirs}.batch_first=False: torchvote's layers take batch-first "
-                "(b, T, E) inputs; build torch's layer with batch_first=True, or pass "
-                "allow_sequence_first=True and transpose torch's (T, b, E) inputs"
+                f"from_torch: {theirs}.batch_first=False: the copy takes batch-first (b, T, E) "
+                "inputs; build torch's layer with batch_first=True, or pass "
+                "allow_sequence_first=True and transpose torch's (T, b, E) inputs (or set the "
+                "copied layer's batch_first to False)"
             )
         if mha.in_proj_bias is None or mha.out_proj.bias is None:
             raise ValueError(f"from_torch: bias=False is not supported ({theirs} has no bias)")
@@ -533,8 +534,9 @@ class _TransformerLayer(nn.Module):
                 :class:`~torchvote.nn.RoutingAttention` does).
             allow_sequence_first: accept a ``module`` built with ``batch_first=False`` (torch's
                 default): its weights are the same, but the copy still takes batch-first
-                ``(b, T, E)`` inputs, so transpose torch's ``(T, b, E)`` ones. Without it such a
-                module is refused, since its inputs would be misread without an error.
+                ``(b, T, E)`` inputs, so transpose torch's ``(T, b, E)`` ones (or set the copy's
+                ``batch_first`` to False: a layer then transposes them itself). Without it such
+                a module is refused, since its inputs would be misread without an error.
 
         Returns:
             The equivalent layer (a copy: later changes to ``module`` do not carry over).
