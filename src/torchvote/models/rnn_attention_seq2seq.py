@@ -9,9 +9,12 @@ Learning to Align and Translate" (RNNsearch). The previous decoder state ``s_{i-
 (:class:`~torchvote.nn.AdditiveAttention`, ``e_ij = v^T tanh(W s_{i-1} + U h_j)``, app. A.1.2); the
 context ``c_i`` enters the recurrence, ``s_i = GRU([E y_{i-1}; c_i], s_{i-1})``; and a deep
 output layer (app. A.2.2, with tanh in place of the maxout) reads ``[s_i; c_i; E y_{i-1}]``.
-The encoder is bidirectional and the decoder starts from ``tanh(W_s h)`` of its final states in
-both directions, ``h = [h->_Tx; h<-_1]``: app. A.2.2 reads the backward one, ``h<-_1``, only (one
-bridge serves both decoders here; Luong's unidirectional encoder has the one state).
+The encoder is bidirectional. The decoder's first state is the paper's with ``bridge="backward"``:
+``s_0 = tanh(W_s h<-_1)`` (app. A.2.2), from the backward direction's final state ``h<-_1`` (of
+each layer, with ``num_layers > 1``). The default, ``bridge="both"``, departs from it (as this
+model always did, so its checkpoints load unchanged): ``s_0 = tanh(W_s [h->_Tx; h<-_1])``, the
+final states in both directions, one bridge for both decoders (Luong's unidirectional encoder has
+the one state, ``h->_Tx``, and takes ``"both"`` only).
 
 ``attention="dot" | "general" | "concat"`` -- Luong, Pham & Manning 2015, "Effective Approaches to
 Attention-based Neural Machine Translation" (global attention). The current state ``h_t`` is the
@@ -77,6 +80,8 @@ __all__ = ["RNNAttentionSeq2Seq", "RNNAttentionSeq2SeqConfig"]
 
 RNNAttention = Literal["additive", "dot", "general", "concat"]
 _ATTENTIONS: tuple[str, ...] = ("additive", "dot", "general", "concat")
+RNNBridge = Literal["both", "backward"]
+_BRIDGES: tuple[str, ...] = ("both", "backward")
 
 # One decoder step: (logits (b, 1, vocab), hidden (layers, b, H), feed (b, 1, H) | None,
 # weights (b, 1, s)).
@@ -103,10 +108,16 @@ class RNNAttentionSeq2SeqConfig:
         attention: ``"additive"`` (Bahdanau) or Luong's ``"dot"``, ``"general"``, ``"concat"``.
         attention_dim: hidden size of the additive and concat scores; ``None`` for ``hidden_size``.
         dropout: on the embeddings, between GRU layers and before the output layer.
+        bridge: which of the encoder's final states give the decoder's first one:
+            ``"backward"``, the backward direction's, ``s_0 = tanh(W_s h<-_1)`` (Bahdanau et al.
+            2015, app. A.2.2; needs ``bidirectional=True``), or ``"both"`` (the default), every
+            direction's, ``s_0 = tanh(W_s [h->_Tx; h<-_1])`` (``W_s``: ``H -> H`` and
+            ``directions * H -> H``).
 
     Raises:
         ValueError: a field out of range or inconsistent, naming it (``pad_id``, ``bos_id`` and
-            ``eos_id`` must be distinct integer ids).
+            ``eos_id`` must be distinct integer ids; ``bridge="backward"`` needs
+            ``bidirectional=True``).
     """
 
     src_vocab_size: int = 30000
@@ -122,6 +133,7 @@ class RNNAttentionSeq2SeqConfig:
     attention: RNNAttention = "additive"
     attention_dim: int | None = None
     dropout: float = 0.0
+    bridge: RNNBridge = "both"
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
@@ -146,6 +158,12 @@ class RNNAttentionSeq2SeqConfig:
                 )
             check_positive_int(self.attention_dim, "attention_dim")
         check_probability(self.dropout, "dropout")
+        check_choice(self.bridge, _BRIDGES, "bridge")
+        if self.bridge == "backward" and not self.bidirectional:
+            raise ValueError(
+                "bridge='backward' reads the encoder's backward final state, which a unidirectional "
+                "encoder (bidirectional=False) has not: set bidirectional=True or bridge='both'"
+            )
 
 
 @register_model(
@@ -221,8 +239,9 @@ class RNNAttentionSeq2Seq(nn.Module):
             dropout=between_layers,
             **factory,
         )
-        # s_0 = tanh(W_s h_final), the final states of every direction
-        self.bridge = nn.Linear(memory_dim, config.hidden_size, **factory)
+        # s_0 = tanh(W_s h): h = h<-_1 (bridge="backward", app. A.2.2) or every direction's final state
+        bridge_dim = config.hidden_size if config.bridge == "backward" else memory_dim
+        self.bridge = nn.Linear(bridge_dim, config.hidden_size, **factory)
         self.output = nn.Linear(config.hidden_size, config.tgt_vocab_size, **factory)
         self.attention: nn.Module
         if config.attention == "additive":
@@ -282,7 +301,7 @@ class RNNAttentionSeq2Seq(nn.Module):
         Returns:
             ``(memory, source_mask, hidden)``: the encoder states ``(b, s, directions * H)`` (zero
             at padding), boolean ``(b, s)`` True for real tokens, and the decoder's initial state
-            ``(num_layers, b, H)``.
+            ``s_0`` ``(num_layers, b, H)`` (from the final states the config's ``bridge`` names).
 
         Raises:
             ValueError: a ``source`` of the wrong rank or dtype, or with padding before a token;
@@ -324,11 +343,19 @@ class RNNAttentionSeq2Seq(nn.Module):
             states, batch_first=True, total_length=source.shape[1]
         )  # (b, s, directions * H), sorted
         memory, final = memory.index_select(0, inverse), final.index_select(1, inverse)  # source order
-        final = rearrange(
-            final, "(l d) b h -> l b (d h)", d=2 if self.config.bidirectional else 1
-        )  # (layers, b, directions * H)
-        hidden = torch.tanh(self.bridge(final))  # (layers, b, H)
+        hidden = torch.tanh(self.bridge(self._bridged_states(final)))  # (layers, b, H): s_0
         return memory, source_mask, hidden
+
+    def _bridged_states(self, final: Tensor) -> Tensor:
+        """What the bridge reads of the encoder's final states ``final`` ``(layers * directions,
+        b, H)`` (torch's order: layer by layer, forward then backward): ``(layers, b, H)`` the
+        backward direction's, ``h<-_1`` (``bridge="backward"``, Bahdanau et al. 2015, app.
+        A.2.2), or ``(layers, b, directions * H)`` every direction's, ``[h->_Tx; h<-_1]``."""
+        directions = 2 if self.config.bidirectional else 1
+        final = rearrange(final, "(l d) b h -> l b d h", d=directions)  # (layers, b, directions, H)
+        if self.config.bridge == "backward":
+            return final[:, :, 1]  # (layers, b, H): h<-_1
+        return rearrange(final, "l b d h -> l b (d h)")  # (layers, b, directions * H)
 
     def _packing_lengths(self, source_mask: Tensor, source_lengths: Tensor | Sequence[int] | None) -> Tensor:
         """The ``(b,)`` int64 lengths the packing reads, on the CPU: ``source_lengths`` after

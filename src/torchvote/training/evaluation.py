@@ -130,6 +130,7 @@ def evaluate(
     with evaluating(model):
         for start in range(0, len(indices), batch_size):
             selected = data.select(indices[start : start + batch_size])
+            host_arguments = handler.host_arguments(model, selected)  # e.g. source_lengths, on the CPU
             batch = {
                 key: (value.pin_memory() if pinned and value.device.type == "cpu" else value).to(
                     device, non_blocking=pinned
@@ -137,7 +138,7 @@ def evaluate(
                 for key, value in selected.items()
             }
             with autocast(device, bf16, fp16):
-                output = handler.forward(model, batch)
+                output = handler.forward(model, batch, **host_arguments)
                 sums = handler.metric_sums(output, batch)
                 if objective is not None:
                     loss, _ = objective(output, batch, step)

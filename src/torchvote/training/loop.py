@@ -619,12 +619,13 @@ class _Run:
     def _train_step(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor], int]:
         device = self.context.device
         items = self.handler.items(batch)  # counted on the host copy: no read from the device
+        host_arguments = self.handler.host_arguments(self.ddp_model, batch)  # e.g. source_lengths, on the CPU
         # asynchronous where the batch is pinned (on CUDA: see pin_memory_for)
         batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
         _reseed(derive_seed(self.config.seed, STEP_STREAM, self.step, self.context.rank), device)
         self.ddp_model.train()
         with autocast(device, self.config.bf16, self.config.fp16):
-            output = self.handler.forward(self.ddp_model, batch)
+            output = self.handler.forward(self.ddp_model, batch, **host_arguments)
             loss, terms = self.objective(output, batch, self.step)
         # a CPU scalar (whatever the default device): reading it makes no device wait
         margin = terms.get("spread_margin")

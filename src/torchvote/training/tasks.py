@@ -8,6 +8,8 @@ follows (config field names, ``forward`` signature, output record).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +42,27 @@ def _check_output(output: Any, expected: type, model: nn.Module) -> None:
         )
 
 
+def _unwrapped(model: nn.Module) -> tuple[nn.Module, bool]:
+    """The module a ``torch.compile`` (``_orig_mod``) or DDP / DataParallel (``module``) wrapper
+    runs, unwrapped to the model itself; and whether a wrapper moves the tensors it is given to
+    its device (DDP and DataParallel given ``device_ids``, as on GPUs: a CPU tensor argument would
+    reach the model on the GPU)."""
+    moves = False
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner, moves = model.module, moves or bool(model.device_ids)
+        if inner is None:
+            return model, moves
+        model = inner
+
+
+@functools.cache
+def _forward_takes(model_class: type, name: str) -> bool:
+    """Whether ``model_class.forward`` has a parameter ``name`` (read once per class)."""
+    return name in inspect.signature(model_class.forward).parameters
+
+
 class TaskHandler:
     """Base class: the per-task parts of the training loop."""
 
@@ -58,8 +81,34 @@ class TaskHandler:
         """Fit the data to the model once its config is known (pad images, cut token windows)."""
         return data
 
-    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> Any:
+    def forward(self, model: nn.Module, batch: dict[str, Tensor], **host_arguments: Any) -> Any:
+        """The model's output on ``batch`` (on the model's device).
+
+        Args:
+            model: the model (or its DDP / ``torch.compile`` wrapper).
+            batch: the task's tensors, on the model's device.
+            **host_arguments: what :meth:`host_arguments` returned for the host copy of the batch,
+                passed on to the model's ``forward``.
+
+        Returns:
+            The model's output record (a :class:`~torchvote.models.ClassifierOutput` or
+            :class:`~torchvote.models.SequenceOutput`).
+        """
         raise NotImplementedError
+
+    def host_arguments(self, model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Any]:
+        """Keyword arguments of the model's ``forward`` that the loop computes from the batch on
+        the host, before the batch moves to the device (so that the model need not read them back
+        from an accelerator); passed to :meth:`forward`. None by default.
+
+        Args:
+            model: the model (or its DDP / ``torch.compile`` wrapper).
+            batch: the batch's host (CPU) copy.
+
+        Returns:
+            name -> value, empty for a model that takes none.
+        """
+        return {}
 
     def logits_and_targets(self, output: Any, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """What a cross-entropy (and, for image classification, the spread loss) compares:
@@ -421,10 +470,23 @@ class Seq2SeqHandler(TaskHandler):
                 )
         return data
 
-    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> SequenceOutput:
-        output = model(batch["source"], batch["target"][:, :-1])
+    def forward(self, model: nn.Module, batch: dict[str, Tensor], **host_arguments: Any) -> SequenceOutput:
+        output = model(batch["source"], batch["target"][:, :-1], **host_arguments)
         _check_output(output, SequenceOutput, model)
         return output
+
+    def host_arguments(self, model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Any]:
+        """``source_lengths`` ``(b,)`` (each source's tokens, not the model's ``pad_id``, counted
+        on the host copy) for a model whose ``forward`` takes them (``rnn-attention-seq2seq``:
+        its packing needs them on the CPU, and counted on a GPU they are read back at every
+        step); nothing for the others (``transformer-seq2seq``), nor for a source already on an
+        accelerator (the model counts it then). A list of ints where ``model`` is a DDP wrapper
+        that moves its tensor arguments to its GPU, a ``(b,)`` CPU tensor otherwise."""
+        module, moves_tensors = _unwrapped(model)
+        if batch["source"].device.type != "cpu" or not _forward_takes(type(module), "source_lengths"):
+            return {}
+        lengths = (batch["source"] != module.config.pad_id).sum(dim=1)  # (b,) on the CPU
+        return {"source_lengths": lengths.tolist() if moves_tensors else lengths}
 
     @staticmethod
     def _pad_id(batch: dict[str, Tensor]) -> int:
