@@ -4,7 +4,9 @@ the command line.
 ``--checkpoint`` takes a record file (``.safetensors`` / ``.pt`` of named tensors), or a training
 run's folder, its ``checkpoints/`` folder or one checkpoint's file (``step-N.safetensors`` /
 ``step-N.state.pt``), from which :func:`torchvote.explain.from_run.record_from_run` makes the
-record. ``--device`` is where the pretrained encoder runs (``auto``: CUDA where torch sees it).
+record. ``--device`` is where the pretrained encoder runs (``auto``: CUDA where torch sees it),
+and where a training checkpoint's model makes its record (returned on the CPU, where the
+pictures are drawn).
 
 Exit statuses, as ``torchvote --help`` lists them: 2 when the command line is wrong (a bad option
 or value, an ``--out`` in the way, a ``--checkpoint`` that does not exist), 1 when running failed
@@ -24,6 +26,7 @@ from torchvote.cli import DEVICE_HELP, EXIT_FAILURE, exit_status_of, resolve_dev
 from torchvote.files import file_in_the_way
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 
 __all__ = ["add_explain_arguments", "run_explain"]
@@ -145,8 +148,9 @@ class _RunFailure(Exception):
     """A failure while running (exit status 1), its message for the user."""
 
 
-def _load_checkpoint(path: Path) -> dict[str, Tensor]:
-    """The record ``--checkpoint`` names (:func:`torchvote.explain.record.load_record`).
+def _load_checkpoint(path: Path, device: torch.device) -> dict[str, Tensor]:
+    """The record ``--checkpoint`` names (:func:`torchvote.explain.record.load_record`), a
+    training checkpoint's model run on ``device`` (``--device``), the tensors returned on the CPU.
 
     Raises:
         _RunFailure: anything ``load_record`` refuses (a file that is neither a record nor a
@@ -156,7 +160,7 @@ def _load_checkpoint(path: Path) -> dict[str, Tensor]:
     from torchvote.explain.record import load_record
 
     try:
-        return load_record(path.expanduser())
+        return load_record(path.expanduser(), device=device)
     except (ValueError, TypeError, OSError) as error:
         raise _RunFailure(f"--checkpoint: {error}") from error
 
@@ -215,7 +219,7 @@ def run_explain(args: argparse.Namespace) -> int:
         checked = True
         record = None
         if args.checkpoint is not None:
-            record = _load_checkpoint(Path(args.checkpoint))  # its tensors checked too
+            record = _load_checkpoint(Path(args.checkpoint), device)  # its tensors checked too
         report = HtmlReport(_TITLE, out_dir)
         if record is not None:  # the page says what it shows (one --out serves every call)
             named = _checkpoint_named(args.checkpoint)

@@ -37,7 +37,9 @@ __all__ = ["record_from_run"]
 
 
 @torch.no_grad()
-def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu") -> dict[str, Tensor]:
+def record_from_run(
+    run: str | Path, *, examples: int = 16, device: str | torch.device = "cpu"
+) -> dict[str, Tensor]:
     """The tensors the capsule pictures read, from a capsule classifier's training run.
 
     Args:
@@ -47,14 +49,17 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
             run was evaluated on (``data.eval_name`` or ``data.name``, same root; the run's data
             options when it is the training set, as training loads it).
         examples: how many test images to record (the first of the evaluation split).
-        device: where to run the model.
+        device: where to run the model: a ``torch.device`` or a name
+            :func:`~torchvote.training.evaluation.load_model_from_checkpoint` takes (``"cpu"``,
+            ``"cuda:1"``, ``"auto"``).
 
     Returns:
-        name -> tensor, the keys of :mod:`torchvote.explain.record` that this model can give.
+        name -> tensor, the keys of :mod:`torchvote.explain.record` that this model can give, on
+        the CPU whatever ``device`` is (the pictures read them there).
 
     Raises:
         ValueError: the run's model is not a capsule classifier with a vector class layer (say
-            which models are), or ``examples`` < 1.
+            which models are), ``examples`` < 1, or an unknown or unavailable ``device``.
         torchvote.training.CheckpointError: nothing loadable at ``run`` (a checkpoint without
             its ``.state.pt``, which holds the run's config, too).
     """
@@ -76,6 +81,7 @@ def record_from_run(run: str | Path, *, examples: int = 16, device: str = "cpu")
     handler = get_task_handler(spec.task)
     raw = load_eval_data(handler, load_run_config(run).data, limit=examples)
     test = handler.finalize(raw, model.config)
+    device = next(model.parameters()).device  # a name resolved ("auto": CUDA where torch sees it)
     images = test.tensors["images"].to(device)  # (b, c, h, w)
 
     primary, _ = model.capsules(images)  # (b, j, in_dim)

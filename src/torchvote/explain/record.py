@@ -83,7 +83,7 @@ _HOW = (
 )
 
 
-def load_record(path: str | Path) -> dict[str, Tensor]:
+def load_record(path: str | Path, *, device: str | torch.device = "cpu") -> dict[str, Tensor]:
     """Read a record file or a run folder's record, or make one from a training checkpoint.
 
     Args:
@@ -91,9 +91,12 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
             with :data:`RECORD_FILE`; or a training run's folder, its ``checkpoints/`` folder, or
             either file of one of its checkpoints (``step-N.safetensors``, ``step-N.state.pt``),
             from which :func:`~torchvote.explain.from_run.record_from_run` makes the record.
+        device: where :func:`~torchvote.explain.from_run.record_from_run` runs a checkpoint's
+            model (``torchvote explain --device``): a ``torch.device`` or a name such as
+            ``"cpu"``, ``"cuda:1"``; a record file is read onto the CPU whatever it is.
 
     Returns:
-        name -> tensor.
+        name -> tensor, on the CPU (where the pictures are drawn from).
 
     Raises:
         TypeError: ``path`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
@@ -103,7 +106,8 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
             in the table above) nor a training checkpoint's (the message says what it holds), or
             not readable as its suffix says; the errors of
             :func:`~torchvote.explain.from_run.record_from_run` for a checkpoint (a
-            :class:`~torchvote.training.CheckpointError` is one).
+            :class:`~torchvote.training.CheckpointError` is one), an unknown or unavailable
+            ``device`` (for a checkpoint).
         ModuleNotFoundError: reading ``.safetensors`` without ``safetensors`` (names the extra).
     """
     from torchvote.explain.from_run import record_from_run
@@ -113,7 +117,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
         if (path / RECORD_FILE).is_file():
             path = path / RECORD_FILE
         elif _is_checkpoint_folder(path):
-            return record_from_run(path)
+            return record_from_run(path, device=device)
         else:
             raise FileNotFoundError(
                 f"folder {str(path)!r} has no {RECORD_FILE} and is no training run's (no checkpoints/, "
@@ -130,7 +134,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
                 name="safetensors",
             ) from error
         if _is_checkpoint_weights(path):
-            return record_from_run(path)
+            return record_from_run(path, device=device)
         try:
             tensors = load_file(str(path))
         except Exception as err:  # safetensors raises its own error types for corrupt headers
@@ -144,7 +148,7 @@ def load_record(path: str | Path) -> dict[str, Tensor]:
             f"saved by torch.save): {load_failure_reason(err, path)}"
         ) from None
     if _is_training_state(record):
-        return record_from_run(path)  # its checkpoint: the weights file beside it
+        return record_from_run(path, device=device)  # its checkpoint: the weights file beside it
     if not isinstance(record, Mapping) or not all(isinstance(v, Tensor) for v in record.values()):
         raise ValueError(
             f"checkpoint {str(path)!r} is neither a record (a dict of tensors) nor a training "
