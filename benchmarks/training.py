@@ -103,6 +103,7 @@ def registry_step(
     model = create_model(name, preset).to(setting.device)
     handler = get_task_handler(spec.task)
     batch = handler.example_batch(model.config, batch_size, torch.Generator().manual_seed(0))
+    host_arguments = handler.host_arguments(model, batch)  # counted on the host, as the loop does
     batch = {key: value.to(setting.device) for key, value in batch.items()}
     objective = make_objective(LossConfig(), spec, total_steps=1000)
     optimizer, scaler = torch.optim.Adam(model.parameters(), lr=1e-3), setting.scaler()
@@ -111,7 +112,7 @@ def registry_step(
 
     def step() -> None:
         with setting.autocast():
-            output = handler.forward(forward, batch)
+            output = handler.forward(forward, batch, **host_arguments)
             loss, _ = objective(output, batch, 0)
         optimizer.zero_grad(set_to_none=True)
         setting.backward_and_step(loss, optimizer, scaler)

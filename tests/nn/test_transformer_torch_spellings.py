@@ -95,6 +95,7 @@ def test_sequence_first_intermediates_stay_batch_first():
     output, record = ours(inputs, return_intermediates=True)
     assert output.shape == (T, BATCH, D_MODEL)
     assert record.weights["self_attention"].shape == (BATCH, T, T)
+    assert "batch_first=False" in repr(ours).splitlines()[1]  # the layer's layout, not its attention's
     batch_first = TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, layer_norm_eps=1e-4,
                                           activation="gelu", dtype=F64).eval()
     batch_first.load_state_dict(ours.state_dict())

@@ -465,6 +465,13 @@ class _TransformerLayer(nn.Module):
         self.feedforward = _FeedForward(d_model, dim_feedforward, activation, dropout, factory)
         self.dropout = nn.Dropout(dropout)
 
+    def extra_repr(self) -> str:
+        # the layout a layer takes (its attentions, inside, are batch first whatever it is)
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, norm_first={self.norm_first}, "
+            f"batch_first={self.batch_first}"
+        )
+
     def _build_sublayers(
         self, num_heads: int, dropout: float, layer_norm_eps: float, factory: Factory
     ) -> None:
