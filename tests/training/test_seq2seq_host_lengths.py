@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -61,10 +62,25 @@ def test_the_handler_counts_the_sources_on_the_host_for_a_model_that_takes_them(
     assert handler.host_arguments(_rnn(), {key: value.to("meta") for key, value in batch.items()}) == {}
 
 
+def test_the_handler_counts_against_the_models_own_pad_id():
+    """Padding is the model's ``pad_id`` (here 2), not 0: the counts stop at it, and the model,
+    which checks them against its own mask, takes them."""
+    torch.manual_seed(0)
+    model = create_model("rnn-attention-seq2seq", "tiny", pad_id=2, bos_id=1, eos_id=0)
+    source = torch.tensor([[5, 6, 7, 2, 2], [0, 4, 2, 2, 2]])  # 0 is a token for this model
+    batch = {"source": source, "target": torch.tensor([[1, 5, 6], [1, 4, 2]])}
+    lengths = get_task_handler("seq2seq").host_arguments(model, batch)["source_lengths"]
+    assert lengths.tolist() == [3, 2]
+    given = model(source, batch["target"][:, :-1], source_lengths=lengths).logits
+    torch.testing.assert_close(given, model(source, batch["target"][:, :-1]).logits, rtol=0.0, atol=0.0)
+
+
 def test_through_wrappers_and_a_ddp_that_moves_its_tensor_arguments():
     """Under ``torch.compile`` the lengths stay a CPU tensor; a DDP wrapper given ``device_ids``
     (on GPUs) moves every tensor argument to its GPU, where the model would refuse them (and
-    read them back): it gets them as a list of ints, which it leaves alone."""
+    read them back): it gets a NumPy array, which DDP leaves alone (a list of ints would make
+    ``torch.compile`` guard on its values and compile again for every batch); a DataParallel over
+    several GPUs, which would copy the whole batch's lengths to every replica, gets nothing."""
     batch = _batch([5, 2, 7, 1], 8)
     handler = get_task_handler("seq2seq")
     model = _rnn()
@@ -74,10 +90,21 @@ def test_through_wrappers_and_a_ddp_that_moves_its_tensor_arguments():
     ddp = nn.parallel.DistributedDataParallel.__new__(nn.parallel.DistributedDataParallel)
     nn.Module.__init__(ddp)  # the attributes host_arguments reads, without a process group
     ddp.module, ddp.device_ids = model, [0]
-    assert handler.host_arguments(ddp, batch) == {"source_lengths": [5, 2, 7, 1]}
-    assert handler.host_arguments(torch.compile(ddp), batch) == {"source_lengths": [5, 2, 7, 1]}
+    for wrapped in (ddp, torch.compile(ddp)):
+        lengths = handler.host_arguments(wrapped, batch)["source_lengths"]
+        assert isinstance(lengths, np.ndarray) and lengths.tolist() == [5, 2, 7, 1]
+    # ... which the model takes as it takes the tensor, with the same outputs
+    source, target = batch["source"], batch["target"][:, :-1]
+    given, counted = model(source, target, source_lengths=lengths), model(source, target)
+    torch.testing.assert_close(given.logits, counted.logits, rtol=0.0, atol=0.0)
     ddp.device_ids = None  # DDP on CPUs moves nothing
     assert isinstance(handler.host_arguments(ddp, batch)["source_lengths"], Tensor)
+    parallel = nn.DataParallel.__new__(nn.DataParallel)
+    nn.Module.__init__(parallel)
+    parallel.module, parallel.device_ids = model, [0, 1]
+    assert handler.host_arguments(parallel, batch) == {}
+    parallel.device_ids = [0]  # one device: nothing is split
+    assert isinstance(handler.host_arguments(parallel, batch)["source_lengths"], Tensor)
 
 
 def test_the_other_tasks_pass_nothing_more():

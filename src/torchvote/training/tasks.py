@@ -42,18 +42,23 @@ def _check_output(output: Any, expected: type, model: nn.Module) -> None:
         )
 
 
-def _unwrapped(model: nn.Module) -> tuple[nn.Module, bool]:
+def _unwrapped(model: nn.Module) -> tuple[nn.Module, str]:
     """The module a ``torch.compile`` (``_orig_mod``) or DDP / DataParallel (``module``) wrapper
-    runs, unwrapped to the model itself; and whether a wrapper moves the tensors it is given to
-    its device (DDP and DataParallel given ``device_ids``, as on GPUs: a CPU tensor argument would
-    reach the model on the GPU)."""
-    moves = False
+    runs, unwrapped to the model itself; and what the wrappers do to a tensor argument:
+    ``"keep"``, ``"move"`` (DDP given ``device_ids``, as on GPUs: a CPU tensor would reach the
+    model on the GPU) or ``"split"`` (DataParallel over several devices: the batch's rows are
+    split between replicas, any other argument copied whole to each)."""
+    handling = "keep"
     while True:
         inner = getattr(model, "_orig_mod", None)
-        if inner is None and isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            inner, moves = model.module, moves or bool(model.device_ids)
+        if inner is None and isinstance(model, nn.DataParallel):
+            inner = model.module
+            handling = "split" if len(model.device_ids or ()) > 1 else handling
+        elif inner is None and isinstance(model, nn.parallel.DistributedDataParallel):
+            inner = model.module
+            handling = "move" if model.device_ids and handling == "keep" else handling
         if inner is None:
-            return model, moves
+            return model, handling
         model = inner
 
 
@@ -480,13 +485,20 @@ class Seq2SeqHandler(TaskHandler):
         on the host copy) for a model whose ``forward`` takes them (``rnn-attention-seq2seq``:
         its packing needs them on the CPU, and counted on a GPU they are read back at every
         step); nothing for the others (``transformer-seq2seq``), nor for a source already on an
-        accelerator (the model counts it then). A list of ints where ``model`` is a DDP wrapper
-        that moves its tensor arguments to its GPU, a ``(b,)`` CPU tensor otherwise."""
-        module, moves_tensors = _unwrapped(model)
-        if batch["source"].device.type != "cpu" or not _forward_takes(type(module), "source_lengths"):
+        accelerator (the model counts it then), nor through a DataParallel over several devices
+        (it would hand every replica the whole batch's lengths). A NumPy array where ``model`` is
+        a DDP wrapper that moves its tensor arguments to its GPU (a list would make
+        ``torch.compile`` guard on its values and compile again for every batch), a ``(b,)`` CPU
+        tensor otherwise."""
+        module, handling = _unwrapped(model)
+        if (
+            handling == "split"
+            or batch["source"].device.type != "cpu"
+            or not _forward_takes(type(module), "source_lengths")
+        ):
             return {}
         lengths = (batch["source"] != module.config.pad_id).sum(dim=1)  # (b,) on the CPU
-        return {"source_lengths": lengths.tolist() if moves_tensors else lengths}
+        return {"source_lengths": lengths.numpy() if handling == "move" else lengths}
 
     @staticmethod
     def _pad_id(batch: dict[str, Tensor]) -> int:
