@@ -160,3 +160,25 @@ def test_main_explains_on_the_runs_device(tmp_path, monkeypatch):
     config = load_config("smoke", ["device=cpu", "tensorboard=false"])
     assert cli._run_training(config, None, explain=True) == 0
     assert seen == ["cpu"]
+
+
+def test_the_option_reads_the_same_without_the_train_extra():
+    """Without omegaconf (no train extra) explain and demo resolved ``auto`` as the CPU even with
+    a GPU, and let names outside the documented set (``meta``) through; the rule now lives
+    outside ``torchvote.training``."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['omegaconf'] = None\n"  # as if it were not installed
+        "import torch; torch.cuda.is_available = lambda: True; torch.cuda.device_count = lambda: 1\n"
+        "from torchvote import cli\n"
+        "print(cli.resolve_device_option('auto'))\n"
+        "assert 'torchvote.training' not in sys.modules\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, "demo", "--device", "meta"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines()[0] == "cuda:0"
+    assert result.returncode == cli.EXIT_USAGE, result.stderr
+    assert "--device must be auto, cpu, cuda or cuda:<index>, got 'meta'" in result.stderr

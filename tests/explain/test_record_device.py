@@ -22,7 +22,7 @@ from torchvote.training.config import config_from_dict
 @pytest.fixture(scope="module")
 def capsnet_run(tiny_mnist_root, tmp_path_factory):
     """A two-step tiny capsnet run's folder."""
-    run_dir = tmp_path_factory.mktemp("s32") / "caps"
+    run_dir = tmp_path_factory.mktemp("capsnet_run") / "caps"
     values = tiny_config_values(tiny_mnist_root, run_dir, max_steps=2, epochs=1)
     values["model"] = {"name": "capsnet", "preset": "tiny"}
     return train(config_from_dict(values), verbose=False).run_dir

@@ -266,11 +266,12 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
         TypeError, ValueError: If ``limit`` is not a positive int.
         TypeError: If ``path`` is not a ``str`` or ``os.PathLike``.
         CorruptDataError: (a ``ValueError``) If a file is not readable (truncated, damaged, a zip
-            archive, MATLAB v7.3) or lacks the affNIST layout: an ``affNISTdata`` struct, ``image`` of shape
-            (1600, N) with whole-number pixels in 0-255, N labels 0-9 in ``label_int``. The
-            message names the file. Also when a folder's numbered batches are not the test
-            batches: a training or validation folder, numbers with a gap, a repeat or a leading
-            zero, a batch of more than 10,000 images.
+            archive, MATLAB v7.3) or lacks the affNIST layout: an ``affNISTdata`` struct,
+            ``image`` of shape (1600, N) with whole-number pixels in 0-255, N labels 0-9 in
+            ``label_int``. The message names the file.
+        ValueError: If a folder's numbered batches are not the test batches (the path names
+            other data: a usage error): a training or validation folder, numbers with a gap, a
+            repeat or a leading zero, a batch of more than 10,000 images.
     """
     limit = _validate_limit(limit)
     files = _mat_files(as_path(path, "path"))
@@ -420,9 +421,10 @@ def download_affnist(
     Raises:
         ChecksumError: If the archive's bytes do not match the published SHA-256.
         OSError: If no address could be reached.
-        ValueError: If the archive or the extracted file is damaged or not the affNIST layout,
-            ``root`` names a file rather than the folder to download into, or ``timeout`` is
-            not a positive finite number (a TypeError if it is no number).
+        CorruptDataError: (a ``ValueError``) If the archive or the extracted file is damaged or
+            not the affNIST layout.
+        ValueError: If ``root`` names a file rather than the folder to download into, or
+            ``timeout`` is not a positive finite number (a TypeError if it is no number).
         ImportError: If scipy (needed to check the layout) is missing.
     """
     timeout = check_positive_float(timeout, "timeout")  # checked also when the cache answers

@@ -14,9 +14,10 @@ Without ``--download`` the ``mnist``, ``affnist`` and ``shakespeare`` commands o
 the data was found (exit status 0) or what is missing (exit status 1); ``--verify`` loads it and
 checks it against the published set (status 1 where it differs). A download or check that fails
 (offline, a checksum mismatch, scipy missing for affNIST, a changed file) is one line on stderr
-saying what to do instead, exit status 1; an option that does not apply, or an MNIST ``--root``
-that names a file, is exit status 2 (the command line itself is wrong, as ``torchvote --help``
-says); ``TORCHVOTE_DEBUG=1`` shows the traceback.
+saying what to do instead, exit status 1; an option that does not apply, or a ``--root`` that
+names a file where a folder is needed (MNIST's, and any ``--download``'s), is exit status 2 (the
+command line itself is wrong, as ``torchvote --help`` says); ``TORCHVOTE_DEBUG=1`` shows the
+traceback.
 """
 
 from __future__ import annotations
@@ -252,8 +253,8 @@ def run_data(args: argparse.Namespace) -> int:
 
     Returns:
         0; 1 when data is missing, ``--verify`` finds it wrong, or a download or a check fails (one
-        line on stderr); 2 when the command line is wrong: an option that does not apply, an
-        MNIST ``--root`` that names a file (:func:`torchvote.cli.exit_status_of`).
+        line on stderr); 2 when the command line is wrong: an option that does not apply, a
+        ``--root`` that names a file where a folder is needed (:func:`torchvote.cli.exit_status_of`).
     """
     try:
         return _run(args)

@@ -170,6 +170,8 @@ class RNNAttentionSeq2SeqConfig:
     "rnn-attention-seq2seq",
     config=RNNAttentionSeq2SeqConfig,
     presets={
+        # the paper's sizes; its decoder starts from both encoder directions (bridge="both", the
+        # default, as checkpoints of this preset were trained): model.bridge=backward gives A.2.2's
         "bahdanau": {},
         "luong": {
             "src_vocab_size": 50000,

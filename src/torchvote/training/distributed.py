@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 # the device names' rules live in validation (no omegaconf there, for the commands that train
-# nothing); imported here, where the training code has always found them
-from torchvote.validation import auto_device_name, resolve_device
+# nothing); imported here too, where they were before
+from torchvote.validation import auto_device_name, check_device_name, resolve_device
 
 __all__ = [
     "DistributedContext",
@@ -26,6 +26,7 @@ __all__ = [
     "any_process",
     "any_processes",
     "auto_device_name",
+    "check_device_name",
     "resolve_device",
     "setup_distributed",
 ]

@@ -89,7 +89,7 @@ def evaluate(
         objective: also report the mean ``loss`` under this objective.
         batch_size: examples per forward pass (per process).
         device: where to compute (default: the model's device); a name as
-            :func:`~torchvote.training.distributed.resolve_device` takes it (``"auto"``) or a
+            :func:`~torchvote.validation.resolve_device` takes it (``"auto"``) or a
             ``torch.device``.
         context: the data-parallel context (default: single process).
         bf16: evaluate under bfloat16 autocast.
@@ -345,7 +345,7 @@ def load_model_from_checkpoint(
     Args:
         location: anything :func:`~torchvote.training.checkpoint.find_checkpoint` resolves.
         device: where to put the model: a ``torch.device`` or a name
-            :func:`~torchvote.training.distributed.resolve_device` takes (``"auto"``, ``"cpu"``,
+            :func:`~torchvote.validation.resolve_device` takes (``"auto"``, ``"cpu"``,
             ``"cuda:1"``).
 
     Returns:
