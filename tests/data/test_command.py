@@ -116,6 +116,12 @@ def test_a_damaged_affnist_file_is_a_failure_not_a_usage_error(
     assert entry(["affnist", "--verify", "--root", str(tmp_path)]) == 1
     line = _one_error_line(capsys)
     assert str(mat) in line and "not a readable MATLAB file" in line
+    # ... but a file named that is no .mat at all is a mistyped path: the command line is wrong
+    readme = tmp_path / "README.md"
+    readme.write_text("# not affNIST")
+    assert entry(["affnist", "--verify", "--root", str(readme)]) == 2
+    line = _one_error_line(capsys)
+    assert f"{readme} is not a .mat file" in line and "--download" not in line
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

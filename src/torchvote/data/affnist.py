@@ -239,6 +239,11 @@ def _mat_files(path: Path) -> list[Path]:
             raise FileNotFoundError(f"no test.mat or numbered test batches (1.mat ... 32.mat) in {path}")
         return files
     if path.is_file():
+        if path.suffix.lower() != ".mat":  # a mistyped path (a usage error), not a damaged file
+            raise ValueError(
+                f"{path} is not a .mat file: pass affNIST's test.mat (or a numbered test batch), or "
+                "the folder that holds them"
+            )
         return [path]
     raise FileNotFoundError(f"affNIST file or directory not found: {path}")
 
@@ -269,9 +274,10 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
             archive, MATLAB v7.3) or lacks the affNIST layout: an ``affNISTdata`` struct,
             ``image`` of shape (1600, N) with whole-number pixels in 0-255, N labels 0-9 in
             ``label_int``. The message names the file.
-        ValueError: If a folder's numbered batches are not the test batches (the path names
-            other data: a usage error): a training or validation folder, numbers with a gap, a
-            repeat or a leading zero, a batch of more than 10,000 images.
+        ValueError: If the path names other data (a usage error): a file that is not a
+            ``.mat``, or a folder whose numbered batches are not the test batches (a training or
+            validation folder, numbers with a gap, a repeat or a leading zero, a batch of more
+            than 10,000 images).
     """
     limit = _validate_limit(limit)
     files = _mat_files(as_path(path, "path"))
