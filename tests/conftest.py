@@ -15,6 +15,7 @@ it checks; its inputs and its reference (a loop, PyTorch's own function) run the
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -195,6 +196,36 @@ def tiny_mnist_root(tmp_path_factory) -> Path:
         write_idx(root / IDX_NAMES[split][0], pixels)
         write_idx(root / IDX_NAMES[split][1], labels.to(torch.uint8))
     return root
+
+
+def padded_source(lengths: list[int], width: int, pad: int = 0) -> torch.Tensor:
+    """``(b, width)`` seq2seq source ids in [3, 15) (seed 1), padded with ``pad`` after
+    ``lengths[i]`` tokens (used by the rnn-attention-seq2seq tests)."""
+    torch.manual_seed(1)
+    source = torch.randint(3, 15, (len(lengths), width))
+    for row, length in enumerate(lengths):
+        source[row, length:] = pad
+    return source
+
+
+@contextlib.contextmanager
+def recording_reads(monkeypatch: pytest.MonkeyPatch, reads: list[str]) -> Iterator[list[str]]:
+    """Append to ``reads`` every read of a tensor's values to the host while active (``cpu``,
+    ``item``, ``tolist``, ``bool``, ``numpy``), value checks queued as on an accelerator
+    (``torch._assert_async``); yields ``reads``."""
+    import torchvote.validation
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torchvote.validation, "_reads_are_free", lambda tensor: False)
+        for name in ("cpu", "item", "tolist", "__bool__", "numpy"):
+            original = getattr(torch.Tensor, name)
+
+            def recorded(self, *args, _name=name, _original=original, **kwargs):
+                reads.append(_name)
+                return _original(self, *args, **kwargs)
+
+            patch.setattr(torch.Tensor, name, recorded)
+        yield reads
 
 
 def tiny_config_values(root: Path, run_dir: Path, **extra) -> dict:  # used by the fixtures below

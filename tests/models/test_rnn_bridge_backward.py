@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import Tensor
 
+from conftest import padded_source
 from torchvote.models import create_model
 from torchvote.training.config import model_config_from
 
 F64 = torch.float64
-PAD = 0
 
 
 def _model(bridge: str | None, num_layers: int = 1, **extra):
@@ -22,14 +22,6 @@ def _model(bridge: str | None, num_layers: int = 1, **extra):
     return create_model(
         "rnn-attention-seq2seq", "tiny", num_layers=num_layers, dtype=F64, **options, **extra
     ).train(False)
-
-
-def _source(lengths: list[int], width: int) -> Tensor:
-    torch.manual_seed(1)
-    source = torch.randint(3, 15, (len(lengths), width))
-    for row, length in enumerate(lengths):
-        source[row, length:] = PAD
-    return source
 
 
 def _gru_cell(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> Tensor:
@@ -56,7 +48,7 @@ def _backward_first_state(model, tokens: Tensor) -> Tensor:
 @pytest.mark.parametrize("lengths", [[5, 2, 7, 1], [6, 6, 6]], ids=["padded", "unpadded"])
 def test_s0_is_tanh_of_W_s_times_the_backward_first_state(lengths):
     model = _model("backward")
-    source = _source(lengths, max(lengths) + 1)
+    source = padded_source(lengths, max(lengths) + 1)
     memory, _, hidden = model.encode(source)  # hidden: (1, b, H)
     W_s, b_s = model.bridge.weight, model.bridge.bias  # (H, H), (H,)
     H = model.config.hidden_size
@@ -70,7 +62,7 @@ def test_s0_is_tanh_of_W_s_times_the_backward_first_state(lengths):
 def test_every_layer_starts_from_its_own_backward_state():
     model = _model("backward", num_layers=2)
     lengths = [4, 1, 6]
-    source = _source(lengths, 6)
+    source = padded_source(lengths, 6)
     _, _, hidden = model.encode(source)  # (2, b, H)
     for row, length in enumerate(lengths):
         embedded = model.source_embedding(source[row : row + 1, :length])  # (1, length, E), no padding
@@ -86,7 +78,7 @@ def test_both_is_the_default_and_reads_both_directions():
     H = default.config.hidden_size
     assert default.bridge.weight.shape == both.bridge.weight.shape == (H, 2 * H)
     assert _model("backward").bridge.weight.shape == (H, H)
-    source = _source([5, 2, 7], 7)
+    source = padded_source([5, 2, 7], 7)
     torch.testing.assert_close(default.encode(source)[2], both.encode(source)[2], rtol=0, atol=0)
     _, _, hidden = both.encode(source)
     for row, length in enumerate([5, 2, 7]):
@@ -97,7 +89,7 @@ def test_both_is_the_default_and_reads_both_directions():
 
 def test_a_backward_bridge_trains_and_decodes():
     model = _model("backward").train()
-    source, target = _source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
+    source, target = padded_source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
     model(source, target).logits.sum().backward()
     assert model.bridge.weight.grad is not None and model.bridge.weight.grad.abs().sum() > 0
     assert model.generate(source, max_new_tokens=3).shape[0] == 3

@@ -5,15 +5,13 @@ the device's values."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from einops import rearrange
 from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-import torchvote.validation
+from conftest import padded_source, recording_reads
 from torchvote.models import create_model
 
 F64 = torch.float64
@@ -26,15 +24,6 @@ def _model(bidirectional: bool, attention: str, num_layers: int):
         "rnn-attention-seq2seq", "tiny", bidirectional=bidirectional, attention=attention,
         num_layers=num_layers, dtype=F64,
     ).train(False)
-
-
-def _source(lengths: list[int], width: int) -> Tensor:
-    """``(b, width)`` ids in [3, 15), padded with ``PAD`` after ``lengths[i]`` tokens."""
-    torch.manual_seed(1)
-    source = torch.randint(3, 15, (len(lengths), width))
-    for row, length in enumerate(lengths):
-        source[row, length:] = PAD
-    return source
 
 
 def _torch_encode(model, source: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,7 +56,7 @@ BATCHES = pytest.mark.parametrize(
 @CASES
 def test_encode_is_torchs_unsorted_packing_exactly(bidirectional, attention, num_layers, lengths):
     model = _model(bidirectional, attention, num_layers)
-    source = _source(lengths, max(lengths))
+    source = padded_source(lengths, max(lengths))
     reference_memory, reference_hidden = _torch_encode(model, source)
     reference = _gradients(model, reference_memory.square().sum() + reference_hidden.sin().sum())
     for given in (None, torch.tensor(lengths), list(lengths)):
@@ -89,7 +78,7 @@ def test_forward_and_generate_are_the_same_with_the_lengths_given(
     bidirectional, attention, num_layers, lengths
 ):
     model = _model(bidirectional, attention, num_layers)
-    source = _source(lengths, max(lengths) + 2)  # trailing padding in every row
+    source = padded_source(lengths, max(lengths) + 2)  # trailing padding in every row
     target = torch.randint(3, 15, (len(lengths), 4))
     plain = model(source, target, need_weights=True)
     given = model(source, target, need_weights=True, source_lengths=torch.tensor(lengths))
@@ -102,28 +91,10 @@ def test_forward_and_generate_are_the_same_with_the_lengths_given(
     assert torch.equal(model.generate(source, source_lengths=lengths), model.generate(source))
 
 
-@contextlib.contextmanager
-def _recording_reads(monkeypatch):
-    """Every read of a tensor's values to the host (``cpu``, ``item``, ``tolist``, ``bool``,
-    ``numpy``), with value checks queued as on an accelerator (``torch._assert_async``)."""
-    reads: list[str] = []
-    monkeypatch.setattr(torchvote.validation, "_reads_are_free", lambda tensor: False)
-    for name in ("cpu", "item", "tolist", "__bool__", "numpy"):
-        original = getattr(Tensor, name)
-
-        def recorded(self, *args, _name=name, _original=original, **kwargs):
-            reads.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(Tensor, name, recorded)
-    yield reads
-    monkeypatch.undo()
-
-
 def test_given_lengths_read_nothing_back(monkeypatch):
     model = _model(True, "additive", 1)
-    source, target = _source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
-    with _recording_reads(monkeypatch) as reads:
+    source, target = padded_source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
+    with recording_reads(monkeypatch, []) as reads:
         model(source, target, source_lengths=torch.tensor([5, 2, 7]))
     assert reads == []
 
@@ -131,15 +102,15 @@ def test_given_lengths_read_nothing_back(monkeypatch):
 def test_counted_lengths_read_back_once(monkeypatch):
     # torch's unsorted packing read its inverse permutation back as well (pad_packed_sequence)
     model = _model(True, "additive", 1)
-    source, target = _source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
-    with _recording_reads(monkeypatch) as reads:
+    source, target = padded_source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
+    with recording_reads(monkeypatch, []) as reads:
         model(source, target)
     assert reads == ["cpu"]  # the counted lengths: the one synchronisation left without them
 
 
 def test_bad_source_lengths_are_refused_by_name():
     model = _model(True, "additive", 1)
-    source, target = _source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
+    source, target = padded_source([5, 2, 7], 7), torch.randint(3, 15, (3, 4))
     with pytest.raises(ValueError, match=r"source_lengths must count the tokens.*got \[5, 3, 7\]"):
         model(source, target, source_lengths=[5, 3, 7])
     with pytest.raises(ValueError, match=r"source_lengths must have shape \(3,\)"):

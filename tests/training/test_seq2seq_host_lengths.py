@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import torchvote.training.loop as loop_module
-import torchvote.validation
+from conftest import recording_reads
 from torchvote.models import create_model
 from torchvote.training import get_task_handler, train
 from torchvote.training.config import config_from_dict
@@ -141,23 +141,6 @@ def test_the_loss_and_gradients_are_the_models_without_the_lengths():
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-15)
 
 
-@contextlib.contextmanager
-def _recording_reads(monkeypatch, reads: list[str]):
-    """Every read of a tensor's values to the host while active (``cpu``, ``item``, ``tolist``,
-    ``bool``, ``numpy``), value checks queued as on an accelerator (``torch._assert_async``)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(torchvote.validation, "_reads_are_free", lambda tensor: False)
-        for name in ("cpu", "item", "tolist", "__bool__", "numpy"):
-            original = getattr(Tensor, name)
-
-            def recorded(self, *args, _name=name, _original=original, **kwargs):
-                reads.append(_name)
-                return _original(self, *args, **kwargs)
-
-            patch.setattr(Tensor, name, recorded)
-        yield
-
-
 def _seq2seq_values(run_dir, model: str, **extra) -> dict:
     return {
         "model": {"name": model, "preset": "tiny", "dropout": 0.0},
@@ -186,7 +169,7 @@ def test_a_training_step_reads_nothing_back_in_the_models_forward(tmp_path, monk
             stack = contextlib.ExitStack()
 
             def start(_module, _args, _kwargs):
-                stack.enter_context(_recording_reads(monkeypatch, reads_in_forward))
+                stack.enter_context(recording_reads(monkeypatch, reads_in_forward))
 
             run.model.register_forward_pre_hook(start, with_kwargs=True)
             run.model.register_forward_hook(lambda *_: stack.close())
