@@ -85,3 +85,22 @@ def test_a_run_takes_it_from_the_command_line_and_resumes_with_it(tiny_config):
     assert resumed.step > stopped.step and not resumed.interrupted
     with pytest.raises(ConfigError, match="optim.weight_decay_on: 'biases' is not one of: all, matrices"):
         apply_overrides(config, ["optim.weight_decay_on=biases"])
+
+
+@pytest.mark.parametrize("preset", ["lm-shakespeare", "seq2seq-reverse", "vit-mnist"])
+def test_transformer_presets_decay_weight_matrices_only(preset):
+    """GPT-2 as nanoGPT trains it and ViT/DeiT decay the weight matrices and embeddings, not the
+    biases nor LayerNorm's gains and shifts: one AdamW step of the preset's optimiser on zero
+    gradients shrinks exactly the tensors of two or more dimensions by ``1 - lr * decay``."""
+    from torchvote.models.registry import create_model
+    from torchvote.training.config import load_config
+
+    config = load_config(preset)
+    model = create_model(config.model.name, "tiny")
+    moved = _step(model, config.optim)
+    norms = {name for name, module in model.named_modules() if isinstance(module, nn.LayerNorm)}
+    assert norms and any(name.endswith(".bias") for name in moved)  # the exempt kinds are there
+    shrink = 1 - config.optim.lr * config.optim.weight_decay
+    for name, (before, after) in moved.items():
+        torch.testing.assert_close(after, before * shrink if before.dim() >= 2 else before,
+                                   rtol=0, atol=0, msg=name)  # the same float32 product AdamW forms
