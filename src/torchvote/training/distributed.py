@@ -27,6 +27,7 @@ __all__ = [
     "any_processes",
     "auto_device_name",
     "check_device_name",
+    "max_over_processes",
     "resolve_device",
     "setup_distributed",
 ]
@@ -158,8 +159,27 @@ def any_process(flag: bool, context: DistributedContext) -> bool:
 def any_processes(flags: Sequence[bool], context: DistributedContext) -> tuple[bool, ...]:
     """:func:`any_process` for several flags in one exchange: each true on every process if it
     is true on any."""
+    return tuple(value > 0 for value in max_over_processes([int(bool(flag)) for flag in flags], context))
+
+
+def max_over_processes(values: Sequence[int], context: DistributedContext) -> tuple[int, ...]:
+    """Each value's maximum over all processes, in one exchange (the values themselves for a
+    single process).
+
+    The flags of :func:`any_processes` are its 0s and 1s; the training loop sends the number of
+    the signal that stopped a process beside them, so that every process also agrees on which
+    signal it was (and exits with its status). Like :func:`any_process`, a CPU tensor over
+    :attr:`DistributedContext.control_group`: no wait for the device.
+
+    Args:
+        values: integers in the int32 range, one per quantity; every process sends as many.
+        context: this process's place in the run.
+
+    Returns:
+        The maxima, in the order of ``values``.
+    """
     if not context.is_distributed:
-        return tuple(bool(flag) for flag in flags)
-    values = torch.tensor([1 if flag else 0 for flag in flags], dtype=torch.int32)  # on the CPU
-    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=context.control_group)
-    return tuple(bool(value > 0) for value in values.tolist())
+        return tuple(int(value) for value in values)
+    tensor = torch.tensor([int(value) for value in values], dtype=torch.int32)  # on the CPU
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=context.control_group)
+    return tuple(tensor.tolist())

@@ -71,7 +71,7 @@ from torchvote.training.distributed import (
     DistributedContext,
     all_reduce_sum,
     any_process,
-    any_processes,
+    max_over_processes,
     setup_distributed,
 )
 from torchvote.training.evaluation import autocast, evaluate_loss_where_it_applies, load_eval_entry
@@ -516,7 +516,7 @@ class _Run:
             config=self.config,
             wall_s=self.wall_s(),
             reached_target=self.reached_target,
-            stop_signal=self.stop.reason if interrupted else "",
+            stop_signal=self.stop.signal_name if interrupted else "",
         )
         if self.verbose and not interrupted:
             print(result.table())
@@ -542,8 +542,13 @@ class _Run:
                         with progress.paused():  # no training: out of the next window's rate
                             reached = self._maybe_evaluate(progress)
                             self._maybe_checkpoint(progress)
-                        stop, due = any_processes((self.stop.requested, self._checkpoint_due()), self.context)
-                        if stop:
+                        # one exchange: the highest signal number any process received (SIGTERM
+                        # over SIGINT, 0: none), so that all stop and exit with its status
+                        signum, due = max_over_processes(
+                            (self.stop.signum, int(self._checkpoint_due())), self.context
+                        )
+                        if signum:
+                            self.stop.agree(signum)
                             self._save(progress)
                             return self._stopped(progress, saved=True)
                         if due:
@@ -707,7 +712,7 @@ class _Run:
 
     def _checkpoint_due(self) -> bool:
         """Whether ``checkpoint_minutes`` have passed since the last checkpoint (or the start), by
-        the main process's clock: :func:`any_process` makes every process save with it."""
+        the main process's clock: :func:`max_over_processes` makes every process save with it."""
         minutes = self.config.checkpoint_minutes
         if not (minutes and self.context.is_main) or self.step == self.last_saved_step:
             return False
@@ -753,7 +758,7 @@ class _Run:
         progress.close()
         if not self.context.is_main:
             return True
-        reason = self.stop.reason or "KeyboardInterrupt"
+        reason = self.stop.signal_name or "KeyboardInterrupt"
         if saved and self.last_checkpoint is not None:
             where = f"checkpoint saved at step {self.step}: {self.last_checkpoint.weights}"
         elif self.last_checkpoint is not None:
