@@ -23,6 +23,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_bytes",
     "create_temporary",
+    "file_version",
     "load_failure_reason",
     "remove_abandoned_temporaries",
 ]
@@ -237,6 +238,28 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         data: its new contents.
     """
     atomic_write(path, lambda handle: handle.write(data))
+
+
+def file_version(path: str | os.PathLike[str]) -> tuple[int, int, int, int]:
+    """What tells one version of a file from another for an in-process cache: inode, size,
+    modification and change times (ns).
+
+    Size and mtime alone served a stale copy for a file replaced by one of the same size within
+    the file system's timestamp resolution, or with its mtime kept (``cp -p``, ``rsync -t``,
+    ``tar``); the inode changes with every atomic replace (a new file renamed over the old), and
+    the change time with every write and ``utime``, which cannot set it back. Still one ``stat``.
+
+    Args:
+        path: the file.
+
+    Returns:
+        ``(st_ino, st_size, st_mtime_ns, st_ctime_ns)``.
+
+    Raises:
+        OSError: the file cannot be ``stat``-ed (missing, no permission).
+    """
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
 
 
 def load_failure_reason(error: BaseException, path: str | os.PathLike[str] | None = None) -> str:

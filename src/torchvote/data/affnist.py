@@ -48,7 +48,7 @@ from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import CorruptDataError, DataNotFoundError
 from torchvote.data.mnist import _validate_limit
 from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
-from torchvote.files import atomic_write_bytes, create_temporary
+from torchvote.files import atomic_write_bytes, create_temporary, file_version
 from torchvote.validation import check_positive_float
 
 __all__ = [
@@ -302,8 +302,10 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
 
 
 @functools.lru_cache(maxsize=4)
-def _sha256_of(path: str, _stamp: tuple[int, int]) -> str:
-    """SHA-256 of a file, hashed once per process and file version (``_stamp``: mtime, size)."""
+def _sha256_of(path: str, _version: tuple[int, ...]) -> str:
+    """SHA-256 of a file, hashed once per process and file version (``_version``:
+    :func:`~torchvote.files.file_version`: a file replaced with its size and mtime kept is
+    hashed anew, not taken for the one verified)."""
     return file_digest(path, "sha256")
 
 
@@ -331,7 +333,7 @@ def _check_against_manifest(mat: Path) -> dict[str, Any] | None:
             f"{mat} has {stat.st_size} bytes but {expected_size} were verified at download "
             f"(truncated or replaced); {_redownload(mat)}"
         )
-    actual = _sha256_of(str(mat), (stat.st_mtime_ns, stat.st_size))
+    actual = _sha256_of(str(mat), file_version(mat))
     if actual != expected_sha:
         raise CorruptDataError(
             f"{mat} changed since it was verified (sha256 {actual}, manifest {expected_sha}); "

@@ -33,6 +33,7 @@ from torch import Tensor
 from torchvote.data.errors import CorruptDataError, DataNotFoundError
 from torchvote.data.idx import read_idx
 from torchvote.data.paths import dataset_dir, names_a_file
+from torchvote.files import file_version
 from torchvote.validation import is_integer
 
 __all__ = [
@@ -231,7 +232,16 @@ def idx_candidates(split: Split, root: str | PathLike[str] | None = None) -> lis
 
 
 def find_idx_files(split: Split, root: str | PathLike[str] | None = None) -> tuple[Path, Path] | None:
-    """Find the images and labels IDX files of one split (``.gz`` preferred over plain).
+    """Find the images and labels IDX files of one split, both in one form where possible.
+
+    The ``.gz`` pair is read when both ``.gz`` files are there (the form the download writes
+    and checks); else the plain pair when both plain files are; else the one file of each that
+    is there (one ``.gz``, one plain). Which is read depends only on which of the four names
+    exist. Taking each file's ``.gz`` on its own paired a newer ``.gz`` of one file (a download
+    stopped halfway) with the other file's older plain copy: another data set's labels (Fashion-
+    MNIST's names are the same) beside MNIST's images, as many of each, went unnoticed. Now the
+    plain pair is read there, and :func:`load_mnist` refuses it unless that ``.gz`` file holds
+    the same data as its plain one.
 
     Args:
         split: ``"train"`` or ``"test"``.
@@ -247,11 +257,28 @@ def find_idx_files(split: Split, root: str | PathLike[str] | None = None) -> tup
 
 
 def _present_files(split: Split, root: str | PathLike[str] | None) -> tuple[Path | None, Path | None]:
-    """The split's images and labels files that exist (``.gz`` preferred), ``None`` for one missing."""
-    paths = idx_candidates(split, root)  # [images.gz, images, labels.gz, labels]
-    images_paths, labels_paths = paths[:2], paths[2:]
-    images = next((p for p in images_paths if p.is_file()), None)
-    return images, next((p for p in labels_paths if p.is_file()), None)
+    """The split's images and labels files that exist, chosen as :func:`find_idx_files` says;
+    ``None`` for one missing in both forms."""
+    images_gz, images, labels_gz, labels = paths = idx_candidates(split, root)
+    there = {path: path.is_file() for path in paths}
+    for pair in ((images_gz, labels_gz), (images, labels)):  # one form for both files
+        if all(there[path] for path in pair):
+            return pair
+    return (
+        next((path for path in (images_gz, images) if there[path]), None),
+        next((path for path in (labels_gz, labels) if there[path]), None),
+    )
+
+
+def _gz_beside(pair: tuple[Path, Path]) -> tuple[Path | None, Path | None]:
+    """The ``.gz`` form of each file of a plain pair, where it is there: what is left of a ``.gz``
+    pair not complete (a download stopped halfway), whose file must hold the plain one's data.
+    ``(None, None)`` for a pair with a ``.gz`` file: beside a complete ``.gz`` pair, which is read,
+    plain files are not; in a pair of one ``.gz`` and one plain file, neither is there twice."""
+    if any(path.suffix == ".gz" for path in pair):
+        return None, None
+    images_gz, labels_gz = (path.with_name(f"{path.name}.gz") for path in pair)
+    return (images_gz if images_gz.is_file() else None), (labels_gz if labels_gz.is_file() else None)
 
 
 def _half_found(split: Split, root: str | PathLike[str] | None) -> str | None:
@@ -267,29 +294,61 @@ def _half_found(split: Split, root: str | PathLike[str] | None) -> str | None:
 
 @functools.lru_cache(maxsize=4)
 def _load_idx_arrays(
-    images_path: str, labels_path: str, _stamp: tuple[int, ...]
+    images_path: str, labels_path: str, twins: tuple[str | None, str | None], _version: tuple[int, ...]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decode one split's IDX pair; ``_stamp`` (mtimes, sizes) invalidates the cache."""
+    """Decode one split's IDX pair; ``_version`` (:func:`~torchvote.files.file_version` of every
+    file read) invalidates the cache.
+
+    Args:
+        images_path, labels_path: the pair :func:`find_idx_files` chose.
+        twins: :func:`_gz_beside` the pair (``None``: not there): each must hold its plain
+            file's data, else which of the two is stale, and so which files belong together, is
+            unknown.
+
+    Raises:
+        CorruptDataError: (a ``ValueError``) a file is not an MNIST IDX file of its kind, the two
+            files disagree in count, or a file's two forms hold different data; the message names
+            the files.
+    """
     images = read_idx(images_path).numpy()
     labels = read_idx(labels_path).numpy()
+    for path, values, twin in ((images_path, images, twins[0]), (labels_path, labels, twins[1])):
+        if twin is not None:
+            _check_the_same(path, values, twin)
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
-        raise ValueError(
+        raise CorruptDataError(
             f"{images_path}: expected uint8 images of shape (N, 28, 28), got {images.dtype} {images.shape}"
         )
     if labels.dtype != np.uint8 or labels.ndim != 1:
-        raise ValueError(f"{labels_path}: expected uint8 labels of shape (N,), got {labels.shape}")
+        raise CorruptDataError(f"{labels_path}: expected uint8 labels of shape (N,), got {labels.shape}")
     if len(labels) != len(images):
-        raise ValueError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+        raise CorruptDataError(
+            f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels"
+        )
     if len(labels) and labels.max() > 9:
-        raise ValueError(f"{labels_path}: labels must be digits 0-9, found {labels.max()}")
+        raise CorruptDataError(f"{labels_path}: labels must be digits 0-9, found {labels.max()}")
     images.setflags(write=False)
     labels = labels.astype(np.int64)
     labels.setflags(write=False)
     return images, labels
 
 
-def _stamp(*paths: Path) -> tuple[int, ...]:
-    return tuple(v for p in paths for v in (p.stat().st_mtime_ns, p.stat().st_size))
+def _check_the_same(path: str, values: np.ndarray, twin: str) -> None:
+    """Refuse a plain IDX file whose ``.gz`` twin beside it holds other data.
+
+    Raises:
+        CorruptDataError: naming both files, which of them is read, and what each holds.
+    """
+    twin_values = read_idx(twin).numpy()
+    if twin_values.dtype == values.dtype and np.array_equal(twin_values, values):
+        return
+    raise CorruptDataError(
+        f"{path} (read: its .gz pair is incomplete) and {twin} beside it hold different data "
+        f"({values.dtype} {values.shape} and {twin_values.dtype} {twin_values.shape}): one of them is "
+        "stale, and which files belong together is unknown. Delete the stale one, or complete the "
+        ".gz pair (a complete .gz pair is read instead)"
+    )
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,9 +381,11 @@ def load_mnist(
 
     Raises:
         ValueError: If ``split`` or ``source`` is not one of the allowed names, ``limit`` is not
-            positive, ``root`` is given with ``source="hub"`` (which reads no file), or a file is
-            truncated, corrupt or not MNIST (the message names the file and the command that
-            replaces it).
+            positive, ``root`` is given with ``source="hub"`` (which reads no file), or
+            (:class:`~torchvote.data.CorruptDataError`) a file is truncated, corrupt or not MNIST,
+            the images and labels differ in count, or a plain file read and its ``.gz`` beside it
+            hold different data (:func:`find_idx_files`; the message names the files and the
+            command that replaces them).
         TypeError: If ``limit`` is not an int or ``root`` is not a path.
         DataNotFoundError: If the requested source is missing; the message lists every path
             checked and the command that provides the data.
@@ -346,7 +407,14 @@ def load_mnist(
         command = IDX_DOWNLOAD_COMMAND + (f" --root {shlex.quote(str(root))}" if root is not None else "")
         if found is not None:
             try:
-                images, labels = _load_idx_arrays(str(found[0]), str(found[1]), _stamp(*found))
+                twins = _gz_beside(found)
+                read = [path for path in (*found, *twins) if path is not None]
+                images, labels = _load_idx_arrays(
+                    str(found[0]),
+                    str(found[1]),
+                    tuple(None if twin is None else str(twin) for twin in twins),
+                    tuple(value for path in read for value in file_version(path)),
+                )
             except ValueError as err:  # the message names the file; add how to replace it
                 raise CorruptDataError(
                     f"{err}\nThe MNIST {split} IDX files are damaged or not MNIST: `{command}` "

@@ -39,6 +39,7 @@ from torchvote.data.download import download_file, file_digest
 from torchvote.data.errors import ChecksumError, CorruptDataError, DataNotFoundError
 from torchvote.data.paths import as_path, dataset_dir, download_dir, names_a_file
 from torchvote.data.transforms import _check_generator
+from torchvote.files import file_version
 from torchvote.validation import (
     check_in_range,
     check_integer_tensor,
@@ -217,8 +218,9 @@ def fetch_shakespeare(
 
 
 @functools.lru_cache(maxsize=2)
-def _read_texts(path: str, _stamp: tuple[int, int]) -> tuple[tuple[str, str], ...]:
-    """(title, text) of each ``*_gut.txt`` member, sorted by title; cached per file version."""
+def _read_texts(path: str, _version: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
+    """(title, text) of each ``*_gut.txt`` member, sorted by title; cached per file version
+    (``_version``: :func:`~torchvote.files.file_version`)."""
     texts: list[tuple[str, str]] = []
     try:
         with tarfile.open(path, mode="r:*") as tar:
@@ -251,8 +253,7 @@ def _refetch(path: Path) -> str:
 
 def _texts(archive: str | PathLike[str] | None) -> tuple[tuple[str, str], ...]:
     path = find_shakespeare_archive(archive)
-    stat = path.stat()
-    return _read_texts(str(path), (stat.st_mtime_ns, stat.st_size))
+    return _read_texts(str(path), file_version(path))
 
 
 def shakespeare_titles(
