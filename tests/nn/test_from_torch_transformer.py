@@ -218,7 +218,6 @@ def _no_params(embed_dim, num_heads, *, dropout, **factory):
 
 
 _LAYER_ERRORS = [
-    (lambda: _torch_layer(batch_first=False), ValueError, r"self_attn\.batch_first=False"),
     (lambda: _torch_layer(activation=nn.GELU(approximate="tanh")), ValueError,
      r"activation=GELU\(approximate='tanh'\)"),
     (lambda: _torch_layer(activation=torch.tanh), ValueError, "activation=.*not supported"),
@@ -249,6 +248,8 @@ _DECODER_ERRORS = [
     (lambda: _set(_torch_layer(nn.TransformerDecoderLayer), dropout3__p=0.0), ValueError,
      r"dropout3\.p=0\.0"),
     (lambda: _set(_torch_layer(nn.TransformerDecoderLayer), norm3__eps=1e-6), ValueError, r"norm3\.eps"),
+    (lambda: _set(_torch_layer(nn.TransformerDecoderLayer), multihead_attn__batch_first=False), ValueError,
+     r"layouts differ \(self_attn\.batch_first=True, multihead_attn\.batch_first=False\)"),
 ]
 
 

@@ -103,17 +103,29 @@ def test_sequence_first_intermediates_stay_batch_first():
     torch.testing.assert_close(again, output, rtol=1e-12, atol=1e-12)
 
 
-def test_a_copy_of_a_sequence_first_torch_layer_set_sequence_first_takes_its_inputs():
-    """``from_torch`` copies batch-first; setting the copy's ``batch_first`` to False (what the
-    refusal without ``allow_sequence_first`` suggests) gives torch's layout and torch's outputs."""
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_copy_of_a_sequence_first_torch_layer_keeps_its_layout(norm_first):
+    """Torch's default layers are sequence first: ``from_torch`` copies that layout, so the copy
+    takes torch's ``(T, b, E)`` inputs and gives torch's outputs (it was refused, and a copy made
+    with ``allow_sequence_first`` took batch-first inputs); ``allow_sequence_first=True`` still
+    makes that batch-first copy, for the stacks."""
     torch.manual_seed(1)
-    theirs = nn.TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.0, dtype=F64)
-    with pytest.raises(ValueError, match="set the copied layer's batch_first to False"):
-        TransformerEncoderLayer.from_torch(theirs)
-    copy = TransformerEncoderLayer.from_torch(theirs, allow_sequence_first=True).eval()
-    copy.batch_first = False
+    settings = {"dim_feedforward": FEEDFORWARD, "dropout": 0.0, "norm_first": norm_first, "dtype": F64}
+    encoder = nn.TransformerEncoderLayer(D_MODEL, HEADS, **settings).eval()
+    decoder = nn.TransformerDecoderLayer(D_MODEL, HEADS, **settings).eval()
     inputs = torch.randn(T, BATCH, D_MODEL, dtype=F64)  # (T, b, E)
-    torch.testing.assert_close(copy(inputs), theirs.eval()(inputs), rtol=1e-10, atol=1e-10)
+    memory = torch.randn(T + 2, BATCH, D_MODEL, dtype=F64)  # (S, b, E)
+    copy = TransformerEncoderLayer.from_torch(encoder)
+    assert copy.batch_first is False
+    torch.testing.assert_close(copy(inputs), encoder(inputs), rtol=1e-10, atol=1e-10)
+    copy = TransformerDecoderLayer.from_torch(decoder)
+    assert copy.batch_first is False
+    torch.testing.assert_close(copy(inputs, memory, is_causal=False), decoder(inputs, memory),
+                               rtol=1e-10, atol=1e-10)
+    batch_first = TransformerEncoderLayer.from_torch(encoder, allow_sequence_first=True)
+    assert batch_first.batch_first is True
+    torch.testing.assert_close(batch_first(inputs.transpose(0, 1)).transpose(0, 1), encoder(inputs),
+                               rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("layer_class", [TransformerEncoderLayer, TransformerDecoderLayer])

@@ -31,7 +31,8 @@ torch's spellings of their arguments too (``nhead`` for ``num_heads``, ``batch_f
 ``key_mask`` True = real token, False = padding. The stacks of these layers are in
 :mod:`torchvote.nn.transformer_stack`. ``from_torch`` copies ``torch.nn``'s layers (and stacks)
 exactly, optionally building the attentions with another factory (softmax attention turned into
-routing-style voting, same weights).
+routing-style voting, same weights); a copied layer keeps torch's layout (the stacks take
+batch-first inputs only: ``allow_sequence_first=True`` copies a sequence-first stack batch first).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from torchvote.validation import (
     check_choice,
     check_flag,
     check_float_dtype,
+    check_float_tensor,
     check_inputs_beside,
     check_positive_float,
     check_positive_int,
@@ -200,6 +202,39 @@ def _torch_spelling(ours: Any, theirs: Any, our_name: str, their_name: str) -> A
     return ours if ours is not None else theirs
 
 
+def _sequence_layout(batch_first: bool, length: str, batch: Any = "batch", features: Any = "d_model") -> str:
+    """A batched sequence's axes in a layer's layout, for messages: ``(batch, T, d_model)``, or
+    torch's ``(T, batch, d_model)`` for a sequence-first layer (sizes in place of the names
+    where given: ``(S, 3, 8)``)."""
+    return f"({batch}, {length}, {features})" if batch_first else f"({length}, {batch}, {features})"
+
+
+def _check_sequence(sequence: Any, argument: str, d_model: int, batch_first: bool, length: str) -> None:
+    """Refuse what is not a sequence of ``d_model`` features, batched in the layer's layout or
+    unbatched, before a sequence-first layer transposes it (the attention inside, batch first,
+    would show the transposed shape, and name its own ``query`` or ``key``).
+
+    Args:
+        sequence: the input given.
+        argument: its name in the layer's ``forward``, for the message.
+        d_model: the feature size it must have.
+        batch_first: the layer's layout.
+        length: the name of its length axis, ``"T"`` or ``"S"``.
+
+    Raises:
+        TypeError: not a floating-point tensor.
+        ValueError: not 2-D or 3-D, or not ``d_model`` features (last axis); the message shows
+            the shape as given.
+    """
+    check_float_tensor(sequence, argument)
+    if sequence.dim() not in (2, 3) or sequence.shape[-1] != d_model:
+        raise ValueError(
+            f"{argument} must have shape {_sequence_layout(batch_first, length)} "
+            f"(batch_first={batch_first}) or unbatched ({length}, d_model), with d_model = {d_model}, "
+            f"got {tuple(sequence.shape)}"
+        )
+
+
 def _batch_first(tensor: Tensor, batch_first: bool) -> Tensor:
     """A batched ``(T, b, E)`` input of a sequence-first layer as ``(b, T, E)`` (and an output
     back: the swap is its own inverse); batch-first or unbatched ``(T, E)`` tensors as they are."""
@@ -284,9 +319,23 @@ class _TorchNames:
     dropouts: tuple[str, ...]
 
 
-def _torch_settings(module: nn.Module, names: _TorchNames, allow_sequence_first: bool) -> dict[str, Any]:
-    """The constructor arguments of the torchvote layer equivalent to torch's layer ``module``,
-    after checking that it can express everything ``module`` does.
+def _torch_batch_first(module: nn.Module, names: _TorchNames) -> bool:
+    """The layout of torch's layer ``module``: its attentions' ``batch_first`` (torch builds them
+    all with the layer's).
+
+    Raises:
+        ValueError: attentions of different layouts (set by hand after construction).
+    """
+    layouts = {theirs: getattr(module, theirs).batch_first for theirs in names.attentions.values()}
+    if len(set(layouts.values())) > 1:
+        raise ValueError(f"from_torch: the attentions' layouts differ ({_listed(layouts, '.batch_first')})")
+    return next(iter(layouts.values()))
+
+
+def _torch_settings(module: nn.Module, names: _TorchNames) -> dict[str, Any]:
+    """The constructor arguments of the torchvote layer equivalent to torch's layer ``module``
+    (its layout, ``batch_first``, included), after checking that it can express everything
+    ``module`` does.
 
     Raises:
         ValueError: as :meth:`_TransformerLayer.from_torch` lists, the message naming the attribute.
@@ -300,13 +349,6 @@ def _torch_settings(module: nn.Module, names: _TorchNames, allow_sequence_first:
                 f"from_torch: {theirs} has embed_dim={mha.embed_dim}, num_heads={mha.num_heads}, "
                 f"kdim={mha.kdim}, vdim={mha.vdim}; torchvote's layers need every attention "
                 f"with embed_dim = kdim = vdim = d_model = {d_model} and num_heads={num_heads}"
-            )
-        if not mha.batch_first and not allow_sequence_first:
-            raise ValueError(
-                f"from_torch: {theirs}.batch_first=False: the copy takes batch-first (b, T, E) "
-                "inputs; build torch's layer with batch_first=True, or pass "
-                "allow_sequence_first=True and transpose torch's (T, b, E) inputs (or set the "
-                "copied layer's batch_first to False)"
             )
         if mha.in_proj_bias is None or mha.out_proj.bias is None:
             raise ValueError(f"from_torch: bias=False is not supported ({theirs} has no bias)")
@@ -345,6 +387,7 @@ def _torch_settings(module: nn.Module, names: _TorchNames, allow_sequence_first:
         "activation": _torch_activation(module.activation),
         "norm_first": module.norm_first,
         "layer_norm_eps": next(iter(epsilons.values())),
+        "batch_first": _torch_batch_first(module, names),
     }
 
 
@@ -524,11 +567,12 @@ class _TransformerLayer(nn.Module):
 
         Copies the attentions (through :meth:`MultiHeadAttention.from_torch
         <torchvote.nn.MultiHeadAttention.from_torch>`), the feed-forward network, the norms, the
-        sizes, ``activation``, ``dropout``, ``norm_first``, ``layer_norm_eps``, the training
-        flag, device and dtype. The forward passes then agree (the class docstring names the
-        parameters; translate the masks as :class:`~torchvote.nn.MultiHeadAttention` shows:
-        ``key_mask=~src_key_padding_mask``, ``is_causal=True`` for torch's causal mask; torch's
-        decoder layer is causal only when given a causal ``tgt_mask``, ours by default).
+        sizes, ``activation``, ``dropout``, ``norm_first``, ``layer_norm_eps``, the layout
+        (``batch_first``), the training flag, device and dtype. The forward passes then agree
+        (the class docstring names the parameters; translate the masks as
+        :class:`~torchvote.nn.MultiHeadAttention` shows: ``key_mask=~src_key_padding_mask``,
+        ``is_causal=True`` for torch's causal mask; torch's decoder layer is causal only when
+        given a causal ``tgt_mask``, ours by default).
 
         Args:
             module: a ``torch.nn.TransformerEncoderLayer`` (for this encoder layer) or
@@ -539,11 +583,11 @@ class _TransformerLayer(nn.Module):
                 copied attention's state dict, so it must take
                 :class:`~torchvote.nn.MultiHeadAttention`'s parameters (as
                 :class:`~torchvote.nn.RoutingAttention` does).
-            allow_sequence_first: accept a ``module`` built with ``batch_first=False`` (torch's
-                default): its weights are the same, but the copy still takes batch-first
-                ``(b, T, E)`` inputs, so transpose torch's ``(T, b, E)`` ones (or set the copy's
-                ``batch_first`` to False: a layer then transposes them itself). Without it such
-                a module is refused, since its inputs would be misread without an error.
+            allow_sequence_first: copy a ``module`` built with ``batch_first=False`` (torch's
+                default) as a batch-first layer: the same weights, ``(b, T, E)`` inputs (the
+                stacks' ``from_torch`` asks for this). Without it the copy keeps ``module``'s
+                layout, so it takes the inputs ``module`` takes, ``(T, b, E)`` for torch's
+                default.
 
         Returns:
             The equivalent layer (a copy: later changes to ``module`` do not carry over).
@@ -553,7 +597,7 @@ class _TransformerLayer(nn.Module):
                 that is not an ``nn.MultiheadAttention``); ``allow_sequence_first`` that is not
                 a bool.
             ValueError: what this layer cannot express, the message naming the attribute:
-                ``batch_first=False`` (unless allowed), an ``activation`` other than relu or
+                attentions of different layouts, an ``activation`` other than relu or
                 exact gelu, ``bias=False``, a norm that is not an ``nn.LayerNorm`` with
                 ``elementwise_affine=True``, norms with different ``eps``, dropout
                 probabilities that differ between the attention and the rest, attentions with
@@ -572,7 +616,9 @@ class _TransformerLayer(nn.Module):
                 copies[ours] = MultiHeadAttention.from_torch(getattr(module, theirs))
             except (TypeError, ValueError) as error:  # name the attention: the message says "module"
                 raise type(error)(f"{theirs}: {error}") from error
-        settings = _torch_settings(module, names, allow_sequence_first)
+        settings = _torch_settings(module, names)
+        if allow_sequence_first:
+            settings["batch_first"] = True
         reference = module.linear1.weight
         layer = cls(**settings, attention=attention, device=reference.device, dtype=reference.dtype)
         for ours, copy in copies.items():
@@ -697,11 +743,16 @@ class TransformerEncoderLayer(_TransformerLayer):
             ``weights["self_attention"]`` (batch first).
 
         Raises:
-            TypeError: ``is_causal`` or ``return_intermediates`` that is not a bool; and what the
-                attention raises for its inputs and masks.
+            TypeError: ``inputs`` that is not a floating-point tensor; ``is_causal`` or
+                ``return_intermediates`` that is not a bool; and what the attention raises for its
+                inputs and masks.
+            ValueError: ``inputs`` that is not ``(b, T, d_model)`` (``(T, b, d_model)`` with
+                ``batch_first=False``) or unbatched ``(T, d_model)``, its shape shown as given;
+                and what the attention raises for its masks (batch first in either layout).
         """
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
+        _check_sequence(inputs, "inputs", self.d_model, self.batch_first, "T")  # as given, not transposed
         inputs = _batch_first(inputs, self.batch_first)  # (b, T, E)
 
         def attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -827,18 +878,23 @@ class TransformerDecoderLayer(_TransformerLayer):
             ``(b, T, S)``.
 
         Raises:
-            TypeError: ``is_causal`` or ``return_intermediates`` that is not a bool; a mask that
-                is not a tensor or of the wrong dtype (named as this method names it); and what
-                the attentions raise for their inputs.
-            ValueError: a batched ``memory`` that is not ``(b, S, d_model)`` for ``b`` target
-                sequences, or a mask of the wrong shape, named as this method names it.
+            TypeError: ``target`` or ``memory`` that is not a floating-point tensor, or of
+                another dtype than the other; ``is_causal`` or ``return_intermediates`` that is
+                not a bool; a mask that is not a tensor or of the wrong dtype (named as this
+                method names it); and what the attentions raise for their inputs.
+            ValueError: ``target`` that is not ``(b, T, d_model)`` or unbatched
+                ``(T, d_model)``; ``memory`` that is not ``(b, S, d_model)`` for ``b`` target
+                sequences (``(T, b, d_model)`` and ``(S, b, d_model)`` with
+                ``batch_first=False``), or not ``(S, d_model)`` for an unbatched target; a mask
+                of the wrong shape (batch first in either layout). Each named as this method
+                names it, its shape shown as given.
         """
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
-        target = _batch_first(target, self.batch_first)  # (b, T, E)
-        memory = _batch_first(memory, self.batch_first)  # (b, S, E)
         self._check_decoder_inputs(target, memory, target_mask, target_key_mask, memory_mask, memory_key_mask,
                                    0 if cache is None else cache.self_attention.length)
+        target = _batch_first(target, self.batch_first)  # (b, T, E)
+        memory = _batch_first(memory, self.batch_first)  # (b, S, E)
 
         def self_attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attention(
@@ -871,25 +927,34 @@ class TransformerDecoderLayer(_TransformerLayer):
         memory_key_mask: Tensor | None,
         past: int,
     ) -> None:
-        """The memory and the masks of a batched call, named as :meth:`forward` names them (the
-        attentions inside would name their own ``key``, ``key_mask`` and ``attn_mask``).
-        ``past``: the target keys a cache holds before this call."""
+        """The target, the memory and the masks of a call, in the layer's layout (before a
+        sequence-first layer transposes them), named as :meth:`forward` names them (the
+        attentions inside would name their own ``query``, ``key``, ``key_mask`` and
+        ``attn_mask``, and show the transposed shapes). ``past``: the target keys a cache holds
+        before this call."""
         if not isinstance(memory, Tensor):  # None was read as "no key": self-attention, silently
             raise TypeError(
-                f"memory must be a tensor, the encoder's output (batch, S, d_model), got "
-                f"{type(memory).__name__}"
+                f"memory must be a tensor, the encoder's output {_sequence_layout(self.batch_first, 'S')}, "
+                f"got {type(memory).__name__}"
             )
-        if isinstance(target, Tensor) and target.is_floating_point():  # else named as `key` inside
-            check_inputs_beside(target, [("memory", memory)], where="the target's features")
-        if not (isinstance(target, Tensor) and target.dim() == 3):
-            return  # unbatched, or not a tensor: the attentions' own checks
-        batch, length = target.shape[0], target.shape[1]
-        if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[-1] != self.d_model:
+        _check_sequence(target, "target", self.d_model, self.batch_first, "T")
+        check_inputs_beside(target, [("memory", memory)], where="the target's features")
+        if target.dim() == 2:  # unbatched: the masks are the attentions' own checks
+            if memory.dim() != 2 or memory.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"memory must have shape (S, d_model) = (S, {self.d_model}) for an unbatched "
+                    f"target of shape {tuple(target.shape)}, got {tuple(memory.shape)}"
+                )
+            return
+        batch_axis = 0 if self.batch_first else 1  # the other of the first two axes is the length
+        batch, length = target.shape[batch_axis], target.shape[1 - batch_axis]
+        if memory.dim() != 3 or memory.shape[batch_axis] != batch or memory.shape[-1] != self.d_model:
+            expected = _sequence_layout(self.batch_first, "S", batch, self.d_model)  # (b, S, E) or (S, b, E)
             raise ValueError(
-                f"memory must have shape (batch, S, d_model) = ({batch}, S, {self.d_model}) for "
+                f"memory must have shape {_sequence_layout(self.batch_first, 'S')} = {expected} for "
                 f"a target of shape {tuple(target.shape)}, got {tuple(memory.shape)}"
             )
-        heads, source_len = self.num_heads, memory.shape[1]
+        heads, source_len = self.num_heads, memory.shape[1 - batch_axis]
         check_attention_mask(target_mask, (batch, heads, length, past + length), "target_mask")
         check_key_mask(target_key_mask, batch, past + length, "target_key_mask")
         check_attention_mask(memory_mask, (batch, heads, length, source_len), "memory_mask")

@@ -131,8 +131,9 @@ class _TransformerStack(nn.Module):
             module: a ``torch.nn.TransformerEncoder`` (for this encoder stack) or
                 ``torch.nn.TransformerDecoder`` (for the decoder stack).
             attention: the attention factory of every layer, as in the layers' ``from_torch``.
-            allow_sequence_first: accept layers built with ``batch_first=False``, as in the
-                layers' ``from_torch``.
+            allow_sequence_first: copy layers built with ``batch_first=False`` (torch's default)
+                as batch-first layers, as in the layers' ``from_torch``; without it they are
+                refused: the stacks take batch-first inputs only.
 
         Returns:
             The equivalent stack (a copy: later changes to ``module`` do not carry over).
@@ -140,16 +141,25 @@ class _TransformerStack(nn.Module):
         Raises:
             TypeError: ``module`` is not torch's stack of this kind.
             ValueError: a final ``norm`` that is not an ``nn.LayerNorm`` over ``d_model`` with a
-                learned scale and bias, a subclass that overrides ``forward``, no layers, and
+                learned scale and bias, a subclass that overrides ``forward``, no layers,
+                sequence-first layers (unless ``allow_sequence_first``), and
                 whatever the layers' ``from_torch`` refuses in any layer (the message names it).
         """
         _check_torch_module(module, cls.torch_class, ("forward",))
         layers = []
         for index, torch_layer in enumerate(module.layers):
             try:
-                layers.append(cls.layer_class.from_torch(
+                layer = cls.layer_class.from_torch(
                     torch_layer, attention=attention, allow_sequence_first=allow_sequence_first
-                ))
+                )
+                if not layer.batch_first:  # the stack's checks, masks and caches read (b, T, E)
+                    raise ValueError(
+                        "from_torch: self_attn.batch_first=False: the stacks take batch-first (b, T, E) "
+                        "inputs; pass allow_sequence_first=True (a batch-first copy: transpose torch's "
+                        f"(T, b, E) inputs), or copy the layers one by one ({cls.layer_class.__name__}"
+                        ".from_torch keeps torch's layout)"
+                    )
+                layers.append(layer)
             except (TypeError, ValueError) as error:
                 raise type(error)(f"layers.{index}: {error}") from error
         if not layers:
