@@ -62,31 +62,11 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
-#: Models whose forward pass cannot run on "meta", and why (the test expects that failure, so a
-#: fix shows up as an XPASS that fails the run: then move the model into the sweep).
-NO_META_FORWARD: dict[str, tuple[type[Exception], str]] = {
-    # torch's pack_padded_sequence requires the source lengths as a CPU int64 tensor: values,
-    # which "meta" has not (on a GPU, encode copies the (b,) lengths to the CPU, as it must).
-    "rnn-attention-seq2seq": (NotImplementedError, "packing reads the source lengths on the CPU"),
-}
-
 ALL_CASES = [
     pytest.param(name, overrides, id=f"{name}-{label}" if label else name)
     for name, cases in CASES.items()
     for label, overrides in cases.items()
 ]
-
-
-def _meta_forward_param(name: str, overrides: dict[str, Any], case_id: str) -> Any:
-    if name not in NO_META_FORWARD:
-        return pytest.param(name, overrides, id=case_id)
-    raises, reason = NO_META_FORWARD[name]
-    return pytest.param(
-        name, overrides, id=case_id, marks=pytest.mark.xfail(strict=True, raises=raises, reason=reason)
-    )
-
-
-META_FORWARD_CASES = [_meta_forward_param(*case.values, case.id) for case in ALL_CASES]
 
 
 def _build(name: str, overrides: dict[str, Any], **factory: Any) -> nn.Module:
@@ -130,7 +110,6 @@ def _forward(name: str, model: nn.Module, batch: dict[str, Tensor]) -> Any:
 
 def test_every_registered_model_has_a_case():
     assert set(CASES) == set(list_models()), "add the new model's configurations to CASES"
-    assert set(NO_META_FORWARD) <= set(CASES)
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -181,7 +160,7 @@ def test_the_default_keywords_spelled_out_change_no_number(name, overrides):
         assert torch.equal(explicit[key], tensor), key
 
 
-@pytest.mark.parametrize(("name", "overrides"), META_FORWARD_CASES)
+@pytest.mark.parametrize(("name", "overrides"), ALL_CASES)
 def test_forward_and_backward_on_meta_create_nothing_on_the_cpu(name, overrides):
     model = _build(name, overrides, device="meta")
     model.train()

@@ -297,8 +297,10 @@ class RNNAttentionSeq2Seq(nn.Module):
             source_lengths: ``(b,)`` the number of tokens (not ``pad_id``) of each source row,
                 an integer tensor on the CPU or a sequence of ints; ``None`` counts them from
                 ``source``, which on an accelerator reads them back (a synchronisation: see the
-                module docstring). Given, they must be those counts (checked without reading the
-                device: on a GPU an assertion fails the stream at the next synchronisation).
+                module docstring), and on ``"meta"``, which has no values, reads every row whole
+                (the shapes are the same). Given, they must be those counts (checked without
+                reading the device: on a GPU an assertion fails the stream at the next
+                synchronisation).
 
         Returns:
             ``(memory, source_mask, hidden)``: the encoder states ``(b, s, directions * H)`` (zero
@@ -362,8 +364,13 @@ class RNNAttentionSeq2Seq(nn.Module):
     def _packing_lengths(self, source_mask: Tensor, source_lengths: Tensor | Sequence[int] | None) -> Tensor:
         """The ``(b,)`` int64 lengths the packing reads, on the CPU: ``source_lengths`` after
         checking them against ``source_mask`` ``(b, s)``, or the mask's counts (read back from an
-        accelerator: a synchronisation). An all-padding row reads one (padding) token."""
+        accelerator: a synchronisation). An all-padding row reads one (padding) token. On the
+        ``"meta"`` device there are no tokens to count (nor to read back): every row is read
+        whole, ``s``, which gives the encoder's outputs the shapes they have on any device."""
         if source_lengths is None:
+            if source_mask.device.type == "meta":  # nothing to count: every row whole
+                batch, length = source_mask.shape
+                return torch.full((batch,), max(length, 1), dtype=torch.int64)  # (b,) on the CPU
             return source_mask.sum(dim=1).clamp_min(1).cpu()  # (b,)
         if not isinstance(source_lengths, Tensor):
             source_lengths = torch.as_tensor(source_lengths)
