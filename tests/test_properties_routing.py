@@ -236,7 +236,8 @@ def small_tiles(monkeypatch):
     batch is split over several tiles, so a kernel that mixed rows across tiles would show."""
     monkeypatch.setattr(routing_votes, "_BLOCK_ELEMENTS", 16)
     monkeypatch.setattr(em_kernel, "_BLOCK_ELEMENTS", 64)
-    assert routing_votes._blocks(6, 3, 5 * 3)[1] < 6  # batch rows per tile: fewer than the batch
+    cpu_tile = routing_votes._block_elements(torch.device("cpu"))
+    assert routing_votes._blocks(6, 3, 5 * 3, cpu_tile)[1] < 6  # batch rows per tile: fewer than the batch
 
 
 @pytest.mark.parametrize("name", ROUTERS)

@@ -11,7 +11,8 @@ voting loop only ever needs two things from them (see :class:`torchvote.function
 Neither needs the ``(batch, out_caps, in_caps, out_dim)`` tensor of votes. At the CapsNet shapes
 (1152 x 8 -> 10 x 16, batch 128) that tensor is 94 MB, its gradient another 94 MB per pass, and
 every pass of the routing loop reads and writes it: the layer is memory-bound. Here each pass
-streams ``W`` past cache-sized blocks of the inputs (``_BLOCK_ELEMENTS``), and the backward pass
+streams ``W`` past cache-sized blocks of the inputs (``_BLOCK_ELEMENTS``; larger tiles on an
+accelerator, ``_DEVICE_BLOCK_ELEMENTS``), and the backward pass
 recomputes its blocks instead of saving them, so the memory a forward pass keeps for backward is
 a few ``(batch, out_caps, in_caps)`` coupling tensors (see ``benchmarks/routing.py`` for the
 measured time and peak memory against materialised votes). Dynamic routing runs these products
@@ -57,19 +58,29 @@ __all__ = ["LinearVotes", "SharedLinearVotes"]
 
 _T = TypeVar("_T")
 
-# Elements of one tile of coupling-scaled inputs (4 MB in float32): small enough to stay in cache
-# between being written and being read by the matrix product, large enough for a good GEMM and few
-# Python steps (1 MB tiles measured no faster at the CapsNet shapes, 2 threads).
+# Elements of one tile of coupling-scaled inputs on a CPU (4 MB in float32): small enough to stay in
+# cache between being written and being read by the matrix product, large enough for a good GEMM
+# and few Python steps (1 MB tiles measured no faster at the CapsNet shapes, 2 threads).
 _BLOCK_ELEMENTS = 1 << 20
+# The same on an accelerator (64 MB in float32, two scratch tiles at most): there no cache is
+# kept warm between kernels, and each tile costs a few kernel launches, so the fewer the better
+# within a bounded scratch memory. CPU-sized tiles made CapsNet's layer at batch 2048 (streamed
+# on a GPU past the materialise budget) thousands of small kernels per step. Not measured on a GPU.
+_DEVICE_BLOCK_ELEMENTS = 1 << 24
 
 
-def _blocks(batch: int, receivers: int, per_row: int) -> tuple[int, int]:
-    """``(receivers per block, batch rows per block)`` so one block holds about _BLOCK_ELEMENTS."""
+def _block_elements(device: torch.device) -> int:
+    """The elements of one tile on ``device``: cache-sized on a CPU, larger on an accelerator."""
+    return _BLOCK_ELEMENTS if device.type == "cpu" else _DEVICE_BLOCK_ELEMENTS
+
+
+def _blocks(batch: int, receivers: int, per_row: int, elements: int) -> tuple[int, int]:
+    """``(receivers per block, batch rows per block)`` so one block holds about ``elements``."""
     per_row = max(per_row, 1)
-    if batch * per_row >= _BLOCK_ELEMENTS:
-        pieces = math.ceil(batch * per_row / _BLOCK_ELEMENTS)
+    if batch * per_row >= elements:
+        pieces = math.ceil(batch * per_row / elements)
         return 1, max(1, math.ceil(batch / pieces))
-    return max(1, min(receivers, _BLOCK_ELEMENTS // max(batch * per_row, 1))), max(batch, 1)
+    return max(1, min(receivers, elements // max(batch * per_row, 1))), max(batch, 1)
 
 
 def _ranges(total: int, step: int) -> Iterator[slice]:
@@ -78,7 +89,8 @@ def _ranges(total: int, step: int) -> Iterator[slice]:
 
 
 def _tiles(inputs: Tensor, receivers: int, buffers: int) -> Iterator[tuple[slice, slice, list[Tensor]]]:
-    """The one blocking loop of every kernel here: cache-sized tiles of (receivers, batch), all the
+    """The one blocking loop of every kernel here: tiles of (receivers, batch) (:func:`_block_elements`
+    each: cache-sized on a CPU), all the
     receivers of a block of rows before the next block, so that the rows' inputs stay in cache
     while the weight streams past them (at CapsNet's shapes the weight is read twice per product
     instead of the inputs ten times; measured 3-6% faster on the CPU's dynamic routing).
@@ -93,7 +105,7 @@ def _tiles(inputs: Tensor, receivers: int, buffers: int) -> Iterator[tuple[slice
         ``(receivers in tile, rows in tile, e, j)``, reused from one step to the next.
     """
     batch, features, senders = inputs.shape
-    group, rows = _blocks(batch, receivers, features * senders)
+    group, rows = _blocks(batch, receivers, features * senders, _block_elements(inputs.device))
     storage = [inputs.new_empty(group * rows * features * senders) for _ in range(buffers)]
     for b in _ranges(batch, rows):
         for r in _ranges(receivers, group):
