@@ -5,6 +5,8 @@ demo's digits and the explain command's encoder go. No GPU needed: torch's answe
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
@@ -153,12 +155,12 @@ def test_main_explains_on_the_runs_device(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     result = SimpleNamespace(interrupted=False, checkpoint=SimpleNamespace(weights=run_dir / "w"),
                              metrics_path=run_dir / "m", run_dir=run_dir, plots=[])
-    monkeypatch.setattr(training, "train", lambda config, resume: result)
+    monkeypatch.setattr(training, "train", lambda config, **kwargs: result)
     monkeypatch.setattr(plots, "plot_run", lambda result: None)
     from torchvote.training.config import load_config
 
     config = load_config("smoke", ["device=cpu", "tensorboard=false"])
-    assert cli._run_training(config, None, explain=True) == 0
+    assert cli._run_training(config, None, args=argparse.Namespace(), explain=True) == 0
     assert seen == ["cpu"]
 
 

@@ -19,12 +19,14 @@
 The same ``train`` command runs on N processes with
 ``torchrun --nproc_per_node=N -m torchvote.cli train PRESET ...`` (``batch_size`` is global).
 
-Status 2 means the command line itself is wrong, 1 that it was fine but running it failed. A bad
+Status 2 means the command line itself is wrong, 1 that it was fine but running it failed: the line
+between them is where a command's checks end and its work begins (:func:`mark_running`). A bad
 option, name, key or value prints one line saying what exists and exits with status 2 (a key given
-twice, too: ``epochs=1 epochs=2`` is refused, not settled by order); missing data prints where it
-was looked for and the command that provides it (status 1), and so does every other failure while
-running, in one line: training diverged, out of memory, a damaged checkpoint, a file or download
-error, a missing optional package (status 1). A run stopped with Ctrl-C saves a checkpoint and exits
+twice, too: ``epochs=1 epochs=2`` is refused, not settled by order; a folder that holds no run); missing
+data prints where it was looked for and the command that provides it (status 1), and so does every
+other failure while running, in one line: training diverged, out of memory, a damaged checkpoint, a
+run stopped before its first checkpoint, a file or download error, a missing optional package, any
+error raised once the work has begun (status 1). A run stopped with Ctrl-C saves a checkpoint and exits
 with status 130 (143 after a SIGTERM, 128 plus the signal's number as a shell reports it).
 ``TORCHVOTE_DEBUG=1`` shows tracebacks. ``torchvote --help`` ends with the table of exit statuses
 (:data:`EXIT_STATUSES`).
@@ -50,7 +52,15 @@ from torchvote import __version__
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["EXIT_STATUSES", "build_parser", "exit_status_of", "main", "resolve_device_option"]
+__all__ = [
+    "EXIT_STATUSES",
+    "build_parser",
+    "exit_status_of",
+    "is_running",
+    "main",
+    "mark_running",
+    "resolve_device_option",
+]
 
 EXIT_FAILURE = 1  # the command line was fine; running it failed
 EXIT_USAGE = 2  # the command line itself is wrong (argparse's status)
@@ -60,17 +70,21 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)  # 143, as torchvote.training.stopping.exit_status says
 
 #: The exit statuses ``main`` returns, as the epilog of ``torchvote --help`` lists them. The rule:
-#: the command line itself is wrong -> 2; the command line is fine but running it failed -> 1.
+#: the command line itself is wrong -> 2; the command line is fine but running it failed -> 1. The
+#: line between them is where each command's checks end and its work begins (:func:`mark_running`).
 EXIT_STATUSES = f"""exit status (2: the command line itself is wrong; 1: it is fine, but running it failed):
   0    success
   {EXIT_FAILURE}    a failure while running: missing data (the message says where it looked and what
        fetches it); training diverged; out of memory; a file that exists but cannot be read as
-       what it should be (a damaged checkpoint), a write or download error; a missing optional
-       package; data --verify found a copy that differs from the published set; the output's
-       reader left (broken pipe); a traceback (an unexpected error, or any error under
-       TORCHVOTE_DEBUG=1)
-  {EXIT_USAGE}    a usage error: a bad option, name, key or value (a device this machine does not
-       have, a checkpoint or run folder named that does not exist, a key given twice ...)
+       what it should be (a damaged checkpoint), a run stopped before its first checkpoint; a
+       write or download error; a missing optional package; data --verify found a copy that
+       differs from the published set; the output's reader left (broken pipe); any error once
+       the command's checks passed and its work began (a bad value met in a training step, say);
+       a traceback (an unexpected error, or any error under TORCHVOTE_DEBUG=1)
+  {EXIT_USAGE}    a usage error, found before the work begins: a bad option, name, key or value (a
+       device this machine does not have, a checkpoint or run folder named that does not exist or
+       holds no run, a key given twice, a config value the data or model refuse while the run is
+       set up ...; evaluate and data NAME check values as they load: a bad value there is one)
   {EXIT_INTERRUPTED}  Ctrl-C (train, main and reproduce save a checkpoint first)
   {EXIT_TERMINATED}  SIGTERM: train, main and reproduce save a checkpoint and exit with it (it kills the
        other commands, which a shell reports as {EXIT_TERMINATED} too)
@@ -333,8 +347,14 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from torchvote.demo import run_demo
+    from torchvote.files import file_in_the_way
+    from torchvote.validation import as_path
 
     device = resolve_device_option(args.device)  # before MNIST is read
+    blocking = None if args.no_plots else file_in_the_way(as_path(args.output_dir, "--out"))
+    if blocking is not None:  # as run_demo would refuse it, named as the command line names it
+        raise ValueError(f"--out: {blocking} is a file; expected a folder for the plots")
+    mark_running(args)  # the options it passes on are checked: run_demo's refusals are its own
     run_demo(output_dir=args.output_dir, make_plots=not args.no_plots, device=device)
     return 0
 
@@ -479,7 +499,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
         if isinstance(err, ModuleNotFoundError) and extra and "pip install" not in message:
             message += f': pip install "torchvote[{extra}]"'
         print(f"torchvote {args.command}: error: {message}", file=sys.stderr)
-        return exit_status_of(err, failures=(CheckpointError,))
+        return exit_status_of(err, failures=(CheckpointError,), running=is_running(args))
     except RuntimeError as err:  # last: TrainingDivergedError is caught above, whatever its base
         if os.environ.get("TORCHVOTE_DEBUG") or "can't allocate memory" not in str(err):
             raise
@@ -493,26 +513,66 @@ def _run_command(argv: Sequence[str] | None) -> int:
         return EXIT_FAILURE
 
 
-def exit_status_of(error: BaseException, failures: tuple[type[BaseException], ...] = ()) -> int:
-    """The exit status of a command that ``error`` ended (:data:`EXIT_STATUSES`' rule).
+#: The attribute of a command's namespace that :func:`mark_running` sets.
+_RUNNING = "torchvote_running"
+
+
+def mark_running(args: argparse.Namespace, running: bool = True) -> None:
+    """Say that the command of ``args`` passed its checks and began its work: from now on a
+    ``ValueError`` it raises is a failure while running (status 1), no longer a usage error (2).
+
+    Each command marks itself where its checks end (before, a ``ValueError`` is the command line's
+    mistake): ``list`` at once; ``demo`` and ``reproduce`` once the options they pass on are
+    checked; ``train`` and ``main`` once the run is set up (a config value the data or
+    model refuse is found while the run is set up: still the command line's), ``generate`` at the
+    first token it shows, ``data list`` at once, ``explain`` when its options passed their checks;
+    ``evaluate`` while it evaluates a data set, not while it loads the next (a data set that does
+    not fit the model is the command line's ``--on``). Not marked, so every ``ValueError`` reads
+    as the command line's: ``data`` with a data set (its work checks arguments as it loads),
+    ``bench`` (its script's status is its own). Marking twice changes nothing.
+
+    Args:
+        args: the command's parsed arguments.
+        running: False to say that the command checks the command line's values again (as
+            ``evaluate`` does before each data set).
+    """
+    setattr(args, _RUNNING, running)
+
+
+def is_running(args: argparse.Namespace) -> bool:
+    """Whether :func:`mark_running` marked ``args``' command as running."""
+    return bool(getattr(args, _RUNNING, False))
+
+
+def exit_status_of(
+    error: BaseException, failures: tuple[type[BaseException], ...] = (), *, running: bool = False
+) -> int:
+    """The exit status of a command that ``error`` ended (:data:`EXIT_STATUSES`' rule): 2 when
+    the command line itself is wrong, 1 when it was fine but running it failed.
 
     Args:
         error: what the command raised.
         failures: types that are failures while running although they derive from ``ValueError``
             (:class:`~torchvote.training.CheckpointError`: a checkpoint found damaged, or none
             where one was expected).
+        running: whether the command had passed its checks and begun its work when ``error``
+            was raised (:func:`is_running`): any error is then a failure while running.
 
     Returns:
-        :data:`EXIT_USAGE` (2) for a ``ValueError`` (a ``ConfigError`` included): a bad option,
-        name, key or value on the command line; :data:`EXIT_FAILURE` (1) for anything else (a
-        file or download error, a missing package, out of memory, a damaged data file
+        :data:`EXIT_USAGE` (2) for a ``ValueError`` (a ``ConfigError`` included) raised before
+        the work began: a bad option, name, key or value on the command line;
+        :data:`EXIT_FAILURE` (1) for one raised while ``running``, and for anything else (a file
+        or download error, a missing package, out of memory, a damaged data file
         (:class:`~torchvote.data.CorruptDataError`), ``failures``).
+
+    Raises:
+        Nothing: every error has a status.
     """
     from torchvote.data.errors import CorruptDataError  # here: the data package imports numpy
 
-    if isinstance(error, ValueError) and not isinstance(error, (CorruptDataError, *failures)):
-        return EXIT_USAGE
-    return EXIT_FAILURE
+    if running or not isinstance(error, ValueError) or isinstance(error, (CorruptDataError, *failures)):
+        return EXIT_FAILURE
+    return EXIT_USAGE
 
 
 #: The extra of pyproject.toml that installs a module a command may miss.
@@ -644,6 +704,13 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
                 f"--resume {path.resolve().parent}"
             )
         raise ConfigError(f"--resume: {run_dir} is not a run folder (no checkpoints/ or config.yaml in it)")
+    from torchvote.training.checkpoint import is_run_folder
+
+    if not is_run_folder(path):  # as evaluate, generate and explain read a folder
+        raise ConfigError(
+            f"--resume: {run_dir} is not a run folder (no checkpoints/, and its config.yaml is not one "
+            "a run wrote)"
+        )
     for text in overrides:
         key = _override_key(text)
         if key in ("run_dir", "out_dir"):
@@ -706,14 +773,19 @@ def _fits_an_entry(value: Any) -> bool:
     return "," not in text and ":" not in text
 
 
-def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
+def _run_training(config, resume: str | None, *, args: argparse.Namespace, explain: bool = False) -> int:
     """Train; on rank 0, say where the checkpoint, metrics and plots went (and, with ``explain``,
-    write the ``torchvote explain`` report of the trained model beside them)."""
+    write the ``torchvote explain`` report of the trained model beside them).
+
+    ``args``' command is marked running (:func:`mark_running`) when ``train`` has set the run
+    up (data, model, optimiser, run folder) and begins training: a value of the config that the
+    set-up refuses is the command line's mistake.
+    """
     from torchvote.training import train
     from torchvote.training.plots import plot_run
     from torchvote.training.stopping import exit_status
 
-    result = train(config, resume=resume)
+    result = train(config, resume=resume, on_start=lambda: mark_running(args))
     if result.interrupted:
         return exit_status(result.stop_signal)
     plot_run(result)  # after training: the loop draws nothing
@@ -735,6 +807,7 @@ def _run_training(config, resume: str | None, *, explain: bool = False) -> int:
             report = add_explain_arguments(argparse.ArgumentParser()).parse_args(
                 ["--out", str(run_dir / "explain"), "--checkpoint", str(run_dir), "--device", config.device]
             )  # the command's own defaults for everything else
+            mark_running(report)  # checked as part of this command's work, not its command line
             return _explain(report)  # prints "report: <path>"
     return 0
 
@@ -747,7 +820,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is None:
         if preset is None:
             raise ConfigError("name a preset (torchvote list presets) or --resume RUN_DIR")
-        return _run_training(load_config(preset, overrides), None)
+        return _run_training(load_config(preset, overrides), None, args=args)
     _check_resume(args.resume, overrides)
     config = load_run_config(args.resume, overrides)
     if preset is not None and load_config(preset).preset != config.preset:
@@ -755,7 +828,7 @@ def _train(args: argparse.Namespace) -> int:
             f"run {args.resume} was started from preset {config.preset!r}, not {preset!r}; "
             "omit the preset to resume it"
         )
-    return _run_training(config, args.resume)
+    return _run_training(config, args.resume, args=args)
 
 
 def _main_job(args: argparse.Namespace) -> int:
@@ -763,7 +836,7 @@ def _main_job(args: argparse.Namespace) -> int:
 
     _check_keys_given_once(args.overrides)
     config = load_config("main", args.overrides)
-    return _run_training(config, None, explain=not args.no_report)
+    return _run_training(config, None, args=args, explain=not args.no_report)
 
 
 # --- evaluate ---------------------------------------------------------------------------------------
@@ -810,6 +883,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         root=root,
         options=options,
         echo=print,  # why the table, or a row, has no loss
+        # running while a data set is evaluated; loading the next checks the command line's --on
+        on_phase=lambda phase: mark_running(args, phase == "evaluate"),
     )
     # the columns of the fullest row first: a row without a loss (a loss that does not take that
     # data set's labels) does not move the loss column behind the others
@@ -842,14 +917,23 @@ def _run_config(checkpoint: str, known: Sequence[str]):
 
 
 def _check_checkpoint_exists(checkpoint: str) -> None:
-    """Refuse a checkpoint argument that names nothing, before anything is loaded ('~' expanded,
-    as find_checkpoint reads it)."""
+    """Refuse a checkpoint argument that names nothing, or a folder that holds no run, before
+    anything is loaded ('~' expanded, as find_checkpoint reads it): the command line's mistake
+    (status 2). A run's folder without a checkpoint (stopped before its first) passes: the
+    run is named right, and find_checkpoint's "no checkpoint in ..." is a failure (status 1)."""
+    from torchvote.training.checkpoint import is_run_folder
+
     path = Path(checkpoint).expanduser()
+    expected = "expected a run folder, its checkpoints folder or a .safetensors file"
     if not path.exists() and not path.with_name(f"{path.name}.safetensors").is_file():
-        raise ValueError(
-            f"checkpoint: {checkpoint} does not exist; expected a run folder, its checkpoints "
-            "folder or a .safetensors file"
-        )
+        raise ValueError(f"checkpoint: {checkpoint} does not exist; {expected}")
+    if path.is_dir() and not is_run_folder(path):
+        raise ValueError(f"checkpoint: {checkpoint} is not a run folder ({_NO_RUN_FILES}); {expected}")
+
+
+#: What :func:`~torchvote.training.checkpoint.is_run_folder` found none of, for the messages that
+#: refuse a folder.
+_NO_RUN_FILES = "no checkpoints/, checkpoint or config.yaml of a run in it"
 
 
 # --- generate -------------------------------------------------------------------------------------------
@@ -869,7 +953,12 @@ def _generate(args: argparse.Namespace) -> int:
     empty = "(no token: --max-new-tokens 0)" if args.max_new_tokens == 0 else "(nothing before <eos>)"
     one_sample = args.samples in (None, 1)  # a language model's only sample streams character by character
 
+    # generate_from_checkpoint checks every prompt and option (against the model's vocabulary and
+    # task) before its first token: the first one shown marks the command running. (A seq2seq
+    # model's outputs come whole, after all the work: its errors are all read as the command
+    # line's; so are those of a language model's first prompt drawn --samples at a time.)
     def show(index: int, prompt: str, character: str) -> None:
+        mark_running(args)
         if not streamed or streamed[-1] != index:
             sys.stdout.write(("\n" if streamed else "") + _separated(index, prompt))
             streamed.append(index)
@@ -877,6 +966,7 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     def show_whole(index: int, generation: Any) -> None:
+        mark_running(args)
         if generation.task == "seq2seq":
             print(f"{generation.prompt} -> {generation.text or empty}")
         else:  # a language model's text, continuations apart
@@ -960,9 +1050,25 @@ def _list_row(row: Any, budget: str, seeds: Sequence[int], chosen: Sequence[Any]
         print(f"  {variant.label:32s} {variant.preset} {shlex.join(overrides)}")
 
 
+def _planned_runs(
+    row: Any, args: argparse.Namespace, seeds: Sequence[int], variants: Sequence[Any], *, begun: bool = False
+) -> list:
+    """The runs of ``row`` that ``reproduce`` makes, each planned as it plans them
+    (:func:`~torchvote.experiments.runner.plan_run`: its command, and whether it is new,
+    resumed or finished); with ``begun``, only those whose folder exists (a new one's plan refuses
+    nothing: its config is the row's)."""
+    from torchvote.experiments import run_dir_of
+    from torchvote.experiments.runner import plan_run
+
+    runs = [(variant, seed, run_dir_of(args.out, row, args.budget, variant, seed))
+            for variant in variants for seed in seeds]
+    return [plan_run(row, variant, args.budget, seed, folder, args.device)
+            for variant, seed, folder in runs if folder.exists() or not begun]
+
+
 def _reproduce(args: argparse.Namespace) -> int:
-    from torchvote.experiments import check_request, get_row, list_rows, reproduce, run_dir_of
-    from torchvote.experiments.runner import measured_result_of, plan_run
+    from torchvote.experiments import check_request, get_row, list_rows, reproduce
+    from torchvote.experiments.runner import measured_result_of
     from torchvote.training.stopping import exit_status
     from torchvote.validation import check_device_name
 
@@ -993,17 +1099,24 @@ def _reproduce(args: argparse.Namespace) -> int:
             print(f"{row.name} trains nothing: it measures ({row.title}), in this process")
             if measured.is_file():  # as a training row's finished runs are marked
                 print(f"# finished: measured earlier, {measured} (delete it to measure again)")
-        for variant in variants:  # the commands as the run makes them: its run folder and device
-            for seed in seeds:
-                run_dir = run_dir_of(args.out, row, args.budget, variant, seed)
-                planned = plan_run(row, variant, args.budget, seed, run_dir, args.device)
-                if planned.state == "finished":
-                    print(f"# finished: {planned.command}")
-                else:
-                    print(planned.command + (f"  # {planned.note}" if planned.note else ""))
+        for planned in _planned_runs(row, args, seeds, variants):  # as the runs make them: folder, device
+            if planned.state == "finished":
+                print(f"# finished: {planned.command}")
+            else:
+                print(planned.command + (f"  # {planned.note}" if planned.note else ""))
         return 0
+    # what the runs would refuse, refused before the first trains (a usage error): the device on
+    # this machine, a stopped run of the row as it was before an edit (reproduce plans each run as
+    # it comes to it, after the runs before it trained)
+    resolve_device_option(args.device)
+    _planned_runs(row, args, *check_request(row, **request), begun=True)
+
+    def echo(line: str) -> None:  # reproduce's first line starts the first run (or the measuring)
+        mark_running(args)
+        print(line)
+
     try:
-        summary = reproduce(row, **request)
+        summary = reproduce(row, **request, echo=echo)
     except KeyboardInterrupt as stop:
         # str(stop): a bare KeyboardInterrupt (Ctrl-C while a run loads its data) is truthy but
         # empty, and the line said only "torchvote reproduce: "
@@ -1019,6 +1132,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    mark_running(args)  # argparse checked the one argument
     sections = [args.what] if args.what else list(LIST_WHAT)
     margin = "  " if len(sections) > 1 else ""
     # on a terminal, long entries wrap under their description (a preset's ran to 188 columns);
@@ -1118,6 +1232,8 @@ def _bench(args: argparse.Namespace) -> int:
         )
     # the script's usage errors then start with the command the user typed, not its file name
     environment = {**os.environ, "TORCHVOTE_BENCH_PROG": f"torchvote bench {args.name}"}
+    # not marked running (mark_running): the script's own errors are its exit status, and the one
+    # ValueError here is subprocess's refusal of an argument (a NUL byte): the command line's
     status = subprocess.call([sys.executable, str(script), *args.args], env=environment)
     return 128 - status if status < 0 else status  # killed by signal N: 128 + N, as a shell says
 

@@ -31,7 +31,7 @@ import sys
 import tarfile
 from collections.abc import Callable, Sequence
 
-from torchvote.cli import EXIT_MISSING_DATA, exit_status_of
+from torchvote.cli import EXIT_MISSING_DATA, exit_status_of, is_running, mark_running
 from torchvote.data.affnist import download_affnist, find_affnist, verification_of
 from torchvote.data.download import download_mnist, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError, DownloadError
@@ -253,8 +253,9 @@ def run_data(args: argparse.Namespace) -> int:
 
     Returns:
         0; 1 when data is missing, ``--verify`` finds it wrong, or a download or a check fails (one
-        line on stderr); 2 when the command line is wrong: an option that does not apply, a
-        ``--root`` that names a file where a folder is needed (:func:`torchvote.cli.exit_status_of`).
+        line on stderr), and for any error while ``data list`` lists; 2 when the command line is
+        wrong: an option that does not apply, a ``--root`` that names a file where a folder is
+        needed (:func:`torchvote.cli.exit_status_of`).
     """
     try:
         return _run(args)
@@ -270,7 +271,8 @@ def run_data(args: argparse.Namespace) -> int:
         offline = isinstance(err, DownloadError) and args.dataset in _OFFLINE_HINTS  # no mirror served
         hint = f"; {_OFFLINE_HINTS[args.dataset]}" if offline else ""
         print(f"torchvote data: error: {message}{hint}", file=sys.stderr)
-        return exit_status_of(err)  # 2 for a value on the command line (ValueError), else 1
+        # 2 for a value on the command line (a ValueError before the work began), else 1
+        return exit_status_of(err, running=is_running(args))
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -292,6 +294,7 @@ def _check_options(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> int:
     _check_options(args)
     if args.dataset == "list":
+        mark_running(args)
         found = _files_found()
         for name, description in list_datasets().items():
             print(f"{name:14s} {_availability(name, found):9s}  {description}")
@@ -307,6 +310,9 @@ def _run(args: argparse.Namespace) -> int:
         status = _shakespeare(args.root, args.download, args.pip)
     if status != 0 or not args.verify:
         return status
+    # not marked running (mark_running): loading the copy found is where a --root file that is no
+    # data file is told (`affnist --verify --root README.md`), the command line's mistake; a damaged
+    # copy is a CorruptDataError, a failure all the same
     if args.dataset == "affnist":
         return _verify_affnist(args.root)
     return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.root)

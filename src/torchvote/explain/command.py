@@ -9,8 +9,10 @@ and where a training checkpoint's model makes its record (returned on the CPU, w
 pictures are drawn).
 
 Exit statuses, as ``torchvote --help`` lists them: 2 when the command line is wrong (a bad option
-or value, an ``--out`` in the way, a ``--checkpoint`` that does not exist), 1 when running failed
-(a checkpoint or record that cannot be read or drawn, a file error, a missing optional package).
+or value, an ``--out`` in the way, a ``--checkpoint`` that does not exist or is a folder that holds
+no run and no record), 1 when running failed, that is once the options passed their checks
+(:func:`torchvote.cli.mark_running`): a checkpoint or record that cannot be read or drawn, a run
+stopped before its first checkpoint, a file error, a missing optional package.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchvote.cli import DEVICE_HELP, EXIT_FAILURE, exit_status_of, resolve_device_option
+from torchvote.cli import (
+    DEVICE_HELP,
+    EXIT_FAILURE,
+    exit_status_of,
+    is_running,
+    mark_running,
+    resolve_device_option,
+)
 from torchvote.files import file_in_the_way
 
 if TYPE_CHECKING:
@@ -132,15 +141,34 @@ def _check_out_dir(out_dir: Path) -> None:
 
 
 def _check_checkpoint_exists(path: Path) -> None:
-    """Refuse a ``--checkpoint`` that names nothing, before anything slow (a usage error).
+    """Refuse a ``--checkpoint`` that names nothing, or a folder that holds neither a run nor a
+    record, before anything slow (a usage error). A run's folder without a checkpoint (stopped
+    before its first) passes: reading it fails while running (status 1).
 
     Raises:
-        ValueError: nothing at ``path`` ('~' expanded, as the record is read).
+        ValueError: nothing at ``path`` ('~' expanded, as the record is read), or a folder that is
+            no run's (:func:`torchvote.training.checkpoint.is_run_folder`) and has no record file.
     """
-    if not path.expanduser().exists():
+    from torchvote.explain.record import RECORD_FILE
+
+    expected = (
+        "expected a run folder, its checkpoints folder, a checkpoint's file or a record (.safetensors/.pt)"
+    )
+    folder = path.expanduser()
+    if not folder.exists():
+        raise ValueError(f"--checkpoint: {path} does not exist; {expected}")
+    if not folder.is_dir() or (folder / RECORD_FILE).is_file():
+        return
+    try:
+        from torchvote.training.checkpoint import is_run_folder
+
+        is_a_run = is_run_folder(folder)
+    except ModuleNotFoundError:  # no train extra: reading the folder says what to install
+        return
+    if not is_a_run:
         raise ValueError(
-            f"--checkpoint: {path} does not exist; expected a run folder, its checkpoints folder, a "
-            "checkpoint's file or a record (.safetensors/.pt)"
+            f"--checkpoint: {path} is not a run folder (no checkpoints/, checkpoint or config.yaml of a "
+            f"run in it) and holds no {RECORD_FILE}; {expected}"
         )
 
 
@@ -184,15 +212,18 @@ def run_explain(args: argparse.Namespace) -> int:
 
     Returns:
         The exit status: 0; 2 (a usage error) when the command line is wrong: a bad option or
-        value, an ``--out`` in the way, a ``--checkpoint`` that does not exist; 1 when running
-        failed: a checkpoint or record that cannot be read or drawn, a file error, a missing
-        optional package. A line on standard error says which.
+        value, an ``--out`` in the way, a ``--checkpoint`` that does not exist or is a folder
+        holding neither a run nor a record; 1 when running failed, that is any error once the
+        options passed their checks (:func:`torchvote.cli.mark_running`; ``args`` marked
+        running before the call, as ``torchvote main`` marks its report's, counts every error as
+        running's): a checkpoint or record that cannot be read or drawn, a run stopped before its
+        first checkpoint, a file error, a missing optional package. A line on standard error
+        says which.
     """
     from torchvote.explain.report import HtmlReport
 
     out_dir, report = Path(args.out), None
     had_folder = out_dir.exists()
-    checked = False  # the command line's values passed their checks: an error from then on is running's
     try:
         # Every check first, so that a refusal leaves no folder behind and costs no slow step.
         _check_out_dir(out_dir)
@@ -216,7 +247,7 @@ def run_explain(args: argparse.Namespace) -> int:
         except ValueError as error:  # the packaged weights do not fit: not the command line's doing
             raise _RunFailure(f"the pretrained encoder: {error}") from error
         layer = None if model is None else check_layer(args.layer, len(model.layers), "--layer")
-        checked = True
+        mark_running(args)  # the command line's values passed their checks: an error from now on is running's
         record = None
         if args.checkpoint is not None:
             record = _load_checkpoint(Path(args.checkpoint), device)  # its tensors checked too
@@ -253,7 +284,7 @@ def run_explain(args: argparse.Namespace) -> int:
             raise
         message = " ".join(str(error).split())  # one line
         print(f"torchvote explain: error: {message}", file=sys.stderr)
-        return EXIT_FAILURE if checked else exit_status_of(error)  # a ValueError before: usage, 2
+        return exit_status_of(error, running=is_running(args))  # a ValueError before: usage, 2
     except BaseException:  # Ctrl-C, or an error of another kind: the staged pictures go too
         _discard_pictures(report, out_dir, had_folder)
         raise

@@ -251,25 +251,15 @@ def check_record(record: Mapping[str, Tensor]) -> None:
 
 
 def _is_checkpoint_folder(path: Path) -> bool:
-    """Whether the folder ``path`` is a training run's (it has ``checkpoints/``, or the
-    ``config.yaml`` a run writes first, whole: one stopped before its first checkpoint; a user's
-    own ``config.yaml`` makes no run) or its checkpoints folder (it has the ``latest`` pointer, or
-    ``step-*`` checkpoints without one): the folders
-    :func:`~torchvote.training.checkpoint.find_checkpoint` resolves. A broken one is still one:
-    :func:`~torchvote.explain.from_run.record_from_run` then says what is wrong with it (a run
-    without a checkpoint: "no checkpoint in ...")."""
-    from torchvote.training.checkpoint import LATEST, step_checkpoints
+    """Whether the folder ``path`` is a training run's or its checkpoints folder
+    (:func:`~torchvote.training.checkpoint.is_run_folder`); without the train extra no run is
+    read, so a folder whose only sign is a ``config.yaml`` is no record either."""
+    from torchvote.training.checkpoint import is_run_folder
 
-    if (path / "checkpoints").is_dir() or (path / LATEST).is_file() or step_checkpoints(path):
-        return True
-    config = path / "config.yaml"
-    if not config.is_file():
-        return False
     try:
-        from torchvote.training.setup import is_run_config
-    except ModuleNotFoundError:  # without the train extra no run is read: the folder is no record
+        return is_run_folder(path)
+    except ModuleNotFoundError:
         return False
-    return is_run_config(config)
 
 
 def _is_checkpoint_weights(path: Path) -> bool:

@@ -63,6 +63,7 @@ __all__ = [
     "checkpoint_name",
     "checkpoint_step",
     "find_checkpoint",
+    "is_run_folder",
     "read_weights",
     "load_model_weights",
     "load_training_state",
@@ -527,6 +528,35 @@ def checkpoint_folder(location: Path) -> Path:
     """The folder of a run's checkpoints: ``<location>/checkpoints`` where it exists (a run
     folder), else ``location`` (a checkpoints folder given itself)."""
     return location / "checkpoints" if (location / "checkpoints").is_dir() else location
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether the folder ``path`` is a training run's (it has ``checkpoints/``, or the
+    ``config.yaml`` a run writes first, whole: one stopped before its first checkpoint; a user's
+    own ``config.yaml`` makes no run) or a run's checkpoints folder (it has the ``latest`` pointer,
+    or ``step-*`` checkpoints without one): the folders :func:`find_checkpoint` resolves. A broken
+    one is still one (reading it says what is wrong: "no checkpoint in ..."). The command line
+    refuses a folder that is none of these as a usage error; ``torchvote explain`` reads the rest
+    as a record's folder.
+
+    Args:
+        path: an existing folder.
+
+    Returns:
+        The answer.
+
+    Raises:
+        ModuleNotFoundError: a folder whose only sign is a ``config.yaml``, without the train
+            extra that reads it (PyYAML, with omegaconf).
+    """
+    if (path / "checkpoints").is_dir() or (path / LATEST).is_file() or step_checkpoints(path):
+        return True
+    config = path / "config.yaml"
+    if not config.is_file():
+        return False
+    from torchvote.training.setup import is_run_config  # here: setup imports this module
+
+    return is_run_config(config)
 
 
 def step_checkpoints(directory: Path) -> list[str]:

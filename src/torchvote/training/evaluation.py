@@ -459,6 +459,7 @@ def evaluate_checkpoint(
     root: str | None = None,
     options: dict[str, Any] | None = None,
     echo: Callable[[str], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a checkpoint on the test split of each data set (or the split an entry names with
     ``split=``); one result row per data set.
@@ -492,6 +493,10 @@ def evaluate_checkpoint(
         options: keyword arguments of every data set, below each entry's own.
         echo: called with one line saying why the rows, or a row, have no ``loss``, when they
             have none; ``None``: nothing is said.
+        on_phase: called with ``"load"`` before each data set is loaded (and checked against
+            the model: a misfit is the caller's request) and ``"evaluate"`` before it is
+            evaluated (an error from then on is a failure while running), so that a command
+            line tells the two apart.
 
     Returns:
         One row per data set: ``{"data": "<name>/<split>", "accuracy": ..., "loss": ...,
@@ -524,7 +529,11 @@ def evaluate_checkpoint(
             echo(f"loss: not reported: {' '.join(str(err).split())}")
     rows = []
     for entry in datasets:
+        if on_phase is not None:
+            on_phase("load")
         data = load_eval_entry(handler, entry, model.config, root=root, limit=limit, options=options)
+        if on_phase is not None:
+            on_phase("evaluate")
         objective, step = None, 0
         if run_loss is not None:
             loss, total_steps, step = run_loss

@@ -133,6 +133,7 @@ def train(
     callbacks: Sequence[Callable[[StepInfo], None]] = (),
     verbose: bool = True,
     resume_hint: bool = True,
+    on_start: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Train (or, with ``resume``, continue training) as ``config`` says.
 
@@ -153,6 +154,10 @@ def train(
             command that continues it (``torchvote train --resume RUN_DIR``); ``False`` for a
             caller that continues runs its own way and says so itself (``torchvote reproduce``:
             rerun the same command), so that the user sees one instruction.
+        on_start: called once (on every process) when the set-up is done (config checked
+            against the data and the model, run folder opened, checkpoint restored) and the
+            training begins; what is raised before it is a config that does not fit, after it a
+            failure while training (the command line's exit status tells them apart).
 
     Returns:
         a :class:`TrainResult`; ``interrupted`` tells whether it stopped early. Plots are drawn
@@ -180,7 +185,7 @@ def train(
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()  # and makes it strict
     ended, run = False, None
     try:
-        run = _Run(config, context, resume, callbacks, verbose, resume_hint)
+        run = _Run(config, context, resume, callbacks, verbose, resume_hint, on_start)
         result = run.run()
         ended = True  # on every process: a stop is agreed by all of them
         return result
@@ -202,8 +207,10 @@ class _Run:
         callbacks: Sequence[Callable[[StepInfo], None]],
         verbose: bool,
         resume_hint: bool = True,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.started = time.perf_counter()
+        self.on_start = on_start
         self.earlier_s = 0.0  # wall seconds of earlier segments, up to the checkpoint resumed from
         self.config = config
         self.context = context
@@ -491,6 +498,8 @@ class _Run:
                 self.writer.close()
             raise
         try:
+            if self.on_start is not None:
+                self.on_start()
             with self.stop:
                 interrupted = self._loop()
             results = {} if interrupted else self._final_results()
