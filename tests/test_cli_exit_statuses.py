@@ -482,23 +482,27 @@ def test_reproduce_refuses_a_device_this_machine_lacks_before_any_run(tmp_path, 
 
 
 def test_reproduce_refuses_a_stopped_run_of_an_edited_row_before_any_run(runs, tmp_path, monkeypatch, capsys):
-    """reproduce plans each run as it reaches it, after the runs before it trained: the refusal of
-    seed 1's folder came after seed 0 had run (and would have read as running's)."""
+    """reproduce planned each run as it reached it, after the runs before it trained: the refusal
+    of seed 1's folder came after seed 0 had run (and would have read as running's). Now every
+    run with a folder is planned before the first trains."""
     import shutil
 
     import torchvote.experiments as experiments
+    import torchvote.experiments.runner as runner
 
     row = experiments.get_row("capsnet-routing")
     variant = experiments.select_variants(row, ["1 iteration, no"])[0]
     shutil.copytree(runs["trained"], experiments.run_dir_of(tmp_path, row, "cpu", variant, 1))  # a smoke run
     ran = []
-    summary = tmp_path / "summary.md"
-    summary.write_text("| variant | accuracy |\n")
-    monkeypatch.setattr(experiments, "reproduce", lambda row, **request: ran.append(row) or summary)
+    monkeypatch.setattr(runner, "_train_one", lambda *args: ran.append(args) or pytest.fail("a run trained"))
     argv = ["reproduce", "capsnet-routing", "--seeds", "0", "1", "--variant", "1 iteration, no", "--out",
             str(tmp_path)]
     assert cli.main(argv) == 2 and ran == []
     assert "was run with another configuration" in _error_line(capsys.readouterr().err, "reproduce")
+    with pytest.raises(ConfigError, match="was run with another configuration"):  # the library's own
+        experiments.reproduce(row, seeds=[0, 1], variants=["1 iteration, no"], out_dir=tmp_path,
+                              echo=lambda line: pytest.fail(f"a run began: {line}"))
+    assert ran == []
 
 
 def test_data_a_value_error_while_listing_is_a_failure(monkeypatch, capsys):

@@ -698,7 +698,9 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
         hint = f"; resume its run folder: --resume {path.parent.parent}" if in_checkpoints else ""
         raise ConfigError(f"--resume: {run_dir} is a file, expected the folder of a run{hint}")
     if not (path / "checkpoints").is_dir() and not (path / "config.yaml").is_file():
-        if (path / "latest").is_file():
+        from torchvote.training.checkpoint import step_checkpoints
+
+        if (path / "latest").is_file() or step_checkpoints(path):
             raise ConfigError(
                 f"--resume: {run_dir} is a run's checkpoints folder; resume its run folder: "
                 f"--resume {path.resolve().parent}"
@@ -1050,20 +1052,17 @@ def _list_row(row: Any, budget: str, seeds: Sequence[int], chosen: Sequence[Any]
         print(f"  {variant.label:32s} {variant.preset} {shlex.join(overrides)}")
 
 
-def _planned_runs(
-    row: Any, args: argparse.Namespace, seeds: Sequence[int], variants: Sequence[Any], *, begun: bool = False
-) -> list:
+def _planned_runs(row: Any, args: argparse.Namespace, seeds: Sequence[int], variants: Sequence[Any]) -> list:
     """The runs of ``row`` that ``reproduce`` makes, each planned as it plans them
     (:func:`~torchvote.experiments.runner.plan_run`: its command, and whether it is new,
-    resumed or finished); with ``begun``, only those whose folder exists (a new one's plan refuses
-    nothing: its config is the row's)."""
+    resumed or finished)."""
     from torchvote.experiments import run_dir_of
     from torchvote.experiments.runner import plan_run
 
     runs = [(variant, seed, run_dir_of(args.out, row, args.budget, variant, seed))
             for variant in variants for seed in seeds]
     return [plan_run(row, variant, args.budget, seed, folder, args.device)
-            for variant, seed, folder in runs if folder.exists() or not begun]
+            for variant, seed, folder in runs]
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -1105,11 +1104,9 @@ def _reproduce(args: argparse.Namespace) -> int:
             else:
                 print(planned.command + (f"  # {planned.note}" if planned.note else ""))
         return 0
-    # what the runs would refuse, refused before the first trains (a usage error): the device on
-    # this machine, a stopped run of the row as it was before an edit (reproduce plans each run as
-    # it comes to it, after the runs before it trained)
+    # refused before the first run trains (a usage error): the device on this machine; reproduce
+    # itself plans every run that has a folder before its first line (an edited row's stopped run)
     resolve_device_option(args.device)
-    _planned_runs(row, args, *check_request(row, **request), begun=True)
 
     def echo(line: str) -> None:  # reproduce's first line starts the first run (or the measuring)
         mark_running(args)

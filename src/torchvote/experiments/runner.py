@@ -528,21 +528,23 @@ def reproduce(
             atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
         return write_summary(row, base, summarize(row, budget, base))
     _check_finished_runs(row, budget, out_dir, device)  # the summary counts them all, chosen or not
-    total = len(chosen) * len(seeds)
-    done = 0
-    for variant in chosen:
-        for seed in seeds:
-            done += 1
-            run_dir = run_dir_of(out_dir, row, budget, variant, seed)
-            planned = plan_run(row, variant, budget, seed, run_dir, device)  # refuses an edited row
-            if planned.state == "finished":  # its note: the code that measured it
-                where = f"[{row.name} {done}/{total}] {variant.label}, seed {seed}"
-                echo(f"{where}: finished earlier ({planned.note})")
-                continue
-            # the command as it runs, as --dry-run prints it (run folder and device included)
-            note = f" ({planned.note})" if planned.note else ""
-            echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: {planned.command}{note}")
-            record = _train_one(row, variant, budget, seed, run_dir, planned)
-            atomic_write_bytes(run_dir / RESULT_FILE, json.dumps(record, indent=1).encode())
-            write_summary(row, base, summarize(row, budget, base))
+    # every chosen run with a folder planned before the first trains: a stopped run of the row as
+    # it was before an edit is refused now, not after the runs before it trained
+    runs = [(variant, seed, run_dir_of(out_dir, row, budget, variant, seed))
+            for variant in chosen for seed in seeds]
+    plans = {run_dir: plan_run(row, variant, budget, seed, run_dir, device)
+             for variant, seed, run_dir in runs if run_dir.exists()}
+    total = len(runs)
+    for done, (variant, seed, run_dir) in enumerate(runs, start=1):
+        planned = plans.get(run_dir) or plan_run(row, variant, budget, seed, run_dir, device)
+        if planned.state == "finished":  # its note: the code that measured it
+            where = f"[{row.name} {done}/{total}] {variant.label}, seed {seed}"
+            echo(f"{where}: finished earlier ({planned.note})")
+            continue
+        # the command as it runs, as --dry-run prints it (run folder and device included)
+        note = f" ({planned.note})" if planned.note else ""
+        echo(f"[{row.name} {done}/{total}] {variant.label}, seed {seed}: {planned.command}{note}")
+        record = _train_one(row, variant, budget, seed, run_dir, planned)
+        atomic_write_bytes(run_dir / RESULT_FILE, json.dumps(record, indent=1).encode())
+        write_summary(row, base, summarize(row, budget, base))
     return write_summary(row, base, summarize(row, budget, base))
