@@ -252,14 +252,23 @@ def check_record(record: Mapping[str, Tensor]) -> None:
 
 def _is_checkpoint_folder(path: Path) -> bool:
     """Whether the folder ``path`` is a training run's or its checkpoints folder
-    (:func:`~torchvote.training.checkpoint.is_run_folder`); without the train extra no run is
-    read, so a folder whose only sign is a ``config.yaml`` is no record either."""
+    (:func:`~torchvote.training.checkpoint.is_run_folder`).
+
+    Raises:
+        ModuleNotFoundError: a folder whose only sign of a run is a ``config.yaml``, without the
+            train extra that reads it (the message says what to install; it said the folder was
+            no run's).
+    """
     from torchvote.training.checkpoint import is_run_folder
 
     try:
         return is_run_folder(path)
-    except ModuleNotFoundError:
-        return False
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(
+            f"{path / 'config.yaml'} may be a stopped run's: reading it needs the train extra "
+            f'({error}): pip install "torchvote[train]"',
+            name=error.name,
+        ) from error
 
 
 def _is_checkpoint_weights(path: Path) -> bool:
