@@ -235,6 +235,7 @@ def small_tiles(monkeypatch):
     """Tiles of the streamed kernels (and blocks of the blocked EM kernel) of a few elements: the
     batch is split over several tiles, so a kernel that mixed rows across tiles would show."""
     monkeypatch.setattr(routing_votes, "_BLOCK_ELEMENTS", 16)
+    monkeypatch.setattr(routing_votes, "_DEVICE_BLOCK_ELEMENTS", 16)  # the same tiles on a GPU run
     monkeypatch.setattr(em_kernel, "_BLOCK_ELEMENTS", 64)
     cpu_tile = routing_votes._block_elements(torch.device("cpu"))
     assert routing_votes._blocks(6, 3, 5 * 3, cpu_tile)[1] < 6  # batch rows per tile: fewer than the batch

@@ -23,6 +23,7 @@ DOUBLE = torch.float64
 def tiles(request, monkeypatch):
     if request.param is not None:  # receiver groups and batch-row splits in every product
         monkeypatch.setattr(routing_votes_module, "_BLOCK_ELEMENTS", request.param)
+        monkeypatch.setattr(routing_votes_module, "_DEVICE_BLOCK_ELEMENTS", request.param)  # on a GPU too
 
 
 def _layer(seed: int, batch_shape: tuple[int, ...], bias: bool):
@@ -84,6 +85,7 @@ def test_every_pass_matches_the_voting_loop(detach, tiles):
 
 def test_kernel_gradcheck(monkeypatch):
     monkeypatch.setattr(routing_votes_module, "_BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(routing_votes_module, "_DEVICE_BLOCK_ELEMENTS", 8)
     weight, inputs, offset = _layer(6, (2,), bias=True)
 
     def route(w, x, b):

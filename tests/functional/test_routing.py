@@ -225,6 +225,7 @@ def materialised(weight, inputs):
 def test_linear_votes_match_materialised_votes(block, batch_shape, monkeypatch):
     if block is not None:  # force receiver groups and batch-row splits
         monkeypatch.setattr(routing_votes_module, "_BLOCK_ELEMENTS", block)
+        monkeypatch.setattr(routing_votes_module, "_DEVICE_BLOCK_ELEMENTS", block)  # on a GPU too
     torch.manual_seed(5)
     weight = torch.randn(4, 6, 3, 2, dtype=DOUBLE, requires_grad=True)
     inputs = torch.randn(*batch_shape, 6, 2, dtype=DOUBLE, requires_grad=True)
@@ -277,6 +278,7 @@ def test_streamed_tiles_are_cache_sized_on_a_cpu_and_few_on_an_accelerator():
 
 def test_linear_votes_gradcheck(monkeypatch):
     monkeypatch.setattr(routing_votes_module, "_BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(routing_votes_module, "_DEVICE_BLOCK_ELEMENTS", 8)
     torch.manual_seed(6)
     weight = torch.randn(3, 4, 2, 2, dtype=DOUBLE, requires_grad=True)
     inputs = torch.randn(3, 4, 2, dtype=DOUBLE, requires_grad=True)
