@@ -89,9 +89,10 @@ def test_a_run_takes_it_from_the_command_line_and_resumes_with_it(tiny_config):
 
 @pytest.mark.parametrize("preset", ["lm-shakespeare", "seq2seq-reverse", "vit-mnist"])
 def test_transformer_presets_decay_weight_matrices_only(preset):
-    """GPT-2 as nanoGPT trains it and ViT/DeiT decay the weight matrices and embeddings, not the
-    biases nor LayerNorm's gains and shifts: one AdamW step of the preset's optimiser on zero
-    gradients shrinks exactly the tensors of two or more dimensions by ``1 - lr * decay``."""
+    """As nanoGPT trains GPT-2, the weight matrices and embeddings decay, not the biases nor
+    LayerNorm's gains and shifts (timm's ViT also spares its class token and position embeddings,
+    which decay here): one AdamW step of the preset's optimiser on zero gradients shrinks exactly
+    the tensors of two or more dimensions by ``1 - lr * decay``."""
     from torchvote.models.registry import create_model
     from torchvote.training.config import load_config
 
