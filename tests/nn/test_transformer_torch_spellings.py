@@ -122,10 +122,28 @@ def test_a_copy_of_a_sequence_first_torch_layer_keeps_its_layout(norm_first):
     assert copy.batch_first is False
     torch.testing.assert_close(copy(inputs, memory, is_causal=False), decoder(inputs, memory),
                                rtol=1e-10, atol=1e-10)
-    batch_first = TransformerEncoderLayer.from_torch(encoder, allow_sequence_first=True)
-    assert batch_first.batch_first is True
-    torch.testing.assert_close(batch_first(inputs.transpose(0, 1)).transpose(0, 1), encoder(inputs),
+    for batch_first in (TransformerEncoderLayer.from_torch(encoder, batch_first=True),
+                        TransformerEncoderLayer.from_torch(encoder, allow_sequence_first=True)):  # old name
+        assert batch_first.batch_first is True
+        torch.testing.assert_close(batch_first(inputs.transpose(0, 1)).transpose(0, 1), encoder(inputs),
+                                   rtol=1e-10, atol=1e-10)
+
+
+def test_from_torch_sets_the_layout_it_is_told():
+    """``batch_first=False`` copies a batch-first torch layer sequence first: the same outputs,
+    transposed; contradicting ``allow_sequence_first=True`` or a value that is no bool is refused."""
+    torch.manual_seed(2)
+    theirs = nn.TransformerEncoderLayer(D_MODEL, HEADS, dim_feedforward=FEEDFORWARD, dropout=0.0,
+                                        batch_first=True, dtype=F64).eval()
+    copy = TransformerEncoderLayer.from_torch(theirs, batch_first=False)
+    inputs = torch.randn(BATCH, T, D_MODEL, dtype=F64)  # (b, T, E)
+    assert copy.batch_first is False
+    torch.testing.assert_close(copy(inputs.transpose(0, 1)).transpose(0, 1), theirs(inputs),
                                rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="allow_sequence_first=True asks for a batch-first copy"):
+        TransformerEncoderLayer.from_torch(theirs, batch_first=False, allow_sequence_first=True)
+    with pytest.raises(TypeError, match="batch_first"):
+        TransformerEncoderLayer.from_torch(theirs, batch_first="yes")
 
 
 @pytest.mark.parametrize("layer_class", [TransformerEncoderLayer, TransformerDecoderLayer])

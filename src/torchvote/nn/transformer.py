@@ -31,8 +31,9 @@ torch's spellings of their arguments too (``nhead`` for ``num_heads``, ``batch_f
 ``key_mask`` True = real token, False = padding. The stacks of these layers are in
 :mod:`torchvote.nn.transformer_stack`. ``from_torch`` copies ``torch.nn``'s layers (and stacks)
 exactly, optionally building the attentions with another factory (softmax attention turned into
-routing-style voting, same weights); a copied layer keeps torch's layout (the stacks take
-batch-first inputs only: ``allow_sequence_first=True`` copies a sequence-first stack batch first).
+routing-style voting, same weights); a copied layer keeps torch's layout unless told
+``batch_first=`` (the stacks take batch-first inputs only: ``allow_sequence_first=True`` copies a
+sequence-first stack batch first).
 """
 
 from __future__ import annotations
@@ -561,6 +562,7 @@ class _TransformerLayer(nn.Module):
         module: nn.Module,
         *,
         attention: AttentionFactory | None = None,
+        batch_first: bool | None = None,
         allow_sequence_first: bool = False,
     ) -> _Layer:
         """A layer with exactly the weights and settings of torch's layer ``module``.
@@ -583,21 +585,23 @@ class _TransformerLayer(nn.Module):
                 copied attention's state dict, so it must take
                 :class:`~torchvote.nn.MultiHeadAttention`'s parameters (as
                 :class:`~torchvote.nn.RoutingAttention` does).
-            allow_sequence_first: copy a ``module`` built with ``batch_first=False`` (torch's
-                default) as a batch-first layer: the same weights, ``(b, T, E)`` inputs (the
-                stacks' ``from_torch`` asks for this). Without it the copy keeps ``module``'s
-                layout, so it takes the inputs ``module`` takes, ``(T, b, E)`` for torch's
-                default.
+            batch_first: the copy's layout: ``None`` keeps ``module``'s (the copy then takes
+                the inputs ``module`` takes, ``(T, b, E)`` for torch's default); True or False
+                sets it (the weights are the same in either layout).
+            allow_sequence_first: ``batch_first=True`` under its earlier name (the stacks'
+                ``from_torch`` keeps it), from when a sequence-first ``module`` was refused
+                without it.
 
         Returns:
             The equivalent layer (a copy: later changes to ``module`` do not carry over).
 
         Raises:
             TypeError: ``module`` is not torch's layer of this kind (or it holds an attention
-                that is not an ``nn.MultiheadAttention``); ``allow_sequence_first`` that is not
-                a bool.
-            ValueError: what this layer cannot express, the message naming the attribute:
-                attentions of different layouts, an ``activation`` other than relu or
+                that is not an ``nn.MultiheadAttention``); ``batch_first`` that is not a bool or
+                None; ``allow_sequence_first`` that is not a bool.
+            ValueError: ``allow_sequence_first=True`` with ``batch_first=False``; what this
+                layer cannot express, the message naming the attribute: attentions of different
+                layouts, an ``activation`` other than relu or
                 exact gelu, ``bias=False``, a norm that is not an ``nn.LayerNorm`` with
                 ``elementwise_affine=True``, norms with different ``eps``, dropout
                 probabilities that differ between the attention and the rest, attentions with
@@ -610,6 +614,13 @@ class _TransformerLayer(nn.Module):
         names = cls._torch
         _check_torch_module(module, names.torch_class, names.steps)
         check_flag(allow_sequence_first, "allow_sequence_first")
+        if batch_first is not None:
+            check_flag(batch_first, "batch_first")
+        if allow_sequence_first:
+            if batch_first is False:
+                raise ValueError("from_torch: allow_sequence_first=True asks for a batch-first copy; "
+                                 "batch_first=False contradicts it")
+            batch_first = True
         copies: dict[str, MultiHeadAttention] = {}
         for ours, theirs in names.attentions.items():
             try:
@@ -617,8 +628,8 @@ class _TransformerLayer(nn.Module):
             except (TypeError, ValueError) as error:  # name the attention: the message says "module"
                 raise type(error)(f"{theirs}: {error}") from error
         settings = _torch_settings(module, names)
-        if allow_sequence_first:
-            settings["batch_first"] = True
+        if batch_first is not None:
+            settings["batch_first"] = batch_first
         reference = module.linear1.weight
         layer = cls(**settings, attention=attention, device=reference.device, dtype=reference.dtype)
         for ours, copy in copies.items():
