@@ -600,3 +600,22 @@ def test_a_run_killed_while_writing_its_first_checkpoint_is_trained_afresh(tmp_p
     record = json.loads((run_dir / "result.json").read_text())
     assert not record["resumed"] and record["steps"] == 8
     assert _final_accuracy(run_dir) == expected  # the same seed's run, from the start
+
+
+@pytest.mark.parametrize("config", [None, "epochs: [1\n"], ids=["missing", "torn"])
+def test_a_finished_run_without_a_readable_config_is_a_damaged_folder(tmp_path, tiny_values, config):
+    """A finished run whose config.yaml is gone or torn was refused with a ConfigError, which the
+    command line reads as its own mistake (exit status 2): the folder is damaged, status 1."""
+    row = _tiny_row(tmp_path, tiny_values)
+    out = tmp_path / "out"
+    run_dir = run_dir_of(out, row, "cpu", row.variants[0], 0)
+    run_dir.mkdir(parents=True)
+    command = shlex.split(train_command(row, row.variants[0], "cpu", 0, run_dir=run_dir))
+    _write_finished_run(run_dir, command, row.variants[0].label)
+    if config is None:
+        (run_dir / "config.yaml").unlink()
+    else:
+        (run_dir / "config.yaml").write_text(config)
+    with pytest.raises(CorruptDataError, match="no readable config.yaml") as info:
+        reproduce(row, seeds=[0], out_dir=out, variants=["plain"], echo=lambda _: None)
+    assert exit_status_of(info.value) == 1

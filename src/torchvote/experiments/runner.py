@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from torchvote.data.errors import CorruptDataError
 from torchvote.experiments.report import UNRECORDED_CODE, read_result, summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
 from torchvote.files import atomic_write_bytes, file_in_the_way
@@ -356,13 +357,14 @@ def _finished_config(run_dir: Path) -> TrainConfig:
     """The config a finished run was made with (its ``config.yaml``).
 
     Raises:
-        ConfigError: the file is missing or unreadable: the result cannot be told to be the row's.
+        CorruptDataError: (a ``ValueError``) the file is missing or unreadable, a damaged run
+            folder (exit status 1, not a usage error): the result cannot be told to be the row's.
     """
     path = run_dir / "config.yaml"
     try:
         return load_config(str(path))
     except (ConfigError, OSError) as error:
-        raise ConfigError(
+        raise CorruptDataError(
             f"{run_dir} holds {RESULT_FILE} but no readable config.yaml to tell which configuration "
             f"it ran ({error}); move the folder away to run it again"
         ) from None
