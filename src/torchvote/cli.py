@@ -923,19 +923,14 @@ def _check_checkpoint_exists(checkpoint: str) -> None:
     anything is loaded ('~' expanded, as find_checkpoint reads it): the command line's mistake
     (status 2). A run's folder without a checkpoint (stopped before its first) passes: the
     run is named right, and find_checkpoint's "no checkpoint in ..." is a failure (status 1)."""
-    from torchvote.training.checkpoint import is_run_folder
+    from torchvote.training.checkpoint import NOT_A_RUN_FOLDER, is_run_folder
 
     path = Path(checkpoint).expanduser()
     expected = "expected a run folder, its checkpoints folder or a .safetensors file"
     if not path.exists() and not path.with_name(f"{path.name}.safetensors").is_file():
         raise ValueError(f"checkpoint: {checkpoint} does not exist; {expected}")
     if path.is_dir() and not is_run_folder(path):
-        raise ValueError(f"checkpoint: {checkpoint} is not a run folder ({_NO_RUN_FILES}); {expected}")
-
-
-#: What :func:`~torchvote.training.checkpoint.is_run_folder` found none of, for the messages that
-#: refuse a folder.
-_NO_RUN_FILES = "no checkpoints/, checkpoint or config.yaml of a run in it"
+        raise ValueError(f"checkpoint: {checkpoint} is {NOT_A_RUN_FOLDER}; {expected}")
 
 
 # --- generate -------------------------------------------------------------------------------------------

@@ -160,16 +160,13 @@ def _check_checkpoint_exists(path: Path) -> None:
     if not folder.is_dir() or (folder / RECORD_FILE).is_file():
         return
     try:
-        from torchvote.training.checkpoint import is_run_folder
+        from torchvote.training.checkpoint import NOT_A_RUN_FOLDER, is_run_folder
 
         is_a_run = is_run_folder(folder)
     except ModuleNotFoundError:  # no train extra: reading the folder says what to install
         return
     if not is_a_run:
-        raise ValueError(
-            f"--checkpoint: {path} is not a run folder (no checkpoints/, checkpoint or config.yaml of a "
-            f"run in it) and holds no {RECORD_FILE}; {expected}"
-        )
+        raise ValueError(f"--checkpoint: {path} is {NOT_A_RUN_FOLDER} and holds no {RECORD_FILE}; {expected}")
 
 
 class _RunFailure(Exception):

@@ -530,6 +530,10 @@ def checkpoint_folder(location: Path) -> Path:
     return location / "checkpoints" if (location / "checkpoints").is_dir() else location
 
 
+#: What a folder that :func:`is_run_folder` refuses is, for the messages that refuse it.
+NOT_A_RUN_FOLDER = "not a run folder (no checkpoints/, checkpoint or config.yaml of a run in it)"
+
+
 def is_run_folder(path: Path) -> bool:
     """Whether the folder ``path`` is a training run's (it has ``checkpoints/``, or the
     ``config.yaml`` a run writes first, whole: one stopped before its first checkpoint; a user's
