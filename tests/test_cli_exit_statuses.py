@@ -292,12 +292,13 @@ def test_mains_report_runs_as_part_of_its_work(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("samples", [[], ["--samples", "2"]], ids=["streamed", "whole"])
-def test_generate_a_value_error_after_the_first_text_is_a_failure(runs, monkeypatch, capsys, samples):
+def test_generate_a_value_error_once_generation_started_is_a_failure(runs, monkeypatch, capsys, samples):
     from types import SimpleNamespace
 
     import torchvote.training.generation as generation
 
-    def generates(location, prompts, *, on_text=None, on_generation=None, **kwargs):
+    def generates(location, prompts, *, on_text=None, on_generation=None, on_start, **kwargs):
+        on_start()  # every argument checked, as generate_from_checkpoint says it
         if on_text is not None:
             on_text(0, "To be", "!")
         else:
@@ -309,7 +310,7 @@ def test_generate_a_value_error_after_the_first_text_is_a_failure(runs, monkeypa
     assert "sampled a token past" in _error_line(capsys.readouterr().err, "generate")
 
 
-def test_generate_a_value_error_before_any_text_is_a_usage_error(runs, monkeypatch, capsys):
+def test_generate_a_value_error_before_generation_starts_is_a_usage_error(runs, monkeypatch, capsys):
     import torchvote.training.generation as generation
 
     monkeypatch.setattr(generation, "generate_from_checkpoint", _raises("prompt 'X': the model knows no 'X'"))

@@ -525,7 +525,7 @@ def mark_running(args: argparse.Namespace, running: bool = True) -> None:
     mistake): ``list`` at once; ``demo`` and ``reproduce`` once the options they pass on are
     checked; ``train`` and ``main`` once the run is set up (a config value the data or
     model refuse is found while the run is set up: still the command line's), ``generate`` at the
-    first token it shows, ``data list`` at once, ``explain`` when its options passed their checks;
+    first token it draws, ``data list`` at once, ``explain`` when its options passed their checks;
     ``evaluate`` while it evaluates a data set, not while it loads the next (a data set that does
     not fit the model is the command line's ``--on``). Not marked, so every ``ValueError`` reads
     as the command line's: ``data`` with a data set (its work checks arguments as it loads),
@@ -950,12 +950,7 @@ def _generate(args: argparse.Namespace) -> int:
     empty = "(no token: --max-new-tokens 0)" if args.max_new_tokens == 0 else "(nothing before <eos>)"
     one_sample = args.samples in (None, 1)  # a language model's only sample streams character by character
 
-    # generate_from_checkpoint checks every prompt and option (against the model's vocabulary and
-    # task) before its first token: the first one shown marks the command running. (A seq2seq
-    # model's outputs come whole, after all the work: its errors are all read as the command
-    # line's; so are those of a language model's first prompt drawn --samples at a time.)
     def show(index: int, prompt: str, character: str) -> None:
-        mark_running(args)
         if not streamed or streamed[-1] != index:
             sys.stdout.write(("\n" if streamed else "") + _separated(index, prompt))
             streamed.append(index)
@@ -963,7 +958,6 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     def show_whole(index: int, generation: Any) -> None:
-        mark_running(args)
         if generation.task == "seq2seq":
             print(f"{generation.prompt} -> {generation.text or empty}")
         else:  # a language model's text, continuations apart
@@ -989,6 +983,9 @@ def _generate(args: argparse.Namespace) -> int:
             # whole when its batch is done
             on_text=show if one_sample else None,
             on_generation=None if one_sample else show_whole,
+            # every prompt and option checked (against the model's vocabulary, task and length)
+            # and the model loaded: what fails from here on is running's
+            on_start=lambda: mark_running(args),
         )
     except ValueError as error:  # the one check that needs the model: a seq2seq run's max_len
         if not str(error).startswith("max_new_tokens "):

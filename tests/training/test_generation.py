@@ -491,3 +491,39 @@ def test_the_command_prints_each_prompts_samples_before_drawing_the_next(lm_run,
     assert main(["generate", str(run_dir), *arguments]) == 130
     printed.append(capsys.readouterr().out)
     assert "".join(printed) == first_prompt
+
+
+def test_generation_starts_once_every_source_is_checked(reverse_run, lm_run):
+    """``on_start`` comes after the checks (a bad source or prompt, a seq2seq length limit)
+    and before the first output: the command line reads what is raised before it as its own."""
+    events = []
+    generate_from_checkpoint(reverse_run, ["12", "345"], device="cpu",
+                             on_start=lambda: events.append("start"),
+                             on_generation=lambda index, generation: events.append(index))
+    assert events == ["start", 0, 1]
+    for prompts, options in ((["12", "x"], {}), (["12"], {"max_new_tokens": 1000})):
+        with pytest.raises(ValueError):
+            generate_from_checkpoint(reverse_run, prompts, device="cpu",
+                                     on_start=lambda: pytest.fail("began"), **options)
+    run_dir, _, _ = lm_run
+    events.clear()
+    generate_from_checkpoint(run_dir, ["the"], max_new_tokens=2, device="cpu",
+                             on_start=lambda: events.append("start"),
+                             on_text=lambda index, prompt, character: events.append(character))
+    assert events[0] == "start" and len(events) == 3
+    with pytest.raises(ValueError):
+        generate_from_checkpoint(run_dir, ["the", "\x00"], device="cpu",
+                                 on_start=lambda: pytest.fail("began"))
+
+
+def test_a_seq2seq_model_failing_while_it_decodes_is_a_failure(reverse_run, capsys, monkeypatch):
+    """Its outputs come whole, after the work: a ValueError while decoding read as the command
+    line's (2) until generation said when it starts."""
+    from torchvote.models.transformer_seq2seq import TransformerSeq2Seq
+
+    def fails(self, *args, **kwargs):
+        raise ValueError("a decoding step met a shape it cannot take")
+
+    monkeypatch.setattr(TransformerSeq2Seq, "generate", fails)
+    assert main(["generate", str(reverse_run), "--prompt", "12", "--device", "cpu"]) == 1
+    assert "a decoding step met" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from torch import Tensor
 from torchvote.data import SEQUENCE_TASKS, CharVocab, decode_sequence, encode_source
 from torchvote.models.registry import get_model_spec
 from torchvote.models.sampling import check_sampling
+from torchvote.models.transformer_backbone import check_max_new_tokens
 from torchvote.training.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -83,6 +84,7 @@ def generate_from_checkpoint(
     bf16: bool = False,
     fp16: bool = False,
     on_generation: Callable[[int, Generation], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> list[Generation]:
     """Generate from the model of a checkpoint: continue prompts (language model) or decode
     sources (seq2seq).
@@ -123,6 +125,10 @@ def generate_from_checkpoint(
             (before the next prompt's starts), a seq2seq model's outputs when the batch of
             sources is decoded. To show whole texts as they come (``torchvote generate
             --samples N``); ``None``: the returned list only.
+        on_start: called once, when every argument, prompt and source has been checked and the
+            model loaded, before the first token is drawn: what is raised before it is the
+            caller's request, after it a failure while generating (the command line's exit
+            status tells them apart).
 
     Returns:
         For a language model, ``samples`` generations per prompt, prompt by prompt; for a
@@ -151,6 +157,8 @@ def generate_from_checkpoint(
         raise TypeError(
             f"on_generation must be a callable (index, generation) or None, got {on_generation!r}"
         )
+    if on_start is not None and not callable(on_start):
+        raise TypeError(f"on_start must be a callable taking no argument or None, got {on_start!r}")
     if max_new_tokens is not None:
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
     paths = find_checkpoint(location)
@@ -172,6 +180,7 @@ def generate_from_checkpoint(
                 max_new_tokens=DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
                 temperature=temperature, top_k=top_k, top_p=top_p, samples=1 if samples is None else samples,
                 seed=seed, use_cache=use_cache, on_text=on_text, on_generation=on_generation,
+                on_start=on_start,
             )
     if task == "seq2seq":
         sampling_options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "samples": samples,
@@ -186,7 +195,7 @@ def generate_from_checkpoint(
         torch_device = resolve_device(device)
         model, _, _ = load_model_from_checkpoint(paths.weights, torch_device)
         with autocast(torch_device, bf16, fp16):
-            decoded = _decode(model, sources, max_new_tokens, use_cache, model.max_source_length)
+            decoded = _decode(model, sources, max_new_tokens, use_cache, model.max_source_length, on_start)
         if on_generation is not None:  # one batch: every output is complete at once
             for index, generation in enumerate(decoded):
                 on_generation(index, generation)
@@ -279,8 +288,11 @@ def _continue(
     use_cache: bool,
     on_text: Callable[[int, str, str], None] | None,
     on_generation: Callable[[int, Generation], None] | None,
+    on_start: Callable[[], None] | None,
 ) -> list[Generation]:
     encoded = [_encoded(prompt, vocab.encode) for prompt in prompts]  # (t,) each; all checked first
+    if on_start is not None:
+        on_start()
     device = next(model.parameters()).device
     results = []
     for prompt, ids in zip(prompts, encoded, strict=True):
@@ -342,7 +354,12 @@ def _sources(data: str, prompts: list[str]) -> list[str]:
 
 
 def _decode(
-    model: Any, sources: list[str], max_new_tokens: int | None, use_cache: bool, source_limit: int | None
+    model: Any,
+    sources: list[str],
+    max_new_tokens: int | None,
+    use_cache: bool,
+    source_limit: int | None,
+    on_start: Callable[[], None] | None,
 ) -> list[Generation]:
     encoded = [_encoded(source, encode_source) for source in sources]  # (s,) each: symbols, <eos>
     for source, ids in zip(sources, encoded, strict=True):
@@ -351,6 +368,9 @@ def _decode(
                 f"prompt {source!r}: {len(source)} symbols and <eos>; the model reads at most "
                 f"{source_limit} tokens ({source_limit - 1} symbols)"
             )
+    check_max_new_tokens(max_new_tokens, model.config.max_len)  # as generate checks it, before on_start
+    if on_start is not None:
+        on_start()
     batch = _pad(encoded, model.config.pad_id).to(next(model.parameters()).device)  # (n, s)
     output = model.generate(batch, max_new_tokens=max_new_tokens, use_cache=use_cache)  # (n, 1 + m)
     outputs = [decode_sequence(row) for row in output.cpu()]
