@@ -884,6 +884,18 @@ def test_callbacks_that_cannot_be_called_are_refused_before_the_run_starts(tiny_
     assert not Path(config.run_dir).exists()
 
 
+def test_on_start_is_called_once_after_the_set_up_and_refused_if_not_callable(tiny_config):
+    seen = []
+    config = tiny_config("run", "max_steps=2")
+    train(config, callbacks=[lambda info: seen.append(info.step)], on_start=lambda: seen.append("start"),
+          verbose=False)
+    assert seen == ["start", 1, 2]
+    other = tiny_config("other")
+    with pytest.raises(TypeError, match="on_start must be a callable"):
+        train(other, on_start="start", verbose=False)
+    assert not Path(other.run_dir).exists()
+
+
 def test_callbacks_may_be_any_iterable_of_callables(tiny_config):
     seen = []
     train(tiny_config("run", "max_steps=2"), callbacks=(f for f in [seen.append]), verbose=False)

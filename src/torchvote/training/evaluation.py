@@ -510,11 +510,13 @@ def evaluate_checkpoint(
             ``fp16`` both set, or a ``root`` that no data set reads (all generated: it was
             ignored in silence, where training refuses it).
         DataNotFoundError: a data set's files are not there.
-        TypeError: ``datasets`` one string rather than a list of them.
+        TypeError: ``datasets`` one string rather than a list of them; ``on_phase`` not callable.
     """
     check_positive_int(batch_size, "batch_size")
     if limit is not None:
         check_positive_int(limit, "limit")
+    if on_phase is not None and not callable(on_phase):
+        raise TypeError(f"on_phase must be a callable taking the phase's name or None, got {on_phase!r}")
     datasets = check_texts(datasets, "datasets")  # "small-digits" was read as 's', 'm', ...
     _check_root_is_read(root, datasets)
     autocast_dtype(bf16, fp16)

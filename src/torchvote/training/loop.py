@@ -171,8 +171,8 @@ def train(
         TrainingOutOfMemoryError: the device ran out of memory (the message says what to lower).
         OSError: a file could not be written (a full disk ...): the last checkpoint is intact,
             and one line on stderr says where the run stopped and how to continue it.
-        TypeError: ``config`` no :class:`TrainConfig`, ``callbacks`` not a list of callables
-            (before anything is written).
+        TypeError: ``config`` no :class:`TrainConfig`, ``callbacks`` not a list of callables,
+            ``on_start`` not callable (before anything is written).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig (load_config builds one), got {type(config).__name__}")
@@ -180,6 +180,8 @@ def train(
     callbacks = [] if callable(given) or not isinstance(given, Iterable) else list(given)
     if callable(given) or not isinstance(given, Iterable) or not all(map(callable, callbacks)):
         raise TypeError(f"callbacks must be a list of callables taking a StepInfo, got {given!r}")
+    if on_start is not None and not callable(on_start):
+        raise TypeError(f"on_start must be a callable taking no argument or None, got {on_start!r}")
     context = setup_distributed(config.device)
     deterministic = torch.are_deterministic_algorithms_enabled()  # deterministic=true sets it
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()  # and makes it strict
