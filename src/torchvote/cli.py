@@ -697,21 +697,17 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
         in_checkpoints = path.parent.name == "checkpoints"
         hint = f"; resume its run folder: --resume {path.parent.parent}" if in_checkpoints else ""
         raise ConfigError(f"--resume: {run_dir} is a file, expected the folder of a run{hint}")
-    if not (path / "checkpoints").is_dir() and not (path / "config.yaml").is_file():
-        from torchvote.training.checkpoint import step_checkpoints
-
-        if (path / "latest").is_file() or step_checkpoints(path):
-            raise ConfigError(
-                f"--resume: {run_dir} is a run's checkpoints folder; resume its run folder: "
-                f"--resume {path.resolve().parent}"
-            )
-        raise ConfigError(f"--resume: {run_dir} is not a run folder (no checkpoints/ or config.yaml in it)")
     from torchvote.training.checkpoint import is_run_folder
 
+    has_config = (path / "config.yaml").is_file()
     if not is_run_folder(path):  # as evaluate, generate and explain read a folder
+        why = ("no checkpoints/, and its config.yaml is not one a run wrote" if has_config
+               else "no checkpoints/ or config.yaml in it")
+        raise ConfigError(f"--resume: {run_dir} is not a run folder ({why})")
+    if not (path / "checkpoints").is_dir() and not has_config:  # a run's, by its latest or step-*
         raise ConfigError(
-            f"--resume: {run_dir} is not a run folder (no checkpoints/, and its config.yaml is not one "
-            "a run wrote)"
+            f"--resume: {run_dir} is a run's checkpoints folder; resume its run folder: "
+            f"--resume {path.resolve().parent}"
         )
     for text in overrides:
         key = _override_key(text)
