@@ -460,20 +460,25 @@ def select_variants(row: Row, texts: Sequence[str] = ()) -> list[Variant]:
     return chosen
 
 
-def _check_finished_runs(row: Row, budget: str, out_dir: str | Path, device: str) -> None:
+def _check_finished_runs(row: Row, budget: str, out_dir: str | Path, device: str) -> dict[Path, PlannedRun]:
     """:func:`plan_run`'s checks on every finished run of ``row`` under ``out_dir``, whatever its
     variant or seed: the summary averages them all, so one made before the row was edited, or a
     torn ``result.json``, is refused before anything runs.
 
+    Returns:
+        The plans, by run folder (each made once: :func:`reproduce` reuses them).
+
     Raises:
         ConfigError, ValueError: as :func:`plan_run`.
     """
+    plans = {}
     for variant in row.variants:
         folder = run_dir_of(out_dir, row, budget, variant, 0).parent
         for result in sorted(folder.glob(f"seed-*/{RESULT_FILE}")):
             seed = result.parent.name.removeprefix("seed-")
             if seed.isdigit():
-                plan_run(row, variant, budget, int(seed), result.parent, device)
+                plans[result.parent] = plan_run(row, variant, budget, int(seed), result.parent, device)
+    return plans
 
 
 def reproduce(
@@ -529,13 +534,13 @@ def reproduce(
             record["code"] = describe_code()
             atomic_write_bytes(result_path, json.dumps(record, indent=1).encode())
         return write_summary(row, base, summarize(row, budget, base))
-    _check_finished_runs(row, budget, out_dir, device)  # the summary counts them all, chosen or not
+    plans = _check_finished_runs(row, budget, out_dir, device)  # the summary counts them all, chosen or not
     # every chosen run with a folder planned before the first trains: a stopped run of the row as
     # it was before an edit is refused now, not after the runs before it trained
     runs = [(variant, seed, run_dir_of(out_dir, row, budget, variant, seed))
             for variant in chosen for seed in seeds]
-    plans = {run_dir: plan_run(row, variant, budget, seed, run_dir, device)
-             for variant, seed, run_dir in runs if run_dir.exists()}
+    plans.update({run_dir: plan_run(row, variant, budget, seed, run_dir, device)
+                  for variant, seed, run_dir in runs if run_dir.exists() and run_dir not in plans})
     total = len(runs)
     for done, (variant, seed, run_dir) in enumerate(runs, start=1):
         planned = plans.get(run_dir) or plan_run(row, variant, budget, seed, run_dir, device)
