@@ -39,7 +39,7 @@ sequence-first stack batch first).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -236,6 +236,43 @@ def _check_sequence(sequence: Any, argument: str, d_model: int, batch_first: boo
         )
 
 
+def _check_masks(
+    masks: tuple[tuple[str, Any], tuple[str, Any]],
+    batch: int | None,
+    heads: int,
+    length: int,
+    source_len: int,
+) -> None:
+    """Refuse one attention's ``(attention mask, key mask)`` of the wrong type or shape, named as
+    the layer's ``forward`` names them (the attention inside would name its own ``attn_mask`` and
+    ``key_mask``), the sizes read from the inputs in the layer's layout, batched or not.
+
+    Args:
+        masks: ``((name, attention mask), (name, key mask))``, each mask ``None`` when not given.
+        batch: the inputs' batch size ``b``; ``None`` for unbatched inputs.
+        heads: the attention's heads ``h``.
+        length: the queries' length ``L``.
+        source_len: the keys' length ``S`` (cached keys included).
+
+    Raises:
+        TypeError: a mask that is not a tensor, or of the wrong dtype.
+        ValueError: an attention mask that does not broadcast to the logits ``(b, h, L, S)``
+            (``(1, h, L, S)`` unbatched, as the attention sees them), a key mask that is not
+            ``(b, S)`` (``(S,)`` unbatched); the message shows the shape given and the one
+            expected.
+    """
+    (attn_name, attn_mask), (key_name, key_mask) = masks
+    check_attention_mask(attn_mask, (1 if batch is None else batch, heads, length, source_len), attn_name)
+    if batch is None and isinstance(key_mask, Tensor):
+        if key_mask.dtype == torch.bool and tuple(key_mask.shape) != (source_len,):
+            raise ValueError(  # the batched check would show the shapes with a batch of 1 added
+                f"{key_name} must have shape (S,) = ({source_len},) for unbatched inputs, got "
+                f"{tuple(key_mask.shape)}"
+            )
+        key_mask = key_mask.unsqueeze(0)  # (S,) -> (1, S): its type and dtype checked as a batched one's
+    check_key_mask(key_mask, 1 if batch is None else batch, source_len, key_name)
+
+
 def _batch_first(tensor: Tensor, batch_first: bool) -> Tensor:
     """A batched ``(T, b, E)`` input of a sequence-first layer as ``(b, T, E)`` (and an output
     back: the swap is its own inverse); batch-first or unbatched ``(T, E)`` tensors as they are."""
@@ -320,23 +357,41 @@ class _TorchNames:
     dropouts: tuple[str, ...]
 
 
+def _torch_layouts(module: nn.Module, names: _TorchNames) -> dict[str, bool]:
+    """The ``batch_first`` of each attention of torch's layer ``module``, by torch's name
+    (``{"self_attn": True, "multihead_attn": False}``): torch builds them all with the layer's,
+    but an attention replaced or reset after construction may differ."""
+    return {theirs: bool(getattr(module, theirs).batch_first) for theirs in names.attentions.values()}
+
+
 def _torch_batch_first(module: nn.Module, names: _TorchNames) -> bool:
-    """The layout of torch's layer ``module``: its attentions' ``batch_first`` (torch builds them
-    all with the layer's).
+    """The layout of torch's layer ``module``: its attentions' ``batch_first``.
 
     Raises:
-        ValueError: attentions of different layouts (set by hand after construction).
+        ValueError: attentions of different layouts (set by hand after construction): ``module``
+            has no one layout for a copy to keep.
     """
-    layouts = {theirs: getattr(module, theirs).batch_first for theirs in names.attentions.values()}
+    layouts = _torch_layouts(module, names)
     if len(set(layouts.values())) > 1:
-        raise ValueError(f"from_torch: the attentions' layouts differ ({_listed(layouts, '.batch_first')})")
+        raise ValueError(
+            f"from_torch: the attentions' layouts differ ({_listed(layouts, '.batch_first')}), so the "
+            "copy has no one layout to keep; give batch_first=True or False to set it (the weights "
+            "are the same in either layout)"
+        )
     return next(iter(layouts.values()))
 
 
-def _torch_settings(module: nn.Module, names: _TorchNames) -> dict[str, Any]:
+def _torch_settings(module: nn.Module, names: _TorchNames, batch_first: bool | None) -> dict[str, Any]:
     """The constructor arguments of the torchvote layer equivalent to torch's layer ``module``
     (its layout, ``batch_first``, included), after checking that it can express everything
     ``module`` does.
+
+    Args:
+        module: torch's layer.
+        names: where ``module`` keeps what is copied.
+        batch_first: the copy's layout; ``None`` for ``module``'s (its attentions', which must
+            agree). Given, ``module``'s attentions' layouts are not read: they do not change the
+            weights.
 
     Raises:
         ValueError: as :meth:`_TransformerLayer.from_torch` lists, the message naming the attribute.
@@ -388,11 +443,11 @@ def _torch_settings(module: nn.Module, names: _TorchNames) -> dict[str, Any]:
         "activation": _torch_activation(module.activation),
         "norm_first": module.norm_first,
         "layer_norm_eps": next(iter(epsilons.values())),
-        "batch_first": _torch_batch_first(module, names),
+        "batch_first": _torch_batch_first(module, names) if batch_first is None else batch_first,
     }
 
 
-def _listed(values: dict[str, float], suffix: str = "") -> str:
+def _listed(values: Mapping[str, object], suffix: str = "") -> str:
     """``"name=value, ..."`` for an error message."""
     return ", ".join(f"{name}{suffix}={value}" for name, value in values.items())
 
@@ -586,8 +641,10 @@ class _TransformerLayer(nn.Module):
                 :class:`~torchvote.nn.MultiHeadAttention`'s parameters (as
                 :class:`~torchvote.nn.RoutingAttention` does).
             batch_first: the copy's layout: ``None`` keeps ``module``'s (the copy then takes
-                the inputs ``module`` takes, ``(T, b, E)`` for torch's default); True or False
-                sets it (the weights are the same in either layout).
+                the inputs ``module`` takes, ``(T, b, E)`` for torch's default; refused when
+                ``module``'s attentions have different layouts); True or False sets it (the
+                weights are the same in either layout, so ``module``'s attentions' layouts, even
+                mixed, do not matter).
             allow_sequence_first: ``batch_first=True`` under its earlier name (the stacks'
                 ``from_torch`` keeps it), from when a sequence-first ``module`` was refused
                 without it.
@@ -601,7 +658,7 @@ class _TransformerLayer(nn.Module):
                 None; ``allow_sequence_first`` that is not a bool.
             ValueError: ``allow_sequence_first=True`` with ``batch_first=False``; what this
                 layer cannot express, the message naming the attribute: attentions of different
-                layouts, an ``activation`` other than relu or
+                layouts with ``batch_first=None``, an ``activation`` other than relu or
                 exact gelu, ``bias=False``, a norm that is not an ``nn.LayerNorm`` with
                 ``elementwise_affine=True``, norms with different ``eps``, dropout
                 probabilities that differ between the attention and the rest, attentions with
@@ -627,9 +684,7 @@ class _TransformerLayer(nn.Module):
                 copies[ours] = MultiHeadAttention.from_torch(getattr(module, theirs))
             except (TypeError, ValueError) as error:  # name the attention: the message says "module"
                 raise type(error)(f"{theirs}: {error}") from error
-        settings = _torch_settings(module, names)
-        if batch_first is not None:
-            settings["batch_first"] = batch_first
+        settings = _torch_settings(module, names, batch_first)
         reference = module.linear1.weight
         layer = cls(**settings, attention=attention, device=reference.device, dtype=reference.dtype)
         for ours, copy in copies.items():
@@ -872,9 +927,11 @@ class TransformerDecoderLayer(_TransformerLayer):
             memory: ``(b, S, E)``, the encoder's output; ``(S, b, E)`` with ``batch_first=False``.
             target_mask: self-attention mask, ``(T, T)`` or broadcastable to ``(b, h, T, T)``,
                 combined with causality when ``is_causal``.
-            target_key_mask: boolean ``(b, T)``, True for a real target token.
+            target_key_mask: boolean ``(b, T)`` (``(T,)`` for an unbatched target), True for a
+                real target token.
             memory_mask: cross-attention mask, ``(T, S)`` or broadcastable to ``(b, h, T, S)``.
-            memory_key_mask: boolean ``(b, S)``, True for a real memory token.
+            memory_key_mask: boolean ``(b, S)`` (``(S,)`` for an unbatched target), True for a
+                real memory token.
             is_causal: target token ``t`` attends only to target tokens ``<= t`` (default).
             return_intermediates: also return both attentions' weights.
             cache: the layer's caches (incremental decoding): ``target`` holds the new tokens
@@ -897,8 +954,9 @@ class TransformerDecoderLayer(_TransformerLayer):
                 ``(T, d_model)``; ``memory`` that is not ``(b, S, d_model)`` for ``b`` target
                 sequences (``(T, b, d_model)`` and ``(S, b, d_model)`` with
                 ``batch_first=False``), or not ``(S, d_model)`` for an unbatched target; a mask
-                of the wrong shape (batch first in either layout). Each named as this method
-                names it, its shape shown as given.
+                of the wrong shape (batch first in either layout, without the batch axis for an
+                unbatched target). Each named as this method names it, its shape shown as given
+                beside the shape expected.
         """
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
@@ -941,8 +999,8 @@ class TransformerDecoderLayer(_TransformerLayer):
         """The target, the memory and the masks of a call, in the layer's layout (before a
         sequence-first layer transposes them), named as :meth:`forward` names them (the
         attentions inside would name their own ``query``, ``key``, ``key_mask`` and
-        ``attn_mask``, and show the transposed shapes). ``past``: the target keys a cache holds
-        before this call."""
+        ``attn_mask``, and show the transposed shapes), batched or unbatched. ``past``: the target
+        keys a cache holds before this call."""
         if not isinstance(memory, Tensor):  # None was read as "no key": self-attention, silently
             raise TypeError(
                 f"memory must be a tensor, the encoder's output {_sequence_layout(self.batch_first, 'S')}, "
@@ -950,23 +1008,26 @@ class TransformerDecoderLayer(_TransformerLayer):
             )
         _check_sequence(target, "target", self.d_model, self.batch_first, "T")
         check_inputs_beside(target, [("memory", memory)], where="the target's features")
-        if target.dim() == 2:  # unbatched: the masks are the attentions' own checks
+        batch: int | None
+        if target.dim() == 2:  # unbatched: (T, E) and (S, E), in either layout
             if memory.dim() != 2 or memory.shape[-1] != self.d_model:
                 raise ValueError(
                     f"memory must have shape (S, d_model) = (S, {self.d_model}) for an unbatched "
                     f"target of shape {tuple(target.shape)}, got {tuple(memory.shape)}"
                 )
-            return
-        batch_axis = 0 if self.batch_first else 1  # the other of the first two axes is the length
-        batch, length = target.shape[batch_axis], target.shape[1 - batch_axis]
-        if memory.dim() != 3 or memory.shape[batch_axis] != batch or memory.shape[-1] != self.d_model:
-            expected = _sequence_layout(self.batch_first, "S", batch, self.d_model)  # (b, S, E) or (S, b, E)
-            raise ValueError(
-                f"memory must have shape {_sequence_layout(self.batch_first, 'S')} = {expected} for "
-                f"a target of shape {tuple(target.shape)}, got {tuple(memory.shape)}"
-            )
-        heads, source_len = self.num_heads, memory.shape[1 - batch_axis]
-        check_attention_mask(target_mask, (batch, heads, length, past + length), "target_mask")
-        check_key_mask(target_key_mask, batch, past + length, "target_key_mask")
-        check_attention_mask(memory_mask, (batch, heads, length, source_len), "memory_mask")
-        check_key_mask(memory_key_mask, batch, source_len, "memory_key_mask")
+            batch, length, source_len = None, target.shape[0], memory.shape[0]
+        else:
+            batch_axis = 0 if self.batch_first else 1  # the other of the first two axes is the length
+            batch, length = target.shape[batch_axis], target.shape[1 - batch_axis]
+            if memory.dim() != 3 or memory.shape[batch_axis] != batch or memory.shape[-1] != self.d_model:
+                # the memory's shape in the layer's layout: (b, S, E), or (S, b, E) sequence first
+                expected = _sequence_layout(self.batch_first, "S", batch, self.d_model)
+                raise ValueError(
+                    f"memory must have shape {_sequence_layout(self.batch_first, 'S')} = {expected} for "
+                    f"a target of shape {tuple(target.shape)}, got {tuple(memory.shape)}"
+                )
+            source_len = memory.shape[1 - batch_axis]
+        _check_masks((("target_mask", target_mask), ("target_key_mask", target_key_mask)),
+                     batch, self.num_heads, length, past + length)
+        _check_masks((("memory_mask", memory_mask), ("memory_key_mask", memory_key_mask)),
+                     batch, self.num_heads, length, source_len)

@@ -25,7 +25,9 @@ from torchvote.nn.transformer import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,
     _check_torch_module,
+    _listed,
     _torch_layer_norm_eps,
+    _torch_layouts,
 )
 from torchvote.validation import check_flag, check_positive_float, check_positive_int
 
@@ -131,33 +133,37 @@ class _TransformerStack(nn.Module):
             module: a ``torch.nn.TransformerEncoder`` (for this encoder stack) or
                 ``torch.nn.TransformerDecoder`` (for the decoder stack).
             attention: the attention factory of every layer, as in the layers' ``from_torch``.
-            allow_sequence_first: copy layers built with ``batch_first=False`` (torch's default)
-                as batch-first layers, as in the layers' ``from_torch``; without it they are
-                refused: the stacks take batch-first inputs only.
+            allow_sequence_first: copy layers built with ``batch_first=False`` (torch's default),
+                or holding an attention with ``batch_first=False`` beside a batch-first one, as
+                batch-first layers, as the layers' ``from_torch`` does given
+                ``batch_first=True``; without it they are refused: the stacks take batch-first
+                inputs only.
 
         Returns:
             The equivalent stack (a copy: later changes to ``module`` do not carry over).
 
         Raises:
-            TypeError: ``module`` is not torch's stack of this kind.
+            TypeError: ``module`` is not torch's stack of this kind; ``allow_sequence_first``
+                that is not a bool.
             ValueError: a final ``norm`` that is not an ``nn.LayerNorm`` over ``d_model`` with a
                 learned scale and bias, a subclass that overrides ``forward``, no layers,
-                sequence-first layers (unless ``allow_sequence_first``), and
+                layers with a sequence-first attention (unless ``allow_sequence_first``), and
                 whatever the layers' ``from_torch`` refuses in any layer (the message names it).
         """
         _check_torch_module(module, cls.torch_class, ("forward",))
+        check_flag(allow_sequence_first, "allow_sequence_first")
         layers = []
         for index, torch_layer in enumerate(module.layers):
             try:
-                layer = cls.layer_class.from_torch(
-                    torch_layer, attention=attention, allow_sequence_first=allow_sequence_first
-                )
-                if not layer.batch_first:  # the stack's checks, masks and caches read (b, T, E)
+                # batch first whatever torch's layout: the stack's checks, masks and caches read (b, T, E)
+                layer = cls.layer_class.from_torch(torch_layer, attention=attention, batch_first=True)
+                layouts = _torch_layouts(torch_layer, cls.layer_class._torch)
+                if not allow_sequence_first and not all(layouts.values()):
                     raise ValueError(
-                        "from_torch: self_attn.batch_first=False: the stacks take batch-first (b, T, E) "
-                        "inputs; pass allow_sequence_first=True (a batch-first copy: transpose torch's "
-                        f"(T, b, E) inputs), or copy the layers one by one ({cls.layer_class.__name__}"
-                        ".from_torch keeps torch's layout)"
+                        f"from_torch: {_listed(layouts, '.batch_first')}: the stacks take batch-first "
+                        "(b, T, E) inputs; pass allow_sequence_first=True (a batch-first copy: transpose "
+                        "torch's (T, b, E) inputs), or copy the layers one by one "
+                        f"({cls.layer_class.__name__}.from_torch keeps torch's layout, or sets it)"
                     )
                 layers.append(layer)
             except (TypeError, ValueError) as error:
