@@ -371,6 +371,107 @@ def test_explain_a_folder_that_holds_no_run_is_a_usage_error_and_a_run_without_a
     assert code == 1 and "no checkpoint in" in line, line
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["evaluate", "{run}", "--on", "mnist"],
+        ["generate", "{run}"],
+        ["explain", "x", "--out", "{out}", "--checkpoint", "{run}"],
+        ["train", "--resume", "{run}", *FAST],
+    ],
+    ids=["evaluate", "generate", "explain", "train-resume"],
+)
+def test_a_folder_whose_checkpoints_folder_holds_no_checkpoint_is_no_run(
+    runs, tmp_path, monkeypatch, capsys, argv
+):
+    """A user's project folder with an empty ``checkpoints/`` (and no run's config.yaml) read as a
+    run folder: "no checkpoint in ..." (status 1) instead of "not a run folder" (2). A run stopped
+    before its first checkpoint is a run with one beside its config.yaml too."""
+    import shutil
+
+    if argv[0] == "explain":
+        pytest.importorskip("matplotlib", reason="the report needs matplotlib")
+        import torchvote.pretrained as pretrained
+
+        def no_encoder(*args, **kwargs):
+            raise ModuleNotFoundError("no tokenizers here")
+
+        monkeypatch.setattr(pretrained, "load_pretrained", no_encoder)
+    project = tmp_path / "project"
+    (project / "checkpoints").mkdir(parents=True)
+    (project / "notes.txt").write_text("mine")
+    stopped = tmp_path / "stopped"
+    shutil.copytree(runs["stopped"], stopped)
+    (stopped / "checkpoints").mkdir()
+    command, out = argv[0], str(tmp_path / "out")
+    code = cli.main([word.replace("{run}", str(project)).replace("{out}", out) for word in argv])
+    line = _error_line(capsys.readouterr().err, command)
+    assert code == 2 and f"{project} is not a run folder" in line, line
+    if command == "train":
+        assert "its checkpoints/ holds no checkpoint, and no config.yaml in it" in line, line
+    code = cli.main([word.replace("{run}", str(stopped)).replace("{out}", out) for word in argv])
+    line = _error_line(capsys.readouterr().err, command)
+    assert code == 1 and "no checkpoint in" in line, line
+
+
+def test_the_checkpoint_argument_is_checked_by_one_function_for_every_command(tmp_path):
+    """evaluate and generate (a checkpoint's stem counts) and explain (a record, or a folder holding
+    one, counts) refuse a checkpoint argument with one function, each message naming the argument
+    and what was expected."""
+    from torchvote.explain.record import RECORD_FILE
+    from torchvote.training.checkpoint import NOT_A_RUN_FOLDER
+
+    def refusal(*args, **kwargs) -> str:
+        with pytest.raises(ValueError) as caught:
+            cli.check_checkpoint_argument(*args, **kwargs)
+        return str(caught.value)
+
+    expected = "expected a run folder, its checkpoints folder or a .safetensors file"
+    with_records = (
+        "expected a run folder, its checkpoints folder, a checkpoint's file or a record (.safetensors/.pt)"
+    )
+    missing = tmp_path / "none"
+    assert refusal(str(missing), "checkpoint") == f"checkpoint: {missing} does not exist; {expected}"
+    assert refusal(missing, "--checkpoint", records=True) == (
+        f"--checkpoint: {missing} does not exist; {with_records}"
+    )
+    (tmp_path / "step-1.safetensors").write_bytes(b"weights")
+    cli.check_checkpoint_argument(str(tmp_path / "step-1"), "checkpoint")  # a stem: find_checkpoint reads it
+    assert "does not exist" in refusal(tmp_path / "step-1", "--checkpoint", records=True)  # read as named
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert refusal(str(folder), "checkpoint") == f"checkpoint: {folder} is {NOT_A_RUN_FOLDER}; {expected}"
+    assert refusal(folder, "--checkpoint", records=True) == (
+        f"--checkpoint: {folder} is {NOT_A_RUN_FOLDER} and holds no {RECORD_FILE}; {with_records}"
+    )
+    (folder / RECORD_FILE).write_bytes(b"a record")
+    cli.check_checkpoint_argument(folder, "--checkpoint", records=True)
+    assert "is not a run folder" in refusal(str(folder), "checkpoint")  # evaluate reads no record
+
+
+def test_the_checkpoint_argument_is_checked_without_the_train_extra(tmp_path):
+    """explain runs without the train extra: the one check imports nothing of it, says what does
+    not exist, and leaves a folder it cannot judge to the reader (which names the extra)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['omegaconf'] = None\n"  # as if it were not installed
+        "from torchvote.cli import check_checkpoint_argument as check\n"
+        "check(sys.argv[2], '--checkpoint', records=True)\n"
+        "try:\n"
+        "    check(sys.argv[1], '--checkpoint', records=True)\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+    )
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    argv = [sys.executable, "-c", script, str(tmp_path / "none"), str(folder)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"--checkpoint: {tmp_path / 'none'} does not exist; expected"), done.stdout
+
+
 def test_explain_a_value_error_while_drawing_is_a_failure(runs, tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib", reason='the report needs matplotlib: pip install "torchvote[plots]"')
     import torchvote.explain.record as record
@@ -402,13 +503,21 @@ def test_is_run_folder_reads_folders_as_runs_are_made(runs, tmp_path):
     no_pointer = tmp_path / "no-pointer"
     shutil.copytree(runs["trained"] / "checkpoints", no_pointer)
     (no_pointer / "latest").unlink()
+    project = tmp_path / "project"  # a user's folder with an empty checkpoints/: no run
+    (project / "checkpoints").mkdir(parents=True)
+    stopped_beside_empty = tmp_path / "stopped"  # a stopped run's config.yaml beside one: a run
+    shutil.copytree(runs["stopped"], stopped_beside_empty)
+    (stopped_beside_empty / "checkpoints").mkdir()
     folders = {
         runs["trained"]: True,
         runs["trained"] / "checkpoints": True,
         runs["stopped"]: True,
         no_pointer: True,
+        stopped_beside_empty: True,
         runs["not_a_run"]: False,
         user_config: False,
+        project: False,
+        project / "checkpoints": False,
     }
     for folder, expected in folders.items():
         assert is_run_folder(folder) is expected, folder

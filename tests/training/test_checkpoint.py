@@ -525,3 +525,82 @@ def test_what_could_not_be_read_back_is_refused_before_anything_is_written(tmp_p
     with pytest.raises(error, match=match):
         save_checkpoint(tmp_path, **arguments)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written or deleted
+
+
+def _run_config(folder):
+    """A run's config.yaml, as a run writes it first (every key of the training config)."""
+    import dataclasses
+
+    import yaml
+
+    from torchvote.training.schema import TrainConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = sorted(field.name for field in dataclasses.fields(TrainConfig))
+    (folder / "config.yaml").write_text(yaml.safe_dump(dict.fromkeys(keys, 1)))
+
+
+def test_an_empty_checkpoints_folder_makes_no_run(tmp_path):
+    """A user's project folder with an empty (or unrelated) ``checkpoints/`` was a run folder: the
+    command line then said "no checkpoint" (a failure, 1) instead of "not a run folder" (2).
+    ``checkpoints/`` counts where it holds the ``latest`` pointer or a step's checkpoint; a run
+    stopped before its first checkpoint still counts by its config.yaml."""
+    from torchvote.training.checkpoint import is_run_folder
+
+    empty = tmp_path / "project"
+    (empty / "checkpoints").mkdir(parents=True)
+    mine = tmp_path / "mine"
+    (mine / "checkpoints").mkdir(parents=True)
+    (mine / "checkpoints" / "model.pt").write_bytes(b"mine")  # no step's name, no pointer
+    (mine / "checkpoints" / "step-final.safetensors").write_bytes(b"mine")  # no step number
+    pointer = tmp_path / "pointer-only"
+    (pointer / "checkpoints").mkdir(parents=True)
+    (pointer / "checkpoints" / "latest").write_text("step-00000001\n")  # broken, still a run's
+    unpointed = tmp_path / "unpointed"
+    (unpointed / "checkpoints").mkdir(parents=True)
+    (unpointed / "checkpoints" / "step-00000003.safetensors").write_bytes(b"torn")  # still a run's
+    saved = tmp_path / "saved"
+    _save(saved / "checkpoints", 1, _tiny_model(0))
+    stopped = tmp_path / "stopped"  # a run stopped before its first checkpoint, an empty folder beside
+    _run_config(stopped)
+    (stopped / "checkpoints").mkdir()
+    folders = {
+        empty: False,
+        mine: False,
+        mine / "checkpoints": False,
+        pointer: True,
+        pointer / "checkpoints": True,
+        unpointed: True,
+        unpointed / "checkpoints": True,
+        saved: True,
+        saved / "checkpoints": True,
+        stopped: True,
+    }
+    for folder, expected in folders.items():
+        assert is_run_folder(folder) is expected, folder
+    from torchvote.training.checkpoint import holds_checkpoints  # the rule of checkpoints/ it reads by
+
+    assert not holds_checkpoints(empty / "checkpoints") and not holds_checkpoints(tmp_path / "nowhere")
+    assert holds_checkpoints(saved / "checkpoints") and not holds_checkpoints(saved)
+
+
+def test_a_run_makes_its_checkpoints_folder_at_its_first_save(tmp_path, monkeypatch):
+    """What is_run_folder relies on: a run stopped before its first checkpoint has its config.yaml
+    and no ``checkpoints/``, and reads as a run by that config.yaml alone."""
+    import importlib
+
+    from torchvote.training.checkpoint import is_run_folder
+    from torchvote.training.config import load_config
+
+    loop = importlib.import_module("torchvote.training.loop")
+
+    def stops(*args, **kwargs):
+        raise RuntimeError("stopped in the first step")  # before any checkpoint
+
+    monkeypatch.setattr(loop._Run, "_train_step", stops)
+    run = tmp_path / "run"
+    config = load_config("smoke", [f"run_dir={run}", "max_steps=2", "progress=false", "tensorboard=false"])
+    with pytest.raises(RuntimeError, match="stopped in the first step"):
+        loop.train(config)
+    assert (run / "config.yaml").is_file() and not (run / "checkpoints").exists()
+    assert is_run_folder(run)

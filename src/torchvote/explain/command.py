@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from torchvote.cli import (
     DEVICE_HELP,
     EXIT_FAILURE,
+    check_checkpoint_argument,
     exit_status_of,
     is_running,
     mark_running,
@@ -140,35 +141,6 @@ def _check_out_dir(out_dir: Path) -> None:
             )
 
 
-def _check_checkpoint_exists(path: Path) -> None:
-    """Refuse a ``--checkpoint`` that names nothing, or a folder that holds neither a run nor a
-    record, before anything slow (a usage error). A run's folder without a checkpoint (stopped
-    before its first) passes: reading it fails while running (status 1).
-
-    Raises:
-        ValueError: nothing at ``path`` ('~' expanded, as the record is read), or a folder that is
-            no run's (:func:`torchvote.training.checkpoint.is_run_folder`) and has no record file.
-    """
-    from torchvote.explain.record import RECORD_FILE
-
-    expected = (
-        "expected a run folder, its checkpoints folder, a checkpoint's file or a record (.safetensors/.pt)"
-    )
-    folder = path.expanduser()
-    if not folder.exists():
-        raise ValueError(f"--checkpoint: {path} does not exist; {expected}")
-    if not folder.is_dir() or (folder / RECORD_FILE).is_file():
-        return
-    try:
-        from torchvote.training.checkpoint import NOT_A_RUN_FOLDER, is_run_folder
-
-        is_a_run = is_run_folder(folder)
-    except ModuleNotFoundError:  # no train extra: reading the folder says what to install
-        return
-    if not is_a_run:
-        raise ValueError(f"--checkpoint: {path} is {NOT_A_RUN_FOLDER} and holds no {RECORD_FILE}; {expected}")
-
-
 class _RunFailure(Exception):
     """A failure while running (exit status 1), its message for the user."""
 
@@ -233,7 +205,7 @@ def run_explain(args: argparse.Namespace) -> int:
         iterations = check_iterations(args.iterations, "--iterations")
         device = resolve_device_option(args.device)
         if args.checkpoint is not None:
-            _check_checkpoint_exists(Path(args.checkpoint))
+            check_checkpoint_argument(args.checkpoint, "--checkpoint", records=True)
         try:
             model = load_pretrained("all-MiniLM-L6-v2", device=device)
         except ModuleNotFoundError as error:

@@ -120,8 +120,9 @@ def load_record(path: str | Path, *, device: str | torch.device = "cpu") -> dict
             return record_from_run(path, device=device)
         else:
             raise FileNotFoundError(
-                f"folder {str(path)!r} has no {RECORD_FILE} and is no training run's (no checkpoints/, "
-                f"no config.yaml a run wrote): name a run folder, or make a record: {_HOW}"
+                f"folder {str(path)!r} has no {RECORD_FILE} and is no training run's (no checkpoint "
+                f"in it or in its checkpoints/, no config.yaml a run wrote): name a run folder, or make a "
+                f"record: {_HOW}"
             )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")

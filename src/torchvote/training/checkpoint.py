@@ -63,6 +63,7 @@ __all__ = [
     "checkpoint_name",
     "checkpoint_step",
     "find_checkpoint",
+    "holds_checkpoints",
     "is_run_folder",
     "read_weights",
     "load_model_weights",
@@ -531,14 +532,35 @@ def checkpoint_folder(location: Path) -> Path:
 
 
 #: What a folder that :func:`is_run_folder` refuses is, for the messages that refuse it.
-NOT_A_RUN_FOLDER = "not a run folder (no checkpoints/, checkpoint or config.yaml of a run in it)"
+NOT_A_RUN_FOLDER = (
+    "not a run folder (no checkpoint or latest pointer in it or in its checkpoints/, no config.yaml of a run)"
+)
+
+
+def holds_checkpoints(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoints folder: it holds the ``latest`` pointer, or ``step-*``
+    checkpoints without one (a run killed between its first checkpoint's files and its pointer).
+    An empty folder, or one of other files only, is none: a run makes ``checkpoints/`` at its first
+    save (:func:`save_checkpoint` writes into it), never before.
+
+    Args:
+        folder: any path (one that does not exist, or a file, holds none).
+
+    Returns:
+        The answer.
+    """
+    return (folder / LATEST).is_file() or bool(step_checkpoints(folder))
 
 
 def is_run_folder(path: Path) -> bool:
-    """Whether the folder ``path`` is a training run's (it has ``checkpoints/``, or the
-    ``config.yaml`` a run writes first, whole: one stopped before its first checkpoint; a user's
-    own ``config.yaml`` makes no run) or a run's checkpoints folder (it has the ``latest`` pointer,
-    or ``step-*`` checkpoints without one): the folders :func:`find_checkpoint` resolves. A broken
+    """Whether the folder ``path`` is a training run's or a run's checkpoints folder: the folders
+    :func:`find_checkpoint` resolves.
+
+    A run's folder has checkpoints in ``checkpoints/`` (:func:`holds_checkpoints`), or the
+    ``config.yaml`` a run writes first, whole: a run stopped before its first checkpoint has that
+    file and no ``checkpoints/`` (made at the first save); a user's own ``config.yaml`` makes no
+    run, nor does a ``checkpoints/`` folder that holds no checkpoint and no ``latest`` pointer (an
+    empty one in a user's project folder). A checkpoints folder holds checkpoints itself. A broken
     one is still one (reading it says what is wrong: "no checkpoint in ..."). The command line
     refuses a folder that is none of these as a usage error; ``torchvote explain`` reads the rest
     as a record's folder.
@@ -553,7 +575,7 @@ def is_run_folder(path: Path) -> bool:
         ModuleNotFoundError: a folder whose only sign is a ``config.yaml``, without the train
             extra that reads it (PyYAML, with omegaconf).
     """
-    if (path / "checkpoints").is_dir() or (path / LATEST).is_file() or step_checkpoints(path):
+    if holds_checkpoints(path / "checkpoints") or holds_checkpoints(path):
         return True
     config = path / "config.yaml"
     if not config.is_file():
