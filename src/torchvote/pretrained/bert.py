@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -576,7 +577,8 @@ def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
 def _layer_index(index: object, count: int) -> int:
     """``index`` as a Python int if it is an integer (not a bool) in ``[-count, count)``."""
     try:
-        position = None if isinstance(index, bool) else operator.index(index)  # NumPy ints too
+        # NumPy ints too; NumPy's bool as Python's (operator.index takes it before NumPy 2.3)
+        position = None if isinstance(index, (bool, np.bool_)) else operator.index(index)
     except TypeError:
         position = None
     if position is None or not -count <= position < count:
