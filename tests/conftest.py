@@ -228,6 +228,15 @@ def recording_reads(monkeypatch: pytest.MonkeyPatch, reads: list[str]) -> Iterat
         yield reads
 
 
+def routing_passes(router: str, iterations: int) -> int | None:
+    """``iterations`` for an iterative router, ``None`` (unset) for a one-pass one: tests that
+    sweep every router build the one-pass ones without the ``UserWarning`` an explicit count
+    gives them (``routers.base.layer_iterations``), which would bury new warnings."""
+    from torchvote.nn.routers.base import is_iterative
+
+    return iterations if is_iterative(router) else None
+
+
 def tiny_config_values(root: Path, run_dir: Path, **extra) -> dict:  # used by the fixtures below
     """A few-second run of the tiny CNN on the tiny MNIST folder (as a YAML-like dict)."""
     values = {

@@ -37,6 +37,7 @@ import torch._dynamo
 from torch import Tensor, nn
 
 import torchvote
+from conftest import routing_passes
 from nn.test_factory_kwargs import ALL_CASES, _grid, _outputs, randn
 from torchvote.functional import list_routers
 from torchvote.functional.em_kernel import (
@@ -207,7 +208,8 @@ def test_capsule_layer_under_autocast_is_one_graph_where_autocast_checks_do_not_
     routing, dtype, autocast_availability_untraceable
 ):
     torch.manual_seed(0)
-    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, strategy="materialize", iterations=2)
+    passes = routing_passes(routing, 2)  # unset for a one-pass router
+    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, strategy="materialize", iterations=passes)
     with torch.autocast("cpu", dtype=dtype):
         assert_one_graph(explain(layer, torch.randn(2, 7, 3)))
 
@@ -277,7 +279,8 @@ def test_capsule_layer_with_every_router_and_strategy_is_one_graph(routing, stra
     # streamed router), torch.autograd.grad in dynamic routing's backward, and EM's blocked
     # kernel ("non-contiguous out=", a dozen breaks)
     torch.manual_seed(0)
-    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, strategy=strategy, iterations=2)
+    passes = routing_passes(routing, 2)  # unset for a one-pass router
+    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, strategy=strategy, iterations=passes)
     assert_one_graph(explain(layer, torch.randn(2, 7, 3)))
 
 
@@ -382,8 +385,9 @@ def test_compiled_streamed_routing_gives_the_eager_numbers(routing):
     streamed votes of the other routers, and EM's "auto" (vectorized while compiling, blocked
     eagerly)."""
     torch.manual_seed(0)
+    passes = routing_passes(routing, 3)  # unset for a one-pass router
     layer = CapsuleLinear(
-        7, 3, 4, 5, routing=routing, strategy="stream", iterations=3, init_std=0.5, dtype=DOUBLE
+        7, 3, 4, 5, routing=routing, strategy="stream", iterations=passes, init_std=0.5, dtype=DOUBLE
     )
     assert_compiled_matches_eager(layer, torch.randn(2, 7, 3, dtype=DOUBLE, requires_grad=True))
 

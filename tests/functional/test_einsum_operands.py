@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from conftest import routing_passes
 from torchvote.functional import list_routers
 from torchvote.functional.routing_votes import SharedLinearVotes, plain_agreement, plain_weighted_sum
 from torchvote.functional.scores import general_score
@@ -66,7 +67,9 @@ def test_no_model_runs_an_einsum_of_three_operands(name, einsum_operands):
 )
 def test_no_capsule_layer_runs_an_einsum_of_three_operands(routing, strategy, shared, einsum_operands):
     torch.manual_seed(0)
-    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, strategy=strategy, iterations=2, shared_weights=shared)
+    passes = routing_passes(routing, 2)  # unset for a one-pass router
+    layer = CapsuleLinear(7, 3, 4, 5, routing=routing, strategy=strategy, iterations=passes,
+                          shared_weights=shared)
     layer(torch.randn(2, 7, 3)).square().sum().backward()
     _assert_two_operands_at_most(einsum_operands)
 

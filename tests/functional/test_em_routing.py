@@ -324,7 +324,7 @@ def test_a_receiver_with_subnormal_data_keeps_finite_exact_gradients(strategy):
         votes.requires_grad_(True)
         poses, activations, assignments = em_routing(votes, torch.full((1, 8), 0.9), 0.0, 0.0, iterations=2,
                                                      strategy=strategy, return_assignments=True)
-        smallest.append(float(assignments[0, 1].max()))
+        smallest.append(float(assignments[0, 1].detach().max()))
         (poses.sum() + activations.sum()).backward()
         assert torch.isfinite(votes.grad).all(), pose_dim
     assert min(s for s in smallest if s > 0) < torch.finfo(torch.float32).tiny  # subnormal reached

@@ -26,6 +26,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch.func import functional_call, grad, jacrev, jvp, vmap
 
+from conftest import routing_passes
 from torchvote.functional import list_routers, softmax_attention
 from torchvote.functional.routing import dynamic_routing
 from torchvote.functional.routing_votes import LinearVotes
@@ -82,8 +83,9 @@ def _input_transforms_check(function, x, device):
 
 def _capsule_layer(routing: str, strategy: str, device: torch.device) -> CapsuleLinear:
     torch.manual_seed(0)
-    return CapsuleLinear(5, 3, 3, 4, routing=routing, iterations=3, strategy=strategy, init_std=0.5,
-                         dtype=DOUBLE).to(device)
+    passes = routing_passes(routing, 3)  # unset for a one-pass router
+    return CapsuleLinear(5, 3, 3, 4, routing=routing, iterations=passes, strategy=strategy,
+                         init_std=0.5, dtype=DOUBLE).to(device)
 
 
 def _capsule_example(layer, params, inputs):
