@@ -445,6 +445,16 @@ def assert_gradients_of_formed_votes(outputs, leaves, formed):
         torch.testing.assert_close(g, r, **TIGHT)
 
 
+# The compiled strategy forms a block's votes again in backward only where torch tells whether a
+# caller's saved-tensor hooks are active (torch 2.7.1 and older cannot: every saved tensor is kept
+# there, the formed votes included, and a factor changed in place after forward changes nothing)
+FORMED_AGAIN = pytest.mark.skipif(
+    not hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"),
+    reason="this torch cannot tell whether a caller's saved-tensor hooks are active: the votes are kept",
+)
+
+
+@FORMED_AGAIN
 def test_compiled_blocks_keep_formed_votes_as_their_product(formed_blocks, compiler):
     """A block's votes formed from :class:`PerSenderVotes` are not kept for backward (they would
     be the whole votes, block after block): backward forms them again, once per use (here two,
@@ -459,7 +469,7 @@ def test_compiled_blocks_keep_formed_votes_as_their_product(formed_blocks, compi
     assert len(formed_blocks) == 3
 
 
-@pytest.mark.parametrize("modified", ["left", "activations"])
+@pytest.mark.parametrize("modified", [pytest.param("left", marks=FORMED_AGAIN), "activations"])
 def test_compiled_blocks_refuse_saved_tensors_modified_in_place(modified, monkeypatch, compiler):
     """Votes formed again in backward from a factor changed since forward would give a wrong
     gradient silently (autograd itself keeps no copy of ``left`` when only ``left`` needs a

@@ -680,6 +680,9 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
         from torch._dynamo import config as dynamo_config
         from torch._functorch import config as functorch_config
 
+        # the limit's name in newer torch (2.7.1 has both); torch 2.5.1 knows only cache_size_limit
+        limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+
         compiled = torch.compile(_fused_loop, dynamic=False)
 
         def call(*args: object) -> tuple[Tensor, ...]:
@@ -687,7 +690,7 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
                 return _fused_loop(*args)
             # donated buffers (backward reusing the saved tensors' memory) would refuse a second
             # backward through the graph (retain_graph=True), which every strategy allows
-            with (dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT),
+            with (dynamo_config.patch(**{limit_name: _RECOMPILE_LIMIT}),
                   functorch_config.patch(donated_buffer=False)):
                 return compiled(*args)
 
@@ -724,15 +727,18 @@ def _saved_as_recipe(tensor: Tensor, form: Callable[..., Tensor], *sources: Tens
     recipe and forms it again (without autocast) when backward needs it. Every other saved tensor is
     kept as it is, with the check autograd makes without hooks: backward raises if it was modified
     in place since. Not applied under a caller's saved-tensor hooks (activation checkpointing,
-    offloading: theirs decide what is kept) nor where hooks are disabled.
+    offloading: theirs decide what is kept), where hooks are disabled, nor on a torch that cannot
+    tell whether a caller's hooks are active (2.7.1 and older lack the query): there every saved
+    tensor is kept as autograd keeps it, the formed votes included (more memory, same numbers).
 
     Raises (in backward):
         RuntimeError: a source of ``tensor``, or another saved tensor, was modified in place after
             the forward pass, as autograd raises for a saved tensor.
     """
     hooks = torch._C._autograd
+    callers_hooks = getattr(hooks, "_top_saved_tensors_default_hooks", None)  # absent in torch 2.7 and older
     if (not torch.is_grad_enabled() or not hooks._saved_tensors_hooks_is_enabled()
-            or hooks._top_saved_tensors_default_hooks(False) is not None):
+            or callers_hooks is None or callers_hooks(False) is not None):
         yield
         return
 
