@@ -44,6 +44,7 @@ __all__ = [
     "check_input_dtype",
     "check_inputs_beside",
     "check_integer_tensor",
+    "first_parameter",
     "check_keyword_options",
     "check_positive_float",
     "check_in_range",
@@ -530,6 +531,23 @@ def check_factory_device(device: Any, argument: str = "device") -> torch.device 
             raise ValueError(f"{argument}={device} names an accelerator, and this machine has none") from None
         raise ValueError(f"{expected} ({error})") from None
     return check_device_exists(parsed)
+
+
+def first_parameter(module: torch.nn.Module) -> torch.Tensor | None:
+    """The first of ``module``'s parameters, the reference of :func:`check_inputs_beside` for its
+    inputs' dtype and device; ``None`` for a module without parameters.
+
+    Built as a list, not ``next(module.parameters(), None)``: the dynamo of torch 2.7.1 cannot
+    trace ``next`` with a default (every capsule layer's graph broke there; 2.13 traces both).
+
+    Args:
+        module: any module.
+
+    Returns:
+        The parameter, or ``None``.
+    """
+    parameters = list(module.parameters())
+    return parameters[0] if parameters else None
 
 
 def check_inputs_beside(

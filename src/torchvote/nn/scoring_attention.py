@@ -25,6 +25,7 @@ from torchvote.validation import (
     check_inputs_beside,
     check_positive_int,
     check_probability,
+    first_parameter,
 )
 
 __all__ = ["AdditiveAttention", "LuongAttention", "ScoredAttention"]
@@ -108,7 +109,7 @@ class ScoredAttention(nn.Module, abc.ABC):
         value = key if value is None else value
         _check_attention_inputs(query, key, value, self.query_dim, self.key_dim)
         # the dot score has no parameter: the queries' dtype and device rule
-        parameter = next(self.parameters(), None)
+        parameter = first_parameter(self)
         reference, where = (query, "the queries") if parameter is None else (parameter, None)
         check_inputs_beside(
             reference,

@@ -43,6 +43,7 @@ from torchvote.validation import (
     check_flag,
     check_float_dtype,
     check_positive_int,
+    first_parameter,
     is_integer,
 )
 
@@ -161,7 +162,7 @@ class Router(nn.Module):
         """
         votes = as_routing_votes(votes)
         if parameter is None:
-            parameter = next(self.parameters(), None)
+            parameter = first_parameter(self)
         if parameter is None:
             return votes
         if votes.dtype != parameter.dtype and not autocast_enabled(parameter.device.type):
