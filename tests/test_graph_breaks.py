@@ -37,7 +37,7 @@ import torch._dynamo
 from torch import Tensor, nn
 
 import torchvote
-from conftest import routing_passes
+from conftest import needs_one_graph_torch, routing_passes
 from nn.test_factory_kwargs import ALL_CASES, _grid, _outputs, randn
 from torchvote.functional import list_routers
 from torchvote.functional.em_kernel import (
@@ -152,6 +152,7 @@ def _training_step(name: str, monkeypatch: pytest.MonkeyPatch, strategy: str | N
     return step.explanations
 
 
+@needs_one_graph_torch
 @pytest.mark.parametrize("name", list_models())
 def test_training_step_is_one_graph(name, monkeypatch):
     (explanation,) = _training_step(name, monkeypatch)
@@ -250,6 +251,7 @@ def test_the_rnn_decoder_loop_stays_eager_whatever_the_target_length():
 # --- modules ---------------------------------------------------------------------------------------
 
 
+@needs_one_graph_torch
 @pytest.mark.slow  # about 35 s in all on a 2-core CPU
 @pytest.mark.parametrize("case", ALL_CASES)
 def test_every_module_is_one_graph(case):

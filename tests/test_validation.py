@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from conftest import needs_one_graph_torch
 from torchvote.validation import (
     autocast_enabled,
     check_choice,
@@ -205,6 +206,7 @@ def test_tensor_values_off_the_cpu_are_asserted_on_the_device_and_never_read():
     check_tensor_values((ids >= 0).all(), "ids must be >= 0", detail=lambda: pytest.fail("read"))
 
 
+@needs_one_graph_torch
 def test_tensor_values_under_torch_compile_fail_with_the_message_in_one_graph():
     import torch
 

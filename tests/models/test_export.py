@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from conftest import needs_one_graph_torch
 from torchvote.models import ClassifierOutput, SequenceOutput, create_model, get_model_spec, list_models
 from torchvote.nn import MultiHeadAttention, SlotAttention, TransformerConfig, TransformerEncoder
 from torchvote.pretrained.bert import BertConfig, BertEncoder, EncoderOutput
@@ -69,6 +70,7 @@ def _batch_dims(inputs: tuple[Tensor, ...]) -> tuple[dict[int, Any], ...]:
 # --- torch.export ----------------------------------------------------------------------------------
 
 
+@needs_one_graph_torch
 @pytest.mark.slow  # about 20 s in all on a 2-core CPU (em-capsnet 8 s)
 @pytest.mark.parametrize("name", EXPORTABLE)
 def test_every_model_exports_with_a_dynamic_batch_and_gives_the_eager_outputs(name):
@@ -84,6 +86,7 @@ def test_every_model_exports_with_a_dynamic_batch_and_gives_the_eager_outputs(na
         assert_same_outputs(got, expected)
 
 
+@needs_one_graph_torch
 @pytest.mark.parametrize("name", sorted(NOT_EXPORTABLE))
 def test_a_model_that_cannot_be_exported_says_why(name):
     model = _tiny(name)

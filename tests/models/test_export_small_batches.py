@@ -9,6 +9,7 @@ import torch
 from test_export import _inputs, _tiny, assert_same_outputs
 from torch._dynamo.exc import UserError
 
+from conftest import needs_one_graph_torch
 from torchvote.models import get_model_spec, list_models
 
 IMAGE_MODELS = [name for name in list_models() if get_model_spec(name).task == "image-classification"]
@@ -30,6 +31,7 @@ def test_an_image_model_classifies_an_empty_batch_eagerly(name):
     assert scores.shape == (0, model(images).scores.shape[1])
 
 
+@needs_one_graph_torch
 @pytest.mark.parametrize("name", ["cnn-baseline", "capsnet"])  # a plain network and a routing one
 def test_a_program_traced_at_batch_2_runs_batches_of_0_and_1_as_the_eager_model(name):
     program, model = _export(name, 2), _tiny(name)
@@ -40,6 +42,7 @@ def test_a_program_traced_at_batch_2_runs_batches_of_0_and_1_as_the_eager_model(
         assert_same_outputs(program(images[:batch]), expected)
 
 
+@needs_one_graph_torch
 @pytest.mark.parametrize("batch", [0, 1])
 def test_tracing_a_dynamic_batch_at_0_or_1_is_refused_by_torch(batch):
     """The limit docs/architecture.md names beside its export example: torch's, not the model's."""
