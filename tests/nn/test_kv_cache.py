@@ -274,3 +274,33 @@ def test_a_decoding_mask_is_checked_before_causality_shifts_it(mask, error, says
     assert cache.length == 3  # refused before the cache took the new keys
     every_key = torch.ones(2, 5, dtype=torch.bool)
     assert layer(torch.randn(2, 2, 8), is_causal=True, cache=cache, attn_mask=every_key)[0].shape == (2, 2, 8)
+
+
+def test_an_unbatched_call_on_a_growing_cache_takes_a_key_mask_over_the_cached_keys_too():
+    # The unbatched check compared the mask with the new keys only: with 2 cached keys and 1 new,
+    # a (3,) mask was refused ("(S,) = (1,)") while the decoder layer above asked for (3,).
+    torch.manual_seed(0)
+    module = MultiHeadAttention(EMBED, HEADS).eval()
+    x = torch.randn(3, EMBED)
+    unbatched, batched = KVCache(), KVCache()
+    module(x[:2], is_causal=True, cache=unbatched)
+    module(x[None, :2], is_causal=True, cache=batched)
+    key_mask = torch.tensor([False, True, True])  # the first cached key hidden
+    out, _ = module(x[2:], is_causal=True, key_mask=key_mask, cache=unbatched)
+    expected, _ = module(x[None, 2:], is_causal=True, key_mask=key_mask[None], cache=batched)
+    torch.testing.assert_close(out, expected[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"key_mask must have shape \(S,\) = \(4,\) for unbatched inputs"):
+        module(x[2:], is_causal=True, key_mask=key_mask, cache=unbatched)  # 3 cached now, 1 new
+
+
+def test_an_unbatched_decoder_layer_on_a_cache_takes_its_target_key_mask_over_the_cached_tokens():
+    from torchvote.nn import TransformerDecoderLayer
+
+    torch.manual_seed(0)
+    layer = TransformerDecoderLayer(EMBED, HEADS, dim_feedforward=16, dropout=0.0).eval()
+    target, memory = torch.randn(3, EMBED), torch.randn(5, EMBED)
+    cache = LayerCache()
+    layer(target[:2], memory, cache=cache)
+    out = layer(target[2:], memory, target_key_mask=torch.ones(3, dtype=torch.bool), cache=cache)
+    whole = layer(target, memory)  # causal: the last position sees what the cached call saw
+    torch.testing.assert_close(out, whole[2:], rtol=1e-5, atol=1e-6)

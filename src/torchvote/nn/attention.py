@@ -285,9 +285,11 @@ class MultiHeadAttention(nn.Module):
             masks=(("attn_mask", attn_mask), ("key_mask", key_mask)),
         )
         if unbatched:
-            if isinstance(key_mask, Tensor) and (key_mask.dim() != 1 or key_mask.shape[0] != key.shape[0]):
+            # a growing cache's keys come first: the mask covers them too (a fixed memory's do not add)
+            keys = key.shape[0] + (cache.length if cache is not None and not cache.static else 0)
+            if isinstance(key_mask, Tensor) and (key_mask.dim() != 1 or key_mask.shape[0] != keys):
                 raise ValueError(  # the batched check would show the shapes with a batch of 1 added
-                    f"key_mask must have shape (S,) = ({key.shape[0]},) for unbatched inputs, got "
+                    f"key_mask must have shape (S,) = ({keys},) for unbatched inputs, got "
                     f"{tuple(key_mask.shape)}"
                 )
             query, key, value = _same_map(lambda t: t.unsqueeze(0), query, key, value)
