@@ -604,3 +604,17 @@ def test_a_run_makes_its_checkpoints_folder_at_its_first_save(tmp_path, monkeypa
         loop.train(config)
     assert (run / "config.yaml").is_file() and not (run / "checkpoints").exists()
     assert is_run_folder(run)
+
+
+def test_checkpoints_beside_a_stray_empty_checkpoints_folder_are_found(tmp_path):
+    """A checkpoints folder given itself, its ``latest`` pointer lost, with an empty
+    ``checkpoints/`` beside the step files: is_run_folder counted it (its own checkpoints), but the
+    reader looked in the empty subfolder only ("no checkpoint in ...")."""
+    from torchvote.training.checkpoint import is_run_folder
+
+    folder = tmp_path / "checkpoints-copy"
+    paths = _save(folder, 1, _tiny_model(0))
+    (folder / "latest").unlink()
+    (folder / "checkpoints").mkdir()
+    assert is_run_folder(folder)
+    assert find_checkpoint(folder).weights == paths.weights

@@ -527,8 +527,13 @@ def _looks_whole(paths: CheckpointPaths) -> bool:
 
 def checkpoint_folder(location: Path) -> Path:
     """The folder of a run's checkpoints: ``<location>/checkpoints`` where it exists (a run
-    folder), else ``location`` (a checkpoints folder given itself)."""
-    return location / "checkpoints" if (location / "checkpoints").is_dir() else location
+    folder), else ``location`` (a checkpoints folder given itself); ``location`` too where only it
+    holds checkpoints (:func:`holds_checkpoints`: a stray empty ``checkpoints/`` beside them), as
+    :func:`is_run_folder` reads it."""
+    subfolder = location / "checkpoints"
+    if subfolder.is_dir() and (holds_checkpoints(subfolder) or not holds_checkpoints(location)):
+        return subfolder
+    return location
 
 
 #: What a folder that :func:`is_run_folder` refuses is, for the messages that refuse it.
