@@ -680,9 +680,6 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
         from torch._dynamo import config as dynamo_config
         from torch._functorch import config as functorch_config
 
-        # the limit's name in newer torch (2.7.1 has both); torch 2.5.1 knows only cache_size_limit
-        limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-
         compiled = torch.compile(_fused_loop, dynamic=False)
 
         def call(*args: object) -> tuple[Tensor, ...]:
@@ -690,7 +687,7 @@ def _compiled_loop() -> Callable[..., tuple[Tensor, ...]]:
                 return _fused_loop(*args)
             # donated buffers (backward reusing the saved tensors' memory) would refuse a second
             # backward through the graph (retain_graph=True), which every strategy allows
-            with (dynamo_config.patch(**{limit_name: _RECOMPILE_LIMIT}),
+            with (dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT),
                   functorch_config.patch(donated_buffer=False)):
                 return compiled(*args)
 
@@ -721,6 +718,16 @@ _MODIFIED = ("one of the variables needed for gradient computation has been modi
              "operation after the forward pass of em_routing(strategy='compiled')")
 
 
+def _callers_hooks_may_be_active() -> bool:
+    """Whether a caller's saved-tensor hooks are active, or this torch cannot tell: it has no
+    ``_top_saved_tensors_default_hooks`` (2.7.1 does not) or one that takes other arguments."""
+    query = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    try:
+        return query is None or query(False) is not None
+    except TypeError:  # a private query: its signature may differ between releases
+        return True
+
+
 @contextlib.contextmanager
 def _saved_as_recipe(tensor: Tensor, form: Callable[..., Tensor], *sources: Tensor) -> Iterator[None]:
     """While active, autograd keeps ``tensor`` (formed as ``form(*sources)``) for backward as that
@@ -735,10 +742,8 @@ def _saved_as_recipe(tensor: Tensor, form: Callable[..., Tensor], *sources: Tens
         RuntimeError: a source of ``tensor``, or another saved tensor, was modified in place after
             the forward pass, as autograd raises for a saved tensor.
     """
-    hooks = torch._C._autograd
-    callers_hooks = getattr(hooks, "_top_saved_tensors_default_hooks", None)  # absent in torch 2.7 and older
-    if (not torch.is_grad_enabled() or not hooks._saved_tensors_hooks_is_enabled()
-            or callers_hooks is None or callers_hooks(False) is not None):
+    enabled = torch._C._autograd._saved_tensors_hooks_is_enabled()
+    if not torch.is_grad_enabled() or not enabled or _callers_hooks_may_be_active():
         yield
         return
 
