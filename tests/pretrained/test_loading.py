@@ -365,7 +365,7 @@ def test_with_routing_takes_numpy_and_tensor_indices():
         routed = model.with_routing(layers)
         assert isinstance(routed.layers[1].attention, RoutingAttention)
         assert not isinstance(routed.layers[0].attention, RoutingAttention)
-    for bad in ([1.0], [True], [np.True_], ["0"], [-3]):
+    for bad in ([1.0], [True], [np.True_], [torch.tensor(True)], [np.array(True)], ["0"], [-3]):
         with pytest.raises(ValueError, match=r"layers must hold indices in \[-2, 2\)"):
             model.with_routing(bad)
 

@@ -577,8 +577,12 @@ def mean_pool(hidden: Tensor, key_mask: Tensor) -> Tensor:
 def _layer_index(index: object, count: int) -> int:
     """``index`` as a Python int if it is an integer (not a bool) in ``[-count, count)``."""
     try:
-        # NumPy ints too; NumPy's bool as Python's (operator.index takes it before NumPy 2.3)
-        position = None if isinstance(index, (bool, np.bool_)) else operator.index(index)
+        # NumPy ints and 0-d tensors too; bools of every kind refused (operator.index takes
+        # np.True_ before NumPy 2.3, and a 0-d bool tensor or array always)
+        dtype = getattr(index, "dtype", None)
+        boolean = isinstance(index, (bool, np.bool_)) or dtype is torch.bool or (
+            isinstance(dtype, np.dtype) and dtype == np.bool_)
+        position = None if boolean else operator.index(index)
     except TypeError:
         position = None
     if position is None or not -count <= position < count:
