@@ -643,8 +643,10 @@ class _TransformerLayer(nn.Module):
             batch_first: the copy's layout: ``None`` keeps ``module``'s (the copy then takes
                 the inputs ``module`` takes, ``(T, b, E)`` for torch's default; refused when
                 ``module``'s attentions have different layouts); True or False sets it (the
-                weights are the same in either layout, so ``module``'s attentions' layouts, even
-                mixed, do not matter).
+                weights are the same in either layout). For a ``module`` whose attentions have
+                mixed layouts the copy computes what a one-layout torch layer with the same
+                weights computes (torch's mixed layer reads a batched input in each attention's
+                own layout).
             allow_sequence_first: ``batch_first=True`` under its earlier name (the stacks'
                 ``from_torch`` keeps it), from when a sequence-first ``module`` was refused
                 without it.
