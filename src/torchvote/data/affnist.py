@@ -55,6 +55,7 @@ __all__ = [
     "AFFNIST_DOWNLOAD_COMMAND",
     "AFFNIST_TEST",
     "AffnistRelease",
+    "affnist_mat_files",
     "download_affnist",
     "find_affnist",
     "load_affnist",
@@ -232,7 +233,20 @@ def _test_batches(directory: Path) -> list[Path]:
     return sorted(numbered, key=lambda p: int(p.stem))
 
 
-def _mat_files(path: Path) -> list[Path]:
+def affnist_mat_files(path: Path) -> list[Path]:
+    """The affNIST test set's ``.mat`` files at ``path``, as :func:`load_affnist_mat` reads them,
+    found without reading them (``torchvote data affnist`` checks its ``--root`` with it).
+
+    Args:
+        path: one ``.mat`` file, or a folder holding ``test.mat`` or the numbered test batches.
+
+    Returns:
+        The files, the numbered batches in natural order.
+
+    Raises:
+        ValueError: ``path`` is a file that is not a ``.mat`` file (a mistyped path).
+        FileNotFoundError: nothing at ``path``, or a folder without the test set's files.
+    """
     if path.is_dir():
         files = _test_batches(path)
         if not files:
@@ -280,7 +294,7 @@ def load_affnist_mat(path: str | PathLike[str], *, limit: int | None = None) -> 
             than 10,000 images).
     """
     limit = _validate_limit(limit)
-    files = _mat_files(as_path(path, "path"))
+    files = affnist_mat_files(as_path(path, "path"))
     parts = [_read_one_mat(file) for file in files]
     for file, (pixels, labels) in zip(files, parts, strict=True):
         _check_values(file, pixels, labels)
@@ -596,6 +610,6 @@ def verify_affnist(root: str | PathLike[str] | None = None) -> tuple[list[int], 
     if path.is_file():
         _check_against_manifest(path)
     counts, problems = _layout_problems(
-        [_read_one_mat(file) for file in _mat_files(path)], AFFNIST_TEST.images
+        [_read_one_mat(file) for file in affnist_mat_files(path)], AFFNIST_TEST.images
     )
     return counts.tolist(), problems

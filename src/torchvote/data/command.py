@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torchvote.cli import EXIT_MISSING_DATA, exit_status_of, is_running, mark_running
-from torchvote.data.affnist import download_affnist, find_affnist, verification_of
+from torchvote.data.affnist import affnist_mat_files, download_affnist, find_affnist, verification_of
 from torchvote.data.download import download_mnist, file_digest
 from torchvote.data.errors import ChecksumError, DataNotFoundError, DownloadError
 from torchvote.data.mnist import (
@@ -223,10 +223,9 @@ def _check_affnist_files(path: Path, option: str) -> None:
         ValueError: ``path`` is a file that is no ``.mat`` file, or a folder of numbered batches
             that are not the test set's; the message leads with ``option`` (``--root``, ``--dir``).
     """
-    from torchvote.data.affnist import _mat_files  # the loader's rule of what it reads
 
     try:
-        _mat_files(path)
+        affnist_mat_files(path)  # the loader's rule of what it reads
     except ValueError as err:
         raise ValueError(f"{option}: {err}") from None
 
