@@ -329,13 +329,14 @@ def _check_logits_shape(logits_shape: tuple[int, ...], minimum: int = 2) -> None
         )
 
 
-def check_key_mask(key_mask: Tensor | None, batch: int, source_len: int, argument: str) -> None:
+def check_key_mask(key_mask: Tensor | None, batch: int | None, source_len: int, argument: str) -> None:
     """Raise a clear error unless ``key_mask`` is ``None`` or a boolean ``(batch, source_len)``
-    padding mask (True = a real key).
+    padding mask (True = a real key), ``(source_len,)`` for unbatched inputs.
 
     Args:
         key_mask: the mask given.
-        batch, source_len: the shape it must have.
+        batch, source_len: the shape it must have; ``batch`` ``None`` for unbatched inputs (the
+            message then shows ``(S,)``, not the batch of 1 the attention adds).
         argument: its name, for the message (a layer's ``memory_key_mask``, not the ``key_mask``
             of the attention inside it).
 
@@ -351,7 +352,13 @@ def check_key_mask(key_mask: Tensor | None, batch: int, source_len: int, argumen
         raise TypeError(
             f"{argument} must be boolean (True = real key, False = padding), got dtype {key_mask.dtype}"
         )
-    if tuple(key_mask.shape) != (batch, source_len):
+    if batch is None:
+        if tuple(key_mask.shape) != (source_len,):
+            raise ValueError(
+                f"{argument} must have shape (S,) = ({source_len},) for unbatched inputs, got "
+                f"{tuple(key_mask.shape)}"
+            )
+    elif tuple(key_mask.shape) != (batch, source_len):
         raise ValueError(
             f"{argument} must have shape (batch, S) = {(batch, source_len)}, got {tuple(key_mask.shape)}"
         )

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from torchvote.functional import DotProductScores, SharedVotes, prepare_attention_mask, vote
 from torchvote.functional.attention import _softmax_attention
-from torchvote.functional.masks import check_attention_mask, refuse_per_example_3d_mask
+from torchvote.functional.masks import check_attention_mask, check_key_mask, refuse_per_example_3d_mask
 from torchvote.functional.voting import _fused_softmax_attention
 from torchvote.nn.attention_projections import (
     _check_inputs,
@@ -287,11 +287,7 @@ class MultiHeadAttention(nn.Module):
         if unbatched:
             # a growing cache's keys come first: the mask covers them too (a fixed memory's do not add)
             keys = key.shape[0] + (cache.length if cache is not None and not cache.static else 0)
-            if isinstance(key_mask, Tensor) and (key_mask.dim() != 1 or key_mask.shape[0] != keys):
-                raise ValueError(  # the batched check would show the shapes with a batch of 1 added
-                    f"key_mask must have shape (S,) = ({keys},) for unbatched inputs, got "
-                    f"{tuple(key_mask.shape)}"
-                )
+            check_key_mask(key_mask, None, keys, "key_mask")  # (S,): the batched check would show (1, S)
             query, key, value = _same_map(lambda t: t.unsqueeze(0), query, key, value)
             if isinstance(key_mask, Tensor):
                 key_mask = key_mask.unsqueeze(0)

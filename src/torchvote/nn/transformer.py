@@ -263,14 +263,7 @@ def _check_masks(
     """
     (attn_name, attn_mask), (key_name, key_mask) = masks
     check_attention_mask(attn_mask, (1 if batch is None else batch, heads, length, source_len), attn_name)
-    if batch is None and isinstance(key_mask, Tensor):
-        if key_mask.dtype == torch.bool and tuple(key_mask.shape) != (source_len,):
-            raise ValueError(  # the batched check would show the shapes with a batch of 1 added
-                f"{key_name} must have shape (S,) = ({source_len},) for unbatched inputs, got "
-                f"{tuple(key_mask.shape)}"
-            )
-        key_mask = key_mask.unsqueeze(0)  # (S,) -> (1, S): its type and dtype checked as a batched one's
-    check_key_mask(key_mask, 1 if batch is None else batch, source_len, key_name)
+    check_key_mask(key_mask, batch, source_len, key_name)
 
 
 def _batch_first(tensor: Tensor, batch_first: bool) -> Tensor:
