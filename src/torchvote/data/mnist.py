@@ -223,7 +223,7 @@ def idx_candidates(split: Split, root: str | PathLike[str] | None = None) -> lis
     directory = dataset_dir("mnist", root)
     if root is not None and names_a_file(directory, ".gz", "-ubyte"):  # one there, or a mistyped one's name
         raise ValueError(
-            f"root: {directory} names a file; MNIST's IDX files are read from the folder that holds "
+            f"root (--root): {directory} names a file; MNIST's IDX files are read from the folder that holds "
             f"them: pass the folder ({directory.parent})"
         )
     return [
