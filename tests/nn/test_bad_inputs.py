@@ -83,6 +83,13 @@ CASES = {
     "MultiHeadAttention unbatched key_mask (1, S) (was: named as (1, 1, S))": (
         lambda: MultiHeadAttention(8, 2)(X[0], key_mask=torch.ones(1, 5, dtype=torch.bool)), ValueError,
         r"key_mask must have shape \(S,\) = \(5,\) for unbatched inputs, got \(1, 5\)"),
+    "MultiHeadAttention unbatched attn_mask (4, 5) (was: logits shown as (1, 2, 5, 5))": (
+        lambda: MultiHeadAttention(8, 2)(X[0], attn_mask=torch.ones(4, 5, dtype=torch.bool)), ValueError,
+        r"attn_mask of shape \(4, 5\) does not broadcast to the attention logits' shape \(2, 5, 5\) "
+        r"\(heads, L, S\) for unbatched inputs"),
+    "MultiHeadAttention unbatched attn_mask of 3 heads for 2 (was: logits shown as (1, 2, 5, 5))": (
+        lambda: MultiHeadAttention(8, 2)(X[0], attn_mask=torch.ones(3, 5, 5, dtype=torch.bool)), ValueError,
+        r"attn_mask of shape \(3, 5, 5\) does not broadcast to the attention logits' shape \(2, 5, 5\)"),
     "ScaledDotAgreement scale='a'": (
         lambda: ScaledDotAgreement("a"), TypeError, "scale must be a real number"),
     "NadarayaWatson bandwidth=True (was: 1.0)": (

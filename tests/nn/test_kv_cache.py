@@ -6,6 +6,8 @@ a causal mask, or the same module called without a cache on the whole prefix.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -291,6 +293,22 @@ def test_an_unbatched_call_on_a_growing_cache_takes_a_key_mask_over_the_cached_k
     torch.testing.assert_close(out, expected[0], rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"key_mask must have shape \(S,\) = \(4,\) for unbatched inputs"):
         module(x[2:], is_causal=True, key_mask=key_mask, cache=unbatched)  # 3 cached now, 1 new
+
+
+def test_an_unbatched_call_on_a_growing_cache_takes_an_attention_mask_over_the_cached_keys_too():
+    """Its shape error showed the logits with a batch of 1, ``(1, h, L, P + S)``."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(EMBED, HEADS).eval()
+    x = torch.randn(3, EMBED)
+    unbatched, batched = KVCache(), KVCache()
+    module(x[:2], cache=unbatched)
+    module(x[None, :2], cache=batched)
+    attn_mask = torch.tensor([[False, True, True]])  # (L, P + S): the first cached key hidden
+    out, _ = module(x[2:], attn_mask=attn_mask, cache=unbatched)
+    expected, _ = module(x[None, 2:], attn_mask=attn_mask, cache=batched)
+    torch.testing.assert_close(out, expected[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=re.escape(f"shape {(HEADS, 1, 4)} (heads, L, S) for unbatched")):
+        module(x[2:], attn_mask=attn_mask, cache=unbatched)  # 3 cached now, 1 new
 
 
 def test_an_unbatched_decoder_layer_on_a_cache_takes_its_target_key_mask_over_the_cached_tokens():

@@ -46,9 +46,10 @@ def _encoder(batch_first: bool) -> TransformerEncoderLayer:
 
 
 def _logits_error(argument: str, shape: tuple[int, ...], source_len: int) -> str:
-    """The message of an attention mask that does not fit unbatched logits ``(1, h, T, S)``."""
+    """The message of an attention mask that does not fit unbatched logits ``(h, T, S)`` (they were
+    shown as the attention inside sees them, ``(1, h, T, S)``)."""
     return (f"{argument} of shape {shape} does not broadcast to the attention logits' shape "
-            f"{(1, HEADS, T, source_len)}")
+            f"{(HEADS, T, source_len)} (heads, L, S) for unbatched inputs")
 
 
 def _key_mask_error(argument: str, shape: tuple[int, ...], source_len: int) -> str:

@@ -55,13 +55,18 @@ __all__ = [
 ]
 
 
-def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument: str) -> None:
+def check_attention_mask(
+    mask: Tensor | None, target: tuple[int, ...], argument: str, *, unbatched: bool = False
+) -> None:
     """Raise a clear error unless ``mask`` is a usable attention mask for logits of ``target`` shape.
 
     Args:
         mask: ``None``, a boolean tensor (True = may attend) or a float tensor added to the logits.
         target: the ``(..., L, S)`` shape of the logits the mask applies to.
         argument: the argument's name, for the message.
+        unbatched: the inputs had no batch axis and ``target`` is ``(1, h, L, S)``, the batch of 1
+            they are attended as: the message then shows the logits as the caller knows them,
+            ``(h, L, S)``.
 
     Raises:
         TypeError: if the mask is neither boolean nor floating point.
@@ -74,9 +79,11 @@ def check_attention_mask(mask: Tensor | None, target: tuple[int, ...], argument:
         raise TypeError(f"{argument} must be a tensor, got {type(mask).__name__}")
     check_mask_dtype(mask, argument)
     if broadcast_shape(mask.shape, target) != tuple(target):
+        shown, axes = (tuple(target[1:]), "(heads, L, S) for unbatched inputs") if unbatched else (
+            tuple(target), "(batch..., L, S)")
         raise ValueError(
             f"{argument} of shape {tuple(mask.shape)} does not broadcast to the attention logits' "
-            f"shape {tuple(target)} (batch..., L, S)"
+            f"shape {shown} {axes}"
         )
     if mask.is_floating_point():
         check_tensor_values(

@@ -288,6 +288,9 @@ class MultiHeadAttention(nn.Module):
             # a growing cache's keys come first: the mask covers them too (a fixed memory's do not add)
             keys = key.shape[0] + (cache.length if cache is not None and not cache.static else 0)
             check_key_mask(key_mask, None, keys, "key_mask")  # (S,): the batched check would show (1, S)
+            # (h, L, S): the batched check would show (1, h, L, S)
+            logits = (1, self.num_heads, query.shape[0], keys)  # the batch of 1 they are attended as
+            check_attention_mask(attn_mask, logits, "attn_mask", unbatched=True)
             query, key, value = _same_map(lambda t: t.unsqueeze(0), query, key, value)
             if isinstance(key_mask, Tensor):
                 key_mask = key_mask.unsqueeze(0)

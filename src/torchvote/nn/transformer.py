@@ -257,12 +257,13 @@ def _check_masks(
     Raises:
         TypeError: a mask that is not a tensor, or of the wrong dtype.
         ValueError: an attention mask that does not broadcast to the logits ``(b, h, L, S)``
-            (``(1, h, L, S)`` unbatched, as the attention sees them), a key mask that is not
+            (``(h, L, S)`` unbatched), a key mask that is not
             ``(b, S)`` (``(S,)`` unbatched); the message shows the shape given and the one
             expected.
     """
     (attn_name, attn_mask), (key_name, key_mask) = masks
-    check_attention_mask(attn_mask, (1 if batch is None else batch, heads, length, source_len), attn_name)
+    check_attention_mask(attn_mask, (1 if batch is None else batch, heads, length, source_len), attn_name,
+                         unbatched=batch is None)
     check_key_mask(key_mask, batch, source_len, key_name)
 
 
