@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,9 +84,34 @@ class DistributedContext:
         if self.initialized_here:
             if together and self.is_distributed:
                 dist.barrier(group=self.control_group)  # gloo: the host only, on any device
+            _free_gloo_backends_last(dist.group.WORLD, self.control_group)
             dist.destroy_process_group()  # and every group made from it
         elif self.control_group is not None:
+            _free_gloo_backends_last(self.control_group)
             dist.destroy_process_group(self.control_group)
+
+
+def _free_gloo_backends_last(*groups: Any) -> None:
+    """Keep each group's gloo backend until the group's Python object is gone, then free it without
+    the GIL; call before the groups are destroyed (``None`` entries are skipped).
+
+    A gloo backend's destructor joins its worker threads. A worker that has just finished a
+    collective may still hold its tensors, and where this process has freed their Python objects
+    since (:func:`max_over_processes`' flags, freed on return), the worker needs the GIL to free
+    them. Before torch 2.8 (pytorch/pytorch#154976) a process group freed its backend holding the
+    GIL: the worker waited for the GIL and the process for the worker, forever (a finished run's
+    torchrun process hung at exit in 2 of 11 runs on torch 2.7.1; py-spy showed both threads). Torch
+    frees a gloo backend's own Python object without the GIL: holding that object past the group
+    makes it the last reference.
+    """
+    for group in groups:
+        if group is None:
+            continue
+        try:
+            backend = group._get_backend(torch.device("cpu"))
+        except (AttributeError, RuntimeError):  # no CPU backend (nccl), or a torch without the method
+            continue
+        weakref.finalize(group, list.clear, [backend])  # freed when the group is: its last reference
 
 
 def setup_distributed(device_name: str = "auto") -> DistributedContext:
