@@ -83,6 +83,14 @@ def assert_one_graph(explanation: Any) -> None:
 
 # --- models ----------------------------------------------------------------------------------------
 
+#: Where dynamo breaks at an ``nn.GRU`` (not traced: ``allow_rnn`` is off). Before torch 2.15 at
+#: reading the module (``self.decoder``), which it cannot resume after ("step_unsupported"): the
+#: rest of the frame runs eagerly. From 2.15 at the call (pytorch/pytorch#186614, "Unsupported
+#: function call (delayed)"), which it resumes after: what follows a GRU in ``encode`` and in the
+#: decoder step is compiled too, one graph more for the same breaks.
+GRU_BREAKS_AT_CALL = torch.torch_version.Version(torch.__version__).release[:2] >= (2, 15)
+GRU_BREAK = "Unsupported function call (delayed)" if GRU_BREAKS_AT_CALL else "step_unsupported"
+
 #: The breaks that stay, by model, as :func:`breaks` lists them (documented in the model).
 KNOWN_BREAKS: dict[str, list[tuple[str, str]]] = {
     # RNNAttentionSeq2Seq.forward: the packing (one break, reported in both frames that hold it)
@@ -90,9 +98,12 @@ KNOWN_BREAKS: dict[str, list[tuple[str, str]]] = {
     "rnn-attention-seq2seq": [
         ("Attempted to call function marked as skipped", "encode:pack_padded_sequence"),
         ("Attempted to call function marked as skipped", "encode:pack_padded_sequence"),
-        ("step_unsupported", "_bahdanau_step:self.decoder"),
+        (GRU_BREAK, "_bahdanau_step:self.decoder"),
     ],
 }
+
+#: Graphs beyond one per break (``explain``'s ``graph_break_count`` is its graphs less one), by model.
+EXTRA_GRAPHS: dict[str, int] = {"rnn-attention-seq2seq": int(GRU_BREAKS_AT_CALL)}
 
 
 def _short(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -109,7 +120,7 @@ def _short(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def assert_model_graphs(name: str, explanation: Any) -> None:
     if name in KNOWN_BREAKS:
         assert _short(breaks(explanation)) == KNOWN_BREAKS[name]
-        assert explanation.graph_break_count == len(KNOWN_BREAKS[name])
+        assert explanation.graph_break_count == len(KNOWN_BREAKS[name]) + EXTRA_GRAPHS.get(name, 0)
     else:
         assert_one_graph(explanation)
 
