@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -289,6 +290,16 @@ def test_reconstruction_loss_needs_a_batch():
         reconstruction_loss(torch.rand(0, 784), torch.rand(0, 1, 28, 28))  # NaN before
     image = torch.rand(784)
     assert reconstruction_loss(image[None], image[None] + 0.5, weight=1.0).item() == pytest.approx(196.0)
+
+
+def test_margins_and_steps_may_be_numpy_scalars():
+    """NumPy's scalars (read from an array or a config) were refused as 'not a number'."""
+    assert SpreadMarginSchedule(np.int64(10), np.float32(0.25), 0.75)(5) == pytest.approx(0.5)
+    activations, labels = torch.rand(2, 3, dtype=torch.float64), torch.tensor([0, 1])
+    expected = spread_loss(activations, labels, margin=0.5)
+    assert spread_loss(activations, labels, margin=np.float32(0.5)) == expected
+    with pytest.raises(TypeError, match="steps must be an integer"):
+        SpreadMarginSchedule(np.float64(10.0))
 
 
 def test_spread_margin_schedule_checks_its_arguments():

@@ -25,6 +25,7 @@ from torchvote.validation import (
     check_positive_int,
     check_tensor_values,
     is_integer,
+    is_real,
 )
 
 __all__ = [
@@ -252,7 +253,7 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
 def _check_margin(value: Any, argument: str) -> None:
     """Raise unless ``value`` is a real number in ``(0, 1]``: the spread loss compares class
     activations in ``[0, 1]``, so a larger margin can never be met and a margin <= 0 asks nothing."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):  # NumPy's scalars too
         raise TypeError(
             f"{argument} must be a number (a margin in (0, 1]), got {value!r} ({type(value).__name__})"
         )
@@ -283,7 +284,7 @@ class SpreadMarginSchedule:
     end: float = 0.9
 
     def __post_init__(self) -> None:
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int):
+        if not is_integer(self.steps):  # NumPy's integers too
             raise TypeError(
                 f"steps must be an integer (a number of training steps), got {self.steps!r} "
                 f"({type(self.steps).__name__})"

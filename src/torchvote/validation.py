@@ -56,6 +56,7 @@ __all__ = [
     "check_texts",
     "computes_in_float16",
     "is_integer",
+    "is_real",
     "resolve_device",
 ]
 
@@ -146,8 +147,8 @@ def check_positive_float(value: Any, argument: str) -> float:
         ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) if ``value`` is not a real number.
         ValueError: if it is not finite or not positive.
     """
-    if not _is_real(value) or not math.isfinite(value) or value <= 0:
-        error = ValueError if _is_real(value) else ArgumentTypeError
+    if not is_real(value) or not math.isfinite(value) or value <= 0:
+        error = ValueError if is_real(value) else ArgumentTypeError
         raise error(f"{argument} must be a positive finite number, got {value!r}")
     return float(value)
 
@@ -177,19 +178,27 @@ def check_in_range(
             number (bools are not).
         ValueError: if it is not finite or outside the interval, with the interval in the message.
     """
-    above = (low <= value if include_low else low < value) if _is_real(value) else False
-    below = (value <= high if include_high else value < high) if _is_real(value) else False
+    above = (low <= value if include_low else low < value) if is_real(value) else False
+    below = (value <= high if include_high else value < high) if is_real(value) else False
     if not (above and below and math.isfinite(value)):
         left = "[" if include_low and math.isfinite(low) else "("
         right = "]" if include_high and math.isfinite(high) else ")"
-        error = ValueError if _is_real(value) else ArgumentTypeError
+        error = ValueError if is_real(value) else ArgumentTypeError
         raise error(f"{argument} must be a finite number in {left}{low}, {high}{right}, got {value!r}")
     return float(value)
 
 
-def _is_real(value: Any) -> bool:
-    """A real number that is not a bool: Python's int and float, NumPy's integer and float scalars
-    (``numbers.Real``); a 0-d tensor or an array is not one."""
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number that is not a bool: Python's int and float, NumPy's
+    integer and float scalars (``numbers.Real``; ``np.float32(0.5)`` from an array is as good as
+    ``0.5``).
+
+    Args:
+        value: the value to test.
+
+    Returns:
+        True for a real number, False for a bool, a 0-d tensor, an array or anything else.
+    """
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -220,8 +229,8 @@ def check_probability(value: Any, argument: str) -> float:
         ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) if ``value`` is not a real number.
         ValueError: if it is outside ``[0, 1)``.
     """
-    if not _is_real(value) or not 0.0 <= value < 1.0:
-        error = ValueError if _is_real(value) else ArgumentTypeError
+    if not is_real(value) or not 0.0 <= value < 1.0:
+        error = ValueError if is_real(value) else ArgumentTypeError
         raise error(f"{argument} must be in [0, 1), got {value!r}")
     return float(value)
 
@@ -694,7 +703,7 @@ def check_scale(value: Any, argument: str = "scale") -> float | None:
     """
     if value is None:
         return None
-    if not _is_real(value):
+    if not is_real(value):
         raise TypeError(f"{argument} must be a real number or None, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{argument} must be finite, got {value!r}")

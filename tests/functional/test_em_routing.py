@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from einops import rearrange
@@ -281,6 +282,13 @@ def test_votes_without_senders_and_offsets_of_the_wrong_type_are_named():
     with pytest.raises(TypeError, match="beta_a must be a real number or a tensor, got list"):
         em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), 0.0, [0.0, 0.0, 0.0])
     em_routing(torch.randn(2, 3, 5, 4), torch.rand(2, 5), 1, torch.zeros(3))  # an int and a tensor
+    # NumPy's scalars are numbers (refused before as "got float32"); NumPy's bool is not
+    votes, activations = torch.randn(2, 3, 5, 4, dtype=torch.float64), torch.rand(2, 5, dtype=torch.float64)
+    for got, expected in zip(em_routing(votes, activations, np.int64(1), np.float32(0.5)),
+                             em_routing(votes, activations, 1, 0.5), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="beta_u must be a real number or a tensor, got bool"):
+        em_routing(votes, activations, np.bool_(True), 0.0)
 
 
 @pytest.mark.parametrize("strategy", ["vectorized", "blocked"])

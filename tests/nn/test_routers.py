@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -291,8 +292,10 @@ def test_em_router_keeps_beta_a_in_logit_units_and_starts_empty_capsules_at_empt
     torch.testing.assert_close(router(votes, activations=acts).activations, expected[1])
     assert EMRouter(out_caps=3).activation_bias[0].item() == pytest.approx(math.log(0.1 / 0.9))
     for bad in (0.0, 1.0, -0.5, "0.1"):
-        with pytest.raises(ValueError, match="empty_activation must be in \\(0, 1\\)"):
+        with pytest.raises(ValueError, match="empty_activation must be a finite number in \\(0.0, 1.0\\)"):
             EMRouter(out_caps=3, empty_activation=bad)
+    # a NumPy scalar (read from an array or a config) is a number: refused before as "not in (0, 1)"
+    assert EMRouter(out_caps=3, empty_activation=np.float32(0.25)).empty_activation == 0.25
 
 
 def test_em_router_loads_a_checkpoint_that_kept_the_papers_beta_a():

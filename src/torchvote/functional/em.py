@@ -76,6 +76,7 @@ from torchvote.validation import (
     check_inputs_beside,
     check_positive_float,
     check_positive_int,
+    is_real,
 )
 
 __all__ = [
@@ -379,7 +380,7 @@ def em_routing(
         strategy = "vectorized"  # whose loop gives empty outputs
     offsets = []
     for value, argument in ((beta_u, "beta_u"), (beta_a, "beta_a")):
-        if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)):
+        if not (is_real(value) or isinstance(value, Tensor)):  # NumPy's scalars too
             raise TypeError(f"{argument} must be a real number or a tensor, got {type(value).__name__}")
         if not isinstance(value, Tensor) and not math.isfinite(value):  # a tensor's: not read
             raise ValueError(f"{argument} must be finite, got {value!r} (every output would be NaN)")

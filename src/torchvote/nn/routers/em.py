@@ -70,6 +70,7 @@ from torchvote.nn.routers.base import Router, RoutingResult, register_router
 from torchvote.validation import (
     check_choice,
     check_float_dtype,
+    check_in_range,
     check_inputs_beside,
     check_positive_float,
     check_positive_int,
@@ -135,11 +136,10 @@ class EMRouter(Router):
         self.strategy = check_choice(strategy, STRATEGIES, "strategy")
         check_positive_int(out_caps, "out_caps")
         check_float_dtype(dtype)
-        if not isinstance(empty_activation, (int, float)) or not 0.0 < empty_activation < 1.0:
-            raise ValueError(f"empty_activation must be in (0, 1), got {empty_activation!r}")
+        self.empty_activation = check_in_range(empty_activation, "empty_activation", 0.0, 1.0,
+                                               include_low=False, include_high=False)
         if data_per_parent is not None:
             check_positive_float(data_per_parent, "data_per_parent")
-        self.empty_activation = float(empty_activation)
         self.data_per_parent = data_per_parent
         # beta_a = activation_bias / lambda_T; a schedule that ends at 0 makes beta_a irrelevant.
         self._final_inverse_temperature = schedule[-1] if schedule[-1] > 0 else 1.0
