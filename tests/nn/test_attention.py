@@ -509,13 +509,29 @@ def test_mask_errors(kwargs, error, match):
 
 
 def test_per_head_mask_broadcasts_over_batch():
-    """A (h, L, S) mask broadcasts to (b, h, L, S): every head masked its own way."""
+    """A (1, h, L, S) mask broadcasts to (b, h, L, S): every head masked its own way."""
     ours, theirs = _torch_pair()
     x, _, _ = _inputs()
     allowed = _allowed(5, 5, seed=7, shape=(HEADS, 5, 5))
     torch_mask = (~allowed).repeat(BATCH, 1, 1)  # torch wants (b * h, L, S)
-    _compare(ours, theirs, x, x, x, {"attn_mask": allowed, "need_weights": True},
+    _compare(ours, theirs, x, x, x, {"attn_mask": allowed.unsqueeze(0), "need_weights": True},
              {"attn_mask": torch_mask, "need_weights": True})
+
+
+@pytest.mark.parametrize("batch", [1, 2, HEADS, HEADS + 1])
+def test_a_3d_mask_of_several_slices_is_refused_at_every_batch_size(batch):
+    """A per-head (h, L, S) mask was refused only when the batch equalled the heads (as ambiguous
+    with a per-example mask): a run failed on its one short last batch of that size. Now refused
+    at every batch size of batched inputs, naming the 4-D forms; unbatched, it is torch's
+    (h, L, S) and taken."""
+    torch.manual_seed(0)
+    ours, theirs = _torch_pair()
+    allowed = _allowed(5, 5, seed=7, shape=(HEADS, 5, 5))
+    with pytest.raises(ValueError, match=r"3-D with 4 slices.*\(batch, 1, L, S\).*\(1, heads, L, S\)"):
+        ours(torch.randn(batch, 5, EMBED, dtype=F64), attn_mask=allowed)
+    x = torch.randn(5, EMBED, dtype=F64, requires_grad=True)
+    _compare(ours, theirs, x, x, x, {"attn_mask": allowed, "need_weights": True},
+             {"attn_mask": ~allowed, "need_weights": True})
 
 
 def test_inputs_of_another_dtype_than_the_parameters_are_named_unless_autocast():

@@ -378,22 +378,32 @@ def kernel_float_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def refuse_per_example_3d_mask(attn_mask: Tensor | None, logits_shape: tuple[int, ...]) -> None:
-    """For a module whose logits are ``(batch, heads, L, S)``: refuse a 3-D ``attn_mask`` with
-    ``batch > 1`` slices. Broadcasting reads a 3-D mask as ``(heads, L, S)``, one per head, so a
-    per-example ``(batch, L, S)`` mask is silently applied per head when ``batch == heads`` (and
-    grows the logits when ``heads == 1``). The functional attention keeps plain broadcasting, as
-    ``F.scaled_dot_product_attention`` does: its leading axes need not be ``(batch, heads)``.
+    """For a module whose logits are ``(batch, heads, L, S)``, called with batched inputs: refuse a
+    3-D ``attn_mask`` of more than one slice, whatever the batch. Three conventions read it three
+    ways (torch's ``nn.MultiheadAttention``: ``(batch * heads, L, S)``; d2l-style code: one per
+    example, ``(batch, L, S)``; broadcasting: one per head, ``(heads, L, S)``), and broadcasting
+    alone would apply a per-example mask per head whenever ``batch == heads``. Refusing only then
+    (as before) made a per-head mask fail on the one batch whose size equals the heads, a short last
+    batch of a training run; refused always, the first call says which 4-D form to give. A mask of
+    one slice, ``(1, L, S)``, is one for every example and head. Unbatched inputs (the module's own
+    batch of 1) keep torch's ``(heads, L, S)``: not passed here. The functional attention keeps plain
+    broadcasting, as ``F.scaled_dot_product_attention`` does: its leading axes need not be
+    ``(batch, heads)``.
 
     Raises:
         ValueError: naming the ``(batch, 1, L, S)`` and ``(1, heads, L, S)`` forms that say which.
     """
-    batch = logits_shape[0]
-    if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3 and attn_mask.shape[0] == batch > 1:
+    if not isinstance(attn_mask, Tensor) or attn_mask.dim() != 3 or attn_mask.shape[0] == 1:
+        return
+    batch, heads = logits_shape[0], logits_shape[1]
+    if batch > 1 and attn_mask.shape[0] == batch * heads:
+        return  # torch's layout: prepare_attention_mask says how to reshape it
+    if attn_mask.shape[0] > 1:
         raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} has batch = {batch} slices, but a 3-D "
-            f"mask is read as (heads, L, S), one per head (logits {logits_shape} are (batch, "
-            f"heads, L, S)); pass a mask per example as (batch, 1, L, S), e.g. "
-            f"mask.unsqueeze(1), or per head as (1, heads, L, S)"
+            f"attn_mask of shape {tuple(attn_mask.shape)} is 3-D with {attn_mask.shape[0]} slices, which "
+            f"batched inputs read ambiguously (per example, per head, or torch's batch * heads; logits "
+            f"{logits_shape} are (batch, heads, L, S)): give it 4-D, per example as (batch, 1, L, S), "
+            f"e.g. mask.unsqueeze(1), or per head as (1, heads, L, S), e.g. mask.unsqueeze(0)"
         )
 
 

@@ -222,7 +222,9 @@ class MultiHeadAttention(nn.Module):
             key: ``(b, S, kdim)``; default ``query`` (self-attention).
             value: ``(b, S, vdim)``; default ``key``.
             attn_mask: boolean (True = may attend) or float (added to the logits, ``-inf``
-                forbids) of shape ``(L, S)`` or broadcastable to ``(b, h, L, S)``.
+                forbids) of shape ``(L, S)`` or broadcastable to ``(b, h, L, S)``; a 3-D mask
+                only as ``(1, L, S)`` (more slices are ambiguous: give ``(b, 1, L, S)`` or
+                ``(1, h, L, S)``), or ``(h, L, S)`` for unbatched inputs.
             key_mask: boolean ``(b, S)``, True for a real key, False for padding (the opposite
                 of torch's ``key_padding_mask``).
             is_causal: query ``l`` attends only to keys ``s <= l`` (top-left aligned); combined
@@ -317,7 +319,8 @@ class MultiHeadAttention(nn.Module):
             lengths=(target_len, source_len),
         )
         asked_causal = is_causal
-        refuse_per_example_3d_mask(attn_mask, (batch, self.num_heads, target_len, source_len))
+        if not unbatched:  # unbatched, a 3-D mask is torch's (heads, L, S)
+            refuse_per_example_3d_mask(attn_mask, (batch, self.num_heads, target_len, source_len))
         mask, is_causal = prepare_attention_mask(
             attn_mask,
             key_mask,
