@@ -64,7 +64,10 @@ def one_hot_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
         if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
             raise TypeError(f"targets: class indices must be integers, got dtype {targets.dtype}")
         check_index_range(targets, num_classes, f"class indices must be in [0, {num_classes})")
-        return F.one_hot(targets.long(), num_classes).to(dtype)
+        # a comparison, not F.one_hot: that reads the largest index, which vmap(grad) cannot do
+        # with per-example targets (the range is checked above, where values can be read)
+        classes = torch.arange(num_classes, device=targets.device)  # (k,)
+        return (targets.long().unsqueeze(-1) == classes).to(dtype)  # (b, k)
     if targets.dim() == 2 and targets.shape[1] == num_classes:
         # T_k of the margin loss is 0 or 1; a 7 (or a smoothed 0.9) would scale the loss silently
         check_tensor_values(

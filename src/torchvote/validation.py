@@ -3,7 +3,8 @@
 A parameter is checked once, where it enters the library (a public function or a constructor);
 code further down trusts it. Every check raises ``ValueError`` (or ``TypeError`` for a value of
 the wrong type) naming the argument and what was expected. Checks of a tensor's *values* go
-through :func:`check_tensor_values`, which never makes an accelerator wait for the host.
+through :func:`check_tensor_values`, which never makes an accelerator wait for the host, and are
+skipped where values cannot be read (:func:`values_are_traced`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from torchvote.tracing import under_autograd_transforms
 
 __all__ = [
     "ArgumentTypeError",
@@ -58,6 +61,7 @@ __all__ = [
     "is_integer",
     "is_real",
     "resolve_device",
+    "values_are_traced",
 ]
 
 
@@ -791,7 +795,11 @@ def check_tensor_values(
     * on an accelerator, or while ``torch.compile`` traces: queued with
       ``torch._assert_async``, nothing is read back. A False fails the device's stream with
       ``message`` (a RuntimeError at the next synchronisation), as PyTorch's own index checks of
-      ``nll_loss``, ``embedding`` and ``one_hot`` do on CUDA.
+      ``nll_loss``, ``embedding`` and ``one_hot`` do on CUDA;
+    * under a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``, ``jvp``): skipped. Inside
+      ``vmap`` ``valid`` holds one flag per example, which can be neither read (a
+      data-dependent branch) nor queued (``_assert_async`` has no batching rule); the eager call
+      of the same function checks the values.
 
     Args:
         valid: a one-element boolean tensor (e.g. ``(ids >= 0).all()``).
@@ -800,8 +808,10 @@ def check_tensor_values(
             appended to ``message``, e.g. the offending values.
 
     Raises:
-        ValueError: on the CPU, ``valid`` is False.
+        ValueError: on the CPU, ``valid`` is False (not under a ``torch.func`` transform).
     """
+    if under_autograd_transforms():  # one flag per example under vmap: no read, no queued assert
+        return
     if _reads_are_free(valid):
         if not bool(valid):
             raise ValueError(message if detail is None else f"{message}{detail()}")
@@ -831,8 +841,28 @@ def check_index_range(indices: torch.Tensor, size: int, message: str) -> None:
     check_tensor_values(((indices >= 0) & (indices < size)).all(), message, detail=extremes)
 
 
+def values_are_traced() -> bool:
+    """Whether a tensor's values must not be read here: ``torch.compile`` or ``torch.export`` is
+    tracing (a read is a graph break, and fails ``fullgraph=True`` and export), or a
+    ``torch.func`` transform is running (inside ``vmap`` a value is one per example: ``bool`` or
+    ``.item()`` of it raises "data-dependent control flow"; ``grad``, ``jacrev`` and ``jvp`` are
+    treated alike, so that nesting them in ``vmap`` changes nothing).
+
+    The one predicate of every read of values that the library may leave out: the mask reads of
+    :mod:`torchvote.functional.masks` (a causal mask turned into ``is_causal=True``, the warning
+    for ``torch.nn.MultiheadAttention``'s mask convention, a causal mask refused with a softmax
+    over the receivers) are skipped here with the same numbers, and :func:`check_tensor_values`
+    reads nothing (it queues its check on the device while compiled, skips it under a transform);
+    the eager call of the same code reads them.
+
+    Returns:
+        True while traced or transformed.
+    """
+    return torch.compiler.is_compiling() or under_autograd_transforms()
+
+
 def _reads_are_free(tensor: torch.Tensor) -> bool:
-    """Whether reading ``tensor``'s values costs nothing: eager code on the CPU."""
+    """Whether reading ``tensor``'s values costs nothing: eager code on the CPU (not traced)."""
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
 
 

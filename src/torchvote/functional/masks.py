@@ -34,6 +34,7 @@ from torchvote.validation import (
     check_float_dtype,
     check_tensor_values,
     is_integer,
+    values_are_traced,
 )
 
 __all__ = [
@@ -71,7 +72,9 @@ def check_attention_mask(
     Raises:
         TypeError: if the mask is neither boolean nor floating point.
         ValueError: if it does not broadcast to ``target`` or a float mask holds NaN or ``+inf``
-            (either makes the weights NaN).
+            (either makes the weights NaN; the values are checked through
+            :func:`~torchvote.validation.check_tensor_values`, so not under a ``torch.func``
+            transform, where a per-example mask cannot be read).
     """
     if mask is None:
         return
@@ -151,9 +154,11 @@ def _warn_if_blocking_convention(attn_mask: Tensor | None, logits_shape: tuple[i
     causal mask (True above the diagonal, where that module reads True as *blocked*). Read as
     torchvote reads it (True = may attend), every query would hear only later keys and the last
     one none (zero output): a mask ported without its ``~``. Asked only where reading the values
-    is free (eager code on the CPU), so a GPU never waits for it; three entries are read first, so
-    that another mask costs no ``(L, S)`` comparison. A model that means that mask (each query
-    hearing only the keys after it) can silence the warning with ``warnings.filterwarnings``."""
+    is free (eager code on the CPU: not traced, not under a ``torch.func`` transform, where a
+    per-example mask has no one value to read; :func:`~torchvote.validation.values_are_traced`),
+    so a GPU never waits for it; three entries are read first, so that another mask costs no
+    ``(L, S)`` comparison. A model that means that mask (each query hearing only the keys after
+    it) can silence the warning with ``warnings.filterwarnings``."""
     if (
         not isinstance(attn_mask, Tensor)
         or attn_mask.dtype != torch.bool
@@ -162,7 +167,7 @@ def _warn_if_blocking_convention(attn_mask: Tensor | None, logits_shape: tuple[i
         or tuple(attn_mask.shape) != tuple(logits_shape[-2:])
         or min(attn_mask.shape) < 2  # one query or one key: no pattern to read
         or attn_mask.device.type != "cpu"
-        or torch.compiler.is_compiling()
+        or values_are_traced()
     ):
         return
     # the pattern's corners first: (0, 0) blocked, (0, 1) open, the last row blocked
@@ -228,7 +233,15 @@ def _read_mask_once(mask: Tensor, question: Callable[[Tensor], bool] | None = No
     question read, while it is the same tensor at the same version (an in-place change reads it
     again); an inference tensor, which has no version, is read every time. A change that bypasses
     autograd's version counter (through ``.data`` or a NumPy view of the tensor) is not seen: give
-    the changed mask as a new tensor."""
+    the changed mask as a new tensor.
+
+    False, with nothing read, where values cannot be read
+    (:func:`~torchvote.validation.values_are_traced`): under ``torch.compile`` or ``torch.export``
+    (a graph break) and under a ``torch.func`` transform (inside ``vmap`` a per-example mask has
+    one answer per example, and ``bool`` of it raises). The mask is then used as given, with the
+    same numbers; the eager call asks."""
+    if values_are_traced():
+        return False
     question = is_causal_mask if question is None else question
     if mask.is_inference():
         return question(mask)
@@ -466,12 +479,13 @@ def prepare_attention_mask(
     # Only a mask of the logits' full (L, S) size can stand for is_causal: a (1, 1) mask
     # broadcasts to "all allowed", not to a causal pattern. The rank first: under torch.export a
     # batch size compared with L would put a guard on it. Not while torch.compile or torch.export
-    # traces: reading the mask's values there is a graph break (fullgraph=True and export fail),
-    # so the traced graph takes the mask as it is, with the same numbers.
+    # traces, nor under a torch.func transform: reading the mask's values there is a graph break
+    # (fullgraph=True and export fail), and inside vmap a per-example mask has no one value to
+    # read; the traced or transformed call takes the mask as it is, with the same numbers.
     # A float mask that needs a gradient (a learned bias) stays a mask, whatever its values.
     full = mask is not None and mask.dim() == 2 and tuple(mask.shape) == tuple(logits_shape[-2:])
     full = full and not mask.requires_grad
-    if full and not torch.compiler.is_compiling() and _read_mask_once(mask):
+    if full and not values_are_traced() and _read_mask_once(mask):
         mask, is_causal = None, True
     if mask is not None and mask.is_floating_point() and dtype is not None:
         mask = mask.to(kernel_float_dtype(dtype))

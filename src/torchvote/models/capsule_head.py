@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchvote.models.capsule_config import check_images, check_targets, router_options_errors
@@ -41,6 +40,7 @@ from torchvote.nn.routers import Router, RoutingResult
 from torchvote.nn.routers.base import is_iterative
 from torchvote.validation import (
     check_float_dtype,
+    check_index_range,
 )
 
 __all__ = [
@@ -191,9 +191,22 @@ class CapsuleDecoder(nn.Module):
 
     @staticmethod
     def mask(poses: Tensor, classes: Tensor) -> Tensor:
-        """``(b, i, d)`` capsules, ``(b, k)`` classes -> ``(b, k, i * d)``: all but one capsule zero."""
-        keep = F.one_hot(classes, poses.shape[1]).to(poses.dtype)  # (b, k, i)
-        return torch.einsum("bki,bid->bkid", keep, poses).flatten(2)  # (b, k, i*d)
+        """``(b, i, d)`` capsules, ``(b, k)`` classes -> ``(b, k, i * d)``: all but one capsule zero.
+
+        The one-hot rows are a comparison with ``arange(i)``, not ``F.one_hot``, whose range check
+        reads the classes' values: ``vmap`` cannot, with per-example classes (per-sample
+        gradients of a model, whose decoder keeps each image's own argmax).
+        A class outside ``[0, i)`` is refused by :func:`~torchvote.validation.check_index_range`
+        (a ValueError on the CPU, not under a ``torch.func`` transform), as ``F.one_hot`` refused
+        it; a model's ``targets`` were already checked.
+
+        Raises:
+            ValueError: on the CPU, a class outside ``[0, i)``.
+        """
+        capsules = poses.shape[1]
+        check_index_range(classes, capsules, f"classes must be capsule indices in [0, {capsules})")
+        keep = classes.unsqueeze(-1) == torch.arange(capsules, device=poses.device)  # (b, k, i)
+        return torch.einsum("bki,bid->bkid", keep.to(poses.dtype), poses).flatten(2)  # (b, k, i*d)
 
     def forward(self, poses: Tensor, classes: Tensor) -> Tensor:
         """Reconstruct the image of each chosen capsule.

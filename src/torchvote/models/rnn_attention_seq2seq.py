@@ -37,6 +37,12 @@ that packing needs is done on the host too (``torch.nn.utils.rnn``'s own unsorte
 its permutation to the device and back, two more synchronisations). Results are the same
 either way, bit for bit.
 
+Under a ``torch.func`` transform (``vmap``, ``grad``, per-sample gradients) and forward-mode AD
+the GRUs run as plain operations (:func:`_plain_gru`): packing reads the lengths on the host,
+which ``vmap`` cannot do with per-example sources, and ``nn.GRU``'s fused kernel fails in
+``vmap``'s batching fallback. A padded step keeps its row's state, as packing skips it: the same
+numbers.
+
 The defaults are RNNsearch's sizes (620-dimensional embeddings, 1000 hidden units, 30000-word
 vocabularies, sentences up to 50 words); ``luong`` is Luong et al.'s (4 layers of 1000 units,
 50000 words, dropout 0.2, unidirectional, general score); ``small`` and ``tiny`` are CPU and test
@@ -50,6 +56,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.utils.rnn import invert_permutation, pack_padded_sequence, pad_packed_sequence
@@ -64,7 +71,7 @@ from torchvote.models.transformer_backbone import (
     greedy_decode,
 )
 from torchvote.nn.scoring_attention import AdditiveAttention, LuongAttention
-from torchvote.tracing import is_exporting
+from torchvote.tracing import is_exporting, under_autograd_transforms
 from torchvote.validation import (
     check_bool_fields,
     check_choice,
@@ -77,6 +84,65 @@ from torchvote.validation import (
 )
 
 __all__ = ["RNNAttentionSeq2Seq", "RNNAttentionSeq2SeqConfig"]
+
+
+def _plain_gru(
+    gru: nn.GRU, inputs: Tensor, hidden: Tensor | None = None, *, steps: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """A ``batch_first`` ``nn.GRU`` in plain operations, for ``torch.func`` transforms and
+    forward-mode AD: ``vmap`` cannot read the lengths that packing sizes its batches by, and
+    ``nn.GRU``'s fused kernel fails in ``vmap``'s batching fallback (per-sample gradients of its
+    weights). Each cell is ``nn.GRU``'s (Cho et al. 2014 as torch documents it: gates reset,
+    update, new), layer by layer, forward then backward; dropout between the layers as
+    ``nn.GRU`` applies it in training.
+
+    Args:
+        gru: the module whose weights run (``batch_first=True``).
+        inputs: ``(b, s, in)``.
+        hidden: ``(layers * directions, b, H)`` initial states, or ``None`` for zeros.
+        steps: boolean ``(b, s)``, True at the steps packing would run (each row's leading
+            tokens), or ``None`` for all: a step that is not run keeps its row's state and
+            outputs zeros, as a packed sequence padded back does, so the backward direction
+            starts at a row's last token and the final states are those after it.
+
+    Returns:
+        ``(outputs, final)``: ``(b, s, directions * H)`` the last layer's states, and
+        ``(layers * directions, b, H)`` the final state of each layer and direction.
+    """
+    directions = 2 if gru.bidirectional else 1
+    batch, length = inputs.shape[:2]
+    if hidden is None:
+        hidden = inputs.new_zeros(gru.num_layers * directions, batch, gru.hidden_size)
+    run = None if steps is None else steps.unsqueeze(-1)  # (b, s, 1)
+    layer_input, finals = inputs, []
+    for layer in range(gru.num_layers):
+        if layer > 0 and gru.dropout > 0:
+            layer_input = F.dropout(layer_input, gru.dropout, gru.training)
+        outputs = []
+        for direction in range(directions):
+            suffix = f"_l{layer}" + ("_reverse" if direction else "")
+            weight_ih, weight_hh = getattr(gru, f"weight_ih{suffix}"), getattr(gru, f"weight_hh{suffix}")
+            bias_ih = getattr(gru, f"bias_ih{suffix}") if gru.bias else None
+            bias_hh = getattr(gru, f"bias_hh{suffix}") if gru.bias else None
+            gates_in = F.linear(layer_input, weight_ih, bias_ih)  # (b, s, 3H), every step at once
+            state = hidden[layer * directions + direction]  # (b, H)
+            states: list[Tensor] = [state] * length
+            for t in reversed(range(length)) if direction else range(length):
+                reset_in, update_in, new_in = gates_in[:, t].chunk(3, dim=-1)  # (b, H) each
+                reset_h, update_h, new_h = F.linear(state, weight_hh, bias_hh).chunk(3, dim=-1)
+                reset = torch.sigmoid(reset_in + reset_h)
+                update = torch.sigmoid(update_in + update_h)
+                new = torch.tanh(new_in + reset * new_h)
+                stepped = (1 - update) * new + update * state  # (b, H)
+                if run is None:
+                    state, states[t] = stepped, stepped
+                else:  # a padded step: the state carries over, the output is zero
+                    state = torch.where(run[:, t], stepped, state)
+                    states[t] = torch.where(run[:, t], stepped, torch.zeros_like(stepped))
+            outputs.append(torch.stack(states, dim=1))  # (b, s, H)
+            finals.append(state)
+        layer_input = torch.cat(outputs, dim=-1)  # (b, s, directions * H)
+    return layer_input, torch.stack(finals)  # (b, s, directions * H), (layers * directions, b, H)
 
 RNNAttention = Literal["additive", "dot", "general", "concat"]
 _ATTENTIONS: tuple[str, ...] = ("additive", "dot", "general", "concat")
@@ -332,6 +398,15 @@ class RNNAttentionSeq2Seq(nn.Module):
             ~(source_mask[:, 1:] & ~source_mask[:, :-1]).any(),
             "source has padding (pad_id) before a real token; pad only at the end",
         )
+        embedded = self.dropout(self.source_embedding(source))  # (b, s, E)
+        if under_autograd_transforms(embedded):  # no packing: it reads the lengths on the host
+            # the steps packing runs: each row's tokens, at least one (an all-padding row reads one);
+            # source_lengths, which must equal these counts, cannot be checked here and are not read
+            lengths = source_mask.sum(dim=1).clamp_min(1)  # (b,), nothing read back
+            steps = torch.arange(source.shape[1], device=source.device) < lengths[:, None]  # (b, s)
+            memory, final = _plain_gru(self.encoder, embedded, steps=steps)
+            hidden = torch.tanh(self.bridge(self._bridged_states(final)))  # (layers, b, H): s_0
+            return memory, source_mask, hidden
         lengths = self._packing_lengths(source_mask, source_lengths)  # (b,) on the CPU
         # What pack_padded_sequence(enforce_sorted=False) does, with the permutations made on the
         # host and sent without waiting (torch's sends them with a blocking copy and reads the
@@ -339,7 +414,6 @@ class RNNAttentionSeq2Seq(nn.Module):
         lengths, order = torch.sort(lengths, descending=True)  # (b,) each, longest first
         inverse = invert_permutation(order)  # (b,): sorted -> source order
         order, inverse = (t.to(device, non_blocking=True) for t in (order, inverse))
-        embedded = self.dropout(self.source_embedding(source))  # (b, s, E)
         embedded = embedded.index_select(0, order)  # (b, s, E), sorted by length
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=True)
         states, final = self.encoder(packed)  # final: (layers * directions, b, H), sorted
@@ -405,7 +479,11 @@ class RNNAttentionSeq2Seq(nn.Module):
         """Attend with ``s_{i-1}``, then ``s_i = GRU([E y_{i-1}; c_i], s_{i-1})``, then read out."""
         query = rearrange(hidden[-1], "b h -> b 1 h")  # s_{i-1} of the top layer: (b, 1, H)
         context, weights = self.attention(query, memory, key_mask=source_mask)  # (b, 1, M), (b, 1, s)
-        state, hidden = self.decoder(torch.cat([embedded, context], dim=-1), hidden)  # (b, 1, H)
+        inputs = torch.cat([embedded, context], dim=-1)  # (b, 1, E + M)
+        if under_autograd_transforms(inputs, hidden):  # nn.GRU fails in vmap's batching fallback
+            state, hidden = _plain_gru(self.decoder, inputs, hidden)
+        else:  # (the call stays in this function: tests/test_graph_breaks.py pins its graph break)
+            state, hidden = self.decoder(inputs, hidden)  # (b, 1, H)
         readout = torch.tanh(self.readout(torch.cat([state, context, embedded], dim=-1)))
         return self.output(self.dropout(readout)), hidden, None, weights
 
@@ -415,7 +493,11 @@ class RNNAttentionSeq2Seq(nn.Module):
         """``h_t = GRU([E y_{t-1}; h~_{t-1}])``, attend with ``h_t``, ``h~_t = tanh(W_c [c_t; h_t])``."""
         if feed is None:  # h~_0 = 0
             feed = embedded.new_zeros(embedded.shape[0], 1, self.config.hidden_size)  # (b, 1, H)
-        state, hidden = self.decoder(torch.cat([embedded, feed], dim=-1), hidden)  # (b, 1, H)
+        inputs = torch.cat([embedded, feed], dim=-1)  # (b, 1, E + H)
+        if under_autograd_transforms(inputs, hidden):  # nn.GRU fails in vmap's batching fallback
+            state, hidden = _plain_gru(self.decoder, inputs, hidden)
+        else:
+            state, hidden = self.decoder(inputs, hidden)  # (b, 1, H)
         context, weights = self.attention(state, memory, key_mask=source_mask)  # (b, 1, M), (b, 1, s)
         attentional = torch.tanh(self.combine(torch.cat([context, state], dim=-1)))  # (b, 1, H)
         return self.output(self.dropout(attentional)), hidden, attentional, weights

@@ -191,8 +191,10 @@ def check_token_ids(
     An id outside the embedding table would otherwise fail deep inside ``nn.Embedding``. The
     range check goes through :func:`~torchvote.validation.check_tensor_values`: a ValueError at
     once on the CPU; on a GPU (and under ``torch.compile``) an assertion queued on the device,
-    which fails with this message without making every forward pass wait for the host. The
-    training loop checks its data's ids once, at set-up, so it never trips there.
+    which fails with this message without making every forward pass wait for the host; under a
+    ``torch.func`` transform (per-sample gradients: one sequence's ids per example) none, as
+    nothing can read them there. The training loop checks its data's ids once, at set-up, so it
+    never trips there.
 
     Args:
         tokens: the ids to check.
