@@ -320,8 +320,10 @@ def cross_entropy(
         ignore_index: the target of positions that do not count (padding).
 
     Returns:
-        the scalar mean over the counted positions. With none counted (a batch of padding only)
-        the loss is 0, still a function of ``logits``: ``backward`` works and gives zero gradients.
+        the scalar mean over the counted positions, in at least float32 (float16 and bfloat16
+        logits give a float32 loss, as ``F.cross_entropy`` gives under ``torch.autocast``). With
+        none counted (a batch of padding only) the loss is 0, still a function of ``logits``:
+        ``backward`` works and gives zero gradients.
 
     Raises:
         ValueError: ``logits`` without a batch and a class axis, an empty batch, ``targets``
