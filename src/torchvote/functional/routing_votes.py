@@ -51,7 +51,7 @@ from torchvote.functional.voting import (
     autocast_off,
     refuse_double_backward,
 )
-from torchvote.tracing import plain_ops_required
+from torchvote.tracing import plain_ops_required, under_autograd_transforms
 from torchvote.validation import check_float_tensor, check_inputs_beside
 
 __all__ = ["LinearVotes", "SharedLinearVotes"]
@@ -435,32 +435,105 @@ class LinearVotes(_WeightTimesInputs):
         self.inputs = inputs
         self.batch_shape = tuple(inputs.shape[:-2])
         self.receivers, self.senders, self.out_dim, self.in_dim = receivers, senders, out_dim, in_dim
-        self._squared_norm: Tensor | None = None
-        self._gemm_inputs: Tensor | None = None
-        self._gemm_weight: Tensor | None = None
+        # what _kept made, by name: (weight, inputs, key, tensor)
+        self._kept_tensors: dict[str, tuple[Tensor, Tensor, tuple, Tensor]] = {}
 
-    # The GEMM layouts, made on first use and kept for this forward (autograd flows back through
-    # these small copies), in one dtype: the kernels run with autocast off, so bfloat16 inputs meet
-    # float32 weights in float32 (the routing of a bf16-autocast model streams in float32).
-    # Kept in plain attributes, not functools.cached_property: before Python 3.12 that takes a
-    # lock on every first read, a context manager torch.compile cannot trace (a graph break).
+    # The GEMM layouts and the squared norms are small tensors made from weight and inputs that a
+    # router reads several times per call (every pass's products read both layouts). They are
+    # made once and kept while what they were made from is unchanged (_kept), so that a votes
+    # object reused across router calls, as explain.from_run reuses the layer's votes for every
+    # prefix of the passes, gives what fresh votes give: a copy kept under no_grad or inference
+    # mode has no graph, and one kept before an optimizer step changed the weight in place has the
+    # old values. Autograd flows back through the kept copies. The layouts are in one dtype: the
+    # kernels run with autocast off, so bfloat16 inputs meet float32 weights in float32 (the
+    # routing of a bf16-autocast model streams in float32).
+    # Kept in a plain dict, not functools.cached_property: before Python 3.12 that takes a lock
+    # on every first read, a context manager torch.compile cannot trace (a graph break).
+
+    def _key(self) -> tuple | None:
+        """What a kept tensor's validity depends on beyond the identity of weight and inputs, or
+        None where it cannot be told (then nothing is kept).
+
+        The grad mode decides whether a copy carries a graph, inference mode whether it is an
+        inference tensor, ``requires_grad`` (a leaf may be switched) whether the graph reaches
+        the sources; a version counter is bumped by every in-place change (an optimizer step,
+        ``copy_`` under no_grad); the data pointer moves where ``.data`` is assigned (which
+        ``Module.to``/``.double()`` do on parameters and which leaves the version as it was).
+        In-place changes made through ``.data`` escape the version counter, as they escape
+        autograd's own check of saved tensors: they are not seen here either.
+
+        While ``torch.compile`` traces, the key is the grad mode and ``requires_grad`` only:
+        dynamo refuses ``torch.is_inference_mode_enabled()`` (a graph break) and cannot compare
+        ``_version`` (data-dependent), and without keeping, every pass's products put copies of
+        their own in the graph (8 more at the tests' inverted dot-product layer; the graph does not
+        merge them). A compiled module makes fresh votes on every call, so nothing kept outlives
+        its trace; only votes made outside a compiled function and routed by it more than once,
+        with the weight or inputs changed in place between, would read stale layouts (a key that
+        eager reads never match, so nothing passes between eager and compiled calls).
+
+        Never kept:
+
+        - under a ``torch.func`` transform or from tensors with a forward-mode tangent: a copy
+          is a tensor of the transform's (or the dual level's) level, wrong at any other;
+        - from inference tensors, which have no version counter: an in-place change inside
+          inference mode could not be seen (the layouts are then formed at every read, a few
+          percent of one product each at CapsNet's shapes);
+        - from tensors without storage (subclasses): no data pointer to tell a swap by.
+        """
+        if torch.compiler.is_compiling():
+            weight, inputs = self.weight, self.inputs
+            return ("compiling", torch.is_grad_enabled(), weight.requires_grad, inputs.requires_grad)
+        weight, inputs = self.weight, self.inputs
+        if under_autograd_transforms(weight, inputs):
+            return None
+        if weight.is_inference() or inputs.is_inference():
+            return None
+        try:
+            pointers = (weight.data_ptr(), inputs.data_ptr())
+        except RuntimeError:  # a tensor subclass without storage
+            return None
+        return (
+            torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(),
+            weight.requires_grad,
+            inputs.requires_grad,
+            weight._version,
+            inputs._version,
+            *pointers,
+        )
+
+    def _kept(self, name: str, form: Callable[[], Tensor]) -> Tensor:
+        """``form()``, made once and kept under ``name`` while weight and inputs are the same
+        tensors, unchanged, and the modes the same (:meth:`_key`); made again otherwise (and then
+        kept in place of the old one, whose graph is let go)."""
+        key = self._key()
+        if key is None:
+            return form()
+        kept = self._kept_tensors.get(name)
+        if kept is not None and kept[0] is self.weight and kept[1] is self.inputs and kept[2] == key:
+            return kept[3]
+        tensor = form()
+        self._kept_tensors[name] = (self.weight, self.inputs, key, tensor)
+        return tensor
 
     @property
     def gemm_inputs(self) -> Tensor:
         """The inputs as the kernels read them: ``(b, e, j)``, contiguous, in :attr:`dtype`."""
-        if self._gemm_inputs is None:
-            x = self.inputs.reshape(-1, self.senders, self.in_dim).transpose(1, 2)  # (b, e, j)
-            self._gemm_inputs = x.to(self.dtype).contiguous()
-        return self._gemm_inputs
+        return self._kept("gemm_inputs", self._form_gemm_inputs)
+
+    def _form_gemm_inputs(self) -> Tensor:
+        x = self.inputs.reshape(-1, self.senders, self.in_dim).transpose(1, 2)  # (b, e, j)
+        return x.to(self.dtype).contiguous()
 
     @property
     def gemm_weight(self) -> Tensor:
         """The weight as the kernels read it: ``(i, e*j, d)``, contiguous, in :attr:`dtype`."""
-        if self._gemm_weight is None:
-            w = self.weight.permute(0, 3, 1, 2)  # (i, e, j, d)
-            w = w.reshape(self.receivers, self.in_dim * self.senders, self.out_dim)  # (i, e*j, d)
-            self._gemm_weight = w.to(self.dtype).contiguous()
-        return self._gemm_weight
+        return self._kept("gemm_weight", self._form_gemm_weight)
+
+    def _form_gemm_weight(self) -> Tensor:
+        w = self.weight.permute(0, 3, 1, 2)  # (i, e, j, d)
+        w = w.reshape(self.receivers, self.in_dim * self.senders, self.out_dim)  # (i, e*j, d)
+        return w.to(self.dtype).contiguous()
 
     def _flat(self, t: Tensor, last: int) -> Tensor:
         """``(..., i, last)`` -> ``(i, b, last)`` contiguous."""
@@ -488,14 +561,17 @@ class LinearVotes(_WeightTimesInputs):
         return self._unflat(_LinearDot.apply(*arguments))
 
     def squared_norm(self) -> Tensor:
-        """``(..., i, j)``: ``||W_ij u_j||^2 = u_j^T (W_ij^T W_ij) u_j``, computed once and kept."""
-        if self._squared_norm is None:  # in at least float32, autocast off: weight and inputs are small
-            gram = _einsum_at_least_float32("ijde,ijdf->ijef", self.weight, self.weight)  # (i, j, e, e)
-            x = self.inputs.reshape(-1, self.senders, self.in_dim)  # (b, j, e)
-            outer = _einsum_at_least_float32("bje,bjf->bjef", x, x).flatten(-2)  # (b, j, e*e)
-            norms = _einsum_at_least_float32("bjk,ijk->bij", outer, gram.flatten(-2))  # (b, i, j)
-            self._squared_norm = norms.reshape(*self.batch_shape, self.receivers, self.senders)
-        return self._squared_norm
+        """``(..., i, j)``: ``||W_ij u_j||^2 = u_j^T (W_ij^T W_ij) u_j``, computed once and kept
+        (every pass of a distance agreement reads it) while weight and inputs are unchanged."""
+        return self._kept("squared_norm", self._form_squared_norm)
+
+    def _form_squared_norm(self) -> Tensor:
+        # in at least float32, autocast off: weight and inputs are small
+        gram = _einsum_at_least_float32("ijde,ijdf->ijef", self.weight, self.weight)  # (i, j, e, e)
+        x = self.inputs.reshape(-1, self.senders, self.in_dim)  # (b, j, e)
+        outer = _einsum_at_least_float32("bje,bjf->bjef", x, x).flatten(-2)  # (b, j, e*e)
+        norms = _einsum_at_least_float32("bjk,ijk->bij", outer, gram.flatten(-2))  # (b, i, j)
+        return norms.reshape(*self.batch_shape, self.receivers, self.senders)
 
     def materialize(self) -> Tensor:
         """The votes as a tensor ``(..., i, j, d)`` (for routers that need them elementwise)."""
