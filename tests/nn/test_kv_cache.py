@@ -6,6 +6,7 @@ a causal mask, or the same module called without a cache on the whole prefix.
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -322,3 +323,24 @@ def test_an_unbatched_decoder_layer_on_a_cache_takes_its_target_key_mask_over_th
     out = layer(target[2:], memory, target_key_mask=torch.ones(3, dtype=torch.bool), cache=cache)
     whole = layer(target, memory)  # causal: the last position sees what the cached call saw
     torch.testing.assert_close(out, whole[2:], rtol=1e-5, atol=1e-6)
+
+
+def test_a_shallow_copy_of_a_cache_is_a_fork_of_its_own():
+    """``copy.copy`` shared the growing buffer: the copy's next token overwrote the original's keys
+    (0.16 off the uncached output), as forking a decode from one prefix does."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(EMBED, HEADS).eval()
+    x, other = torch.randn(1, 6, EMBED), torch.randn(1, 1, EMBED)
+    with torch.no_grad():  # appends in place, into the buffer
+        full, _ = module(x, is_causal=True)
+        branched, _ = module(torch.cat([x[:, :4], other], dim=1), is_causal=True)
+        cache = KVCache()
+        module(x[:, :3], is_causal=True, cache=cache)
+        module(x[:, 3:4], is_causal=True, cache=cache)  # the first append: the buffer is made
+        fork = copy.copy(cache)
+        module(x[:, 4:5], is_causal=True, cache=cache)
+        forked, _ = module(other, is_causal=True, cache=fork)
+        last, _ = module(x[:, 5:6], is_causal=True, cache=cache)
+    torch.testing.assert_close(last, full[:, 5:6])
+    torch.testing.assert_close(forked, branched[:, 4:5])
+    assert (fork.length, cache.length) == (5, 6)

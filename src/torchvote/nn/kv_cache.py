@@ -11,9 +11,9 @@ The caches hold no parameters and live outside the modules: the caller creates o
 model can decode several batches at once with one cache each. A cache serves one batch from its
 first token to its last: a new batch, or the same prompts decoded afresh, takes a new cache (the
 models' ``new_cache()``; there is no reset, and no reordering of the batch rows, since nothing in
-torchvote runs beam search). Its tensors are the attention's own projections, so they have the
-inputs' dtype and device; an appending cache refuses new keys of another batch, dtype or
-device (:meth:`KVCache.update`).
+torchvote runs beam search; ``copy.copy`` of a :class:`KVCache` forks it). Its tensors are the
+attention's own projections, so they have the inputs' dtype and device; an appending cache refuses
+new keys of another batch, dtype or device (:meth:`KVCache.update`).
 
 Index legend: ``b`` batch, ``h`` heads, ``j`` senders (cached keys, length ``S``), ``d`` features
 per head.
@@ -53,6 +53,12 @@ class KVCache:
     # are the first S positions of, so that a decoding step writes its token's keys in place instead
     # of copying the whole past (``torch.cat``: O(S) a step).
     _buffers: tuple[Tensor, Tensor] | None = field(default=None, repr=False, compare=False)
+
+    def __copy__(self) -> KVCache:
+        """A fork: the same keys and values held so far, and a buffer of its own from its first
+        append (a shallow copy shared the buffer, so each fork's next token overwrote the other's,
+        at the same position). The keys held are not copied: appends write past them."""
+        return KVCache(self.keys, self.values, self.static)
 
     @property
     def length(self) -> int:
