@@ -855,6 +855,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     known = list_datasets()
     datasets = split_entries(args.on or [])
+    if args.on is not None and not datasets:  # --on "$UNSET": the run's own sets, in silence
+        raise ValueError(f"--on names no data set (got {', '.join(map(repr, args.on))}); name one, or "
+                         "leave --on out to evaluate on the run's own data sets")
     # every argument is checked before the checkpoint is read, each named by its option
     for entry in datasets:
         name, _ = parse_entry(entry, "--on")

@@ -413,6 +413,32 @@ def test_one_reader_for_every_key_value_of_the_command_line():
         parse_options(["canvas"], "--data-option")
 
 
+def test_options_joined_with_colons_are_refused_naming_the_comma(capsys):
+    """mnist:split=train:limit=5 was refused as a split 'train:limit=5' (or ran with the wrong
+    value of a free-form option); options are separated by commas."""
+    from torchvote.cli import main
+    from torchvote.training.keyvalue import parse_entry
+
+    with pytest.raises(ConfigError, match="separate its options with commas, not colons"):
+        parse_entry("mnist:split=train:limit=5", "--on")
+    with pytest.raises(ConfigError, match=r"eval_on entry .*separate its options with commas"):
+        load_config("smoke", ["eval_on=[affnist-style:canvas=28:seed=3]"])
+    assert parse_entry("mnist:split=train,limit=5", "--on") == ("mnist", {"split": "train", "limit": 5})
+    # a colon inside a mapping value is no separator
+    assert parse_entry("affnist-style:ranges={shear: [0, 0]}", "--on")[1] == {"ranges": {"shear": [0, 0]}}
+    assert main(["evaluate", "no-such-run", "--on", "mnist:split=train:limit=5"]) == 2
+    assert "commas, not colons" in capsys.readouterr().err
+
+
+def test_an_empty_on_is_refused_not_read_as_the_runs_own_sets(capsys):
+    """--on "$UNSET" (or ",") evaluated on the run's own data sets in silence."""
+    from torchvote.cli import main
+
+    for empty in ("", ",", " "):
+        assert main(["evaluate", "no-such-run", "--on", empty]) == 2  # before the checkpoint is looked for
+        assert "--on names no data set" in capsys.readouterr().err
+
+
 def test_an_option_given_twice_is_refused_not_settled_by_order(capsys):
     """seed=3,seed=4 in an --on / eval_on entry, or two --data-option seed=, ran with seed 4 in
     silence, where a training override given twice is refused."""

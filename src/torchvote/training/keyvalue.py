@@ -105,12 +105,18 @@ def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
         The name and its options, each value read by :func:`parse_value`.
 
     Raises:
-        ConfigError: an option that is not ``key=value``, or a key given twice.
+        ConfigError: an option that is not ``key=value``, a key given twice, or options joined
+            with colons (``mnist:split=train:limit=5``, whose split read as ``train:limit=5``).
     """
     name, _, rest = entry.partition(":")
-    return name.strip(), parse_options(
-        (item for item in (part.strip() for part in _split_commas(rest)) if item), f"{what} entry {entry!r}"
-    )
+    items = [item for item in (part.strip() for part in _split_commas(rest)) if item]
+    for item in items:
+        if re.search(r":\s*[A-Za-z_][\w.]*\s*=", item.partition("=")[2]):  # a value holding ":key="
+            raise ConfigError(
+                f"{what} entry {entry!r}: separate its options with commas, not colons "
+                f"({name.strip()}:key=value,key=value)"
+            )
+    return name.strip(), parse_options(items, f"{what} entry {entry!r}")
 
 
 def _split_commas(text: str) -> list[str]:
