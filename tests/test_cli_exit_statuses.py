@@ -623,3 +623,26 @@ def test_data_a_value_error_while_listing_is_a_failure(monkeypatch, capsys):
     assert "manifest holds no size" in _error_line(capsys.readouterr().err, "data")
     assert cli.main(["data", "list", "--verify"]) == 2  # an option that does not apply: still 2
     assert "name the data set" in _error_line(capsys.readouterr().err, "data")
+
+
+def test_evaluate_on_a_run_whose_newest_checkpoint_is_damaged_names_the_intact_one(tmp_path, capsys):
+    """It said only that the newest file was unreadable, where ``train --resume`` goes on from the
+    newest intact checkpoint beside it: the message names that one and the command that takes it,
+    and the command works."""
+    import shlex
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "smoke", "max_steps=2", "checkpoint_every=1", "eval_every=0", f"run_dir={run_dir}"]
+    assert cli.main([*argv, *FAST]) == 0
+    newest = run_dir / "checkpoints" / "step-00000002.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(run_dir), "--on", "small-digits", "--limit", "20"]) == 1
+    line = _error_line(capsys.readouterr().err, "evaluate")
+    intact = run_dir / "checkpoints" / "step-00000001.safetensors"
+    assert f"{newest} is not a readable safetensors file" in line
+    command = f"torchvote evaluate {shlex.quote(str(intact))}"
+    assert line.endswith(f"the newest intact checkpoint is {intact}: {command}")
+    assert cli.main(["evaluate", str(intact), "--on", "small-digits", "--limit", "20"]) == 0
+    assert cli.main(["evaluate", str(newest), "--on", "small-digits"]) == 1  # a file named: no hint
+    assert "newest intact" not in capsys.readouterr().err

@@ -848,6 +848,7 @@ def _main_job(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from torchvote.data import list_datasets
+    from torchvote.training.checkpoint import CheckpointError
     from torchvote.training.evaluation import checkpoint_summary, evaluate_checkpoint
     from torchvote.training.keyvalue import parse_entry, parse_options, split_entries
     from torchvote.training.metrics import format_table
@@ -869,7 +870,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_device_name(args.device, "--device")
     options = parse_options(args.data_option, "--data-option")
     check_checkpoint_argument(args.checkpoint, "checkpoint")
-    print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
+    try:
+        print(f"checkpoint: {checkpoint_summary(args.checkpoint)}")
+    except CheckpointError as err:  # a damaged newest checkpoint: name the intact one a resume takes
+        raise CheckpointError(f"{err}{_intact_checkpoint_hint(args.checkpoint)}") from None
     limit, root = args.limit, args.root
     if not datasets:  # the run's own data sets, as it read them; what the user gave still counts
         datasets, run_limit, run_root, run_options = _run_data_arguments(_run_config(args.checkpoint, known))
@@ -898,6 +902,23 @@ def _evaluate(args: argparse.Namespace) -> int:
     columns = dict.fromkeys(key for row in sorted(rows, key=len, reverse=True) for key in row)
     print(format_table(rows, list(columns)))
     return 0
+
+
+def _intact_checkpoint_hint(location: str) -> str:
+    """For a run or checkpoints folder whose newest checkpoint cannot be read: ``"; the newest
+    intact checkpoint is X: torchvote evaluate X"`` (the one ``train --resume`` goes on from, found
+    by the same search), or ``""`` for a file, or where none is intact."""
+    from torchvote.training.checkpoint import CheckpointError
+    from torchvote.training.results import find_resumable_checkpoint
+
+    if not Path(location).expanduser().is_dir():
+        return ""
+    try:
+        paths, _, _ = find_resumable_checkpoint(Path(location).expanduser())
+    except CheckpointError:
+        return ""
+    weights = str(paths.weights)
+    return f"; the newest intact checkpoint is {weights}: torchvote evaluate {shlex.quote(weights)}"
 
 
 def _run_config(checkpoint: str, known: Sequence[str]):
