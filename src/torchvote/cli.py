@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR (the folder holding checkpoints/) from its latest "
-        "checkpoint; overrides may change only what does not change the weights (epochs, eval_on ...)",
+        "checkpoint; overrides may change only what does not change the weights (epochs, eval_on ...), "
+        "and are saved in RUN_DIR/config.yaml: a later --resume keeps them",
     )
 
     evaluate = commands.add_parser(
