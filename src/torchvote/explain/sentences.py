@@ -281,13 +281,16 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
         base = torch.nn.functional.normalize(
             _pool(record), dim=1
         )  # (N, E) softmax embeddings, from the recorded states
-    similarities: dict[str, list[list[float]]] = {}
+    # one pass over the senders is the pretrained softmax (cosine 1 by definition, not run); one
+    # pass over the receivers is not: it is run too, so both lines start at r = 1
+    computed_passes = {"senders": list(iterations), "receivers": sorted({1, *iterations})}
+    similarities: dict[str, list[list[float]]] = {}  # normalize_over -> per pass: (N,) cosines
     routed_records = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation was already reported
-        for normalize_over in ("senders", "receivers"):
+        for normalize_over, passes in computed_passes.items():
             per_r = []
-            for r in iterations:
+            for r in passes:
                 routed = model.with_routing([layer], iterations=r, normalize_over=normalize_over)
                 routed_record = routed.explain(texts)
                 routed_records[(normalize_over, r)] = routed_record
@@ -298,11 +301,9 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     ax = axes[0, 0]
     for normalize_over, style in (("senders", "-o"), ("receivers", "--s")):
         for n, example in enumerate(examples):
-            passes = list(iterations)
-            values = [similarities[normalize_over][k][n] for k in range(len(iterations))]
-            if normalize_over == "senders" and 1 not in passes:
-                # one pass over the senders is the pretrained softmax: cosine 1 by definition.
-                # One pass over the receivers is not, so that line starts at its first run.
+            passes = computed_passes[normalize_over]
+            values = [per_example[n] for per_example in similarities[normalize_over]]
+            if 1 not in passes:  # the senders' one pass: the softmax embedding itself
                 passes, values = [1, *passes], [1.0, *values]
             label = literal_text(f"{normalize_over}: {_shortened(example.sentence, 28)}")
             ax.plot(passes, values, style, label=label, alpha=0.8)
@@ -315,8 +316,8 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     rows = [
         [_shortened(example.sentence, 60), normalize_over, r, similarities[normalize_over][k][n]]
         for n, example in enumerate(examples)
-        for normalize_over in ("senders", "receivers")
-        for k, r in enumerate(iterations)
+        for normalize_over, passes in computed_passes.items()
+        for k, r in enumerate(passes)
     ]
     report.figure(
         figure,
