@@ -157,6 +157,15 @@ def margin_loss(
             margins outside ``0 <= m- < m+ <= 1`` or a negative ``down_weight``; targets on
             another device than ``lengths``.
         TypeError: class indices that are not integers.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.losses import margin_loss
+        >>> margin_loss(torch.tensor([[0.95, 0.05]]), torch.tensor([0]))  # both margins met
+        tensor(0.)
+        >>> lengths = torch.tensor([[0.5, 0.5]])  # class 1 present: (0.9 - 0.5)^2 + 0.5 (0.5 - 0.1)^2
+        >>> round(margin_loss(lengths, torch.tensor([1])).item(), 4)
+        0.24
     """
     check_margin_options(positive_margin, negative_margin, down_weight)
     _check_class_scores(lengths, targets, "lengths")
@@ -241,6 +250,15 @@ def spread_loss(activations: Tensor, targets: Tensor, *, margin: float) -> Tenso
             ``(b, num_classes)`` for the same batch or on its device, an empty batch, or a margin
             outside (0, 1].
         TypeError: class indices that are not integers, a margin that is not a number.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.losses import spread_loss
+        >>> activations = torch.tensor([[0.9, 0.1, 0.3]])  # class 0 leads by 0.8 and 0.6
+        >>> spread_loss(activations, torch.tensor([0]), margin=0.2)
+        tensor(0.)
+        >>> round(spread_loss(activations, torch.tensor([0]), margin=0.9).item(), 4)  # 0.1^2 + 0.3^2
+        0.1
     """
     _check_margin(margin, "margin")
     _check_targets_tensor(targets)

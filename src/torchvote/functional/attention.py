@@ -128,6 +128,19 @@ def scaled_dot_product_attention(
         TypeError: a mask that is neither boolean nor floating point, non-float inputs or
             inputs of different dtypes, a ``scale`` that is not a real number, ``is_causal`` or
             ``need_weights`` that is not a bool.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import scaled_dot_product_attention
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 4)
+        >>> out, weights = scaled_dot_product_attention(q, k, v, need_weights=True)
+        >>> out.shape, weights.shape
+        (torch.Size([2, 5, 4]), torch.Size([2, 5, 7]))
+        >>> torch.allclose(weights.sum(dim=-1), torch.ones(2, 5))
+        True
+        >>> torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6)
+        True
     """
     _check_qkv(query, key, value, ("attn_mask", attn_mask))
     check_flag(is_causal, "is_causal")
@@ -368,6 +381,17 @@ def self_attention(
     Raises:
         TypeError, ValueError: ``inputs`` not a floating-point ``(..., T, D)`` tensor, a bad
             ``scale`` or ``need_weights`` (as :func:`scaled_dot_product_attention`).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import self_attention
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.randn(2, 5, 8)  # (batch, T, D): every token is query, key and value
+        >>> out, weights = self_attention(x, need_weights=True)
+        >>> out.shape, weights.shape
+        (torch.Size([2, 5, 8]), torch.Size([2, 5, 5]))
+        >>> torch.allclose(out, weights @ x, atol=1e-6)
+        True
     """
     if not isinstance(inputs, Tensor):  # a TypeError, as scaled_dot_product_attention's
         raise TypeError(f"inputs must be a tensor of shape (..., T, D), got {type(inputs).__name__}")

@@ -343,6 +343,21 @@ def em_routing(
             ``strategy="blocked"`` under ``torch.export``, a ``torch.func`` transform (``vmap``,
             ``grad``, ``jacrev``, ``jvp``, ...) or forward-mode AD. Use ``strategy="vectorized"``
             for both.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import em_routing
+        >>> _ = torch.manual_seed(0)
+        >>> votes = torch.randn(2, 5, 12, 16)  # (batch, out_caps, in_caps, pose_dim): 4x4 poses
+        >>> activations = torch.rand(2, 12)  # (batch, in_caps), in [0, 1]
+        >>> poses, out_activations, assignments = em_routing(
+        ...     votes, activations, beta_u=0.0, beta_a=0.0, return_assignments=True)
+        >>> poses.shape, out_activations.shape, assignments.shape
+        (torch.Size([2, 5, 16]), torch.Size([2, 5]), torch.Size([2, 5, 12]))
+        >>> torch.allclose(assignments.sum(dim=-2), torch.ones(2, 12))  # each input's parents share it
+        True
+        >>> bool(((out_activations > 0) & (out_activations < 1)).all())
+        True
     """
     check_positive_int(iterations, "iterations")
     check_positive_float(eps, "eps")

@@ -51,11 +51,25 @@ def squash(inputs: Tensor, dim: int = -1, eps: float = 1e-20) -> Tensor:
         eps: added under the square root; must be positive.
 
     Returns:
-        A tensor of the shape and dtype of ``inputs`` whose vectors have length < 1.
+        A tensor of the shape and dtype of ``inputs`` whose vectors have length < 1 (in exact
+        arithmetic: float32 rounds the length to 1.0 once ``||s||`` passes about 4e3, float16
+        and bfloat16 much sooner).
 
     Raises:
         ValueError: if ``eps`` is not positive or ``dim`` is not an axis of ``inputs``.
         TypeError: ``inputs`` not a floating-point tensor.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import squash
+        >>> v = squash(torch.tensor([[3.0, 4.0], [0.0, 0.0]]))  # lengths 5 and 0
+        >>> torch.allclose(v.norm(dim=-1), torch.tensor([25 / 26, 0.0]))  # ||s||^2 / (1 + ||s||^2)
+        True
+        >>> torch.allclose(v[0] / v[0].norm(), torch.tensor([0.6, 0.8]))  # the direction is kept
+        True
+        >>> _ = torch.manual_seed(0)
+        >>> bool((squash(10 * torch.randn(4, 8, 16)).norm(dim=-1) < 1).all())
+        True
     """
     check_positive_float(eps, "eps")
     check_vectors(inputs, dim)

@@ -291,6 +291,19 @@ def dynamic_routing(
             ``torch.autocast``); ``detach_votes`` or ``all_passes`` that is not a bool.
         ArgumentTypeError: (a ``TypeError`` and a ``ValueError``) votes that are not floating
             point (:func:`as_routing_votes`).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import dynamic_routing
+        >>> _ = torch.manual_seed(0)
+        >>> votes = torch.randn(2, 10, 32, 16)  # (batch, out_caps, in_caps, out_dim)
+        >>> outputs, couplings = dynamic_routing(votes, iterations=3)
+        >>> outputs.shape, couplings.shape
+        (torch.Size([2, 10, 16]), torch.Size([2, 10, 32]))
+        >>> torch.allclose(couplings.sum(dim=-2), torch.ones(2, 32))  # summing to 1 over the out_caps
+        True
+        >>> bool((outputs.norm(dim=-1) < 1).all())  # squashed
+        True
     """
     routed = as_routing_votes(votes)
     check_flag(detach_votes, "detach_votes")
@@ -351,6 +364,17 @@ def uniform_routing(
             ``(batch..., out_caps, out_dim)`` or is on another device than the votes.
         TypeError: a ``bias`` not of the votes' floating dtype (outside ``torch.autocast``);
             votes that are not floating point (an ``ArgumentTypeError``, a ``ValueError`` too).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import dynamic_routing, uniform_routing
+        >>> _ = torch.manual_seed(0)
+        >>> votes = torch.randn(2, 4, 6, 8)  # (batch, out_caps, in_caps, out_dim)
+        >>> outputs, couplings = uniform_routing(votes)
+        >>> outputs.shape, torch.allclose(couplings, torch.full((2, 4, 6), 1 / 4))
+        (torch.Size([2, 4, 8]), True)
+        >>> torch.allclose(outputs, dynamic_routing(votes, iterations=1)[0])
+        True
     """
     routed = as_routing_votes(votes)
     result = vote(
@@ -409,6 +433,19 @@ def inverted_dot_product_routing(
         ValueError: ``iterations`` < 1, bad votes or normalisation.
         TypeError: an ``all_passes`` that is not a bool; votes that are not floating point (an
             ``ArgumentTypeError``, a ``ValueError`` too).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import inverted_dot_product_routing
+        >>> _ = torch.manual_seed(0)
+        >>> votes = torch.randn(2, 10, 32, 16)  # (batch, out_caps, in_caps, out_dim)
+        >>> poses, couplings = inverted_dot_product_routing(votes, iterations=3)
+        >>> poses.shape, couplings.shape
+        (torch.Size([2, 10, 16]), torch.Size([2, 10, 32]))
+        >>> torch.allclose(couplings.sum(dim=-2), torch.ones(2, 32))  # normalised over the out_caps
+        True
+        >>> torch.allclose(poses.mean(dim=-1), torch.zeros(2, 10), atol=1e-5)  # layer-normalised poses
+        True
     """
     routed = as_routing_votes(votes)
     check_flag(all_passes, "all_passes")
@@ -638,6 +675,19 @@ def slot_attention(
             tensor of another dtype an ``ArgumentTypeError``, a ``ValueError`` too, as before); a
             ``scale`` that is not a real number, an ``all_passes`` that is not a bool; ``query``
             or ``update`` not callable.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import slot_attention
+        >>> _ = torch.manual_seed(0)
+        >>> keys, values = torch.randn(2, 6, 8), torch.randn(2, 6, 8)  # (batch, inputs, key/value_dim)
+        >>> slots = torch.randn(2, 3, 8)  # (batch, num_slots, slot_dim)
+        >>> new_slots, attention = slot_attention(
+        ...     keys, values, slots, query=lambda s: s, update=lambda updates, previous: updates)
+        >>> new_slots.shape, attention.shape
+        (torch.Size([2, 3, 8]), torch.Size([2, 3, 6]))
+        >>> torch.allclose(attention.sum(dim=-2), torch.ones(2, 6))  # the slots compete for each input
+        True
     """
     check_float_tensor(keys, "keys")  # first: the others are checked against its dtype and device
     given = (("values", values), ("slots", slots))  # a CPU tensor beside "meta" keys: uninitialised memory

@@ -394,6 +394,15 @@ def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tens
         TypeError: ``logits`` not a floating-point tensor, ``mask`` not a boolean tensor.
         ValueError: ``dim`` not an axis of ``logits``, a ``mask`` that does not broadcast to
             ``logits``.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.functional import masked_softmax
+        >>> logits = torch.zeros(2, 3)
+        >>> mask = torch.tensor([[True, True, False], [False, False, False]])
+        >>> masked_softmax(logits, dim=-1, mask=mask)  # a fully masked row takes no weight at all
+        tensor([[0.5000, 0.5000, 0.0000],
+                [0.0000, 0.0000, 0.0000]])
     """
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
         described = logits.dtype if isinstance(logits, Tensor) else type(logits).__name__
@@ -591,8 +600,9 @@ def vote(
             following the :class:`Votes` protocol, or a tensor of either shape (a 5-or-more-D
             tensor is not guessed: wrap it).
         logits: initial agreement logits ``(..., i, j)``, a :class:`DotProductScores`, or
-            ``None`` for zeros (uniform weights: routing's ``b_ij = 0``). A tensor ``votes``
-            of shape ``(..., j, d)`` needs logits, since the receiver count comes from them.
+            ``None`` for zeros (uniform weights: routing's ``b_ij = 0``). A plain tensor
+            ``votes`` needs logits, whose shape says which of the two it is (and, for shared
+            votes, the receiver count); without them wrap it.
         normalize_over: ``"senders"`` (softmax over ``j``: attention) or ``"receivers"``
             (softmax over ``i``: routing).
         iterations: number of passes, at least 1.
@@ -648,6 +658,31 @@ def vote(
 
     A float ``mask``'s values are not checked here (every layer and attention function checks its
     masks where they enter; ``vote`` is the step they all call): NaN or ``+inf`` in it gives NaN.
+
+    Examples:
+        Attention is one pass normalised over the senders ``j`` (the keys):
+
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> from torchvote.functional import PairwiseVotes, SharedVotes, vote
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 4)
+        >>> logits = q @ k.transpose(-2, -1) / 8 ** 0.5  # (batch, i, j): receivers i, senders j
+        >>> result = vote(SharedVotes(v), logits, normalize_over="senders")
+        >>> result.outputs.shape
+        torch.Size([2, 5, 4])
+        >>> torch.allclose(result.outputs, F.scaled_dot_product_attention(q, k, v), atol=1e-6)
+        True
+
+        Routing is several passes normalised over the receivers ``i``: each sender splits one vote.
+
+        >>> votes = PairwiseVotes(torch.randn(2, 3, 6, 4))  # (batch, i, j, d)
+        >>> result = vote(votes, normalize_over="receivers", iterations=3, nonlinearity="squash",
+        ...               record=True)
+        >>> result.outputs.shape, len(result.weights)
+        (torch.Size([2, 3, 4]), 3)
+        >>> torch.allclose(result.weights[-1].sum(dim=-2), torch.ones(2, 6))
+        True
     """
     check_choice(normalize_over, get_args(NormalizeOver), "normalize_over")
     check_positive_int(iterations, "iterations")

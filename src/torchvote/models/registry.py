@@ -272,6 +272,16 @@ def list_models(task: str | None = None) -> list[str]:
 
     Raises:
         ValueError: a ``task`` that is not one of :data:`TASKS` (it would list no model).
+
+    Examples:
+        >>> from torchvote.models import list_models
+        >>> names = list_models()
+        >>> "capsnet" in names and names == sorted(names)
+        True
+        >>> "transformer-lm" in list_models("language-model")
+        True
+        >>> "transformer-lm" in list_models("image-classification")
+        False
     """
     if task is not None:
         check_choice(task, TASKS, "task")
@@ -340,11 +350,6 @@ def create_model(
 ) -> nn.Module:
     """Build model ``name`` from its config defaults, a named preset and keyword overrides.
 
-    Example::
-
-        model = create_model("cnn-baseline", preset="small", dropout=0.2)
-        skeleton = create_model("capsnet", device="meta")  # no memory; to_empty() later
-
     Args:
         name: a name from :func:`list_models`.
         preset: one of the model's presets; ``None``: its default preset, if it has one.
@@ -359,6 +364,19 @@ def create_model(
         ValueError: an unknown model, preset or config field (the message lists what exists), or
             a ``device`` torch does not read or this machine lacks.
         TypeError: a ``dtype`` that is not a floating-point ``torch.dtype``.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.models import create_model
+        >>> model = create_model("cnn-baseline", preset="tiny", dropout=0.2)
+        >>> model.config.dropout
+        0.2
+        >>> size = model.config.image_size
+        >>> model(torch.zeros(2, model.config.in_channels, size, size)).scores.shape  # (batch, classes)
+        torch.Size([2, 10])
+        >>> skeleton = create_model("capsnet", device="meta")  # no memory; to_empty() later
+        >>> next(skeleton.parameters()).device
+        device(type='meta')
     """
     spec = get_model_spec(name)
     config = build_config(name, preset, **overrides)

@@ -133,6 +133,19 @@ class MultiHeadAttention(nn.Module):
             ``dropout`` is outside ``[0, 1)``, or ``shared_qkv`` with ``kdim``/``vdim`` that differ
             from ``embed_dim``.
         TypeError: ``bias``, ``batch_first`` or ``shared_qkv`` that is not a bool.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import MultiHeadAttention
+        >>> _ = torch.manual_seed(0)
+        >>> attention = MultiHeadAttention(embed_dim=16, num_heads=4)
+        >>> x = torch.randn(2, 5, 16)  # (batch, length, embed_dim): batch_first by default
+        >>> out, weights = attention(x, need_weights=True)  # self-attention: key and value default to x
+        >>> out.shape, weights.shape  # weights averaged over the heads
+        (torch.Size([2, 5, 16]), torch.Size([2, 5, 5]))
+        >>> reference = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+        >>> torch.allclose(MultiHeadAttention.from_torch(reference)(x)[0], reference(x, x, x)[0], atol=1e-6)
+        True
     """
 
     def __init__(

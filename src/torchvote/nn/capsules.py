@@ -240,6 +240,18 @@ class CapsuleLinear(nn.Module):
     Warns:
         UserWarning: ``iterations`` other than 1 for a one-pass router given by name (it has no
             effect).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import CapsuleLinear
+        >>> _ = torch.manual_seed(0)
+        >>> layer = CapsuleLinear(in_caps=32, in_dim=8, out_caps=10, out_dim=16)  # dynamic routing
+        >>> inputs = torch.randn(2, 32, 8)  # (batch, in_caps, in_dim)
+        >>> layer(inputs).shape
+        torch.Size([2, 10, 16])
+        >>> result = layer(inputs, return_routing=True)
+        >>> result.couplings.shape, torch.allclose(result.couplings.sum(dim=-2), torch.ones(2, 32))
+        (torch.Size([2, 10, 32]), True)
     """
 
     def __init__(

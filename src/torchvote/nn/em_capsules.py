@@ -228,6 +228,18 @@ class ConvMatrixCapsules(nn.Module):
         ValueError: non-positive sizes, a ``pose_dim`` that is not a square, an unknown
             ``normalization``, a bad routing option (one the router does not take, or
             ``out_caps``, which ``out_types`` sets).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import ConvMatrixCapsules, MatrixCapsules
+        >>> _ = torch.manual_seed(0)
+        >>> layer = ConvMatrixCapsules(in_types=4, out_types=6, kernel_size=3, stride=2)
+        >>> capsules = MatrixCapsules(torch.randn(2, 7, 7, 4, 4, 4), torch.rand(2, 7, 7, 4))  # 4x4 poses
+        >>> out = layer(capsules)
+        >>> out.poses.shape, out.activations.shape
+        (torch.Size([2, 3, 3, 6, 4, 4]), torch.Size([2, 3, 3, 6]))
+        >>> layer.output_size(7, 7)
+        (3, 3)
     """
 
     def __init__(

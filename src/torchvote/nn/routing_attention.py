@@ -140,6 +140,20 @@ class RoutingAttention(MultiHeadAttention):
     Raises:
         ValueError: an ``iterations``, ``normalize_over`` or ``aggregation`` that is not allowed,
             or any error of :class:`~torchvote.nn.MultiHeadAttention`.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import MultiHeadAttention, RoutingAttention
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.randn(2, 5, 16)  # (batch, length, embed_dim)
+        >>> routing = RoutingAttention(16, 4, iterations=3)
+        >>> routing(x)[0].shape
+        torch.Size([2, 5, 16])
+        >>> one_pass = RoutingAttention(16, 4, iterations=1)  # exactly multi-head attention
+        >>> attention = MultiHeadAttention(16, 4)
+        >>> _ = attention.load_state_dict(one_pass.state_dict())
+        >>> torch.allclose(one_pass(x)[0], attention(x)[0], atol=1e-6)
+        True
     """
 
     def __init__(

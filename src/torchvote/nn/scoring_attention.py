@@ -149,6 +149,18 @@ class AdditiveAttention(ScoredAttention):
 
     Raises:
         ValueError: a non-positive size or ``dropout`` outside ``[0, 1)``.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import AdditiveAttention
+        >>> _ = torch.manual_seed(0)
+        >>> attention = AdditiveAttention(query_dim=8, key_dim=6, hidden_dim=10)
+        >>> query, key = torch.randn(2, 3, 8), torch.randn(2, 5, 6)  # (b, L, Eq), (b, S, Ek)
+        >>> context, weights = attention(query, key)  # the keys are the values
+        >>> context.shape, weights.shape
+        (torch.Size([2, 3, 6]), torch.Size([2, 3, 5]))
+        >>> torch.allclose(weights.sum(dim=-1), torch.ones(2, 3))
+        True
     """
 
     def __init__(
@@ -212,6 +224,19 @@ class LuongAttention(ScoredAttention):
     Raises:
         ValueError: an unknown ``score``, ``dot`` with ``query_dim != key_dim``, ``hidden_dim``
             given for a score other than concat, or a non-positive size.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import LuongAttention
+        >>> _ = torch.manual_seed(0)
+        >>> attention = LuongAttention(query_dim=8, key_dim=6, score="general")
+        >>> query, key, value = torch.randn(2, 3, 8), torch.randn(2, 5, 6), torch.randn(2, 5, 4)
+        >>> key_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])  # padding: False
+        >>> context, weights = attention(query, key, value, key_mask=key_mask)
+        >>> context.shape, weights.shape
+        (torch.Size([2, 3, 4]), torch.Size([2, 3, 5]))
+        >>> bool((weights[1, :, 3:] == 0).all())  # the padded keys take no weight
+        True
     """
 
     def __init__(

@@ -288,7 +288,7 @@ class TransformerEncoder(_TransformerStack):
             the final norm (a callable ``layer`` places its layers itself).
         dtype: the parameters' dtype, likewise.
 
-    ``forward(inputs, *, attn_mask, key_mask, is_causal, return_intermediates)`` takes the masks
+    ``forward(x, *, attn_mask, key_mask, is_causal, return_intermediates, cache)`` takes the masks
     of :meth:`TransformerEncoderLayer.forward`; the record names ``"layers.{n}.self_attention"``.
 
     Raises:
@@ -296,6 +296,20 @@ class TransformerEncoder(_TransformerStack):
             ``layer_norm_eps`` that is not positive and finite.
         TypeError: ``layer`` is neither a config nor a callable, ``final_norm`` neither None nor
             a bool.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import TransformerConfig, TransformerEncoder
+        >>> _ = torch.manual_seed(0)
+        >>> config = TransformerConfig(d_model=16, num_heads=4, dropout=0.0)
+        >>> encoder = TransformerEncoder(config, num_layers=2)
+        >>> x = torch.randn(2, 5, 16)  # (batch, T, d_model)
+        >>> encoder(x).shape
+        torch.Size([2, 5, 16])
+        >>> y = x.clone()
+        >>> y[:, -1] += 1.0  # change the last token only
+        >>> torch.allclose(encoder(x, is_causal=True)[:, :-1], encoder(y, is_causal=True)[:, :-1], atol=1e-6)
+        True
     """
 
     layer_class = TransformerEncoderLayer
@@ -315,10 +329,10 @@ class TransformerDecoder(_TransformerStack):
             the final norm (a callable ``layer`` places its layers itself).
         dtype: the parameters' dtype, likewise.
 
-    ``forward(target, memory, *, target_mask, target_key_mask, memory_mask, memory_key_mask,
-    is_causal, return_intermediates)`` takes the masks of :meth:`TransformerDecoderLayer.forward`
-    (causal by default); the record names ``"layers.{n}.self_attention"`` and
-    ``"layers.{n}.cross_attention"`` in call order.
+    ``forward(x, memory, *, target_mask, target_key_mask, memory_mask, memory_key_mask,
+    is_causal, return_intermediates, cache)`` (``x`` the target, passed by position) takes the
+    masks of :meth:`TransformerDecoderLayer.forward` (causal by default); the record names
+    ``"layers.{n}.self_attention"`` and ``"layers.{n}.cross_attention"`` in call order.
 
     Raises:
         ValueError: ``num_layers < 1``, a factory that returns the same module twice, or a

@@ -440,6 +440,17 @@ def make_router(
         ValueError: an unknown name or option (one the router does not take, or ``factory``,
             which ``device`` and ``dtype`` make), ``iterations`` < 1 (checked for the one-pass
             routers too, which ignore it).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import make_router
+        >>> _ = torch.manual_seed(0)
+        >>> router = make_router("dynamic", in_caps=32, out_caps=10, out_dim=16, bias=True)
+        >>> type(router).__name__, tuple(router.bias.shape)
+        ('DynamicRouter', (10, 16))
+        >>> result = router(torch.randn(2, 10, 32, 16))  # votes (batch, out_caps, in_caps, out_dim)
+        >>> result.outputs.shape, result.couplings.shape
+        (torch.Size([2, 10, 16]), torch.Size([2, 10, 32]))
     """
     # torchvote's own routers are all registered; a user's (register_router) may join them. Not an
     # assert: `python -O` would drop it, and a contributor's missing registration with it

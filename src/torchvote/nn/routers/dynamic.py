@@ -32,6 +32,17 @@ class DynamicRouter(BiasedRouter):
             device than the bias.
         TypeError: ``detach_votes`` or ``bias`` that is not a bool; (in ``forward``) votes not
             of the bias's dtype (outside ``torch.autocast``).
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import DynamicRouter
+        >>> _ = torch.manual_seed(0)
+        >>> router = DynamicRouter(iterations=3, agreement="distance")
+        >>> result = router(torch.randn(2, 10, 32, 16))  # votes (batch, out_caps, in_caps, out_dim)
+        >>> result.outputs.shape, result.activations is None
+        (torch.Size([2, 10, 16]), True)
+        >>> torch.allclose(result.couplings.sum(dim=-2), torch.ones(2, 32))
+        True
     """
 
     name = "dynamic"

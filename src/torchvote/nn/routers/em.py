@@ -107,6 +107,16 @@ class EMRouter(Router):
     Raises:
         ValueError: ``iterations`` < 1, a bad schedule, ``eps``, ``strategy``,
             ``empty_activation`` or ``data_per_parent``.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import EMRouter
+        >>> _ = torch.manual_seed(0)
+        >>> router = EMRouter(out_caps=10, iterations=3)
+        >>> votes = torch.randn(2, 10, 32, 16)  # (batch, out_caps, in_caps, pose_dim)
+        >>> result = router(votes, activations=torch.rand(2, 32))  # input activations (batch, in_caps)
+        >>> result.outputs.shape, result.activations.shape, result.couplings.shape
+        (torch.Size([2, 10, 16]), torch.Size([2, 10]), torch.Size([2, 10, 32]))
     """
 
     name = "em"

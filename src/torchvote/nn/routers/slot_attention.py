@@ -41,6 +41,18 @@ class SlotAttention(nn.Module):
 
     Raises:
         ValueError: ``iterations`` < 1 or non-positive sizes.
+
+    Examples:
+        >>> import torch
+        >>> from torchvote.nn import SlotAttention
+        >>> _ = torch.manual_seed(0)
+        >>> module = SlotAttention(num_slots=4, input_dim=32, slot_dim=16, hidden_dim=32)
+        >>> inputs = torch.randn(2, 10, 32)  # (batch, inputs, input_dim)
+        >>> slots, attention = module(inputs, return_attention=True)
+        >>> slots.shape, attention.shape
+        (torch.Size([2, 4, 16]), torch.Size([2, 4, 10]))
+        >>> torch.allclose(attention.sum(dim=1), torch.ones(2, 10))  # the slots compete for each input
+        True
     """
 
     def __init__(
