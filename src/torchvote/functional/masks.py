@@ -411,13 +411,12 @@ def refuse_per_example_3d_mask(attn_mask: Tensor | None, logits_shape: tuple[int
     batch, heads = logits_shape[0], logits_shape[1]
     if batch > 1 and attn_mask.shape[0] == batch * heads:
         return  # torch's layout: prepare_attention_mask says how to reshape it
-    if attn_mask.shape[0] > 1:
-        raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} is 3-D with {attn_mask.shape[0]} slices, which "
-            f"batched inputs read ambiguously (per example, per head, or torch's batch * heads; logits "
-            f"{logits_shape} are (batch, heads, L, S)): give it 4-D, per example as (batch, 1, L, S), "
-            f"e.g. mask.unsqueeze(1), or per head as (1, heads, L, S), e.g. mask.unsqueeze(0)"
-        )
+    raise ValueError(
+        f"attn_mask of shape {tuple(attn_mask.shape)} is 3-D with {attn_mask.shape[0]} slices, which "
+        f"batched inputs read ambiguously (per example, per head, or torch's batch * heads; logits "
+        f"{logits_shape} are (batch, heads, L, S)): give it 4-D, per example as (batch, 1, L, S), "
+        f"e.g. mask.unsqueeze(1), or per head as (1, heads, L, S), e.g. mask.unsqueeze(0)"
+    )
 
 
 def prepare_attention_mask(
