@@ -271,6 +271,10 @@ CASES = {
         lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(4, 2, 3, 4), query=lambda s: s,
                                update=_update),
         ValueError, r"batch axes that broadcast to the keys' \(2,\)"),
+    "slot_attention values of another size than the slots (was: a ValueError naming nonlinearity)": (
+        lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 6), randn(2, 3, 5), query=lambda s: s[..., :4],
+                               update=lambda means, previous: previous),
+        ValueError, r"values and slots must have the same features .* got value_dim=6 and slot_dim=5"),
     "slot_attention scale='a'": (
         lambda: slot_attention(randn(2, 7, 4), randn(2, 7, 4), randn(2, 3, 4), query=lambda s: s,
                                update=_update, scale="a"),

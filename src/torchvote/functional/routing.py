@@ -651,7 +651,9 @@ def slot_attention(
 
     Args:
         keys: ``(batch..., inputs, key_dim)``: ``k(LayerNorm(inputs))``.
-        values: ``(batch..., inputs, value_dim)``: ``v(LayerNorm(inputs))``.
+        values: ``(batch..., inputs, slot_dim)``: ``v(LayerNorm(inputs))``, of the slots' size
+            (Algorithm 1 projects keys, queries and values to the slots' ``D``; the update takes a
+            weighted mean of the values and returns slots of the same size).
         slots: ``(batch..., num_slots, slot_dim)``: the initial slots.
         query: ``slots -> (batch..., num_slots, key_dim)``, e.g. ``q(LayerNorm(slots))``.
         update: ``(updates, previous slots) -> new slots``, e.g. a GRU cell and a residual MLP.
@@ -666,7 +668,8 @@ def slot_attention(
 
     Raises:
         ValueError: ``iterations`` < 1 or mismatched shapes (``slots`` whose batch axes do not
-            broadcast to the keys' without growing them), a ``mask`` of the wrong shape, a bad
+            broadcast to the keys' without growing them, ``values`` of another size than the
+            slots), a ``mask`` of the wrong shape, a bad
             ``scale``; ``values``, ``slots`` or ``mask`` on another device than the keys; a
             ``query`` that does not return ``(batch..., num_slots, key_dim)`` of its slots, an
             ``update`` that does not return ``(batch..., num_slots, slot_dim)``.
@@ -701,6 +704,12 @@ def slot_attention(
         raise ValueError(
             f"slots must have shape (batch..., num_slots, slot_dim) with batch axes that broadcast "
             f"to the keys' {tuple(keys.shape[:-2])}, got {tuple(slots.shape)}"
+        )
+    if values.shape[-1] != slots.shape[-1]:  # the update's input is a mean of values, its output slots
+        raise ValueError(
+            f"values and slots must have the same features (Algorithm 1's D: an update of the slots' "
+            f"size), got value_dim={values.shape[-1]} and slot_dim={slots.shape[-1]}; project the "
+            f"values to {slots.shape[-1]} features"
         )
     check_flag(all_passes, "all_passes")
     scale = check_scale(scale)
