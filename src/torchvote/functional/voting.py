@@ -597,12 +597,13 @@ def vote(
     Args:
         votes: a :class:`SharedVotes` (attention's values, ``(..., j, d)``), a
             :class:`PairwiseVotes` (routing's predictions, ``(..., i, j, d)``), any object
-            following the :class:`Votes` protocol, or a tensor of either shape (a 5-or-more-D
-            tensor is not guessed: wrap it).
+            following the :class:`Votes` protocol, or a plain tensor of either shape, told apart
+            by the rank of the logits: of their rank, shared votes ``(..., j, d)``; of one more,
+            pairwise votes ``(..., i, j, d)``.
         logits: initial agreement logits ``(..., i, j)``, a :class:`DotProductScores`, or
             ``None`` for zeros (uniform weights: routing's ``b_ij = 0``). A plain tensor
-            ``votes`` needs logits, whose shape says which of the two it is (and, for shared
-            votes, the receiver count); without them wrap it.
+            ``votes`` needs logits (their rank says which votes it holds and, for shared votes,
+            they give the receiver count); without them wrap it.
         normalize_over: ``"senders"`` (softmax over ``j``: attention) or ``"receivers"``
             (softmax over ``i``: routing).
         iterations: number of passes, at least 1.
