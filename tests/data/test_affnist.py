@@ -279,6 +279,18 @@ def test_found_in_the_cache_in_a_folder_or_as_a_file(_isolated_data_dirs: Path, 
         get_dataset("affnist", "test", canvas=28)
 
 
+def test_numbered_batches_in_the_cache_are_found(_isolated_data_dirs: Path) -> None:
+    """The docstring says the default is the cache read as any folder; only its test.mat was."""
+    images, labels = tiny_set()
+    cache = _isolated_data_dirs / "affnist"
+    write_mat(cache / "1.mat", images[:5], labels[:5])
+    write_mat(cache / "2.mat", images[5:8], labels[5:8])
+    assert find_affnist() == cache
+    loaded, loaded_labels = load_affnist()
+    np.testing.assert_array_equal((loaded[:, 0] * 255).round().numpy(), images[:8])
+    assert loaded_labels.tolist() == labels[:8].tolist()
+
+
 # ---------------------------------------------------------------- download
 
 

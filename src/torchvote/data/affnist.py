@@ -504,8 +504,9 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
     Args:
         root: A ``.mat`` file, or a folder holding ``test.mat`` or numbered batch files
             (``1.mat ... 32.mat``, as in ``test_batches.zip``). When given, only this location
-            is checked; default the cache (``$TORCHVOTE_DATA/affnist`` or
-            ``~/.cache/torchvote/affnist``).
+            is checked; default the cache folder (``$TORCHVOTE_DATA/affnist`` or
+            ``~/.cache/torchvote/affnist``), read alike: its ``test.mat`` (what the download
+            writes) or numbered batch files.
 
     Returns:
         A ``.mat`` file or a folder of them, for :func:`load_affnist_mat`.
@@ -527,9 +528,9 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
         mat = directory / AFFNIST_TEST.member
         if mat.is_file():
             return mat
-        if given is not None and given.is_dir() and _test_batches(given):
-            return given
-        looked = [mat] if given is None else [mat, directory / "<n>.mat"]
+        if directory.is_dir() and _test_batches(directory):  # the given folder's, or the cache's
+            return directory
+        looked = [mat, directory / "<n>.mat"]
         if given is not None and given.is_dir():  # the data one folder down: say where
             below = sorted({p.parent for p in given.glob(f"*/{AFFNIST_TEST.member}")})
             batches = given / "test_batches"
