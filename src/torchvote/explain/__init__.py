@@ -6,9 +6,11 @@
   :mod:`~torchvote.explain.metric_plots` (training curves): matplotlib figures (extra
   ``torchvote[plots]``), saved as PNG and SVG by :func:`save_figure`; ``torchvote demo`` draws
   with them too.
-- :class:`HtmlReport`: one self-contained page; :func:`explain_sentences` fills it from the
-  pretrained encoder (extra ``torchvote[pretrained]``); :func:`explain_record` from recorded capsule
-  tensors; :func:`add_explain_arguments` / :func:`run_explain` are the ``torchvote explain`` command.
+- :class:`HtmlReport`: one self-contained page; :func:`~torchvote.explain.sentences.explain_sentences`
+  fills it from the pretrained encoder (extra ``torchvote[pretrained]``);
+  :func:`~torchvote.explain.record.explain_record` from recorded capsule tensors;
+  :mod:`~torchvote.explain.command` (``add_explain_arguments``, ``run_explain``) is the
+  ``torchvote explain`` command. Those three modules are imported by name, not from here.
 """
 
 from torchvote.explain import statistics

@@ -156,7 +156,9 @@ _Step = tuple[Tensor, Tensor, Tensor | None, Tensor]
 
 @dataclass
 class RNNAttentionSeq2SeqConfig:
-    """Sizes and choices of the GRU encoder-decoder with attention; the defaults are RNNsearch's.
+    """Sizes and choices of the GRU encoder-decoder with attention; the defaults are RNNsearch's
+    sizes, with one departure: ``bridge="both"`` (the paper's first decoder state reads the
+    backward encoder's only: ``bridge="backward"``, app. A.2.2).
 
     Args:
         src_vocab_size: source token ids (filled from the data set when training).
