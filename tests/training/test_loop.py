@@ -947,3 +947,27 @@ def test_the_run_header_counts_in_words(tiny_config, capsys):
     train(tiny_config("one", "max_steps=1"), verbose=False)
     header = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("training "))
     assert " 1 step of " in header and " on 1 process, " in header, header
+
+
+@pytest.fixture
+def float64_default():
+    """torch's default dtype set to float64 (as a user of float64 numerics may leave it) for one test."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def test_runs_train_and_load_in_float32_whatever_the_default_dtype(tiny_config, float64_default):
+    """The model was built in the default dtype: under float64 the first step refused the task's
+    float32 images, and a float32 checkpoint did not load (``the model expects torch.float64``)."""
+    result = train(tiny_config("run", "max_steps=2"), verbose=False)
+    assert result.step == 2
+    weights = load_file(result.checkpoint.weights)
+    assert {tensor.dtype for tensor in weights.values() if tensor.is_floating_point()} == {torch.float32}
+    model, _, _ = load_model_from_checkpoint(result.run_dir)
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+    handler = get_task_handler("image-classification")
+    data = load_data(handler, "mnist", "test", options={"source": "idx"}, root=result.config.data.root)
+    accuracy = result.results["mnist/test"]["accuracy"]
+    assert evaluate(model, data, handler)["accuracy"] == pytest.approx(accuracy)

@@ -367,7 +367,9 @@ def load_model_from_checkpoint(
             spec = get_model_spec(metadata["model"])
         except ValueError as err:
             raise CheckpointError(f"{paths.weights}: {err}") from None
-        model = spec.model_cls(model_config_from_metadata(spec, metadata, str(paths.weights)))
+        # float32 as training builds it, whatever torch's default dtype
+        config = model_config_from_metadata(spec, metadata, str(paths.weights))
+        model = spec.model_cls(config, dtype=torch.float32)
         load_model_weights(model, paths.weights)
     except CheckpointError as err:
         raise CheckpointError(f"{err}{_intact_one_beside(location, paths)}") from None

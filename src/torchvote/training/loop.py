@@ -295,7 +295,9 @@ class _Run:
         for entry in config.eval_on:  # a wrong name, option, task or image size fails now, not
             self._load_eval_entry(entry)  # after the training (loaded again at the end: memory)
 
-        self.model = self.spec.model_cls(self.model_config).to(context.device)
+        # float32 whatever torch's default dtype (bf16 / fp16 are autocast's): the tasks hand it
+        # float32 images, and checkpoints load back into float32 models
+        self.model = self.spec.model_cls(self.model_config, dtype=torch.float32).to(context.device)
         self.pin_memory = pin_memory_for(context.device)  # for the asynchronous copy of each batch
         self.plan = BatchPlan(
             len(self.train_data),
