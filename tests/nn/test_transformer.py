@@ -253,3 +253,27 @@ def test_decoder_layer_names_its_own_arguments_in_errors(options, error, match):
     options = {"memory": torch.randn(2, 4, 8), **options}
     with pytest.raises(error, match=match):
         layer(torch.randn(2, 3, 8), **options)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize(("parameters", "inputs"), [(torch.bfloat16, torch.float32), (torch.float32, F64)])
+@pytest.mark.parametrize("kind", ["encoder layer", "decoder layer", "encoder", "decoder"])
+def test_inputs_of_another_dtype_than_the_parameters_are_named(kind, norm_first, parameters, inputs):
+    """A pre-norm layer's first step is its layer norm, which failed deep in torch ("mixed dtype
+    (CPU): expect parameter to have scalar type of Float"); post-norm layers named the attention's
+    ``query``. Both name the layer's own argument now, as every other module does."""
+    config = TransformerConfig(8, 2, dim_feedforward=16, dropout=0.0, norm_first=norm_first)
+    build = {
+        "encoder layer": lambda: TransformerEncoderLayer(8, 2, dim_feedforward=16, norm_first=norm_first),
+        "decoder layer": lambda: TransformerDecoderLayer(8, 2, dim_feedforward=16, norm_first=norm_first),
+        "encoder": lambda: TransformerEncoder(config, 2),
+        "decoder": lambda: TransformerDecoder(config, 2),
+    }[kind]
+    module = build().to(parameters)
+    x = torch.randn(2, 3, 8, dtype=inputs)
+    memory = [torch.randn(2, 4, 8, dtype=inputs)] if kind.startswith("decoder") else []
+    argument = "target" if kind.startswith("decoder") else "inputs"
+    expected = f"{argument} has dtype {inputs} but the module's parameters are {parameters}"
+    with pytest.raises(TypeError, match=expected):
+        module(x, *memory)
+    assert module(x.to(parameters), *[m.to(parameters) for m in memory]).shape == (2, 3, 8)

@@ -55,7 +55,7 @@ from torchvote.validation import (
     check_choice,
     check_flag,
     check_float_dtype,
-    check_float_tensor,
+    check_input_dtype,
     check_inputs_beside,
     check_positive_float,
     check_positive_int,
@@ -210,7 +210,9 @@ def _sequence_layout(batch_first: bool, length: str, batch: Any = "batch", featu
     return f"({batch}, {length}, {features})" if batch_first else f"({length}, {batch}, {features})"
 
 
-def _check_sequence(sequence: Any, argument: str, d_model: int, batch_first: bool, length: str) -> None:
+def _check_sequence(
+    sequence: Any, argument: str, d_model: int, batch_first: bool, length: str, dtype: torch.dtype
+) -> None:
     """Refuse what is not a sequence of ``d_model`` features, batched in the layer's layout or
     unbatched, before a sequence-first layer transposes it (the attention inside, batch first,
     would show the transposed shape, and name its own ``query`` or ``key``).
@@ -221,13 +223,15 @@ def _check_sequence(sequence: Any, argument: str, d_model: int, batch_first: boo
         d_model: the feature size it must have.
         batch_first: the layer's layout.
         length: the name of its length axis, ``"T"`` or ``"S"``.
+        dtype: the layer's parameters' dtype, which it must have outside ``torch.autocast`` (a
+            pre-norm layer's first step, its layer norm, failed deep in torch otherwise).
 
     Raises:
-        TypeError: not a floating-point tensor.
+        TypeError: not a floating-point tensor, or not of ``dtype``.
         ValueError: not 2-D or 3-D, or not ``d_model`` features (last axis); the message shows
             the shape as given.
     """
-    check_float_tensor(sequence, argument)
+    check_input_dtype(sequence, dtype, argument)
     if sequence.dim() not in (2, 3) or sequence.shape[-1] != d_model:
         raise ValueError(
             f"{argument} must have shape {_sequence_layout(batch_first, length)} "
@@ -814,7 +818,9 @@ class TransformerEncoderLayer(_TransformerLayer):
         """
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
-        _check_sequence(inputs, "inputs", self.d_model, self.batch_first, "T")  # as given, not transposed
+        _check_sequence(  # as given, not transposed
+            inputs, "inputs", self.d_model, self.batch_first, "T", self.feedforward_norm.weight.dtype
+        )
         inputs = _batch_first(inputs, self.batch_first)  # (b, T, E)
 
         def attend(x: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -1002,7 +1008,8 @@ class TransformerDecoderLayer(_TransformerLayer):
                 f"memory must be a tensor, the encoder's output {_sequence_layout(self.batch_first, 'S')}, "
                 f"got {type(memory).__name__}"
             )
-        _check_sequence(target, "target", self.d_model, self.batch_first, "T")
+        parameters = self.feedforward_norm.weight.dtype
+        _check_sequence(target, "target", self.d_model, self.batch_first, "T", parameters)
         check_inputs_beside(target, [("memory", memory)], where="the target's features")
         batch: int | None
         if target.dim() == 2:  # unbatched: (T, E) and (S, E), in either layout
