@@ -63,6 +63,7 @@ from torchvote.functional.voting import (
     _upcast,
     _votes_shape,
     check_returned,
+    routed_in_dtype,
     vote,
 )
 from torchvote.validation import (
@@ -310,13 +311,14 @@ def dynamic_routing(
     check_flag(all_passes, "all_passes")
     if isinstance(routed, LinearVotes) and agreement == "dot":
         check_positive_int(iterations, "iterations")
-        return linear_dynamic_routing(
+        outputs, couplings = linear_dynamic_routing(
             routed,
             iterations=iterations,
             bias=_bias_for(bias, routed),
             detach_votes=detach_votes,
             all_passes=all_passes,
         )
+        return routed_in_dtype(routed.dtype, outputs, couplings)
     result = vote(
         routed,
         None,  # b_ij = 0: zero logits, finite in every pass (vote takes its fused softmax)
@@ -330,7 +332,7 @@ def dynamic_routing(
         detach_votes=detach_votes,
         record=True,
     )
-    return result.outputs, _couplings(result, all_passes)
+    return routed_in_dtype(routed.dtype, result.outputs, _couplings(result, all_passes))
 
 
 def uniform_routing(
@@ -386,7 +388,7 @@ def uniform_routing(
         bias=_bias_for(bias, routed),
         record=True,
     )
-    return result.outputs, _couplings(result, False)
+    return routed_in_dtype(routed.dtype, result.outputs, _couplings(result, False))
 
 
 # --- descendants ------------------------------------------------------------------------------------
@@ -459,7 +461,7 @@ def inverted_dot_product_routing(
         nonlinearity=_as_update(normalization, "normalization"),
         record=True,
     )
-    return result.outputs, _couplings(result, all_passes)
+    return routed_in_dtype(routed.dtype, result.outputs, _couplings(result, all_passes))
 
 
 def self_attention_routing(
@@ -536,7 +538,7 @@ def self_attention_routing(
         bias=bias,
         record=True,
     )
-    return result.outputs, _couplings(result, False)
+    return routed_in_dtype(routed.dtype, result.outputs, _couplings(result, False))
 
 
 def _check_returned(value: object, expected: tuple[int, ...], call: str, axes: tuple[str, str]) -> None:
@@ -798,7 +800,8 @@ def slot_routing(
         return routed.dot(queries) * scale  # (..., i, j)
 
     # the slots have the votes' out_dim (checked above where the votes tell their shape)
-    return _slot_loop(
+    outputs, couplings = _slot_loop(
         routed, slots, query=query, score=score, query_dim=slots.shape[-1], update=update,
         axes=("out_caps", "out_dim", "out_dim"), iterations=iterations, all_passes=all_passes,
     )
+    return routed_in_dtype(routed.dtype, outputs, couplings)

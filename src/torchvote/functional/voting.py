@@ -348,6 +348,29 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def routed_in_dtype(dtype: torch.dtype, *results: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Routing's results in ``dtype``, the one the same call has without ``torch.autocast``.
+
+    Routing is a normalisation, and torch returns the softmax family in float32 under autocast
+    (its "float32 list"): every routing function, router and capsule layer returns its outputs,
+    couplings and activations in the votes' dtype (a layer's: the promotion of its inputs' and
+    parameters'), whatever the router and the strategy, where the weighted sums or the
+    materialised votes ran in autocast's dtype. Only these small results are cast, only under
+    autocast and only where one differs; ``None`` entries (no activations) pass through.
+
+    Args:
+        dtype: the dtype of the call without autocast.
+        *results: the tensors to return (or ``None``).
+
+    Returns:
+        ``results``, each in ``dtype``.
+    """
+    present = [tensor for tensor in results if tensor is not None]
+    if all(tensor.dtype == dtype for tensor in present) or not autocast_enabled(present[0].device.type):
+        return results
+    return tuple(None if tensor is None else tensor.to(dtype) for tensor in results)
+
+
 def refuse_double_backward(message: str) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
     """Decorate a custom autograd backward that is not itself differentiable so that a backward
     asked for a graph of its own (``create_graph=True``: a gradient penalty, a second derivative)

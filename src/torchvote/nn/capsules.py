@@ -25,7 +25,7 @@ from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing_votes import LinearVotes, SharedLinearVotes
 from torchvote.nn.initialization import scaled_normal_
 from torchvote.nn.routers import Router, RoutingResult, make_router
-from torchvote.nn.routers.base import build_router, layer_iterations
+from torchvote.nn.routers.base import build_router, layer_iterations, result_in_dtype
 from torchvote.nn.routing_strategy import STRATEGIES, RoutingStrategy, choose_strategy, compile_or_none
 from torchvote.validation import (
     autocast_enabled,
@@ -223,10 +223,11 @@ class CapsuleLinear(nn.Module):
             (votes formed by one einsum), ``"stream"`` (never formed) or ``"compiled"`` (the
             materialised routing under ``torch.compile``, compiled on the first call; falls back
             to ``"materialize"`` with a warning where compiling fails). Every strategy gives the
-            same numbers and a contiguous layout. Under ``torch.autocast`` the outputs' dtype
-            depends on the router and the strategy (the streamed kernels compute in the weights'
-            float32, the materialised votes are in the autocast dtype), so ``"auto"``'s may differ
-            between a CPU and a GPU.
+            same numbers and a contiguous layout. Under ``torch.autocast`` the materialised votes
+            are formed in autocast's dtype (half the bytes), the streamed ones in the weights',
+            but every strategy and every router returns its outputs, couplings and activations in
+            the dtype it returns without autocast (the promotion of the inputs' and the weights':
+            float32 for a float32 layer), as torch's softmax does.
         device: where to create the parameters.
         dtype: the parameters' dtype.
 
@@ -405,6 +406,9 @@ class CapsuleLinear(nn.Module):
             self._compiled = compiled or False
         else:
             result = self._compiled(self.weight, inputs, activations)
+        # under autocast, what it returns without: the materialised votes' (and so the routing's)
+        # dtype was autocast's, the streamed kernels' the weight's (a cast of the small results)
+        result = result_in_dtype(result, torch.promote_types(self.weight.dtype, inputs.dtype))
         # one layout from every strategy (the stream's were views of its (i, b, d) layout, which
         # refused .view(b, -1) where the materialised ones took it); a copy only for those
         if not return_routing:

@@ -40,10 +40,11 @@ from torchvote.functional.em_kernel import (
     conv_sender_groups,
     prepared_conv_sender_groups,
 )
+from torchvote.functional.voting import routed_in_dtype
 from torchvote.nn.capsules import check_feature_maps
 from torchvote.nn.initialization import near_identity_
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
-from torchvote.nn.routers.base import build_router
+from torchvote.nn.routers.base import build_router, result_in_dtype
 from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import (
     check_choice,
@@ -136,6 +137,13 @@ def _check_grid(
             f"{argument}.activations must have shape {tuple(poses.shape[:4])} (batch, rows, cols, "
             f"types), got {tuple(activations.shape)}"
         )
+
+
+def _routed_in_dtype(capsules: MatrixCapsules, weight: Tensor, *routed: Tensor) -> tuple[Tensor, ...]:
+    """A routing layer's results in the dtype they have without ``torch.autocast``, the promotion
+    of the input poses' and the weight's (:func:`~torchvote.functional.voting.routed_in_dtype`):
+    the class votes, an einsum, are formed in autocast's dtype, and EM returns theirs."""
+    return routed_in_dtype(torch.promote_types(capsules[0].dtype, weight.dtype), *routed)
 
 
 class PrimaryMatrixCapsules(nn.Module):
@@ -385,7 +393,8 @@ class ConvMatrixCapsules(nn.Module):
         grid = capsules[0].shape[1:3]  # a plain (poses, activations) pair too, as the check takes
         groups = self._routing_groups(*grid, votes.device)  # (L, j) ids or None
         # (b, L, i, P*P), (b, L, i)
-        poses, out_activations = self.routing.route(votes, activations, sender_groups=groups)
+        routed = self.routing.route(votes, activations, sender_groups=groups)
+        poses, out_activations = _routed_in_dtype(capsules, self.weight, *routed)
         poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)
         out_activations = rearrange(out_activations, "b (h w) i -> b h w i", h=rows)
         return MatrixCapsules(poses, out_activations)
@@ -531,13 +540,18 @@ class ClassMatrixCapsules(nn.Module):
         """
         check_flag(return_routing, "return_routing")
         votes, activations = self.votes(capsules)  # (b, i, j, P*P), (b, j)
+        # the votes, an einsum, are in autocast's dtype under autocast: the results come back in
+        # the layer's (_routed_in_dtype), as the convolutional layer's always did
         if return_routing:
             if self.routing.uses_activations:
-                return self.routing(votes, activations=activations)
-            return self.routing(votes * activations[:, None, :, None])  # an absent part votes weaker
+                result = self.routing(votes, activations=activations)
+            else:
+                result = self.routing(votes * activations[:, None, :, None])  # an absent part votes weaker
+            return result_in_dtype(result, torch.promote_types(capsules[0].dtype, self.weight.dtype))
         if not isinstance(self.routing, EMRouter):
             raise ValueError(f"{type(self.routing).__name__} gives no activations: use return_routing=True")
-        poses, out_activations = self.routing.route(votes, activations)
+        routed = self.routing.route(votes, activations)
+        poses, out_activations = _routed_in_dtype(capsules, self.weight, *routed)
         poses = rearrange(poses, "b i (p q) -> b i p q", p=self.side)
         return MatrixCapsules(poses, out_activations)
 

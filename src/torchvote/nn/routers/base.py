@@ -26,6 +26,7 @@ dim)``, couplings ``(batch..., out_caps, in_caps)``, input activations ``(batch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from torchvote.functional.routing import RoutingVotes, _votes_shape, as_routing_votes, list_routers
-from torchvote.functional.voting import Votes, _votes_device
+from torchvote.functional.voting import Votes, _votes_device, routed_in_dtype
 from torchvote.tracing import register_output
 from torchvote.validation import (
     ArgumentTypeError,
@@ -81,12 +82,35 @@ class RoutingResult:
 register_output(RoutingResult)  # a pytree node: torch.export can return it
 
 
+def result_in_dtype(result: RoutingResult, dtype: torch.dtype) -> RoutingResult:
+    """``result`` with its outputs, couplings and activations in ``dtype`` where ``torch.autocast``
+    made them another (:func:`~torchvote.functional.voting.routed_in_dtype`).
+
+    Args:
+        result: a router's result.
+        dtype: the dtype the call returns without autocast.
+
+    Returns:
+        ``result``, or a copy with those three tensors cast.
+    """
+    outputs, couplings, activations = routed_in_dtype(dtype, result.outputs, result.couplings,
+                                                      result.activations)
+    if outputs is result.outputs and couplings is result.couplings and activations is result.activations:
+        return result
+    return dataclasses.replace(result, outputs=outputs, couplings=couplings, activations=activations)
+
+
 class Router(nn.Module):
     """Base class: ``forward(votes, *, activations=None) -> RoutingResult``.
 
     ``votes`` is a tensor ``(batch..., out_caps, in_caps, out_dim)`` or a
     :class:`~torchvote.functional.voting.Votes` object (e.g.
     :class:`~torchvote.functional.routing_votes.LinearVotes`, never materialised).
+
+    Under ``torch.autocast`` a router returns its outputs, couplings and activations in the votes'
+    dtype, as without autocast (float32 for float32 votes, as torch's softmax): the routing
+    functions do, and a router whose own steps run under autocast (a layer norm of materialised
+    votes, EM's materialised votes) casts its result back with :func:`result_in_dtype`.
     """
 
     #: the name :func:`make_router` knows it by

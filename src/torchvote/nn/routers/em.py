@@ -66,7 +66,7 @@ from torchvote.functional.em import (
 )
 from torchvote.functional.em_kernel import STRATEGIES, PerSenderVotes, SenderGroups
 from torchvote.functional.routing import RoutingVotes, as_routing_votes
-from torchvote.nn.routers.base import Router, RoutingResult, register_router
+from torchvote.nn.routers.base import Router, RoutingResult, register_router, result_in_dtype
 from torchvote.validation import (
     check_choice,
     check_float_dtype,
@@ -231,7 +231,8 @@ class EMRouter(Router):
         if activations is None:
             activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (batch..., in_caps)
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)
-        return RoutingResult(poses, assignments, out_activations)
+        # LinearVotes materialise in autocast's dtype under autocast: the votes' dtype back
+        return result_in_dtype(RoutingResult(poses, assignments, out_activations), votes.dtype)
 
     def reset_parameters(self) -> None:
         """``beta_u = 0`` and the activation bias at ``logit(empty_activation)``, as the constructor

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from torchvote.functional.nonlinearities import squash
 from torchvote.functional.routing import RoutingVotes, slot_routing
 from torchvote.nn.initialization import scaled_normal_
-from torchvote.nn.routers.base import Router, RoutingResult, register_router
+from torchvote.nn.routers.base import Router, RoutingResult, register_router, result_in_dtype
 from torchvote.tracing import under_autograd_transforms
 from torchvote.validation import check_flag, check_float_dtype, check_positive_int
 
@@ -158,6 +158,7 @@ class SlotRouter(Router):
         self.refuse_activations(activations)
         self.check_vote_sizes(votes)
         votes = self.check_votes_beside(votes)  # without norm_votes, slot_routing blamed the slots
+        dtype = votes.dtype
         if self.norm_votes is not None:
             votes = self.check_votes_for_norm(votes, self.norm_votes)
             votes = self.norm_votes(votes.materialize())  # (..., i, j, d)
@@ -170,7 +171,8 @@ class SlotRouter(Router):
         )
         if self.squash_outputs:
             outputs = squash(outputs, dim=-1)  # (..., i, d), lengths in [0, 1)
-        return RoutingResult(outputs, couplings)
+        # under autocast the materialised votes' norm ran in its dtype: the votes' dtype back
+        return result_in_dtype(RoutingResult(outputs, couplings), dtype)
 
     def layer_sizes(self) -> dict[str, int]:
         return {"out_caps": self.initial_slots.shape[0], "out_dim": self.initial_slots.shape[1]}
