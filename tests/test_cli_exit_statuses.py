@@ -646,3 +646,25 @@ def test_evaluate_on_a_run_whose_newest_checkpoint_is_damaged_names_the_intact_o
     assert cli.main(["evaluate", str(intact), "--on", "small-digits", "--limit", "20"]) == 0
     assert cli.main(["evaluate", str(newest), "--on", "small-digits"]) == 1  # a file named: no hint
     assert "newest intact" not in capsys.readouterr().err
+
+
+def test_evaluate_hint_quotes_a_path_with_a_space_and_is_left_out_where_nothing_is_intact(tmp_path, capsys):
+    """The suggested command is quoted for the shell (a folder with a space), and a run whose only
+    checkpoint is damaged gets the plain error, not the search's (mutation review)."""
+    import shlex
+
+    run_dir = tmp_path / "my run"
+    argv = ["train", "smoke", "max_steps=2", "checkpoint_every=1", "eval_every=0", f"run_dir={run_dir}"]
+    assert cli.main([*argv, *FAST]) == 0
+    checkpoints = run_dir / "checkpoints"
+    newest, older = checkpoints / "step-00000002.safetensors", checkpoints / "step-00000001.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(run_dir), "--on", "small-digits", "--limit", "20"]) == 1
+    line = _error_line(capsys.readouterr().err, "evaluate")
+    assert line.endswith(f": torchvote evaluate {shlex.quote(str(older))}") and "'" in line
+    older.write_bytes(older.read_bytes()[:100])  # now none is intact
+    assert cli.main(["evaluate", str(run_dir), "--on", "small-digits", "--limit", "20"]) == 1
+    line = _error_line(capsys.readouterr().err, "evaluate")
+    assert line.startswith(f"torchvote evaluate: error: {newest} is not a readable safetensors file")
+    assert "newest intact" not in line

@@ -182,6 +182,25 @@ def test_in_range_names_the_interval():
             check_in_range(value, "p", 0.0, 1.0, include_high=False)
 
 
+def test_in_range_with_an_open_side_refuses_infinities_and_returns_a_float():
+    """Infinity passes a bound left open (``low`` or ``high`` infinite) but is no finite number;
+    NumPy scalars and ints come back as Python floats, as the docstring says (mutation review)."""
+    import numpy as np
+
+    from torchvote.validation import check_in_range
+
+    cases = ((math.inf, {}, r"\(-inf, inf\)"), (-math.inf, {"high": 1.0}, r"\(-inf, 1.0\]"),
+             (math.inf, {"low": 0.0}, r"\[0.0, inf\)"))
+    for value, bounds, interval in cases:
+        with pytest.raises(ValueError, match=f"x must be a finite number in {interval}, got"):
+            check_in_range(value, "x", **bounds)
+    with pytest.raises(ValueError, match=r"x must be a finite number in \(-inf, 1.0\], got 2"):
+        check_in_range(2, "x", high=1.0)
+    for value in (np.float32(0.5), np.int64(1), 1):
+        checked = check_in_range(value, "x", 0.0, 1.0)
+        assert type(checked) is float and checked == float(value)
+
+
 def test_tensor_values_are_refused_at_once_on_the_cpu_with_the_detail():
     import torch
 

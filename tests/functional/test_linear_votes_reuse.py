@@ -164,6 +164,37 @@ def test_inputs_switched_to_requires_grad_between_calls(routing, options):
     _check_against_fresh(layer, inputs, routed)
 
 
+@pytest.mark.parametrize(("routing", "options"), ROUTERS, ids=ROUTER_IDS)
+def test_weight_switched_to_requires_grad_between_calls(routing, options):
+    """A frozen weight unfrozen between calls (fine-tuning a layer): the kept layouts of the frozen
+    weight had no graph to it (mutation review: a key without the weight's flag went unnoticed)."""
+    layer, inputs = _layer(routing, options), _inputs()
+    layer.weight.requires_grad_(False)
+    votes = layer.votes(inputs)
+    _route(layer, votes)
+    layer.weight.requires_grad_(True)
+    routed = _route(layer, votes)
+    _check_against_fresh(layer, inputs, routed)
+
+
+def test_layouts_kept_under_inference_mode_are_not_read_outside_it():
+    """Layouts formed under ``inference_mode`` are inference tensors, which an in-place update or a
+    graph outside it refuses: a later read outside gets layouts of its own."""
+    weight = torch.randn(3, 6, 5, 4, dtype=DOUBLE)
+    votes = LinearVotes(weight, _inputs(requires_grad=False))
+    with torch.inference_mode():
+        assert votes.squared_norm().is_inference() and votes.gemm_inputs.is_inference()
+    with torch.no_grad():
+        assert not votes.squared_norm().is_inference() and not votes.gemm_inputs.is_inference()
+        assert not votes.gemm_weight.is_inference()
+
+
+def test_the_weight_layout_is_contiguous_with_one_sender():
+    """Its docstring says contiguous; with one sender the reshaped weight was a strided view."""
+    votes = LinearVotes(torch.randn(3, 1, 5, 4, dtype=DOUBLE), torch.randn(2, 1, 4, dtype=DOUBLE))
+    assert votes.gemm_weight.is_contiguous()
+
+
 def test_the_reviewers_repros():
     """The two reports, as written: a no_grad call left the next call without gradient, and
     inputs scaled in place between calls gave the old inputs' outputs."""

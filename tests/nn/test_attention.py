@@ -534,6 +534,18 @@ def test_a_3d_mask_of_several_slices_is_refused_at_every_batch_size(batch):
              {"attn_mask": ~allowed, "need_weights": True})
 
 
+@pytest.mark.parametrize("batch", [2, HEADS])
+def test_a_3d_mask_of_one_slice_is_one_mask_for_every_example_and_head(batch):
+    """``(1, L, S)`` is not ambiguous: it is taken at every batch size, as the 2-D mask it
+    broadcasts like (torch's own layout repeats it per example and head); mutation review: a
+    refusal of every 3-D mask on batched inputs went unnoticed."""
+    ours, theirs = _torch_pair()
+    allowed = _allowed(5, 5, seed=7)
+    x = torch.randn(batch, 5, EMBED, dtype=F64, requires_grad=True)
+    _compare(ours, theirs, x, x, x, {"attn_mask": allowed[None], "need_weights": True},
+             {"attn_mask": (~allowed).repeat(batch * HEADS, 1, 1), "need_weights": True})
+
+
 def test_inputs_of_another_dtype_than_the_parameters_are_named_unless_autocast():
     module = MultiHeadAttention(EMBED, HEADS)
     x = torch.randn(BATCH, 5, EMBED)

@@ -325,6 +325,25 @@ def test_an_unbatched_decoder_layer_on_a_cache_takes_its_target_key_mask_over_th
     torch.testing.assert_close(out, whole[2:], rtol=1e-5, atol=1e-6)
 
 
+def test_a_shallow_copy_of_a_filled_static_cache_stays_static_and_filled():
+    """A fork of a cross-attention cache holds the memory's keys: its next call projects the
+    queries alone and attends to them (mutation review: a fork made a self-attention cache, which
+    would append the memory again, went unnoticed)."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(EMBED, HEADS).eval()
+    memory, queries = torch.randn(2, 5, EMBED), torch.randn(2, 1, EMBED)
+    cache = KVCache(static=True)
+    module(torch.randn(2, 3, EMBED), memory, cache=cache)
+    fork = copy.copy(cache)
+    assert fork.static and fork.filled and fork.length == 5
+    calls = []
+    module.in_proj.register_forward_hook(lambda *args: calls.append(1))
+    out, _ = module(queries, memory, cache=fork)
+    assert len(calls) == 0 and fork.length == 5  # the memory's keys reused, none appended
+    expected, _ = module(queries, memory)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
 def test_a_shallow_copy_of_a_cache_is_a_fork_of_its_own():
     """``copy.copy`` shared the growing buffer: the copy's next token overwrote the original's keys
     (0.16 off the uncached output), as forking a decode from one prefix does."""
