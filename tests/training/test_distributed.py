@@ -322,3 +322,38 @@ def test_train_drops_the_step_module_before_leaving_the_process_group(tiny_confi
     run = runs[0]()
     assert run is not None, "the run was freed at once: this test no longer checks anything"
     assert run.ddp_model is None
+
+
+def test_a_groups_gloo_backend_lives_exactly_as_long_as_the_group():
+    """The torch < 2.8 workaround's mechanism, checkable on any torch (the hang it prevents only
+    shows on 2.7): the backend is kept past the group's destruction, while the group's Python
+    object lives, and let go with it; groups without a CPU backend, and None, are skipped."""
+    import gc
+    import weakref
+
+    from torchvote.training.distributed import _free_gloo_backends_last
+
+    class Backend:
+        pass
+
+    class Group:
+        def __init__(self):
+            self._backend = Backend()
+
+        def _get_backend(self, device):
+            assert device == torch.device("cpu")
+            return self._backend
+
+    class NcclOnly:
+        def _get_backend(self, device):
+            raise RuntimeError("no backend of type cpu")
+
+    group = Group()
+    backend = weakref.ref(group._backend)
+    _free_gloo_backends_last(group, None, NcclOnly())
+    del group._backend  # what destroying the group does to its own reference
+    gc.collect()
+    assert backend() is not None  # held by the finalizer while the group object lives
+    del group
+    gc.collect()
+    assert backend() is None
