@@ -424,7 +424,7 @@ def test_options_joined_with_colons_are_refused_naming_the_comma(capsys):
     with pytest.raises(ConfigError, match=r"eval_on entry .*separate its options with commas"):
         load_config("smoke", ["eval_on=[affnist-style:canvas=28:seed=3]"])
     # in any option, not only the first, and with a space after the colon (mutation review)
-    for joined in ("mnist:limit=5,split=train:seed=3", "mnist:split=train: limit=5"):
+    for joined in ("mnist:limit=5,split=train:seed=3", "mnist:split=train: limit=5", "mnist:split:limit=5"):
         with pytest.raises(ConfigError, match="separate its options with commas, not colons"):
             parse_entry(joined, "--on")
     assert parse_entry("mnist:split=train,limit=5", "--on") == ("mnist", {"split": "train", "limit": 5})

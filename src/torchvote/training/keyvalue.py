@@ -106,12 +106,15 @@ def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
 
     Raises:
         ConfigError: an option that is not ``key=value``, a key given twice, or options joined
-            with colons (``mnist:split=train:limit=5``, whose split read as ``train:limit=5``).
+            with colons (``mnist:split=train:limit=5``, whose split read as ``train:limit=5``, or
+            ``mnist:split:limit=5``, an option named ``split:limit``).
     """
     name, _, rest = entry.partition(":")
     items = [item for item in (part.strip() for part in _split_commas(rest)) if item]
     for item in items:
-        if re.search(r":\s*[A-Za-z_][\w.]*\s*=", item.partition("=")[2]):  # a value holding ":key="
+        key, _, value = item.partition("=")
+        # a value holding ":key=" (split=train:limit=5), or a key holding a colon (split:limit=5)
+        if ":" in key or re.search(r":\s*[A-Za-z_][\w.]*\s*=", value):
             raise ConfigError(
                 f"{what} entry {entry!r}: separate its options with commas, not colons "
                 f"({name.strip()}:key=value,key=value)"
