@@ -337,6 +337,28 @@ def _as_device(device: torch.device | str) -> torch.device:
     return check_device_exists(device) if isinstance(device, torch.device) else resolve_device(device)
 
 
+def build_float32_model(spec: ModelSpec, config: Any) -> nn.Module:
+    """``spec``'s model built from ``config`` in float32, whatever torch's default dtype, as runs
+    train (bf16 and fp16 are autocast's) and their checkpoints hold. Under a float64 default the
+    model was float64: its first step refused the tasks' float32 images, and it refused the
+    run's float32 checkpoints. The default is set for the build only (not ``dtype=``, which a
+    registered model need not take), so the same seed draws the same weights.
+
+    Args:
+        spec: the registered model.
+        config: its config.
+
+    Returns:
+        The model, on the CPU (or where its class puts it).
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        return spec.model_cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def load_model_from_checkpoint(
     location: str | os.PathLike[str], device: torch.device | str = "cpu"
 ) -> tuple[nn.Module, ModelSpec, dict[str, str]]:
@@ -367,9 +389,7 @@ def load_model_from_checkpoint(
             spec = get_model_spec(metadata["model"])
         except ValueError as err:
             raise CheckpointError(f"{paths.weights}: {err}") from None
-        # float32 as training builds it, whatever torch's default dtype
-        config = model_config_from_metadata(spec, metadata, str(paths.weights))
-        model = spec.model_cls(config, dtype=torch.float32)
+        model = build_float32_model(spec, model_config_from_metadata(spec, metadata, str(paths.weights)))
         load_model_weights(model, paths.weights)
     except CheckpointError as err:
         raise CheckpointError(f"{err}{_intact_one_beside(location, paths)}") from None

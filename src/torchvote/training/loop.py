@@ -74,7 +74,12 @@ from torchvote.training.distributed import (
     max_over_processes,
     setup_distributed,
 )
-from torchvote.training.evaluation import autocast, evaluate_loss_where_it_applies, load_eval_entry
+from torchvote.training.evaluation import (
+    autocast,
+    build_float32_model,
+    evaluate_loss_where_it_applies,
+    load_eval_entry,
+)
 from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.objectives import spread_margin_schedule
 from torchvote.training.optim import build_optimizer, build_scheduler, lr_multiplier
@@ -295,9 +300,7 @@ class _Run:
         for entry in config.eval_on:  # a wrong name, option, task or image size fails now, not
             self._load_eval_entry(entry)  # after the training (loaded again at the end: memory)
 
-        # float32 whatever torch's default dtype (bf16 / fp16 are autocast's): the tasks hand it
-        # float32 images, and checkpoints load back into float32 models
-        self.model = self.spec.model_cls(self.model_config, dtype=torch.float32).to(context.device)
+        self.model = build_float32_model(self.spec, self.model_config).to(context.device)
         self.pin_memory = pin_memory_for(context.device)  # for the asynchronous copy of each batch
         self.plan = BatchPlan(
             len(self.train_data),
