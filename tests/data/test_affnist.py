@@ -289,6 +289,9 @@ def test_numbered_batches_in_the_cache_are_found(_isolated_data_dirs: Path) -> N
     loaded, loaded_labels = load_affnist()
     np.testing.assert_array_equal((loaded[:, 0] * 255).round().numpy(), images[:8])
     assert loaded_labels.tolist() == labels[:8].tolist()
+    (cache / "1.mat").unlink()  # a gap (2.mat alone): not the test set, and in the cache not an error
+    with pytest.raises(DataNotFoundError, match=r"(?s)affnist --download.*must be 1.mat .*found 2.mat"):
+        find_affnist()
 
 
 # ---------------------------------------------------------------- download

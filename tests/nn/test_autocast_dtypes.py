@@ -1,13 +1,13 @@
 """Routing under ``torch.autocast`` returns what it returns without autocast, in that dtype.
 
 Routing is a normalisation (a softmax over the output capsules, and a squash, a layer norm or EM's
-statistics), and torch runs the softmax family in float32 under autocast (its "float32 list"). So
-every router, routing function and capsule layer returns its outputs, activations and couplings in
-the dtype of the same call without autocast: the votes' dtype for the functions and the routers,
-the promotion of the inputs' and the parameters' for the layers (float32 for a float32 module),
-whatever the router and the strategy. Votes may still be formed in autocast's dtype (the
-``"materialize"`` strategy's einsum, the class capsules' votes): only the small results are cast
-back. Before, the dtype depended on the router and the strategy (float32 from the streamed
+statistics), as softmax and layer norm are, which CUDA autocast runs in float32 (its "float32
+list"). So every router, routing function and capsule layer returns its outputs, activations and
+couplings in the dtype of the same call without autocast: the votes' dtype for the functions and
+the routers, the promotion of the inputs' and the parameters' for the layers (float32 for a
+float32 module), whatever the router and the strategy. Votes may still be formed in autocast's
+dtype (the ``"materialize"`` strategy's einsum, the class capsules' votes): only the small results
+are cast back. Before, the dtype depended on the router and the strategy (float32 from the streamed
 kernels, bfloat16 from EM and from the materialised votes, bfloat16 couplings beside float32
 outputs from the slot router), so that swapping a CapsNet's router, or running ``strategy="auto"``
 on a GPU instead of a CPU, changed the dtype of its scores and of the loss under ``bf16=true``.

@@ -102,8 +102,8 @@ def test_a_matrix_capsule_network_trains_under_bfloat16_autocast(strategy, norma
     with torch.autocast(device.type, dtype=BF16):
         poses, activations = layers(images)
     for output, reference in ((poses, expected.poses), (activations, expected.activations)):
-        # routed results come back in the float32 layers' dtype, as a softmax under autocast
-        # (they were bfloat16: the class votes' einsum ran in autocast's dtype)
+        # routed results come back in the float32 layers' dtype (routed_in_dtype), though the
+        # class votes' einsum runs in autocast's
         assert output.dtype == torch.float32 and torch.isfinite(output).all()
         # bfloat16 images and weights: the input rounding counts too (autocast rounds them)
         torch.testing.assert_close(output.float(), reference, **_tolerance(BF16, reference))

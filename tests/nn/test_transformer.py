@@ -277,3 +277,9 @@ def test_inputs_of_another_dtype_than_the_parameters_are_named(kind, norm_first,
     with pytest.raises(TypeError, match=expected):
         module(x, *memory)
     assert module(x.to(parameters), *[m.to(parameters) for m in memory]).shape == (2, 3, 8)
+    # layer norms kept in float32 beside weights of another dtype (a mixed-precision recipe): the
+    # inputs take the weights' dtype, as torch's layer norm allows
+    for norm in (m for m in module.modules() if isinstance(m, nn.LayerNorm)):
+        norm.float()
+    out = module(x.to(parameters), *[m.to(parameters) for m in memory])
+    assert out.shape == (2, 3, 8) and torch.isfinite(out).all()

@@ -528,7 +528,13 @@ def find_affnist(root: str | PathLike[str] | None = None) -> Path:
         mat = directory / AFFNIST_TEST.member
         if mat.is_file():
             return mat
-        if directory.is_dir() and _test_batches(directory):  # the given folder's, or the cache's
+        try:  # numbered test batches: in the folder given, or in the cache
+            batches = _test_batches(directory) if directory.is_dir() else []
+        except ValueError as err:  # not the test batches: an error for a folder given, a note for the cache
+            if given is not None:
+                raise
+            batches, note = [], f"{err}. "
+        if batches:
             return directory
         looked = [mat, directory / "<n>.mat"]
         if given is not None and given.is_dir():  # the data one folder down: say where

@@ -351,8 +351,8 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
 def routed_in_dtype(dtype: torch.dtype, *results: Tensor | None) -> tuple[Tensor | None, ...]:
     """Routing's results in ``dtype``, the one the same call has without ``torch.autocast``.
 
-    Routing is a normalisation, and torch returns the softmax family in float32 under autocast
-    (its "float32 list"): every routing function, router and capsule layer returns its outputs,
+    Routing is a normalisation, as softmax and layer norm are, which CUDA autocast computes in
+    float32 (its "float32 list"): every routing function, router and capsule layer returns its outputs,
     couplings and activations in the votes' dtype (a layer's: the promotion of its inputs' and
     parameters'), whatever the router and the strategy, where the weighted sums or the
     materialised votes ran in autocast's dtype. Only these small results are cast, only under

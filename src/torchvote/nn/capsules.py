@@ -227,7 +227,7 @@ class CapsuleLinear(nn.Module):
             are formed in autocast's dtype (half the bytes), the streamed ones in the weights',
             but every strategy and every router returns its outputs, couplings and activations in
             the dtype it returns without autocast (the promotion of the inputs' and the weights':
-            float32 for a float32 layer), as torch's softmax does.
+            float32 for a float32 layer): routing is a normalisation.
         device: where to create the parameters.
         dtype: the parameters' dtype.
 

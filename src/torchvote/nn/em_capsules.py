@@ -139,11 +139,12 @@ def _check_grid(
         )
 
 
-def _routed_in_dtype(capsules: MatrixCapsules, weight: Tensor, *routed: Tensor) -> tuple[Tensor, ...]:
-    """A routing layer's results in the dtype they have without ``torch.autocast``, the promotion
-    of the input poses' and the weight's (:func:`~torchvote.functional.voting.routed_in_dtype`):
-    the class votes, an einsum, are formed in autocast's dtype, and EM returns theirs."""
-    return routed_in_dtype(torch.promote_types(capsules[0].dtype, weight.dtype), *routed)
+def _layer_dtype(capsules: MatrixCapsules, weight: Tensor) -> torch.dtype:
+    """The dtype a routing layer's results have without ``torch.autocast``, the promotion of the
+    input poses' and the weight's; under autocast the votes (an einsum) are in autocast's dtype,
+    and the results are cast back to this one
+    (:func:`~torchvote.functional.voting.routed_in_dtype`)."""
+    return torch.promote_types(capsules[0].dtype, weight.dtype)
 
 
 class PrimaryMatrixCapsules(nn.Module):
@@ -394,7 +395,7 @@ class ConvMatrixCapsules(nn.Module):
         groups = self._routing_groups(*grid, votes.device)  # (L, j) ids or None
         # (b, L, i, P*P), (b, L, i)
         routed = self.routing.route(votes, activations, sender_groups=groups)
-        poses, out_activations = _routed_in_dtype(capsules, self.weight, *routed)
+        poses, out_activations = routed_in_dtype(_layer_dtype(capsules, self.weight), *routed)
         poses = rearrange(poses, "b (h w) i (p q) -> b h w i p q", h=rows, p=self.side)
         out_activations = rearrange(out_activations, "b (h w) i -> b h w i", h=rows)
         return MatrixCapsules(poses, out_activations)
@@ -540,18 +541,16 @@ class ClassMatrixCapsules(nn.Module):
         """
         check_flag(return_routing, "return_routing")
         votes, activations = self.votes(capsules)  # (b, i, j, P*P), (b, j)
-        # the votes, an einsum, are in autocast's dtype under autocast: the results come back in
-        # the layer's (_routed_in_dtype), as the convolutional layer's always did
         if return_routing:
             if self.routing.uses_activations:
                 result = self.routing(votes, activations=activations)
             else:
                 result = self.routing(votes * activations[:, None, :, None])  # an absent part votes weaker
-            return result_in_dtype(result, torch.promote_types(capsules[0].dtype, self.weight.dtype))
+            return result_in_dtype(result, _layer_dtype(capsules, self.weight))
         if not isinstance(self.routing, EMRouter):
             raise ValueError(f"{type(self.routing).__name__} gives no activations: use return_routing=True")
         routed = self.routing.route(votes, activations)
-        poses, out_activations = _routed_in_dtype(capsules, self.weight, *routed)
+        poses, out_activations = routed_in_dtype(_layer_dtype(capsules, self.weight), *routed)
         poses = rearrange(poses, "b i (p q) -> b i p q", p=self.side)
         return MatrixCapsules(poses, out_activations)
 

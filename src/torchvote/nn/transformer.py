@@ -223,8 +223,9 @@ def _check_sequence(
         d_model: the feature size it must have.
         batch_first: the layer's layout.
         length: the name of its length axis, ``"T"`` or ``"S"``.
-        dtype: the layer's parameters' dtype, which it must have outside ``torch.autocast`` (a
-            pre-norm layer's first step, its layer norm, failed deep in torch otherwise).
+        dtype: the dtype of the layer's weights (its feed-forward's; layer norms kept in float32
+            beside them take inputs of the weights' dtype), which it must have outside
+            ``torch.autocast``.
 
     Raises:
         TypeError: not a floating-point tensor, or not of ``dtype``.
@@ -809,7 +810,8 @@ class TransformerEncoderLayer(_TransformerLayer):
             ``weights["self_attention"]`` (batch first).
 
         Raises:
-            TypeError: ``inputs`` that is not a floating-point tensor; ``is_causal`` or
+            TypeError: ``inputs`` that is not a floating-point tensor, or not of the layer's
+                weights' dtype (outside ``torch.autocast``); ``is_causal`` or
                 ``return_intermediates`` that is not a bool; and what the attention raises for its
                 inputs and masks.
             ValueError: ``inputs`` that is not ``(b, T, d_model)`` (``(T, b, d_model)`` with
@@ -819,7 +821,7 @@ class TransformerEncoderLayer(_TransformerLayer):
         check_flag(is_causal, "is_causal")
         check_flag(return_intermediates, "return_intermediates")
         _check_sequence(  # as given, not transposed
-            inputs, "inputs", self.d_model, self.batch_first, "T", self.feedforward_norm.weight.dtype
+            inputs, "inputs", self.d_model, self.batch_first, "T", self.feedforward.expand.weight.dtype
         )
         inputs = _batch_first(inputs, self.batch_first)  # (b, T, E)
 
@@ -949,7 +951,8 @@ class TransformerDecoderLayer(_TransformerLayer):
 
         Raises:
             TypeError: ``target`` or ``memory`` that is not a floating-point tensor, or of
-                another dtype than the other; ``is_causal`` or ``return_intermediates`` that is
+                another dtype than the other or than the layer's weights (outside
+                ``torch.autocast``); ``is_causal`` or ``return_intermediates`` that is
                 not a bool; a mask that is not a tensor or of the wrong dtype (named as this
                 method names it); and what the attentions raise for their inputs.
             ValueError: ``target`` that is not ``(b, T, d_model)`` or unbatched
@@ -1008,7 +1011,7 @@ class TransformerDecoderLayer(_TransformerLayer):
                 f"memory must be a tensor, the encoder's output {_sequence_layout(self.batch_first, 'S')}, "
                 f"got {type(memory).__name__}"
             )
-        parameters = self.feedforward_norm.weight.dtype
+        parameters = self.feedforward.expand.weight.dtype
         _check_sequence(target, "target", self.d_model, self.batch_first, "T", parameters)
         check_inputs_beside(target, [("memory", memory)], where="the target's features")
         batch: int | None

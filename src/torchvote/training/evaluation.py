@@ -339,10 +339,9 @@ def _as_device(device: torch.device | str) -> torch.device:
 
 def build_float32_model(spec: ModelSpec, config: Any) -> nn.Module:
     """``spec``'s model built from ``config`` in float32, whatever torch's default dtype, as runs
-    train (bf16 and fp16 are autocast's) and their checkpoints hold. Under a float64 default the
-    model was float64: its first step refused the tasks' float32 images, and it refused the
-    run's float32 checkpoints. The default is set for the build only (not ``dtype=``, which a
-    registered model need not take), so the same seed draws the same weights.
+    train (bf16 and fp16 are autocast's), as the tasks hand it float32 images and as checkpoints
+    hold it. The default is set for the build only (not ``dtype=``, which a registered model need
+    not take), so the same seed draws the same weights under any default.
 
     Args:
         spec: the registered model.

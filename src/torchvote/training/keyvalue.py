@@ -114,7 +114,7 @@ def parse_entry(entry: str, what: str) -> tuple[str, dict[str, Any]]:
     for item in items:
         key, _, value = item.partition("=")
         # a value holding ":key=" (split=train:limit=5), or a key holding a colon (split:limit=5)
-        if ":" in key or re.search(r":\s*[A-Za-z_][\w.]*\s*=", value):
+        if ("=" in item and ":" in key) or re.search(r":\s*[A-Za-z_][\w.]*\s*=", value):
             raise ConfigError(
                 f"{what} entry {entry!r}: separate its options with commas, not colons "
                 f"({name.strip()}:key=value,key=value)"

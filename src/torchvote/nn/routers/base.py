@@ -108,7 +108,7 @@ class Router(nn.Module):
     :class:`~torchvote.functional.routing_votes.LinearVotes`, never materialised).
 
     Under ``torch.autocast`` a router returns its outputs, couplings and activations in the votes'
-    dtype, as without autocast (float32 for float32 votes, as torch's softmax): the routing
+    dtype, as without autocast (float32 for float32 votes): the routing
     functions do, and a router whose own steps run under autocast (a layer norm of materialised
     votes, EM's materialised votes) casts its result back with :func:`result_in_dtype`.
     """

@@ -231,7 +231,7 @@ class EMRouter(Router):
         if activations is None:
             activations = tensor.new_ones(tensor.shape[:-3] + tensor.shape[-2:-1])  # (batch..., in_caps)
         poses, out_activations, assignments = self.route(tensor, activations, return_assignments=True)
-        # LinearVotes materialise in autocast's dtype under autocast: the votes' dtype back
+        # in the votes' dtype: LinearVotes materialise in autocast's dtype under autocast
         return result_in_dtype(RoutingResult(poses, assignments, out_activations), votes.dtype)
 
     def reset_parameters(self) -> None:

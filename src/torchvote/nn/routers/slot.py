@@ -171,7 +171,7 @@ class SlotRouter(Router):
         )
         if self.squash_outputs:
             outputs = squash(outputs, dim=-1)  # (..., i, d), lengths in [0, 1)
-        # under autocast the materialised votes' norm ran in its dtype: the votes' dtype back
+        # in the votes' dtype: under autocast the norm of the materialised votes runs in autocast's
         return result_in_dtype(RoutingResult(outputs, couplings), dtype)
 
     def layer_sizes(self) -> dict[str, int]:
