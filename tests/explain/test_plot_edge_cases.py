@@ -394,3 +394,16 @@ def test_routing_statistics_draw_a_tiny_change_flat_and_a_real_one_as_it_is():
     assert low < 2.3025851 and high > 2.3025853 and high - low >= 0.02 * 2.3025853 * 0.99
     assert real_low <= 1.20 and real_high >= 2.30 and real_high - real_low < 1.5  # autoscaled: no floor
     pyplot().close(figure)
+
+
+def test_a_wide_matrix_gets_a_wide_heatmap():
+    """Each side is sized by its own count of cells: an 8 x 16 matrix (the demo's) was drawn in a
+    square figure by the larger count, a wide strip between two bands of white."""
+    wide = attention_plots.attention_heatmap(torch.softmax(torch.randn(8, 16), dim=-1))
+    square = attention_plots.attention_heatmap(torch.softmax(torch.randn(16, 16), dim=-1))
+    wide_width, wide_height = wide.get_size_inches()
+    square_width, square_height = square.get_size_inches()
+    assert wide_width == pytest.approx(square_width)  # the same 16 keys across
+    assert wide_height < 0.7 * square_height  # 8 queries down, not 16
+    _close(wide)
+    _close(square)

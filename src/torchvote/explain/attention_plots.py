@@ -93,8 +93,10 @@ def attention_heatmap(
     cols = _key_tokens(tokens, key_tokens, weights.shape[1])
     annotate = max(weights.shape) <= 16 if annotate is None else check_flag(annotate, "annotate")
     vmin, vmax, non_finite = finite_range(weights)
-    side = 1.6 + 0.42 * max(weights.shape)
-    figure, axes = new_figure(size=(side + 1.0, side))
+    # each side by its own count of cells (a square by the larger one left a wide matrix between
+    # bands of white); the width also holds the colour bar, the height the rotated key labels
+    height, width = (1.6 + 0.42 * count for count in weights.shape)
+    figure, axes = new_figure(size=(width + 1.0, height + 0.8))
     ax = axes[0, 0]
     image = ax.imshow(weights.numpy(), cmap=colormap(CMAP), vmin=vmin, vmax=vmax)
     xlabel, ylabel = "key (sender j)", "query (receiver i)"
