@@ -406,8 +406,8 @@ class CapsuleLinear(nn.Module):
             self._compiled = compiled or False
         else:
             result = self._compiled(self.weight, inputs, activations)
-        # under autocast, what it returns without: the materialised votes' (and so the routing's)
-        # dtype was autocast's, the streamed kernels' the weight's (a cast of the small results)
+        # under autocast, the dtype it has without: materialised votes (and so their routing) are
+        # in autocast's dtype, the streamed kernels in the weight's (a cast of the small results)
         result = result_in_dtype(result, torch.promote_types(self.weight.dtype, inputs.dtype))
         # one layout from every strategy (the stream's were views of its (i, b, d) layout, which
         # refused .view(b, -1) where the materialised ones took it); a copy only for those

@@ -108,9 +108,9 @@ class Router(nn.Module):
     :class:`~torchvote.functional.routing_votes.LinearVotes`, never materialised).
 
     Under ``torch.autocast`` a router returns its outputs, couplings and activations in the votes'
-    dtype, as without autocast (float32 for float32 votes): the routing
-    functions do, and a router whose own steps run under autocast (a layer norm of materialised
-    votes, EM's materialised votes) casts its result back with :func:`result_in_dtype`.
+    dtype, as without autocast (float32 for float32 votes): the routing functions do, and a router
+    whose own steps run under autocast (a layer norm of materialised votes, EM's materialised
+    votes) casts its result back with :func:`result_in_dtype`.
     """
 
     #: the name :func:`make_router` knows it by
