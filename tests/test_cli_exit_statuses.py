@@ -625,6 +625,17 @@ def test_data_a_value_error_while_listing_is_a_failure(monkeypatch, capsys):
     assert "name the data set" in _error_line(capsys.readouterr().err, "data")
 
 
+def _run_with_its_newest_checkpoint_truncated(run_dir, capsys):
+    """A two-step smoke run in ``run_dir`` with a checkpoint at each step, the newer one truncated:
+    ``(newest, intact)`` weights files. The run's own output is read off ``capsys``."""
+    argv = ["train", "smoke", "max_steps=2", "checkpoint_every=1", "eval_every=0", f"run_dir={run_dir}"]
+    assert cli.main([*argv, *FAST]) == 0
+    newest = run_dir / "checkpoints" / "step-00000002.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    return newest, run_dir / "checkpoints" / "step-00000001.safetensors"
+
+
 def test_evaluate_on_a_run_whose_newest_checkpoint_is_damaged_names_the_intact_one(tmp_path, capsys):
     """It said only that the newest file was unreadable, where ``train --resume`` goes on from the
     newest intact checkpoint beside it: the message names that one and the command that takes it,
@@ -632,14 +643,9 @@ def test_evaluate_on_a_run_whose_newest_checkpoint_is_damaged_names_the_intact_o
     import shlex
 
     run_dir = tmp_path / "run"
-    argv = ["train", "smoke", "max_steps=2", "checkpoint_every=1", "eval_every=0", f"run_dir={run_dir}"]
-    assert cli.main([*argv, *FAST]) == 0
-    newest = run_dir / "checkpoints" / "step-00000002.safetensors"
-    newest.write_bytes(newest.read_bytes()[:100])  # truncated
-    capsys.readouterr()
+    newest, intact = _run_with_its_newest_checkpoint_truncated(run_dir, capsys)
     assert cli.main(["evaluate", str(run_dir), "--on", "small-digits", "--limit", "20"]) == 1
     line = _error_line(capsys.readouterr().err, "evaluate")
-    intact = run_dir / "checkpoints" / "step-00000001.safetensors"
     assert f"{newest} is not a readable safetensors file" in line
     command = f"torchvote evaluate {shlex.quote(str(intact))}"
     assert line.endswith(f"the newest intact checkpoint is {intact}: {command}")
@@ -654,12 +660,7 @@ def test_evaluate_hint_quotes_a_path_with_a_space_and_is_left_out_where_nothing_
     import shlex
 
     run_dir = tmp_path / "my run"
-    argv = ["train", "smoke", "max_steps=2", "checkpoint_every=1", "eval_every=0", f"run_dir={run_dir}"]
-    assert cli.main([*argv, *FAST]) == 0
-    checkpoints = run_dir / "checkpoints"
-    newest, older = checkpoints / "step-00000002.safetensors", checkpoints / "step-00000001.safetensors"
-    newest.write_bytes(newest.read_bytes()[:100])  # truncated
-    capsys.readouterr()
+    newest, older = _run_with_its_newest_checkpoint_truncated(run_dir, capsys)
     assert cli.main(["evaluate", str(run_dir), "--on", "small-digits", "--limit", "20"]) == 1
     line = _error_line(capsys.readouterr().err, "evaluate")
     assert line.endswith(f": torchvote evaluate {shlex.quote(str(older))}") and "'" in line

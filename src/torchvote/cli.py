@@ -907,18 +907,14 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _intact_checkpoint_hint(location: str) -> str:
     """For a run or checkpoints folder whose newest checkpoint cannot be read: ``"; the newest
-    intact checkpoint is X: torchvote evaluate X"`` (the one ``train --resume`` goes on from, found
-    by the same search), or ``""`` for a file, or where none is intact."""
-    from torchvote.training.checkpoint import CheckpointError
-    from torchvote.training.results import find_resumable_checkpoint
+    intact checkpoint is X: torchvote evaluate X"`` (the one ``train --resume`` goes on from), or
+    ``""`` for a file, or where none is intact."""
+    from torchvote.training.evaluation import newest_intact_checkpoint
 
-    if not Path(location).expanduser().is_dir():
+    intact = newest_intact_checkpoint(location)
+    if intact is None:
         return ""
-    try:
-        paths, _, _ = find_resumable_checkpoint(Path(location).expanduser())
-    except CheckpointError:
-        return ""
-    weights = str(paths.weights)
+    weights = str(intact.weights)
     return f"; the newest intact checkpoint is {weights}: torchvote evaluate {shlex.quote(weights)}"
 
 

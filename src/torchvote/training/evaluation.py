@@ -395,18 +395,34 @@ def load_model_from_checkpoint(
     return model.to(device).eval(), spec, {**metadata, "path": str(paths.weights)}
 
 
-def _intact_one_beside(location: str | os.PathLike[str], failed: CheckpointPaths) -> str:
-    """For a folder whose latest checkpoint cannot be read: the newest one there that can (what a
-    resume goes on from), named for the user to pass instead; ``""`` for a file, or none."""
+def newest_intact_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths | None:
+    """For a run or checkpoints folder: its newest checkpoint that can be read, the one
+    ``train --resume`` goes on from (found by the same search); ``None`` for a file, or where none
+    is intact. What the messages about a damaged checkpoint name instead.
+
+    Args:
+        location: a run folder, its ``checkpoints/`` folder or a checkpoint's file.
+
+    Returns:
+        The intact checkpoint's paths, or ``None``.
+    """
     from torchvote.training.results import find_resumable_checkpoint
 
-    if not Path(location).expanduser().is_dir():
-        return ""
+    folder = Path(location).expanduser()
+    if not folder.is_dir():
+        return None
     try:
-        intact, _, _ = find_resumable_checkpoint(location)
+        intact, _, _ = find_resumable_checkpoint(folder)
     except CheckpointError:
-        return ""
-    if intact.weights == failed.weights:
+        return None
+    return intact
+
+
+def _intact_one_beside(location: str | os.PathLike[str], failed: CheckpointPaths) -> str:
+    """For a folder whose latest checkpoint cannot be read: the newest one there that can,
+    named for the user to pass instead; ``""`` for a file, or none."""
+    intact = newest_intact_checkpoint(location)
+    if intact is None or intact.weights == failed.weights:
         return ""
     return f". The newest intact checkpoint there is {intact.weights}: pass that file to read it"
 
