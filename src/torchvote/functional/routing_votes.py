@@ -480,10 +480,9 @@ class LinearVotes(_WeightTimesInputs):
           percent of one product each at CapsNet's shapes);
         - from tensors without storage (subclasses): no data pointer to tell a swap by.
         """
-        if torch.compiler.is_compiling():
-            weight, inputs = self.weight, self.inputs
-            return ("compiling", torch.is_grad_enabled(), weight.requires_grad, inputs.requires_grad)
         weight, inputs = self.weight, self.inputs
+        if torch.compiler.is_compiling():
+            return ("compiling", torch.is_grad_enabled(), weight.requires_grad, inputs.requires_grad)
         if under_autograd_transforms(weight, inputs):
             return None
         if weight.is_inference() or inputs.is_inference():
