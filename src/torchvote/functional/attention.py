@@ -238,8 +238,8 @@ def _softmax_attention(
     if is_causal:
         causal = causal_mask(receivers, senders, query.device)  # (i, j)
         allowed = causal if allowed is None else allowed & causal
-    # (..., i, 1), True for a query with nothing to attend to; causality alone leaves every
-    # query its first key.
+    # (..., i | 1, 1) (1 for a key-padding mask), True for a query with nothing to attend to;
+    # causality alone leaves every query its first key.
     dead = ~allowed.any(dim=-1, keepdim=True) if mask is not None else None
     logits = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., i, j)
     weights, grad = _softmax_(logits, additive, allowed, dead)  # (..., i, j)

@@ -103,7 +103,7 @@ def linear_dynamic_routing(
         if bias is not None:
             bias = bias.to(x.dtype).expand(shape).reshape(-1, receivers, out_dim).transpose(0, 1)  # (i, b, d)
         if iterations == 1:
-            sums = uniform_sum(votes).reshape(-1, receivers, out_dim).transpose(0, 1)
+            sums = uniform_sum(votes).reshape(-1, receivers, out_dim).transpose(0, 1)  # (i, b, d)
             outputs, later = squash(sums if bias is None else sums + bias, dim=-1), []
         elif plain_ops_required(x, flat, bias):  # the kernel's passes in einsums
             early = (x.detach(), flat.detach()) if detach_votes else (x, flat)
@@ -161,9 +161,9 @@ def _passes(
     receivers, out_dim, _ = flat.shape
     x_early, flat_early = (x, flat) if early is None else early
     w, w_early = flat.transpose(1, 2), flat_early.transpose(1, 2)  # (i, e*j, d)
-    # pass 0: c_ij = 1 / i, so s = (1 / i) W (x flattened): one product, no votes
+    # pass 0: c_ij = 1 / receivers, so s = W (x flattened) / receivers: one product, no votes
     s = (x_early.flatten(1) @ flat_early.flatten(0, 1).t()).div_(receivers)  # (b, i*d)
-    s = s.view(x.shape[0], receivers, out_dim).transpose(0, 1)
+    s = s.view(x.shape[0], receivers, out_dim).transpose(0, 1)  # (i, b, d): receivers first, as below
     sums, couplings, logits = [s], [], None
     for t in range(1, iterations):
         v = squash(s if bias is None else s + bias, dim=-1)
@@ -180,7 +180,7 @@ def _passes(
 
 class _Routing(torch.autograd.Function):
     """Procedure 1 on the votes ``W_ij u_j``, never formed: the ``(i, b, d)`` outputs and the
-    ``(i, b, j)`` couplings of passes ``1 .. r-1`` (pass 0's are the uniform ``1 / i``).
+    ``(i, b, j)`` couplings of passes ``1 .. r-1`` (pass 0's are the uniform ``1 / receivers``).
 
     ``x`` ``(b, e, j)`` are the inputs, ``flat`` ``(i, d, e*j)`` the weight; the per-receiver
     products of ``routing_votes`` read it as ``(i, e*j, d)``, a transposed view.
@@ -231,7 +231,7 @@ class _Routing(torch.autograd.Function):
                 grad_bias = grad_s if grad_bias is None else grad_bias + grad_s
             to_votes = t == iterations - 1 or not detach  # does this pass's sum reach the votes?
             if t == 0:
-                if to_votes:  # c = 1 / i: two products with the flat weight, shared by every receiver
+                if to_votes:  # c = 1 / receivers: two products with the flat weight, shared by every receiver
                     grad_s = grad_s.transpose(0, 1).flatten(1).div(receivers)  # (b, i*d)
                     if grad_x is not None:
                         grad_x.flatten(1).addmm_(grad_s, flat.flatten(0, 1))

@@ -7,7 +7,8 @@ a convolutional layer). Index legend of every einsum here::
 
     n  routing rows (batch, or batch x output positions)
     i  receivers (output capsules)        j  senders (input capsules)
-    h  pose entries (16 for 4x4 poses)
+    h  pose entries (16 for 4x4 poses; not heads, as in the operator's legend)
+    L  a convolutional layer's output positions (the period of the sender groups' rows)
 
 Procedure 1, in log space::
 

@@ -582,9 +582,9 @@ def open_rows_without_senders(mask: Tensor) -> tuple[Tensor, Tensor]:
     # than `any` / `|` on booleans and `isneginf().all()` / `masked_fill` on floats.
     if mask.dtype == torch.bool:
         as_bytes = mask.view(torch.uint8)
-        dead = as_bytes.amax(dim=-1, keepdim=True) == 0  # (..., i, 1)
+        dead = as_bytes.amax(dim=-1, keepdim=True) == 0  # (..., i | 1, 1), as the mask broadcasts
         return torch.maximum(as_bytes, dead.view(torch.uint8)).view(torch.bool), dead
-    dead = mask.amax(dim=-1, keepdim=True) == float("-inf")  # (..., i, 1); no NaN: checked
+    dead = mask.amax(dim=-1, keepdim=True) == float("-inf")  # (..., i | 1, 1); no NaN: checked
     floor = torch.zeros(dead.shape, dtype=mask.dtype, device=mask.device).masked_fill(~dead, float("-inf"))
     return torch.maximum(mask, floor), dead  # a dead row: max(-inf, 0) = 0; the others unchanged
 

@@ -275,7 +275,7 @@ def dynamic_routing(
         detach_votes: stop the gradient through the votes in every iteration but the last (a
             common speed-up of public implementations; not the paper's).
         bias: ``(batch..., out_caps, out_dim)`` (or broadcastable, e.g. ``(out_caps, out_dim)``)
-            added to ``s_j`` before the squash in every iteration, as in the authors' released
+            added to ``s_i`` before the squash in every iteration, as in the authors' released
             code.
         all_passes: return the couplings of every iteration stacked on a new leading axis.
 

@@ -1,6 +1,8 @@
-"""Capsule votes that are never materialised: ``u_hat_{j|i} = W_ij u_i`` kept as ``(W, u)``.
+"""Capsule votes that are never materialised: ``u_ij = W_ij u_j`` kept as ``(W, u)``.
 
-A capsule layer's votes are a linear map of its inputs, one matrix per (output, input) pair. The
+A capsule layer's votes are a linear map of its inputs, one matrix per (output, input) pair
+(Sabour et al. 2017, eq. 2, ``u_hat_{j|i} = W_ij u_i``; in torchvote's legend, below, the output
+capsule is the receiver ``i`` and the input capsule the sender ``j``, the paper's letters swapped). The
 voting loop only ever needs two things from them (see :class:`torchvote.functional.voting.Votes`):
 
 - the weighted sum ``s_i = sum_j c_ij W_ij u_j``, which is ``W`` contracted with the

@@ -88,7 +88,7 @@ def _float16_safe_product(product: Callable[..., Tensor], *operands: Tensor, sca
 
 
 def _dot(query: Tensor, key: Tensor) -> Tensor:
-    return torch.einsum("...ie,...je->...ij", query, key)  # (..., L, S)
+    return torch.einsum("...ie,...je->...ij", query, key)  # (..., i, j) = (..., L, S)
 
 
 def _general(query: Tensor, weight: Tensor, key: Tensor) -> Tensor:

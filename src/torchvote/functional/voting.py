@@ -10,12 +10,15 @@ Every method in torchvote is weighted voting that reaches a consensus:
 6. and the loop may run again, the agreement of each vote with the new outputs updating the
    logits (one pass: attention; r passes: dynamic routing, EM routing, slot attention).
 
-Index legend, used by every einsum in torchvote::
+Index legend, used by the operator's einsums and the attention and routing code built on it::
 
     b  batch                 h  heads (or capsule-type groups)
     i  receivers             (queries, output capsules, slots)
     j  senders               (keys, input capsules, pixels)
     d  features              (value / pose dimensions)
+
+EM routing's kernel (``functional/em_kernel.py``) and the matrix-capsule layers keep the letters of
+their own loops (``h`` pose entries, ``L`` patch positions), each said in its own legend.
 
 Weights always have shape ``(..., i, j)``. **The one axis choice that separates attention from
 routing:** ``normalize_over="senders"`` applies the softmax over ``j`` (every receiver distributes
@@ -651,7 +654,7 @@ def vote(
         is_causal: receivers ``i`` may only hear senders ``j <= i`` (attention; top-left
             aligned, as in ``F.scaled_dot_product_attention``).
         sender_weights: ``(..., j)`` non-negative activations multiplying each sender's weights
-            after normalisation (EM routing's ``a_i``).
+            after normalisation (EM routing's input activations ``a_j``).
         bias: ``(..., i, d)`` added to the aggregate before the nonlinearity.
         initial_outputs: ``(..., i, d)`` passed to a callable nonlinearity as the previous
             outputs in the first pass (slot attention's initial slots).
@@ -757,7 +760,7 @@ def vote(
         else None  # "replace" drops the initial logits, so the float mask is added anew
     if bool_mask is not None:
         initial = initial.masked_fill(~bool_mask, float("-inf"))
-    axis = -1 if normalize_over == "senders" else -2
+    axis = -1 if normalize_over == "senders" else -2  # -1: over j (attention); -2: over i (routing)
     # From b_ij = 0 with no mask every logit stays finite: the plain softmax (one fused kernel,
     # fewer passes over the (..., i, j) logits) gives what masked_softmax would.
     softmax = _finite_softmax if logits is None and mask is None and not is_causal else masked_softmax
@@ -768,10 +771,10 @@ def vote(
     for t in range(iterations):
         last = t == iterations - 1
         cast = votes if (last or not detach_votes) else votes.detach()
-        weights = softmax(current, axis).to(votes.dtype)
+        weights = softmax(current, axis).to(votes.dtype)  # (..., i, j), summing to 1 over axis
         vote_weights = weights
         if sender_weights is not None:
-            vote_weights = vote_weights * sender_weights.unsqueeze(-2)
+            vote_weights = vote_weights * sender_weights.unsqueeze(-2)  # (..., j) -> (..., 1, j)
         if dropout_p > 0.0:  # contiguous: the mask's draws follow memory order, and the weights'
             # layout follows the logits' (a score function may return them permuted, as an einsum
             # can): the same seed gives the same mask whatever the layout
@@ -781,7 +784,7 @@ def vote(
         aggregated = cast.weighted_sum(vote_weights)  # (..., i, d)
         if bias is not None:
             aggregated = aggregated + bias
-        outputs = update_fn(aggregated, previous)
+        outputs = update_fn(aggregated, previous)  # (..., i, d)
         if record:
             result.weights.append(weights)
             result.logits.append(current)
@@ -824,7 +827,7 @@ def _fused_softmax_attention(
     if dtype == torch.float32 and autocast_enabled(queries.device.type):
         dtype = torch.get_autocast_dtype(queries.device.type)
     mask, is_causal = fused_kernel_mask(mask, is_causal, queries.shape[-2], keys.shape[-2], dtype)
-    dead = None  # (..., i, 1): queries with no sender (causality alone leaves each its first)
+    dead = None  # (..., i | 1, 1): queries with no sender (causality alone leaves each its first)
     if mask is not None:
         mask, dead = open_rows_without_senders(mask)
     # the fused kernels have no forward-mode AD: under torch.func transforms, the math one

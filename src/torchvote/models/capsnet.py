@@ -9,10 +9,11 @@ The network of sec. 4 (Fig. 1 and 2), every size from :class:`CapsNetConfig`:
    ``primary_stride`` (32 types of 8-D, 9x9, stride 2: a 6x6 grid, 1152 capsules on 28x28 inputs;
    the count is computed from the convolution arithmetic, :attr:`CapsNetConfig.num_primary_caps`);
 3. ``DigitCaps``: :class:`~torchvote.nn.capsules.CapsuleLinear`, one ``class_dim``-D capsule per
-   class (10 x 16-D), votes ``u_hat_j|i = W_ij u_i`` (eq. 2) routed by ``router`` (dynamic
+   class (10 x 16-D), votes ``u_ij = W_ij u_j`` (eq. 2, with the paper's letters swapped: ``i`` the
+   class capsule, ``j`` the primary capsule, as everywhere in torchvote) routed by ``router`` (dynamic
    routing, Procedure 1, ``iterations`` = 3, by default; any name of
    :func:`torchvote.functional.routing.list_routers`);
-4. the class scores are the lengths ``||v_j||`` of the class capsules (sec. 2: "the length of the
+4. the class scores are the lengths ``||v_i||`` of the class capsules (sec. 2: "the length of the
    output vector of a capsule [is] the probability that the entity ... exists"), trained with the
    margin loss (eq. 4, ``loss="margin"``);
 5. the decoder (sec. 4.1, Fig. 2): all class capsules but one are masked to zero, and three fully

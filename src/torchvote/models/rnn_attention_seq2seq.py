@@ -485,7 +485,7 @@ class RNNAttentionSeq2Seq(nn.Module):
         if under_autograd_transforms(inputs, hidden):  # nn.GRU fails in vmap's batching fallback
             state, hidden = _plain_gru(self.decoder, inputs, hidden)
         else:  # (the call stays in this function: tests/test_graph_breaks.py pins its graph break)
-            state, hidden = self.decoder(inputs, hidden)  # (b, 1, H)
+            state, hidden = self.decoder(inputs, hidden)  # state (b, 1, H), hidden (layers, b, H)
         readout = torch.tanh(self.readout(torch.cat([state, context, embedded], dim=-1)))
         return self.output(self.dropout(readout)), hidden, None, weights
 
@@ -499,7 +499,7 @@ class RNNAttentionSeq2Seq(nn.Module):
         if under_autograd_transforms(inputs, hidden):  # nn.GRU fails in vmap's batching fallback
             state, hidden = _plain_gru(self.decoder, inputs, hidden)
         else:
-            state, hidden = self.decoder(inputs, hidden)  # (b, 1, H)
+            state, hidden = self.decoder(inputs, hidden)  # state (b, 1, H), hidden (layers, b, H)
         context, weights = self.attention(state, memory, key_mask=source_mask)  # (b, 1, M), (b, 1, s)
         attentional = torch.tanh(self.combine(torch.cat([context, state], dim=-1)))  # (b, 1, H)
         return self.output(self.dropout(attentional)), hidden, attentional, weights
@@ -559,7 +559,7 @@ class RNNAttentionSeq2Seq(nn.Module):
         for t in range(target_input.shape[1]):
             step_logits, hidden, feed, step_weights = self._step(
                 embedded[:, t : t + 1], hidden, feed, memory, source_mask
-            )  # (b, 1, vocab), (b, 1, s)
+            )  # step_logits (b, 1, vocab), hidden (layers, b, H), step_weights (b, 1, s)
             logits.append(step_logits)
             weights.append(step_weights)
         all_logits = torch.cat(logits, dim=1)  # (b, t, vocab)

@@ -347,7 +347,7 @@ class MultiHeadAttention(nn.Module):
 
         if cache is not None and cache.filled:  # keys and values of a fixed memory: reused
             q = _split_heads(self.in_proj.project_query(query), self.num_heads)  # (b, h, i, d)
-            k, v = cache.keys, cache.values  # (b, h, S, d)
+            k, v = cache.keys, cache.values  # (b, h, j, d)
         else:
             q, k, v = self.in_proj(query, key, value)  # (b, L, E), (b, S, E), (b, S, E)
             q = _split_heads(q, self.num_heads)  # (b, h, i, d)

@@ -19,7 +19,8 @@ jointly over every output capsule of every patch that contains it, as the paper'
 over the output capsules of each patch separately (every patch routes on its own).
 
 Index legend: ``b`` batch, ``l`` output positions, ``j`` input capsules of a patch, ``i`` output
-capsule types, ``t`` input capsule types, ``p q r`` pose matrix rows/columns.
+capsule types, ``t`` input capsule types, ``h w`` grid rows/columns (not heads, as elsewhere),
+``p q r`` pose matrix rows/columns, ``L`` a grid's patch positions (not a query length).
 
 (Over 400 lines: the three layers of the paper's architecture and their shared checks.)
 """

@@ -3,7 +3,9 @@
 Attention is one pass of weighted voting; dynamic routing is the same vote repeated, each pass
 raising the logit of every vote that agrees with the consensus it helped form ("Self-Attention is
 fundamentally a Weighted Voting", Mr. For Example, 2023; Sabour, Frosst & Hinton 2017, "Dynamic
-Routing Between Capsules", Procedure 1, line 7: ``b_ij <- b_ij + u_hat_j|i . v_j``).
+Routing Between Capsules", Procedure 1, line 7, ``b_ij <- b_ij + u_hat_j|i . v_j`` in the paper's
+letters; in this module's legend, below, ``b_ij <- b_ij + u_ij . out_i`` for output ``i`` and the
+vote ``u_ij`` of input ``j``).
 :class:`RoutingAttention` makes that claim testable inside a Transformer: it has exactly the
 projections and the ``forward`` of :class:`~torchvote.nn.MultiHeadAttention` (it inherits them and
 overrides only the voting step ``_attend``, so one can replace the other through the transformer
