@@ -774,7 +774,7 @@ def vote(
         weights = softmax(current, axis).to(votes.dtype)  # (..., i, j), summing to 1 over axis
         vote_weights = weights
         if sender_weights is not None:
-            vote_weights = vote_weights * sender_weights.unsqueeze(-2)  # (..., j) -> (..., 1, j)
+            vote_weights = vote_weights * sender_weights.unsqueeze(-2)  # (..., i, j) * (..., 1, j)
         if dropout_p > 0.0:  # contiguous: the mask's draws follow memory order, and the weights'
             # layout follows the logits' (a score function may return them permuted, as an einsum
             # can): the same seed gives the same mask whatever the layout

@@ -833,7 +833,7 @@ class TransformerEncoderLayer(_TransformerLayer):
 
         x, weights = self._residual(inputs, self.attention_norm, attend)  # (b, T, E)
         x, _ = self._residual(x, self.feedforward_norm, self._feedforward)  # (b, T, E)
-        x = _batch_first(x, self.batch_first)  # (b, T, E), from (T, b, E) for a sequence-first layer
+        x = _batch_first(x, self.batch_first)  # (b, T, E), or back to (T, b, E) for a sequence-first layer
         if not return_intermediates:
             return x
         return x, AttentionIntermediates({"self_attention": weights})
@@ -986,7 +986,7 @@ class TransformerDecoderLayer(_TransformerLayer):
         x, self_weights = self._residual(target, self.self_attention_norm, self_attend)  # (b, T, E)
         x, cross_weights = self._residual(x, self.cross_attention_norm, cross_attend)  # (b, T, E)
         x, _ = self._residual(x, self.feedforward_norm, self._feedforward)  # (b, T, E)
-        x = _batch_first(x, self.batch_first)  # (b, T, E), from (T, b, E) for a sequence-first layer
+        x = _batch_first(x, self.batch_first)  # (b, T, E), or back to (T, b, E) for a sequence-first layer
         if not return_intermediates:
             return x
         return x, AttentionIntermediates({"self_attention": self_weights, "cross_attention": cross_weights})
