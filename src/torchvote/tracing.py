@@ -41,9 +41,10 @@ def plain_ops_required(*tensors: Tensor | None) -> bool:
     """Whether torchvote's blocked kernels must give way to plain differentiable operations.
 
     The kernels (:mod:`~torchvote.functional.routing_votes`,
-    :mod:`~torchvote.functional.dynamic_kernel`, :mod:`~torchvote.functional.em_kernel`, the
-    float16 attention weights of :mod:`~torchvote.functional.attention`) are autograd Functions
-    that write into buffers they allocate. Under a ``torch.func`` transform (``vmap``, ``grad``,
+    :mod:`~torchvote.functional.dynamic_kernel`, :mod:`~torchvote.functional.em_kernel`) are
+    autograd Functions that write into buffers they allocate; the attention weights of
+    :mod:`~torchvote.functional.attention`, formed without a gradient, are a softmax written over
+    the logits (``out=``). Under a ``torch.func`` transform (``vmap``, ``grad``,
     ``jacrev``, ``jvp``, per-sample gradients) they cannot run: a transform rejects a Function
     without ``setup_context``, ``vmap`` cannot batch an ``out=`` product or an in-place write of a
     batched value into an unbatched buffer. Forward-mode AD needs a ``jvp`` they do not have.

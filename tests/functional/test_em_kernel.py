@@ -188,6 +188,27 @@ def test_blocked_double_backward_raises_clearly():
         torch.autograd.grad(loss_of(poses, activations), inputs, create_graph=True)
 
 
+def test_blocked_batched_gradients_raise_clearly_and_vectorized_gives_them():
+    """A batched backward (is_grads_batched: the backward alone under vmap) failed inside blocked's
+    out= products ("Batching rule not implemented for aten::bmm.out"); vectorized's rows equal
+    one backward each."""
+    votes, activations, beta_u, beta_a = sample(4)
+    votes = votes.detach().requires_grad_()
+
+    def batched(strategy):
+        _, out = em_routing_kernel(votes, activations, beta_u, beta_a, inverse_temperatures=[0.5, 1.0],
+                                   strategy=strategy)
+        out = out.flatten()
+        rows = torch.stack([torch.autograd.grad(value, votes, retain_graph=True)[0] for value in out])
+        eye = torch.eye(out.numel(), dtype=out.dtype)
+        return torch.autograd.grad(out, votes, eye, is_grads_batched=True)[0], rows
+
+    with pytest.raises(RuntimeError, match="one gradient at a time.*vectorized.*is_grads_batched"):
+        batched("blocked")
+    gradients, rows = batched("vectorized")
+    torch.testing.assert_close(gradients, rows, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("wanted", [slice(None), slice(1, 2)])  # every gradient, one gradient
 def test_blocked_frees_every_block_after_backward(monkeypatch, wanted):
     """A training step must not leak: each block's statistics (and the workspace they view) are

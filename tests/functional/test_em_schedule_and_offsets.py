@@ -78,6 +78,21 @@ def test_a_bool_inverse_temperature_is_refused():
         inverse_temperature_schedule(lambda t: True, 2)
 
 
+def test_an_inverse_temperature_that_would_want_a_gradient_is_refused():
+    """The schedule is made of floats: a tensor that requires a gradient lost it (autograd's "not
+    used in the graph" later; under torch.func.grad a silent 0 where a finite difference gives
+    about -0.2). Refused; the same tensor without a gradient is a number as any other."""
+    votes, a_in = torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.rand(2, 4, dtype=torch.float64)
+    learned = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    for value in (learned, [0.1, learned], lambda t: learned):
+        with pytest.raises(TypeError, match="inverse_temperature.*requires a gradient"):
+            em_routing(votes, a_in, 0.0, 0.0, iterations=2, inverse_temperature=value)
+    with pytest.raises(TypeError, match="inverse_temperature.*torch.func"):
+        torch.func.grad(lambda lam: em_routing(votes, a_in, 0.0, 0.0, iterations=2, strategy="vectorized",
+                                               inverse_temperature=lam)[1].sum())(torch.tensor(0.5))
+    assert inverse_temperature_schedule(learned.detach(), 2) == [0.5, 0.5]
+
+
 def test_activations_of_the_right_size_but_the_wrong_shape_are_refused():
     """``(in_caps, batch)`` activations hold as many numbers as ``(batch, in_caps)`` ones: refused
     by shape, never reshaped into the wrong inputs' weights."""

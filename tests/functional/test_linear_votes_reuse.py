@@ -154,6 +154,34 @@ def test_weight_data_assigned_between_calls(routing, options):
     _check_against_fresh(layer, inputs, _route(layer, votes))
 
 
+@pytest.mark.parametrize(("routing", "options"), ROUTERS[:5], ids=ROUTER_IDS[:5])
+def test_weight_data_assigned_again_and_again_between_calls(routing, options):
+    """Weight decay written as ``w.data = w.data * 0.9``: once the old data is freed the allocator
+    soon hands its address to new data (2-3 assignments here), and the key's data pointer and
+    unchanged version then read the old layouts as current (inverted dot-product: outputs off by
+    5e-2, the weight's gradient by 2e1). Assigned until the first call's address comes back (it
+    may not: the kept layouts hold their source's storage), then checked against fresh votes."""
+    layer, inputs = _layer(routing, options), _inputs()
+    votes = layer.votes(inputs)
+    _route(layer, votes)
+    address = layer.weight.data_ptr()
+    for _ in range(50):
+        layer.weight.data = layer.weight.data * 0.9
+        if layer.weight.data_ptr() == address:
+            break
+    _check_against_fresh(layer, inputs, _route(layer, votes))
+
+
+def test_two_calls_with_their_own_backward_share_the_kept_graph_as_documented():
+    """A distance agreement's kept squared norms carry their einsums' graph into the next call
+    (LinearVotes' docstring): with retain_graph=True on the first backward, the second call's
+    gradients are fresh votes' gradients."""
+    layer, inputs = _layer("dynamic", {"agreement": "distance"}), _inputs()
+    votes = layer.votes(inputs)
+    _loss(_route(layer, votes)).backward(retain_graph=True)
+    _check_against_fresh(layer, inputs, _route(layer, votes))
+
+
 @pytest.mark.parametrize(("routing", "options"), ROUTERS, ids=ROUTER_IDS)
 def test_inputs_switched_to_requires_grad_between_calls(routing, options):
     layer, inputs = _layer(routing, options), _inputs(requires_grad=False)

@@ -169,6 +169,30 @@ def test_double_backward_needs_materialised_votes_and_the_streamed_ones_say_so(r
     assert (second * direction).sum().item() == pytest.approx((above - below) / 2e-6, rel=1e-4)
 
 
+@pytest.mark.parametrize("routing", ["dynamic", "inverted_dot_product"])
+@pytest.mark.parametrize("batched", ["is_grads_batched", "jacobian"])
+def test_batched_gradients_need_materialised_votes_and_the_streamed_ones_say_so(routing, batched):
+    """Batched gradients run the backward alone under vmap (the forward ran on the kernels): the
+    streamed products failed inside with "Batching rule not implemented for aten::alias".
+    Materialised votes give every row of the Jacobian, each equal to its own backward."""
+    torch.manual_seed(0)
+    layer = CapsuleLinear(5, 4, 3, 4, routing=routing, strategy="stream", init_std=0.5, dtype=torch.float64)
+    x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+
+    def jacobian() -> torch.Tensor:  # (2 * 4, 2, 5, 4): d(outputs' sums) / d(inputs)
+        if batched == "jacobian":
+            return torch.autograd.functional.jacobian(lambda x: layer(x).sum(-1).flatten(), x, vectorize=True)
+        out = layer(x).sum(-1).flatten()
+        return torch.autograd.grad(out, x, torch.eye(out.numel(), dtype=x.dtype), is_grads_batched=True)[0]
+
+    with pytest.raises(RuntimeError, match="one gradient at a time.*'materialize'.*is_grads_batched"):
+        jacobian()
+    layer.strategy = "materialize"
+    out = layer(x).sum(-1).flatten()
+    rows = torch.stack([torch.autograd.grad(value, x, retain_graph=True)[0] for value in out])
+    torch.testing.assert_close(jacobian(), rows, rtol=1e-12, atol=1e-12)
+
+
 def test_an_unknown_strategy_is_rejected_by_name():
     with pytest.raises(ValueError, match="strategy"):
         CapsuleLinear(7, 3, 4, 5, strategy="fast")

@@ -53,7 +53,8 @@ reference), with the joint normalisation added and a choice of strategy (``"bloc
 ``logsigmoid``), so no variance, probability or activation underflows to zero and no gradient
 becomes NaN. Gradients are exact for any order and subset of ``backward`` /
 ``torch.autograd.grad`` calls; double backward works with ``strategy="vectorized"`` and raises a
-clear ``RuntimeError`` with ``"blocked"`` (the CPU default) and ``"compiled"``. ``torch.func``
+clear ``RuntimeError`` with ``"blocked"`` (the CPU default) and ``"compiled"``, as batched gradients
+(``is_grads_batched=True``, ``jacobian`` with ``vectorize=True``) do with ``"blocked"``. ``torch.func``
 transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``, per-sample gradients) and forward-mode AD run
 the vectorized loop: ``"auto"`` picks it under them, and ``"blocked"``, asked for by name, raises.
 """
@@ -149,9 +150,19 @@ def inverse_temperature_schedule(inverse_temperature: InverseTemperature, iterat
     Raises:
         ValueError: a sequence of the wrong length, or a value that is not finite and >= 0.
         TypeError: ``inverse_temperature`` neither a callable, a real number nor a sequence of
-            them (a bool is not a number here: ``True`` would have been a constant 1.0).
+            them (a bool is not a number here: ``True`` would have been a constant 1.0); a tensor
+            that requires a gradient or is traced by a ``torch.func`` transform (the schedule is
+            made of floats: no gradient could reach it).
     """
     def as_value(value: object, returned_by: int | None = None) -> float:
+        if isinstance(value, Tensor) and (
+            value.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(value)
+        ):
+            raise TypeError(
+                "inverse_temperature is a schedule of constants: a tensor that requires a gradient (or "
+                "is traced by a torch.func transform) would silently get none; pass float(value), and "
+                "learn the activations' scale through beta_a"
+            )
         if not isinstance(value, (bool, str, bytes)):
             try:
                 return float(value)  # type: ignore[arg-type]  # numpy and 0-d tensor scalars too
@@ -282,7 +293,8 @@ def em_routing(
         beta_a: the activation offset, as ``beta_u``.
         iterations: EM iterations (the paper uses 3); at least 1.
         inverse_temperature: ``lambda_t``: a callable of the 0-based iteration, a sequence of one
-            value per iteration, or a constant. Default :func:`default_inverse_temperature`,
+            value per iteration, or a constant; numbers, not learned (a tensor that requires a
+            gradient is refused). Default :func:`default_inverse_temperature`,
             ``0.01 (1 - 0.95^(t+1))``.
         eps: added to every variance, so that a single vote or identical votes give a finite
             ``log sigma`` (the weighted mean divides by ``sum_j R_ij a_j`` itself; a receiver no
@@ -332,12 +344,14 @@ def em_routing(
             tensor; ``beta_u`` or ``beta_a`` neither a real number nor a tensor; ``activations``
             not floating point, or not of the votes' dtype (outside ``torch.autocast``: float64
             activations beside float32 votes were taken silently); ``return_assignments`` or
-            ``all_passes`` not a bool.
+            ``all_passes`` not a bool; an ``inverse_temperature`` that is not made of numbers, or a
+            tensor that requires a gradient (:func:`inverse_temperature_schedule`).
         ArgumentTypeError: (a ``TypeError`` and a ``ValueError``, as every routing function's)
             a votes tensor that is not floating point; ``sender_groups`` that are not an int32 or
             int64 tensor.
         RuntimeError: (at double backward) differentiating the ``"blocked"`` or ``"compiled"``
-            strategy's gradient again (for ``"compiled"``, torch's own error); (at backward)
+            strategy's gradient again (for ``"compiled"``, torch's own error); (at a batched
+            backward) ``"blocked"``'s gradients asked for in a batch; (at backward)
             ``"compiled"`` on a CPU after the factors of :class:`PerSenderVotes` whose blocks it
             forms again (past 512 MiB) were modified in place since forward;
             ``strategy="blocked"`` under ``torch.export``, a ``torch.func`` transform (``vmap``,

@@ -57,7 +57,8 @@ forward-mode AD; ``"compiled"`` is only ever an explicit choice):
   writes that block's gradient. Peak memory is one gradient of the votes plus one block's
   temporaries; with :class:`PerSenderVotes` (a convolutional layer's votes, not yet formed) each
   block's votes are formed in a reused buffer and neither the votes nor their gradient exist
-  whole. Backward once only: double backward raises (use ``"vectorized"``), and so do
+  whole. Backward once only, one gradient at a time: double backward and batched gradients
+  (``is_grads_batched=True``, ``vectorize=True``) raise (use ``"vectorized"``), and so do
   ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``) and forward-mode AD, which
   ``"auto"`` gives the vectorized loop. An eager kernel:
   under ``torch.compile`` it runs as one opaque call (one graph break), and ``"auto"`` picks
@@ -582,9 +583,11 @@ class _BlockedEM(torch.autograd.Function):
 
     @staticmethod
     @refuse_double_backward(
-        "em_routing(strategy='blocked') can be differentiated once only (its backward recomputes "
-        "each block and is not itself differentiable); use EM's strategy='vectorized' for double "
-        "backward (create_graph=True): em_routing(..., strategy='vectorized'), EMRouter(strategy="
+        "em_routing(strategy='blocked') can be differentiated once only, one gradient at a time (its "
+        "backward recomputes each block and is neither differentiable nor batchable); use EM's "
+        "strategy='vectorized' for double backward (create_graph=True) and batched gradients "
+        "(is_grads_batched=True, jacobian or hessian with vectorize=True): em_routing(..., "
+        "strategy='vectorized'), EMRouter(strategy="
         "'vectorized'), or router_options={'strategy': 'vectorized'} of a capsule layer or model"
     )
     def backward(ctx: FunctionCtx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:

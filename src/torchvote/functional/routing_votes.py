@@ -148,9 +148,10 @@ def _exact(method: Callable[..., _T]) -> Callable[..., _T]:
 # Every streamed-votes backward: it recomputes the products and is not itself differentiable.
 differentiable_once = refuse_double_backward(
     "capsule votes streamed without being formed (LinearVotes: CapsuleLinear's strategy='stream', "
-    "what strategy='auto' picks on a CPU) can be differentiated once only: their backward recomputes "
-    "the products and is not itself differentiable; use strategy='materialize' for double backward "
-    "(create_graph=True)"
+    "what strategy='auto' picks on a CPU) can be differentiated once only, one gradient at a time: "
+    "their backward recomputes the products and is neither differentiable nor batchable; use "
+    "strategy='materialize' for double backward (create_graph=True) and batched gradients "
+    "(is_grads_batched=True, jacobian or hessian with vectorize=True)"
 )
 
 
@@ -403,10 +404,18 @@ class LinearVotes(_WeightTimesInputs):
     the input capsule the sender ``j``). :meth:`weighted_sum` and :meth:`dot` are computed from
     ``weight`` and ``inputs`` directly, each a batched matrix product per receiver over
     cache-sized blocks, with hand-written first-order gradients that recompute rather than store
-    (double backward raises a RuntimeError that says so; use :meth:`materialize` and
-    :class:`~torchvote.functional.voting.PairwiseVotes` for that). Under ``torch.func``
-    transforms and forward-mode AD the two products run as einsums instead (see
-    :func:`~torchvote.tracing.plain_ops_required`): the same numbers, the memory of materialised votes.
+    (double backward and batched gradients raise a RuntimeError that says so; use
+    :meth:`materialize` and :class:`~torchvote.functional.voting.PairwiseVotes` for that). Under
+    ``torch.func`` transforms and forward-mode AD the two products run as einsums instead (see
+    :func:`~torchvote.tracing.plain_ops_required`): the same numbers, the memory of materialised
+    votes.
+
+    One object may be routed by several calls (``explain`` routes a layer's votes for each prefix
+    of the passes): what it keeps between them is formed again whenever weight or inputs changed.
+    With gradients on, the calls share the graph of what was kept, as calls on one votes tensor
+    share the product that formed it: the squared norms a distance agreement reads keep their
+    einsums' inputs, so a second call's backward after the first's needs ``retain_graph=True``
+    there (autograd's "backward through the graph a second time" otherwise).
 
     Args:
         weight: ``(i, j, d, e)``: the matrix taking input capsule ``j`` (``e`` features) to its
@@ -437,8 +446,8 @@ class LinearVotes(_WeightTimesInputs):
         self.inputs = inputs
         self.batch_shape = tuple(inputs.shape[:-2])
         self.receivers, self.senders, self.out_dim, self.in_dim = receivers, senders, out_dim, in_dim
-        # what _kept made, by name: (weight, inputs, key, tensor)
-        self._kept_tensors: dict[str, tuple[Tensor, Tensor, tuple, Tensor]] = {}
+        # what _kept made, by name: (weight, inputs, key, their storages held, tensor)
+        self._kept_tensors: dict[str, tuple[Tensor, Tensor, tuple, tuple[Tensor, ...], Tensor]] = {}
 
     # The GEMM layouts and the squared norms are small tensors made from weight and inputs that a
     # router reads several times per call (every pass's products read both layouts). They are
@@ -460,7 +469,9 @@ class LinearVotes(_WeightTimesInputs):
         inference tensor, ``requires_grad`` (a leaf may be switched) whether the graph reaches
         the sources; a version counter is bumped by every in-place change (an optimizer step,
         ``copy_`` under no_grad); the data pointer moves where ``.data`` is assigned (which
-        ``Module.to``/``.double()`` do on parameters and which leaves the version as it was).
+        ``Module.to``/``.double()`` do on parameters and which leaves the version as it was): an
+        entry holds its sources' storages (:meth:`_kept`), so the allocator cannot hand their
+        addresses to the new data while the entry could be read.
         In-place changes made through ``.data`` escape the version counter, as they escape
         autograd's own check of saved tensors: they are not seen here either.
 
@@ -506,15 +517,21 @@ class LinearVotes(_WeightTimesInputs):
     def _kept(self, name: str, form: Callable[[], Tensor]) -> Tensor:
         """``form()``, made once and kept under ``name`` while weight and inputs are the same
         tensors, unchanged, and the modes the same (:meth:`_key`); made again otherwise (and then
-        kept in place of the old one, whose graph is let go)."""
+        kept in place of the old one, whose graph and held storages are let go).
+
+        The entry holds detached aliases of weight and inputs: with their storages alive, data
+        assigned through ``.data`` (a ``Module.to`` there and back, weight decay written as
+        ``w.data = w.data * 0.9``) cannot land at the old address, where the key's data pointers
+        and unchanged version would have read the old layouts as current."""
         key = self._key()
         if key is None:
             return form()
         kept = self._kept_tensors.get(name)
         if kept is not None and kept[0] is self.weight and kept[1] is self.inputs and kept[2] == key:
-            return kept[3]
+            return kept[4]
         tensor = form()
-        self._kept_tensors[name] = (self.weight, self.inputs, key, tensor)
+        held = () if key[0] == "compiling" else (self.weight.detach(), self.inputs.detach())
+        self._kept_tensors[name] = (self.weight, self.inputs, key, held, tensor)
         return tensor
 
     @property

@@ -375,15 +375,23 @@ def routed_in_dtype(dtype: torch.dtype, *results: Tensor | None) -> tuple[Tensor
 
 
 def refuse_double_backward(message: str) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
-    """Decorate a custom autograd backward that is not itself differentiable so that a backward
-    asked for a graph of its own (``create_graph=True``: a gradient penalty, a second derivative)
-    raises ``RuntimeError(message)`` at once. Under ``once_differentiable`` alone the first
-    derivative came back silently detached, and the second failed later with autograd's "appears
-    to not have been used in the graph". Not checked while ``torch.compile`` traces the backward
-    (it decides its own grad mode there).
+    """Decorate a custom autograd backward that is neither differentiable nor batchable so that it
+    raises ``RuntimeError(message)`` at once where it is asked to be either.
+
+    - A backward asked for a graph of its own (``create_graph=True``: a gradient penalty, a second
+      derivative): under ``once_differentiable`` alone the first derivative came back silently
+      detached, and the second failed later with autograd's "appears to not have been used in the
+      graph".
+    - A backward run under ``vmap`` (batched gradients: ``torch.autograd.grad(...,
+      is_grads_batched=True)``, ``torch.autograd.functional.jacobian`` or ``hessian`` with
+      ``vectorize=True``): the forward ran unbatched, on the kernels, so only the backward sees
+      the transform, and its ``out=`` products failed deep inside with "Batching rule not
+      implemented".
+
+    Not checked while ``torch.compile`` traces the backward (it decides its own grad mode there).
 
     Args:
-        message: what cannot be differentiated twice, and what to use instead.
+        message: what cannot be differentiated twice or in batches, and what to use instead.
 
     Returns:
         The decorator.
@@ -392,13 +400,22 @@ def refuse_double_backward(message: str) -> Callable[[Callable[..., _T]], Callab
     def decorate(backward: Callable[..., _T]) -> Callable[..., _T]:
         @functools.wraps(backward)
         def run(ctx: Any, *grads: Tensor | None) -> _T:
-            if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and (torch.is_grad_enabled() or _batched(grads)):
                 raise RuntimeError(message)
             return backward(ctx, *grads)
 
         return run
 
     return decorate
+
+
+def _batched(grads: tuple[Tensor | None, ...]) -> bool:
+    """Whether a backward runs under ``vmap``: a ``torch.func`` transform, or the batched tensors
+    of the older vmap that ``is_grads_batched`` and ``vectorize=True`` use (torch/_vmap_internals.py)."""
+    if torch._C._are_functorch_transforms_active():
+        return True
+    is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return is_legacy_batched is not None and any(g is not None and is_legacy_batched(g) for g in grads)
 
 
 def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tensor:

@@ -186,11 +186,12 @@ class CapsuleLinear(nn.Module):
     ``strategy`` chooses (see :mod:`torchvote.nn.routing_strategy`). Every strategy gives the same
     numbers; they differ in speed and memory by device, and in one more way: votes that are never
     formed (``"stream"``, what ``"auto"`` picks on a CPU) can be differentiated once only, so a
-    gradient penalty or any double backward (``create_graph=True``) needs ``"materialize"``
-    (``"stream"`` refuses it with a RuntimeError that says so; the slot router, which forms its
-    own, is not concerned). EM routing, which needs the votes elementwise, materialises them
-    whatever the strategy; its own kernel is differentiated once too, so a double backward through
-    it also needs ``router_options={"strategy": "vectorized"}`` (its RuntimeError says so).
+    gradient penalty or any double backward (``create_graph=True``), and batched gradients
+    (``is_grads_batched=True``, ``jacobian`` or ``hessian`` with ``vectorize=True``), need
+    ``"materialize"`` (``"stream"`` refuses them with a RuntimeError that says so; the slot router,
+    which forms its own, is not concerned). EM routing, which needs the votes elementwise, materialises them
+    whatever the strategy; its own kernel is differentiated once too, so a double or batched
+    backward through it also needs ``router_options={"strategy": "vectorized"}`` (its RuntimeError says so).
 
     Args:
         in_caps: input capsules ``j``.
