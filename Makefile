@@ -30,12 +30,13 @@ $(STAMP_DEV): $(STAMP_RUN)
 	touch $@
 
 # README's other commands run the `torchvote` of .venv, which is not on PATH: say how to reach it
-# (a first `torchvote list` after `make run` was "command not found").
-VENV_HINT = @echo "torchvote is installed in $(VENV): run '. $(VENV)/bin/activate' (or $(BIN)/torchvote) for README's other commands"
+# (a first `torchvote list` after `make run` was "command not found"), after the main job however
+# it ended: a stopped one prints `torchvote train --resume ...` to go on (the trap lets the shell
+# outlive a Ctrl-C that the command handles; its exit status is kept).
+VENV_HINT = echo "torchvote is installed in $(VENV): run '. $(VENV)/bin/activate' (or $(BIN)/torchvote) for README's other commands"
 
 run: $(STAMP_RUN)
-	$(BIN)/torchvote main
-	$(VENV_HINT)
+	@trap true INT TERM; $(BIN)/torchvote main; status=$$?; $(VENV_HINT); exit $$status
 
 test: $(STAMP_DEV)
 	if [ "$(BROWSER)" != no ]; then sh .ci/install-browser.sh $(BIN)/python; fi
@@ -48,7 +49,7 @@ test-cuda: $(STAMP_DEV)
 
 demo: $(STAMP_RUN)
 	$(BIN)/torchvote demo
-	$(VENV_HINT)
+	@$(VENV_HINT)
 
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/attention.py

@@ -736,31 +736,43 @@ def test_a_missing_optional_dependency_is_one_line(tmp_path, capsys, monkeypatch
     code, _, err = run(capsys, "data", "affnist", "--verify", "--root", str(tmp_path))
     assert code == 1 and err.strip().splitlines() == [
         "torchvote data: error: reading affNIST's .mat files needs scipy, the 'affnist' extra: pip install "
-        '-e ".[affnist]" from the checkout (or pip install scipy)'
+        '"torchvote[affnist]" (or pip install scipy)'
     ]
 
 
-def test_make_run_says_where_the_torchvote_command_is(tmp_path):
-    # README's next command, `torchvote list`, was "command not found" after `make run`
+@pytest.mark.parametrize("status", [0, 1, 130], ids=["finished", "failed", "interrupted"])
+def test_make_run_says_where_the_torchvote_command_is(tmp_path, status):
+    """README's next command, `torchvote list`, was "command not found" after `make run`; a run
+    stopped part way printed `torchvote train --resume ...` to go on, and no hint (printed only
+    after a main job that finished). The hint now follows the main job however it ended, and make
+    fails where it failed. Run with a stand-in venv whose `torchvote` ends with ``status``."""
+    import os
     import shutil
     import subprocess
+    import time
     from pathlib import Path
 
     makefile = Path(cli.__file__).resolve().parents[2] / "Makefile"
     if shutil.which("make") is None:
         pytest.fail("make is needed by the set-up the README describes")
     venv = tmp_path / "v"
-    lines = subprocess.run(
+    (venv / "bin").mkdir(parents=True)
+    for name, body in [("python", "exit 0"), ("torchvote", f'echo "torchvote $*"; exit {status}')]:
+        (venv / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (venv / "bin" / name).chmod(0o755)
+    (venv / ".installed-run").touch()  # installed, after pyproject.toml and the venv's python
+    later = time.time() + 60
+    os.utime(venv / ".installed-run", (later, later))
+    done = subprocess.run(
         # --no-print-directory: under `make test` this make is nested and would end its output
         # with "make[1]: Leaving directory ..."
-        ["make", "-n", "--no-print-directory", "-f", str(makefile), "run", f"VENV={venv}"],
-        cwd=makefile.parent,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
-    assert lines[-2] == f"{venv}/bin/torchvote main"
+        ["make", "--no-print-directory", "-f", str(makefile), "run", f"VENV={venv}"],
+        cwd=makefile.parent, capture_output=True, text=True, timeout=60,
+    )
+    lines = done.stdout.splitlines()
+    assert "torchvote main" in lines  # the stand-in ran
     assert f"{venv}/bin/activate" in lines[-1] and f"{venv}/bin/torchvote" in lines[-1]
+    assert (done.returncode == 0) == (status == 0), done.stderr
 
 
 def test_a_preset_file_under_a_folder_named_with_an_equals_sign_is_a_preset(tmp_path, capsys):
@@ -791,15 +803,18 @@ def test_run_folders_expand_the_home_folder_and_name_a_file_in_the_way(tmp_path,
         assert f"{key}: {tmp_path / 'afile'} is a file" in capsys.readouterr().err
 
 
-def test_commands_that_train_nothing_run_without_the_train_extra():
+@pytest.mark.parametrize("missing", [["omegaconf"], ["yaml", "omegaconf"]], ids=["omegaconf", "both"])
+def test_commands_that_train_nothing_run_without_the_train_extra(missing):
     """The install explain's docs give (no train extra) ended every command, `list routers` and
     `explain` too, in a traceback: the command line imported the training loop (omegaconf) first.
-    Now they run, and a command that trains names the extra."""
+    Now they run, and a command that trains names the extra. Without the extra PyYAML is missing
+    too (omegaconf brings it), and the training config imports it first: the error named `yaml`
+    and no extra."""
     import subprocess
     import sys
 
     script = (
-        "import sys; sys.modules['omegaconf'] = None\n"  # as if it were not installed
+        f"import sys; sys.modules.update(dict.fromkeys({missing!r}))\n"  # None: as if not installed
         "from torchvote.cli import main; sys.exit(main(sys.argv[1:]))\n"
     )
 
@@ -813,6 +828,31 @@ def test_commands_that_train_nothing_run_without_the_train_extra():
     trained = run("train", "smoke", "max_steps=1")
     assert trained.returncode == cli.EXIT_FAILURE and "Traceback" not in trained.stderr  # a missing package
     assert 'pip install "torchvote[train]"' in trained.stderr
+
+
+def test_main_without_matplotlib_stops_before_training_unless_told_no_report(tmp_path, capsys, monkeypatch):
+    """The main job ends with the explain report: without the plots extra it trained for minutes,
+    then failed on the report; it stops at once now, naming the extra and --no-report. With
+    --no-report it trains, and says why no training curves were drawn."""
+    import sys
+    from types import SimpleNamespace
+
+    import torchvote.training as training
+    import torchvote.training.plots as plots
+
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: pytest.fail("trained before the check"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as when it is not installed
+    assert cli.main(["main", "max_steps=1", "progress=false", "tensorboard=false"]) == cli.EXIT_FAILURE
+    error = capsys.readouterr().err
+    assert "need matplotlib" in error and "--no-report" in error
+    assert 'pip install "torchvote[plots]"' in error
+    run_dir = tmp_path / "run"  # a finished run, as train() returns it
+    result = SimpleNamespace(interrupted=False, checkpoint=SimpleNamespace(weights=run_dir / "w"),
+                             metrics_path=run_dir / "m", run_dir=run_dir, plots=[])
+    monkeypatch.setattr(training, "train", lambda *args, **kwargs: result)
+    monkeypatch.setattr(plots, "plot_run", lambda result: [])  # what it draws without matplotlib
+    assert cli.main(["main", "--no-report", "progress=false", "tensorboard=false"]) == 0
+    assert 'plots:      not drawn, no matplotlib (pip install "torchvote[plots]")' in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("installed", [True, False])

@@ -53,6 +53,20 @@ def test_every_subpackage_is_reachable_from_a_plain_import_without_loading_torch
     assert done.stdout.split() == ["CapsuleLinear", "vote"]
 
 
+def test_the_library_imports_without_torch_compile_machinery():
+    """``@torch.compiler.disable`` on EM's blocked kernel imported dynamo and inductor with
+    ``torchvote.nn``: 2-3 s of every import on a CPU. Only a compile (or the kernel run under one)
+    needs them."""
+    code = (
+        "import sys, torchvote.functional, torchvote.nn, torchvote.models\n"
+        "print(sorted({name.split('.')[1] for name in sys.modules if name.startswith(('torch._dynamo', "
+        "'torch._inductor'))}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]"]
+
+
 def test_the_top_level_lists_every_subpackage_and_refuses_other_names():
     import torchvote
 

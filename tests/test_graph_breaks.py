@@ -316,10 +316,14 @@ def test_matrix_capsule_layers_are_one_graph(strategy):
 def test_em_blocked_strategy_is_one_documented_break(is_exporting_true_while_compiling):
     """``strategy="blocked"`` is an eager kernel: one opaque call between two graphs (dynamo
     reports the break once in each frame that holds it: EMRouter.forward, route, em_routing,
-    em_kernel.route)."""
+    em_kernel.route). Importing the package does not import dynamo for it (2-3 s on a CPU)."""
     router = EMRouter(out_caps=3, iterations=2, strategy="blocked")
     found = _short(breaks(explain(router, randn(2, 3, 5, 4, dtype=torch.float32))))
-    assert found == [("Skip calling `torch.compiler.disable()`d function", "route:_blocked_em")] * 4
+    # torch._disable_dynamo (the lazy torch.compiler.disable) is skipped as a torch function
+    not_followed = {"Skip calling `torch.compiler.disable()`d function",
+                    "Attempted to call function marked as skipped"}
+    assert len(found) == 4
+    assert all(reason in not_followed and where == "route:_blocked_em" for reason, where in found), found
 
 
 # --- MultiHeadAttention ---------------------------------------------------------------------------

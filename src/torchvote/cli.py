@@ -580,8 +580,9 @@ def exit_status_of(
 
 
 #: The extra of pyproject.toml that installs a module a command may miss.
-_EXTRA_OF_MODULE = {"omegaconf": "train", "tqdm": "train", "safetensors": "train", "matplotlib": "plots",
-                    "tokenizers": "pretrained", "scipy": "affnist", "tensorboard": "tensorboard"}
+_EXTRA_OF_MODULE = {"omegaconf": "train", "yaml": "train", "tqdm": "train", "safetensors": "train",
+                    "matplotlib": "plots", "tokenizers": "pretrained", "scipy": "affnist",
+                    "tensorboard": "tensorboard"}
 
 
 # --- train / main ---------------------------------------------------------------------------------
@@ -804,6 +805,8 @@ def _run_training(config, resume: str | None, *, args: argparse.Namespace, expla
                   "tensorboard=false hides this line)")
         if result.plots:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
+        elif not _installed("matplotlib"):
+            print('plots:      not drawn, no matplotlib (pip install "torchvote[plots]")')
         print(f"evaluate:   {_evaluate_command(config, result.run_dir)}")
         if explain:
             from torchvote.explain.command import add_explain_arguments
@@ -841,7 +844,22 @@ def _main_job(args: argparse.Namespace) -> int:
 
     _check_keys_given_once(args.overrides)
     config = load_config("main", args.overrides)
+    if not args.no_report and not _installed("matplotlib"):  # before the training, not after it
+        raise ModuleNotFoundError(
+            "the main job ends with the explain report, whose figures need matplotlib (--no-report "
+            "trains without it)", name="matplotlib"
+        )
     return _run_training(config, None, args=args, explain=not args.no_report)
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (found, or already imported; not one set to ``None`` in
+    ``sys.modules``, as a test's stand-in for a missing package is)."""
+    import importlib.util
+
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
 # --- evaluate ---------------------------------------------------------------------------------------

@@ -135,8 +135,8 @@ def _read_one_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
         from scipy.io.matlab import MatReadError
     except ImportError as err:
         raise ImportError(
-            "reading affNIST's .mat files needs scipy, the 'affnist' extra: pip install -e \".[affnist]\" "
-            "from the checkout (or pip install scipy)"
+            "reading affNIST's .mat files needs scipy, the 'affnist' extra: pip install "
+            "\"torchvote[affnist]\" (or pip install scipy)"
         ) from err
     try:
         contents = loadmat(str(path), simplify_cells=True)

@@ -199,7 +199,7 @@ def _affnist(root: str | None, download: bool, force: bool, option: str = "--roo
         if importlib.util.find_spec("scipy") is None:  # before 120 MB, not after them
             raise ImportError(
                 "the affNIST download is checked by reading test.mat, which needs scipy, the "
-                "'affnist' extra: pip install -e \".[affnist]\" from the checkout (or pip install scipy)"
+                "'affnist' extra: pip install \"torchvote[affnist]\" (or pip install scipy)"
             )
         print(f"test: {download_affnist(root, force=force)} (verified)")
         return 0

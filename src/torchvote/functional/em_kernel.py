@@ -653,7 +653,9 @@ class _BlockedEM(torch.autograd.Function):
         return grad_votes, grad_right, *results, None, None
 
 
-@torch.compiler.disable
+# torch's own lazy form of torch.compiler.disable: that imports dynamo (and inductor) when the
+# decorator runs, 2-3 s of `import torchvote.nn` on a CPU; this one at the first call
+@torch._disable_dynamo
 def _blocked_em(*args: object) -> tuple[Tensor, ...]:
     """:class:`_BlockedEM` applied, always eagerly: under ``torch.compile`` one call between two
     graphs (one graph break, by design). Its reused buffers and ``out=`` products into strided
