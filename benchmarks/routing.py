@@ -71,6 +71,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -332,9 +333,19 @@ def _step(run: Callable[[], Tensor], params: list[Tensor], mode: str, device: to
         p.grad = None
 
 
+def _compile_failures_are_errors() -> None:
+    """Make ``CapsuleLinear(strategy="compiled")``'s fallback an error: where ``torch.compile``
+    fails, the layer routes eagerly with a RuntimeWarning, and its row, timed, would read as the
+    compiled strategy's."""
+    warnings.filterwarnings(
+        "error", message="strategy='compiled': torch.compile failed", category=RuntimeWarning
+    )
+
+
 def _peak_worker(case: str, impl: str, batch: int, mode: str, threads: int, dtype: str, queue) -> None:
     """Put the step's extra peak RSS in MiB on ``queue``, or the error that stopped it (a str)."""
     try:
+        _compile_failures_are_errors()
         torch.set_num_threads(threads)
         cpu, dtype_ = torch.device("cpu"), getattr(torch, dtype)
         # Warm the libraries up on a tiny batch (a compiled strategy, "compiled",
@@ -549,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 5)
     strategies = tuple(args.strategies or (("materialize", "stream") if args.quick else STRATEGIES))
+    _compile_failures_are_errors()
 
     check_agreement(device, strategies=strategies if "dynamic" in args.cases else ("materialize", "stream"))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"

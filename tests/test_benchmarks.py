@@ -829,6 +829,19 @@ def test_routing_benchmark_checks_every_dynamic_strategy_it_times(load_benchmark
         assert tuple(seen[-1]) == tuple(expected)
 
 
+def test_routing_benchmark_fails_where_the_compiled_strategy_did_not_compile(load_benchmark, monkeypatch):
+    """CapsuleLinear(strategy="compiled") routes eagerly when torch.compile fails, with a warning
+    only: its row would have been timed and labelled compiled (a GPU review found it)."""
+    routing = load_benchmark("routing")
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", fails)
+    with pytest.raises(RuntimeWarning, match="torch.compile failed"):
+        routing.main(["--cases", "dynamic", "--strategies", "compiled", "--batches", "2", "--no-memory"])
+
+
 def test_training_benchmark_names_each_pair_in_its_row(load_benchmark, capsys):
     """With --preset tiny the rows of capsnet and capsnet-small both read "capsnet tiny"."""
     training = load_benchmark("training")
