@@ -180,3 +180,36 @@ def test_attention_picture_shows_every_query_its_most_heard_training_digits(tmp_
     for query in range(3):
         assert matrix[query].max() == weights[query].max()  # each row holds its own largest weight
     assert matrix.shape[1] <= 6 and "train 9" in shown["columns"]  # key 39 (label 9): query 2's own
+
+
+def test_demo_pictures_say_what_they_show(tmp_path, monkeypatch):
+    """Review findings 12-13: the routing maps spoke of capsules for test digits and did not mark
+    the classes; the attention map did not say it shows a few of many keys, and its query labels
+    repeated."""
+    pytest.importorskip("matplotlib")
+    from torchvote import demo
+    from torchvote.explain import figures
+
+    drawn = {}
+    save = figures.save_figure
+
+    def keep(figure, stem, **kwargs):
+        drawn[stem.name] = {
+            "titles": [ax.get_title() for ax in figure.axes],
+            "xlabels": [ax.get_xlabel() for ax in figure.axes if ax.images],
+            "ylabels": [[t.get_text() for t in ax.get_yticklabels()] for ax in figure.axes if ax.images],
+            "boundaries": [[line.get_xdata()[0] for line in ax.lines] for ax in figure.axes if ax.images],
+        }
+        return save(figure, stem, **kwargs)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    weights = torch.softmax(torch.randn(3, 40), dim=-1)
+    passes = [torch.full((2, 6), 0.5)] * 2
+    demo._plots(tmp_path, weights, torch.arange(40) % 10, torch.tensor([1, 1, 4]), passes,
+                torch.tensor([7, 0, 7, 0, 0, 7]), (0, 7))
+    attention = drawn["attention"]
+    assert "of 40 training digits shown" in attention["titles"][0]
+    assert attention["ylabels"][0] == ["#0 test 1", "#1 test 1", "#2 test 4"]
+    routing = drawn["routing"]
+    assert routing["xlabels"][-1] == "test digit j, by class: 0 | 7"  # the bottom row of maps
+    assert all(lines == [2.5] for lines in routing["boundaries"])  # between the 3 zeros and the 3 sevens

@@ -94,11 +94,11 @@ def test_metric_curves_draw_each_event_and_data_set_as_its_own_line(tmp_path):
     figure = metric_curves(metrics)
     panels = {ax.get_title(): ax for ax in figure.axes}
     assert sorted(panels) == ["accuracy", "loss"]  # not the wall clock, a flag or eval_limit
-    assert _lines(panels["accuracy"]) == {
-        "train": ([10, 20, 30], [0.5, 0.7, 0.8]),
-        "eval mnist/test": ([20], [0.9]),
-        "final mnist/test": ([30], [0.95]),
-        "final affnist-style/test": ([30], [0.7]),
+    assert _lines(panels["accuracy"]) == {  # in percent, as in training_curves.png
+        "train": ([10, 20, 30], [50.0, 70.0, 80.0]),
+        "eval mnist/test": ([20], [90.0]),
+        "final mnist/test": ([30], [95.0]),
+        "final affnist-style/test": ([30], [70.0]),
     }
     steps, losses = _lines(panels["loss"])["train"]
     # "nan" (a non-finite loss as MetricsWriter writes it) turned every value into a category
@@ -247,3 +247,66 @@ def test_reconstructions_read_8_bit_pixels_and_refuse_0_255_floats():
     plt.close(as_bytes), plt.close(as_unit)
     with pytest.raises(ValueError, match=r"inputs must hold values in \[0, 1\].*divide 0-255 pixels by 255"):
         reconstructions(pixels.float(), pixels / 255.0)
+
+
+def _training_figure(tmp_path, records):
+    """The figure :func:`plot_training_curves` draws for ``records``, before it is saved."""
+    import torchvote.explain.figures as figures
+    from torchvote.training.plots import plot_training_curves
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
+    drawn = []
+    save = figures.save_figure
+
+    def keep(figure, stem, **kwargs):
+        figure.canvas.draw()  # tick labels as they are shown
+        drawn.append({ax.get_title(): ax for ax in figure.axes})
+        return save(figure, stem, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "save_figure", keep)
+        plot_training_curves(metrics, tmp_path / "curves.png")
+    return drawn[0]
+
+
+def test_training_curves_are_linear_within_a_decade_with_whole_steps_and_a_visible_final(tmp_path):
+    """Review finding 10: losses 0.6 to 2 were drawn on a log axis labelled 6x10^-1, a one-step
+    run had steps 0.96 ... 1.04, and the final star hid under the last evaluation's circle."""
+    panels = _training_figure(tmp_path, [
+        {"event": "train", "step": 1, "loss": 2.0, "accuracy": 0.2},
+        {"event": "eval", "step": 1, "dataset": "mnist/test", "loss": 0.6, "accuracy": 0.6},
+        {"event": "final", "step": 1, "dataset": "mnist/test", "loss": 0.6, "accuracy": 0.6},
+    ])
+    assert panels["loss"].get_yscale() == "linear"  # max / min = 3.3
+    for ax in panels.values():
+        ticks = [float(t.get_text().replace("\u2212", "-")) for t in ax.get_xticklabels() if t.get_text()]
+        assert ticks and all(t == int(t) for t in ticks)
+        lines = {line.get_label(): line for line in ax.lines}
+        final, evaluation = lines["final mnist/test"], lines["eval mnist/test"]
+        assert final.get_zorder() > evaluation.get_zorder()
+        assert final.get_markersize() > evaluation.get_markersize()
+    assert panels["accuracy"].get_ylabel() == "accuracy (%)"
+    wide = _training_figure(tmp_path, [{"event": "train", "step": s, "loss": 10.0 ** -s} for s in range(4)])
+    assert wide["loss"].get_yscale() == "log"  # three decades
+    labels = [t.get_text() for t in wide["loss"].get_yticklabels() if t.get_text()]
+    assert "0.01" in labels and not any("10^" in label for label in labels)
+
+
+def test_metric_curves_colour_each_series_alike_and_skip_bookkeeping(tmp_path):
+    """Review finding 11: 'eval mnist/test' was orange in one panel and blue in the next, and the
+    example counts got panels of their own."""
+    records = [
+        {"event": "train", "step": 10, "loss": 0.8, "accuracy": 0.5, "count": 32, "examples": 320},
+        {"event": "eval", "step": 10, "dataset": "mnist/test", "loss": 0.7, "accuracy": 0.6, "count": 500},
+        {"event": "eval", "step": 20, "dataset": "mnist/test", "accuracy": 0.7, "count": 500},
+        {"event": "train", "step": 20, "loss": 0.5, "accuracy": 0.7, "count": 32, "examples": 640},
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
+    figure = metric_curves(metrics)
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    assert sorted(panels) == ["accuracy", "loss"]
+    colours = [{line.get_label(): line.get_color() for line in ax.lines} for ax in panels.values()]
+    assert colours[0] == colours[1] and len(set(colours[0].values())) == 2
+    assert panels["accuracy"].get_ylabel() == "accuracy (%)" and panels["loss"].get_ylabel() == "loss"

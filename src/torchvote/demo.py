@@ -246,13 +246,25 @@ def _plots(output_dir: Path, weights: Tensor, key_labels: Tensor, query_labels: 
     top = torch.tensor(list(dict.fromkeys(most_heard.flatten().tolist())))  # (<= 2q,), first seen first
     attention = attention_heatmap(
         head[:, top],
-        [f"test {int(y)}" for y in query_labels[: head.shape[0]]],
+        [f"#{q} test {int(y)}" for q, y in enumerate(query_labels[: head.shape[0]].tolist())],
         [f"train {int(y)}" for y in key_labels[top]],
-        title="attention: each test digit's two most-heard training digits",
+        title=f"attention: each test digit's two most-heard training digits\n({len(top)} of "
+        f"{weights.shape[1]:,} training digits shown; each row sums to 1 over all of them)",
+        xlabel="training digit (key j)",
+        ylabel="test digit (query i)",
+        vmax=None,  # a few percent each: on 0 to 1 the map would be white
     )
     order = cluster_labels.argsort(stable=True)
+    sorted_labels = cluster_labels[order].tolist()  # (n,): the classes in increasing order
+    classes = " | ".join(str(d) for d in dict.fromkeys(sorted_labels))
     routing = coupling_passes([w[:, order] for w in passes], totals=True,
                               output_labels=[f"seed {d}" for d in seed_digits],
-                              title="routing: digits (sorted by class) split their vote")
+                              xlabel=f"test digit j, by class: {classes}", ylabel="receiver i",
+                              title="routing: test digits (sorted by class) split their vote over receivers")
+    boundaries = [k for k in range(1, len(sorted_labels)) if sorted_labels[k] != sorted_labels[k - 1]]
+    for ax in routing.axes:
+        if ax.images:  # the coupling maps: a line between two classes of digits
+            for boundary in boundaries:
+                ax.axvline(boundary - 0.5, color="black", linewidth=1.0)
     return [save_figure(attention, output_dir / "attention", formats=("png",))[0],
             save_figure(routing, output_dir / "routing", formats=("png",))[0]]

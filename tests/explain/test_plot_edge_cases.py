@@ -101,7 +101,8 @@ def test_heatmap_draws_masked_weights_grey_not_as_zero():
     figure = attention_plots.attention_heatmap(weights, TOKENS)
     image = figure.axes[0].images[0]
     finite = weights[weights.isfinite()]
-    assert image.get_clim() == pytest.approx((0.0, float(finite.max())))  # NaN made it (-0.1, 0.1)
+    assert float(finite.max()) < 1.0
+    assert image.get_clim() == pytest.approx((0.0, 1.0))  # the weights' scale; NaN made it (-0.1, 0.1)
     rgba = image.to_rgba(image.get_array())  # (i, j, 4) as drawn
     assert _grey(rgba[0, 3]) and _grey(rgba[2, 1])
     zero = image.to_rgba(np.ma.masked_array([[0.0]]))[0, 0]
@@ -114,9 +115,13 @@ def test_heatmap_draws_masked_weights_grey_not_as_zero():
 
 def test_heatmap_scale_covers_negative_values():
     difference = _weights() - _weights(seed=1)  # e.g. attention after minus before: signed
-    figure = attention_plots.attention_heatmap(difference)
+    figure = attention_plots.attention_heatmap(difference, vmax=None)
     low, high = figure.axes[0].images[0].get_clim()
     assert low == pytest.approx(float(difference.min())) and high == pytest.approx(float(difference.max()))
+    assert "-" in figure.axes[-1].get_ylabel()  # the colour bar names the signed range
+    _close(figure)
+    figure = attention_plots.attention_heatmap(difference)  # the default top: 1, the bottom still signed
+    assert figure.axes[0].images[0].get_clim() == pytest.approx((float(difference.min()), 1.0))
     _close(figure)
 
 
@@ -142,30 +147,32 @@ def test_couplings_nan_grey_and_scale_from_the_finite_values():
     couplings[1, 0, 0] = float("nan")
     figure = capsule_plots.coupling_passes(couplings)
     images = [ax.images[0] for ax in figure.axes if ax.images]
-    finite_max = float(couplings[couplings.isfinite()].max())
-    assert all(image.get_clim() == pytest.approx((0.0, finite_max)) for image in images)
+    finite = couplings[couplings.isfinite()]
+    deviation = float((finite - 1 / 4).abs().max())  # from the uniform 1/4, the centre of the scale
+    assert all(image.get_clim() == pytest.approx((0.25 - deviation, 0.25 + deviation)) for image in images)
     assert _grey(images[1].to_rgba(images[1].get_array())[0, 0])
     _close(figure)
 
 
 def test_vote_passes_draw_a_vote_of_unknown_weight_as_a_cross():
-    votes, consensus = torch.randn(6, 4), torch.randn(2, 4)
+    votes = torch.randn(6, 4)
     weights = torch.softmax(torch.randn(2, 6), dim=-1)
     weights[0, 2] = float("nan")
-    figure = capsule_plots.vote_passes(votes, weights, consensus)
+    figure = capsule_plots.vote_passes(votes, weights)
     first = figure.axes[0].collections
     assert np.isfinite(first[0].get_sizes()).all()  # NaN sizes made every vote invisible
+    assert len(first[0].get_offsets()) == 5  # the other votes, coloured by their weight
     crosses = first[2]
     assert crosses.get_label() == "vote, weight NaN or inf"
     from torchvote.explain.statistics import project_votes
 
-    points, _, _ = project_votes(votes, consensus)
+    points, _, _ = project_votes(votes)
     np.testing.assert_allclose(crosses.get_offsets(), points[2:3].numpy(), rtol=1e-5, atol=1e-6)
     assert len(figure.axes[1].collections) == 2  # pass 2 has every weight
     _close(figure)
     votes[1, 1] = float("inf")
     with pytest.raises(ValueError, match="votes must be finite"):
-        capsule_plots.vote_passes(votes, weights, consensus)
+        capsule_plots.vote_passes(votes, weights)
 
 
 def test_patch_overlay_draws_a_masked_patch_grey():
@@ -299,7 +306,7 @@ def _every_picture(text):
             couplings, input_labels=labels, output_labels=labels, totals=True, title=text
         ),
         capsule_plots.routing_statistics(torch.rand(2), torch.rand(2), title=text),
-        capsule_plots.vote_passes(torch.randn(4, 3), torch.rand(2, 4), torch.randn(2, 3), title=text),
+        capsule_plots.vote_passes(torch.randn(4, 3), torch.rand(2, 4), title=text),
         capsule_plots.reconstructions(images, images, labels=[text, "x"], title=text),
         capsule_plots.perturbation_grid(torch.rand(2, 3, 4, 4), title=text),
         capsule_plots.multimnist_reconstructions(*torch.rand(3, 2, 4, 4), labels=[text, "x"], title=text),

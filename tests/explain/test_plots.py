@@ -78,11 +78,11 @@ def test_coupling_passes_and_statistics(tmp_path):
 
 
 def test_vote_passes_plot_the_projection(tmp_path):
-    votes, consensus = torch.randn(30, 16), torch.randn(3, 16)
+    votes = torch.randn(30, 16)
     weights = torch.softmax(torch.randn(3, 30), dim=-1)  # (t, j)
-    figure = capsule_plots.vote_passes(votes, weights, consensus)
-    points, centres, _ = project_votes(votes, consensus)
-    scatters = figure.axes[1].collections  # pass 2: votes, then consensus
+    figure = capsule_plots.vote_passes(votes, weights)
+    points, centres, _ = project_votes(votes, (weights @ votes) / weights.sum(-1, keepdim=True))
+    scatters = figure.axes[1].collections  # pass 2: votes, then their weighted mean
     np.testing.assert_allclose(scatters[0].get_offsets(), points.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(scatters[1].get_offsets()[0], centres[1].numpy(), rtol=1e-5, atol=1e-6)
     sizes = scatters[0].get_sizes()

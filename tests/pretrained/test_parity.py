@@ -155,7 +155,8 @@ def test_truncation_matches_bert_tokenizer():
     sentences = ["a b c d e f g h i j", "a b c d e f g h i j k", "Héllo " * 20]  # 12, 13, 22 tokens
     with pytest.warns(UserWarning) as warned:
         batch = short(sentences)
-    assert [str(w.message)[:12] for w in warned] == ["sentences[1]", "sentences[2]"]
+    named = [str(w.message).split(" is ")[0] for w in warned]
+    assert named == ["sentence 2 = sentences[1]", "sentence 3 = sentences[2]"]  # counted from 1, as the CLI
     assert batch.truncated == [False, True, True]
     for row, sentence in enumerate(sentences):
         expected = reference(sentence, truncation=True, max_length=12)["input_ids"]

@@ -26,7 +26,7 @@ from torchvote.explain.figures import (
     tick_positions,
 )
 from torchvote.explain.statistics import checked_index, checked_tensor
-from torchvote.validation import check_flag
+from torchvote.validation import check_flag, check_in_range
 
 if TYPE_CHECKING:  # matplotlib is optional: imported when a picture is drawn
     from matplotlib.figure import Figure
@@ -35,6 +35,9 @@ __all__ = ["attention_grid", "attention_heatmap", "head_average", "token_attenti
 
 CMAP = "Blues"
 LABEL_LIMIT = 60  # most token labels along one heatmap axis; beyond, every k-th is labelled
+CELL_INCHES = 0.42  # a heatmap cell's side, until the matrix reaches HEATMAP_INCHES
+HEATMAP_INCHES = 14.0  # longest side of a heatmap's matrix: a page shows it without shrinking labels away
+GRID_LABEL_LIMIT = 14  # most tokens the grid's bottom-left map labels; beyond, none
 
 
 def _check_tokens(tokens: Sequence[str] | None, count: int, name: str) -> list[str] | None:
@@ -65,12 +68,17 @@ def attention_heatmap(
     *,
     title: str = "",
     annotate: bool | None = None,
+    xlabel: str = "key (sender j)",
+    ylabel: str = "query (receiver i)",
+    vmax: float | None = 1.0,
 ) -> Figure:
     """One attention matrix as a heatmap, queries down, keys across, labelled with tokens.
 
-    The colour scale runs from 0 (or the smallest value, if negative) to the largest finite
-    weight; NaN and infinite weights are grey (the colour bar's label says so). With more than
-    :data:`LABEL_LIMIT` tokens an axis labels every k-th (its axis label says which).
+    The colour scale runs from 0 (or the smallest value, if negative) to ``vmax`` (or the
+    largest finite weight, if larger): with the default 1, every map of attention weights reads
+    on the same scale; the colour bar's label says which. NaN and infinite weights are grey (the
+    label says so too). With more than :data:`LABEL_LIMIT` tokens an axis labels every k-th (its
+    axis label says which).
 
     Args:
         weights: ``(i, j)`` weights (average heads before if needed), any real dtype or device.
@@ -78,28 +86,40 @@ def attention_heatmap(
         key_tokens: ``j`` key tokens; default ``tokens`` (self-attention).
         title: axes title, drawn as given.
         annotate: write each weight in its cell; default when the matrix is at most 16 x 16.
+        xlabel: what the columns are, drawn as given (e.g. a rollout's input tokens).
+        ylabel: what the rows are, drawn as given.
+        vmax: the top of the colour scale, a finite number > 0 (1: attention weights, comparable
+            across maps); ``None``: this map's largest finite weight.
 
     Returns:
         The Figure.
 
     Raises:
-        ValueError: token counts that do not match the shape, not 2-D, empty or on the meta device.
+        ValueError: token counts that do not match the shape, not 2-D, empty or on the meta device,
+            or ``vmax`` not a finite number > 0.
         TypeError: not a real tensor, or tokens given as one string.
     """
     weights = checked_tensor(weights, "weights", dims=(2,), nonempty=True)
+    if vmax is not None:
+        vmax = check_in_range(vmax, "vmax", 0.0, include_low=False)
     if tokens is not None and not isinstance(tokens, str):  # a generator: read once, for both axes
         tokens = list(tokens)
     rows = _check_tokens(tokens, weights.shape[0], "tokens")
     cols = _key_tokens(tokens, key_tokens, weights.shape[1])
     annotate = max(weights.shape) <= 16 if annotate is None else check_flag(annotate, "annotate")
-    vmin, vmax, non_finite = finite_range(weights)
+    vmin, largest, non_finite = finite_range(weights)
+    scale = "0 to this map's max" if vmax is None or largest > vmax else f"0 to {vmax:g}"
+    vmax = largest if vmax is None else max(vmax, largest)
+    scale = f"{vmin:.2g} to {vmax:.2g}" if vmin < 0 else scale
     # each side by its own count of cells (a square by the larger one left a wide matrix between
-    # bands of white); the width also holds the colour bar, the height the rotated key labels
-    height, width = (1.6 + 0.42 * count for count in weights.shape)
-    figure, axes = new_figure(size=(width + 1.0, height + 0.8))
+    # bands of white), capped at HEATMAP_INCHES; the width also holds the colour bar and the row
+    # labels, the height the title and the rotated key labels
+    cell = min(CELL_INCHES, HEATMAP_INCHES / max(weights.shape))
+    rows_inches, columns_inches = (cell * count for count in weights.shape)
+    figure, axes = new_figure(size=(columns_inches + 3.0, rows_inches + 2.0))
     ax = axes[0, 0]
     image = ax.imshow(weights.numpy(), cmap=colormap(CMAP), vmin=vmin, vmax=vmax)
-    xlabel, ylabel = "key (sender j)", "query (receiver i)"
+    xlabel, ylabel = literal_text(xlabel), literal_text(ylabel)
     if cols is not None:
         step = _label_axis(ax, "x", cols, LABEL_LIMIT, rotation=60, ha="right", rotation_mode="anchor")
         xlabel += f", 1 in {step} labelled" if step > 1 else ""
@@ -124,8 +144,11 @@ def attention_heatmap(
                     fontsize=7,
                     color="white" if math.isfinite(value) and value > threshold else "black",
                 )
-    label = "weight; grey: NaN or inf (masked)" if non_finite else "weight"
-    figure.colorbar(image, ax=ax, shrink=0.8, label=label)
+    label = f"weight (scale {scale})" + ("; grey: NaN or inf (masked)" if non_finite else "")
+    # a colour bar of about half an inch: its default share of the axes' width grew with the matrix
+    inches = max(columns_inches, 0.1)
+    figure.colorbar(image, ax=ax, shrink=0.8, label=label, fraction=min(0.15, 0.5 / inches),
+                    pad=min(0.05, 0.2 / inches))
     return figure
 
 
@@ -139,13 +162,14 @@ def attention_grid(
     """Every layer x head attention map of one input, as a grid of small heatmaps.
 
     One colour scale for every panel, 0 (white) to 1 (dark blue) (wider if a weight lies
-    outside), shown by one colour bar; NaN and infinite weights are grey.
+    outside), shown by one colour bar; NaN and infinite weights are grey. In every map rows are
+    queries ``i`` and columns keys ``j`` (the figure's axis labels say so).
 
     Args:
         attentions: ``(layers, h, i, j)`` weights of one input (unpadded), or ``(h, i, j)`` of
             one layer (one row of heads); any real dtype or device.
-        tokens: ``i`` query tokens (labels on the bottom-left panel when there are at most 14);
-            ``None``: no labels.
+        tokens: ``i`` query tokens (labels on the bottom-left panel when there are at most
+            :data:`GRID_LABEL_LIMIT`); ``None``: no labels.
         key_tokens: ``j`` key tokens; default ``tokens`` (self-attention).
         title: figure title, drawn as given.
 
@@ -162,11 +186,12 @@ def attention_grid(
     layers, heads = attentions.shape[:2]
     rows = _check_tokens(tokens, attentions.shape[-2], "tokens")
     cols = _key_tokens(tokens, key_tokens, attentions.shape[-1])
-    show_labels = rows is not None and cols is not None and max(len(rows), len(cols)) <= 14
+    show_labels = rows is not None and cols is not None and max(len(rows), len(cols)) <= GRID_LABEL_LIMIT
     low, high, non_finite = finite_range(attentions)
     vmin, vmax = min(low, 0.0), max(high, 1.0)
     cmap = colormap(CMAP)
-    cell = 1.25 if show_labels else 0.9
+    # room for 7-point token labels on the bottom-left map (10 points a token)
+    cell = max(1.25, 0.3 + 0.14 * max(len(rows), len(cols))) if show_labels else 0.9
     figure, axes = new_figure(layers, heads, size=(1.6 + cell * heads, 0.8 + cell * layers))
     for layer in range(layers):
         for head in range(heads):
@@ -179,10 +204,12 @@ def attention_grid(
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
             if show_labels and layer == layers - 1 and head == 0:
-                ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=5)
-                ax.set_yticks(range(len(rows)), rows, fontsize=5)
-    label = "weight; grey: NaN or inf" if non_finite else "weight"
+                ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+                ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    label = f"weight (scale {vmin:g} to {vmax:g})" + ("; grey: NaN or inf" if non_finite else "")
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label=label)
+    figure.supxlabel("in each map: key j \u2192 (columns)", fontsize=9)
+    figure.supylabel("in each map: query i \u2193 (rows)", fontsize=9)
     if title:
         figure.suptitle(literal_text(title))
     return figure
@@ -199,10 +226,12 @@ def token_attention_lines(
     """One query token's attention drawn as lines to every key, thickness and opacity by weight.
 
     Two columns of tokens, queries left and keys right, in the style of the reference articles'
-    "check" -> "cashed", "bank" figure. Width and opacity scale with the weight over the row's
-    largest finite weight (negative weights draw as 0); a NaN or infinite weight (a masked key)
-    gets no line and its value written in grey. With many tokens the figure stops growing at
-    :data:`~torchvote.explain.figures.MAX_INCHES` and the font shrinks to fit.
+    "check" -> "cashed", "bank" figure. Width and opacity scale with the weight itself (a row
+    sums to 1: a weight of 0.5 draws the same line in every row; negative weights draw as 0,
+    weights above 1 as 1); a NaN or infinite weight (a masked key) gets no line and its value
+    written in grey. The columns are headed "query" and "keys (weight)". With many tokens the
+    figure stops growing at :data:`~torchvote.explain.figures.MAX_INCHES` and the font shrinks
+    to fit.
 
     Args:
         weights: ``(i, j)`` (average heads first) or ``(h, i, j)`` (heads averaged here); any
@@ -228,12 +257,10 @@ def token_attention_lines(
     right = _key_tokens(tokens, key_tokens, weights.shape[1])
     query = checked_index(query, len(left), "query")
     row = weights[query]  # (j,)
-    finite = row[row.isfinite()]
-    strongest = max(float(finite.max()), 1e-6) if finite.numel() else 1e-6
     lines = max(len(left), len(right))
-    height = 0.8 + 0.36 * lines
+    height = 1.1 + 0.36 * lines
     figure, axes = new_figure(size=(4.8, height))
-    spacing = (figure.get_size_inches()[1] - 0.8) / lines  # inches per token row once capped
+    spacing = (figure.get_size_inches()[1] - 1.1) / lines  # inches per token row once capped
     fontsize = max(1.0, min(10.0, 0.75 * 72 * spacing))
     ax = axes[0, 0]
     top = lines - 1
@@ -254,7 +281,7 @@ def token_attention_lines(
             ax.text(1.0, top - j, f"{token}  {value:.2f}", ha="left", va="center", fontsize=fontsize,
                     color="0.45", fontstyle="italic")
             continue
-        share = min(max(value / strongest, 0.0), 1.0)
+        share = min(max(value, 0.0), 1.0)  # the weight itself: rows sum to 1
         ax.text(
             1.0,
             top - j,
@@ -272,8 +299,11 @@ def token_attention_lines(
             linewidth=0.5 + 7.0 * share,
             solid_capstyle="round",
         )
+    header = dict(va="bottom", fontsize=min(fontsize, 9.0), color="0.3", fontstyle="italic")
+    ax.text(0.0, top + 0.6, "query", ha="right", **header)
+    ax.text(1.0, top + 0.6, "keys (weight)", ha="left", **header)
     ax.set_xlim(-0.9, 1.9)
-    ax.set_ylim(-0.7, top + 0.7)
+    ax.set_ylim(-0.7, top + 1.4)
     ax.axis("off")
     ax.set_title(literal_text(title) if title else f"attention from '{left[query]}'", fontsize=10)
     return figure

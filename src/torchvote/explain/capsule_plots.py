@@ -13,6 +13,7 @@ is drawn grey, never as 0; figures stop growing at
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,11 @@ __all__ = [
 
 
 LABEL_LIMIT = 20  # most capsule labels along one coupling map's axis; beyond, every k-th
+PASSES_PER_ROW = 3  # coupling maps side by side; more passes wrap onto further rows
+VOTE_AREA = 24.0  # marker area (points^2) of a vote whose coupling is the uniform one
+MIN_AREA = 2.0  # the smallest vote marker (a weight of 0 or below), still visible
+DIVERGING = "RdBu_r"  # couplings: white at the uniform coupling, red above it, blue below
+OVERLAY = "YlOrRd"  # patch attention: light to dark red, every shade visible on a dark image
 
 
 def _channels(images: Tensor, name: str, *, image_dim: int) -> None:
@@ -99,12 +105,19 @@ def coupling_passes(
     input_labels=None,
     output_labels=None,
     totals: bool = False,
+    xlabel: str = "input capsule j",
+    ylabel: str = "output capsule i",
 ) -> Figure:
     """Routing couplings of one input, one heatmap per pass (outputs down, inputs across): how
     the votes settle.
 
-    One colour scale for every pass, 0 to the largest finite coupling; NaN and infinite couplings
-    are grey. More than :data:`LABEL_LIMIT` labels on an axis: every k-th is shown.
+    Pass ``t``'s map holds the couplings that pass used (pass 1: before any agreement). One
+    diverging colour scale for every pass, centred (white) on the uniform coupling ``1 / i``
+    that every input gives every output before any agreement (couplings sum to 1 over the
+    outputs), its limits symmetric at the largest finite deviation from it: red is more than
+    uniform, blue less, whatever the number of passes. NaN and infinite couplings are grey. More
+    than :data:`LABEL_LIMIT` labels on an axis: every k-th is shown. More than
+    :data:`PASSES_PER_ROW` passes wrap onto further rows.
 
     Args:
         couplings: ``(t, i, j)``: pass ``t``'s coupling of input capsule ``j`` to output ``i``
@@ -115,6 +128,9 @@ def coupling_passes(
             legend of ``totals``).
         totals: add a panel below the maps: each output's total received coupling per pass (the
             last axes of the figure, one line per output).
+        xlabel: what the columns ``j`` are, drawn as given (e.g. test digits rather than input
+            capsules).
+        ylabel: what the rows ``i`` are, drawn as given.
 
     Returns:
         The Figure.
@@ -139,20 +155,26 @@ def coupling_passes(
     outputs = literal_labels(output_labels, couplings.shape[1], "output_labels")
     inputs = literal_labels(input_labels, couplings.shape[2], "input_labels")
     passes = couplings.shape[0]
-    _, vmax, non_finite = finite_range(couplings)
-    cmap = colormap("viridis")
-    rows = 2 if check_flag(totals, "totals") else 1
+    uniform = 1.0 / couplings.shape[1]
+    vmin, vmax, non_finite = _centred_range(couplings, uniform)
+    cmap = colormap(DIVERGING)
+    columns = min(passes, PASSES_PER_ROW)
+    map_rows = math.ceil(passes / columns)
+    rows = map_rows + (1 if check_flag(totals, "totals") else 0)
     figure, axes = new_figure(
-        rows, passes, size=(0.6 + 3.0 * passes, 3.2 + 1.3 * (rows - 1)), sharey="row",
-        gridspec_kw={"height_ratios": [3, 1][:rows]},
+        rows, columns, size=(1.2 + 3.0 * columns, 3.2 * map_rows + 2.0 * (rows - map_rows)), sharey="row",
+        gridspec_kw={"height_ratios": [3] * map_rows + [2] * (rows - map_rows)},
     )
-    for t in range(passes):
-        ax = axes[0, t]
+    maps = [axes[t // columns, t % columns] for t in range(passes)]
+    for ax in axes[:map_rows].ravel()[passes:]:
+        ax.remove()  # the last row of maps' empty cells
+    for t, ax in enumerate(maps):
         image = ax.imshow(
-            couplings[t].numpy(), cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest"
+            couplings[t].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest"
         )
-        ax.set_title(f"pass {t + 1}", fontsize=9)
-        ax.set_xlabel("input capsule j")
+        ax.set_title(f"pass {t + 1}" + (" (before any agreement)" if t == 0 else ""), fontsize=9)
+        if t + columns >= passes:  # no map below this one
+            ax.set_xlabel(literal_text(xlabel))
         if outputs is not None:
             positions = tick_positions(len(outputs), LABEL_LIMIT)
             ax.set_yticks(positions, [outputs[p] for p in positions], fontsize=7)
@@ -161,9 +183,10 @@ def coupling_passes(
         if inputs is not None:
             positions = tick_positions(len(inputs), LABEL_LIMIT)
             ax.set_xticks(positions, [inputs[p] for p in positions], fontsize=7, rotation=90)
-    axes[0, 0].set_ylabel("output capsule i")
-    label = "coupling c_ij; grey: NaN or inf" if non_finite else "coupling c_ij"
-    figure.colorbar(image, ax=list(axes[0]), shrink=0.8, label=label)
+        if t % columns == 0:
+            ax.set_ylabel(literal_text(ylabel))
+    label = _centred_label("coupling c_ij", f"1/{couplings.shape[1]} = {uniform:.3g}", non_finite)
+    figure.colorbar(image, ax=maps, shrink=0.8, label=label)
     if totals:
         _received_totals(figure, axes, couplings, outputs)
     if title:
@@ -171,21 +194,37 @@ def coupling_passes(
     return figure
 
 
+def _centred_range(values: Tensor, centre: float) -> tuple[float, float, bool]:
+    """Colour limits ``(centre - d, centre + d, has_non_finite)``, ``d`` the largest finite
+    deviation of ``values`` from ``centre`` (a small span when none deviates)."""
+    low, high, non_finite = finite_range(values, lowest=None)
+    deviation = max(abs(low - centre), abs(high - centre), 1e-6)
+    return centre - deviation, centre + deviation, non_finite
+
+
+def _centred_label(name: str, centre: str, non_finite: bool) -> str:
+    """A colour-bar label for :func:`_centred_range`'s scale: white is the uniform coupling
+    ``centre`` (as text), the limits the largest deviation from it."""
+    label = f"{name}\nwhite: uniform {centre}\nlimits: largest deviation"
+    return label + "; grey: NaN or inf" if non_finite else label
+
+
 def _received_totals(figure, axes, couplings: Tensor, output_labels) -> None:
     """Replace the bottom row of ``axes`` by one panel: each output's received total per pass."""
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.remove()
-    ax = figure.add_subplot(axes[0, 0].get_gridspec()[1, :])
+    ax = figure.add_subplot(axes[0, 0].get_gridspec()[-1, :])
     received = couplings.sum(dim=-1)  # (t, i)
     steps = range(1, received.shape[0] + 1)
     for i in range(received.shape[1]):
         name = output_labels[i] if output_labels is not None else str(i)
         ax.plot(steps, received[:, i].numpy(), marker="o", label=name)
     ax.set_xlabel("pass")
-    ax.set_ylabel("total coupling")
+    ax.set_ylabel("total coupling\nreceived")
     ax.set_xticks(list(steps))
-    if received.shape[1] <= 12:
-        ax.legend(ncols=min(received.shape[1], 6), fontsize=7)
+    ax.grid(alpha=0.3)
+    if received.shape[1] <= 12:  # beside the panel, not over its lines
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def routing_statistics(entropy: Tensor, agreement: Tensor | None = None, *, title: str = "") -> Figure:
@@ -247,76 +286,103 @@ def _small_changes_look_small(ax, values: Tensor, relative: float = 0.01) -> Non
         ax.set_ylim(middle - span, middle + span)
 
 
-def vote_passes(votes: Tensor, weights: Tensor, consensus: Tensor, *, title: str = "") -> Figure:
-    """One output capsule's votes in 2-D (PCA), sized by their weight, consensus marked, per pass.
+def vote_passes(
+    votes: Tensor, weights: Tensor, *, uniform: float | None = None, title: str = ""
+) -> Figure:
+    """One output capsule's votes in 2-D (PCA), coloured and sized by their coupling, with the
+    consensus they form marked, one panel per pass (equal scales on both axes).
 
-    Marker area grows with the weight over the largest finite weight (negative weights draw at
-    the smallest size); a vote whose weight is NaN or infinite is drawn as a grey cross, not
-    left out.
+    The consensus is the coupling-weighted mean of the votes, ``s_i / sum_j c_ij =
+    sum_j c_ij u_hat_j|i / sum_j c_ij``: a point in vote space, in the direction of the output
+    ``v_i = squash(s_i)`` (the output itself, a squashed *sum* of hundreds of votes, lies far
+    outside them). Votes are coloured on one diverging scale for every pass, white at
+    ``uniform`` (the coupling before any agreement), red above and blue below it, limits
+    symmetric at the largest finite deviation (a colour bar); marker area is proportional to
+    the weight over ``uniform``, at least :data:`MIN_AREA` (a weight of 0 or below). A vote whose
+    weight is NaN or infinite is drawn as a grey cross, not left out, and counts for nothing
+    in the mean; a pass whose finite weights sum to at most 0 has no mean drawn.
 
     Args:
         votes: ``(j, d)`` the input capsules' votes ``u_hat_{j|i}`` for one output ``i``, finite.
-        weights: ``(t, j)`` each vote's coupling to that output in each pass.
-        consensus: ``(t, d)`` the output capsule after each pass, finite.
+        weights: ``(t, j)`` each vote's coupling to that output in each pass (the couplings pass
+            ``t`` used).
+        uniform: the coupling with no agreement, ``1 / (number of outputs)`` for routing over
+            the outputs, a positive number; default the mean finite weight of pass 1 (1 when
+            that is not positive).
         title: figure title, drawn as given.
 
     Returns:
         The Figure (the projection is :func:`torchvote.explain.statistics.project_votes`).
 
     Raises:
-        ValueError: shapes that do not line up, no passes, or votes or consensus not finite.
+        ValueError: shapes that do not line up, no passes, votes not finite, or ``uniform``
+            not a finite number > 0.
         TypeError: not real tensors.
     """
     votes = checked_tensor(votes, "votes", dims=(2,))
     weights = checked_tensor(weights, "weights", dims=(2,), nonempty=True)
-    consensus = checked_tensor(consensus, "consensus", dims=(2,))
-    if weights.shape[1] != votes.shape[0] or consensus.shape[0] != weights.shape[0]:
+    if weights.shape[1] != votes.shape[0]:
         raise ValueError(
-            f"weights (t, j) and consensus (t, d) must match votes (j, d) = {tuple(votes.shape)}, got "
-            f"{tuple(weights.shape)} and {tuple(consensus.shape)}"
+            f"weights (t, j) must match votes (j, d) = {tuple(votes.shape)}, got {tuple(weights.shape)}"
         )
-    points, centres, explained = project_votes(votes, consensus)  # (j, 2), (t, 2), (2,)
+    known = weights.isfinite()  # (t, j)
+    if uniform is None:
+        first = weights[0][known[0]]
+        uniform = float(first.mean()) if first.numel() and float(first.mean()) > 0 else 1.0
+    uniform = check_in_range(uniform, "uniform", 0.0, include_low=False)
+    counted = torch.where(known, weights, 0.0).clamp(min=0.0).double()  # (t, j)
+    total = counted.sum(dim=1)  # (t,)
+    means = (counted @ votes.double()) / total.clamp(min=1e-300)[:, None]  # (t, d) weighted means
+    means = torch.where(total[:, None] > 0, means, votes.double().mean(dim=0)).float()
+    points, centres, explained = project_votes(votes, means)  # (j, 2), (t, 2), (2,)
     passes = weights.shape[0]
-    figure, axes = new_figure(1, passes, size=(0.4 + 3.1 * passes, 3.3), sharex=True, sharey=True)
-    _, strongest, _ = finite_range(weights)
-    scale = 400.0 / strongest
+    figure, axes = new_figure(1, passes, size=(1.4 + 3.1 * passes, 3.6), sharex=True, sharey=True)
+    vmin, vmax, _ = _centred_range(weights, uniform)
+    cmap = colormap(DIVERGING)
     for t in range(passes):
         ax = axes[0, t]
-        known = weights[t].isfinite()  # (j,)
-        ax.scatter(
-            points[:, 0],
-            points[:, 1],
-            s=4 + scale * torch.where(known, weights[t], 0.0).clamp(min=0.0).numpy(),
-            alpha=0.45,
-            color="tab:blue",
-            edgecolors="none",
-            label="votes (size = coupling)",
+        drawn = ax.scatter(
+            points[known[t], 0],
+            points[known[t], 1],
+            s=(VOTE_AREA * counted[t][known[t]] / uniform).clamp(min=MIN_AREA).numpy(),
+            c=weights[t][known[t]].numpy(),
+            cmap=cmap,
+            vmin=vmin,
+            vmax=vmax,
+            edgecolors="0.35",
+            linewidths=0.3,
+            label="votes (area and colour: c_ij vs uniform)",
         )
-        ax.scatter(
-            centres[t, 0],
-            centres[t, 1],
-            marker="*",
-            s=260,
-            color="tab:red",
-            edgecolors="black",
-            linewidths=0.6,
-            label="consensus",
-            zorder=3,
-        )
-        if not known.all():
+        if float(total[t]) > 0:
             ax.scatter(
-                points[~known, 0],
-                points[~known, 1],
+                centres[t, 0],
+                centres[t, 1],
+                marker="*",
+                s=260,
+                color="gold",
+                edgecolors="black",
+                linewidths=0.8,
+                label="weighted mean of the votes,\nΣ c·û / Σ c (direction of v_i)",
+                zorder=3,
+            )
+        if not known[t].all():
+            ax.scatter(
+                points[~known[t], 0],
+                points[~known[t], 1],
                 marker="x",
                 s=30,
                 color="0.45",
                 label="vote, weight NaN or inf",
             )
-        ax.set_title(f"pass {t + 1}", fontsize=9)
+        ax.set_title(f"pass {t + 1}" + (" (couplings before any agreement)" if t == 0 else ""), fontsize=9)
         ax.set_xlabel(f"PC1 ({100 * float(explained[0]):.0f}%)")
+        ax.set_aspect("equal", adjustable="box")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel(f"PC2 ({100 * float(explained[1]):.0f}%)")
-    axes[0, 0].legend(fontsize=7, loc="best")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=len(labels))  # off the votes
+    label = _centred_label("coupling c_ij", f"{uniform:.3g}", False)
+    figure.colorbar(drawn, ax=list(axes[0]), shrink=0.8, label=label)
     if title:
         figure.suptitle(literal_text(title))
     return figure
@@ -459,7 +525,11 @@ def multimnist_reconstructions(
 def patch_attention_overlay(
     image: Tensor, weights: Tensor, grid: tuple[int, int], *, title: str = ""
 ) -> Figure:
-    """A ViT's attention over image patches as a translucent overlay on the image.
+    """A ViT's attention over image patches as an overlay on the image.
+
+    The overlay's colour runs from 0 to the largest finite weight and its opacity grows with the
+    weight (a patch of weight 0 leaves the image as it is); the colour bar is opaque, so a colour
+    on the image can be read off it. NaN and infinite weights are grey.
 
     Args:
         image: ``(H, W)`` or ``(C, H, W)`` in ``[0, 1]``, ``C`` 1 or 3.
@@ -483,14 +553,20 @@ def patch_attention_overlay(
     axes[0, 0].imshow(_gray(image).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
     axes[0, 0].set_title("input", fontsize=9)
     axes[0, 1].imshow(_gray(image).numpy(), cmap="gray", vmin=0.0, vmax=1.0)
-    vmin, vmax, non_finite = finite_range(heat, lowest=None)
+    vmin, vmax, non_finite = finite_range(heat)
+    share = ((heat - vmin) / (vmax - vmin)).clamp(0.0, 1.0)  # (H, W)
+    opacity = torch.where(heat.isfinite(), 0.9 * share.sqrt(), 0.8)  # NaN share is NaN: grey, 0.8
     overlay = axes[0, 1].imshow(
-        heat.numpy(), cmap=colormap("inferno"), vmin=vmin, vmax=vmax, alpha=0.55, interpolation="nearest"
+        heat.numpy(), cmap=colormap(OVERLAY), vmin=vmin, vmax=vmax, alpha=opacity.numpy(),
+        interpolation="nearest",
     )
     axes[0, 1].set_title(literal_text(title) if title else "attention over patches", fontsize=9)
     for ax in axes[0]:
         ax.set_xticks([])
         ax.set_yticks([])
     label = "weight; grey: NaN or inf" if non_finite else "weight"
-    figure.colorbar(overlay, ax=axes[0, 1], shrink=0.8, label=label)
+    from matplotlib.cm import ScalarMappable
+
+    opaque = ScalarMappable(norm=overlay.norm, cmap=overlay.cmap)  # the overlay's colours, not see-through
+    figure.colorbar(opaque, ax=axes[0, 1], shrink=0.8, label=label)
     return figure

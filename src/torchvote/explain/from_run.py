@@ -4,9 +4,10 @@
 :mod:`torchvote.explain.record`). A training checkpoint holds weights, so this module loads the
 run's model, runs it on the first test images and keeps what the pictures read:
 
-- ``couplings`` ``(t, b, i, j)`` and ``outputs`` ``(t, b, i, d)`` after every routing pass. The
-  routers record only their last pass, so pass ``t`` is taken as the final pass of the model's
-  own router run for ``t + 1`` iterations on the same votes: every router's passes are a prefix
+- ``couplings`` ``(t, b, i, j)``, the couplings routing pass ``t`` used (pass 1: uniform, before
+  any agreement), and ``outputs`` ``(t, b, i, d)``, the output after that pass. The routers
+  record only their last pass, so pass ``t`` is taken as the final pass of the model's own
+  router run for ``t + 1`` iterations on the same votes: every router's passes are a prefix
   of a longer run (the loop never looks at how many passes remain; EM's inverse temperature
   depends on the pass index only), so these are exactly the passes of the trained
   ``iterations``-pass routing. Nothing is re-implemented here: the model's layers do the work.

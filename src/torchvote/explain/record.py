@@ -21,7 +21,7 @@ key                         shape                    picture
                                                      it, the longest output capsule
 ``inputs``,                 ``(N, H, W)`` each       inputs beside reconstructions
 ``reconstructions``
-``perturbations``           ``(d, s, H, W)``         perturbation grid (Sabour et al. 2017 Fig. 4)
+``perturbations``           ``(d, s, H, W)``         input 0's winning capsule perturbed (Fig. 4)
 ``perturbation_span``       ``()``                   the grid's largest change, positive (``s``
                                                      steps in ``[-span, span]``); 0.25 without
                                                      it, the paper's
@@ -318,24 +318,31 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
     check_record(record)
     missing: list[str] = []
 
-    def has(*keys: str, optional: bool = False) -> bool:
-        """Whether the record has every key; a notice names the absent ones, unless the picture
-        is ``optional`` (drawn only for models that give it) and none of its keys is there."""
+    def has(picture: str, *keys: str, optional: bool = False) -> bool:
+        """Whether the record has every key; a notice names the ``picture`` and the absent keys,
+        unless the picture is ``optional`` (drawn only for models that give it) and none of its
+        keys is there."""
         absent = [key for key in keys if key not in record]
         if absent and not (optional and len(absent) == len(keys)):
-            missing.append(f"needs {', '.join(absent)}")
+            missing.append(f"{picture} skipped: the record needs {', '.join(absent)}")
         return not absent
 
     report.heading("Trained model: routing, reconstructions, perturbations")
-    if has("couplings"):
+    if has("couplings", "couplings"):
         couplings = record["couplings"].float()
         report.figure(
             plots.coupling_passes(couplings[:, 0], title="couplings of input 0"),
             "couplings",
-            caption="Couplings c_ij of input 0 after each pass (rows: output capsules).",
+            caption=(
+                "Couplings c_ij of input 0 used in pass t (pass 1: uniform 1/n_out, before any "
+                "agreement); each column sums to 1 over the outputs (rows). White: the uniform "
+                "coupling; red above it, blue below."
+            ),
         )
         entropy = coupling_entropy(couplings)  # (t,)
-        agreement = routing_agreement(record["votes"], record["outputs"]) if has("votes", "outputs") else None
+        agreement = routing_agreement(record["votes"], record["outputs"]) if has(
+            "agreement per pass", "votes", "outputs"
+        ) else None
         rows = [
             [t + 1, float(entropy[t]), "" if agreement is None else float(agreement[t])]
             for t in range(entropy.shape[0])
@@ -355,30 +362,36 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
                 plots.vote_passes(
                     votes[0, winner],
                     couplings[:, 0, winner],
-                    outputs[:, 0, winner],
-                    title=f"votes for output capsule {winner}",
+                    uniform=1.0 / couplings.shape[2],
+                    title=f"input 0's votes for output capsule {winner}",
                 ),
                 "votes-2d",
-                caption=f"Input 0's votes for capsule {winner} (PCA); marker size = coupling; star = output.",
+                caption=(
+                    f"Input 0's votes for capsule {winner} (PCA) on equal scales, coloured and sized by "
+                    f"their coupling against the uniform 1/{couplings.shape[2]}; star: the "
+                    "coupling-weighted mean of the votes, s_i / sum_j c_ij, whose direction is the "
+                    "output v_i = squash(s_i) (the output itself, a squashed sum of every vote, is "
+                    "longer: its length is in the table)."
+                ),
                 table=(
                     ["pass", "output length"],
                     [[t + 1, float(outputs[t, 0, winner].norm())] for t in range(outputs.shape[0])],
                 ),
             )
-    if has("inputs", "reconstructions"):
+    if has("reconstructions", "inputs", "reconstructions"):
         inputs, outputs = record["inputs"][:10].float(), record["reconstructions"][:10].float()
         errors = (inputs - outputs).flatten(1).square().mean(1)  # (N,)
         report.figure(
-            plots.reconstructions(inputs, outputs),
+            plots.reconstructions(inputs, outputs, labels=_predictions(record, inputs.shape[0])),
             "reconstructions",
             caption="Inputs (top) and the decoder's reconstructions from the winning capsule.",
             table=(["input", "mean squared error"], [[n, float(e)] for n, e in enumerate(errors)]),
         )
-    if has("perturbations"):
+    if has("perturbations", "perturbations"):
         grid = record["perturbations"].float()
         span = float(record.get("perturbation_span", PAPER_PERTURBATION_SPAN))
         report.figure(
-            plots.perturbation_grid(grid, span=span),
+            plots.perturbation_grid(grid, span=span, title=_perturbed_capsule(record)),
             "perturbations",
             caption=(
                 f"Each row tweaks one capsule dimension in [{-span:g}, {span:g}] "
@@ -392,7 +405,7 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
                 ],
             ),
         )
-    if has("multimnist_inputs", "multimnist_first", "multimnist_second", optional=True):
+    if has("MultiMNIST", "multimnist_inputs", "multimnist_first", "multimnist_second", optional=True):
         report.figure(
             plots.multimnist_reconstructions(
                 record["multimnist_inputs"][:8],
@@ -402,7 +415,7 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
             "multimnist",
             caption="MultiMNIST inputs; first digit's reconstruction red, second's green.",
         )
-    if has("patch_image", "patch_attention", "patch_grid", optional=True):
+    if has("patch attention", "patch_image", "patch_attention", "patch_grid", optional=True):
         grid = tuple(int(v) for v in record["patch_grid"].tolist())  # (rows, cols), checked above
         weights = record["patch_attention"].float()
         report.figure(
@@ -411,7 +424,27 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
             caption="A ViT's attention from [CLS] to the image patches.",
             table=(["patch", "weight"], [[p, float(w)] for p, w in enumerate(weights)]),
         )
-    notices = [f"Picture skipped: the record {need}; {_HOW}." for need in dict.fromkeys(missing)]
+    notices = [f"Picture {need}." for need in dict.fromkeys(missing)]
+    if notices:
+        notices[-1] += f" To draw them, {_HOW}."  # the how-to once, not once per picture
     for notice in notices:
         report.text(notice, notice=True)
     return notices
+
+
+def _predictions(record: Mapping[str, Tensor], count: int) -> list[str] | None:
+    """``"pred k"`` for the first ``count`` inputs, from ``winners`` (when the record has one
+    for each), else ``None``."""
+    winners = record.get("winners")
+    if winners is None or winners.shape[0] < count:
+        return None
+    return [f"pred {int(w)}" for w in winners[:count]]
+
+
+def _perturbed_capsule(record: Mapping[str, Tensor]) -> str:
+    """The perturbation grid's title: which input's capsule was perturbed (input 0's winner,
+    as :func:`~torchvote.explain.from_run.record_from_run` records it)."""
+    if "winners" in record:
+        winner = int(record["winners"][0])
+        return f"capsule {winner} (the prediction) of input 0, one dimension changed per row"
+    return "the winning capsule of input 0, one dimension changed per row"

@@ -204,6 +204,7 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
             f"Pictures show the first {shown} of {length} tokens; tables use all of them.", notice=True
         )
     labels = tokens[:shown]
+    crop = _crop_note(shown, length)
     averaged = weights[layer].mean(dim=0)  # (i, j)
     stem = f"s{number + 1}"
     rows = [
@@ -211,9 +212,10 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
         for i in range(length)
     ]
     report.figure(
-        attention_heatmap(averaged[:shown, :shown], labels, title=f"layer {layer}, mean of heads"),
+        attention_heatmap(averaged[:shown, :shown], labels, title=f"layer {layer}, mean of heads{crop}"),
         f"{stem}-heatmap-layer{layer}",
-        caption=f"Layer {layer} attention averaged over heads; row i = how query i weighs every key j.",
+        caption=f"Layer {layer} attention averaged over heads; row i = how query i weighs every key j "
+        "(colour 0 to 1, as every attention map of this page).",
         table=(["query", "top 1", "top 2", "top 3"], rows),
     )
     grid_rows = [
@@ -221,9 +223,10 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
         for n in range(weights.shape[0])
     ]
     report.figure(
-        attention_grid(weights[:, :, :shown, :shown], labels, title="every layer x head"),
+        attention_grid(weights[:, :, :shown, :shown], labels, title=f"every layer x head{crop}"),
         f"{stem}-grid",
-        caption="All layers (rows) x heads (columns); colour 0 (white) to 1 (dark blue).",
+        caption="All layers (rows) x heads (columns); in each map, rows are queries and columns keys; "
+        "colour 0 (white) to 1 (dark blue).",
         table=(["layer", f"{tokens[focus]!r} top 1 (mean of heads)", "top 2", "top 3"], grid_rows),
     )
     head_rows = [
@@ -236,11 +239,11 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
                 averaged[:shown, :shown],
                 labels,
                 focus,
-                title=f"{tokens[focus]!r} in layer {layer} (mean of heads)",
+                title=f"{tokens[focus]!r} in layer {layer} (mean of heads){crop}",
             ),
             f"{stem}-lines-layer{layer}",
             caption=f"Where {tokens[focus]!r} looks in layer {layer}: line width and opacity follow the "
-            "weight.",
+            "weight (the row sums to 1 over the keys).",
             table=(["head", "top 1", "top 2", "top 3"], head_rows),
         )
     else:
@@ -252,7 +255,7 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
         report.table(["head", "top 1", "top 2", "top 3"], head_rows)
     rollout = attention_rollout(weights)  # (i, j)
     report.figure(
-        attention_rollout_figure(rollout[:shown, :shown], labels),
+        attention_rollout_figure(rollout[:shown, :shown], labels, crop=crop),
         f"{stem}-rollout",
         caption="Attention rollout (Abnar & Zuidema 2020): 0.5 W + 0.5 I per layer, rows renormalised, "
         "multiplied through all layers.",
@@ -263,9 +266,29 @@ def _sentence_section(report: HtmlReport, record, number: int, example: Example,
     )
 
 
-def attention_rollout_figure(rollout, tokens):
-    """Heatmap of a rollout matrix (rows: last-layer tokens, columns: input tokens)."""
-    return attention_heatmap(rollout, tokens, title="attention rollout through all layers")
+def attention_rollout_figure(rollout, tokens, *, crop: str = ""):
+    """Heatmap of a rollout matrix (rows: last-layer tokens, columns: input tokens).
+
+    Args:
+        rollout: ``(i, j)`` rollout weights, each row summing to 1 over the input tokens.
+        tokens: the ``i`` (= ``j``) token labels.
+        crop: appended to the title (e.g. ``" (tokens 1-40 of 200)"``).
+
+    Returns:
+        The Figure (:func:`~torchvote.explain.attention_plots.attention_heatmap`, colour 0 to 1).
+    """
+    return attention_heatmap(
+        rollout,
+        tokens,
+        title=f"attention rollout through all layers{crop}",
+        xlabel="input token j",
+        ylabel="token i after the last layer",
+    )
+
+
+def _crop_note(shown: int, length: int) -> str:
+    """A title's note on a cropped picture, ``" (tokens 1-40 of 200)"``; ``""`` when all are shown."""
+    return f" (tokens 1-{shown} of {length})" if shown < length else ""
 
 
 def _routing_section(report: HtmlReport, model, record, examples, layer: int, iterations) -> None:
@@ -297,22 +320,27 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
                 embeddings = torch.nn.functional.normalize(_pool(routed_record), dim=1)  # (N, E)
                 per_r.append((embeddings * base).sum(dim=1).tolist())  # (N,) cosine similarity
             similarities[normalize_over] = per_r
-    figure, axes = new_figure(size=(6.4, 3.4))
+    figure, axes = new_figure(size=(9.6, 3.6))
     ax = axes[0, 0]
     for normalize_over, style in (("senders", "-o"), ("receivers", "--s")):
         for n, example in enumerate(examples):
             passes = computed_passes[normalize_over]
             values = [per_example[n] for per_example in similarities[normalize_over]]
-            if 1 not in passes:  # the senders' one pass: the softmax embedding itself
+            definitional = 1 not in passes  # the senders' one pass: the softmax embedding itself
+            if definitional:  # the line starts there, its marker is drawn once for all (below)
                 passes, values = [1, *passes], [1.0, *values]
             label = literal_text(f"{normalize_over}: {_shortened(example.sentence, 28)}")
-            ax.plot(passes, values, style, label=label, alpha=0.8)
+            ax.plot(passes, values, style, label=label, alpha=0.8,
+                    markevery=list(range(int(definitional), len(passes))))
+    if 1 not in computed_passes["senders"]:
+        ax.plot([1], [1.0], "o", markerfacecolor="none", markeredgecolor="black", markersize=8,
+                label="senders, 1 pass = the softmax itself (every sentence)", zorder=3)
     ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle=":")  # the softmax embedding itself
     ax.set_xlabel(f"passes of voting in layer {layer}")
     ax.set_ylabel("cosine to softmax embedding")
     ax.set_xticks(sorted({1, *iterations}))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="lower left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # off the lines
     rows = [
         [_shortened(example.sentence, 60), normalize_over, r, similarities[normalize_over][k][n]]
         for n, example in enumerate(examples)
@@ -330,20 +358,34 @@ def _routing_section(report: HtmlReport, model, record, examples, layer: int, it
     for n in range(min(len(examples), 4)):
         tokens = record.tokens[n][:SHOWN_TOKENS]
         length = len(tokens)
+        crop = _crop_note(length, len(record.tokens[n]))
         routed = routed_records[("senders", r)].attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
         before = record.attentions[layer][n, :, :length, :length].mean(0)  # (i, j)
         change = (routed - before).abs().max(dim=-1)  # (i,): how far, and which key moved most
         moved = [(i, int(j)) for i, j in enumerate(change.indices) if float(change.values[i]) > 0]
         report.figure(
-            attention_heatmap(routed, tokens, title=f"layer {layer} after {r} passes (senders)"),
+            attention_heatmap(routed, tokens, title=_routed_title(layer, r, crop)),
             f"s{n + 1}-routing-layer{layer}-r{r}",
-            caption=f"Sentence {n + 1}: layer {layer}'s last-pass weights after {r} passes, mean of heads.",
+            caption=f"Sentence {n + 1}: layer {layer}'s last-pass weights after {_passes(r)}, mean of heads, "
+            "on the colour scale of its heatmap above (0 to 1).",
             table=(
                 ["query", "largest change", "weight before", "weight after"],
                 [[tokens[i], tokens[j], float(before[i, j]), float(routed[i, j])] for i, j in moved]
                 or [["(none)", "no weight changed", "", ""]],
             ),
         )
+
+
+def _passes(count: int) -> str:
+    """``"1 pass"``, ``"3 passes"``."""
+    return f"{count} pass" if count == 1 else f"{count} passes"
+
+
+def _routed_title(layer: int, passes: int, crop: str) -> str:
+    """The title of a routed layer's heatmap; one pass over the senders is the softmax map."""
+    if passes == 1:
+        return f"layer {layer} after 1 pass (senders): the softmax attention itself{crop}"
+    return f"layer {layer} after {passes} passes (senders){crop}"
 
 
 def _pool(record) -> torch.Tensor:

@@ -133,7 +133,8 @@ class WordPieceTokenizer:
         for index, cut in enumerate(truncated):
             if cut:
                 warnings.warn(
-                    f"sentences[{index}] is longer than the model's limit of {self.max_length} tokens; "
+                    f"sentence {index + 1} = sentences[{index}] is longer than the model's limit of "
+                    f"{self.max_length} tokens; "
                     f"it was truncated to its first {self.max_length} tokens",
                     UserWarning,
                     stacklevel=caller_stacklevel(),

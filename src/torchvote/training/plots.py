@@ -11,12 +11,16 @@ from torchvote.validation import as_path
 
 __all__ = ["plot_run", "plot_training_curves"]
 
+LOG_SPAN = 10.0  # a loss axis turns logarithmic when the largest loss is this many times the smallest
+
 
 def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
     """Loss and accuracy against the step, one line per series (training, each evaluated data
     set) and a star per final evaluation, in one picture written atomically: a PNG, or the
     format ``out_path``'s suffix names (``.svg``, ``.pdf``). A series of one point is drawn as a
-    marker (a line of one point is invisible).
+    marker (a line of one point is invisible); a series has one colour in both panels, the steps
+    are whole numbers, and the loss axis is logarithmic only when the positive losses span a
+    factor of :data:`LOG_SPAN` or more (its ticks plain decimals).
 
     Each panel reads its own field (an evaluation without a loss still draws its accuracy), in
     step order with a step logged twice kept once, and a non-finite value leaves a gap
@@ -36,7 +40,7 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
         new_figure,
         save_figure,
     )
-    from torchvote.explain.metric_plots import metric_points
+    from torchvote.explain.metric_plots import draw_series, metric_points, series_colours
 
     out_path = as_path(out_path, "out_path")
     picture_format = out_path.suffix.lower().lstrip(".") or "png"
@@ -56,18 +60,16 @@ def plot_training_curves(metrics_path: str | Path, out_path: str | Path) -> Path
     except ImportError:
         return None
     loss_axis, accuracy_axis = axes[0]
-    for axis, lines, scale in ((loss_axis, losses, 1.0), (accuracy_axis, accuracies, 100.0)):
-        for name, points in lines.items():
-            style = "*" if name.startswith("final") else "-" if name == "train" else "o-"
-            if len(points) == 1 and style == "-":
-                style = "o"
-            axis.plot([p[0] for p in points], [scale * p[1] for p in points], style, label=name)
-        axis.grid(alpha=0.3)
-        if lines:
-            axis.legend()
-    positive = all(v > 0 for points in losses.values() for _, v in points if math.isfinite(v))
-    loss_axis.set(xlabel="step", ylabel="loss", yscale="log" if positive else "linear", title="loss")
-    accuracy_axis.set(xlabel="step", ylabel="accuracy (%)", title="accuracy")
+    colours = series_colours([*losses, *accuracies])
+    for axis, lines, key in ((loss_axis, losses, "loss"), (accuracy_axis, accuracies, "accuracy")):
+        draw_series(axis, lines, key, colours)
+        axis.set_title(key)
+    finite = [v for points in losses.values() for _, v in points if math.isfinite(v)]
+    if finite and min(finite) > 0 and max(finite) / min(finite) >= LOG_SPAN:
+        from matplotlib.ticker import FormatStrFormatter  # matplotlib is there: new_figure worked
+
+        loss_axis.set_yscale("log")
+        loss_axis.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # 0.1, not 10^-1
     (written,) = save_figure(figure, out_path.with_suffix(""), formats=(picture_format,), dpi=100)
     return written
 
