@@ -7,8 +7,9 @@ forward-mode AD (``torch.compile`` needs nothing here: it traces every module in
   numbers; :func:`under_autograd_transforms`, the same question without ``torch.export``.
 - :func:`is_exporting`: whether ``torch.export`` (not ``torch.compile``) is tracing, where this
   torch can tell (2.6 and later).
-- :func:`register_output`: a dataclass that a module returns, made a pytree node so that
-  ``torch.export`` can return it and ``torch.export.save`` / ``load`` write and find it.
+- :func:`register_output`: a dataclass (or named tuple) that a module takes or returns, made a
+  pytree node so that ``torch.export`` can return it and ``torch.export.save`` / ``load`` write
+  and find it.
 """
 
 from __future__ import annotations
@@ -87,13 +88,23 @@ def register_output(cls: type) -> type:
     """Make the dataclass ``cls``, returned by a module, a pytree node (its fields the children, a
     ``None`` field kept as ``None``), so that ``torch.export.export`` can return it; its serialized
     name (module and qualified name) lets ``torch.export.save`` write the output's spec and
-    ``torch.export.load`` find the class again.
+    ``torch.export.load`` find the class again. A ``NamedTuple`` (a pytree node already) gets
+    the serialized name, and a place among the globals ``torch.load(weights_only=True)`` may
+    build (a program keeps its example inputs): without them an exported program that takes or
+    returns one could not be saved, then not loaded.
 
     Args:
-        cls: a ``@dataclass`` whose fields are tensors, ``None``, or containers of them.
+        cls: a ``@dataclass`` or a ``NamedTuple`` whose fields are tensors, ``None``, or
+            containers of them.
 
     Returns:
         ``cls`` (so it can decorate the class).
     """
-    torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        torch.utils._pytree._register_namedtuple(cls, serialized_type_name=name)  # torch's own advice
+        # a program saves its example inputs, which torch.export.load reads with weights_only
+        torch.serialization.add_safe_globals([cls])
+    else:
+        torch.export.register_dataclass(cls, serialized_type_name=name)
     return cls

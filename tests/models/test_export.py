@@ -22,7 +22,15 @@ from torch.utils import _pytree as pytree
 
 from conftest import needs_one_graph_torch
 from torchvote.models import ClassifierOutput, SequenceOutput, create_model, get_model_spec, list_models
-from torchvote.nn import MultiHeadAttention, SlotAttention, TransformerConfig, TransformerEncoder
+from torchvote.nn import (
+    ClassMatrixCapsules,
+    ConvMatrixCapsules,
+    MatrixCapsules,
+    MultiHeadAttention,
+    SlotAttention,
+    TransformerConfig,
+    TransformerEncoder,
+)
 from torchvote.pretrained.bert import BertConfig, BertEncoder, EncoderOutput
 from torchvote.training.tasks import get_task_handler
 
@@ -192,6 +200,40 @@ def test_every_public_module_exports_and_gives_the_eager_outputs(case):
     if isinstance(module, SlotAttention):
         torch.manual_seed(1)
     assert_same_outputs(program.module()(*args, **kwargs), expected)
+
+
+def test_slot_attention_exports_with_a_dynamic_batch():
+    """Its initial slots were drawn with ``torch.randn(shape)``: a symbolic batch failed inside
+    ("SymIntArrayRef expected to contain only concrete integers"). The same draws as eager."""
+    torch.manual_seed(0)
+    module = SlotAttention(3, 5, slot_dim=8, iterations=2).eval()
+    traced = (torch.randn(3, 7, 5),)
+    program = torch.export.export(module, traced, dynamic_shapes=_batch_dims(traced)).module()
+    for batch in (3, 4):
+        inputs = torch.randn(batch, 7, 5)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            expected = module(inputs)
+        torch.manual_seed(1)
+        assert_same_outputs(program(inputs), expected)
+
+
+@pytest.mark.parametrize("layer", ["conv", "class"])
+def test_an_exported_matrix_capsule_layer_saves_and_loads(layer):
+    """``MatrixCapsules`` (a named tuple) in and out had no serialized name: torch.export.save
+    refused the program ("Can't serialize TreeSpec of namedtuple class")."""
+    torch.manual_seed(0)
+    module = (ConvMatrixCapsules(2, 3, kernel_size=3, pose_dim=4, iterations=2) if layer == "conv"
+              else ClassMatrixCapsules(2, 4, pose_dim=4, iterations=2)).eval()
+    capsules = MatrixCapsules(torch.randn(2, 5, 5, 2, 2, 2), torch.rand(2, 5, 5, 2))
+    buffer = io.BytesIO()
+    torch.export.save(torch.export.export(module, (capsules,)), buffer)
+    buffer.seek(0)
+    got = torch.export.load(buffer).module()(capsules)
+    with torch.no_grad():
+        expected = module(capsules)
+    assert type(got) is MatrixCapsules
+    assert_same_outputs(tuple(got), tuple(expected))
 
 
 def test_a_transformer_stack_exports_its_recorded_attention():

@@ -107,7 +107,10 @@ def test_integer_inputs_are_refused(make):
 def test_inputs_on_another_device_than_the_table_are_named():
     """A table on one device and inputs on another failed in PyTorch's addition, naming no argument."""
     inputs = torch.zeros(1, 3, 4)
-    with pytest.raises(ValueError, match="inputs is on cpu but the encodings are on meta"):
+    with pytest.raises(ValueError, match="inputs is on meta but the encodings are on cpu"):
+        SinusoidalPositionalEncoding(4)(inputs.to("meta"))
+    # a table still on meta was never filled: said, not "move the inputs to meta"
+    with pytest.raises(ValueError, match="table was never filled: .* built on the 'meta' device"):
         SinusoidalPositionalEncoding(4, device="meta")(inputs)
     with pytest.raises(ValueError, match="inputs is on cpu but the module's parameters are on meta"):
         LearnedPositionalEmbedding(6, 4, device="meta")(inputs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from torchvote.models import create_model
@@ -41,6 +42,22 @@ def test_a_model_moved_from_meta_and_loaded_computes_what_the_original_does():
     target = torch.randint(3, 10, (2, 4))
     expected = reference(source, target).logits
     torch.testing.assert_close(loaded(source, target).logits, expected, rtol=0, atol=0)
+
+
+def test_a_model_built_on_meta_and_loaded_by_assignment_says_its_table_is_empty():
+    """``load_state_dict(assign=True)`` assigns what the state dict holds and leaves the table, a
+    buffer it does not hold, on "meta": the forward pass advised moving the inputs to "meta". It
+    says what happened now, and to_empty() first (the recipe) computes what the original does."""
+    reference = create_model("transformer-seq2seq", "tiny").eval()
+    with torch.device("meta"):
+        assigned = create_model("transformer-seq2seq", "tiny")
+    assigned.load_state_dict(reference.state_dict(), assign=True)
+    source, target = torch.randint(3, 10, (2, 5)), torch.randint(3, 10, (2, 4))
+    with pytest.raises(ValueError, match=r"table was never filled.*to_empty\(device=...\)"):
+        assigned.eval()(source, target)
+    assigned.to_empty(device="cpu").load_state_dict(reference.state_dict())
+    expected = reference(source, target).logits
+    torch.testing.assert_close(assigned(source, target).logits, expected, rtol=0, atol=0)
 
 
 def test_the_table_is_computed_on_the_cpu_under_a_meta_default_device():

@@ -243,6 +243,27 @@ def test_an_entrys_own_options_win_over_the_shared_ones(monkeypatch):
     assert seen == {"name": "reverse", "split": "train", "options": {"seed": 7, "length": 5}}
 
 
+def test_a_model_config_its_model_refuses_is_a_checkpoint_error_naming_the_file(tiny_config, tmp_path):
+    """Router options the router does not take pass the config's own checks and are refused when
+    the model is built: that was a bare ValueError naming no file, where the docstring promises a
+    CheckpointError."""
+    import json
+
+    from safetensors import safe_open
+
+    from torchvote.training.checkpoint import CheckpointError
+
+    run = train(tiny_config("caps", model={"name": "capsnet", "preset": "tiny"}, max_steps=1), verbose=False)
+    with safe_open(str(run.checkpoint.weights), framework="pt") as handle:
+        config = json.loads(handle.metadata()["model_config"])
+    config["router_options"] = {"temperature": 2.0}  # dynamic routing takes no temperature
+    edited = _copy_weights(run.checkpoint.weights, tmp_path / "edited" / "model.safetensors",
+                           model_config=json.dumps(config))
+    said = f"{edited} records a model config that capsnet refuses: .*temperature"
+    with pytest.raises(CheckpointError, match=said):
+        load_model_from_checkpoint(edited)
+
+
 def test_a_damaged_latest_checkpoint_names_the_intact_one_beside_it(tiny_config):
     """A truncated latest checkpoint stopped evaluate and explain with the file's name alone, while
     a resume went on from the older one without a word to them."""

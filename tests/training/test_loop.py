@@ -133,6 +133,18 @@ def test_resume_may_extend_but_not_change_the_run(tiny_config):
     assert longer.step == 12
 
 
+def test_a_config_yaml_edited_past_reading_is_said_to_be_ignored_on_resume(tiny_config):
+    """A hand-edited config.yaml naming a preset that does not exist was dropped without a word,
+    then overwritten by the resume: the edit vanished. Said now; the checkpoint's config is used."""
+    first = train(tiny_config("run", "max_steps=2"), verbose=False)
+    path = first.run_dir / "config.yaml"
+    path.write_text(path.read_text().replace("preset: tiny", "preset: gigantic", 1))
+    said = r"config.yaml is not read: it is no config this version reads .*gigantic"
+    with pytest.warns(UserWarning, match=said):
+        config = load_run_config(first.run_dir, ["max_steps=3"])
+    assert config.model.preset == "tiny" and config.max_steps == 3
+
+
 def test_a_run_resumed_by_a_home_relative_path_stays_in_one_folder(tiny_config, tmp_path, monkeypatch):
     """resume='~/run' found the checkpoint under $HOME while the lock and config.yaml went to a
     folder named '~' in the working folder: one run split across two."""

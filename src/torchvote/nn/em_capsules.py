@@ -46,7 +46,7 @@ from torchvote.nn.capsules import check_feature_maps
 from torchvote.nn.initialization import near_identity_
 from torchvote.nn.routers import EMRouter, Router, RoutingResult
 from torchvote.nn.routers.base import build_router, result_in_dtype
-from torchvote.tracing import under_autograd_transforms
+from torchvote.tracing import register_output, under_autograd_transforms
 from torchvote.validation import (
     check_choice,
     check_device,
@@ -79,6 +79,9 @@ class MatrixCapsules(NamedTuple):
 
     poses: Tensor
     activations: Tensor
+
+
+register_output(MatrixCapsules)  # its name in a saved exported program (torch.export.save / load)
 
 
 def pose_side(pose_dim: int, argument: str = "pose_dim") -> int:

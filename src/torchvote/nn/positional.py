@@ -74,10 +74,12 @@ class SinusoidalPositionalEncoding(nn.Module):
     the sizes alone), computed in float64 and stored in ``dtype`` (default: the default dtype);
     it follows the module's ``.to()`` and is cast to the inputs' dtype when added. ``.to()``
     converts the stored values: a float32 table widened by ``.double()`` keeps float32's
-    rounding (about 3e-8); build with ``dtype=torch.float64``, or call :meth:`reset_parameters`
-    after the conversion, for a table exact in float64. Built on the
-    ``"meta"`` device it holds no values: after ``to_empty()``, :meth:`reset_parameters` fills it,
-    and so does ``load_state_dict`` (which has no table to load).
+    rounding (about 3e-8), and one taken through ``.half().float()`` float16's (about 2e-4);
+    build with ``dtype=torch.float64``, or call :meth:`reset_parameters` after the conversion,
+    for a table exact in its dtype. Built on the ``"meta"`` device it holds no values: after
+    ``to_empty()``, :meth:`reset_parameters` fills it, and so does ``load_state_dict`` (which has
+    no table to load); ``load_state_dict(assign=True)`` alone leaves it on ``"meta"`` (it assigns
+    only what the state dict holds), and the forward pass says so.
 
     Args:
         embed_dim: feature size ``E`` (odd sizes are fine: the last column is a sine).
@@ -141,10 +143,18 @@ class SinusoidalPositionalEncoding(nn.Module):
 
         Raises:
             ValueError: wrong feature size, an offset that is not a non-negative int,
-                ``offset + T > max_len``, or ``inputs`` on another device than the table.
+                ``offset + T > max_len``, ``inputs`` on another device than the table, or a
+                table still on ``"meta"`` (never filled).
             TypeError: ``inputs`` not a floating-point tensor.
         """
         _check_positions(inputs, self.embed_dim, self.max_len, offset)
+        if self.table.is_meta and not inputs.is_meta:  # not "move the inputs to meta"
+            raise ValueError(
+                "the sinusoidal table was never filled: the module was built on the 'meta' device "
+                "and not moved with to_empty(device=...) (load_state_dict(assign=True) leaves a "
+                "buffer no state dict holds on 'meta'); call to_empty(device=...), then load the "
+                "weights, or reset_parameters() after moving the table"
+            )
         check_device(inputs, self.table.device, "inputs", "the encodings")
         positions = self.table[offset : offset + inputs.shape[-2]]  # (T, E)
         return self.dropout(inputs + positions.to(inputs.dtype))

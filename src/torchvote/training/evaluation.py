@@ -388,7 +388,12 @@ def load_model_from_checkpoint(
             spec = get_model_spec(metadata["model"])
         except ValueError as err:
             raise CheckpointError(f"{paths.weights}: {err}") from None
-        model = build_float32_model(spec, model_config_from_metadata(spec, metadata, str(paths.weights)))
+        config = model_config_from_metadata(spec, metadata, str(paths.weights))
+        try:  # what the config's fields only settle together (a router's options) is checked here
+            model = build_float32_model(spec, config)
+        except (TypeError, ValueError) as err:
+            message = f"{paths.weights} records a model config that {metadata['model']} refuses: {err}"
+            raise CheckpointError(message) from None
         load_model_weights(model, paths.weights)
     except CheckpointError as err:
         raise CheckpointError(f"{err}{_intact_one_beside(location, paths)}") from None

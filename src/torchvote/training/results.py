@@ -149,7 +149,8 @@ def last_set_up_config(run_dir: Path, saved: TrainConfig) -> TrainConfig:
 
     Warns:
         UserWarning: ``config.yaml`` differs from ``saved`` in a key a resume keeps (edited by
-            hand, or copied from another run): it is not read.
+            hand, or copied from another run), or is no config this version reads (a name that
+            does not exist, an older version's file): it is not read.
     """
     import yaml
 
@@ -160,8 +161,17 @@ def last_set_up_config(run_dir: Path, saved: TrainConfig) -> TrainConfig:
         return saved
     try:
         written = saved_config(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError, TypeError, ValueError):
-        return saved  # one of an older version: the checkpoint's
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError, TypeError, ValueError) as err:
+        # one of an older version, or edited by hand (a preset that does not exist): the
+        # checkpoint's is used, and the resume writes it there: said, or the edit went unseen
+        message = " ".join(str(err).split()) or type(err).__name__
+        warnings.warn(
+            f"{path} is not read: it is no config this version reads ({message}); the checkpoint's "
+            "config is used and written there",
+            UserWarning,
+            stacklevel=3,
+        )
+        return saved
     try:
         check_resumable(saved, written)
     except ConfigError as err:  # edited by hand, or another run's: said, not silently dropped

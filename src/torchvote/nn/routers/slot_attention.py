@@ -101,9 +101,12 @@ class SlotAttention(nn.Module):
     ) -> Tensor:
         """``(batch, num_slots, slot_dim)`` slots sampled from ``N(mu, sigma^2)``; the noise is
         drawn on ``generator``'s device (a CPU generator serves a CUDA module) and moved."""
-        mu = self.slots_mu.expand(batch, num_slots, -1)
-        draw_device = generator.device if generator is not None else mu.device
-        noise = torch.randn(mu.shape, generator=generator, device=draw_device, dtype=mu.dtype).to(mu.device)
+        mu = self.slots_mu.expand(batch, num_slots, -1)  # (batch, K, slot_dim)
+        if generator is None:  # as drawn below, and a symbolic batch (torch.export) stays symbolic
+            noise = torch.randn_like(mu, memory_format=torch.contiguous_format)
+        else:
+            noise = torch.randn(mu.shape, generator=generator, device=generator.device, dtype=mu.dtype)
+            noise = noise.to(mu.device)
         return mu + self.slots_log_sigma.exp() * noise
 
     def forward(
