@@ -98,10 +98,11 @@ if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
 fi
 
 # Four test processes share the GPU where pytest-xdist is installed (the compiled-strategy tests
-# spend most of their time compiling on the CPU); every failure is listed, up to ten.
+# spend most of their time compiling on the CPU); every failure is listed, up to ten, and each
+# test's result as it ends (-v: a step stopped by its limit still names what failed before).
 parallel=()
 "$python" -c 'import xdist' 2>/dev/null && parallel=(-n 4 --dist worksteal)
-step device-tests 150 "$python" -m pytest -q -p no:randomly --device cuda -m device --maxfail=10 \
+step device-tests 150 "$python" -m pytest -v -p no:randomly --device cuda -m device --maxfail=10 \
     ${parallel[@]+"${parallel[@]}"}  # (an empty array is "unbound" to bash 3.2's set -u)
 step routing-em 200 "$python" benchmarks/routing.py --device cuda --cases em-conv1 em-paper em-class \
     --batches 32 --modes fwd+bwd --em-strategies auto compiled --repeats 10

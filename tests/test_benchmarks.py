@@ -682,7 +682,7 @@ def test_cuda_targets_runs_the_device_tests_first_from_the_repository(tmp_path):
     assert "failed steps: device-tests (their output" in result.stderr
     runs = [line for line in (tmp_path / "python.log").read_text().splitlines() if not line.startswith("-c ")]
     # every failure listed (up to ten), four processes where xdist imports (the fake imports all)
-    device_tests = "-m pytest -q -p no:randomly --device cuda -m device --maxfail=10 -n 4 --dist worksteal"
+    device_tests = "-m pytest -v -p no:randomly --device cuda -m device --maxfail=10 -n 4 --dist worksteal"
     assert runs[:2] == [device_tests, f"in {SCRIPT.parents[1]}"]
     assert runs[2].startswith("benchmarks/routing.py")
     assert "exit 3 after" in (tmp_path / "results" / "device-tests.txt").read_text()

@@ -218,10 +218,21 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
 
 
 def test_dtype_mismatch_is_named(tmp_path):
-    paths = _save(tmp_path, 1, _tiny_model(0).double())
-    with pytest.raises(
-        CheckpointError, match="has dtype torch.float64 in the checkpoint, the model expects torch.float32"
-    ):
+    """One tensor of another dtype is named; a whole model in another dtype is one line that says
+    how to load it (it was one line per tensor, over 1,000 characters for capsnet tiny)."""
+    model = _tiny_model(0)
+    name = next(iter(model.state_dict()))
+    with torch.no_grad():
+        model.get_parameter(name).data = model.get_parameter(name).data.double()
+    paths = _save(tmp_path / "one", 1, model)
+    with pytest.raises(CheckpointError, match=rf"tensor '{name}' has dtype torch.float64 in the checkpoint, "
+                       "the model expects torch.float32$"):
+        load_model_weights(_tiny_model(0), paths.weights)
+    paths = _save(tmp_path / "all", 1, _tiny_model(0).double())
+    count = len(_tiny_model(0).state_dict())
+    with pytest.raises(CheckpointError, match=rf": {count} tensors \('.*', '.*', \.\.\.\) have dtype "
+                       r"torch.float64 in the checkpoint, the model expects torch.float32: load into a model "
+                       r"in torch.float64, then convert it \(model.to\(torch.float32\)\)$"):
         load_model_weights(_tiny_model(0), paths.weights)
 
 

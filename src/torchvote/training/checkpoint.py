@@ -294,6 +294,7 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
         problems.append(f"missing tensors: {', '.join(missing)}")
     if unexpected:
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    dtypes: dict[tuple[torch.dtype, torch.dtype], list[str]] = {}  # (checkpoint's, model's) -> names
     for name, tensor in expected.items():
         if name not in loaded:
             continue
@@ -304,8 +305,17 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
                 f"the model expects {tuple(tensor.shape)}"
             )
         elif found.dtype != tensor.dtype:
+            dtypes.setdefault((found.dtype, tensor.dtype), []).append(name)
+    for (saved, wanted), names in dtypes.items():
+        if len(names) == 1:
             problems.append(
-                f"tensor {name!r} has dtype {found.dtype} in the checkpoint, the model expects {tensor.dtype}"
+                f"tensor {names[0]!r} has dtype {saved} in the checkpoint, the model expects {wanted}"
+            )
+        else:  # one line for a model built in another dtype, not one per tensor
+            problems.append(
+                f"{len(names)} tensors ({names[0]!r}, {names[1]!r}, ...) have dtype {saved} in the "
+                f"checkpoint, the model expects {wanted}: load into a model in {saved}, then convert it "
+                f"(model.to({wanted}))"
             )
     if problems:
         raise CheckpointError(f"{path} does not fit {type(model).__name__}: " + "; ".join(problems))
