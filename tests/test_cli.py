@@ -830,10 +830,14 @@ def test_commands_that_train_nothing_run_without_the_train_extra(missing):
     assert 'pip install "torchvote[train]"' in trained.stderr
 
 
-def test_main_without_matplotlib_stops_before_training_unless_told_no_report(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("missing", ["matplotlib", "matplotlib.pyplot"], ids=["absent", "broken"])
+def test_main_without_matplotlib_stops_before_training_unless_told_no_report(tmp_path, capsys, monkeypatch,
+                                                                             missing):
     """The main job ends with the explain report: without the plots extra it trained for minutes,
     then failed on the report; it stops at once now, naming the extra and --no-report. With
-    --no-report it trains, and says why no training curves were drawn."""
+    --no-report it trains, and says why no training curves were drawn. An install whose pyplot
+    does not import (a system library missing) is no matplotlib either: finding the package was
+    not enough."""
     import sys
     from types import SimpleNamespace
 
@@ -841,7 +845,7 @@ def test_main_without_matplotlib_stops_before_training_unless_told_no_report(tmp
     import torchvote.training.plots as plots
 
     monkeypatch.setattr(training, "train", lambda *args, **kwargs: pytest.fail("trained before the check"))
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as when it is not installed
+    monkeypatch.setitem(sys.modules, missing, None)  # as when it is not installed, or fails to import
     assert cli.main(["main", "max_steps=1", "progress=false", "tensorboard=false"]) == cli.EXIT_FAILURE
     error = capsys.readouterr().err
     assert "need matplotlib" in error and "--no-report" in error

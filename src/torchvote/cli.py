@@ -805,7 +805,7 @@ def _run_training(config, resume: str | None, *, args: argparse.Namespace, expla
                   "tensorboard=false hides this line)")
         if result.plots:
             print(f"plots:      {', '.join(str(p) for p in result.plots)}")
-        elif not _installed("matplotlib"):
+        elif not _can_draw():
             print('plots:      not drawn, no matplotlib (pip install "torchvote[plots]")')
         print(f"evaluate:   {_evaluate_command(config, result.run_dir)}")
         if explain:
@@ -844,7 +844,7 @@ def _main_job(args: argparse.Namespace) -> int:
 
     _check_keys_given_once(args.overrides)
     config = load_config("main", args.overrides)
-    if not args.no_report and not _installed("matplotlib"):  # before the training, not after it
+    if not args.no_report and not _can_draw():  # before the training, not after it
         raise ModuleNotFoundError(
             "the main job ends with the explain report, whose figures need matplotlib (--no-report "
             "trains without it)", name="matplotlib"
@@ -852,14 +852,17 @@ def _main_job(args: argparse.Namespace) -> int:
     return _run_training(config, None, args=args, explain=not args.no_report)
 
 
-def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported (found, or already imported; not one set to ``None`` in
-    ``sys.modules``, as a test's stand-in for a missing package is)."""
-    import importlib.util
+def _can_draw() -> bool:
+    """Whether the pictures can be drawn: matplotlib imports as the figures import it (pyplot on
+    the Agg backend). A missing package, one whose import fails (a system library missing) and a
+    test's ``None`` in ``sys.modules`` all say no."""
+    from torchvote.explain.figures import pyplot
 
-    if module in sys.modules:
-        return sys.modules[module] is not None
-    return importlib.util.find_spec(module) is not None
+    try:
+        pyplot()
+    except ImportError:
+        return False
+    return True
 
 
 # --- evaluate ---------------------------------------------------------------------------------------

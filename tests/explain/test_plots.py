@@ -90,6 +90,20 @@ def test_vote_passes_plot_the_projection(tmp_path):
     _saved(figure, tmp_path, "votes")
 
 
+def test_vote_passes_still_take_the_outputs_it_no_longer_draws():
+    """The star became the votes' weighted mean, which needs no argument: a caller that passes the
+    outputs (the old third argument) gets the same figure and a FutureWarning, not a TypeError."""
+    votes, weights = torch.randn(30, 16), torch.softmax(torch.randn(3, 30), dim=-1)
+    with pytest.warns(FutureWarning, match="consensus is no longer drawn"):
+        old_call = capsule_plots.vote_passes(votes, weights, torch.randn(3, 16))
+    new_call = capsule_plots.vote_passes(votes, weights)
+    for old_axes, new_axes in zip(old_call.axes, new_call.axes, strict=True):
+        for old_points, new_points in zip(old_axes.collections, new_axes.collections, strict=True):
+            np.testing.assert_array_equal(old_points.get_offsets(), new_points.get_offsets())
+    close_figure(old_call)
+    close_figure(new_call)
+
+
 def test_images_reconstructions_perturbations_multimnist_patches(tmp_path):
     inputs, outputs = torch.rand(4, 28, 28), torch.rand(4, 28, 28)
     figure = capsule_plots.reconstructions(inputs, outputs, labels=[1, 2, 3, 4])

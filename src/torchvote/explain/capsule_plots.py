@@ -14,6 +14,7 @@ is drawn grey, never as 0; figures stop growing at
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -111,11 +112,12 @@ def coupling_passes(
     """Routing couplings of one input, one heatmap per pass (outputs down, inputs across): how
     the votes settle.
 
-    Pass ``t``'s map holds the couplings that pass used (pass 1: before any agreement). One
-    diverging colour scale for every pass, centred (white) on the uniform coupling ``1 / i``
-    that every input gives every output before any agreement (couplings sum to 1 over the
-    outputs), its limits symmetric at the largest finite deviation from it: red is more than
-    uniform, blue less, whatever the number of passes. NaN and infinite couplings are grey. More
+    Pass ``t``'s map holds the couplings that pass used (dynamic routing's pass 1: the uniform
+    ``1 / i`` of ``b_ij = 0``, before any agreement; slot and self-attention routing start from
+    logits of their own). One diverging colour scale for every pass, centred (white) on the
+    uniform coupling ``1 / i`` (couplings sum to 1 over the outputs), its limits symmetric at the
+    largest finite deviation from it: red is more than uniform, blue less, whatever the number
+    of passes. NaN and infinite couplings are grey. More
     than :data:`LABEL_LIMIT` labels on an axis: every k-th is shown. More than
     :data:`PASSES_PER_ROW` passes wrap onto further rows.
 
@@ -172,7 +174,7 @@ def coupling_passes(
         image = ax.imshow(
             couplings[t].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest"
         )
-        ax.set_title(f"pass {t + 1}" + (" (before any agreement)" if t == 0 else ""), fontsize=9)
+        ax.set_title(f"pass {t + 1}", fontsize=9)
         if t + columns >= passes:  # no map below this one
             ax.set_xlabel(literal_text(xlabel))
         if outputs is not None:
@@ -287,16 +289,22 @@ def _small_changes_look_small(ax, values: Tensor, relative: float = 0.01) -> Non
 
 
 def vote_passes(
-    votes: Tensor, weights: Tensor, *, uniform: float | None = None, title: str = ""
+    votes: Tensor,
+    weights: Tensor,
+    consensus: Tensor | None = None,
+    *,
+    uniform: float | None = None,
+    title: str = "",
 ) -> Figure:
     """One output capsule's votes in 2-D (PCA), coloured and sized by their coupling, with the
     consensus they form marked, one panel per pass (equal scales on both axes).
 
     The consensus is the coupling-weighted mean of the votes, ``s_i / sum_j c_ij =
-    sum_j c_ij u_hat_j|i / sum_j c_ij``: a point in vote space, in the direction of the output
-    ``v_i = squash(s_i)`` (the output itself, a squashed *sum* of hundreds of votes, lies far
-    outside them). Votes are coloured on one diverging scale for every pass, white at
-    ``uniform`` (the coupling before any agreement), red above and blue below it, limits
+    sum_j c_ij u_hat_j|i / sum_j c_ij``: a point in vote space, in the direction of ``s_i``, and
+    so of the output ``v_i = squash(s_i)`` where routing adds no bias (the output itself, a
+    squashed *sum* of hundreds of votes, lies far outside them). Votes are coloured on one
+    diverging scale for every pass, white at ``uniform`` (dynamic routing's coupling before any
+    agreement), red above and blue below it, limits
     symmetric at the largest finite deviation (a colour bar); marker area is proportional to
     the weight over ``uniform``, at least :data:`MIN_AREA` (a weight of 0 or below). A vote whose
     weight is NaN or infinite is drawn as a grey cross, not left out, and counts for nothing
@@ -306,6 +314,9 @@ def vote_passes(
         votes: ``(j, d)`` the input capsules' votes ``u_hat_{j|i}`` for one output ``i``, finite.
         weights: ``(t, j)`` each vote's coupling to that output in each pass (the couplings pass
             ``t`` used).
+        consensus: deprecated and not drawn: the output capsules ``(t, d)`` this figure drew
+            as its star until the star became the votes' weighted mean (which needs no
+            argument); a FutureWarning says so.
         uniform: the coupling with no agreement, ``1 / (number of outputs)`` for routing over
             the outputs, a positive number; default the mean finite weight of pass 1 (1 when
             that is not positive).
@@ -319,6 +330,13 @@ def vote_passes(
             not a finite number > 0.
         TypeError: not real tensors.
     """
+    if consensus is not None:
+        warnings.warn(
+            "vote_passes' consensus is no longer drawn (the star is the votes' coupling-weighted mean, "
+            "made from votes and weights); drop the argument",
+            FutureWarning,
+            stacklevel=2,
+        )
     votes = checked_tensor(votes, "votes", dims=(2,))
     weights = checked_tensor(weights, "weights", dims=(2,), nonempty=True)
     if weights.shape[1] != votes.shape[0]:
@@ -362,7 +380,7 @@ def vote_passes(
                 color="gold",
                 edgecolors="black",
                 linewidths=0.8,
-                label="weighted mean of the votes,\nΣ c·û / Σ c (direction of v_i)",
+                label="weighted mean of the votes,\nΣ c·û / Σ c (direction of s_i)",
                 zorder=3,
             )
         if not known[t].all():
@@ -374,7 +392,7 @@ def vote_passes(
                 color="0.45",
                 label="vote, weight NaN or inf",
             )
-        ax.set_title(f"pass {t + 1}" + (" (couplings before any agreement)" if t == 0 else ""), fontsize=9)
+        ax.set_title(f"pass {t + 1}", fontsize=9)
         ax.set_xlabel(f"PC1 ({100 * float(explained[0]):.0f}%)")
         ax.set_aspect("equal", adjustable="box")
         ax.grid(alpha=0.3)

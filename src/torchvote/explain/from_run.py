@@ -4,8 +4,8 @@
 :mod:`torchvote.explain.record`). A training checkpoint holds weights, so this module loads the
 run's model, runs it on the first test images and keeps what the pictures read:
 
-- ``couplings`` ``(t, b, i, j)``, the couplings routing pass ``t`` used (pass 1: uniform, before
-  any agreement), and ``outputs`` ``(t, b, i, d)``, the output after that pass. The routers
+- ``couplings`` ``(t, b, i, j)``, the couplings routing pass ``t`` used (dynamic routing's pass
+  1: uniform, before any agreement), and ``outputs`` ``(t, b, i, d)``, the output after that pass. The routers
   record only their last pass, so pass ``t`` is taken as the final pass of the model's own
   router run for ``t + 1`` iterations on the same votes: every router's passes are a prefix
   of a longer run (the loop never looks at how many passes remain; EM's inverse temperature

@@ -334,9 +334,9 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
             plots.coupling_passes(couplings[:, 0], title="couplings of input 0"),
             "couplings",
             caption=(
-                "Couplings c_ij of input 0 used in pass t (pass 1: uniform 1/n_out, before any "
-                "agreement); each column sums to 1 over the outputs (rows). White: the uniform "
-                "coupling; red above it, blue below."
+                "Couplings c_ij of input 0 used in pass t (dynamic routing's pass 1: uniform "
+                "1/n_out, before any agreement); each column sums to 1 over the outputs (rows). "
+                "White: the uniform coupling; red above it, blue below."
             ),
         )
         entropy = coupling_entropy(couplings)  # (t,)
@@ -369,9 +369,9 @@ def explain_record(record: Mapping[str, Tensor], report: HtmlReport) -> list[str
                 caption=(
                     f"Input 0's votes for capsule {winner} (PCA) on equal scales, coloured and sized by "
                     f"their coupling against the uniform 1/{couplings.shape[2]}; star: the "
-                    "coupling-weighted mean of the votes, s_i / sum_j c_ij, whose direction is the "
-                    "output v_i = squash(s_i) (the output itself, a squashed sum of every vote, is "
-                    "longer: its length is in the table)."
+                    "coupling-weighted mean of the votes, s_i / sum_j c_ij, whose direction is that "
+                    "of the output v_i = squash(s_i) where routing adds no bias (the output itself, a "
+                    "squashed sum of every vote, is longer: its length is in the table)."
                 ),
                 table=(
                     ["pass", "output length"],
