@@ -5,6 +5,8 @@ forward-mode AD (``torch.compile`` needs nothing here: it traces every module in
 - :func:`plain_ops_required`: whether the blocked CPU kernels (autograd Functions writing into
   buffers they allocate) must step aside for plain differentiable operations, which give the same
   numbers; :func:`under_autograd_transforms`, the same question without ``torch.export``.
+- :func:`under_vmap`: whether a backward runs batched (``is_grads_batched``, a vectorised
+  Jacobian), which the kernels' backward cannot.
 - :func:`is_exporting`: whether ``torch.export`` (not ``torch.compile``) is tracing, where this
   torch can tell (2.6 and later).
 - :func:`register_output`: a dataclass (or named tuple) that a module takes or returns, made a
@@ -18,7 +20,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-__all__ = ["is_exporting", "plain_ops_required", "register_output", "under_autograd_transforms"]
+__all__ = ["is_exporting", "plain_ops_required", "register_output", "under_autograd_transforms", "under_vmap"]
 
 
 def is_exporting() -> bool:
@@ -82,6 +84,25 @@ def under_autograd_transforms(*tensors: Tensor | None) -> bool:
     if fwAD._current_level < 0:  # no dual level entered: no tensor has a tangent (and no call costs)
         return False
     return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def under_vmap(*tensors: Tensor | None) -> bool:
+    """Whether the caller runs under ``vmap``: a ``torch.func`` transform, or one of ``tensors``
+    a batched tensor of the older vmap that ``torch.autograd.grad(..., is_grads_batched=True)``
+    and ``jacobian`` / ``hessian`` with ``vectorize=True`` run a backward under
+    (``torch/_vmap_internals.py``): what a custom backward that cannot be batched checks
+    (:func:`~torchvote.functional.voting.refuse_double_backward`).
+
+    Args:
+        *tensors: the backward's output gradients (``None`` is skipped).
+
+    Returns:
+        True under a transform or with a batched tensor among ``tensors``.
+    """
+    if torch._C._are_functorch_transforms_active():
+        return True
+    is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return is_legacy_batched is not None and any(t is not None and is_legacy_batched(t) for t in tensors)
 
 
 def register_output(cls: type) -> type:

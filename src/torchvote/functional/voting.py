@@ -52,7 +52,7 @@ from torchvote.functional.masks import (
 )
 from torchvote.functional.nonlinearities import _squash
 from torchvote.functional.scores import default_scale
-from torchvote.tracing import under_autograd_transforms
+from torchvote.tracing import under_autograd_transforms, under_vmap
 from torchvote.validation import (
     autocast_available,
     autocast_enabled,
@@ -400,22 +400,13 @@ def refuse_double_backward(message: str) -> Callable[[Callable[..., _T]], Callab
     def decorate(backward: Callable[..., _T]) -> Callable[..., _T]:
         @functools.wraps(backward)
         def run(ctx: Any, *grads: Tensor | None) -> _T:
-            if not torch.compiler.is_compiling() and (torch.is_grad_enabled() or _batched(grads)):
+            if not torch.compiler.is_compiling() and (torch.is_grad_enabled() or under_vmap(*grads)):
                 raise RuntimeError(message)
             return backward(ctx, *grads)
 
         return run
 
     return decorate
-
-
-def _batched(grads: tuple[Tensor | None, ...]) -> bool:
-    """Whether a backward runs under ``vmap``: a ``torch.func`` transform, or the batched tensors
-    of the older vmap that ``is_grads_batched`` and ``vectorize=True`` use (torch/_vmap_internals.py)."""
-    if torch._C._are_functorch_transforms_active():
-        return True
-    is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
-    return is_legacy_batched is not None and any(g is not None and is_legacy_batched(g) for g in grads)
 
 
 def masked_softmax(logits: Tensor, dim: int, mask: Tensor | None = None) -> Tensor:

@@ -189,9 +189,10 @@ class CapsuleLinear(nn.Module):
     gradient penalty or any double backward (``create_graph=True``), and batched gradients
     (``is_grads_batched=True``, ``jacobian`` or ``hessian`` with ``vectorize=True``), need
     ``"materialize"`` (``"stream"`` refuses them with a RuntimeError that says so; the slot router,
-    which forms its own, is not concerned). EM routing, which needs the votes elementwise, materialises them
-    whatever the strategy; its own kernel is differentiated once too, so a double or batched
-    backward through it also needs ``router_options={"strategy": "vectorized"}`` (its RuntimeError says so).
+    which forms its own, is not concerned). EM routing, which needs the votes elementwise,
+    materialises them whatever the strategy; its own kernel is differentiated once too, so a
+    double or batched backward through it also needs ``router_options={"strategy": "vectorized"}``
+    (its RuntimeError says so).
 
     Args:
         in_caps: input capsules ``j``.
