@@ -78,6 +78,12 @@ def test_find_checkpoint_accepts_every_way_of_naming_one(tmp_path):
     (run / "checkpoints" / "latest").write_text("step-00000099\n")
     with pytest.raises(CheckpointError, match="points at step-00000099"):
         find_checkpoint(run)
+    # the pointer names a checkpoint, never a path: one reading "../../elsewhere/model" opened a
+    # file outside the run folder (a shared run folder crafted so)
+    outside = _save(tmp_path / "elsewhere", 5, _tiny_model())
+    (run / "checkpoints" / "latest").write_text(f"../../elsewhere/{outside.name}\n")
+    with pytest.raises(CheckpointError, match=r"which is no checkpoint name \(step-<digits>\)"):
+        find_checkpoint(run)
     # a file of another kind named as a checkpoint was read as a stem: "op.py.safetensors does
     # not exist", which sent the user looking for a file they never had
     script = tmp_path / "op.py"

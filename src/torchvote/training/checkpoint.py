@@ -650,7 +650,12 @@ def find_checkpoint(location: str | os.PathLike[str]) -> CheckpointPaths:
         for directory in (location / "checkpoints", location):
             pointer = directory / LATEST
             if pointer.is_file():
-                name = pointer.read_text().strip()
+                name = pointer.read_text(errors="replace").strip()
+                if checkpoint_step(name) < 0:  # a pointer only ever holds a checkpoint's name, never a path
+                    raise CheckpointError(
+                        f"{pointer} holds {name[:80]!r}, which is no checkpoint name (step-<digits>): "
+                        f"write the name of a checkpoint in {directory} into it, or delete it"
+                    )
                 paths = CheckpointPaths.of(directory, name)
                 if not paths.weights.is_file():
                     raise CheckpointError(f"{pointer} points at {name}, but {paths.weights} does not exist")
