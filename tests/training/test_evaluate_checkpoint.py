@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
 from torchvote.training import evaluate, evaluate_checkpoint, load_model_from_checkpoint, train
 from torchvote.training.evaluation import load_eval_entry
@@ -280,3 +281,56 @@ def test_a_damaged_latest_checkpoint_names_the_intact_one_beside_it(tiny_config)
         load_model_from_checkpoint(latest)
     assert "intact checkpoint" not in str(named.value)
     load_model_from_checkpoint(older)
+
+
+def test_a_config_larger_than_its_weights_is_refused_before_the_model_is_allocated(tmp_path):
+    """A checkpoint's metadata sets its model's size: one holding a single float and a
+    transformer-lm of 40 TB (d_model 10^7, vocab 10^6) stopped in the allocator (or, on a machine
+    with the memory, took it) before its tensors were compared; the comparison now runs on the
+    model built on the meta device, against the file's header."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from torchvote.training.checkpoint import CheckpointError
+
+    config = {"vocab_size": 10**6, "d_model": 10**7, "num_heads": 1, "dim_feedforward": 1,
+              "num_layers": 1, "context_length": 8}
+    weights = tmp_path / "crafted.safetensors"
+    save_file({"w": torch.zeros(1)}, str(weights),
+              metadata={"model": "transformer-lm", "model_config": json.dumps(config)})
+    said = (f"{weights} does not fit TransformerLM: missing tensors: token_embedding.weight, "
+            ".*unexpected tensors: w")
+    with pytest.raises(CheckpointError, match=said):
+        load_model_from_checkpoint(weights)
+
+
+def test_a_model_that_cannot_be_built_on_the_meta_device_still_loads(scratch_registry, tmp_path):
+    """The check before allocation builds the model on the meta device; a registered class that
+    reads a tensor's value as it builds cannot be, and is loaded (and checked) as before."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from torchvote.models.registry import register_model
+
+    @dataclasses.dataclass
+    class ScaledConfig:
+        width: int = 3
+
+    @register_model("scaled-by-a-value", config=ScaledConfig)
+    class Scaled(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            scale = torch.full((1,), 2.0).sum().item()  # a value: no meta tensor has one
+            self.linear = nn.Linear(config.width, int(scale))
+
+        def forward(self, images, targets=None):
+            return self.linear(images)
+
+    saved = Scaled(ScaledConfig())
+    weights = tmp_path / "scaled.safetensors"
+    save_file({k: v.contiguous() for k, v in saved.state_dict().items()}, str(weights),
+              metadata={"model": "scaled-by-a-value", "model_config": json.dumps({"width": 3})})
+    model, _, _ = load_model_from_checkpoint(weights)
+    torch.testing.assert_close(model.linear.weight, saved.linear.weight, rtol=0, atol=0)

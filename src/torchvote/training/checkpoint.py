@@ -280,32 +280,73 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     path = as_path(path, "path")
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: load into its module
-    loaded = {_eager_name(name): tensor for name, tensor in read_weights(path).items()}
-    metadata = read_model_metadata(path)
-    for alias, target in json.loads(metadata.get("aliases", "{}")).items():
-        if target in loaded:
-            loaded[alias] = loaded[target]
+    loaded = _with_aliases(
+        {_eager_name(name): tensor for name, tensor in read_weights(path).items()}, read_model_metadata(path)
+    )
+    _refuse_misfits(model, path, {name: (tensor.shape, tensor.dtype) for name, tensor in loaded.items()})
+    model.load_state_dict(loaded, strict=True)
 
+
+def check_weights_fit(model: nn.Module, path: str | os.PathLike[str]) -> None:
+    """Check that a weights file's tensors have ``model``'s names and shapes, from the file's
+    header alone (no tensor is read): run on a model built on the ``meta`` device, it refuses a
+    checkpoint whose recorded config asks for a model larger than its weights before that model's
+    memory is allocated. Dtypes are left to :func:`load_model_weights`.
+
+    Args:
+        model: the model the file should fit (on any device, ``meta`` included).
+        path: a ``.safetensors`` weights file.
+
+    Raises:
+        CheckpointError: the file is missing or not a safetensors file, or a tensor is missing,
+            unexpected or of another shape; the message names every such tensor.
+    """
+    from safetensors import safe_open
+
+    path = as_path(path, "path")
+    metadata = read_model_metadata(path)  # missing or unreadable: its CheckpointError
+    with safe_open(str(path), framework="pt") as handle:
+        names = handle.keys()  # noqa: SIM118 (a safe_open handle cannot be iterated)
+        shapes = {_eager_name(name): torch.Size(handle.get_slice(name).get_shape()) for name in names}
+    shapes = _with_aliases(shapes, metadata)
+    _refuse_misfits(model, path, {name: (shape, None) for name, shape in shapes.items()})
+
+
+def _with_aliases(found: dict[str, Any], metadata: dict[str, str]) -> dict[str, Any]:
+    """``found`` (a file's entries by name) with the names :func:`save_model_weights` stored once
+    for tensors that share memory (its ``aliases`` metadata) filled in."""
+    for alias, target in json.loads(metadata.get("aliases", "{}")).items():
+        if target in found:
+            found[alias] = found[target]
+    return found
+
+
+def _refuse_misfits(
+    model: nn.Module, path: Path, found: dict[str, tuple[torch.Size, torch.dtype | None]]
+) -> None:
+    """Raise a :class:`CheckpointError` naming every tensor of ``found`` (a file's shapes and
+    dtypes by name; a dtype of ``None`` is not compared) that ``model``'s state_dict lacks, or
+    holds in another shape or dtype, and every tensor of the model the file lacks."""
     expected = model.state_dict()
     problems: list[str] = []
-    missing = [name for name in expected if name not in loaded]
-    unexpected = sorted(name for name in loaded if name not in expected)
+    missing = [name for name in expected if name not in found]
+    unexpected = sorted(name for name in found if name not in expected)
     if missing:
         problems.append(f"missing tensors: {', '.join(missing)}")
     if unexpected:
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
     dtypes: dict[tuple[torch.dtype, torch.dtype], list[str]] = {}  # (checkpoint's, model's) -> names
     for name, tensor in expected.items():
-        if name not in loaded:
+        if name not in found:
             continue
-        found = loaded[name]
-        if found.shape != tensor.shape:
+        shape, dtype = found[name]
+        if shape != tensor.shape:
             problems.append(
-                f"tensor {name!r} has shape {tuple(found.shape)} in the checkpoint, "
+                f"tensor {name!r} has shape {tuple(shape)} in the checkpoint, "
                 f"the model expects {tuple(tensor.shape)}"
             )
-        elif found.dtype != tensor.dtype:
-            dtypes.setdefault((found.dtype, tensor.dtype), []).append(name)
+        elif dtype is not None and dtype != tensor.dtype:
+            dtypes.setdefault((dtype, tensor.dtype), []).append(name)
     for (saved, wanted), names in dtypes.items():
         if len(names) == 1:
             problems.append(
@@ -319,7 +360,6 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
             )
     if problems:
         raise CheckpointError(f"{path} does not fit {type(model).__name__}: " + "; ".join(problems))
-    model.load_state_dict(loaded, strict=True)
 
 
 # --- whole checkpoints ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from torchvote.nn.modes import evaluating
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
+    check_weights_fit,
     find_checkpoint,
     load_model_weights,
     load_training_state,
@@ -358,6 +359,20 @@ def build_float32_model(spec: ModelSpec, config: Any) -> nn.Module:
         torch.set_default_dtype(previous)
 
 
+def _meta_model(spec: ModelSpec, config: Any) -> nn.Module | None:
+    """``spec``'s model built on the ``meta`` device (shapes, no memory), or ``None`` for a
+    registered class that cannot be built there (one that reads a tensor's values as it builds).
+
+    Raises:
+        TypeError, ValueError: the config, refused by the model (as the real build would).
+    """
+    try:
+        with torch.device("meta"):
+            return build_float32_model(spec, config)
+    except (RuntimeError, NotImplementedError):  # e.g. .item() of a meta tensor: checked when loaded
+        return None
+
+
 def load_model_from_checkpoint(
     location: str | os.PathLike[str], device: torch.device | str = "cpu"
 ) -> tuple[nn.Module, ModelSpec, dict[str, str]]:
@@ -389,11 +404,17 @@ def load_model_from_checkpoint(
         except ValueError as err:
             raise CheckpointError(f"{paths.weights}: {err}") from None
         config = model_config_from_metadata(spec, metadata, str(paths.weights))
+        refused = f"{paths.weights} records a model config that {metadata['model']} refuses"
         try:  # what the config's fields only settle together (a router's options) is checked here
+            outline = _meta_model(spec, config)
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{refused}: {err}") from None
+        if outline is not None:  # a config asking for more than the file holds: refused unallocated
+            check_weights_fit(outline, paths.weights)
+        try:
             model = build_float32_model(spec, config)
         except (TypeError, ValueError) as err:
-            message = f"{paths.weights} records a model config that {metadata['model']} refuses: {err}"
-            raise CheckpointError(message) from None
+            raise CheckpointError(f"{refused}: {err}") from None
         load_model_weights(model, paths.weights)
     except CheckpointError as err:
         raise CheckpointError(f"{err}{_intact_one_beside(location, paths)}") from None
