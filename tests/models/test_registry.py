@@ -177,6 +177,32 @@ def test_register_model_rejects_bad_registrations(scratch_registry):
         register_model("cnn-baseline", config=_ToyConfig)(Other)
 
 
+def test_a_model_class_defined_again_replaces_the_registered_one_and_another_is_refused(scratch_registry):
+    """A model class defined again (a notebook cell run again: same module, same qualified name)
+    replaces the registered one, as a router class does; a class of torchvote's qualified name
+    from another module is another class and is refused (the rule compared qualified names only,
+    so a user's ``CapsNet`` took ``"capsnet"`` over silently)."""
+
+    def run_the_cell(classes):
+        @register_model("toy-again", config=_ToyConfig)
+        class ToyAgain(nn.Module):
+            def __init__(self, config, *, device=None, dtype=None):
+                super().__init__()
+                self.linear = nn.Linear(config.image_size**2, classes, device=device, dtype=dtype)
+
+        return ToyAgain
+
+    first, second = run_the_cell(3), run_the_cell(4)
+    assert first is not second and get_model_spec("toy-again").model_cls is second
+    assert create_model("toy-again").linear.out_features == 4
+    capsnet = get_model_spec("capsnet").model_cls
+    impostor = type(capsnet.__qualname__, (nn.Module,), {"__module__": __name__})
+    assert impostor.__qualname__ == capsnet.__qualname__
+    with pytest.raises(ValueError, match="model 'capsnet' is already registered by"):
+        register_model("capsnet", config=_ToyConfig)(impostor)
+    assert get_model_spec("capsnet").model_cls is capsnet
+
+
 def test_an_unknown_task_is_named_not_an_empty_list():
     assert "cnn-baseline" in list_models("image-classification")
     with pytest.raises(ValueError, match="task must be one of 'image-classification'.*got 'classification'"):

@@ -7,6 +7,7 @@ entry (``torchvote.training.train`` on a shipped YAML preset plus overrides, as 
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -290,15 +291,44 @@ def test_lm_stream_hands_over_the_tokens_of_generate_one_step_at_a_time():
     # the arguments are checked when stream is called, not at the first token
     with pytest.raises(ValueError, match="top_p"):
         model.stream(prompt, 3, top_p=1.5)
-    # in evaluation mode while it runs; back in training mode once it is done or dropped
+    # back in the caller's mode once it is done or dropped (and between tokens: the test below)
     model.train()
     steps = model.stream(prompt, 4)
     next(steps)
-    assert not model.training
     steps.close()  # what dropping it mid-way does
     assert model.training
     list(model.stream(prompt, 2))
     assert model.training
+
+
+def test_lm_stream_computes_each_token_in_evaluation_mode_and_keeps_the_callers_mode_between():
+    """A stream held the model in evaluation mode from its first token on, and when dropped later
+    put back the modes of its start over one the caller had set since: ``train()``, a token,
+    ``eval()``, the stream dropped, and the model trained (dropout on) without a word."""
+    model = _model("transformer-lm", dropout=0.5)
+    prompt = torch.randint(model.config.vocab_size, (2, 5))
+    without_dropout = model.eval().generate(prompt, 4, temperature=0.0)[:, 5:]
+    model.train()
+    model.decoder.eval()  # a part the caller keeps in evaluation mode inside a training model
+    modes = [part.training for part in model.modules()]
+    steps = model.stream(prompt, 4, temperature=0.0)
+    drawn = [next(steps)]
+    assert [part.training for part in model.modules()] == modes  # the caller's, between tokens
+    model.eval()  # a change between tokens stays
+    drawn.append(next(steps))
+    assert not any(part.training for part in model.modules())
+    model.train()
+    drawn.append(next(steps))
+    assert all(part.training for part in model.modules())
+    drawn += list(steps)
+    assert torch.equal(torch.stack(drawn, dim=1), without_dropout)  # every token in evaluation mode
+    # the reviewer's sequence: a stream dropped after the caller's eval() leaves evaluation mode
+    steps = model.stream(prompt, 4)
+    next(steps)
+    model.eval()
+    del steps
+    gc.collect()
+    assert not any(part.training for part in model.modules())
 
 
 def test_top_k_keeps_exactly_k_tokens_when_logits_tie():

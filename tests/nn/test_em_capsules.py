@@ -138,6 +138,32 @@ def test_conv_matrix_capsules_build_sender_groups_once_per_grid():
     assert ConvMatrixCapsules(2, 3, normalization="per_patch").sender_groups(5, 5) is None
 
 
+def test_conv_matrix_capsules_keep_a_bounded_number_of_grids():
+    # was: one prepared entry per grid for the layer's life (ten grids: ~47 MiB at 32 types), so a
+    # long-running process fed variable resolutions grew without end
+    from torchvote.nn import em_capsules
+
+    torch.manual_seed(0)
+    layer = ConvMatrixCapsules(2, 3, kernel_size=3, stride=1).double()
+    sides = list(range(3, 13))  # ten distinct grids
+    kept = []
+    for side in sides:
+        layer(grid(1, side, side, 2, seed=side))
+        kept.append(len(layer._prepared_groups))
+    assert kept[-1] == kept[-2] < len(sides)  # it plateaus instead of growing with every grid
+    assert max(kept) <= em_capsules._KEPT_GRIDS
+    assert (sides[-1], sides[-1], torch.device("cpu")) in layer._prepared_groups  # the newest kept
+    assert (sides[0], sides[0], torch.device("cpu")) not in layer._prepared_groups  # the oldest not
+    fresh = ConvMatrixCapsules(2, 3, kernel_size=3, stride=1).double()
+    fresh.load_state_dict(layer.state_dict())
+    for side in (sides[0], sides[-1]):  # an evicted grid prepared again, and a kept one
+        capsules = grid(2, side, side, 2, seed=100 + side)
+        out, expected = layer(capsules), fresh(capsules)
+        torch.testing.assert_close(out.poses, expected.poses)
+        torch.testing.assert_close(out.activations, expected.activations)
+    assert len(layer._prepared_groups) <= em_capsules._KEPT_GRIDS
+
+
 @pytest.mark.parametrize("normalization", ["joint", "per_patch"])
 def test_conv_layer_gradients_after_a_partial_gradient(normalization):
     """Issue 8's bug: ``autograd.grad`` for the activations alone (retain_graph), then the

@@ -401,6 +401,52 @@ def test_slot_attention_module_checks_num_slots_and_slots():
         module(inputs, slots=torch.ones(2, 3, 8, dtype=torch.int64))
 
 
+def test_a_router_class_defined_again_replaces_the_registered_one_as_a_model_class_does(monkeypatch):
+    """A notebook cell that defines and registers a router, run a second time, raised "already
+    registered", where ``register_model`` takes a model class defined again. One rule for both
+    (``is_redefinition``): a class of the same module and qualified name replaces the registered
+    one; another class that takes the name is refused."""
+    from torchvote.nn.routers import UniformRouter, base, register_router
+
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the test's registrations are undone
+
+    def run_the_cell(scale):  # each call defines the class anew, as a cell run again does
+        @register_router
+        class Scaled(UniformRouter):
+            name = "scaled"
+
+            def forward(self, votes, *, activations=None):
+                result = super().forward(votes, activations=activations)
+                return RoutingResult(result.outputs * scale, result.couplings)
+
+        return Scaled
+
+    first, second = run_the_cell(2.0), run_the_cell(3.0)
+    assert first is not second and base._REGISTRY["scaled"] is second
+    votes = torch.randn(2, 3, 4, 5)  # (batch, out_caps, in_caps, out_dim)
+    built = make_router("scaled", in_caps=4, out_caps=3, out_dim=5)
+    assert type(built) is second  # the redefinition is what the name builds
+    expected = make_router("uniform", in_caps=4, out_caps=3, out_dim=5)(votes).outputs * 3
+    torch.testing.assert_close(built(votes).outputs, expected)
+
+    class Other(UniformRouter):  # another class taking the name
+        name = "scaled"
+
+    with pytest.raises(ValueError, match="a router named 'scaled' is already registered by"):
+        register_router(Other)
+    # torchvote's own class name in another module is another class, not a redefinition
+    impostor = type("DynamicRouter", (UniformRouter,), {"name": "dynamic", "__module__": __name__})
+    assert impostor.__qualname__ == base._REGISTRY["dynamic"].__qualname__
+    with pytest.raises(ValueError, match="a router named 'dynamic' is already registered by"):
+        register_router(impostor)
+    assert base._REGISTRY["scaled"] is second
+    assert base._REGISTRY["dynamic"].__module__ == "torchvote.nn.routers.dynamic"
+    # the model registry follows the same rule
+    from torchvote.models import registry
+
+    assert registry.is_redefinition is base.is_redefinition
+
+
 def test_a_users_registered_router_is_built_by_name_beside_torchvotes(monkeypatch):
     """``register_router`` is public: a router registered by a user broke every ``make_router``
     call (an assertion that the registry held exactly ``list_routers()``)."""
@@ -423,8 +469,7 @@ def test_a_users_registered_router_is_built_by_name_beside_torchvotes(monkeypatc
     reference.load_state_dict(layer.state_dict())
     inputs = torch.randn(2, 4, 2)
     torch.testing.assert_close(layer(inputs), reference(inputs) / 2)
-    with pytest.raises(ValueError, match="already registered"):
-        register_router(HalfUniform)
+    assert register_router(HalfUniform) is HalfUniform  # registered again: the same class, kept
     # and every capsule model takes it by name (the configs took only torchvote's own names)
     from torchvote.models import create_model
 

@@ -320,7 +320,16 @@ def em_routing(
             ``torch.func`` transforms, no forward-mode AD), ``"vectorized"`` or ``"compiled"``
             (``torch.compile``, about 10-30 s per new shape on CPU, where it runs in blocks of
             rows; the fastest on either device); the same numbers from each (see
-            :mod:`torchvote.functional.em_kernel`).
+            :mod:`torchvote.functional.em_kernel`). ``"compiled"`` is specialised on every size,
+            the number of rows routed (batch elements) included: each distinct batch size
+            compiles once more, and on a CPU each distinct remainder too (the last, partial
+            block of a batch split into blocks). Compilations are kept up to torch's recompile
+            limit, raised to 64 per process (every layer's shapes, with and without gradient,
+            count towards it); past it dynamo logs ``hit config.recompile_limit`` and the loop
+            runs eagerly, with the same numbers, slower. So with ``"compiled"`` feed batches of
+            one size: torchvote's training loop drops an epoch's last incomplete batch, a
+            ``DataLoader`` does with ``drop_last=True``; an evaluation's last, smaller batch
+            compiles once more.
         return_assignments: also return the assignments ``R`` of the final M-step.
         all_passes: with ``return_assignments``, the assignments of every iteration stacked on a
             new leading axis.

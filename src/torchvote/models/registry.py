@@ -71,6 +71,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
+from torchvote.nn.routers.base import is_redefinition
 from torchvote.tracing import register_output
 from torchvote.validation import check_choice, check_factory_device, check_float_dtype
 
@@ -192,8 +193,11 @@ def register_model(
         The decorator; it registers the class and returns it unchanged.
 
     Raises:
-        ValueError: a duplicate name, an unknown task or loss, a config that is not a dataclass,
-            or a preset naming a field the config does not have.
+        ValueError: a name another class is registered under (a class of the same module and
+            qualified name, such as a notebook cell run again defines, replaces the one
+            registered: :func:`~torchvote.nn.routers.base.is_redefinition`), an unknown task or
+            loss, a config that is not a dataclass, or a preset naming a field the config does
+            not have.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
@@ -218,7 +222,7 @@ def register_model(
 
     def decorator(model_cls: type[nn.Module]) -> type[nn.Module]:
         existing = _REGISTRY.get(name)
-        if existing is not None and existing.model_cls.__qualname__ != model_cls.__qualname__:
+        if existing is not None and not is_redefinition(existing.model_cls, model_cls):
             raise ValueError(f"model {name!r} is already registered by {existing.model_cls!r}")
         doc = (model_cls.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = ModelSpec(

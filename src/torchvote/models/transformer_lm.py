@@ -229,9 +229,11 @@ class TransformerLM(nn.Module):
         """Continue ``prompt`` one token at a time, handing each over as it is drawn: what
         :meth:`generate` returns, as an iterator (text that appears as it is written).
 
-        Every argument is checked when ``stream`` is called, before the first token. The model is
-        in evaluation mode from the first token until the iterator is exhausted or closed (a
-        ``for`` loop left with ``break`` closes it when the iterator is dropped).
+        Every argument is checked when ``stream`` is called, before the first token. Each token
+        is computed in evaluation mode (no dropout) and every submodule is given back its mode
+        before the token is handed over: between tokens the model is in the caller's mode (a
+        ``model.train()`` or ``model.eval()`` called then stays; the next token is still computed
+        in evaluation mode), and an iterator left unfinished changes no mode.
 
         Args:
             prompt, max_new_tokens, temperature, top_k, top_p, generator, use_cache: as
@@ -279,17 +281,20 @@ class TransformerLM(nn.Module):
         """:meth:`stream`'s steps on checked arguments, ``tokens`` ``(b, t)``."""
         context = self.config.context_length
         cache = self.new_cache() if use_cache and tokens.shape[1] < context else None
-        with evaluating(self):
-            for _ in range(max_new_tokens):
-                if cache is not None and tokens.shape[1] <= context:
-                    inputs, step_cache = tokens[:, cache.length :], cache  # (b, t - P): prompt, then 1
-                else:
-                    inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
+        for _ in range(max_new_tokens):
+            if cache is not None and tokens.shape[1] <= context:
+                inputs, step_cache = tokens[:, cache.length :], cache  # (b, t - P): prompt, then 1
+            else:
+                inputs, step_cache = tokens[:, -context:], None  # (b, <= context_length)
+            # evaluation mode for the step only, never across a yield: between tokens the model is
+            # in the caller's mode, and a stream dropped later puts back no mode over one the
+            # caller has set since (model.eval() undone: dropout on again)
+            with evaluating(self):
                 output = self._logits(inputs, need_weights=False, cache=step_cache)
-                logits = output.logits[:, -1]  # (b, vocab)
-                next_token = sample_checked(logits, temperature, top_k, top_p, generator).to(tokens)  # (b, 1)
-                tokens = torch.cat([tokens, next_token], dim=1)  # (b, t + 1)
-                yield next_token[0, 0] if unbatched else next_token[:, 0]
+            logits = output.logits[:, -1]  # (b, vocab)
+            next_token = sample_checked(logits, temperature, top_k, top_p, generator).to(tokens)  # (b, 1)
+            tokens = torch.cat([tokens, next_token], dim=1)  # (b, t + 1)
+            yield next_token[0, 0] if unbatched else next_token[:, 0]
 
     def generate(
         self,

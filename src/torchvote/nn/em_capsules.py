@@ -28,6 +28,7 @@ capsule types, ``t`` input capsule types, ``h w`` grid rows/columns (not heads, 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Literal, NamedTuple, get_args
 
 import torch
@@ -67,6 +68,13 @@ __all__ = [
 
 
 ConvNormalization = Literal["joint", "per_patch"]
+
+#: Input grids (with their device) whose prepared sender groups a :class:`ConvMatrixCapsules` keeps,
+#: the least recently used dropped first. Four hold a training resolution and an evaluation one on
+#: two devices; inputs of ever new sizes (variable resolution in a long-running process) no longer
+#: add an entry each (tens of MiB over ten grids), and the entries of a device the layer left
+#: age out. A dropped grid is prepared again from its geometry when it returns: no device read.
+_KEPT_GRIDS = 4
 
 
 class MatrixCapsules(NamedTuple):
@@ -275,8 +283,8 @@ class ConvMatrixCapsules(nn.Module):
         factory = {"device": device, "dtype": check_float_dtype(dtype)}
         self.in_types, self.out_types = in_types, out_types
         self.kernel_size, self.stride = kernel_size, stride
-        # sender_groups prepared for routing, by input grid and device
-        self._prepared_groups: dict[tuple[int, int, torch.device], SenderGroups] = {}
+        # sender_groups prepared for routing, by input grid and device, the most recently used last
+        self._prepared_groups: OrderedDict[tuple[int, int, torch.device], SenderGroups] = OrderedDict()
         in_caps = kernel_size * kernel_size * in_types
         # (kernel position and input type, output type, P, P), near the identity so poses pass on.
         self.weight = nn.Parameter(torch.empty(in_caps, out_types, self.side, self.side, **factory))
@@ -320,19 +328,24 @@ class ConvMatrixCapsules(nn.Module):
         """:meth:`sender_groups` compacted, from the grid's geometry
         (:func:`~torchvote.functional.em_kernel.prepared_conv_sender_groups`): nothing is read
         back from the device (a GPU never waits; votes on ``"meta"`` route too; under
-        ``torch.compile`` it traces into the graph). Kept once per grid and device in eager mode;
-        while compiling it is made in the graph (a cache filled there would recompile the next call),
-        and under a ``torch.func`` transform made afresh (kept, its tensors would be the
-        transform's wrappers, which outlive it: later transforms failed, copies and pickles too)."""
+        ``torch.compile`` it traces into the graph). Kept once per grid and device in eager mode,
+        for the :data:`_KEPT_GRIDS` grids most recently used; while compiling it is made in the
+        graph (a cache filled there would recompile the next call), and under a ``torch.func``
+        transform made afresh (kept, its tensors would be the transform's wrappers, which outlive
+        it: later transforms failed, copies and pickles too)."""
         if self.normalization == "per_patch":
             return None
         sizes = (rows, cols, self.in_types, self.kernel_size, self.stride)
         if torch.compiler.is_compiling() or under_autograd_transforms():
             return prepared_conv_sender_groups(*sizes, device=device)
         key = (rows, cols, torch.device(device))
-        if key not in self._prepared_groups:
-            self._prepared_groups[key] = prepared_conv_sender_groups(*sizes, device=device)
-        return self._prepared_groups[key]
+        groups = self._prepared_groups.pop(key, None)
+        if groups is None:
+            groups = prepared_conv_sender_groups(*sizes, device=device)
+        self._prepared_groups[key] = groups  # the most recently used, last
+        if len(self._prepared_groups) > _KEPT_GRIDS:
+            self._prepared_groups.popitem(last=False)
+        return groups
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:
         """:meth:`votes` as unformed :class:`PerSenderVotes` (checks as there)."""

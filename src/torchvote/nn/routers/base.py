@@ -53,6 +53,7 @@ __all__ = [
     "Router",
     "RoutingResult",
     "is_iterative",
+    "is_redefinition",
     "layer_iterations",
     "make_router",
     "register_router",
@@ -280,6 +281,23 @@ def registered_routers() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def is_redefinition(registered: type, new: type) -> bool:
+    """Whether ``new`` is the class ``registered`` defined again: the same module and qualified
+    name, as a notebook cell run again or a module reloaded makes it (a new class object each
+    time). The registries (:func:`register_router`,
+    :func:`~torchvote.models.registry.register_model`) let such a class replace the one they hold
+    under its name, where another class taking the name is refused.
+
+    Args:
+        registered: the class a registry holds under a name.
+        new: the class being registered under that name.
+
+    Returns:
+        ``True`` where ``new`` may replace ``registered``.
+    """
+    return (registered.__module__, registered.__qualname__) == (new.__module__, new.__qualname__)
+
+
 def register_router(cls: type[Router]) -> type[Router]:
     """Class decorator: make ``cls`` buildable by ``make_router(cls.name, ...)``, and so by
     ``CapsuleLinear(routing=cls.name)`` and every capsule model's ``router=`` (a run of such a
@@ -293,16 +311,18 @@ def register_router(cls: type[Router]) -> type[Router]:
         ``cls``, registered.
 
     Raises:
-        ValueError: ``cls`` has no ``name`` (a non-empty string), or a router of that name is
-            already registered.
+        ValueError: ``cls`` has no ``name`` (a non-empty string), or another class is registered
+            under that name (a class of the same module and qualified name, such as a notebook
+            cell run again defines, replaces the one registered: :func:`is_redefinition`).
     """
     if not isinstance(cls.name, str) or not cls.name:
         raise ValueError(
             f"{cls.__name__} needs a non-empty `name` (a class attribute, the name make_router "
             f"knows it by) to be registered, got {cls.name!r}"
         )
-    if cls.name in _REGISTRY:
-        raise ValueError(f"a router named {cls.name!r} is already registered")
+    registered = _REGISTRY.get(cls.name)
+    if registered is not None and not is_redefinition(registered, cls):
+        raise ValueError(f"a router named {cls.name!r} is already registered by {registered!r}")
     _REGISTRY[cls.name] = cls
     return cls
 
