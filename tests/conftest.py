@@ -172,6 +172,22 @@ def compiler(device: torch.device) -> None:
         pytest.skip(_COMPILE_PROBES[device.type])
 
 
+@pytest.fixture(autouse=True)
+def _no_figure_or_setting_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """What a test leaves behind that another would see, put back after each: ``cli.main`` sets
+    ``THP_MEM_ALLOC_ENABLE`` for its process (``setdefault``), so subprocesses a later test
+    started inherited it or not by the order tests ran in; and a figure left open failed a later
+    test's check that none is (a shuffled order found it)."""
+    if "THP_MEM_ALLOC_ENABLE" in os.environ:  # monkeypatch restores the value a test started with
+        monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", os.environ["THP_MEM_ALLOC_ENABLE"])
+    else:
+        monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    yield
+    pyplot = sys.modules.get("matplotlib.pyplot")  # imported by this test or an earlier one
+    if pyplot is not None:
+        pyplot.close("all")
+
+
 @pytest.fixture
 def scratch_registry():
     """Models registered in a test are removed afterwards; the real ones stay registered."""

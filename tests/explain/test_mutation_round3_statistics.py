@@ -79,5 +79,7 @@ def test_top_attended_keeps_the_key_order_among_many_ties():
     order."""
     tokens = [f"t{j}" for j in range(64)]
     weights = torch.full((2, 1, 64), 1.0 / 64)  # (h, i, j): every key tied
-    for head in top_attended(weights, tokens, 0, k=3):
+    heads = top_attended(weights, tokens, 0, k=3)
+    assert len(heads) == 2  # one per head: the loop checks each
+    for head in heads:
         assert [token for token, _ in head] == ["t0", "t1", "t2"]

@@ -82,6 +82,7 @@ def test_a_record_with_a_bad_patch_grid_or_no_inputs_is_refused_by_key(tmp_path)
 
 
 def test_a_record_in_half_precision_draws_every_picture(tmp_path):
+    plt.close("all")  # the check below is of this test's figures, not those another test left
     record = synthetic_record()
     record = {key: value.half() if value.is_floating_point() else value for key, value in record.items()}
     report = HtmlReport("t", tmp_path)
@@ -124,6 +125,7 @@ def test_routing_cosine_plots_only_what_was_computed(small_model, tmp_path):
     explain_sentences([sentence], tmp_path, model=small_model, layer=1, iterations=(3, 2), report=report)
     plotted = {label.split(":")[0]: (x, y) for label, x, y in report.lines["routing-cosine"] if ":" in label}
     base = torch.nn.functional.normalize(small_model.encode([sentence]), dim=1)
+    assert set(plotted) == {"senders", "receivers"}  # the checks below run for both lines
     for normalize_over, (passes, values) in plotted.items():
         # unsorted iterations drew the line 1 -> 3 -> 2; one pass over the receivers is not the
         # softmax, yet its line started at (1, 1.0), then it started at its first requested pass

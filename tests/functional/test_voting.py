@@ -99,6 +99,7 @@ def test_weights_sum_to_one_over_the_chosen_axis():
     logits = torch.randn(3, 6, 7)
     attention = vote(votes, logits, normalize_over="senders", iterations=2, record=True)
     routing = vote(votes, logits, normalize_over="receivers", iterations=2, record=True)
+    assert len(attention.weights) == len(routing.weights) == 2  # one per pass: the loops check each
     for w in attention.weights:
         torch.testing.assert_close(w.sum(-1), torch.ones(3, 6))
     for w in routing.weights:
@@ -401,6 +402,7 @@ def test_replace_keeps_a_float_mask_in_every_pass():
     mask[0, 1] = mask[2, 3] = float("-inf")
     result = vote(votes, None, normalize_over="receivers", iterations=3, update="replace",
                   mask=mask, record=True)
+    assert len(result.weights) == 3  # one per pass: the loop checks each
     for weights in result.weights:
         assert (weights[:, 0, 1] == 0).all() and (weights[:, 2, 3] == 0).all()
         torch.testing.assert_close(weights.sum(-2), torch.ones(2, 4, dtype=torch.float64))

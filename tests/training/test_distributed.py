@@ -68,7 +68,7 @@ def test_two_torchrun_processes_match_one_process(tiny_values, tmp_path):
     values["model"]["dropout"] = 0.0  # dropout masks differ per process by design
     preset = tmp_path / "ddp.yaml"
     preset.write_text(yaml.safe_dump(values))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     command = [
         sys.executable,
         "-m",
@@ -123,7 +123,8 @@ def test_two_torchrun_processes_match_one_process_on_seq2seq(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
                "-m", "torchvote.cli", "train", str(preset)]
     completed = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
+        command, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},  # torchrun's files: here
     )
     said = f"\nstdout:\n{completed.stdout[-2000:]}\nstderr:\n{completed.stderr[-3000:]}"
     assert completed.returncode == 0, said
@@ -281,7 +282,7 @@ def test_leaving_a_gloo_group_right_after_an_exchange_never_hangs(tmp_path):
     script.write_text(_GROUPS_AGAIN_AND_AGAIN)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
                str(script), "60", str(tmp_path / "store")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         stdout, stderr = process.communicate(timeout=120)
