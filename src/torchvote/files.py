@@ -3,8 +3,9 @@
 :func:`atomic_write` is the one atomic write of the project: checkpoints, the affNIST manifest,
 the summaries of ``torchvote reproduce`` and the pictures and page of ``torchvote explain`` go
 through it (:func:`atomic_write_bytes` for bytes already in memory). :class:`FolderLock` keeps a
-second process out of a folder one process writes (a run folder). :func:`load_failure_reason`
-says why a file saved with ``torch.save`` could not be read back.
+second process out of a folder one process writes (a run folder); it and the metrics log open
+their files with :func:`open_no_follow`. :func:`load_failure_reason` says why a file saved with
+``torch.save`` could not be read back.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "create_temporary",
     "file_version",
     "load_failure_reason",
+    "open_no_follow",
     "remove_abandoned_temporaries",
 ]
 
@@ -65,6 +67,7 @@ class FolderLock:
             FolderInUseError: another process holds it (the message names its process id).
             PermissionError: the folder cannot be written (read-only, another user's); the message
                 names it.
+            OSError: ``<folder>/.lock`` is a symbolic link (:func:`open_no_follow`).
         """
         if self._descriptor is not None:  # held already (a second flock here would refuse it)
             return self
@@ -74,8 +77,8 @@ class FolderLock:
         except ImportError:  # no flock on this system: unlocked, as before
             return self
         created = not (self.folder / LOCK_NAME).exists()
-        try:
-            descriptor = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # the file is truncated and written below: a link there must not lead to a user's file
+            descriptor = open_no_follow(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:  # a read-only mount, a folder of another user's ...
             if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise
@@ -129,6 +132,41 @@ class FolderLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def open_no_follow(path: str | os.PathLike[str], flags: int, mode: int = 0o666) -> int:
+    """``os.open(path, flags | O_NOFOLLOW, mode)``: a file in a run folder opened to be written in
+    place (the lock, the metrics log) is refused where it is a symbolic link, not followed.
+
+    A run folder can come from someone else (an archive, a shared disk); a ``.lock`` linked to
+    ``~/.bashrc`` was emptied by the lock, a linked ``metrics.jsonl`` had records appended to, and
+    its last line cut from, the file it named. Only the last part of the path is checked: a folder
+    that is itself a link (a run kept on another disk) still works. Where the system has no
+    ``O_NOFOLLOW`` (Windows) the file is opened as before.
+
+    Args:
+        path: the file to open.
+        flags: ``os.open`` flags (``os.O_RDWR | os.O_CREAT`` ...).
+        mode: the permissions of a file the call creates (less the umask).
+
+    Returns:
+        The open file descriptor; the caller closes it.
+
+    Raises:
+        OSError: ``path`` is a symbolic link (the message names it and says to remove it), or
+            ``os.open``'s own error (missing, no permission).
+    """
+    # O_BINARY (Windows only): as io.open's descriptors, so that os.fdopen alone turns newlines
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        return os.open(path, flags, mode)
+    except OSError as error:
+        # ELOOP on Linux and macOS, EMLINK on FreeBSD; islink tells a link from a loop of links
+        if error.errno not in (errno.ELOOP, errno.EMLINK) or not os.path.islink(path):
+            raise
+        raise OSError(
+            f"{path} is a symbolic link: torchvote does not write through links in a run folder; remove it"
+        ) from None
 
 
 def atomic_write(

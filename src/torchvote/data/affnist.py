@@ -80,6 +80,8 @@ class AffnistRelease:
         sha256: Published SHA-256 of the archive.
         checksum_source: Where that digest is published.
         images: Number of images in ``member``.
+        size: Size of the archive in bytes, as published with ``sha256``: a download stops one
+            byte past it (``None``: not known, the stream is read to its end).
     """
 
     urls: tuple[str, ...]
@@ -88,6 +90,7 @@ class AffnistRelease:
     sha256: str
     checksum_source: str
     images: int
+    size: int | None = None
 
 
 #: The transformed test split: 10,000 MNIST test digits x 32 transforms.
@@ -101,6 +104,7 @@ AFFNIST_TEST = AffnistRelease(
     sha256="2cde38ec83ee2ebfd7b901f8be5a09efb17a1bda04771f9b4905751eb945c01a",
     checksum_source="tensorflow/datasets: tensorflow_datasets/url_checksums/affnist.txt",
     images=320_000,
+    size=121_743_191,  # the same line of affnist.txt
 )
 
 
@@ -466,6 +470,7 @@ def download_affnist(
         algorithm="sha256",
         timeout=timeout,
         force=force,
+        size=release.size,
     )
     tmp, mat_sha = _extract_member(archive, release.member, directory)
     try:

@@ -27,11 +27,12 @@ from urllib.request import Request, urlopen
 from torchvote.data.errors import ChecksumError, DownloadError
 from torchvote.data.paths import as_path, download_dir
 from torchvote.files import atomic_write, make_folder, remove_abandoned_temporaries
-from torchvote.validation import check_positive_float, check_texts
+from torchvote.validation import check_positive_float, check_positive_int, check_texts
 
 __all__ = [
     "MNIST_FILES",
     "MNIST_MIRRORS",
+    "MNIST_SIZES",
     "download_file",
     "download_mnist",
     "file_digest",
@@ -52,6 +53,17 @@ MNIST_FILES: dict[str, str] = {
     "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
     "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+
+#: The byte sizes of those files, as published with them (LeCun et al.'s page; TensorFlow
+#: Datasets' ``url_checksums/mnist.txt`` lists the same): a download stops one byte past its size,
+#: where a mirror that never ended the stream (the plain-http one, or whoever stands in its path)
+#: filled the disk before the digest was compared.
+MNIST_SIZES: dict[str, int] = {
+    "train-images-idx3-ubyte.gz": 9_912_422,
+    "train-labels-idx1-ubyte.gz": 28_881,
+    "t10k-images-idx3-ubyte.gz": 1_648_877,
+    "t10k-labels-idx1-ubyte.gz": 4_542,
 }
 
 _CHUNK = 1 << 20
@@ -92,18 +104,22 @@ class _MirrorFailed(Exception):
     unlike an error writing the file here, which every mirror would meet again."""
 
 
-def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: float) -> None:
+def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: float, size: int | None) -> None:
     """Stream ``url`` into a temporary file next to ``dest``; rename it if the digest matches.
 
     Raises:
         _MirrorFailed: the address, the connection or the stream failed.
-        ChecksumError: the bytes are not the expected ones.
+        ChecksumError: the bytes are not the expected ones (or more than ``size``, where given:
+            the stream is not read past ``size + 1`` bytes).
         OSError: writing the file here failed.
     """
+    received = 0
 
     def read(response: Any) -> bytes:
+        # one byte past the size tells a longer file without reading the rest of it
+        count = _CHUNK if size is None else min(_CHUNK, size + 1 - received)
         try:
-            return response.read(_CHUNK)
+            return response.read(count)
         except (OSError, http.client.HTTPException) as err:
             raise _MirrorFailed(err) from err
 
@@ -114,8 +130,12 @@ def _fetch_one(url: str, dest: Path, algorithm: str, expected: str, timeout: flo
             response = urlopen(request, timeout=timeout)
         except (OSError, http.client.HTTPException, ValueError) as err:  # ValueError: no URL
             raise _MirrorFailed(err) from err
+        nonlocal received
         with response:
             for chunk in iter(lambda: read(response), b""):
+                received += len(chunk)
+                if size is not None and received > size:  # before a byte of it is written
+                    raise ChecksumError(url, algorithm, expected.lower(), f"more than its {size} bytes")
                 digest.update(chunk)
                 out.write(chunk)
         actual = digest.hexdigest()
@@ -133,6 +153,7 @@ def download_file(
     algorithm: str = "md5",
     timeout: float = 60.0,
     force: bool = False,
+    size: int | None = None,
 ) -> Path:
     """Download one file from the first mirror that serves bytes with the right digest.
 
@@ -143,6 +164,9 @@ def download_file(
         algorithm: Hash algorithm of ``checksum`` (default ``"md5"``).
         timeout: Socket timeout in seconds for each request.
         force: Download even if ``dest`` already exists with the right digest.
+        size: The file's size in bytes, where known: a mirror that serves more is refused after
+            ``size + 1`` bytes (a :class:`ChecksumError`, as for wrong bytes), not read to the
+            end of its stream. A shorter file fails the digest.
 
     Before downloading, hidden temporary files that a download or extraction killed mid-write
     (``SIGKILL``, a power cut) left beside ``dest`` are deleted where this user may
@@ -153,12 +177,14 @@ def download_file(
 
     Raises:
         TypeError: If ``urls`` is not a URL or a sequence of URLs, ``checksum`` not a string,
-            ``dest`` not a path or ``timeout`` not a number.
+            ``dest`` not a path, ``timeout`` not a number or ``size`` not an integer.
         ValueError: If ``urls`` is empty, ``algorithm`` unknown to :mod:`hashlib`,
             ``checksum`` not a hex digest of that algorithm's length (no file could match it), or
             ``timeout`` not a positive finite number (0 made the socket non-blocking, every
-            mirror then "failed"). Every argument is checked before a mirror is tried.
-        ChecksumError: If every mirror answered but none with the expected digest.
+            mirror then "failed"), or ``size`` negative. Every argument is checked before a
+            mirror is tried.
+        ChecksumError: If every mirror answered but none with the expected digest (or each
+            served more than ``size`` bytes).
         DownloadError: If no mirror served the file (the message gives each mirror's reason; its
             ``failures``, each mirror's URL and error). The folders this call made for ``dest``
             are removed again while empty, as after any failure or interruption.
@@ -172,6 +198,7 @@ def download_file(
         raise ValueError("urls: expected at least one URL, got none")
     _check_checksum(checksum, algorithm)
     timeout = check_positive_float(timeout, "timeout")
+    size = None if size is None else check_positive_int(size, "size", minimum=0)
     dest = as_path(dest, "dest")
     if not force and dest.is_file() and file_digest(dest, algorithm) == checksum.lower():
         return dest
@@ -180,7 +207,7 @@ def download_file(
     created = [folder for folder in (dest.parent, *dest.parent.parents) if not folder.exists()]
     try:
         make_folder(dest.parent)
-        return _from_mirrors(mirrors, dest, algorithm, checksum, timeout)
+        return _from_mirrors(mirrors, dest, algorithm, checksum, timeout, size)
     except BaseException:  # a failed or interrupted download leaves no folder it made behind
         for folder in created:  # innermost first; only while empty
             try:
@@ -190,12 +217,14 @@ def download_file(
         raise
 
 
-def _from_mirrors(mirrors: list[str], dest: Path, algorithm: str, checksum: str, timeout: float) -> Path:
+def _from_mirrors(
+    mirrors: list[str], dest: Path, algorithm: str, checksum: str, timeout: float, size: int | None
+) -> Path:
     """``dest`` from the first mirror that serves the right bytes (:func:`download_file`)."""
     failures: list[tuple[str, Exception]] = []
     for url in mirrors:
         try:
-            _fetch_one(url, dest, algorithm, checksum, timeout)
+            _fetch_one(url, dest, algorithm, checksum, timeout, size)
             return dest
         except ChecksumError as err:
             failures.append((url, err))
@@ -239,7 +268,8 @@ def download_mnist(
     timeout: float = 60.0,
     force: bool = False,
 ) -> dict[str, Path]:
-    """Download the four original MNIST IDX files and verify their MD5 digests.
+    """Download the four original MNIST IDX files and verify their MD5 digests (and their sizes,
+    :data:`MNIST_SIZES`, as they arrive).
 
     Args:
         root: Destination directory; default ``$TORCHVOTE_DATA/mnist`` or
@@ -273,6 +303,7 @@ def download_mnist(
             algorithm="md5",
             timeout=timeout,
             force=force,
+            size=MNIST_SIZES.get(name),  # None for a file added to MNIST_FILES: its size unknown
         )
         for name, md5 in MNIST_FILES.items()
     }

