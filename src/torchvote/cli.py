@@ -35,6 +35,7 @@ with status 130 (143 after a SIGTERM, 128 plus the signal's number as a shell re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -397,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
     default_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    escaped = _escape_what_the_output_cannot_encode()
     try:
         return _run_command(argv)
     except KeyboardInterrupt:  # before a command's own handler took over: parsing, importing torch
@@ -406,6 +408,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         warnings.formatwarning = default_format
+        for stream, errors in escaped:
+            with contextlib.suppress(OSError, ValueError):  # its flush: a reader gone, a stream closed
+                stream.reconfigure(errors=errors)
+
+
+def _escape_what_the_output_cannot_encode() -> list[tuple[Any, str]]:
+    """Make ``sys.stdout`` and ``sys.stderr`` write a character their encoding lacks as a
+    backslash escape (their encoding kept); :func:`main` gives them their setting back at its end
+    (a caller's streams, ``main`` called from Python, are left as they were).
+
+    Under ``PYTHONIOENCODING=ascii`` (or a C / latin-1 locale) a path with ``é`` or ``运行`` in
+    it raised UnicodeEncodeError at its print: a finished training reported "error: 'ascii'
+    codec can't encode" with status 1 and lost its last lines, and evaluate's, a ValueError,
+    came out as a usage error (status 2). An escaped path still says which file it is.
+
+    Returns:
+        ``(stream, errors)`` of each stream changed, with its setting before.
+    """
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a TextIOWrapper's; None: a test's object
+        if reconfigure is not None and getattr(stream, "errors", None) not in (None, "backslashreplace"):
+            changed.append((stream, stream.errors))
+            reconfigure(errors="backslashreplace")
+    return changed
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 (warnings' own)
@@ -946,17 +973,26 @@ def _run_config(checkpoint: str, known: Sequence[str]):
 
     Raises:
         ValueError: no training state beside the weights (a ``.safetensors`` file copied alone),
-            a damaged one, or one without a readable config; the message asks for ``--on``.
+            or one without a readable config (another version's); the message asks for ``--on``.
+        CheckpointError: a damaged training state (truncated, corrupt): a failure, as a damaged
+            weights file is, naming the newest intact checkpoint where the folder has one.
     """
-    from torchvote.training.checkpoint import CheckpointError, find_checkpoint
-    from torchvote.training.evaluation import run_state_beside
+    from torchvote.training.checkpoint import CheckpointError, find_checkpoint, load_training_state
+    from torchvote.training.config import saved_config
     from torchvote.training.results import last_set_up_config
 
     paths = find_checkpoint(checkpoint)
+    ask = f"name the data sets with --on (data sets: {', '.join(known)})"
+    if not paths.state.is_file():
+        raise ValueError(f"{ask}: {paths.state}, the run's training state that records them, does not exist")
     try:
-        config, _ = run_state_beside(paths, None, "the run's training state that records them", "data sets")
-    except CheckpointError as err:
-        raise ValueError(f"name the data sets with --on (data sets: {', '.join(known)}): {err}") from None
+        state = load_training_state(paths.state)
+    except CheckpointError as err:  # not the user's to fix with --on: "name the data sets" misled (status 2)
+        raise CheckpointError(f"{err}{_intact_checkpoint_hint(checkpoint)}") from None
+    try:
+        config = saved_config(state["config"])
+    except (KeyError, TypeError, ValueError) as err:  # ConfigError too: a config of another version
+        raise ValueError(f"{ask}: {paths.state} does not record its run's data sets ({err})") from None
     if paths.weights.parent.name == "checkpoints":  # in a run folder: as its last set-up read them
         return last_set_up_config(paths.weights.parent.parent, config)
     return config

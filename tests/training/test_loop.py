@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -45,6 +47,35 @@ def _assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     different = [name for name in a if not torch.equal(a[name], b[name])]
     assert not different, f"tensors differ: {different}"
+
+
+def test_train_gives_the_callers_random_state_back(tiny_config):
+    """``train()`` seeded Python's, NumPy's and torch's global generators from its config and left
+    them so: in a notebook or a sweep every draw after a run repeated the same numbers after each
+    run. Now the draws after it are those the caller's generators give without the run between,
+    after a run that ends and after one that fails."""
+
+    def seeded_draws(run=None):
+        random.seed(11)
+        np.random.seed(11)  # noqa: NPY002 (the global state is what is tested)
+        torch.manual_seed(11)
+        if run is not None:
+            run()
+        return torch.rand(4), np.random.rand(4), [random.random() for _ in range(4)]  # noqa: NPY002
+
+    def failing(info: StepInfo) -> None:
+        raise RuntimeError("a callback fails")
+
+    def fails():
+        with pytest.raises(RuntimeError, match="a callback fails"):
+            train(tiny_config("failed", "max_steps=2"), callbacks=[failing], verbose=False)
+
+    expected = seeded_draws()
+    for run in (lambda: train(tiny_config("run", "max_steps=2"), verbose=False), fails):
+        drawn = seeded_draws(run)
+        assert torch.equal(drawn[0], expected[0])
+        assert np.array_equal(drawn[1], expected[1])
+        assert drawn[2] == expected[2]
 
 
 def test_tiny_run_trains_evaluates_and_writes_everything(tiny_config):
@@ -248,7 +279,7 @@ def _a_file(path: Path) -> Path:
 @pytest.mark.parametrize(
     ("prepare", "message"), [(_a_folder_with_notes, r"is not empty \(notes.txt\)"), (_a_file, "is a file")]
 )
-def test_a_fresh_run_never_writes_over_a_users_files(tiny_config, tmp_path, prepare, message):
+def test_a_fresh_run_never_writes_over_a_users_files(tiny_config, tmp_path, prepare, message, monkeypatch):
     config = tiny_config("mine", "max_steps=1", "eval_every=0")
     users_file = prepare(Path(config.run_dir))
     before = sorted(p.name for p in tmp_path.rglob("*"))
@@ -256,6 +287,7 @@ def test_a_fresh_run_never_writes_over_a_users_files(tiny_config, tmp_path, prep
         train(config, verbose=False)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert users_file.read_text() == "mine"
+    monkeypatch.chdir(tmp_path)  # should the check below fail, the run lands here, not in the repository
     config.run_dir = ""  # Path("") is the working directory
     with pytest.raises(ConfigError, match="run_dir must name a folder"):
         train(config, verbose=False)

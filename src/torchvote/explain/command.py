@@ -145,6 +145,27 @@ class _RunFailure(Exception):
     """A failure while running (exit status 1), its message for the user."""
 
 
+def _make_out_dir(out_dir: Path) -> None:
+    """Make ``--out`` (and its parents), naming it if that fails.
+
+    Raises:
+        _RunFailure: the folder cannot be made (a read-only current folder under the default
+            ``runs/explain``, a current folder deleted ...): the message names ``--out``, the
+            folder as given and absolute, and why; it said only "[Errno 30] Read-only file
+            system: 'runs'".
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        try:
+            absolute = os.path.abspath(out_dir)
+        except OSError:  # the current folder was deleted: os.getcwd() fails too
+            absolute = f"{out_dir} in a current folder that no longer exists"
+        where = str(out_dir) if absolute == str(out_dir) else f"{out_dir} ({absolute})"
+        reason = error.strerror or " ".join(str(error).split())
+        raise _RunFailure(f"--out: cannot make the folder {where}: {reason}") from error
+
+
 def _load_checkpoint(path: Path, device: torch.device) -> dict[str, Tensor]:
     """The record ``--checkpoint`` names (:func:`torchvote.explain.record.load_record`), a
     training checkpoint's model run on ``device`` (``--device``), the tensors returned on the CPU.
@@ -220,6 +241,7 @@ def run_explain(args: argparse.Namespace) -> int:
         record = None
         if args.checkpoint is not None:
             record = _load_checkpoint(Path(args.checkpoint), device)  # its tensors checked too
+        _make_out_dir(out_dir)
         report = HtmlReport(_TITLE, out_dir)
         if record is not None:  # the page says what it shows (one --out serves every call)
             named = _checkpoint_named(args.checkpoint)

@@ -38,19 +38,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import random
 import re
 import shlex
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from torchvote.files import FolderLock, atomic_write_bytes
+from torchvote.files import FolderInUseError, FolderLock, atomic_write_bytes
 from torchvote.models.registry import get_model_spec
 from torchvote.training.checkpoint import (
     LATEST,
@@ -83,7 +85,7 @@ from torchvote.training.evaluation import (
 from torchvote.training.metrics import MetricsWriter, read_metrics
 from torchvote.training.objectives import spread_margin_schedule
 from torchvote.training.optim import build_optimizer, build_scheduler, lr_multiplier
-from torchvote.training.progress import Progress
+from torchvote.training.progress import LOG_STREAM, Progress
 from torchvote.training.results import (
     StepInfo,
     TrainResult,
@@ -164,6 +166,12 @@ def train(
             training begins; what is raised before it is a config that does not fit, after it a
             failure while training (the command line's exit status tells them apart).
 
+    The run seeds Python's ``random``, NumPy's and torch's global generators from
+    ``config.seed``; when it returns (or raises) they are given back the states they had when it
+    was called (torch's on the CPU, and on every CUDA device where the run uses CUDA or CUDA was
+    initialised before), so that what a notebook or a sweep draws after a run does not repeat
+    after every run.
+
     Returns:
         a :class:`TrainResult`; ``interrupted`` tells whether it stopped early. Plots are drawn
         afterwards, by :func:`~torchvote.training.plots.plot_run`.
@@ -192,8 +200,9 @@ def train(
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()  # and makes it strict
     ended, run = False, None
     try:
-        run = _Run(config, context, resume, callbacks, verbose, resume_hint, on_start)
-        result = run.run()
+        with _callers_random_state(context.device):
+            run = _Run(config, context, resume, callbacks, verbose, resume_hint, on_start)
+            result = run.run()
         ended = True  # on every process: a stop is agreed by all of them
         return result
     finally:
@@ -201,6 +210,26 @@ def train(
             run.release()  # before its process group goes
         context.close(together=ended)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)  # the caller's again
+
+
+@contextlib.contextmanager
+def _callers_random_state(device: torch.device) -> Iterator[None]:
+    """Python's, NumPy's and torch's global generators given back, at the end of the block, the
+    states they had at its start: a run seeds them all from its config (and torch's again every
+    step), so that without this every draw after :func:`train` repeated the same numbers after
+    each run. Torch's CUDA generators are kept (all of them: ``torch.manual_seed`` seeds every
+    device) where CUDA is initialised already or the run uses it; elsewhere not, because reading
+    them would initialise CUDA (a context on the GPU) for a run on the CPU."""
+    cuda = torch.cuda.is_initialized() or device.type == "cuda"
+    cuda_devices = range(torch.cuda.device_count()) if cuda else []
+    python_state = random.getstate()
+    numpy_state = np.random.get_state()  # noqa: NPY002 (the global state, which the run seeds)
+    try:
+        with torch.random.fork_rng(cuda_devices, device_type="cuda"):  # the CPU's and these devices'
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)  # noqa: NPY002 (as above)
 
 
 class _Run:
@@ -236,7 +265,9 @@ class _Run:
         named = resume if resume is not None else config.run_dir and Path(config.run_dir).expanduser()
         self.lock = FolderLock(named, "run folder") if named else None
         try:
-            if self.lock is not None and context.is_main and named.is_dir():
+            # os.path.isdir: False, not an OSError, for a name the file system refuses (a part
+            # over 255 bytes), which new_run_dir below then refuses naming run_dir
+            if self.lock is not None and context.is_main and os.path.isdir(named):
                 self.lock.acquire()
             if resume is not None:
                 paths, state, skipped = find_resumable_checkpoint(resume)
@@ -285,7 +316,7 @@ class _Run:
         if self.context.is_main:
             from tqdm import tqdm
 
-            tqdm.write(message, file=sys.stderr)
+            tqdm.write(message, file=LOG_STREAM)  # stderr, whose reader may leave: the run goes on
 
     def _setup(self) -> None:
         config, context = self.config, self.context
@@ -497,8 +528,11 @@ class _Run:
         try:
             self._open_run_dir()  # takes the folder's lock (rank 0) if not yet taken
         except BaseException as err:
-            if isinstance(err, OSError):  # a full disk: said as in a step (a bare "[Errno 28]" was)
-                where = self._where_to_go_on()
+            # a full disk: said as in a step (a bare "[Errno 28]" was). Not for a folder another
+            # process holds: its checkpoints are that run's, and a command to go on would point at
+            # it; nor a command for a folder this process may not write: it would fail as this did
+            if isinstance(err, OSError) and not isinstance(err, FolderInUseError):
+                where = self._kept() if isinstance(err, PermissionError) else self._where_to_go_on()
                 self._log(f"{type(err).__name__} opening the run folder {self.run_dir}: {where}")
             self.lock.release()
             if self.writer is not None:
@@ -784,18 +818,22 @@ class _Run:
             where = "no checkpoint was written"
         self._log(
             f"{reason}: stopped at step {self.step} of {self.total_steps}; {where}"
-            + (f"\n{self._continue_command()}" if self.resume_hint else "")
+            + (f"\n{command}" if self.resume_hint and (command := self._continue_command()) else "")
         )
         return True
 
     def _continue_command(self, *overrides: str) -> str:
-        """``resume with: torchvote train --resume RUN [overrides]``, or, before the first
-        checkpoint (nothing to resume), ``start it again with: torchvote train RUN/config.yaml``
-        (the saved config starts the run over in the same folder; ``run_dir=RUN`` is added when
-        the folder was generated, as the saved config then names none and would make another)."""
-        if self.last_checkpoint is not None:
+        """``resume with: torchvote train --resume RUN [overrides]`` (a checkpoint of this segment,
+        or the one it resumed from), or, before the first checkpoint (nothing to resume),
+        ``start it again with: torchvote train RUN/config.yaml`` (the saved config starts the run
+        over in the same folder; ``run_dir=RUN`` is added when the folder was generated, as the
+        saved config then names none and would make another); ``""`` where ``config.yaml`` was
+        never written (a read-only folder), since that command would name a file that is not there."""
+        if self.last_checkpoint is not None or self.resume_from is not None:
             command = ["torchvote", "train", "--resume", str(self.run_dir), *overrides]
             return f"resume with: {shlex.join(command)}"
+        if not (self.run_dir / "config.yaml").is_file():
+            return ""
         same_folder = [f"run_dir={self.run_dir}"] if self.config.run_dir is None else []
         command = ["torchvote", "train", str(self.run_dir / "config.yaml"), *same_folder, *overrides]
         return f"start it again with: {shlex.join(command)}"
@@ -811,7 +849,8 @@ class _Run:
     def _where_to_go_on(self) -> str:
         """Where a run stopped by an error stands: its last checkpoint and the command that
         continues it (without the command when the caller says how, ``resume_hint=False``)."""
-        return self._kept() + (f"; {self._continue_command()}" if self.resume_hint else "")
+        command = self._continue_command() if self.resume_hint else ""
+        return self._kept() + (f"; {command}" if command else "")
 
     def _out_of_memory_advice(self) -> str:
         """What to lower after the device ran out of memory, and how to go on."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +14,57 @@ from torch import Tensor
 
 from torchvote.training.distributed import DistributedContext, all_reduce_sum
 
-__all__ = ["Progress"]
+__all__ = ["LOG_STREAM", "Progress"]
+
+
+def discard_output(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at ``os.devnull``: its reader went away (a closed pipe).
+    Later writes, and the flush at exit, succeed there instead of raising BrokenPipeError again;
+    what the stream buffered goes there too. A stream without a descriptor (a test's) is left as
+    it is: each write to it is then dropped by its caller.
+
+    Args:
+        stream: a file object, ``sys.stderr`` say.
+    """
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+class _LogStream:
+    """``sys.stderr`` as a run writes its log lines and its bar there: looked up at each write (so
+    that a redirect made after the run started, pytest's capture, is followed), and a reader that
+    went away (``torchvote train ... 2>&1 | head -1``) does not stop the run. The checkpoints and
+    metrics are the run's record, the log only a view of it: a BrokenPipeError from the next log
+    line killed the run and lost the steps since its last checkpoint. Every write of the loop
+    goes through here (:meth:`Progress.write`, the bar's redraws, the loop's ``_log``), so the
+    broken pipe is handled once."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stderr.write(text)
+        except BrokenPipeError:
+            discard_output(sys.stderr)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            sys.stderr.flush()
+        except BrokenPipeError:
+            discard_output(sys.stderr)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding ... as tqdm reads them
+        return getattr(sys.stderr, name)
+
+
+#: The stream of a run's log lines and progress bar: ``sys.stderr``, surviving a reader that left.
+LOG_STREAM = _LogStream()
 
 
 def _interactive() -> bool:
@@ -38,7 +89,7 @@ class Progress:
             initial=initial,
             unit="step",
             dynamic_ncols=True,
-            file=sys.stderr,
+            file=LOG_STREAM,  # the same object as the log lines': tqdm.write clears the bar for them
             disable=not enabled,
             leave=True,
             # a log file or CI (no terminal, no notebook) keeps every redraw: one every 30 s, not
@@ -131,8 +182,8 @@ class Progress:
         self.sums = {key: value.to(device) for key, value in totals.items()}
 
     def write(self, message: str) -> None:
-        """A line above the bar (on stderr)."""
-        self.bar.write(message, file=sys.stderr)
+        """A line above the bar (on stderr; a reader gone is survived, see :data:`LOG_STREAM`)."""
+        self.bar.write(message, file=LOG_STREAM)
 
     def close(self) -> None:
         """Close the bar (idempotent)."""

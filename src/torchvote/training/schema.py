@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -42,6 +43,30 @@ def _paths_as_strings(section: Any, *keys: str) -> None:
     for key in keys:
         if isinstance(getattr(section, key), os.PathLike):
             setattr(section, key, os.fspath(getattr(section, key)))
+
+
+def _absolute_folder(path: str) -> str:
+    """A folder of the config as an absolute path, ``~`` expanded, links kept as named: a relative
+    one is read from the current folder of each later command (``evaluate``, ``train --resume``
+    elsewhere), which found no data there."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _with_absolute_root(entry: str) -> str:
+    """An ``eval_on`` entry (checked: :func:`parse_entry`) with its ``root=`` option absolute;
+    the text as given otherwise, and where an absolute root would not read back the same."""
+    name, options = parse_entry(entry, "eval_on")
+    root = options.get("root")
+    if not isinstance(root, str) or not root or _absolute_folder(root) == root:
+        return entry
+    absolute = _absolute_folder(root)
+    # a root= holds no comma (one would have split the entry): its value runs to the next comma
+    rewritten = re.sub(r"((?:^|[:,])\s*root\s*=)[^,]*", lambda found: found[1] + absolute, entry)
+    try:
+        same = parse_entry(rewritten, "eval_on") == (name, {**options, "root": absolute})
+    except ConfigError:  # a folder whose name YAML reads otherwise ("a: b"): kept as given
+        same = False
+    return rewritten if same else entry
 
 
 def _check_field_types(section: Any, prefix: str) -> None:
@@ -117,7 +142,10 @@ class DataConfig:
         eval_name: the data set evaluated after each epoch; ``None`` for ``name``.
         eval_split: the split evaluated after each epoch (``None``: ``test``, or ``val`` for data
             sets without a test split).
-        root: folder holding the data files, where the data set reads files.
+        root: folder holding the data files, where the data set reads files; kept absolute,
+            ``~`` expanded (a relative one from the current folder when the config is made), so
+            that a later command in another folder reads the same files. A resumed run may name
+            another (the files moved).
         limit: keep only this many training examples (``None``: all). A text data set for the
             language-model task (``shakespeare``) is one token stream: there it keeps the first
             ``limit`` tokens (characters), which are then cut into windows.
@@ -142,6 +170,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         _paths_as_strings(self, "root")
         _check_field_types(self, "data.")
+        if self.root:  # None (or empty): each data set's own place, the offline package's for some
+            # absolute, as every config is made: a relative root ("mnist") was stored as written
+            # and read from the cwd of each later command, so evaluate and --resume from another
+            # folder found no data. Not resolved: a symbolic link the user named stays named.
+            self.root = _absolute_folder(self.root)
 
 
 @dataclass
@@ -403,8 +436,8 @@ class TrainConfig:
             check_device_name(self.device)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        for entry in self.eval_on:  # read now, not after hours of training
-            parse_entry(entry, "eval_on")
+        # read now, not after hours of training; a root= kept absolute, as data.root is
+        self.eval_on = tuple(_with_absolute_root(entry) for entry in self.eval_on)
 
     def _check_ranges(self) -> None:
         """The real-valued options of the run (the sections check their own)."""
@@ -438,6 +471,7 @@ RESUMABLE_KEYS: frozenset[str] = frozenset(
         "data.eval_name",
         "data.eval_split",
         "data.eval_limit",
+        "data.root",  # where the files are (another disk, another machine), not what they hold
         "description",
     }
 )

@@ -4,6 +4,7 @@ state a resumed run restores (see :mod:`torchvote.training.loop` for the determi
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -88,7 +89,10 @@ def _check_new_run_dir(run_dir: str) -> Path:
     if not run_dir.strip():
         raise ConfigError("run_dir must name a folder (or be null for <out_dir>/<preset>-<time>), got ''")
     path = Path(run_dir).expanduser()  # '~/runs/x' quoted, or from a YAML file, as data.root is
-    _check_no_file_on_the_way(path, "run_dir")
+    try:
+        _check_no_file_on_the_way(path, "run_dir")
+    except OSError as err:  # a part over 255 bytes: "[Errno 36] File name too long" named no key
+        raise _folder_error(err, "run_dir", path) from err
     if (path / "checkpoints" / "latest").exists() or _holds_an_intact_checkpoint(path):
         raise ConfigError(
             f"run folder {path} already holds a run; continue it with "
@@ -158,18 +162,45 @@ def _check_no_file_on_the_way(folder: Path, key: str) -> None:
 
 
 def _claim_run_dir(out_dir: Path, prefix: str) -> Path:
-    """Create and return ``out_dir/<prefix>-<time>``, or the first free ``-<k>`` suffix of it."""
+    """Create and return ``out_dir/<prefix>-<time>``, or the first free ``-<k>`` suffix of it.
+
+    Raises:
+        ConfigError: ``out_dir`` is, or runs through, a file, or names a part too long.
+        OSError: the folder cannot be made (a read-only file system, a current folder deleted
+            under the process ...); the message names ``out_dir``, its absolute path and why.
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    _check_no_file_on_the_way(out_dir, "out_dir")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    suffix = 1
-    while True:
-        path = out_dir / (f"{prefix}-{stamp}" if suffix == 1 else f"{prefix}-{stamp}-{suffix}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            suffix += 1
+    try:
+        _check_no_file_on_the_way(out_dir, "out_dir")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        suffix = 1
+        while True:
+            path = out_dir / (f"{prefix}-{stamp}" if suffix == 1 else f"{prefix}-{stamp}-{suffix}")
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                suffix += 1
+    except OSError as err:  # was "[Errno 30] Read-only file system: 'runs'": no key, no whole path
+        raise _folder_error(err, "out_dir", out_dir) from err
+
+
+def _folder_error(err: OSError, key: str, folder: Path) -> Exception:
+    """``err``, met making or reading ``folder`` (config key ``key``), as the user reads it: the
+    key, the folder as given and absolute (a relative one is the current folder's, which the
+    user may not know), and the reason. The same ``OSError`` subclass and ``errno``; a name too
+    long is the config's mistake (a :class:`ConfigError`)."""
+    try:
+        absolute = os.path.abspath(folder)
+    except OSError:  # the current folder was deleted: os.getcwd() fails too
+        absolute = f"{folder} in a current folder that no longer exists"
+    where = f"{folder}" if absolute == str(folder) else f"{folder} ({absolute})"
+    reason = err.strerror or " ".join(str(err).split())
+    if err.errno == errno.ENAMETOOLONG:
+        return ConfigError(f"{key}: {where}: a part of it is longer than the file system allows ({reason})")
+    error = type(err)(f"{key}: cannot make the folder {where}: {reason}")
+    error.errno = err.errno  # not strerror: with both set, str() would lose the message
+    return error
 
 
 def seed_everything(config: TrainConfig, device: torch.device) -> None:
