@@ -117,7 +117,11 @@ def test_a_checkpoint_file_is_read_as_that_checkpoint_of_its_run(tiny_values, tm
     assert {"couplings.png", "votes-2d.png", "reconstructions.png", "perturbations.png"} <= set(drawn[run])
     # the page says which model and checkpoint it shows (it named none: UX review)
     page = (tmp_path / f"out-{run.name}" / "index.html").read_text()
-    assert f"Capsule pictures from --checkpoint {run}: capsnet at step 2 ({paths.weights})." in page
+    from torchvote.provenance import describe_code
+
+    said = (f"Capsule pictures from --checkpoint {run}: capsnet at step 2 ({paths.weights}), "
+            f"trained by {describe_code()}.")
+    assert said in page
     # weights without their training state (the run's config): refused, saying why (it said "a
     # weights-only checkpoint cannot be resumed", when nothing was being resumed)
     paths.state.unlink()

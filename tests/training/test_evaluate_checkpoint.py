@@ -334,3 +334,17 @@ def test_a_model_that_cannot_be_built_on_the_meta_device_still_loads(scratch_reg
               metadata={"model": "scaled-by-a-value", "model_config": json.dumps({"width": 3})})
     model, _, _ = load_model_from_checkpoint(weights)
     torch.testing.assert_close(model.linear.weight, saved.linear.weight, rtol=0, atol=0)
+
+
+def test_the_weights_name_the_code_that_trained_them(tiny_config):
+    """Only ``torchvote reproduce`` recorded the code of a run: a plain training's checkpoint did
+    not say which commit made it, so its numbers could not be traced once the code moved on."""
+    from torchvote.provenance import describe_code
+    from torchvote.training.checkpoint import read_model_metadata
+    from torchvote.training.evaluation import checkpoint_summary
+
+    run = train(tiny_config("run", "max_steps=2", "eval_every=0"), verbose=False)
+    assert read_model_metadata(run.checkpoint.weights)["code"] == describe_code()
+    assert checkpoint_summary(run.run_dir) == (
+        f"cnn-baseline at step 2 ({run.checkpoint.weights}), trained by {describe_code()}"
+    )

@@ -28,6 +28,7 @@ from torchvote.data.errors import CorruptDataError
 from torchvote.experiments.report import UNRECORDED_CODE, read_result, summarize, write_summary
 from torchvote.experiments.rows import Row, Variant
 from torchvote.files import atomic_write_bytes, file_in_the_way
+from torchvote.provenance import describe_code
 from torchvote.training.checkpoint import CheckpointError
 from torchvote.training.config import (
     RESUMABLE_KEYS,
@@ -207,49 +208,6 @@ def describe_device(device: str) -> str:
         return f"{torch.cuda.get_device_name(resolved)} (torch {torch.__version__})"
     cpu = platform.processor() or platform.machine()
     return f"CPU {cpu}, {torch.get_num_threads()} threads (torch {torch.__version__})"
-
-
-def describe_code(source: str | Path | None = None) -> str:
-    """The code a run is measured with, in words: torchvote's version and, where the package runs
-    from a git checkout, its commit and whether files tracked there have changed since.
-
-    A finished run's record keeps this, so a summary says which code made its figures (a fix
-    that changes a row's numbers without changing its configuration, such as a data placement,
-    leaves the folder's configuration equal to the row's: only this tells the runs apart).
-
-    Args:
-        source: a folder inside the checkout to ask (default: this package's own folder).
-
-    Returns:
-        ``"torchvote 0.1.0 at git 1a2b3c4"`` (``", with uncommitted changes"`` added where tracked
-        files differ from the commit), or ``"torchvote 0.1.0"`` outside a git checkout, in a
-        folder the checkout does not track (an environment inside another project), or without
-        git.
-    """
-    import subprocess
-
-    from torchvote import __version__
-
-    folder = Path(source) if source is not None else Path(__file__).resolve().parent
-
-    def git(*words: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(folder), *words], capture_output=True, text=True,
-                                  timeout=10, check=False)
-        except (OSError, subprocess.SubprocessError):  # no git, or it hung
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    text = f"torchvote {__version__}"
-    # a package installed into a virtual environment inside another project's checkout is not
-    # that project's code: the folder's own files must be tracked there
-    tracked = git("ls-files", "--", ".")
-    commit = git("rev-parse", "--short", "HEAD") if tracked else None
-    if commit:
-        text += f" at git {commit}"
-        if git("status", "--porcelain", "--untracked-files=no"):
-            text += ", with uncommitted changes"
-    return text
 
 
 # Keys a rerun of a row may set otherwise than the run folder's config: where and how it runs and

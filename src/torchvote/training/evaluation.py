@@ -620,7 +620,9 @@ def result_row(metrics: dict[str, float]) -> dict[str, Any]:
 
 
 def checkpoint_summary(location: str | os.PathLike[str]) -> str:
-    """One line naming the model and step of a checkpoint."""
+    """One line naming the model and step of a checkpoint, and the code that trained it where its
+    weights record that (:func:`~torchvote.provenance.describe_code`; not before 2026-11-30)."""
     paths = find_checkpoint(location)
     metadata = read_model_metadata(paths.weights)
-    return f"{metadata.get('model', '?')} at step {metadata.get('step', '?')} ({Path(paths.weights)})"
+    code = f", trained by {metadata['code']}" if metadata.get("code") else ""
+    return f"{metadata.get('model', '?')} at step {metadata.get('step', '?')} ({Path(paths.weights)}){code}"

@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from torchvote.files import FolderInUseError, FolderLock, atomic_write_bytes
 from torchvote.models.registry import get_model_spec
+from torchvote.provenance import describe_code
 from torchvote.training.checkpoint import (
     LATEST,
     CheckpointPaths,
@@ -300,6 +301,7 @@ class _Run:
         self.writer: MetricsWriter | None = None
         self.last_checkpoint: CheckpointPaths | None = None
         self.last_saved_step = -1
+        self._described_code: str | None = None  # describe_code(), at the first checkpoint
         self.evaluations: dict[tuple[str, int], dict[str, float]] = {}  # (eval_on entry or "", step)
         self.step = self.epoch = self.position = 0
         self.in_step = False
@@ -449,6 +451,13 @@ class _Run:
             return self.epoch + 1, 0
         return self.epoch, self.position
 
+    def _code(self) -> str:
+        """:func:`~torchvote.provenance.describe_code`, asked once per run (git runs in a
+        subprocess): what each checkpoint's weights record of the code that trained them."""
+        if self._described_code is None:
+            self._described_code = describe_code()
+        return self._described_code
+
     def _save(self, progress: Progress) -> None:
         """Checkpoint the current step (once; every process calls it), if its weights are worth
         keeping: stop with :class:`TrainingDivergedError` if a loss since the last report, or the
@@ -468,7 +477,7 @@ class _Run:
         metadata = {
             **model_metadata(
                 self.spec, self.model_config, self.config, self.total_steps,
-                vocab=self.train_data.extras.get("vocab"),
+                vocab=self.train_data.extras.get("vocab"), code=self._code(),
             ),
             "step": str(self.step),
         }

@@ -281,14 +281,16 @@ def load_eval_data(handler: TaskHandler, data: DataConfig, *, limit: int | None)
 
 
 def model_metadata(
-    spec: Any, model_config: Any, config: TrainConfig, total_steps: int, vocab: Any = None
+    spec: Any, model_config: Any, config: TrainConfig, total_steps: int, vocab: Any = None,
+    code: str | None = None,
 ) -> dict[str, str]:
     """The strings stored with a checkpoint's weights: the registered model, its config as JSON
     (so ``torchvote evaluate`` rebuilds it from the file alone), the task, the data set, and the
     run's ``loss`` config (JSON) and length ``total_steps`` (so the file alone also rebuilds the
     run's objective, whose spread-loss margin depends on the step); with a ``vocab`` (the
     training data's :class:`~torchvote.data.CharVocab`), its characters as JSON, so that
-    ``torchvote generate`` reads and writes text from the file alone."""
+    ``torchvote generate`` reads and writes text from the file alone; with ``code``
+    (:func:`~torchvote.provenance.describe_code`), the code that trained the weights."""
     metadata = {
         "model": spec.name,
         "model_config": json.dumps(_plain(dataclasses.asdict(model_config))),
@@ -299,6 +301,8 @@ def model_metadata(
     }
     if vocab is not None:
         metadata["vocab"] = json.dumps(vocab.to_dict())
+    if code is not None:
+        metadata["code"] = code
     return metadata
 
 
