@@ -64,6 +64,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -164,7 +165,12 @@ class ModelSpec:
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
-_LOADED = False
+_LOADED = False  # every model module imported (and so registered)
+_LOADING = False  # the model modules are being imported, by the thread holding _LOAD_LOCK
+# A server's first requests may ask for models from several threads at once: each waits here
+# for the modules, where they read a half-filled registry ("unknown model 'capsnet'; models: ").
+# Re-entrant: a model module that queries the registry while it is imported is that same thread.
+_LOAD_LOCK = threading.RLock()
 
 
 def register_model(
@@ -246,23 +252,26 @@ def _load_all() -> None:
     A model file that fails to import is an error naming that file: a registry that silently
     lacks a model would be worse.
     """
-    global _LOADED
+    global _LOADED, _LOADING
     if _LOADED:
         return
-    _LOADED = True  # set first: a model module may query the registry while it is imported
-    package = importlib.import_module("torchvote.models")
-    try:
-        for module in pkgutil.iter_modules(package.__path__):
-            if module.name.startswith("_") or module.name == "registry":
-                continue
-            name = f"torchvote.models.{module.name}"
-            try:
-                importlib.import_module(name)
-            except Exception as err:
-                raise ImportError(f"model module {name} failed to import: {err}") from err
-    except BaseException:
-        _LOADED = False  # try again (and fail loudly again) on the next query
-        raise
+    with _LOAD_LOCK:
+        if _LOADED or _LOADING:  # _LOADING: a model module querying the registry as it is imported
+            return
+        _LOADING = True
+        try:
+            package = importlib.import_module("torchvote.models")
+            for module in pkgutil.iter_modules(package.__path__):
+                if module.name.startswith("_") or module.name == "registry":
+                    continue
+                name = f"torchvote.models.{module.name}"
+                try:
+                    importlib.import_module(name)
+                except Exception as err:
+                    raise ImportError(f"model module {name} failed to import: {err}") from err
+            _LOADED = True  # last: a failure tries again (and fails loudly again) on the next query
+        finally:
+            _LOADING = False
 
 
 def list_models(task: str | None = None) -> list[str]:

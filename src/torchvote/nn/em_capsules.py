@@ -28,6 +28,7 @@ capsule types, ``t`` input capsule types, ``h w`` grid rows/columns (not heads, 
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from typing import Literal, NamedTuple, get_args
 
@@ -75,6 +76,8 @@ ConvNormalization = Literal["joint", "per_patch"]
 #: add an entry each (tens of MiB over ten grids), and the entries of a device the layer left
 #: age out. A dropped grid is prepared again from its geometry when it returns: no device read.
 _KEPT_GRIDS = 4
+#: Held while a layer's kept groups are read or changed (the groups themselves are made outside it).
+_PREPARED_GROUPS_LOCK = threading.Lock()
 
 
 class MatrixCapsules(NamedTuple):
@@ -339,12 +342,14 @@ class ConvMatrixCapsules(nn.Module):
         if torch.compiler.is_compiling() or under_autograd_transforms():
             return prepared_conv_sender_groups(*sizes, device=device)
         key = (rows, cols, torch.device(device))
-        groups = self._prepared_groups.pop(key, None)
-        if groups is None:
+        with _PREPARED_GROUPS_LOCK:  # threads sharing the layer: one's eviction raced another's (KeyError)
+            groups = self._prepared_groups.pop(key, None)
+        if groups is None:  # made outside the lock: a thread needing another grid does not wait
             groups = prepared_conv_sender_groups(*sizes, device=device)
-        self._prepared_groups[key] = groups  # the most recently used, last
-        if len(self._prepared_groups) > _KEPT_GRIDS:
-            self._prepared_groups.popitem(last=False)
+        with _PREPARED_GROUPS_LOCK:
+            self._prepared_groups[key] = groups  # the most recently used, last
+            while len(self._prepared_groups) > _KEPT_GRIDS:
+                self._prepared_groups.popitem(last=False)
         return groups
 
     def _vote_factors(self, capsules: MatrixCapsules) -> tuple[PerSenderVotes, Tensor, tuple[int, int]]:

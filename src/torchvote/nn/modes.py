@@ -18,6 +18,11 @@ def evaluating(module: nn.Module) -> Iterator[None]:
     ``module.train(was_training)`` would also put back in training mode a part the user keeps in
     evaluation mode inside a training model (a frozen batch norm, an encoder without dropout).
 
+    A module in evaluation mode throughout is not touched at all, so threads may share it (a
+    server generating from one model in several threads). A module's mode is shared state: two
+    threads in this block with a model in training mode would put its modes back under each
+    other's steps; call ``model.eval()`` before serving it from threads.
+
     Args:
         module: the module to evaluate with.
 
@@ -25,6 +30,9 @@ def evaluating(module: nn.Module) -> Iterator[None]:
         Nothing: the block runs with ``module`` and all its submodules in evaluation mode.
     """
     modes = [(part, part.training) for part in module.modules()]
+    if not any(training for _, training in modes):  # nothing to switch, nothing to give back
+        yield
+        return
     module.eval()
     try:
         yield

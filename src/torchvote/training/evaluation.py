@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -338,6 +339,10 @@ def _as_device(device: torch.device | str) -> torch.device:
     return check_device_exists(device) if isinstance(device, torch.device) else resolve_device(device)
 
 
+#: Held while a build sets torch's default dtype (process-wide) and puts it back.
+_DEFAULT_DTYPE_LOCK = threading.Lock()
+
+
 def build_float32_model(spec: ModelSpec, config: Any) -> nn.Module:
     """``spec``'s model built from ``config`` in float32, whatever torch's default dtype, as runs
     train (bf16 and fp16 are autocast's), as the tasks hand it float32 images and as checkpoints
@@ -348,15 +353,23 @@ def build_float32_model(spec: ModelSpec, config: Any) -> nn.Module:
         spec: the registered model.
         config: its config.
 
+    The default dtype is process-wide: where it is float32 already (torch's own default) nothing
+    is set, so models built in several threads at once (a server loading checkpoints) touch no
+    shared state; otherwise builds take turns, and a tensor another thread makes meanwhile is
+    float32 too.
+
     Returns:
         The model, on the CPU (or where its class puts it).
     """
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
+    if torch.get_default_dtype() == torch.float32:
         return spec.model_cls(config)
-    finally:
-        torch.set_default_dtype(previous)
+    with _DEFAULT_DTYPE_LOCK:  # two builds interleaved gave back each other's default: float64 models
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            return spec.model_cls(config)
+        finally:
+            torch.set_default_dtype(previous)
 
 
 def _meta_model(spec: ModelSpec, config: Any) -> nn.Module | None:
