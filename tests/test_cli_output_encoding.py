@@ -59,3 +59,15 @@ def test_a_training_into_a_folder_the_output_cannot_encode_ends_with_status_0(ti
     assert done.returncode == 0, done.stderr.decode("ascii", "replace")
     assert b"evaluate:   torchvote evaluate" in done.stdout and b"r\\xe9sultats" in done.stdout
     assert find_checkpoint(run_dir).weights.is_file()
+
+
+def test_a_stream_that_writes_undecodable_bytes_back_is_left_as_it_is(tiny_mnist_root, tmp_path, monkeypatch):
+    """Only a strict stream is changed: surrogateescape (stdout's under a C locale or PYTHONUTF8)
+    writes a path's own bytes back, where backslashreplace printed ``\\udcff`` in their place."""
+    root = tmp_path / "r\udcff"  # a folder named by the byte 0xff, as os.fsdecode reads it
+    shutil.copytree(tiny_mnist_root, root)
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="surrogateescape")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["data", "mnist", "--root", str(root)]) == 0
+    stdout.flush()
+    assert b"r\xff" in stdout.buffer.getvalue()  # the folder's own byte, reusable as a path

@@ -429,7 +429,8 @@ def _escape_what_the_output_cannot_encode() -> list[tuple[Any, str]]:
     changed = []
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)  # a TextIOWrapper's; None: a test's object
-        if reconfigure is not None and getattr(stream, "errors", None) not in (None, "backslashreplace"):
+        # "strict" only: surrogateescape (a C locale, PYTHONUTF8) writes a path's own bytes back
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
             changed.append((stream, stream.errors))
             reconfigure(errors="backslashreplace")
     return changed

@@ -224,3 +224,26 @@ def test_the_affnist_download_stops_past_its_release_size(tmp_path: Path, monkey
     with pytest.raises(ChecksumError, match="more than its 1000 bytes"):
         download_affnist(tmp_path / "affnist", release=release)
     assert server.served == [1_001]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs named pipes (POSIX)")
+@pytest.mark.parametrize("compress", [False, True])
+def test_an_idx_file_read_through_a_pipe(tmp_path: Path, compress: bool) -> None:
+    """A named pipe (``<(zcat ...)`` makes one) cannot seek or tell its size: the magic was read
+    and sought back, and the size taken from the file system (io.UnsupportedOperation)."""
+    import os
+    import threading
+
+    values = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    written = tmp_path / "values.idx"
+    write_idx(written, values)
+    data = written.read_bytes()
+    data = gzip.compress(data) if compress else data
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=pipe.write_bytes, args=(data,))
+    writer.start()
+    try:
+        np.testing.assert_array_equal(read_idx(pipe).numpy(), values)
+    finally:
+        writer.join(10)

@@ -305,9 +305,15 @@ def test_a_config_larger_than_its_weights_is_refused_before_the_model_is_allocat
         load_model_from_checkpoint(weights)
 
 
-def test_a_model_that_cannot_be_built_on_the_meta_device_still_loads(scratch_registry, tmp_path):
+@pytest.mark.parametrize(
+    "value_of",
+    [lambda t: t.sum().item(), lambda t: float(t.numpy().sum())],  # RuntimeError / TypeError on meta
+    ids=["item", "numpy"],
+)
+def test_a_model_that_cannot_be_built_on_the_meta_device_still_loads(scratch_registry, tmp_path, value_of):
     """The check before allocation builds the model on the meta device; a registered class that
-    reads a tensor's value as it builds cannot be, and is loaded (and checked) as before."""
+    reads a tensor's value as it builds cannot be, and is loaded (and checked) as before (a
+    TypeError there, ``.numpy()`` of a meta tensor, was taken for a config the model refuses)."""
     import json
 
     from safetensors.torch import save_file
@@ -322,7 +328,7 @@ def test_a_model_that_cannot_be_built_on_the_meta_device_still_loads(scratch_reg
     class Scaled(nn.Module):
         def __init__(self, config):
             super().__init__()
-            scale = torch.full((1,), 2.0).sum().item()  # a value: no meta tensor has one
+            scale = value_of(torch.full((1,), 2.0))  # a value: no meta tensor has one
             self.linear = nn.Linear(config.width, int(scale))
 
         def forward(self, images, targets=None):

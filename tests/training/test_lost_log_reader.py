@@ -20,12 +20,11 @@ from torchvote.training.checkpoint import checkpoint_name
 
 
 class _ClosedPipe(io.StringIO):
-    """A stderr whose reader left: every write and flush raises BrokenPipeError."""
+    """A stderr whose reader left: every write raises BrokenPipeError. Its flush does not, as a
+    real stream's with nothing buffered does not (tqdm flushes sys.stderr itself when its bar is
+    made on it); this one buffers nothing, having no descriptor for a write to be redirected to."""
 
     def write(self, text: str) -> int:
-        raise BrokenPipeError(32, "Broken pipe")
-
-    def flush(self) -> None:
         raise BrokenPipeError(32, "Broken pipe")
 
 
@@ -65,3 +64,27 @@ def test_train_piped_into_head_finishes_and_writes_its_last_checkpoint(tiny_valu
     assert process.returncode == 0
     assert find_checkpoint(run_dir).name == checkpoint_name(total)
     assert ("final", total) in [(r["event"], r["step"]) for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+@pytest.mark.parametrize("target", ["stderr", "stdout"])
+def test_a_callers_tqdm_write_still_clears_the_runs_bar(monkeypatch, target):
+    """tqdm.write clears the bars whose file equals the one written to (stdout and stderr count as
+    one); the bar's file became LOG_STREAM, which equalled neither, so a callback's line landed at
+    the end of the bar's line instead of above it."""
+    from tqdm import tqdm
+
+    from torchvote.training.progress import LOG_STREAM
+
+    terminal = io.StringIO()  # stderr and stdout both: one terminal
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(sys, "stdout", terminal)
+    bar = tqdm(total=10, file=LOG_STREAM, mininterval=0, ascii=True)
+    try:
+        bar.update(3)
+        tqdm.write("USER LINE", file=getattr(sys, target))
+    finally:
+        bar.close()
+    before = terminal.getvalue().split("USER LINE")[0]
+    # the bar's line cleared first (then the cursor moved to the bar's row, where other bars are
+    # open in the process): without, the line followed the bar's "3/10 [...]" on its own line
+    assert "3/10" not in before.rsplit("\r", 1)[-1], repr(before[-60:])

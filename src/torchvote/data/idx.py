@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import stat
 import struct
 import zlib
 from os import PathLike
@@ -44,7 +45,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 #: states before anything past the header is decompressed: a few kilobytes of gzip unpack to
 #: gigabytes (a crafted 1.5 MB file to 3.3 GB). The largest IDX files in use, EMNIST ByClass's
 #: training images, hold 547 MB; MNIST's 47 MB. An uncompressed file is checked against its size
-#: on disk instead, which bounds what it can make this process read.
+#: on disk instead, which bounds what it can make this process read (a pipe, which has no size,
+#: against this bound).
 MAX_GZIP_IDX_BYTES = 1 << 30
 
 
@@ -71,10 +73,12 @@ def read_idx(path: str | PathLike[str]) -> Tensor:
     """
     path = as_path(path, "path")
     with path.open("rb") as file:
-        compressed = file.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
-        file.seek(0)
+        # peeked, not read and sought back: a pipe (a FIFO, <(zcat ...)) cannot seek
+        compressed = file.peek(len(_GZIP_MAGIC))[: len(_GZIP_MAGIC)] == _GZIP_MAGIC
         if not compressed:
-            return _read_stream(path, file, on_disk=os.fstat(file.fileno()).st_size)
+            status = os.fstat(file.fileno())
+            on_disk = status.st_size if stat.S_ISREG(status.st_mode) else None  # a pipe has no size
+            return _read_stream(path, file, on_disk=on_disk)
         try:
             with gzip.GzipFile(fileobj=file, mode="rb") as stream:
                 return _read_stream(path, stream, on_disk=None)
@@ -88,8 +92,8 @@ def _read_stream(path: Path, stream: BinaryIO, on_disk: int | None) -> Tensor:
     Args:
         path: the file, for the messages.
         stream: the file's bytes, from the start (decompressed where it is gzip).
-        on_disk: the size of an uncompressed file; ``None`` for a gzip stream, whose header is
-            checked against :data:`MAX_GZIP_IDX_BYTES` instead.
+        on_disk: the size of an uncompressed regular file; ``None`` for a gzip stream or a pipe,
+            whose header is checked against :data:`MAX_GZIP_IDX_BYTES` instead.
     """
     start = stream.read(4)
     if len(start) < 4:
@@ -118,9 +122,9 @@ def _read_stream(path: Path, stream: BinaryIO, on_disk: int | None) -> Tensor:
         )
     if on_disk is None and expected > MAX_GZIP_IDX_BYTES:
         raise CorruptDataError(
-            f"{path}: IDX header announces shape {shape} of {dtype.name}, {expected} bytes once "
-            f"decompressed, more than the {MAX_GZIP_IDX_BYTES} a gzip-compressed IDX file may hold; "
-            "not decompressed (a damaged or crafted file)"
+            f"{path}: IDX header announces shape {shape} of {dtype.name}, {expected} bytes, more "
+            f"than the {MAX_GZIP_IDX_BYTES} a gzip-compressed (or piped) IDX file may hold; not read "
+            "(a damaged or crafted file)"
         )
     payload = stream.read(expected + 1)  # one byte more tells that more data follows
     if len(payload) < expected:

@@ -373,16 +373,14 @@ def build_float32_model(spec: ModelSpec, config: Any) -> nn.Module:
 
 
 def _meta_model(spec: ModelSpec, config: Any) -> nn.Module | None:
-    """``spec``'s model built on the ``meta`` device (shapes, no memory), or ``None`` for a
-    registered class that cannot be built there (one that reads a tensor's values as it builds).
-
-    Raises:
-        TypeError, ValueError: the config, refused by the model (as the real build would).
-    """
+    """``spec``'s model built on the ``meta`` device (shapes, no memory), or ``None`` where it
+    cannot be built there: a class that reads a tensor's values as it builds (``.item()``,
+    ``.numpy()`` of a meta tensor raise RuntimeError, TypeError ...), or a config the model
+    refuses, which the real build then refuses with its own message."""
     try:
         with torch.device("meta"):
             return build_float32_model(spec, config)
-    except (RuntimeError, NotImplementedError):  # e.g. .item() of a meta tensor: checked when loaded
+    except Exception:  # noqa: BLE001 (the real build, next, decides and says what is wrong)
         return None
 
 
@@ -417,17 +415,14 @@ def load_model_from_checkpoint(
         except ValueError as err:
             raise CheckpointError(f"{paths.weights}: {err}") from None
         config = model_config_from_metadata(spec, metadata, str(paths.weights))
-        refused = f"{paths.weights} records a model config that {metadata['model']} refuses"
-        try:  # what the config's fields only settle together (a router's options) is checked here
-            outline = _meta_model(spec, config)
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(f"{refused}: {err}") from None
+        outline = _meta_model(spec, config)
         if outline is not None:  # a config asking for more than the file holds: refused unallocated
             check_weights_fit(outline, paths.weights)
-        try:
+        try:  # what the config's fields only settle together (a router's options) is checked here
             model = build_float32_model(spec, config)
         except (TypeError, ValueError) as err:
-            raise CheckpointError(f"{refused}: {err}") from None
+            message = f"{paths.weights} records a model config that {metadata['model']} refuses: {err}"
+            raise CheckpointError(message) from None
         load_model_weights(model, paths.weights)
     except CheckpointError as err:
         raise CheckpointError(f"{err}{_intact_one_beside(location, paths)}") from None

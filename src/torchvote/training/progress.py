@@ -62,6 +62,14 @@ class _LogStream:
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding ... as tqdm reads them
         return getattr(sys.stderr, name)
 
+    def __eq__(self, other: object) -> bool:
+        # tqdm.write clears the bars whose file equals the one written to: a callback's
+        # tqdm.write(..., file=sys.stderr) (or stdout's, which tqdm pairs with stderr) must clear
+        # this bar too, not land at the end of its line
+        return other is self or other is sys.stderr
+
+    __hash__ = object.__hash__
+
 
 #: The stream of a run's log lines and progress bar: ``sys.stderr``, surviving a reader that left.
 LOG_STREAM = _LogStream()
