@@ -147,7 +147,7 @@ def test_a_run_dir_with_a_part_too_long_is_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     (line,) = _error_lines(err)
-    assert f"run_dir: {too_long}: a part of it is longer than the file system allows" in line
+    assert f"run_dir: {too_long}: File name too long" in line
 
 
 def test_explain_an_out_that_cannot_be_made_is_named_with_its_absolute_path(tmp_path, monkeypatch, capsys):

@@ -25,6 +25,7 @@ __all__ = [
     "atomic_write_bytes",
     "create_temporary",
     "file_version",
+    "folder_failure",
     "load_failure_reason",
     "open_no_follow",
     "remove_abandoned_temporaries",
@@ -225,6 +226,26 @@ def file_in_the_way(folder: str | os.PathLike[str]) -> Path | None:
         if part.is_symlink():  # a link to nothing: mkdir fails on it with "File exists"
             return part
     return None
+
+
+def folder_failure(folder: str | os.PathLike[str], error: OSError) -> str:
+    """Why ``folder`` could not be made, in words: the folder as given and, where that is
+    relative, absolute (a relative one is the current folder's, which the user may not know), and
+    the reason (``[Errno 30] Read-only file system: 'runs'`` said neither).
+
+    Args:
+        folder: the folder the command tried to make.
+        error: what making it raised.
+
+    Returns:
+        ``"runs (/home/me/runs): Read-only file system"``.
+    """
+    try:
+        absolute = os.path.abspath(folder)
+    except OSError:  # the current folder was deleted: os.getcwd() fails too
+        absolute = f"{folder} in a current folder that no longer exists"
+    where = str(folder) if absolute == str(folder) else f"{folder} ({absolute})"
+    return f"{where}: {error.strerror or ' '.join(str(error).split())}"
 
 
 def make_folder(folder: str | os.PathLike[str]) -> Path:

@@ -33,7 +33,7 @@ from torchvote.cli import (
     mark_running,
     resolve_device_option,
 )
-from torchvote.files import file_in_the_way
+from torchvote.files import file_in_the_way, folder_failure
 
 if TYPE_CHECKING:
     import torch
@@ -157,13 +157,7 @@ def _make_out_dir(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        try:
-            absolute = os.path.abspath(out_dir)
-        except OSError:  # the current folder was deleted: os.getcwd() fails too
-            absolute = f"{out_dir} in a current folder that no longer exists"
-        where = str(out_dir) if absolute == str(out_dir) else f"{out_dir} ({absolute})"
-        reason = error.strerror or " ".join(str(error).split())
-        raise _RunFailure(f"--out: cannot make the folder {where}: {reason}") from error
+        raise _RunFailure(f"--out: cannot make the folder {folder_failure(out_dir, error)}") from error
 
 
 def _load_checkpoint(path: Path, device: torch.device) -> dict[str, Tensor]:

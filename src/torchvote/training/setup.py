@@ -21,7 +21,7 @@ import yaml
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from torchvote.files import LOCK_NAME, file_in_the_way
+from torchvote.files import LOCK_NAME, file_in_the_way, folder_failure
 from torchvote.training.checkpoint import (
     CheckpointError,
     CheckpointPaths,
@@ -190,15 +190,9 @@ def _folder_error(err: OSError, key: str, folder: Path) -> Exception:
     key, the folder as given and absolute (a relative one is the current folder's, which the
     user may not know), and the reason. The same ``OSError`` subclass and ``errno``; a name too
     long is the config's mistake (a :class:`ConfigError`)."""
-    try:
-        absolute = os.path.abspath(folder)
-    except OSError:  # the current folder was deleted: os.getcwd() fails too
-        absolute = f"{folder} in a current folder that no longer exists"
-    where = f"{folder}" if absolute == str(folder) else f"{folder} ({absolute})"
-    reason = err.strerror or " ".join(str(err).split())
     if err.errno == errno.ENAMETOOLONG:
-        return ConfigError(f"{key}: {where}: a part of it is longer than the file system allows ({reason})")
-    error = type(err)(f"{key}: cannot make the folder {where}: {reason}")
+        return ConfigError(f"{key}: {folder_failure(folder, err)}")  # "File name too long": a part is
+    error = type(err)(f"{key}: cannot make the folder {folder_failure(folder, err)}")
     error.errno = err.errno  # not strerror: with both set, str() would lose the message
     return error
 
