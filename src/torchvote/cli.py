@@ -510,8 +510,9 @@ def _run_command(argv: Sequence[str] | None) -> int:
         print(f"torchvote {args.command}: interrupted", file=sys.stderr)  # not a traceback
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `torchvote list | head`: the reader left, nothing to say
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
+        from torchvote.files import discard_output
+
+        discard_output(sys.stdout)  # so that the exit's flush does not fail again
         return EXIT_BROKEN_PIPE
     except torch.cuda.OutOfMemoryError as err:  # out of device memory: one line, what to lower
         if os.environ.get("TORCHVOTE_DEBUG"):
@@ -979,7 +980,7 @@ def _run_config(checkpoint: str, known: Sequence[str]):
             weights file is, naming the newest intact checkpoint where the folder has one.
     """
     from torchvote.training.checkpoint import CheckpointError, find_checkpoint, load_training_state
-    from torchvote.training.config import saved_config
+    from torchvote.training.evaluation import run_config_of_state
     from torchvote.training.results import last_set_up_config
 
     paths = find_checkpoint(checkpoint)
@@ -991,9 +992,9 @@ def _run_config(checkpoint: str, known: Sequence[str]):
     except CheckpointError as err:  # not the user's to fix with --on: "name the data sets" misled (status 2)
         raise CheckpointError(f"{err}{_intact_checkpoint_hint(checkpoint)}") from None
     try:
-        config = saved_config(state["config"])
-    except (KeyError, TypeError, ValueError) as err:  # ConfigError too: a config of another version
-        raise ValueError(f"{ask}: {paths.state} does not record its run's data sets ({err})") from None
+        config = run_config_of_state(state, paths.state, "data sets")
+    except CheckpointError as err:  # a config of another version: the user names the sets instead
+        raise ValueError(f"{ask}: {err}") from None
     if paths.weights.parent.name == "checkpoints":  # in a run folder: as its last set-up read them
         return last_set_up_config(paths.weights.parent.parent, config)
     return config

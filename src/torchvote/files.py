@@ -16,7 +16,7 @@ import secrets
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 __all__ = [
     "FolderInUseError",
@@ -24,6 +24,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_bytes",
     "create_temporary",
+    "discard_output",
     "file_version",
     "folder_failure",
     "load_failure_reason",
@@ -246,6 +247,26 @@ def folder_failure(folder: str | os.PathLike[str], error: OSError) -> str:
         absolute = f"{folder} in a current folder that no longer exists"
     where = str(folder) if absolute == str(folder) else f"{folder} ({absolute})"
     return f"{where}: {error.strerror or ' '.join(str(error).split())}"
+
+
+def discard_output(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at ``os.devnull``: its reader went away (a closed pipe).
+    Later writes, and the flush at exit, succeed there instead of raising BrokenPipeError again;
+    what the stream buffered goes there too. A stream without a descriptor (a test's) is left as
+    it is: each write to it is then dropped by its caller.
+
+    Args:
+        stream: a file object, ``sys.stderr`` say.
+    """
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def make_folder(folder: str | os.PathLike[str]) -> Path:

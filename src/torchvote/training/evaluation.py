@@ -512,10 +512,27 @@ def run_state_beside(
         )
         raise CheckpointError(f"{older}{paths.state}, {state_role}, does not exist")
     state = load_training_state(paths.state)
+    return run_config_of_state(state, paths.state, needed), state
+
+
+def run_config_of_state(state: dict[str, Any], path: Path, needed: str) -> TrainConfig:
+    """The run config a training state records.
+
+    Args:
+        state: the state, as :func:`~torchvote.training.checkpoint.load_training_state` read it.
+        path: its file, for the message.
+        needed: what the state must hold, for the message (``"data sets"``).
+
+    Returns:
+        The run's :class:`~torchvote.training.schema.TrainConfig`.
+
+    Raises:
+        CheckpointError: no config in the state, or one this version cannot read.
+    """
     try:
-        return saved_config(state["config"]), state
+        return saved_config(state["config"])
     except (KeyError, TypeError, ValueError) as err:  # ConfigError too: a config of another version
-        raise CheckpointError(f"{paths.state} does not record its run's {needed} ({err})") from None
+        raise CheckpointError(f"{path} does not record its run's {needed} ({err})") from None
 
 
 def evaluate_checkpoint(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -12,29 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torchvote.files import discard_output
 from torchvote.training.distributed import DistributedContext, all_reduce_sum
 
 __all__ = ["LOG_STREAM", "Progress"]
-
-
-def discard_output(stream: Any) -> None:
-    """Point ``stream``'s file descriptor at ``os.devnull``: its reader went away (a closed pipe).
-    Later writes, and the flush at exit, succeed there instead of raising BrokenPipeError again;
-    what the stream buffered goes there too. A stream without a descriptor (a test's) is left as
-    it is: each write to it is then dropped by its caller.
-
-    Args:
-        stream: a file object, ``sys.stderr`` say.
-    """
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
 
 
 class _LogStream:
